@@ -1,0 +1,65 @@
+"""The whole exception hierarchy of distsim.
+
+Every error a user can provoke with bad input is a :class:`DistsimError`
+subclass whose message is one line naming the file, field, op or value at
+fault. The CLI turns these into exit status 2; anything else is a bug
+(exit status 1).
+"""
+from __future__ import annotations
+
+
+class DistsimError(Exception):
+    """Base class of every error distsim raises on purpose."""
+
+
+class ParseError(DistsimError):
+    """Text (DistIR text format, YAML) that does not follow its grammar.
+
+    Carries the source name, line and column so that the message points at
+    the offending character.
+    """
+
+    def __init__(self, message: str, source: str = "<string>", line: int | None = None,
+                 column: int | None = None) -> None:
+        self.source = source
+        self.line = line
+        self.column = column
+        where = source
+        if line is not None:
+            where += f":{line}"
+            if column is not None:
+                where += f":{column}"
+        super().__init__(f"{where}: {message}")
+        self.bare_message = message
+
+
+class VerifyError(DistsimError):
+    """A program that breaks an IR invariant (SSA, order, types, devices)."""
+
+
+class UnsupportedOpError(DistsimError):
+    """An op type that the registry, an importer or an executor does not know."""
+
+
+class PassPreconditionError(DistsimError):
+    """A transform asked to do something its input does not allow
+    (e.g. a data-parallel degree that does not divide the batch)."""
+
+
+class ConfigError(DistsimError):
+    """A bad configuration value: a model or topology file field, a CLI
+    option, a sweep spec entry."""
+
+
+class ExecutionError(DistsimError):
+    """The numpy reference executor could not run an op on its inputs."""
+
+
+class TopologyError(DistsimError):
+    """A hardware description that is malformed or cannot carry the traffic
+    asked of it (unreachable devices, non-positive bandwidth, ...)."""
+
+
+class SimulationError(DistsimError):
+    """A simulation that cannot finish: a deadlock, a collective some member
+    never reaches, a receive with no send. The message names the blocked ops."""

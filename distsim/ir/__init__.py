@@ -1,0 +1,16 @@
+"""DistIR: types, values, ops, functions, the op registry and the verifier."""
+from . import ops as _ops  # noqa: F401  (registers the compute ops)
+from . import ops_comm as _ops_comm  # noqa: F401  (registers the communication ops)
+from .builder import FunctionBuilder, NameScope
+from .comm import REDUCE_OPS, CollectiveType, collective_of, io_ranks, is_communication, team
+from .core import Function, Module, Op, Value
+from .registry import OpSpec, ShapeError, all_op_types, infer_types, lookup, register
+from .types import DType, TensorType, TupleType, Type, scalar
+from .verifier import verify, verify_module
+
+__all__ = [
+    "FunctionBuilder", "NameScope", "REDUCE_OPS", "CollectiveType", "collective_of", "io_ranks",
+    "is_communication", "team", "Function", "Module", "Op", "Value", "OpSpec", "ShapeError",
+    "all_op_types", "infer_types", "lookup", "register", "DType", "TensorType", "TupleType",
+    "Type", "scalar", "verify", "verify_module",
+]

@@ -1,0 +1,86 @@
+"""Build functions op by op with output types inferred by the registry.
+
+    b = FunctionBuilder("step")
+    x = b.input("x", TensorType((64, 128), DType.F32, 0))
+    w = b.input("w", TensorType((128, 128), DType.F32, 0))
+    y = b.op("matmul", [x, w], name="y")
+    f = b.finish([y])
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+
+from ..errors import VerifyError
+from .core import Function, Op, Value
+from .registry import ShapeError, infer_types, with_defaults
+from .types import Type
+
+
+class NameScope:
+    """Hands out unique value names within one function."""
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self._taken = set(taken)
+        self._counters: Dict[str, int] = {}
+
+    def fresh(self, hint: str) -> str:
+        if hint not in self._taken:
+            self._taken.add(hint)
+            return hint
+        n = self._counters.get(hint, 0)
+        while True:
+            n += 1
+            name = f"{hint}.{n}"
+            if name not in self._taken:
+                self._counters[hint] = n
+                self._taken.add(name)
+                return name
+
+    def reserve(self, name: str) -> None:
+        self._taken.add(name)
+
+
+class FunctionBuilder:
+    """Appends ops to a new function, inferring each op's output types."""
+
+    def __init__(self, name: str) -> None:
+        self.function = Function(name)
+        self.names = NameScope()
+
+    def input(self, name: str, type: Type) -> Value:
+        value = Value(self.names.fresh(name), type)
+        self.function.inputs.append(value)
+        return value
+
+    def op(self, op_type: str, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]] = None,
+           name: Union[str, Sequence[str], None] = None, meta: Optional[Mapping[str, Any]] = None
+           ) -> Union[Value, Tuple[Value, ...]]:
+        """Append ``op_type(inputs) {attrs}``; returns its single output, or
+        the tuple of outputs when it has several."""
+        try:
+            attrs = with_defaults(op_type, dict(attrs or {}))
+            out_types = infer_types(op_type, [v.type for v in inputs], attrs)
+        except ShapeError as e:
+            label = name if isinstance(name, str) else op_type
+            raise VerifyError(f"op '{label}' ({op_type}): {e}") from None
+        if name is None:
+            names = [op_type.split(".")[-1]] * len(out_types)
+        elif isinstance(name, str):
+            names = [name] if len(out_types) == 1 else [f"{name}.{i}" for i in range(len(out_types))]
+        else:
+            names = list(name)
+        outputs = [Value(self.names.fresh(n), t) for n, t in zip(names, out_types)]
+        op = Op(op_type, inputs, outputs, attrs, meta=meta)
+        self.function.ops.append(op)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def append(self, op: Op) -> Op:
+        """Append an already-built op (its output names are reserved)."""
+        for v in op.outputs:
+            self.names.reserve(v.name)
+        self.function.ops.append(op)
+        return op
+
+    def finish(self, outputs: Sequence[Value]) -> Function:
+        self.function.outputs = list(outputs)
+        return self.function

@@ -1,0 +1,121 @@
+"""Types of DistIR values: element types, tensors placed on one device,
+tuples, and sharded tensors on a device mesh.
+
+Types are frozen dataclasses: hashable, comparable by structure, and cheap to
+share between values.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from math import prod
+from typing import Optional, Tuple
+
+from ..errors import ConfigError
+
+
+class DType(enum.Enum):
+    """Element types, by their short text name."""
+
+    F16 = "f16"
+    BF16 = "bf16"
+    F32 = "f32"
+    F64 = "f64"
+    I32 = "i32"
+    I64 = "i64"
+    BOOL = "bool"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.F16, DType.BF16, DType.F32, DType.F64)
+
+    @property
+    def numpy_name(self) -> str:
+        """The numpy dtype the reference executor computes this type in
+        (bf16 has no numpy type: computed in float32)."""
+        return _NUMPY[self]
+
+    @classmethod
+    def parse(cls, text: str) -> "DType":
+        """Accept the text name and the common aliases (fp16, float32, ...)."""
+        key = text.strip().lower()
+        key = _ALIASES.get(key, key)
+        try:
+            return cls(key)
+        except ValueError:
+            names = ", ".join(d.value for d in cls)
+            raise ConfigError(f"unknown dtype '{text}' (expected one of {names})") from None
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ITEMSIZE = {DType.F16: 2, DType.BF16: 2, DType.F32: 4, DType.F64: 8,
+             DType.I32: 4, DType.I64: 8, DType.BOOL: 1}
+_NUMPY = {DType.F16: "float16", DType.BF16: "float32", DType.F32: "float32",
+          DType.F64: "float64", DType.I32: "int32", DType.I64: "int64", DType.BOOL: "bool"}
+_ALIASES = {"fp16": "f16", "float16": "f16", "half": "f16", "fp32": "f32", "float32": "f32",
+            "float": "f32", "fp64": "f64", "float64": "f64", "double": "f64",
+            "bfloat16": "bf16", "int32": "i32", "int64": "i64", "long": "i64"}
+
+
+class Type:
+    """Base class of every value type."""
+
+    @property
+    def size_bytes(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TensorType(Type):
+    """A dense tensor of ``shape`` and ``dtype`` that lives on one device
+    (``device`` is a rank; ``None`` for a program not yet placed)."""
+
+    shape: Tuple[int, ...]
+    dtype: DType
+    device: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def with_device(self, device: Optional[int]) -> "TensorType":
+        return TensorType(self.shape, self.dtype, device)
+
+    def with_shape(self, shape: Tuple[int, ...]) -> "TensorType":
+        return TensorType(tuple(shape), self.dtype, self.device)
+
+    def with_dtype(self, dtype: DType) -> "TensorType":
+        return TensorType(self.shape, dtype, self.device)
+
+
+@dataclass(frozen=True)
+class TupleType(Type):
+    """A tuple of types (used by ops that produce grouped results)."""
+
+    types: Tuple[Type, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.size_bytes for t in self.types)
+
+
+def scalar(dtype: DType = DType.F32, device: Optional[int] = None) -> TensorType:
+    """A rank-0 tensor."""
+    return TensorType((), dtype, device)

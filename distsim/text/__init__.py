@@ -1,0 +1,6 @@
+"""The textual format of DistIR: one grammar, printed and parsed."""
+from .parser import Parser, parse_function, parse_module, parse_type_text
+from .printer import print_attr, print_function, print_module, print_op, print_type
+
+__all__ = ["Parser", "parse_function", "parse_module", "parse_type_text", "print_attr",
+           "print_function", "print_module", "print_op", "print_type"]
