@@ -1,4 +1,7 @@
-"""Cost: device specs, the roofline cost model, memory accounting."""
+"""Cost: device specs, FLOP counts, the roofline cost model."""
 from .device import DeviceSpec, device_spec_from_dict
+from .flops import FLOP_RULES, FLOPS_PER_ELEMENT, flop_rule, op_flops, op_memory_bytes
+from .model import CostModel, OpCost
 
-__all__ = ["DeviceSpec", "device_spec_from_dict"]
+__all__ = ["DeviceSpec", "device_spec_from_dict", "FLOP_RULES", "FLOPS_PER_ELEMENT", "flop_rule",
+           "op_flops", "op_memory_bytes", "CostModel", "OpCost"]

@@ -1,0 +1,8 @@
+"""Running functions: one Interpreter walker; NumpyExecutor and ShapeInference."""
+from .interpreter import Interpreter
+from .kernels import KERNELS, kernel
+from .numpy_executor import NumpyExecutor, execute, random_inputs
+from .shape_inference import ShapeInference, infer_function_types
+
+__all__ = ["Interpreter", "KERNELS", "kernel", "NumpyExecutor", "execute", "random_inputs",
+           "ShapeInference", "infer_function_types"]

@@ -84,3 +84,34 @@ class FunctionBuilder:
     def finish(self, outputs: Sequence[Value]) -> Function:
         self.function.outputs = list(outputs)
         return self.function
+
+
+def clone_function(function: Function, name: Optional[str] = None
+                   ) -> Tuple[Function, Dict[Value, Value]]:
+    """A deep copy with fresh Value objects (same names and types); returns
+    the copy and the old-to-new value mapping."""
+    mapping: Dict[Value, Value] = {}
+
+    def copy(v: Value) -> Value:
+        if v not in mapping:
+            mapping[v] = Value(v.name, v.type)
+        return mapping[v]
+
+    new = Function(name or function.name, [copy(v) for v in function.inputs])
+    for op in function.ops:
+        new.ops.append(Op(op.op_type, [mapping[v] for v in op.inputs],
+                          [copy(v) for v in op.outputs], op.attrs, op.subfunctions, op.meta))
+    new.outputs = [mapping[v] for v in function.outputs]
+    new.meta = {k: (dict(v) if isinstance(v, dict) else v) for k, v in function.meta.items()}
+    return new, mapping
+
+
+def builder_from(function: Function, name: Optional[str] = None
+                 ) -> Tuple[FunctionBuilder, Dict[Value, Value]]:
+    """A builder that continues a clone of ``function`` (its outputs unset)."""
+    new, mapping = clone_function(function, name)
+    b = FunctionBuilder(new.name)
+    b.function = new
+    for v in new.values():
+        b.names.reserve(v.name)
+    return b, mapping

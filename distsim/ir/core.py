@@ -92,6 +92,10 @@ class Function:
     inputs: List[Value] = field(default_factory=list)
     ops: List[Op] = field(default_factory=list)
     outputs: List[Value] = field(default_factory=list)
+    # Roles and analysis results keyed by value name, e.g. ``meta["roles"]``
+    # maps input names to "param" / "data" / "optimizer"; ``meta["grads"]``
+    # maps a parameter name to its gradient's name. Not part of the text form.
+    meta: Dict[str, Any] = field(default_factory=dict, compare=False)
 
     def values(self) -> Iterator[Value]:
         """Every value defined in the function, inputs first, in order."""

@@ -95,6 +95,34 @@ def _reduce(types, attrs) -> List[TensorType]:
     return [x.with_shape(shape)]
 
 
+def _reshape(types, attrs) -> List[TensorType]:
+    (x,) = types
+    shape = [int(d) for d in attrs["shape"]]
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape shape {tuple(shape)} has more than one -1")
+    known = 1
+    for d in shape:
+        if d != -1:
+            if d < 0:
+                raise ShapeError(f"reshape shape {tuple(shape)} has a negative dimension")
+            known *= d
+    if -1 in shape:
+        if known == 0 or x.numel % known:
+            raise ShapeError(f"cannot reshape {x.shape} to {tuple(shape)}")
+        shape[shape.index(-1)] = x.numel // known
+    elif known != x.numel:
+        raise ShapeError(f"cannot reshape {x.shape} ({x.numel} elements) to {tuple(shape)}")
+    return [x.with_shape(tuple(shape))]
+
+
+def _broadcast_to(types, attrs) -> List[TensorType]:
+    (x,) = types
+    shape = tuple(int(d) for d in attrs["shape"])
+    if broadcast_shapes(x.shape, shape) != shape:
+        raise ShapeError(f"cannot broadcast {x.shape} to {shape}")
+    return [x.with_shape(shape)]
+
+
 def _loss(types, attrs) -> List[TensorType]:
     y, t = types
     _same_device(types)
@@ -138,6 +166,8 @@ register(OpSpec("matmul", 2, _matmul, {"trans_a": False, "trans_b": False},
                 doc="a @ b over the last two dims, optionally transposing either"))
 register(OpSpec("reduce_sum", 1, _reduce, {"axes": None, "keepdims": False}))
 register(OpSpec("reduce_mean", 1, _reduce, {"axes": None, "keepdims": False}))
+register(OpSpec("reshape", 1, _reshape, {"shape": REQUIRED}))
+register(OpSpec("broadcast_to", 1, _broadcast_to, {"shape": REQUIRED}))
 register(OpSpec("mse_loss", 2, _loss, doc="mean((y - t)^2)"))
 register(OpSpec("mse_loss_grad", 3, _loss_grad, doc="dl * 2 (y - t) / numel"))
 register(OpSpec("sgd", 2, _optimizer_step, {"lr": REQUIRED}, doc="w - lr * g"))

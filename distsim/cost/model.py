@@ -1,0 +1,58 @@
+"""The roofline cost model: how long one compute op takes on one device.
+
+    time = launch_overhead + max(flops / (peak(dtype) * efficiency),
+                                 bytes / (memory_bandwidth * memory_efficiency))
+
+Matrix products use the device's ``matmul_efficiency``, everything else its
+``vector_efficiency``. A measured profile (op type -> seconds, or a
+callable) overrides the formula for the ops it lists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, NamedTuple, Optional, Union
+
+from ..ir.comm import is_communication
+from ..ir.core import Op
+from .device import DeviceSpec
+from .flops import op_flops, op_memory_bytes
+
+MATMUL_OPS = frozenset({"matmul", "batch_matmul", "conv", "conv_grad_input", "conv_grad_weight",
+                        "linear"})
+
+ProfileEntry = Union[float, Callable[[Op], float]]
+
+
+class OpCost(NamedTuple):
+    time_s: float
+    flops: float
+    bytes: float
+
+
+@dataclass
+class CostModel:
+    """Roofline costs on ``device``; ``profile`` overrides by op type."""
+
+    device: DeviceSpec
+    profile: Mapping[str, ProfileEntry] = field(default_factory=dict)
+
+    def op_cost(self, op: Op) -> OpCost:
+        flops = op_flops(op)
+        nbytes = op_memory_bytes(op)
+        if is_communication(op):
+            return OpCost(0.0, 0.0, nbytes)
+        entry = self.profile.get(op.op_type)
+        if entry is not None:
+            t = entry(op) if callable(entry) else float(entry)
+            return OpCost(t, flops, nbytes)
+        return OpCost(self.roofline_time(op, flops, nbytes), flops, nbytes)
+
+    def roofline_time(self, op: Op, flops: float, nbytes: float) -> float:
+        d = self.device
+        dtype = op.outputs[0].type.dtype if op.outputs else None
+        compute_s = 0.0
+        if flops > 0 and dtype is not None:
+            eff = d.matmul_efficiency if op.op_type in MATMUL_OPS else d.vector_efficiency
+            compute_s = flops / (d.peak_flops_for(dtype) * eff)
+        memory_s = nbytes / (d.memory_bandwidth_Bps * d.memory_efficiency)
+        return d.launch_overhead_s + max(compute_s, memory_s)
