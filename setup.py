@@ -24,5 +24,5 @@ setup(
         "parquet": ["pyarrow>=12"],
         "export": ["torch", "transformers"],
     },
-    entry_points={"console_scripts": ["distsim=distsim.cli:main"]},
+    entry_points={"console_scripts": ["distsim=distsim.cli:entry"]},
 )

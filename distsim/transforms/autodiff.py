@@ -73,5 +73,7 @@ class Autodiff:
             results.append(grads[v])
         f.outputs = [mapping[v] for v in function.outputs] + results
         f.meta["grads"] = {v.name: g.name for v, g in zip(wrt, results)}
+        for op in f.ops[len(forward_ops):]:
+            op.meta.setdefault("phase", "backward")
         # Rules emit every input's gradient; drop those nobody needs.
         return eliminate_dead_code(f)

@@ -34,6 +34,8 @@ class SGD:
                        name=f"{param}_new")
             updates[param] = new.name
             kept.append(new)
+        for op in f.ops[len(function.ops):]:
+            op.meta.setdefault("phase", "optimizer")
         f.outputs = kept
         f.meta["updates"] = updates
         return f

@@ -1,0 +1,133 @@
+"""The public Python API: everything the CLI does, as plain calls.
+
+    import distsim
+    result = distsim.simulate(model="mlp", topology="dgx-a100", dp=8)
+    result.step_time_s, print(result.summary_table())
+    result.write_outputs("distsim-out")     # trace.json, gantt.png, memory.png, summary.json
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Union
+
+from .cost.model import CostModel
+from .errors import ConfigError
+from .ir.core import Function
+from .ir.verifier import verify
+from .models import family_of, load_model_config
+from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
+                     write_memory_plot, write_summary)
+from .sim.simulator import SimulationOptions, simulate_function
+from .sim.trace import Trace
+from .topology import Topology, load_topology
+from .transforms.strategy import Strategy
+
+DEFAULT_MODEL = "mlp"
+DEFAULT_TOPOLOGY = "dgx-a100"
+OUTPUT_FILES = ("summary.json", "trace.json", "gantt.png", "memory.png")
+
+
+@dataclass
+class SimulationResult:
+    """What one simulation produced: the trace, the program and the config.
+    Shows itself as the summary table (in a terminal and in a notebook)."""
+
+    trace: Trace
+    program: Function
+    config: Dict[str, Any]
+    topology: Topology
+    _summary: Optional[Dict[str, Any]] = field(default=None, repr=False)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.trace.step_time_s
+
+    def summary(self) -> Dict[str, Any]:
+        """The JSON-ready summary (the content of summary.json)."""
+        if self._summary is None:
+            s = summarize(self.trace)
+            s["config"] = dict(self.config)
+            self._summary = s
+        return self._summary
+
+    def summary_table(self) -> str:
+        return format_summary_table(self.summary())
+
+    def write_trace(self, path: Union[str, Path]) -> None:
+        write_chrome_trace(self.trace, path)
+
+    def gantt(self, path: Union[str, Path]) -> None:
+        write_gantt(self.trace, path)
+
+    def memory_plot(self, path: Union[str, Path]) -> None:
+        write_memory_plot(self.trace, path)
+
+    def write_outputs(self, out_dir: Union[str, Path], plots: bool = True) -> Dict[str, Path]:
+        """Write summary.json and trace.json (and the two PNGs) into
+        ``out_dir``; each file atomically. Returns the paths written."""
+        out = Path(out_dir)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out}: exists and is not a directory")
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"summary": out / "summary.json", "trace": out / "trace.json"}
+        write_summary(self.summary(), paths["summary"])
+        self.write_trace(paths["trace"])
+        if plots:
+            paths["gantt"] = out / "gantt.png"
+            paths["memory"] = out / "memory.png"
+            self.gantt(paths["gantt"])
+            self.memory_plot(paths["memory"])
+        return paths
+
+    def __repr__(self) -> str:
+        return self.summary_table()
+
+    def _repr_html_(self) -> str:
+        import html
+        return "<pre>" + html.escape(self.summary_table()) + "</pre>"
+
+
+_MODEL_FIELDS = ("layers", "hidden", "batch", "dtype")
+
+
+def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
+                  topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
+                  **options: Any) -> tuple:
+    """Resolve the model config, topology and strategy and build the
+    local-view program. Returns ``(program, config, topology)``."""
+    topo = topology if isinstance(topology, Topology) else load_topology(str(topology))
+    config = load_model_config(model)
+    for key in _MODEL_FIELDS:
+        if options.get(key) is not None:
+            config[key] = options.pop(key)
+        else:
+            options.pop(key, None)
+    strategy = Strategy.from_mapping(options).resolved(topo.num_devices)
+    if strategy.num_devices > topo.num_devices:
+        raise ConfigError(f"the strategy needs {strategy.num_devices} devices "
+                          f"(dp {strategy.dp} x tp {strategy.tp} x pp {strategy.pp}) but topology "
+                          f"'{topo.name}' has {topo.num_devices}")
+    program = family_of(config).build(config, strategy)
+    verify(program, known_devices=topo.ranks)
+    resolved = {"model": config.get("name"), **{k: v for k, v in config.items()
+                                                  if k not in ("name",)},
+                "topology": topo.name, **strategy.to_dict()}
+    return program, resolved, topo
+
+
+def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
+             topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
+             network_mode: str = "flow", collective_algo: str = "auto",
+             **options: Any) -> SimulationResult:
+    """Build the training step of ``model`` with the given strategy
+    (``dp=``, model overrides ``layers=``, ``hidden=``, ``batch=``,
+    ``dtype=``) and simulate it on ``topology``."""
+    if network_mode not in ("flow", "analytical"):
+        raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
+    program, config, topo = build_program(model, topology, **options)
+    config.update(network_mode=network_mode, collective_algo=collective_algo)
+    trace = simulate_function(program, topo, CostModel(topo.device_spec),
+                              SimulationOptions(network_mode=network_mode,
+                                                collective_algorithm=collective_algo))
+    return SimulationResult(trace, program, config, topo)

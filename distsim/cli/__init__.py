@@ -1,0 +1,63 @@
+"""The ``distsim`` command: a thin layer over the Python API.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)``
+which registers it with ``func=run(args) -> int``. Errors a user can cause
+(:class:`~distsim.errors.DistsimError`) print one line on stderr and exit
+with status 2; anything else is an internal error (status 1).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import List, Optional
+
+from ..errors import DistsimError
+from . import print_cmd, simulate_cmd
+
+# Subcommand modules, in the order ``distsim --help`` lists them.
+COMMANDS = [simulate_cmd, print_cmd]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with status 2 and one line for bad flags (as it
+    does) but without printing the whole usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="distsim",
+                     description="Simulate distributed deep-learning training on a cluster: "
+                                 "step time, memory per device, where the time goes.")
+    parser.add_argument("--version", action="version", version="distsim 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for module in COMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except DistsimError as e:
+        print(f"distsim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("distsim: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception:  # an internal error: a bug in distsim, not the user's input
+        traceback.print_exc()
+        print("distsim: internal error (a bug: please report it with the command above)",
+              file=sys.stderr)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""``distsim print``: print a program in the textual format.
+
+With a file argument the file is parsed, verified and printed again (the
+output equals the input for any file distsim printed). Without one, the
+training step of ``--model`` under the strategy options is built and printed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..api import build_program
+from ..errors import ConfigError
+from ..ir.verifier import verify_module
+from ..text import parse_module, print_function, print_module
+from .options import add_model_options, add_strategy_options, add_topology_option, program_options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("print", help="print a program in the DistIR text format",
+                       description="Print the program of --model after the parallel transforms, "
+                                   "or parse, verify and re-print a .dir text file.")
+    p.add_argument("file", nargs="?", help="a DistIR text file to parse, verify and print")
+    add_model_options(p)
+    add_strategy_options(p)
+    add_topology_option(p)
+    p.set_defaults(func=run)
+
+
+def read_module(path_text: str):
+    path = Path(path_text)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    return verify_module(parse_module(text, source=str(path)))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.file:
+        sys.stdout.write(print_module(read_module(args.file)))
+        return 0
+    program, _, _ = build_program(**program_options(args))
+    sys.stdout.write(print_function(program))
+    return 0

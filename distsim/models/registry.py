@@ -1,0 +1,82 @@
+"""Models by name: built-in families and the YAML configs in ``models/``.
+
+A model config is a mapping with a ``family`` (``mlp``, ...) and that
+family's fields. ``load_model_config("mlp")`` reads ``models/mlp.yaml``
+(or the embedded default when the file is absent); a path to a ``.yaml``
+file is read as is. Families register a :class:`ModelFamily` that turns a
+config and a parallel strategy into a local-view program.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping
+
+from ..errors import ConfigError
+from ..ir.core import Function
+from ..paths import models_dir
+from ..yamlio import load_yaml_file
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """``build(config, strategy) -> Function`` (local view, ready to simulate);
+    ``defaults``: the embedded config; ``describe(config) -> dict`` (e.g.
+    parameter count)."""
+
+    name: str
+    build: Callable[[Mapping[str, Any], Any], Function]
+    defaults: Mapping[str, Any]
+    describe: Callable[[Mapping[str, Any]], Dict[str, Any]]
+
+
+FAMILIES: Dict[str, ModelFamily] = {}
+
+
+def register_family(family: ModelFamily) -> ModelFamily:
+    FAMILIES[family.name] = family
+    return family
+
+
+def available_models() -> List[str]:
+    names = set(FAMILIES)
+    folder = models_dir()
+    if folder.is_dir():
+        names.update(p.stem for p in folder.glob("*.yaml"))
+    return sorted(names)
+
+
+def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
+    """The config mapping (with ``family`` and ``name``) of a model name,
+    YAML path or mapping."""
+    if isinstance(model, Mapping):
+        config = dict(model)
+        where = "model"
+    else:
+        text = str(model)
+        path = Path(text)
+        if text.endswith((".yaml", ".yml")):
+            where = text
+            config = load_yaml_file(path, "model file")
+        elif (models_dir() / f"{text}.yaml").is_file():
+            where = str(models_dir() / f"{text}.yaml")
+            config = load_yaml_file(models_dir() / f"{text}.yaml", "model file")
+        elif text in FAMILIES:
+            where = text
+            config = {"family": text, **FAMILIES[text].defaults}
+        else:
+            raise ConfigError(f"unknown model '{text}' (known: {', '.join(available_models())}; "
+                              "or give a path to a .yaml file)")
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"{where}: a model file must be a mapping of fields")
+        config = dict(config)
+        config.setdefault("name", path.stem if text.endswith((".yaml", ".yml")) else text)
+    family = config.get("family")
+    if family not in FAMILIES:
+        raise ConfigError(f"{where}: family: unknown model family {family!r} "
+                          f"(known: {', '.join(sorted(FAMILIES))})")
+    return config
+
+
+def family_of(config: Mapping[str, Any]) -> ModelFamily:
+    return FAMILIES[config["family"]]

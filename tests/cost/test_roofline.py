@@ -1,0 +1,48 @@
+"""The roofline cost model: exact times from hand-computed FLOPs and bytes."""
+import pytest
+
+from distsim.cost import CostModel, DeviceSpec, op_flops
+from distsim.ir import DType, FunctionBuilder, TensorType
+
+DEVICE = DeviceSpec(name="test", peak_flops={"f16": 100e12, "f32": 10e12},
+                    memory_bandwidth_Bps=1e12, memory_bytes=10**10)
+
+
+def one_op(op_type, shapes, attrs=None, dtype=DType.F16):
+    b = FunctionBuilder("f")
+    ins = [b.input(f"x{i}", TensorType(s, dtype, 0)) for i, s in enumerate(shapes)]
+    b.op(op_type, ins, attrs)
+    return b.function.ops[0]
+
+
+def test_compute_bound_matmul_takes_flops_over_peak():
+    op = one_op("matmul", [(4096, 4096), (4096, 4096)])
+    flops = 2 * 4096 ** 3
+    assert op_flops(op) == flops
+    assert CostModel(DEVICE).op_cost(op).time_s == pytest.approx(flops / 100e12, rel=1e-12)
+
+
+def test_memory_bound_add_takes_bytes_over_bandwidth():
+    op = one_op("add", [(1024, 1024), (1024, 1024)])
+    nbytes = 3 * 1024 * 1024 * 2  # two inputs and one output, 2 bytes each
+    cost = CostModel(DEVICE).op_cost(op)
+    assert cost.bytes == nbytes
+    assert cost.time_s == pytest.approx(nbytes / 1e12, rel=1e-12)
+
+
+def test_dtype_selects_peak_and_efficiency_and_launch_apply():
+    spec = DeviceSpec(name="t", peak_flops={"f16": 100e12, "f32": 10e12}, memory_bandwidth_Bps=1e12,
+                      memory_bytes=10**10, launch_overhead_s=5e-6, matmul_efficiency=0.5)
+    op = one_op("matmul", [(2048, 2048), (2048, 2048)], dtype=DType.F32)
+    expected = 5e-6 + 2 * 2048 ** 3 / (10e12 * 0.5)
+    assert CostModel(spec).op_cost(op).time_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_profile_overrides_formula():
+    op = one_op("add", [(8,), (8,)])
+    assert CostModel(DEVICE, profile={"add": 1.5}).op_cost(op).time_s == 1.5
+
+
+def test_transposed_matmul_flops():
+    op = one_op("matmul", [(64, 32), (64, 16)], {"trans_a": True})
+    assert op_flops(op) == 2 * 32 * 16 * 64
