@@ -1,0 +1,23 @@
+"""Shared plumbing of the PNG reports: colours, unit scales, atomic saving.
+
+Figures are built on :class:`matplotlib.figure.Figure` directly (no pyplot),
+so no global matplotlib state is touched and no GUI backend is needed: a
+bare ``Figure`` renders with the Agg canvas when saved.
+"""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from distsim.fileio import PathLike, atomic_path
+
+#: Colour per op category (colour-blind safe pair from the Tableau palette).
+CATEGORY_COLOURS = {"compute": "#4e79a7", "communication": "#f28e2b"}
+OTHER_COLOUR = "#9c9c9c"
+DPI = 100
+
+
+def save_png(fig: Figure, path: PathLike) -> None:
+    """Render ``fig`` as PNG into ``path`` atomically (a failed render leaves
+    no file, and an existing file untouched)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI)

@@ -1,0 +1,63 @@
+"""Interval arithmetic on half-open ``[start, end)`` time intervals.
+
+The summary needs three questions answered per device: how long was some
+compute running (a union), how long was some communication running (a
+union), and how much communication was *not* hidden behind compute (a
+union minus an intersection). Ops on one stream never overlap, but ops on
+different streams do, so plain sums would double count; these helpers work
+on merged (sorted, disjoint) interval lists.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List, Tuple
+
+Interval = Tuple[float, float]
+
+
+def merge_intervals(intervals: Iterable[Interval]) -> List[Interval]:
+    """Sorted, disjoint intervals covering the same points as ``intervals``.
+
+    Empty or reversed intervals (``end <= start``) are dropped; touching
+    intervals (``a.end == b.start``) are joined.
+    """
+    merged: List[Interval] = []
+    for start, end in sorted((s, e) for s, e in intervals if e > s):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def total_length(merged: Iterable[Interval]) -> float:
+    """Sum of the lengths of already merged (disjoint) intervals."""
+    return sum(end - start for start, end in merged)
+
+
+def union_length(intervals: Iterable[Interval]) -> float:
+    """Length of the union of ``intervals``."""
+    return total_length(merge_intervals(intervals))
+
+
+def intersection_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
+    """Length of ``union(a) ∩ union(b)``, by a linear sweep of both merged lists."""
+    ma, mb = merge_intervals(a), merge_intervals(b)
+    i = j = 0
+    total = 0.0
+    while i < len(ma) and j < len(mb):
+        lo = max(ma[i][0], mb[j][0])
+        hi = min(ma[i][1], mb[j][1])
+        if hi > lo:
+            total += hi - lo
+        if ma[i][1] < mb[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def difference_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
+    """Length of ``union(a) \\ union(b)``: the part of ``a`` not covered by ``b``."""
+    a = list(a)
+    return union_length(a) - intersection_length(a, b)

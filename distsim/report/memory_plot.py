@@ -1,0 +1,102 @@
+"""Live memory of each device over a simulated step.
+
+Memory samples are step functions (``live_bytes`` holds from ``time_s``
+until the rank's next sample; zero before its first), so they are drawn
+with ``where="post"`` steps and extended to the end of the step. Each
+distinct device capacity is a dashed horizontal line with its value in the
+legend, so an OOM shows as a curve crossing it.
+
+Up to ``max_lines`` devices get one line each. Past that the plot shows the
+max-min envelope over all devices (shaded) and the curve of the device
+with the highest peak, and the title says so.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from distsim.fileio import PathLike
+from distsim.report.figures import save_png
+from distsim.report.summary import GB, MS, step_time_of
+from distsim.sim.trace import Trace
+
+Curve = Tuple[np.ndarray, np.ndarray]  # (times_s, live_bytes), sorted, step-post
+
+
+def memory_curves(trace: Trace) -> Dict[int, Curve]:
+    """Per rank, the step function of live bytes from time 0 to the step end.
+
+    A point at 0 (zero bytes, unless a sample sits there) and one at the end
+    (repeating the last value) are added, so every curve spans the step.
+    Of several samples at the same time the last one recorded wins.
+    """
+    end = max([step_time_of(trace)] + [s.time_s for s in trace.memory])
+    samples: Dict[int, Dict[float, int]] = {d.rank: {} for d in trace.devices}
+    for s in trace.memory:
+        samples.setdefault(s.rank, {})[float(s.time_s)] = int(s.live_bytes)
+    curves: Dict[int, Curve] = {}
+    for rank in sorted(samples):
+        points = sorted(samples[rank].items())
+        if not points or points[0][0] > 0:
+            points.insert(0, (0.0, 0))
+        points.append((end, points[-1][1]))
+        times, values = zip(*points)
+        curves[rank] = (np.asarray(times, dtype=float), np.asarray(values, dtype=float))
+    return curves
+
+
+def envelope(curves: Dict[int, Curve]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(times, min, max)`` of several step functions on the union of their
+    change points; memory is O(points), one vectorised pass per curve."""
+    grid = np.unique(np.concatenate([t for t, _ in curves.values()]))
+    lo = np.full(grid.shape, np.inf)
+    hi = np.full(grid.shape, -np.inf)
+    for times, values in curves.values():
+        idx = np.searchsorted(times, grid, side="right") - 1
+        vals = np.where(idx >= 0, values[np.clip(idx, 0, None)], 0.0)
+        np.minimum(lo, vals, out=lo)
+        np.maximum(hi, vals, out=hi)
+    return grid, lo, hi
+
+
+def memory_figure(trace: Trace, max_lines: int = 16) -> Figure:
+    """The memory plot as a matplotlib ``Figure`` (not saved)."""
+    names = {d.rank: d.name for d in trace.devices}
+    curves = memory_curves(trace)
+    fig = Figure(figsize=(10, 5))
+    ax = fig.add_subplot()
+    title = "Live memory per device"
+    if curves and len(curves) > max_lines:
+        grid, lo, hi = envelope(curves)
+        ax.fill_between(grid * MS, lo / GB, hi / GB, step="post", alpha=0.3, color="#4e79a7",
+                        label=f"min-max over {len(curves)} devices")
+        top = max(curves, key=lambda r: (curves[r][1].max(), -r))
+        t, v = curves[top]
+        ax.step(t * MS, v / GB, where="post", color="#4e79a7", linewidth=1.2,
+                label=f"{names.get(top, f'gpu{top}')} (highest peak)")
+        title += f" (envelope of {len(curves)} devices)"
+    else:
+        for rank, (t, v) in curves.items():
+            ax.step(t * MS, v / GB, where="post", linewidth=1.2, label=names.get(rank, f"gpu{rank}"))
+    capacities: List[int] = sorted({d.capacity_bytes for d in trace.devices if d.capacity_bytes > 0})
+    for cap in capacities:
+        ax.axhline(cap / GB, linestyle="--", color="#e15759", linewidth=1.0,
+                   label=f"capacity {cap / GB:.2f} GB")
+    step_ms = step_time_of(trace) * MS
+    ax.set_xlim(0, step_ms if step_ms > 0 else None)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("live memory (GB)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def write_memory_plot(trace: Trace, path: PathLike, max_lines: int = 16) -> None:
+    """Write the memory plot of ``trace`` as a PNG to ``path`` (atomically)."""
+    save_png(memory_figure(trace, max_lines), path)

@@ -1,0 +1,110 @@
+import gzip
+import json
+
+import pytest
+
+from distsim.report import chrome_trace, chrome_trace_json, write_chrome_trace
+from distsim.report.chrome_trace import stream_tids
+from distsim.sim.trace import DeviceInfo, OpRecord, Trace
+
+
+def _events(doc, ph):
+    return [e for e in doc["traceEvents"] if e["ph"] == ph]
+
+
+def test_document_shape(trace):
+    doc = chrome_trace(trace)
+    assert doc["displayTimeUnit"] == "ms"
+    assert doc["otherData"]["step_time_s"] == 10.0
+    assert doc["otherData"]["meta"]["model"] == "mlp"
+    for e in doc["traceEvents"]:
+        assert {"ph", "pid", "tid", "name"} <= e.keys()
+
+
+def test_one_process_per_device_one_thread_per_stream(trace):
+    meta = _events(chrome_trace(trace, include_links=False), "M")
+    procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    assert procs == {0: "gpu0", 1: "gpu1"}
+    sort = {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"}
+    assert sort == {0: 0, 1: 1}
+    threads = sorted((e["pid"], e["tid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name")
+    assert threads == [(0, 0, "compute"), (0, 1, "comm"), (1, 0, "compute"), (1, 1, "comm")]
+
+
+def test_complete_events_in_microseconds(trace):
+    xs = _events(chrome_trace(trace), "X")
+    assert len(xs) == len(trace.ops)
+    mm1 = next(e for e in xs if e["name"] == "mm1")
+    assert mm1 == {"ph": "X", "pid": 0, "tid": 0, "name": "mm1", "cat": "compute", "ts": 3e6, "dur": 3e6,
+                   "args": {"op_type": "MatMul", "flops": 2e12, "bytes": 2e6, "detail": ""}}
+    ar1 = next(e for e in xs if e["name"] == "ar1")
+    assert (ar1["pid"], ar1["tid"], ar1["cat"], ar1["ts"], ar1["dur"]) == (1, 1, "communication", 2.5e6, 1.5e6)
+    assert ar1["args"]["detail"] == "ring" and ar1["args"]["bytes"] == 300.0
+    # sorted by (pid, tid, ts)
+    keys = [(e["pid"], e["tid"], e["ts"]) for e in xs]
+    assert keys == sorted(keys)
+
+
+def test_memory_counters(trace):
+    cs = [e for e in _events(chrome_trace(trace), "C") if e["name"] == "memory"]
+    assert [(e["pid"], e["ts"], e["args"]["live_bytes"]) for e in cs] == [
+        (0, 0.0, 2**30), (0, 2e6, 3 * 2**30), (0, 7e6, 2 * 2**30), (1, 1e6, 5 * 2**30), (1, 3e6, 2**30)]
+
+
+def test_link_counters_in_network_process(trace):
+    doc = chrome_trace(trace)
+    net = [e for e in _events(doc, "M") if e["name"] == "process_name" and e["args"]["name"] == "network"]
+    assert [e["pid"] for e in net] == [2]
+    links = [e for e in _events(doc, "C") if e["pid"] == 2]
+    assert [(e["name"], e["ts"], e["args"]["utilisation"]) for e in links] == [
+        ("link gpu0->nvswitch", 5e6, 0.5), ("link gpu0->nvswitch", 8e6, 0.0)]
+    assert not [e for e in chrome_trace(trace, include_links=False)["traceEvents"] if e["pid"] == 2]
+
+
+def test_extra_streams_get_stable_tids_after_compute_and_comm():
+    t = Trace(devices=[DeviceInfo(0, "gpu0", 1)], ops=[
+        OpRecord(0, "p2p", "s", "Send", "communication", 0.0, 1.0),
+        OpRecord(0, "copy", "c", "Copy", "compute", 0.0, 1.0)])
+    assert stream_tids(t) == {"compute": 0, "comm": 1, "copy": 2, "p2p": 3}
+
+
+def test_deterministic_bytes_regardless_of_record_order(trace, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_chrome_trace(trace, a)
+    trace.ops.reverse()
+    trace.memory.reverse()
+    write_chrome_trace(trace, b)
+    assert a.read_bytes() == b.read_bytes()
+    assert json.loads(a.read_text()) == chrome_trace(trace)
+
+
+def test_gzip_output_is_the_same_json_and_deterministic(trace, tmp_path):
+    write_chrome_trace(trace, tmp_path / "t.json.gz")
+    first = (tmp_path / "t.json.gz").read_bytes()
+    write_chrome_trace(trace, tmp_path / "t.json.gz")
+    assert (tmp_path / "t.json.gz").read_bytes() == first
+    assert gzip.decompress(first).decode() == chrome_trace_json(trace)
+
+
+def test_non_finite_numbers_become_null():
+    t = Trace(devices=[DeviceInfo(0, "gpu0", 1)],
+              ops=[OpRecord(0, "compute", "a", "X", "compute", 0.0, 1.0, float("inf"), float("nan"))])
+    x = _events(json.loads(chrome_trace_json(t)), "X")[0]
+    assert x["args"]["flops"] is None and x["args"]["bytes"] is None
+
+
+def test_failed_write_leaves_no_file(trace, tmp_path, monkeypatch):
+    target = tmp_path / "trace.json"
+    target.write_text("old")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(gzip, "GzipFile", boom)
+    with pytest.raises(RuntimeError):
+        write_chrome_trace(trace, tmp_path / "trace.json.gz")
+    blocker = tmp_path / "notadir"
+    blocker.write_text("")
+    with pytest.raises(OSError):
+        write_chrome_trace(trace, blocker / "trace.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notadir", "trace.json"]
+    assert target.read_text() == "old"
