@@ -24,11 +24,19 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp creates 0600 files; give the output the usual permissions.
+        os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:
