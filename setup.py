@@ -19,7 +19,7 @@ setup(
         "pandas>=2.0",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "test": ["pytest>=7", "hypothesis>=6", "pyarrow>=12", "dask>=2023.1", "distributed>=2023.1"],
         "dask": ["distributed>=2023.1", "dask>=2023.1"],
         "parquet": ["pyarrow>=12"],
         "export": ["torch", "transformers"],

@@ -95,6 +95,11 @@ class TensorType(Type):
     def size_bytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
+    def __str__(self) -> str:
+        """The text-format spelling, e.g. ``f32[64,128]@0``."""
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{self.dtype.value}[{dims}]" + ("" if self.device is None else f"@{self.device}")
+
     def with_device(self, device: Optional[int]) -> "TensorType":
         return TensorType(self.shape, self.dtype, device)
 

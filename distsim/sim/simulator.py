@@ -31,6 +31,8 @@ from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpRecord, Trace
 # Memory category of a function input, by its role in ``meta["roles"]``.
 INPUT_CATEGORY = {"param": "weights", "data": "activations", "optimizer": "optimizer",
                   "master": "optimizer"}
+# Input roles that stay resident for the whole step (never freed).
+RESIDENT_ROLES = frozenset({"param", "optimizer", "master"})
 
 
 @dataclass
@@ -101,6 +103,9 @@ class Simulator:
         self._ready: Dict[Value, simpy.Event] = {}
         self._users_left: Dict[Value, int] = {}
         self._category: Dict[Value, str] = {}
+        self._size: Dict[Value, int] = {}
+        # Returned values and resident inputs (weights, optimizer state) are
+        # never freed.
         self._outputs = set(function.outputs)
         self._collectives: Dict[int, _Collective] = {}
         self._position: Dict[Tuple[int, str], Optional[Op]] = {}
@@ -145,7 +150,7 @@ class Simulator:
     def _produce(self, values: Sequence[Value]) -> None:
         now = self.env.now
         for v in values:
-            self.memory.allocate(v.type.device, v.type.size_bytes, self._category[v], now)
+            self.memory.allocate(v.type.device, self._size[v], self._category[v], now)
 
     def _publish(self, values: Sequence[Value]) -> None:
         for v in values:
@@ -163,7 +168,7 @@ class Simulator:
                 self._release(v)
 
     def _release(self, v: Value) -> None:
-        self.memory.free(v.type.device, v.type.size_bytes, self._category[v], self.env.now)
+        self.memory.free(v.type.device, self._size[v], self._category[v], self.env.now)
 
     # -- processes ------------------------------------------------------
     def _stream(self, rank: int, stream: str, ops: List[Op]):
@@ -225,10 +230,16 @@ class Simulator:
         f = self.function
         roles = f.meta.get("roles", {})
         grad_names = set(f.meta.get("grads", {}).values())
+        # Optimizer updates overwrite their parameter in place: no new bytes.
+        in_place = set(f.meta.get("updates", {}).values())
         producers = f.producers()
         for v in f.values():
             self._category[v] = value_category(v, producers.get(v), roles, grad_names)
+            self._size[v] = 0 if v.name in in_place else v.type.size_bytes
             self._users_left[v] = 0
+        for v in f.inputs:
+            if roles.get(v.name) in RESIDENT_ROLES:
+                self._outputs.add(v)
         for op in f.ops:
             for v in op.inputs:
                 self._users_left[v] += 1
@@ -237,7 +248,7 @@ class Simulator:
                 ranks = tuple(op.attrs["ranks"])
                 self._collectives[id(op)] = _Collective(self.env, op, ranks)
         for v in f.inputs:
-            self.memory.allocate(v.type.device, v.type.size_bytes, self._category[v], 0.0)
+            self.memory.allocate(v.type.device, self._size[v], self._category[v], 0.0)
         for v in f.inputs:
             self._publish([v])
         procs = []

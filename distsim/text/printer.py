@@ -19,10 +19,8 @@ from ..ir.types import TensorType, TupleType, Type
 
 
 def print_type(t: Type) -> str:
-    if isinstance(t, TensorType):
-        dims = ",".join(str(d) for d in t.shape)
-        dev = "" if t.device is None else f"@{t.device}"
-        return f"{t.dtype.value}[{dims}]{dev}"
+    if type(t) is TensorType:
+        return str(t)
     if isinstance(t, TupleType):
         return "(" + ", ".join(print_type(x) for x in t.types) + ")"
     printer = getattr(t, "print_text", None)

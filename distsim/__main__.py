@@ -1,0 +1,4 @@
+"""``python -m distsim`` runs the CLI."""
+from .cli import entry
+
+entry()

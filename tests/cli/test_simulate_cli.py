@@ -1,0 +1,116 @@
+"""The end-to-end CLI: the default run writes all four files; bad input
+gives one line on stderr, exit status 2 and no output files."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from distsim.cli import main
+
+SMALL = ["--layers", "2", "--hidden", "256", "--batch", "64"]
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_default_run_writes_all_outputs(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["simulate", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["gantt.png", "memory.png", "summary.json",
+                                                     "trace.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["step_time_s"] > 0
+    assert summary["num_devices"] == 8
+    for d in summary["devices"]:
+        for key in ("rank", "peak_memory_bytes", "compute_s", "communication_s", "idle_s"):
+            assert key in d
+        assert d["communication_s"] > 0  # gradients are all-reduced
+    trace = json.loads((out / "trace.json").read_text())
+    events = trace["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert complete and all({"name", "ts", "dur", "pid", "tid"} <= e.keys() for e in complete)
+    assert {e["pid"] for e in complete} == set(range(8))
+    assert any(e["ph"] == "C" and e["name"] == "memory" for e in events)
+    assert any(e["ph"] == "M" and e["name"] == "thread_name" for e in events)
+    for png in ("gantt.png", "memory.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "step time" in stdout.lower()
+
+
+def test_json_flag_prints_summary(tmp_path, capsys):
+    code, stdout, _ = run_cli(["simulate", *SMALL, "--dp", "4", "--json", "--no-plots",
+                               "--out", str(tmp_path)], capsys)
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["num_devices"] == 4 and summary["config"]["dp"] == 4
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_more_devices_is_faster_per_step(tmp_path, capsys, dtype):
+    times = {}
+    for dp in (4, 8):
+        code, stdout, _ = run_cli(["simulate", "--layers", "4", "--hidden", "2048", "--batch", "4096",
+                                   "--dp", str(dp), "--dtype", dtype, "--json", "--no-plots",
+                                   "--out", str(tmp_path / str(dp))], capsys)
+        assert code == 0
+        times[dp] = json.loads(stdout)["step_time_s"]
+    assert times[8] < times[4]
+
+
+def test_topology_path(tmp_path, capsys):
+    from distsim.paths import topologies_dir
+    path = topologies_dir() / "dgx-a100.yaml"
+    code, _, err = run_cli(["simulate", *SMALL, "--topology", str(path), "--no-plots",
+                            "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "nosuchmodel"], "unknown model 'nosuchmodel'"),
+    (["--topology", "/nonexistent/topo.yaml"], "/nonexistent/topo.yaml"),
+    (["--batch", "6", "--dp", "4"], "batch size 6 of input %x is not divisible by the data-parallel degree 4"),
+    (["--dp", "16"], "16 devices"),
+    (["--layers", "0"], "layers"),
+])
+def test_bad_input_one_line_exit_2_no_files(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["simulate", *args, "--out", str(out)], capsys)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_malformed_yaml_topology(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndevice: [unclosed\n")
+    code, _, err = run_cli(["simulate", "--topology", str(bad), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and str(bad) in err and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_yaml_model(tmp_path, capsys):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("family: mlp\nlayers: [1,\n")
+    code, _, err = run_cli(["simulate", "--model", str(bad), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "malformed YAML" in err
+
+
+def test_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--model", "--layers", "--hidden", "--batch", "--dtype", "--dp", "--topology",
+                 "--out", "--json", "--network-mode", "--collective-algo"):
+        assert flag in text
+
+
+def test_console_script_is_installed(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "distsim", "simulate", *SMALL, "--no-plots",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
