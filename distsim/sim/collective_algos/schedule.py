@@ -1,0 +1,103 @@
+"""Schedules: a collective algorithm as a list of network steps.
+
+A :class:`Phase` is one step pattern (the flows that start together; the
+step ends when all are delivered) repeated ``count`` times. A collective
+algorithm produces a list of phases; consecutive identical steps share one
+phase so that the network can fast-forward them
+(:meth:`distsim.sim.network.Network.run_steps`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple
+
+FlowSpec = Tuple[int, int, float]
+
+
+class Phase(NamedTuple):
+    flows: Tuple[FlowSpec, ...]
+    count: int
+
+
+Schedule = List[Phase]
+
+
+def compress(steps: Iterable[Sequence[FlowSpec]]) -> Schedule:
+    """Turn a sequence of steps into phases, merging identical neighbours
+    and dropping empty steps."""
+    out: Schedule = []
+    for step in steps:
+        flows = tuple(step)
+        if not flows:
+            continue
+        if out and out[-1].flows == flows:
+            out[-1] = Phase(flows, out[-1].count + 1)
+        else:
+            out.append(Phase(flows, 1))
+    return out
+
+
+def parallel(schedules: Sequence[Schedule]) -> Schedule:
+    """Run several schedules side by side, step for step (step k of the
+    result holds step k of each input): e.g. one ring per rail."""
+    cursors = [[list(p) for p in s] for s in schedules if s]
+    out: Schedule = []
+    while cursors:
+        n = min(c[0][1] for c in cursors)
+        flows = tuple(f for c in cursors for f in c[0][0])
+        if out and out[-1].flows == flows:
+            out[-1] = Phase(flows, out[-1].count + n)
+        else:
+            out.append(Phase(flows, n))
+        for c in cursors:
+            c[0][1] -= n
+            if c[0][1] == 0:
+                c.pop(0)
+        cursors = [c for c in cursors if c]
+    return out
+
+
+def sequential(*schedules: Schedule) -> Schedule:
+    out: Schedule = []
+    for s in schedules:
+        for phase in s:
+            if out and out[-1].flows == phase.flows:
+                out[-1] = Phase(phase.flows, out[-1].count + phase.count)
+            else:
+                out.append(phase)
+    return out
+
+
+def total_bytes(schedule: Schedule) -> float:
+    """Bytes put on the network by the whole schedule."""
+    return sum(p.count * sum(b for s, d, b in p.flows if s != d) for p in schedule)
+
+
+def pipeline_chunks(p: int, nbytes: float, alpha_s: float, bandwidth_Bps: float,
+                    min_chunk_bytes: float = 64 * 1024, max_chunks: int = 1024) -> int:
+    """Chunks for a pipeline of depth ``p - 1`` hops minimising
+    ``(c + p - 2) * (alpha + S / (c B))``: ``c = sqrt((p - 2) S / (alpha B))``,
+    kept within ``[1, max_chunks]`` and chunks of at least ``min_chunk_bytes``."""
+    if p <= 2 or nbytes <= min_chunk_bytes:
+        return 1
+    ideal = math.sqrt((p - 2) * nbytes / max(alpha_s * bandwidth_Bps, 1e-30))
+    cap = max(1, min(max_chunks, int(nbytes // min_chunk_bytes)))
+    return max(1, min(cap, round(ideal)))
+
+
+def step_time_estimate(flows: Sequence[FlowSpec], route_info) -> float:
+    """Lower-bound time of one step on an idle network: the busiest link's
+    bytes over its bandwidth plus the longest path latency.
+    ``route_info(src, dst) -> (links, latency_s, capacities)``."""
+    load: Dict[object, float] = {}
+    cap: Dict[object, float] = {}
+    latency = 0.0
+    for src, dst, nbytes in flows:
+        if src == dst:
+            continue
+        links, lat, caps = route_info(src, dst)
+        latency = max(latency, lat)
+        for link, c in zip(links, caps):
+            load[link] = load.get(link, 0.0) + nbytes
+            cap[link] = c
+    return latency + max((load[k] / cap[k] for k in load), default=0.0)

@@ -1,0 +1,127 @@
+"""Collectives on the simulated network.
+
+:func:`run_collective` decomposes one collective into network steps by an
+algorithm from :mod:`.collective_algos` and runs them with
+:meth:`Network.run_steps`. ``algorithm="auto"`` estimates every algorithm
+the kind has on this topology and team (a per-step alpha-beta bound with
+link sharing inside the step) and takes the fastest, as NCCL's tuner does;
+the name used is the process's return value, so the trace can show it.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence, Tuple
+
+import simpy
+
+from ..errors import ConfigError, TopologyError
+from ..ir.comm import CollectiveType
+from .collective_algos import ALGORITHMS, Schedule
+from .collective_algos.schedule import step_time_estimate
+from .network import Network
+
+ROOTED = (CollectiveType.BROADCAST, CollectiveType.REDUCE, CollectiveType.GATHER,
+          CollectiveType.SCATTER)
+
+
+def algorithms_for(kind: CollectiveType) -> Tuple[str, ...]:
+    """The algorithm names ``kind`` accepts (besides ``auto``)."""
+    return tuple(ALGORITHMS[kind])
+
+
+def check_team(network: Network, kind: CollectiveType, ranks: Sequence[int],
+               root: Optional[int]) -> None:
+    """One-line errors for a team the topology cannot run."""
+    topo = network.topology
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < topo.num_devices:
+            raise TopologyError(f"{kind.value}: team rank {r!r} is not a device of topology "
+                                f"'{topo.name}' (ranks 0..{topo.num_devices - 1})")
+    if len(set(ranks)) != len(ranks):
+        raise ConfigError(f"{kind.value}: team {tuple(ranks)} names a rank twice")
+    if kind in ROOTED and root not in ranks:
+        raise ConfigError(f"{kind.value}: root {root!r} is not in the team {tuple(ranks)}")
+    if kind is CollectiveType.SEND_RECV and len(ranks) != 2:
+        raise ConfigError(f"sendrecv: the team must be (sender, receiver), got {tuple(ranks)}")
+
+
+def build_schedule(network: Network, kind: CollectiveType, ranks: Tuple[int, ...],
+                   nbytes: float, root: Optional[int], algorithm: str) -> Tuple[str, Schedule]:
+    """(algorithm name used, schedule) for one collective."""
+    table = ALGORITHMS[kind]
+    if algorithm == "auto":
+        algorithm = choose_algorithm(network, kind, ranks, nbytes, root)
+    elif algorithm not in table:
+        raise ConfigError(f"{kind.value}: unknown algorithm {algorithm!r} "
+                          f"(known: auto, {', '.join(table)})")
+    return algorithm, table[algorithm](ranks, nbytes, root, network)
+
+
+def estimate_time_s(network: Network, schedule: Schedule) -> float:
+    """An uncontended estimate of a schedule's time (see
+    :func:`step_time_estimate`)."""
+    info = network.route_info
+    return sum(phase.count * step_time_estimate(phase.flows, info) for phase in schedule)
+
+
+_choices: Dict[tuple, str] = {}
+
+
+def choose_algorithm(network: Network, kind: CollectiveType, ranks: Tuple[int, ...],
+                     nbytes: float, root: Optional[int]) -> str:
+    """The algorithm with the smallest estimated time (ties: table order)."""
+    table = ALGORITHMS[kind]
+    if len(table) == 1:
+        return next(iter(table))
+    key = (id(network.topology), kind, ranks, float(nbytes), root)
+    hit = _choices.get(key)
+    if hit is None:
+        best = None
+        for name, algo in table.items():
+            t = estimate_time_s(network, algo(ranks, nbytes, root, network))
+            if best is None or t < best[0]:
+                best = (t, name)
+        hit = _choices[key] = best[1]
+    return hit
+
+
+def run_collective(env: simpy.Environment, network: Network, kind: CollectiveType,
+                   ranks: Tuple[int, ...], nbytes: float, root: Optional[int] = None,
+                   algorithm: str = "auto"):
+    """A SimPy process generator running one collective from now, once
+    every team member has reached it; returns the algorithm name used.
+
+    ``nbytes`` is the tensor size S for all-reduce, broadcast, reduce and
+    send/recv; the full (gathered) size for all-gather, reduce-scatter,
+    gather and scatter; each rank's input for all-to-all (S/p to each peer).
+    One rank or zero bytes take no time.
+    """
+    ranks = tuple(ranks)
+    check_team(network, kind, ranks, root)
+    if nbytes < 0:
+        raise ConfigError(f"{kind.value}: bytes must be >= 0, got {nbytes!r}")
+    if len(ranks) < 2 or nbytes == 0:
+        if algorithm not in ("auto",) and algorithm not in ALGORITHMS[kind]:
+            raise ConfigError(f"{kind.value}: unknown algorithm {algorithm!r} "
+                              f"(known: auto, {', '.join(ALGORITHMS[kind])})")
+        return "none"
+        yield  # pragma: no cover - makes this a generator
+    name, schedule = build_schedule(network, kind, ranks, nbytes, root, algorithm)
+    for phase in schedule:
+        yield from network.run_steps(phase.flows, phase.count)
+    return name
+
+
+def bytes_sent_per_rank(kind: CollectiveType, p: int, nbytes: float,
+                        algorithm: str = "auto") -> float:
+    """Bytes the team puts on the network, divided by its size p (the same
+    for every bandwidth-optimal algorithm of a kind)."""
+    if p < 2 or nbytes <= 0:
+        return 0.0
+    if kind is CollectiveType.ALL_REDUCE:
+        return 2.0 * (p - 1) / p * nbytes
+    if kind in (CollectiveType.ALL_GATHER, CollectiveType.REDUCE_SCATTER,
+                CollectiveType.ALL_TO_ALL, CollectiveType.BROADCAST, CollectiveType.REDUCE):
+        return (p - 1) / p * nbytes
+    if kind in (CollectiveType.GATHER, CollectiveType.SCATTER):
+        return (p - 1) / p * nbytes / p
+    return nbytes / p

@@ -1,0 +1,407 @@
+"""The network: point-to-point flows over a Topology, in simulated time.
+
+``mode="flow"``: every active flow gets the max-min fair share of every
+directed link on its route (progressive filling). Rates are recomputed when
+a flow starts or ends, but only for the flows that share links with it
+(directly or through other flows): max-min allocations decompose over those
+connected components, so the result is exact and a busy cluster with many
+independent flows stays cheap. A flow transmits ``nbytes`` at its (changing)
+rate and is delivered ``path_latency_s`` after its last byte leaves.
+
+``mode="analytical"``: no sharing; a flow takes ``latency + nbytes /
+bottleneck bandwidth``. Both modes agree wherever no link is shared.
+
+Flows that start at the same simulated instant are allocated together in
+one recomputation (a settle event at a priority below SimPy's normal one),
+and every flow keeps its projected finish time in a heap, so that a
+recomputation touches only the flows whose rates change.
+
+:meth:`Network.run_steps` runs ``count`` identical barrier-separated steps
+(a ring's 2(p-1) steps); when a step ran alone on the network, later
+identical steps on an otherwise idle network are fast-forwarded from the
+cached duration and materialised again as real flows the moment other
+traffic arrives (see :mod:`.network_steps`).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+import simpy
+
+from ..errors import ConfigError
+from ..topology import Topology
+from .network_steps import StepRunner
+from .trace import LinkRecord, LinkSample
+
+MODES = ("flow", "analytical")
+_SETTLE_PRIORITY = 2      # after SimPy's NORMAL (1): every same-time start is in
+FlowSpec = Tuple[int, int, float]
+
+
+class Flow:
+    """One transfer in flight (internal)."""
+
+    __slots__ = ("links", "nbytes", "latency_s", "event", "rate", "finish_s", "version",
+                 "seq", "start_s", "rate_changes")
+
+    def __init__(self, links: Tuple[int, ...], nbytes: float, latency_s: float,
+                 event: simpy.Event, seq: int, start_s: float) -> None:
+        self.links = links
+        self.nbytes = nbytes
+        self.latency_s = latency_s
+        self.event = event
+        self.rate = 0.0
+        self.finish_s = math.inf
+        self.version = 0
+        self.seq = seq
+        self.start_s = start_s
+        self.rate_changes = 0
+
+    def remaining(self, now: float) -> float:
+        if self.rate == 0.0:
+            return self.nbytes
+        return max(0.0, self.rate * (self.finish_s - now))
+
+
+class _LinkStats:
+    __slots__ = ("bytes", "busy_s", "busy_since", "active", "peak")
+
+    def __init__(self) -> None:
+        self.bytes = 0.0
+        self.busy_s = 0.0
+        self.busy_since = 0.0
+        self.active = 0
+        self.peak = 0
+
+
+class Network:
+    """Flows between device ranks of ``topology`` inside ``env``.
+
+    ``record_samples=True`` keeps a :class:`LinkSample` per link whenever
+    its utilisation changes (for ``links.png``); it costs memory on big runs.
+    """
+
+    def __init__(self, env: simpy.Environment, topology: Topology, mode: str = "flow",
+                 record_samples: bool = False) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"network mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.env = env
+        self.topology = topology
+        self.mode = mode
+        self.record_samples = record_samples
+        self._edges: List[Tuple[str, str]] = []
+        self._edge_index: Dict[Tuple[str, str], int] = {}
+        self._capacity: List[float] = []
+        self._stats: Dict[int, _LinkStats] = {}
+        self._link_flows: Dict[int, Dict[Flow, None]] = {}
+        self._routes: Dict[Tuple[int, int, int], Tuple[Tuple[int, ...], float, float]] = {}
+        self._heap: List[Tuple[float, int, int, Flow]] = []
+        self._pending: List[Flow] = []
+        self._dirty_links: Dict[int, None] = {}
+        self._settle_scheduled = False
+        self._wakeup_at = math.inf
+        self._seq = 0
+        self.active_flows = 0
+        self.flows_started = 0
+        self.samples: List[LinkSample] = []
+        self._steps = StepRunner(self)
+
+    # ------------------------------------------------------------------ routes
+    def _route(self, src: int, dst: int, key: int) -> Tuple[Tuple[int, ...], float, float]:
+        """(link indices, path latency, bottleneck bandwidth), cached."""
+        hit = self._routes.get((src, dst, key))
+        if hit is not None:
+            return hit
+        topo = self.topology
+        route = topo.route(src, dst, key)
+        links = []
+        for edge in route:
+            idx = self._edge_index.get(edge)
+            if idx is None:
+                idx = len(self._edges)
+                self._edge_index[edge] = idx
+                self._edges.append(edge)
+                self._capacity.append(float(topo.graph.edges[edge]["bandwidth_Bps"]))
+            links.append(idx)
+        out = (tuple(links), topo.path_latency_s(route), topo.path_bandwidth_Bps(route))
+        self._routes[(src, dst, key)] = out
+        return out
+
+    def route_info(self, src: int, dst: int, key: int = 0
+                   ) -> Tuple[Tuple[int, ...], float, Tuple[float, ...]]:
+        """(link ids, path latency, link capacities) of the route."""
+        links, latency, _ = self._route(src, dst, key)
+        return links, latency, tuple(self._capacity[i] for i in links)
+
+    def flow_time_s(self, src: int, dst: int, nbytes: float, key: int = 0) -> float:
+        """The time one flow takes on an otherwise idle network."""
+        if src == dst:
+            return 0.0
+        _, latency, bottleneck = self._route(src, dst, key)
+        return latency + nbytes / bottleneck
+
+    # ------------------------------------------------------------------ API
+    def transfer(self, src_rank: int, dst_rank: int, nbytes: float, key: int = 0) -> simpy.Event:
+        """Send ``nbytes`` from ``src_rank`` to ``dst_rank``; the event
+        succeeds when the last byte has arrived."""
+        self.topology.check_rank(src_rank)
+        self.topology.check_rank(dst_rank)
+        if nbytes < 0 or not math.isfinite(nbytes):
+            raise ConfigError(f"transfer {src_rank} -> {dst_rank}: bytes must be >= 0, got {nbytes!r}")
+        event = self.env.event()
+        self._steps.before_traffic()
+        self._start(src_rank, dst_rank, float(nbytes), key, event)
+        return event
+
+    def transfer_all(self, flows: Sequence[FlowSpec], key: int = 0) -> simpy.Event:
+        """Start every ``(src, dst, nbytes)`` flow now; the event succeeds
+        when all of them are delivered."""
+        for src, dst, nbytes in flows:
+            self.topology.check_rank(src)
+            self.topology.check_rank(dst)
+            if nbytes < 0 or not math.isfinite(nbytes):
+                raise ConfigError(f"transfer {src} -> {dst}: bytes must be >= 0, got {nbytes!r}")
+        self._steps.before_traffic()
+        return self.start_group(flows, key)[0]
+
+    def start_group(self, flows: Sequence[FlowSpec], key: int = 0
+                    ) -> Tuple[simpy.Event, List[Flow | None]]:
+        """Start checked flows now (internal to the step runner): an event
+        for the delivery of all of them, and their Flow objects."""
+        done = self.env.event()
+        left = [len(flows)]
+
+        def one_done(_: simpy.Event) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                done.succeed()
+
+        if not flows:
+            done.succeed()
+        started = []
+        for src, dst, nbytes in flows:
+            event = self.env.event()
+            event.callbacks.append(one_done)
+            started.append(self._start(src, dst, float(nbytes), key, event))
+        return done, started
+
+    def run_steps(self, flows: Sequence[FlowSpec], count: int, key: int = 0):
+        """A SimPy process generator: ``count`` steps, each starting every
+        flow of ``flows`` and waiting until all are delivered."""
+        return self._steps.run(tuple(flows), count, key)
+
+    def is_idle(self) -> bool:
+        return self.active_flows == 0 and not self._pending
+
+    # ------------------------------------------------------------------ internals
+    def _start(self, src: int, dst: int, nbytes: float, key: int, event: simpy.Event
+               ) -> Flow | None:
+        """Start one flow now (the flow, or None where nothing is sent)."""
+        env = self.env
+        if src == dst:
+            event.succeed()
+            return None
+        links, latency, bottleneck = self._route(src, dst, key)
+        self.flows_started += 1
+        if self.mode == "analytical":
+            self._count_links(links, nbytes, +1)
+            tx = nbytes / bottleneck
+            for i in links:
+                self._stats[i].busy_s += tx
+            done = env.timeout(tx + latency)
+            done.callbacks.append(lambda _e: (self._count_links(links, 0.0, -1), event.succeed()))
+            return None
+        self._seq += 1
+        flow = Flow(links, nbytes, latency, event, self._seq, env.now)
+        self._count_links(links, nbytes, +1)
+        if nbytes == 0.0:
+            self._count_links(links, 0.0, -1)
+            self._deliver(flow)
+            return flow
+        self.active_flows += 1
+        self._pending.append(flow)
+        if not self._settle_scheduled:
+            self._settle_scheduled = True
+            ev = env.event()
+            ev._ok, ev._value = True, None          # a pre-triggered event (as succeed())
+            ev.callbacks.append(self._on_settle)
+            env.schedule(ev, _SETTLE_PRIORITY)
+        return flow
+
+    def _count_links(self, links: Iterable[int], nbytes: float, delta: int) -> None:
+        now = self.env.now
+        stats = self._stats
+        for i in links:
+            s = stats.get(i)
+            if s is None:
+                s = stats[i] = _LinkStats()
+            if delta > 0:
+                s.bytes += nbytes
+                if s.active == 0:
+                    s.busy_since = now
+                s.active += 1
+                if s.active > s.peak:
+                    s.peak = s.active
+            else:
+                s.active -= 1
+                if s.active == 0 and self.mode == "flow":
+                    s.busy_s += now - s.busy_since
+
+    def _deliver(self, flow: Flow) -> None:
+        if flow.latency_s > 0:
+            self.env.timeout(flow.latency_s).callbacks.append(lambda _e: flow.event.succeed())
+        else:
+            flow.event.succeed()
+
+    def _on_settle(self, _event: simpy.Event) -> None:
+        self._settle_scheduled = False
+        self._reallocate()
+
+    def _reallocate(self) -> None:
+        """Add pending flows, recompute max-min rates of every flow connected
+        to a changed link, and re-aim the wake-up at the next finish."""
+        link_flows = self._link_flows
+        for flow in self._pending:
+            for i in flow.links:
+                link_flows.setdefault(i, {})[flow] = None
+                self._dirty_links[i] = None
+        self._pending.clear()
+        if self._dirty_links:
+            flows = self._component(self._dirty_links)
+            self._dirty_links = {}
+            self._fill(flows)
+        self._aim_wakeup()
+
+    def _component(self, seeds: Iterable[int]) -> List[Flow]:
+        """Every flow reachable from the seed links through shared links."""
+        link_flows = self._link_flows
+        seen_links = set(seeds)
+        stack = list(seen_links)
+        found: Dict[Flow, None] = {}
+        while stack:
+            for flow in link_flows.get(stack.pop(), ()):
+                if flow not in found:
+                    found[flow] = None
+                    for j in flow.links:
+                        if j not in seen_links:
+                            seen_links.add(j)
+                            stack.append(j)
+        return sorted(found, key=lambda f: f.seq)
+
+    def _fill(self, flows: List[Flow]) -> None:
+        """Max-min fair rates for ``flows`` by progressive filling: the link
+        with the smallest fair share fixes the rate of all its unfixed flows,
+        which then leave the other links; repeat."""
+        if not flows:
+            return
+        now = self.env.now
+        cap: Dict[int, float] = {}
+        count: Dict[int, int] = {}
+        for f in flows:
+            for i in f.links:
+                if i in count:
+                    count[i] += 1
+                else:
+                    count[i] = 1
+                    cap[i] = self._capacity[i]
+        heap = [(cap[i] / n, i) for i, n in count.items()]
+        heapq.heapify(heap)
+        link_flows = self._link_flows
+        fixed: Dict[Flow, float] = {}
+        while heap:
+            share, i = heapq.heappop(heap)
+            n = count[i]
+            if n == 0 or share != cap[i] / n:
+                continue                      # stale entry
+            for f in link_flows[i]:
+                if f in fixed:
+                    continue
+                fixed[f] = share
+                for j in f.links:
+                    cap[j] = max(0.0, cap[j] - share)
+                    count[j] -= 1
+                    if count[j] and j != i:
+                        heapq.heappush(heap, (cap[j] / count[j], j))
+            count[i] = 0
+        heap_out = self._heap
+        for f in flows:
+            rate = fixed[f]
+            if rate == f.rate:
+                continue
+            left = f.remaining(now)
+            f.rate = rate
+            f.rate_changes += 1
+            f.finish_s = now + left / rate
+            f.version += 1
+            heapq.heappush(heap_out, (f.finish_s, f.seq, f.version, f))
+        if self.record_samples:
+            for i in count:
+                used = sum(f.rate for f in link_flows[i])
+                a, b = self._edges[i]
+                self.samples.append(LinkSample(a, b, now, used / self._capacity[i]))
+
+    def _aim_wakeup(self) -> None:
+        heap = self._heap
+        while heap and heap[0][2] != heap[0][3].version:
+            heapq.heappop(heap)
+        if not heap:
+            self._wakeup_at = math.inf
+            return
+        at = heap[0][0]
+        if at < self._wakeup_at:
+            self._wakeup_at = at
+            wake = self.env.timeout(max(0.0, at - self.env.now))
+            wake.callbacks.append(lambda _e, at=at: self._on_wakeup(at))
+
+    def _on_wakeup(self, at: float) -> None:
+        if at != self._wakeup_at:
+            return                            # superseded by an earlier wake-up
+        self._wakeup_at = math.inf
+        now = self.env.now
+        limit = now + 1e-12 * max(1.0, abs(now))
+        heap = self._heap
+        while heap and heap[0][0] <= limit:
+            _, _, version, flow = heapq.heappop(heap)
+            if version != flow.version:
+                continue
+            flow.version += 1                 # invalidates any other heap entry
+            self._finish(flow)
+        self._reallocate()
+
+    def _finish(self, flow: Flow) -> None:
+        self.active_flows -= 1
+        link_flows = self._link_flows
+        for i in flow.links:
+            del link_flows[i][flow]
+            self._dirty_links[i] = None
+            if self.record_samples and not link_flows[i]:
+                a, b = self._edges[i]
+                self.samples.append(LinkSample(a, b, self.env.now, 0.0))
+        self._count_links(flow.links, 0.0, -1)
+        self._deliver(flow)
+
+    # ------------------------------------------------------------------ stats
+    def add_link_stats(self, link: int, nbytes: float, busy_s: float, peak: int) -> None:
+        """Account traffic that was fast-forwarded rather than simulated."""
+        s = self._stats.get(link)
+        if s is None:
+            s = self._stats[link] = _LinkStats()
+        s.bytes += nbytes
+        s.busy_s += busy_s
+        s.peak = max(s.peak, peak)
+
+    def link_records(self) -> List[LinkRecord]:
+        """Totals per directed link that carried traffic, busiest first."""
+        now = self.env.now
+        out = []
+        for i, s in self._stats.items():
+            busy = s.busy_s + (now - s.busy_since if s.active and self.mode == "flow" else 0.0)
+            a, b = self._edges[i]
+            out.append(LinkRecord(a, b, self._capacity[i], s.bytes, busy, s.peak))
+        out.sort(key=lambda r: (-r.busy_s, -r.bytes_carried, r.src, r.dst))
+        return out
+
+    def link_samples(self) -> List[LinkSample]:
+        return list(self.samples)

@@ -1,0 +1,236 @@
+"""Load a Topology from a YAML file, a file in ``topologies/``, or a
+builtin name such as ``dgx-a100-x16``.
+
+The schema (see docs/topology.md) has a ``name``, a ``device`` block (see
+:func:`distsim.cost.device.device_spec_from_dict`) and either
+
+- ``builder: NAME`` with ``params`` (see :data:`builders.BUILDERS`), or
+- an explicit graph: ``devices`` (a list of names, or
+  ``{count, name: "gpu{i}", per_node}``), optional ``switches``, ``nics``,
+  ``hosts`` (lists of names) and ``links``: each with ``src``, ``dst``,
+  one of ``bandwidth_GBps`` / ``bandwidth_Gbps`` / ``bandwidth_Bps``, one of
+  ``latency_us`` / ``latency_s``, and ``duplex`` (default true). ``src`` and
+  ``dst`` may be lists or ranges like ``gpu{0..7}``; equal-length lists pair
+  up, a single name pairs with every entry of the other side.
+
+Every error is one line naming the file and the field.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Tuple
+
+import networkx as nx
+import yaml
+
+import distsim
+
+from ..cost.device import device_spec_from_dict
+from ..errors import ConfigError, TopologyError
+from .builders import BUILDERS, GB, US, add_duplex
+from .topology import Topology
+
+TOPOLOGY_DIR = Path(distsim.__file__).resolve().parent.parent / "topologies"
+_CLUSTER_NAME = re.compile(r"^(?P<base>.+)-x(?P<nodes>[0-9]+)$")
+_RANGE = re.compile(r"^(?P<pre>[^{}]*)\{(?P<lo>[0-9]+)\.\.(?P<hi>[0-9]+)\}(?P<post>[^{}]*)$")
+_TOP_KEYS = {"name", "description", "sources", "device", "builder", "params",
+             "devices", "switches", "nics", "hosts", "links"}
+_cache: Dict[Tuple[str, int, int | None], Topology] = {}
+
+
+def known_topologies() -> List[str]:
+    """Names :func:`load_topology` accepts: files in ``topologies/`` and,
+    for each file built by the ``dgx`` builder, its ``NAME-xN`` clusters."""
+    names = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml")) if TOPOLOGY_DIR.is_dir() else []
+    return names + [f"{n}-xN" for n in names if n.startswith("dgx-")]
+
+
+def load_topology(name_or_path: str) -> Topology:
+    """A Topology from a ``.yaml`` path, a name in ``topologies/``, or
+    ``BASE-xN`` (the file ``BASE.yaml`` built with ``nodes: N``).
+
+    Loaded topologies are cached by file and modification time, so that
+    repeated loads share the route cache.
+    """
+    text = str(name_or_path)
+    path = Path(text)
+    nodes: int | None = None
+    if text.endswith((".yaml", ".yml")) or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"{text}: topology file not found")
+    else:
+        path = TOPOLOGY_DIR / f"{text}.yaml"
+        match = _CLUSTER_NAME.match(text)
+        if not path.is_file() and match and (TOPOLOGY_DIR / f"{match['base']}.yaml").is_file():
+            path, nodes = TOPOLOGY_DIR / f"{match['base']}.yaml", int(match["nodes"])
+            if nodes < 1:
+                raise ConfigError(f"topology '{text}': the node count must be at least 1")
+        elif not path.is_file():
+            raise ConfigError(f"unknown topology '{text}' (known: "
+                              f"{', '.join(known_topologies())}, or a path to a .yaml file)")
+    key = (str(path.resolve()), path.stat().st_mtime_ns, nodes)
+    if key not in _cache:
+        _cache[key] = _load_file(path, nodes, text if nodes is not None else None)
+    return _cache[key]
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _load_file(path: Path, nodes: int | None, cluster_name: str | None) -> Topology:
+    where = _display(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise ConfigError(f"{where}{at}: {problem}") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    if nodes is not None and (not isinstance(data, Mapping) or data.get("builder") != "dgx"):
+        raise ConfigError(f"{where}: only 'builder: dgx' files have -xN clusters")
+    return topology_from_dict(data, where, nodes=nodes, name=cluster_name)
+
+
+def topology_from_dict(data: Any, where: str, nodes: int | None = None,
+                       name: str | None = None) -> Topology:
+    """Build a Topology from parsed YAML; ``nodes`` overrides the builder's
+    node count (for ``BASE-xN`` names)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: a topology file must be a mapping")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: {unknown[0]}: unknown field (allowed: {', '.join(sorted(_TOP_KEYS))})")
+    if "device" not in data:
+        raise ConfigError(f"{where}: device: missing required field")
+    spec = device_spec_from_dict(data["device"], f"{where}: device")
+    topo_name = name or str(data.get("name") or Path(where).stem)
+    if "builder" in data:
+        builder = BUILDERS.get(data["builder"])
+        if builder is None:
+            raise ConfigError(f"{where}: builder: unknown builder {data['builder']!r} "
+                              f"(known: {', '.join(BUILDERS)})")
+        params = data.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"{where}: params: must be a mapping")
+        params = dict(params)
+        if nodes is not None:
+            params["nodes"] = nodes
+        graph = builder(params, f"{where}: params")
+        meta = {"builder": data["builder"], "params": params}
+    else:
+        graph = _explicit_graph(data, where)
+        meta = {}
+    return Topology(topo_name, graph, spec, source=where, meta=meta)
+
+
+def expand_names(value: Any, field: str) -> List[str]:
+    """``"gpu{0..3}"`` -> ``[gpu0, gpu1, gpu2, gpu3]``; lists expand each
+    entry; a plain name is a list of one."""
+    items = value if isinstance(value, list) else [value]
+    out: List[str] = []
+    for item in items:
+        if not isinstance(item, (str, int)) or isinstance(item, bool):
+            raise ConfigError(f"{field}: expected a name or a list of names, got {item!r}")
+        m = _RANGE.match(str(item))
+        if m:
+            lo, hi = int(m["lo"]), int(m["hi"])
+            if hi < lo:
+                raise ConfigError(f"{field}: empty range {item!r}")
+            out.extend(f"{m['pre']}{i}{m['post']}" for i in range(lo, hi + 1))
+        else:
+            out.append(str(item))
+    return out
+
+
+def _explicit_graph(data: Mapping[str, Any], where: str) -> nx.DiGraph:
+    g = nx.DiGraph()
+    devices = data.get("devices")
+    if devices is None:
+        raise ConfigError(f"{where}: devices: missing required field (or give a builder)")
+    if isinstance(devices, Mapping):
+        count = devices.get("count")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(f"{where}: devices.count: must be a positive integer, got {count!r}")
+        pattern = str(devices.get("name", "gpu{i}"))
+        per_node = devices.get("per_node", count)
+        if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+            raise ConfigError(f"{where}: devices.per_node: must be a positive integer, "
+                              f"got {per_node!r}")
+        names = [pattern.replace("{i}", str(i)) for i in range(count)]
+    else:
+        names = expand_names(devices, f"{where}: devices")
+        per_node = len(names)
+    for rank, n in enumerate(names):
+        g.add_node(n, kind="device", rank=rank, node_index=rank // per_node)
+    for field, kind in (("switches", "switch"), ("nics", "nic"), ("hosts", "host")):
+        for n in expand_names(data.get(field) or [], f"{where}: {field}"):
+            if n in g:
+                raise ConfigError(f"{where}: {field}: name '{n}' is used twice")
+            g.add_node(n, kind=kind)
+    links = data.get("links")
+    if not isinstance(links, list) or not links:
+        raise ConfigError(f"{where}: links: expected a non-empty list of links")
+    for i, link in enumerate(links):
+        _add_links(g, link, f"{where}: links[{i}]")
+    return g
+
+
+_BANDWIDTH_UNITS = {"bandwidth_GBps": GB, "bandwidth_Gbps": GB / 8, "bandwidth_Bps": 1.0}
+_LATENCY_UNITS = {"latency_us": US, "latency_s": 1.0}
+_LINK_KEYS = {"src", "dst", "duplex", "cost"} | set(_BANDWIDTH_UNITS) | set(_LATENCY_UNITS)
+
+
+def _unit_value(link: Mapping[str, Any], units: Mapping[str, float], where: str,
+                positive: bool) -> float:
+    given = [k for k in units if k in link]
+    if len(given) != 1:
+        raise ConfigError(f"{where}: give exactly one of {', '.join(units)}")
+    raw = link[given[0]]
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 0 or \
+            (positive and raw == 0):
+        need = "positive" if positive else ">= 0"
+        raise ConfigError(f"{where}.{given[0]}: must be {need}, got {raw!r}")
+    return float(raw) * units[given[0]]
+
+
+def _add_links(g: nx.DiGraph, link: Any, where: str) -> None:
+    if not isinstance(link, Mapping):
+        raise ConfigError(f"{where}: expected a mapping with src, dst, bandwidth, latency")
+    unknown = sorted(set(link) - _LINK_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown field (allowed: {', '.join(sorted(_LINK_KEYS))})")
+    for key in ("src", "dst"):
+        if key not in link:
+            raise ConfigError(f"{where}.{key}: missing required field")
+    srcs = expand_names(link["src"], f"{where}.src")
+    dsts = expand_names(link["dst"], f"{where}.dst")
+    if len(srcs) != len(dsts) and 1 not in (len(srcs), len(dsts)):
+        raise ConfigError(f"{where}: src has {len(srcs)} names and dst {len(dsts)}; "
+                          f"they must be equal or one of them a single name")
+    bw = _unit_value(link, _BANDWIDTH_UNITS, where, positive=True)
+    lat = _unit_value(link, _LATENCY_UNITS, where, positive=False)
+    duplex = link.get("duplex", True)
+    if not isinstance(duplex, bool):
+        raise ConfigError(f"{where}.duplex: must be true or false, got {duplex!r}")
+    count = max(len(srcs), len(dsts))
+    for a, b in zip(srcs * count if len(srcs) == 1 else srcs,
+                    dsts * count if len(dsts) == 1 else dsts):
+        for name, side in ((a, "src"), (b, "dst")):
+            if name not in g:
+                raise TopologyError(f"{where}.{side}: unknown node '{name}' (declare it under "
+                                    f"devices, switches, nics or hosts)")
+        if duplex:
+            add_duplex(g, a, b, bw, lat)
+        else:
+            g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat)
+        if "cost" in link:
+            g.edges[a, b]["cost"] = link["cost"]
+            if duplex:
+                g.edges[b, a]["cost"] = link["cost"]
