@@ -108,7 +108,7 @@ def test_deadlock_reports_blocked_ops(topo):
     msg = str(info.value)
     assert msg.startswith("deadlock")
     assert "device 0 comm: %o0 (comm.allreduce)" in msg
-    assert "device 1 compute: %p1 (relu) waiting for inputs %q1" in msg
+    assert "device 1 compute: %p1 (relu) waiting for input %q1" in msg
 
 
 def test_value_on_missing_device_is_a_topology_error(topo):
