@@ -46,14 +46,19 @@ def check_team(network: Network, kind: CollectiveType, ranks: Sequence[int],
 
 def build_schedule(network: Network, kind: CollectiveType, ranks: Tuple[int, ...],
                    nbytes: float, root: Optional[int], algorithm: str) -> Tuple[str, Schedule]:
-    """(algorithm name used, schedule) for one collective."""
+    """(algorithm name used, schedule) for one collective. An algorithm
+    that does not apply to the team falls back to the kind's first one."""
     table = ALGORITHMS[kind]
     if algorithm == "auto":
-        algorithm = choose_algorithm(network, kind, ranks, nbytes, root)
-    elif algorithm not in table:
+        return choose_algorithm(network, kind, ranks, nbytes, root)
+    if algorithm not in table:
         raise ConfigError(f"{kind.value}: unknown algorithm {algorithm!r} "
                           f"(known: auto, {', '.join(table)})")
-    return algorithm, table[algorithm](ranks, nbytes, root, network)
+    schedule = table[algorithm](ranks, nbytes, root, network)
+    if schedule is None:
+        algorithm = next(iter(table))
+        schedule = table[algorithm](ranks, nbytes, root, network)
+    return algorithm, schedule
 
 
 def estimate_time_s(network: Network, schedule: Schedule) -> float:
@@ -63,25 +68,27 @@ def estimate_time_s(network: Network, schedule: Schedule) -> float:
     return sum(phase.count * step_time_estimate(phase.flows, info) for phase in schedule)
 
 
-_choices: Dict[tuple, str] = {}
-
-
 def choose_algorithm(network: Network, kind: CollectiveType, ranks: Tuple[int, ...],
-                     nbytes: float, root: Optional[int]) -> str:
-    """The algorithm with the smallest estimated time (ties: table order)."""
+                     nbytes: float, root: Optional[int]) -> Tuple[str, Schedule]:
+    """``auto``: the applicable algorithm with the smallest estimated time
+    on this topology and team (ties: table order), as NCCL's tuner picks by
+    size and topology. Decisions are cached per network."""
     table = ALGORITHMS[kind]
-    if len(table) == 1:
-        return next(iter(table))
-    key = (id(network.topology), kind, ranks, float(nbytes), root)
-    hit = _choices.get(key)
-    if hit is None:
-        best = None
-        for name, algo in table.items():
-            t = estimate_time_s(network, algo(ranks, nbytes, root, network))
-            if best is None or t < best[0]:
-                best = (t, name)
-        hit = _choices[key] = best[1]
-    return hit
+    key = (kind, ranks, float(nbytes), root)
+    cache = network.algorithm_choices
+    name = cache.get(key)
+    if name is not None:
+        return name, table[name](ranks, nbytes, root, network)
+    best = None
+    for name, algo in table.items():
+        schedule = algo(ranks, nbytes, root, network)
+        if schedule is None:
+            continue
+        t = estimate_time_s(network, schedule) if len(table) > 1 else 0.0
+        if best is None or t < best[0]:
+            best = (t, name, schedule)
+    cache[key] = best[1]
+    return best[1], best[2]
 
 
 def run_collective(env: simpy.Environment, network: Network, kind: CollectiveType,

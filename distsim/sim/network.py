@@ -106,6 +106,7 @@ class Network:
         self.active_flows = 0
         self.flows_started = 0
         self.samples: List[LinkSample] = []
+        self.algorithm_choices: Dict[tuple, str] = {}   # collectives' "auto" cache
         self._steps = StepRunner(self)
 
     # ------------------------------------------------------------------ routes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .schedule import Phase, Schedule, compress, pipeline_chunks
+from .schedule import Phase, Schedule, compress, pipeline_chunks, pipelined
 
 
 def ring_step(team: Sequence[int], chunk: float):
@@ -73,9 +73,7 @@ def _pipelined_chain(chain: Sequence[int], nbytes: float, network) -> Schedule:
     alpha = max(network.route_info(a, b)[1] for a, b in hops)
     bw = min(min(network.route_info(a, b)[2] or (float("inf"),)) for a, b in hops)
     c = pipeline_chunks(p, nbytes, alpha, bw)
-    chunk = nbytes / c
-    return compress(tuple((a, b, chunk) for i, (a, b) in enumerate(hops) if 0 <= j - i < c)
-                    for j in range(c + p - 2))
+    return pipelined([(i, ((a, b, nbytes / c),)) for i, (a, b) in enumerate(hops)], c)
 
 
 def chain_broadcast(team, nbytes, root, network) -> Schedule:

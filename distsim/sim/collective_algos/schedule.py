@@ -101,3 +101,19 @@ def step_time_estimate(flows: Sequence[FlowSpec], route_info) -> float:
             load[link] = load.get(link, 0.0) + nbytes
             cap[link] = c
     return latency + max((load[k] / cap[k] for k in load), default=0.0)
+
+
+def pipelined(groups: Sequence[Tuple[int, Sequence[FlowSpec]]], chunks: int) -> Schedule:
+    """A pipeline of ``chunks`` chunks: each group of flows carries chunk
+    ``j - offset`` in step j, i.e. it is active in steps
+    ``offset .. offset + chunks - 1``. Steps between two changes of the
+    active set form one phase, so the cost is O(groups), not O(steps)."""
+    if not groups:
+        return []
+    bounds = sorted({o for o, _ in groups} | {o + chunks for o, _ in groups})
+    out: Schedule = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        flows = tuple(f for o, fs in groups if o <= lo < o + chunks for f in fs)
+        if flows:
+            out = sequential(out, [Phase(flows, hi - lo)])
+    return out

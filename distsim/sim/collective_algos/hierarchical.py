@@ -1,0 +1,68 @@
+"""Hierarchical (two-level) algorithms for teams spanning several servers.
+
+The team is split by server (``topology.node_of``) into groups of equal
+size g (in team order); rank k of every group forms rail k. All-reduce is
+an intra-node ring reduce-scatter, an inter-node ring all-reduce of S/g on
+every rail at once (each rail on its own NIC), and an intra-node ring
+all-gather: the fast links carry the bulk, the network only S/g per rank.
+All-gather and reduce-scatter use the two levels in the order that keeps
+the network message small. Teams inside one server, or with unequal
+groups, are not hierarchical: the functions return None.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+from .ring import ring_allgather, ring_allreduce, ring_reducescatter
+from .schedule import Schedule, parallel, sequential
+
+
+def node_groups(team: Sequence[int], topology) -> Optional[List[List[int]]]:
+    """The team split by server, or None where a two-level algorithm does
+    not apply (one server, one rank per server, unequal groups)."""
+    groups: Dict[int, List[int]] = {}
+    for r in team:
+        groups.setdefault(topology.node_of(r), []).append(r)
+    sizes = {len(g) for g in groups.values()}
+    if len(groups) < 2 or len(sizes) != 1 or sizes == {1}:
+        return None
+    return list(groups.values())
+
+
+def _each(algo, teams, nbytes, network) -> Schedule:
+    return parallel([algo(t, nbytes, None, network) for t in teams])
+
+
+def hierarchical_allreduce(team, nbytes, root, network) -> Optional[Schedule]:
+    groups = node_groups(team, network.topology)
+    if groups is None:
+        return None
+    g = len(groups[0])
+    rails = [list(r) for r in zip(*groups)]
+    return sequential(_each(ring_reducescatter, groups, nbytes, network),
+                      _each(ring_allreduce, rails, nbytes / g, network),
+                      _each(ring_allgather, groups, nbytes, network))
+
+
+def hierarchical_allgather(team, nbytes, root, network) -> Optional[Schedule]:
+    """Rails gather their S/g first (over the network), then each server
+    gathers the full S over its fast links."""
+    groups = node_groups(team, network.topology)
+    if groups is None:
+        return None
+    g = len(groups[0])
+    rails = [list(r) for r in zip(*groups)]
+    return sequential(_each(ring_allgather, rails, nbytes / g, network),
+                      _each(ring_allgather, groups, nbytes, network))
+
+
+def hierarchical_reducescatter(team, nbytes, root, network) -> Optional[Schedule]:
+    """Each server reduce-scatters S over its fast links, then each rail
+    reduce-scatters its S/g over the network."""
+    groups = node_groups(team, network.topology)
+    if groups is None:
+        return None
+    g = len(groups[0])
+    rails = [list(r) for r in zip(*groups)]
+    return sequential(_each(ring_reducescatter, groups, nbytes, network),
+                      _each(ring_reducescatter, rails, nbytes / g, network))
