@@ -1,4 +1,5 @@
 """Running functions: one Interpreter walker; NumpyExecutor and ShapeInference."""
+from . import kernels_nn as _kernels_nn  # noqa: F401  (kernels of the nn ops)
 from .interpreter import Interpreter
 from .kernels import KERNELS, kernel
 from .numpy_executor import NumpyExecutor, execute, random_inputs

@@ -1,6 +1,7 @@
 """DistIR: types, values, ops, functions, the op registry and the verifier."""
 from . import ops as _ops  # noqa: F401  (registers the compute ops)
 from . import ops_comm as _ops_comm  # noqa: F401  (registers the communication ops)
+from . import ops_nn as _ops_nn, ops_spmd as _ops_spmd  # noqa: F401  (nn and SPMD ops)
 from .builder import FunctionBuilder, NameScope
 from .comm import REDUCE_OPS, CollectiveType, collective_of, io_ranks, is_communication, team
 from .core import Function, Module, Op, Value

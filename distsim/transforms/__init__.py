@@ -1,0 +1,2 @@
+"""Transforms: autodiff, optimizers and the parallel strategies."""
+from . import grad_rules_nn as _grad_rules_nn  # noqa: F401  (gradients of the nn ops)

@@ -16,6 +16,11 @@ from ..ir.core import Function, Value
 from .cleanup import eliminate_dead_code
 from .grad_rules import NON_DIFFERENTIABLE, lookup_grad_rule
 
+# Meta keys a forward op hands down to the backward ops emitted for it
+# (e.g. the transformer layer, so that pipeline stages and recomputation
+# can find a layer's backward).
+INHERITED_META = ("layer",)
+
 
 class Autodiff:
     """The pass: gradients of the scalar ``loss`` w.r.t. ``wrt`` (names)."""
@@ -58,6 +63,7 @@ class Autodiff:
                 continue
             if not any(v in needed and v in depends for v in op.inputs):
                 continue
+            first_new = len(f.ops)
             in_grads = lookup_grad_rule(op)(b, op, out_grads)
             for v, g in zip(op.inputs, in_grads):
                 if g is None or v not in depends:
@@ -66,6 +72,11 @@ class Autodiff:
                     grads[v] = b.op("add", [grads[v], g], name=f"d_{v.name}")
                 else:
                     grads[v] = g
+            inherited = {k: op.meta[k] for k in INHERITED_META if k in op.meta}
+            if inherited:
+                for new_op in f.ops[first_new:]:
+                    for k, val in inherited.items():
+                        new_op.meta.setdefault(k, val)
         results: List[Value] = []
         for v in wrt:
             if v not in grads:

@@ -1,0 +1,317 @@
+"""Shape rules of the neural-network ops (transformers and their training).
+
+Forward ops: ``transpose{perm}``, ``softmax{axis}``, ``log_softmax{axis}``,
+``layernorm(x, gamma, beta){axis, eps}`` (normalises over dims ``axis..``,
+as ONNX LayerNormalization; gamma/beta have shape ``x.shape[axis:]``),
+``rmsnorm(x, gamma){eps}`` (last dim), ``embedding(table, ids){offset}``
+(rows ``ids - offset``; ids outside ``[0, rows)`` after the offset give
+zeros, which is how a vocabulary-parallel shard looks up its part),
+``cross_entropy(logits, labels)`` (mean over every token), ``concat{axis}``
+(variadic), ``split{axis, sizes}`` (one output per size), ``slice{axis,
+start, stop}``, ``pad{axis, before, after}`` (zeros), ``dropout{p}`` (two
+outputs: the result and a 1-byte keep mask), ``silu``, ``log``,
+``reduce_max``, ``causal_mask{fill}`` (entries above the diagonal of the
+last two dims set to ``fill``), ``select_label{offset}`` (the logit of each
+token's label, 0 where the label is outside this shard), ``stop_gradient``,
+``depend(x, token)`` (x, ordered after token: a scheduling edge).
+
+Gradient ops: ``softmax_grad``, ``log_softmax_grad``, ``layernorm_grad``
+(3 outputs), ``rmsnorm_grad`` (2 outputs), ``embedding_grad``,
+``cross_entropy_grad``, ``dropout_grad``, ``gelu_grad``, ``silu_grad``,
+``select_label_grad``.
+
+Optimizer: ``adamw(w, g, m, v){lr, beta1, beta2, eps, weight_decay, step}``
+-> (w, m, v) in w's dtype (g may be in a lower precision).
+"""
+from __future__ import annotations
+
+from typing import List
+
+from .ops import _axes, _same_device, _unary
+from .registry import REQUIRED, OpSpec, ShapeError, register
+from .types import DType, TensorType
+
+
+def _axis(rank: int, axis: int) -> int:
+    if not -rank <= axis < rank:
+        raise ShapeError(f"axis {axis} out of range for rank {rank}")
+    return axis % rank
+
+
+def _softmax(types, attrs) -> List[TensorType]:
+    (x,) = types
+    _axis(x.rank, attrs["axis"])
+    return [x]
+
+
+def _softmax_grad(types, attrs) -> List[TensorType]:
+    dy, y = types
+    _same_device(types)
+    if dy.shape != y.shape:
+        raise ShapeError(f"gradient shape {dy.shape} differs from output shape {y.shape}")
+    _axis(y.rank, attrs["axis"])
+    return [y]
+
+
+def _transpose(types, attrs) -> List[TensorType]:
+    (x,) = types
+    perm = tuple(int(p) for p in attrs["perm"])
+    if sorted(perm) != list(range(x.rank)):
+        raise ShapeError(f"perm {perm} is not a permutation of the {x.rank} dims of {x.shape}")
+    return [x.with_shape(tuple(x.shape[p] for p in perm))]
+
+
+def _norm_axis(x: TensorType, attrs) -> int:
+    return _axis(x.rank, attrs.get("axis", -1))
+
+
+def _layernorm(types, attrs) -> List[TensorType]:
+    x, gamma, beta = types
+    _same_device(types)
+    ax = _norm_axis(x, attrs)
+    for name, p in (("gamma", gamma), ("beta", beta)):
+        if p.shape != x.shape[ax:]:
+            raise ShapeError(f"{name} shape {p.shape} differs from normalised shape {x.shape[ax:]}")
+    return [x]
+
+
+def _layernorm_grad(types, attrs) -> List[TensorType]:
+    dy, x, gamma = types
+    _same_device(types)
+    if dy.shape != x.shape:
+        raise ShapeError(f"gradient shape {dy.shape} differs from input shape {x.shape}")
+    ax = _norm_axis(x, attrs)
+    if gamma.shape != x.shape[ax:]:
+        raise ShapeError(f"gamma shape {gamma.shape} differs from normalised shape {x.shape[ax:]}")
+    return [x, gamma, gamma]
+
+
+def _rmsnorm(types, attrs) -> List[TensorType]:
+    x, gamma = types
+    _same_device(types)
+    if x.rank < 1 or gamma.shape != x.shape[-1:]:
+        raise ShapeError(f"gamma shape {gamma.shape} differs from last dim of {x.shape}")
+    return [x]
+
+
+def _rmsnorm_grad(types, attrs) -> List[TensorType]:
+    dy, x, gamma = types
+    _same_device(types)
+    if dy.shape != x.shape:
+        raise ShapeError(f"gradient shape {dy.shape} differs from input shape {x.shape}")
+    if gamma.shape != x.shape[-1:]:
+        raise ShapeError(f"gamma shape {gamma.shape} differs from last dim of {x.shape}")
+    return [x, gamma]
+
+
+def _check_ids(ids: TensorType) -> None:
+    if ids.dtype not in (DType.I32, DType.I64):
+        raise ShapeError(f"ids must be integers, got {ids.dtype}")
+
+
+def _embedding(types, attrs) -> List[TensorType]:
+    table, ids = types
+    _same_device(types)
+    if table.rank != 2:
+        raise ShapeError(f"embedding table must be rank 2, got {table.shape}")
+    _check_ids(ids)
+    return [TensorType(ids.shape + (table.shape[1],), table.dtype, table.device)]
+
+
+def _embedding_grad(types, attrs) -> List[TensorType]:
+    dy, ids = types
+    _same_device(types)
+    _check_ids(ids)
+    if dy.shape[:-1] != ids.shape:
+        raise ShapeError(f"gradient shape {dy.shape} does not match ids shape {ids.shape}")
+    return [TensorType((int(attrs["num_embeddings"]), dy.shape[-1]), dy.dtype, dy.device)]
+
+
+def _check_labels(logits: TensorType, labels: TensorType) -> None:
+    _check_ids(labels)
+    if logits.rank < 1 or logits.shape[:-1] != labels.shape:
+        raise ShapeError(f"labels shape {labels.shape} does not match logits {logits.shape} "
+                         "without the class dim")
+
+
+def _cross_entropy(types, attrs) -> List[TensorType]:
+    logits, labels = types
+    _same_device(types)
+    _check_labels(logits, labels)
+    return [TensorType((), logits.dtype, logits.device)]
+
+
+def _cross_entropy_grad(types, attrs) -> List[TensorType]:
+    dl, logits, labels = types
+    _same_device(types)
+    if dl.shape != ():
+        raise ShapeError(f"loss gradient must be a scalar, got shape {dl.shape}")
+    _check_labels(logits, labels)
+    return [logits]
+
+
+def _select_label(types, attrs) -> List[TensorType]:
+    logits, labels = types
+    _same_device(types)
+    _check_labels(logits, labels)
+    return [TensorType(labels.shape, logits.dtype, logits.device)]
+
+
+def _select_label_grad(types, attrs) -> List[TensorType]:
+    dy, logits, labels = types
+    _same_device(types)
+    _check_labels(logits, labels)
+    if dy.shape != labels.shape:
+        raise ShapeError(f"gradient shape {dy.shape} differs from labels shape {labels.shape}")
+    return [logits]
+
+
+def _concat(types, attrs) -> List[TensorType]:
+    if not types:
+        raise ShapeError("concat needs at least one input")
+    first = types[0]
+    device = _same_device(types)
+    ax = _axis(first.rank, attrs["axis"])
+    for t in types[1:]:
+        if t.rank != first.rank or t.dtype != first.dtype or any(
+                a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != ax):
+            raise ShapeError(f"inputs differ outside axis {ax}: {first.shape} {first.dtype} "
+                             f"vs {t.shape} {t.dtype}")
+    shape = list(first.shape)
+    shape[ax] = sum(t.shape[ax] for t in types)
+    return [TensorType(tuple(shape), first.dtype, device)]
+
+
+def _split(types, attrs) -> List[TensorType]:
+    (x,) = types
+    ax = _axis(x.rank, attrs["axis"])
+    sizes = [int(s) for s in attrs["sizes"]]
+    if not sizes or any(s < 0 for s in sizes) or sum(sizes) != x.shape[ax]:
+        raise ShapeError(f"sizes {tuple(sizes)} do not add up to dim {ax} of {x.shape}")
+    out = []
+    for s in sizes:
+        shape = list(x.shape)
+        shape[ax] = s
+        out.append(x.with_shape(tuple(shape)))
+    return out
+
+
+def _slice(types, attrs) -> List[TensorType]:
+    (x,) = types
+    ax = _axis(x.rank, attrs["axis"])
+    start, stop = int(attrs["start"]), int(attrs["stop"])
+    if not 0 <= start <= stop <= x.shape[ax]:
+        raise ShapeError(f"slice [{start}:{stop}] out of range for dim {ax} of {x.shape}")
+    shape = list(x.shape)
+    shape[ax] = stop - start
+    return [x.with_shape(tuple(shape))]
+
+
+def _pad(types, attrs) -> List[TensorType]:
+    (x,) = types
+    ax = _axis(x.rank, attrs["axis"])
+    before, after = int(attrs["before"]), int(attrs["after"])
+    if before < 0 or after < 0:
+        raise ShapeError(f"pad amounts must be non-negative, got {before}, {after}")
+    shape = list(x.shape)
+    shape[ax] += before + after
+    return [x.with_shape(tuple(shape))]
+
+
+def _dropout(types, attrs) -> List[TensorType]:
+    (x,) = types
+    p = float(attrs["p"])
+    if not 0 <= p < 1:
+        raise ShapeError(f"dropout probability must be in [0, 1), got {p}")
+    return [x, TensorType(x.shape, DType.BOOL, x.device)]
+
+
+def _dropout_grad(types, attrs) -> List[TensorType]:
+    dy, mask = types
+    _same_device(types)
+    if dy.shape != mask.shape:
+        raise ShapeError(f"gradient shape {dy.shape} differs from mask shape {mask.shape}")
+    return [dy]
+
+
+def _grad_like_second(types, attrs) -> List[TensorType]:
+    dy, x = types
+    _same_device(types)
+    if dy.shape != x.shape:
+        raise ShapeError(f"gradient shape {dy.shape} differs from input shape {x.shape}")
+    return [x]
+
+
+def _reduce(types, attrs) -> List[TensorType]:
+    (x,) = types
+    axes = _axes(x.rank, attrs.get("axes"))
+    if attrs["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return [x.with_shape(shape)]
+
+
+def _causal_mask(types, attrs) -> List[TensorType]:
+    (x,) = types
+    if x.rank < 2:
+        raise ShapeError(f"causal_mask needs rank >= 2, got {x.shape}")
+    return [x]
+
+
+def _depend(types, attrs) -> List[TensorType]:
+    x, _token = types
+    _same_device(types)
+    return [x]
+
+
+def _adamw(types, attrs) -> List[TensorType]:
+    w, g, m, v = types
+    _same_device(types)
+    for name, t in (("gradient", g), ("m", m), ("v", v)):
+        if t.shape != w.shape:
+            raise ShapeError(f"{name} shape {t.shape} differs from weight shape {w.shape}")
+    if m.dtype != w.dtype or v.dtype != w.dtype:
+        raise ShapeError(f"optimizer state dtypes {m.dtype}, {v.dtype} differ from weight {w.dtype}")
+    return [w, m, v]
+
+
+register(OpSpec("transpose", 1, _transpose, {"perm": REQUIRED}))
+register(OpSpec("softmax", 1, _softmax, {"axis": -1}))
+register(OpSpec("log_softmax", 1, _softmax, {"axis": -1}))
+register(OpSpec("softmax_grad", 2, _softmax_grad, {"axis": -1}, doc="(dy, y) -> dx"))
+register(OpSpec("log_softmax_grad", 2, _softmax_grad, {"axis": -1}, doc="(dy, y) -> dx"))
+register(OpSpec("layernorm", 3, _layernorm, {"axis": -1, "eps": 1e-5}))
+register(OpSpec("layernorm_grad", 3, _layernorm_grad, {"axis": -1, "eps": 1e-5},
+                doc="(dy, x, gamma) -> (dx, dgamma, dbeta)"))
+register(OpSpec("rmsnorm", 2, _rmsnorm, {"eps": 1e-6}))
+register(OpSpec("rmsnorm_grad", 3, _rmsnorm_grad, {"eps": 1e-6},
+                doc="(dy, x, gamma) -> (dx, dgamma)"))
+register(OpSpec("embedding", 2, _embedding, {"offset": 0},
+                doc="table[ids - offset], zeros where ids - offset is out of range"))
+register(OpSpec("embedding_grad", 2, _embedding_grad,
+                {"num_embeddings": REQUIRED, "offset": 0}, doc="(dy, ids) -> dtable"))
+register(OpSpec("cross_entropy", 2, _cross_entropy, doc="mean over tokens of -log softmax[label]"))
+register(OpSpec("cross_entropy_grad", 3, _cross_entropy_grad, doc="(dl, logits, labels) -> dlogits"))
+register(OpSpec("select_label", 2, _select_label, {"offset": 0},
+                doc="logits[..., label - offset], 0 where out of range"))
+register(OpSpec("select_label_grad", 3, _select_label_grad, {"offset": 0},
+                doc="(dy, logits, labels) -> dlogits (one-hot scatter)"))
+register(OpSpec("concat", None, _concat, {"axis": REQUIRED}))
+register(OpSpec("split", 1, _split, {"axis": REQUIRED, "sizes": REQUIRED}))
+register(OpSpec("slice", 1, _slice, {"axis": REQUIRED, "start": REQUIRED, "stop": REQUIRED}))
+register(OpSpec("pad", 1, _pad, {"axis": REQUIRED, "before": 0, "after": 0}))
+register(OpSpec("dropout", 1, _dropout, {"p": 0.1},
+                doc="(y, keep mask); NumpyExecutor: deterministic, mask all ones, y = x"))
+register(OpSpec("dropout_grad", 2, _dropout_grad, {"p": 0.1}, doc="(dy, mask) -> dx"))
+for _name in ("silu", "log", "stop_gradient"):
+    register(OpSpec(_name, 1, _unary, elementwise=True))
+for _name in ("gelu_grad", "silu_grad"):
+    register(OpSpec(_name, 2, _grad_like_second, elementwise=True, doc="(dy, x) -> dx"))
+register(OpSpec("reduce_max", 1, _reduce, {"axes": None, "keepdims": False}))
+register(OpSpec("causal_mask", 1, _causal_mask, {"fill": -1e4},
+                doc="x with entries j > i + (k - q) of the last two dims set to fill"))
+register(OpSpec("depend", 2, _depend, doc="x, scheduled after token"))
+register(OpSpec("adamw", 4, _adamw,
+                {"lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0,
+                 "step": 1}, doc="(w, g, m, v) -> (w, m, v)"))
