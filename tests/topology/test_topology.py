@@ -124,3 +124,21 @@ def test_malformed_yaml_and_unknown_names(tmp_path):
         load_topology(str(tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError, match=r"params\.nodes: must be a positive integer"):
         load_topology(_write(tmp_path, DEVICE + "builder: dgx\nparams: {nodes: 0}\n"))
+
+
+def test_pcie_builder_and_explicit_file_agree():
+    built, explicit = load_topology("pcie-tree-4gpu"), load_topology("workstation-4gpu-pcie")
+    assert sorted(built.graph.edges) == sorted(explicit.graph.edges)
+    route = built.route(0, 3)
+    assert [a for a, _ in route] == ["gpu0", "pcie0", "host0", "pcie1"]
+    assert built.path_bandwidth_Bps(route) == 32e9
+
+
+def test_torus_neighbours_and_ecmp():
+    t = load_topology("torus-4x4")
+    assert t.num_devices == 16 and t.graph.out_degree("gpu0") == 4
+    assert len(t.route(0, 1)) == 1 and len(t.route(0, 3)) == 1      # wrap-around
+    # (0,0) -> (2,2): four hops, over several equal paths chosen by key
+    paths = {t.route(0, 10, key=k) for k in range(16)}
+    assert all(len(p) == 4 for p in paths) and len(paths) > 1
+    assert load_topology("torus-4x4x4").graph.out_degree("gpu0") == 6
