@@ -36,6 +36,7 @@ from ..ir.comm import CollectiveType, collective_of, is_communication
 from ..ir.core import Function, Op, Value
 from .collectives import bytes_sent_per_rank, run_collective
 from .memory import MemoryLog
+from .symmetry import class_members, comm_positions, symmetry_classes
 from .network import Network
 from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpRecord, Trace
 
@@ -50,11 +51,14 @@ RESIDENT_ROLES = frozenset({"param", "optimizer", "master"})
 class SimulationOptions:
     """``network_mode``: "flow" (max-min fair sharing) or "analytical";
     ``collective_algorithm``: "auto" or an algorithm name;
-    ``record_memory``: keep the memory curve (peaks are always kept)."""
+    ``record_memory``: keep the memory curve (peaks are always kept);
+    ``symmetry``: simulate one representative per class of equivalent
+    devices (see :mod:`.symmetry`) and copy its results to the others."""
 
     network_mode: str = "flow"
     collective_algorithm: str = "auto"
     record_memory: bool = True
+    symmetry: bool = False
 
 
 def collective_bytes(op: Op) -> int:
@@ -87,13 +91,15 @@ def value_category(value: Value, producer: Optional[Op], roles: Dict[str, str],
 class _Collective:
     """Rendezvous of the team members of one communication op."""
 
-    __slots__ = ("op", "members", "arrivals", "done")
+    __slots__ = ("op", "members", "arrivals", "done", "simulated", "started")
 
-    def __init__(self, env: simpy.Environment, op: Op) -> None:
+    def __init__(self, env: simpy.Environment, op: Op, simulated: bool = True) -> None:
         self.op = op
         self.members: Tuple[int, ...] = tuple(op.attrs["ranks"])
         self.arrivals: Dict[int, float] = {}
         self.done = env.event()
+        self.simulated = simulated
+        self.started = False
 
 
 class Simulator:
@@ -120,6 +126,10 @@ class Simulator:
         self._kept: Set[Value] = set(function.outputs)
         self._collectives: Dict[int, _Collective] = {}
         self._blocked: Dict[Tuple[int, str], Tuple[Op, Optional[Value]]] = {}
+        # Symmetry: representative of each rank, and for each representative
+        # the collectives its followers reach at each comm-stream position.
+        self._rep: Dict[int, int] = {}
+        self._followers: Dict[int, List[Tuple[int, List[_Collective]]]] = {}
         self._check_devices()
 
     # -- setup ----------------------------------------------------------
@@ -140,15 +150,21 @@ class Simulator:
                         raise TopologyError(f"op %{op.name} ({op.op_type}): team rank {r} is not a "
                                             f"device of topology '{self.topology.name}'")
 
+    def _simulated(self, rank: int) -> bool:
+        return self._rep.get(rank, rank) == rank
+
     def _streams(self) -> Dict[Tuple[int, str], List[Op]]:
         streams: Dict[Tuple[int, str], List[Op]] = {}
+        simulated = self._simulated
         for op in self.function.ops:
             if is_communication(op):
                 for r in op.attrs["ranks"]:
-                    streams.setdefault((r, COMM_STREAM), []).append(op)
+                    if simulated(r):
+                        streams.setdefault((r, COMM_STREAM), []).append(op)
             else:
                 dev = op.outputs[0].type.device if op.outputs else op.inputs[0].type.device
-                streams.setdefault((dev, COMPUTE_STREAM), []).append(op)
+                if simulated(dev):
+                    streams.setdefault((dev, COMPUTE_STREAM), []).append(op)
         return streams
 
     def _op_costs(self) -> Dict[int, tuple]:
@@ -157,7 +173,8 @@ class Simulator:
         cache: Dict[tuple, tuple] = {}
         costs: Dict[int, tuple] = {}
         for op in self.function.ops:
-            if is_communication(op):
+            if is_communication(op) or not self._simulated(op.outputs[0].type.device
+                                                           if op.outputs else op.inputs[0].type.device):
                 continue
             key = (op.op_type, tuple(op.attrs.items()),
                    tuple((v.type.shape, v.type.dtype) for v in op.inputs),
@@ -227,11 +244,18 @@ class Simulator:
             t = end
         self._blocked.pop(key, None)
 
+    def _arrive(self, coll: _Collective, rank: int, time_s: float) -> None:
+        coll.arrivals[rank] = time_s
+        if coll.simulated and not coll.started and len(coll.arrivals) == len(coll.members):
+            coll.started = True
+            self.env.process(self._run_collective(coll))
+
     def _comm_stream(self, rank: int, ops: List[Op]):
         key = (rank, COMM_STREAM)
         ready_at = self._ready_at
+        followers = self._followers.get(rank)
         t = 0.0
-        for op in ops:
+        for k, op in enumerate(ops):
             arrival = t
             for v in op.inputs:
                 if v.type.device != rank:
@@ -243,9 +267,11 @@ class Simulator:
                 if r > arrival:
                     arrival = r
             coll = self._collectives[id(op)]
-            coll.arrivals[rank] = arrival
-            if len(coll.arrivals) == len(coll.members):
-                self.env.process(self._run_collective(coll))
+            if followers:
+                # followers reach their k-th collective when this rank does
+                for follower_rank, colls in followers:
+                    self._arrive(colls[k], follower_rank, arrival)
+            self._arrive(coll, rank, arrival)
             self._blocked[key] = (op, None)
             yield coll.done
             t = self.env.now
@@ -291,11 +317,20 @@ class Simulator:
         for v in f.inputs:
             if roles.get(v.name) in RESIDENT_ROLES:
                 self._kept.add(v)
+        if self.options.symmetry:
+            self._rep = symmetry_classes(f, self.topology.node_of)
         for op in f.ops:
             for v in op.inputs:
                 self._users_left[v] += 1
             if is_communication(op):
-                self._collectives[id(op)] = _Collective(self.env, op)
+                self._collectives[id(op)] = _Collective(
+                    self.env, op, any(self._simulated(r) for r in op.attrs["ranks"]))
+        if self._rep:
+            positions = comm_positions(f)
+            for rep, members in class_members(self._rep).items():
+                self._followers[rep] = [(m, [self._collectives[id(op)]
+                                             for op in positions.get(m, [])])
+                                        for m in members[1:]]
 
     def run(self) -> Trace:
         self._prepare()
@@ -311,8 +346,26 @@ class Simulator:
         self.env.run()
         if self._blocked:
             raise SimulationError(self._deadlock_report())
+        if self._rep:
+            self._expand_symmetry()
         self.memory.finish()
         return self._trace()
+
+    def _expand_symmetry(self) -> None:
+        """Give every follower its representative's records and memory."""
+        members = class_members(self._rep)
+        records = [r for r in self.records if self._simulated(r.rank)]
+        copies = []
+        for rec in records:
+            for m in members[rec.rank][1:]:
+                copies.append(rec._replace(rank=m))
+        self.records = records + copies
+        events = [e for e in self.memory.events if self._simulated(e[3])]
+        extra = []
+        for (time_s, kind, seq, rank, nbytes, cat) in events:
+            for m in members[rank][1:]:
+                extra.append((time_s, kind, seq, m, nbytes, cat))
+        self.memory.events = events + extra
 
     def _deadlock_report(self) -> str:
         parts = []
@@ -338,7 +391,9 @@ class Simulator:
         return Trace(devices=devices, ops=records, memory=self.memory.samples,
                      links=self.network.link_records(), step_time_s=float(end),
                      meta={"peak_memory_by_category": peaks,
-                           "network_mode": self.options.network_mode})
+                           "network_mode": self.options.network_mode,
+                           "simulated_devices": len(set(self._rep.values())) if self._rep
+                           else len(devices)})
 
 
 def simulate_function(function: Function, topology, cost_model: Optional[CostModel] = None,
