@@ -34,6 +34,8 @@ class NumpyExecutor(Interpreter):
         if is_communication(op):
             return run_collective(CollectiveType.from_op_type(op.op_type), op.attrs, args)
         kernel = KERNELS.get(op.op_type)
+        if kernel is None and op.subfunctions:  # an op holding a function (a call): run it
+            return type(self)().run(op.subfunctions[0], args)
         if kernel is None:
             raise UnsupportedOpError(f"op %{op.name}: NumpyExecutor has no kernel for '{op.op_type}'")
         result = kernel(op.attrs, *args)

@@ -1,7 +1,9 @@
 """DistIR: types, values, ops, functions, the op registry and the verifier."""
 from . import ops as _ops  # noqa: F401  (registers the compute ops)
 from . import ops_comm as _ops_comm  # noqa: F401  (registers the communication ops)
+from . import ops_onnx as _ops_onnx  # noqa: F401  (registers the ops of the ONNX importer)
 from . import ops_nn as _ops_nn, ops_spmd as _ops_spmd  # noqa: F401  (nn and SPMD ops)
+from . import mesh, ops_call, ops_shard  # noqa: F401  (meshes, placements, call, redistribute)
 from .builder import FunctionBuilder, NameScope
 from .comm import REDUCE_OPS, CollectiveType, collective_of, io_ranks, is_communication, team
 from .core import Function, Module, Op, Value

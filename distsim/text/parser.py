@@ -23,7 +23,7 @@ _TOKEN = re.compile(r"""
   | (?P<number>[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
   | (?P<string>"(?:[^"\\\n]|\\.)*")
   | (?P<ident>-?[A-Za-z_][A-Za-z0-9_.]*)
-  | (?P<punct>[()\[\]{},:=])
+  | (?P<punct>[()\[\]{},:=<>])
 """, re.VERBOSE)
 
 

@@ -1,0 +1,454 @@
+"""Import an ONNX model as a DistIR function.
+
+    from distsim.importers.onnx import import_onnx
+    f = import_onnx("model.onnx", input_shapes={"input_ids": (2, 128)})
+
+Every value of the result is typed (static shapes). Initializers become
+function inputs: floating-point ones with more than one element are
+parameters (``meta["roles"][name] == "param"``), the rest constants
+(``"const"``); graph inputs are ``"data"`` (and ``meta["batch_inputs"]``).
+A weight given as ``ConstantOfShape(initializer)`` (how the models of
+onnx's backend tests ship without their weights) is a parameter too.
+Shape-computing subgraphs (Shape -> Gather -> Concat -> Reshape, ...) are
+evaluated at import time by :mod:`.onnx_fold`; the op table lives in
+:mod:`.onnx_ops`.
+
+Errors: a file that is not ONNX, is truncated, has a cycle or a dangling
+input -> :class:`ParseError`; a shape that contradicts its op ->
+:class:`VerifyError` naming the node; ops outside the table -> one
+:class:`UnsupportedOpError` listing every unsupported op type with its count.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import ConfigError, ParseError, UnsupportedOpError, VerifyError
+from ..ir.builder import FunctionBuilder
+from ..ir.core import Function, Value
+from ..ir.registry import ShapeError, infer_types, with_defaults
+from ..ir.types import DType, TensorType
+from ..ir.verifier import verify
+from .onnx_fold import fold_node
+from .onnx_ops import CONVERTERS, NO_FOLD, OnnxNode
+
+ONNX_DTYPES = {TensorProto.FLOAT: DType.F32, TensorProto.FLOAT16: DType.F16,
+               TensorProto.BFLOAT16: DType.BF16, TensorProto.DOUBLE: DType.F64,
+               TensorProto.INT32: DType.I32, TensorProto.INT64: DType.I64,
+               TensorProto.BOOL: DType.BOOL}
+MIN_OPSET = 9
+FOLD_LIMIT = 1 << 20  # largest constant input (elements) evaluated at import time
+
+ModelSource = Union[str, Path, bytes, onnx.ModelProto]
+
+
+def dtype_of_onnx(elem_type: int, where: str) -> DType:
+    try:
+        return ONNX_DTYPES[elem_type]
+    except KeyError:
+        name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() \
+            else str(elem_type)
+        raise UnsupportedOpError(f"{where}: element type {name} is not supported "
+                                 f"(supported: float, float16, bfloat16, double, int32, int64, "
+                                 f"bool)") from None
+
+
+def sanitize_name(name: str) -> str:
+    """An ONNX name as a DistIR value name (``[A-Za-z0-9_][A-Za-z0-9_.-]*``)."""
+    text = re.sub(r"[^A-Za-z0-9_.\-]", "_", name).strip("_")
+    return text if text and text[0] not in ".-" else f"v{text}"
+
+
+def load_onnx_model(source: ModelSource) -> Tuple[onnx.ModelProto, str, Optional[str]]:
+    """(model, source name, folder of external data). External data is not
+    loaded: only shapes matter, and int constants are read on demand."""
+    if isinstance(source, onnx.ModelProto):
+        return source, "<model>", None
+    if isinstance(source, (bytes, bytearray)):
+        data, name, base = bytes(source), "<bytes>", None
+    else:
+        path = Path(source)
+        name, base = str(path), str(path.parent)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: file not found") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read: {e}") from None
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise ParseError(f"not an ONNX model, or truncated ({type(e).__name__}: {e})",
+                         source=name) from None
+    if not model.HasField("graph") or not (model.graph.node or model.graph.output):
+        raise ParseError("not an ONNX model (no graph with nodes or outputs)", source=name)
+    return model, name, base
+
+
+@dataclass
+class Const:
+    """A value known at import time (array None: shape-only, e.g. a weight
+    whose data is missing or external)."""
+
+    array: Optional[np.ndarray]
+    shape: Tuple[int, ...]
+    dtype: DType
+    role: str  # "param" or "const"
+
+
+class OnnxImporter:
+    """One import: walks the graph once, keeping for every ONNX name its
+    DistIR value and/or its constant."""
+
+    def __init__(self, model: onnx.ModelProto, source: str, base_dir: Optional[str],
+                 input_shapes: Mapping[str, Sequence[int]], batch: Optional[int],
+                 seq: Optional[int], device: Optional[int], dtype: Optional[DType]) -> None:
+        self.model, self.source, self.base_dir = model, source, base_dir
+        self.graph = model.graph
+        self.graph_initializers = {i.name for i in model.graph.initializer}
+        self.opset = self._opset()
+        self.input_shapes = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
+        self.batch, self.seq, self.device, self.float_dtype = batch, seq, device, dtype
+        self.batch_change: Optional[Tuple[int, int]] = None
+        self.b = FunctionBuilder(sanitize_name(self.graph.name or Path(source).stem or "onnx"))
+        self.values: Dict[str, Value] = {}
+        self.consts: Dict[str, Const] = {}
+        self.roles: Dict[str, str] = {}
+        self.constants: Dict[str, np.ndarray] = {}
+        self.onnx_names: Dict[str, str] = {}
+        self.overridden = False
+
+    # ----- set-up ---------------------------------------------------------
+    def _opset(self) -> int:
+        versions = [o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")]
+        opset = versions[0] if versions else MIN_OPSET
+        if opset < MIN_OPSET:
+            raise UnsupportedOpError(f"{self.source}: opset {opset} is older than the oldest "
+                                     f"supported ({MIN_OPSET})")
+        return opset
+
+    def dtype(self, elem_type: int, where: str) -> DType:
+        dt = dtype_of_onnx(elem_type, where)
+        return self.float_dtype if self.float_dtype is not None and dt.is_float else dt
+
+    def where(self, node: Optional[OnnxNode] = None) -> str:
+        return f"{self.source}: node '{node.label}' ({node.op_type})" if node else self.source
+
+    def check_structure(self) -> List[Any]:
+        """Nodes in a valid order; raises ParseError on a dangling input
+        or a cycle, UnsupportedOpError listing every unknown op type."""
+        g = self.graph
+        known = {i.name for i in g.initializer} | {i.name for i in g.input}
+        producer: Dict[str, int] = {}
+        for k, node in enumerate(g.node):
+            for out in node.output:
+                if out:
+                    if out in producer or out in known:
+                        raise ParseError(f"node '{node.name or out}' ({node.op_type}): output "
+                                         f"'{out}' is defined twice", source=self.source)
+                    producer[out] = k
+        for node in g.node:
+            for name in node.input:
+                if name and name not in known and name not in producer:
+                    raise ParseError(f"node '{node.name or node.output[0]}' ({node.op_type}): "
+                                     f"input '{name}' is dangling (no node, graph input or "
+                                     "initializer defines it)", source=self.source)
+        order = self._topological(producer)
+        for out in g.output:
+            if out.name not in known and out.name not in producer:
+                raise ParseError(f"graph output '{out.name}' is not defined by any node",
+                                 source=self.source)
+        unsupported = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+                              for n in g.node
+                              if n.domain not in ("", "ai.onnx") or n.op_type not in CONVERTERS)
+        if unsupported:
+            listing = ", ".join(f"{op} (x{count})" for op, count in sorted(unsupported.items()))
+            raise UnsupportedOpError(f"{self.source}: {sum(unsupported.values())} nodes of "
+                                     f"{len(unsupported)} unsupported op types: {listing}")
+        return order
+
+    def _topological(self, producer: Dict[str, int]) -> List[Any]:
+        nodes = list(self.graph.node)
+        deps = [{producer[i] for i in n.input if i in producer} for n in nodes]
+        users: Dict[int, List[int]] = {}
+        for k, d in enumerate(deps):
+            for p in d:
+                users.setdefault(p, []).append(k)
+        waiting = [len(d) for d in deps]
+        ready = [k for k, w in enumerate(waiting) if w == 0]
+        order = []
+        while ready:
+            k = ready.pop(0)
+            order.append(nodes[k])
+            for u in users.get(k, ()):
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    ready.append(u)
+        if len(order) != len(nodes):
+            stuck = next(n for k, n in enumerate(nodes) if waiting[k] > 0)
+            raise ParseError(f"the graph has a cycle through node '{stuck.name or stuck.output[0]}' "
+                             f"({stuck.op_type})", source=self.source)
+        return order
+
+    def add_initializers(self) -> None:
+        for init in self.graph.initializer:
+            where = f"{self.source}: initializer '{init.name}'"
+            dt = self.dtype(init.data_type, where)
+            shape = tuple(int(d) for d in init.dims)
+            array = self._tensor_array(init)
+            numel = int(np.prod(shape)) if shape else 1
+            role = "param" if dt.is_float and numel > 1 else "const"
+            if array is not None:
+                array = array.astype(dt.numpy_name, copy=False)
+            self.consts[init.name] = Const(array, shape, dt, role)
+
+    def _tensor_array(self, tensor) -> Optional[np.ndarray]:
+        """The data of an initializer, or None (shape only) when it is missing
+        or is an external floating-point weight (never needed)."""
+        if tensor.data_location == TensorProto.EXTERNAL and tensor.data_type not in (
+                TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL):
+            return None
+        try:
+            return numpy_helper.to_array(tensor, self.base_dir or "")
+        except Exception:  # no data, or an external file that is absent
+            return None
+
+    def add_inputs(self) -> None:
+        inits = {i.name for i in self.graph.initializer}
+        unknown = set(self.input_shapes) - {i.name for i in self.graph.input}
+        if unknown:
+            names = ", ".join(i.name for i in self.graph.input if i.name not in inits)
+            raise ConfigError(f"{self.source}: --input-shape names no graph input "
+                              f"'{sorted(unknown)[0]}' (inputs: {names})")
+        for vi in self.graph.input:
+            if vi.name in inits:
+                continue
+            where = f"{self.source}: graph input '{vi.name}'"
+            if not vi.type.HasField("tensor_type"):
+                raise UnsupportedOpError(f"{where}: only tensor inputs are supported")
+            tt = vi.type.tensor_type
+            shape = self._input_shape(vi.name, tt, where)
+            value = self.b.input(sanitize_name(vi.name),
+                                 TensorType(shape, self.dtype(tt.elem_type, where), self.device))
+            self.values[vi.name] = value
+            self.roles[value.name] = "data"
+            self.onnx_names[value.name] = vi.name
+
+    def _input_shape(self, name: str, tt, where: str) -> Tuple[int, ...]:
+        dims = list(tt.shape.dim) if tt.HasField("shape") else None
+        if name in self.input_shapes:
+            given = self.input_shapes[name]
+            if dims is not None and len(dims) != len(given):
+                raise ConfigError(f"{where}: --input-shape gives rank {len(given)}, the model "
+                                  f"declares rank {len(dims)}")
+            if dims is not None and any(d.HasField("dim_value") and d.dim_value != g
+                                        for d, g in zip(dims, given)):
+                self.overridden = True
+            return given
+        if dims is None:
+            raise ConfigError(f"{where}: the model gives no shape; use --input-shape {name}=AxB")
+        shape = []
+        for i, d in enumerate(dims):
+            label = d.dim_param if d.HasField("dim_param") else ""
+            if i == 0 and self.batch is not None:
+                if d.HasField("dim_value") and d.dim_value != self.batch:
+                    self.overridden = True
+                    self.batch_change = (int(d.dim_value), int(self.batch))
+                shape.append(self.batch)
+            elif d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(int(d.dim_value))
+            elif (i == 1 or re.search(r"seq|len", label, re.I)) and self.seq is not None:
+                shape.append(self.seq)
+            else:
+                hint = "--batch" if i == 0 else "--seq" if i == 1 else "--input-shape"
+                raise ConfigError(f"{where}: dimension {i} is symbolic ('{label or '?'}'); give "
+                                  f"{hint} or --input-shape {name}=" +
+                                  "x".join("N" for _ in dims))
+        return tuple(shape)
+
+    # ----- the converter context -------------------------------------------
+    def const(self, name: str) -> Optional[np.ndarray]:
+        c = self.consts.get(name)
+        return None if c is None else c.array
+
+    def type_of(self, name: str) -> TensorType:
+        if name in self.values:
+            return self.values[name].type
+        c = self.consts[name]
+        return TensorType(c.shape, c.dtype, self.device)
+
+    def value(self, name: str) -> Value:
+        """The DistIR value of ``name``, making a constant a function input."""
+        if name in self.values:
+            return self.values[name]
+        c = self.consts[name]
+        value = self.b.input(sanitize_name(name), TensorType(c.shape, c.dtype, self.device))
+        self.values[name] = value
+        self.roles[value.name] = c.role
+        self.onnx_names[value.name] = name
+        if c.array is not None:
+            self.constants[value.name] = c.array
+        return value
+
+    def constant_value(self, array: np.ndarray, hint: str) -> Value:
+        """A new constant input holding ``array`` (e.g. the 1 of a decomposition)."""
+        name = f"{hint}__const"
+        while name in self.consts or name in self.values:
+            name += "_"
+        self.consts[name] = self.make_const(np.asarray(array), hint)
+        return self.value(name)
+
+    def mark_role(self, name: str, role: str) -> None:
+        """Change the role of an initializer (e.g. batch-norm statistics are
+        not trained)."""
+        if name in self.consts and self.consts[name].role == "param":
+            self.consts[name].role = role
+            if name in self.values:
+                self.roles[self.values[name].name] = role
+
+    def op(self, node: OnnxNode, op_type: str, inputs: Sequence[Value],
+           attrs: Optional[Mapping[str, Any]] = None, out: Optional[int] = 0,
+           names: Optional[Sequence[str]] = None):
+        """Append an op for ``node``; ``out`` is the index of the ONNX output
+        it produces (its name is the value's), None for an intermediate."""
+        try:
+            full = with_defaults(op_type, dict(attrs or {}))
+            infer_types(op_type, [v.type for v in inputs], full)
+        except ShapeError as e:
+            raise VerifyError(f"{self.where(node)}: {e}") from None
+        if names is None:
+            base = sanitize_name(node.outputs[out if out is not None else 0] or node.label)
+            names = base if out is not None else f"{base}_{op_type}"
+        else:
+            names = [sanitize_name(n) for n in names]
+        return self.b.op(op_type, list(inputs), full, name=names)
+
+    # ----- the walk -----------------------------------------------------------
+    def run(self) -> Function:
+        order = self.check_structure()
+        self.add_initializers()
+        self.add_inputs()
+        for proto in order:
+            node = OnnxNode(proto, self.opset)
+            self.convert(node)
+        outputs = [self.value(o.name) for o in self.graph.output]
+        if not self.overridden:
+            self.check_declared()
+        f = self.b.finish(outputs)
+        self._meta(f)
+        try:
+            return verify(f)
+        except VerifyError as e:
+            raise VerifyError(f"{self.source}: {e}") from None
+
+    def convert(self, node: OnnxNode) -> None:
+        ins = [i for i in node.inputs if i]
+        arrays = [self.const(i) for i in ins]
+        foldable = (node.op_type not in NO_FOLD and ins and
+                    all(a is not None and self.consts[i].role == "const"
+                        for i, a in zip(ins, arrays)) and
+                    sum(a.size for a in arrays) <= FOLD_LIMIT)
+        if foldable:
+            try:
+                results = fold_node(node.proto, {i: self.const(i) for i in ins},
+                                    self.model.opset_import)
+            except Exception as e:
+                raise VerifyError(f"{self.where(node)}: cannot evaluate its constant inputs: "
+                                  f"{type(e).__name__}: {e}") from None
+        else:
+            results = CONVERTERS[node.op_type](self, node)
+        for name, result in zip(node.outputs, results):
+            if not name or result is None:
+                continue
+            if isinstance(result, Value):
+                self.values[name] = result
+                self.onnx_names.setdefault(result.name, name)
+            elif isinstance(result, Const):
+                self.consts[name] = result
+            else:
+                self.consts[name] = self.make_const(np.asarray(result), self.where(node))
+
+    def make_const(self, arr: np.ndarray, where: str, role: str = "const") -> Const:
+        dt = dtype_of_onnx(helper.np_dtype_to_tensor_dtype(arr.dtype), where)
+        if self.float_dtype is not None and dt.is_float:
+            dt, arr = self.float_dtype, arr.astype(self.float_dtype.numpy_name)
+        return Const(arr, tuple(arr.shape), dt, role)
+
+    def check_declared(self) -> None:
+        """Declared static shapes (value_info, outputs) must match ours."""
+        declared = list(self.graph.value_info) + list(self.graph.output)
+        producers = {o: n for n in self.graph.node for o in n.output}
+        for vi in declared:
+            if vi.name not in self.values and vi.name not in self.consts:
+                continue
+            if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+                continue
+            got = self.type_of(vi.name).shape
+            dims = vi.type.tensor_type.shape.dim
+            bad = len(dims) != len(got) or any(d.HasField("dim_value") and d.dim_value != g
+                                               for d, g in zip(dims, got))
+            if bad:
+                want = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+                             for d in dims)
+                node = producers.get(vi.name)
+                label = f"node '{node.name or vi.name}' ({node.op_type})" if node else "the graph"
+                raise VerifyError(f"{self.source}: {label}: '{vi.name}' is declared with shape "
+                                  f"{want} but the op produces {got}")
+
+    def _meta(self, f: Function) -> None:
+        f.meta["roles"] = dict(self.roles)
+        f.meta["params"] = [v.name for v in f.inputs if self.roles.get(v.name) == "param"]
+        f.meta["batch_inputs"] = [v.name for v in f.inputs
+                                  if self.roles.get(v.name) == "data" and v.type.rank >= 1]
+        f.meta["constants"] = dict(self.constants)
+        f.meta["onnx"] = {"source": self.source, "opset": self.opset,
+                          "producer": self.model.producer_name,
+                          "names": dict(self.onnx_names)}
+
+
+def import_onnx(model: ModelSource, input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                batch: Optional[int] = None, seq: Optional[int] = None,
+                device: Optional[int] = 0, dtype: Union[str, DType, None] = None) -> Function:
+    """Import ``model`` (a path, bytes or ModelProto) as a typed function.
+
+    ``input_shapes`` maps graph input names to shapes; ``batch`` sets dim 0
+    of every graph input (overriding a static one: the exported batch is
+    usually 1), ``seq`` fills a symbolic dim 1 or a dim named like seq/len.
+    ``dtype`` recasts every floating-point tensor (e.g. ``"f16"``).
+    """
+    for label, n in (("batch", batch), ("seq", seq)):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"--{label}: must be a positive integer, got {n!r}")
+    proto, source, base = load_onnx_model(model)
+    float_dtype = DType.parse(str(dtype)) if isinstance(dtype, str) else dtype
+    importer = OnnxImporter(proto, source, base, dict(input_shapes or {}), batch, seq, device,
+                            float_dtype)
+    return importer.run()
+
+
+def onnx_input_arrays(function: Function, feeds: Mapping[str, Any]) -> List[np.ndarray]:
+    """The arguments of an imported ``function`` in input order: graph
+    inputs from ``feeds`` (by ONNX or DistIR name), parameters and
+    constants from the model (``meta["constants"]``)."""
+    names = function.meta.get("onnx", {}).get("names", {})
+    constants = function.meta.get("constants", {})
+    out = []
+    for v in function.inputs:
+        onnx_name = names.get(v.name, v.name)
+        if onnx_name in feeds or v.name in feeds:
+            arr = np.asarray(feeds[onnx_name] if onnx_name in feeds else feeds[v.name])
+        elif v.name in constants:
+            arr = np.asarray(constants[v.name])
+        else:
+            raise ConfigError(f"no value for input '{onnx_name}' (not fed, and the model holds "
+                              "no data for it)")
+        out.append(arr.astype(v.type.dtype.numpy_name, copy=False))
+    return out

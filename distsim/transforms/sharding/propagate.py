@@ -1,0 +1,285 @@
+"""Sharding propagation: from a few annotated values to a placement for
+every value of every function, interprocedurally.
+
+1. *Decide* the placements of unannotated inputs: sweeps forward (an op
+   with some known inputs picks the strategy that keeps them as they are
+   and gives its unknown inputs and its outputs their placements) and
+   backward (an op with known outputs gives its unknown inputs the
+   placements that produce them), until nothing changes; what is still
+   unknown is replicated.
+2. *Build* the sharded program: every op picks, per mesh axis, the strategy
+   that is cheapest to reach from its inputs' placements (bytes moved, by
+   the planner's cost table); where an input must change -- a conflict --
+   a ``redistribute`` op is inserted right before the op, on that input
+   only, so the cheaper side is the one moved. A value annotated with other
+   placements than its op produces gets a ``redistribute`` after the op.
+3. *Calls*: a callee is specialised per placement signature of its
+   arguments (``mlp``, ``mlp.1``, ...): its parameters take the argument
+   types and its results' placements flow back to the caller. The entry
+   function's results are never partial: a ``P`` is reduced to ``R``.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ...errors import PassPreconditionError, VerifyError
+from ...ir.builder import NameScope
+from ...ir.core import Function, Module, Op, Value
+from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard, check_placements
+from ...ir.ops_call import callee_of, is_call, link_calls
+from ...ir.types import TensorType
+from .rules import OpContext, Strategy, strategies_for
+
+REDISTRIBUTE = "redistribute"
+_CHANGE = 1e-3  # a tie-break: among equal costs, keep placements as they are
+
+
+def axis_cost(t: TensorType, mesh: DeviceMesh, placements: Sequence[Placement], axis: int,
+              src: Placement, dst: Placement) -> float:
+    """Bytes per device to change ``src`` into ``dst`` on one axis (the
+    planner's table, on the tensor as the axis group sees it)."""
+    if src == dst:
+        return 0.0
+    n = mesh.shape[axis]
+    other = 1
+    for i, p in enumerate(placements):
+        if i != axis and isinstance(p, Shard):
+            other *= mesh.shape[i]
+    group = t.size_bytes / other
+    if isinstance(dst, Partial) and isinstance(src, Replicate):
+        return _CHANGE
+    if isinstance(src, Replicate):
+        return _CHANGE
+    if isinstance(src, Shard):
+        if isinstance(dst, Shard):
+            return (n - 1) / n ** 2 * group + _CHANGE
+        return (n - 1) / n * group + _CHANGE * (2 if isinstance(dst, Partial) else 1)
+    if isinstance(dst, Shard):
+        return (n - 1) / n * group + _CHANGE
+    return 2 * (n - 1) / n * group + _CHANGE
+
+
+def type_cost(src: DTensorType, dst: DTensorType) -> float:
+    if src.mesh != dst.mesh:
+        return float(src.size_bytes) + 1.0
+    return sum(axis_cost(src, src.mesh, src.placements, i, a, b)
+               for i, (a, b) in enumerate(zip(src.placements, dst.placements)))
+
+
+def _global(t) -> TensorType:
+    return TensorType(t.shape, t.dtype)
+
+
+def choose(op: Op, ins: Sequence[Optional[DTensorType]], outs: Sequence[Optional[DTensorType]],
+           mesh: DeviceMesh) -> Tuple[List[DTensorType], List[DTensorType]]:
+    """Per mesh axis, the strategy cheapest from the known input (and
+    output) types; returns the required input and the output types."""
+    ctx = OpContext(op.op_type, op.attrs, [_global(v.type) for v in op.inputs],
+                    [_global(v.type) for v in op.outputs])
+    strategies = strategies_for(ctx)
+    in_pl: List[List[Placement]] = [[] for _ in op.inputs]
+    out_pl: List[List[Placement]] = [[] for _ in op.outputs]
+    for axis in range(mesh.ndim):
+        best, best_cost = None, float("inf")
+        for s_in, s_out in strategies:
+            cost = 0.0
+            for known, want in list(zip(ins, s_in)) + list(zip(outs, s_out)):
+                if known is None:
+                    continue
+                if known.mesh != mesh:
+                    cost += known.size_bytes + 1.0
+                    continue
+                cost += axis_cost(known, mesh, known.placements, axis, known.placements[axis], want)
+            if cost < best_cost:
+                best, best_cost = (s_in, s_out), cost
+        for i, p in enumerate(best[0]):
+            in_pl[i].append(p)
+        for i, p in enumerate(best[1]):
+            out_pl[i].append(p)
+    # a combination the tensors cannot take (a shard smaller than one
+    # element) falls back to replicated on the offending axes
+    types_in = [_fit(ctx.ins[i], mesh, in_pl[i]) for i in range(len(op.inputs))]
+    types_out = [_fit(ctx.outs[i], mesh, out_pl[i]) for i in range(len(op.outputs))]
+    if any(t is None for t in types_in + types_out):
+        rep = [Replicate()] * mesh.ndim
+        types_in = [DTensorType(t.shape, t.dtype, mesh, rep) for t in ctx.ins]
+        types_out = [DTensorType(t.shape, t.dtype, mesh, rep) for t in ctx.outs]
+    return types_in, types_out
+
+
+def _fit(t: TensorType, mesh: DeviceMesh, pl: Sequence[Placement]) -> Optional[DTensorType]:
+    try:
+        check_placements(t.shape, mesh, pl, "value")
+    except VerifyError:
+        return None
+    return DTensorType(t.shape, t.dtype, mesh, pl)
+
+
+def _annotation(v: Value) -> Optional[DTensorType]:
+    return v.type if isinstance(v.type, DTensorType) else None
+
+
+class Propagator:
+    """Propagates shardings through a module, specialising callees."""
+
+    def __init__(self, module: Module) -> None:
+        self.module = link_calls(module)
+        self.out = Module(meshes=dict(module.meshes))
+        self._specs: Dict[Tuple[str, Tuple], Function] = {}
+        self._names = NameScope()
+
+    # -- step 1: decide unknown placements -------------------------------
+    def decide(self, f: Function, known: Sequence[Optional[DTensorType]]
+               ) -> Dict[Value, Optional[DTensorType]]:
+        state: Dict[Value, Optional[DTensorType]] = {v: _annotation(v) for v in f.values()}
+        for v, t in zip(f.inputs, known):
+            if t is not None:
+                state[v] = t
+        for _ in range(2 * len(f.ops) + 2):
+            before = dict(state)
+            for op in f.ops:
+                self._sweep(op, state, forward=True)
+            for op in reversed(f.ops):
+                self._sweep(op, state, forward=False)
+            if before == state:
+                break
+        return state
+
+    def _sweep(self, op: Op, state, forward: bool) -> None:
+        ins = [state[v] for v in op.inputs]
+        outs = [state[v] for v in op.outputs]
+        if is_call(op):
+            if all(t is None for t in ins) and all(t is None for t in outs):
+                return
+            callee = callee_of(op)
+            sub = self.decide(callee, ins)
+            for v, p in zip(op.inputs, callee.inputs):
+                if state[v] is None and sub[p] is not None:
+                    state[v] = sub[p]
+            for v, r in zip(op.outputs, callee.outputs):
+                if (forward or state[v] is None) and sub[r] is not None and _annotation(v) is None:
+                    state[v] = sub[r]
+            return
+        if op.op_type == REDISTRIBUTE:
+            if state[op.inputs[0]] is None and outs[0] is not None and not forward:
+                state[op.inputs[0]] = outs[0]
+            return
+        known = [t for t in ins if t is not None]
+        if not forward:
+            if all(t is not None for t in ins) or all(t is None for t in outs):
+                return
+            known += [t for t in outs if t is not None]
+        if not known:
+            return
+        mesh = known[0].mesh
+        req_in, res_out = choose(op, ins, outs if not forward else [None] * len(outs), mesh)
+        for v, t in zip(op.inputs, req_in):
+            if state[v] is None:
+                state[v] = t
+        if forward:
+            for v, t in zip(op.outputs, res_out):
+                if _annotation(v) is None:
+                    state[v] = t
+
+    # -- step 2: build the sharded function ----------------------------
+    def specialise(self, f: Function, arg_types: Sequence[Optional[DTensorType]],
+                   entry: bool = False) -> Function:
+        state = self.decide(f, arg_types)
+        meshes = [t.mesh for t in state.values() if t is not None]
+        if not meshes:
+            raise PassPreconditionError(f"sharding: no value of @{f.name} has a placement "
+                                        "(annotate an input with a DTensor type)")
+        default_mesh = meshes[0]
+        params = []
+        for v in f.inputs:
+            t = state[v]
+            if t is None:
+                t = DTensorType(v.type.shape, v.type.dtype, default_mesh,
+                                [Replicate()] * default_mesh.ndim)
+            params.append(t)
+        key = (f.name, tuple(params), entry)
+        if key in self._specs:
+            return self._specs[key]
+        name = f.name if f.name not in self.out.functions else self._fresh_name(f.name)
+        new = Function(name)
+        self._specs[key] = new
+        self.out.add(new)
+        names = NameScope()
+        env: Dict[Value, Value] = {}
+        for v, t in zip(f.inputs, params):
+            nv = Value(names.fresh(v.name), t)
+            new.inputs.append(nv)
+            env[v] = self._convert(new, names, nv, _annotation(v), v.name)
+        for op in f.ops:
+            self._build_op(new, names, env, op, state)
+        outs = []
+        for v in f.outputs:
+            nv = env[v]
+            if entry and any(isinstance(p, Partial) for p in nv.type.placements):
+                pl = [Replicate() if isinstance(p, Partial) else p for p in nv.type.placements]
+                nv = self._convert(new, names, nv, nv.type.with_placements(pl), v.name)
+            outs.append(nv)
+        new.outputs = outs
+        new.meta = {k: (dict(x) if isinstance(x, dict) else x) for k, x in f.meta.items()}
+        return new
+
+    def _fresh_name(self, base: str) -> str:
+        k = 1
+        while f"{base}.{k}" in self.out.functions or f"{base}.{k}" in self.module.functions:
+            k += 1
+        return f"{base}.{k}"
+
+    def _convert(self, new: Function, names: NameScope, v: Value, want: Optional[DTensorType],
+                 hint: str) -> Value:
+        """``v`` as type ``want`` (a redistribute op when they differ)."""
+        if want is None or want == v.type:
+            return v
+        out = Value(names.fresh(hint + "_rd"), want)
+        new.ops.append(Op(REDISTRIBUTE, [v], [out]))
+        return out
+
+    def _build_op(self, new: Function, names: NameScope, env: Dict[Value, Value], op: Op,
+                  state) -> None:
+        ins = [env[v] for v in op.inputs]
+        if is_call(op):
+            callee = self.specialise(callee_of(op), [v.type for v in ins])
+            outs = [Value(names.fresh(v.name), r.type) for v, r in zip(op.outputs, callee.outputs)]
+            new.ops.append(Op("call", ins, outs, {"callee": callee.name}, (callee,), op.meta))
+        else:
+            if op.op_type == REDISTRIBUTE:
+                want = _annotation(op.outputs[0]) or state[op.outputs[0]] or ins[0].type
+                outs = [Value(names.fresh(op.outputs[0].name), want)]
+                if want == ins[0].type:
+                    env[op.outputs[0]] = ins[0]
+                    return
+                new.ops.append(Op(REDISTRIBUTE, ins, outs, meta=op.meta))
+            else:
+                mesh = ins[0].type.mesh if ins else (state[op.outputs[0]] or _first(state)).mesh
+                req, res = choose(op, [v.type for v in ins], [None] * len(op.outputs), mesh)
+                ins = [self._convert(new, names, v, t, v.name) for v, t in zip(ins, req)]
+                outs = [Value(names.fresh(v.name), t) for v, t in zip(op.outputs, res)]
+                new.ops.append(Op(op.op_type, ins, outs, op.attrs, op.subfunctions, op.meta))
+        for old, nv in zip(op.outputs, outs):
+            env[old] = self._convert(new, names, nv, _annotation(old), old.name)
+
+
+def _first(state) -> DTensorType:
+    return next(t for t in state.values() if t is not None)
+
+
+def propagate(module: Module, entry: str = "main") -> Module:
+    """A new module whose functions have a DTensor type on every value:
+    the entry function and one specialisation per callee signature."""
+    if entry not in module.functions:
+        raise PassPreconditionError(f"sharding: module has no function @{entry}")
+    prop = Propagator(module)
+    f = module.functions[entry]
+    prop.specialise(f, [_annotation(v) for v in f.inputs], entry=True)
+    out = prop.out
+    # the entry function first, as written
+    ordered = Module(meshes=out.meshes)
+    ordered.add(out.functions[entry])
+    for name, fn in out.functions.items():
+        if name != entry:
+            ordered.add(fn)
+    return ordered

@@ -1,0 +1,123 @@
+"""The verifier of sharded programs.
+
+- :func:`verify_sharded` (global view): every placement fits its value
+  (dim exists, axis exists, shard size vs axis size), its mesh is the
+  module's, each op's global shapes follow its shape rule, and -- once
+  propagated -- each op's placements on every mesh axis are a strategy of
+  its sharding rule; calls match their callee's signature.
+- :func:`verify_teams` (local view): every collective's team lies inside
+  the mesh it names and is a group along the axes it names.
+
+Errors are VerifyErrors naming the function, the value or op, and the rule.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ...errors import VerifyError
+from ...ir.comm import is_communication
+from ...ir.core import Function, Module, Op
+from ...ir.mesh import DeviceMesh, DTensorType, check_placements
+from ...ir.ops_call import callee_of, is_call, link_calls
+from ...ir.registry import ShapeError, infer_types
+from ...ir.types import TensorType
+from .propagate import REDISTRIBUTE
+from .rules import OpContext, strategies_for
+
+
+def _plain(t) -> TensorType:
+    return TensorType(t.shape, t.dtype, getattr(t, "device", None))
+
+
+def verify_sharded(module: Module, propagated: bool = False) -> Module:
+    link_calls(module)
+    for f in module:
+        _verify_function(f, module.meshes, propagated)
+    return module
+
+
+def _verify_function(f: Function, meshes: Mapping[str, DeviceMesh], propagated: bool) -> None:
+    seen = set()
+    for v in f.values():
+        where = f"function '{f.name}', value %{v.name}"
+        if v.name in seen:
+            raise VerifyError(f"{where}: name used for two values (rule: SSA)")
+        seen.add(v.name)
+        t = v.type
+        if isinstance(t, DTensorType):
+            if meshes.get(t.mesh.name) != t.mesh:
+                raise VerifyError(f"{where}: mesh @{t.mesh.name} is not a mesh of the module "
+                                  "(rule: declared mesh)")
+            check_placements(t.shape, t.mesh, t.placements, where)
+        elif propagated:
+            raise VerifyError(f"{where}: has no placement after propagation (rule: every value placed)")
+    for op in f.ops:
+        _verify_op(f, op, propagated)
+
+
+def _verify_op(f: Function, op: Op, propagated: bool) -> None:
+    where = f"function '{f.name}', op %{op.name} = {op.op_type}"
+    if is_call(op):
+        callee = callee_of(op)
+        for a, p in zip(op.inputs, callee.inputs):
+            if propagated and a.type != p.type:
+                raise VerifyError(f"{where}: argument %{a.name} is {a.type} but @{callee.name} "
+                                  f"takes {p.type} (rule: call signature)")
+        if len(op.inputs) != len(callee.inputs) or len(op.outputs) != len(callee.outputs):
+            raise VerifyError(f"{where}: arity differs from @{callee.name} (rule: call signature)")
+        return
+    if op.op_type == REDISTRIBUTE:
+        if op.inputs[0].type.shape != op.outputs[0].type.shape:
+            raise VerifyError(f"{where}: changes the shape (rule: redistribute keeps the tensor)")
+        return
+    try:
+        expected = infer_types(op.op_type, [_plain(v.type) for v in op.inputs], op.attrs)
+    except ShapeError as e:
+        raise VerifyError(f"{where}: {e}") from None
+    for v, t in zip(op.outputs, expected):
+        if (v.type.shape, v.type.dtype) != (t.shape, t.dtype):
+            raise VerifyError(f"{where}: result %{v.name} is {v.type}, the op gives "
+                              f"{t.dtype.value}{list(t.shape)} (rule: shape)")
+    if not propagated:
+        return
+    values = list(op.inputs) + list(op.outputs)
+    mesh = values[0].type.mesh
+    for v in values:
+        if v.type.mesh != mesh:
+            raise VerifyError(f"{where}: %{v.name} is on mesh @{v.type.mesh.name}, not "
+                              f"@{mesh.name} (rule: one mesh per op)")
+    ctx = OpContext(op.op_type, op.attrs, [_plain(v.type) for v in op.inputs],
+                    [_plain(v.type) for v in op.outputs])
+    strategies = strategies_for(ctx)
+    for axis in range(mesh.ndim):
+        got = (tuple(v.type.placements[axis] for v in op.inputs),
+               tuple(v.type.placements[axis] for v in op.outputs))
+        if got not in strategies:
+            shown = ", ".join(p.print_text() for p in got[0]) + " -> " + \
+                ", ".join(p.print_text() for p in got[1])
+            raise VerifyError(f"{where}: placements {shown} on axis '{mesh.axis_names[axis]}' are "
+                              f"not a sharding of {op.op_type} (rule: op sharding rule)")
+
+
+def verify_teams(function: Function, meshes: Mapping[str, DeviceMesh]) -> Function:
+    for op in function.ops:
+        if not is_communication(op) or op.attrs.get("mesh") is None:
+            continue
+        where = f"function '{function.name}', op %{op.name} = {op.op_type}"
+        mesh = meshes.get(op.attrs["mesh"])
+        if mesh is None:
+            raise VerifyError(f"{where}: names unknown mesh @{op.attrs['mesh']} (rule: team in mesh)")
+        ranks = tuple(op.attrs["ranks"])
+        outside = [r for r in ranks if r not in mesh.devices]
+        if outside:
+            raise VerifyError(f"{where}: ranks {outside} are outside mesh @{mesh.name} "
+                              f"{list(mesh.devices)} (rule: team in mesh)")
+        axes = op.attrs.get("axes")
+        if axes:
+            for a in axes:
+                if a not in mesh.axis_names:
+                    raise VerifyError(f"{where}: mesh @{mesh.name} has no axis '{a}' (rule: team in mesh)")
+            if ranks not in mesh.groups(list(axes)) and len(ranks) != 2:
+                raise VerifyError(f"{where}: ranks {list(ranks)} are not a group along axes "
+                                  f"{list(axes)} of mesh @{mesh.name} (rule: team along axes)")
+    return function
