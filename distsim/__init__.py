@@ -3,7 +3,9 @@ training. See README.md; the public API is :func:`simulate` and
 :class:`SimulationResult` (:mod:`distsim.api`)."""
 from .api import SimulationResult, build_program, simulate
 from .errors import DistsimError
+from .sweep import sweep  # the function; its package stays importable as distsim.sweep
 
 __version__ = "0.1.0"
 
-__all__ = ["DistsimError", "SimulationResult", "build_program", "simulate", "__version__"]
+__all__ = ["DistsimError", "SimulationResult", "build_program", "simulate", "sweep",
+           "__version__"]

@@ -1,0 +1,304 @@
+"""Charts of a sweep (the DataFrame of :func:`distsim.sweep`).
+
+* :func:`heatmap_figure`: best step time over two chosen options (other
+  options: the best feasible value; cells say ``OOM`` when every simulated
+  point there runs out of memory, ``-`` when none could be simulated);
+* :func:`scaling_figure`: throughput against GPU count (the best feasible
+  configuration per count, one line per ``hue`` value) with ideal linear
+  scaling dashed;
+* :func:`pareto_figure`: peak memory per GPU against step time, every
+  simulated point, OOM points marked with a red cross, the Pareto front of
+  the feasible ones drawn, the device capacity dashed;
+* :func:`breakdown_figure`: per configuration (fastest first), the step
+  split into compute / exposed communication / pipeline bubble / other idle.
+
+:func:`write_sweep_charts` writes all four PNGs. A chart with nothing to show
+still renders, saying so, so a sweep where every point failed still gets
+its report. Figures are plain :class:`~matplotlib.figure.Figure` objects.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from distsim.errors import ConfigError
+from distsim.fileio import PathLike
+from distsim.report.figures import CATEGORY_COLOURS, OTHER_COLOUR, save_png
+from distsim.report.summary import GB, MS
+
+CHART_FILES = {"heatmap": "heatmap.png", "scaling": "scaling.png", "pareto": "pareto.png",
+               "breakdown": "breakdown.png"}
+BUBBLE_COLOUR = "#e15759"
+OOM_COLOUR = "#d62728"
+
+
+def param_columns(df: pd.DataFrame) -> List[str]:
+    """The option columns of a sweep frame (between ``key`` and ``status``)."""
+    cols = list(df.columns)
+    if "key" in cols and "status" in cols:
+        return cols[cols.index("key") + 1:cols.index("status")]
+    return [c for c in cols if c not in ("index", "key", "status", "reason")]
+
+
+def varying_params(df: pd.DataFrame) -> List[str]:
+    """Option columns that take more than one value."""
+    return [c for c in param_columns(df) if df[c].astype(str).nunique() > 1]
+
+
+def simulated(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["status"] == "ok") & df["step_time_s"].notna()]
+
+
+def feasible(df: pd.DataFrame) -> pd.DataFrame:
+    ok = simulated(df)
+    return ok[~ok["oom"].fillna(False).astype(bool)]
+
+
+def config_label(row: pd.Series, params: Sequence[str]) -> str:
+    parts = [f"{p}={_fmt(row[p])}" for p in params]
+    return " ".join(parts) if parts else f"#{int(row['index'])}"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=12,
+            color="#555555")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _sort_key(values) -> List:
+    """Numbers numerically, then the rest as text."""
+    def key(v):
+        try:
+            return (0, float(v), "")
+        except (TypeError, ValueError):
+            return (1, 0.0, str(v))
+    return sorted(values, key=key)
+
+
+def heatmap_axes(df: pd.DataFrame, heatmap: Optional[Sequence[str]] = None) -> Tuple[str, str]:
+    """The two options of the heatmap: ``heatmap`` if given, else the first
+    two varying options (one varying option: it against itself is useless,
+    so against the GPU count)."""
+    if heatmap:
+        x, y = heatmap
+        for c in (x, y):
+            if c not in df.columns:
+                raise ConfigError(f"heatmap: {c!r} is not a column of the sweep")
+        return x, y
+    vary = varying_params(df)
+    if len(vary) >= 2:
+        return vary[0], vary[1]
+    if len(vary) == 1:
+        return vary[0], "num_devices"
+    cols = param_columns(df)
+    return (cols[0] if cols else "num_devices"), "num_devices"
+
+
+def heatmap_figure(df: pd.DataFrame, x: str, y: str, value: str = "step_time_s") -> Figure:
+    """Best feasible ``value`` (step time, in ms) for each (x, y)."""
+    fig = Figure(figsize=(8, 6))
+    ax = fig.add_subplot()
+    title = f"Step time (ms), best over other options: {y} vs {x}"
+    xs = _sort_key(df[x].dropna().unique()) if x in df else []
+    ys = _sort_key(df[y].dropna().unique()) if y in df else []
+    if not xs or not ys or simulated(df).empty:
+        _empty(ax, "no configuration could be simulated")
+        ax.set_title(title)
+        return fig
+    grid = np.full((len(ys), len(xs)), np.nan)
+    text = [["-"] * len(xs) for _ in ys]
+    ok = simulated(df)
+    good = feasible(df)
+    for i, yv in enumerate(ys):
+        for j, xv in enumerate(xs):
+            cell = good[(good[x] == xv) & (good[y] == yv)][value]
+            if len(cell):
+                grid[i, j] = cell.min() * (MS if value.endswith("_s") else 1)
+                text[i][j] = f"{grid[i, j]:.3g}"
+            elif len(ok[(ok[x] == xv) & (ok[y] == yv)]):
+                text[i][j] = "OOM"
+    masked = np.ma.masked_invalid(grid)
+    image = ax.imshow(masked, cmap="viridis_r", aspect="auto", origin="lower")
+    image.cmap.set_bad("#dddddd")
+    if np.isfinite(grid).any():
+        fig.colorbar(image, ax=ax, label="step time (ms)" if value.endswith("_s") else value)
+    finite = grid[np.isfinite(grid)]
+    mid = (finite.min() + finite.max()) / 2 if finite.size else 0
+    for i in range(len(ys)):
+        for j in range(len(xs)):
+            dark = np.isfinite(grid[i, j]) and grid[i, j] > mid
+            ax.text(j, i, text[i][j], ha="center", va="center", fontsize=8,
+                    color="white" if dark else ("#b00000" if text[i][j] == "OOM" else "black"))
+    ax.set_xticks(range(len(xs)), [_fmt(v) for v in xs])
+    ax.set_yticks(range(len(ys)), [_fmt(v) for v in ys])
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def throughput_column(df: pd.DataFrame) -> Tuple[str, str]:
+    """(column, axis label): tokens/s when the models report it, else samples/s."""
+    if "tokens_per_s" in df and df["tokens_per_s"].notna().any():
+        return "tokens_per_s", "throughput (tokens/s)"
+    return "samples_per_s", "throughput (samples/s)"
+
+
+def scaling_figure(df: pd.DataFrame, hue: Optional[str] = None) -> Figure:
+    """Throughput against the number of GPUs (best feasible config per count)."""
+    fig = Figure(figsize=(8, 5))
+    ax = fig.add_subplot()
+    col, label = throughput_column(df)
+    good = feasible(df)
+    good = good[good[col].notna() & good["num_devices"].notna()]
+    ax.set_title("Scaling: throughput vs GPU count (best feasible configuration per count)")
+    if good.empty:
+        _empty(ax, "no feasible configuration")
+        return fig
+    groups = [(None, good)] if not hue or hue not in good else \
+        [(v, good[good[hue] == v]) for v in _sort_key(good[hue].unique())]
+    for name, part in groups:
+        best = part.groupby("num_devices")[col].max().sort_index()
+        lbl = "best" if name is None else f"{hue}={_fmt(name)}"
+        line = ax.plot(best.index, best.values, marker="o", label=lbl)[0]
+        n0, t0 = best.index[0], best.values[0]
+        ax.plot(best.index, t0 * best.index / n0, linestyle="--", linewidth=1,
+                color=line.get_color(), alpha=0.6,
+                label="ideal linear" if name is None else f"ideal ({_fmt(name)})")
+    counts = sorted(good["num_devices"].unique())
+    if len(counts) > 1 and counts[0] > 0 and counts[-1] / counts[0] >= 4:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [_fmt(c) for c in counts])
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def pareto_front(points: pd.DataFrame, x: str = "step_time_s",
+                 y: str = "max_peak_memory_bytes") -> pd.DataFrame:
+    """The points no other point beats on both ``x`` and ``y`` (lower is
+    better), sorted by ``x``."""
+    front = []
+    best_y = math.inf
+    for _, row in points.sort_values([x, y]).iterrows():
+        if row[y] < best_y:
+            front.append(row)
+            best_y = row[y]
+    return pd.DataFrame(front)
+
+
+def pareto_figure(df: pd.DataFrame) -> Figure:
+    """Peak memory per GPU vs step time; OOM points as red crosses."""
+    fig = Figure(figsize=(8, 5))
+    ax = fig.add_subplot()
+    ax.set_title("Memory vs step time (Pareto front of the configurations that fit)")
+    ok = simulated(df)
+    ok = ok[ok["max_peak_memory_bytes"].notna()]
+    if ok.empty:
+        _empty(ax, "no configuration could be simulated")
+        return fig
+    good = feasible(ok)
+    oom = ok[ok["oom"].fillna(False).astype(bool)]
+    if len(good):
+        ax.scatter(good["step_time_s"] * MS, good["max_peak_memory_bytes"] / GB, s=22,
+                   color=CATEGORY_COLOURS["compute"], alpha=0.7, label="fits in memory")
+        front = pareto_front(good)
+        ax.step(front["step_time_s"] * MS, front["max_peak_memory_bytes"] / GB, where="post",
+                color="black", linewidth=1.2, label="Pareto front")
+    if len(oom):
+        ax.scatter(oom["step_time_s"] * MS, oom["max_peak_memory_bytes"] / GB, marker="x",
+                   s=40, color=OOM_COLOUR, label="out of memory")
+    caps = ok["memory_capacity_bytes"].dropna().unique()
+    for cap in sorted(caps):
+        ax.axhline(cap / GB, linestyle="--", color="#555555", linewidth=1,
+                   label=f"capacity {cap / GB:.1f} GB")
+    ax.set_xlabel("step time (ms)")
+    ax.set_ylabel("peak memory per GPU (GB)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per simulated configuration: compute, exposed communication, bubble,
+    other idle (seconds; they add up to the step time, means over devices)."""
+    ok = simulated(df).sort_values(["step_time_s", "index"])
+    bubble = ok["bubble_s"].fillna(0.0)
+    out = pd.DataFrame({
+        "index": ok["index"],
+        "compute_s": ok["compute_s"].fillna(0.0),
+        "exposed_communication_s": ok["exposed_communication_s"].fillna(0.0),
+        "bubble_s": bubble,
+        "idle_s": (ok["idle_s"].fillna(0.0) - bubble).clip(lower=0.0),
+        "step_time_s": ok["step_time_s"],
+    })
+    return out
+
+
+def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
+    """Stacked bars of where the step goes, fastest configurations first."""
+    ok = simulated(df).sort_values(["step_time_s", "index"]).head(max_configs)
+    table = breakdown_table(ok)
+    fig = Figure(figsize=(10, max(3.0, 0.32 * len(table) + 1.5)))
+    ax = fig.add_subplot()
+    shown = f" (fastest {max_configs} of {len(simulated(df))})" \
+        if len(simulated(df)) > max_configs else ""
+    ax.set_title("Where the step goes, per configuration" + shown)
+    if table.empty:
+        _empty(ax, "no configuration could be simulated")
+        return fig
+    params = varying_params(df) or param_columns(df)[:3]
+    labels = [config_label(row, params) for _, row in ok.iterrows()]
+    ypos = np.arange(len(table))[::-1]
+    left = np.zeros(len(table))
+    parts = [("compute_s", "compute", CATEGORY_COLOURS["compute"]),
+             ("exposed_communication_s", "exposed communication",
+              CATEGORY_COLOURS["communication"]),
+             ("bubble_s", "pipeline bubble", BUBBLE_COLOUR),
+             ("idle_s", "other idle", OTHER_COLOUR)]
+    for col, name, colour in parts:
+        values = table[col].to_numpy() * MS
+        if col == "bubble_s" and not values.any():
+            continue
+        ax.barh(ypos, values, left=left, color=colour, label=name, height=0.7)
+        left += values
+    ax.set_yticks(ypos, labels, fontsize=7)
+    ax.set_xlabel("time per step (ms, mean over devices)")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def write_sweep_charts(df: pd.DataFrame, out_dir: PathLike,
+                       heatmap: Optional[Sequence[str]] = None,
+                       hue: Optional[str] = None) -> Dict[str, Path]:
+    """Write heatmap.png, scaling.png, pareto.png and breakdown.png into
+    ``out_dir`` (each atomically). Returns the paths by chart name."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    x, y = heatmap_axes(df, heatmap)
+    figures = {"heatmap": heatmap_figure(df, x, y), "scaling": scaling_figure(df, hue),
+               "pareto": pareto_figure(df), "breakdown": breakdown_figure(df)}
+    paths = {}
+    for name, fig in figures.items():
+        paths[name] = out / CHART_FILES[name]
+        save_png(fig, paths[name])
+    return paths

@@ -1,0 +1,124 @@
+"""``distsim.sweep``: run every point of a grid and return a DataFrame.
+
+    df = distsim.sweep({"model": "mlp", "network_mode": "analytical"},
+                       grid={"dp": [1, 2, 4, 8], "hidden": [1024, 4096]},
+                       constraints=["dp <= devices"], workers=2, out_dir="sweep-out")
+
+One row per grid point (skipped and failed points included, with the
+reason), sorted by point index; see :mod:`.point` for the columns. With
+``out_dir`` the sweep is durable and resumable (:mod:`.store`): rerunning
+the same call skips the points already in ``out_dir/results.jsonl``.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, Mapping, Optional, Union
+
+import pandas as pd
+
+from ..errors import ConfigError
+from .constraints import ConstraintLike
+from .point import SimulateFn, empty_metrics
+from .progress import Progress
+from .runners import DEFAULT_CONNECT_TIMEOUT_S, make_runner
+from .spec import SweepSpec
+from .store import JOURNAL, Journal, normalise_row, rows_to_frame, write_tables
+
+#: Seconds between two rewrites of results.csv / .parquet during a sweep.
+TABLE_INTERVAL_S = 2.0
+
+
+def sweep(base_config: Optional[Mapping[str, Any]] = None,
+          grid: Optional[Mapping[str, Any]] = None,
+          constraints: Optional[Iterable[ConstraintLike]] = None,
+          workers: Optional[int] = None, scheduler: Any = None,
+          out_dir: Union[str, Path, None] = None, progress: Union[bool, str] = True, *,
+          spec: Optional[SweepSpec] = None, simulate: Optional[SimulateFn] = None,
+          connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> pd.DataFrame:
+    """Simulate every point of ``grid`` over ``base_config``.
+
+    ``base_config`` and ``grid`` keys are ``distsim simulate`` option names
+    (``model``, ``topology``, ``network_mode``, ``dp``, ``tp``, ``layers``,
+    ...); grid values are lists. ``constraints``: expression strings (e.g.
+    ``"dp * tp * pp == devices"``) or callables ``f(config) -> bool``;
+    points that fail one are kept as ``skipped`` rows. ``workers``: local
+    processes (default: every core; 1 runs in this process). ``scheduler``:
+    ``"tcp://HOST:PORT"``, ``"local-dask"`` or a ``distributed.Client``.
+    ``out_dir``: keep a journal and results.csv/.parquet there and resume
+    from it. ``progress``: a progress bar / lines on stderr (False: quiet).
+    ``simulate``: the function to call (default :func:`distsim.simulate`;
+    it must be picklable for process and Dask runners).
+
+    The whole spec is checked, and a scheduler reached, before any work
+    starts or any file is written; errors are :class:`ConfigError`.
+    """
+    if spec is None:
+        if grid is None:
+            raise ConfigError("sweep: grid: missing (option -> list of values)")
+        spec = SweepSpec.create(base_config, grid, constraints)
+    elif base_config is not None or grid is not None or constraints is not None:
+        raise ConfigError("sweep: give either spec= or base_config/grid/constraints")
+    points = spec.points()
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    journal = Journal(out / JOURNAL) if out is not None else None
+    done: Dict[str, Dict[str, Any]] = {}
+    if journal is not None:
+        for p in points:
+            if p.key in journal.rows:
+                done[p.key] = {**journal.rows[p.key], "index": p.index,
+                               "params": normalise_row(p.params)}
+    todo = [p for p in points if p.key not in done and p.skip_reason is None]
+    runner = make_runner(workers, scheduler, simulate, connect_timeout_s, tasks=len(todo))
+    param_names = list(dict.fromkeys([*spec.base, *spec.grid]))
+    by_key = {p.key: p for p in points}
+
+    if todo:
+        runner.open()      # reach the scheduler before writing anything
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    resumed = len(done)
+    bar = None
+
+    def record(key: str, fields: Mapping[str, Any]) -> None:
+        p = by_key[key]
+        row = normalise_row({"index": p.index, "key": key, "params": p.params, **fields})
+        if journal is not None:
+            journal.append(row)
+        done[key] = row
+        if bar is not None:
+            bar.update(len(done))
+
+    def tables(complete: bool) -> None:
+        if out is None:
+            return
+        df = rows_to_frame(done.values(), param_names)
+        counts = df["status"].value_counts().to_dict() if len(df) else {}
+        write_tables(df, out, {"name": spec.name, "total": len(points), "done": len(done),
+                               "complete": complete, "status_counts": counts,
+                               "runner": runner.description, "journal": JOURNAL})
+
+    try:
+        for p in points:
+            if p.key not in done and p.skip_reason is not None:
+                record(p.key, {"status": "skipped", "reason": p.skip_reason,
+                               **empty_metrics()})
+        bar = Progress(len(points), len(done), enabled=bool(progress), label=spec.name,
+                       resumed=resumed)
+        last = time.monotonic()
+        if todo:
+            for key, fields in runner.run([(p.key, p.params) for p in todo]):
+                record(key, fields)
+                if out is not None and time.monotonic() - last >= TABLE_INTERVAL_S:
+                    tables(complete=False)
+                    last = time.monotonic()
+    finally:
+        if bar is not None:
+            bar.close()
+        runner.close()
+        if journal is not None:
+            journal.close()
+        tables(complete=len(done) == len(points))
+    return rows_to_frame(done.values(), param_names)

@@ -1,0 +1,221 @@
+"""What runs the points of a sweep: this process, local worker processes,
+or a Dask cluster. Every runner calls :func:`.point.run_point` on the same
+options, so the rows are the same whatever runs them; the driver sorts them
+by point index.
+
+A runner is opened before any output is written (so an unreachable
+scheduler fails first), yields ``(key, row)`` pairs as points finish, and is
+closed at the end.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+from .point import SimulateFn, empty_metrics, run_point
+
+Task = Tuple[str, Dict[str, Any]]          # (point key, options)
+Result = Tuple[str, Dict[str, Any]]        # (point key, row fields)
+
+#: How long ``--scheduler tcp://...`` waits for the scheduler by default.
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+_ADDRESS = re.compile(r"^(tcp|tls|ws|wss|inproc|ucx)://[^\s/]+(:\d+)?/?$")
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def check_workers(workers: Any) -> int:
+    if workers is None:
+        return default_workers()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"--workers: must be a positive integer, got {workers!r}")
+    return workers
+
+
+def _died(task_key: str, detail: str) -> Dict[str, Any]:
+    return {"status": "failed", "reason": f"worker process died while simulating this point "
+                                          f"({detail})", **empty_metrics()}
+
+
+class InProcessRunner:
+    """Runs every point here, one after the other (``--workers 1``)."""
+
+    description = "in-process"
+
+    def __init__(self, simulate: Optional[SimulateFn] = None) -> None:
+        self.simulate = simulate
+
+    def open(self) -> None:
+        pass
+
+    def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
+        for key, params in tasks:
+            yield key, run_point(params, self.simulate)
+
+    def close(self) -> None:
+        pass
+
+
+class LocalProcessRunner:
+    """Runs points in ``workers`` local processes (spawned, so the same on
+    every platform). At most ``workers`` points are in flight. If a worker
+    dies (killed, out of memory, a crash in native code), the pool is
+    restarted and the points that were in flight are retried one at a time
+    in a pool of their own; a point that kills its worker again is recorded
+    as failed. No finished point is lost or run twice."""
+
+    def __init__(self, workers: int, simulate: Optional[SimulateFn] = None) -> None:
+        self.workers = workers
+        self.simulate = simulate
+        self.description = f"{workers} local processes"
+        self._ctx = multiprocessing.get_context("spawn")
+
+    def open(self) -> None:
+        pass
+
+    def _pool(self, n: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=n, mp_context=self._ctx)
+
+    def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
+        queue: Deque[Task] = deque(tasks)
+        suspects: List[Task] = []
+        while queue:
+            pool = self._pool(min(self.workers, len(queue)))
+            inflight: Dict[Future, Task] = {}
+            try:
+                broken = False
+                while (queue or inflight) and not broken:
+                    while queue and len(inflight) < self.workers:
+                        task = queue.popleft()
+                        inflight[pool.submit(run_point, task[1], self.simulate)] = task
+                    done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                    for fut in sorted(done, key=lambda f: inflight[f][0]):
+                        task = inflight.pop(fut)
+                        try:
+                            row = fut.result()
+                        except BrokenProcessPool:
+                            suspects.append(task)
+                            broken = True
+                        else:
+                            yield task[0], row
+                if broken:
+                    suspects.extend(inflight.values())
+                    inflight.clear()
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+        for task in suspects:
+            yield task[0], self._isolated(task)
+
+    def _isolated(self, task: Task) -> Dict[str, Any]:
+        pool = self._pool(1)
+        try:
+            return pool.submit(run_point, task[1], self.simulate).result()
+        except BrokenProcessPool as e:
+            return _died(task[0], str(e) or "the process pool broke")
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        pass
+
+
+class DaskRunner:
+    """Runs points as tasks on a Dask distributed cluster: ``scheduler`` is a
+    scheduler address (``tcp://HOST:PORT``; reached within ``timeout_s`` or
+    a :class:`ConfigError`), ``"local-dask"`` (a LocalCluster of
+    ``workers`` processes started here and stopped at the end) or a
+    ``distributed.Client``."""
+
+    def __init__(self, scheduler: Any, workers: Optional[int] = None,
+                 simulate: Optional[SimulateFn] = None,
+                 timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+        self.scheduler = scheduler
+        self.workers = workers
+        self.simulate = simulate
+        self.timeout_s = timeout_s
+        self.client = None
+        self.cluster = None
+        self._own_client = False
+        name = scheduler if isinstance(scheduler, str) else type(scheduler).__name__
+        self.description = f"dask ({name})"
+        if isinstance(scheduler, str) and scheduler != "local-dask" \
+                and not _ADDRESS.match(scheduler):
+            raise ConfigError(f"--scheduler: expected tcp://HOST:PORT or local-dask, "
+                              f"got {scheduler!r}")
+
+    def open(self) -> None:
+        try:
+            import distributed
+        except ImportError:
+            raise ConfigError("--scheduler needs the Dask distributed package: "
+                              "pip install 'distsim[dask]' (or: pip install distributed)") from None
+        if not isinstance(self.scheduler, str):
+            self.client = self.scheduler
+            return
+        try:
+            if self.scheduler == "local-dask":
+                self.cluster = distributed.LocalCluster(
+                    n_workers=self.workers or default_workers(), threads_per_worker=1,
+                    processes=True, dashboard_address=None)
+                self.client = distributed.Client(self.cluster, timeout=self.timeout_s)
+            else:
+                self.client = distributed.Client(self.scheduler, timeout=self.timeout_s)
+        except (OSError, TimeoutError) as e:
+            self.close()
+            raise ConfigError(f"--scheduler {self.scheduler}: cannot reach the Dask scheduler "
+                              f"within {self.timeout_s:g} s ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]})") from None
+        self._own_client = True
+
+    def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
+        from distributed import as_completed
+        if not tasks:
+            return
+        keys = [f"distsim-point-{key}" for key, _ in tasks]
+        by_key = {k: task for k, task in zip(keys, tasks)}
+        futures = [self.client.submit(run_point, params, self.simulate, key=k, pure=False)
+                   for k, (_, params) in zip(keys, tasks)]
+        try:
+            for fut in as_completed(futures):
+                task = by_key[fut.key]
+                try:
+                    row = fut.result()
+                except Exception as e:  # KilledWorker, a lost connection, ...
+                    row = _died(task[0], f"{type(e).__name__}: {e}")
+                yield task[0], row
+        finally:
+            for fut in futures:
+                fut.release()
+
+    def close(self) -> None:
+        if self._own_client and self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+        self.client = None
+        self.cluster = None
+
+
+def make_runner(workers: Any = None, scheduler: Any = None,
+                simulate: Optional[SimulateFn] = None,
+                connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                tasks: Optional[int] = None):
+    """The runner for ``--workers``/``--scheduler`` (not opened yet)."""
+    if scheduler is not None:
+        n = check_workers(workers) if workers is not None else None
+        return DaskRunner(scheduler, n, simulate, connect_timeout_s)
+    n = check_workers(workers)
+    if tasks is not None:
+        n = max(1, min(n, tasks))
+    return InProcessRunner(simulate) if n == 1 else LocalProcessRunner(n, simulate)

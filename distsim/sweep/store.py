@@ -1,0 +1,165 @@
+"""Where a sweep keeps its results in ``--out DIR``, durably.
+
+* ``results.jsonl``: the journal. One JSON line per finished point,
+  appended by the coordinating process only, flushed and fsynced before the
+  next point is counted as done. A killed run leaves at most a torn last
+  line, which the next run cuts off. Resuming reads it and skips every point
+  whose key (a hash of its options) is already there; a key seen twice
+  counts once.
+* ``results.csv`` and ``results.parquet``: the table, rewritten atomically
+  (temporary file + rename) as rows arrive and at the end, sorted by point
+  index; never a truncated file.
+* ``manifest.json``: ``{"name", "total", "done", "complete", ...}``,
+  rewritten with the tables; ``complete`` is true only when every point of
+  the spec has a row.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+import pandas as pd
+
+from ..errors import ConfigError
+from ..fileio import atomic_path, write_json_atomic
+from .point import METRICS
+
+JOURNAL = "results.jsonl"
+CSV = "results.csv"
+PARQUET = "results.parquet"
+MANIFEST = "manifest.json"
+ROW_HEAD = ("index", "key")
+ROW_TAIL = ("status", "reason", *METRICS)
+
+
+class Journal:
+    """Append-only JSONL journal of finished points, keyed by point key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.rows: Dict[str, Dict[str, Any]] = {}
+        self._load()
+        self._fd: Optional[int] = None
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):  # a torn last line from a killed run: cut it off
+            with open(self.path, "r+b") as f:
+                f.truncate(end)
+                f.flush()
+                os.fsync(f.fileno())
+            data = data[:end]
+        for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigError(f"{self.path}:{n}: not a sweep journal line; remove the "
+                                  "file or choose another --out") from None
+            if not isinstance(row, dict) or "key" not in row:
+                raise ConfigError(f"{self.path}:{n}: not a sweep journal line; remove the "
+                                  "file or choose another --out")
+            self.rows.setdefault(row["key"], row)
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        if row["key"] in self.rows:
+            return
+        line = (json.dumps(_json_safe(row), sort_keys=False) + "\n").encode("utf-8")
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        view = memoryview(line)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        os.fsync(self._fd)
+        self.rows[row["key"]] = json.loads(line)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def normalise_row(row: Mapping[str, Any]) -> Dict[str, Any]:
+    """A row as it reads back from the journal (JSON round trip), so that a
+    fresh run and a resumed one build the same DataFrame."""
+    return json.loads(json.dumps(_json_safe(dict(row))))
+
+
+def rows_to_frame(rows: Iterable[Mapping[str, Any]], param_names: List[str]) -> pd.DataFrame:
+    """The results table: index, key, the options, status, reason, metrics;
+    sorted by point index. Numeric metrics are floats (NaN when absent),
+    ``oom`` a nullable boolean."""
+    records = []
+    for row in sorted(rows, key=lambda r: r["index"]):
+        rec: Dict[str, Any] = {"index": row["index"], "key": row["key"]}
+        params = row.get("params", {})
+        for name in param_names:
+            v = params.get(name)
+            rec[name] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
+        rec["status"] = row.get("status")
+        rec["reason"] = row.get("reason")
+        for m in METRICS:
+            rec[m] = row.get(m)
+        records.append(rec)
+    columns = [*ROW_HEAD, *param_names, *ROW_TAIL]
+    df = pd.DataFrame.from_records(records, columns=columns)
+    df["index"] = df["index"].astype("int64")
+    for m in METRICS:
+        if m == "oom":
+            df[m] = df[m].astype("boolean")
+        else:
+            df[m] = pd.to_numeric(df[m], errors="coerce").astype("float64")
+    df["reason"] = df["reason"].astype("object")
+    return df.reset_index(drop=True)
+
+
+def write_tables(df: pd.DataFrame, out_dir: Path, manifest: Mapping[str, Any]) -> Dict[str, Path]:
+    """Write results.csv, results.parquet (when pyarrow is installed) and
+    manifest.json atomically."""
+    out = Path(out_dir)
+    paths = {"csv": out / CSV, "manifest": out / MANIFEST}
+    with atomic_path(paths["csv"]) as tmp:
+        df.to_csv(tmp, index=False)
+    info = dict(manifest)
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        info["parquet"] = "skipped: pyarrow is not installed (pip install pyarrow)"
+    else:
+        paths["parquet"] = out / PARQUET
+        with atomic_path(paths["parquet"]) as tmp:
+            _parquet_frame(df).to_parquet(tmp, index=False)
+    write_json_atomic(paths["manifest"], info)
+    return paths
+
+
+def _parquet_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Parquet wants one type per column: option columns that mix types
+    (e.g. ``dp`` null and int, or names and numbers) are stored as text."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object and col != "reason":
+            kinds = {type(v) for v in out[col] if v is not None and not
+                     (isinstance(v, float) and math.isnan(v))}
+            if len(kinds) > 1:
+                out[col] = out[col].map(lambda v: None if v is None else str(v))
+    return out

@@ -1,0 +1,35 @@
+"""Simulate functions for the sweep tests: importable by name in spawned
+worker processes (tests/sweep is on their sys.path)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import distsim
+
+#: Tiny MLP points: each simulates in a few milliseconds.
+TINY = {"model": "mlp", "network_mode": "analytical", "layers": 2, "batch": 64}
+
+
+def slow_simulate(**options):
+    """distsim.simulate, a little slower, so that a test can kill a sweep mid-way."""
+    time.sleep(0.25)
+    return distsim.simulate(**options)
+
+
+def kill_worker_once(**options):
+    """Kill the calling process (SIGKILL, like the OOM killer) the first time
+    it sees dp == 4; the marker file in $DISTSIM_TEST_MARKER records that."""
+    marker = Path(os.environ["DISTSIM_TEST_MARKER"])
+    if options.get("dp") == 4 and not marker.exists():
+        marker.write_text("killed")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return distsim.simulate(**options)
+
+
+def always_kill_dp2(**options):
+    if options.get("dp") == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return distsim.simulate(**options)
