@@ -13,10 +13,10 @@ import traceback
 from typing import List, Optional
 
 from ..errors import DistsimError
-from . import print_cmd, simulate_cmd, sweep_cmd
+from . import check_cmd, lower_cmd, print_cmd, simulate_cmd, sweep_cmd
 
 # Subcommand modules, in the order ``distsim --help`` lists them.
-COMMANDS = [simulate_cmd, print_cmd, sweep_cmd]
+COMMANDS = [simulate_cmd, print_cmd, sweep_cmd, lower_cmd, check_cmd]
 
 
 class _Parser(argparse.ArgumentParser):
