@@ -105,7 +105,7 @@ def apply_step(lb: LocalBuilder, vals: Locals, t: DTensorType, step: Step, hint:
         meta = {"bytes_per_device": step_bytes(kind.value, n, group_bytes)}
         outs = lb.emit(kind.op_type, ins, attrs, [local_name(hint, r) for r in ranks], meta)
         out.update(zip(group, outs))
-    return out
+    return {c: out[c] for c in mesh.all_coords()}  # mesh order
 
 
 def redistribute_locals(lb: LocalBuilder, vals: Locals, src: DTensorType, dst: DTensorType,
