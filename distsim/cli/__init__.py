@@ -13,10 +13,11 @@ import traceback
 from typing import List, Optional
 
 from ..errors import DistsimError
-from . import check_cmd, lower_cmd, print_cmd, simulate_cmd, sweep_cmd
+from . import bench_cmd, check_cmd, collective, lower_cmd, print_cmd, simulate_cmd, sweep_cmd, topology
 
 # Subcommand modules, in the order ``distsim --help`` lists them.
-COMMANDS = [simulate_cmd, print_cmd, sweep_cmd, lower_cmd, check_cmd]
+COMMANDS = [simulate_cmd, print_cmd, sweep_cmd, collective, topology, lower_cmd, check_cmd,
+            bench_cmd]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -356,9 +356,11 @@ class Simulator:
         members = class_members(self._rep)
         records = [r for r in self.records if self._simulated(r.rank)]
         copies = []
+        make = tuple.__new__  # NamedTuple._replace is slow for millions of records
         for rec in records:
+            rest = rec[1:]
             for m in members[rec.rank][1:]:
-                copies.append(rec._replace(rank=m))
+                copies.append(make(OpRecord, (m,) + rest))
         self.records = records + copies
         events = [e for e in self.memory.events if self._simulated(e[3])]
         extra = []

@@ -49,7 +49,7 @@ class _TeamInfo:
     """What every member of one collective needs for its signature,
     computed once per collective (not once per member)."""
 
-    __slots__ = ("attrs", "size", "ins", "outs", "per_node", "nodes", "inputs_on")
+    __slots__ = ("attrs", "size", "ins", "outs", "per_node", "nodes", "inputs_on", "outputs_on")
 
     def __init__(self, op: Op, node_of) -> None:
         ranks = tuple(op.attrs["ranks"])
@@ -67,6 +67,9 @@ class _TeamInfo:
         self.inputs_on: Dict[int, List[Value]] = {}
         for v in op.inputs:
             self.inputs_on.setdefault(v.type.device, []).append(v)
+        self.outputs_on: Dict[int, List[Value]] = {}
+        for v in op.outputs:
+            self.outputs_on.setdefault(v.type.device, []).append(v)
 
 
 def _local_signature(rank: int, ops: List[Op], node_of, teams: Dict[int, _TeamInfo]) -> int:
@@ -83,9 +86,8 @@ def _local_signature(rank: int, ops: List[Op], node_of, teams: Dict[int, _TeamIn
                           info.per_node.get(home, 0), info.nodes,
                           tuple(position.get(v, -1) for v in mine_in),
                           tuple((v.type.shape, v.type.dtype) for v in mine_in)))
-            for v in op.outputs:
-                if v.type.device == rank:
-                    position[v] = i
+            for v in info.outputs_on.get(rank, ()):
+                position[v] = i
         else:
             attrs = tuple(sorted(op.attrs.items()))
             parts.append((op.op_type, attrs, tuple(position.get(v, -1) for v in op.inputs),

@@ -1,0 +1,152 @@
+"""The individual benchmarks. Each returns a dict of figures; sizes shrink
+with ``quick`` so that the whole quick suite runs in under a minute."""
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+import simpy
+
+from ..api import simulate
+from ..ir.comm import CollectiveType, is_communication
+from ..ir.core import Function
+from ..models import MLPConfig, mlp_training_step
+from ..models.registry import available_models
+from ..sim.collectives import run_collective
+from ..sim.network import Network
+from ..sweep import sweep
+from ..sim.simulator import SimulationOptions, simulate_function
+from ..topology import load_topology
+from ..transforms.data_parallel import DataParallel
+
+
+def simulated_ops(program: Function) -> int:
+    """Ops as the devices execute them: a collective counts once per member."""
+    return sum(len(op.attrs["ranks"]) if is_communication(op) else 1 for op in program.ops)
+
+
+def bare_simpy_rate(events: int, processes: int = 16) -> float:
+    """Timeouts per second that bare SimPy processes achieve here and now."""
+    def proc(env: simpy.Environment, n: int):
+        for _ in range(n):
+            yield env.timeout(1e-6)
+
+    env = simpy.Environment()
+    for _ in range(processes):
+        env.process(proc(env, events // processes))
+    start = time.perf_counter()
+    env.run()
+    return (events // processes) * processes / (time.perf_counter() - start)
+
+
+def _mlp_dp(dp: int, layers: int, hidden: int = 256) -> Function:
+    return DataParallel(dp)(mlp_training_step(MLPConfig(layers=layers, hidden=hidden,
+                                                        batch=dp * 16)))
+
+
+def engine_efficiency(quick: bool) -> Dict[str, Any]:
+    """Simulated ops per second on a large data-parallel program (symmetry
+    reduction on: the ops of the replicas count as simulated, since their
+    results are produced) over the bare SimPy timeout rate."""
+    layers = 100 if quick else 400
+    topo = load_topology("dgx-a100-x8")
+    program = _mlp_dp(64, layers)
+    n = simulated_ops(program)
+    start = time.perf_counter()
+    simulate_function(program, topo, options=SimulationOptions(symmetry=True, record_memory=False))
+    wall = time.perf_counter() - start
+    rate = n / wall
+    bare = bare_simpy_rate(min(n, 2_000_000))
+    return {"engine_efficiency": rate / bare, "engine_ops": n, "engine_wall_s": wall,
+            "engine_ops_per_s": rate, "bare_simpy_events_per_s": bare,
+            "engine_program": f"mlp {layers} layers, data-parallel 64 on dgx-a100-x8"}
+
+
+def allreduce_1024(quick: bool) -> Dict[str, Any]:
+    """A 1 GB all-reduce over every GPU of dgx-a100-x128 (1024), flow model,
+    ring and hierarchical; the figure is the slower wall time."""
+    nodes = 16 if quick else 128
+    topo = load_topology(f"dgx-a100-x{nodes}")
+    ranks = tuple(range(topo.num_devices))
+    out: Dict[str, Any] = {"allreduce_gpus": len(ranks)}
+    walls = []
+    for algo in ("ring", "hierarchical"):
+        env = simpy.Environment()
+        net = Network(env, topo, mode="flow")
+        start = time.perf_counter()
+        env.process(run_collective(env, net, CollectiveType.ALL_REDUCE, ranks, 1e9,
+                                   algorithm=algo))
+        env.run()
+        wall = time.perf_counter() - start
+        walls.append(wall)
+        out[f"allreduce_{algo}_wall_s"] = wall
+        out[f"allreduce_{algo}_simulated_s"] = env.now
+    out["allreduce_1024_wall_s"] = max(walls)
+    return out
+
+
+def growth(quick: bool) -> Dict[str, Any]:
+    """Wall time against simulated ops over growing programs (data-parallel
+    MLP steps, full simulation without symmetry reduction): the fitted
+    exponent of wall ~ ops^k; linear or better means k <= 1."""
+    sizes = [(8, 8), (16, 8), (32, 8), (32, 16)] if quick else \
+        [(8, 16), (16, 16), (32, 16), (64, 16), (64, 32)]
+    points: List[Dict[str, float]] = []
+    for dp, layers in sizes:
+        topo = load_topology(f"dgx-a100-x{max(1, dp // 8)}")
+        program = _mlp_dp(dp, layers)
+        n = simulated_ops(program)
+        start = time.perf_counter()
+        simulate_function(program, topo, options=SimulationOptions(record_memory=False))
+        points.append({"gpus": dp, "layers": layers, "ops": n,
+                       "wall_s": time.perf_counter() - start})
+    x = np.log([p["ops"] for p in points])
+    y = np.log([p["wall_s"] for p in points])
+    slope = float(np.polyfit(x, y, 1)[0])
+    return {"growth_exponent": slope, "growth_points": points}
+
+
+def gpt3_1024(quick: bool) -> Dict[str, Any]:
+    """GPT-3 175B on 1024 A100s (TP 8, PP 16, DP 8, 1F1B): needs the
+    gpt3-175b model; reported as unavailable when it is not there."""
+    if "gpt3-175b" not in available_models():
+        return {"gpt3_1024_wall_s": None, "gpt3_1024_peak_rss_bytes": None,
+                "gpt3_1024_note": "model gpt3-175b not available"}
+    options = dict(model="gpt3-175b", topology="dgx-a100-x16" if quick else "dgx-a100-x128",
+                   tp=8, pp=16, schedule="1f1b", network_mode="flow")
+    start = time.perf_counter()
+    try:
+        result = simulate(**options)
+    except Exception as e:  # report, don't crash the suite
+        return {"gpt3_1024_wall_s": None, "gpt3_1024_peak_rss_bytes": None,
+                "gpt3_1024_note": f"{type(e).__name__}: {e}"}
+    return {"gpt3_1024_wall_s": time.perf_counter() - start,
+            "gpt3_1024_step_time_s": result.step_time_s}
+
+
+def sweep_rate(quick: bool) -> Dict[str, Any]:
+    """Configurations per second of an analytical-mode sweep on 2 workers."""
+    grid = {"dp": [1, 2, 4, 8], "layers": [2, 4, 8] if quick else [2, 4, 8, 16, 32],
+            "hidden": [256, 512]}
+    start = time.perf_counter()
+    df = sweep({"model": "mlp", "topology": "dgx-a100", "batch": 64,
+                "network_mode": "analytical"}, grid, workers=2, progress=False)
+    wall = time.perf_counter() - start
+    return {"sweep_configs_per_s": len(df) / wall, "sweep_configs": len(df), "sweep_wall_s": wall,
+            "sweep_space": "mlp on dgx-a100 (gpt3-175b space when the model lands)"}
+
+
+BENCHMARKS = {
+    "engine": engine_efficiency,
+    "allreduce": allreduce_1024,
+    "gpt3": gpt3_1024,
+    "sweep": sweep_rate,
+    "growth": growth,
+}
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

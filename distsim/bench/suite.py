@@ -1,0 +1,54 @@
+"""Run the benchmarks, each in a fresh process, and collect one JSON-ready
+dict of figures (``distsim bench --json``)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import platform
+import time
+from typing import Any, Callable, Dict, Iterable, Optional
+
+from .cases import BENCHMARKS, peak_rss_bytes
+
+# The key each benchmark's peak resident memory is reported under.
+RSS_KEYS = {"gpt3": "gpt3_1024_peak_rss_bytes", "engine": "engine_peak_rss_bytes",
+            "allreduce": "allreduce_peak_rss_bytes", "growth": "growth_peak_rss_bytes"}
+
+
+def _child(name: str, quick: bool, queue) -> None:
+    try:
+        figures = BENCHMARKS[name](quick)
+        figures["_rss"] = peak_rss_bytes()
+        queue.put(figures)
+    except Exception as e:  # pragma: no cover - reported in the parent
+        queue.put({"_error": f"{type(e).__name__}: {e}"})
+
+
+def run_one(name: str, quick: bool) -> Dict[str, Any]:
+    """One benchmark in its own process (its peak RSS is its own)."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(name, quick, queue))
+    proc.start()
+    figures = queue.get()
+    proc.join()
+    rss = figures.pop("_rss", None)
+    if name in RSS_KEYS and rss is not None and figures.get(RSS_KEYS[name], 0) is not None:
+        figures[RSS_KEYS[name]] = rss
+    return figures
+
+
+def run_suite(names: Optional[Iterable[str]] = None, quick: bool = False,
+              progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Every benchmark (or ``names``); returns the merged figures plus the
+    machine they ran on."""
+    out: Dict[str, Any] = {"quick": quick, "machine": {
+        "python": platform.python_version(), "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(), "cpus": mp.cpu_count()}}
+    for name in names or BENCHMARKS:
+        if progress:
+            progress(name)
+        start = time.perf_counter()
+        figures = run_one(name, quick)
+        figures[f"{name}_benchmark_wall_s"] = time.perf_counter() - start
+        out.update(figures)
+    return out
