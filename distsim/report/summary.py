@@ -106,8 +106,20 @@ def summarize(trace: Trace) -> Dict[str, Any]:
         "oom_ranks": [d["rank"] for d in devices if d["oom"]],
         "total_flops": float(sum(d["flops"] for d in devices)),
         "devices": devices,
+        "links": link_summary(trace),
         "meta": json_safe(dict(trace.meta)),
     }
+
+
+def link_summary(trace: Trace, top: int = 16) -> List[Dict[str, Any]]:
+    """The ``top`` busiest directed links: bytes carried, busy time, peak
+    concurrent flows, and utilisation = bytes / (bandwidth x step time)."""
+    step = step_time_of(trace)
+    ranked = sorted(trace.links, key=lambda l: (-l.busy_s, -l.bytes_carried, l.src, l.dst))
+    return [{"src": l.src, "dst": l.dst, "bandwidth_Bps": l.bandwidth_Bps,
+             "bytes_carried": l.bytes_carried, "busy_s": l.busy_s, "peak_flows": l.peak_flows,
+             "utilisation": l.bytes_carried / (l.bandwidth_Bps * step) if step > 0 else 0.0}
+            for l in ranked[:top]]
 
 
 def summary_dataframe(summary: Dict[str, Any]) -> pd.DataFrame:
