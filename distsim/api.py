@@ -88,7 +88,7 @@ class SimulationResult:
         return "<pre>" + html.escape(self.summary_table()) + "</pre>"
 
 
-_MODEL_FIELDS = ("layers", "hidden", "batch", "dtype")
+_MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "seq")
 
 
 def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,

@@ -6,6 +6,7 @@ import argparse
 from typing import Any, Dict
 
 from ..api import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+from ..errors import ConfigError
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -33,10 +34,33 @@ def add_topology_option(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
 
 
+def add_onnx_options(p: argparse.ArgumentParser) -> None:
+    """Options of models imported from ONNX files (``--model FILE.onnx``)."""
+    g = p.add_argument_group("imported models (--model FILE.onnx)")
+    g.add_argument("--train", action="store_true", default=None,
+                   help="append a loss, the backward pass and an SGD update to the forward graph")
+    g.add_argument("--input-shape", action="append", metavar="NAME=AxB", dest="input_shape",
+                   help="shape of a graph input, e.g. input_ids=8x1024 (repeatable)")
+    g.add_argument("--seq", type=int, help="sequence length of symbolic sequence dims")
+
+
+def input_shapes_option(items) -> Dict[str, str]:
+    """``["ids=2x64"]`` -> ``{"ids": "2x64"}`` (shapes are parsed by the model family)."""
+    out = {}
+    for item in items or ():
+        name, sep, shape = item.rpartition("=")
+        if not sep or not name:
+            raise ConfigError(f"--input-shape: expected NAME=AxB, got '{item}'")
+        out[name] = shape
+    return out
+
+
 def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The keyword arguments of :func:`distsim.api.build_program` from args."""
     out = {"model": args.model, "topology": args.topology}
-    for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp"):
+    if getattr(args, "input_shape", None):
+        out["input_shapes"] = input_shapes_option(args.input_shape)
+    for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

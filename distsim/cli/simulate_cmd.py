@@ -6,7 +6,8 @@ import json
 import sys
 
 from ..api import OUTPUT_FILES, simulate
-from .options import add_model_options, add_strategy_options, add_topology_option, program_options
+from .options import (add_model_options, add_onnx_options, add_strategy_options,
+                      add_topology_option, program_options)
 
 
 def add_parser(sub) -> None:
@@ -16,6 +17,7 @@ def add_parser(sub) -> None:
                     "topology. Prints a summary table (or JSON with --json) and writes "
                     + ", ".join(OUTPUT_FILES) + " into the output folder.")
     add_model_options(p)
+    add_onnx_options(p)
     add_strategy_options(p)
     add_topology_option(p)
     g = p.add_argument_group("simulation")

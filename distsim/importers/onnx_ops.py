@@ -512,7 +512,14 @@ def _trilu(cx, node):
                   {"upper": bool(node.attr("upper", 1)), "k": 0 if k is None else _ints(k)[0]})]
 
 
-@converter("Range")
-def _range(cx, node):
-    _fail(cx, node, "its start, limit or delta is computed at run time")
+# Ops supported only on inputs known at import time (folded by onnx_fold):
+# what exporters use to build position ids and attention masks.
+FOLD_ONLY = ("Range", "CumSum", "GatherND", "GatherElements", "NonZero", "Tile", "ScatterND",
+             "OneHot", "Mod", "EyeLike")
+
+
+@converter(*FOLD_ONLY)
+def _fold_only(cx, node):
+    _fail(cx, node, "supported only on inputs known at import time (shapes, masks, position "
+                    "ids); here an input is computed at run time")
 

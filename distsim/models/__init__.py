@@ -6,3 +6,4 @@ from .registry import (FAMILIES, ModelFamily, available_models, family_of, load_
 
 __all__ = ["MLPConfig", "mlp_forward", "mlp_training_step", "FAMILIES", "ModelFamily",
            "available_models", "family_of", "load_model_config", "register_family"]
+from . import onnx_family as _onnx_family  # noqa: F401  (registers the onnx family)

@@ -3,7 +3,9 @@
 A model config is a mapping with a ``family`` (``mlp``, ...) and that
 family's fields. ``load_model_config("mlp")`` reads ``models/mlp.yaml``
 (or the embedded default when the file is absent); a path to a ``.yaml``
-file is read as is. Families register a :class:`ModelFamily` that turns a
+file is read as is; a path to an ``.onnx`` file (or the stem of one in
+``models/``) is the ``onnx`` family on that file. Families register a
+:class:`ModelFamily` that turns a
 config and a parallel strategy into a local-view program.
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ def available_models() -> List[str]:
     folder = models_dir()
     if folder.is_dir():
         names.update(p.stem for p in folder.glob("*.yaml"))
+        names.update(p.stem for p in folder.glob("*.onnx"))
     return sorted(names)
 
 
@@ -58,6 +61,12 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
         if text.endswith((".yaml", ".yml")):
             where = text
             config = load_yaml_file(path, "model file")
+        elif text.endswith(".onnx"):
+            where = text
+            config = {"family": "onnx", "path": text}
+        elif (models_dir() / f"{text}.onnx").is_file():
+            where = str(models_dir() / f"{text}.onnx")
+            config = {"family": "onnx", "path": where}
         elif (models_dir() / f"{text}.yaml").is_file():
             where = str(models_dir() / f"{text}.yaml")
             config = load_yaml_file(models_dir() / f"{text}.yaml", "model file")
@@ -66,11 +75,11 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
             config = {"family": text, **FAMILIES[text].defaults}
         else:
             raise ConfigError(f"unknown model '{text}' (known: {', '.join(available_models())}; "
-                              "or give a path to a .yaml file)")
+                              "or give a path to a .yaml or .onnx file)")
         if not isinstance(config, Mapping):
             raise ConfigError(f"{where}: a model file must be a mapping of fields")
         config = dict(config)
-        config.setdefault("name", path.stem if text.endswith((".yaml", ".yml")) else text)
+        config.setdefault("name", path.stem if text.endswith((".yaml", ".yml", ".onnx")) else text)
     family = config.get("family")
     if family not in FAMILIES:
         raise ConfigError(f"{where}: family: unknown model family {family!r} "

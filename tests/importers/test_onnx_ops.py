@@ -6,7 +6,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from distsim.importers.onnx import import_onnx, onnx_input_arrays
-from distsim.importers.onnx_ops import CONVERTERS
+from distsim.importers.onnx_ops import CONVERTERS, FOLD_ONLY
 from distsim.interp import execute
 
 from onnx_cases import CASES, random_feeds
@@ -29,7 +29,8 @@ def compare(model, seed=0):
 
 
 def test_every_converter_has_a_case():
-    assert sorted(set(CONVERTERS) - set(CASES)) == []
+    """Fold-only ops (Range, CumSum, ...) run in onnx.reference itself at import time."""
+    assert sorted(set(CONVERTERS) - set(CASES) - set(FOLD_ONLY)) == []
 
 
 @pytest.mark.parametrize("op_type", sorted(CASES))
