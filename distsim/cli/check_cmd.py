@@ -7,7 +7,7 @@ import argparse
 
 from ..ir.verifier import verify
 from ..transforms.sharding import check_lowering, shard_program
-from .lower_cmd import read_text_module
+from .files import read_program
 
 
 def add_parser(sub) -> None:
@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    module = read_text_module(args.file)
+    module = read_program(args.file)
     _, local = shard_program(module, args.entry)
     verify(local)
     result = check_lowering(module, local, args.entry, seed=args.seed)

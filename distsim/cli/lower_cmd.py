@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from ..errors import ConfigError
-from ..ir.core import Module
 from ..ir.verifier import verify
-from ..text import parse_module, print_function, print_module
-from ..transforms.sharding import shard_program, verify_sharded
+from ..text import print_function, print_module
+from ..transforms.sharding import shard_program
+from .files import read_program
 
 
 def add_parser(sub) -> None:
@@ -25,21 +23,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def read_text_module(path_text: str) -> Module:
-    """Parse a global-view file and check it with the sharding verifier
-    (the plain verifier knows neither DTensor types nor calls)."""
-    path = Path(path_text)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from None
-    return verify_sharded(parse_module(text, source=str(path)))
-
-
 def run(args: argparse.Namespace) -> int:
-    module = read_text_module(args.file)
+    module = read_program(args.file)
     sharded, local = shard_program(module, args.entry)
     if args.show_global:
         sys.stdout.write(print_module(sharded))

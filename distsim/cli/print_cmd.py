@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..api import build_program
-from ..errors import ConfigError
-from ..ir.verifier import verify_module
-from ..text import parse_module, print_function, print_module
+from ..text import print_function, print_module
+from .files import read_program
 from .options import add_model_options, add_strategy_options, add_topology_option, program_options
 
 
@@ -28,20 +26,9 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def read_module(path_text: str):
-    path = Path(path_text)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from None
-    return verify_module(parse_module(text, source=str(path)))
-
-
 def run(args: argparse.Namespace) -> int:
     if args.file:
-        sys.stdout.write(print_module(read_module(args.file)))
+        sys.stdout.write(print_module(read_program(args.file)))
         return 0
     program, _, _ = build_program(**program_options(args))
     sys.stdout.write(print_function(program))

@@ -1,0 +1,42 @@
+"""Reading DistIR text files for the CLI: one place for the file errors and
+for choosing the verifier (global-view programs with meshes, sharded types
+or calls get the sharding verifier; local-view programs the plain one)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..ir.core import Module
+from ..ir.mesh import DTensorType
+from ..ir.verifier import verify_module
+from ..text import parse_module
+from ..transforms.sharding import verify_sharded
+
+
+def read_text(path_text: str) -> str:
+    path = Path(path_text)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a DistIR text file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+
+
+def is_global_view(module: Module) -> bool:
+    if module.meshes:
+        return True
+    for f in module:
+        if any(isinstance(v.type, DTensorType) for v in f.values()):
+            return True
+        if any(op.subfunctions or op.op_type == "call" for op in f.ops):
+            return True
+    return False
+
+
+def read_program(path_text: str) -> Module:
+    """Parse and verify a DistIR text file."""
+    module = parse_module(read_text(path_text), source=str(path_text))
+    return verify_sharded(module) if is_global_view(module) else verify_module(module)
