@@ -1,30 +1,78 @@
 """The parallel strategy of a run: how many ways each kind of parallelism
-splits the step. One plain dataclass shared by the API, the CLI, model
-families and sweeps."""
+splits the step, and how the step is scheduled. One plain dataclass shared
+by the API, the CLI, model families and sweeps.
+
+Mesh: rank = ``(pp_rank * dp + dp_rank) * tp + tp_rank`` (Megatron-LM's
+order): tensor-parallel ranks are adjacent, so that a TP group stays inside
+a node whenever ``tp`` divides the GPUs per node.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Mapping, Optional
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Dict, Literal, Mapping, Optional
 
 from ..errors import ConfigError
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
 class Strategy:
     """``dp``: data-parallel degree (None: every device the others leave);
-    ``tp``, ``pp``: tensor- and pipeline-parallel degrees."""
+    ``tp``, ``pp``: tensor- and pipeline-parallel degrees; ``sp``: sequence
+    parallelism in the tensor-parallel regions; ``zero``: ZeRO stage 0-3
+    (3 is FSDP-style: parameters sharded and all-gathered before use);
+    ``recompute``: activation recomputation; ``microbatches``: micro-batches
+    per step per data-parallel rank (None: global batch / (dp x micro
+    batch)); ``schedule``: pipeline schedule; ``virtual_stages``: model
+    chunks per pipeline rank (interleaved 1F1B; default 2 there);
+    ``bucket_mb``: DDP gradient bucket size in MB (None: one all-reduce per
+    gradient as soon as it is ready; 0: no overlap, every all-reduce after
+    the backward pass); ``global_batch`` / ``micro_batch``: override the
+    model's batch sizes (sequences)."""
 
     dp: Optional[int] = None
     tp: int = 1
     pp: int = 1
+    sp: bool = False
+    zero: int = 0
+    recompute: Literal["none", "selective", "full"] = "none"
+    microbatches: Optional[int] = None
+    schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
+    virtual_stages: Optional[int] = None
+    bucket_mb: Optional[float] = None
+    global_batch: Optional[int] = None
+    micro_batch: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "dp" and value is None:
+        for name in ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
+                     "micro_batch"):
+            value = getattr(self, name)
+            if value is None and name not in ("tp", "pp"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"--{f.name}: must be a positive integer, got {value!r}")
+                raise ConfigError(f"--{_flag(name)}: must be a positive integer, got {value!r}")
+        if not isinstance(self.sp, bool):
+            raise ConfigError(f"--sp: must be true or false, got {self.sp!r}")
+        if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"--zero: must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"--recompute: must be one of {', '.join(RECOMPUTE)}, "
+                              f"got {self.recompute!r}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"--schedule: must be one of {', '.join(SCHEDULES)}, "
+                              f"got {self.schedule!r}")
+        if self.bucket_mb is not None and (isinstance(self.bucket_mb, bool) or
+                                           not isinstance(self.bucket_mb, (int, float)) or
+                                           self.bucket_mb < 0):
+            raise ConfigError(f"--bucket-mb: must be a non-negative number, got {self.bucket_mb!r}")
+        if self.sp and self.tp == 1:
+            raise ConfigError("--sp: sequence parallelism needs tensor parallelism (--tp > 1)")
+        if self.schedule != "interleaved" and (self.virtual_stages or 1) > 1:
+            raise ConfigError("--virtual-stages: only the interleaved schedule has virtual stages")
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise ConfigError("--schedule interleaved: needs pipeline parallelism (--pp > 1)")
 
     def resolved(self, num_devices: int) -> "Strategy":
         """With ``dp`` filled in from the device count."""
@@ -33,11 +81,21 @@ class Strategy:
         other = self.tp * self.pp
         if num_devices % other:
             raise ConfigError(f"tp x pp = {other} does not divide the {num_devices} devices")
-        return Strategy(**{**asdict(self), "dp": num_devices // other})
+        return replace(self, dp=num_devices // other)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per pipeline rank (virtual stages)."""
+        if self.schedule == "interleaved":
+            return self.virtual_stages or 2
+        return 1
 
     @property
     def num_devices(self) -> int:
         return (self.dp or 1) * self.tp * self.pp
+
+    def rank(self, dp_rank: int, pp_rank: int, tp_rank: int) -> int:
+        return (pp_rank * (self.dp or 1) + dp_rank) * self.tp + tp_rank
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -46,3 +104,7 @@ class Strategy:
     def from_mapping(cls, data: Mapping[str, Any]) -> "Strategy":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names and v is not None})
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")

@@ -1,0 +1,409 @@
+"""GPT / Llama decoders at the op level, written for one tensor-parallel rank.
+
+:func:`gpt_forward` builds the forward pass and loss of one micro-batch as
+seen by one rank of a tensor-parallel group of ``tp`` ranks (Megatron-LM
+layout): vocabulary-parallel embedding and loss, column-parallel QKV and
+first MLP projection, row-parallel attention output and second MLP
+projection, and, with sequence parallelism, layernorms and dropouts on a
+sequence shard with all-gather / reduce-scatter in place of all-reduce. The
+ranks talk through SPMD collectives (:mod:`distsim.ir.ops_spmd`); with
+``tp=1`` the program is the plain single-device model and runs as is in
+the NumpyExecutor. :mod:`distsim.transforms.spmd` lowers it to every rank.
+
+Layout of activations: ``(batch, seq, hidden)``; attention heads are
+grouped by key/value head ``(batch, kv_heads, group, seq, head_dim)`` so
+that grouped-query attention broadcasts keys and values in the matmul.
+
+``meta`` of the function: ``roles`` (param / data), ``params`` (names in
+order), ``loss``, ``param_shards`` (``name -> (dim, blocks)`` for the
+tensor-parallel split of the *global* parameter: each block of that dim is
+split in ``tp`` equal parts and rank r holds the r-th part of every block;
+absent: replicated), ``param_global_shapes``, ``tied`` (``head copy ->
+embedding`` when the output layer is a separate copy of the embedding).
+Each op's ``meta["layer"]`` is -1 for the embedding, ``0..layers-1`` for
+transformer layers and ``layers`` for the final norm, output layer and loss;
+the attention core (scores, mask, softmax, dropout) has
+``meta["attn_core"] = True`` (what selective recomputation recomputes).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..errors import ConfigError
+from ..ir.builder import FunctionBuilder
+from ..ir.core import Function, Value
+from ..ir.types import DType, TensorType
+
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "swiglu")
+POSITIONS = ("learned", "rope", "none")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a decoder-only transformer and of its training batch.
+
+    ``ffn`` defaults to ``4 * hidden``; ``kv_heads`` to ``heads``;
+    ``head_dim`` to ``hidden // heads``. ``published_params`` is the count
+    the model's authors give (only compared against, never used).
+    Rotary position embeddings (``position: rope``) have no parameters and
+    are not modelled as ops (their cost is a few element-wise passes)."""
+
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    ffn: Optional[int] = None
+    vocab: int = 128
+    seq: int = 16
+    norm: str = "layernorm"
+    activation: str = "gelu"
+    bias: bool = True
+    tied_embeddings: bool = True
+    position: str = "learned"
+    dropout: float = 0.0
+    dtype: str = "bf16"
+    master_dtype: str = "f32"
+    global_batch: int = 8
+    micro_batch: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    norm_eps: float = 1e-5
+    published_params: Optional[float] = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "vocab", "seq", "global_batch", "micro_batch"):
+            _positive(name, getattr(self, name))
+        for name in ("kv_heads", "head_dim", "ffn"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ConfigError(f"heads: {self.heads} heads do not divide hidden size {self.hidden} "
+                              "(give head_dim)")
+        if self.num_kv_heads > self.heads or self.heads % self.num_kv_heads:
+            raise ConfigError(f"kv_heads: {self.num_kv_heads} must divide heads ({self.heads})")
+        for name, allowed in (("norm", NORMS), ("activation", ACTIVATIONS),
+                              ("position", POSITIONS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}: must be one of {', '.join(allowed)}, "
+                                  f"got {getattr(self, name)!r}")
+        if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ConfigError(f"dropout: must be in [0, 1), got {self.dropout!r}")
+        DType.parse(self.dtype)
+        DType.parse(self.master_dtype)
+        if self.global_batch % self.micro_batch:
+            raise ConfigError(f"global_batch: {self.global_batch} is not a multiple of "
+                              f"micro_batch {self.micro_batch}")
+
+    # -- derived sizes ---------------------------------------------------
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    def parameter_count(self) -> int:
+        """Parameters of the model (embeddings counted once when tied)."""
+        h, d = self.hidden, self.dim_head
+        qkv = h * (self.heads + 2 * self.num_kv_heads) * d
+        out = self.heads * d * h
+        mlp_in = h * self.ffn_size * (2 if self.activation == "swiglu" else 1)
+        mlp_out = self.ffn_size * h
+        norm = 2 * h if self.norm == "layernorm" else h
+        per_layer = qkv + out + mlp_in + mlp_out + 2 * norm
+        if self.bias:
+            per_layer += (self.heads + 2 * self.num_kv_heads) * d + h
+            per_layer += self.ffn_size * (2 if self.activation == "swiglu" else 1) + h
+        total = self.layers * per_layer + norm + self.vocab * h
+        if not self.tied_embeddings:
+            total += self.vocab * h
+        if self.position == "learned":
+            total += self.seq * h
+        return total
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "gpt") -> "GPTConfig":
+        allowed = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in allowed:
+                raise ConfigError(f"{where}: unknown field '{key}' "
+                                  f"(allowed: {', '.join(sorted(allowed))})")
+        try:
+            return cls(**dict(data))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+
+
+def padded_vocab(config: GPTConfig, tp: int) -> int:
+    """The vocabulary rounded up to a multiple of ``tp`` (Megatron pads it
+    so that every rank holds an equal shard)."""
+    return -(-config.vocab // tp) * tp
+
+
+def check_tensor_parallel(config: GPTConfig, tp: int, sp: bool) -> None:
+    if config.heads % tp:
+        raise ConfigError(f"--tp {tp} does not divide the {config.heads} attention heads")
+    if config.num_kv_heads % tp:
+        raise ConfigError(f"--tp {tp} does not divide the {config.num_kv_heads} key/value heads")
+    if config.ffn_size % tp:
+        raise ConfigError(f"--tp {tp} does not divide the feed-forward size {config.ffn_size}")
+    if sp and config.seq % tp:
+        raise ConfigError(f"--sp: --tp {tp} does not divide the sequence length {config.seq}")
+
+
+class _GPTBuilder:
+    def __init__(self, config: GPTConfig, tp: int, sp: bool, micro_batch: int,
+                 device: Optional[int], untie: bool) -> None:
+        check_tensor_parallel(config, tp, sp)
+        self.c = config
+        self.tp = tp
+        self.sp = sp and tp > 1
+        self.mb = micro_batch
+        self.device = device
+        self.untie = untie
+        self.dtype = DType.parse(config.dtype)
+        self.b = FunctionBuilder("gpt_step")
+        self.roles: Dict[str, str] = {}
+        self.params: List[str] = []
+        self.shards: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
+        self.global_shapes: Dict[str, Tuple[int, ...]] = {}
+        self.layer = -1
+
+    # -- helpers -----------------------------------------------------------
+    def t(self, *shape: int, dtype: Optional[DType] = None) -> TensorType:
+        return TensorType(tuple(shape), dtype or self.dtype, self.device)
+
+    def op(self, op_type: str, inputs, attrs=None, name=None, **meta):
+        meta["layer"] = self.layer
+        return self.b.op(op_type, inputs, attrs, name=name, meta=meta)
+
+    def param(self, name: str, shape: Tuple[int, ...], dim: Optional[int] = None,
+              blocks: Optional[Tuple[int, ...]] = None) -> Value:
+        """A parameter of global ``shape``; split over tp along ``dim``."""
+        local = list(shape)
+        if dim is not None and self.tp > 1:
+            blocks = tuple(blocks or (shape[dim],))
+            assert sum(blocks) == shape[dim] and all(b % self.tp == 0 for b in blocks)
+            local[dim] = shape[dim] // self.tp
+            self.shards[name] = (dim, blocks)
+        v = self.b.input(name, self.t(*local))
+        self.roles[name] = "param"
+        self.params.append(name)
+        self.global_shapes[name] = tuple(shape)
+        return v
+
+    def spmd(self, kind: str, x: Value, name: str, **attrs) -> Value:
+        if self.tp == 1:
+            return x
+        return self.op(f"spmd.{kind}", [x], dict(attrs, size=self.tp), name=name)
+
+    def replicated_param(self, p: Value) -> Value:
+        """A replicated parameter used on sequence-sharded data: its
+        gradient is partial per rank (an all-reduce in the backward)."""
+        if not self.sp:
+            return p
+        return self.op("spmd.copy", [p], {"size": self.tp}, name=f"{p.name}_sp")
+
+    def enter_parallel(self, x: Value, name: str) -> Value:
+        """Replicated (or sequence-sharded) -> input of a column-parallel op."""
+        if self.sp:
+            return self.spmd("allgather", x, name, dim=1)
+        return self.spmd("copy", x, name)
+
+    def leave_parallel(self, x: Value, name: str) -> Value:
+        """Partial sums of a row-parallel op -> replicated (or seq-sharded)."""
+        if self.sp:
+            return self.spmd("reducescatter", x, name, dim=1)
+        return self.spmd("allreduce", x, name)
+
+    def norm(self, x: Value, prefix: str) -> Value:
+        h = self.c.hidden
+        g = self.replicated_param(self.param(f"{prefix}_g", (h,)))
+        if self.c.norm == "rmsnorm":
+            return self.op("rmsnorm", [x, g], {"eps": self.c.norm_eps}, name=f"{prefix}_out")
+        bta = self.replicated_param(self.param(f"{prefix}_b", (h,)))
+        return self.op("layernorm", [x, g, bta], {"eps": self.c.norm_eps}, name=f"{prefix}_out")
+
+    def dropout(self, x: Value, name: str, **meta) -> Value:
+        if self.c.dropout <= 0:
+            return x
+        return self.op("dropout", [x], {"p": self.c.dropout}, name=[name, f"{name}_mask"],
+                       **meta)[0]
+
+    def linear(self, x: Value, w: Value, bias: Optional[Value], name: str) -> Value:
+        y = self.op("matmul", [x, w], name=name)
+        if bias is not None:
+            y = self.op("add", [y, bias], name=f"{name}_b")
+        return y
+
+    # -- the model ---------------------------------------------------------
+    def embed(self, ids: Value) -> Value:
+        c, tp = self.c, self.tp
+        self.layer = -1
+        vocab = padded_vocab(c, tp)
+        wte = self.param("wte", (vocab, c.hidden), dim=0)
+        x = self.op("embedding", [wte, ids], name="emb")
+        if tp > 1:
+            # Rank r holds rows [r * vocab/tp, (r+1) * vocab/tp).
+            self.b.function.ops[-1].meta["rank_attrs"] = {
+                "offset": [r * (vocab // tp) for r in range(tp)]}
+        if c.position == "learned":
+            wpe = self.param("wpe", (c.seq, c.hidden))
+            if self.sp:
+                # Partial sums + wpe / tp, reduce-scattered: emb + wpe.
+                wpe = self.op("scale", [self.replicated_param(wpe)], {"factor": 1.0 / tp},
+                              name="wpe_part")
+                x = self.op("add", [x, wpe], name="emb_pos")
+                x = self.leave_parallel(x, "emb_sum")
+            else:
+                x = self.leave_parallel(x, "emb_sum")
+                x = self.op("add", [x, wpe], name="emb_pos")
+        else:
+            x = self.leave_parallel(x, "emb_sum")
+        return self.dropout(x, "emb_drop")
+
+    def attention(self, x: Value, i: int) -> Value:
+        c, tp, mb = self.c, self.tp, self.mb
+        s, d = c.seq, c.dim_head
+        heads, kv = c.heads // tp, c.num_kv_heads // tp
+        group = heads // kv
+        p = f"l{i}"
+        blocks = (c.heads * d, c.num_kv_heads * d, c.num_kv_heads * d)
+        wqkv = self.param(f"{p}_wqkv", (c.hidden, sum(blocks)), dim=1, blocks=blocks)
+        bqkv = self.param(f"{p}_bqkv", (sum(blocks),), dim=0, blocks=blocks) if c.bias else None
+        wo = self.param(f"{p}_wo", (c.heads * d, c.hidden), dim=0)
+        bo = self.param(f"{p}_bo", (c.hidden,)) if c.bias else None
+        h = self.norm(x, f"{p}_ln1")
+        h = self.enter_parallel(h, f"{p}_attn_in")
+        qkv = self.linear(h, wqkv, bqkv, f"{p}_qkv")
+        q, k, v = self.op("split", [qkv], {"axis": 2, "sizes": [heads * d, kv * d, kv * d]},
+                          name=[f"{p}_q", f"{p}_k", f"{p}_v"])
+        q = self.op("reshape", [q], {"shape": [mb, s, kv, group, d]}, name=f"{p}_q")
+        q = self.op("transpose", [q], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_q")
+        k = self.op("reshape", [k], {"shape": [mb, s, kv, 1, d]}, name=f"{p}_k")
+        k = self.op("transpose", [k], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_k")
+        v = self.op("reshape", [v], {"shape": [mb, s, kv, 1, d]}, name=f"{p}_v")
+        v = self.op("transpose", [v], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_v")
+        core = {"attn_core": True}
+        scores = self.op("matmul", [q, k], {"trans_b": True}, name=f"{p}_scores", **core)
+        scores = self.op("scale", [scores], {"factor": 1.0 / math.sqrt(d)}, name=f"{p}_scores",
+                         **core)
+        scores = self.op("causal_mask", [scores], name=f"{p}_masked", **core)
+        probs = self.op("softmax", [scores], {"axis": -1}, name=f"{p}_probs", **core)
+        probs = self.dropout(probs, f"{p}_probs_drop", **core)
+        ctx = self.op("matmul", [probs, v], name=f"{p}_ctx")
+        ctx = self.op("transpose", [ctx], {"perm": [0, 3, 1, 2, 4]}, name=f"{p}_ctx")
+        ctx = self.op("reshape", [ctx], {"shape": [mb, s, heads * d]}, name=f"{p}_ctx")
+        out = self.op("matmul", [ctx, wo], name=f"{p}_proj")
+        out = self.leave_parallel(out, f"{p}_proj_sum")
+        if bo is not None:
+            out = self.op("add", [out, self.replicated_param(bo)], name=f"{p}_proj_b")
+        out = self.dropout(out, f"{p}_attn_drop")
+        return self.op("add", [x, out], name=f"{p}_res1")
+
+    def mlp(self, x: Value, i: int) -> Value:
+        c = self.c
+        p = f"l{i}"
+        f = c.ffn_size
+        swiglu = c.activation == "swiglu"
+        blocks = (f, f) if swiglu else (f,)
+        w1 = self.param(f"{p}_w1", (c.hidden, sum(blocks)), dim=1, blocks=blocks)
+        b1 = self.param(f"{p}_b1", (sum(blocks),), dim=0, blocks=blocks) if c.bias else None
+        w2 = self.param(f"{p}_w2", (f, c.hidden), dim=0)
+        b2 = self.param(f"{p}_b2", (c.hidden,)) if c.bias else None
+        h = self.norm(x, f"{p}_ln2")
+        h = self.enter_parallel(h, f"{p}_mlp_in")
+        h = self.linear(h, w1, b1, f"{p}_fc1")
+        if swiglu:
+            gate, up = self.op("split", [h], {"axis": 2, "sizes": [f // self.tp] * 2},
+                               name=[f"{p}_gate", f"{p}_up"])
+            h = self.op("mul", [self.op("silu", [gate], name=f"{p}_act"), up], name=f"{p}_glu")
+        else:
+            h = self.op("gelu", [h], name=f"{p}_act")
+        out = self.op("matmul", [h, w2], name=f"{p}_fc2")
+        out = self.leave_parallel(out, f"{p}_fc2_sum")
+        if b2 is not None:
+            out = self.op("add", [out, self.replicated_param(b2)], name=f"{p}_fc2_b")
+        out = self.dropout(out, f"{p}_mlp_drop")
+        return self.op("add", [x, out], name=f"{p}_res2")
+
+    def head(self, x: Value, labels: Value) -> Value:
+        c, tp = self.c, self.tp
+        self.layer = c.layers
+        vocab = padded_vocab(c, tp)
+        h = self.norm(x, "lnf")
+        h = self.enter_parallel(h, "head_in")
+        if c.tied_embeddings and not self.untie:
+            w = self.b.function.inputs[[v.name for v in self.b.function.inputs].index("wte")]
+        else:
+            w = self.param("lm_head", (vocab, c.hidden), dim=0)
+        logits = self.op("matmul", [h, w], {"trans_b": True}, name="logits")
+        if tp == 1:
+            return self.op("cross_entropy", [logits, labels], name="loss")
+        return self.vocab_parallel_cross_entropy(logits, labels, vocab // tp)
+
+    def vocab_parallel_cross_entropy(self, logits: Value, labels: Value, shard: int) -> Value:
+        """Megatron's loss over vocabulary shards: all-reduce of the max,
+        of the sum of exponentials and of the label's logit."""
+        m = self.op("reduce_max", [logits], {"axes": [-1], "keepdims": True}, name="logit_max")
+        m = self.spmd("allreduce", m, "logit_max_all", reduce_op="max")
+        m = self.op("stop_gradient", [m], name="logit_max_c")
+        shifted = self.op("sub", [logits, m], name="shifted")
+        e = self.op("exp", [shifted], name="exp_logits")
+        total = self.op("reduce_sum", [e], {"axes": [-1]}, name="sum_exp")
+        total = self.spmd("allreduce", total, "sum_exp_all")
+        picked = self.op("select_label", [shifted, labels], name="label_logit")
+        self.b.function.ops[-1].meta["rank_attrs"] = {
+            "offset": [r * shard for r in range(self.tp)]}
+        picked = self.spmd("allreduce", picked, "label_logit_all")
+        nll = self.op("sub", [self.op("log", [total], name="lse"), picked], name="nll")
+        return self.op("reduce_mean", [nll], name="loss")
+
+    def build(self) -> Function:
+        c, mb = self.c, self.mb
+        ids = self.b.input("ids", self.t(mb, c.seq, dtype=DType.I64))
+        labels = self.b.input("labels", self.t(mb, c.seq, dtype=DType.I64))
+        self.roles.update(ids="data", labels="data")
+        x = self.embed(ids)
+        for i in range(c.layers):
+            self.layer = i
+            x = self.attention(x, i)
+            x = self.mlp(x, i)
+        loss = self.head(x, labels)
+        f = self.b.finish([loss])
+        f.meta.update(roles=self.roles, params=list(self.params), loss=loss.name,
+                      batch_inputs=["ids", "labels"], param_shards=dict(self.shards),
+                      param_global_shapes=dict(self.global_shapes), tp=self.tp, sp=self.sp,
+                      model={"family": "gpt", **c.to_dict()})
+        if self.untie and c.tied_embeddings:
+            f.meta["tied"] = {"lm_head": "wte"}
+        return f
+
+
+def gpt_forward(config: GPTConfig, tp: int = 1, sp: bool = False,
+                micro_batch: Optional[int] = None, device: Optional[int] = 0,
+                untie: bool = False) -> Function:
+    """Forward pass and loss of one micro-batch on one tensor-parallel rank
+    (see the module docstring). ``untie``: give the output layer its own
+    copy of a tied embedding (``meta["tied"]``), as pipeline stages do."""
+    mb = micro_batch if micro_batch is not None else config.micro_batch
+    _positive("micro_batch", mb)
+    return _GPTBuilder(config, tp, sp, mb, device, untie).build()

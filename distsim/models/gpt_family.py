@@ -1,0 +1,110 @@
+"""The ``gpt`` model family: GPT / Llama training steps under any strategy.
+
+``build_gpt_step`` returns the SPMD step of one micro-batch on one
+tensor-parallel rank (forward, backward, recomputation);
+``build_gpt`` lowers it to the local view of the whole mesh
+(:class:`~distsim.transforms.spmd.LowerSPMD`); ``gpt_reference_step`` is
+the single-device step on the whole global batch with the same optimizer,
+the reference every strategy is checked against.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Dict, Mapping, Tuple
+
+from ..errors import ConfigError
+from ..ir.core import Function
+from ..transforms.adam import AdamHyper, AdamW
+from ..transforms.autodiff import Autodiff
+from ..transforms.pipeline import check_schedule
+from ..transforms.recompute import Recompute
+from ..transforms.spmd import LowerSPMD
+from ..transforms.strategy import Strategy
+from .gpt import GPTConfig, check_tensor_parallel, gpt_forward
+from .registry import ModelFamily, register_family
+
+
+def gpt_config(config: Mapping[str, Any]) -> GPTConfig:
+    fields = {k: v for k, v in config.items() if k not in ("family", "name")}
+    return GPTConfig.from_dict(fields, where=str(config.get("name", "gpt")))
+
+
+def resolve_batch(c: GPTConfig, strategy: Strategy) -> Tuple[GPTConfig, int]:
+    """The config with the strategy's batch overrides, and the number of
+    micro-batches per data-parallel rank; raises ConfigError when the
+    sizes do not fit together."""
+    dp = strategy.dp or 1
+    mb = strategy.micro_batch or c.micro_batch
+    gb = strategy.global_batch or c.global_batch
+    if strategy.microbatches is not None:
+        if strategy.global_batch is None:
+            gb = dp * strategy.microbatches * mb
+        m = strategy.microbatches
+    else:
+        if gb % (dp * mb):
+            raise ConfigError(f"--global-batch {gb} is not a multiple of dp x micro-batch "
+                              f"= {dp} x {mb}")
+        m = gb // (dp * mb)
+    if gb != dp * m * mb:
+        raise ConfigError(f"--global-batch {gb} differs from dp x microbatches x micro-batch "
+                          f"= {dp} x {m} x {mb} = {dp * m * mb}")
+    return replace(c, global_batch=gb, micro_batch=mb), m
+
+
+def validate(c: GPTConfig, strategy: Strategy) -> int:
+    c2, m = resolve_batch(c, strategy)
+    check_tensor_parallel(c, strategy.tp, strategy.sp)
+    chunks = strategy.pp * strategy.chunks
+    if chunks > c.layers:
+        what = (f"pp x virtual stages = {strategy.pp} x {strategy.chunks}"
+                if strategy.chunks > 1 else f"--pp {strategy.pp}")
+        raise ConfigError(f"{what} pipeline stages but the model has only {c.layers} layers")
+    check_schedule(strategy.schedule, strategy.pp, m, strategy.chunks)
+    return m
+
+
+def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Function:
+    """The SPMD step of one micro-batch (see the module docstring)."""
+    fwd = gpt_forward(c, tp=strategy.tp, sp=strategy.sp, micro_batch=micro_batch,
+                      untie=strategy.pp > 1)
+    step = Autodiff(fwd.meta["loss"], fwd.meta["params"])(fwd)
+    return Recompute(strategy.recompute, regather=strategy.sp)(step)
+
+
+def hyper_of(c: GPTConfig) -> AdamHyper:
+    return AdamHyper(lr=c.lr, weight_decay=c.weight_decay)
+
+
+def build_gpt(config: Mapping[str, Any], strategy: Strategy) -> Function:
+    c = gpt_config(config)
+    strategy = strategy if strategy.dp is not None else replace(strategy, dp=1)
+    m = validate(c, strategy)
+    c, _ = resolve_batch(c, strategy)
+    step = build_gpt_step(c, strategy, c.micro_batch)
+    program = LowerSPMD(strategy, m, hyper_of(c), c.master_dtype)(step)
+    program.meta["model"] = {"name": config.get("name", "gpt"), **c.to_dict(),
+                             "parameters": c.parameter_count()}
+    return program
+
+
+def gpt_reference_step(config: Mapping[str, Any] | GPTConfig) -> Function:
+    """Forward, backward and AdamW of the whole global batch on one device."""
+    c = config if isinstance(config, GPTConfig) else gpt_config(config)
+    fwd = gpt_forward(c, micro_batch=c.global_batch)
+    step = Autodiff(fwd.meta["loss"], fwd.meta["params"])(fwd)
+    return AdamW(lr=c.lr, weight_decay=c.weight_decay, master_dtype=c.master_dtype)(step)
+
+
+def describe_gpt(config: Mapping[str, Any]) -> Dict[str, Any]:
+    c = gpt_config(config)
+    out = {"parameters": c.parameter_count(), "layers": c.layers, "hidden": c.hidden,
+           "heads": c.heads, "kv_heads": c.num_kv_heads, "ffn": c.ffn_size, "vocab": c.vocab,
+           "seq": c.seq, "dtype": c.dtype}
+    if c.published_params:
+        out["published_parameters"] = c.published_params
+    if c.description:
+        out["description"] = c.description
+    return out
+
+
+GPT_FAMILY = register_family(ModelFamily("gpt", build_gpt, GPTConfig().to_dict(), describe_gpt))

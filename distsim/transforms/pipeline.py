@@ -1,0 +1,147 @@
+"""Pipeline parallelism: stage partitioning and schedules.
+
+Layers are split into ``pp * v`` chunks (``v`` virtual stages per pipeline
+rank, 1 except for the interleaved schedule); chunk ``c`` runs on pipeline
+rank ``c % pp``. The embedding goes with the first chunk, the final norm,
+output layer and loss with the last.
+
+A schedule is, for each pipeline rank, the order of its tasks ``(kind,
+microbatch, chunk)`` with kind ``F`` (forward) or ``B`` (backward, with its
+recomputation): the program order of that rank's compute stream.
+
+- ``gpipe``: every forward, then every backward;
+- ``1f1b`` (PipeDream-flush): ``pp - rank - 1`` warm-up forwards, then one
+  forward / one backward, then the remaining backwards;
+- ``interleaved`` (Megatron-LM's interleaved 1F1B): as 1F1B over ``v``
+  chunks per rank, micro-batches in groups of ``pp``.
+
+With equal stages and no communication the idle fraction of a step is
+``(pp - 1) / (m + pp - 1)`` for GPipe and 1F1B (``m`` micro-batches), and
+the bubble (``(pp - 1)`` stage-times of forward + backward) shrinks by
+``v`` with interleaving.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from ..errors import ConfigError
+
+Task = Tuple[str, int, int]  # (kind "F"/"B", microbatch, global chunk id)
+
+
+def partition_layers(layers: int, chunks: int) -> List[Tuple[int, int]]:
+    """Even split of ``layers`` into ``chunks`` contiguous ranges
+    ``[start, end)``; the first ``layers % chunks`` ranges get one more."""
+    if chunks > layers:
+        raise ConfigError(f"{chunks} pipeline stages (pp x virtual stages) but only "
+                          f"{layers} layers")
+    base, extra = divmod(layers, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        end = start + base + (1 if c < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def chunk_of_layer(layer: int, ranges: Sequence[Tuple[int, int]]) -> int:
+    if layer < ranges[0][0]:
+        return 0
+    for c, (start, end) in enumerate(ranges):
+        if start <= layer < end:
+            return c
+    return len(ranges) - 1
+
+
+def check_schedule(schedule: str, pp: int, microbatches: int, v: int) -> None:
+    if schedule == "interleaved" and microbatches % pp:
+        raise ConfigError(f"--schedule interleaved: the {microbatches} micro-batches are not a "
+                          f"multiple of the {pp} pipeline stages")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule: unknown schedule {schedule!r} "
+                          f"(known: {', '.join(SCHEDULES)})")
+
+
+def gpipe(pp: int, m: int, v: int, rank: int) -> List[Task]:
+    return [("F", i, rank) for i in range(m)] + [("B", i, rank) for i in range(m)]
+
+
+def one_f_one_b(pp: int, m: int, v: int, rank: int) -> List[Task]:
+    warmup = min(pp - rank - 1, m)
+    tasks: List[Task] = [("F", i, rank) for i in range(warmup)]
+    for i in range(m - warmup):
+        tasks.append(("F", warmup + i, rank))
+        tasks.append(("B", i, rank))
+    tasks += [("B", i, rank) for i in range(m - warmup, m)]
+    return tasks
+
+
+def interleaved(pp: int, m: int, v: int, rank: int) -> List[Task]:
+    total = m * v
+    warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+
+    def task(kind: str, k: int) -> Task:
+        group = k % (pp * v)
+        local_chunk = group // pp
+        if kind == "B":
+            local_chunk = v - 1 - local_chunk
+        microbatch = (k // (pp * v)) * pp + k % pp
+        return (kind, microbatch, local_chunk * pp + rank)
+
+    tasks = [task("F", k) for k in range(warmup)]
+    for i in range(total - warmup):
+        tasks.append(task("F", warmup + i))
+        tasks.append(task("B", i))
+    tasks += [task("B", k) for k in range(total - warmup, total)]
+    return tasks
+
+
+SCHEDULES: Dict[str, Callable[[int, int, int, int], List[Task]]] = {
+    "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
+
+
+def schedule_tasks(schedule: str, pp: int, m: int, v: int) -> List[List[Task]]:
+    """Each pipeline rank's task order."""
+    check_schedule(schedule, pp, m, v)
+    return [SCHEDULES[schedule](pp, m, v, r) for r in range(pp)]
+
+
+def merge_tasks(per_rank: List[List[Task]], chunks: int,
+                cost: Callable[[Task], float] = lambda t: 1.0 if t[0] == "F" else 2.0
+                ) -> List[Tuple[int, Task]]:
+    """One global order of every rank's tasks that respects each rank's
+    order and the data dependencies (F of chunk c after F of chunk c-1, B
+    of chunk c after B of chunk c+1), by list scheduling on estimated task
+    costs, so that the program order is close to the order in time."""
+    pos = [0] * len(per_rank)
+    free = [0.0] * len(per_rank)
+    done: Dict[Task, float] = {}
+    out: List[Tuple[int, Task]] = []
+    remaining = sum(len(t) for t in per_rank)
+    while remaining:
+        best = None
+        for r, tasks in enumerate(per_rank):
+            if pos[r] == len(tasks):
+                continue
+            kind, mb, c = tasks[pos[r]]
+            deps = []
+            if kind == "F" and c > 0:
+                deps.append(("F", mb, c - 1))
+            if kind == "B":
+                deps.append(("F", mb, c))
+                if c < chunks - 1:
+                    deps.append(("B", mb, c + 1))
+            if any(d not in done for d in deps):
+                continue
+            start = max([free[r]] + [done[d] for d in deps])
+            if best is None or start < best[0]:
+                best = (start, r)
+        if best is None:
+            raise ConfigError("pipeline schedule deadlocks (a task waits for one that never runs)")
+        start, r = best
+        t = per_rank[r][pos[r]]
+        pos[r] += 1
+        free[r] = done[t] = start + cost(t)
+        out.append((r, t))
+        remaining -= 1
+    return out
