@@ -138,12 +138,12 @@ def _replicate(step: Function, strategy: Strategy, lr: float) -> Function:
     The lowering knows parameters and data; constants travel as data and
     get their role back afterwards."""
     roles = dict(step.meta["roles"])
-    trainable = set(step.meta.get("params", ()))
-    lowering_roles = {k: ("param" if k in trainable else "data") for k in roles}
-    step.meta["roles"] = lowering_roles
     step.meta.setdefault("loss", step.outputs[0].name)
     step.meta.setdefault("grads", {})
-    step.meta.setdefault("params", [])
+    if not step.meta["grads"]:  # forward only: every input is per-replica data
+        step.meta["params"] = []
+    trainable = set(step.meta["params"])
+    step.meta["roles"] = {k: ("param" if k in trainable else "data") for k in roles}
     program = LowerSPMD(strategy, 1, AdamHyper(lr=lr))(step)
     for name, info in program.meta["io"].items():
         original = roles.get(info.get("name", ""))
