@@ -166,9 +166,10 @@ class OnnxImporter:
             if out.name not in known and out.name not in producer:
                 raise ParseError(f"graph output '{out.name}' is not defined by any node",
                                  source=self.source)
-        unsupported = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        standard = ("", "ai.onnx")
+        unsupported = Counter(n.op_type if n.domain in standard else f"{n.domain}.{n.op_type}"
                               for n in g.node
-                              if n.domain not in ("", "ai.onnx") or n.op_type not in CONVERTERS)
+                              if n.domain not in standard or n.op_type not in CONVERTERS)
         if unsupported:
             listing = ", ".join(f"{op} (x{count})" for op, count in sorted(unsupported.items()))
             raise UnsupportedOpError(f"{self.source}: {sum(unsupported.values())} nodes of "
@@ -194,8 +195,9 @@ class OnnxImporter:
                     ready.append(u)
         if len(order) != len(nodes):
             stuck = next(n for k, n in enumerate(nodes) if waiting[k] > 0)
-            raise ParseError(f"the graph has a cycle through node '{stuck.name or stuck.output[0]}' "
-                             f"({stuck.op_type})", source=self.source)
+            label = stuck.name or stuck.output[0]
+            raise ParseError(f"the graph has a cycle through node '{label}' ({stuck.op_type})",
+                             source=self.source)
         return order
 
     def add_initializers(self) -> None:
@@ -207,7 +209,8 @@ class OnnxImporter:
             numel = int(np.prod(shape)) if shape else 1
             role = "param" if dt.is_float and numel > 1 else "const"
             if array is not None:
-                array = array.astype(dt.numpy_name, copy=False)
+                with np.errstate(over="ignore"):  # -3.4e38 masks become -inf in f16
+                    array = array.astype(dt.numpy_name, copy=False)
             self.consts[init.name] = Const(array, shape, dt, role)
 
     def _tensor_array(self, tensor) -> Optional[np.ndarray]:
@@ -379,7 +382,8 @@ class OnnxImporter:
     def make_const(self, arr: np.ndarray, where: str, role: str = "const") -> Const:
         dt = dtype_of_onnx(helper.np_dtype_to_tensor_dtype(arr.dtype), where)
         if self.float_dtype is not None and dt.is_float:
-            dt, arr = self.float_dtype, arr.astype(self.float_dtype.numpy_name)
+            with np.errstate(over="ignore"):
+                dt, arr = self.float_dtype, arr.astype(self.float_dtype.numpy_name)
         return Const(arr, tuple(arr.shape), dt, role)
 
     def check_declared(self) -> None:

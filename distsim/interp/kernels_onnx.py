@@ -170,7 +170,8 @@ def _from_windows(cols, like, attrs, kernel_hw):
                                 max(like.shape[3] + l + r, (ow - 1) * strides[1] + kernel_hw[1]))
     xp = _scatter_windows(cols, shape_p, kernel_hw[0], kernel_hw[1], strides,
                           attrs.get("dilations", (1, 1)))
-    return np.ascontiguousarray(xp[:, :, t:t + like.shape[2], l:l + like.shape[3]]).astype(like.dtype)
+    inner = xp[:, :, t:t + like.shape[2], l:l + like.shape[3]]
+    return np.ascontiguousarray(inner).astype(like.dtype)
 
 
 @kernel("conv_grad_weight")
