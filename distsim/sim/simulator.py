@@ -42,9 +42,11 @@ from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpRecord, Trace
 
 # Memory category of a function input, by its role in ``meta["roles"]``.
 INPUT_CATEGORY = {"param": "weights", "data": "activations", "optimizer": "optimizer",
-                  "master": "optimizer"}
-# Input roles that stay resident for the whole step (never freed).
-RESIDENT_ROLES = frozenset({"param", "optimizer", "master"})
+                  "master": "optimizer", "const": "weights"}
+# Input roles that stay resident for the whole step (never freed): weights,
+# optimizer state, and constants a model carries (e.g. ONNX initializers
+# that are not trained).
+RESIDENT_ROLES = frozenset({"param", "optimizer", "master", "const"})
 
 
 @dataclass
