@@ -18,6 +18,8 @@ from .ir.verifier import verify
 from .models import family_of, load_model_config
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
+from .ir.types import DType
+from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
 from .sim.simulator import SimulationOptions, simulate_function
 from .sim.trace import Trace
 from .topology import Topology, load_topology
@@ -48,11 +50,17 @@ class SimulationResult:
         if self._summary is None:
             s = summarize(self.trace)
             s["config"] = dict(self.config)
+            model = self.program.meta.get("model")
+            if not isinstance(model, dict):
+                model = self.config
+            dtype = str(model.get("dtype") or self.config.get("dtype") or "f16")
+            s.update(training_metrics(s, self.trace.meta, model, self.config,
+                                      peak_flops_of(self.topology.device_spec, dtype)))
             self._summary = s
         return self._summary
 
     def summary_table(self) -> str:
-        return format_summary_table(self.summary())
+        return format_summary_table(self.summary()) + format_training_metrics(self.summary())
 
     def write_trace(self, path: Union[str, Path]) -> None:
         write_chrome_trace(self.trace, path)
@@ -88,7 +96,9 @@ class SimulationResult:
         return "<pre>" + html.escape(self.summary_table()) + "</pre>"
 
 
-_MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "seq")
+MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "seq", "heads",
+                "kv_heads", "ffn", "vocab")
+_MODEL_FIELDS = MODEL_FIELDS  # the name sweeps looked for first
 
 
 def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
@@ -98,9 +108,14 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     local-view program. Returns ``(program, config, topology)``."""
     topo = topology if isinstance(topology, Topology) else load_topology(str(topology))
     config = load_model_config(model)
-    for key in _MODEL_FIELDS:
+    for key in MODEL_FIELDS:
         if options.get(key) is not None:
-            config[key] = options.pop(key)
+            value = options.pop(key)
+            if key == "batch" and config.get("family") == "gpt":
+                key = "global_batch"  # --batch is the global batch of a GPT
+            elif key == "dtype" and config.get("family") == "gpt":
+                value = DType.parse(str(value)).value
+            config[key] = value
         else:
             options.pop(key, None)
     strategy = Strategy.from_mapping(options).resolved(topo.num_devices)
@@ -108,11 +123,21 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
         raise ConfigError(f"the strategy needs {strategy.num_devices} devices "
                           f"(dp {strategy.dp} x tp {strategy.tp} x pp {strategy.pp}) but topology "
                           f"'{topo.name}' has {topo.num_devices}")
+    if config.get("family") == "gpt" and strategy.num_devices != topo.num_devices:
+        raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
+                          f"{strategy.num_devices} does not match the {topo.num_devices} devices "
+                          f"of topology '{topo.name}'")
     program = family_of(config).build(config, strategy)
     verify(program, known_devices=topo.ranks)
     resolved = {"model": config.get("name"), **{k: v for k, v in config.items()
                                                   if k not in ("name",)},
                 "topology": topo.name, **strategy.to_dict()}
+    built = program.meta.get("model")
+    if config.get("family") == "gpt" and isinstance(built, dict):
+        # batch sizes as the strategy resolved them, and the micro-batch count
+        resolved.update(global_batch=built.get("global_batch"),
+                        micro_batch=built.get("micro_batch"),
+                        microbatches=program.meta.get("microbatches"))
     return program, resolved, topo
 
 

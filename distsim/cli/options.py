@@ -18,6 +18,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, help="global batch size (overrides the model file)")
     g.add_argument("--dtype", choices=["fp16", "bf16", "fp32", "f16", "f32"],
                    help="compute dtype (overrides the model file)")
+    g.add_argument("--heads", type=int, help="attention heads (GPT models)")
+    g.add_argument("--kv-heads", type=int, dest="kv_heads",
+                   help="key/value heads, grouped-query attention (GPT models)")
+    g.add_argument("--ffn", type=int, help="feed-forward size (GPT models; default 4 x hidden)")
+    g.add_argument("--vocab", type=int, help="vocabulary size (GPT models)")
+    g.add_argument("--seq", type=int, help="sequence length (GPT models; for ONNX models the "
+                                           "size of symbolic sequence dims)")
 
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
@@ -26,6 +33,26 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help="data-parallel degree (default: every device of the topology)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default: 1)")
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (default: 1)")
+    g.add_argument("--sp", action="store_true", default=None,
+                   help="sequence parallelism in the tensor-parallel regions (needs --tp > 1)")
+    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
+                   help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP) "
+                        "sharded over data-parallel ranks (default: 0)")
+    g.add_argument("--recompute", choices=["none", "selective", "full"],
+                   help="activation recomputation (default: none)")
+    g.add_argument("--microbatches", type=int,
+                   help="micro-batches per step (default: global batch / (dp x micro-batch))")
+    g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"],
+                   help="pipeline schedule (default: 1f1b)")
+    g.add_argument("--virtual-stages", type=int, dest="virtual_stages",
+                   help="model chunks per pipeline rank for --schedule interleaved (default: 2)")
+    g.add_argument("--bucket-mb", type=float, dest="bucket_mb",
+                   help="DDP gradient bucket size in MB (default: one all-reduce per gradient "
+                        "as soon as it is ready; 0: all after the backward pass)")
+    g.add_argument("--global-batch", type=int, dest="global_batch",
+                   help="sequences per step, all data-parallel ranks together (GPT models)")
+    g.add_argument("--micro-batch", type=int, dest="micro_batch",
+                   help="sequences per micro-batch (GPT models)")
 
 
 def add_topology_option(p: argparse.ArgumentParser) -> None:
@@ -41,7 +68,6 @@ def add_onnx_options(p: argparse.ArgumentParser) -> None:
                    help="append a loss, the backward pass and an SGD update to the forward graph")
     g.add_argument("--input-shape", action="append", metavar="NAME=AxB", dest="input_shape",
                    help="shape of a graph input, e.g. input_ids=8x1024 (repeatable)")
-    g.add_argument("--seq", type=int, help="sequence length of symbolic sequence dims")
 
 
 def input_shapes_option(items) -> Dict[str, str]:
@@ -60,7 +86,9 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     out = {"model": args.model, "topology": args.topology}
     if getattr(args, "input_shape", None):
         out["input_shapes"] = input_shapes_option(args.input_shape)
-    for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq"):
+    for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
+                "kv_heads", "ffn", "vocab", "sp", "zero", "recompute", "microbatches", "schedule",
+                "virtual_stages", "bucket_mb", "global_batch", "micro_batch"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

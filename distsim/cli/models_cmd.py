@@ -1,0 +1,59 @@
+"""``distsim models``: list the named model configs with their sizes."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, List
+
+from ..errors import DistsimError
+from ..models import available_models, family_of, load_model_config
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("models", help="list the model configs (models/*.yaml) and their sizes",
+                       description="List every named model (models/*.yaml and built-in "
+                                   "families) with its family and parameter count.")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(func=run)
+
+
+def model_rows() -> List[Dict[str, Any]]:
+    """One row per named model: name, family and what the family describes."""
+    rows = []
+    for name in available_models():
+        config = load_model_config(name)
+        try:
+            info = family_of(config).describe(config)
+        except DistsimError as e:  # e.g. an ONNX file that needs input shapes
+            info = {"note": str(e)}
+        rows.append({"name": name, "family": config["family"], **info})
+    return rows
+
+
+def _count(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "-"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = model_rows()
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    header = ("model", "family", "parameters", "published", "layers", "hidden", "heads", "seq")
+    table = [header]
+    for r in rows:
+        table.append((r["name"], r["family"], _count(r.get("parameters")),
+                      _count(r.get("published_parameters")), str(r.get("layers", "-")),
+                      str(r.get("hidden", "-")), str(r.get("heads", "-")), str(r.get("seq", "-"))))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
+                        for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+    return 0

@@ -1,0 +1,96 @@
+"""Training figures of a simulated step: throughput, FLOP utilisation,
+pipeline bubble and memory by category.
+
+- ``tokens_per_s``: global batch x sequence length / step time;
+- ``model_flops``: the FLOPs the model needs per step, counted as in
+  Narayanan et al. (2021): 3 x the forward matmuls (weights and attention
+  scores / context, causal mask not discounted), no recomputation;
+  ``mfu`` = model_flops / (step time x devices x peak FLOP/s of the
+  compute dtype);
+- ``hfu``: every FLOP the simulated devices executed (recomputation and
+  element-wise ops included) over the same peak;
+- ``bubble_fraction``: mean over devices of the share of the step during
+  which a device runs nothing (0 without pipeline parallelism);
+- ``memory_by_category``: per device, the bytes of each category
+  (weights, gradients, optimizer, activations, temporaries) at its peak;
+  ``oom_category``: the largest category of the device with the highest
+  peak when some device exceeds its memory.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
+from ..ir.types import DType
+
+
+def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
+    """Model FLOPs of one training step of a ``gpt`` family config (None for
+    other families)."""
+    needed = ("layers", "hidden", "heads", "vocab", "seq", "global_batch")
+    if any(k not in model for k in needed):
+        return None
+    h, layers, heads = model["hidden"], model["layers"], model["heads"]
+    d = model.get("head_dim") or h // heads
+    kv = model.get("kv_heads") or heads
+    ffn = model.get("ffn") or 4 * h
+    glu = 2 if model.get("activation") == "swiglu" else 1
+    per_layer = h * (heads + 2 * kv) * d + heads * d * h + h * ffn * glu + ffn * h
+    forward_per_token = 2.0 * (layers * per_layer + model["vocab"] * h)
+    forward_per_token += 2.0 * 2.0 * model["seq"] * heads * d * layers
+    tokens = model["global_batch"] * model["seq"]
+    return 3.0 * forward_per_token * tokens
+
+
+def training_metrics(summary: Mapping[str, Any], trace_meta: Mapping[str, Any],
+                     model: Mapping[str, Any], strategy: Mapping[str, Any],
+                     peak_flops: float) -> Dict[str, Any]:
+    step = float(summary["step_time_s"])
+    devices = summary["devices"]
+    n = len(devices)
+    out: Dict[str, Any] = {}
+    if "global_batch" in model and "seq" in model and step > 0:
+        out["tokens_per_step"] = int(model["global_batch"] * model["seq"])
+        out["tokens_per_s"] = out["tokens_per_step"] / step
+    denom = step * n * peak_flops
+    mflops = model_flops_per_step(model)
+    if mflops is not None:
+        out["model_flops"] = mflops
+        out["mfu"] = mflops / denom if denom > 0 else 0.0
+    out["hfu"] = float(summary.get("total_flops", 0.0)) / denom if denom > 0 else 0.0
+    pp = int(strategy.get("pp") or 1)
+    out["bubble_fraction"] = (sum(d["idle_s"] for d in devices) / (n * step)
+                              if pp > 1 and n and step > 0 else 0.0)
+    by_cat = trace_meta.get("peak_memory_by_category", {}) or {}
+    memory = {int(r): {k: int(v) for k, v in cats.items()} for r, cats in by_cat.items()}
+    out["memory_by_category"] = {str(r): memory[r] for r in sorted(memory)}
+    out["oom_category"] = None
+    if summary.get("oom") and memory:
+        worst = summary.get("max_peak_memory_rank")
+        cats = memory.get(worst) or next(iter(memory.values()))
+        out["oom_category"] = max(cats, key=lambda k: (cats[k], k)) if cats else None
+    return out
+
+
+def peak_flops_of(device_spec, dtype_name: str) -> float:
+    return device_spec.peak_flops_for(DType.parse(dtype_name))
+
+
+def format_training_metrics(summary: Mapping[str, Any]) -> str:
+    """Lines appended to the summary table (empty when nothing applies)."""
+    lines = []
+    if "tokens_per_s" in summary:
+        lines.append(f"tokens/s: {summary['tokens_per_s']:.4g}")
+    if "mfu" in summary:
+        lines.append(f"MFU: {100 * summary['mfu']:.1f}%   HFU: {100 * summary['hfu']:.1f}%")
+    if summary.get("bubble_fraction"):
+        lines.append(f"pipeline bubble: {100 * summary['bubble_fraction']:.1f}% of the step")
+    memory = summary.get("memory_by_category") or {}
+    worst = summary.get("max_peak_memory_rank")
+    if memory and str(worst) in memory:
+        cats = memory[str(worst)]
+        parts = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in sorted(cats.items()) if v)
+        lines.append(f"peak memory on rank {worst} by category (GB): {parts}")
+    if summary.get("oom_category"):
+        lines.append(f"OOM: rank {worst} peaks at {summary['max_peak_memory_bytes'] / 1e9:.2f} GB, "
+                     f"mostly {summary['oom_category']}")
+    return ("\n" + "\n".join(lines)) if lines else ""
