@@ -97,6 +97,8 @@ class Network:
         self._stats: Dict[int, _LinkStats] = {}
         self._link_flows: Dict[int, Dict[Flow, None]] = {}
         self._routes: Dict[Tuple[int, int, int], Tuple[Tuple[int, ...], float, float]] = {}
+        self._route_infos: Dict[Tuple[int, int, int],
+                                Tuple[Tuple[int, ...], float, Tuple[float, ...]]] = {}
         self._heap: List[Tuple[float, int, int, Flow]] = []
         self._pending: List[Flow] = []
         self._dirty_links: Dict[int, None] = {}
@@ -132,9 +134,13 @@ class Network:
 
     def route_info(self, src: int, dst: int, key: int = 0
                    ) -> Tuple[Tuple[int, ...], float, Tuple[float, ...]]:
-        """(link ids, path latency, link capacities) of the route."""
-        links, latency, _ = self._route(src, dst, key)
-        return links, latency, tuple(self._capacity[i] for i in links)
+        """(link ids, path latency, link capacities) of the route (cached)."""
+        hit = self._route_infos.get((src, dst, key))
+        if hit is None:
+            links, latency, _ = self._route(src, dst, key)
+            hit = self._route_infos[(src, dst, key)] = \
+                (links, latency, tuple(self._capacity[i] for i in links))
+        return hit
 
     def flow_time_s(self, src: int, dst: int, nbytes: float, key: int = 0) -> float:
         """The time one flow takes on an otherwise idle network."""

@@ -11,10 +11,15 @@ Routing is shortest path where each link costs the time a byte takes on it
 cost), so NVLink is preferred over PCIe and equal-cost paths compare exactly.
 Among equal-cost next hops a flow picks one by a stable hash of
 ``(src, dst, key, hop)``: ECMP, deterministic from run to run.
+
+The least costs to a destination come from :mod:`.routing`: one resumable
+search per destination, shared by all sources, and where the topology has
+an inter-server network, distances through it shared by all destinations
+(a 1024-GPU cluster needs tens of graph searches, not one per pair). They
+are exact, so the routes are those of a plain per-pair search.
 """
 from __future__ import annotations
 
-import heapq
 import math
 import zlib
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
@@ -23,6 +28,7 @@ import networkx as nx
 
 from ..cost.device import DeviceSpec
 from ..errors import TopologyError
+from .routing import SeparatorOracle, network_separators
 
 NODE_KINDS = ("device", "switch", "nic", "host")
 REFERENCE_BANDWIDTH_Bps = 1e13
@@ -69,6 +75,7 @@ class Topology:
                 hops.sort()
         self._routes: Dict[Tuple[int, int, int], Route] = {}
         self._check_reachable()
+        self._oracle: SeparatorOracle | None = None
 
     # ------------------------------------------------------------------ checks
     def _check(self) -> None:
@@ -171,19 +178,49 @@ class Topology:
         return route
 
     def _ecmp_route(self, src: str, dst: str, key: int) -> Route:
-        to_dst = _dijkstra(self._radj, dst, stop=src)
-        total = to_dst[src]
+        """Walk from ``src`` to ``dst`` over links that keep the least cost,
+        choosing among equal ones by the stable hash."""
+        oracle = self._routing_oracle()
+        names, adj = self._names, self._iadj
+        s, t = self._index[src], self._index[dst]
+        to_dst = oracle.to(t)
+        total = to_dst.reach(s)
         path: List[Tuple[str, str]] = []
-        node, spent = src, 0
-        while node != dst:
-            choices = [v for v, c in self._adj[node]
-                       if spent + c + to_dst.get(v, math.inf) == total]
-            nxt = choices[stable_hash(src, dst, key, node) % len(choices)] \
+        node, spent = s, 0
+        while node != t:
+            choices = [(v, c) for v, c in adj[node] if spent + c + to_dst(v) == total]
+            v, c = choices[stable_hash(src, dst, key, names[node]) % len(choices)] \
                 if len(choices) > 1 else choices[0]
-            spent += next(c for v, c in self._adj[node] if v == nxt)
-            path.append((node, nxt))
-            node = nxt
+            spent += c
+            path.append((names[node], names[v]))
+            node = v
         return tuple(path)
+
+    def _routing_oracle(self, separators: Sequence[str] | None = None) -> SeparatorOracle:
+        """The least-cost oracle behind :meth:`route`, built on first use.
+        ``separators`` replaces it by one over the given nodes (tests use
+        it to check that every choice gives the same routes)."""
+        if self._oracle is not None and separators is None:
+            return self._oracle
+        names = sorted(self.graph.nodes)
+        self._names = names
+        self._index = {n: i for i, n in enumerate(names)}
+        index = self._index
+        self._iadj = [[(index[v], c) for v, c in self._adj.get(n, ())] for n in names]
+        radj: List[List[Tuple[int, int]]] = [[] for _ in names]
+        for i, hops in enumerate(self._iadj):
+            for v, c in hops:
+                radj[v].append((i, c))
+        if separators is not None:
+            seps = {index[n] for n in separators}
+        else:
+            nodes = self.graph.nodes
+            seps = network_separators([nodes[n]["kind"] for n in names],
+                                      ["node_index" in nodes[n] for n in names],
+                                      self._iadj, self.num_devices)
+        self._oracle = SeparatorOracle(radj, self._iadj, seps)
+        self._routes.clear()
+        return self._oracle
 
     def path_latency_s(self, route: Sequence[Tuple[str, str]]) -> float:
         """Sum of the link latencies along ``route``."""
@@ -251,29 +288,3 @@ class Topology:
     def __repr__(self) -> str:
         return (f"Topology({self.name!r}, devices={self.num_devices}, nodes={self.num_nodes}, "
                 f"links={self.graph.number_of_edges()})")
-
-
-def _dijkstra(adj: Mapping[str, List[Tuple[str, int]]], start: str, stop: str
-              ) -> Dict[str, int]:
-    """Least costs from ``start`` over ``adj``; settles every node whose
-    cost is at most the cost of ``stop`` and then returns (so that the
-    caller can recognise every equal-cost hop on the way to ``stop``)."""
-    dist: Dict[str, int] = {start: 0}
-    done: Dict[str, int] = {}
-    heap = [(0, start)]
-    limit = math.inf
-    while heap:
-        d, u = heapq.heappop(heap)
-        if u in done:
-            continue
-        if d > limit:
-            break
-        done[u] = d
-        if u == stop:
-            limit = d
-        for v, c in adj.get(u, ()):
-            nd = d + c
-            if nd < dist.get(v, math.inf) and nd <= limit:
-                dist[v] = nd
-                heapq.heappush(heap, (nd, v))
-    return done
