@@ -72,7 +72,10 @@ def choose_algorithm(network: Network, kind: CollectiveType, ranks: Tuple[int, .
                      nbytes: float, root: Optional[int]) -> Tuple[str, Schedule]:
     """``auto``: the applicable algorithm with the smallest estimated time
     on this topology and team (ties: table order), as NCCL's tuner picks by
-    size and topology. Decisions are cached per network."""
+    size and topology. The estimates need one route per flow of a step
+    (O(p) routes for ring and hierarchical, O(p) distinct ones for the
+    trees), all cached; decisions are cached per topology (shared by the
+    networks over it)."""
     table = ALGORITHMS[kind]
     key = (kind, ranks, float(nbytes), root)
     cache = network.algorithm_choices

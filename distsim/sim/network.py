@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 import simpy
@@ -36,6 +37,8 @@ from .network_steps import StepRunner
 from .trace import LinkRecord, LinkSample
 
 MODES = ("flow", "analytical")
+_ALGORITHM_CHOICES: "weakref.WeakKeyDictionary[Topology, Dict[tuple, str]]" = \
+    weakref.WeakKeyDictionary()
 _SETTLE_PRIORITY = 2      # after SimPy's NORMAL (1): every same-time start is in
 FlowSpec = Tuple[int, int, float]
 
@@ -108,7 +111,9 @@ class Network:
         self.active_flows = 0
         self.flows_started = 0
         self.samples: List[LinkSample] = []
-        self.algorithm_choices: Dict[tuple, str] = {}   # collectives' "auto" cache
+        # collectives' "auto" decisions depend on the topology only: shared
+        # by every network over it (a sweep estimates each collective once)
+        self.algorithm_choices: Dict[tuple, str] = _ALGORITHM_CHOICES.setdefault(topology, {})
         self._steps = StepRunner(self)
 
     # ------------------------------------------------------------------ routes
