@@ -13,7 +13,9 @@ The schema (see docs/topology.md) has a ``name``, a ``device`` block (see
   ``dst`` may be lists or ranges like ``gpu{0..7}``; equal-length lists pair
   up, a single name pairs with every entry of the other side.
 
-Every error is one line naming the file and the field.
+Every error is one line naming the file and the field. Numbers may be
+written ``2.0e12`` or ``1e9``: PyYAML (YAML 1.1) reads those as strings,
+:func:`yaml_number` reads them as the numbers they are.
 """
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
 import networkx as nx
-import yaml
 
 import distsim
 
 from ..cost.device import device_spec_from_dict
 from ..errors import ConfigError, TopologyError
+from ..yamlio import load_yaml_file
 from .builders import BUILDERS, GB, US, add_duplex
 from .topology import Topology
 
@@ -36,7 +38,27 @@ _CLUSTER_NAME = re.compile(r"^(?P<base>.+)-x(?P<nodes>[0-9]+)$")
 _RANGE = re.compile(r"^(?P<pre>[^{}]*)\{(?P<lo>[0-9]+)\.\.(?P<hi>[0-9]+)\}(?P<post>[^{}]*)$")
 _TOP_KEYS = {"name", "description", "sources", "device", "builder", "params",
              "devices", "switches", "nics", "hosts", "links"}
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 _cache: Dict[Tuple[str, int, int | None], Topology] = {}
+
+
+def yaml_number(value: Any) -> Any:
+    """``value`` as a float where it is a string in exponent notation that
+    YAML 1.1 leaves as a string (``2.0e12``, ``1e9``: no sign in the
+    exponent, or no dot); any other value unchanged (so that the field's
+    own check reports it)."""
+    if isinstance(value, str) and _EXPONENT_NUMBER.match(value.strip()):
+        return float(value)
+    return value
+
+
+def _numbers(value: Any) -> Any:
+    """:func:`yaml_number` over the values of a mapping or list (nested)."""
+    if isinstance(value, Mapping):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return yaml_number(value)
 
 
 def known_topologies() -> List[str]:
@@ -84,15 +106,7 @@ def _display(path: Path) -> str:
 
 def _load_file(path: Path, nodes: int | None, cluster_name: str | None) -> Topology:
     where = _display(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "malformed YAML"
-        raise ConfigError(f"{where}{at}: {problem}") from None
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    data = load_yaml_file(where, "topology file")
     if nodes is not None and (not isinstance(data, Mapping) or data.get("builder") != "dgx"):
         raise ConfigError(f"{where}: only 'builder: dgx' files have -xN clusters")
     return topology_from_dict(data, where, nodes=nodes, name=cluster_name)
@@ -109,7 +123,10 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
         raise ConfigError(f"{where}: {unknown[0]}: unknown field (allowed: {', '.join(sorted(_TOP_KEYS))})")
     if "device" not in data:
         raise ConfigError(f"{where}: device: missing required field")
-    spec = device_spec_from_dict(data["device"], f"{where}: device")
+    device = data["device"]
+    if isinstance(device, Mapping):     # numbers in exponent notation; the name stays text
+        device = {k: v if k in ("name", "source") else _numbers(v) for k, v in device.items()}
+    spec = device_spec_from_dict(device, f"{where}: device")
     topo_name = name or str(data.get("name") or Path(where).stem)
     if "builder" in data:
         builder = BUILDERS.get(data["builder"])
@@ -119,7 +136,7 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
         params = data.get("params") or {}
         if not isinstance(params, Mapping):
             raise ConfigError(f"{where}: params: must be a mapping")
-        params = dict(params)
+        params = _numbers(dict(params))
         if nodes is not None:
             params["nodes"] = nodes
         graph = builder(params, f"{where}: params")
@@ -192,7 +209,7 @@ def _unit_value(link: Mapping[str, Any], units: Mapping[str, float], where: str,
     given = [k for k in units if k in link]
     if len(given) != 1:
         raise ConfigError(f"{where}: give exactly one of {', '.join(units)}")
-    raw = link[given[0]]
+    raw = yaml_number(link[given[0]])
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 0 or \
             (positive and raw == 0):
         need = "positive" if positive else ">= 0"
@@ -231,6 +248,6 @@ def _add_links(g: nx.DiGraph, link: Any, where: str) -> None:
         else:
             g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat)
         if "cost" in link:
-            g.edges[a, b]["cost"] = link["cost"]
+            g.edges[a, b]["cost"] = yaml_number(link["cost"])
             if duplex:
-                g.edges[b, a]["cost"] = link["cost"]
+                g.edges[b, a]["cost"] = yaml_number(link["cost"])
