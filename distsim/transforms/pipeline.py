@@ -108,15 +108,16 @@ def schedule_tasks(schedule: str, pp: int, m: int, v: int) -> List[List[Task]]:
 
 def merge_tasks(per_rank: List[List[Task]], chunks: int,
                 cost: Callable[[Task], float] = lambda t: 1.0 if t[0] == "F" else 2.0
-                ) -> List[Tuple[int, Task]]:
+                ) -> List[Tuple[int, Task, float, float]]:
     """One global order of every rank's tasks that respects each rank's
     order and the data dependencies (F of chunk c after F of chunk c-1, B
     of chunk c after B of chunk c+1), by list scheduling on estimated task
-    costs, so that the program order is close to the order in time."""
+    costs, so that the program order is close to the order in time.
+    Returns ``(rank, task, estimated start, estimated end)``."""
     pos = [0] * len(per_rank)
     free = [0.0] * len(per_rank)
     done: Dict[Task, float] = {}
-    out: List[Tuple[int, Task]] = []
+    out: List[Tuple[int, Task, float, float]] = []
     remaining = sum(len(t) for t in per_rank)
     while remaining:
         best = None
@@ -142,6 +143,6 @@ def merge_tasks(per_rank: List[List[Task]], chunks: int,
         t = per_rank[r][pos[r]]
         pos[r] += 1
         free[r] = done[t] = start + cost(t)
-        out.append((r, t))
+        out.append((r, t, start, done[t]))
         remaining -= 1
     return out

@@ -25,8 +25,10 @@ single-device step and the lowered one.
 """
 from __future__ import annotations
 
+import heapq
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from ..cost.flops import op_flops
 from ..errors import PassPreconditionError
 from ..ir.builder import NameScope
 from ..ir.comm import CollectiveType
@@ -158,7 +160,12 @@ class LowerSPMD:
                                     f"{rank} (micro-batch {mb})")
 
     # -- tasks -------------------------------------------------------------
-    def emit_task(self, stage: int, kind: str, mb: int, c: int) -> None:
+    def _flush_sends(self, until: float) -> None:
+        while self.pending_sends and self.pending_sends[0][0] <= until:
+            _, _, args = heapq.heappop(self.pending_sends)
+            self._send(*args)
+
+    def emit_task(self, stage: int, kind: str, mb: int, c: int, end: float = 0.0) -> None:
         em, S = self.em, self.S
         ops = self.task_ops.get((kind, c), [])
         self.current_kind = kind
@@ -188,6 +195,7 @@ class LowerSPMD:
                                          meta, **attrs)
                     for r, o in zip(ranks, outs):
                         self.menv[(r, mb)][op.outputs[0]] = o
+                self._accumulate(stage, mb, op)
                 continue
             spec_attrs = lookup(op.op_type).attrs
             rank_attrs = {k: v for k, v in op.meta.get("rank_attrs", {}).items() if k in spec_attrs}
@@ -202,10 +210,13 @@ class LowerSPMD:
                 for v, o in zip(op.outputs, outs):
                     env[v] = o
                 self.sync.note_layer_output(r, layer, outs[0])
-        self._send(stage, mb, c, ops)
-        if kind == "B":
-            self.sync.after_backward(stage, mb, [o for op in ops for o in op.outputs
-                                                 if o in self.grad_of])
+            self._accumulate(stage, mb, op)
+        heapq.heappush(self.pending_sends, (end, len(self.em.function.ops), (stage, mb, c, ops)))
+
+    def _accumulate(self, stage: int, mb: int, op: Op) -> None:
+        grads = [o for o in op.outputs if o in self.grad_of]
+        if grads:
+            self.sync.after_backward(stage, mb, grads)
 
     def _send(self, stage: int, mb: int, c: int, ops: Sequence[Op]) -> None:
         S = self.S
@@ -237,11 +248,16 @@ class LowerSPMD:
         self.sync.create_inputs()
         per_rank = schedule_tasks(S.schedule, S.pp, self.M, S.chunks)
         recompute = step.meta.get("recompute", "none")
-        heavy = 3.0 if recompute == "full" else 2.0
-        order = merge_tasks(per_rank, self.C,
-                            lambda task: 1.0 if task[0] == "F" else heavy)
-        for stage, (kind, mb, c) in order:
-            self.emit_task(stage, kind, mb, c)
+        # Estimated task times (FLOPs) order the program like the time line.
+        work = {key: 1.0 + sum(op_flops(op) for op in ops) for key, ops in self.task_ops.items()}
+        order = merge_tasks(per_rank, self.C, lambda task: work.get((task[0], task[2]), 1.0))
+        # Sends are emitted in the order of their producers' estimated end
+        # (each comm stream takes its ops in program order).
+        self.pending_sends: List[Tuple[float, int, tuple]] = []
+        for stage, (kind, mb, c), start, end in order:
+            self._flush_sends(start)
+            self.emit_task(stage, kind, mb, c, end)
+        self._flush_sends(float("inf"))
         self.sync.finish()
         f = self.em.function
         loss = step.value_by_name(step.meta["loss"])

@@ -9,7 +9,7 @@ every rank that holds it:
   it overlaps the rest of the backward pass): ZeRO 0/1 average it with an
   all-reduce (``bucket_mb``: gradients grouped into buckets of that many MB
   as PyTorch DDP does, flattened, concatenated and all-reduced together;
-  0: no overlap, every all-reduce after the last backward task); ZeRO 2/3
+  0: no overlap, one bucket of all gradients after the backward pass); ZeRO 2/3
   reduce-scatter its flattened form, so each data-parallel rank keeps
   ``1/dp``;
 - *tied embeddings* split across pipeline stages are summed between the
@@ -98,6 +98,7 @@ class GradientSync:
         self.layer_out: Dict[int, Dict[Any, Value]] = {}
         self.updates: Dict[str, str] = {}
         self.outputs: List[Value] = []
+        self.unpack: List[tuple] = []
         bucket = self.S.bucket_mb
         self.bucket_bytes = None if bucket is None else float(bucket) * MB
         self.tied = dict(step.meta.get("tied", {}))
@@ -184,12 +185,16 @@ class GradientSync:
                 local = self.L.menv[(r, mb)][g]
                 meta = {"stage": stage, "microbatch": mb, "phase": "backward",
                         "category": "gradients", "layer": None}
+                # accumulation and averaging update the gradient buffer in place
                 if (p, r) in self.acc:
-                    local = em.one("add", [self.acc[(p, r)], local], None,
-                                   f"{p.name}_gacc_r{r}", meta)
+                    old = self.acc[(p, r)]
+                    local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)
+                    self.updates[old.name] = local.name
                 if final and self.L.M > 1:
+                    old = local
                     local = em.one("scale", [local], {"factor": 1.0 / self.L.M},
                                    f"{p.name}_gmean_r{r}", meta)
+                    self.updates[old.name] = local.name
                 self.acc[(p, r)] = local
             self.count[p] = self.count.get(p, 0) + 1
             if final:
@@ -227,6 +232,8 @@ class GradientSync:
                 outs = em.collective(CollectiveType.ALL_REDUCE, ins, ranks,
                                      [f"{p.name}_gavg_r{r}" for r in ranks], dict(meta),
                                      reduce_op="avg")
+                for x, o in zip(ins, outs):  # NCCL all-reduces in place
+                    self.updates[x.name] = o.name
             for r, o in zip(ranks, outs):
                 self.synced[(p, r)] = o
 
@@ -250,6 +257,15 @@ class GradientSync:
                 flats.append(em.one("concat", parts, {"axis": 0}, f"bucket_r{r}", dict(meta)))
             outs = em.collective(CollectiveType.ALL_REDUCE, flats, ranks,
                                  [f"bucket_avg_r{r}" for r in ranks], dict(meta), reduce_op="avg")
+            for x, o in zip(flats, outs):  # NCCL all-reduces in place
+                self.updates[x.name] = o.name
+            # Unpacked at the end of the step: a compute op reading the
+            # result now would stall the backward pass behind the all-reduce.
+            self.unpack.append((bucket, sizes, ranks, outs, meta))
+
+    def _unpack(self) -> None:
+        em = self.L.em
+        for bucket, sizes, ranks, outs, meta in self.unpack:
             for r, o in zip(ranks, outs):
                 pieces = em.op("split", [o], {"axis": 0, "sizes": sizes},
                                [f"{p.name}_gavg_flat_r{r}" for p in bucket], dict(meta))
@@ -257,6 +273,7 @@ class GradientSync:
                     self.synced[(p, r)] = em.one("reshape", [piece],
                                                  {"shape": list(p.type.shape)},
                                                  f"{p.name}_gavg_r{r}", dict(meta))
+        self.unpack = []
 
     # -- the end of the step -------------------------------------------------
     def finish(self) -> None:
@@ -267,11 +284,10 @@ class GradientSync:
                     self._sync_one(p, stage)
                 else:
                     self.pending.setdefault(stage, []).append(p)
-            if self.bucket_bytes == 0 and self.zero < 2:
-                # no overlap: one all-reduce per gradient, after the backward pass
-                for p in self.pending.pop(stage, []):
-                    self._sync_one(p, stage)
+            # bucket_mb 0: no overlap, all of the stage's gradients in one
+            # bucket, which fills only when the backward pass has ended
             self._flush(stage)
+        self._unpack()
         self._tie()
         for p in self.L.params:
             self._update(p)

@@ -6,6 +6,7 @@ import pytest
 from distsim.cost import op_flops
 from distsim.errors import VerifyError
 from distsim.interp import execute
+from distsim.interp.gradcheck import finite_difference
 from distsim.ir import DType, FunctionBuilder, TensorType, verify
 from distsim.transforms.autodiff import Autodiff
 
@@ -20,19 +21,6 @@ def scalar_loss(b, y):
     """sum(y * fixed weights): a scalar with a non-uniform gradient."""
     w = b.input("loss_w", y.type)
     return b.op("reduce_sum", [b.op("mul", [y, w])], name="loss")
-
-
-def finite_difference(f, inputs, index, eps=1e-6):
-    grad = np.zeros_like(inputs[index])
-    it = np.nditer(inputs[index], flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        plus = [a.copy() for a in inputs]
-        minus = [a.copy() for a in inputs]
-        plus[index][i] += eps
-        minus[index][i] -= eps
-        grad[i] = (execute(f, plus)[0] - execute(f, minus)[0]) / (2 * eps)
-    return grad
 
 
 def check(build, specs, wrt, seed=0, int_high=None, positive=()):

@@ -1,0 +1,55 @@
+"""Static memory accounting of a training step, read off the program.
+
+- :func:`saved_activation_bytes`: per transformer layer, the bytes of the
+  forward values that the backward pass (or recomputation) reads, i.e.
+  what stays alive between a micro-batch's forward and its backward;
+- :func:`korthikanti_activation_bytes`: the published per-layer formula
+  (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", table 2) for comparison;
+- :func:`model_state_bytes`: weights, gradients and optimizer state per
+  device under mixed-precision Adam (2 + 2 + 12 bytes per parameter) and
+  the ZeRO stage's division over the data-parallel ranks.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+from ..ir.core import Function
+from .recompute import is_forward
+
+
+def saved_activation_bytes(step: Function) -> Dict[int, int]:
+    """Bytes per layer of forward values read by non-forward ops."""
+    read_later = set()
+    for op in step.ops:
+        if not is_forward(op):
+            read_later.update(op.inputs)
+    out: Dict[int, int] = {}
+    for op in step.ops:
+        layer = op.meta.get("layer")
+        if not is_forward(op) or not isinstance(layer, int):
+            continue
+        for v in op.outputs:
+            if v in read_later:
+                out[layer] = out.get(layer, 0) + v.type.size_bytes
+    return out
+
+
+def korthikanti_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                                 recompute: str = "none") -> float:
+    """Activation bytes per layer of a GPT layer with 16-bit activations
+    and 1-byte dropout masks."""
+    if recompute == "full":
+        return 2.0 * s * b * h / (t if sp else 1)
+    attn_scores = 5.0 * a * s / (h * t) if recompute != "selective" else 0.0
+    if sp:
+        return s * b * h * (34.0 / t + attn_scores)
+    return s * b * h * (10.0 + 24.0 / t + attn_scores)
+
+
+def model_state_bytes(params: int, zero: int = 0, dp: int = 1) -> Dict[str, float]:
+    """Bytes per device of ``params`` parameters (already divided by TP and
+    PP): bf16 weights (2), bf16 gradients (2), fp32 master + Adam m and v (12)."""
+    return {"weights": 2.0 * params / (dp if zero >= 3 else 1),
+            "gradients": 2.0 * params / (dp if zero >= 2 else 1),
+            "optimizer": 12.0 * params / (dp if zero >= 1 else 1)}

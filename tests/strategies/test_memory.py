@@ -1,0 +1,78 @@
+"""Memory: 16 bytes per parameter divided as ZeRO says (simulated), and
+activations per layer as Korthikanti et al. (read off the GPT-3 175B
+TP 8 / PP 8 program; within 5%)."""
+import pytest
+
+import distsim
+from distsim.models import load_model_config
+from distsim.models.gpt_family import build_gpt_step, gpt_config
+from distsim.transforms.memory_model import (korthikanti_activation_bytes, model_state_bytes,
+                                             saved_activation_bytes)
+from distsim.transforms.pipeline import partition_layers
+from distsim.transforms.strategy import Strategy
+
+GPT3 = gpt_config(load_model_config("gpt3-175b"))
+
+
+def per_layer(strategy, layer=50):
+    step = build_gpt_step(GPT3, strategy, micro_batch=1)
+    return saved_activation_bytes(step)[layer]
+
+
+@pytest.mark.parametrize("tp, sp, recompute", [
+    (8, False, "none"), (8, True, "none"), (8, True, "selective"), (8, False, "selective"),
+    (8, True, "full")])
+def test_gpt3_activations_follow_korthikanti(tp, sp, recompute):
+    c = GPT3
+    got = per_layer(Strategy(dp=1, tp=tp, pp=8, sp=sp, recompute=recompute))
+    expected = korthikanti_activation_bytes(c.seq, 1, c.hidden, c.heads, tp, sp, recompute)
+    assert got == pytest.approx(expected, rel=0.05)
+
+
+def test_gpt3_model_state_is_16_bytes_per_parameter_on_each_gpu():
+    c = GPT3
+    # a middle stage of PP 8: 12 layers of 12 h^2 + 13 h parameters, split over TP 8
+    # except the layernorms and output biases (6 h), which every TP rank holds
+    start, end = partition_layers(c.layers, 8)[3]
+    h = c.hidden
+    params = (end - start) * ((12 * h * h + 7 * h) // 8 + 6 * h)
+    for zero, dp, total in ((0, 8, 16.0), (1, 8, 4 + 12 / 8), (2, 8, 2 + 14 / 8), (3, 8, 16 / 8)):
+        state = model_state_bytes(params, zero, dp)
+        assert sum(state.values()) == pytest.approx(total * params)
+    step = build_gpt_step(c, Strategy(dp=1, tp=8, pp=8), micro_batch=1)
+    roles = step.meta["roles"]
+    stage_params = sum(v.type.numel for v in step.inputs if roles.get(v.name) == "param"
+                       and v.name.split("_")[0] in {f"l{i}" for i in range(start, end)})
+    assert stage_params == params
+
+
+SMALL = dict(model="tiny", topology="dgx-a100", hidden=64, layers=4, vocab=64, seq=16,
+             network_mode="analytical")
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_simulated_model_state_divides_by_zero_stage(zero):
+    r = distsim.simulate(**SMALL, dp=2, tp=2, pp=2, zero=zero)
+    c = gpt_config({**load_model_config("tiny"), "hidden": 64, "layers": 4, "vocab": 64})
+    h = c.hidden
+    layer = (12 * h * h + 7 * h) // 2 + 6 * h
+    # stage 0 of one TP rank: embedding shard (tied, vocab/2 x h), positions, layers 0-1
+    stage0 = c.vocab * h // 2 + c.seq * h + 2 * layer
+    state = model_state_bytes(stage0, zero, 2)
+    peak = r.summary()["memory_by_category"]["0"]
+    assert peak["optimizer"] == pytest.approx(state["optimizer"], rel=0.02)
+    assert peak["weights"] >= state["weights"] * 0.98
+    if zero == 3:
+        assert peak["weights"] < 2.0 * 2 * stage0 / 2  # never the whole stage gathered at once
+    else:
+        assert peak["weights"] == pytest.approx(state["weights"], rel=0.02)
+    # the accumulated gradients (in place) plus at most one layer's fresh ones
+    assert peak.get("gradients", 0) <= 2.0 * (stage0 + layer) / (2 if zero >= 2 else 1) + 2 * layer
+
+
+def test_oom_reports_the_dominating_category():
+    r = distsim.simulate(model="gpt3-175b", topology="dgx-a100", tp=8, layers=24, seq=64,
+                         global_batch=1, network_mode="analytical")
+    s = r.summary()
+    assert s["oom"] and s["oom_category"] == "optimizer"
+    assert "OOM" in r.summary_table() and "optimizer" in r.summary_table()

@@ -1,0 +1,95 @@
+"""Pipeline schedules: the simulated bubble of GPipe and 1F1B is
+(p-1)/(m+p-1) of the step for equal stages and free communication, and
+interleaving with v virtual stages divides the bubble by v. DDP bucketing
+hides gradient all-reduces behind the backward pass."""
+import pytest
+
+from distsim.api import SimulationResult
+from distsim.cost.model import CostModel, OpCost
+from distsim.errors import ConfigError
+from distsim.ir import is_communication
+from distsim.models import load_model_config
+from distsim.models.gpt_family import build_gpt
+from distsim.sim.simulator import SimulationOptions, simulate_function
+from distsim.topology import topology_from_dict
+from distsim.transforms.pipeline import merge_tasks, schedule_tasks
+from distsim.transforms.strategy import Strategy
+
+DEVICE = {"name": "toy", "peak_flops": {"f32": 1e12, "bf16": 1e12}, "memory_bytes": 80e9,
+          "memory_bandwidth_Bps": 1e12}
+
+
+def star(n, link_GBps=1e9, latency_us=0.0):
+    return topology_from_dict({"device": DEVICE, "builder": "star",
+                               "params": {"devices": n, "link_GBps": link_GBps,
+                                          "latency_us": latency_us}}, "star.yaml")
+
+
+class LayerCost(CostModel):
+    """1 ms per forward matmul and 1 ms per backward matmul (twice as many)
+    of the transformer layers (each layer has the same matmuls); everything else
+    (embedding, head, optimizer, element-wise ops) 1 fs (about free)."""
+
+    def __init__(self, device, layers):
+        super().__init__(device)
+        self.layers = layers
+
+    def op_cost(self, op):
+        layer = op.meta.get("layer")
+        if (is_communication(op) or op.op_type != "matmul" or not isinstance(layer, int)
+                or not 0 <= layer < self.layers):
+            return OpCost(1e-15, 0.0, 0.0)
+        return OpCost(1e-3, 0.0, 0.0)
+
+
+def bubble(pp, m, schedule, v=None, layers=8):
+    config = {**load_model_config("tiny"), "layers": layers, "dropout": 0.0}
+    strategy = Strategy(dp=1, pp=pp, microbatches=m, schedule=schedule, virtual_stages=v,
+                        global_batch=m, micro_batch=1)
+    program = build_gpt(config, strategy)
+    topo = star(pp)
+    trace = simulate_function(program, topo, LayerCost(topo.device_spec, layers),
+                              SimulationOptions(network_mode="analytical"))
+    result = SimulationResult(trace, program, {"pp": pp}, topo)
+    return result.summary()["bubble_fraction"]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("pp, m", [(2, 4), (4, 4), (4, 8)])
+def test_bubble_fraction_is_p_minus_1_over_m_plus_p_minus_1(schedule, pp, m):
+    assert bubble(pp, m, schedule) == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("pp, m, v", [(2, 4, 2), (4, 8, 2), (2, 4, 4)])
+def test_interleaving_divides_the_bubble_by_v(pp, m, v):
+    # bubble time / ideal time: (p-1)/m for 1F1B, (p-1)/(v m) interleaved
+    b = bubble(pp, m, "interleaved", v)
+    assert b / (1 - b) == pytest.approx((pp - 1) / (v * m), rel=1e-9)
+
+
+def test_schedules_respect_dependencies_and_1f1b_warmup():
+    tasks = schedule_tasks("1f1b", 4, 8, 1)
+    assert tasks[0][:4] == [("F", 0, 0), ("F", 1, 0), ("F", 2, 0), ("F", 3, 0)]
+    assert tasks[3][:3] == [("F", 0, 3), ("B", 0, 3), ("F", 1, 3)]
+    order = merge_tasks(schedule_tasks("interleaved", 4, 8, 2), 8)
+    assert len(order) == 4 * 8 * 2 * 2
+    with pytest.raises(ConfigError, match="not a multiple"):
+        schedule_tasks("interleaved", 4, 6, 2)
+
+
+def exposed_grad_sync(bucket_mb):
+    config = {**load_model_config("tiny"), "layers": 4, "hidden": 256, "seq": 128}
+    program = build_gpt(config, Strategy(dp=4, bucket_mb=bucket_mb, global_batch=16,
+                                         micro_batch=4))
+    topo = star(4, link_GBps=5.0, latency_us=5.0)
+    trace = simulate_function(program, topo, CostModel(topo.device_spec),
+                              SimulationOptions(network_mode="analytical"))
+    s = SimulationResult(trace, program, {}, topo).summary()
+    return s["exposed_communication_s"], s["step_time_s"]
+
+
+def test_ddp_buckets_hide_the_all_reduce_behind_the_backward_pass():
+    serial_exposed, serial_step = exposed_grad_sync(0)       # one bucket after the backward
+    bucket_exposed, bucket_step = exposed_grad_sync(1.0)     # 1 MB buckets, overlapped
+    assert bucket_exposed < 0.5 * serial_exposed
+    assert bucket_step < serial_step
