@@ -27,6 +27,18 @@ _TOKEN = re.compile(r"""
 """, re.VERBOSE)
 
 
+# Bounds on what a well-formed file can contain: deeper nesting or longer
+# integers are rejected with a ParseError (not a RecursionError or a
+# ValueError from int()).
+MAX_NESTING = 64
+MAX_INT = 2 ** 63 - 1
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """``text`` quoted, cut to ``limit`` characters (error messages stay one short line)."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 class Token:
     __slots__ = ("kind", "text", "line", "col")
 
@@ -120,9 +132,12 @@ class Parser:
     def parse_int(self, what: str = "an integer") -> int:
         tok = self.expect_kind("number", what)
         try:
-            return int(tok.text)
+            value = int(tok.text)
         except ValueError:
-            raise self.error(f"expected {what}, found {tok.text!r}", tok) from None
+            raise self.error(f"expected {what}, found {_short(tok.text)}", tok) from None
+        if abs(value) > MAX_INT:
+            raise self.error(f"{what} {_short(tok.text)} is out of range (at most 2^63 - 1)", tok)
+        return value
 
     # -- types ---------------------------------------------------------
     def parse_type(self) -> Type:
@@ -145,7 +160,10 @@ class Parser:
                 self.expect(",")
         device = None
         if self.peek.kind == "symbol" and self.peek.text[1:].isdigit():
-            device = int(self.next().text[1:])
+            dev_tok = self.next()
+            if len(dev_tok.text) > 19:
+                raise self.error(f"device {_short(dev_tok.text)} is out of range", dev_tok)
+            device = int(dev_tok.text[1:])
         t = TensorType(tuple(dims), dtype, device)
         suffix = _TYPE_SUFFIXES.get(self.peek.text)
         if suffix is not None and self.peek.kind != "string":
@@ -153,14 +171,22 @@ class Parser:
         return t
 
     # -- attributes ----------------------------------------------------
-    def parse_attr_value(self):
+    def parse_attr_value(self, depth: int = 0):
         tok = self.peek
+        if depth > MAX_NESTING:
+            raise self.error(f"attribute value nested deeper than {MAX_NESTING} lists")
         if tok.kind == "number":
-            self.next()
-            return float(tok.text) if any(c in tok.text for c in ".eE") else int(tok.text)
+            if any(c in tok.text for c in ".eE"):
+                self.next()
+                return float(tok.text)
+            return self.parse_int("an integer attribute")
         if tok.kind == "string":
             self.next()
-            return json.loads(tok.text)
+            try:
+                return json.loads(tok.text)
+            except ValueError as e:
+                raise self.error(f"bad string {_short(tok.text)}: {e.args[0].split(':')[0]}",
+                                 tok) from None
         if tok.kind == "ident":
             words = {"true": True, "false": False, "inf": float("inf"), "-inf": float("-inf"),
                      "nan": float("nan")}
@@ -171,7 +197,7 @@ class Parser:
             items = []
             if not self.accept("]"):
                 while True:
-                    items.append(self.parse_attr_value())
+                    items.append(self.parse_attr_value(depth + 1))
                     if self.accept("]"):
                         break
                     self.expect(",")
