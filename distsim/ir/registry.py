@@ -88,4 +88,14 @@ def infer_types(op_type: str, input_types: Sequence[TensorType],
     for t in input_types:
         if not isinstance(t, TensorType):
             raise ShapeError(f"expects tensor inputs, got {t}")
-    return spec.infer(input_types, with_defaults(op_type, attrs))
+    attrs = with_defaults(op_type, attrs)
+    try:
+        return spec.infer(input_types, attrs)
+    except ShapeError:
+        raise
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError) as e:
+        # Shape rules assume well-typed attributes (``dim`` an int, ``ranks``
+        # a list of ints, ...); a parsed file can give anything, so a rule
+        # that trips over a malformed attribute is a bad-input error.
+        given = ", ".join(f"{k} = {v!r}" for k, v in attrs.items())
+        raise ShapeError(f"malformed attributes {{{given}}} ({type(e).__name__}: {e})") from None
