@@ -36,8 +36,15 @@ class MLPConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"mlp.{name}: must be a positive integer, got {value!r}")
-        DType.parse(self.dtype)
-        if not isinstance(self.lr, (int, float)) or self.lr <= 0:
+        if not isinstance(self.dtype, str):
+            raise ConfigError(f"mlp.dtype: must be a dtype name such as f16, got {self.dtype!r}")
+        try:
+            DType.parse(self.dtype)
+        except ConfigError as e:
+            raise ConfigError(f"mlp.dtype: {e}") from None
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"mlp.bias: must be true or false, got {self.bias!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
             raise ConfigError(f"mlp.lr: must be a positive number, got {self.lr!r}")
 
     @classmethod

@@ -81,7 +81,7 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
         config = dict(config)
         config.setdefault("name", path.stem if text.endswith((".yaml", ".yml", ".onnx")) else text)
     family = config.get("family")
-    if family not in FAMILIES:
+    if not isinstance(family, str) or family not in FAMILIES:
         raise ConfigError(f"{where}: family: unknown model family {family!r} "
                           f"(known: {', '.join(sorted(FAMILIES))})")
     return config
