@@ -129,7 +129,7 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
     spec = device_spec_from_dict(device, f"{where}: device")
     topo_name = name or str(data.get("name") or Path(where).stem)
     if "builder" in data:
-        builder = BUILDERS.get(data["builder"])
+        builder = BUILDERS.get(data["builder"]) if isinstance(data["builder"], str) else None
         if builder is None:
             raise ConfigError(f"{where}: builder: unknown builder {data['builder']!r} "
                               f"(known: {', '.join(BUILDERS)})")
