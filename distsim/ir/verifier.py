@@ -4,7 +4,8 @@
 - order: every operand is defined before the op that reads it;
 - types: each op's declared output types equal what its shape rule infers
   (which also checks arity, attributes, devices and collective teams);
-- outputs: the function's outputs are defined.
+- outputs: the function's outputs are defined;
+- sizes: no value takes more than 2^60 bytes (a malformed dimension).
 
 Every error is a :class:`VerifyError` that names the function and the op.
 """
@@ -15,6 +16,11 @@ from typing import Iterable, Set
 from ..errors import UnsupportedOpError, VerifyError
 from .core import Function, Module, Op
 from .registry import ShapeError, infer_types, is_registered
+
+
+# No real tensor comes near this (an exbibyte); a larger one is a malformed
+# dimension, and would make every later number (time, memory) meaningless.
+MAX_VALUE_BYTES = 2 ** 60
 
 
 def _label(function: Function, op: Op) -> str:
@@ -35,6 +41,10 @@ def verify(function: Function, known_devices: Iterable[int] | None = None) -> Fu
             raise VerifyError(f"{where}: name %{value.name} is used for two values")
         defined.add(id(value))
         names.add(value.name)
+        size = getattr(value.type, "size_bytes", 0)
+        if isinstance(size, int) and size > MAX_VALUE_BYTES:
+            raise VerifyError(f"{where}: value %{value.name} ({value.type}) would take more "
+                              f"than 2^60 bytes: a dimension is absurdly large")
         dev = getattr(value.type, "device", None)
         if devices is not None and dev is not None and dev not in devices:
             raise VerifyError(f"{where}: value %{value.name} is on device {dev}, "
