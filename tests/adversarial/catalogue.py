@@ -1,0 +1,480 @@
+"""The adversarial catalogue: bad inputs for every entry point, each with the
+error class it must raise, a piece of the message, and the CLI arguments that
+feed the same input to ``distsim`` (exit status 2, one stderr line).
+
+``README.md`` in this folder shows the same table; ``test_catalogue.py`` runs
+every row and checks that the README lists it.
+
+Each :class:`Case` has
+- ``python(tmp)``: the Python entry point (raises the error), or None when the
+  input only exists on the command line (argparse usage errors);
+- ``cli``: the ``distsim`` arguments, with ``{cases}`` (this folder), ``{tmp}``
+  (a scratch folder holding generated files) and ``{out}`` (an output folder
+  that must not appear), or None for Python-only inputs (programs built in
+  memory: the simulator has no CLI for unverified programs);
+- ``error``: the exact class (``None``: an argparse usage error, exit 2);
+- ``message``: a substring of ``str(error)`` and of the CLI's stderr line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from distsim.errors import (ConfigError, ParseError, PassPreconditionError, SimulationError,
+                            TopologyError, UnsupportedOpError, VerifyError)
+
+CASES_DIR = Path(__file__).resolve().parent / "cases"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    entry: str                     # which entry point (a column of the README)
+    what: str                      # the bad input, in words
+    python: Optional[Callable[[Path], object]]
+    cli: Optional[Sequence[str]]
+    error: Optional[type]
+    message: str
+
+
+# -- Python entry points -------------------------------------------------
+
+def _simulate(**kwargs):
+    def run(tmp: Path):
+        import distsim
+        kwargs.setdefault("network_mode", "analytical")
+        return distsim.simulate(**kwargs)
+    return run
+
+
+def _simulate_file(kind: str, name: str, **kwargs):
+    def run(tmp: Path):
+        import distsim
+        path = str(CASES_DIR / name)
+        opts = dict(model="mlp", topology="dgx-a100", network_mode="analytical", **kwargs)
+        opts[kind] = path
+        return distsim.simulate(**opts)
+    return run
+
+
+def _load_topology(name: str):
+    def run(tmp: Path):
+        from distsim.topology import load_topology
+        return load_topology(str(CASES_DIR / name))
+    return run
+
+
+def _load_sweep(name: str):
+    def run(tmp: Path):
+        from distsim.sweep.spec import load_spec
+        return load_spec(CASES_DIR / name).points()
+    return run
+
+
+def _read_text(name: str):
+    def run(tmp: Path):
+        from distsim.ir import verify_module
+        from distsim.text import parse_module
+        path = CASES_DIR / name
+        return verify_module(parse_module(path.read_text(encoding="utf-8"), source=str(path)))
+    return run
+
+
+def _import_onnx(kind: str):
+    def run(tmp: Path):
+        from distsim.importers.onnx import import_onnx
+        return import_onnx(str(write_onnx(tmp, kind)))
+    return run
+
+
+def _collective(kind: str, nbytes: float = 1e6, ranks=None, root=None, algorithm="auto"):
+    def run(tmp: Path):
+        from distsim.ir.comm import CollectiveType
+        from distsim.sim.collectives import run_collective
+        from distsim.sim.network import Network
+        from distsim.topology import load_topology
+        import simpy
+        topo = load_topology("dgx-a100")
+        env = simpy.Environment()
+        net = Network(env, topo, mode="analytical")
+        kinds = {k.name.lower().replace("_", ""): k for k in CollectiveType}
+        if kind not in kinds:
+            raise ConfigError(f"unknown collective '{kind}'")
+        env.process(run_collective(env, net, kinds[kind], tuple(ranks or topo.ranks), nbytes,
+                                   root=root, algorithm=algorithm))
+        env.run()
+    return run
+
+
+def _simulate_program(build: Callable[[], object]):
+    def run(tmp: Path):
+        from distsim.sim.simulator import simulate_function
+        from distsim.topology import load_topology
+        return simulate_function(build(), load_topology("dgx-a100"))
+    return run
+
+
+# -- ONNX files, generated (no binaries committed) -----------------------
+
+F = TensorProto.FLOAT
+
+
+def _vi(name, shape, elem=F):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _relu_model(shape=(2, 3), elem=F, out_shape=None, opset=17):
+    return _model([helper.make_node("Relu", ["x"], ["y"], name="act")],
+                  [_vi("x", list(shape), elem)], [_vi("y", out_shape)], opset=opset)
+
+
+def onnx_bytes(kind: str) -> bytes:
+    """The bytes of the bad ONNX file ``kind``."""
+    good = _relu_model().SerializeToString()
+    if kind == "truncated":
+        return good[: len(good) // 2]
+    if kind == "wrong_magic":
+        return b"PK\x03\x04" + good           # a zip header in front
+    if kind == "empty":
+        return b""
+    models = {
+        "cyclic": lambda: _model([helper.make_node("Add", ["x", "b"], ["a"], name="first"),
+                                  helper.make_node("Relu", ["a"], ["b"], name="second")],
+                                 [_vi("x", [2])], [_vi("b", [2])]),
+        "dangling": lambda: _model([helper.make_node("Add", ["x", "nowhere"], ["y"],
+                                                     name="adder")],
+                                   [_vi("x", [2])], [_vi("y", [2])]),
+        "contradicting_shapes": lambda: _relu_model(out_shape=[2, 4]),
+        "contradicting_matmul": lambda: _model(
+            [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+            [_vi("x", [2, 3]), _vi("w", [4, 5])], [_vi("y", None)]),
+        "huge_dims": lambda: _relu_model(shape=(2 ** 62, 2 ** 62)),
+        "negative_dims": lambda: _relu_model(shape=(-3, 3)),
+        "unknown_dtype": lambda: _relu_model(elem=TensorProto.STRING),
+        "dtype_99": lambda: _relu_model(elem=99),
+        "unsupported_op": lambda: _model([helper.make_node("FooBar", ["x"], ["y"], name="foo")],
+                                         [_vi("x", [2, 3])], [_vi("y", None)]),
+        "old_opset": lambda: _relu_model(opset=1),
+        "bad_reshape": lambda: _model(
+            [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshaper")],
+            [_vi("x", [2, 3])], [_vi("y", None)],
+            [numpy_helper.from_array(np.array([-1, -1]), "s")]),
+    }
+    return models[kind]().SerializeToString()
+
+
+def write_onnx(folder: Path, kind: str) -> Path:
+    path = Path(folder) / f"{kind}.onnx"
+    path.write_bytes(onnx_bytes(kind))
+    return path
+
+
+ONNX_KINDS = ("truncated", "wrong_magic", "empty", "cyclic", "dangling", "contradicting_shapes",
+              "contradicting_matmul", "huge_dims", "negative_dims", "unknown_dtype", "dtype_99",
+              "unsupported_op", "old_opset", "bad_reshape")
+
+
+# -- programs built in memory (the simulator's own input) ----------------
+
+def _t(device, shape=(4,)):
+    from distsim.ir import DType, TensorType
+    return TensorType(shape, DType.F16, device)
+
+
+def deadlock_member_never_reaches():
+    """Rank 1 feeds all-reduce A from a value computed after all-reduce B,
+    which rank 0 reaches only after A: neither collective can start."""
+    from distsim.ir import Function, Op, Value
+    a0, a1 = Value("a0", _t(0)), Value("a1", _t(1))
+    o0, o1, p1 = Value("o0", _t(0)), Value("o1", _t(1)), Value("p1", _t(1))
+    q0, q1 = Value("q0", _t(0)), Value("q1", _t(1))
+    ops = [Op("comm.allreduce", [a0, p1], [o0, o1], {"ranks": (0, 1), "reduce_op": "sum"}),
+           Op("relu", [q1], [p1]),
+           Op("comm.allreduce", [a0, a1], [q0, q1], {"ranks": (0, 1), "reduce_op": "sum"})]
+    return Function("member_never_reaches", [a0, a1], ops, [o0, o1])
+
+
+def deadlock_sendrecv_own_output():
+    """A send 0 -> 1 whose input is computed from what comes back 1 -> 0
+    after it: the sender waits on its own output."""
+    from distsim.ir import Function, Op, Value
+    a0, b1, c0, x0 = Value("a0", _t(0)), Value("b1", _t(1)), Value("c0", _t(0)), Value("x0", _t(0))
+    ops = [Op("comm.sendrecv", [a0], [b1], {"ranks": (0, 1)}),
+           Op("comm.sendrecv", [b1], [c0], {"ranks": (1, 0)}),
+           Op("relu", [c0], [a0])]
+    return Function("sendrecv_own_output", [x0], ops, [c0])
+
+
+def deadlock_circular_wait():
+    """Three all-reduces over the pairs of ranks 0, 1, 2; each one's input is
+    computed from the output of the one before it in the cycle A <- C <- B <- A."""
+    from distsim.ir import Function, Op, Value
+    x0, x1, x2 = (Value(f"x{r}", _t(r)) for r in range(3))
+    f0, f1, f2 = (Value(f"f{r}", _t(r)) for r in range(3))
+    a0, a1 = Value("a0", _t(0)), Value("a1", _t(1))
+    b1, b2 = Value("b1", _t(1)), Value("b2", _t(2))
+    c0, c2 = Value("c0", _t(0)), Value("c2", _t(2))
+    sum_ = {"reduce_op": "sum"}
+    ops = [Op("comm.allreduce", [f0, x1], [a0, a1], {"ranks": (0, 1), **sum_}),
+           Op("comm.allreduce", [f1, x2], [b1, b2], {"ranks": (1, 2), **sum_}),
+           Op("comm.allreduce", [x0, f2], [c0, c2], {"ranks": (0, 2), **sum_}),
+           Op("relu", [c0], [f0]), Op("relu", [a1], [f1]), Op("relu", [b2], [f2])]
+    return Function("circular_wait", [x0, x1, x2], ops, [a0, b1, c2])
+
+
+def value_on_missing_device():
+    from distsim.ir import FunctionBuilder
+    b = FunctionBuilder("far")
+    x = b.input("x", _t(12, (8, 8)))
+    return b.finish([b.op("relu", [x])])
+
+
+def team_rank_missing():
+    from distsim.ir import Function, Op, Value
+    x0, x9 = Value("x0", _t(0)), Value("x9", _t(9))
+    y0, y9 = Value("y0", _t(0)), Value("y9", _t(9))
+    return Function("team", [x0, x9],
+                    [Op("comm.allreduce", [x0, x9], [y0, y9], {"ranks": (0, 9), "reduce_op": "sum"})],
+                    [y0, y9])
+
+
+# -- the catalogue ---------------------------------------------------------
+
+OUT = "{out}"
+S = ["simulate", "--no-plots", "--network-mode", "analytical", "--out", OUT]
+
+
+def _c(id, entry, what, python, cli, error, message):
+    return Case(id, entry, what, python, tuple(cli) if cli is not None else None, error, message)
+
+
+CASES: List[Case] = [
+    # command-line flags
+    _c("dp-zero", "CLI flags", "`simulate --dp 0`", _simulate(dp=0), S + ["--dp", "0"],
+       ConfigError, "--dp: must be a positive integer, got 0"),
+    _c("dp-not-dividing-batch", "CLI flags", "`simulate --dp 3` (batch 2048)", _simulate(dp=3),
+       S + ["--dp", "3"], PassPreconditionError, "is not divisible by the data-parallel degree 3"),
+    _c("dp-more-than-devices", "CLI flags", "`simulate --dp 16` on 8 GPUs", _simulate(dp=16),
+       S + ["--dp", "16"], ConfigError, "the strategy needs 16 devices"),
+    _c("tp-on-mlp", "CLI flags", "`simulate --tp 2` on the MLP", _simulate(tp=2),
+       S + ["--tp", "2"], ConfigError, "supports data parallelism only"),
+    _c("negative-layers", "CLI flags", "`simulate --layers -1`", _simulate(layers=-1),
+       S + ["--layers", "-1"], ConfigError, "mlp.layers: must be a positive integer, got -1"),
+    _c("unknown-model", "CLI flags", "`simulate --model nope`", _simulate(model="nope"),
+       S + ["--model", "nope"], ConfigError, "unknown model 'nope'"),
+    _c("unknown-topology", "CLI flags", "`simulate --topology nope`", _simulate(topology="nope"),
+       S + ["--topology", "nope"], ConfigError, "unknown topology 'nope'"),
+    _c("zero-node-cluster", "CLI flags", "`simulate --topology dgx-a100-x0`",
+       _simulate(topology="dgx-a100-x0"), S + ["--topology", "dgx-a100-x0"], ConfigError,
+       "the node count must be at least 1"),
+    _c("missing-model-file", "CLI flags", "`simulate --model missing.yaml`",
+       _simulate(model="/nonexistent/missing.yaml"), S + ["--model", "/nonexistent/missing.yaml"],
+       ConfigError, "missing.yaml: model file not found"),
+    _c("unknown-collective-algo", "CLI flags", "`simulate --collective-algo foo`",
+       _simulate(collective_algo="foo", layers=1, hidden=64, batch=64),
+       S + ["--collective-algo", "foo", "--layers", "1", "--hidden", "64", "--batch", "64"],
+       ConfigError, "unknown algorithm 'foo'"),
+    _c("out-is-a-file", "CLI flags", "`simulate --out FILE` (an existing file)", None,
+       ["simulate", "--no-plots", "--layers", "1", "--hidden", "64", "--batch", "64",
+        "--out", "{cases}/model_not_mapping.yaml"],
+       ConfigError, "exists and is not a directory"),
+    _c("dp-not-an-int", "CLI flags", "`simulate --dp abc`", None, S + ["--dp", "abc"], None,
+       "argument --dp: invalid int value: 'abc'"),
+    _c("unknown-flag", "CLI flags", "`simulate --bogus`", None, S + ["--bogus"], None,
+       "unrecognized arguments: --bogus"),
+    _c("unknown-collective", "CLI flags", "`collective allfoo`", _collective("allfoo"),
+       ["collective", "allfoo"], ConfigError, "unknown collective 'allfoo'"),
+    _c("collective-rank-off-topology", "CLI flags", "`collective allreduce --devices 0-99`",
+       _collective("allreduce", ranks=range(100)), ["collective", "allreduce", "--devices", "0-99"],
+       TopologyError, "team rank 8 is not a device of topology 'dgx-a100'"),
+    _c("collective-root-off-team", "CLI flags", "`collective broadcast --root 9 --devices 0-3`",
+       _collective("broadcast", ranks=range(4), root=9),
+       ["collective", "broadcast", "--root", "9", "--devices", "0-3"], ConfigError,
+       "root 9 is not in the team"),
+    _c("collective-negative-bytes", "CLI flags", "`collective allreduce --bytes -5`", None,
+       ["collective", "allreduce", "--bytes", "-5"], ConfigError, "bad size '-5'"),
+    _c("import-negative-shape", "CLI flags", "`import --input-shape x=-2x3`", None,
+       ["import", "{tmp}/negative_dims.onnx", "--input-shape", "x=-2x3"], ConfigError,
+       "bad shape '-2x3' (dims must be positive)"),
+
+    # topology YAML
+    *[_c(f"topology-{name}", "topology YAML", what, _load_topology(f"topo_{file}.yaml"),
+         S + ["--topology", f"{{cases}}/topo_{file}.yaml"], error, message)
+      for name, file, what, error, message in [
+          ("not-a-mapping", "not_mapping", "a list instead of a mapping", ConfigError,
+           "topo_not_mapping.yaml: a topology file must be a mapping"),
+          ("tab", "tab", "a tab character (malformed YAML)", ConfigError,
+           "found character '\\t' that cannot start any token"),
+          ("binary", "binary", "binary junk", ConfigError, "topo_binary.yaml"),
+          ("no-device", "no_device", "no `device:` block", ConfigError,
+           "device: missing required field"),
+          ("unknown-field", "unknown_field", "an unknown top-level field `colour`", ConfigError,
+           "colour: unknown field"),
+          ("negative-memory", "negative_memory", "`memory_bytes: -1`", ConfigError,
+           "device.memory_bytes: must be positive, got -1"),
+          ("unknown-builder", "unknown_builder", "`builder: hypercube`", ConfigError,
+           "builder: unknown builder 'hypercube'"),
+          ("builder-list", "builder_list", "`builder: [dgx]` (a list)", ConfigError,
+           "builder: unknown builder ['dgx']"),
+          ("negative-param", "negative_param", "`params: {gpus_per_node: -2}`", ConfigError,
+           "params.gpus_per_node: must be a positive integer, got -2"),
+          ("zero-bandwidth", "zero_bandwidth", "a link of 0 GB/s", ConfigError,
+           "links[0].bandwidth_GBps: must be positive, got 0"),
+          ("nan-bandwidth", "nan_bandwidth", "a link of NaN GB/s", TopologyError,
+           "link g0 -> g1: bandwidth_Bps must be positive, got nan"),
+          ("unknown-node", "unknown_node", "a link to an undeclared node", TopologyError,
+           "links[0].dst: unknown node 'g9'"),
+          ("disconnected", "disconnected", "a device no link reaches", TopologyError,
+           "devices g0 and g2 cannot reach each other"),
+      ]],
+
+    # model YAML
+    *[_c(f"model-{name}", "model YAML", what, _simulate_file("model", f"model_{file}.yaml", **kw),
+         S + ["--model", f"{{cases}}/model_{file}.yaml"] + cli_extra, error, message)
+      for name, file, what, kw, cli_extra, error, message in [
+          ("not-a-mapping", "not_mapping", "a list instead of a mapping", {}, [], ConfigError,
+           "model_not_mapping.yaml: a model file must be a mapping of fields"),
+          ("unknown-family", "unknown_family", "`family: rnn`", {}, [], ConfigError,
+           "family: unknown model family 'rnn'"),
+          ("family-list", "family_list", "`family: [mlp]` (a list)", {}, [], ConfigError,
+           "family: unknown model family ['mlp']"),
+          ("layers-string", "layers_string", "`layers: two`", {}, [], ConfigError,
+           "mlp.layers: must be a positive integer, got 'two'"),
+          ("unknown-field", "unknown_field", "a misspelt field `layerz`", {}, [], ConfigError,
+           "unknown field 'layerz'"),
+          ("bias-not-bool", "bias_not_bool", "`bias: maybe`", {}, [], ConfigError,
+           "mlp.bias: must be true or false, got 'maybe'"),
+          ("gpt-heads", "gpt_heads", "GPT: 4 heads, hidden 30", {"dp": 8}, ["--dp", "8"],
+           ConfigError, "heads: 4 heads do not divide hidden size 30"),
+          ("gpt-kv-heads", "gpt_kv_heads", "GPT: 3 kv heads for 4 heads", {"dp": 8},
+           ["--dp", "8"], ConfigError, "kv_heads: 3 must divide heads (4)"),
+          ("gpt-micro-batch", "gpt_micro_batch", "GPT: global batch 8, micro batch 3",
+           {"dp": 8}, ["--dp", "8"], ConfigError, "global_batch: 8 is not a multiple of micro_batch 3"),
+      ]],
+
+    # sweep specs
+    *[_c(f"sweep-{name}", "sweep spec", what, _load_sweep(f"sweep_{file}.yaml"),
+         ["sweep", f"{{cases}}/sweep_{file}.yaml", "--workers", "1", "--quiet", "--out", OUT],
+         ConfigError, message)
+      for name, file, what, message in [
+          ("no-grid", "no_grid", "no `grid:`", "grid: missing"),
+          ("grid-scalar", "grid_scalar", "`grid: {dp: 4}` (not a list)",
+           "grid.dp: must be a list of values, got 4"),
+          ("unknown-option", "unknown_option", "`grid: {dpp: [1, 2]}`",
+           "grid.dpp: unknown parameter 'dpp'"),
+          ("bad-value", "bad_value", "`grid: {dp: [one, two]}`",
+           "grid.dp[0]: dp must be an integer, got 'one'"),
+          ("constraint-code", "constraint_code", "a constraint calling `__import__`",
+           "only min, max, abs, int, float, len may be called"),
+          ("constraint-syntax", "constraint_syntax", "a constraint `dp <<< 3`",
+           "constraint 'dp <<< 3' is not a valid expression"),
+          ("unknown-model", "unknown_model", "`base: {model: nope}`", "unknown model 'nope'"),
+      ]],
+
+    # the text format
+    *[_c(f"text-{name}", "text format", what, _read_text(f"text_{file}.dir"),
+         ["print", f"{{cases}}/text_{file}.dir"], error, message)
+      for name, file, what, error, message in [
+          ("undefined-value", "undefined_value", "use of an undefined value", ParseError,
+           "text_undefined_value.dir:2:13: use of undefined value %z"),
+          ("unknown-dtype", "unknown_dtype", "dtype `f99`", ParseError,
+           "text_unknown_dtype.dir:2:20: unknown dtype 'f99'"),
+          ("negative-dim", "negative_dim", "`f32[-4]`", ParseError,
+           "text_negative_dim.dir:1:17: negative dimension -4"),
+          ("huge-dim", "huge_dim", "`f32[10^12,10^12]` (4 * 10^24 bytes)", VerifyError,
+           "a dimension is absurdly large"),
+          ("deep-nesting", "deep_nesting", "an attribute nested 100 lists deep", ParseError,
+           "attribute value nested deeper than 64 lists"),
+          ("bad-escape", "bad_escape", "a string attribute `\"\\q\"`", ParseError,
+           "text_bad_escape.dir:2:29: bad string"),
+          ("long-integer", "long_integer", "a 5000-digit integer attribute", ParseError,
+           "text_long_integer.dir:2:29: expected an integer attribute"),
+          ("unexpected-character", "unexpected_character", "a `$` in an op line", ParseError,
+           "text_unexpected_character.dir:2:31: unexpected character '$'"),
+          ("missing-return", "missing_return", "a function without `return`", ParseError,
+           "missing 'return' before end of input"),
+          ("unknown-op", "unknown_op", "op `frobnicate`", VerifyError,
+           "op %y = frobnicate: unknown op type 'frobnicate'"),
+          ("wrong-result-type", "wrong_result_type", "a result declared with the wrong shape",
+           VerifyError, "result %y is declared f32[4,5]@0 but the op produces f32[4,4]@0"),
+          ("ranks-not-a-list", "ranks_not_list", "`ranks = 5`", VerifyError,
+           "op %y = comm.broadcast: malformed attributes {ranks = 5"),
+          ("wrong-device", "wrong_device", "a matmul of values on devices 0 and 1", VerifyError,
+           "op %y = matmul: inputs on different devices [0, 1]"),
+          ("mismatched-team", "mismatched_team", "an all-reduce over ranks [0, 1] fed from device 2",
+           VerifyError, "input on device 2 where team rank 1 was expected"),
+          ("send-without-receive", "send_without_receive", "a sendrecv with only a sender",
+           VerifyError, "sendrecv needs ranks [src, dst], got (0,)"),
+      ]],
+
+    # ONNX files
+    *[_c(f"onnx-{kind.replace('_', '-')}", "ONNX file", what, _import_onnx(kind),
+         ["import", f"{{tmp}}/{kind}.onnx"], error, message)
+      for kind, what, error, message in [
+          ("truncated", "the first half of a valid file", ParseError,
+           "truncated.onnx: not an ONNX model, or truncated"),
+          ("wrong_magic", "a zip header in front of a model", ParseError,
+           "wrong_magic.onnx: not an ONNX model, or truncated"),
+          ("empty", "an empty file", ParseError, "empty.onnx: not an ONNX model"),
+          ("cyclic", "two nodes feeding each other", ParseError, "cycle through node"),
+          ("dangling", "a node reading an undefined tensor", ParseError,
+           "node 'adder' (Add): input 'nowhere' is dangling"),
+          ("contradicting_shapes", "an output declared [2,4] for a [2,3] Relu", VerifyError,
+           "node 'act' (Relu): 'y' is declared with shape (2, 4)"),
+          ("contradicting_matmul", "MatMul of [2,3] by [4,5]", VerifyError,
+           "node 'mm' (MatMul): contraction dims differ"),
+          ("huge_dims", "an input of 2^62 x 2^62", VerifyError, "a dimension is absurdly large"),
+          ("negative_dims", "an input dim of -3", ConfigError, "graph input 'x': dimension 0"),
+          ("unknown_dtype", "a STRING input", UnsupportedOpError,
+           "graph input 'x': element type STRING is not supported"),
+          ("dtype_99", "element type 99", UnsupportedOpError, "element type 99 is not supported"),
+          ("unsupported_op", "an op type `FooBar`", UnsupportedOpError,
+           "unsupported op types: FooBar"),
+          ("old_opset", "opset 1", UnsupportedOpError, "opset 1 is older than the oldest supported"),
+          ("bad_reshape", "Reshape to [-1, -1]", VerifyError, "has more than one -1"),
+      ]],
+
+    # programs (the simulator's input, built in memory without the verifier)
+    _c("program-member-never-reaches", "program", "an all-reduce one member never reaches",
+       _simulate_program(deadlock_member_never_reaches), None, SimulationError,
+       "device 1 compute: %p1 (relu) waiting for input %q1"),
+    _c("program-sendrecv-own-output", "program",
+       "a sendrecv whose input is computed from its own output",
+       _simulate_program(deadlock_sendrecv_own_output), None, SimulationError,
+       "device 0 compute: %a0 (relu) waiting for input %c0"),
+    _c("program-circular-wait", "program", "three all-reduces waiting on each other in a ring",
+       _simulate_program(deadlock_circular_wait), None, SimulationError, "6 stream(s) blocked"),
+    _c("program-value-off-topology", "program", "a value on device 12 of an 8-GPU topology",
+       _simulate_program(value_on_missing_device), None, TopologyError,
+       "value %x is on device 12, but topology 'dgx-a100' has devices 0..7"),
+    _c("program-team-off-topology", "program", "an all-reduce with team rank 9 on 8 GPUs",
+       _simulate_program(team_rank_missing), None, TopologyError, "is on device 9"),
+]
+
+
+def readme_table() -> str:
+    """The catalogue as the Markdown table of README.md
+    (``python tests/adversarial/catalogue.py`` prints it)."""
+    lines = ["| id | entry point | bad input | error class | message contains | CLI exit |",
+             "|---|---|---|---|---|---|"]
+    for c in CASES:
+        cls = c.error.__name__ if c.error is not None else "usage error (argparse)"
+        message = c.message.replace("|", "\\|")
+        tick = "`" if "`" not in message else "``"
+        lines.append(f"| `{c.id}` | {c.entry} | {c.what} | `{cls}` | {tick}{message}{tick} | "
+                     f"{'2' if c.cli is not None else '—'} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(readme_table())
