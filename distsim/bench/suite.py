@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import platform
 import time
+from queue import Empty
 from typing import Any, Callable, Dict, Iterable, Optional
 
 from .cases import BENCHMARKS, peak_rss_bytes
@@ -29,8 +30,16 @@ def run_one(name: str, quick: bool) -> Dict[str, Any]:
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(name, quick, queue))
     proc.start()
-    figures = queue.get()
+    figures = None
+    while figures is None:
+        try:
+            figures = queue.get(timeout=1.0)
+        except Empty:
+            if not proc.is_alive():  # killed (e.g. out of memory) before reporting
+                figures = {"_error": f"benchmark process ended with exit code {proc.exitcode}"}
     proc.join()
+    if "_error" in figures:
+        figures = {f"{name}_note": figures.pop("_error")}
     rss = figures.pop("_rss", None)
     if name in RSS_KEYS and rss is not None and figures.get(RSS_KEYS[name], 0) is not None:
         figures[RSS_KEYS[name]] = rss

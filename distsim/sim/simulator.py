@@ -204,14 +204,15 @@ class Simulator:
     def _consume(self, values: Sequence[Value], end_s: float) -> None:
         """An op reading ``values`` ends at ``end_s``; free each value after
         the last of its readers ends."""
+        last_use = self._last_use
         for v in values:
-            if end_s > self._last_use.get(v, 0.0):
-                self._last_use[v] = end_s
+            last = last_use.get(v)
+            if last is None or end_s > last:
+                last = last_use[v] = end_s
             left = self._users_left[v] - 1
             self._users_left[v] = left
             if left == 0 and v not in self._kept:
-                self.memory.free(v.type.device, self._size[v], self._category[v],
-                                 self._last_use[v])
+                self.memory.free(v.type.device, self._size[v], self._category[v], last)
 
     def _wait_known(self, key: Tuple[int, str], op: Op, v: Value) -> simpy.Event:
         ev = self.env.event()

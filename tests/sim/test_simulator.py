@@ -123,3 +123,15 @@ def test_simulation_is_deterministic(topo):
     a = simulate_function(prog, topo)
     b = simulate_function(prog, topo)
     assert a.ops == b.ops and a.memory == b.memory and a.step_time_s == b.step_time_s
+
+
+def test_zero_cost_op_at_time_zero(topo):
+    """An op that ends at t=0 frees its inputs at t=0 (no special case)."""
+    b = FunctionBuilder("zero")
+    x = b.input("x", TensorType((4,), F16, 0))
+    y = b.op("identity", [x])
+    z = b.op("relu", [y])
+    trace = simulate_function(b.finish([z]), topo, CostModel(spec(), profile={"identity": 0.0,
+                                                                              "relu": 1.0}))
+    assert trace.step_time_s == 1.0
+    assert [s.live_bytes for s in trace.memory if s.time_s == 0.0][-1] == 16  # y and z live
