@@ -9,7 +9,17 @@ from __future__ import annotations
 
 
 class DistsimError(Exception):
-    """Base class of every error distsim raises on purpose."""
+    """Base class of every error distsim raises on purpose.
+
+    Its text is always one line: a name taken from the user's file (an ONNX
+    node, a YAML key) may hold a newline or other control characters, which
+    are shown escaped (``\\n``) so that the CLI prints exactly one line."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if text.isprintable():
+            return text
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class ParseError(DistsimError):
