@@ -62,6 +62,8 @@ def dtype_of_onnx(elem_type: int, where: str) -> DType:
 
 def sanitize_name(name: str) -> str:
     """An ONNX name as a DistIR value name (``[A-Za-z0-9_][A-Za-z0-9_.-]*``)."""
+    if isinstance(name, bytes):  # protobuf hands back invalid UTF-8 as bytes
+        name = name.decode("utf-8", errors="replace")
     text = re.sub(r"[^A-Za-z0-9_.\-]", "_", name).strip("_")
     return text if text and text[0] not in ".-" else f"v{text}"
 
@@ -158,7 +160,7 @@ class OnnxImporter:
         for node in g.node:
             for name in node.input:
                 if name and name not in known and name not in producer:
-                    raise ParseError(f"node '{node.name or node.output[0]}' ({node.op_type}): "
+                    raise ParseError(f"node '{node.name or (list(node.output) or ['?'])[0]}' ({node.op_type}): "
                                      f"input '{name}' is dangling (no node, graph input or "
                                      "initializer defines it)", source=self.source)
         order = self._topological(producer)
@@ -195,7 +197,7 @@ class OnnxImporter:
                     ready.append(u)
         if len(order) != len(nodes):
             stuck = next(n for k, n in enumerate(nodes) if waiting[k] > 0)
-            label = stuck.name or stuck.output[0]
+            label = stuck.name or (stuck.output[0] if stuck.output else stuck.op_type)
             raise ParseError(f"the graph has a cycle through node '{label}' ({stuck.op_type})",
                              source=self.source)
         return order
@@ -367,7 +369,13 @@ class OnnxImporter:
                 raise VerifyError(f"{self.where(node)}: cannot evaluate its constant inputs: "
                                   f"{type(e).__name__}: {e}") from None
         else:
-            results = CONVERTERS[node.op_type](self, node)
+            try:
+                results = CONVERTERS[node.op_type](self, node)
+            except (ValueError, IndexError, KeyError, TypeError) as e:
+                # a converter given a malformed node (too few inputs, an
+                # attribute of the wrong type) is bad input, not a bug
+                raise VerifyError(f"{self.where(node)}: malformed node "
+                                  f"({type(e).__name__}: {e})") from None
         for name, result in zip(node.outputs, results):
             if not name or result is None:
                 continue
