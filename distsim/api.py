@@ -152,7 +152,11 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
     program, config, topo = build_program(model, topology, **options)
     config.update(network_mode=network_mode, collective_algo=collective_algo)
+    # Symmetry: a family that built a reduced program (meta "represents")
+    # has applied it already; otherwise the simulator finds the classes.
+    symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
     trace = simulate_function(program, topo, CostModel(topo.device_spec),
                               SimulationOptions(network_mode=network_mode,
-                                                collective_algorithm=collective_algo))
+                                                collective_algorithm=collective_algo,
+                                                symmetry=symmetry))
     return SimulationResult(trace, program, config, topo)

@@ -116,9 +116,6 @@ def test_a_deadlock_across_eight_devices_reports_every_stream_fast(topo):
     assert all(op.startswith("%") for op in blocked.values())
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="simulator.py _prepare: an operand no op defines raises KeyError "
-                          "(reported to the lead; the simulator is not this suite's file)")
 def test_an_operand_nobody_produces_is_an_error_not_a_hang(topo):
     x, ghost, y = Value("x", _t(0)), Value("ghost", _t(0)), Value("y", _t(0))
     f = Function("ghost", [x], [Op("add", [x, ghost], [y])], [y])

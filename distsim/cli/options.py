@@ -49,6 +49,13 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-mb", type=float, dest="bucket_mb",
                    help="DDP gradient bucket size in MB (default: one all-reduce per gradient "
                         "as soon as it is ready; 0: all after the backward pass)")
+    g.add_argument("--symmetry", action="store_true", default=None,
+                   help="simulate one representative device per class of identical devices "
+                        "(data- and tensor-parallel peers mirror it): same results, much faster "
+                        "on large clusters")
+    g.add_argument("--coarsen", action="store_true", default=None,
+                   help="simulate each run of compute ops between communications as one fused "
+                        "op (same step time, far fewer ops; memory inside a run not tracked)")
     g.add_argument("--global-batch", type=int, dest="global_batch",
                    help="sequences per step, all data-parallel ranks together (GPT models)")
     g.add_argument("--micro-batch", type=int, dest="micro_batch",
@@ -88,7 +95,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
         out["input_shapes"] = input_shapes_option(args.input_shape)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
                 "kv_heads", "ffn", "vocab", "sp", "zero", "recompute", "microbatches", "schedule",
-                "virtual_stages", "bucket_mb", "global_batch", "micro_batch"):
+                "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "symmetry", "coarsen"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

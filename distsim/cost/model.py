@@ -5,7 +5,8 @@
 
 Matrix products use the device's ``matmul_efficiency``, everything else its
 ``vector_efficiency``. A measured profile (op type -> seconds, or a
-callable) overrides the formula for the ops it lists.
+callable) overrides the formula for the ops it lists. An op holding a
+function (a fused segment, a call) costs the sum of that function's ops.
 """
 from __future__ import annotations
 
@@ -35,8 +36,11 @@ class CostModel:
 
     device: DeviceSpec
     profile: Mapping[str, ProfileEntry] = field(default_factory=dict)
+    _function_costs: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
 
     def op_cost(self, op: Op) -> OpCost:
+        if op.subfunctions and not is_communication(op):
+            return self.function_cost(op.subfunctions[0])
         flops = op_flops(op)
         nbytes = op_memory_bytes(op)
         if is_communication(op):
@@ -46,6 +50,21 @@ class CostModel:
             t = entry(op) if callable(entry) else float(entry)
             return OpCost(t, flops, nbytes)
         return OpCost(self.roofline_time(op, flops, nbytes), flops, nbytes)
+
+    def function_cost(self, function) -> OpCost:
+        """The summed cost of every op of ``function`` (a fused segment or a
+        callee), computed once per function object."""
+        key = id(function)
+        hit = self._function_costs.get(key)
+        if hit is None or hit[0] is not function:
+            time_s = flops = nbytes = 0.0
+            for op in function.ops:
+                c = self.op_cost(op)
+                time_s += c.time_s
+                flops += c.flops
+                nbytes += c.bytes
+            hit = self._function_costs[key] = (function, OpCost(time_s, flops, nbytes))
+        return hit[1]
 
     def roofline_time(self, op: Op, flops: float, nbytes: float) -> float:
         d = self.device

@@ -32,6 +32,10 @@ class NumpyExecutor(Interpreter):
 
     def run_op(self, op: Op, args: List[Any]) -> List[Any]:
         if is_communication(op):
+            if op.attrs.get("present") is not None:
+                raise ExecutionError(f"op %{op.name} ({op.op_type}) is from a reduced program (only "
+                                     f"ranks {list(op.attrs['present'])} present): it can be "
+                                     "simulated but not executed")
             return run_collective(CollectiveType.from_op_type(op.op_type), op.attrs, args)
         kernel = KERNELS.get(op.op_type)
         if kernel is None and op.subfunctions:  # an op holding a function (a call): run it

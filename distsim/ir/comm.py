@@ -53,6 +53,13 @@ def team(op: Op) -> Tuple[int, ...]:
     return tuple(op.attrs["ranks"])
 
 
+def members(op: Op) -> Tuple[int, ...]:
+    """The ranks whose streams take part in the op: the team, or in a reduced
+    program only the members present (the others mirror them)."""
+    present = op.attrs.get("present")
+    return tuple(present) if present is not None else tuple(op.attrs["ranks"])
+
+
 def io_ranks(kind: CollectiveType, ranks: Tuple[int, ...], root: int | None
              ) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     """(ranks that provide an input, ranks that receive an output), in order."""

@@ -40,6 +40,14 @@ def _team(kind: CollectiveType, types: Sequence[TensorType], attrs):
     if "reduce_op" in attrs and attrs["reduce_op"] not in REDUCE_OPS:
         raise ShapeError(f"reduce_op '{attrs['reduce_op']}' is not one of {', '.join(REDUCE_OPS)}")
     in_ranks, out_ranks = io_ranks(kind, ranks, root)
+    present = attrs.get("present")
+    if present is not None:
+        # A reduced program: only the ``present`` members' data is in it;
+        # the others mirror a present member (see distsim.sim.symmetry).
+        if not set(present) <= set(ranks) or not present:
+            raise ShapeError(f"present {tuple(present)} must be a non-empty subset of the team {ranks}")
+        in_ranks = tuple(r for r in in_ranks if r in present)
+        out_ranks = tuple(r for r in out_ranks if r in present)
     if len(types) != len(in_ranks):
         raise ShapeError(f"expects {len(in_ranks)} inputs (one per rank of {in_ranks}), got {len(types)}")
     for t, r in zip(types, in_ranks):
@@ -73,16 +81,20 @@ def _make(kind: CollectiveType):
                         any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != dim)):
                     raise ShapeError(f"team inputs differ outside dim {dim}: {first.shape} vs {t.shape}")
             shape = list(first.shape)
-            shape[dim] = sum(t.shape[dim] for t in types)
+            if attrs.get("present") is not None:  # absent members hold equal pieces
+                shape[dim] = first.shape[dim] * n
+            else:
+                shape[dim] = sum(t.shape[dim] for t in types)
             return [TensorType(tuple(shape), first.dtype, r) for r in out_ranks]
         if kind in (CollectiveType.REDUCE_SCATTER, CollectiveType.SCATTER):
             t = _all_same(types)
             dim = _check_dim(t, attrs["dim"], "dim")
             if t.shape[dim] < n:
                 raise ShapeError(f"dim {dim} of size {t.shape[dim]} cannot be split over {n} ranks")
-            sizes = split_sizes(t.shape[dim], n)
+            sizes = dict(zip(ranks, split_sizes(t.shape[dim], n)))
             out = []
-            for r, size in zip(out_ranks, sizes):
+            for r in out_ranks:
+                size = sizes[r]
                 shape = list(t.shape)
                 shape[dim] = size
                 out.append(TensorType(tuple(shape), t.dtype, r))
@@ -114,8 +126,8 @@ _ATTRS = {
 }
 
 for _kind, _attrs in _ATTRS.items():
-    # Every collective may also carry its symbolic team (mesh name and axes)
-    # and a chosen algorithm; both are optional.
+    # Every collective may also carry its symbolic team (mesh name and axes),
+    # a chosen algorithm, and in a reduced program the members present.
     register(OpSpec(_kind.op_type, None, _make(_kind),
-                    dict(_attrs, mesh=None, axes=None, algorithm=None),
+                    dict(_attrs, mesh=None, axes=None, algorithm=None, present=None),
                     is_communication=True))

@@ -15,6 +15,7 @@ from typing import Iterable, Set
 
 from ..errors import UnsupportedOpError, VerifyError
 from .core import Function, Module, Op
+from .ops_fused import FUSED, fused_result_types
 from .registry import ShapeError, infer_types, is_registered
 
 
@@ -60,7 +61,10 @@ def verify(function: Function, known_devices: Iterable[int] | None = None) -> Fu
             if id(v) not in defined:
                 raise VerifyError(f"{where}: operand %{v.name} is used before it is defined")
         try:
-            expected = infer_types(op.op_type, [v.type for v in op.inputs], op.attrs)
+            if op.op_type == FUSED:
+                expected = fused_result_types(op, [v.type for v in op.inputs])
+            else:
+                expected = infer_types(op.op_type, [v.type for v in op.inputs], op.attrs)
         except ShapeError as e:
             raise VerifyError(f"{where}: {e}") from None
         except UnsupportedOpError as e:

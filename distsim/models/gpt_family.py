@@ -81,7 +81,8 @@ def build_gpt(config: Mapping[str, Any], strategy: Strategy) -> Function:
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
     step = build_gpt_step(c, strategy, c.micro_batch)
-    program = LowerSPMD(strategy, m, hyper_of(c), c.master_dtype)(step)
+    program = LowerSPMD(strategy, m, hyper_of(c), c.master_dtype,
+                        representatives=strategy.symmetry, coarsen=strategy.coarsen)(step)
     program.meta["model"] = {"name": config.get("name", "gpt"), **c.to_dict(),
                              "parameters": c.parameter_count()}
     return program

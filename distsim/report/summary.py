@@ -76,7 +76,9 @@ def _device_summary(rank: int, name: str, capacity: int, ops: Sequence, peak: in
 
 
 def _mean(devices: List[Dict[str, Any]], key: str) -> float:
-    return sum(d[key] for d in devices) / len(devices) if devices else 0.0
+    """Mean over the devices, each weighted by how many it represents."""
+    total = sum(d.get("represents", 1) for d in devices)
+    return sum(d[key] * d.get("represents", 1) for d in devices) / total if total else 0.0
 
 
 def summarize(trace: Trace) -> Dict[str, Any]:
@@ -90,10 +92,15 @@ def summarize(trace: Trace) -> Dict[str, Any]:
         _device_summary(d.rank, d.name, d.capacity_bytes, by_rank[d.rank], peaks.get(d.rank, 0), step)
         for d in sorted(trace.devices, key=lambda d: d.rank)
     ]
+    # A reduced program simulates one device per class (trace.meta["represents"]).
+    represents = {int(r): int(n) for r, n in (trace.meta.get("represents") or {}).items()}
+    if represents:
+        for d in devices:
+            d["represents"] = represents.get(d["rank"], 1)
     peak_dev = max(devices, key=lambda d: (d["peak_memory_bytes"], -d["rank"]), default=None)
     return {
         "step_time_s": step,
-        "num_devices": len(devices),
+        "num_devices": sum(d.get("represents", 1) for d in devices),
         "compute_s": _mean(devices, "compute_s"),
         "communication_s": _mean(devices, "communication_s"),
         "exposed_communication_s": _mean(devices, "exposed_communication_s"),

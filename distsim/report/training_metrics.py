@@ -46,7 +46,7 @@ def training_metrics(summary: Mapping[str, Any], trace_meta: Mapping[str, Any],
                      peak_flops: float) -> Dict[str, Any]:
     step = float(summary["step_time_s"])
     devices = summary["devices"]
-    n = len(devices)
+    n = int(summary.get("num_devices") or len(devices))  # devices represented, not simulated
     out: Dict[str, Any] = {}
     if "global_batch" in model and "seq" in model and step > 0:
         out["tokens_per_step"] = int(model["global_batch"] * model["seq"])
@@ -58,7 +58,7 @@ def training_metrics(summary: Mapping[str, Any], trace_meta: Mapping[str, Any],
         out["mfu"] = mflops / denom if denom > 0 else 0.0
     out["hfu"] = float(summary.get("total_flops", 0.0)) / denom if denom > 0 else 0.0
     pp = int(strategy.get("pp") or 1)
-    out["bubble_fraction"] = (sum(d["idle_s"] for d in devices) / (n * step)
+    out["bubble_fraction"] = (sum(d["idle_s"] * d.get("represents", 1) for d in devices) / (n * step)
                               if pp > 1 and n and step > 0 else 0.0)
     by_cat = trace_meta.get("peak_memory_by_category", {}) or {}
     memory = {int(r): {k: int(v) for k, v in cats.items()} for r, cats in by_cat.items()}

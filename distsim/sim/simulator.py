@@ -32,7 +32,7 @@ import simpy
 
 from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
-from ..ir.comm import CollectiveType, collective_of, is_communication
+from ..ir.comm import CollectiveType, collective_of, is_communication, members
 from ..ir.core import Function, Op, Value
 from .collectives import bytes_sent_per_rank, run_collective
 from .memory import MemoryLog
@@ -97,7 +97,7 @@ class _Collective:
 
     def __init__(self, env: simpy.Environment, op: Op, simulated: bool = True) -> None:
         self.op = op
-        self.members: Tuple[int, ...] = tuple(op.attrs["ranks"])
+        self.members: Tuple[int, ...] = members(op)
         self.arrivals: Dict[int, float] = {}
         self.done = env.event()
         self.simulated = simulated
@@ -160,7 +160,7 @@ class Simulator:
         simulated = self._simulated
         for op in self.function.ops:
             if is_communication(op):
-                for r in op.attrs["ranks"]:
+                for r in members(op):
                     if simulated(r):
                         streams.setdefault((r, COMM_STREAM), []).append(op)
             else:
@@ -178,7 +178,7 @@ class Simulator:
             if is_communication(op) or not self._simulated(op.outputs[0].type.device
                                                            if op.outputs else op.inputs[0].type.device):
                 continue
-            key = (op.op_type, tuple(op.attrs.items()),
+            key = (op.op_type, tuple(op.attrs.items()), tuple(id(f) for f in op.subfunctions),
                    tuple((v.type.shape, v.type.dtype) for v in op.inputs),
                    tuple((v.type.shape, v.type.dtype) for v in op.outputs))
             hit = cache.get(key)
@@ -287,7 +287,7 @@ class Simulator:
         if start > env.now:
             yield env.timeout(start - env.now)
         kind = collective_of(op)
-        ranks = coll.members
+        ranks = tuple(op.attrs["ranks"])  # the whole team loads the network
         root = ranks[0] if kind is CollectiveType.SEND_RECV else op.attrs.get("root")
         nbytes = collective_bytes(op)
         for v in op.outputs:
@@ -298,7 +298,7 @@ class Simulator:
         used = str(used or algorithm)
         end = env.now
         sent = float(bytes_sent_per_rank(kind, len(ranks), nbytes, used))
-        for r in ranks:
+        for r in coll.members:
             self.records.append(OpRecord(r, COMM_STREAM, op.name, op.op_type, "communication",
                                          start, end, 0.0, sent, used))
         self._publish(op.outputs, end)
@@ -312,9 +312,8 @@ class Simulator:
         grad_names = set(f.meta.get("grads", {}).values())
         # Optimizer updates overwrite their parameter in place: no new bytes.
         in_place = set(f.meta.get("updates", {}).values())
-        producers = f.producers()
-        for v in f.values():
-            self._category[v] = value_category(v, producers.get(v), roles, grad_names)
+        for v in f.inputs:
+            self._category[v] = value_category(v, None, roles, grad_names)
             self._size[v] = 0 if v.name in in_place else v.type.size_bytes
             self._users_left[v] = 0
         for v in f.inputs:
@@ -323,7 +322,15 @@ class Simulator:
         if self.options.symmetry:
             self._rep = symmetry_classes(f, self.topology.node_of)
         for op in f.ops:
+            for v in op.outputs:
+                self._category[v] = value_category(v, op, roles, grad_names)
+                self._size[v] = 0 if v.name in in_place else v.type.size_bytes
+                self._users_left[v] = 0
+        for op in f.ops:
             for v in op.inputs:
+                if v not in self._users_left:  # read but defined nowhere: it would never come
+                    raise SimulationError(f"op %{op.name} ({op.op_type}) reads %{v.name}, which "
+                                          "no op or input of the program defines")
                 self._users_left[v] += 1
             if is_communication(op):
                 self._collectives[id(op)] = _Collective(
@@ -382,7 +389,9 @@ class Simulator:
                 missing = [r for r in coll.members if r not in coll.arrivals]
                 why = f"waiting for ranks {missing} to reach it"
             parts.append(f"device {rank} {stream}: %{op.name} ({op.op_type}) {why}")
-        return (f"deadlock at t={self.env.now:.6g} s: {len(self._blocked)} stream(s) blocked: "
+        # compute streams run ahead of the clock: report the latest time reached
+        reached = max([self.env.now] + [r.end_s for r in self.records])
+        return (f"deadlock at t={reached:.6g} s: {len(self._blocked)} stream(s) blocked: "
                 + "; ".join(parts))
 
     def _trace(self) -> Trace:
@@ -396,6 +405,8 @@ class Simulator:
         return Trace(devices=devices, ops=records, memory=self.memory.samples,
                      links=self.network.link_records(), step_time_s=float(end),
                      meta={"peak_memory_by_category": peaks,
+                           # a reduced program: how many devices each simulated one stands for
+                           "represents": dict(self.function.meta.get("represents", {})),
                            "network_mode": self.options.network_mode,
                            "simulated_devices": len(set(self._rep.values())) if self._rep
                            else len(devices)})

@@ -22,6 +22,21 @@ global parameter, which TP / DP shard, which micro-batch) so that
 :func:`distsim.transforms.zero.local_inputs` and
 :func:`~distsim.transforms.zero.global_updates` can move numbers between a
 single-device step and the lowered one.
+
+With ``representatives=True`` the pass writes a *reduced* program for
+simulation only: the ops of one rank per pipeline stage (data- and
+tensor-parallel rank 0), whose peers run the same ops at the same times.
+Collectives keep their whole team (so the network carries the full load)
+and list the ranks present in the program (``present``); collectives with
+no present member are left out, as mirrors of those kept.
+``meta["represents"]`` says how many devices each present rank stands for.
+
+With ``coarsen=True`` each run of compute ops of a task (between
+collectives, sends and gradient-producing ops, within one layer and phase)
+becomes one ``fused`` op holding the run as a shared segment function
+(:mod:`distsim.ir.ops_fused`): its time is the sum of the run's, so step
+times are unchanged, with far fewer ops to build and simulate; values
+internal to a run are not tracked in memory.
 """
 from __future__ import annotations
 
@@ -31,8 +46,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from ..cost.flops import op_flops
 from ..errors import PassPreconditionError
 from ..ir.builder import NameScope
-from ..ir.comm import CollectiveType
+from ..ir.comm import CollectiveType, io_ranks
 from ..ir.core import Function, Op, Value
+from ..ir.ops_fused import FUSED
 from ..ir.registry import infer_types, lookup, with_defaults
 from ..ir.types import DType, TensorType
 from .adam import AdamHyper
@@ -48,8 +64,9 @@ SPMD_TO_COMM = {"spmd.allreduce": CollectiveType.ALL_REDUCE,
 class Emitter:
     """Appends ops with inferred types to a new local-view function."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, present: Optional[Set[int]] = None) -> None:
         self.function = Function(name)
+        self.present = present  # None: every rank is in the program
         self.names = NameScope()
         self.roles: Dict[str, str] = {}
         self.io: Dict[str, Dict[str, Any]] = {}
@@ -75,23 +92,85 @@ class Emitter:
             name: str, meta: Optional[Dict[str, Any]] = None) -> Value:
         return self.op(op_type, inputs, attrs, [name], meta)[0]
 
-    def collective(self, kind: CollectiveType, inputs: Sequence[Value], ranks: Sequence[int],
-                   names: Sequence[str], meta: Optional[Dict[str, Any]] = None,
-                   **attrs: Any) -> List[Value]:
-        return self.op(kind.op_type, inputs, dict(attrs, ranks=list(ranks)), names, meta)
+    def collective(self, kind: CollectiveType, inputs: Sequence[Optional[Value]],
+                   ranks: Sequence[int], names: Sequence[str],
+                   meta: Optional[Dict[str, Any]] = None, **attrs: Any) -> List[Optional[Value]]:
+        """Inputs and names follow the team's providing and receiving ranks;
+        in a reduced program absent members' inputs are None, and so are
+        their outputs."""
+        if self.present is None:
+            return self.op(kind.op_type, inputs, dict(attrs, ranks=list(ranks)), names, meta)
+        here = [r for r in ranks if r in self.present]
+        root = ranks[0] if kind is CollectiveType.SEND_RECV else attrs.get("root")
+        in_ranks, out_ranks = io_ranks(kind, tuple(ranks), root)
+        if not here:
+            return [None] * len(out_ranks)
+        if len(here) < len(ranks):
+            attrs = dict(attrs, present=here)
+        ins = [x for x, r in zip(inputs, in_ranks) if r in self.present]
+        kept = [n for n, r in zip(names, out_ranks) if r in self.present]
+        outs = iter(self.op(kind.op_type, ins, dict(attrs, ranks=list(ranks)), kept, meta))
+        return [next(outs) if r in self.present else None for r in out_ranks]
+
+
+def _segment_key(op: Op) -> tuple:
+    """Ops fuse only with neighbours of the same layer, phase and kind."""
+    m = op.meta
+    return (m.get("layer"), m.get("phase"), m.get("detail"), m.get("category"))
+
+
+class _Segment:
+    """A run of fusable ops of one task, as a device-free function whose
+    inputs are the values it reads from outside and whose outputs are the
+    values read after it."""
+
+    def __init__(self, name: str, ops: List[Op], lower: "LowerSPMD") -> None:
+        inside = {id(op) for op in ops}
+        produced = {v for op in ops for v in op.outputs}
+        self.inputs: List[Value] = []
+        for op in ops:
+            for v in op.inputs:
+                if v not in produced and v not in self.inputs:
+                    self.inputs.append(v)
+
+        def leaves(v: Value) -> bool:
+            return (v in lower.step_outputs or v in lower.crossing or v in lower.grad_of
+                    or any(id(c) not in inside for c in lower.consumers.get(v, ())))
+
+        self.outputs = [v for op in ops for v in op.outputs if leaves(v)]
+        self.layer = ops[-1].meta.get("layer")
+        self.meta = dict(ops[0].meta)
+        mapping: Dict[Value, Value] = {}
+
+        def local(v: Value) -> Value:
+            if v not in mapping:
+                mapping[v] = Value(v.name, TensorType(v.type.shape, v.type.dtype, None))
+            return mapping[v]
+
+        self.function = Function(name, [local(v) for v in self.inputs])
+        for op in ops:
+            self.function.ops.append(Op(op.op_type, [local(v) for v in op.inputs],
+                                        [local(v) for v in op.outputs], op.attrs, meta=op.meta))
+        self.function.outputs = [local(v) for v in self.outputs]
 
 
 class LowerSPMD:
     """The pass: ``LowerSPMD(strategy, microbatches, hyper)(step)``."""
 
     def __init__(self, strategy: Strategy, microbatches: int = 1,
-                 hyper: AdamHyper = AdamHyper(), master_dtype: str = "f32") -> None:
+                 hyper: AdamHyper = AdamHyper(), master_dtype: str = "f32",
+                 representatives: bool = False, coarsen: bool = False) -> None:
         if strategy.dp is None:
             raise PassPreconditionError("LowerSPMD: the strategy's dp must be resolved")
         self.S = strategy
         self.M = microbatches
         self.hyper = hyper
         self.master_dtype = DType.parse(master_dtype)
+        self.representatives = representatives
+        self.coarsen = coarsen
+        self._segment_cache: Dict[Tuple[str, int], List[Any]] = {}
+        S = strategy
+        self.reps: Set[int] = {S.rank(0, s, 0) for s in range(S.pp)}
 
     # -- analysis of the step ----------------------------------------------
     def _analyse(self, step: Function) -> None:
@@ -133,13 +212,35 @@ class LowerSPMD:
         self.grad_of: Dict[Value, Value] = {by_name[g]: by_name[p]
                                            for p, g in step.meta["grads"].items()}
         self.data_inputs = {v for v in step.inputs if roles.get(v.name) == "data"}
+        self.consumers: Dict[Value, List[Op]] = {}
+        for op in step.ops:
+            for v in op.inputs:
+                self.consumers.setdefault(v, []).append(op)
+        self.step_outputs = set(step.outputs)
+        self.spmd_inputs = {v for op in step.ops if op.op_type.startswith("spmd.")
+                            for v in op.inputs}
+        self.spmd_outputs = {v for op in step.ops if op.op_type.startswith("spmd.")
+                             for v in op.outputs}
 
     def stage_of_chunk(self, c: int) -> int:
         return c % self.S.pp
 
     def group(self, stage: int) -> List[Tuple[int, int, int]]:
-        """(dp rank, tp rank, global rank) of a pipeline stage."""
-        return [(d, t, self.S.rank(d, stage, t)) for d in range(self.S.dp) for t in range(self.S.tp)]
+        """(dp rank, tp rank, global rank) of a pipeline stage's ranks in the
+        program (only the representative in a reduced program)."""
+        return [(d, t, self.S.rank(d, stage, t)) for d in self.dp_indices()
+                for t in self.tp_indices()]
+
+    def present(self, rank: int) -> bool:
+        return not self.representatives or rank in self.reps
+
+    def dp_indices(self) -> range:
+        """Data-parallel ranks whose ops are in the program."""
+        return range(1) if self.representatives else range(self.S.dp)
+
+    def tp_indices(self) -> range:
+        """Tensor-parallel ranks whose ops are in the program."""
+        return range(1) if self.representatives else range(self.S.tp)
 
     # -- values ------------------------------------------------------------
     def local_name(self, v: Value, rank: int, mb: int) -> str:
@@ -159,6 +260,68 @@ class LowerSPMD:
         raise PassPreconditionError(f"LowerSPMD: value %{v.name} is not available on rank "
                                     f"{rank} (micro-batch {mb})")
 
+    # -- coarsening --------------------------------------------------------
+    def _fusable(self, op: Op) -> bool:
+        return (not op.op_type.startswith("spmd.") and "rank_attrs" not in op.meta
+                and not op.subfunctions and not any(o in self.grad_of for o in op.outputs))
+
+    def _arrives(self, v: Value, chunk: int) -> bool:
+        """Whether ``v`` reaches a task of ``chunk`` through communication."""
+        if v in self.spmd_outputs:
+            return True
+        if v in self.value_chunk:
+            return self.value_chunk[v] != chunk
+        return v in self.param_chunk and self.S.zero == 3
+
+    def _segments(self, key: Tuple[str, int]) -> List[Any]:
+        """The task's ops with each fusable run replaced by a _Segment
+        (computed once per task, shared by micro-batches and ranks)."""
+        items = self._segment_cache.get(key)
+        if items is not None:
+            return items
+        items, run = [], []
+
+        def close() -> None:
+            if len(run) == 1:
+                items.append(run[0])
+            elif run:
+                items.append(_Segment(f"{key[0]}{key[1]}.seg{len(items)}", list(run), self))
+            run.clear()
+
+        for op in self.task_ops.get(key, []):
+            if not self._fusable(op):
+                close()
+                items.append(op)
+                continue
+            # a value arriving by communication starts a new run, so that the
+            # ops before it are not held back waiting for it
+            if run and (_segment_key(run[-1]) != _segment_key(op) or
+                        any(self._arrives(v, key[1]) for v in op.inputs)):
+                close()
+            run.append(op)
+            # a value leaving for another stage or a collective ends the run,
+            # so that communication starts when it would without fusing
+            if any(o in self.crossing or o in self.spmd_inputs for o in op.outputs):
+                close()
+        close()
+        self._segment_cache[key] = items
+        return items
+
+    def _emit_segment(self, seg: "_Segment", stage: int, mb: int, base: Dict[str, Any]) -> None:
+        em = self.em
+        meta = dict(seg.meta, **base)
+        attrs = {"segment": seg.function.name, "ops": len(seg.function.ops)}
+        for d, t, r in self.group(stage):
+            ins = [self.get(v, r, d, t, mb, stage, seg.layer) for v in seg.inputs]
+            outs = [Value(em.names.fresh(self.local_name(v, r, mb)),
+                          TensorType(v.type.shape, v.type.dtype, r)) for v in seg.outputs]
+            em.function.ops.append(Op(FUSED, ins, outs, attrs, (seg.function,), dict(meta)))
+            env = self.menv.setdefault((r, mb), {})
+            for v, o in zip(seg.outputs, outs):
+                env[v] = o
+            if outs:
+                self.sync.note_layer_output(r, seg.layer, outs[0])
+
     # -- tasks -------------------------------------------------------------
     def _flush_sends(self, until: float) -> None:
         while self.pending_sends and self.pending_sends[0][0] <= until:
@@ -170,19 +333,23 @@ class LowerSPMD:
         ops = self.task_ops.get((kind, c), [])
         self.current_kind = kind
         base = {"stage": stage, "microbatch": mb, "chunk": c}
-        for op in ops:
+        for op in (self._segments((kind, c)) if self.coarsen else ops):
+            if isinstance(op, _Segment):
+                self._emit_segment(op, stage, mb, base)
+                continue
             meta = dict(op.meta, **base)
             if any(o in self.grad_of for o in op.outputs):
                 meta["category"] = "gradients"
             layer = op.meta.get("layer")
             if op.op_type.startswith("spmd."):
-                for d in range(S.dp):
+                for d in self.dp_indices():
                     ranks = [S.rank(d, stage, t) for t in range(S.tp)]
                     ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer)
-                           for t, r in enumerate(ranks)]
+                           if self.present(r) else None for t, r in enumerate(ranks)]
                     if op.op_type == "spmd.copy":
                         for r, x in zip(ranks, ins):
-                            self.menv[(r, mb)][op.outputs[0]] = x
+                            if x is not None:
+                                self.menv[(r, mb)][op.outputs[0]] = x
                         continue
                     kind_c = SPMD_TO_COMM[op.op_type]
                     attrs = {}
@@ -194,7 +361,8 @@ class LowerSPMD:
                                          [self.local_name(op.outputs[0], r, mb) for r in ranks],
                                          meta, **attrs)
                     for r, o in zip(ranks, outs):
-                        self.menv[(r, mb)][op.outputs[0]] = o
+                        if o is not None:
+                            self.menv[(r, mb)][op.outputs[0]] = o
                 self._accumulate(stage, mb, op)
                 continue
             spec_attrs = lookup(op.op_type).attrs
@@ -242,7 +410,7 @@ class LowerSPMD:
     def __call__(self, step: Function) -> Function:
         S = self.S
         self._analyse(step)
-        self.em = Emitter(step.name)
+        self.em = Emitter(step.name, self.reps if self.representatives else None)
         self.menv: Dict[Tuple[int, int], Dict[Value, Value]] = {}
         self.sync = GradientSync(self, step)
         self.sync.create_inputs()
@@ -275,4 +443,6 @@ class LowerSPMD:
             "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp,
             "optimizer": "adamw", "recompute": recompute,
         }
+        if self.representatives:
+            f.meta["represents"] = {r: S.dp * S.tp for r in sorted(self.reps)}
         return f

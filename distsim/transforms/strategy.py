@@ -44,6 +44,8 @@ class Strategy:
     bucket_mb: Optional[float] = None
     global_batch: Optional[int] = None
     micro_batch: Optional[int] = None
+    symmetry: bool = False
+    coarsen: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
@@ -53,6 +55,9 @@ class Strategy:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{_flag(name)}: must be a positive integer, got {value!r}")
+        for flag in ("symmetry", "coarsen"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"--{flag}: must be true or false, got {getattr(self, flag)!r}")
         if not isinstance(self.sp, bool):
             raise ConfigError(f"--sp: must be true or false, got {self.sp!r}")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):

@@ -147,6 +147,9 @@ class GradientSync:
         ranks = [S.rank(dd, stage, t) for dd in range(S.dp)]
         shards = []
         for dd, r in enumerate(ranks):
+            if not self.L.present(r):
+                shards.append(None)
+                continue
             shard = self.param_in[(p, r)]
             token = None
             if isinstance(layer, int):
@@ -169,6 +172,8 @@ class GradientSync:
         else:
             full = shards
         for r, x in zip(ranks, full):
+            if x is None:
+                continue
             local = em.one("reshape", [x], {"shape": list(p.type.shape)},
                            f"{p.name}_use_m{mb}_r{r}",
                            {"stage": stage, "microbatch": mb, "category": "weights"})
@@ -219,12 +224,12 @@ class GradientSync:
     def _sync_one(self, p: Value, stage: int) -> None:
         em, S = self.L.em, self.S
         meta = {"stage": stage, "role": "grad_sync", "category": "gradients"}
-        for t in range(S.tp):
+        for t in self.L.tp_indices():
             ranks = [S.rank(d, stage, t) for d in range(S.dp)]
-            ins = [self.acc[(p, r)] for r in ranks]
+            ins = [self.acc.get((p, r)) for r in ranks]  # None: not in a reduced program
             if self.zero >= 2:
                 flat = [em.one("reshape", [x], {"shape": [p.type.numel]}, f"{p.name}_gflat_r{r}",
-                               dict(meta)) for x, r in zip(ins, ranks)]
+                               dict(meta)) if x is not None else None for x, r in zip(ins, ranks)]
                 outs = em.collective(CollectiveType.REDUCE_SCATTER, flat, ranks,
                                      [f"{p.name}_gshard_r{r}" for r in ranks], dict(meta),
                                      dim=0, reduce_op="avg")
@@ -233,9 +238,11 @@ class GradientSync:
                                      [f"{p.name}_gavg_r{r}" for r in ranks], dict(meta),
                                      reduce_op="avg")
                 for x, o in zip(ins, outs):  # NCCL all-reduces in place
-                    self.updates[x.name] = o.name
+                    if o is not None:
+                        self.updates[x.name] = o.name
             for r, o in zip(ranks, outs):
-                self.synced[(p, r)] = o
+                if o is not None:
+                    self.synced[(p, r)] = o
 
     def _flush(self, stage: int) -> None:
         """All-reduce the pending bucket of ``stage`` as one flat buffer."""
@@ -248,17 +255,21 @@ class GradientSync:
         em, S = self.L.em, self.S
         meta = {"stage": stage, "role": "grad_sync", "category": "gradients", "detail": "bucket"}
         sizes = [p.type.numel for p in bucket]
-        for t in range(S.tp):
+        for t in self.L.tp_indices():
             ranks = [S.rank(d, stage, t) for d in range(S.dp)]
             flats = []
             for r in ranks:
+                if not self.L.present(r):
+                    flats.append(None)
+                    continue
                 parts = [em.one("reshape", [self.acc[(p, r)]], {"shape": [p.type.numel]},
                                 f"{p.name}_gflat_r{r}", dict(meta)) for p in bucket]
                 flats.append(em.one("concat", parts, {"axis": 0}, f"bucket_r{r}", dict(meta)))
             outs = em.collective(CollectiveType.ALL_REDUCE, flats, ranks,
                                  [f"bucket_avg_r{r}" for r in ranks], dict(meta), reduce_op="avg")
             for x, o in zip(flats, outs):  # NCCL all-reduces in place
-                self.updates[x.name] = o.name
+                if o is not None:
+                    self.updates[x.name] = o.name
             # Unpacked at the end of the step: a compute op reading the
             # result now would stall the backward pass behind the all-reduce.
             self.unpack.append((bucket, sizes, ranks, outs, meta))
@@ -267,6 +278,8 @@ class GradientSync:
         em = self.L.em
         for bucket, sizes, ranks, outs, meta in self.unpack:
             for r, o in zip(ranks, outs):
+                if o is None:
+                    continue
                 pieces = em.op("split", [o], {"axis": 0, "sizes": sizes},
                                [f"{p.name}_gavg_flat_r{r}" for p in bucket], dict(meta))
                 for p, piece in zip(bucket, pieces):
@@ -300,8 +313,8 @@ class GradientSync:
             sh, se = self.stage(ph), self.stage(pe)
             if sh == se:
                 continue
-            for d in range(S.dp):
-                for t in range(S.tp):
+            for d in self.L.dp_indices():
+                for t in self.L.tp_indices():
                     re_, rh = S.rank(d, se, t), S.rank(d, sh, t)
                     outs = em.collective(CollectiveType.ALL_REDUCE,
                                          [self.synced[(pe, re_)], self.synced[(ph, rh)]],
@@ -335,9 +348,9 @@ class GradientSync:
                 em.io[new.name] = dict(em.io[old.name], role="updated")
                 self.outputs.append(new)
         if self.zero in (1, 2):
-            for t in range(S.tp):
+            for t in self.L.tp_indices():
                 ranks = [S.rank(d, stage, t) for d in range(S.dp)]
-                shards = [new_params[r] for r in ranks]
+                shards = [new_params.get(r) for r in ranks]  # None: not in a reduced program
                 if S.dp > 1:
                     full = em.collective(CollectiveType.ALL_GATHER, shards, ranks,
                                          [f"{p.name}_gathered_r{r}" for r in ranks],
@@ -346,6 +359,8 @@ class GradientSync:
                 else:
                     full = shards
                 for r, x in zip(ranks, full):
+                    if x is None:
+                        continue
                     new_params[r] = em.one("reshape", [x], {"shape": list(p.type.shape)},
                                            f"{p.name}_new_r{r}", dict(meta, phase="optimizer"))
         for d, t, r in self.L.group(stage):

@@ -1,0 +1,89 @@
+"""Reduced programs (``symmetry=True``): one representative device per
+pipeline stage. They must give the same step time (within 0.1%; in
+practice to rounding) and the same per-device memory as the full program,
+and must refuse to be executed."""
+import pytest
+
+import distsim
+from distsim.errors import ExecutionError
+from distsim.interp import execute, random_inputs
+
+CASES = [
+    ("dgx-a100", dict(dp=8)),
+    ("dgx-a100", dict(dp=4, tp=2)),
+    ("dgx-a100", dict(dp=2, tp=2, pp=2, zero=1)),
+    ("dgx-a100", dict(dp=2, tp=2, pp=2, zero=3, schedule="interleaved", microbatches=4)),
+    ("dgx-a100", dict(dp=4, tp=2, zero=2, bucket_mb=1.0)),
+    ("dgx-a100", dict(dp=2, tp=4, sp=True, recompute="selective")),
+    ("dgx-a100", dict(dp=1, tp=2, pp=4, schedule="gpipe")),
+    ("dgx-a100-x8", dict(dp=8, tp=2, pp=4)),
+]
+
+
+@pytest.mark.parametrize("topology,strategy", CASES)
+def test_reduced_equals_full(topology, strategy):
+    full = distsim.simulate(model="tiny", topology=topology, **strategy)
+    reduced = distsim.simulate(model="tiny", topology=topology, symmetry=True, **strategy)
+    assert reduced.step_time_s == pytest.approx(full.step_time_s, rel=1e-3)
+    fs, rs = full.summary(), reduced.summary()
+    assert rs["num_devices"] == fs["num_devices"]
+    assert rs["max_peak_memory_bytes"] == fs["max_peak_memory_bytes"]
+    assert rs["mfu"] == pytest.approx(fs["mfu"], rel=1e-3)
+    assert rs["bubble_fraction"] == pytest.approx(fs["bubble_fraction"], rel=1e-3, abs=1e-12)
+    peaks = {d["rank"]: d["peak_memory_bytes"] for d in fs["devices"]}
+    for d in rs["devices"]:  # each representative's memory is its class's
+        assert d["peak_memory_bytes"] == peaks[d["rank"]]
+    pp = strategy.get("pp", 1)
+    assert len(rs["devices"]) == pp
+    assert sum(d["represents"] for d in rs["devices"]) == fs["num_devices"]
+    assert len(reduced.program.ops) < len(full.program.ops)
+
+
+def test_reduced_program_cannot_be_executed():
+    result = distsim.simulate(model="tiny", topology="dgx-a100", dp=8, symmetry=True)
+    program = result.program
+    with pytest.raises(ExecutionError, match="reduced program"):
+        execute(program, random_inputs(program))
+
+
+COARSEN_CASES = [
+    dict(dp=2, tp=2, pp=2),
+    dict(dp=2, tp=2, pp=2, zero=3, schedule="interleaved", microbatches=4, recompute="full"),
+    dict(dp=2, tp=4, sp=True, recompute="selective"),
+    dict(dp=1, tp=2, pp=4, schedule="gpipe"),
+    dict(dp=4, tp=2, zero=2, bucket_mb=1.0),
+]
+
+
+@pytest.mark.parametrize("strategy", COARSEN_CASES)
+def test_coarsened_program_has_the_same_step_time(strategy):
+    """Fused runs end before values leave by communication and start where
+    values arrive by it, so their summed time changes nothing."""
+    full = distsim.simulate(model="tiny", topology="dgx-a100", **strategy)
+    fused = distsim.simulate(model="tiny", topology="dgx-a100", coarsen=True, **strategy)
+    assert fused.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert len(fused.program.ops) < 0.8 * len(full.program.ops)
+    assert fused.summary()["total_flops"] == pytest.approx(full.summary()["total_flops"], rel=1e-9)
+
+
+def test_coarsened_program_computes_the_same_numbers():
+    """The numpy executor runs the fused segments: same outputs."""
+    import numpy as np
+    from distsim.api import build_program
+    full, _, _ = build_program("tiny", "dgx-a100", dp=2, tp=2, pp=2, dtype="f32")
+    fused, _, _ = build_program("tiny", "dgx-a100", dp=2, tp=2, pp=2, dtype="f32", coarsen=True)
+    # |x|: Adam's second moments must not be negative (sqrt)
+    inputs = [np.abs(x) if x.dtype.kind == "f" else x for x in random_inputs(full, seed=1)]
+    a = execute(full, inputs)
+    b = execute(fused, inputs)
+    assert [v.name for v in full.inputs] == [v.name for v in fused.inputs]
+    for x, y in zip(a, b):
+        assert np.all(np.isfinite(x))
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_symmetry_and_coarsening_together():
+    full = distsim.simulate(model="tiny", topology="dgx-a100-x8", dp=8, tp=2, pp=4)
+    both = distsim.simulate(model="tiny", topology="dgx-a100-x8", dp=8, tp=2, pp=4,
+                            symmetry=True, coarsen=True)
+    assert both.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
