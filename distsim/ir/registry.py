@@ -79,9 +79,32 @@ def with_defaults(op_type: str, attrs: Mapping[str, object]) -> Dict[str, object
     return out
 
 
+# Shape rules are pure functions of (op type, attributes, input types): the
+# same op repeated over micro-batches and layers is inferred once.
+_INFER_CACHE: Dict[tuple, Tuple[TensorType, ...]] = {}
+_INFER_CACHE_LIMIT = 1 << 16
+
+
 def infer_types(op_type: str, input_types: Sequence[TensorType],
                 attrs: Mapping[str, object]) -> List[TensorType]:
-    """Apply the op's shape rule (after checking arity)."""
+    """Apply the op's shape rule (after checking arity); results are cached."""
+    try:
+        key = (op_type, tuple(attrs.items()), tuple(input_types))
+        hit = _INFER_CACHE.get(key)
+    except TypeError:  # an unhashable attribute value: no caching
+        key, hit = None, None
+    if hit is not None:
+        return list(hit)
+    result = _infer_types(op_type, input_types, attrs)
+    if key is not None:
+        if len(_INFER_CACHE) >= _INFER_CACHE_LIMIT:
+            _INFER_CACHE.clear()
+        _INFER_CACHE[key] = tuple(result)
+    return result
+
+
+def _infer_types(op_type: str, input_types: Sequence[TensorType],
+                 attrs: Mapping[str, object]) -> List[TensorType]:
     spec = lookup(op_type)
     if spec.num_inputs is not None and len(input_types) != spec.num_inputs:
         raise ShapeError(f"expects {spec.num_inputs} inputs, got {len(input_types)}")

@@ -81,7 +81,10 @@ class TensorType(Type):
     device: Optional[int] = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        shape = self.shape
+        # hot path: builders pass tuples of ints already
+        if type(shape) is not tuple or not all(type(d) is int for d in shape):
+            object.__setattr__(self, "shape", tuple(int(d) for d in shape))
 
     @property
     def rank(self) -> int:
