@@ -19,6 +19,7 @@ from .models import family_of, load_model_config
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
 from .ir.types import DType
+from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
 from .sim.simulator import SimulationOptions, simulate_function
 from .sim.trace import Trace
@@ -27,7 +28,7 @@ from .transforms.strategy import Strategy
 
 DEFAULT_MODEL = "mlp"
 DEFAULT_TOPOLOGY = "dgx-a100"
-OUTPUT_FILES = ("summary.json", "trace.json", "gantt.png", "memory.png")
+OUTPUT_FILES = ("summary.json", "trace.json", "gantt.png", "memory.png", "links.png")
 
 
 @dataclass
@@ -71,6 +72,11 @@ class SimulationResult:
     def memory_plot(self, path: Union[str, Path]) -> None:
         write_memory_plot(self.trace, path)
 
+    def links_plot(self, path: Union[str, Path]) -> None:
+        """The busiest network links: utilisation over time or busy share."""
+        plot_links(self.trace.links, path, samples=self.trace.link_samples,
+                   end_s=self.trace.step_time_s)
+
     def write_outputs(self, out_dir: Union[str, Path], plots: bool = True) -> Dict[str, Path]:
         """Write summary.json and trace.json (and the two PNGs) into
         ``out_dir``; each file atomically. Returns the paths written."""
@@ -86,6 +92,8 @@ class SimulationResult:
             paths["memory"] = out / "memory.png"
             self.gantt(paths["gantt"])
             self.memory_plot(paths["memory"])
+            paths["links"] = out / "links.png"
+            self.links_plot(paths["links"])
         return paths
 
     def __repr__(self) -> str:

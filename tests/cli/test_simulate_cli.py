@@ -21,8 +21,8 @@ def test_default_run_writes_all_outputs(tmp_path, capsys):
     out = tmp_path / "out"
     code, stdout, err = run_cli(["simulate", "--out", str(out)], capsys)
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["gantt.png", "memory.png", "summary.json",
-                                                     "trace.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["gantt.png", "links.png", "memory.png",
+                                                     "summary.json", "trace.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step_time_s"] > 0
     assert summary["num_devices"] == 8
@@ -37,7 +37,7 @@ def test_default_run_writes_all_outputs(tmp_path, capsys):
     assert {e["pid"] for e in complete} == set(range(8))
     assert any(e["ph"] == "C" and e["name"] == "memory" for e in events)
     assert any(e["ph"] == "M" and e["name"] == "thread_name" for e in events)
-    for png in ("gantt.png", "memory.png"):
+    for png in ("gantt.png", "memory.png", "links.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "step time" in stdout.lower()
 

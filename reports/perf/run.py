@@ -1,0 +1,76 @@
+"""Run the benchmark suite and regenerate this folder's figures:
+``bench.json`` (every figure), ``growth.png`` (benchmark 5) and the table
+in ``README.md`` between the markers.
+
+    python reports/perf/run.py            # the full suite (a few minutes)
+    python reports/perf/run.py --quick    # reduced sizes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from distsim.bench import run_suite
+from distsim.cli.bench_cmd import TABLE
+from distsim.fileio import atomic_path, write_json_atomic, write_text_atomic
+
+HERE = Path(__file__).resolve().parent
+
+
+def growth_plot(figures: dict, path: Path) -> None:
+    points = figures.get("growth_points") or []
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot(1, 1, 1)
+    ops = np.array([p["ops"] for p in points], dtype=float)
+    wall = np.array([p["wall_s"] for p in points], dtype=float)
+    ax.loglog(ops, wall, "o-", label="simulation wall time")
+    if len(ops) > 1:
+        ref = wall[0] * ops / ops[0]
+        ax.loglog(ops, ref, "--", color="grey", label="linear in ops")
+    for p in points:
+        ax.annotate(f"{p['gpus']} GPUs, {p['layers']} layers", (p["ops"], p["wall_s"]),
+                    fontsize=7, textcoords="offset points", xytext=(4, -10))
+    ax.set_xlabel("simulated ops")
+    ax.set_ylabel("wall time (s)")
+    ax.set_title(f"Growth: wall ~ ops^{figures.get('growth_exponent', float('nan')):.2f}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
+def table(figures: dict) -> str:
+    rows = ["| figure | value | target |", "|---|---|---|"]
+    for key, label, target in TABLE:
+        value = figures.get(key)
+        text = "n/a" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
+        rows.append(f"| {label.strip()} (`{key}`) | {text} | {target} |")
+    m = figures["machine"]
+    rows.append("")
+    rows.append(f"Machine: {m['processor']}, {m['cpus']} CPUs, Python {m['python']}, "
+                f"{m['platform']}; quick={figures['quick']}.")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    figures = run_suite(quick=args.quick, progress=lambda n: print("running", n, flush=True))
+    write_json_atomic(HERE / "bench.json", figures)
+    growth_plot(figures, HERE / "growth.png")
+    readme = HERE / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    text = re.sub(r"(<!-- table -->\n).*?(\n<!-- /table -->)",
+                  lambda m: m.group(1) + table(figures) + m.group(2), text, flags=re.S)
+    write_text_atomic(readme, text)
+    print(table(figures))
+
+
+if __name__ == "__main__":
+    main()
