@@ -17,10 +17,12 @@ and every flow keeps its projected finish time in a heap, so that a
 recomputation touches only the flows whose rates change.
 
 :meth:`Network.run_steps` runs ``count`` identical barrier-separated steps
-(a ring's 2(p-1) steps); when a step ran alone on the network, later
-identical steps on an otherwise idle network are fast-forwarded from the
-cached duration and materialised again as real flows the moment other
-traffic arrives (see :mod:`.network_steps`).
+(a ring's 2(p-1) steps); once a step ran with its links to itself, later
+identical steps whose links are free are fast-forwarded from the cached
+duration (several at once on disjoint links), holding their links, and
+materialised again as real flows the moment other traffic arrives on one
+of those links (see :mod:`.network_steps`). ``fast_steps=False`` runs
+every step flow by flow.
 """
 from __future__ import annotations
 
@@ -69,7 +71,10 @@ class Flow:
 
 
 class _LinkStats:
-    __slots__ = ("bytes", "busy_s", "busy_since", "active", "peak")
+    """Totals of one link; ``active`` counts the flows transmitting on it
+    now, ``starts`` every flow ever started on it."""
+
+    __slots__ = ("bytes", "busy_s", "busy_since", "active", "peak", "starts")
 
     def __init__(self) -> None:
         self.bytes = 0.0
@@ -77,17 +82,21 @@ class _LinkStats:
         self.busy_since = 0.0
         self.active = 0
         self.peak = 0
+        self.starts = 0
 
 
 class Network:
     """Flows between device ranks of ``topology`` inside ``env``.
 
     ``record_samples=True`` keeps a :class:`LinkSample` per link whenever
-    its utilisation changes (for ``links.png``); it costs memory on big runs.
+    its utilisation changes (for ``links.png``); it costs memory on big runs
+    (and turns the fast-forwarding of steps off). ``fast_steps=False``
+    simulates every step of :meth:`run_steps` flow by flow (the reference
+    for the fast path's tests).
     """
 
     def __init__(self, env: simpy.Environment, topology: Topology, mode: str = "flow",
-                 record_samples: bool = False) -> None:
+                 record_samples: bool = False, fast_steps: bool = True) -> None:
         if mode not in MODES:
             raise ConfigError(f"network mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.env = env
@@ -114,7 +123,8 @@ class Network:
         # collectives' "auto" decisions depend on the topology only: shared
         # by every network over it (a sweep estimates each collective once)
         self.algorithm_choices: Dict[tuple, str] = _ALGORITHM_CHOICES.setdefault(topology, {})
-        self._steps = StepRunner(self)
+        self._steps = StepRunner(self, enabled=fast_steps)
+        self._reserved = self._steps.reserved     # link -> phantom holding it
 
     # ------------------------------------------------------------------ routes
     def _route(self, src: int, dst: int, key: int) -> Tuple[Tuple[int, ...], float, float]:
@@ -163,7 +173,6 @@ class Network:
         if nbytes < 0 or not math.isfinite(nbytes):
             raise ConfigError(f"transfer {src_rank} -> {dst_rank}: bytes must be >= 0, got {nbytes!r}")
         event = self.env.event()
-        self._steps.before_traffic()
         self._start(src_rank, dst_rank, float(nbytes), key, event)
         return event
 
@@ -175,7 +184,6 @@ class Network:
             self.topology.check_rank(dst)
             if nbytes < 0 or not math.isfinite(nbytes):
                 raise ConfigError(f"transfer {src} -> {dst}: bytes must be >= 0, got {nbytes!r}")
-        self._steps.before_traffic()
         return self.start_group(flows, key)[0]
 
     def start_group(self, flows: Sequence[FlowSpec], key: int = 0
@@ -216,6 +224,12 @@ class Network:
             event.succeed()
             return None
         links, latency, bottleneck = self._route(src, dst, key)
+        if self._reserved:
+            reserved = self._reserved
+            for i in links:
+                phantom = reserved.get(i)
+                if phantom is not None:
+                    self._steps.materialize(phantom)   # it shares the link from now on
         self.flows_started += 1
         if self.mode == "analytical":
             self._count_links(links, nbytes, +1)
@@ -251,6 +265,7 @@ class Network:
                 s = stats[i] = _LinkStats()
             if delta > 0:
                 s.bytes += nbytes
+                s.starts += 1
                 if s.active == 0:
                     s.busy_since = now
                 s.active += 1

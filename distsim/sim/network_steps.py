@@ -1,30 +1,36 @@
 """Repeated identical steps on the network, fast-forwarded where exact.
 
 A ring collective is 2(p-1) steps that each start the same flows and wait
-until all are delivered. Simulating each step flow by flow costs
-O(p) Python work per step; at 1024 ranks that is millions of flows. Yet a
-step that ran *alone* on the network, with every flow at a constant rate,
-takes the same time every time it runs alone again. So:
+until all are delivered. Simulating each step flow by flow costs O(p)
+Python work per step; at 1024 ranks that is millions of flows. Yet max-min
+fair rates depend only on the flows that share links with each other (a
+connected component of flows over links): a step whose links carry no
+other flow while it runs takes the same time, at the same per-flow rates,
+every time, whatever the rest of the network does. So:
 
-1. the first step runs as real flows; if the network was idle, nobody else
-   started traffic meanwhile and no flow's rate changed, its duration and
-   per-flow rates are cached under the step's signature;
-2. later, when the network is idle and the signature is cached, the
-   remaining steps become one *phantom*: a single timeout of
-   ``steps * duration``, with link statistics added in bulk;
-3. if any other traffic starts while a phantom runs, the phantom is
-   *materialised*: finished steps are accounted, the step in progress is
-   turned back into real flows carrying exactly the bytes not yet sent
-   (or deliveries still in their latency), and the remaining steps run
-   normally. The result equals the step-by-step simulation.
+1. a step runs as real flows until one run is *clean*: no other flow was
+   transmitting on any of its links when it started, and no other flow
+   started on them while it ran. Its duration and per-flow rates (when
+   every flow kept one rate throughout) are then cached under the step's
+   signature;
+2. later, when none of the step's links carries a transmitting flow and
+   no other phantom holds them, the remaining steps become one *phantom*:
+   a single timeout of ``steps * duration`` that *reserves* the step's
+   links; link statistics are added in bulk. Phantoms on disjoint links
+   run side by side;
+3. a real flow about to start on a reserved link (from another step, a
+   transfer, or a step whose links are held by a phantom) first
+   *materialises* that phantom: finished steps are accounted, the step in
+   progress is turned back into real flows carrying exactly the bytes not
+   yet sent (or deliveries still in their latency), and the remaining
+   steps run normally. The result equals the step-by-step simulation.
 
 In analytical mode there is no sharing, so every step takes the same time
 and the steps are always a single timeout.
 """
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import simpy
 
@@ -37,15 +43,17 @@ Signature = Tuple[Tuple["FlowSpec", ...], int]
 class StepProfile:
     """How one step ran alone: its duration, each flow's (rate, transmit
     time, latency) (None for a flow that sends nothing over the network)
-    and per-link (bytes, busy time, flows) totals."""
+    and per-link (bytes, busy time, flows) totals; ``link_ids`` lists the
+    links in first-use order."""
 
-    __slots__ = ("duration_s", "flows", "links")
+    __slots__ = ("duration_s", "flows", "links", "link_ids")
 
     def __init__(self, duration_s: float, flows: List[Optional[Tuple[float, float, float]]],
                  links: Dict[int, Tuple[float, float, int]]) -> None:
         self.duration_s = duration_s
         self.flows = flows
         self.links = links
+        self.link_ids = tuple(links)
 
 
 class _Phantom:
@@ -62,12 +70,18 @@ class _Phantom:
 
 
 class StepRunner:
-    """Runs :meth:`Network.run_steps` (one per network)."""
+    """Runs :meth:`Network.run_steps` (one per network). ``enabled=False``
+    simulates every step flow by flow (the reference the fast path is
+    tested against)."""
 
-    def __init__(self, network: "Network") -> None:
+    def __init__(self, network: "Network", enabled: bool = True) -> None:
         self.net = network
+        self.enabled = enabled
         self.cache: Dict[Signature, StepProfile] = {}
-        self.phantom: Optional[_Phantom] = None
+        self.uncacheable: Set[Signature] = set()
+        self._step_links: Dict[Signature, Tuple[Tuple[int, ...], int]] = {}
+        #: link index -> the phantom holding it
+        self.reserved: Dict[int, _Phantom] = {}
 
     # ------------------------------------------------------------------ run
     def run(self, specs: Tuple["FlowSpec", ...], count: int, key: int):
@@ -80,13 +94,16 @@ class StepRunner:
         if net.mode == "analytical":
             yield env.timeout(self._analytical(specs, count, key))
             return
+        fast = self.enabled and not net.record_samples
         sig = (specs, key)
         done = 0
         while done < count:
-            profile = self.cache.get(sig)
-            if profile is not None and self.is_idle() and not net.record_samples:
+            profile = self.cache.get(sig) if fast else None
+            if profile is not None and self._free(profile.link_ids):
                 phantom = _Phantom(specs, key, profile, count - done, env.now, env.event())
-                self.phantom = phantom
+                reserved = self.reserved
+                for i in profile.link_ids:
+                    reserved[i] = phantom
                 env.timeout(profile.duration_s * phantom.steps).callbacks.append(
                     lambda _e, ph=phantom: self._phantom_end(ph))
                 outcome = yield phantom.done
@@ -97,18 +114,51 @@ class StepRunner:
                 yield in_flight
                 done += 1
                 continue
-            idle = self.is_idle()
-            before = net.flows_started
+            watch = fast and profile is None and sig not in self.uncacheable
+            if watch:
+                links, own = self._links_of(sig)
+                watch = self._free(links, reserved_ok=True)
+                before = self._starts(links) if watch else 0
             start = env.now
             event, flows = net.start_group(specs, key)
             yield event
             done += 1
-            if idle and sig not in self.cache and \
-                    net.flows_started - before == sum(f is not None for f in flows):
+            if watch and self._starts(links) - before == own and sig not in self.cache:
                 self._remember(sig, flows, env.now - start)
 
-    def is_idle(self) -> bool:
-        return self.phantom is None and self.net.is_idle()
+    def _links_of(self, sig: Signature) -> Tuple[Tuple[int, ...], int]:
+        """(distinct links of the step, flow-link incidences of the step)."""
+        hit = self._step_links.get(sig)
+        if hit is None:
+            specs, key = sig
+            seen: Dict[int, None] = {}
+            own = 0
+            for src, dst, _ in specs:
+                if src == dst:
+                    continue
+                links = self.net._route(src, dst, key)[0]
+                own += len(links)
+                for i in links:
+                    seen[i] = None
+            hit = self._step_links[sig] = (tuple(seen), own)
+        return hit
+
+    def _free(self, links, reserved_ok: bool = False) -> bool:
+        """No flow transmits on any of ``links`` (and, unless
+        ``reserved_ok``, no phantom holds one)."""
+        stats = self.net._stats
+        reserved = self.reserved
+        for i in links:
+            if not reserved_ok and i in reserved:
+                return False
+            s = stats.get(i)
+            if s is not None and s.active:
+                return False
+        return True
+
+    def _starts(self, links) -> int:
+        stats = self.net._stats
+        return sum(stats[i].starts for i in links if i in stats)
 
     def _analytical(self, specs, count: int, key: int) -> float:
         net = self.net
@@ -123,7 +173,8 @@ class StepRunner:
         return step * count
 
     def _remember(self, sig: Signature, flows, duration_s: float) -> None:
-        """Cache the step if every flow kept one rate throughout."""
+        """Cache the step if every flow kept one rate throughout (a clean
+        run that did not is never cacheable: it runs the same way again)."""
         per_flow: List[Optional[Tuple[float, float, float]]] = []
         links: Dict[int, Tuple[float, float, int]] = {}
         for f in flows:
@@ -131,6 +182,7 @@ class StepRunner:
                 per_flow.append(None)
                 continue
             if f.nbytes > 0 and f.rate_changes != 1:
+                self.uncacheable.add(sig)
                 return
             tx = f.nbytes / f.rate if f.nbytes > 0 else 0.0
             per_flow.append((f.rate, tx, f.latency_s))
@@ -138,6 +190,7 @@ class StepRunner:
                 b, busy, n = links.get(i, (0.0, 0.0, 0))
                 links[i] = (b + f.nbytes, max(busy, tx), n + 1)
         self.cache[sig] = StepProfile(duration_s, per_flow, links)
+        self._step_links.pop(sig, None)
 
     # ------------------------------------------------------------------ phantom
     def _account(self, profile: StepProfile, steps: int) -> None:
@@ -146,20 +199,26 @@ class StepRunner:
         for i, (nbytes, busy, n) in profile.links.items():
             self.net.add_link_stats(i, nbytes * steps, busy * steps, n)
 
+    def _release(self, phantom: _Phantom) -> None:
+        reserved = self.reserved
+        for i in phantom.profile.link_ids:
+            if reserved.get(i) is phantom:
+                del reserved[i]
+
     def _phantom_end(self, phantom: _Phantom) -> None:
         if phantom.materialized:
             return
-        self.phantom = None
+        self._release(phantom)
         self._account(phantom.profile, phantom.steps)
         phantom.done.succeed(None)
 
-    def before_traffic(self) -> None:
-        """Called before any flow starts: a running phantom turns back into
-        real flows so that the new traffic shares links with it."""
-        phantom = self.phantom
-        if phantom is None:
+    def materialize(self, phantom: _Phantom) -> None:
+        """Called before a flow starts on one of ``phantom``'s links: the
+        phantom turns back into real flows so that the new traffic shares
+        links with it."""
+        if phantom.materialized:
             return
-        net, env = self.net, self.net.env
+        env = self.net.env
         profile = phantom.profile
         elapsed = env.now - phantom.start_s
         total = profile.duration_s * phantom.steps
@@ -168,7 +227,7 @@ class StepRunner:
         finished = min(int(elapsed // profile.duration_s), phantom.steps - 1)
         into = elapsed - finished * profile.duration_s
         phantom.materialized = True
-        self.phantom = None
+        self._release(phantom)
         self._account(profile, finished)
         in_flight = self._resume_step(phantom, into)
         phantom.done.succeed((finished, in_flight))
@@ -176,7 +235,8 @@ class StepRunner:
     def _resume_step(self, phantom: _Phantom, into: float) -> simpy.Event:
         """Real flows for the step ``into`` seconds in: each carries the
         bytes it has not sent yet; those already sent wait out their
-        latency. Returns the event of the whole step's delivery."""
+        latency. Link statistics get the part of the step already run.
+        Returns the event of the whole step's delivery."""
         net, env = self.net, self.net.env
         done = env.event()
         left = [len(phantom.specs)]
@@ -186,6 +246,8 @@ class StepRunner:
             if left[0] == 0:
                 done.succeed()
 
+        sent_on: Dict[int, float] = {}
+        restart = []
         for (src, dst, nbytes), prof in zip(phantom.specs, phantom.profile.flows):
             if prof is None:
                 one_done()
@@ -194,15 +256,21 @@ class StepRunner:
             links = net._route(src, dst, phantom.key)[0]
             sent = min(nbytes, rate * into)
             for i in links:
-                net.add_link_stats(i, sent, min(into, tx), 1)
+                sent_on[i] = sent_on.get(i, 0.0) + sent
             if tx > into and nbytes - sent > 0:
-                event = env.event()
-                event.callbacks.append(one_done)
-                net._start(src, dst, nbytes - sent, phantom.key, event)
+                restart.append((src, dst, nbytes - sent))
             elif tx + latency > into:
                 env.timeout(tx + latency - into).callbacks.append(one_done)
             else:
                 one_done()
+        for i, (_, busy, n) in phantom.profile.links.items():
+            # every flow of the step started at its beginning: the link has
+            # been busy since then, for at most its longest transmission
+            net.add_link_stats(i, sent_on.get(i, 0.0), min(into, busy), n)
+        for src, dst, nbytes in restart:
+            event = env.event()
+            event.callbacks.append(one_done)
+            net._start(src, dst, nbytes, phantom.key, event)
         if left[0] == 0 and not done.triggered:
             done.succeed()
         return done
