@@ -6,6 +6,8 @@ algorithm from :mod:`.collective_algos` and runs them with
 the kind has on this topology and team (a per-step alpha-beta bound with
 link sharing inside the step) and takes the fastest, as NCCL's tuner does;
 the name used is the process's return value, so the trace can show it.
+Each network keeps the schedule of every collective it has run (a training
+step repeats the same few thousand times).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import simpy
 
 from ..errors import ConfigError, TopologyError
 from ..ir.comm import CollectiveType
-from .collective_algos import ALGORITHMS, Schedule
+from .collective_algos import ALGORITHMS, Phase, Schedule
 from .collective_algos.schedule import step_time_estimate
 from .network import Network
 
@@ -106,6 +108,23 @@ def run_collective(env: simpy.Environment, network: Network, kind: CollectiveTyp
     One rank or zero bytes take no time.
     """
     ranks = tuple(ranks)
+    key = (kind, ranks, nbytes, root, algorithm)
+    try:
+        hit = network.schedules.get(key)
+    except TypeError:                  # an unhashable rank or root: _plan names it
+        hit = _plan(network, kind, ranks, nbytes, root, algorithm)
+    if hit is None:
+        hit = network.schedules[key] = _plan(network, kind, ranks, nbytes, root, algorithm)
+    name, schedule = hit
+    for phase in schedule:
+        yield from network.run_steps(phase.flows, phase.count)
+    return name
+
+
+def _plan(network: Network, kind: CollectiveType, ranks: Tuple[int, ...], nbytes: float,
+          root: Optional[int], algorithm: str) -> Tuple[str, Tuple[Phase, ...]]:
+    """(algorithm name, schedule) of a checked collective; the same call
+    gets the same answer, so :func:`run_collective` keeps it per network."""
     check_team(network, kind, ranks, root)
     if nbytes < 0:
         raise ConfigError(f"{kind.value}: bytes must be >= 0, got {nbytes!r}")
@@ -113,12 +132,9 @@ def run_collective(env: simpy.Environment, network: Network, kind: CollectiveTyp
         if algorithm not in ("auto",) and algorithm not in ALGORITHMS[kind]:
             raise ConfigError(f"{kind.value}: unknown algorithm {algorithm!r} "
                               f"(known: auto, {', '.join(ALGORITHMS[kind])})")
-        return "none"
-        yield  # pragma: no cover - makes this a generator
+        return "none", ()
     name, schedule = build_schedule(network, kind, ranks, nbytes, root, algorithm)
-    for phase in schedule:
-        yield from network.run_steps(phase.flows, phase.count)
-    return name
+    return name, tuple(schedule)
 
 
 def bytes_sent_per_rank(kind: CollectiveType, p: int, nbytes: float,

@@ -123,6 +123,8 @@ class Network:
         # collectives' "auto" decisions depend on the topology only: shared
         # by every network over it (a sweep estimates each collective once)
         self.algorithm_choices: Dict[tuple, str] = _ALGORITHM_CHOICES.setdefault(topology, {})
+        #: (kind, team, bytes, root, algorithm) -> (name, schedule), by run_collective
+        self.schedules: Dict[tuple, tuple] = {}
         self._steps = StepRunner(self, enabled=fast_steps)
         self._reserved = self._steps.reserved     # link -> phantom holding it
 
@@ -421,6 +423,7 @@ class Network:
 
     def link_records(self) -> List[LinkRecord]:
         """Totals per directed link that carried traffic, busiest first."""
+        self._steps.settle_stats()
         now = self.env.now
         out = []
         for i, s in self._stats.items():

@@ -169,3 +169,19 @@ def workloads(draw):
 def test_random_overlapping_collectives_fast_path_equals_step_by_step(work):
     topo, jobs = work
     assert_same(topo, jobs)
+
+
+def test_planned_collectives_are_kept_and_bad_ones_reported_every_time():
+    from distsim.errors import ConfigError, TopologyError
+    topo = load_topology("dgx-a100")
+    env = simpy.Environment()
+    net = Network(env, topo)
+    for _ in range(2):
+        env.process(run_collective(env, net, C.ALL_REDUCE, (0, 1, 2, 3), GB))
+    env.run()
+    assert list(net.schedules) == [(C.ALL_REDUCE, (0, 1, 2, 3), GB, None, "auto")]
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="names a rank twice"):
+            next(run_collective(env, net, C.ALL_REDUCE, (0, 1, 1), GB))
+        with pytest.raises(TopologyError, match=r"team rank \[1\]"):
+            next(run_collective(env, net, C.ALL_REDUCE, (0, [1]), GB))
