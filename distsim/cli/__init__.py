@@ -16,10 +16,11 @@ from ..errors import DistsimError
 from . import bench_cmd, check_cmd, collective, lower_cmd, print_cmd, simulate_cmd, sweep_cmd, topology
 from . import import_cmd
 from . import models_cmd
+from . import search_cmd
 
 # Subcommand modules, in the order ``distsim --help`` lists them.
-COMMANDS = [simulate_cmd, print_cmd, import_cmd, sweep_cmd, collective, topology, lower_cmd,
-            check_cmd, bench_cmd, models_cmd]
+COMMANDS = [simulate_cmd, print_cmd, import_cmd, sweep_cmd, search_cmd, collective, topology,
+            lower_cmd, check_cmd, bench_cmd, models_cmd]
 
 
 class _Parser(argparse.ArgumentParser):

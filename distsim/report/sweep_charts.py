@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -130,8 +131,8 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, value: str = "step_time_s")
             elif len(ok[(ok[x] == xv) & (ok[y] == yv)]):
                 text[i][j] = "OOM"
     masked = np.ma.masked_invalid(grid)
-    image = ax.imshow(masked, cmap="viridis_r", aspect="auto", origin="lower")
-    image.cmap.set_bad("#dddddd")
+    cmap = matplotlib.colormaps["viridis_r"].with_extremes(bad="#dddddd")
+    image = ax.imshow(masked, cmap=cmap, aspect="auto", origin="lower")
     if np.isfinite(grid).any():
         fig.colorbar(image, ax=ax, label="step time (ms)" if value.endswith("_s") else value)
     finite = grid[np.isfinite(grid)]

@@ -8,8 +8,9 @@
 """
 from .driver import sweep
 from .params import Param, simulate_parameters
+from .search import SearchResult, search
 from .point import METRICS, run_point
 from .spec import SweepPoint, SweepSpec, config_key, load_spec
 
 __all__ = ["METRICS", "Param", "SweepPoint", "SweepSpec", "config_key", "load_spec",
-           "run_point", "simulate_parameters", "sweep"]
+           "SearchResult", "run_point", "search", "simulate_parameters", "sweep"]

@@ -67,9 +67,19 @@ class InProcessRunner:
         pass
 
 
+def _context():
+    """Worker processes fork from a server process that has imported distsim
+    once (``forkserver``: fast to start, and no state inherited from this
+    process); ``spawn`` where there is no forkserver."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["distsim.api", "distsim.sweep.point"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
 class LocalProcessRunner:
-    """Runs points in ``workers`` local processes (spawned, so the same on
-    every platform). At most ``workers`` points are in flight. If a worker
+    """Runs points in ``workers`` local processes. At most ``workers`` points are in flight. If a worker
     dies (killed, out of memory, a crash in native code), the pool is
     restarted and the points that were in flight are retried one at a time
     in a pool of their own; a point that kills its worker again is recorded
@@ -79,7 +89,7 @@ class LocalProcessRunner:
         self.workers = workers
         self.simulate = simulate
         self.description = f"{workers} local processes"
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = _context()
 
     def open(self) -> None:
         pass
@@ -96,9 +106,15 @@ class LocalProcessRunner:
             try:
                 broken = False
                 while (queue or inflight) and not broken:
-                    while queue and len(inflight) < self.workers:
+                    while queue and len(inflight) < self.workers and not broken:
                         task = queue.popleft()
-                        inflight[pool.submit(run_point, task[1], self.simulate)] = task
+                        try:
+                            inflight[pool.submit(run_point, task[1], self.simulate)] = task
+                        except BrokenProcessPool:   # a worker died since the last wait
+                            queue.appendleft(task)
+                            broken = True
+                    if not inflight:
+                        break
                     done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
                     for fut in sorted(done, key=lambda f: inflight[f][0]):
                         task = inflight.pop(fut)

@@ -19,10 +19,11 @@ def slow_simulate(**options):
     return distsim.simulate(**options)
 
 
-def kill_worker_once(**options):
+def kill_worker_once(marker: str, **options):
     """Kill the calling process (SIGKILL, like the OOM killer) the first time
-    it sees dp == 4; the marker file in $DISTSIM_TEST_MARKER records that."""
-    marker = Path(os.environ["DISTSIM_TEST_MARKER"])
+    it sees dp == 4; the file ``marker`` records that (bind it with
+    functools.partial)."""
+    marker = Path(marker)
     if options.get("dp") == 4 and not marker.exists():
         marker.write_text("killed")
         os.kill(os.getpid(), signal.SIGKILL)

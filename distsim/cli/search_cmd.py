@@ -1,0 +1,91 @@
+"""``distsim search --model M --topology T --gpus N``: the fastest parallel
+strategy, found by pruning with cheap estimates and simulating the rest."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Dict, List
+
+import yaml
+
+from ..errors import ConfigError
+from ..fileio import atomic_path
+from ..report.html import write_sweep_report
+from ..report.sweep_charts import write_sweep_charts
+from ..sweep.search import search
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "search", help="find the fastest parallel strategy for a model on N GPUs",
+        description="Enumerate every dp x tp x pp (x --space options) that uses the GPUs, "
+                    "prune by a memory bound, estimate the rest in the analytical network "
+                    "mode, simulate the fastest estimates in full, and print the top "
+                    "strategies with why the best wins.")
+    p.add_argument("--model", required=True, help="model name or .yaml path")
+    p.add_argument("--topology", required=True, help="topology name or .yaml path")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPU count (default and required: the topology's device count)")
+    p.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                   help="a fixed option, e.g. --set global_batch=512 (repeatable)")
+    p.add_argument("--space", action="append", default=[], metavar="OPTION=V1,V2",
+                   help="an extra option to search over, e.g. --space zero=0,1 (repeatable)")
+    p.add_argument("--keep", type=int, default=None,
+                   help="how many estimates to simulate in full (default: a quarter, >= 3)")
+    p.add_argument("--network-mode", choices=["flow", "analytical"], default="flow",
+                   help="network mode of the full simulations (default: %(default)s)")
+    p.add_argument("--top", type=int, default=5, help="strategies to print (default: 5)")
+    p.add_argument("--workers", type=int, default=None, help="local worker processes")
+    p.add_argument("--scheduler", default=None, help="Dask: tcp://HOST:PORT or local-dask")
+    p.add_argument("--out", default=None,
+                   help="also write estimates.csv, full.csv, the charts and report.html here")
+    p.set_defaults(func=run)
+
+
+def _value(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"{where}: cannot read value {text!r}") from None
+
+
+def _pairs(items: List[str], flag: str, many: bool) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"{flag} {item!r}: expected OPTION=VALUE")
+        key, text = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        out[key] = ([_value(v, f"{flag} {key}") for v in text.split(",")] if many
+                    else _value(text, f"{flag} {key}"))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..sweep.params import check_value, simulate_parameters
+    params = simulate_parameters()
+    base = _pairs(args.set, "--set", many=False)
+    space = _pairs(args.space, "--space", many=True)
+    for k, v in base.items():
+        check_value(params, k, v, f"--set {k}")
+    for k, values in space.items():
+        for v in values:
+            check_value(params, k, v, f"--space {k}")
+    result = search(args.model, args.topology, args.gpus, base=base, space=space,
+                    keep=args.keep, network_mode=args.network_mode, workers=args.workers,
+                    scheduler=args.scheduler, progress=True)
+    print(result.table(args.top))
+    print()
+    print(result.explain())
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, df in (("estimates.csv", result.estimates), ("full.csv", result.full)):
+            with atomic_path(out / name) as tmp:
+                df.to_csv(tmp, index=False)
+        charts = write_sweep_charts(result.estimates, out, heatmap=["tp", "pp"])
+        write_sweep_report(result.estimates, out / "report.html",
+                           title=f"distsim search: {args.model} on {args.topology}",
+                           charts=charts, description=result.explain())
+        print(f"wrote {out}/estimates.csv, full.csv, charts and report.html")
+    return 0 if result.best is not None else 1
