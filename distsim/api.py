@@ -19,6 +19,7 @@ from .models import family_of, load_model_config
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
 from .ir.types import DType
+from .report.html import write_run_report
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
 from .sim.simulator import SimulationOptions, simulate_function
@@ -71,6 +72,10 @@ class SimulationResult:
 
     def memory_plot(self, path: Union[str, Path]) -> None:
         write_memory_plot(self.trace, path)
+
+    def html_report(self, path: Union[str, Path]) -> Path:
+        """One self-contained ``report.html``: summary, config, Gantt, memory."""
+        return write_run_report(self, path)
 
     def links_plot(self, path: Union[str, Path]) -> None:
         """The busiest network links: utilisation over time or busy share."""

@@ -65,9 +65,10 @@ def test_sweep_report_is_self_contained(tiny_frame, tmp_path):
 
 
 def test_run_report(tmp_path):
-    result = distsim.simulate(**TINY, hidden=64, dp=2)
+    result = distsim.simulate(**TINY, hidden=64)
     text = write_run_report(result, tmp_path / "run.html").read_text()
     assert text.count("data:image/png;base64,") == 2 and "Step time" in text
+    assert result.html_report(tmp_path / "again.html").read_text() == text
 
 
 def test_cli_sweep_writes_tables_charts_and_report(tmp_path, capsys):
