@@ -101,10 +101,16 @@ class SearchResult:
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
+    """A DataFrame cell as a plain option value: numpy scalars unwrapped,
+    integral floats as ints, and NaN (pandas' mark for an option a point
+    does not set, e.g. ``microbatches`` of an unpipelined point) as None."""
     if hasattr(v, "item"):
-        return v.item()
+        v = v.item()
+    if isinstance(v, float):
+        if math.isnan(v):
+            return None
+        if v.is_integer():
+            return int(v)
     return v
 
 

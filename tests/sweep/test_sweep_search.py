@@ -27,6 +27,20 @@ def test_search_finds_the_exhaustive_best():
     assert text.startswith("best: ") and "runner-up" in text and "ms" in text
 
 
+def test_search_simulates_unpipelined_and_pipelined_points_together():
+    # By default pipelined points get microbatches pp, 2pp, 4pp and the
+    # unpipelined ones none: a column pandas fills with NaN. Simulating the
+    # kept points of both kinds in full must not pass that NaN on as an option.
+    result = search("tiny", "dgx-a100", 8, keep=100, workers=1)
+    assert len(result.full) == len(result.estimates[result.estimates["status"] == "ok"])
+    assert (result.full["status"] == "ok").all(), result.full["reason"].tolist()
+    pipelined = result.full[result.full["pp"] > 1]
+    unpipelined = result.full[result.full["pp"] == 1]
+    assert len(pipelined) and len(unpipelined)
+    assert unpipelined["microbatches"].isna().all()
+    assert sorted(set(pipelined["microbatches"] / pipelined["pp"])) == [1, 2, 4]
+
+
 def test_memory_bound_is_the_weights():
     # GPT-3 175B weights are 350 GB in bf16: with 8 x 80 GB GPUs only
     # tp x pp >= 8 can hold them; the search prunes the rest unsimulated.
