@@ -9,6 +9,23 @@ dynamic batch and sequence length, so the files carry the shape-computing
 subgraphs real exports have. The weights stay inside the file (each file
 is well under 1 MB), so the tests can compare distsim's numpy executor with
 ``onnx.reference`` on real numbers. distsim itself never needs torch.
+
+Every parameter is its own initializer, so an imported model has the
+parameter count of the torch model (tests/importers/test_gpt2_parity.py):
+
+- Hugging Face initialises every bias to 0 and every layernorm weight to 1,
+  and the exporter's optimizer merges identical initializers into one (all
+  the zero biases of a model became one scalar). :func:`perturb` adds
+  distinct seeded noise to every parameter first.
+- A tied matrix (GPT-2's and BERT's output layer is the token embedding) is
+  one torch parameter and stays one initializer: the default optimizer
+  would constant-fold its ``Transpose`` for the output MatMul into a second,
+  transposed copy. :func:`export` runs the optimizer itself with a folding
+  limit below the size of any weight matrix (``FOLD_INPUT_LIMIT``), so only
+  the small shape computations are folded and the transpose stays an op.
+
+:func:`export` checks that the float initializers hold exactly the model's
+parameters (each tied matrix once) and raises otherwise.
 """
 from __future__ import annotations
 
@@ -24,6 +41,10 @@ TINY = {
                   num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64),
 }
 BATCH, SEQ = 2, 16
+NOISE = 0.02  # std of the noise perturb() adds (the weights' own init std is 0.02)
+# onnxscript folds no node with an input over this many elements: shape
+# computations are a few elements, the smallest weight matrix here is 32 x 32.
+FOLD_INPUT_LIMIT = 256
 
 
 def build(name: str):
@@ -39,6 +60,7 @@ def build(name: str):
     else:
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**TINY[name], **common))
     model.eval()
+    perturb(model, seed=1)
 
     class FirstOutput(torch.nn.Module):
         """input_ids -> logits (or hidden states): a plain tensor out."""
@@ -56,18 +78,61 @@ def build(name: str):
     return FirstOutput(model)
 
 
+def perturb(model, seed: int) -> None:
+    """Add distinct seeded noise to every parameter (biases are no longer
+    all zero nor layernorm weights all one), so that no two parameters are
+    equal and the exporter cannot merge them. A tied matrix is one
+    parameter and is perturbed once."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():  # each shared (tied) parameter once
+            p.add_(torch.randn(p.shape, generator=gen) * NOISE)
+
+
+def parameter_elements(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def initializer_elements(model) -> int:
+    """Elements of the float initializers with more than one element (what
+    distsim's importer makes parameters)."""
+    from math import prod
+
+    from onnx import TensorProto
+
+    floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+    return sum(prod(i.dims) for i in model.graph.initializer
+               if i.data_type in floats and prod(i.dims) > 1)
+
+
 def export(name: str, out_dir: Path, opset: int = 18) -> Path:
     import onnx
+    import onnxscript
     import torch
+    from onnxscript.rewriter import onnx_fusions
 
     module = build(name)
     ids = torch.randint(0, TINY[name]["vocab_size"], (BATCH, SEQ))
     dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=64)}
     tmp = out_dir / f".{name}-tiny.tmp.onnx"
-    torch.onnx.export(module, (ids,), str(tmp), input_names=["input_ids"],
-                      output_names=["output"], dynamo=True, opset_version=opset,
-                      dynamic_shapes={"input_ids": dims}, external_data=False)
+    # optimize=False and the exporter's own passes (what optimize=True runs:
+    # optimize_ir, then the ONNX fusions), with the folding limit.
+    program = torch.onnx.export(module, (ids,), None, input_names=["input_ids"],
+                                output_names=["output"], dynamo=True, opset_version=opset,
+                                dynamic_shapes={"input_ids": dims}, optimize=False)
+    onnxscript.optimizer.optimize_ir(program.model, input_size_limit=FOLD_INPUT_LIMIT)
+    onnx_fusions.fuse(program.model)
+    program.save(str(tmp), external_data=False)
     model = onnx.load(str(tmp))
+    # Float buffers (Llama's rotary inv_freq) may be initializers too.
+    want, got = parameter_elements(module), initializer_elements(model)
+    buffers = sum(b.numel() for b in module.buffers() if b.is_floating_point())
+    if not want <= got <= want + buffers:
+        raise RuntimeError(f"{name}: the export's float initializers hold {got} elements, the "
+                           f"model has {want} parameters (+ {buffers} in float buffers): "
+                           "initializers were merged or folded")
     model.producer_name = f"distsim models/export_hf.py ({name}, torch {torch.__version__})"
     path = out_dir / f"{name}-tiny.onnx"
     onnx.save(model, str(path))
