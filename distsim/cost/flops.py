@@ -15,10 +15,14 @@ from ..ir.core import Op
 FlopRule = Callable[[Op], float]
 FLOP_RULES: Dict[str, FlopRule] = {}
 
-# Arithmetic per output element of element-wise ops (tanh-GELU ~ 8 ops).
+# Arithmetic per output element of element-wise ops (tanh-GELU ~ 8 ops:
+# 0.5 x (1 + tanh(0.79788 (x + 0.044715 x^3))), the 8 ONNX ops an exporter
+# writes for it). Reshape and broadcast move data, no arithmetic (the
+# roofline charges them their bytes).
 FLOPS_PER_ELEMENT: Dict[str, float] = {
     "relu": 1, "neg": 1, "exp": 1, "tanh": 1, "sqrt": 1, "sigmoid": 4, "gelu": 8,
     "identity": 0, "ones_like": 0, "zeros_like": 0, "scale": 1, "cast": 0,
+    "reshape": 0, "broadcast_to": 0,
     "add": 1, "sub": 1, "mul": 1, "div": 1, "maximum": 1, "relu_grad": 1, "sgd": 2,
 }
 
