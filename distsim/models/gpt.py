@@ -48,6 +48,10 @@ class GPTConfig:
     ``ffn`` defaults to ``4 * hidden``; ``kv_heads`` to ``heads``;
     ``head_dim`` to ``hidden // heads``. ``published_params`` is the count
     the model's authors give (only compared against, never used).
+    Learned position embeddings (``position: learned``) are a table of
+    ``positions`` rows (GPT-2's ``n_positions``; default ``seq``) of which a
+    step uses the first ``seq``, so a model trained at a shorter sequence
+    keeps its parameter count.
     Rotary position embeddings (``position: rope``) have no parameters and
     are not modelled as ops (their cost is a few element-wise passes)."""
 
@@ -64,6 +68,7 @@ class GPTConfig:
     bias: bool = True
     tied_embeddings: bool = True
     position: str = "learned"
+    positions: Optional[int] = None
     dropout: float = 0.0
     dtype: str = "bf16"
     master_dtype: str = "f32"
@@ -78,7 +83,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq", "global_batch", "micro_batch"):
             _positive(name, getattr(self, name))
-        for name in ("kv_heads", "head_dim", "ffn"):
+        for name in ("kv_heads", "head_dim", "ffn", "positions"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.head_dim is None and self.hidden % self.heads:
@@ -91,6 +96,12 @@ class GPTConfig:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}: must be one of {', '.join(allowed)}, "
                                   f"got {getattr(self, name)!r}")
+        if self.positions is not None and self.position != "learned":
+            raise ConfigError(f"positions: a table of learned positions needs position: learned "
+                              f"(got position: {self.position})")
+        if self.num_positions < self.seq:
+            raise ConfigError(f"seq: {self.seq} is longer than the {self.num_positions} learned "
+                              "positions (positions)")
         if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ConfigError(f"dropout: must be in [0, 1), got {self.dropout!r}")
         DType.parse(self.dtype)
@@ -112,6 +123,11 @@ class GPTConfig:
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
 
+    @property
+    def num_positions(self) -> int:
+        """Rows of the learned position table."""
+        return self.positions or self.seq
+
     def parameter_count(self) -> int:
         """Parameters of the model (embeddings counted once when tied)."""
         h, d = self.hidden, self.dim_head
@@ -128,7 +144,7 @@ class GPTConfig:
         if not self.tied_embeddings:
             total += self.vocab * h
         if self.position == "learned":
-            total += self.seq * h
+            total += self.num_positions * h
         return total
 
     def to_dict(self) -> Dict[str, Any]:
@@ -266,11 +282,13 @@ class _GPTBuilder:
             self.b.function.ops[-1].meta["rank_attrs"] = {
                 "offset": [r * (vocab // tp) for r in range(tp)]}
         if c.position == "learned":
-            wpe = self.param("wpe", (c.seq, c.hidden))
+            wpe = self.replicated_param(self.param("wpe", (c.num_positions, c.hidden)))
+            if c.num_positions > c.seq:  # the first seq rows of the table
+                wpe = self.op("slice", [wpe], {"axis": 0, "start": 0, "stop": c.seq},
+                              name="wpe_rows")
             if self.sp:
                 # Partial sums + wpe / tp, reduce-scattered: emb + wpe.
-                wpe = self.op("scale", [self.replicated_param(wpe)], {"factor": 1.0 / tp},
-                              name="wpe_part")
+                wpe = self.op("scale", [wpe], {"factor": 1.0 / tp}, name="wpe_part")
                 x = self.op("add", [x, wpe], name="emb_pos")
                 x = self.leave_parallel(x, "emb_sum")
             else:

@@ -1,18 +1,23 @@
 """GPT/Llama configs: parameter counts against published ones, the
 builder's gradients against finite differences, `distsim models`, and the
 simulate flags of issue 5."""
+import importlib.util
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from distsim.cli import main
+from distsim.errors import ConfigError
 from distsim.interp import execute
 from distsim.interp.gradcheck import finite_difference
 from distsim.ir import verify
 from distsim.models import available_models, load_model_config
 from distsim.models.gpt import GPTConfig, gpt_forward
 from distsim.models.gpt_family import gpt_config
+from distsim.text import print_function
 from distsim.transforms.autodiff import Autodiff
 
 GPT_MODELS = [n for n in available_models() if load_model_config(n)["family"] == "gpt"]
@@ -46,6 +51,7 @@ def test_program_parameters_equal_the_formula(name):
 
 @pytest.mark.parametrize("style", [
     dict(),
+    dict(positions=7),  # a position table longer than seq: the step slices its first rows
     dict(norm="rmsnorm", activation="swiglu", bias=False, tied_embeddings=False,
          position="none", kv_heads=1)])
 def test_gpt_gradients_match_finite_differences(style):
@@ -110,3 +116,45 @@ def test_bad_strategy_is_one_line(tmp_path, capsys, flags, message):
     code = main(["simulate", "--model", "tiny", *flags, "--no-plots", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_position_table_defaults_to_seq_and_leaves_programs_unchanged():
+    """``positions`` unset or equal to seq builds the program it always
+    built (no slice); only a longer table adds the slice of its rows."""
+    c = GPTConfig(layers=2, hidden=16, heads=4, vocab=32, seq=8, dropout=0.1)
+    for tp, sp in ((1, False), (2, False), (2, True)):
+        same = print_function(gpt_forward(replace(c, positions=8), tp=tp, sp=sp))
+        assert print_function(gpt_forward(c, tp=tp, sp=sp)) == same
+        assert "slice" not in same
+        longer = gpt_forward(replace(c, positions=12), tp=tp, sp=sp)
+        assert longer.meta["param_global_shapes"]["wpe"] == (12, 16)
+        assert [op.attrs["stop"] for op in longer.ops if op.op_type == "slice"] == [8]
+    assert replace(c, positions=12).parameter_count() == c.parameter_count() + 4 * 16
+
+
+def test_gpt2_keeps_its_1024_positions_at_any_seq():
+    c = gpt_config(load_model_config("gpt2"))
+    assert c.num_positions == 1024
+    assert replace(c, seq=128).parameter_count() == c.parameter_count() == 124_439_808
+    with pytest.raises(ConfigError, match="seq: 2048 is longer than the 1024 learned positions"):
+        replace(c, seq=2048)
+    with pytest.raises(ConfigError, match="positions: .*needs position: learned"):
+        GPTConfig(position="rope", positions=16)
+    with pytest.raises(ConfigError, match="positions: must be a positive integer"):
+        GPTConfig(positions=0)
+
+
+def _strategies_reference():
+    """tests/strategies/conftest.py's Reference (the single-device step every
+    strategy is checked against), loaded by path: it is not a package."""
+    path = Path(__file__).resolve().parents[1] / "strategies" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("strategies_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Reference
+
+
+@pytest.mark.parametrize("strategy", [dict(dp=2, tp=2, pp=2, sp=True, zero=1),
+                                      dict(tp=2, sp=True, recompute="full")])
+def test_longer_position_table_under_strategies_matches_single_device(strategy):
+    _strategies_reference()(positions=12).check(**strategy)
