@@ -56,6 +56,7 @@ class DType(enum.Enum):
 
 _ITEMSIZE = {DType.F16: 2, DType.BF16: 2, DType.F32: 4, DType.F64: 8,
              DType.I32: 4, DType.I64: 8, DType.BOOL: 1}
+_DTYPE_CODE = {d: i for i, d in enumerate(DType)}
 _NUMPY = {DType.F16: "float16", DType.BF16: "float32", DType.F32: "float32",
           DType.F64: "float64", DType.I32: "int32", DType.I64: "int64", DType.BOOL: "bool"}
 _ALIASES = {"fp16": "f16", "float16": "f16", "half": "f16", "fp32": "f32", "float32": "f32",
@@ -86,6 +87,17 @@ class TensorType(Type):
         if type(shape) is not tuple or not all(type(d) is int for d in shape):
             object.__setattr__(self, "shape", tuple(int(d) for d in shape))
 
+    # Types are keys of the shape-rule and cost caches, hashed millions of
+    # times in a large program: the hash (and the size) are computed once.
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            # ints only: the same in every process (a pickled type keeps it)
+            dev = self.device
+            h = hash((self.shape, _DTYPE_CODE[self.dtype], -1 if dev is None else dev))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def rank(self) -> int:
         return len(self.shape)
@@ -96,7 +108,11 @@ class TensorType(Type):
 
     @property
     def size_bytes(self) -> int:
-        return self.numel * self.dtype.itemsize
+        n = self.__dict__.get("_size")
+        if n is None:
+            n = prod(self.shape) * _ITEMSIZE[self.dtype]
+            object.__setattr__(self, "_size", n)
+        return n
 
     def __str__(self) -> str:
         """The text-format spelling, e.g. ``f32[64,128]@0``."""

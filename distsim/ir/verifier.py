@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Iterable, Set
 
 from ..errors import UnsupportedOpError, VerifyError
-from .core import Function, Module, Op
+from .core import Function, Module, Op, gc_paused
 from .ops_fused import FUSED, fused_result_types
 from .registry import ShapeError, infer_types, is_registered
 
@@ -31,6 +31,11 @@ def _label(function: Function, op: Op) -> str:
 
 def verify(function: Function, known_devices: Iterable[int] | None = None) -> Function:
     """Raise VerifyError on the first broken invariant; return the function."""
+    with gc_paused():
+        return _verify(function, known_devices)
+
+
+def _verify(function: Function, known_devices: Iterable[int] | None) -> Function:
     defined: Set[int] = set()
     names: Set[str] = set()
     devices = set(known_devices) if known_devices is not None else None

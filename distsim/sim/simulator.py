@@ -33,7 +33,7 @@ import simpy
 from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
 from ..ir.comm import CollectiveType, collective_of, is_communication, members
-from ..ir.core import Function, Op, Value
+from ..ir.core import Function, Op, Value, gc_paused
 from .collectives import bytes_sent_per_rank, run_collective
 from .memory import MemoryLog
 from .symmetry import class_members, comm_positions, symmetry_classes
@@ -343,6 +343,10 @@ class Simulator:
                                         for m in members[1:]]
 
     def run(self) -> Trace:
+        with gc_paused():
+            return self._run()
+
+    def _run(self) -> Trace:
         self._prepare()
         costs = self._op_costs()
         for v in self.function.inputs:

@@ -47,7 +47,7 @@ from ..cost.flops import op_flops
 from ..errors import PassPreconditionError
 from ..ir.builder import NameScope
 from ..ir.comm import CollectiveType, io_ranks
-from ..ir.core import Function, Op, Value
+from ..ir.core import Function, Op, Value, gc_paused, normalize_attr
 from ..ir.ops_fused import FUSED
 from ..ir.registry import infer_types, lookup, with_defaults
 from ..ir.types import DType, TensorType
@@ -80,7 +80,9 @@ class Emitter:
 
     def op(self, op_type: str, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]],
            names: Sequence[str], meta: Optional[Dict[str, Any]] = None) -> List[Value]:
-        attrs = with_defaults(op_type, dict(attrs or {}))
+        # normalized first (lists as tuples, as Op keeps them): hashable, so
+        # the registry's shape-rule cache serves every repeat of the op
+        attrs = {k: normalize_attr(v) for k, v in with_defaults(op_type, attrs or {}).items()}
         types = infer_types(op_type, [v.type for v in inputs], attrs)
         if len(names) != len(types):
             names = [f"{names[0]}.{i}" for i in range(len(types))]
@@ -169,6 +171,8 @@ class LowerSPMD:
         self.representatives = representatives
         self.coarsen = coarsen
         self._segment_cache: Dict[Tuple[str, int], List[Any]] = {}
+        self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
+        self._segment_types: Dict[Tuple[int, int], List[TensorType]] = {}
         S = strategy
         self.reps: Set[int] = {S.rank(0, s, 0) for s in range(S.pp)}
 
@@ -228,8 +232,11 @@ class LowerSPMD:
     def group(self, stage: int) -> List[Tuple[int, int, int]]:
         """(dp rank, tp rank, global rank) of a pipeline stage's ranks in the
         program (only the representative in a reduced program)."""
-        return [(d, t, self.S.rank(d, stage, t)) for d in self.dp_indices()
-                for t in self.tp_indices()]
+        g = self._groups.get(stage)
+        if g is None:
+            g = self._groups[stage] = [(d, t, self.S.rank(d, stage, t))
+                                       for d in self.dp_indices() for t in self.tp_indices()]
+        return g
 
     def present(self, rank: int) -> bool:
         return not self.representatives or rank in self.reps
@@ -313,8 +320,12 @@ class LowerSPMD:
         attrs = {"segment": seg.function.name, "ops": len(seg.function.ops)}
         for d, t, r in self.group(stage):
             ins = [self.get(v, r, d, t, mb, stage, seg.layer) for v in seg.inputs]
-            outs = [Value(em.names.fresh(self.local_name(v, r, mb)),
-                          TensorType(v.type.shape, v.type.dtype, r)) for v in seg.outputs]
+            types = self._segment_types.get((id(seg), r))
+            if types is None:
+                types = self._segment_types[(id(seg), r)] = [
+                    TensorType(v.type.shape, v.type.dtype, r) for v in seg.outputs]
+            outs = [Value(em.names.fresh(self.local_name(v, r, mb)), ty)
+                    for v, ty in zip(seg.outputs, types)]
             em.function.ops.append(Op(FUSED, ins, outs, attrs, (seg.function,), dict(meta)))
             env = self.menv.setdefault((r, mb), {})
             for v, o in zip(seg.outputs, outs):
@@ -408,6 +419,10 @@ class LowerSPMD:
 
     # -- the pass ----------------------------------------------------------
     def __call__(self, step: Function) -> Function:
+        with gc_paused():
+            return self._lower(step)
+
+    def _lower(self, step: Function) -> Function:
         S = self.S
         self._analyse(step)
         self.em = Emitter(step.name, self.reps if self.representatives else None)
