@@ -19,6 +19,7 @@ from .models import family_of, load_model_config
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
 from .ir.types import DType
+from .report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS, check_max_trace_records, plan_trace
 from .report.html import write_run_report
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
@@ -41,6 +42,8 @@ class SimulationResult:
     program: Function
     config: Dict[str, Any]
     topology: Topology
+    #: bound on the timed records of trace.json (0: no limit); see write_outputs
+    max_trace_records: int = DEFAULT_MAX_TRACE_RECORDS
     _summary: Optional[Dict[str, Any]] = field(default=None, repr=False)
 
     @property
@@ -48,7 +51,9 @@ class SimulationResult:
         return self.trace.step_time_s
 
     def summary(self) -> Dict[str, Any]:
-        """The JSON-ready summary (the content of summary.json)."""
+        """The JSON-ready summary (the content of summary.json). Its
+        ``trace_file`` block says whether trace.json is truncated under
+        ``max_trace_records`` (and how many records it holds)."""
         if self._summary is None:
             s = summarize(self.trace)
             s["config"] = dict(self.config)
@@ -58,14 +63,18 @@ class SimulationResult:
             dtype = str(model.get("dtype") or self.config.get("dtype") or "f16")
             s.update(training_metrics(s, self.trace.meta, model, self.config,
                                       peak_flops_of(self.topology.device_spec, dtype)))
+            s["trace_file"] = plan_trace(self.trace, self.max_trace_records).to_dict()
             self._summary = s
         return self._summary
 
     def summary_table(self) -> str:
         return format_summary_table(self.summary()) + format_training_metrics(self.summary())
 
-    def write_trace(self, path: Union[str, Path]) -> None:
-        write_chrome_trace(self.trace, path)
+    def write_trace(self, path: Union[str, Path], max_trace_records: Optional[int] = None) -> None:
+        """Write the Chrome trace (streaming, atomic), summarised past
+        ``max_trace_records`` timed records (None: this result's setting, 0: no limit)."""
+        limit = self.max_trace_records if max_trace_records is None else max_trace_records
+        write_chrome_trace(self.trace, path, max_trace_records=check_max_trace_records(limit))
 
     def gantt(self, path: Union[str, Path]) -> None:
         write_gantt(self.trace, path)
@@ -82,9 +91,20 @@ class SimulationResult:
         plot_links(self.trace.links, path, samples=self.trace.link_samples,
                    end_s=self.trace.step_time_s)
 
-    def write_outputs(self, out_dir: Union[str, Path], plots: bool = True) -> Dict[str, Path]:
-        """Write summary.json and trace.json (and the two PNGs) into
-        ``out_dir``; each file atomically. Returns the paths written."""
+    def write_outputs(self, out_dir: Union[str, Path], plots: bool = True,
+                      max_trace_records: Optional[int] = None) -> Dict[str, Path]:
+        """Write summary.json and trace.json (and the PNGs) into ``out_dir``;
+        each file atomically. trace.json holds at most ``max_trace_records``
+        timed records (None: this result's setting, default
+        :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); past it the trace is
+        summarised and summary.json's ``trace_file.truncated`` is true.
+        Returns the paths written."""
+        if max_trace_records is not None:
+            limit = check_max_trace_records(max_trace_records)
+            if limit != self.max_trace_records:
+                self.max_trace_records = limit
+                if self._summary is not None:
+                    self._summary["trace_file"] = plan_trace(self.trace, limit).to_dict()
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out}: exists and is not a directory")
@@ -157,10 +177,14 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
 def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
              network_mode: str = "flow", collective_algo: str = "auto",
+             max_trace_records: Optional[int] = None,
              **options: Any) -> SimulationResult:
     """Build the training step of ``model`` with the given strategy
     (``dp=``, model overrides ``layers=``, ``hidden=``, ``batch=``,
-    ``dtype=``) and simulate it on ``topology``."""
+    ``dtype=``) and simulate it on ``topology``. ``max_trace_records``
+    bounds trace.json when the result is written (None: the default,
+    :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit)."""
+    trace_limit = check_max_trace_records(max_trace_records)
     if network_mode not in ("flow", "analytical"):
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
     program, config, topo = build_program(model, topology, **options)
@@ -172,4 +196,4 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                               SimulationOptions(network_mode=network_mode,
                                                 collective_algorithm=collective_algo,
                                                 symmetry=symmetry))
-    return SimulationResult(trace, program, config, topo)
+    return SimulationResult(trace, program, config, topo, max_trace_records=trace_limit)

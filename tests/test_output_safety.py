@@ -69,25 +69,31 @@ def test_completed_write_has_usual_permissions(tmp_path):
 
 
 def test_report_writer_interrupted_mid_trace_leaves_no_trace(tmp_path, monkeypatch):
-    """Ctrl-C while trace.json is being serialised: summary.json (written
-    first) is complete, trace.json does not exist, no temporary file."""
+    """Ctrl-C while trace.json is being streamed (some chunks already in
+    the temporary file): summary.json (written first) is complete,
+    trace.json does not exist, no temporary file."""
+    import importlib
+
     import distsim
-    import distsim.report.chrome_trace as chrome_trace
+    chrome_trace = importlib.import_module("distsim.report.chrome_trace")  # the module
 
     result = distsim.simulate(layers=1, hidden=64, batch=64, dp=2, network_mode="analytical")
-    real_dumps = json.dumps
+    real_events = chrome_trace._events
+    written = []
 
-    def dumps_then_interrupt(obj, *a, **k):
-        if isinstance(obj, dict) and "traceEvents" in obj:
-            raise KeyboardInterrupt
-        return real_dumps(obj, *a, **k)
+    def events_then_interrupt(*a, **k):
+        for i, event in enumerate(real_events(*a, **k)):
+            if i == 10:
+                raise KeyboardInterrupt
+            written.append(event)
+            yield event
 
-    monkeypatch.setattr(json, "dumps", dumps_then_interrupt)
-    if hasattr(chrome_trace, "json"):
-        monkeypatch.setattr(chrome_trace.json, "dumps", dumps_then_interrupt)
+    monkeypatch.setattr(chrome_trace, "_CHUNK", 3)   # several chunks reach the file first
+    monkeypatch.setattr(chrome_trace, "_events", events_then_interrupt)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         result.write_outputs(out, plots=False)
+    assert len(written) == 10
     names = sorted(os.listdir(out))
     assert "trace.json" not in names
     assert all(not n.startswith(".") for n in names), names

@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..api import OUTPUT_FILES, simulate
+from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
 
@@ -32,14 +33,27 @@ def add_parser(sub) -> None:
                    help="output folder for the trace, plots and summary (default: %(default)s)")
     o.add_argument("--json", action="store_true",
                    help="print the summary as JSON on stdout instead of the table")
-    o.add_argument("--no-plots", action="store_true", help="skip gantt.png and memory.png")
+    o.add_argument("--no-plots", action="store_true",
+                   help="skip gantt.png, memory.png and links.png")
+    o.add_argument("--max-trace-records", type=int, dest="max_trace_records",
+                   default=DEFAULT_MAX_TRACE_RECORDS, metavar="N",
+                   help="at most N timed records (op slices + memory/link counter samples) in "
+                        "trace.json; past it the trace keeps the records before a cutoff time "
+                        "and summarises the rest per device stream, and summary.json's "
+                        "trace_file.truncated is true; 0: no limit (default: %(default)s, "
+                        "about 150 MB)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
-                      **program_options(args))
+                      max_trace_records=args.max_trace_records, **program_options(args))
     paths = result.write_outputs(args.out, plots=not args.no_plots)
+    info = result.summary().get("trace_file") or {}
+    if info.get("truncated"):
+        print(f"distsim: note: trace.json holds {info['records_written']} of {info['records']} "
+              f"records (--max-trace-records {info['max_trace_records']}; 0: no limit)",
+              file=sys.stderr)
     if args.json:
         json.dump(result.summary(), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -13,24 +13,48 @@ Layout (the JSON Object Format of the Trace Event spec):
 * with ``include_links``, a last process ``network`` with one utilisation
   counter per directed link that has samples.
 
-Events are emitted in a fixed sorted order and timestamps are rounded to
-the nanosecond, so the same trace always serialises to the same bytes.
+Events are emitted in a fixed sorted order and timestamps are written
+with three decimals (to the nanosecond), so the same trace always
+serialises to the same bytes.
+
+**Size bound.** The file is written streaming: events are formatted
+straight from the simulator's records into text, a chunk at a time, into a
+temporary file that is renamed at the end (:mod:`distsim.fileio`); no list
+of event dicts and no whole-document string is built. ``max_trace_records``
+bounds the timed records written (op slices plus memory and link counter
+samples; default :data:`DEFAULT_MAX_TRACE_RECORDS`, 0 = no limit). Past it
+the trace is *summarised*: it keeps every record that starts before a
+cutoff time chosen so that at most ``max_trace_records`` remain (the same
+time window on every device), replaces the ops after the cutoff by one
+``truncated`` slice per device stream (how many ops, their flops and bytes,
+from the first dropped op's start to the last one's end), marks the cutoff
+with a global instant event, and says so in ``otherData.trace_truncated``.
 """
 from __future__ import annotations
 
 import contextlib
-import gc
 import gzip
+import io
 import json
 import math
-from typing import Any, Dict, Iterator, List, Tuple
+from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _quote
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from distsim.errors import ConfigError
 from distsim.fileio import PathLike, atomic_path
 from distsim.report.jsonsafe import json_safe
 from distsim.sim.trace import COMM_STREAM, COMPUTE_STREAM, Trace
 
 US = 1e6  #: microseconds per second (Chrome trace time unit)
 FIXED_TIDS: Dict[str, int] = {COMPUTE_STREAM: 0, COMM_STREAM: 1}
+
+#: Default bound on the timed records of trace.json (op slices + counter
+#: samples): about 150 MB of JSON, which Perfetto's UI opens comfortably.
+DEFAULT_MAX_TRACE_RECORDS = 1_000_000
+
+TRUNCATED_CATEGORY = "truncated"  #: ``cat`` of the per-stream slices that summarise dropped ops
+_CHUNK = 20_000  #: events per write
 
 
 def _us(seconds: float) -> float:
@@ -44,17 +68,27 @@ def _num(x: float) -> Any:
     return x if math.isfinite(x) else None
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building millions of small
-    dicts (none of them cyclic): it halves the build time. Restored after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+def _fnum(x: Any) -> str:
+    """``_num(x)`` as JSON text (what ``json.dumps`` writes for it)."""
+    x = float(x)
+    return repr(x) if math.isfinite(x) else "null"
+
+
+def _str(x: Any) -> str:
+    """A JSON string literal (``json.dumps`` of a str, ASCII-escaped)."""
+    if isinstance(x, str):
+        return _quote(x)
+    return json.dumps(json_safe(x), separators=(",", ":"), allow_nan=False)
+
+
+def check_max_trace_records(value: Any) -> int:
+    """``max_trace_records`` as an int >= 0 (0 = no limit); None is the default."""
+    if value is None:
+        return DEFAULT_MAX_TRACE_RECORDS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"--max-trace-records: must be an integer >= 0 (0: no limit), "
+                          f"got {value!r}")
+    return value
 
 
 def stream_tids(trace: Trace) -> Dict[str, int]:
@@ -65,77 +99,210 @@ def stream_tids(trace: Trace) -> Dict[str, int]:
     return tids
 
 
-def _metadata(pid: int, name: str, sort_index: int, threads: List[Tuple[int, str]]) -> List[Dict[str, Any]]:
-    events: List[Dict[str, Any]] = [
-        {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": name}},
-        {"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": sort_index}},
+@dataclass(frozen=True)
+class TracePlan:
+    """What trace.json will hold: ``records`` timed records in the trace,
+    ``written`` of them in the file; ``cutoff_s`` is None when nothing is
+    dropped, else records at or after it are summarised."""
+
+    records: int
+    written: int
+    max_records: int
+    cutoff_s: Optional[float]
+
+    @property
+    def truncated(self) -> bool:
+        return self.cutoff_s is not None
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The ``trace_file`` block of summary.json."""
+        return {"truncated": self.truncated, "records": self.records,
+                "records_written": self.written, "max_trace_records": self.max_records,
+                "cutoff_s": self.cutoff_s}
+
+
+def _times(trace: Trace, include_links: bool) -> Iterator[float]:
+    for op in trace.ops:
+        yield op.start_s
+    for s in trace.memory:
+        yield s.time_s
+    if include_links:
+        for s in trace.link_samples:
+            yield s.time_s
+
+
+def plan_trace(trace: Trace, max_trace_records: Optional[int] = None,
+               include_links: bool = True) -> TracePlan:
+    """Decide what trace.json keeps under ``max_trace_records`` (None: the
+    default, 0: no limit): everything, or the records before a cutoff time."""
+    limit = check_max_trace_records(max_trace_records)
+    total = len(trace.ops) + len(trace.memory) + (len(trace.link_samples) if include_links else 0)
+    if limit == 0 or total <= limit:
+        return TracePlan(total, total, limit, None)
+    import numpy as np
+    times = np.fromiter(_times(trace, include_links), dtype=float, count=total)
+    cutoff = float(np.partition(times, limit)[limit])  # the (limit+1)-th earliest start
+    kept = int(np.count_nonzero(times < cutoff))        # <= limit (ties at the cutoff go)
+    return TracePlan(total, kept, limit, cutoff)
+
+
+def _metadata(pid: int, name: str, sort_index: int, threads: List[Tuple[int, str]]) -> List[str]:
+    events = [
+        f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_name","args":{{"name":{_str(name)}}}}}',
+        f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_sort_index",'
+        f'"args":{{"sort_index":{sort_index}}}}}',
     ]
     for tid, tname in threads:
-        events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": tname}})
-        events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
-                       "args": {"sort_index": tid}})
+        events.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_name",'
+                      f'"args":{{"name":{_str(tname)}}}}}')
+        events.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_sort_index",'
+                      f'"args":{{"sort_index":{tid}}}}}')
     return events
 
 
-def chrome_trace(trace: Trace, include_links: bool = True) -> Dict[str, Any]:
-    """The Chrome Trace Event document of ``trace`` (a JSON-ready dict)."""
-    with _gc_paused():
-        return _build(trace, include_links)
-
-
-def _build(trace: Trace, include_links: bool) -> Dict[str, Any]:
+def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]:
+    """Every event of the document as compact JSON text, in the fixed order."""
     tids = stream_tids(trace)
     names = {d.rank: d.name for d in trace.devices}
     ranks = sorted(set(names) | {op.rank for op in trace.ops} | {s.rank for s in trace.memory})
     streams_of: Dict[int, set] = {r: {COMPUTE_STREAM, COMM_STREAM} for r in ranks}
     for op in trace.ops:
         streams_of[op.rank].add(op.stream)
-
-    events: List[Dict[str, Any]] = []
     for rank in ranks:
         threads = sorted((tids[s], s) for s in streams_of[rank])
-        events += _metadata(rank, names.get(rank, f"gpu{rank}"), rank, threads)
+        yield from _metadata(rank, names.get(rank, f"gpu{rank}"), rank, threads)
 
+    cutoff = plan.cutoff_s
+    # (rank, tid) -> [ops dropped, first start, last end, flops, bytes]
+    dropped: Dict[Tuple[int, int], List[float]] = {}
     ops = sorted(trace.ops, key=lambda o: (o.rank, tids[o.stream], o.start_s, -o.end_s, o.name))
-    for op in ops:
-        events.append({
-            "ph": "X", "pid": op.rank, "tid": tids[op.stream], "name": op.name, "cat": op.category,
-            "ts": _us(op.start_s), "dur": _us(op.end_s - op.start_s),
-            "args": {"op_type": op.op_type, "flops": _num(op.flops), "bytes": _num(op.bytes),
-                     "detail": op.detail},
-        })
-    for s in sorted(trace.memory, key=lambda s: (s.rank, s.time_s)):
-        events.append({"ph": "C", "pid": s.rank, "tid": 0, "name": "memory", "ts": _us(s.time_s),
-                       "args": {"live_bytes": int(s.live_bytes)}})
+    quoted: Dict[Any, str] = {}   # category / op type / detail -> JSON text (few distinct)
+    numbers: Dict[Any, str] = {}  # flops / bytes -> JSON text (repeat across layers)
+    for rank, stream, name, op_type, category, start, end, flops, nbytes, detail in ops:
+        tid = tids[stream]
+        if cutoff is not None and start >= cutoff:
+            d = dropped.get((rank, tid))
+            if d is None:
+                dropped[(rank, tid)] = [1, start, end, _num(flops) or 0.0, _num(nbytes) or 0.0]
+            else:
+                d[0] += 1
+                d[2] = max(d[2], end)
+                d[3] += _num(flops) or 0.0
+                d[4] += _num(nbytes) or 0.0
+            continue
+        cat = quoted.get(category)
+        if cat is None:
+            cat = quoted[category] = _str(category)
+        typ = quoted.get(op_type)
+        if typ is None:
+            typ = quoted[op_type] = _str(op_type)
+        det = quoted.get(detail)
+        if det is None:
+            det = quoted[detail] = _str(detail)
+        fl = numbers.get(flops)
+        if fl is None:
+            fl = numbers[flops] = _fnum(flops)
+        nb = numbers.get(nbytes)
+        if nb is None:
+            nb = numbers[nbytes] = _fnum(nbytes)
+        yield (f'{{"ph":"X","pid":{rank},"tid":{tid},'
+               f'"name":{_quote(name) if name.__class__ is str else _str(name)},"cat":{cat},'
+               f'"ts":{start * US:.3f},"dur":{(end - start) * US:.3f},'
+               f'"args":{{"op_type":{typ},"flops":{fl},"bytes":{nb},"detail":{det}}}}}')
+    for (rank, tid), (n, first, last, flops, nbytes) in sorted(dropped.items()):
+        yield (f'{{"ph":"X","pid":{rank},"tid":{tid},'
+               f'"name":"{int(n)} ops not shown (trace truncated)","cat":"{TRUNCATED_CATEGORY}",'
+               f'"ts":{first * US:.3f},"dur":{(last - first) * US:.3f},'
+               f'"args":{{"ops":{int(n)},"flops":{_fnum(flops)},"bytes":{_fnum(nbytes)}}}}}')
 
+    for rank, time_s, live in sorted(trace.memory, key=lambda s: (s.rank, s.time_s)):
+        if cutoff is None or time_s < cutoff:
+            yield (f'{{"ph":"C","pid":{rank},"tid":0,"name":"memory","ts":{time_s * US:.3f},'
+                   f'"args":{{"live_bytes":{int(live)}}}}}')
+
+    pid = (ranks[-1] + 1) if ranks else 0
     if include_links and trace.link_samples:
-        pid = (ranks[-1] + 1) if ranks else 0
-        events += _metadata(pid, "network", pid, [])
-        for s in sorted(trace.link_samples, key=lambda s: (s.src, s.dst, s.time_s)):
-            events.append({"ph": "C", "pid": pid, "tid": 0, "name": f"link {s.src}->{s.dst}",
-                           "ts": _us(s.time_s), "args": {"utilisation": _num(s.utilisation)}})
-
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"step_time_s": _num(trace.step_time_s), "meta": json_safe(dict(trace.meta))},
-    }
+        yield from _metadata(pid, "network", pid, [])
+        for src, dst, time_s, util in sorted(trace.link_samples, key=lambda s: (s.src, s.dst, s.time_s)):
+            if cutoff is None or time_s < cutoff:
+                yield (f'{{"ph":"C","pid":{pid},"tid":0,"name":{_str(f"link {src}->{dst}")},'
+                       f'"ts":{time_s * US:.3f},"args":{{"utilisation":{_fnum(util)}}}}}')
+    if plan.truncated:
+        yield (f'{{"ph":"i","s":"g","pid":0,"tid":0,"name":{_str(_note(plan))},'
+               f'"cat":"{TRUNCATED_CATEGORY}","ts":{cutoff * US:.3f},'
+               f'"args":{_other_json(plan.to_dict())}}}')
 
 
-def chrome_trace_json(trace: Trace, include_links: bool = True) -> str:
-    """The trace document as compact, deterministic JSON text."""
-    doc = chrome_trace(trace, include_links)  # dicts built in a fixed key order
-    with _gc_paused():
-        return json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n"
+def _note(plan: TracePlan) -> str:
+    return (f"trace truncated: {plan.written} of {plan.records} records shown, those before "
+            f"{_us(plan.cutoff_s or 0.0)} us (max_trace_records {plan.max_records})")
 
 
-def write_chrome_trace(trace: Trace, path: PathLike, include_links: bool = True) -> None:
-    """Write the trace to ``path`` atomically; gzip-compressed when it ends in ``.gz``
-    (Perfetto opens ``trace.json.gz`` directly)."""
-    data = chrome_trace_json(trace, include_links).encode("utf-8")
+def _other_json(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def _chunks(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]:
+    """The document's text in pieces of about :data:`_CHUNK` events."""
+    yield '{"traceEvents":['
+    batch: List[str] = []
+    first = True
+    for event in _events(trace, include_links, plan):
+        batch.append(event)
+        if len(batch) >= _CHUNK:
+            yield ("" if first else ",") + ",".join(batch)
+            first = False
+            batch = []
+    if batch:
+        yield ("" if first else ",") + ",".join(batch)
+    other: Dict[str, Any] = {"step_time_s": _num(trace.step_time_s),
+                             "meta": json_safe(dict(trace.meta))}
+    if plan.truncated:
+        other["trace_truncated"] = plan.to_dict()
+    yield '],"displayTimeUnit":"ms","otherData":' + _other_json(other) + "}\n"
+
+
+def chrome_trace_chunks(trace: Trace, include_links: bool = True,
+                        max_trace_records: Optional[int] = 0) -> Iterator[str]:
+    """The trace document as compact JSON text, in pieces (0: no limit)."""
+    return _chunks(trace, include_links, plan_trace(trace, max_trace_records, include_links))
+
+
+def chrome_trace_json(trace: Trace, include_links: bool = True,
+                      max_trace_records: Optional[int] = 0) -> str:
+    """The trace document as compact, deterministic JSON text (0: no limit)."""
+    return "".join(chrome_trace_chunks(trace, include_links, max_trace_records))
+
+
+def chrome_trace(trace: Trace, include_links: bool = True,
+                 max_trace_records: Optional[int] = 0) -> Dict[str, Any]:
+    """The Chrome Trace Event document of ``trace`` (a JSON-ready dict; 0: no limit)."""
+    return json.loads(chrome_trace_json(trace, include_links, max_trace_records))
+
+
+def write_chrome_trace(trace: Trace, path: PathLike, include_links: bool = True,
+                       max_trace_records: Optional[int] = None,
+                       plan: Optional[TracePlan] = None) -> TracePlan:
+    """Write the trace to ``path`` atomically and streaming, summarised past
+    ``max_trace_records`` (None: :data:`DEFAULT_MAX_TRACE_RECORDS`, 0: no
+    limit); gzip-compressed when it ends in ``.gz`` (Perfetto opens
+    ``trace.json.gz`` directly). Returns what was written."""
+    if plan is None:
+        plan = plan_trace(trace, max_trace_records, include_links)
+    chunks = _chunks(trace, include_links, plan)
     with atomic_path(path) as tmp:
-        if str(path).endswith(".gz"):
-            with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz:
-                gz.write(data)
-        else:
-            tmp.write_bytes(data)
+        with contextlib.ExitStack() as stack:
+            raw = stack.enter_context(open(tmp, "wb"))
+            if str(path).endswith(".gz"):
+                sink: io.BufferedIOBase = stack.enter_context(
+                    gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0))
+            else:
+                sink = raw
+            for chunk in chunks:
+                sink.write(chunk.encode("ascii"))
+    return plan
+
+
+def iter_event_texts(trace: Trace, include_links: bool = True) -> Iterable[str]:
+    """Each event's JSON text, untruncated (for tests and tools)."""
+    return _events(trace, include_links, plan_trace(trace, 0, include_links))

@@ -9,6 +9,11 @@ legend, so an OOM shows as a curve crossing it.
 Up to ``max_lines`` devices get one line each. Past that the plot shows the
 max-min envelope over all devices (shaded) and the curve of the device
 with the highest peak, and the title says so.
+
+A curve with more than ``max_points`` change points is drawn binned
+(:func:`downsample_max`): the highest live bytes in each of ``max_points``
+equal time bins, so peaks (and an OOM) stay visible while a 50,000-sample
+curve draws as a few thousand points.
 """
 from __future__ import annotations
 
@@ -47,6 +52,26 @@ def memory_curves(trace: Trace) -> Dict[int, Curve]:
     return curves
 
 
+def downsample_max(curve: Curve, bins: int) -> Curve:
+    """The step function ``curve`` on ``bins`` equal bins of its time span,
+    each bin holding the highest value the curve takes inside it; a curve
+    with at most ``bins`` points is returned as it is."""
+    times, values = curve
+    if bins <= 0 or len(times) <= bins:
+        return curve
+    t0, t1 = float(times[0]), float(times[-1])
+    if t1 <= t0:
+        return curve
+    edges = np.linspace(t0, t1, bins + 1)
+    # the value holding at each bin's left edge ...
+    at_edge = np.searchsorted(times, edges[:-1], side="right") - 1
+    top = values[np.clip(at_edge, 0, None)].copy()
+    # ... and every value that starts inside the bin
+    idx = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, bins - 1)
+    np.maximum.at(top, idx, values)
+    return (np.append(edges[:-1], t1), np.append(top, values[-1]))
+
+
 def envelope(curves: Dict[int, Curve]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(times, min, max)`` of several step functions on the union of their
     change points; memory is O(points), one vectorised pass per curve."""
@@ -61,10 +86,11 @@ def envelope(curves: Dict[int, Curve]) -> Tuple[np.ndarray, np.ndarray, np.ndarr
     return grid, lo, hi
 
 
-def memory_figure(trace: Trace, max_lines: int = 16) -> Figure:
-    """The memory plot as a matplotlib ``Figure`` (not saved)."""
+def memory_figure(trace: Trace, max_lines: int = 16, max_points: int = 4000) -> Figure:
+    """The memory plot as a matplotlib ``Figure`` (not saved); curves of
+    more than ``max_points`` points are binned (:func:`downsample_max`)."""
     names = {d.rank: d.name for d in trace.devices}
-    curves = memory_curves(trace)
+    curves = {r: downsample_max(c, max_points) for r, c in memory_curves(trace).items()}
     fig = Figure(figsize=(10, 5))
     ax = fig.add_subplot()
     title = "Live memory per device"
