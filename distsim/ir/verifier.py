@@ -11,7 +11,7 @@ Every error is a :class:`VerifyError` that names the function and the op.
 """
 from __future__ import annotations
 
-from typing import Iterable, Set
+from typing import Dict, Iterable, Set
 
 from ..errors import UnsupportedOpError, VerifyError
 from .core import Function, Module, Op, gc_paused
@@ -36,49 +36,71 @@ def verify(function: Function, known_devices: Iterable[int] | None = None) -> Fu
 
 
 def _verify(function: Function, known_devices: Iterable[int] | None) -> Function:
+    # Hot loop over every op of programs with a million ops: the op's label
+    # is only built for an error, each distinct type is size- and
+    # device-checked once, and each fused segment's result types are
+    # computed once per tuple of input types.
     defined: Set[int] = set()
     names: Set[str] = set()
     devices = set(known_devices) if known_devices is not None else None
+    types_ok: Set[int] = set()  # ids of types checked (alive: values hold them)
+    fused_types: Dict[tuple, list] = {}
 
-    def define(value, where: str) -> None:
+    def define(value, where) -> None:
         if id(value) in defined:
-            raise VerifyError(f"{where}: value %{value.name} is defined twice")
+            raise VerifyError(f"{where()}: value %{value.name} is defined twice")
         if value.name in names:
-            raise VerifyError(f"{where}: name %{value.name} is used for two values")
+            raise VerifyError(f"{where()}: name %{value.name} is used for two values")
         defined.add(id(value))
         names.add(value.name)
+        if id(value.type) in types_ok:
+            return
         size = getattr(value.type, "size_bytes", 0)
         if isinstance(size, int) and size > MAX_VALUE_BYTES:
-            raise VerifyError(f"{where}: value %{value.name} ({value.type}) would take more "
+            raise VerifyError(f"{where()}: value %{value.name} ({value.type}) would take more "
                               f"than 2^60 bytes: a dimension is absurdly large")
         dev = getattr(value.type, "device", None)
         if devices is not None and dev is not None and dev not in devices:
-            raise VerifyError(f"{where}: value %{value.name} is on device {dev}, "
+            raise VerifyError(f"{where()}: value %{value.name} is on device {dev}, "
                               f"which is not one of the devices {sorted(devices)}")
+        types_ok.add(id(value.type))
 
     for v in function.inputs:
-        define(v, f"function '{function.name}', input")
+        define(v, lambda: f"function '{function.name}', input")
     for op in function.ops:
-        where = _label(function, op)
+        def where(op=op) -> str:
+            return _label(function, op)
         if not is_registered(op.op_type):
-            raise VerifyError(f"{where}: unknown op type '{op.op_type}'")
+            raise VerifyError(f"{where()}: unknown op type '{op.op_type}'")
         for v in op.inputs:
             if id(v) not in defined:
-                raise VerifyError(f"{where}: operand %{v.name} is used before it is defined")
+                raise VerifyError(f"{where()}: operand %{v.name} is used before it is defined")
+        in_types = [v.type for v in op.inputs]
         try:
             if op.op_type == FUSED:
-                expected = fused_result_types(op, [v.type for v in op.inputs])
+                key = None
+                if len(op.subfunctions) == 1:
+                    try:
+                        key = (id(op.subfunctions[0]), tuple(in_types))
+                    except TypeError:  # an unhashable type: no caching
+                        key = None
+                expected = fused_types.get(key) if key is not None else None
+                if expected is None:
+                    expected = fused_result_types(op, in_types)
+                    if key is not None:
+                        fused_types[key] = expected
             else:
-                expected = infer_types(op.op_type, [v.type for v in op.inputs], op.attrs)
+                expected = infer_types(op.op_type, in_types, op.attrs)
         except ShapeError as e:
-            raise VerifyError(f"{where}: {e}") from None
+            raise VerifyError(f"{where()}: {e}") from None
         except UnsupportedOpError as e:
-            raise VerifyError(f"{where}: {e}") from None
+            raise VerifyError(f"{where()}: {e}") from None
         if len(expected) != len(op.outputs):
-            raise VerifyError(f"{where}: has {len(op.outputs)} results, its type rule gives {len(expected)}")
+            raise VerifyError(f"{where()}: has {len(op.outputs)} results, its type rule gives "
+                              f"{len(expected)}")
         for v, t in zip(op.outputs, expected):
-            if v.type != t:
-                raise VerifyError(f"{where}: result %{v.name} is declared {v.type} "
+            if v.type is not t and v.type != t:
+                raise VerifyError(f"{where()}: result %{v.name} is declared {v.type} "
                                   f"but the op produces {t}")
         for v in op.outputs:
             define(v, where)

@@ -32,7 +32,7 @@ import simpy
 
 from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
-from ..ir.comm import CollectiveType, collective_of, is_communication, members
+from ..ir.comm import COMM_PREFIX, CollectiveType, collective_of, is_communication, members
 from ..ir.core import Function, Op, Value, gc_paused
 from .collectives import bytes_sent_per_rank, run_collective
 from .memory import MemoryLog
@@ -173,18 +173,35 @@ class Simulator:
         """(time, flops, bytes) per compute op; replicas of one op on several
         devices (same type, attributes, shapes) are costed once."""
         cache: Dict[tuple, tuple] = {}
+        by_types: Dict[tuple, tuple] = {}
         costs: Dict[int, tuple] = {}
+        simulated = self._simulated
         for op in self.function.ops:
-            if is_communication(op) or not self._simulated(op.outputs[0].type.device
-                                                           if op.outputs else op.inputs[0].type.device):
+            if op.op_type.startswith(COMM_PREFIX):
                 continue
-            key = (op.op_type, tuple(op.attrs.items()), tuple(id(f) for f in op.subfunctions),
-                   tuple((v.type.shape, v.type.dtype) for v in op.inputs),
-                   tuple((v.type.shape, v.type.dtype) for v in op.outputs))
-            hit = cache.get(key)
+            outputs, inputs = op.outputs, op.inputs
+            if not simulated(outputs[0].type.device if outputs else inputs[0].type.device):
+                continue
+            attrs = tuple(op.attrs.items())
+            subs = tuple(id(f) for f in op.subfunctions)
+            # first by the types themselves (hashes cached), then, for each new
+            # combination, by shapes and dtypes (the same op on any device)
+            try:
+                fast = (op.op_type, attrs, subs, tuple(v.type for v in inputs),
+                        tuple(v.type for v in outputs))
+                hit = by_types.get(fast)
+            except TypeError:  # an unhashable type or attribute
+                fast, hit = None, None
             if hit is None:
-                c = self.cost.op_cost(op)
-                hit = cache[key] = (c.time_s, c.flops, c.bytes)
+                key = (op.op_type, attrs, subs,
+                       tuple((v.type.shape, v.type.dtype) for v in inputs),
+                       tuple((v.type.shape, v.type.dtype) for v in outputs))
+                hit = cache.get(key)
+                if hit is None:
+                    c = self.cost.op_cost(op)
+                    hit = cache[key] = (c.time_s, c.flops, c.bytes)
+                if fast is not None:
+                    by_types[fast] = hit
             costs[id(op)] = hit
         return costs
 
@@ -222,14 +239,25 @@ class Simulator:
 
     # -- processes ------------------------------------------------------
     def _compute_stream(self, rank: int, ops: List[Op], costs: Dict[int, tuple]):
+        # The hot loop of the simulator (once per compute op): _publish and
+        # _consume inlined, every lookup bound to a local.
         key = (rank, COMPUTE_STREAM)
         ready_at = self._ready_at
-        records = self.records
-        memory = self.memory
+        waiters = self._waiters
+        users_left = self._users_left
+        last_use = self._last_use
+        kept = self._kept
+        size = self._size
+        category = self._category
+        allocate = self.memory.allocate
+        free = self.memory.free
+        add_record = self.records.append
+        make = tuple.__new__
         t = 0.0
         for op in ops:
             start = t
-            for v in op.inputs:
+            inputs = op.inputs
+            for v in inputs:
                 r = ready_at.get(v)
                 if r is None:
                     yield self._wait_known(key, op, v)
@@ -238,12 +266,28 @@ class Simulator:
                     start = r
             time_s, flops, nbytes = costs[id(op)]
             end = start + time_s
-            for v in op.outputs:
-                memory.allocate(rank, self._size[v], self._category[v], start)
-            records.append(OpRecord(rank, COMPUTE_STREAM, op.name, op.op_type, "compute",
-                                    start, end, flops, nbytes, op.meta.get("detail", "")))
-            self._publish(op.outputs, end)
-            self._consume(op.inputs, end)
+            outputs = op.outputs
+            for v in outputs:
+                allocate(rank, size[v], category[v], start)  # as before: the stream's device
+            add_record(make(OpRecord, (rank, COMPUTE_STREAM, op.name, op.op_type, "compute",
+                                       start, end, flops, nbytes, op.meta.get("detail", ""))))
+            # publish the outputs (as _publish)
+            for v in outputs:
+                ready_at[v] = end
+                if v in waiters:
+                    for ev in waiters.pop(v):
+                        ev.succeed()
+                if users_left[v] == 0 and v not in kept:
+                    free(v.type.device, size[v], category[v], end)
+            # consume the inputs (as _consume)
+            for v in inputs:
+                last = last_use.get(v)
+                if last is None or end > last:
+                    last = last_use[v] = end
+                left = users_left[v] - 1
+                users_left[v] = left
+                if left == 0 and v not in kept:
+                    free(v.type.device, size[v], category[v], last)
             t = end
         self._blocked.pop(key, None)
 
@@ -321,20 +365,23 @@ class Simulator:
                 self._kept.add(v)
         if self.options.symmetry:
             self._rep = symmetry_classes(f, self.topology.node_of)
+        category, size, users_left = self._category, self._size, self._users_left
         for op in f.ops:
             for v in op.outputs:
-                self._category[v] = value_category(v, op, roles, grad_names)
-                self._size[v] = 0 if v.name in in_place else v.type.size_bytes
-                self._users_left[v] = 0
+                category[v] = value_category(v, op, roles, grad_names)
+                size[v] = 0 if v.name in in_place else v.type.size_bytes
+                users_left[v] = 0
+        simulated = self._simulated
         for op in f.ops:
             for v in op.inputs:
-                if v not in self._users_left:  # read but defined nowhere: it would never come
+                n = users_left.get(v)
+                if n is None:  # read but defined nowhere: it would never come
                     raise SimulationError(f"op %{op.name} ({op.op_type}) reads %{v.name}, which "
                                           "no op or input of the program defines")
-                self._users_left[v] += 1
-            if is_communication(op):
+                users_left[v] = n + 1
+            if op.op_type.startswith(COMM_PREFIX):
                 self._collectives[id(op)] = _Collective(
-                    self.env, op, any(self._simulated(r) for r in op.attrs["ranks"]))
+                    self.env, op, any(simulated(r) for r in op.attrs["ranks"]))
         if self._rep:
             positions = comm_positions(f)
             for rep, members in class_members(self._rep).items():
