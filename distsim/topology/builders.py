@@ -22,7 +22,22 @@ from ..errors import ConfigError
 GB = 1e9
 US = 1e-6
 
+#: The most devices a topology may have (builders and YAML files alike): far
+#: beyond today's clusters, and small enough that a typo (``dgx-a100-x1000000``,
+#: ``count: 100000000``) is one clear error instead of minutes of building a
+#: graph that exhausts memory.
+MAX_DEVICES = 65_536
+#: The most nodes (devices, switches, NICs, hosts) one name range or file may declare.
+MAX_NODES = 4 * MAX_DEVICES
+
 Params = Dict[str, Any]
+
+
+def check_device_count(count: int, where: str, how: str = "") -> None:
+    """A ConfigError when ``count`` devices is more than :data:`MAX_DEVICES`."""
+    if count > MAX_DEVICES:
+        raise ConfigError(f"{where}: {count:,} devices{f' ({how})' if how else ''} is more than "
+                          f"the {MAX_DEVICES:,} devices distsim simulates")
 
 
 def add_duplex(g: nx.DiGraph, a: str, b: str, bandwidth_Bps: float, latency_s: float) -> None:
@@ -108,6 +123,7 @@ def build_dgx(params: Mapping[str, Any], where: str = "builder") -> nx.DiGraph:
         raise ConfigError(f"{where}.nics_per_node: at most gpus_per_node ({gpn}), got {nics}")
     if nodes > 1 and nics == 0:
         raise ConfigError(f"{where}.nics_per_node: servers of a multi-node cluster need NICs")
+    check_device_count(nodes * gpn, where, f"nodes {nodes} x gpus_per_node {gpn}")
     g = nx.DiGraph()
     switches_per_node = math.ceil(gpn / per_pcie)
     for n in range(nodes):
@@ -184,8 +200,9 @@ def build_torus(params: Mapping[str, Any], where: str = "builder") -> nx.DiGraph
     wrap = p.values["wraparound"]
     if not isinstance(wrap, bool):
         raise ConfigError(f"{where}.wraparound: must be true or false, got {wrap!r}")
-    g = nx.DiGraph()
     total = math.prod(dims)
+    check_device_count(total, f"{where}.dims", "x".join(map(str, dims)))
+    g = nx.DiGraph()
 
     def coords(r: int) -> List[int]:
         out = []
@@ -228,6 +245,7 @@ def build_pcie_tree(params: Mapping[str, Any], where: str = "builder") -> nx.DiG
     gpus, per = p.num("gpus", integer=True), p.num("gpus_per_switch", integer=True)
     bw, up = p.num("pcie_GBps") * GB, p.num("uplink_GBps") * GB
     lat = p.num("latency_us", False) * US
+    check_device_count(gpus, f"{where}.gpus")
     g = nx.DiGraph()
     g.add_node("host0", kind="host", node_index=0)
     for j in range(math.ceil(gpus / per)):
@@ -252,6 +270,7 @@ def build_star(params: Mapping[str, Any], where: str = "builder") -> nx.DiGraph:
     n = p.num("devices", integer=True)
     bw, lat = p.num("link_GBps") * GB, p.num("latency_us", False) * US
     per_node = p.num("devices_per_node", positive=False, integer=True) or n
+    check_device_count(n, f"{where}.devices")
     g = nx.DiGraph()
     g.add_node("switch0", kind="switch")
     for r in range(n):

@@ -30,7 +30,7 @@ import distsim
 from ..cost.device import device_spec_from_dict
 from ..errors import ConfigError, TopologyError
 from ..yamlio import load_yaml_file
-from .builders import BUILDERS, GB, US, add_duplex
+from .builders import BUILDERS, GB, MAX_DEVICES, MAX_NODES, US, add_duplex, check_device_count
 from .topology import Topology
 
 TOPOLOGY_DIR = Path(distsim.__file__).resolve().parent.parent / "topologies"
@@ -78,23 +78,40 @@ def load_topology(name_or_path: str) -> Topology:
     text = str(name_or_path)
     path = Path(text)
     nodes: int | None = None
-    if text.endswith((".yaml", ".yml")) or path.is_file():
-        if not path.is_file():
-            raise ConfigError(f"{text}: topology file not found")
+    if text.endswith((".yaml", ".yml")) or _is_file(path):
+        if not _is_file(path):
+            raise ConfigError(f"{_short(text, 200)}: topology file not found")
     else:
         path = TOPOLOGY_DIR / f"{text}.yaml"
         match = _CLUSTER_NAME.match(text)
-        if not path.is_file() and match and (TOPOLOGY_DIR / f"{match['base']}.yaml").is_file():
-            path, nodes = TOPOLOGY_DIR / f"{match['base']}.yaml", int(match["nodes"])
+        if not _is_file(path) and match and _is_file(TOPOLOGY_DIR / f"{match['base']}.yaml"):
+            digits = match["nodes"].lstrip("0") or "0"
+            if len(digits) > 9:      # (and int() refuses past 4300 digits)
+                raise ConfigError(f"topology '{_short(text)}': {_short(digits)} nodes is more than "
+                                  f"the {MAX_DEVICES:,} devices distsim simulates")
+            path, nodes = TOPOLOGY_DIR / f"{match['base']}.yaml", int(digits)
             if nodes < 1:
                 raise ConfigError(f"topology '{text}': the node count must be at least 1")
-        elif not path.is_file():
-            raise ConfigError(f"unknown topology '{text}' (known: "
+        elif not _is_file(path):
+            raise ConfigError(f"unknown topology '{_short(text)}' (known: "
                               f"{', '.join(known_topologies())}, or a path to a .yaml file)")
     key = (str(path.resolve()), path.stat().st_mtime_ns, nodes)
     if key not in _cache:
         _cache[key] = _load_file(path, nodes, text if nodes is not None else None)
     return _cache[key]
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a name the OS refuses (too long, NUL)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _short(text: str, keep: int = 40) -> str:
+    """``text``, or its start and length when longer than ``keep`` characters."""
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
 
 
 def _display(path: Path) -> str:
@@ -160,6 +177,9 @@ def expand_names(value: Any, field: str) -> List[str]:
             lo, hi = int(m["lo"]), int(m["hi"])
             if hi < lo:
                 raise ConfigError(f"{field}: empty range {item!r}")
+            if hi - lo + 1 + len(out) > MAX_NODES:
+                raise ConfigError(f"{field}: {_short(str(item))} names {hi - lo + 1:,} nodes, more "
+                                  f"than the {MAX_NODES:,} a topology may have")
             out.extend(f"{m['pre']}{i}{m['post']}" for i in range(lo, hi + 1))
         else:
             out.append(str(item))
@@ -175,7 +195,11 @@ def _explicit_graph(data: Mapping[str, Any], where: str) -> nx.DiGraph:
         count = devices.get("count")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigError(f"{where}: devices.count: must be a positive integer, got {count!r}")
+        check_device_count(count, f"{where}: devices.count")
         pattern = str(devices.get("name", "gpu{i}"))
+        if count > 1 and "{i}" not in pattern:
+            raise ConfigError(f"{where}: devices.name: '{pattern}' has no {{i}}, so all {count} "
+                              f"devices would have the same name")
         per_node = devices.get("per_node", count)
         if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
             raise ConfigError(f"{where}: devices.per_node: must be a positive integer, "
@@ -183,8 +207,11 @@ def _explicit_graph(data: Mapping[str, Any], where: str) -> nx.DiGraph:
         names = [pattern.replace("{i}", str(i)) for i in range(count)]
     else:
         names = expand_names(devices, f"{where}: devices")
+        check_device_count(len(names), f"{where}: devices")
         per_node = len(names)
     for rank, n in enumerate(names):
+        if n in g:
+            raise ConfigError(f"{where}: devices: name '{n}' is used twice")
         g.add_node(n, kind="device", rank=rank, node_index=rank // per_node)
     for field, kind in (("switches", "switch"), ("nics", "nic"), ("hosts", "host")):
         for n in expand_names(data.get(field) or [], f"{where}: {field}"):
@@ -194,8 +221,12 @@ def _explicit_graph(data: Mapping[str, Any], where: str) -> nx.DiGraph:
     links = data.get("links")
     if not isinstance(links, list) or not links:
         raise ConfigError(f"{where}: links: expected a non-empty list of links")
+    if len(g) > MAX_NODES:
+        raise ConfigError(f"{where}: {len(g):,} nodes, more than the {MAX_NODES:,} a topology "
+                          f"may have")
+    declared: Dict[Tuple[str, str], str] = {}
     for i, link in enumerate(links):
-        _add_links(g, link, f"{where}: links[{i}]")
+        _add_links(g, link, f"{where}: links[{i}]", declared, f"links[{i}]")
     return g
 
 
@@ -217,7 +248,8 @@ def _unit_value(link: Mapping[str, Any], units: Mapping[str, float], where: str,
     return float(raw) * units[given[0]]
 
 
-def _add_links(g: nx.DiGraph, link: Any, where: str) -> None:
+def _add_links(g: nx.DiGraph, link: Any, where: str,
+               declared: Dict[Tuple[str, str], str] | None = None, label: str = "") -> None:
     if not isinstance(link, Mapping):
         raise ConfigError(f"{where}: expected a mapping with src, dst, bandwidth, latency")
     unknown = sorted(set(link) - _LINK_KEYS)
@@ -243,6 +275,19 @@ def _add_links(g: nx.DiGraph, link: Any, where: str) -> None:
             if name not in g:
                 raise TopologyError(f"{where}.{side}: unknown node '{name}' (declare it under "
                                     f"devices, switches, nics or hosts)")
+        if a == b:
+            raise ConfigError(f"{where}: a link from '{a}' to itself")
+        if declared is not None:
+            # A link declared again with the same figures (a duplex a-b and
+            # an explicit b -> a) is harmless; with other figures one of the
+            # two would be silently lost.
+            for edge in ((a, b), (b, a)) if duplex else ((a, b),):
+                first = declared.get(edge)
+                if first is not None and g.has_edge(*edge) and \
+                        (g.edges[edge]["bandwidth_Bps"], g.edges[edge]["latency_s"]) != (bw, lat):
+                    raise ConfigError(f"{where}: link {edge[0]} -> {edge[1]} is declared twice "
+                                      f"with different bandwidth or latency (also by {first})")
+                declared.setdefault(edge, label)
         if duplex:
             add_duplex(g, a, b, bw, lat)
         else:
