@@ -10,6 +10,7 @@ from ..report.summary import MS
 from ..report.sweep_charts import param_columns, simulated, write_sweep_charts
 from ..sweep import load_spec, sweep
 from ..sweep.runners import DEFAULT_CONNECT_TIMEOUT_S
+from ..sweep.spec import DEFAULT_MAX_POINTS
 
 
 def add_parser(sub) -> None:
@@ -32,13 +33,17 @@ def add_parser(sub) -> None:
     p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
                    metavar="SECONDS",
                    help="how long to wait for the Dask scheduler (default: %(default)s)")
+    p.add_argument("--max-points", type=int, default=DEFAULT_MAX_POINTS, dest="max_points",
+                   metavar="N",
+                   help="refuse a grid that expands to more than N points, before any work "
+                        "starts; 0: no limit (default: %(default)s)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts and report.html")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, max_points=args.max_points)
     out = Path(args.out)
     df = sweep(spec=spec, workers=args.workers, scheduler=args.scheduler, out_dir=out,
                progress=not args.quiet, connect_timeout_s=args.connect_timeout)

@@ -22,7 +22,7 @@ from .constraints import ConstraintLike
 from .point import SimulateFn, empty_metrics
 from .progress import Progress
 from .runners import DEFAULT_CONNECT_TIMEOUT_S, make_runner
-from .spec import SweepSpec
+from .spec import SweepSpec, check_grid_size
 from .store import JOURNAL, Journal, normalise_row, rows_to_frame, write_tables
 
 #: Seconds between two rewrites of results.csv / .parquet during a sweep.
@@ -35,7 +35,8 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
           workers: Optional[int] = None, scheduler: Any = None,
           out_dir: Union[str, Path, None] = None, progress: Union[bool, str] = True, *,
           spec: Optional[SweepSpec] = None, simulate: Optional[SimulateFn] = None,
-          connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> pd.DataFrame:
+          connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+          max_points: Optional[int] = None) -> pd.DataFrame:
     """Simulate every point of ``grid`` over ``base_config``.
 
     ``base_config`` and ``grid`` keys are ``distsim simulate`` option names
@@ -50,15 +51,20 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
     ``simulate``: the function to call (default :func:`distsim.simulate`;
     it must be picklable for process and Dask runners).
 
+    ``max_points``: the most points the grid may expand to (None:
+    :data:`~distsim.sweep.spec.DEFAULT_MAX_POINTS`, 100,000; 0: no limit).
+
     The whole spec is checked, and a scheduler reached, before any work
     starts or any file is written; errors are :class:`ConfigError`.
     """
     if spec is None:
         if grid is None:
             raise ConfigError("sweep: grid: missing (option -> list of values)")
-        spec = SweepSpec.create(base_config, grid, constraints)
+        spec = SweepSpec.create(base_config, grid, constraints, max_points=max_points)
     elif base_config is not None or grid is not None or constraints is not None:
         raise ConfigError("sweep: give either spec= or base_config/grid/constraints")
+    elif max_points is not None:
+        check_grid_size([len(v) for v in spec.grid.values()], max_points, spec.source)
     points = spec.points()
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and out.exists() and not out.is_dir():

@@ -268,8 +268,9 @@ class _ExplicitSpec(SweepSpec):
            members: List[Dict[str, Any]]) -> "_ExplicitSpec":
         grid = {k: list(dict.fromkeys(m[k] for m in members)) for k in keys}
         allowed = {tuple(m[k] for k in keys) for m in members}
+        # the product only carries the explicit members: no cap on its size
         spec = cls.create(base, grid, [lambda c: tuple(c[k] for k in keys) in allowed],
-                          name="search")
+                          name="search", max_points=0)
         spec.__class__ = cls
         spec._keys = keys
         return spec

@@ -7,6 +7,10 @@ Python::
                             constraints=["dp <= devices"])
     points = spec.points()          # every grid point, in grid order
 
+A grid may expand to at most ``max_points`` points (default
+:data:`DEFAULT_MAX_POINTS`, 0: no limit): ``SweepSpec.create(...,
+max_points=)``, ``load_spec(path, max_points=)``, ``distsim sweep --max-points``.
+
 YAML (``distsim sweep SPEC.yaml``)::
 
     name: mlp-scaling              # optional, titles the report
@@ -42,6 +46,35 @@ from .params import Param, check_value, simulate_parameters
 
 SPEC_KEYS = ("name", "description", "base", "grid", "constraints", "charts")
 
+#: The most points a grid may expand to (``max_points`` / ``--max-points``;
+#: 0: no limit). A grid is a cartesian product, so a few long lists reach
+#: millions of points (each a simulation, a journal line and a table row);
+#: past this a spec is refused before any work starts.
+DEFAULT_MAX_POINTS = 100_000
+
+
+def check_max_points(value: Any) -> int:
+    """``max_points`` as an int >= 0 (0: no limit); None is the default."""
+    if value is None:
+        return DEFAULT_MAX_POINTS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"--max-points: must be an integer >= 0 (0: no limit), got {value!r}")
+    return value
+
+
+def check_grid_size(sizes: Sequence[int], max_points: Any, where: str) -> int:
+    """The number of points of a grid with lists of ``sizes``; a ConfigError
+    past ``max_points`` (None: :data:`DEFAULT_MAX_POINTS`, 0: no limit)."""
+    limit = check_max_points(max_points)
+    total = 1
+    for n in sizes:
+        total *= n
+    if limit and total > limit:
+        raise ConfigError(f"{where}: grid: expands to {total:,} points "
+                          f"({' x '.join(str(n) for n in sizes)}), more than max_points "
+                          f"{limit:,} (raise --max-points, 0: no limit)")
+    return total
+
 
 def config_key(params: Mapping[str, Any]) -> str:
     """Stable hash of one point's options (order-independent): the key by
@@ -75,8 +108,11 @@ class SweepSpec:
     def create(cls, base: Optional[Mapping[str, Any]], grid: Any,
                constraints: Optional[Iterable[ConstraintLike]] = None, *, name: str = "sweep",
                description: str = "", charts: Optional[Mapping[str, Any]] = None,
-               source: str = "sweep") -> "SweepSpec":
-        """Validate and build a spec (see the module docstring)."""
+               source: str = "sweep", max_points: Optional[int] = None) -> "SweepSpec":
+        """Validate and build a spec (see the module docstring); a grid of
+        more than ``max_points`` points (None: :data:`DEFAULT_MAX_POINTS`,
+        0: no limit) is a ConfigError."""
+        check_max_points(max_points)
         params = simulate_parameters()
         if base is None:
             base = {}
@@ -111,6 +147,7 @@ class SweepSpec:
                     raise ConfigError(f"{here}: value {v!r} is listed twice")
                 seen.append(v)
             clean[str(k)] = list(values)
+        check_grid_size([len(v) for v in clean.values()], max_points, source)
         cons = make_constraints(constraints, params, where=f"{source}: constraints")
         if charts is not None and not isinstance(charts, Mapping):
             raise ConfigError(f"{source}: charts: must be a mapping")
@@ -188,8 +225,9 @@ def _devices(topology: Any, cache: Dict[Any, int]) -> int:
     return cache[key]
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read and validate a YAML sweep spec."""
+def load_spec(path: str | Path, max_points: Optional[int] = None) -> SweepSpec:
+    """Read and validate a YAML sweep spec (at most ``max_points`` grid
+    points; None: :data:`DEFAULT_MAX_POINTS`, 0: no limit)."""
     p = Path(path)
     data = load_yaml_file(p, "sweep spec")
     if not isinstance(data, Mapping):
@@ -203,4 +241,4 @@ def load_spec(path: str | Path) -> SweepSpec:
     return SweepSpec.create(data.get("base"), data.get("grid"), data.get("constraints"),
                             name=str(data.get("name") or p.stem),
                             description=str(data.get("description") or ""),
-                            charts=data.get("charts"), source=str(p))
+                            charts=data.get("charts"), source=str(p), max_points=max_points)
