@@ -25,6 +25,7 @@ every blocked op per device.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -55,12 +56,23 @@ class SimulationOptions:
     ``collective_algorithm``: "auto" or an algorithm name;
     ``record_memory``: keep the memory curve (peaks are always kept);
     ``symmetry``: simulate one representative per class of equivalent
-    devices (see :mod:`.symmetry`) and copy its results to the others."""
+    devices (see :mod:`.symmetry`) and copy its results to the others.
+
+    Liveness bounds (issue 9): a run that cannot finish stops with a
+    :class:`SimulationError` listing every blocked op per device, either
+    when no event is left (a deadlock, always detected) or when one of
+    these bounds is passed: ``stall_events``: that many SimPy events in a
+    row without an op finishing (None: no bound); ``max_events``: events
+    in all; ``max_wall_s``: wall-clock seconds of the event loop (checked
+    every 256 events)."""
 
     network_mode: str = "flow"
     collective_algorithm: str = "auto"
     record_memory: bool = True
     symmetry: bool = False
+    stall_events: Optional[int] = 10_000_000
+    max_events: Optional[int] = None
+    max_wall_s: Optional[float] = None
 
 
 def collective_bytes(op: Op) -> int:
@@ -404,7 +416,7 @@ class Simulator:
                 self.env.process(self._compute_stream(rank, ops, costs))
             else:
                 self.env.process(self._comm_stream(rank, ops))
-        self.env.run()
+        self._run_events()
         if self._blocked:
             raise SimulationError(self._deadlock_report())
         if self._rep:
@@ -430,7 +442,42 @@ class Simulator:
                 extra.append((time_s, kind, seq, m, nbytes, cat))
         self.memory.events = events + extra
 
-    def _deadlock_report(self) -> str:
+    def _run_events(self) -> None:
+        """``env.run()`` under the liveness bounds of the options."""
+        opts = self.options
+        stall, most, wall = opts.stall_events, opts.max_events, opts.max_wall_s
+        for name, bound in (("stall_events", stall), ("max_events", most),
+                            ("max_wall_s", wall)):
+            if bound is not None and (isinstance(bound, bool) or
+                                      not isinstance(bound, (int, float)) or bound < 0):
+                raise SimulationError(f"SimulationOptions.{name}: must be a non-negative "
+                                      f"number or None, got {bound!r}")
+        env = self.env
+        step = env.step
+        records = self.records
+        deadline = None if wall is None else time.monotonic() + wall
+        n = 0
+        progress_at, seen = 0, len(records)  # event count at the last op finished
+        try:
+            while True:
+                step()
+                n += 1
+                if stall is not None:
+                    if len(records) != seen:
+                        seen, progress_at = len(records), n
+                    elif n - progress_at >= stall:
+                        raise SimulationError(self._deadlock_report(
+                            f"no progress for {stall} events (stall_events)"))
+                if most is not None and n >= most:
+                    raise SimulationError(self._deadlock_report(
+                        f"event budget of {most} events spent (max_events)"))
+                if deadline is not None and not n & 255 and time.monotonic() > deadline:
+                    raise SimulationError(self._deadlock_report(
+                        f"wall-clock budget of {wall:g} s spent (max_wall_s)"))
+        except simpy.core.EmptySchedule:
+            pass
+
+    def _deadlock_report(self, reason: Optional[str] = None) -> str:
         parts = []
         for (rank, stream), (op, value) in sorted(self._blocked.items()):
             if value is not None:
@@ -438,11 +485,13 @@ class Simulator:
             else:
                 coll = self._collectives[id(op)]
                 missing = [r for r in coll.members if r not in coll.arrivals]
-                why = f"waiting for ranks {missing} to reach it"
+                why = (f"waiting for ranks {missing} to reach it" if missing
+                       else "in flight (every member has reached it)")
             parts.append(f"device {rank} {stream}: %{op.name} ({op.op_type}) {why}")
         # compute streams run ahead of the clock: report the latest time reached
         reached = max([self.env.now] + [r.end_s for r in self.records])
-        return (f"deadlock at t={reached:.6g} s: {len(self._blocked)} stream(s) blocked: "
+        head = "deadlock" if reason is None else f"stopped ({reason})"
+        return (f"{head} at t={reached:.6g} s: {len(self._blocked)} stream(s) blocked: "
                 + "; ".join(parts))
 
     def _trace(self) -> Trace:
