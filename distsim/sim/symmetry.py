@@ -145,3 +145,24 @@ def class_members(rep: Dict[int, int]) -> Dict[int, Tuple[int, ...]]:
     for r, R in sorted(rep.items()):
         out.setdefault(R, []).append(r)
     return {R: tuple(sorted(m, key=lambda x: (x != R, x))) for R, m in out.items()}
+
+
+def represented_ops(function: Function) -> int:
+    """How many ops the devices execute in the program a reduced or
+    coarsened one stands for: a fused op counts its segment's ops; an op of
+    a reduced program (``meta["represents"]``: rank -> devices) counts once
+    per device its rank stands for; a collective counts once per member,
+    its members present in a reduced program once per device they stand
+    for (the collectives left out mirror those kept)."""
+    represents = function.meta.get("represents") or {}
+    total = 0
+    for op in function.ops:
+        if is_communication(op):
+            present = op.attrs.get("present")
+            members = op.attrs["ranks"] if present is None else present
+            total += sum(int(represents.get(r, 1)) for r in members)
+        else:
+            dev = op.outputs[0].type.device if op.outputs else op.inputs[0].type.device
+            inner = op.attrs.get("ops", 1) if op.op_type == "fused" else 1
+            total += int(inner) * int(represents.get(dev, 1))
+    return total
