@@ -207,6 +207,10 @@ class OnnxImporter:
             where = f"{self.source}: initializer '{init.name}'"
             dt = self.dtype(init.data_type, where)
             shape = tuple(int(d) for d in init.dims)
+            for i, d in enumerate(shape):
+                if d < 0:
+                    raise ConfigError(f"{where}: dimension {i} is negative ({d}) in shape "
+                                      f"{list(shape)}")
             array = self._tensor_array(init)
             numel = int(np.prod(shape)) if shape else 1
             role = "param" if dt.is_float and numel > 1 else "const"
@@ -249,6 +253,12 @@ class OnnxImporter:
 
     def _input_shape(self, name: str, tt, where: str) -> Tuple[int, ...]:
         dims = list(tt.shape.dim) if tt.HasField("shape") else None
+        for i, d in enumerate(dims or ()):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                declared = [x.dim_value if x.HasField("dim_value") else x.dim_param or "?"
+                            for x in dims]
+                raise ConfigError(f"{where}: dimension {i} is negative ({d.dim_value}) in the "
+                                  f"declared shape {declared}")
         if name in self.input_shapes:
             given = self.input_shapes[name]
             if dims is not None and len(dims) != len(given):
