@@ -129,6 +129,52 @@ class SimulationResult:
         return "<pre>" + html.escape(self.summary_table()) + "</pre>"
 
 
+#: The most ops :func:`build_program` builds (estimated before building;
+#: ``max_ops=`` / ``--max-ops``, 0: no limit). A program of this size
+#: already needs tens of GB; past it a typo such as ``--layers 10000000`` is
+#: one clear error instead of minutes of building that exhaust memory.
+DEFAULT_MAX_OPS = 50_000_000
+#: Ops per layer, micro-batch and simulated device, roughly (forward,
+#: backward, optimizer and communication), for the op-count estimate.
+_OPS_PER_LAYER = {"mlp": 8, "gpt": 40}
+
+
+def check_max_ops(value: Any) -> int:
+    """``max_ops`` as an int >= 0 (0: no limit); None is the default."""
+    if value is None:
+        return DEFAULT_MAX_OPS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"--max-ops: must be an integer >= 0 (0: no limit), got {value!r}")
+    return value
+
+
+def _positive_int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def estimate_ops(config: Mapping[str, Any], strategy: Strategy) -> Optional[Dict[str, int]]:
+    """A rough count of the ops the family would build (None: no estimate,
+    e.g. an ONNX model, whose size is its file's): ops per layer x layers x
+    micro-batches x simulated devices (each pipeline stage holds
+    ``layers / pp``; a GPT with ``symmetry`` is built with one device per stage)."""
+    family = config.get("family")
+    per_layer = _OPS_PER_LAYER.get(str(family))
+    layers = _positive_int(config.get("layers"))
+    if per_layer is None or layers is None:
+        return None
+    microbatches = _positive_int(strategy.microbatches)
+    if family == "gpt" and microbatches is None:
+        gb = _positive_int(strategy.global_batch) or _positive_int(config.get("global_batch")) or 1
+        mb = _positive_int(strategy.micro_batch) or _positive_int(config.get("micro_batch")) or 1
+        microbatches = max(1, gb // max(1, (strategy.dp or 1) * mb))
+    microbatches = microbatches or 1
+    pp = max(1, strategy.pp or 1)
+    devices = max(1, strategy.num_devices)
+    per_stage = 1 if (family == "gpt" and strategy.symmetry) else max(1, devices // pp)
+    return {"ops": per_layer * layers * microbatches * per_stage, "layers": layers,
+            "microbatches": microbatches, "devices": per_stage}
+
+
 MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "seq", "heads",
                 "kv_heads", "ffn", "vocab")
 _MODEL_FIELDS = MODEL_FIELDS  # the name sweeps looked for first
@@ -136,9 +182,13 @@ _MODEL_FIELDS = MODEL_FIELDS  # the name sweeps looked for first
 
 def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                   topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
+                  max_ops: Optional[int] = None,
                   **options: Any) -> tuple:
     """Resolve the model config, topology and strategy and build the
-    local-view program. Returns ``(program, config, topology)``."""
+    local-view program. Returns ``(program, config, topology)``. A program
+    estimated at more than ``max_ops`` ops (None: :data:`DEFAULT_MAX_OPS`,
+    0: no limit) is refused before anything is built."""
+    op_limit = check_max_ops(max_ops)
     topo = topology if isinstance(topology, Topology) else load_topology(str(topology))
     config = load_model_config(model)
     for key in MODEL_FIELDS:
@@ -160,6 +210,15 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
+    estimate = estimate_ops(config, strategy) if op_limit else None
+    if estimate is not None and estimate["ops"] > op_limit:
+        raise ConfigError(
+            f"model '{config.get('name')}': about {estimate['ops']:,} ops to build "
+            f"({estimate['layers']:,} layers x {estimate['microbatches']:,} micro-batches x "
+            f"{estimate['devices']:,} devices per stage), more than --max-ops {op_limit:,}; use "
+            f"fewer layers or micro-batches"
+            + (", or --symmetry" if config.get("family") == "gpt" and not strategy.symmetry
+               else "") + " (--max-ops 0: no limit)")
     program = family_of(config).build(config, strategy)
     verify(program, known_devices=topo.ranks)
     resolved = {"model": config.get("name"), **{k: v for k, v in config.items()
@@ -177,17 +236,18 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
 def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
              network_mode: str = "flow", collective_algo: str = "auto",
-             max_trace_records: Optional[int] = None,
+             max_trace_records: Optional[int] = None, max_ops: Optional[int] = None,
              **options: Any) -> SimulationResult:
     """Build the training step of ``model`` with the given strategy
     (``dp=``, model overrides ``layers=``, ``hidden=``, ``batch=``,
     ``dtype=``) and simulate it on ``topology``. ``max_trace_records``
     bounds trace.json when the result is written (None: the default,
-    :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit)."""
+    :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); ``max_ops`` the
+    program's estimated op count (None: :data:`DEFAULT_MAX_OPS`; 0: no limit)."""
     trace_limit = check_max_trace_records(max_trace_records)
     if network_mode not in ("flow", "analytical"):
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
-    program, config, topo = build_program(model, topology, **options)
+    program, config, topo = build_program(model, topology, max_ops=max_ops, **options)
     config.update(network_mode=network_mode, collective_algo=collective_algo)
     # Symmetry: a family that built a reduced program (meta "represents")
     # has applied it already; otherwise the simulator finds the classes.

@@ -60,6 +60,10 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help="sequences per step, all data-parallel ranks together (GPT models)")
     g.add_argument("--micro-batch", type=int, dest="micro_batch",
                    help="sequences per micro-batch (GPT models)")
+    g.add_argument("--max-ops", type=int, dest="max_ops", metavar="N",
+                   help="refuse, before building it, a program estimated at more than N ops "
+                        "(layers x micro-batches x devices per stage x ops per layer); "
+                        "0: no limit (default: 50000000)")
 
 
 def add_topology_option(p: argparse.ArgumentParser) -> None:
@@ -95,7 +99,8 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
         out["input_shapes"] = input_shapes_option(args.input_shape)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
                 "kv_heads", "ffn", "vocab", "sp", "zero", "recompute", "microbatches", "schedule",
-                "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "symmetry", "coarsen"):
+                "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "symmetry", "coarsen",
+                "max_ops"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value
