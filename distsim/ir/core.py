@@ -94,6 +94,22 @@ class Op:
         self.subfunctions: Tuple["Function", ...] = tuple(subfunctions)
         self.meta: Dict[str, Any] = dict(meta or {})
 
+    @classmethod
+    def trusted(cls, op_type: str, inputs: Tuple[Value, ...], outputs: Tuple[Value, ...],
+                attrs: Dict[str, AttrValue], subfunctions: Tuple["Function", ...] = (),
+                meta: Optional[Dict[str, Any]] = None) -> "Op":
+        """An op made without copying or normalizing: for builders emitting
+        ops by the million that pass tuples, normalized attributes and a
+        dict of each (attrs and meta) that no other op shares."""
+        op = object.__new__(cls)
+        op.op_type = op_type
+        op.inputs = inputs
+        op.outputs = outputs
+        op.attrs = attrs
+        op.subfunctions = subfunctions
+        op.meta = {} if meta is None else meta
+        return op
+
     @property
     def name(self) -> str:
         """A display name: the first output's name, or the op type."""

@@ -144,19 +144,28 @@ class Simulator:
         # the collectives its followers reach at each comm-stream position.
         self._rep: Dict[int, int] = {}
         self._followers: Dict[int, List[Tuple[int, List[_Collective]]]] = {}
+        # Filled by _prepare's pass over the ops: each stream's ops, and the
+        # compute ops simulated (in program order).
+        self._stream_ops: Optional[Dict[Tuple[int, str], List[Op]]] = None
+        self._compute_ops: Optional[List[Op]] = None
+        self._used_devices: Set[int] = set()
         self._check_devices()
 
     # -- setup ----------------------------------------------------------
     def _check_devices(self) -> None:
         known = set(self.topology.ranks)
+        used = self._used_devices
         for v in self.function.values():
             dev = getattr(v.type, "device", None)
+            if dev in used:
+                continue
             if dev is None:
                 raise SimulationError(f"value %{v.name} has no device: the simulator needs a "
                                       "local-view program with every value placed")
             if dev not in known:
                 raise TopologyError(f"value %{v.name} is on device {dev}, but topology "
                                     f"'{self.topology.name}' has devices 0..{len(known) - 1}")
+            used.add(dev)
         for op in self.function.ops:
             if is_communication(op):
                 for r in op.attrs["ranks"]:
@@ -168,6 +177,8 @@ class Simulator:
         return self._rep.get(rank, rank) == rank
 
     def _streams(self) -> Dict[Tuple[int, str], List[Op]]:
+        if self._stream_ops is not None:  # found by _prepare's pass over the ops
+            return self._stream_ops
         streams: Dict[Tuple[int, str], List[Op]] = {}
         simulated = self._simulated
         for op in self.function.ops:
@@ -188,21 +199,25 @@ class Simulator:
         by_types: Dict[tuple, tuple] = {}
         costs: Dict[int, tuple] = {}
         simulated = self._simulated
-        for op in self.function.ops:
-            if op.op_type.startswith(COMM_PREFIX):
-                continue
+        compute_ops = self._compute_ops
+        if compute_ops is None:
+            compute_ops = [op for op in self.function.ops
+                           if not op.op_type.startswith(COMM_PREFIX) and
+                           simulated(op.outputs[0].type.device if op.outputs
+                                     else op.inputs[0].type.device)]
+        for op in compute_ops:
             outputs, inputs = op.outputs, op.inputs
-            if not simulated(outputs[0].type.device if outputs else inputs[0].type.device):
-                continue
             attrs = tuple(op.attrs.items())
             subs = tuple(id(f) for f in op.subfunctions)
-            # first by the types themselves (hashes cached), then, for each new
-            # combination, by shapes and dtypes (the same op on any device)
+            # first by the identity of the type objects (a builder shares them
+            # between the repeats of an op; the program keeps them alive), then,
+            # for each new combination, by shapes and dtypes (the same op on
+            # any device)
             try:
-                fast = (op.op_type, attrs, subs, tuple(v.type for v in inputs),
-                        tuple(v.type for v in outputs))
+                fast = (op.op_type, attrs, subs, tuple([id(v.type) for v in inputs]),
+                        tuple([id(v.type) for v in outputs]))
                 hit = by_types.get(fast)
-            except TypeError:  # an unhashable type or attribute
+            except TypeError:  # an unhashable attribute
                 fast, hit = None, None
             if hit is None:
                 key = (op.op_type, attrs, subs,
@@ -379,11 +394,14 @@ class Simulator:
             self._rep = symmetry_classes(f, self.topology.node_of)
         category, size, users_left = self._category, self._size, self._users_left
         for op in f.ops:
+            explicit = op.meta.get("category")
             for v in op.outputs:
-                category[v] = value_category(v, op, roles, grad_names)
+                category[v] = explicit or value_category(v, op, roles, grad_names)
                 size[v] = 0 if v.name in in_place else v.type.size_bytes
                 users_left[v] = 0
-        simulated = self._simulated
+        rep = self._rep
+        streams: Dict[Tuple[int, str], List[Op]] = {}
+        compute_ops: List[Op] = []
         for op in f.ops:
             for v in op.inputs:
                 n = users_left.get(v)
@@ -393,13 +411,22 @@ class Simulator:
                 users_left[v] = n + 1
             if op.op_type.startswith(COMM_PREFIX):
                 self._collectives[id(op)] = _Collective(
-                    self.env, op, any(simulated(r) for r in op.attrs["ranks"]))
+                    self.env, op, any(rep.get(r, r) == r for r in op.attrs["ranks"]))
+                for r in members(op):
+                    if rep.get(r, r) == r:
+                        streams.setdefault((r, COMM_STREAM), []).append(op)
+            else:
+                dev = op.outputs[0].type.device if op.outputs else op.inputs[0].type.device
+                if rep.get(dev, dev) == dev:
+                    streams.setdefault((dev, COMPUTE_STREAM), []).append(op)
+                    compute_ops.append(op)
+        self._stream_ops, self._compute_ops = streams, compute_ops
         if self._rep:
             positions = comm_positions(f)
-            for rep, members in class_members(self._rep).items():
-                self._followers[rep] = [(m, [self._collectives[id(op)]
-                                             for op in positions.get(m, [])])
-                                        for m in members[1:]]
+            for head, group in class_members(self._rep).items():
+                self._followers[head] = [(m, [self._collectives[id(op)]
+                                              for op in positions.get(m, [])])
+                                         for m in group[1:]]
 
     def run(self) -> Trace:
         with gc_paused():
@@ -496,7 +523,7 @@ class Simulator:
 
     def _trace(self) -> Trace:
         spec = self.topology.device_spec
-        used = set(self.function.devices())
+        used = self._used_devices  # every value's device (see _check_devices)
         devices = [DeviceInfo(r, self.topology.device_node(r), int(spec.memory_bytes))
                    for r in self.topology.ranks if r in used]
         records = sorted(self.records, key=lambda r: (r.start_s, r.rank, r.stream, r.end_s))

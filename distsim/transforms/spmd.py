@@ -84,10 +84,19 @@ class Emitter:
         # the registry's shape-rule cache serves every repeat of the op
         attrs = {k: normalize_attr(v) for k, v in with_defaults(op_type, attrs or {}).items()}
         types = infer_types(op_type, [v.type for v in inputs], attrs)
+        return self.emit(op_type, inputs, attrs, types, names, meta)
+
+    def emit(self, op_type: str, inputs: Sequence[Value], attrs: Dict[str, Any],
+             types: Sequence[TensorType], names: Sequence[str],
+             meta: Optional[Dict[str, Any]]) -> List[Value]:
+        """Append an op whose attributes are complete and normalized and
+        whose result types are known (``attrs`` is copied, not kept)."""
         if len(names) != len(types):
             names = [f"{names[0]}.{i}" for i in range(len(types))]
-        outs = [Value(self.names.fresh(n), t) for n, t in zip(names, types)]
-        self.function.ops.append(Op(op_type, inputs, outs, attrs, meta=meta))
+        fresh = self.names.fresh
+        outs = [Value(fresh(n), t) for n, t in zip(names, types)]
+        self.function.ops.append(Op.trusted(op_type, tuple(inputs), tuple(outs), dict(attrs), (),
+                                            dict(meta) if meta else {}))
         return outs
 
     def one(self, op_type: str, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]],
@@ -172,6 +181,7 @@ class LowerSPMD:
         self.coarsen = coarsen
         self._segment_cache: Dict[Tuple[str, int], List[Any]] = {}
         self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
+        self._op_cache: Dict[Tuple[int, int], tuple] = {}
         self._segment_types: Dict[Tuple[int, int], List[TensorType]] = {}
         S = strategy
         self.reps: Set[int] = {S.rank(0, s, 0) for s in range(S.pp)}
@@ -326,7 +336,8 @@ class LowerSPMD:
                     TensorType(v.type.shape, v.type.dtype, r) for v in seg.outputs]
             outs = [Value(em.names.fresh(self.local_name(v, r, mb)), ty)
                     for v, ty in zip(seg.outputs, types)]
-            em.function.ops.append(Op(FUSED, ins, outs, attrs, (seg.function,), dict(meta)))
+            em.function.ops.append(Op.trusted(FUSED, tuple(ins), tuple(outs), dict(attrs),
+                                              (seg.function,), dict(meta)))
             env = self.menv.setdefault((r, mb), {})
             for v, o in zip(seg.outputs, outs):
                 env[v] = o
@@ -376,15 +387,29 @@ class LowerSPMD:
                             self.menv[(r, mb)][op.outputs[0]] = o
                 self._accumulate(stage, mb, op)
                 continue
-            spec_attrs = lookup(op.op_type).attrs
-            rank_attrs = {k: v for k, v in op.meta.get("rank_attrs", {}).items() if k in spec_attrs}
             for d, t, r in self.group(stage):
                 ins = [self.get(v, r, d, t, mb, stage, layer) for v in op.inputs]
-                attrs = dict(op.attrs)
-                for key, per_rank in rank_attrs.items():
-                    attrs[key] = per_rank[t]
-                outs = em.op(op.op_type, ins, attrs,
-                             [self.local_name(v, r, mb) for v in op.outputs], dict(meta))
+                # attributes and result types computed once per template op and
+                # tensor-parallel rank (and input types): the micro-batches and
+                # data-parallel replicas repeat them
+                entry = self._op_cache.get((id(op), t))
+                if entry is None:
+                    attrs = dict(op.attrs)
+                    spec_attrs = lookup(op.op_type).attrs
+                    for key, per_rank in op.meta.get("rank_attrs", {}).items():
+                        if key in spec_attrs:
+                            attrs[key] = per_rank[t]
+                    attrs = {k: normalize_attr(v)
+                             for k, v in with_defaults(op.op_type, attrs).items()}
+                    entry = self._op_cache[(id(op), t)] = (attrs, {})
+                attrs, by_types = entry
+                type_ids = tuple([id(v.type) for v in ins])  # types live as long as the program
+                types = by_types.get(type_ids)
+                if types is None:
+                    types = by_types[type_ids] = infer_types(op.op_type, [v.type for v in ins],
+                                                             attrs)
+                outs = em.emit(op.op_type, ins, attrs, types,
+                               [self.local_name(v, r, mb) for v in op.outputs], meta)
                 env = self.menv[(r, mb)]
                 for v, o in zip(op.outputs, outs):
                     env[v] = o
