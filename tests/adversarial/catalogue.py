@@ -69,10 +69,10 @@ def _load_topology(name: str):
     return run
 
 
-def _load_sweep(name: str):
+def _load_sweep(name: str, **kwargs):
     def run(tmp: Path):
         from distsim.sweep.spec import load_spec
-        return load_spec(CASES_DIR / name).points()
+        return load_spec(CASES_DIR / name, **kwargs).points()
     return run
 
 
@@ -138,6 +138,13 @@ def _relu_model(shape=(2, 3), elem=F, out_shape=None, opset=17):
                   [_vi("x", list(shape), elem)], [_vi("y", out_shape)], opset=opset)
 
 
+def _negative_initializer():
+    """A [3, 4] float initializer 'w' whose dims say [3, -4]."""
+    t = numpy_helper.from_array(np.zeros((3, 4), dtype=np.float32), "w")
+    t.dims[1] = -4
+    return t
+
+
 def onnx_bytes(kind: str) -> bytes:
     """The bytes of the bad ONNX file ``kind``."""
     good = _relu_model().SerializeToString()
@@ -165,6 +172,9 @@ def onnx_bytes(kind: str) -> bytes:
         "unsupported_op": lambda: _model([helper.make_node("FooBar", ["x"], ["y"], name="foo")],
                                          [_vi("x", [2, 3])], [_vi("y", None)]),
         "old_opset": lambda: _relu_model(opset=1),
+        "negative_initializer": lambda: _model(
+            [helper.make_node("Add", ["x", "w"], ["y"], name="add")],
+            [_vi("x", [3, 4])], [_vi("y", None)], [_negative_initializer()]),
         "bad_reshape": lambda: _model(
             [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshaper")],
             [_vi("x", [2, 3])], [_vi("y", None)],
@@ -180,8 +190,11 @@ def write_onnx(folder: Path, kind: str) -> Path:
 
 
 ONNX_KINDS = ("truncated", "wrong_magic", "empty", "cyclic", "dangling", "contradicting_shapes",
-              "contradicting_matmul", "huge_dims", "negative_dims", "unknown_dtype", "dtype_99",
-              "unsupported_op", "old_opset", "bad_reshape")
+              "contradicting_matmul", "huge_dims", "negative_dims", "negative_initializer",
+              "unknown_dtype", "dtype_99", "unsupported_op", "old_opset", "bad_reshape")
+
+#: A node count of 5000 digits (Python's int() refuses more than 4300).
+HUGE_NODES = "9" * 5000
 
 
 # -- programs built in memory (the simulator's own input) ----------------
@@ -306,6 +319,37 @@ CASES: List[Case] = [
     _c("import-negative-shape", "CLI flags", "`import --input-shape x=-2x3`", None,
        ["import", "{tmp}/negative_dims.onnx", "--input-shape", "x=-2x3"], ConfigError,
        "bad shape '-2x3' (dims must be positive)"),
+    _c("million-node-cluster", "CLI flags", "`simulate --topology dgx-a100-x1000000` (8M GPUs)",
+       _simulate(topology="dgx-a100-x1000000"), S + ["--topology", "dgx-a100-x1000000"],
+       ConfigError, "8,000,000 devices (nodes 1000000 x gpus_per_node 8) is more than the "
+                    "65,536 devices distsim simulates"),
+    _c("5000-digit-cluster", "CLI flags", "`simulate --topology dgx-a100-x999...9` (5000 digits)",
+       _simulate(topology=f"dgx-a100-x{HUGE_NODES}"),
+       S + ["--topology", f"dgx-a100-x{HUGE_NODES}"], ConfigError,
+       "(5000 characters) nodes is more than the 65,536 devices distsim simulates"),
+    _c("ten-million-layers", "CLI flags", "`simulate --layers 10000000` (~640M ops)",
+       _simulate(layers=10_000_000), S + ["--layers", "10000000"], ConfigError,
+       "about 640,000,000 ops to build (10,000,000 layers x 1 micro-batches x 8 devices per "
+       "stage), more than --max-ops 50,000,000"),
+    _c("ten-million-microbatches", "CLI flags",
+       "`simulate --model tiny --dp 8 --microbatches 10000000`",
+       _simulate(model="tiny", dp=8, microbatches=10_000_000),
+       S + ["--model", "tiny", "--dp", "8", "--microbatches", "10000000"], ConfigError,
+       "10,000,000 micro-batches x 8 devices per stage), more than --max-ops"),
+    _c("max-ops-negative", "CLI flags", "`simulate --max-ops -1`", _simulate(max_ops=-1),
+       S + ["--max-ops", "-1"], ConfigError, "--max-ops: must be an integer >= 0 (0: no limit)"),
+    _c("max-trace-records-negative", "CLI flags", "`simulate --max-trace-records -5`",
+       _simulate(max_trace_records=-5), S + ["--max-trace-records", "-5"], ConfigError,
+       "--max-trace-records: must be an integer >= 0 (0: no limit), got -5"),
+    _c("max-points-negative", "CLI flags", "`sweep SPEC --max-points -1`",
+       _load_sweep("sweep_four_points.yaml", max_points=-1),
+       ["sweep", "{cases}/sweep_four_points.yaml", "--max-points", "-1", "--workers", "1",
+        "--quiet", "--out", OUT], ConfigError, "--max-points: must be an integer >= 0"),
+    _c("max-points-exceeded", "CLI flags", "`sweep SPEC --max-points 3` on a 4-point grid",
+       _load_sweep("sweep_four_points.yaml", max_points=3),
+       ["sweep", "{cases}/sweep_four_points.yaml", "--max-points", "3", "--workers", "1",
+        "--quiet", "--out", OUT], ConfigError,
+       "grid: expands to 4 points (4), more than max_points 3"),
 
     # topology YAML
     *[_c(f"topology-{name}", "topology YAML", what, _load_topology(f"topo_{file}.yaml"),
@@ -336,6 +380,25 @@ CASES: List[Case] = [
            "links[0].dst: unknown node 'g9'"),
           ("disconnected", "disconnected", "a device no link reaches", TopologyError,
            "devices g0 and g2 cannot reach each other"),
+          ("huge-count", "huge_count", "`devices: {count: 100000000}`", ConfigError,
+           "devices.count: 100,000,000 devices is more than the 65,536 devices distsim "
+           "simulates"),
+          ("huge-range", "huge_range", "`devices: gpu{0..99999999}`", ConfigError,
+           "devices: gpu{0..99999999} names 100,000,000 nodes, more than the 262,144"),
+          ("huge-torus", "huge_torus", "`builder: torus` with `dims: [1000, 1000]`", ConfigError,
+           "params.dims: 1,000,000 devices (1000x1000) is more than the 65,536 devices"),
+          ("duplicate-device", "duplicate_device", "`devices: [g0, g1, g0]`", ConfigError,
+           "devices: name 'g0' is used twice"),
+          ("duplicate-node", "duplicate_node", "a switch named like a device", ConfigError,
+           "switches: name 'g1' is used twice"),
+          ("count-same-name", "count_same_name", "`devices: {count: 4, name: gpu}` (no `{i}`)",
+           ConfigError, "devices.name: 'gpu' has no {i}, so all 4 devices would have the same "
+                        "name"),
+          ("conflicting-link", "conflicting_link", "link g0 -> g1 declared at 1 and 2 GB/s",
+           ConfigError, "links[1]: link g0 -> g1 is declared twice with different bandwidth "
+                        "or latency (also by links[0])"),
+          ("self-link", "self_link", "a link from g0 to g0", ConfigError,
+           "links[1]: a link from 'g0' to itself"),
       ]],
 
     # model YAML
@@ -379,6 +442,9 @@ CASES: List[Case] = [
           ("constraint-syntax", "constraint_syntax", "a constraint `dp <<< 3`",
            "constraint 'dp <<< 3' is not a valid expression"),
           ("unknown-model", "unknown_model", "`base: {model: nope}`", "unknown model 'nope'"),
+          ("too-many-points", "too_many_points", "a grid of 4 x 50 x 10 x 18 x 10 points",
+           "grid: expands to 360,000 points (4 x 50 x 10 x 18 x 10), more than max_points "
+           "100,000"),
       ]],
 
     # the text format
@@ -434,7 +500,10 @@ CASES: List[Case] = [
           ("contradicting_matmul", "MatMul of [2,3] by [4,5]", VerifyError,
            "node 'mm' (MatMul): contraction dims differ"),
           ("huge_dims", "an input of 2^62 x 2^62", VerifyError, "a dimension is absurdly large"),
-          ("negative_dims", "an input dim of -3", ConfigError, "graph input 'x': dimension 0"),
+          ("negative_dims", "an input dim of -3", ConfigError,
+           "graph input 'x': dimension 0 is negative (-3)"),
+          ("negative_initializer", "an initializer with dims [3, -4]", ConfigError,
+           "initializer 'w': dimension 1 is negative (-4)"),
           ("unknown_dtype", "a STRING input", UnsupportedOpError,
            "graph input 'x': element type STRING is not supported"),
           ("dtype_99", "element type 99", UnsupportedOpError, "element type 99 is not supported"),
