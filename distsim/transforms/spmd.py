@@ -70,6 +70,7 @@ class Emitter:
         self.names = NameScope()
         self.roles: Dict[str, str] = {}
         self.io: Dict[str, Dict[str, Any]] = {}
+        self._memo: Dict[tuple, tuple] = {}
 
     def input(self, value_name: str, type: TensorType, role: str, **info: Any) -> Value:
         v = Value(self.names.fresh(value_name), type)
@@ -80,11 +81,25 @@ class Emitter:
 
     def op(self, op_type: str, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]],
            names: Sequence[str], meta: Optional[Dict[str, Any]] = None) -> List[Value]:
-        # normalized first (lists as tuples, as Op keeps them): hashable, so
-        # the registry's shape-rule cache serves every repeat of the op
-        attrs = {k: normalize_attr(v) for k, v in with_defaults(op_type, attrs or {}).items()}
-        types = infer_types(op_type, [v.type for v in inputs], attrs)
-        return self.emit(op_type, inputs, attrs, types, names, meta)
+        # Repeats (the same op type and attributes on the same type objects,
+        # e.g. each micro-batch's gradient accumulation) reuse the completed
+        # attributes and result types. Type objects are keyed by identity: the
+        # values of the function being built hold them for as long as the
+        # emitter lives.
+        try:
+            key = (op_type, tuple([id(v.type) for v in inputs]),
+                   tuple(attrs.items()) if attrs else ())
+            hit = self._memo.get(key)
+        except TypeError:  # an unhashable attribute (a list): no memo
+            key, hit = None, None
+        if hit is None:
+            # normalized first (lists as tuples, as Op keeps them): hashable, so
+            # the registry's shape-rule cache serves every repeat of the op
+            norm = {k: normalize_attr(v) for k, v in with_defaults(op_type, attrs or {}).items()}
+            hit = (norm, infer_types(op_type, [v.type for v in inputs], norm))
+            if key is not None:
+                self._memo[key] = hit
+        return self.emit(op_type, inputs, hit[0], hit[1], names, meta)
 
     def emit(self, op_type: str, inputs: Sequence[Value], attrs: Dict[str, Any],
              types: Sequence[TensorType], names: Sequence[str],
