@@ -37,18 +37,30 @@ def memory_curves(trace: Trace) -> Dict[int, Curve]:
     (repeating the last value) are added, so every curve spans the step.
     Of several samples at the same time the last one recorded wins.
     """
-    end = max([step_time_of(trace)] + [s.time_s for s in trace.memory])
-    samples: Dict[int, Dict[float, int]] = {d.rank: {} for d in trace.devices}
-    for s in trace.memory:
-        samples.setdefault(s.rank, {})[float(s.time_s)] = int(s.live_bytes)
+    ranks = sorted({d.rank for d in trace.devices} | {s.rank for s in trace.memory})
+    n = len(trace.memory)
+    if n:  # (rank, time, live) columns; sorted by rank, time, then recording order
+        table = np.array(trace.memory, dtype=float).reshape(n, 3)
+        r, t, v = table[:, 0], table[:, 1], table[:, 2]
+        order = np.lexsort((np.arange(n), t, r))
+        r, t, v = r[order], t[order], v[order]
+        last = np.ones(n, dtype=bool)           # the last sample of each (rank, time) wins
+        last[:-1] = (r[1:] != r[:-1]) | (t[1:] != t[:-1])
+        r, t, v = r[last], t[last], v[last]
+        bounds = np.searchsorted(r, np.asarray(ranks, dtype=float), side="left")
+        stops = np.searchsorted(r, np.asarray(ranks, dtype=float), side="right")
+        end = max(step_time_of(trace), float(t.max()))
+    else:
+        end = step_time_of(trace)
     curves: Dict[int, Curve] = {}
-    for rank in sorted(samples):
-        points = sorted(samples[rank].items())
-        if not points or points[0][0] > 0:
-            points.insert(0, (0.0, 0))
-        points.append((end, points[-1][1]))
-        times, values = zip(*points)
-        curves[rank] = (np.asarray(times, dtype=float), np.asarray(values, dtype=float))
+    for k, rank in enumerate(ranks):
+        if n and stops[k] > bounds[k]:
+            times, values = t[bounds[k]:stops[k]], v[bounds[k]:stops[k]]
+            if times[0] > 0:
+                times, values = np.r_[0.0, times], np.r_[0.0, values]
+        else:
+            times, values = np.zeros(1), np.zeros(1)
+        curves[rank] = (np.r_[times, end], np.r_[values, values[-1]])
     return curves
 
 

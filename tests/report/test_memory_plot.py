@@ -57,3 +57,15 @@ def test_failed_write_leaves_no_file(trace, tmp_path):
     with pytest.raises(OSError):
         write_memory_plot(trace, blocker / "memory.png")
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_curves_last_sample_at_a_time_wins_in_any_order():
+    from distsim.report.memory_plot import memory_curves
+    from distsim.sim.trace import DeviceInfo, MemorySample, Trace
+    t = Trace(devices=[DeviceInfo(0, "a", 1), DeviceInfo(5, "b", 1)],
+              memory=[MemorySample(0, 1.0, 5), MemorySample(0, 1.0, 7), MemorySample(0, 0.5, 3),
+                      MemorySample(2, 0.0, 9)], step_time_s=0.2)
+    curves = {r: (a.tolist(), b.tolist()) for r, (a, b) in memory_curves(t).items()}
+    assert curves == {0: ([0.0, 0.5, 1.0, 1.0], [0.0, 3.0, 7.0, 7.0]),
+                      2: ([0.0, 1.0], [9.0, 9.0]),
+                      5: ([0.0, 1.0], [0.0, 0.0])}
