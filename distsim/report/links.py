@@ -23,20 +23,50 @@ def busiest(records: Sequence[LinkRecord], top: int) -> List[LinkRecord]:
     return sorted(records, key=lambda r: (-r.busy_s, -r.bytes_carried, r.src, r.dst))[:top]
 
 
-def _heatmap(ax, links: List[LinkRecord], samples: Sequence[LinkSample], end_s: float,
-             bins: int = 200) -> None:
-    by_link: Dict[Tuple[str, str], List[LinkSample]] = {}
+def link_grid(links: List[LinkRecord], samples: Sequence[LinkSample], end_s: float,
+              bins: int = 200) -> np.ndarray:
+    """``(len(links), bins)``: per link, the highest utilisation in each of
+    ``bins`` equal time bins over ``[0, end_s]`` (a sample holds until the
+    link's next one, the last until ``end_s``; 0 before the first).
+    Vectorised per link, so a million samples cost a few numpy passes."""
+    rows = {(rec.src, rec.dst): i for i, rec in enumerate(links)}
+    times: Dict[int, List[float]] = {}
+    utils: Dict[int, List[float]] = {}
     for s in samples:
-        by_link.setdefault((s.src, s.dst), []).append(s)
+        row = rows.get((s.src, s.dst))
+        if row is not None:
+            times.setdefault(row, []).append(s.time_s)
+            utils.setdefault(row, []).append(s.utilisation)
     grid = np.zeros((len(links), bins))
     edges = np.linspace(0.0, end_s, bins + 1)
-    for row, rec in enumerate(links):
-        series = sorted(by_link.get((rec.src, rec.dst), []), key=lambda s: s.time_s)
-        for k, s in enumerate(series):
-            stop = series[k + 1].time_s if k + 1 < len(series) else end_s
-            lo, hi = np.searchsorted(edges, s.time_s, "right") - 1, np.searchsorted(edges, stop, "left")
-            grid[row, max(lo, 0):max(hi, lo + 1)] = np.maximum(grid[row, max(lo, 0):max(hi, lo + 1)],
-                                                               s.utilisation)
+    for row in times:
+        t = np.asarray(times[row], dtype=float)
+        u = np.asarray(utils[row], dtype=float)
+        order = np.argsort(t, kind="stable")
+        t, u = t[order], u[order]
+        stop = np.r_[t[1:], end_s]
+        # the bins each sample covers: from the one holding its start to the
+        # one holding its end (at least one)
+        first = np.searchsorted(edges, t, "right") - 1
+        hi = np.minimum(np.maximum(np.searchsorted(edges, stop, "left"), first + 1), bins)
+        lo = np.maximum(first, 0)
+        # a bin's maximum: the sample holding at its left edge, and every
+        # sample starting inside it
+        best = np.zeros(bins)
+        starts = (lo < hi)
+        np.maximum.at(best, lo[starts], u[starts])
+        k = np.arange(bins)
+        holder = np.searchsorted(t, edges[:-1], "right") - 1   # last sample started at or before the edge
+        has = holder >= 0
+        covered = has & (hi[np.clip(holder, 0, None)] > k)
+        best[covered] = np.maximum(best[covered], u[holder[covered]])
+        grid[row] = best
+    return grid
+
+
+def _heatmap(ax, links: List[LinkRecord], samples: Sequence[LinkSample], end_s: float,
+             bins: int = 200) -> None:
+    grid = link_grid(links, samples, end_s, bins)
     im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest",
                    extent=(0, end_s * 1e3, len(links) - 0.5, -0.5))
     ax.set_xlabel("time (ms)")

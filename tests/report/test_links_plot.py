@@ -20,3 +20,43 @@ def test_links_png_with_and_without_samples(tmp_path):
         plot_links(records, out, samples=net.link_samples(), end_s=env.now)
         assert out.read_bytes()[:4] == b"\x89PNG"
         assert bool(net.link_samples()) == samples
+
+
+def _reference_grid(links, samples, end_s, bins):
+    """The per-sample loop link_grid replaced (same semantics, slow)."""
+    import numpy as np
+    by_link = {}
+    for s in samples:
+        by_link.setdefault((s.src, s.dst), []).append(s)
+    grid = np.zeros((len(links), bins))
+    edges = np.linspace(0.0, end_s, bins + 1)
+    for row, rec in enumerate(links):
+        series = sorted(by_link.get((rec.src, rec.dst), []), key=lambda s: s.time_s)
+        for k, s in enumerate(series):
+            stop = series[k + 1].time_s if k + 1 < len(series) else end_s
+            lo = np.searchsorted(edges, s.time_s, "right") - 1
+            hi = np.searchsorted(edges, stop, "left")
+            cells = grid[row, max(lo, 0):max(hi, lo + 1)]
+            cells[:] = np.maximum(cells, s.utilisation)
+    return grid
+
+
+def test_link_grid_matches_the_per_sample_reference():
+    import random
+
+    import numpy as np
+
+    from distsim.report.links import link_grid
+    from distsim.sim.trace import LinkRecord, LinkSample
+    rng = random.Random(3)
+    links = [LinkRecord(f"a{i}", f"b{i}", 1.0, 1.0, 1.0, 1) for i in range(3)]
+    for _ in range(60):
+        end = rng.choice([1.0, 0.001])
+        samples = [LinkSample(f"a{i}", f"b{i}",
+                              rng.choice([rng.uniform(-0.1, 1.1), round(rng.random() * 50) / 50,
+                                          0.0, 1.0]) * end, rng.random())
+                   for i in range(4) for _ in range(rng.choice([0, 1, 3, 40, 300]))]
+        rng.shuffle(samples)
+        bins = rng.choice([1, 7, 200])
+        assert np.array_equal(link_grid(links, samples, end, bins),
+                              _reference_grid(links, samples, end, bins))
