@@ -45,6 +45,7 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
     devices = set(known_devices) if known_devices is not None else None
     types_ok: Set[int] = set()  # ids of types checked (alive: values hold them)
     fused_types: Dict[tuple, list] = {}
+    inferred: Dict[tuple, list] = {}
 
     def define(value, where) -> None:
         if id(value) in defined:
@@ -90,7 +91,18 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
                     if key is not None:
                         fused_types[key] = expected
             else:
-                expected = infer_types(op.op_type, in_types, op.attrs)
+                # keyed by the identity of the input type objects (alive in the
+                # function for the whole check): no hashing of the types
+                try:
+                    key = (op.op_type, tuple([id(t) for t in in_types]),
+                           tuple(op.attrs.items()))
+                    expected = inferred.get(key)
+                except TypeError:  # an unhashable attribute
+                    key, expected = None, None
+                if expected is None:
+                    expected = infer_types(op.op_type, in_types, op.attrs)
+                    if key is not None:
+                        inferred[key] = expected
         except ShapeError as e:
             raise VerifyError(f"{where()}: {e}") from None
         except UnsupportedOpError as e:

@@ -197,6 +197,8 @@ class LowerSPMD:
         self._segment_cache: Dict[Tuple[str, int], List[Any]] = {}
         self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
+        self._crossing_cache: Dict[int, Any] = {}
+        self._op_info: Dict[int, tuple] = {}  # id(op) -> (op, its gradients, its layer)
         self._segment_types: Dict[Tuple[int, int], List[TensorType]] = {}
         S = strategy
         self.reps: Set[int] = {S.rank(0, s, 0) for s in range(S.pp)}
@@ -374,10 +376,14 @@ class LowerSPMD:
             if isinstance(op, _Segment):
                 self._emit_segment(op, stage, mb, base)
                 continue
+            info = self._op_info.get(id(op))
+            if info is None:  # once per template op
+                grads = [o for o in op.outputs if o in self.grad_of]
+                info = self._op_info[id(op)] = (op, grads, op.meta.get("layer"))
+            _, grads, layer = info
             meta = dict(op.meta, **base)
-            if any(o in self.grad_of for o in op.outputs):
+            if grads:
                 meta["category"] = "gradients"
-            layer = op.meta.get("layer")
             if op.op_type.startswith("spmd."):
                 for d in self.dp_indices():
                     ranks = [S.rank(d, stage, t) for t in range(S.tp)]
@@ -400,7 +406,8 @@ class LowerSPMD:
                     for r, o in zip(ranks, outs):
                         if o is not None:
                             self.menv[(r, mb)][op.outputs[0]] = o
-                self._accumulate(stage, mb, op)
+                if grads:
+                    self.sync.after_backward(stage, mb, grads)
                 continue
             for d, t, r in self.group(stage):
                 ins = [self.get(v, r, d, t, mb, stage, layer) for v in op.inputs]
@@ -429,7 +436,8 @@ class LowerSPMD:
                 for v, o in zip(op.outputs, outs):
                     env[v] = o
                 self.sync.note_layer_output(r, layer, outs[0])
-            self._accumulate(stage, mb, op)
+            if grads:
+                self.sync.after_backward(stage, mb, grads)
         heapq.heappush(self.pending_sends, (end, len(self.em.function.ops), (stage, mb, c, ops)))
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
@@ -437,25 +445,36 @@ class LowerSPMD:
         if grads:
             self.sync.after_backward(stage, mb, grads)
 
+    def _crossing_outputs(self, ops: Sequence[Op]) -> List[Tuple[Op, Value, List[int]]]:
+        """(op, output, chunks reading it) for the outputs of a task's ops
+        that other chunks read, in order (once per task)."""
+        key = id(ops)
+        found = self._crossing_cache.get(key)
+        if found is None:
+            found = [(op, v, sorted(self.crossing[v])) for op in ops for v in op.outputs
+                     if v in self.crossing]
+            self._crossing_cache[key] = (ops, found)  # ops kept: the id stays theirs
+            return found
+        return found[1]
+
     def _send(self, stage: int, mb: int, c: int, ops: Sequence[Op]) -> None:
         S = self.S
-        for op in ops:
-            for v in op.outputs:
-                for c2 in sorted(self.crossing.get(v, ())):
-                    dst_stage = self.stage_of_chunk(c2)
-                    if dst_stage == stage:
+        for op, v, chunks in self._crossing_outputs(ops):
+            for c2 in chunks:
+                dst_stage = self.stage_of_chunk(c2)
+                if dst_stage == stage:
+                    continue
+                for d, t, r in self.group(stage):
+                    dst = S.rank(d, dst_stage, t)
+                    env = self.menv.setdefault((dst, mb), {})
+                    if v in env:
                         continue
-                    for d, t, r in self.group(stage):
-                        dst = S.rank(d, dst_stage, t)
-                        env = self.menv.setdefault((dst, mb), {})
-                        if v in env:
-                            continue
-                        (out,) = self.em.collective(
-                            CollectiveType.SEND_RECV, [self.menv[(r, mb)][v]], [r, dst],
-                            [self.local_name(v, dst, mb)],
-                            {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
-                             "detail": "forward" if "phase" not in op.meta else "backward"})
-                        env[v] = out
+                    (out,) = self.em.collective(
+                        CollectiveType.SEND_RECV, [self.menv[(r, mb)][v]], [r, dst],
+                        [self.local_name(v, dst, mb)],
+                        {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
+                         "detail": "forward" if "phase" not in op.meta else "backward"})
+                    env[v] = out
 
     # -- the pass ----------------------------------------------------------
     def __call__(self, step: Function) -> Function:
