@@ -23,7 +23,7 @@ approximation — compare with a full run (``symmetry=False``).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..ir.comm import collective_of, io_ranks, is_communication
 from ..ir.core import Function, Op, Value
@@ -72,10 +72,22 @@ class _TeamInfo:
             self.outputs_on.setdefault(v.type.device, []).append(v)
 
 
-def _local_signature(rank: int, ops: List[Op], node_of, teams: Dict[int, _TeamInfo]) -> int:
+def _local_signature(rank: int, ops: List[Op], node_of, teams: Dict[int, _TeamInfo],
+                     shapes: Optional[Dict[int, tuple]] = None) -> int:
     position: Dict[Value, int] = {}
     parts = []
     home = node_of(rank)
+    if shapes is None:
+        shapes = {}
+
+    def sd(v: Value) -> tuple:
+        """(shape, dtype name) of a value's type, once per type object (the
+        device left out; the dtype's name hashes in C, an enum does not)."""
+        t = v.type
+        got = shapes.get(id(t))
+        if got is None:
+            got = shapes[id(t)] = (t.shape, t.dtype.value)
+        return got
     for i, op in enumerate(ops):
         if is_communication(op):
             info = teams.get(id(op))
@@ -84,15 +96,15 @@ def _local_signature(rank: int, ops: List[Op], node_of, teams: Dict[int, _TeamIn
             mine_in = info.inputs_on.get(rank, ())
             parts.append((op.op_type, info.attrs, info.size, rank in info.ins, rank in info.outs,
                           info.per_node.get(home, 0), info.nodes,
-                          tuple(position.get(v, -1) for v in mine_in),
-                          tuple((v.type.shape, v.type.dtype) for v in mine_in)))
+                          tuple([position.get(v, -1) for v in mine_in]),
+                          tuple([sd(v) for v in mine_in])))
             for v in info.outputs_on.get(rank, ()):
                 position[v] = i
         else:
             attrs = tuple(sorted(op.attrs.items()))
-            parts.append((op.op_type, attrs, tuple(position.get(v, -1) for v in op.inputs),
-                          tuple((v.type.shape, v.type.dtype) for v in op.inputs),
-                          tuple((v.type.shape, v.type.dtype) for v in op.outputs)))
+            parts.append((op.op_type, attrs, tuple([position.get(v, -1) for v in op.inputs]),
+                          tuple([sd(v) for v in op.inputs]),
+                          tuple([sd(v) for v in op.outputs])))
             for v in op.outputs:
                 position[v] = i
     return hash(tuple(parts))
@@ -106,7 +118,8 @@ def symmetry_classes(function: Function, node_of=lambda r: 0) -> Dict[int, int]:
         per_rank.setdefault(v.type.device, [])
     nodes = {r: node_of(r) for r in per_rank}
     teams: Dict[int, _TeamInfo] = {}
-    colour = {r: _local_signature(r, ops, nodes.__getitem__, teams)
+    shapes: Dict[int, tuple] = {}  # id(type) -> (shape, dtype); the function keeps types alive
+    colour = {r: _local_signature(r, ops, nodes.__getitem__, teams, shapes)
               for r, ops in per_rank.items()}
     n_classes = len(set(colour.values()))
     comm_ops = [op for op in function.ops if is_communication(op)]
