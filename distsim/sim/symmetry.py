@@ -88,6 +88,8 @@ def _local_signature(rank: int, ops: List[Op], node_of, teams: Dict[int, _TeamIn
         if got is None:
             got = shapes[id(t)] = (t.shape, t.dtype.value)
         return got
+
+    known = shapes.get  # hot path: a type seen before, no call to sd
     for i, op in enumerate(ops):
         if is_communication(op):
             info = teams.get(id(op))
@@ -97,14 +99,14 @@ def _local_signature(rank: int, ops: List[Op], node_of, teams: Dict[int, _TeamIn
             parts.append((op.op_type, info.attrs, info.size, rank in info.ins, rank in info.outs,
                           info.per_node.get(home, 0), info.nodes,
                           tuple([position.get(v, -1) for v in mine_in]),
-                          tuple([sd(v) for v in mine_in])))
+                          tuple([known(id(v.type)) or sd(v) for v in mine_in])))
             for v in info.outputs_on.get(rank, ()):
                 position[v] = i
         else:
             attrs = tuple(sorted(op.attrs.items()))
             parts.append((op.op_type, attrs, tuple([position.get(v, -1) for v in op.inputs]),
-                          tuple([sd(v) for v in op.inputs]),
-                          tuple([sd(v) for v in op.outputs])))
+                          tuple([known(id(v.type)) or sd(v) for v in op.inputs]),
+                          tuple([known(id(v.type)) or sd(v) for v in op.outputs])))
             for v in op.outputs:
                 position[v] = i
     return hash(tuple(parts))
