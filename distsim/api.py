@@ -19,7 +19,8 @@ from .models import family_of, load_model_config
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
 from .ir.types import DType
-from .report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS, check_max_trace_records, plan_trace
+from .report.chrome_trace import (DEFAULT_MAX_TRACE_RECORDS, TracePlan, check_max_trace_records,
+                                  plan_trace)
 from .report.html import write_run_report
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
@@ -45,6 +46,16 @@ class SimulationResult:
     #: bound on the timed records of trace.json (0: no limit); see write_outputs
     max_trace_records: int = DEFAULT_MAX_TRACE_RECORDS
     _summary: Optional[Dict[str, Any]] = field(default=None, repr=False)
+    _plans: Dict[int, TracePlan] = field(default_factory=dict, repr=False)
+
+    def trace_plan(self, max_trace_records: Optional[int] = None) -> TracePlan:
+        """What trace.json holds under ``max_trace_records`` (None: this
+        result's setting; 0: no limit): everything, or the records before a cutoff."""
+        limit = check_max_trace_records(self.max_trace_records if max_trace_records is None
+                                        else max_trace_records)
+        if limit not in self._plans:
+            self._plans[limit] = plan_trace(self.trace, limit)
+        return self._plans[limit]
 
     @property
     def step_time_s(self) -> float:
@@ -63,7 +74,7 @@ class SimulationResult:
             dtype = str(model.get("dtype") or self.config.get("dtype") or "f16")
             s.update(training_metrics(s, self.trace.meta, model, self.config,
                                       peak_flops_of(self.topology.device_spec, dtype)))
-            s["trace_file"] = plan_trace(self.trace, self.max_trace_records).to_dict()
+            s["trace_file"] = self.trace_plan().to_dict()
             self._summary = s
         return self._summary
 
@@ -73,8 +84,8 @@ class SimulationResult:
     def write_trace(self, path: Union[str, Path], max_trace_records: Optional[int] = None) -> None:
         """Write the Chrome trace (streaming, atomic), summarised past
         ``max_trace_records`` timed records (None: this result's setting, 0: no limit)."""
-        limit = self.max_trace_records if max_trace_records is None else max_trace_records
-        write_chrome_trace(self.trace, path, max_trace_records=check_max_trace_records(limit))
+        plan = self.trace_plan(max_trace_records)
+        write_chrome_trace(self.trace, path, max_trace_records=plan.max_records, plan=plan)
 
     def gantt(self, path: Union[str, Path]) -> None:
         write_gantt(self.trace, path)
@@ -104,7 +115,7 @@ class SimulationResult:
             if limit != self.max_trace_records:
                 self.max_trace_records = limit
                 if self._summary is not None:
-                    self._summary["trace_file"] = plan_trace(self.trace, limit).to_dict()
+                    self._summary["trace_file"] = self.trace_plan().to_dict()
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out}: exists and is not a directory")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,9 +21,19 @@ from distsim.errors import ConfigError
 from distsim.report.gantt import merge_spans
 from distsim.report.memory_plot import downsample_max
 
-from conftest import make_many, make_trace
-
 ct = importlib.import_module("distsim.report.chrome_trace")
+
+
+def _conftest():
+    """This folder's conftest (by path: several test folders have one)."""
+    spec = importlib.util.spec_from_file_location(
+        "report_conftest", os.path.join(os.path.dirname(__file__), "conftest.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_many, make_trace = _conftest().make_many, _conftest().make_trace
 
 
 def _x(doc, real=True):
