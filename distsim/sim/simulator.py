@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import simpy
@@ -526,7 +527,8 @@ class Simulator:
         used = self._used_devices  # every value's device (see _check_devices)
         devices = [DeviceInfo(r, self.topology.device_node(r), int(spec.memory_bytes))
                    for r in self.topology.ranks if r in used]
-        records = sorted(self.records, key=lambda r: (r.start_s, r.rank, r.stream, r.end_s))
+        # (start_s, rank, stream, end_s), as a C-level key
+        records = sorted(self.records, key=itemgetter(5, 0, 1, 6))
         end = max([self.env.now] + [r.end_s for r in records])
         peaks = {r: dict(sorted(c.items())) for r, c in sorted(self.memory.peak_by_category.items())}
         return Trace(devices=devices, ops=records, memory=self.memory.samples,
