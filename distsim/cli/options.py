@@ -68,8 +68,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
 
 def add_topology_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default=DEFAULT_TOPOLOGY,
-                   help="topology name (see topologies/, or dgx-a100-xN) or path to a .yaml "
-                        "(default: %(default)s)")
+                   help="topology name (see topologies/, or dgx-a100-xN) or path to a .yaml; "
+                        "at most 65,536 devices (default: %(default)s)")
 
 
 def add_onnx_options(p: argparse.ArgumentParser) -> None:
