@@ -1,6 +1,8 @@
 """Reports built from a simulator :class:`~distsim.sim.trace.Trace`.
 
-* :func:`write_chrome_trace` / :func:`chrome_trace`: Chrome/Perfetto trace JSON;
+* :func:`write_chrome_trace` / :func:`chrome_trace`: Chrome/Perfetto trace JSON,
+  written streaming and summarised past ``max_trace_records`` timed records
+  (:data:`~distsim.report.chrome_trace.DEFAULT_MAX_TRACE_RECORDS`);
 * :func:`write_gantt`: Gantt chart PNG, one row per device stream;
 * :func:`write_memory_plot`: live memory per device PNG, capacity drawn;
 * :func:`summarize`, :func:`format_summary_table`, :func:`summary_dataframe`:
