@@ -38,8 +38,10 @@ def verify(function: Function, known_devices: Iterable[int] | None = None) -> Fu
 def _verify(function: Function, known_devices: Iterable[int] | None) -> Function:
     # Hot loop over every op of programs with a million ops: the op's label
     # is only built for an error, each distinct type is size- and
-    # device-checked once, and each fused segment's result types are
-    # computed once per tuple of input types.
+    # device-checked once, and result types are inferred once per op type,
+    # attributes and input type objects (fused ops: per segment and input
+    # type objects). Type objects are keyed by identity: the function's
+    # values hold them for the whole check.
     defined: Set[int] = set()
     names: Set[str] = set()
     devices = set(known_devices) if known_devices is not None else None
@@ -48,6 +50,10 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
     inferred: Dict[tuple, list] = {}
 
     def define(value, where) -> None:
+        if where is None or isinstance(where, Op):
+            op = where
+            where = ((lambda: f"function '{function.name}', input") if op is None
+                     else (lambda: _label(function, op)))
         if id(value) in defined:
             raise VerifyError(f"{where()}: value %{value.name} is defined twice")
         if value.name in names:
@@ -67,24 +73,22 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
         types_ok.add(id(value.type))
 
     for v in function.inputs:
-        define(v, lambda: f"function '{function.name}', input")
+        define(v, None)
+    registered = is_registered
     for op in function.ops:
-        def where(op=op) -> str:
-            return _label(function, op)
-        if not is_registered(op.op_type):
-            raise VerifyError(f"{where()}: unknown op type '{op.op_type}'")
+        label = _label  # only called to word an error
+        if not registered(op.op_type):
+            raise VerifyError(f"{label(function, op)}: unknown op type '{op.op_type}'")
         for v in op.inputs:
             if id(v) not in defined:
-                raise VerifyError(f"{where()}: operand %{v.name} is used before it is defined")
+                raise VerifyError(f"{label(function, op)}: operand %{v.name} is used before it "
+                                  "is defined")
         in_types = [v.type for v in op.inputs]
         try:
             if op.op_type == FUSED:
                 key = None
                 if len(op.subfunctions) == 1:
-                    try:
-                        key = (id(op.subfunctions[0]), tuple(in_types))
-                    except TypeError:  # an unhashable type: no caching
-                        key = None
+                    key = (id(op.subfunctions[0]), tuple([id(t) for t in in_types]))
                 expected = fused_types.get(key) if key is not None else None
                 if expected is None:
                     expected = fused_result_types(op, in_types)
@@ -104,18 +108,23 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
                     if key is not None:
                         inferred[key] = expected
         except ShapeError as e:
-            raise VerifyError(f"{where()}: {e}") from None
+            raise VerifyError(f"{label(function, op)}: {e}") from None
         except UnsupportedOpError as e:
-            raise VerifyError(f"{where()}: {e}") from None
+            raise VerifyError(f"{label(function, op)}: {e}") from None
         if len(expected) != len(op.outputs):
-            raise VerifyError(f"{where()}: has {len(op.outputs)} results, its type rule gives "
-                              f"{len(expected)}")
+            raise VerifyError(f"{label(function, op)}: has {len(op.outputs)} results, its type "
+                              f"rule gives {len(expected)}")
         for v, t in zip(op.outputs, expected):
             if v.type is not t and v.type != t:
-                raise VerifyError(f"{where()}: result %{v.name} is declared {v.type} "
+                raise VerifyError(f"{label(function, op)}: result %{v.name} is declared {v.type} "
                                   f"but the op produces {t}")
         for v in op.outputs:
-            define(v, where)
+            # fast path: a new value and name of a type checked before
+            if id(v) in defined or v.name in names or id(v.type) not in types_ok:
+                define(v, op)
+            else:
+                defined.add(id(v))
+                names.add(v.name)
     for v in function.outputs:
         if id(v) not in defined:
             raise VerifyError(f"function '{function.name}': returned value %{v.name} is not defined")
