@@ -156,9 +156,13 @@ class Simulator:
     def _check_devices(self) -> None:
         known = set(self.topology.ranks)
         used = self._used_devices
+        seen = set()  # ids of the type objects checked (the values hold them)
         for v in self.function.values():
+            if id(v.type) in seen:
+                continue
             dev = getattr(v.type, "device", None)
             if dev in used:
+                seen.add(id(v.type))
                 continue
             if dev is None:
                 raise SimulationError(f"value %{v.name} has no device: the simulator needs a "

@@ -280,10 +280,21 @@ class LowerSPMD:
     def local_name(self, v: Value, rank: int, mb: int) -> str:
         return f"{v.name}_m{mb}_r{rank}" if self.M > 1 else f"{v.name}_r{rank}"
 
+    def env(self, rank: int, mb: int) -> Dict[Value, Value]:
+        """The values of micro-batch ``mb`` on ``rank`` (template value ->
+        local value)."""
+        env = self.menv.get((rank, mb))
+        if env is None:
+            env = self.menv[(rank, mb)] = {}
+        return env
+
     def get(self, v: Value, rank: int, d: int, t: int, mb: int, stage: int, layer: Any) -> Value:
-        env = self.menv.setdefault((rank, mb), {})
-        if v in env:
-            return env[v]
+        env = self.menv.get((rank, mb))
+        if env is None:
+            env = self.menv[(rank, mb)] = {}
+        found = env.get(v)
+        if found is not None:
+            return found
         if v in self.param_chunk:
             return self.sync.param_for_use(v, rank, d, t, stage, mb, layer)
         if v in self.data_inputs:
@@ -355,7 +366,7 @@ class LowerSPMD:
                     for v, ty in zip(seg.outputs, types)]
             em.function.ops.append(Op.trusted(FUSED, tuple(ins), tuple(outs), dict(attrs),
                                               (seg.function,), dict(meta)))
-            env = self.menv.setdefault((r, mb), {})
+            env = self.env(r, mb)
             for v, o in zip(seg.outputs, outs):
                 env[v] = o
             if outs:
@@ -466,7 +477,7 @@ class LowerSPMD:
                     continue
                 for d, t, r in self.group(stage):
                     dst = S.rank(d, dst_stage, t)
-                    env = self.menv.setdefault((dst, mb), {})
+                    env = self.env(dst, mb)
                     if v in env:
                         continue
                     (out,) = self.em.collective(
