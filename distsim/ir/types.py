@@ -92,10 +92,12 @@ class TensorType(Type):
     def __hash__(self) -> int:
         h = self.__dict__.get("_hash")
         if h is None:
-            # ints only: the same in every process (a pickled type keeps it)
             dev = self.device
             h = hash((self.shape, _DTYPE_CODE[self.dtype], -1 if dev is None else dev))
-            object.__setattr__(self, "_hash", h)
+            # kept only when made of ints, so the same in every process (a
+            # pickled type carries it)
+            if dev is None or type(dev) is int:
+                object.__setattr__(self, "_hash", h)
         return h
 
     @property
