@@ -56,6 +56,10 @@ class SimulationOptions:
     """``network_mode``: "flow" (max-min fair sharing) or "analytical";
     ``collective_algorithm``: "auto" or an algorithm name;
     ``record_memory``: keep the memory curve (peaks are always kept);
+    ``record_links``: keep each link's utilisation over time
+    (``Trace.link_samples``, for links.png and trace.json's link counters;
+    off by default: it costs time and memory on big runs and turns the
+    fast-forwarding of ring steps off, so sweeps and benchmarks leave it off);
     ``symmetry``: simulate one representative per class of equivalent
     devices (see :mod:`.symmetry`) and copy its results to the others.
 
@@ -70,6 +74,7 @@ class SimulationOptions:
     network_mode: str = "flow"
     collective_algorithm: str = "auto"
     record_memory: bool = True
+    record_links: bool = False
     symmetry: bool = False
     stall_events: Optional[int] = 10_000_000
     max_events: Optional[int] = None
@@ -127,7 +132,8 @@ class Simulator:
         self.cost = cost_model or CostModel(topology.device_spec)
         self.options = options or SimulationOptions()
         self.env = simpy.Environment()
-        self.network = Network(self.env, topology, mode=self.options.network_mode)
+        self.network = Network(self.env, topology, mode=self.options.network_mode,
+                               record_samples=self.options.record_links)
         self.memory = MemoryLog(self.options.record_memory)
         self.records: List[OpRecord] = []
         self._ready_at: Dict[Value, float] = {}
@@ -536,7 +542,8 @@ class Simulator:
         end = max([self.env.now] + [r.end_s for r in records])
         peaks = {r: dict(sorted(c.items())) for r, c in sorted(self.memory.peak_by_category.items())}
         return Trace(devices=devices, ops=records, memory=self.memory.samples,
-                     links=self.network.link_records(), step_time_s=float(end),
+                     links=self.network.link_records(),
+                     link_samples=self.network.link_samples(), step_time_s=float(end),
                      meta={"peak_memory_by_category": peaks,
                            # a reduced program: how many devices each simulated one stands for
                            "represents": dict(self.function.meta.get("represents", {})),
