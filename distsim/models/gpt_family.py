@@ -30,24 +30,39 @@ def gpt_config(config: Mapping[str, Any]) -> GPTConfig:
 
 
 def resolve_batch(c: GPTConfig, strategy: Strategy) -> Tuple[GPTConfig, int]:
-    """The config with the strategy's batch overrides, and the number of
-    micro-batches per data-parallel rank; raises ConfigError when the
-    sizes do not fit together."""
+    """The config with the strategy's batch sizes, and the number of
+    micro-batches per data-parallel rank.
+
+    The global batch is fixed: ``--global-batch`` or the model's. The
+    other two sizes follow from it: with ``microbatches`` the micro-batch
+    is ``global_batch / (dp x microbatches)`` (or, when ``micro_batch`` is
+    given too, the three must multiply to the global batch); without it
+    the micro-batch is ``micro_batch`` (or the model's) and the count is
+    ``global_batch / (dp x micro_batch)``. So two strategies always train
+    the same number of sequences per step and their step times compare.
+    Raises ConfigError when the sizes do not fit together."""
     dp = strategy.dp or 1
-    mb = strategy.micro_batch or c.micro_batch
     gb = strategy.global_batch or c.global_batch
-    if strategy.microbatches is not None:
-        if strategy.global_batch is None:
-            gb = dp * strategy.microbatches * mb
-        m = strategy.microbatches
+    m = strategy.microbatches
+    if m is not None:
+        if strategy.micro_batch is not None:
+            mb = strategy.micro_batch
+            if dp * m * mb != gb:
+                raise ConfigError(f"--global-batch {gb} differs from dp x microbatches x "
+                                  f"micro-batch = {dp} x {m} x {mb} = {dp * m * mb} (give "
+                                  "two of global batch, microbatches and micro-batch)")
+        else:
+            if gb % (dp * m):
+                raise ConfigError(f"--global-batch {gb} is not a multiple of dp x microbatches "
+                                  f"= {dp} x {m} (the micro-batch is global batch / "
+                                  "(dp x microbatches))")
+            mb = gb // (dp * m)
     else:
+        mb = strategy.micro_batch or c.micro_batch
         if gb % (dp * mb):
             raise ConfigError(f"--global-batch {gb} is not a multiple of dp x micro-batch "
                               f"= {dp} x {mb}")
         m = gb // (dp * mb)
-    if gb != dp * m * mb:
-        raise ConfigError(f"--global-batch {gb} differs from dp x microbatches x micro-batch "
-                          f"= {dp} x {m} x {mb} = {dp * m * mb}")
     return replace(c, global_batch=gb, micro_batch=mb), m
 
 

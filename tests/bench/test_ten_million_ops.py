@@ -46,7 +46,7 @@ def test_represented_ops_of_a_reduced_program_count_the_full_program():
     from distsim.sim.symmetry import represented_ops
 
     for strategy in (dict(dp=2, tp=2, pp=2, microbatches=4),
-                     dict(dp=2, pp=4, microbatches=8, zero=1)):
+                     dict(dp=2, pp=4, microbatches=8, zero=1, global_batch=16)):
         full, _, _ = build_program("tiny", "dgx-a100", **strategy)
         reduced, _, _ = build_program("tiny", "dgx-a100", symmetry=True, coarsen=True, **strategy)
         assert len(reduced.ops) < len(full.ops)

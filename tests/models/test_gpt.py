@@ -108,8 +108,9 @@ def test_recomputed_ops_are_visible_in_the_trace():
     (["--tp", "8", "--heads", "4"], "does not divide the 4 attention heads"),
     (["--dp", "2"], "does not match the 8 devices"),
     (["--pp", "8", "--layers", "4"], "only 4 layers"),
-    (["--pp", "2", "--schedule", "interleaved", "--microbatches", "3", "--layers", "8"],
-     "not a multiple of the 2 pipeline stages"),
+    # dp 4 x 3 micro-batches of 1 sequence: the global batch must be 12
+    (["--pp", "2", "--schedule", "interleaved", "--microbatches", "3", "--layers", "8",
+      "--global-batch", "12"], "not a multiple of the 2 pipeline stages"),
     (["--sp"], "needs tensor parallelism"),
 ])
 def test_bad_strategy_is_one_line(tmp_path, capsys, flags, message):
