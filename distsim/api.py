@@ -24,6 +24,7 @@ from .report.chrome_trace import (DEFAULT_MAX_TRACE_RECORDS, TracePlan, check_ma
 from .report.html import write_run_report
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
+from .sim.collectives import check_algorithm_name
 from .sim.simulator import SimulationOptions, simulate_function
 from .sim.trace import Trace
 from .topology import Topology, load_topology
@@ -254,10 +255,13 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     ``dtype=``) and simulate it on ``topology``. ``max_trace_records``
     bounds trace.json when the result is written (None: the default,
     :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); ``max_ops`` the
-    program's estimated op count (None: :data:`DEFAULT_MAX_OPS`; 0: no limit)."""
+    program's estimated op count (None: :data:`DEFAULT_MAX_OPS`; 0: no limit).
+    ``collective_algo`` applies to every collective that has that algorithm
+    (the others use ``auto``)."""
     trace_limit = check_max_trace_records(max_trace_records)
     if network_mode not in ("flow", "analytical"):
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
+    check_algorithm_name(collective_algo)
     program, config, topo = build_program(model, topology, max_ops=max_ops, **options)
     config.update(network_mode=network_mode, collective_algo=collective_algo)
     # Symmetry: a family that built a reduced program (meta "represents")

@@ -30,6 +30,38 @@ def algorithms_for(kind: CollectiveType) -> Tuple[str, ...]:
     return tuple(ALGORITHMS[kind])
 
 
+#: Every algorithm name some collective kind knows, and ``auto``.
+KNOWN_ALGORITHMS: Tuple[str, ...] = tuple(sorted(
+    {"auto"} | {name for table in ALGORITHMS.values() for name in table}))
+
+
+def check_algorithm_name(name: object, where: str = "--collective-algo") -> str:
+    """``name`` when it is ``auto`` or an algorithm of at least one kind;
+    else a ConfigError naming ``where`` (checked once, before a run)."""
+    if not isinstance(name, str) or name not in KNOWN_ALGORITHMS:
+        raise ConfigError(f"{where}: unknown algorithm {name!r} "
+                          f"(known: {', '.join(KNOWN_ALGORITHMS)})")
+    return name
+
+
+def resolve_algorithm(kind: CollectiveType, requested: str, per_run: bool = False) -> str:
+    """The algorithm a ``kind`` collective runs when ``requested`` is asked.
+
+    An op's own algorithm (``per_run=False``) is strict: a name ``kind``
+    lacks is a ConfigError. The run's default (``--collective-algo``,
+    ``per_run=True``) applies to every collective of a program, so a name
+    valid for some kind but not this one (``ring`` for a send/recv, ``tree``
+    for an all-gather) means ``auto`` here; the trace records the algorithm
+    actually used. A name no kind knows is an error either way."""
+    table = ALGORITHMS[kind]
+    if requested == "auto" or requested in table:
+        return requested
+    if per_run and requested in KNOWN_ALGORITHMS:
+        return "auto"
+    raise ConfigError(f"{kind.value}: unknown algorithm {requested!r} "
+                      f"(known: auto, {', '.join(table)})")
+
+
 def check_team(network: Network, kind: CollectiveType, ranks: Sequence[int],
                root: Optional[int]) -> None:
     """One-line errors for a team the topology cannot run."""
@@ -51,11 +83,8 @@ def build_schedule(network: Network, kind: CollectiveType, ranks: Tuple[int, ...
     """(algorithm name used, schedule) for one collective. An algorithm
     that does not apply to the team falls back to the kind's first one."""
     table = ALGORITHMS[kind]
-    if algorithm == "auto":
+    if resolve_algorithm(kind, algorithm) == "auto":
         return choose_algorithm(network, kind, ranks, nbytes, root)
-    if algorithm not in table:
-        raise ConfigError(f"{kind.value}: unknown algorithm {algorithm!r} "
-                          f"(known: auto, {', '.join(table)})")
     schedule = table[algorithm](ranks, nbytes, root, network)
     if schedule is None:
         algorithm = next(iter(table))
@@ -129,9 +158,7 @@ def _plan(network: Network, kind: CollectiveType, ranks: Tuple[int, ...], nbytes
     if nbytes < 0:
         raise ConfigError(f"{kind.value}: bytes must be >= 0, got {nbytes!r}")
     if len(ranks) < 2 or nbytes == 0:
-        if algorithm not in ("auto",) and algorithm not in ALGORITHMS[kind]:
-            raise ConfigError(f"{kind.value}: unknown algorithm {algorithm!r} "
-                              f"(known: auto, {', '.join(ALGORITHMS[kind])})")
+        resolve_algorithm(kind, algorithm)      # a bad name is an error even here
         return "none", ()
     name, schedule = build_schedule(network, kind, ranks, nbytes, root, algorithm)
     return name, tuple(schedule)

@@ -36,7 +36,7 @@ from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
 from ..ir.comm import COMM_PREFIX, CollectiveType, collective_of, is_communication, members
 from ..ir.core import Function, Op, Value, gc_paused
-from .collectives import bytes_sent_per_rank, run_collective
+from .collectives import bytes_sent_per_rank, resolve_algorithm, run_collective
 from .memory import MemoryLog
 from .symmetry import class_members, comm_positions, symmetry_classes
 from .network import Network
@@ -374,7 +374,8 @@ class Simulator:
         nbytes = collective_bytes(op)
         for v in op.outputs:
             self.memory.allocate(v.type.device, self._size[v], self._category[v], start)
-        algorithm = op.attrs.get("algorithm") or self.options.collective_algorithm
+        algorithm = op.attrs.get("algorithm") or resolve_algorithm(
+            kind, self.options.collective_algorithm, per_run=True)
         used = yield env.process(run_collective(env, self.network, kind, ranks, nbytes,
                                                 root=root, algorithm=algorithm))
         used = str(used or algorithm)
