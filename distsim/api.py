@@ -218,7 +218,9 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
         raise ConfigError(f"the strategy needs {strategy.num_devices} devices "
                           f"(dp {strategy.dp} x tp {strategy.tp} x pp {strategy.pp}) but topology "
                           f"'{topo.name}' has {topo.num_devices}")
-    if config.get("family") == "gpt" and strategy.num_devices != topo.num_devices:
+    # the families lowered by LowerSPMD (transformers, imported ONNX models)
+    # use every device: a smaller mesh would leave GPUs idle unnoticed
+    if config.get("family") in ("gpt", "onnx") and strategy.num_devices != topo.num_devices:
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")

@@ -1,23 +1,30 @@
 """The ``onnx`` model family: a model imported from an ONNX file.
 
     distsim simulate --model models/gpt2-tiny.onnx --input-shape input_ids=8x64
-    distsim simulate --model resnet50 --train --batch 256 --dp 8
+    distsim simulate --model resnet50 --train --batch 256 --dp 8 --zero 1
 
 Config fields: ``path`` (a file, or ``onnx-backend:NAME`` for a model the
 onnx package ships for its backend tests, e.g. ``light_resnet50``),
-``train`` (append a loss, the backward pass and an SGD update),
+``train`` (append a loss, the backward pass and an AdamW update),
 ``input_shapes`` (name -> shape), ``batch``, ``seq``, ``dtype``, ``lr``.
 The training loss is the mean squared error of the first floating-point
 output against a target of its shape (the cost of the loss itself is
-negligible next to the model's). With ``--dp N`` the model is imported at
-the per-replica batch ``batch / N`` (reshapes keep their exported static
-shapes) and lowered to N replicas; the gradients are averaged by
-all-reduce and the update is AdamW, as for the built-in transformers (SGD
-on a single device).
+negligible next to the model's).
+
+The batch (``batch``, ``--global-batch`` or dim 0 of the inputs) is the
+global one: the model is imported at the per-rank micro-batch ``batch /
+(dp x microbatches)`` (reshapes keep their exported static shapes) and
+lowered by :class:`~distsim.transforms.spmd.LowerSPMD`, as the built-in
+transformers are, on one device too: gradients accumulated over the
+micro-batches, averaged by all-reduce (ZeRO 2/3: reduce-scattered), AdamW
+with fp32 master weights sharded as ``--zero`` says. ``--tp``, ``--pp``
+and ``--recompute`` (an imported graph has no layers) are refused with a
+ConfigError naming the option and the model, never ignored.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -25,13 +32,13 @@ import numpy as np
 import onnx
 
 from ..errors import ConfigError
-from ..importers.onnx import import_onnx
+from ..importers.onnx import import_onnx, load_onnx_model
 from ..ir.builder import builder_from
 from ..ir.core import Function, Value
+from ..ir.types import DType
 from ..transforms.autodiff import Autodiff
-from ..transforms.adam import AdamHyper
+from ..transforms.adam import AdamHyper, AdamW
 from ..transforms.grad_rules import NON_DIFFERENTIABLE
-from ..transforms.optimizer import SGD
 from ..transforms.spmd import LowerSPMD
 from ..transforms.strategy import Strategy
 from .registry import ModelFamily, register_family
@@ -125,18 +132,157 @@ def with_loss(forward: Function) -> Function:
     return f
 
 
-def training_step(forward: Function, lr: float = 0.01) -> Function:
-    """One device's step: loss, autodiff of every parameter, SGD update."""
+def training_step(forward: Function, lr: float = 0.01,
+                  hyper: Optional[AdamHyper] = None) -> Function:
+    """The single-device reference step on the whole batch: loss, autodiff
+    of every parameter and the same AdamW update as the lowered programs
+    of :func:`build_onnx` (master weights in the parameters' dtype when it
+    is f64, else f32)."""
     f = with_loss(forward)
-    return SGD(lr)(Autodiff(f.meta["loss"], f.meta["params"])(f))
+    h = hyper or AdamHyper(lr=lr)
+    return AdamW(lr=h.lr, beta1=h.beta1, beta2=h.beta2, eps=h.eps, weight_decay=h.weight_decay,
+                 master_dtype=_master_dtype(f), step=h.step)(
+        Autodiff(f.meta["loss"], f.meta["params"])(f))
 
 
-def _replicate(step: Function, strategy: Strategy, lr: float) -> Function:
-    """The per-replica ``step`` (already at the local batch) on every
-    data-parallel rank: gradients averaged by all-reduce and AdamW (as for
-    the built-in transformers), or, without gradients, forward replicas.
-    The lowering knows parameters and data; constants travel as data and
-    get their role back afterwards."""
+def _master_dtype(f: Function) -> str:
+    floats = [f.value_by_name(p).type.dtype for p in f.meta.get("params", ())]
+    return "f64" if floats and all(dt is DType.F64 for dt in floats) else "f32"
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How the global batch splits: ``batch`` samples per step (None: the
+    model's own, when nothing splits it), ``microbatches`` per
+    data-parallel rank, ``local`` samples per micro-batch on one rank."""
+
+    batch: Optional[int]
+    microbatches: int
+    local: Optional[int]
+
+
+def _declared_batch(c: Mapping[str, Any]) -> Optional[int]:
+    """Dim 0 of the graph inputs as ``--input-shape`` or the file gives it
+    (None: symbolic and not given); ConfigError when inputs disagree."""
+    model, source, _ = load_onnx_model(resolve_path(c["path"]))
+    inits = {i.name for i in model.graph.initializer}
+    found: Dict[str, int] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        if vi.name in c["input_shapes"]:
+            shape = c["input_shapes"][vi.name]
+            if shape:
+                found[vi.name] = int(shape[0])
+            continue
+        tt = vi.type.tensor_type
+        dims = list(tt.shape.dim) if tt.HasField("shape") else []
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            found[vi.name] = int(dims[0].dim_value)
+    if len(set(found.values())) > 1:
+        listing = ", ".join(f"{k}: {v}" for k, v in found.items())
+        raise ConfigError(f"{source}: the graph inputs disagree on the batch size (dim 0: "
+                          f"{listing}); give --batch")
+    return next(iter(found.values()), None)
+
+
+def plan_batches(c: Mapping[str, Any], strategy: Strategy, where: str) -> BatchPlan:
+    """The global batch (``--batch``, ``--global-batch`` or dim 0 of the
+    inputs), split over ``dp`` ranks and ``--microbatches`` (or
+    ``--micro-batch`` samples per micro-batch)."""
+    dp = strategy.dp or 1
+    batch = c["batch"]
+    if strategy.global_batch is not None:
+        if batch is not None and batch != strategy.global_batch:
+            raise ConfigError(f"{where}: --global-batch {strategy.global_batch} differs from "
+                              f"--batch {batch} (for an imported model both are the global "
+                              "batch)")
+        batch = strategy.global_batch
+    m, mb = strategy.microbatches, strategy.micro_batch
+    if dp * (m or 1) == 1 and mb is None:
+        return BatchPlan(batch, 1, batch)
+    if batch is None:
+        batch = _declared_batch(c)
+    if batch is None:
+        raise ConfigError(f"{where}: the batch dimension is symbolic; give --batch (or "
+                          "--input-shape) to split it over data-parallel ranks and micro-batches")
+    if mb is not None:
+        if m is None:
+            if batch % (dp * mb):
+                raise ConfigError(f"{where}: batch {batch} is not a multiple of dp x "
+                                  f"micro-batch = {dp} x {mb}")
+            m = batch // (dp * mb)
+        elif batch != dp * m * mb:
+            raise ConfigError(f"{where}: batch {batch} differs from dp x microbatches x "
+                              f"micro-batch = {dp} x {m} x {mb} = {dp * m * mb}")
+    m = m or 1
+    if batch % (dp * m):
+        raise ConfigError(f"{where}: batch {batch} is not divisible by dp x microbatches = "
+                          f"{dp} x {m}" if m > 1 else
+                          f"--batch {batch} is not divisible by --dp {dp}")
+    return BatchPlan(batch, m, batch // (dp * m))
+
+
+def check_strategy(strategy: Strategy, train: bool, where: str) -> None:
+    """Refuse, naming the option and the model, every strategy field that
+    an imported model cannot honour (none is ignored silently)."""
+    if strategy.tp != 1 or strategy.pp != 1:
+        raise ConfigError(f"{where}: imported ONNX models support data parallelism only "
+                          "(--tp 1 --pp 1)")
+    if strategy.recompute != "none":
+        raise ConfigError(f"--recompute {strategy.recompute}: not supported for the imported "
+                          f"ONNX model {where} (an imported graph has no layer structure to "
+                          "recompute); use --recompute none")
+    if not train:
+        for flag, given in ((f"--zero {strategy.zero}", strategy.zero != 0),
+                            (f"--bucket-mb {strategy.bucket_mb}", strategy.bucket_mb is not None)):
+            if given:
+                raise ConfigError(f"{flag}: the imported ONNX model {where} is forward-only "
+                                  "(no gradients or optimizer state); add --train")
+
+
+def build_onnx(config: Mapping[str, Any], strategy: Strategy,
+               hyper: Optional[AdamHyper] = None) -> Function:
+    """Import at the per-replica micro-batch (``batch / (dp x
+    microbatches)``), then the training step lowered by
+    :class:`~distsim.transforms.spmd.LowerSPMD` under ``strategy``: ZeRO,
+    micro-batches (gradient accumulation), the schedule, DDP buckets,
+    --symmetry and --coarsen as for the built-in transformers, AdamW
+    (``hyper``, default ``lr`` from the config) on any number of devices.
+    Without ``train``: forward replicas (micro-batches run one after the
+    other). Options that cannot apply are a ConfigError."""
+    c = _check(config)
+    where = f"'{config.get('name', 'onnx')}'"
+    strategy = strategy if strategy.dp is not None else replace(strategy, dp=1)
+    check_strategy(strategy, bool(c["train"]), where)
+    plan = plan_batches(c, strategy, where)
+    local = dict(config)
+    if plan.local != plan.batch:
+        local["batch"] = plan.local
+        local["input_shapes"] = {k: (plan.local,) + tuple(v[1:]) if len(v) else tuple(v)
+                                 for k, v in c["input_shapes"].items()}
+    step = import_forward(local)
+    if c["train"]:
+        step = with_loss(step)
+        step = Autodiff(step.meta["loss"], step.meta["params"])(step)
+    elif strategy.num_devices == 1 and plan.microbatches == 1:
+        return step
+    step.meta["model"] = {"name": config.get("name", "onnx"), "layers": 1,
+                          "batch": plan.batch, "micro_batch": plan.local}
+    program = _lower(step, strategy, plan.microbatches,
+                     hyper or AdamHyper(lr=float(c["lr"])))
+    program.meta["model"] = dict(step.meta["model"])
+    # the data of the constants, by the name in meta["io"][input]["name"]
+    program.meta["constants"] = dict(step.meta.get("constants", {}))
+    return program
+
+
+def _lower(step: Function, strategy: Strategy, microbatches: int, hyper: AdamHyper) -> Function:
+    """The per-replica, per-micro-batch ``step`` on every data-parallel
+    rank: gradients accumulated over the micro-batches, averaged by
+    all-reduce (or reduce-scattered under ZeRO 2/3) and AdamW, or, without
+    gradients, forward replicas. The lowering knows parameters and data;
+    constants travel as data and get their role back afterwards."""
     roles = dict(step.meta["roles"])
     step.meta.setdefault("loss", step.outputs[0].name)
     step.meta.setdefault("grads", {})
@@ -144,37 +290,14 @@ def _replicate(step: Function, strategy: Strategy, lr: float) -> Function:
         step.meta["params"] = []
     trainable = set(step.meta["params"])
     step.meta["roles"] = {k: ("param" if k in trainable else "data") for k in roles}
-    program = LowerSPMD(strategy, 1, AdamHyper(lr=lr))(step)
+    program = LowerSPMD(strategy, microbatches, hyper, _master_dtype(step),
+                        representatives=strategy.symmetry, coarsen=strategy.coarsen)(step)
     for name, info in program.meta["io"].items():
         original = roles.get(info.get("name", ""))
         if info.get("role") == "data" and original in ("param", "const"):
             program.meta["roles"][name] = original
     step.meta["roles"] = roles
     return program
-
-
-def build_onnx(config: Mapping[str, Any], strategy: Strategy) -> Function:
-    """Import at the per-replica batch (``batch / dp``), then the training
-    step and its data-parallel lowering."""
-    if strategy.tp != 1 or strategy.pp != 1:
-        raise ConfigError("imported ONNX models support data parallelism only (--tp 1 --pp 1)")
-    c = _check(config)
-    dp = strategy.dp or 1
-    local = dict(config)
-    if c["batch"] is not None:
-        if c["batch"] % dp:
-            raise ConfigError(f"--batch {c['batch']} is not divisible by --dp {dp}")
-        local["batch"] = c["batch"] // dp
-    program = import_forward(local)
-    if c["train"]:
-        program = with_loss(program)
-        program = Autodiff(program.meta["loss"], program.meta["params"])(program)
-        if dp == 1:
-            return SGD(float(c["lr"]))(program)
-    elif dp == 1:
-        return program
-    program.meta["model"] = {"name": config.get("name", "onnx"), "layers": 1}
-    return _replicate(program, Strategy(dp=dp), float(c["lr"]))
 
 
 def describe_onnx(config: Mapping[str, Any]) -> Dict[str, Any]:

@@ -8,10 +8,12 @@ import distsim
 from distsim.interp import execute, random_inputs
 from distsim.ir import DType, FunctionBuilder, TensorType, verify
 from distsim.models.onnx_family import training_step
+from distsim.paths import models_dir
 from distsim.importers.onnx import import_onnx, onnx_input_arrays
 from distsim.transforms.autodiff import Autodiff
 
 F64 = DType.F64
+MODELS = models_dir()
 
 
 def numeric_grad(f, inputs, index, eps=1e-6):
@@ -91,19 +93,29 @@ def test_resnet50_training_step_simulates_data_parallel_on_dgx_a100():
 
 
 def test_imported_transformer_trains_on_one_device():
-    f = import_onnx("models/gpt2-tiny.onnx", batch=2, seq=8)
+    """The single-device reference step: loss, autodiff and AdamW (what
+    --train lowers on any number of devices)."""
+    f = import_onnx(MODELS / "gpt2-tiny.onnx", batch=2, seq=8)
     step = verify(training_step(f, lr=0.1))
     names = {v.name for v in step.inputs}
-    assert "target" in names and len(step.meta["updates"]) == len(step.meta["params"])
+    assert "target" in names and step.meta["optimizer"] == "adamw"
+    assert set(step.meta["params"]) <= set(step.meta["updates"])
     rng = np.random.default_rng(0)
     feeds = {"input_ids": rng.integers(0, 128, (2, 8)), "target": rng.normal(size=(2, 8, 128))}
+    roles = step.meta["roles"]
+    for v in step.inputs:
+        if roles.get(v.name) == "master":
+            feeds[v.name] = f.meta["constants"][v.name[:-len(".master")]]
+        elif roles.get(v.name) == "optimizer":
+            feeds[v.name] = np.zeros(v.type.shape)
     outputs = execute(step, onnx_input_arrays(step, feeds))
     assert np.isfinite(outputs[0]) and all(np.isfinite(o).all() for o in outputs)
 
 
 def test_simulate_onnx_file_forward_and_train():
-    fwd = distsim.simulate(model="models/bert-tiny.onnx", topology="dgx-a100", dp=2,
-                           input_shapes={"input_ids": (4, 16)})
-    train = distsim.simulate(model="models/bert-tiny.onnx", topology="dgx-a100", dp=2,
-                             input_shapes={"input_ids": (4, 16)}, train=True, batch=4, seq=16)
+    path = str(MODELS / "bert-tiny.onnx")
+    fwd = distsim.simulate(model=path, topology="dgx-a100", input_shapes={"input_ids": (8, 16)})
+    train = distsim.simulate(model=path, topology="dgx-a100", input_shapes={"input_ids": (8, 16)},
+                             train=True)
     assert 0 < fwd.step_time_s < train.step_time_s
+    assert fwd.program.devices() == train.program.devices() == list(range(8))
