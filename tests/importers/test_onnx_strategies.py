@@ -231,3 +231,18 @@ def test_dp_must_use_every_device_as_for_the_built_in_transformers(capsys):
                  "--seq", "8", "--out", "/tmp/distsim-never-written"])
     assert code == 2
     assert "dp x tp x pp = 2 x 1 x 1 = 2 does not match the 8 devices" in capsys.readouterr().err
+
+
+def test_train_help_and_behaviour_agree(capsys):
+    """--train is AdamW on one device and on many (it was documented as SGD)."""
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "an AdamW update" in help_text and "SGD" not in help_text
+    for topology, dp in (("workstation-4gpu-pcie", 4), ("dgx-a100", 8)):
+        r = distsim.simulate(model=str(GPT2), topology=topology, dp=dp, train=True, batch=8,
+                             seq=8)
+        assert r.program.meta["optimizer"] == "adamw"
+        assert "adamw" in {op.op_type for op in r.program.ops}
+    one = build_onnx(dict(CONFIG, dtype=None), Strategy(dp=1))
+    assert one.meta["optimizer"] == "adamw" and one.devices() == [0]
