@@ -280,14 +280,22 @@ def check_placements(shape: Sequence[int], mesh: DeviceMesh, placements: Sequenc
             raise VerifyError(f"{what}: Shard({p.dim}) on axis '{mesh.axis_names[axis]}' names a "
                               f"dim the rank-{len(shape)} tensor does not have (rule: shard dim exists)")
     for d, size in enumerate(shape):
-        length = size
+        # every piece at every nesting level: with uneven splits the smallest
+        # piece of one level is what the next axis must still cover
+        lengths = {int(size)}
+        outer: List[str] = []
         for axis in shard_dims(placements, d):
             n = mesh.shape[axis]
-            if length < n:
-                raise VerifyError(f"{what}: dim {d} of size {length} is sharded over axis "
+            smallest = min(lengths)
+            if smallest < n:
+                piece = (f"dim {d} of size {size}" if not outer else
+                         f"dim {d} of size {size} has a piece of size {smallest} (after axes "
+                         f"{', '.join(outer)}) that")
+                raise VerifyError(f"{what}: {piece} is sharded over axis "
                                   f"'{mesh.axis_names[axis]}' of size {n} (rule: shard size >= 1, "
                                   f"a dim cannot be split over an axis larger than it)")
-            length = split_sizes(length, n)[0]
+            lengths = {s for length in lengths for s in split_sizes(length, n)}
+            outer.append(f"'{mesh.axis_names[axis]}'")
 
 
 def dtensor(shape: Sequence[int], dtype: DType, mesh: DeviceMesh,

@@ -3,7 +3,7 @@ same random inputs, value by value (``distsim check``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -30,11 +30,13 @@ class CheckResult:
 
 
 def check_lowering(module: Module, local: Function, entry: str = "main", seed: int = 0,
-                   rtol: float = 1e-4, atol: float = 1e-5) -> CheckResult:
-    """Run ``module``'s entry function and ``local`` on random inputs and
-    compare every value ``local.meta['sharding']`` records."""
+                   rtol: float = 1e-4, atol: float = 1e-5,
+                   overrides: Optional[Dict[str, np.ndarray]] = None) -> CheckResult:
+    """Run ``module``'s entry function and ``local`` on random inputs
+    (``overrides`` by input name, e.g. a positive variance) and compare
+    every value ``local.meta['sharding']`` records."""
     f = module.functions[entry]
-    inputs = random_inputs(f, seed)
+    inputs = random_inputs(f, seed, overrides)
     glob = NumpyExecutor()
     glob.run(f, inputs)
     record = local.meta["sharding"]

@@ -20,6 +20,7 @@ every value of every function, interprocedurally.
 """
 from __future__ import annotations
 
+from itertools import product
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...errors import PassPreconditionError, VerifyError
@@ -29,6 +30,7 @@ from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, S
 from ...ir.ops_call import callee_of, is_call, link_calls
 from ...ir.types import TensorType
 from .rules import OpContext, Strategy, strategies_for
+from .validity import combination_error
 
 REDISTRIBUTE = "redistribute"
 _CHANGE = 1e-3  # a tie-break: among equal costs, keep placements as they are
@@ -70,18 +72,24 @@ def _global(t) -> TensorType:
     return TensorType(t.shape, t.dtype)
 
 
-def choose(op: Op, ins: Sequence[Optional[DTensorType]], outs: Sequence[Optional[DTensorType]],
-           mesh: DeviceMesh) -> Tuple[List[DTensorType], List[DTensorType]]:
-    """Per mesh axis, the strategy cheapest from the known input (and
-    output) types; returns the required input and the output types."""
+MAX_AXIS_CHOICES = 6     # strategies kept per mesh axis, cheapest first
+MAX_COMBINATIONS = 64    # combinations of them tried, cheapest first
+
+
+def ranked_combinations(op: Op, ins: Sequence[Optional[DTensorType]],
+                        outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh
+                        ) -> List[Tuple[float, List[List[Placement]], List[List[Placement]]]]:
+    """Combinations of per-axis strategies, cheapest to reach from the known
+    input (and output) types first: (cost, input placements, output
+    placements). The per-axis rules are independent, so the cost of a
+    combination is the sum of its axes' costs."""
     ctx = OpContext(op.op_type, op.attrs, [_global(v.type) for v in op.inputs],
                     [_global(v.type) for v in op.outputs])
     strategies = strategies_for(ctx)
-    in_pl: List[List[Placement]] = [[] for _ in op.inputs]
-    out_pl: List[List[Placement]] = [[] for _ in op.outputs]
+    per_axis = []
     for axis in range(mesh.ndim):
-        best, best_cost = None, float("inf")
-        for s_in, s_out in strategies:
+        costed = []
+        for k, (s_in, s_out) in enumerate(strategies):
             cost = 0.0
             for known, want in list(zip(ins, s_in)) + list(zip(outs, s_out)):
                 if known is None:
@@ -90,24 +98,52 @@ def choose(op: Op, ins: Sequence[Optional[DTensorType]], outs: Sequence[Optional
                     cost += known.size_bytes + 1.0
                     continue
                 cost += axis_cost(known, mesh, known.placements, axis, known.placements[axis], want)
-            if cost < best_cost:
-                best, best_cost = (s_in, s_out), cost
-        for i, p in enumerate(best[0]):
-            in_pl[i].append(p)
-        for i, p in enumerate(best[1]):
-            out_pl[i].append(p)
-    # a combination the tensors cannot take (a shard smaller than one
-    # element) falls back to replicated on the offending axes
-    types_in = [_fit(ctx.ins[i], mesh, in_pl[i]) for i in range(len(op.inputs))]
-    types_out = [_fit(ctx.outs[i], mesh, out_pl[i]) for i in range(len(op.outputs))]
+            costed.append((cost, k, s_in, s_out))
+        costed.sort(key=lambda e: (e[0], e[1]))
+        per_axis.append(costed[:MAX_AXIS_CHOICES])
+    combos = sorted(product(*per_axis), key=lambda cs: (sum(c[0] for c in cs), [c[1] for c in cs]))
+    out = []
+    for cs in combos[:MAX_COMBINATIONS]:
+        in_pl = [[c[2][i] for c in cs] for i in range(len(op.inputs))]
+        out_pl = [[c[3][i] for c in cs] for i in range(len(op.outputs))]
+        out.append((sum(c[0] for c in cs), in_pl, out_pl))
+    return out
+
+
+def valid_types(op: Op, mesh: DeviceMesh, in_pl: Sequence[Sequence[Placement]],
+                out_pl: Sequence[Sequence[Placement]]
+                ) -> Optional[Tuple[List[DTensorType], List[DTensorType]]]:
+    """The DTensor types of a combination, or None when the tensors cannot
+    take it (a shard smaller than one element) or the per-device program
+    would not compute the op's pieces (:func:`combination_error`)."""
+    types_in = [_fit(v.type, mesh, pl) for v, pl in zip(op.inputs, in_pl)]
+    types_out = [_fit(v.type, mesh, pl) for v, pl in zip(op.outputs, out_pl)]
     if any(t is None for t in types_in + types_out):
-        rep = [Replicate()] * mesh.ndim
-        types_in = [DTensorType(t.shape, t.dtype, mesh, rep) for t in ctx.ins]
-        types_out = [DTensorType(t.shape, t.dtype, mesh, rep) for t in ctx.outs]
+        return None
+    if combination_error(op.op_type, op.attrs, types_in, types_out) is not None:
+        return None
     return types_in, types_out
 
 
-def _fit(t: TensorType, mesh: DeviceMesh, pl: Sequence[Placement]) -> Optional[DTensorType]:
+def replicated_types(op: Op, mesh: DeviceMesh) -> Tuple[List[DTensorType], List[DTensorType]]:
+    rep = [Replicate()] * mesh.ndim
+    return ([DTensorType(v.type.shape, v.type.dtype, mesh, rep) for v in op.inputs],
+            [DTensorType(v.type.shape, v.type.dtype, mesh, rep) for v in op.outputs])
+
+
+def choose(op: Op, ins: Sequence[Optional[DTensorType]], outs: Sequence[Optional[DTensorType]],
+           mesh: DeviceMesh) -> Tuple[List[DTensorType], List[DTensorType]]:
+    """The cheapest valid combination of per-axis strategies from the known
+    input (and output) types; returns the required input and the output
+    types (all replicated when no combination is valid)."""
+    for _, in_pl, out_pl in ranked_combinations(op, ins, outs, mesh):
+        found = valid_types(op, mesh, in_pl, out_pl)
+        if found is not None:
+            return found
+    return replicated_types(op, mesh)
+
+
+def _fit(t, mesh: DeviceMesh, pl: Sequence[Placement]) -> Optional[DTensorType]:
     try:
         check_placements(t.shape, mesh, pl, "value")
     except VerifyError:

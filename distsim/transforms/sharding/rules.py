@@ -8,7 +8,8 @@ all ``R``), which is added when a rule does not list it; an op without a
 rule runs only replicated. Element-wise ops (``OpSpec.elementwise``) share
 one broadcasting rule.
 
-Adding an op's rule is one entry in :data:`RULES`. Ops whose per-device
+Adding an op's rule is one entry in :data:`RULES` (the convolution-network
+and several backward ops are in :mod:`.rules_cnn`). Ops whose per-device
 form differs from the global one (a reshape's target shape, a mean over a
 sharded dim) also have an entry in :data:`LOCAL_RULES` (see ``lower.py``).
 """
@@ -213,7 +214,11 @@ def reshape_groups(src: Sequence[int], dst: Sequence[int]) -> List[Tuple[List[in
 @rule("reshape")
 def _reshape(ctx: OpContext) -> List[Strategy]:
     """A shard of the first (major) dim of a group of merged or split dims
-    stays a shard of the group's first dim when the piece sizes agree."""
+    stays a shard of the group's first dim. Only where the pieces line up on
+    the mesh (each device's input and output piece hold the same elements,
+    e.g. both dims divisible by the axis size) does the combination lower;
+    :func:`.validity.reshape_error` checks that, propagation skips the
+    others and the verifier rejects them."""
     x, o = ctx.ins[0], ctx.outs[0]
     strategies = []
     for gi, gj in reshape_groups(x.shape, o.shape):
@@ -261,6 +266,41 @@ def _norm_rule(ctx: OpContext) -> List[Strategy]:
     return [((Shard(d),) + (R,) * params, (Shard(d),)) for d in range(ax)]
 
 
+@rule("layernorm_grad", "rmsnorm_grad")
+def _norm_grad(ctx: OpContext) -> List[Strategy]:
+    """(dy, x, gamma) -> (dx, dgamma[, dbeta]): along a dim that is not
+    normalised; the parameter gradients sum over those dims: partial."""
+    x = ctx.ins[1]
+    ax = _norm(ctx.attrs.get("axis", -1), x.rank) if ctx.op_type == "layernorm_grad" else x.rank - 1
+    params = len(ctx.outs) - 1
+    return [((Shard(d), Shard(d), R), (Shard(d),) + (P,) * params) for d in range(ax)]
+
+
+@rule("embedding_grad")
+def _embedding_grad(ctx: OpContext) -> List[Strategy]:
+    """(dy, ids) -> dtable: the ids' dims give partial sums of the table's
+    gradient, the feature dim gives its columns."""
+    dy, ids = ctx.ins
+    strategies = [((Shard(d), Shard(d)), (P,)) for d in range(ids.rank)]
+    strategies.append(((Shard(ids.rank), R), (Shard(1),)))
+    strategies.append(((P, R), (P,)))
+    return strategies
+
+
+@rule("select_label")
+def _select_label(ctx: OpContext) -> List[Strategy]:
+    logits = ctx.ins[0]
+    return [((Shard(d), Shard(d)), (Shard(d),)) for d in range(logits.rank - 1)]
+
+
+@rule("select_label_grad")
+def _select_label_grad(ctx: OpContext) -> List[Strategy]:
+    # (dy, logits, labels) -> dlogits, linear in dy
+    logits = ctx.ins[1]
+    strategies = [((Shard(d),) * 3, (Shard(d),)) for d in range(logits.rank - 1)]
+    return strategies + [((P, R, R), (P,))]
+
+
 @rule("embedding")
 def _embedding(ctx: OpContext) -> List[Strategy]:
     table, ids = ctx.ins
@@ -301,7 +341,7 @@ def _split(ctx: OpContext) -> List[Strategy]:
     return strategies
 
 
-@rule("slice", "pad")
+@rule("slice", "pad", "strided_slice")
 def _along_axis(ctx: OpContext) -> List[Strategy]:
     x = ctx.ins[0]
     if "axis" not in ctx.attrs:  # the ONNX slice {starts, ends, axes}
@@ -327,3 +367,6 @@ def strategies_for(ctx: OpContext) -> List[Strategy]:
     if replicated not in found:
         found = list(found) + [replicated]
     return found
+
+
+from . import rules_cnn as _rules_cnn  # noqa: E402,F401  (registers the CNN and backward rules)

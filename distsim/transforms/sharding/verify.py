@@ -4,7 +4,8 @@
   (dim exists, axis exists, shard size vs axis size), its mesh is the
   module's, each op's global shapes follow its shape rule, and -- once
   propagated -- each op's placements on every mesh axis are a strategy of
-  its sharding rule; calls match their callee's signature.
+  its sharding rule, and together they lower to per-device ops whose
+  pieces line up (:mod:`.validity`); calls match their callee's signature.
 - :func:`verify_teams` (local view): every collective's team lies inside
   the mesh it names and is a group along the axes it names.
 
@@ -23,6 +24,7 @@ from ...ir.registry import ShapeError, infer_types
 from ...ir.types import TensorType
 from .propagate import REDISTRIBUTE
 from .rules import OpContext, strategies_for
+from .validity import combination_error
 
 
 def _plain(t) -> TensorType:
@@ -97,6 +99,11 @@ def _verify_op(f: Function, op: Op, propagated: bool) -> None:
                 ", ".join(p.print_text() for p in got[1])
             raise VerifyError(f"{where}: placements {shown} on axis '{mesh.axis_names[axis]}' are "
                               f"not a sharding of {op.op_type} (rule: op sharding rule)")
+    err = combination_error(op.op_type, op.attrs, [v.type for v in op.inputs],
+                            [v.type for v in op.outputs])
+    if err is not None:
+        raise VerifyError(f"{where}: its placements do not lower to per-device ops: {err} "
+                          "(rule: pieces line up)")
 
 
 def verify_teams(function: Function, meshes: Mapping[str, DeviceMesh]) -> Function:
