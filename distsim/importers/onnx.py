@@ -36,6 +36,7 @@ from ..ir.core import Function, Value
 from ..ir.registry import ShapeError, infer_types, with_defaults
 from ..ir.types import DType, TensorType
 from ..ir.verifier import verify
+from .onnx_explain import ShapeHints
 from .onnx_fold import fold_node
 from .onnx_ops import CONVERTERS, NO_FOLD, OnnxNode
 
@@ -106,7 +107,7 @@ class Const:
     role: str  # "param" or "const"
 
 
-class OnnxImporter:
+class OnnxImporter(ShapeHints):
     """One import: walks the graph once, keeping for every ONNX name its
     DistIR value and/or its constant."""
 
@@ -127,6 +128,10 @@ class OnnxImporter:
         self.constants: Dict[str, np.ndarray] = {}
         self.onnx_names: Dict[str, str] = {}
         self.overridden = False
+        self.producer: Dict[str, Any] = {}
+        # ONNX output of a Slice whose end ran past its input's size
+        # (name -> node label, sliced name, axis, end asked, size there)
+        self.clamped: Dict[str, Tuple[str, str, int, int, int]] = {}
 
     # ----- set-up ---------------------------------------------------------
     def _opset(self) -> int:
@@ -163,6 +168,7 @@ class OnnxImporter:
                     raise ParseError(f"node '{node.name or (list(node.output) or ['?'])[0]}' ({node.op_type}): "
                                      f"input '{name}' is dangling (no node, graph input or "
                                      "initializer defines it)", source=self.source)
+        self.producer = {name: g.node[k] for name, k in producer.items()}
         order = self._topological(producer)
         for out in g.output:
             if out.name not in known and out.name not in producer:
@@ -221,14 +227,41 @@ class OnnxImporter:
 
     def _tensor_array(self, tensor) -> Optional[np.ndarray]:
         """The data of an initializer, or None (shape only) when it is missing
-        or is an external floating-point weight (never needed)."""
-        if tensor.data_location == TensorProto.EXTERNAL and tensor.data_type not in (
-                TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL):
-            return None
+        or is an external floating-point weight (never needed). Integer
+        external data (shapes, indices) is read; a missing or short external
+        file is a ConfigError naming it."""
+        if tensor.data_location == TensorProto.EXTERNAL:
+            if tensor.data_type not in (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL):
+                return None
+            self._check_external(tensor)
         try:
             return numpy_helper.to_array(tensor, self.base_dir or "")
-        except Exception:  # no data, or an external file that is absent
+        except Exception as e:  # no data at all: shape only
+            if tensor.data_location == TensorProto.EXTERNAL:
+                raise ConfigError(f"{self.source}: initializer '{tensor.name}': cannot read its "
+                                  f"external data ({type(e).__name__}: {e})") from None
             return None
+
+    def _check_external(self, tensor) -> None:
+        """The external file of an integer initializer exists and is long
+        enough (its values are needed at import time)."""
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        where = f"{self.source}: initializer '{tensor.name}'"
+        if self.base_dir is None:
+            raise ConfigError(f"{where} is stored in the external file '{location}', which "
+                              "cannot be found for a model given as bytes (load it from its "
+                              "file)")
+        path = Path(self.base_dir) / location
+        if not location or not path.is_file():
+            raise ConfigError(f"{where} is stored in the external file '{location}', which is "
+                              f"missing (looked for {path}); integer tensors (shapes, indices) "
+                              "are read at import time")
+        need = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        if path.stat().st_size < need:
+            raise ConfigError(f"{where}: the external file '{location}' is shorter "
+                              f"({path.stat().st_size} bytes) than its offset + length "
+                              f"({need})")
 
     def add_inputs(self) -> None:
         inits = {i.name for i in self.graph.initializer}
@@ -338,7 +371,7 @@ class OnnxImporter:
             full = with_defaults(op_type, dict(attrs or {}))
             infer_types(op_type, [v.type for v in inputs], full)
         except ShapeError as e:
-            raise VerifyError(f"{self.where(node)}: {e}") from None
+            raise self.shape_error(node, e) from None
         if names is None:
             base = sanitize_name(node.outputs[out if out is not None else 0] or node.label)
             names = base if out is not None else f"{base}_{op_type}"
@@ -386,6 +419,8 @@ class OnnxImporter:
                 # attribute of the wrong type) is bad input, not a bug
                 raise VerifyError(f"{self.where(node)}: malformed node "
                                   f"({type(e).__name__}: {e})") from None
+        if node.op_type == "Slice":
+            self.note_clamp(node)
         for name, result in zip(node.outputs, results):
             if not name or result is None:
                 continue

@@ -441,7 +441,7 @@ def _expand(cx, node):
     try:
         shape = broadcast_shapes(x.type.shape, target)
     except ShapeError as e:
-        raise VerifyError(f"{cx.where(node)}: {e}") from None
+        raise cx.shape_error(node, e) from None
     if shape == x.type.shape:
         return [x]
     return [cx.op(node, "broadcast_to", [x], {"shape": shape})]
@@ -502,7 +502,18 @@ def _slice(cx, node):
 @converter("Gather")
 def _gather(cx, node):
     data, idx = cx.value(node.inputs[0]), cx.value(node.inputs[1])
-    return [cx.op(node, "gather", [data, idx], {"axis": node.attr("axis", 0)})]
+    axis = node.attr("axis", 0)
+    indices = cx.const(node.inputs[1])
+    if indices is not None and indices.size and data.type.rank:
+        size = data.type.shape[axis % data.type.rank]
+        high, low = int(indices.max()), int(indices.min())
+        if high >= size or low < -size:
+            bad = high if high >= size else low
+            hint = cx.sequence_hint(bad + 1, size) if bad >= size else None
+            raise VerifyError(f"{cx.where(node)}: index {bad} is out of range for axis {axis} "
+                              f"(size {size}) of '{node.inputs[0]}'" +
+                              (f": {hint}" if hint else ""))
+    return [cx.op(node, "gather", [data, idx], {"axis": axis})]
 
 
 @converter("Trilu")

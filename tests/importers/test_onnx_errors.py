@@ -111,3 +111,64 @@ def test_cli_import_exit_status(tmp_path, capsys):
         assert err.count("\n") == 1 and text in err
     assert main(["import", str(save(tmp_path, b"\x08\x07garbage", "bad.onnx"))]) == 2
     assert main(["import", str(tmp_path / "nothing.onnx")]) == 2
+
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+@pytest.mark.parametrize("name,text", [
+    ("bert-tiny", "node 'node_add_21' (Add): shapes (8, 128, 32) and (1, 64, 32) do not "
+                  "broadcast: the sequence length 128 (input 'input_ids' 8x128) exceeds the "
+                  "model's 64 positions (Slice 'node_slice_1' takes only 64 of "
+                  "'inner.embeddings.position_ids' along axis 1)"),
+    ("gpt2-tiny", "(Gather): index 127 is out of range for axis 0 (size 64) of "
+                  "'inner.transformer.wpe.weight': the sequence length 128 (input 'input_ids' "
+                  "8x128) exceeds the model's 64 positions"),
+])
+def test_sequence_longer_than_the_positions(name, text, capsys):
+    """The exports have 64 positions: BERT slices its position ids (ONNX
+    clamps the slice, a broadcast fails later), GPT-2 gathers rows 0..127
+    of a 64-row table (it imported silently before)."""
+    path = MODELS / f"{name}.onnx"
+    with pytest.raises(VerifyError) as info:
+        import_onnx(path, input_shapes={"input_ids": (8, 128)})
+    assert text in str(info.value)
+    assert import_onnx(path, input_shapes={"input_ids": (8, 64)}).outputs[0].type.shape[:2] == \
+        (8, 64)
+    assert main(["simulate", "--model", str(path), "--input-shape", "input_ids=8x128",
+                 "--train", "--out", "/tmp/distsim-never-written"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exceeds the model's 64 positions" in err
+
+
+def test_shape_error_names_the_graph_inputs(tmp_path):
+    model = graph_model([helper.make_node("Add", ["x", "b"], ["y"], name="adder")],
+                        [vi("x", ["N", 3])], [vi("y", None)],
+                        [numpy_helper.from_array(np.ones(4, np.float32), "b")])
+    with pytest.raises(VerifyError) as info:
+        import_onnx(save(tmp_path, model), batch=2)
+    assert "node 'adder' (Add): shapes (2, 3) and (4,) do not broadcast (graph inputs: x 2x3)" \
+        in str(info.value)
+
+
+def test_missing_or_short_external_integer_data(tmp_path):
+    """Integer initializers (shapes, indices) are read at import time: a
+    missing external file is named (it was 'an input is computed at run
+    time')."""
+    model = onnx.load(str(MODELS / "gpt2-tiny.onnx"))
+    onnx.save(model, str(tmp_path / "ext.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    assert import_onnx(tmp_path / "ext.onnx", batch=2, seq=4).outputs[0].type.shape == (2, 4, 128)
+    data = (tmp_path / "weights.bin").read_bytes()
+    (tmp_path / "weights.bin").write_bytes(data[:16])
+    with pytest.raises(ConfigError, match=r"the external file 'weights.bin' is shorter \(16 "
+                                          r"bytes\)"):
+        import_onnx(tmp_path / "ext.onnx", batch=2, seq=4)
+    (tmp_path / "weights.bin").unlink()
+    with pytest.raises(ConfigError) as info:
+        import_onnx(tmp_path / "ext.onnx", batch=2, seq=4)
+    msg = str(info.value)
+    assert "is stored in the external file 'weights.bin', which is missing" in msg
+    assert str(tmp_path / "weights.bin") in msg and "computed at run time" not in msg
+    with pytest.raises(ConfigError, match="cannot be found for a model given as bytes"):
+        import_onnx((tmp_path / "ext.onnx").read_bytes(), batch=2, seq=4)

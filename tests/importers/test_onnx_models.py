@@ -80,10 +80,20 @@ def test_transformer_export_matches_reference(name, batch, seq):
 def test_transformer_export_is_small_and_folds_its_shape_graph(name):
     path = MODELS / f"{name}.onnx"
     assert path.stat().st_size < 1 << 20
+    nodes = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"Shape", "Range", "Concat", "Where"} <= nodes  # a shape graph and a mask to fold
     f = import_onnx(path, batch=2, seq=8)
     kinds = {op.op_type for op in f.ops}
-    assert not kinds & {"Shape", "Range", "ConstantOfShape"}
     assert "matmul" in kinds and "softmax" in kinds
+    # the importer's lowercase DistIR names of what would show an unfolded
+    # shape or mask computation
+    assert kinds.isdisjoint({"shape", "range", "equal", "where", "cast", "less", "trilu"}), kinds
+    # no op left whose inputs are all known at import time: every op depends
+    # on a graph input or a parameter
+    roles = f.meta["roles"]
+    known = {v for v in f.inputs if roles[v.name] == "const"}
+    for op in f.ops:
+        assert not all(v in known for v in op.inputs), f"{op.op_type} left unfolded"
 
 
 def test_external_data_and_missing_weights(tmp_path):
