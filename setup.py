@@ -22,7 +22,7 @@ setup(
         "test": ["pytest>=7", "hypothesis>=6", "pyarrow>=12", "dask>=2023.1", "distributed>=2023.1"],
         "dask": ["distributed>=2023.1", "dask>=2023.1"],
         "parquet": ["pyarrow>=12"],
-        "export": ["torch", "transformers"],
+        "export": ["torch", "transformers", "onnxscript"],
     },
     entry_points={"console_scripts": ["distsim=distsim.cli:entry"]},
 )
