@@ -7,12 +7,15 @@ every value of every function, interprocedurally.
    backward (an op with known outputs gives its unknown inputs the
    placements that produce them), until nothing changes; what is still
    unknown is replicated.
-2. *Build* the sharded program: every op picks, per mesh axis, the strategy
-   that is cheapest to reach from its inputs' placements (bytes moved, by
-   the planner's cost table); where an input must change -- a conflict --
-   a ``redistribute`` op is inserted right before the op, on that input
-   only, so the cheaper side is the one moved. A value annotated with other
-   placements than its op produces gets a ``redistribute`` after the op.
+2. *Build* the sharded program: every op takes the cheapest valid
+   combination of per-axis strategies (ranked by the planner's table, then
+   checked by :mod:`.validity`). Where an input must change -- a conflict
+   -- the few cheapest combinations are costed exactly, each input's
+   change at its cheapest point along its producer chain (right before the
+   op, or earlier, re-placing producers nothing else reads: see
+   :mod:`.conflicts`), and the cheapest is realised with ``redistribute``
+   ops. A value annotated with other placements than its op produces gets
+   a ``redistribute`` after the op.
 3. *Calls*: a callee is specialised per placement signature of its
    arguments (``mlp``, ``mlp.1``, ...): its parameters take the argument
    types and its results' placements flow back to the caller. The entry
@@ -30,44 +33,11 @@ from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, S
 from ...ir.ops_call import callee_of, is_call, link_calls
 from ...ir.types import TensorType
 from .rules import OpContext, Strategy, strategies_for
+from .conflicts import MAX_CANDIDATES, ConflictResolver
+from .costs import _CHANGE, axis_cost, type_cost  # noqa: F401  (re-exported)
 from .validity import combination_error
 
 REDISTRIBUTE = "redistribute"
-_CHANGE = 1e-3  # a tie-break: among equal costs, keep placements as they are
-
-
-def axis_cost(t: TensorType, mesh: DeviceMesh, placements: Sequence[Placement], axis: int,
-              src: Placement, dst: Placement) -> float:
-    """Bytes per device to change ``src`` into ``dst`` on one axis (the
-    planner's table, on the tensor as the axis group sees it)."""
-    if src == dst:
-        return 0.0
-    n = mesh.shape[axis]
-    other = 1
-    for i, p in enumerate(placements):
-        if i != axis and isinstance(p, Shard):
-            other *= mesh.shape[i]
-    group = t.size_bytes / other
-    if isinstance(dst, Partial) and isinstance(src, Replicate):
-        return _CHANGE
-    if isinstance(src, Replicate):
-        return _CHANGE
-    if isinstance(src, Shard):
-        if isinstance(dst, Shard):
-            return (n - 1) / n ** 2 * group + _CHANGE
-        return (n - 1) / n * group + _CHANGE * (2 if isinstance(dst, Partial) else 1)
-    if isinstance(dst, Shard):
-        return (n - 1) / n * group + _CHANGE
-    return 2 * (n - 1) / n * group + _CHANGE
-
-
-def type_cost(src: DTensorType, dst: DTensorType) -> float:
-    if src.mesh != dst.mesh:
-        return float(src.size_bytes) + 1.0
-    return sum(axis_cost(src, src.mesh, src.placements, i, a, b)
-               for i, (a, b) in enumerate(zip(src.placements, dst.placements)))
-
-
 def _global(t) -> TensorType:
     return TensorType(t.shape, t.dtype)
 
@@ -246,8 +216,9 @@ class Propagator:
             nv = Value(names.fresh(v.name), t)
             new.inputs.append(nv)
             env[v] = self._convert(new, names, nv, _annotation(v), v.name)
+        build = _Build(f, new, names, env, state)
         for op in f.ops:
-            self._build_op(new, names, env, op, state)
+            self._build_op(build, op)
         outs = []
         for v in f.outputs:
             nv = env[v]
@@ -274,8 +245,8 @@ class Propagator:
         new.ops.append(Op(REDISTRIBUTE, [v], [out]))
         return out
 
-    def _build_op(self, new: Function, names: NameScope, env: Dict[Value, Value], op: Op,
-                  state) -> None:
+    def _build_op(self, build: "_Build", op: Op) -> None:
+        new, names, env, state = build.new, build.names, build.env, build.state
         ins = [env[v] for v in op.inputs]
         if is_call(op):
             callee = self.specialise(callee_of(op), [v.type for v in ins])
@@ -291,12 +262,79 @@ class Propagator:
                 new.ops.append(Op(REDISTRIBUTE, ins, outs, meta=op.meta))
             else:
                 mesh = ins[0].type.mesh if ins else (state[op.outputs[0]] or _first(state)).mesh
-                req, res = choose(op, [v.type for v in ins], [None] * len(op.outputs), mesh)
-                ins = [self._convert(new, names, v, t, v.name) for v, t in zip(ins, req)]
+                ins, res = self._place(build, op, ins, mesh)
                 outs = [Value(names.fresh(v.name), t) for v, t in zip(op.outputs, res)]
-                new.ops.append(Op(op.op_type, ins, outs, op.attrs, op.subfunctions, op.meta))
+                new_op = Op(op.op_type, ins, outs, op.attrs, op.subfunctions, op.meta)
+                new.ops.append(new_op)
+                if build.may_move(op):
+                    build.movable[outs[0]] = new_op
         for old, nv in zip(op.outputs, outs):
             env[old] = self._convert(new, names, nv, _annotation(old), old.name)
+
+    def _place(self, build: "_Build", op: Op, ins: List[Value], mesh: DeviceMesh
+               ) -> Tuple[List[Value], List[DTensorType]]:
+        """Pick the op's placements and bring its inputs to them.
+
+        The cheapest valid combinations (by the per-axis table) are costed
+        exactly: each input's change at its cheapest point along its
+        producer chain (:mod:`.conflicts`). Without a conflict the first
+        combination needs no change and is taken as it is."""
+        candidates = _valid_candidates(op, [v.type for v in ins], [None] * len(op.outputs), mesh)
+        if not candidates:
+            req, res = replicated_types(op, mesh)
+            return [build.resolver.realise(v, build.resolver.plan(v, t, 0), v.name)
+                    for v, t in zip(ins, req)], res
+        best = None
+        for req, res in candidates:
+            plans = [build.resolver.plan(v, t) for v, t in zip(ins, req)]
+            cost = sum(p.cost for p in plans)
+            if best is None or cost < best[0]:
+                best = (cost, plans, res)
+            if cost == 0.0:
+                break
+        _, plans, res = best
+        return [build.resolver.realise(v, p, v.name) for v, p in zip(ins, plans)], res
+
+
+class _Build:
+    """The state of one function being built: the new function, its names,
+    the old-to-new value map, the decided placements, and which new values'
+    producers may still be re-placed to resolve a later conflict."""
+
+    def __init__(self, f: Function, new: Function, names: NameScope, env: Dict[Value, Value],
+                 state) -> None:
+        self.new, self.names, self.env, self.state = new, names, env, state
+        self.users = f.users()
+        self.returned = set(f.outputs)
+        self.movable: Dict[Value, Op] = {}
+        self.resolver = ConflictResolver(new, names, self.movable, _producer_candidates)
+
+    def may_move(self, op: Op) -> bool:
+        """A plain op whose single result has one reader, is not returned
+        and carries no annotation: re-placing it affects nothing else."""
+        if len(op.outputs) != 1 or op.op_type == REDISTRIBUTE:
+            return False
+        v = op.outputs[0]
+        return (len(self.users.get(v, [])) == 1 and v not in self.returned
+                and _annotation(v) is None)
+
+
+def _valid_candidates(op: Op, ins: Sequence[Optional[DTensorType]],
+                      outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh
+                      ) -> List[Tuple[List[DTensorType], List[DTensorType]]]:
+    found = []
+    for _, in_pl, out_pl in ranked_combinations(op, ins, outs, mesh):
+        types = valid_types(op, mesh, in_pl, out_pl)
+        if types is not None:
+            found.append(types)
+            if len(found) >= MAX_CANDIDATES:
+                break
+    return found
+
+
+def _producer_candidates(op: Op, ins: List[DTensorType], want: DTensorType
+                         ) -> List[Tuple[List[DTensorType], List[DTensorType]]]:
+    return _valid_candidates(op, ins, [want], want.mesh)
 
 
 def _first(state) -> DTensorType:

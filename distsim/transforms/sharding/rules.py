@@ -237,6 +237,11 @@ def _broadcast_to(ctx: OpContext) -> List[Strategy]:
     strategies = [((Shard(d),), (Shard(d + off),)) for d in range(x.rank)
                   if x.shape[d] == o.shape[d + off]]
     strategies.append(((P,), (P,)))
+    # a replicated input broadcast straight into a shard of a new (or
+    # size-1) dim: each device makes only its piece
+    strategies.append(((R,), (R,)))
+    strategies += [((R,), (Shard(d),)) for d in range(o.rank)
+                   if o.shape[d] > 1 and (d < off or x.shape[d - off] == 1)]
     return strategies
 
 
