@@ -11,6 +11,15 @@ rate and is delivered ``path_latency_s`` after its last byte leaves.
 ``mode="analytical"``: no sharing; a flow takes ``latency + nbytes /
 bottleneck bandwidth``. Both modes agree wherever no link is shared.
 
+Utilisation samples (``record_samples=True``, for ``links.png`` and the
+link counters of trace.json): a :class:`LinkSample` per link whenever its
+use changes. Flows simulated one by one give the exact use (their rates over
+the capacity); a run of fast-forwarded identical steps (below), and a
+transfer or steps in analytical mode, give the mean use over their run
+(bytes over capacity x time), so recording costs O(links) per run of steps,
+not per step. In analytical mode the uses of overlapping transfers add up
+and may pass 1: that mode ignores contention.
+
 Flows that start at the same simulated instant are allocated together in
 one recomputation (a settle event at a priority below SimPy's normal one),
 and every flow keeps its projected finish time in a heap, so that a
@@ -89,8 +98,8 @@ class Network:
     """Flows between device ranks of ``topology`` inside ``env``.
 
     ``record_samples=True`` keeps a :class:`LinkSample` per link whenever
-    its utilisation changes (for ``links.png``); it costs memory on big runs
-    (and turns the fast-forwarding of steps off). ``fast_steps=False``
+    its utilisation changes (for ``links.png``; see the module docstring);
+    it costs time and memory on big runs. ``fast_steps=False``
     simulates every step of :meth:`run_steps` flow by flow (the reference
     for the fast path's tests).
     """
@@ -120,6 +129,8 @@ class Network:
         self.active_flows = 0
         self.flows_started = 0
         self.samples: List[LinkSample] = []
+        #: analytical mode: per link, [summed mean use, transfers adding to it]
+        self._levels: Dict[int, List[float]] = {}
         # collectives' "auto" decisions depend on the topology only: shared
         # by every network over it (a sweep estimates each collective once)
         self.algorithm_choices: Dict[tuple, str] = _ALGORITHM_CHOICES.setdefault(topology, {})
@@ -238,6 +249,10 @@ class Network:
             tx = nbytes / bottleneck
             for i in links:
                 self._stats[i].busy_s += tx
+            if self.record_samples and tx > 0:
+                uses = {i: bottleneck / self._capacity[i] for i in links}
+                self.add_use(uses, +1)
+                env.timeout(tx).callbacks.append(lambda _e: self.add_use(uses, -1))
             done = env.timeout(tx + latency)
             done.callbacks.append(lambda _e: (self._count_links(links, 0.0, -1), event.succeed()))
             return None
@@ -367,9 +382,7 @@ class Network:
             heapq.heappush(heap_out, (f.finish_s, f.seq, f.version, f))
         if self.record_samples:
             for i in count:
-                used = sum(f.rate for f in link_flows[i])
-                a, b = self._edges[i]
-                self.samples.append(LinkSample(a, b, now, used / self._capacity[i]))
+                self.sample(i, sum(f.rate for f in link_flows[i]) / self._capacity[i])
 
     def _aim_wakeup(self) -> None:
         heap = self._heap
@@ -406,10 +419,38 @@ class Network:
             del link_flows[i][flow]
             self._dirty_links[i] = None
             if self.record_samples and not link_flows[i]:
-                a, b = self._edges[i]
-                self.samples.append(LinkSample(a, b, self.env.now, 0.0))
+                self.sample(i, 0.0)
         self._count_links(flow.links, 0.0, -1)
         self._deliver(flow)
+
+    # ------------------------------------------------------------------ samples
+    def sample(self, link: int, utilisation: float) -> None:
+        """Record ``link``'s utilisation from now on."""
+        a, b = self._edges[link]
+        self.samples.append(LinkSample(a, b, self.env.now, utilisation))
+
+    def mean_uses(self, link_bytes: Iterable[Tuple[int, float]], duration_s: float
+                  ) -> Dict[int, float]:
+        """Per link, the mean utilisation of carrying its bytes in ``duration_s``."""
+        if duration_s <= 0:
+            return {}
+        cap = self._capacity
+        return {i: b / (cap[i] * duration_s) for i, b in link_bytes if b > 0}
+
+    def add_use(self, uses: Dict[int, float], sign: int) -> None:
+        """Analytical mode: add (``sign=+1``) or take away (-1) a transfer's
+        use of its links, and sample them (a link back to no transfer is
+        exactly 0, whatever the rounding of the sums)."""
+        levels = self._levels
+        for i, u in uses.items():
+            level = levels.get(i)
+            if level is None:
+                level = levels[i] = [0.0, 0]
+            level[0] += sign * u
+            level[1] += sign
+            if level[1] == 0:
+                level[0] = 0.0
+            self.sample(i, level[0])
 
     # ------------------------------------------------------------------ stats
     def add_link_stats(self, link: int, nbytes: float, busy_s: float, peak: int) -> None:

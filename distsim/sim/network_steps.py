@@ -27,6 +27,11 @@ every time, whatever the rest of the network does. So:
 
 In analytical mode there is no sharing, so every step takes the same time
 and the steps are always a single timeout.
+
+With utilisation samples on, a phantom samples each of its links once at
+its start (the mean use over its steps: bytes over capacity x duration)
+and once at its end or when it materialises (0, before the real flows take
+over), so samples do not turn the fast path off.
 """
 from __future__ import annotations
 
@@ -95,9 +100,14 @@ class StepRunner:
             net.topology.check_rank(src)
             net.topology.check_rank(dst)
         if net.mode == "analytical":
-            yield env.timeout(self._analytical(specs, count, key))
+            uses: Dict[int, float] = {}
+            done_ev = env.timeout(self._analytical(specs, count, key, uses))
+            if uses:
+                net.add_use(uses, +1)
+                done_ev.callbacks.append(lambda _e: net.add_use(uses, -1))
+            yield done_ev
             return
-        fast = self.enabled and not net.record_samples
+        fast = self.enabled
         sig = (specs, key)
         done = 0
         while done < count:
@@ -109,6 +119,11 @@ class StepRunner:
                     reserved[i] = phantom
                 env.timeout(profile.duration_s * phantom.steps).callbacks.append(
                     lambda _e, ph=phantom: self._phantom_end(ph))
+                if net.record_samples:
+                    uses = net.mean_uses(((i, b) for i, (b, _, _) in profile.links.items()),
+                                         profile.duration_s)
+                    for i in profile.link_ids:
+                        net.sample(i, uses.get(i, 0.0))
                 outcome = yield phantom.done
                 if outcome is None:
                     return
@@ -163,9 +178,13 @@ class StepRunner:
         stats = self.net._stats
         return sum(stats[i].starts for i in links if i in stats)
 
-    def _analytical(self, specs, count: int, key: int) -> float:
+    def _analytical(self, specs, count: int, key: int,
+                    uses: Optional[Dict[int, float]] = None) -> float:
+        """The time of ``count`` steps in analytical mode (link statistics
+        added); with samples on, fills ``uses`` with each link's mean use."""
         net = self.net
         step = 0.0
+        per_link: Dict[int, float] = {}
         for src, dst, nbytes in specs:
             if src == dst:
                 continue
@@ -173,6 +192,9 @@ class StepRunner:
             step = max(step, latency + nbytes / bottleneck)
             for i in links:
                 net.add_link_stats(i, nbytes * count, nbytes / bottleneck * count, 1)
+                per_link[i] = per_link.get(i, 0.0) + nbytes
+        if uses is not None and net.record_samples:
+            uses.update(net.mean_uses(per_link.items(), step))
         return step * count
 
     def _remember(self, sig: Signature, flows, duration_s: float) -> None:
@@ -216,9 +238,12 @@ class StepRunner:
 
     def _release(self, phantom: _Phantom) -> None:
         reserved = self.reserved
+        sample = self.net.sample if self.net.record_samples else None
         for i in phantom.profile.link_ids:
             if reserved.get(i) is phantom:
                 del reserved[i]
+                if sample is not None:
+                    sample(i, 0.0)
 
     def _phantom_end(self, phantom: _Phantom) -> None:
         if phantom.materialized:

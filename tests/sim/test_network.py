@@ -108,11 +108,12 @@ def test_bad_arguments():
         net.transfer(0, 1, -1)
 
 
-def _steps_with_intruder(record_samples):
+def _steps_with_intruder(fast_steps, record_samples=False):
     """Ten identical steps on gpu0->gpu1 (0.1 GB each: 0.01 s alone), and a
     foreign 0.1 GB flow on the same link at t = 0.035."""
     env = simpy.Environment()
-    net = Network(env, pairs(latency_us=100), record_samples=record_samples)
+    net = Network(env, pairs(latency_us=100), fast_steps=fast_steps,
+                  record_samples=record_samples)
     ends = {}
 
     def steps():
@@ -131,8 +132,8 @@ def _steps_with_intruder(record_samples):
 
 
 def test_fast_forwarded_steps_equal_step_by_step_simulation():
-    fast, net_fast = _steps_with_intruder(record_samples=False)
-    slow, net_slow = _steps_with_intruder(record_samples=True)   # disables fast-forward
+    fast, net_fast = _steps_with_intruder(fast_steps=True)
+    slow, net_slow = _steps_with_intruder(fast_steps=False)
     assert fast == {k: pytest.approx(v, rel=1e-9) for k, v in slow.items()}
     # by hand: steps take 0.0101 s; at 0.035 step 4 is 0.0047 s in (0.047 GB
     # sent, 0.053 GB left). Sharing 5 GB/s: the step's rest takes 0.0106 s ->
