@@ -58,8 +58,8 @@ class SimulationOptions:
     ``record_memory``: keep the memory curve (peaks are always kept);
     ``record_links``: keep each link's utilisation over time
     (``Trace.link_samples``, for links.png and trace.json's link counters;
-    off by default: it costs time and memory on big runs and turns the
-    fast-forwarding of ring steps off, so sweeps and benchmarks leave it off);
+    off by default: the samples cost memory on big runs, so sweeps and
+    benchmarks leave it off; ``distsim simulate`` turns it on);
     ``symmetry``: simulate one representative per class of equivalent
     devices (see :mod:`.symmetry`) and copy its results to the others.
 
