@@ -6,8 +6,9 @@ named fields so that calibration changes one number.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Tuple
 
 from ..errors import ConfigError
 from ..ir.types import DType
@@ -47,10 +48,70 @@ _FIELDS = {
     "memory_efficiency": float,
 }
 
+#: The closed range each figure must lie in (a lower bound of 0 for an
+#: efficiency means "above 0": efficiencies are in (0, 1]). Besides
+#: rejecting NaN and infinity, the bounds keep every derived time finite: an
+#: op's time is flops / peak or bytes / bandwidth (at least 1 FLOP/s and
+#: 1 B/s, so even 1e20 FLOP take a finite time), and a launch overhead
+#: summed over ten million ops stays finite (at most 1 s per kernel, itself
+#: absurd: real launches take microseconds). Capacities stay below 2^63
+#: bytes so that numpy (memory curves, plots) holds them exactly.
+FIGURE_RANGES: Dict[str, Tuple[float, float]] = {
+    "peak_flops": (1.0, math.inf),
+    "memory_bandwidth_Bps": (1.0, math.inf),
+    "memory_bytes": (1.0, 1e18),
+    "launch_overhead_s": (0.0, 1.0),
+    "matmul_efficiency": (0.0, 1.0),
+    "vector_efficiency": (0.0, 1.0),
+    "memory_efficiency": (0.0, 1.0),
+}
+
+
+def finite_float(raw: Any) -> float | None:
+    """``raw`` as a finite float, or None when it is not a number (a bool,
+    text, None), NaN, infinite, or an int too large for a float."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return None
+    try:
+        value = float(raw)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def check_figure(where: str, key: str, raw: Any) -> float:
+    """``raw`` as a float if it is a finite number in ``key``'s range of
+    :data:`FIGURE_RANGES` (``key`` ``peak_flops.f16`` uses ``peak_flops``'s);
+    otherwise one ConfigError naming ``where.key`` and the value."""
+    low, high = FIGURE_RANGES[key.split(".")[0]]
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise ConfigError(f"{where}.{key}: expected a number, got {raw!r}")
+    value = finite_float(raw)
+    if value is None:
+        raise ConfigError(f"{where}.{key}: must be a finite number, got {_show(raw)}")
+    if key.endswith("efficiency"):
+        if not 0 < value <= 1:
+            raise ConfigError(f"{where}.{key}: must be in (0, 1], got {raw!r}")
+    elif value < 0 or (value == 0 and low > 0):
+        raise ConfigError(f"{where}.{key}: must be {'positive' if low > 0 else '>= 0'}, "
+                          f"got {raw!r}")
+    elif not low <= value <= high:
+        need = f"at least {low:g}" if high == math.inf else f"between {low:g} and {high:g}"
+        raise ConfigError(f"{where}.{key}: must be {need}, got {raw!r}")
+    return value
+
+
+def _show(raw: Any) -> str:
+    """``repr(raw)``, or a short description of an int of hundreds of digits."""
+    if isinstance(raw, int) and raw.bit_length() > 1000:
+        return f"an integer of about {int(raw.bit_length() * math.log10(2)) + 1} digits"
+    return repr(raw)
+
 
 def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
     """Build a DeviceSpec from a YAML mapping; errors name ``where`` and the
-    field (e.g. ``topologies/x.yaml: device.memory_bytes``)."""
+    field (e.g. ``topologies/x.yaml: device.memory_bytes``). Every figure
+    must be a finite number in its range (:data:`FIGURE_RANGES`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: must be a mapping of device fields")
     unknown = set(data) - set(_FIELDS) - {"peak_flops", "source"}
@@ -64,16 +125,7 @@ def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
                 raise ConfigError(f"{where}.{key}: missing required field")
             continue
         raw = data[key]
-        if kind is float:
-            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-                raise ConfigError(f"{where}.{key}: expected a number, got {raw!r}")
-            if raw < 0 or (raw == 0 and key in ("memory_bandwidth_Bps", "memory_bytes")):
-                raise ConfigError(f"{where}.{key}: must be positive, got {raw!r}")
-            if key.endswith("efficiency") and not 0 < raw <= 1:
-                raise ConfigError(f"{where}.{key}: must be in (0, 1], got {raw!r}")
-            values[key] = float(raw)
-        else:
-            values[key] = str(raw)
+        values[key] = check_figure(where, key, raw) if kind is float else str(raw)
     flops = data.get("peak_flops")
     if not isinstance(flops, Mapping) or not flops:
         raise ConfigError(f"{where}.peak_flops: expected a mapping of dtype to FLOP/s")
@@ -83,8 +135,8 @@ def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
             dtype = DType.parse(str(k))
         except ConfigError:
             raise ConfigError(f"{where}.peak_flops.{k}: unknown dtype") from None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"{where}.peak_flops.{k}: must be a positive number, got {v!r}")
-        peak[dtype.value] = float(v)
+        peak[dtype.value] = check_figure(where, f"peak_flops.{k}", v)
     values["memory_bytes"] = int(values["memory_bytes"])
     return DeviceSpec(peak_flops=peak, **values)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 import networkx as nx
 
+from ..cost.device import finite_float
 from ..errors import ConfigError
 
 GB = 1e9
@@ -59,7 +60,7 @@ class _Checked:
 
     def num(self, key: str, positive: bool = True, integer: bool = False) -> float:
         v = self.values[key]
-        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        ok = finite_float(v) is not None    # a number, not NaN, inf or a 400-digit int
         if ok and integer:
             ok = float(v).is_integer()
         if not ok or v < 0 or (positive and v == 0):

@@ -19,6 +19,7 @@ written ``2.0e12`` or ``1e9``: PyYAML (YAML 1.1) reads those as strings,
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
@@ -27,7 +28,7 @@ import networkx as nx
 
 import distsim
 
-from ..cost.device import device_spec_from_dict
+from ..cost.device import device_spec_from_dict, finite_float
 from ..errors import ConfigError, TopologyError
 from ..yamlio import load_yaml_file
 from .builders import BUILDERS, GB, MAX_DEVICES, MAX_NODES, US, add_duplex, check_device_count
@@ -245,7 +246,10 @@ def _unit_value(link: Mapping[str, Any], units: Mapping[str, float], where: str,
             (positive and raw == 0):
         need = "positive" if positive else ">= 0"
         raise ConfigError(f"{where}.{given[0]}: must be {need}, got {raw!r}")
-    return float(raw) * units[given[0]]
+    value = finite_float(raw)
+    if value is None or not math.isfinite(value * units[given[0]]):
+        raise ConfigError(f"{where}.{given[0]}: must be a finite number, got {_short(str(raw))}")
+    return value * units[given[0]]
 
 
 def _add_links(g: nx.DiGraph, link: Any, where: str,

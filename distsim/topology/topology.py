@@ -32,6 +32,17 @@ from .routing import SeparatorOracle, network_separators
 
 NODE_KINDS = ("device", "switch", "nic", "host")
 REFERENCE_BANDWIDTH_Bps = 1e13
+#: The largest routing cost of one link: a least-cost path has at most
+#: MAX_NODES links, and its summed cost must stay below the routing's
+#: "unreachable" marker (2^60), so 10^12 per link leaves room to spare.
+MAX_LINK_COST = 10 ** 12
+#: The slowest link a topology may have: its cost is
+#: REFERENCE_BANDWIDTH_Bps / MIN_BANDWIDTH_Bps = MAX_LINK_COST (10 B/s,
+#: far below any real link; a typo such as ``1.0e-300`` is refused).
+MIN_BANDWIDTH_Bps = REFERENCE_BANDWIDTH_Bps / MAX_LINK_COST
+#: The largest latency of one link (an hour; real links take microseconds),
+#: so that a path's summed latency stays finite.
+MAX_LATENCY_s = 3600.0
 Route = Tuple[Tuple[str, str], ...]
 
 
@@ -101,16 +112,38 @@ class Topology:
             raise TopologyError(f"{where}: device ranks must be 0..{len(by_rank) - 1}, "
                                 f"rank {missing[0]} is missing")
         for u, v, data in self.graph.edges(data=True):
-            for key, positive in (("bandwidth_Bps", True), ("latency_s", False)):
-                val = data.get(key)
-                if isinstance(val, bool) or not isinstance(val, (int, float)) or \
-                        not math.isfinite(val) or val < 0 or (positive and val == 0):
-                    need = "positive" if positive else ">= 0"
-                    raise TopologyError(f"{where}: link {u} -> {v}: {key} must be {need}, "
-                                        f"got {val!r}")
+            self._check_link(u, v, data)
         self._device_nodes = [by_rank[r] for r in range(len(by_rank))]
         self._node_index = [int(self.graph.nodes[n].get("node_index", 0))
                             for n in self._device_nodes]
+
+    def _check_link(self, u: str, v: str, data: Mapping[str, Any]) -> None:
+        """A link's figures: a finite bandwidth of at least
+        :data:`MIN_BANDWIDTH_Bps`, a finite latency of at most
+        :data:`MAX_LATENCY_s`, an optional integer routing ``cost`` in
+        1..:data:`MAX_LINK_COST`. The bounds keep every route cost and path
+        latency finite (a least-cost path has at most :data:`MAX_NODES` links)."""
+        where = f"{self.source}: link {u} -> {v}"
+        for key, positive in (("bandwidth_Bps", True), ("latency_s", False)):
+            val = data.get(key)
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or \
+                    not math.isfinite(val) or val < 0 or (positive and val == 0):
+                need = "positive" if positive else ">= 0"
+                raise TopologyError(f"{where}: {key} must be finite and {need}, got {val!r}")
+        if data["bandwidth_Bps"] < MIN_BANDWIDTH_Bps:
+            raise TopologyError(f"{where}: bandwidth_Bps {data['bandwidth_Bps']!r} is below the "
+                                f"minimum of {MIN_BANDWIDTH_Bps:g} B/s (its routing cost would "
+                                f"overflow)")
+        if data["latency_s"] > MAX_LATENCY_s:
+            raise TopologyError(f"{where}: latency_s {data['latency_s']!r} is more than the "
+                                f"maximum of {MAX_LATENCY_s:g} s")
+        cost = data.get("cost")
+        if cost is not None:
+            if isinstance(cost, bool) or not isinstance(cost, (int, float)) or \
+                    not math.isfinite(cost) or not float(cost).is_integer() or \
+                    not 1 <= cost <= MAX_LINK_COST:
+                raise TopologyError(f"{where}: cost must be an integer from 1 to "
+                                    f"{MAX_LINK_COST:g}, got {cost!r}")
 
     def _check_reachable(self) -> None:
         """Every device reaches every other one: the devices all lie in one

@@ -5,13 +5,17 @@ about half a minute on two cores:
   to the end (a verified program never deadlocks);
 - random byte mutations of valid text and ONNX files raise nothing but
   DistsimError subclasses (never KeyError, IndexError, RecursionError, ...);
-- random topologies (through the YAML loader's dict form) simulate an
-  all-reduce to the end or raise TopologyError / ConfigError;
+- random topologies (through the YAML loader's dict form, with random
+  device blocks: NaN, infinities, huge ints, out-of-range figures) simulate
+  a matmul and an all-reduce to the end with finite numbers everywhere in
+  the summary, or raise TopologyError / ConfigError naming the file;
 - random data-parallel configs of the MLP simulate to the end, and the
-  numpy executor gives the single-device updates.
+  numpy executor gives the single-device updates (random strategies of the
+  tiny GPT: ``tests/strategies/test_random_strategies.py``).
 """
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -26,6 +30,7 @@ from distsim.importers.onnx import import_onnx
 from distsim.interp import execute, random_inputs
 from distsim.ir import DType, FunctionBuilder, TensorType, verify, verify_module
 from distsim.models import MLPConfig, mlp_training_step
+from distsim.report import summarize
 from distsim.sim.simulator import SimulationOptions, simulate_function
 from distsim.text import parse_function, parse_module, print_function
 from distsim.topology import load_topology
@@ -205,7 +210,40 @@ def test_the_unmutated_files_are_valid(tmp_path):
 DEVICE = {"name": "t", "peak_flops": {"f16": 1e12}, "memory_bandwidth_Bps": 1e12,
           "memory_bytes": 1e9}
 BANDWIDTHS = st.one_of(st.floats(0.1, 1000), st.sampled_from([0, -1, float("nan"),
-                                                              float("inf"), "fast", None]))
+                                                              float("inf"), "fast", None,
+                                                              1e-300, 1e300, 10 ** 400]))
+#: Bad device figures of every kind: NaN, infinities, zero, negatives, text,
+#: ints too large for a float, and finite numbers far outside any range.
+BAD_FIGURES = st.sampled_from([float("nan"), float("inf"), -float("inf"), 0, -1, "fast", None,
+                               True, 10 ** 400, 1e-300, 1e300, 2.0])
+
+
+def figure(good):
+    """Mostly a valid figure (``good``), sometimes a bad one."""
+    return st.one_of(good, good, good, BAD_FIGURES)
+
+
+@st.composite
+def device_blocks(draw):
+    """A device block whose figures are valid, at the edges of their
+    ranges, or bad; a field may be missing or unknown."""
+    device = {
+        "name": "t",
+        "peak_flops": {draw(st.sampled_from(["f16", "bf16", "f32", "f99"])):
+                       draw(figure(st.floats(1.0, 1e18)))},
+        "memory_bandwidth_Bps": draw(figure(st.floats(1.0, 1e15))),
+        "memory_bytes": draw(figure(st.one_of(st.floats(1.0, 1e18), st.integers(1, 10 ** 18)))),
+    }
+    for key in ("launch_overhead_s", "matmul_efficiency", "vector_efficiency",
+                "memory_efficiency"):
+        if draw(st.booleans()):
+            good = st.floats(0.0, 1.0) if key == "launch_overhead_s" else st.floats(1e-3, 1.0)
+            device[key] = draw(figure(good))
+    if draw(st.integers(0, 19)) == 0:
+        del device[draw(st.sampled_from(sorted(device)))]
+    if draw(st.integers(0, 19)) == 0:
+        device["colour"] = "red"
+    return device
 
 
 @st.composite
@@ -222,18 +260,23 @@ def topology_dicts(draw):
         if draw(st.booleans()):
             link["duplex"] = draw(st.sampled_from([True, False, "yes"]))
         links.append(link)
-    data = {"name": "fuzz", "device": DEVICE, "devices": nodes[:n_dev],
+    device = draw(device_blocks()) if draw(st.booleans()) else DEVICE
+    data = {"name": "fuzz", "device": device, "devices": nodes[:n_dev],
             "switches": nodes[n_dev:], "links": links}
     if draw(st.integers(0, 9)) == 0:
-        data = {"name": "fuzz", "device": DEVICE, "builder": "torus",
-                "params": {"dims": draw(st.lists(st.integers(-1, 3), max_size=4))}}
+        data = {"name": "fuzz", "device": device, "builder": "torus",
+                "params": {"dims": draw(st.lists(st.integers(-1, 3), max_size=4)),
+                           "link_GBps": draw(BANDWIDTHS)}}
     return data
 
 
-def _allreduce_over(n):
+def _matmul_allreduce_over(n):
+    """A matmul on every device (exercising the device figures), then an
+    all-reduce of the products (exercising the links)."""
     b = FunctionBuilder("ar")
-    xs = [b.input(f"x{r}", TensorType((1024,), DType.F16, r)) for r in range(n)]
-    out = b.op("comm.allreduce", xs, {"ranks": tuple(range(n))})
+    xs = [b.input(f"x{r}", TensorType((32, 32), DType.F16, r)) for r in range(n)]
+    ys = [b.op("matmul", [x, x]) for x in xs]
+    out = b.op("comm.allreduce", ys, {"ranks": tuple(range(n))})
     return b.finish(list(out) if isinstance(out, tuple) else [out])
 
 
@@ -242,14 +285,19 @@ def _allreduce_over(n):
 def test_random_topologies_simulate_or_raise_topology_errors(data, mode):
     try:
         topo = topology_from_dict(data, "fuzz.yaml")
-    except (ConfigError, TopologyError):
+    except (ConfigError, TopologyError) as e:
+        text = str(e)
+        assert text.startswith("fuzz.yaml") and "\n" not in text and len(text) < 1000
         return
     try:
-        trace = simulate_function(_allreduce_over(topo.num_devices), topo,
+        trace = simulate_function(_matmul_allreduce_over(topo.num_devices), topo,
                                   options=SimulationOptions(network_mode=mode))
     except TopologyError:
         return
-    assert math.isfinite(trace.step_time_s) and trace.step_time_s >= 0
+    assert math.isfinite(trace.step_time_s) and trace.step_time_s > 0
+    summary = summarize(trace)
+    json.dumps(summary, allow_nan=False)        # every number finite: no NaN, no inf
+    assert all(d["compute_s"] > 0 for d in summary["devices"])
 
 
 # -- random strategies on a tiny model ---------------------------------------
