@@ -251,7 +251,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
              network_mode: str = "flow", collective_algo: str = "auto",
              max_trace_records: Optional[int] = None, max_ops: Optional[int] = None,
-             **options: Any) -> SimulationResult:
+             record_links: bool = False, **options: Any) -> SimulationResult:
     """Build the training step of ``model`` with the given strategy
     (``dp=``, model overrides ``layers=``, ``hidden=``, ``batch=``,
     ``dtype=``) and simulate it on ``topology``. ``max_trace_records``
@@ -259,7 +259,10 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); ``max_ops`` the
     program's estimated op count (None: :data:`DEFAULT_MAX_OPS`; 0: no limit).
     ``collective_algo`` applies to every collective that has that algorithm
-    (the others use ``auto``)."""
+    (the others use ``auto``). ``record_links`` keeps each link's
+    utilisation over time (links.png over time, trace.json link counters;
+    the samples cost memory on big runs: sweeps leave it off, ``distsim
+    simulate`` turns it on)."""
     trace_limit = check_max_trace_records(max_trace_records)
     if network_mode not in ("flow", "analytical"):
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
@@ -272,5 +275,6 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     trace = simulate_function(program, topo, CostModel(topo.device_spec),
                               SimulationOptions(network_mode=network_mode,
                                                 collective_algorithm=collective_algo,
-                                                symmetry=symmetry))
+                                                symmetry=symmetry,
+                                                record_links=bool(record_links)))
     return SimulationResult(trace, program, config, topo, max_trace_records=trace_limit)

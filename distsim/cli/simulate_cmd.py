@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
                    help="print the summary as JSON on stdout instead of the table")
     o.add_argument("--no-plots", action="store_true",
                    help="skip gantt.png, memory.png and links.png")
+    o.add_argument("--no-link-samples", action="store_true",
+                   help="do not record link utilisation over time (links.png then shows "
+                        "busy time per link, trace.json has no link counters; saves memory "
+                        "on very large runs)")
     o.add_argument("--max-trace-records", type=int, dest="max_trace_records",
                    default=DEFAULT_MAX_TRACE_RECORDS, metavar="N",
                    help="at most N timed records (op slices + memory/link counter samples) in "
@@ -47,6 +51,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
+                      record_links=not args.no_link_samples,
                       max_trace_records=args.max_trace_records, **program_options(args))
     paths = result.write_outputs(args.out, plots=not args.no_plots)
     info = result.summary().get("trace_file") or {}

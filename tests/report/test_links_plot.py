@@ -60,3 +60,55 @@ def test_link_grid_matches_the_per_sample_reference():
         bins = rng.choice([1, 7, 200])
         assert np.array_equal(link_grid(links, samples, end, bins),
                               _reference_grid(links, samples, end, bins))
+
+
+def _run_cli(tmp_path, monkeypatch, *extra):
+    """``distsim simulate`` (MLP, dp 4, one node) with a spy on the two ways
+    links.png can be drawn; returns (trace.json events, which way was drawn)."""
+    import json
+
+    import distsim.report.links as links_mod
+    from distsim.cli import main
+    drawn = []
+    heatmap = links_mod._heatmap
+    monkeypatch.setattr(links_mod, "_heatmap",
+                        lambda *a, **k: (drawn.append("heatmap"), heatmap(*a, **k)))
+    out = tmp_path / "out"
+    code = main(["simulate", "--layers", "2", "--hidden", "256", "--batch", "64", "--dp", "4",
+                 "--out", str(out), *extra])
+    assert code == 0
+    assert (out / "links.png").read_bytes()[:4] == b"\x89PNG"
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    return events, drawn
+
+
+def test_simulate_cli_draws_link_use_over_time_and_writes_link_counters(tmp_path, monkeypatch):
+    events, drawn = _run_cli(tmp_path, monkeypatch)
+    assert drawn == ["heatmap"]                       # utilisation over time, not bars
+    links = [e for e in events if e["ph"] == "C" and e["name"].startswith("link ")]
+    assert links, "trace.json has no link counters"
+    # the gradient all-reduce over NVSwitch: GPU links carry traffic, the
+    # utilisation is a share of the link (max-min never passes 1) and some
+    # link is (nearly) saturated at some point
+    assert {e["name"] for e in links} >= {"link gpu0->nvswitch0", "link nvswitch0->gpu1"}
+    utils = [e["args"]["utilisation"] for e in links]
+    assert all(0.0 <= u <= 1.0 + 1e-9 for u in utils) and max(utils) > 0.9
+    network = {e["pid"] for e in links}
+    assert len(network) == 1 and network.isdisjoint({e["pid"] for e in events if e["ph"] == "X"})
+
+
+def test_no_link_samples_flag_falls_back_to_busy_bars(tmp_path, monkeypatch):
+    events, drawn = _run_cli(tmp_path, monkeypatch, "--no-link-samples")
+    assert drawn == []
+    assert not [e for e in events if e["ph"] == "C" and e["name"].startswith("link ")]
+
+
+def test_api_records_links_only_when_asked():
+    import distsim
+    small = dict(layers=2, hidden=256, batch=64, dp=4)
+    off = distsim.simulate(**small)
+    on = distsim.simulate(record_links=True, **small)
+    assert off.trace.link_samples == [] and on.trace.link_samples
+    assert on.step_time_s == off.step_time_s          # recording changes no time
+    assert {(s.src, s.dst) for s in on.trace.link_samples} == \
+        {(r.src, r.dst) for r in on.trace.links}
