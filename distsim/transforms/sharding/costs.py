@@ -17,6 +17,7 @@ from typing import Sequence, Tuple
 from ...errors import PassPreconditionError
 from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
 from ...ir.types import DType, TensorType
+from .cross_mesh import cross_mesh_cost
 from .planner import plan_redistribute
 
 _CHANGE = 1e-3  # a tie-break: among equal costs, keep placements as they are
@@ -66,11 +67,11 @@ def _plan_cost(shape: Tuple[int, ...], dtype: DType, mesh: DeviceMesh, src: Tupl
 
 def convert_cost(src: DTensorType, dst: DTensorType) -> float:
     """Bytes per device of the planner's cheapest redistribution from
-    ``src`` to ``dst`` (plus ``_CHANGE`` per step); across meshes the whole
-    tensor (see :func:`type_cost`)."""
+    ``src`` to ``dst`` (plus ``_CHANGE`` per step); across meshes the
+    cheapest recipe of :mod:`.cross_mesh`."""
     if src == dst:
         return 0.0
     if src.mesh != dst.mesh:
-        return type_cost(src, dst)
+        return cross_mesh_cost(src, dst) + _CHANGE
     return _plan_cost(tuple(src.shape), src.dtype, src.mesh, tuple(src.placements),
                       tuple(dst.placements))

@@ -15,169 +15,26 @@ how ``distsim check`` compares the two programs value by value.
 from __future__ import annotations
 
 from math import prod
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Tuple
 
-from ...errors import PassPreconditionError, VerifyError
-from ...ir.builder import NameScope
-from ...ir.comm import CollectiveType
+from ...errors import PassPreconditionError
 from ...ir.core import Function, Module, Op, Value
-from ...ir.mesh import DeviceMesh, DTensorType, Partial, Replicate, Shard
+from ...ir.mesh import DTensorType
 from ...ir.ops_call import callee_of, is_call
-from ...ir.registry import ShapeError, infer_types, with_defaults
-from .planner import Step, plan_redistribute, step_bytes
+from .cross_mesh import cross_mesh
+from .local_builder import (Coords, LocalBuilder, Locals, apply_step,  # noqa: F401  (re-exported)
+                            local_name, redistribute_on_mesh)
 from .propagate import REDISTRIBUTE
-
-Coords = Tuple[int, ...]
-Locals = Dict[Coords, Value]
-
-
-def local_name(name: str, rank: int) -> str:
-    return f"{name}_r{rank}"
-
-
-class LocalBuilder:
-    """Appends local-view ops, inferring their types."""
-
-    def __init__(self, name: str) -> None:
-        self.function = Function(name)
-        self.names = NameScope()
-
-    def input(self, hint: str, t) -> Value:
-        v = Value(self.names.fresh(hint), t)
-        self.function.inputs.append(v)
-        return v
-
-    def emit(self, op_type: str, inputs: Sequence[Value], attrs, hints: Sequence[str],
-             meta=None) -> List[Value]:
-        try:
-            attrs = with_defaults(op_type, dict(attrs or {}))
-            types = infer_types(op_type, [v.type for v in inputs], attrs)
-        except ShapeError as e:
-            raise VerifyError(f"lowering op %{hints[0]} ({op_type}): {e}") from None
-        outs = [Value(self.names.fresh(h), t) for h, t in zip(hints, types)]
-        self.function.ops.append(Op(op_type, inputs, outs, attrs, meta=meta))
-        return outs
-
-
-# -- redistribution ------------------------------------------------------------
-def _groups(mesh: DeviceMesh, axis: int) -> List[List[Coords]]:
-    groups: Dict[Coords, List[Coords]] = {}
-    for c in mesh.all_coords():
-        groups.setdefault(c[:axis] + c[axis + 1:], []).append(c)
-    return list(groups.values())
-
-
-def apply_step(lb: LocalBuilder, vals: Locals, t: DTensorType, step: Step, hint: str) -> Locals:
-    """Emit one per-axis step on the local values of ``t`` (``t`` has the
-    placements before the step)."""
-    mesh, axis = t.mesh, step.axis
-    n = mesh.shape[axis]
-    out: Locals = {}
-    if step.kind == "noop":
-        return dict(vals)
-    if step.kind == "slice":
-        for c, v in vals.items():
-            out[c] = lb.emit("shard_slice", [v], {"dim": step.dst.dim, "index": c[axis], "parts": n},
-                             [local_name(hint, mesh.rank_at(c))])[0]
-        return out
-    if step.kind == "partial":
-        op = step.dst.op
-        for c, v in vals.items():
-            if c[axis] == 0 or op in ("max", "min", "avg"):
-                out[c] = v
-            else:
-                fill = "ones_like" if op == "prod" else "zeros_like"
-                out[c] = lb.emit(fill, [v], {}, [local_name(hint, mesh.rank_at(c))])[0]
-        return out
-    kind = CollectiveType(step.kind)
-    for group in _groups(mesh, axis):
-        ranks = [mesh.rank_at(c) for c in group]
-        attrs = {"ranks": ranks, "mesh": mesh.name, "axes": [mesh.axis_names[axis]]}
-        if kind in (CollectiveType.ALL_GATHER, CollectiveType.REDUCE_SCATTER):
-            attrs["dim"] = (step.src if kind is CollectiveType.ALL_GATHER else step.dst).dim
-        if kind is CollectiveType.ALL_TO_ALL:
-            attrs["split_dim"], attrs["concat_dim"] = step.dst.dim, step.src.dim
-        if kind in (CollectiveType.ALL_REDUCE, CollectiveType.REDUCE_SCATTER):
-            attrs["reduce_op"] = step.src.op
-        ins = [vals[c] for c in group]
-        group_bytes = sum(v.type.size_bytes for v in ins) if kind is CollectiveType.ALL_GATHER \
-            else ins[0].type.size_bytes * (n if kind is CollectiveType.ALL_TO_ALL else 1)
-        meta = {"bytes_per_device": step_bytes(kind.value, n, group_bytes)}
-        outs = lb.emit(kind.op_type, ins, attrs, [local_name(hint, r) for r in ranks], meta)
-        out.update(zip(group, outs))
-    return {c: out[c] for c in mesh.all_coords()}  # mesh order
 
 
 def redistribute_locals(lb: LocalBuilder, vals: Locals, src: DTensorType, dst: DTensorType,
                         hint: str) -> Locals:
     """Local values of ``src`` turned into those of ``dst`` (same mesh:
-    the planner's steps; across meshes: see :func:`cross_mesh`)."""
+    the planner's steps; across meshes: the cheapest recipe of
+    :mod:`.cross_mesh`)."""
     if src.mesh != dst.mesh:
         return cross_mesh(lb, vals, src, dst, hint)
-    t = src
-    for step in plan_redistribute(src.shape, src.dtype, src.mesh, src.placements, dst.placements):
-        vals = apply_step(lb, vals, t, step, hint)
-        pl = list(t.placements)
-        pl[step.axis] = step.dst
-        t = t.with_placements(pl)
-    return vals
-
-
-def cross_mesh(lb: LocalBuilder, vals: Locals, src: DTensorType, dst: DTensorType, hint: str
-               ) -> Locals:
-    """Move a tensor to another mesh.
-
-    Meshes of the same shape: one send-recv per device (placements kept),
-    then the target mesh's plan. Otherwise the whole tensor is brought to
-    the first device of the source mesh (a gather or reduce when the source
-    is one sharded or partial axis, else the source plan to replicated),
-    sent to the first device of the target mesh, and spread there (a
-    scatter for one sharded axis, else a broadcast and the target plan).
-    """
-    a, b = src.mesh, dst.mesh
-    if a.shape == b.shape:
-        moved: Locals = {}
-        for c, v in vals.items():
-            r_from, r_to = a.rank_at(c), b.rank_at(c)
-            moved[c] = v if r_from == r_to else _sendrecv(lb, v, r_from, r_to, hint)
-        here = DTensorType(src.shape, src.dtype, b, src.placements)
-        return redistribute_locals(lb, moved, here, dst, hint)
-    root_a, root_b = a.devices[0], b.devices[0]
-    zero_a, zero_b = (0,) * a.ndim, (0,) * b.ndim
-    pl = src.placements
-    if a.ndim == 1 and isinstance(pl[0], (Shard, Partial)) and a.size > 1:
-        ins = [vals[(i,)] for i in range(a.size)]
-        if isinstance(pl[0], Shard):
-            attrs = {"ranks": list(a.devices), "root": root_a, "dim": pl[0].dim}
-            kind = CollectiveType.GATHER
-        else:
-            attrs = {"ranks": list(a.devices), "root": root_a, "reduce_op": pl[0].op}
-            kind = CollectiveType.REDUCE
-        attrs.update(mesh=a.name, axes=[a.axis_names[0]])
-        whole = lb.emit(kind.op_type, ins, attrs, [local_name(hint, root_a)],
-                        {"bytes_per_device": src.size_bytes / a.size})[0]
-    else:
-        full = src.with_placements([Replicate()] * a.ndim)
-        whole = redistribute_locals(lb, vals, src, full, hint)[zero_a]
-    if root_a != root_b:
-        whole = _sendrecv(lb, whole, root_a, root_b, hint)
-    if b.size == 1:
-        return {zero_b: whole}
-    team = {"ranks": list(b.devices), "root": root_b, "mesh": b.name, "axes": list(b.axis_names)}
-    if b.ndim == 1 and isinstance(dst.placements[0], Shard):
-        outs = lb.emit(CollectiveType.SCATTER.op_type, [whole], dict(team, dim=dst.placements[0].dim),
-                       [local_name(hint, r) for r in b.devices],
-                       {"bytes_per_device": dst.size_bytes / b.size})
-        return {(i,): v for i, v in enumerate(outs)}
-    outs = lb.emit(CollectiveType.BROADCAST.op_type, [whole], team,
-                   [local_name(hint, r) for r in b.devices], {"bytes_per_device": dst.size_bytes})
-    spread = {c: v for c, v in zip(b.all_coords(), outs)}
-    return redistribute_locals(lb, spread, dst.with_placements([Replicate()] * b.ndim), dst, hint)
-
-
-def _sendrecv(lb: LocalBuilder, v: Value, r_from: int, r_to: int, hint: str) -> Value:
-    return lb.emit(CollectiveType.SEND_RECV.op_type, [v], {"ranks": [r_from, r_to]},
-                   [local_name(hint, r_to)], {"bytes_per_device": v.type.size_bytes})[0]
+    return redistribute_on_mesh(lb, vals, src, dst, hint)
 
 
 # -- per-device forms of compute ops --------------------------------------------
