@@ -31,7 +31,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 import onnx
 
-from ..errors import ConfigError
+from ..errors import ConfigError, VerifyError
 from ..importers.onnx import import_onnx, load_onnx_model
 from ..ir.builder import builder_from
 from ..ir.core import Function, Value
@@ -261,7 +261,13 @@ def build_onnx(config: Mapping[str, Any], strategy: Strategy,
         local["batch"] = plan.local
         local["input_shapes"] = {k: (plan.local,) + tuple(v[1:]) if len(v) else tuple(v)
                                  for k, v in c["input_shapes"].items()}
-    step = import_forward(local)
+    try:
+        step = import_forward(local)
+    except VerifyError as e:
+        if plan.local == plan.batch:
+            raise
+        raise VerifyError(f"{e} (imported at the micro-batch of {plan.local} per data-parallel "
+                          f"rank; global batch {plan.batch})") from None
     if c["train"]:
         step = with_loss(step)
         step = Autodiff(step.meta["loss"], step.meta["params"])(step)
