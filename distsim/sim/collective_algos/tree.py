@@ -2,16 +2,31 @@
 
 Trees are heap-shaped binary trees over team positions (position i has
 children 2i+1 and 2i+2; depth ``H = floor(log2 p)``). Data moves in
-``c`` pipelined chunks, one hop per step:
+``c`` pipelined chunks, one hop per step; a step ends when its slowest
+flow is delivered. Times below are on an uncontended switch (per-step
+latency alpha, link bandwidth B), where a step in which some rank sends or
+receives k equal flows takes ``alpha + k * chunk / B``:
 
 - broadcast: a node at depth d forwards chunk k to its children in step
-  k + d (``c + H - 1`` steps);
+  k + d (``c + H - 1`` steps). A parent feeds both children at once, so a
+  step takes ``alpha + 2S/(cB)``, except where every active parent has one
+  child: when p is a power of two the deepest level is one rank and the
+  last step takes ``alpha + S/(cB)`` (for p = 2, every step does). So
+  ``(c + H - 1)(alpha + 2S/(cB))``, less ``S/(cB)`` per single step;
 - reduce: a node at depth d sends its partial sum of chunk k to its parent
-  in step k + H - d, after all its children did;
+  in step k + H - d, after all its children did: the mirror image (the
+  first step is the single one);
 - all-reduce (double binary tree, as NCCL): two trees each carry half the
   data, the second over the team reversed so that the inner nodes of one
   are leaves of the other; each reduces to its root and broadcasts back,
   pipelined (``c + 2H - 1`` steps, about ``2 H alpha`` for small messages).
+  A step takes ``alpha + L S/(2cB)`` with L the most flows one rank sends or
+  receives in it over both trees: up to 4 mid-pipeline (an inner rank of
+  one tree, a leaf of the other), fewer while the pipeline fills and drains.
+
+``c`` comes from :func:`.schedule.pipeline_chunks` for the busiest step
+(2 flows a rank for broadcast and reduce, 4 for all-reduce).
+tests/sim/test_collectives_validation.py checks these times to 1%.
 """
 from __future__ import annotations
 
