@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
@@ -120,7 +121,11 @@ class SimulationResult:
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out}: exists and is not a directory")
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:     # /proc/nope, a read-only disk, no permission
+            raise ConfigError(f"--out {out}: cannot create the output folder "
+                              f"({e.strerror or e})") from None
         paths = {"summary": out / "summary.json", "trace": out / "trace.json"}
         write_summary(self.summary(), paths["summary"])
         self.write_trace(paths["trace"])
@@ -158,6 +163,18 @@ def check_max_ops(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"--max-ops: must be an integer >= 0 (0: no limit), got {value!r}")
     return value
+
+
+def check_max_wall_s(value: Any) -> Optional[float]:
+    """``max_wall_s`` (``--max-wall-s``) as a finite float > 0, or None for
+    no bound (None or 0); anything else is a ConfigError."""
+    if value is None or (not isinstance(value, bool) and value == 0):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < 0:
+        raise ConfigError(f"--max-wall-s: must be a finite number of seconds >= 0 "
+                          f"(0: no limit), got {value!r}")
+    return float(value)
 
 
 def _positive_int(value: Any) -> Optional[int]:
@@ -251,6 +268,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
              network_mode: str = "flow", collective_algo: str = "auto",
              max_trace_records: Optional[int] = None, max_ops: Optional[int] = None,
+             max_wall_s: Optional[float] = None,
              record_links: bool = False, **options: Any) -> SimulationResult:
     """Build the training step of ``model`` with the given strategy
     (``dp=``, model overrides ``layers=``, ``hidden=``, ``batch=``,
@@ -262,8 +280,12 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     (the others use ``auto``). ``record_links`` keeps each link's
     utilisation over time (links.png over time, trace.json link counters;
     the samples cost memory on big runs: sweeps leave it off, ``distsim
-    simulate`` turns it on)."""
+    simulate`` turns it on).
+    ``max_wall_s`` bounds the simulation's wall-clock time (None or 0: no
+    bound): past it the run stops with a SimulationError listing the
+    blocked ops."""
     trace_limit = check_max_trace_records(max_trace_records)
+    wall = check_max_wall_s(max_wall_s)
     if network_mode not in ("flow", "analytical"):
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
     check_algorithm_name(collective_algo)
@@ -275,6 +297,6 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     trace = simulate_function(program, topo, CostModel(topo.device_spec),
                               SimulationOptions(network_mode=network_mode,
                                                 collective_algorithm=collective_algo,
-                                                symmetry=symmetry,
+                                                symmetry=symmetry, max_wall_s=wall,
                                                 record_links=bool(record_links)))
     return SimulationResult(trace, program, config, topo, max_trace_records=trace_limit)

@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..api import OUTPUT_FILES, simulate
+from ..errors import ConfigError
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
@@ -28,6 +29,12 @@ def add_parser(sub) -> None:
     g.add_argument("--collective-algo", default="auto",
                    help="collective algorithm: auto, ring, tree, hierarchical, ... "
                         "(default: %(default)s)")
+    g.add_argument("--max-wall-s", type=float, dest="max_wall_s", default=0.0, metavar="S",
+                   help="stop a simulation still running after S seconds of wall-clock time "
+                        "with an error listing the blocked ops per device (exit status 2); "
+                        "0: no limit (default: %(default)g). A deadlock is always reported "
+                        "at once, and a run stops after 10,000,000 events without an op "
+                        "finishing")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="distsim-out",
                    help="output folder for the trace, plots and summary (default: %(default)s)")
@@ -52,8 +59,13 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
                       record_links=not args.no_link_samples,
-                      max_trace_records=args.max_trace_records, **program_options(args))
-    paths = result.write_outputs(args.out, plots=not args.no_plots)
+                      max_trace_records=args.max_trace_records, max_wall_s=args.max_wall_s,
+                      **program_options(args))
+    try:
+        paths = result.write_outputs(args.out, plots=not args.no_plots)
+    except OSError as e:        # a folder it may not write into (/proc), a full disk
+        raise ConfigError(f"--out {args.out}: cannot write the output files "
+                          f"({e.strerror or e})") from None
     info = result.summary().get("trace_file") or {}
     if info.get("truncated"):
         print(f"distsim: note: trace.json holds {info['records_written']} of {info['records']} "

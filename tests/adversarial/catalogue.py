@@ -62,6 +62,15 @@ def _simulate_file(kind: str, name: str, **kwargs):
     return run
 
 
+def _write_outputs(out: str):
+    """A tiny run written into ``out`` (a folder that cannot be created)."""
+    def run(tmp: Path):
+        import distsim
+        result = distsim.simulate(layers=1, hidden=64, batch=64, network_mode="analytical")
+        return result.write_outputs(out, plots=False)
+    return run
+
+
 def _load_topology(name: str):
     def run(tmp: Path):
         from distsim.topology import load_topology
@@ -301,6 +310,17 @@ CASES: List[Case] = [
        ["simulate", "--no-plots", "--layers", "1", "--hidden", "64", "--batch", "64",
         "--out", "{cases}/model_not_mapping.yaml"],
        ConfigError, "exists and is not a directory"),
+    _c("out-cannot-create", "CLI flags", "`simulate --out FILE/out` (a folder under a file)",
+       _write_outputs(str(CASES_DIR / "model_not_mapping.yaml" / "out")),
+       ["simulate", "--no-plots", "--layers", "1", "--hidden", "64", "--batch", "64",
+        "--out", "{cases}/model_not_mapping.yaml/out"],
+       ConfigError, "model_not_mapping.yaml/out: cannot create the output folder"),
+    _c("max-wall-s-nan", "CLI flags", "`simulate --max-wall-s nan`", _simulate(max_wall_s=float("nan")),
+       S + ["--max-wall-s", "nan"], ConfigError,
+       "--max-wall-s: must be a finite number of seconds >= 0 (0: no limit), got nan"),
+    _c("max-wall-s-negative", "CLI flags", "`simulate --max-wall-s -1`", _simulate(max_wall_s=-1.0),
+       S + ["--max-wall-s", "-1"], ConfigError,
+       "--max-wall-s: must be a finite number of seconds >= 0 (0: no limit), got -1.0"),
     _c("dp-not-an-int", "CLI flags", "`simulate --dp abc`", None, S + ["--dp", "abc"], None,
        "argument --dp: invalid int value: 'abc'"),
     _c("unknown-flag", "CLI flags", "`simulate --bogus`", None, S + ["--bogus"], None,

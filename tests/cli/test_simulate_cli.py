@@ -3,6 +3,7 @@ gives one line on stderr, exit status 2 and no output files."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,13 +92,77 @@ def test_malformed_yaml_topology(tmp_path, capsys):
     bad.write_text("name: x\ndevice: [unclosed\n")
     code, _, err = run_cli(["simulate", "--topology", str(bad), "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and str(bad) in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
 
 
 def test_malformed_yaml_model(tmp_path, capsys):
     bad = tmp_path / "m.yaml"
     bad.write_text("family: mlp\nlayers: [1,\n")
     code, _, err = run_cli(["simulate", "--model", str(bad), "--out", str(tmp_path / "o")], capsys)
-    assert code == 2 and "malformed YAML" in err
+    assert code == 2 and "malformed YAML" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("out, message", [
+    ("/proc/nope", "--out /proc/nope: cannot create the output folder"),
+    ("/proc/nope/deeper", "--out /proc/nope/deeper: cannot create the output folder"),
+    ("/proc", "--out /proc: cannot write the output files"),   # a folder nobody may write into
+])
+def test_an_output_folder_that_cannot_be_written_is_a_config_error(capsys, out, message):
+    code, stdout, err = run_cli(["simulate", *SMALL, "--no-plots", "--out", out], capsys)
+    assert code == 2, err
+    assert err.startswith("distsim: error: " + message) and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and stdout == ""
+
+
+def test_max_wall_s_stops_a_run_and_lists_the_blocked_ops(tmp_path, capsys):
+    # a budget of 1 ns is spent by the first check (after 256 events); the
+    # default run needs far more events than that
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["simulate", "--no-plots", "--max-wall-s", "1e-9",
+                                 "--out", str(out)], capsys)
+    assert code == 2
+    assert err.startswith("distsim: error: stopped (wall-clock budget of 1e-09 s spent "
+                          "(max_wall_s)) at t=")
+    assert "device 0 " in err and "device 7 " in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and stdout == ""
+
+
+def test_max_wall_s_zero_or_generous_changes_nothing(tmp_path, capsys):
+    times = []
+    for wall in ("0", "3600"):
+        code, stdout, err = run_cli(["simulate", *SMALL, "--json", "--no-plots", "--max-wall-s",
+                                     wall, "--out", str(tmp_path / wall)], capsys)
+        assert code == 0, err
+        times.append(json.loads(stdout)["step_time_s"])
+    assert times[0] == times[1] > 0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "-inf"])
+def test_malformed_max_wall_s_is_a_config_error(tmp_path, capsys, value):
+    out = tmp_path / "out"
+    code, _, err = run_cli(["simulate", f"--max-wall-s={value}", "--out", str(out)], capsys)
+    assert code == 2
+    assert err.startswith("distsim: error: --max-wall-s: must be a finite number of seconds >= 0")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), -1, "10", True, float("inf")])
+def test_malformed_max_wall_s_in_python_is_a_config_error(value):
+    import distsim
+    from distsim.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"^--max-wall-s: must be a finite number"):
+        distsim.simulate(max_wall_s=value)
+
+
+def test_max_wall_s_in_python_stops_with_a_simulation_error():
+    import distsim
+    from distsim.errors import SimulationError
+    with pytest.raises(SimulationError, match=r"wall-clock budget of 1e-09 s spent"):
+        distsim.simulate(max_wall_s=1e-9)
 
 
 def test_help_documents_every_option(capsys):
@@ -106,7 +171,8 @@ def test_help_documents_every_option(capsys):
     assert info.value.code == 0
     text = capsys.readouterr().out
     for flag in ("--model", "--layers", "--hidden", "--batch", "--dtype", "--dp", "--topology",
-                 "--out", "--json", "--network-mode", "--collective-algo"):
+                 "--out", "--json", "--network-mode", "--collective-algo", "--max-wall-s",
+                 "--max-trace-records"):
         assert flag in text
 
 
