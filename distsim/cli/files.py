@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PassPreconditionError, VerifyError
 from ..ir.core import Module
 from ..ir.mesh import DTensorType
 from ..ir.verifier import verify_module
@@ -37,6 +37,13 @@ def is_global_view(module: Module) -> bool:
 
 
 def read_program(path_text: str) -> Module:
-    """Parse and verify a DistIR text file."""
+    """Parse and verify a DistIR text file. Verifier errors (which name the
+    function and op) get the file name in front, as parse errors have it."""
     module = parse_module(read_text(path_text), source=str(path_text))
-    return verify_sharded(module) if is_global_view(module) else verify_module(module)
+    try:
+        return verify_sharded(module) if is_global_view(module) else verify_module(module)
+    except (VerifyError, PassPreconditionError) as e:
+        message = str(e)
+        if not message.startswith(f"{path_text}:"):
+            message = f"{path_text}: {message}"
+        raise type(e)(message) from None
