@@ -34,7 +34,9 @@ def add_parser(subparsers) -> None:
     team = p.add_mutually_exclusive_group()
     team.add_argument("--devices", metavar="RANKS",
                       help="team ranks in order, e.g. 0-7 or 0,8,16 (default: all)")
-    team.add_argument("--nodes", type=int, help="every device of the first N servers")
+    team.add_argument("--nodes", type=int,
+                      help="every device of the first N servers; with a one-server topology "
+                           "such as dgx-a100, its N-server cluster (dgx-a100-xN)")
     p.add_argument("--algo", default="auto",
                    help="algorithm: auto, ring, tree, hierarchical, direct (default: auto)")
     p.add_argument("--root", type=int, help="root rank of broadcast/reduce/gather/scatter "

@@ -110,6 +110,34 @@ def parse_kind(kind: Union[str, CollectiveType]) -> CollectiveType:
                       f"{', '.join(k.value for k in CollectiveType)})")
 
 
+_CLUSTER_SUFFIX = re.compile(r"-x[0-9]+$")
+
+
+def topology_for_nodes(topology: Union[str, Topology], nodes: Optional[int] = None) -> Topology:
+    """The topology a run over the first ``nodes`` servers uses: ``topology``
+    itself where it has that many, else, for a one-server name such as
+    ``dgx-a100``, its ``NAME-xN`` cluster (``dgx-a100-x2`` for ``nodes=2``);
+    otherwise a ConfigError that says which topology to pass."""
+    if isinstance(topology, Topology):
+        topo, name = topology, None
+    else:
+        topo, name = load_topology(topology), str(topology)
+    if nodes is None or isinstance(nodes, bool) or not isinstance(nodes, int) or \
+            nodes <= topo.num_nodes:
+        return topo                     # select_ranks checks the count itself
+    if nodes >= 1 and name is not None and topo.num_nodes == 1 and \
+            not _CLUSTER_SUFFIX.search(name) and not name.endswith((".yaml", ".yml")):
+        try:
+            return load_topology(f"{name}-x{nodes}")
+        except ConfigError:
+            pass                        # not built by the dgx builder: no -xN clusters
+    base = _CLUSTER_SUFFIX.sub("", topo.name)
+    hint = (f"; pass a cluster with enough servers, e.g. --topology {base}-x{nodes}"
+            if base.startswith("dgx-") else "")
+    raise ConfigError(f"--nodes {nodes}: topology '{topo.name}' has {topo.num_nodes} "
+                      f"node(s){hint}")
+
+
 def select_ranks(topology: Topology, ranks: Optional[Sequence[int]] = None,
                  nodes: Optional[int] = None) -> Tuple[int, ...]:
     """The team: ``ranks`` as given, or every rank of the first ``nodes``
@@ -133,9 +161,10 @@ def benchmark_collective(kind: Union[str, CollectiveType], nbytes: Union[int, st
     """Simulate one collective alone on ``topology``; returns a dict with
     ``collective, algorithm, bytes, ranks, time_s, algbw_Bps, busbw_Bps,
     topology, mode``. A send/recv team defaults to the first and last rank
-    selected; a rooted collective's root to the first."""
+    selected; a rooted collective's root to the first. ``nodes`` past a
+    one-server topology's one uses its cluster (:func:`topology_for_nodes`)."""
     kind = parse_kind(kind)
-    topo = load_topology(topology) if isinstance(topology, str) else topology
+    topo = topology_for_nodes(topology, nodes)
     size = parse_bytes(nbytes)
     team = select_ranks(topo, ranks, nodes)
     if kind is CollectiveType.SEND_RECV and len(team) != 2:
@@ -167,7 +196,7 @@ def benchmark_collective(kind: Union[str, CollectiveType], nbytes: Union[int, st
 def sweep_collective(kind: Union[str, CollectiveType], sizes: Sequence[Union[int, str]],
                      topology: Union[str, Topology], **kwargs: Any) -> List[Dict[str, Any]]:
     """:func:`benchmark_collective` for every size (same team, algorithm)."""
-    topo = load_topology(topology) if isinstance(topology, str) else topology
+    topo = topology_for_nodes(topology, kwargs.get("nodes"))
     return [benchmark_collective(kind, s, topo, **kwargs) for s in sizes]
 
 

@@ -57,5 +57,32 @@ def test_bad_input(capsys):
         run(["allsum"], capsys)
     with pytest.raises(TopologyError, match="team rank 8"):
         run(["allreduce", "--devices", "0-8"], capsys)
-    with pytest.raises(ConfigError, match="has 1 node"):
-        run(["allreduce", "--nodes", "2"], capsys)
+    with pytest.raises(ConfigError, match="--nodes 0: topology 'dgx-a100' has 1 node"):
+        run(["allreduce", "--nodes", "0"], capsys)
+
+
+def test_nodes_past_a_one_server_topology_use_its_cluster(capsys):
+    # dgx-a100 --nodes 2 is dgx-a100-x2: 16 ranks, hierarchical over the
+    # rails: 2 x 7 NVSwitch steps of S/8 (1 us) + 2 rail steps of S/16 (3 us)
+    S = 1e9
+    out = json.loads(run(["allreduce", "--bytes", "1GB", "--topology", "dgx-a100",
+                          "--nodes", "2", "--json"], capsys))
+    assert out["topology"] == "dgx-a100-x2" and out["ranks"] == 16
+    assert out["algorithm"] == "hierarchical"
+    assert out["time_s"] == pytest.approx(2 * 7 * (1e-6 + S / 8 / 300e9)
+                                          + 2 * (3e-6 + S / 16 / 25e9), rel=0.01)
+    lines = run(["allgather", "--sweep-bytes", "1KB:4KB", "--topology", "dgx-h100",
+                 "--nodes", "4"], capsys).splitlines()
+    assert lines[0].startswith("# allgather on dgx-h100-x4, 32 ranks")
+
+
+@pytest.mark.parametrize("topology, message", [
+    ("dgx-a100-x2", "--nodes 4: topology 'dgx-a100-x2' has 2 node(s); pass a cluster with "
+                    "enough servers, e.g. --topology dgx-a100-x4"),
+    ("pcie-tree-4gpu", "--nodes 2: topology 'pcie-tree-4gpu' has 1 node(s)"),
+])
+def test_nodes_past_a_cluster_or_a_non_dgx_topology_say_what_to_pass(topology, message, capsys):
+    nodes = "4" if topology.endswith("x2") else "2"
+    with pytest.raises(ConfigError) as err:
+        run(["allreduce", "--topology", topology, "--nodes", nodes], capsys)
+    assert str(err.value) == message
