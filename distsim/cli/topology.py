@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..topology import known_topologies, load_topology
 from ..topology.draw import draw_topology
@@ -49,4 +50,6 @@ def run(args: argparse.Namespace) -> int:
     if args.draw:
         draw_topology(topo, args.draw)
     print(json.dumps(info, indent=2) if args.json else describe_text(info))
+    if args.draw:   # with --json, stdout stays one JSON document
+        print(f"wrote {args.draw}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -1,10 +1,15 @@
 """Draw a topology graph to a PNG: devices, NICs, switches and hosts in
-layers, links as lines (a duplex pair drawn once, width by bandwidth)."""
+layers, links as lines (a duplex pair drawn once, width by bandwidth).
+
+Within a layer, nodes are grouped by server and in natural order
+(``gpu2`` before ``gpu10``), so that each server's GPUs sit above its own
+NICs and switches and a multi-node drawing does not cross itself."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
-from typing import Union
+from typing import Dict, List, Tuple, Union
 
 import matplotlib
 
@@ -28,12 +33,32 @@ def _layer(topology: Topology, node: str) -> int:
     return _LAYER[data["kind"]]
 
 
+def natural_key(name: object) -> Tuple[Tuple[int, object], ...]:
+    """Sort key reading digit runs as numbers: gpu2 < gpu10, leaf1.2 < leaf1.10."""
+    return tuple((1, int(part)) if part.isdigit() else (0, part)
+                 for part in re.split(r"([0-9]+)", str(name)) if part)
+
+
+def layer_order(topology: Topology) -> Dict[int, List[str]]:
+    """The nodes of each drawing layer, left to right: by server
+    (``node_index``; network switches, which have none, after), then in
+    natural name order."""
+    layers: Dict[int, List[str]] = {}
+    graph = topology.graph
+    for node in graph:
+        layers.setdefault(_layer(topology, node), []).append(node)
+    for nodes in layers.values():
+        nodes.sort(key=lambda v: (graph.nodes[v].get("node_index") is None,
+                                  graph.nodes[v].get("node_index") or 0, natural_key(v)))
+    return dict(sorted(layers.items()))
+
+
 def draw_topology(topology: Topology, path: Union[str, Path]) -> None:
     """Write a PNG drawing of ``topology`` to ``path`` (atomically)."""
     g = topology.graph.to_undirected(as_view=False)
-    for node in g:
-        g.nodes[node]["layer"] = _layer(topology, node)
-    pos = nx.multipartite_layout(g, subset_key="layer", align="horizontal")
+    # layers as ordered lists (a layer attribute would be grouped into sets,
+    # whose order is arbitrary: gpu11, gpu3, gpu28, ...)
+    pos = nx.multipartite_layout(g, subset_key=layer_order(topology), align="horizontal")
     n = g.number_of_nodes()
     size = min(40.0, max(6.0, math.sqrt(n) * 1.2))
     fig, ax = plt.subplots(figsize=(size * 1.6, size))
