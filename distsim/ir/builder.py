@@ -5,6 +5,13 @@
     w = b.input("w", TensorType((128, 128), DType.F32, 0))
     y = b.op("matmul", [x, w], name="y")
     f = b.finish([y])
+
+A global-view (sharded) program annotates a few values with placements on
+a device mesh and lets propagation derive the rest
+(:mod:`distsim.transforms.sharding`)::
+
+    mesh = DeviceMesh("tp", (4,), ("tp",))
+    w1 = b.annotate_sharding(b.input("w1", TensorType((128, 512), DType.F32)), mesh, ["S(1)"])
 """
 from __future__ import annotations
 
@@ -12,8 +19,9 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Unio
 
 from ..errors import VerifyError
 from .core import Function, Op, Value
+from .mesh import DeviceMesh, Placement, dtensor
 from .registry import ShapeError, infer_types, with_defaults
-from .types import Type
+from .types import TensorType, Type
 
 
 class NameScope:
@@ -38,6 +46,23 @@ class NameScope:
 
     def reserve(self, name: str) -> None:
         self._taken.add(name)
+
+
+def annotate_sharding(value: Value, mesh: DeviceMesh,
+                      placements: Sequence[Union[Placement, str]]) -> Value:
+    """Give ``value`` (a function input or an op result, before
+    propagation) the type ``DTensorType(shape, dtype, mesh, placements)``;
+    placements may be text (``"S(0)"``, ``"R"``, ``"P(sum)"``). Returns the
+    value. VerifyError naming the value for placements that cannot apply
+    (a dim or axis that does not exist, a shard smaller than one element)."""
+    t = value.type
+    if not isinstance(t, TensorType):
+        raise VerifyError(f"value %{value.name}: only tensors can be sharded, not {t}")
+    if t.device is not None:
+        raise VerifyError(f"value %{value.name}: already placed on device {t.device}; "
+                          "a sharded value is placed by its mesh")
+    value.type = dtensor(t.shape, t.dtype, mesh, placements, f"value %{value.name}")
+    return value
 
 
 class FunctionBuilder:
@@ -73,6 +98,11 @@ class FunctionBuilder:
         op = Op(op_type, inputs, outputs, attrs, meta=meta)
         self.function.ops.append(op)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def annotate_sharding(self, value: Value, mesh: DeviceMesh,
+                          placements: Sequence[Union[Placement, str]]) -> Value:
+        """Lay ``value`` out on ``mesh`` (see :func:`annotate_sharding`)."""
+        return annotate_sharding(value, mesh, placements)
 
     def append(self, op: Op) -> Op:
         """Append an already-built op (its output names are reserved)."""

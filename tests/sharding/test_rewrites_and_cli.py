@@ -8,7 +8,8 @@ from distsim.interp import NumpyExecutor
 from distsim.ir import DType, FunctionBuilder, TensorType, verify
 from distsim.transforms.sharding import LOCAL_RULES
 from distsim.transforms.sharding.rewrites import (dedup_comms, drop_gather_slice,
-                                                  fuse_reduce_scatter_all_gather, simplify_comms)
+                                                  fuse_reduce_scatter_all_gather, simplify_comms,
+                                                  split_all_reduce)
 
 MODEL = str(Path(__file__).resolve().parents[2] / "models" / "nested_mlp.dir")
 
@@ -46,6 +47,45 @@ def test_reduce_scatter_then_all_gather_is_an_all_reduce():
     assert [op.op_type for op in f.ops] == ["comm.allreduce"]
     for x, y in zip(run(verify(f)), before):
         np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def _all_reduce_then(chain, n=4, shape=(8, 6), also_return=False):
+    b, xs = inputs(n, shape)
+    ar = b.op("comm.allreduce", xs, {"ranks": list(range(n)), "mesh": "m", "axes": ["a"]})
+    outs = []
+    for r in range(n):
+        v = ar[r]
+        for op_type, attrs in chain:
+            v = b.op(op_type, [v], attrs)
+        outs.append(b.op("add", [v, xs[r]]))
+    if also_return:
+        outs.append(ar[0])
+    return b.finish(outs)
+
+
+def test_all_reduce_before_an_element_wise_chain_is_split():
+    f = _all_reduce_then([("relu", None), ("scale", {"factor": 0.5})])
+    before = run(f)
+    split_all_reduce(f)
+    kinds = [op.op_type for op in f.ops]
+    assert kinds == ["comm.reducescatter"] + ["relu"] * 4 + ["scale"] * 4 + ["comm.allgather"] + ["add"] * 4
+    # the chain runs on each rank's piece: 8 rows over 4 ranks
+    assert all(op.outputs[0].type.shape == (2, 6) for op in f.ops if op.op_type in ("relu", "scale"))
+    rs, ag = f.ops[0], f.ops[9]
+    assert rs.attrs["dim"] == 0 and rs.attrs["mesh"] == "m" and ag.attrs["axes"] == ("a",)
+    # bytes by the table: f32[8,6] = 192 B; (4-1)/4 * 192 = 144 each, 288 as the all-reduce's 2(4-1)/4 * 192
+    assert rs.meta["bytes_per_device"] == 144.0 and ag.meta["bytes_per_device"] == 144.0
+    for x, y in zip(run(verify(f)), before):
+        np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def test_all_reduce_is_kept_where_splitting_does_not_pay():
+    for f in (_all_reduce_then([]),                                  # nothing to run on the piece
+              _all_reduce_then([("relu", None)], also_return=True),  # the full value is returned anyway
+              _all_reduce_then([("relu", None)], n=4, shape=(3, 2))):  # no dim with a row per rank
+        split_all_reduce(f)
+        assert [op.op_type for op in f.ops].count("comm.allreduce") == 1
+        assert "comm.reducescatter" not in [op.op_type for op in f.ops]
 
 
 def test_gather_then_own_slice_is_removed():

@@ -75,6 +75,19 @@ def test_annotate_errors_name_the_value():
         annotate_sharding(x, m, ["S(0)"])
 
 
+def test_the_builder_annotates_sharding():
+    from distsim.ir.builder import annotate_sharding as from_builder
+    m = DeviceMesh("m", (2,), ("a",))
+    b = FunctionBuilder("main")
+    x = b.annotate_sharding(b.input("x", TensorType((4, 3), DType.F32)), m, ["S(0)"])
+    assert x.type == DTensorType((4, 3), DType.F32, m, (Shard(0),))
+    y = from_builder(b.op("relu", [x], name="y"), m, [Partial()])
+    assert y.type.placements == (Partial(),)
+    assert from_builder is annotate_sharding  # transforms.sharding re-exports the builder's
+    with pytest.raises(VerifyError, match=r"%z: dim 0 of size 1.*larger than it"):
+        b.annotate_sharding(b.input("z", TensorType((1, 3), DType.F32)), m, ["S(0)"])
+
+
 def test_team_outside_the_mesh():
     m = DeviceMesh("m", (2,), ("a",))
     b = FunctionBuilder("main")

@@ -1,6 +1,7 @@
 """Sharded tensors on N-D device meshes: annotation, propagation (through
 calls), the redistribution planner, lowering to the local view, rewrites
-on communication ops, and the verifier. See docs/sharding.md.
+on communication ops, and the verifier. See the README section "Sharded
+tensors on device meshes".
 
     module = parse_module(text)           # meshes, DTensor annotations, calls
     sharded = propagate(module)           # every value placed, callees specialised

@@ -1,28 +1,15 @@
-"""Annotating values with placements (what a user writes)."""
+"""Annotating values with placements (what a user writes).
+
+:func:`annotate_sharding` lives in the builder (:mod:`distsim.ir.builder`,
+also ``FunctionBuilder.annotate_sharding``) and is re-exported here.
+"""
 from __future__ import annotations
 
-from typing import Sequence, Union
-
-from ...errors import VerifyError
+from ...ir.builder import annotate_sharding
 from ...ir.core import Value
-from ...ir.mesh import DeviceMesh, DTensorType, Placement, dtensor
-from ...ir.types import TensorType
+from ...ir.mesh import DTensorType
 
-
-def annotate_sharding(value: Value, mesh: DeviceMesh,
-                      placements: Sequence[Union[Placement, str]]) -> Value:
-    """Give ``value`` (a function input or an op result, before
-    propagation) the type ``DTensorType(shape, dtype, mesh, placements)``;
-    placements may be text (``"S(0)"``, ``"R"``, ``"P(sum)"``). Returns the
-    value. VerifyError naming the value for placements that cannot apply."""
-    t = value.type
-    if not isinstance(t, TensorType):
-        raise VerifyError(f"value %{value.name}: only tensors can be sharded, not {t}")
-    if t.device is not None:
-        raise VerifyError(f"value %{value.name}: already placed on device {t.device}; "
-                          "a sharded value is placed by its mesh")
-    value.type = dtensor(t.shape, t.dtype, mesh, placements, f"value %{value.name}")
-    return value
+__all__ = ["annotate_sharding", "placements_of"]
 
 
 def placements_of(value: Value):
