@@ -204,10 +204,12 @@ def _gemm(cx, node):
 
 @converter("LayerNormalization")
 def _layernorm(cx, node):
+    """Normalizes over the dims ``[axis, rank)`` together; another axis than
+    the last runs as a layernorm of the 2-D view (lead, prod(shape[axis:]))
+    with the scale and bias flattened, then reshaped back."""
     x = cx.value(node.inputs[0])
-    axis = node.attr("axis", -1)
-    if axis % x.type.rank != x.type.rank - 1:
-        _fail(cx, node, f"normalization over axis {axis} (only the last axis is supported)")
+    rank = x.type.rank
+    axis = node.attr("axis", -1) % rank
     if any(node.outputs[1:]):
         _fail(cx, node, "its Mean / InvStdDev outputs are not supported")
     gamma = cx.value(node.inputs[1])
@@ -216,8 +218,20 @@ def _layernorm(cx, node):
     else:
         beta = cx.constant_value(np.zeros(gamma.type.shape, gamma.type.dtype.numpy_name),
                                  node.outputs[0] + "_beta")
-    return [cx.op(node, "layernorm", [x, gamma, beta],
-                  {"axis": -1, "eps": node.attr("epsilon", 1e-5)})]
+    attrs = {"axis": -1, "eps": node.attr("epsilon", 1e-5)}
+    if axis == rank - 1:
+        return [cx.op(node, "layernorm", [x, gamma, beta], attrs)]
+    inner_shape = tuple(x.type.shape[axis:])
+    inner = int(np.prod(inner_shape))
+    flat = []
+    for v in (gamma, beta):
+        if v.type.shape != inner_shape:  # unidirectionally broadcastable
+            v = cx.op(node, "broadcast_to", [v], {"shape": inner_shape}, out=None)
+        flat.append(cx.op(node, "reshape", [v], {"shape": (inner,)}, out=None))
+    x2 = cx.op(node, "reshape", [x], {"shape": (int(np.prod(x.type.shape[:axis])), inner)},
+               out=None)
+    y = cx.op(node, "layernorm", [x2] + flat, attrs, out=None)
+    return [cx.op(node, "reshape", [y], {"shape": x.type.shape})]
 
 
 @converter("RMSNormalization")
@@ -242,85 +256,6 @@ def _softmax(cx, node):
     flat = cx.op(node, "reshape", [x], {"shape": (lead, -1)}, out=None)
     y = cx.op(node, op_type, [flat], {"axis": 1}, out=None)
     return [cx.op(node, "reshape", [y], {"shape": x.type.shape})]
-
-
-@converter("BatchNormalization")
-def _batchnorm(cx, node):
-    if node.attr("training_mode", 0) or any(node.outputs[1:]):
-        _fail(cx, node, "training-mode batch normalization (running-statistics outputs)")
-    for name in node.inputs[3:5]:
-        cx.mark_role(name, "const")
-    ins = [cx.value(n) for n in node.inputs[:5]]
-    return [cx.op(node, "batchnorm", ins, {"eps": node.attr("epsilon", 1e-5)})]
-
-
-@converter("LRN")
-def _lrn(cx, node):
-    x = cx.value(node.inputs[0])
-    return [cx.op(node, "lrn", [x], {"size": node.attr("size"), "alpha": node.attr("alpha", 1e-4),
-                                     "beta": node.attr("beta", 0.75),
-                                     "bias": node.attr("bias", 1.0)})]
-
-
-# ----- convolution and pooling ---------------------------------------------------
-def _window_attrs(cx, node, x_shape, kernel, dilations=(1, 1)) -> Dict[str, Any]:
-    if len(kernel) != 2 or len(x_shape) != 4:
-        _fail(cx, node, f"only 2-D windows on NCHW inputs are supported (kernel {tuple(kernel)})")
-    strides = tuple(node.attr("strides", (1, 1)))
-    pads = tuple(node.attr("pads", (0, 0, 0, 0)))
-    auto = node.attr("auto_pad", "NOTSET")
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        pads_b, pads_e = [], []
-        for i in range(2):
-            out = -(-x_shape[2 + i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1
-                        - x_shape[2 + i])
-            small, big = total // 2, total - total // 2
-            pads_b.append(small if auto == "SAME_UPPER" else big)
-            pads_e.append(big if auto == "SAME_UPPER" else small)
-        pads = tuple(pads_b + pads_e)
-    elif auto == "VALID":
-        pads = (0, 0, 0, 0)
-    return {"strides": strides, "pads": pads}
-
-
-@converter("Conv")
-def _conv(cx, node):
-    x, w = cx.value(node.inputs[0]), cx.value(node.inputs[1])
-    kernel = tuple(node.attr("kernel_shape", w.type.shape[2:]))
-    dil = tuple(node.attr("dilations", (1,) * len(kernel)))
-    attrs = _window_attrs(cx, node, x.type.shape, kernel, dil)
-    attrs.update(dilations=dil, group=node.attr("group", 1))
-    has_bias = bool(node.input(2))
-    y = cx.op(node, "conv", [x, w], attrs, out=None if has_bias else 0)
-    if has_bias:
-        bias = cx.op(node, "reshape", [cx.value(node.input(2))],
-                     {"shape": (w.type.shape[0], 1, 1)}, out=None)
-        y = cx.op(node, "add", [y, bias])
-    return [y]
-
-
-@converter("MaxPool", "AveragePool")
-def _pool(cx, node):
-    x = cx.value(node.inputs[0])
-    if len(node.outputs) > 1 and node.outputs[1]:
-        _fail(cx, node, "the Indices output of MaxPool is not supported")
-    kernel = tuple(node.attr("kernel_shape"))
-    dil = tuple(node.attr("dilations", (1, 1)))
-    attrs = _window_attrs(cx, node, x.type.shape, kernel, dil)
-    attrs.update(kernel=kernel, ceil_mode=bool(node.attr("ceil_mode", 0)))
-    if node.op_type == "MaxPool":
-        attrs["dilations"] = dil
-        return [cx.op(node, "maxpool", [x], attrs)]
-    attrs["count_include_pad"] = bool(node.attr("count_include_pad", 0))
-    return [cx.op(node, "averagepool", [x], attrs)]
-
-
-@converter("GlobalAveragePool", "GlobalMaxPool")
-def _global_pool(cx, node):
-    x = cx.value(node.inputs[0])
-    op_type = "reduce_mean" if node.op_type == "GlobalAveragePool" else "reduce_max"
-    return [cx.op(node, op_type, [x], {"axes": tuple(range(2, x.type.rank)), "keepdims": True})]
 
 
 # ----- reductions ----------------------------------------------------------------
@@ -534,3 +469,7 @@ def _fold_only(cx, node):
     _fail(cx, node, "supported only on inputs known at import time (shapes, masks, position "
                     "ids); here an input is computed at run time")
 
+
+# The CNN ops (convolution, pooling, batch norm, LRN, Pad, Clip) register
+# themselves in CONVERTERS from their own module.
+from . import onnx_ops_cnn  # noqa: E402,F401

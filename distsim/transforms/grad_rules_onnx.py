@@ -82,6 +82,13 @@ def _minimum(b, op, grads):
     return [_select(b, op, cond, grads[0], 0), _select(b, op, cond, grads[0], 1, keep_true=False)]
 
 
+@grad_rule("maximum")
+def _maximum(b, op, grads):
+    x, y = op.inputs
+    cond = b.op("greater_equal", [x, y], name=f"{op.outputs[0].name}_ge")
+    return [_select(b, op, cond, grads[0], 0), _select(b, op, cond, grads[0], 1, keep_true=False)]
+
+
 @grad_rule("reduce_max")
 def _reduce_max(b, op, grads):
     x, y = op.inputs[0], op.outputs[0]

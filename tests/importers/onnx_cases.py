@@ -116,6 +116,36 @@ CASES = {
     "Gather": model("Gather", [x((5, 4)), x((2, 3), "i", I64)], {"axis": 0}),
     "Trilu": model("Trilu", [x((2, 4, 4))], {"upper": 0}, consts={"k": np.array(1)}),
     "Range": model("Range", [], consts={"a": np.array(1), "l": np.array(10), "d": np.array(3)}),
+    # Pad: widths per axis, a non-zero value, axes (opset 18), opset-9 attributes
+    # (negative widths, which onnx.reference refuses: test_onnx_old_opsets.py)
+    "Pad": model("Pad", [x((2, 5))], consts={"p": np.array([1, 0, 2, 3]),
+                                             "v": np.array(1.5, np.float32)}, opset=13),
+    "Pad_axes": model("Pad", [x((2, 3, 4))], consts={"p": np.array([2, 1]),
+                                                     "v": np.array(0.0, np.float32),
+                                                     "a": np.array([-1])}, opset=18),
+    "Pad_opset9": model("Pad", [x((2, 3))], {"pads": [0, 2, 1, 0], "value": -2.0}, opset=9),
+    "Clip": model("Clip", [x((2, 3))], consts={"lo": np.array(-0.5, np.float32),
+                                               "hi": np.array(0.75, np.float32)}, opset=13),
+    "Clip_min_only": model("Clip", [x((2, 3)), x((), "lo")], opset=13),
+    "Clip_runtime_bounds": model("Clip", [x((2, 3)), x((), "lo"), x((), "hi")], opset=13),
+    "Clip_opset9": model("Clip", [x((2, 3))], {"min": -0.2, "max": 0.3}, opset=9),
+    # 1-D windows (NCL), lifted to 2-D
+    "Conv_1d": model("Conv", [x((2, 4, 11)), x((6, 2, 3), "w"), x((6,), "b")],
+                     {"strides": [2], "pads": [1, 2], "dilations": [2], "group": 2}),
+    "Conv_1d_same": model("Conv", [x((1, 3, 10)), x((5, 3, 4), "w")],
+                          {"strides": [3], "auto_pad": "SAME_UPPER"}),
+    "MaxPool_1d": model("MaxPool", [x((2, 3, 9))], {"kernel_shape": [3], "strides": [2],
+                                                    "pads": [1, 1], "ceil_mode": 1}),
+    "AveragePool_1d": model("AveragePool", [x((2, 3, 9))],
+                            {"kernel_shape": [4], "strides": [2], "pads": [1, 2],
+                             "count_include_pad": 1}),
+    # LayerNormalization over [axis, rank) for an axis other than the last
+    "LayerNormalization_axis1": model("LayerNormalization",
+                                      [x((2, 3, 4)), x((3, 4), "g"), x((3, 4), "b")],
+                                      {"axis": 1, "epsilon": 1e-3}),
+    "LayerNormalization_axis0_no_bias": model("LayerNormalization", [x((2, 3, 4)),
+                                                                     x((2, 3, 4), "g")],
+                                              {"axis": -3}),
 }
 
 

@@ -1,5 +1,5 @@
-"""Old-opset semantics against numpy ground truth, where onnx.reference
-itself is wrong (onnx 1.23) and so cannot be the judge:
+"""Semantics against numpy ground truth where onnx.reference itself is
+wrong or fails (onnx 1.23) and so cannot be the judge:
 
 - Softmax / LogSoftmax before opset 13 coerce the input to 2-D: the
   result is the softmax over the flattened dims ``[axis, rank)`` together
@@ -9,6 +9,8 @@ itself is wrong (onnx 1.23) and so cannot be the judge:
   + B`` with the per-channel vectors on axis 1, for any rank >= 2. The
   reference's opset-9 version gives other numbers (off by tenths with
   epsilon 0.1 when tried).
+- Pad with negative widths (cropping) and an empty constant value (0):
+  the reference raises.
 
 Tolerances: rtol 1e-5, atol 1e-6 (float32 against a float64 truth).
 """
@@ -90,4 +92,21 @@ def test_batchnorm_inference_formula(opset, shape, epsilon):
     per_channel = (1, c) + (1,) * (len(shape) - 2)
     s, b, m, v = (stats[k].astype(np.float64).reshape(per_channel) for k in ("s", "bb", "m", "v"))
     truth = s * (a - m) / np.sqrt(v + eps) + b
+    np.testing.assert_allclose(ours, truth, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("pads,value", [([1, -1, 2, 3], 1.5), ([0, -2, -1, 0], 0.0),
+                                        ([-1, 2, 1, -3], None)])
+def test_pad_with_negative_widths_crops(pads, value):
+    shape = (3, 6)
+    a = np.random.default_rng(7).normal(size=shape).astype(np.float32)
+    consts = {"p": np.array(pads)}
+    consts["v"] = np.array([], np.float32) if value is None else np.array(value, np.float32)
+    ours = run(model("Pad", [x(shape)], consts=consts, opset=13), {"x": a})
+    begin, end = pads[:2], pads[2:]
+    cropped = a[max(-begin[0], 0):shape[0] - max(-end[0], 0),
+                max(-begin[1], 0):shape[1] - max(-end[1], 0)]
+    truth = np.pad(cropped, [(max(b, 0), max(e, 0)) for b, e in zip(begin, end)],
+                   constant_values=0.0 if value is None else value)
+    assert ours.shape == truth.shape
     np.testing.assert_allclose(ours, truth, rtol=RTOL, atol=ATOL)

@@ -71,6 +71,8 @@ CASES = {
                 {"x": ((2, 3), F64), "e": ((), F64)}, ["x", "e"]),
     "reduce_max_unary": (lambda b, x: b.op("reduce_max", [b.op("abs", [b.op("sin", [x])])],
                                            {"axes": (1,)}), {"x": ((3, 4), F64)}, ["x"]),
+    "clip_maximum": (lambda b, x, lo, hi: b.op("minimum", [b.op("maximum", [x, lo]), hi]),
+                     {"x": ((3, 4), F64), "lo": ((4,), F64), "hi": ((), F64)}, ["x", "lo", "hi"]),
     "reciprocal_cos": (lambda b, x: b.op("reciprocal", [b.op("cos", [x])]),
                        {"x": ((2, 3), F64)}, ["x"]),
 }
@@ -119,3 +121,41 @@ def test_simulate_onnx_file_forward_and_train():
                              train=True)
     assert 0 < fwd.step_time_s < train.step_time_s
     assert fwd.program.devices() == train.program.devices() == list(range(8))
+
+
+def test_imported_1d_cnn_gradients_match_finite_differences():
+    """Conv (1-D, lifted to 2-D), Clip, Pad (crop and pad), MaxPool (1-D)
+    and LayerNormalization over axes [1, 3) as imported, differentiated
+    end to end (float64) against central differences of the loss."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from distsim.models.onnx_family import with_loss
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 2, 3)), "w"),
+             numpy_helper.from_array(rng.normal(size=4), "b"),
+             numpy_helper.from_array(np.array(-0.6), "lo"),
+             numpy_helper.from_array(np.array(0.8), "hi"),
+             numpy_helper.from_array(np.array([0, 0, 1, 0, 0, -1]), "pads"),
+             numpy_helper.from_array(rng.normal(size=(4, 4)) + 1, "g"),
+             numpy_helper.from_array(rng.normal(size=(4, 4)), "beta")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[1], pads=[1, 1]),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["k"]),
+             helper.make_node("Pad", ["k", "pads"], ["p"]),
+             helper.make_node("MaxPool", ["p"], ["m"], kernel_shape=[2], strides=[2]),
+             helper.make_node("LayerNormalization", ["m", "g", "beta"], ["y"], axis=1)]
+    D = onnx.TensorProto.DOUBLE
+    graph = helper.make_graph(nodes, "cnn1d", [helper.make_tensor_value_info("x", D, [2, 2, 8])],
+                              [helper.make_tensor_value_info("y", D, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    f = with_loss(import_onnx(model))
+    assert f.outputs[0].type.shape == () and {"w", "b", "g", "beta"} <= set(f.meta["params"])
+    g = verify(Autodiff(f.meta["loss"], f.meta["params"])(f))
+    feeds = {"x": rng.normal(size=(2, 2, 8)), "target": rng.normal(size=(2, 4, 4))}
+    inputs = onnx_input_arrays(f, feeds)
+    results = execute(g, inputs)
+    names = [v.name for v in f.inputs]
+    for k, name in enumerate(f.meta["params"]):
+        np.testing.assert_allclose(results[1 + k], numeric_grad(f, inputs, names.index(name)),
+                                   rtol=1e-5, atol=1e-7, err_msg=name)
