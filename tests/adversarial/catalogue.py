@@ -607,6 +607,11 @@ CASES.extend([
        "an int64 initializer stored in an external file that is absent",
        _missing_external_data, None, ConfigError,
        "is stored in the external file 'absent.bin', which is missing"),
+    _c("collective-nodes-past-cluster", "CLI flags",
+       "`collective allreduce --topology dgx-a100-x2 --nodes 4`", None,
+       ["collective", "allreduce", "--topology", "dgx-a100-x2", "--nodes", "4"], ConfigError,
+       "topology 'dgx-a100-x2' has 2 node(s); pass a cluster with enough servers, "
+       "e.g. --topology dgx-a100-x4"),
 ])
 
 
