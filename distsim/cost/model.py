@@ -39,6 +39,8 @@ class CostModel:
     _function_costs: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
 
     def op_cost(self, op: Op) -> OpCost:
+        if op.op_type == "depend":  # an ordering edge (an event wait), not a kernel
+            return OpCost(0.0, 0.0, 0.0)
         if op.subfunctions and not is_communication(op):
             return self.function_cost(op.subfunctions[0])
         flops = op_flops(op)

@@ -19,7 +19,12 @@ order), ``loss``, ``param_shards`` (``name -> (dim, blocks)`` for the
 tensor-parallel split of the *global* parameter: each block of that dim is
 split in ``tp`` equal parts and rank r holds the r-th part of every block;
 absent: replicated), ``param_global_shapes``, ``tied`` (``head copy ->
-embedding`` when the output layer is a separate copy of the embedding).
+embedding`` when the output layer is a separate copy of the embedding),
+``param_unpadded`` (``name -> rows`` of a vocabulary padded to a multiple
+of ``tp``, Megatron's padding) and ``consts`` (constant inputs, role
+``const``: with padding, ``vocab_mask`` is added to the logits so that
+the padded entries, 0 on the last ranks' shards, stay out of the softmax
+and the step trains the same model as without padding).
 Each op's ``meta["layer"]`` is -1 for the embedding, ``0..layers-1`` for
 transformer layers and ``layers`` for the final norm, output layer and loss;
 the attention core (scores, mask, softmax, dropout) has
@@ -76,6 +81,7 @@ class GPTConfig:
     micro_batch: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.0
+    momentum: float = 0.0
     norm_eps: float = 1e-5
     published_params: Optional[float] = None
     description: str = ""
@@ -104,6 +110,9 @@ class GPTConfig:
                               "positions (positions)")
         if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ConfigError(f"dropout: must be in [0, 1), got {self.dropout!r}")
+        if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) \
+                or not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum: must be in [0, 1), got {self.momentum!r}")
         DType.parse(self.dtype)
         DType.parse(self.master_dtype)
         if self.global_batch % self.micro_batch:
@@ -201,6 +210,8 @@ class _GPTBuilder:
         self.params: List[str] = []
         self.shards: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
         self.global_shapes: Dict[str, Tuple[int, ...]] = {}
+        self.unpadded: Dict[str, int] = {}
+        self.consts: Dict[str, Dict[str, Any]] = {}
         self.layer = -1
 
     # -- helpers -----------------------------------------------------------
@@ -276,6 +287,8 @@ class _GPTBuilder:
         self.layer = -1
         vocab = padded_vocab(c, tp)
         wte = self.param("wte", (vocab, c.hidden), dim=0)
+        if vocab != c.vocab:
+            self.unpadded["wte"] = c.vocab
         x = self.op("embedding", [wte, ids], name="emb")
         if tp > 1:
             # Rank r holds rows [r * vocab/tp, (r+1) * vocab/tp).
@@ -373,7 +386,16 @@ class _GPTBuilder:
             w = self.b.function.inputs[[v.name for v in self.b.function.inputs].index("wte")]
         else:
             w = self.param("lm_head", (vocab, c.hidden), dim=0)
+            if vocab != c.vocab:
+                self.unpadded["lm_head"] = c.vocab
         logits = self.op("matmul", [h, w], {"trans_b": True}, name="logits")
+        if vocab != c.vocab:
+            # padded vocabulary: the padding's logits pushed out of the softmax
+            shard = vocab // tp
+            mask = self.b.input("vocab_mask", self.t(shard))
+            self.roles[mask.name] = "const"
+            self.consts[mask.name] = {"kind": "vocab_pad", "valid": c.vocab, "shard": shard}
+            logits = self.op("add", [logits, mask], name="logits_masked")
         if tp == 1:
             return self.op("cross_entropy", [logits, labels], name="loss")
         return self.vocab_parallel_cross_entropy(logits, labels, vocab // tp)
@@ -410,6 +432,7 @@ class _GPTBuilder:
         f.meta.update(roles=self.roles, params=list(self.params), loss=loss.name,
                       batch_inputs=["ids", "labels"], param_shards=dict(self.shards),
                       param_global_shapes=dict(self.global_shapes), tp=self.tp, sp=self.sp,
+                      param_unpadded=dict(self.unpadded), consts=dict(self.consts),
                       model={"family": "gpt", **c.to_dict()})
         if self.untie and c.tied_embeddings:
             f.meta["tied"] = {"lm_head": "wte"}

@@ -4,18 +4,20 @@
 tensor-parallel rank (forward, backward, recomputation);
 ``build_gpt`` lowers it to the local view of the whole mesh
 (:class:`~distsim.transforms.spmd.LowerSPMD`); ``gpt_reference_step`` is
-the single-device step on the whole global batch with the same optimizer,
-the reference every strategy is checked against.
+the single-device step on the whole global batch with the same optimizer
+(``Strategy.optimizer``: AdamW or SGD, both with fp32 master weights), the
+reference every strategy is checked against.
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Tuple, Union
 
 from ..errors import ConfigError
 from ..ir.core import Function
 from ..transforms.adam import AdamHyper, AdamW
 from ..transforms.autodiff import Autodiff
+from ..transforms.optimizer import SGD, SGDHyper
 from ..transforms.pipeline import check_schedule
 from ..transforms.recompute import Recompute
 from ..transforms.spmd import LowerSPMD
@@ -86,7 +88,10 @@ def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Functi
     return Recompute(strategy.recompute, regather=strategy.sp)(step)
 
 
-def hyper_of(c: GPTConfig) -> AdamHyper:
+def hyper_of(c: GPTConfig, optimizer: str = "adamw") -> Union[AdamHyper, SGDHyper]:
+    """The optimizer's hyper-parameters from the config (``momentum`` is SGD's)."""
+    if optimizer == "sgd":
+        return SGDHyper(lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
     return AdamHyper(lr=c.lr, weight_decay=c.weight_decay)
 
 
@@ -96,18 +101,23 @@ def build_gpt(config: Mapping[str, Any], strategy: Strategy) -> Function:
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
     step = build_gpt_step(c, strategy, c.micro_batch)
-    program = LowerSPMD(strategy, m, hyper_of(c), c.master_dtype,
+    program = LowerSPMD(strategy, m, hyper_of(c, strategy.optimizer), c.master_dtype,
                         representatives=strategy.symmetry, coarsen=strategy.coarsen)(step)
     program.meta["model"] = {"name": config.get("name", "gpt"), **c.to_dict(),
                              "parameters": c.parameter_count()}
     return program
 
 
-def gpt_reference_step(config: Mapping[str, Any] | GPTConfig) -> Function:
-    """Forward, backward and AdamW of the whole global batch on one device."""
+def gpt_reference_step(config: Mapping[str, Any] | GPTConfig, optimizer: str = "adamw"
+                       ) -> Function:
+    """Forward, backward and the optimizer (``adamw`` or ``sgd``) of the
+    whole global batch on one device."""
     c = config if isinstance(config, GPTConfig) else gpt_config(config)
     fwd = gpt_forward(c, micro_batch=c.global_batch)
     step = Autodiff(fwd.meta["loss"], fwd.meta["params"])(fwd)
+    if optimizer == "sgd":
+        return SGD(lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay,
+                   master_dtype=c.master_dtype)(step)
     return AdamW(lr=c.lr, weight_decay=c.weight_decay, master_dtype=c.master_dtype)(step)
 
 

@@ -44,11 +44,11 @@ from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpRecord, Trace
 
 # Memory category of a function input, by its role in ``meta["roles"]``.
 INPUT_CATEGORY = {"param": "weights", "data": "activations", "optimizer": "optimizer",
-                  "master": "optimizer", "const": "weights"}
+                  "master": "optimizer", "const": "weights", "grad_buffer": "gradients"}
 # Input roles that stay resident for the whole step (never freed): weights,
-# optimizer state, and constants a model carries (e.g. ONNX initializers
-# that are not trained).
-RESIDENT_ROLES = frozenset({"param", "optimizer", "master", "const"})
+# optimizer state, gradient buffers (written in place by the step) and
+# constants a model carries (e.g. ONNX initializers that are not trained).
+RESIDENT_ROLES = frozenset({"param", "optimizer", "master", "const", "grad_buffer"})
 
 
 @dataclass

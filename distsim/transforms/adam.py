@@ -18,7 +18,7 @@ simulator counts those updates as in place).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import ClassVar, Dict, Optional, Tuple
 
 from ..errors import PassPreconditionError
 from ..ir.builder import FunctionBuilder, builder_from
@@ -30,12 +30,18 @@ STATE_SUFFIXES = (".master", ".m", ".v")
 
 @dataclass(frozen=True)
 class AdamHyper:
+    name: ClassVar[str] = "adamw"
     lr: float = 1e-4
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.0
     step: int = 1
+
+    @property
+    def states(self) -> Tuple[str, ...]:
+        """Optimizer state per parameter besides the master weights."""
+        return ("m", "v")
 
     def attrs(self) -> Dict[str, object]:
         return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps,

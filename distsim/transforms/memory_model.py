@@ -7,8 +7,14 @@
   (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
   Transformer Models", table 2) for comparison;
 - :func:`model_state_bytes`: weights, gradients and optimizer state per
-  device under mixed-precision Adam (2 + 2 + 12 bytes per parameter) and
-  the ZeRO stage's division over the data-parallel ranks.
+  device under mixed-precision Adam (2 + 2 + 12 bytes per parameter) or
+  SGD (2 + 2 + 4 for the fp32 master weights, + 4 with momentum) and the
+  ZeRO stage's division over the data-parallel ranks.
+
+The simulated peak follows the same accounting: the gradient buffers are
+resident for the whole step (:mod:`.zero`), so a device's gradient bytes
+are 2 per parameter (2/dp from ZeRO 2 on) at every moment, plus the fresh
+gradient of at most one parameter on its way into the buffer.
 """
 from __future__ import annotations
 
@@ -47,9 +53,20 @@ def korthikanti_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp:
     return s * b * h * (10.0 + 24.0 / t + attn_scores)
 
 
-def model_state_bytes(params: int, zero: int = 0, dp: int = 1) -> Dict[str, float]:
+def optimizer_bytes_per_param(optimizer: str = "adamw", momentum: bool = False) -> float:
+    """fp32 optimizer state per parameter: master + m + v for AdamW (12);
+    master (4), + momentum (4), for SGD."""
+    if optimizer == "sgd":
+        return 8.0 if momentum else 4.0
+    return 12.0
+
+
+def model_state_bytes(params: int, zero: int = 0, dp: int = 1, optimizer: str = "adamw",
+                      momentum: bool = False) -> Dict[str, float]:
     """Bytes per device of ``params`` parameters (already divided by TP and
-    PP): bf16 weights (2), bf16 gradients (2), fp32 master + Adam m and v (12)."""
+    PP): bf16 weights (2), bf16 gradients (2), fp32 optimizer state (12 for
+    AdamW, see :func:`optimizer_bytes_per_param`)."""
     return {"weights": 2.0 * params / (dp if zero >= 3 else 1),
             "gradients": 2.0 * params / (dp if zero >= 2 else 1),
-            "optimizer": 12.0 * params / (dp if zero >= 1 else 1)}
+            "optimizer": optimizer_bytes_per_param(optimizer, momentum) * params
+            / (dp if zero >= 1 else 1)}

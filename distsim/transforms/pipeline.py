@@ -3,7 +3,10 @@
 Layers are split into ``pp * v`` chunks (``v`` virtual stages per pipeline
 rank, 1 except for the interleaved schedule); chunk ``c`` runs on pipeline
 rank ``c % pp``. The embedding goes with the first chunk, the final norm,
-output layer and loss with the last.
+output layer and loss with the last. :func:`partition_layers` splits the
+layers evenly; :func:`partition_balanced` minimises the most expensive
+chunk given each layer's cost (the embedding's counted in the first chunk,
+the head's in the last), as Narayanan et al. balance uneven stages.
 
 A schedule is, for each pipeline rank, the order of its tasks ``(kind,
 microbatch, chunk)`` with kind ``F`` (forward) or ``B`` (backward, with its
@@ -22,6 +25,7 @@ the bubble (``(pp - 1)`` stage-times of forward + backward) shrinks by
 """
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from ..errors import ConfigError
@@ -42,6 +46,66 @@ def partition_layers(layers: int, chunks: int) -> List[Tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+def partition_balanced(layer_costs: Sequence[float], chunks: int, first: float = 0.0,
+                       last: float = 0.0) -> List[Tuple[int, int]]:
+    """Contiguous ranges ``[start, end)`` of the layers, one per chunk,
+    each with at least one layer, minimising the largest chunk cost, where
+    a chunk costs the sum of its layers' ``layer_costs`` plus ``first``
+    (the embedding) for chunk 0 and ``last`` (the final norm, output layer
+    and loss) for the last chunk.
+
+    Exact dynamic programme over the prefix sums: ``best[k][j]`` is the
+    smallest achievable maximum for the first ``j`` layers in ``k``
+    chunks; the split point is found by bisection (``best[k-1][i]`` grows
+    with ``i`` while the last chunk's cost shrinks), so it costs
+    O(chunks x layers x log layers); ties between the two candidate split
+    points go to the earlier one (deterministic)."""
+    n = len(layer_costs)
+    if chunks > n:
+        raise ConfigError(f"{chunks} pipeline stages (pp x virtual stages) but only "
+                          f"{n} layers")
+    costs = [float(c) for c in layer_costs]
+    if any(c < 0 or c != c for c in costs + [first, last]):
+        raise ConfigError("partition: layer costs must be non-negative numbers")
+    prefix = [0.0] + list(accumulate(costs))
+    inf = float("inf")
+    # best[k][j]: k chunks over the first j layers (chunk 0 carries `first`)
+    best = [[inf] * (n + 1) for _ in range(chunks + 1)]
+    split = [[0] * (n + 1) for _ in range(chunks + 1)]
+    for j in range(1, n + 1):
+        best[1][j] = first + prefix[j]
+    for k in range(2, chunks + 1):
+        for j in range(k, n + 1):
+            extra = last if (k == chunks and j == n) else 0.0
+            # i in [k-1, j-1]: the last chunk is layers [i, j)
+            lo, hi = k - 1, j - 1
+
+            def tail(i: int) -> float:
+                return prefix[j] - prefix[i] + extra
+            # best[k-1][i] grows with i and tail(i) shrinks: bisect for the
+            # first i where best[k-1][i] >= tail(i); the optimum is it or i - 1
+            a, b = lo, hi + 1
+            while a < b:
+                mid = (a + b) // 2
+                if best[k - 1][mid] >= tail(mid):
+                    b = mid
+                else:
+                    a = mid + 1
+            options = [i for i in (a - 1, a) if lo <= i <= hi]
+            i_best = min(options, key=lambda i: (max(best[k - 1][i], tail(i)), i))
+            best[k][j] = max(best[k - 1][i_best], tail(i_best))
+            split[k][j] = i_best
+    if chunks == 1:
+        return [(0, n)]
+    bounds, j = [n], n
+    for k in range(chunks, 1, -1):
+        j = split[k][j]
+        bounds.append(j)
+    bounds.append(0)
+    bounds.reverse()
+    return [(bounds[c], bounds[c + 1]) for c in range(chunks)]
 
 
 def chunk_of_layer(layer: int, ranges: Sequence[Tuple[int, int]]) -> int:

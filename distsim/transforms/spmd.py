@@ -41,7 +41,7 @@ internal to a run are not tracked in memory.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..cost.flops import op_flops
 from ..errors import PassPreconditionError
@@ -52,7 +52,9 @@ from ..ir.ops_fused import FUSED
 from ..ir.registry import infer_types, lookup, with_defaults
 from ..ir.types import DType, TensorType
 from .adam import AdamHyper
-from .pipeline import chunk_of_layer, merge_tasks, partition_layers, schedule_tasks
+from .optimizer import SGDHyper
+from .pipeline import (chunk_of_layer, merge_tasks, partition_balanced, partition_layers,
+                       schedule_tasks)
 from .strategy import Strategy
 from .zero import GradientSync
 
@@ -184,7 +186,7 @@ class LowerSPMD:
     """The pass: ``LowerSPMD(strategy, microbatches, hyper)(step)``."""
 
     def __init__(self, strategy: Strategy, microbatches: int = 1,
-                 hyper: AdamHyper = AdamHyper(), master_dtype: str = "f32",
+                 hyper: Union[AdamHyper, SGDHyper] = AdamHyper(), master_dtype: str = "f32",
                  representatives: bool = False, coarsen: bool = False) -> None:
         if strategy.dp is None:
             raise PassPreconditionError("LowerSPMD: the strategy's dp must be resolved")
@@ -208,7 +210,19 @@ class LowerSPMD:
         S = self.S
         self.C = S.pp * S.chunks
         layers = int(step.meta.get("model", {}).get("layers", 1))
-        self.ranges = partition_layers(layers, self.C)
+        if S.partition == "balanced":
+            # estimated cost of each layer: the FLOPs of its forward,
+            # backward and recomputed ops; -1 is the embedding, `layers` the head
+            cost: Dict[int, float] = {}
+            for op in step.ops:
+                layer = op.meta.get("layer")
+                if isinstance(layer, int):
+                    cost[layer] = cost.get(layer, 0.0) + op_flops(op)
+            self.ranges = partition_balanced([cost.get(i, 0.0) for i in range(layers)], self.C,
+                                             first=cost.get(-1, 0.0),
+                                             last=cost.get(layers, 0.0))
+        else:
+            self.ranges = partition_layers(layers, self.C)
         producer = step.producers()
         self.chunk_of_op: Dict[int, int] = {}
         self.task_ops: Dict[Tuple[str, int], List[Op]] = {}
@@ -243,6 +257,25 @@ class LowerSPMD:
         self.grad_of: Dict[Value, Value] = {by_name[g]: by_name[p]
                                            for p, g in step.meta["grads"].items()}
         self.data_inputs = {v for v in step.inputs if roles.get(v.name) == "data"}
+        self.const_inputs = {v for v in step.inputs if roles.get(v.name) == "const"}
+        # ZeRO-3: per task, its layers in order with the parameters each
+        # uses first in the task (what a layer's all-gathers fetch)
+        self.task_layer_params: Dict[Tuple[str, int], List[Tuple[int, List[Value]]]] = {}
+        if S.zero == 3:
+            for key, ops in self.task_ops.items():
+                order: List[Tuple[int, List[Value]]] = []
+                seen: Set[Value] = set()
+                for op in ops:
+                    layer = op.meta.get("layer")
+                    if not isinstance(layer, int):
+                        continue
+                    if not order or order[-1][0] != layer:
+                        order.append((layer, []))
+                    for v in op.inputs:
+                        if v in self.param_chunk and v not in seen:
+                            seen.add(v)
+                            order[-1][1].append(v)
+                self.task_layer_params[key] = order
         self.consumers: Dict[Value, List[Op]] = {}
         for op in step.ops:
             for v in op.inputs:
@@ -300,6 +333,14 @@ class LowerSPMD:
         if v in self.data_inputs:
             nv = self.em.input(self.local_name(v, rank, mb), v.type.with_device(rank), "data",
                                name=v.name, dp_rank=d, tp_rank=t, microbatch=mb)
+            env[v] = nv
+            return nv
+        if v in self.const_inputs:  # one per rank, shared by the micro-batches
+            nv = self.consts.get((v, rank))
+            if nv is None:
+                nv = self.consts[(v, rank)] = self.em.input(
+                    f"{v.name}_r{rank}", v.type.with_device(rank), "const", name=v.name,
+                    dp_rank=d, tp_rank=t, stage=stage)
             env[v] = nv
             return nv
         raise PassPreconditionError(f"LowerSPMD: value %{v.name} is not available on rank "
@@ -383,7 +424,12 @@ class LowerSPMD:
         ops = self.task_ops.get((kind, c), [])
         self.current_kind = kind
         base = {"stage": stage, "microbatch": mb, "chunk": c}
+        entered = None
         for op in (self._segments((kind, c)) if self.coarsen else ops):
+            layer_now = op.layer if isinstance(op, _Segment) else op.meta.get("layer")
+            if isinstance(layer_now, int) and layer_now != entered:
+                entered = layer_now
+                self.sync.enter_layer(stage, mb, kind, c, layer_now)  # ZeRO-3 gathers
             if isinstance(op, _Segment):
                 self._emit_segment(op, stage, mb, base)
                 continue
@@ -497,6 +543,7 @@ class LowerSPMD:
         self._analyse(step)
         self.em = Emitter(step.name, self.reps if self.representatives else None)
         self.menv: Dict[Tuple[int, int], Dict[Value, Value]] = {}
+        self.consts: Dict[Tuple[Value, int], Value] = {}
         self.sync = GradientSync(self, step)
         self.sync.create_inputs()
         per_rank = schedule_tasks(S.schedule, S.pp, self.M, S.chunks)
@@ -525,8 +572,10 @@ class LowerSPMD:
             "microbatches": self.M, "loss": step.meta["loss"], "params": step.meta["params"],
             "param_shards": step.meta.get("param_shards", {}),
             "param_global_shapes": step.meta.get("param_global_shapes", {}),
+            "param_unpadded": step.meta.get("param_unpadded", {}),
+            "consts": step.meta.get("consts", {}),
             "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp,
-            "optimizer": "adamw", "recompute": recompute,
+            "optimizer": self.hyper.name, "recompute": recompute,
         }
         if self.representatives:
             f.meta["represents"] = {r: S.dp * S.tp for r in sorted(self.reps)}

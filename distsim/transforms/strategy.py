@@ -3,18 +3,25 @@ splits the step, and how the step is scheduled. One plain dataclass shared
 by the API, the CLI, model families and sweeps.
 
 Mesh: rank = ``(pp_rank * dp + dp_rank) * tp + tp_rank`` (Megatron-LM's
-order): tensor-parallel ranks are adjacent, so that a TP group stays inside
-a node whenever ``tp`` divides the GPUs per node.
+order, ``order="tp-dp-pp"``: the first axis varies fastest): tensor-parallel
+ranks are adjacent, so that a TP group stays inside a node whenever ``tp``
+divides the GPUs per node. ``order`` lays the mesh out otherwise (e.g.
+``"dp-tp-pp"`` puts data-parallel peers side by side).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Dict, Literal, Mapping, Optional
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
+OPTIMIZERS = ("adamw", "sgd")
+PARTITIONS = ("even", "balanced")
+#: mesh layouts: the axes from fastest to slowest varying in the rank number
+ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,13 @@ class Strategy:
     ``bucket_mb``: DDP gradient bucket size in MB (None: one all-reduce per
     gradient as soon as it is ready; 0: no overlap, every all-reduce after
     the backward pass); ``global_batch`` / ``micro_batch``: override the
-    model's batch sizes (sequences)."""
+    model's batch sizes (sequences); ``optimizer``: ``adamw`` or ``sgd``
+    (both with fp32 master weights; SGD's momentum is the model's
+    ``momentum``); ``partition``: pipeline stages ``even`` by layers or
+    ``balanced`` by estimated cost (embedding and head included);
+    ``prefetch``: ZeRO-3 all-gathers issued this many layers ahead of their
+    use (0: each layer's gather when the layer starts); ``order``: mesh
+    layout, axes from fastest to slowest varying (see the module docstring)."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -46,6 +59,10 @@ class Strategy:
     micro_batch: Optional[int] = None
     symmetry: bool = False
     coarsen: bool = False
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    partition: Literal["even", "balanced"] = "even"
+    prefetch: int = 1
+    order: str = "tp-dp-pp"
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
@@ -55,6 +72,9 @@ class Strategy:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{_flag(name)}: must be a positive integer, got {value!r}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) \
+                or self.prefetch < 0:
+            raise ConfigError(f"--prefetch: must be a non-negative integer, got {self.prefetch!r}")
         for flag in ("symmetry", "coarsen"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"--{flag}: must be true or false, got {getattr(self, flag)!r}")
@@ -70,8 +90,16 @@ class Strategy:
                               f"got {self.schedule!r}")
         if self.bucket_mb is not None and (isinstance(self.bucket_mb, bool) or
                                            not isinstance(self.bucket_mb, (int, float)) or
+                                           not math.isfinite(self.bucket_mb) or
                                            self.bucket_mb < 0):
-            raise ConfigError(f"--bucket-mb: must be a non-negative number, got {self.bucket_mb!r}")
+            # NaN compares false with everything: checked by name, not by `< 0`
+            raise ConfigError(f"--bucket-mb: must be a finite non-negative number, "
+                              f"got {self.bucket_mb!r}")
+        for name, allowed in (("optimizer", OPTIMIZERS), ("partition", PARTITIONS),
+                              ("order", ORDERS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"--{name}: must be one of {', '.join(allowed)}, "
+                                  f"got {getattr(self, name)!r}")
         if self.sp and self.tp == 1:
             raise ConfigError("--sp: sequence parallelism needs tensor parallelism (--tp > 1)")
         if self.schedule != "interleaved" and (self.virtual_stages or 1) > 1:
@@ -100,7 +128,21 @@ class Strategy:
         return (self.dp or 1) * self.tp * self.pp
 
     def rank(self, dp_rank: int, pp_rank: int, tp_rank: int) -> int:
-        return (pp_rank * (self.dp or 1) + dp_rank) * self.tp + tp_rank
+        """The global rank of mesh coordinate (dp, pp, tp) under ``order``."""
+        if self.order == "tp-dp-pp":  # the default, first
+            return (pp_rank * (self.dp or 1) + dp_rank) * self.tp + tp_rank
+        coord = {"dp": dp_rank, "pp": pp_rank, "tp": tp_rank}
+        size = {"dp": self.dp or 1, "pp": self.pp, "tp": self.tp}
+        rank, stride = 0, 1
+        for axis in self.order.split("-"):
+            rank += coord[axis] * stride
+            stride *= size[axis]
+        return rank
+
+    def tp_groups(self) -> Tuple[Tuple[int, ...], ...]:
+        """Every tensor-parallel group's ranks (one per dp x pp coordinate)."""
+        return tuple(tuple(self.rank(d, p, t) for t in range(self.tp))
+                     for p in range(self.pp) for d in range(self.dp or 1))
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

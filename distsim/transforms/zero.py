@@ -3,25 +3,42 @@
 Used by :class:`~distsim.transforms.spmd.LowerSPMD`. Per parameter, on
 every rank that holds it:
 
+- *gradient buffer*: an input (role ``grad_buffer``, resident for the
+  whole step, as PyTorch's ``.grad`` / Megatron's ``main_grad`` persist
+  between steps) that the step's gradients are written into in place: the
+  first micro-batch's gradient *is* the buffer (``meta["updates"]``), the
+  later ones are added to it. It holds the whole (tensor-parallel)
+  parameter for ZeRO 0/1 and this rank's ``1/dp`` flat shard for ZeRO 2/3,
+  so a device's gradient memory is 2 bytes per parameter (bf16), divided
+  by ``dp`` from ZeRO 2 on, at every moment of the step, plus the fresh
+  gradient of the op that just produced one;
 - *accumulation*: the micro-batches' gradients are summed in the backward
   tasks and divided by their number after the last one;
 - *data-parallel synchronisation*, as soon as a gradient is final (so that
   it overlaps the rest of the backward pass): ZeRO 0/1 average it with an
   all-reduce (``bucket_mb``: gradients grouped into buckets of that many MB
   as PyTorch DDP does, flattened, concatenated and all-reduced together;
-  0: no overlap, one bucket of all gradients after the backward pass); ZeRO 2/3
-  reduce-scatter its flattened form, so each data-parallel rank keeps
-  ``1/dp``;
+  0: no overlap, one bucket of all gradients after the backward pass);
+  ZeRO 2/3 reduce-scatter each micro-batch's gradient (flattened) as soon
+  as it is produced and accumulate the ``1/dp`` shard, as DeepSpeed ZeRO-2
+  and FSDP do (``bucket_mb`` 0: accumulate the whole gradient locally and
+  reduce-scatter it once after the backward pass);
 - *tied embeddings* split across pipeline stages are summed between the
   first and the last stage;
-- *AdamW* with fp32 master weights and moments: ZeRO 0 on the whole
-  (tensor-parallel) parameter; ZeRO >= 1 on this rank's flat shard
-  (``numpy.array_split`` of the flattened parameter over the dp ranks),
-  followed for ZeRO 1/2 by an all-gather of the new bf16 parameter;
-  ZeRO 3 keeps only the shard: parameters are inputs as shards and are
-  all-gathered before each use in each task (FSDP), the gather for a layer
-  ordered after the end of the layer two before it (prefetch one layer
-  ahead).
+- *the optimizer* (AdamW, or SGD with optional momentum) with fp32 master
+  weights: ZeRO 0 on the whole (tensor-parallel) parameter; ZeRO >= 1 on
+  this rank's flat shard (``numpy.array_split`` of the flattened parameter
+  over the dp ranks), followed for ZeRO 1/2 by an all-gather of the new
+  bf16 parameter; ZeRO 3 keeps only the shard: parameters are inputs as
+  shards and are all-gathered before use in each task (FSDP). Prefetch
+  (``Strategy.prefetch``, default 1): when a task starts layer ``L`` the
+  gathers of the next ``prefetch`` layers of the task are issued, before
+  ``L``'s compute in program order (the communication stream takes its
+  ops in program order) and gated only on the compute that precedes ``L``
+  (a ``depend`` on the last op before it), so layer ``L+1``'s gather runs
+  while ``L`` computes and at most ``prefetch + 1`` layers are gathered at
+  once. With ``prefetch`` 0 each layer's gather is issued when the layer
+  starts and the compute waits for it.
 
 :func:`local_inputs` and :func:`global_updates` move numbers between the
 global (single-device) parameters and a lowered program.
@@ -38,6 +55,7 @@ from ..ir.core import Function, Value
 from ..ir.ops_comm import split_sizes
 from ..ir.types import TensorType
 from .adam import adamw_update
+from .optimizer import SGDHyper, sgd_update
 
 if TYPE_CHECKING:  # pragma: no cover
     from .spmd import LowerSPMD
@@ -54,10 +72,17 @@ def shard_bounds(numel: int, n: int, i: int) -> Tuple[int, int]:
 def tp_shard(array: np.ndarray, spec: Optional[Tuple[int, Sequence[int]]], tp: int,
              t: int) -> np.ndarray:
     """Rank ``t``'s part of a global parameter (see ``param_shards`` in
-    :mod:`distsim.models.gpt`)."""
+    :mod:`distsim.models.gpt`). A parameter shorter along ``dim`` than its
+    blocks (a vocabulary padded to a multiple of ``tp``) is padded with
+    zero rows first."""
     if spec is None or tp == 1:
         return array
     dim, blocks = spec
+    missing = sum(blocks) - array.shape[dim]
+    if missing > 0:
+        widths = [(0, 0)] * array.ndim
+        widths[dim] = (0, missing)
+        array = np.pad(array, widths)
     parts, start = [], 0
     for size in blocks:
         block = np.take(array, range(start, start + size), axis=dim)
@@ -66,9 +91,10 @@ def tp_shard(array: np.ndarray, spec: Optional[Tuple[int, Sequence[int]]], tp: i
     return np.concatenate(parts, axis=dim)
 
 
-def tp_unshard(pieces: Sequence[np.ndarray], spec: Optional[Tuple[int, Sequence[int]]]
-               ) -> np.ndarray:
-    """Inverse of :func:`tp_shard` over all ranks' pieces."""
+def tp_unshard(pieces: Sequence[np.ndarray], spec: Optional[Tuple[int, Sequence[int]]],
+               unpadded: Optional[int] = None) -> np.ndarray:
+    """Inverse of :func:`tp_shard` over all ranks' pieces; ``unpadded``: the
+    unpadded length along the split dim (the padding rows are dropped)."""
     if spec is None or len(pieces) == 1:
         return pieces[0]
     dim, blocks = spec
@@ -78,30 +104,42 @@ def tp_unshard(pieces: Sequence[np.ndarray], spec: Optional[Tuple[int, Sequence[
         part = size // tp
         out.extend(np.take(p, range(offset, offset + part), axis=dim) for p in pieces)
         offset += part
-    return np.concatenate(out, axis=dim)
+    whole = np.concatenate(out, axis=dim)
+    if unpadded is not None and unpadded < whole.shape[dim]:
+        whole = np.take(whole, range(unpadded), axis=dim)
+    return whole
 
 
 class GradientSync:
+    """Per-parameter gradient buffers, accumulation, data-parallel sync,
+    ZeRO sharding and the optimizer of a step lowered by LowerSPMD (see
+    the module docstring)."""
+
     def __init__(self, lower: "LowerSPMD", step: Function) -> None:
         self.L = lower
         self.S = lower.S
         self.step = step
         self.zero = self.S.zero
-        self.compute_dtype = None
+        self.hyper = lower.hyper
         self.param_in: Dict[Tuple[Value, int], Value] = {}
-        self.state_in: Dict[Tuple[Value, int], Tuple[Value, Value, Value]] = {}
+        self.grad_in: Dict[Tuple[Value, int], Value] = {}
+        self.state_in: Dict[Tuple[Value, int], Tuple[Value, ...]] = {}
         self.acc: Dict[Tuple[Value, int], Value] = {}
         self.count: Dict[Value, int] = {}
         self.synced: Dict[Tuple[Value, int], Value] = {}
         self.pending: Dict[int, List[Value]] = {}
         self.deferred: Dict[int, List[Value]] = {}
-        self.layer_out: Dict[int, Dict[Any, Value]] = {}
+        self.last_out: Dict[int, Value] = {}
+        self.gathered: set = set()
         self.updates: Dict[str, str] = {}
         self.outputs: List[Value] = []
         self.unpack: List[tuple] = []
         bucket = self.S.bucket_mb
         self.bucket_bytes = None if bucket is None else float(bucket) * MB
         self.tied = dict(step.meta.get("tied", {}))
+        # ZeRO 2/3 reduce-scatter every micro-batch's gradient (bucket 0:
+        # once, after the backward pass, from a whole local accumulation)
+        self.scatter_each = self.zero >= 2 and self.S.dp > 1 and self.bucket_bytes != 0
 
     # -- inputs ------------------------------------------------------------
     def stage(self, p: Value) -> int:
@@ -110,6 +148,7 @@ class GradientSync:
     def create_inputs(self) -> None:
         em, S = self.L.em, self.S
         master = self.L.master_dtype
+        states = self.hyper.states
         for p in self.L.params:
             s = self.stage(p)
             numel = p.type.numel
@@ -117,93 +156,150 @@ class GradientSync:
                 lo, hi = shard_bounds(numel, S.dp, d)
                 info = dict(name=p.name, dp_rank=d, tp_rank=t, stage=s)
                 flat = TensorType((hi - lo,), p.type.dtype, r)
+                whole = p.type.with_device(r)
                 if self.zero == 3:
                     self.param_in[(p, r)] = em.input(f"{p.name}_r{r}", flat, "param", flat=[lo, hi],
                                                      **info)
                 else:
-                    self.param_in[(p, r)] = em.input(f"{p.name}_r{r}", p.type.with_device(r),
-                                                     "param", **info)
-                st = (flat if self.zero >= 1 else p.type.with_device(r)).with_dtype(master)
+                    self.param_in[(p, r)] = em.input(f"{p.name}_r{r}", whole, "param", **info)
+                shard_grads = self.scatter_each
+                self.grad_in[(p, r)] = em.input(
+                    f"{p.name}.grad_r{r}", flat if shard_grads else whole, "grad_buffer",
+                    state="grad", **({"flat": [lo, hi]} if shard_grads else {}), **info)
+                st = (flat if self.zero >= 1 else whole).with_dtype(master)
                 bounds = {"flat": [lo, hi]} if self.zero >= 1 else {}
-                self.state_in[(p, r)] = (
-                    em.input(f"{p.name}.master_r{r}", st, "master", state="master", **bounds,
-                             **info),
-                    em.input(f"{p.name}.m_r{r}", st, "optimizer", state="m", **bounds, **info),
-                    em.input(f"{p.name}.v_r{r}", st, "optimizer", state="v", **bounds, **info))
+                role = {"master": "master"}
+                self.state_in[(p, r)] = tuple(
+                    em.input(f"{p.name}.{k}_r{r}", st, role.get(k, "optimizer"), state=k,
+                             **bounds, **info)
+                    for k in ("master",) + states)
 
     def note_layer_output(self, rank: int, layer: Any, value: Value) -> None:
-        if self.zero == 3 and isinstance(layer, int):
-            self.layer_out.setdefault(rank, {})[layer] = value
+        """``value`` is the latest compute result emitted on ``rank``."""
+        self.last_out[rank] = value
+
+    # -- ZeRO-3: all-gather before use, prefetched ---------------------------
+    def enter_layer(self, stage: int, mb: int, kind: str, chunk: int, layer: int) -> None:
+        """A task of ``stage`` starts ``layer``: issue the all-gathers of
+        this layer (unless prefetched) and of the next ``prefetch`` layers
+        of the task, before the layer's compute in program order."""
+        if self.zero != 3:
+            return
+        order = self.L.task_layer_params.get((kind, chunk), [])
+        layers = [entry[0] for entry in order]
+        if layer not in layers:
+            return
+        i = layers.index(layer)
+        for ahead, params in order[i:i + 1 + self.S.prefetch]:
+            todo = [p for p in params if (p, kind, mb, stage) not in self.gathered]
+            for p in todo:
+                self._gather(p, stage, mb, kind, ahead)
+
+    def _gather(self, p: Value, stage: int, mb: int, kind: str, layer: Any) -> None:
+        """All-gather the shards of ``p`` over the dp ranks of every tensor-
+        parallel rank of ``stage``, gated on the compute emitted so far."""
+        em, S = self.L.em, self.S
+        self.gathered.add((p, kind, mb, stage))
+        meta = {"stage": stage, "microbatch": mb, "category": "weights", "layer": layer}
+        for t in self.L.tp_indices():
+            ranks = [S.rank(dd, stage, t) for dd in range(S.dp)]
+            shards: List[Optional[Value]] = []
+            for r in ranks:
+                if not self.L.present(r):
+                    shards.append(None)
+                    continue
+                shard = self.param_in[(p, r)]
+                token = self.last_out.get(r)
+                if token is not None:
+                    # not before the compute that precedes this point ends
+                    shard = em.one("depend", [shard, token], None, f"{p.name}_gate_r{r}",
+                                   dict(meta, detail="zero3 prefetch gate"))
+                shards.append(shard)
+            if S.dp > 1:
+                full = em.collective(CollectiveType.ALL_GATHER, shards, ranks,
+                                     [f"{p.name}_full_m{mb}_r{r}" for r in ranks],
+                                     dict(meta, role="zero_gather"), dim=0)
+            else:
+                full = shards
+            for r, x in zip(ranks, full):
+                if x is not None:
+                    self.L.menv.setdefault((r, mb), {})[("zero3_flat", p, kind)] = x
 
     def param_for_use(self, p: Value, rank: int, d: int, t: int, stage: int, mb: int,
                       layer: Any) -> Value:
         if self.zero != 3:
             return self.param_in[(p, rank)]
-        key = ("zero3", p, self.L.current_kind)
+        kind = self.L.current_kind
+        key = ("zero3", p, kind)
         env = self.L.menv.setdefault((rank, mb), {})
         if key in env:
             return env[key]
-        em, S = self.L.em, self.S
-        ranks = [S.rank(dd, stage, t) for dd in range(S.dp)]
-        shards = []
-        for dd, r in enumerate(ranks):
-            if not self.L.present(r):
-                shards.append(None)
-                continue
-            shard = self.param_in[(p, r)]
-            token = None
-            if isinstance(layer, int):
-                before = self.layer_out.get(r, {})
-                # the end of the layer two before this one, in task order
-                for cand in (layer - 2, layer + 2):
-                    if cand in before and before[cand].type.device == r:
-                        token = before[cand]
-                        break
-            if token is not None:
-                shard = em.one("depend", [shard, token], None, f"{p.name}_gate_r{r}",
-                               {"stage": stage, "microbatch": mb, "category": "weights",
-                                "detail": "zero3 prefetch gate"})
-            shards.append(shard)
-        if S.dp > 1:
-            full = em.collective(CollectiveType.ALL_GATHER, shards, ranks,
-                                 [f"{p.name}_full_m{mb}_r{r}" for r in ranks],
-                                 {"stage": stage, "microbatch": mb, "category": "weights",
-                                  "role": "zero_gather"}, dim=0)
-        else:
-            full = shards
-        for r, x in zip(ranks, full):
-            if x is None:
-                continue
-            local = em.one("reshape", [x], {"shape": list(p.type.shape)},
-                           f"{p.name}_use_m{mb}_r{r}",
-                           {"stage": stage, "microbatch": mb, "category": "weights"})
-            self.L.menv.setdefault((r, mb), {})[key] = local
-        return self.L.menv[(rank, mb)][key]
+        if ("zero3_flat", p, kind) not in env:  # not prefetched: gathered now
+            self._gather(p, stage, mb, kind, layer)
+        # the gathered parameter takes its shape where it is first used, so
+        # that no compute op waits for a prefetched gather before its layer
+        local = self.L.em.one("reshape", [env[("zero3_flat", p, kind)]],
+                              {"shape": list(p.type.shape)}, f"{p.name}_use_m{mb}_r{rank}",
+                              {"stage": stage, "microbatch": mb, "category": "weights"})
+        env[key] = local
+        return local
 
     # -- gradients ---------------------------------------------------------
     def after_backward(self, stage: int, mb: int, grads: Sequence[Value]) -> None:
-        em = self.L.em
         for g in grads:
             p = self.L.grad_of[g]
-            final = self.count.get(p, 0) + 1 == self.L.M
-            for d, t, r in self.L.group(stage):
-                local = self.L.menv[(r, mb)][g]
-                meta = {"stage": stage, "microbatch": mb, "phase": "backward",
-                        "category": "gradients", "layer": None}
-                # accumulation and averaging update the gradient buffer in place
-                if (p, r) in self.acc:
-                    old = self.acc[(p, r)]
-                    local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)
-                    self.updates[old.name] = local.name
-                if final and self.L.M > 1:
-                    old = local
-                    local = em.one("scale", [local], {"factor": 1.0 / self.L.M},
-                                   f"{p.name}_gmean_r{r}", meta)
-                    self.updates[old.name] = local.name
-                self.acc[(p, r)] = local
-            self.count[p] = self.count.get(p, 0) + 1
+            n = self.count.get(p, 0) + 1
+            final = n == self.L.M
+            fresh = {r: self.L.menv[(r, mb)][g] for _, _, r in self.L.group(stage)}
+            if self.scatter_each:
+                fresh = self._reduce_scatter(p, stage, mb, fresh)
+            for r, local in fresh.items():
+                self._accumulate(p, r, local, final, stage, mb)
+            self.count[p] = n
             if final:
-                self._ready(p, stage)
+                if self.scatter_each:
+                    for r in fresh:
+                        self.synced[(p, r)] = self.acc[(p, r)]
+                else:
+                    self._ready(p, stage)
+
+    def _accumulate(self, p: Value, r: int, local: Value, final: bool, stage: int,
+                    mb: int) -> None:
+        """Add ``local`` into the gradient buffer of ``p`` on ``r``, in place
+        (the first micro-batch's gradient is written into the buffer)."""
+        em = self.L.em
+        meta = {"stage": stage, "microbatch": mb, "phase": "backward",
+                "category": "gradients", "layer": None}
+        if (p, r) in self.acc:
+            old = self.acc[(p, r)]
+            local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)
+            self.updates[old.name] = local.name
+        else:
+            self.updates[self.grad_in[(p, r)].name] = local.name
+        if final and self.L.M > 1:
+            old = local
+            local = em.one("scale", [local], {"factor": 1.0 / self.L.M},
+                           f"{p.name}_gmean_r{r}", meta)
+            self.updates[old.name] = local.name
+        self.acc[(p, r)] = local
+
+    def _reduce_scatter(self, p: Value, stage: int, mb: int,
+                        fresh: Mapping[int, Value]) -> Dict[int, Value]:
+        """Average one micro-batch's gradient of ``p`` over the dp ranks,
+        each keeping its flat shard (ZeRO 2/3)."""
+        em, S = self.L.em, self.S
+        meta = {"stage": stage, "microbatch": mb, "role": "grad_sync", "category": "gradients"}
+        out: Dict[int, Value] = {}
+        for t in self.L.tp_indices():
+            ranks = [S.rank(d, stage, t) for d in range(S.dp)]
+            flat = [em.one("reshape", [fresh[r]], {"shape": [p.type.numel]},
+                           f"{p.name}_gflat_r{r}", dict(meta)) if r in fresh else None
+                    for r in ranks]
+            outs = em.collective(CollectiveType.REDUCE_SCATTER, flat, ranks,
+                                 [f"{p.name}_gshard_r{r}" for r in ranks], dict(meta),
+                                 dim=0, reduce_op="avg")
+            out.update({r: o for r, o in zip(ranks, outs) if o is not None})
+        return out
 
     def _ready(self, p: Value, stage: int) -> None:
         if self.S.dp == 1:
@@ -316,11 +412,13 @@ class GradientSync:
             for d in self.L.dp_indices():
                 for t in self.L.tp_indices():
                     re_, rh = S.rank(d, se, t), S.rank(d, sh, t)
-                    outs = em.collective(CollectiveType.ALL_REDUCE,
-                                         [self.synced[(pe, re_)], self.synced[(ph, rh)]],
+                    ins = [self.synced[(pe, re_)], self.synced[(ph, rh)]]
+                    outs = em.collective(CollectiveType.ALL_REDUCE, ins,
                                          [re_, rh], [f"{emb}_gtied_r{re_}", f"{head}_gtied_r{rh}"],
                                          {"role": "grad_sync", "category": "gradients",
                                           "detail": "tied embedding"})
+                    for x, o in zip(ins, outs):  # NCCL all-reduces in place
+                        self.updates[x.name] = o.name
                     self.synced[(pe, re_)], self.synced[(ph, rh)] = outs
 
     def _update(self, p: Value) -> None:
@@ -339,11 +437,16 @@ class GradientSync:
                     g = em.one("slice", [g], {"axis": 0, "start": lo, "stop": hi},
                                f"{p.name}_gshard_r{r}",
                                dict(meta, phase="optimizer", category="gradients"))
-            master, m, v = self.state_in[(p, r)]
-            outs = adamw_update(em_builder(em), f"{p.name}_r{r}", master, g, m, v,
-                                self.L.hyper, p.type.dtype, meta)
+            states = self.state_in[(p, r)]
+            if isinstance(self.hyper, SGDHyper):
+                outs = sgd_update(em_builder(em), f"{p.name}_r{r}", states[0], g,
+                                  states[1] if len(states) > 1 else None, self.hyper,
+                                  p.type.dtype, meta)
+            else:
+                outs = adamw_update(em_builder(em), f"{p.name}_r{r}", states[0], g, states[1],
+                                    states[2], self.hyper, p.type.dtype, meta)
             new_params[r] = outs[0]
-            for old, new in zip((master, m, v), outs[1:]):
+            for old, new in zip(states, outs[1:]):
                 self.updates[old.name] = new.name
                 em.io[new.name] = dict(em.io[old.name], role="updated")
                 self.outputs.append(new)
@@ -372,7 +475,8 @@ class GradientSync:
 
 
 class _BuilderShim:
-    """The small FunctionBuilder surface :func:`adamw_update` needs."""
+    """The small FunctionBuilder surface :func:`adamw_update` and
+    :func:`sgd_update` need."""
 
     def __init__(self, em) -> None:
         self.em = em
@@ -388,6 +492,22 @@ def em_builder(em) -> _BuilderShim:
 
 
 # -- moving numbers in and out ------------------------------------------------
+#: inputs that start at zero: Adam's moments, SGD's momentum, gradient buffers
+ZERO_STATES = ("m", "v", "mom", "grad")
+
+
+def const_value(spec: Mapping[str, Any], tp_rank: int, dtype: str) -> np.ndarray:
+    """A constant input of a lowered program from its ``meta["consts"]``
+    entry: ``vocab_pad`` is 0 on the real vocabulary entries of this
+    rank's shard and the dtype's most negative number on the padding (added
+    to the logits, it keeps padded entries out of the softmax)."""
+    if spec.get("kind") != "vocab_pad":
+        raise ValueError(f"unknown constant kind {spec.get('kind')!r}")
+    shard, valid = int(spec["shard"]), int(spec["valid"])
+    index = tp_rank * shard + np.arange(shard)
+    return np.where(index < valid, 0.0, np.finfo(dtype).min).astype(dtype)
+
+
 def local_inputs(program: Function, params: Mapping[str, np.ndarray],
                  data: Mapping[str, np.ndarray], master_dtype: str = "float32",
                  micro_batch: Optional[int] = None) -> List[np.ndarray]:
@@ -408,10 +528,14 @@ def local_inputs(program: Function, params: Mapping[str, np.ndarray],
             start = (info["dp_rank"] * M + info["microbatch"]) * b
             out.append(full[start:start + b])
             continue
+        if role == "const":
+            out.append(const_value(meta["consts"][info["name"]], info["tp_rank"],
+                                   v.type.dtype.numpy_name))
+            continue
         value = np.asarray(params[info["name"]])
         spec = shards.get(info["name"])
         local = tp_shard(value, tuple(spec) if spec else None, tp, info["tp_rank"])
-        if info.get("state") in ("m", "v"):
+        if info.get("state") in ZERO_STATES:
             local = np.zeros_like(local)
         if "flat" in info:
             lo, hi = info["flat"]
@@ -449,7 +573,8 @@ def global_updates(program: Function, outputs: Sequence[np.ndarray], state: str 
                 tp_pieces.append(whole.reshape(_local_shape(shapes[name], spec, tp)))
             else:
                 tp_pieces.append(by_d[0])
-        out[name] = tp_unshard(tp_pieces, tuple(spec) if spec else None)
+        out[name] = tp_unshard(tp_pieces, tuple(spec) if spec else None,
+                               meta.get("param_unpadded", {}).get(name))
     return out
 
 

@@ -46,28 +46,51 @@ def test_gpt3_model_state_is_16_bytes_per_parameter_on_each_gpu():
     assert stage_params == params
 
 
-SMALL = dict(model="tiny", topology="dgx-a100", hidden=64, layers=4, vocab=64, seq=16,
+SMALL = dict(model="tiny", topology="dgx-a100", hidden=64, layers=8, vocab=64, seq=16,
              network_mode="analytical")
 
 
-@pytest.mark.parametrize("zero", [0, 1, 2, 3])
-def test_simulated_model_state_divides_by_zero_stage(zero):
-    r = distsim.simulate(**SMALL, dp=2, tp=2, pp=2, zero=zero)
-    c = gpt_config({**load_model_config("tiny"), "hidden": 64, "layers": 4, "vocab": 64})
+def small_stage0():
+    """(parameters of stage 0 on one TP rank of tp 2 / pp 2, of one of its
+    layers, of its largest parameter) for SMALL."""
+    c = gpt_config({**load_model_config("tiny"), "hidden": 64, "layers": 8, "vocab": 64})
     h = c.hidden
     layer = (12 * h * h + 7 * h) // 2 + 6 * h
-    # stage 0 of one TP rank: embedding shard (tied, vocab/2 x h), positions, layers 0-1
-    stage0 = c.vocab * h // 2 + c.seq * h + 2 * layer
+    # embedding shard (tied, vocab/2 x h), positions, layers 0-3
+    return c.vocab * h // 2 + c.seq * h + 4 * layer, layer, h * 4 * h // 2
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_simulated_model_state_divides_by_zero_stage(zero):
+    r = distsim.simulate(**SMALL, dp=2, tp=2, pp=2, zero=zero)
+    stage0, layer, largest = small_stage0()
     state = model_state_bytes(stage0, zero, 2)
     peak = r.summary()["memory_by_category"]["0"]
-    assert peak["optimizer"] == pytest.approx(state["optimizer"], rel=0.02)
-    assert peak["weights"] >= state["weights"] * 0.98
-    if zero == 3:
-        assert peak["weights"] < 2.0 * 2 * stage0 / 2  # never the whole stage gathered at once
-    else:
-        assert peak["weights"] == pytest.approx(state["weights"], rel=0.02)
-    # the accumulated gradients (in place) plus at most one layer's fresh ones
-    assert peak.get("gradients", 0) <= 2.0 * (stage0 + layer) / (2 if zero >= 2 else 1) + 2 * layer
+    assert peak["optimizer"] == state["optimizer"]
+    assert peak["weights"] == state["weights"]
+    # the resident gradient buffer, plus the fresh gradient of one parameter
+    # on its way into it (ZeRO 2: and its flattened copy, reduce-scattered)
+    assert state["gradients"] <= peak["gradients"] <= state["gradients"] + 2 * 2 * largest
+
+
+def test_zero3_holds_shards_and_the_layers_being_gathered():
+    """ZeRO-3: the weights at the peak are the resident 1/dp shards plus the
+    gathered parameters of at most prefetch + 1 layers (each with its gated
+    shards in flight and one parameter's flat copy); each prefetched layer
+    adds about one layer."""
+    stage0, layer, largest = small_stage0()
+    shards = 2.0 * stage0 / 2
+    gathered = {}
+    for prefetch in (0, 1, 2):
+        r = distsim.simulate(**SMALL, dp=2, tp=2, pp=2, zero=3, prefetch=prefetch)
+        peak = r.summary()["memory_by_category"]["0"]
+        assert peak["optimizer"] == model_state_bytes(stage0, 3, 2)["optimizer"]
+        gathered[prefetch] = peak["weights"] - shards
+        assert 0 < gathered[prefetch] <= (prefetch + 1) * 2 * layer * 1.5 + 2 * largest
+        assert gathered[prefetch] < 2 * stage0  # never the whole stage at once
+    for p in (1, 2):  # one more layer (2 bytes a parameter), give or take the gated
+        # shards in flight (at most another half layer at dp 2)
+        assert 0.9 * 2 * layer <= gathered[p] - gathered[p - 1] <= 1.5 * 2 * layer
 
 
 def test_oom_reports_the_dominating_category():
