@@ -621,6 +621,21 @@ CASES.extend([
 ])
 
 
+def _shard_file(name: str):
+    def run(tmp: Path):
+        from distsim.cli.files import read_program
+        from distsim.transforms.sharding import shard_program
+        return shard_program(read_program(str(CASES_DIR / name)))
+    return run
+
+
+CASES.extend([
+    _c("sharding-nested-uneven", "text format",
+       "`f32[5,4]` as `[S(0), S(0)]` on a 2 x 3 mesh (the 2-row piece over 3 devices)",
+       _shard_file("shard_nested_uneven.dir"), ["check", "{cases}/shard_nested_uneven.dir"], VerifyError,
+       "value %y: dim 0 of size 5 has a piece of size 2 (after axes 'a') that is sharded over axis 'b'"),
+])
+
 def readme_table() -> str:
     """The catalogue as the Markdown table of README.md
     (``python tests/adversarial/catalogue.py`` prints it)."""
