@@ -8,7 +8,6 @@ import pytest
 
 from distsim.interp import NumpyExecutor
 from distsim.ir import DType, verify
-from distsim.ir.core import Module
 from distsim.ir.mesh import DeviceMesh, DTensorType, Partial, Replicate, Shard
 from distsim.text import parse_module
 from distsim.transforms.sharding import assemble, distribute, lower, plan_redistribute

@@ -29,10 +29,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ...errors import PassPreconditionError, VerifyError
 from ...ir.builder import NameScope
 from ...ir.core import Function, Module, Op, Value
-from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard, check_placements
+from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, check_placements
 from ...ir.ops_call import callee_of, is_call, link_calls
 from ...ir.types import TensorType
-from .rules import OpContext, Strategy, strategies_for
+from .rules import OpContext, strategies_for
 from .conflicts import MAX_CANDIDATES, ConflictResolver
 from .costs import _CHANGE, axis_cost, type_cost  # noqa: F401  (re-exported)
 from .validity import combination_error

@@ -29,7 +29,6 @@ from typing import Dict, List
 from ...ir.builder import NameScope
 from ...ir.comm import CollectiveType, is_communication
 from ...ir.core import Function, Op, Value
-from ...ir.ops_comm import split_sizes
 from ...ir.registry import infer_types, is_registered, lookup
 from .planner import step_bytes
 from ..cleanup import eliminate_dead_code
