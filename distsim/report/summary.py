@@ -111,7 +111,8 @@ def summarize(trace: Trace) -> Dict[str, Any]:
         "max_peak_memory_rank": peak_dev["rank"] if peak_dev else None,
         "oom": any(d["oom"] for d in devices),
         "oom_ranks": [d["rank"] for d in devices if d["oom"]],
-        "total_flops": float(sum(d["flops"] for d in devices)),
+        # each simulated device stands for d["represents"] (1 without reduction)
+        "total_flops": float(sum(d["flops"] * d.get("represents", 1) for d in devices)),
         "devices": devices,
         "links": link_summary(trace),
         "meta": json_safe(dict(trace.meta)),

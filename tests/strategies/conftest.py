@@ -12,6 +12,7 @@ from distsim.models.gpt_family import build_gpt_step, resolve_batch, validate
 from distsim.transforms.adam import AdamHyper, AdamW
 from distsim.transforms.autodiff import Autodiff
 from distsim.models.gpt import gpt_forward
+from distsim.transforms.optimizer import SGD, SGDHyper
 from distsim.transforms.spmd import LowerSPMD
 from distsim.transforms.strategy import Strategy
 from distsim.transforms.zero import global_updates, local_inputs
@@ -27,13 +28,24 @@ TOLERANCE = dict(rtol=1e-9, atol=1e-11)
 
 
 class Reference:
-    def __init__(self, **overrides):
+    """The single-device step of the tiny GPT (``overrides``: config
+    fields) with AdamW or, ``optimizer="sgd"``, SGD (the config's momentum),
+    both on float64 master weights."""
+
+    def __init__(self, optimizer="adamw", **overrides):
         self.config = GPTConfig(**{**TINY, **overrides})
+        self.optimizer = optimizer
         c = self.config
         fwd = gpt_forward(c, micro_batch=c.global_batch)
         step = Autodiff(fwd.meta["loss"], fwd.meta["params"])(fwd)
-        self.step = verify(AdamW(lr=HYPER.lr, eps=HYPER.eps, weight_decay=HYPER.weight_decay,
-                                 master_dtype="f64")(step))
+        if optimizer == "sgd":
+            self.hyper = SGDHyper(lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+            self.step = verify(SGD(lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay,
+                                   master_dtype="f64")(step))
+        else:
+            self.hyper = HYPER
+            self.step = verify(AdamW(lr=HYPER.lr, eps=HYPER.eps,
+                                     weight_decay=HYPER.weight_decay, master_dtype="f64")(step))
         rng = np.random.default_rng(0)
         roles = self.step.meta["roles"]
         self.params = {v.name: rng.normal(0, 0.3, v.type.shape) for v in self.step.inputs
@@ -57,12 +69,13 @@ class Reference:
                         if v.name.endswith("_new") and "." not in v.name}
 
     def lower(self, **strategy):
+        strategy = {"optimizer": self.optimizer, **strategy}
         s = Strategy(**strategy)
         s = s if s.dp is not None else Strategy(**{**strategy, "dp": 1})
         m = validate(self.config, s)
         c, _ = resolve_batch(self.config, s)
         step = build_gpt_step(c, s, c.micro_batch)
-        return verify(LowerSPMD(s, m, HYPER, "f64")(step))
+        return verify(LowerSPMD(s, m, self.hyper, "f64")(step))
 
     def run(self, program):
         params = dict(self.params)

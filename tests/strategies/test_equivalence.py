@@ -33,6 +33,48 @@ def test_strategy_matches_single_device(reference, strategy):
     reference.check(**strategy)
 
 
+@pytest.mark.parametrize("strategy", [
+    dict(),
+    dict(dp=2, zero=1),
+    dict(dp=2, zero=2, microbatches=2),
+    dict(dp=2, tp=2, pp=2, zero=3, recompute="selective"),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "single")
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_with_master_weights_matches(make_reference, strategy, momentum):
+    """SGD (fp32 master weights, weight decay, optional momentum) under
+    every kind of sharding of its state updates like the single-device step."""
+    ref = make_reference(optimizer="sgd", momentum=momentum)
+    program = ref.check(**strategy)
+    assert program.meta["optimizer"] == "sgd"
+    states = {info.get("state") for info in program.meta["io"].values()}
+    assert ("mom" in states) == (momentum > 0) and not states & {"m", "v"}
+
+
+@pytest.mark.parametrize("vocab, strategy", [
+    (33, dict(tp=2)),
+    (33, dict(tp=4)),                       # 36 rows: the last rank holds 3 padding rows
+    (5, dict(tp=4)),                        # 8 rows: the last rank holds only padding
+    (33, dict(tp=2, pp=2)),                 # the output layer is its own (padded) copy
+    (33, dict(dp=2, tp=2, sp=True, zero=3)),
+])
+def test_odd_vocabulary_padded_for_tensor_parallelism(make_reference, vocab, strategy):
+    """A vocabulary that tp does not divide is padded (Megatron); the
+    padding stays out of the softmax, so the step is the unpadded one."""
+    program = make_reference(vocab=vocab, kv_heads=4).check(**strategy)
+    assert program.meta["param_unpadded"]["wte"] == vocab
+
+
+@pytest.mark.parametrize("overrides, pp, even", [
+    (dict(), 3, [(0, 2), (2, 3), (3, 4)]),
+    (dict(vocab=256), 2, [(0, 2), (2, 4)]),
+])
+def test_balanced_partition_matches(make_reference, overrides, pp, even):
+    """--partition balanced moves layers off the stages that carry the
+    embedding and the head; the step still computes the same update."""
+    program = make_reference(**overrides).check(pp=pp, partition="balanced")
+    assert program.meta["stage_ranges"] != even
+
+
 def test_llama_style_model_matches(make_reference):
     ref = make_reference(norm="rmsnorm", activation="swiglu", bias=False, tied_embeddings=False,
                     position="none", kv_heads=2, ffn=24)

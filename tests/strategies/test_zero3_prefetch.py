@@ -1,0 +1,59 @@
+"""ZeRO-3 / FSDP prefetch: the all-gather of layer L+1's parameters runs
+while layer L computes (``prefetch=1``, the default), so the gathers of
+the transformer layers hide behind compute; without prefetch
+(``prefetch=0``) each layer's gathers start when the layer does and the
+compute waits for them."""
+import pytest
+
+import distsim
+from distsim.report.intervals import difference_length, merge_intervals, total_length
+
+CASE = dict(model="gpt3-1.3b", topology="dgx-a100", dp=8, layers=4, global_batch=8, zero=3,
+            network_mode="analytical")
+
+
+def layer_gathers(result, rank=0):
+    """(time, time not overlapped by compute) of the transformer layers'
+    parameter all-gathers on ``rank`` (names ``l<i>_..._full_...``)."""
+    ops = [o for o in result.trace.ops if o.rank == rank]
+    compute = merge_intervals((o.start_s, o.end_s) for o in ops if o.category == "compute")
+    gathers = [(o.start_s, o.end_s) for o in ops
+               if o.op_type == "comm.allgather" and o.name.startswith("l") and "_full_" in o.name]
+    assert gathers
+    return total_length(merge_intervals(gathers)), difference_length(gathers, compute)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {p: distsim.simulate(**CASE, prefetch=p) for p in (0, 1)}
+
+
+def test_prefetch_hides_the_layer_gathers(runs):
+    total, exposed = layer_gathers(runs[1])
+    assert exposed <= 0.02 * total            # all but the rounding hidden
+    total0, exposed0 = layer_gathers(runs[0])
+    assert total0 == pytest.approx(total)     # the same gathers, only issued earlier
+    assert exposed0 >= 0.1 * total0           # the compute waits for part of each
+
+
+def test_prefetch_shrinks_exposed_communication_and_the_step(runs):
+    s0, s1 = runs[0].summary(), runs[1].summary()
+    saved = layer_gathers(runs[0])[1] - layer_gathers(runs[1])[1]
+    assert s1["exposed_communication_s"] < s0["exposed_communication_s"]
+    # what prefetch hides on rank 0 comes off its exposed communication
+    exposed = {p: runs[p].summary()["devices"][0]["exposed_communication_s"] for p in (0, 1)}
+    assert exposed[0] - exposed[1] == pytest.approx(saved, rel=0.05)
+    assert s1["step_time_s"] < s0["step_time_s"]
+
+
+def test_prefetched_gathers_precede_the_layer_before_in_program_order():
+    """Program order is what the communication stream follows: layer 2's
+    forward gathers are emitted before layer 1's first forward compute op."""
+    program, _, _ = distsim.build_program(**{k: v for k, v in CASE.items()
+                                             if k != "network_mode"}, prefetch=1)
+    ops = program.ops
+    first_l1 = next(i for i, op in enumerate(ops) if op.meta.get("layer") == 1
+                    and op.op_type == "matmul" and "phase" not in op.meta)
+    gathers_l2 = [i for i, op in enumerate(ops) if op.op_type == "comm.allgather"
+                  and op.meta.get("layer") == 2]
+    assert gathers_l2 and min(gathers_l2) < first_l1
