@@ -1,0 +1,394 @@
+"""Per-layer profiles for the estimator (:mod:`.estimate`), from a template.
+
+A GPT training step is the same transformer layer over and over. Instead of
+building the whole program, :func:`layer_profile` builds the step of a
+**two-layer** copy of the model for one tensor-parallel group (``dp = pp =
+1``, two micro-batches), lowers it with the real
+:class:`~distsim.transforms.spmd.LowerSPMD` and simulates it with the real
+simulator in the analytical network mode (so compute times come from the
+:class:`~distsim.cost.model.CostModel` and tensor-parallel collectives from
+the alpha-beta model of the topology). From rank 0's timeline it reads,
+per *block* (the embedding, one transformer layer, the head with the loss):
+
+* forward and backward times, as the compute stream sees them (op times plus
+  waits on tensor-parallel collectives), their busy part, and their FLOPs;
+* the backward of the first micro-batch (no accumulation), of a middle one
+  (gradients added to the buffer) and of the last (added and averaged);
+* the last backward op by op, compressed into compute segments and
+  tensor-parallel collectives with their dependencies, and where each
+  parameter's gradient becomes final (where data-parallel sync starts);
+* the parameters of each block, the values that cross a pipeline stage
+  boundary, and the activation bytes saved per micro-batch
+  (:func:`~distsim.transforms.memory_model.saved_activation_bytes`).
+
+Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
+micro-batch, untied head, topology, collective algorithm).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..cost.flops import op_flops
+from ..cost.model import CostModel
+from ..ir.comm import is_communication, members
+from ..ir.core import Function, Op, Value
+from ..models.gpt import GPTConfig
+from ..models.gpt_family import build_gpt_step, hyper_of
+from ..sim.simulator import SimulationOptions, simulate_function
+from ..topology import load_topology
+from ..transforms.memory_model import saved_activation_bytes
+from ..transforms.spmd import LowerSPMD
+from ..transforms.strategy import Strategy
+
+#: Block names: the embedding, one transformer layer, the head (final norm,
+#: output layer and loss).
+EMB, LAYER, HEAD = "emb", "layer", "head"
+#: The template's layer whose numbers stand for every layer.
+_TEMPLATE_LAYERS = 2
+_REPRESENTATIVE_LAYER = 1
+
+
+@dataclass
+class Segment:
+    """One entry of a block's op-level last backward: ``kind`` "c" (a run
+    of compute ops: ``time_s``), "t" (a tensor-parallel collective:
+    ``time_s``) or "g" (the gradient of ``param`` is final here). ``deps``:
+    indices of earlier entries of the same block it waits for (a compute
+    run on collectives, a collective on the run producing its input); None
+    in ``deps`` means "an input from before the block"."""
+
+    kind: str
+    time_s: float = 0.0
+    deps: Tuple[Optional[int], ...] = ()
+    param: str = ""
+
+
+@dataclass
+class Block:
+    """Times of one block (seconds). ``f``: forward; ``b_first``,
+    ``b_mid``, ``b_last``: backward of the first, a middle and the last
+    micro-batch; ``*_busy``: the part spent computing (the rest waits on
+    tensor-parallel collectives); ``f_flops`` / ``b_flops``: FLOPs executed
+    per micro-batch (recomputation included); ``last`` / ``only``: the op
+    level backward of the last micro-batch when there are several / one."""
+
+    f: float = 0.0
+    f_busy: float = 0.0
+    f_flops: float = 0.0
+    b_first: float = 0.0
+    b_mid: float = 0.0
+    b_last: float = 0.0
+    b_first_busy: float = 0.0
+    b_mid_busy: float = 0.0
+    b_last_busy: float = 0.0
+    b_flops: float = 0.0
+    step_f_flops: float = 0.0       # FLOPs LowerSPMD's task ordering counts
+    step_b_flops: float = 0.0
+    last: List[Segment] = field(default_factory=list)
+    only: List[Segment] = field(default_factory=list)
+    saved_bytes: int = 0            # activations kept from forward to backward
+    tp_comm_f: float = 0.0          # tensor-parallel collective time, forward
+    tp_comm_b: float = 0.0
+    # compute before the first / after the last tensor-parallel collective
+    # (forward, backward); None: the block has none
+    f_pre: Optional[float] = None
+    f_post: Optional[float] = None
+    b_pre: Optional[float] = None
+    b_post: Optional[float] = None
+    # memory above the steady baseline while the block runs (bytes): the
+    # forward over weights, optimizer state and the saved activations of
+    # the blocks before it; the backward (a later micro-batch) over those,
+    # the gradient buffers and the saved activations up to this block
+    f_excess: float = 0.0
+    b_excess: float = 0.0
+    b0_excess: float = 0.0          # the backward of a single micro-batch (no buffers before)
+    # ZeRO-3: the parameters gathered in this block's forward / backward (the
+    # first reader of each), as (owner block, index in its parameter list)
+    f_gather: List[Tuple[str, int]] = field(default_factory=list)
+    b_gather: List[Tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class Param:
+    """A parameter of a block as one tensor-parallel rank holds it."""
+
+    name: str
+    block: str
+    numel: int
+    shape: Tuple[int, ...]
+    dtype: Any                      # the IR DType
+
+
+@dataclass
+class LayerProfile:
+    blocks: Dict[str, Block]
+    params: Dict[str, List[Param]]          # block -> its parameters, in step order
+    param_order: List[Tuple[str, int]]      # (block, index) in the step's parameter order
+    forward_crossing: List[int]             # bytes of each value sent forward between stages
+    backward_crossing: List[int]
+    tied: bool                              # the head reuses the embedding weight (pp > 1: a copy)
+    peak_bytes: int                         # the template's peak on rank 0, and its split
+    peak_by_category: Dict[str, int]
+    master_dtype: Any
+    opt_excess: float = 0.0                 # above weights, optimizer state and gradients
+    wall_s: float = 0.0
+
+
+def _block_of(layer: Any, layers: int) -> Optional[str]:
+    if not isinstance(layer, int):
+        return None
+    if layer < 0:
+        return EMB
+    if layer >= layers:
+        return HEAD
+    return LAYER if layer == _REPRESENTATIVE_LAYER else f"{LAYER}{layer}"
+
+
+def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
+              micro_batch: int, untie: bool) -> Tuple[Function, Function, LowerSPMD]:
+    c = replace(config, layers=_TEMPLATE_LAYERS, micro_batch=micro_batch,
+                global_batch=2 * micro_batch)
+    step = build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
+                                      recompute=recompute), micro_batch)
+    lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
+                               microbatches=2), 2, hyper_of(c), c.master_dtype)
+    return step, lower(step), lower
+
+
+def _crossing(step: Function, tp: int, sp: bool, recompute: str) -> Tuple[List[int], List[int]]:
+    """Bytes of the values LowerSPMD sends between two pipeline stages that
+    split the template between its layers (forward, backward)."""
+    probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute), 2)
+    probe._analyse(step)
+    fwd, bwd = [], []
+    for v, chunks in probe.crossing.items():
+        src = probe.value_chunk[v]
+        for c in chunks:
+            if src == 0 and c == 1:
+                fwd.append(v.type.size_bytes)
+            elif src == 1 and c == 0:
+                bwd.append(v.type.size_bytes)
+    return sorted(fwd), sorted(bwd)
+
+
+@lru_cache(maxsize=256)
+def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
+                  zero: int, micro_batch: int, untie: bool, topology: str,
+                  collective_algo: str = "auto") -> LayerProfile:
+    """The profile of a model (``config_items``: a GPTConfig's fields as
+    sorted pairs) under a tensor-parallel layout (see the module docstring)."""
+    import time
+    started = time.perf_counter()
+    config = GPTConfig(**dict(config_items))
+    template_zero = 3 if zero == 3 else (1 if zero else 0)
+    step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch, untie)
+    topo = load_topology(topology)
+    trace = simulate_function(program, topo, CostModel(topo.device_spec),
+                              SimulationOptions(network_mode="analytical",
+                                                collective_algorithm=collective_algo))
+    layers = _TEMPLATE_LAYERS
+    times = {}
+    for rec in trace.ops:
+        if rec.rank == 0:
+            times[rec.name] = (rec.start_s, rec.end_s, rec.flops)
+    rank0 = [op for op in program.ops
+             if (0 in members(op) if is_communication(op) else
+                 (op.outputs[0].type.device if op.outputs else op.inputs[0].type.device) == 0)]
+
+    # -- parameters and where their gradients become final ----------------------
+    by_name = {v.name: v for v in step.values()}
+    param_block: Dict[str, str] = {}
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), layers)
+        for v in op.inputs:
+            if v.name in step.meta["params"] and v.name not in param_block and blk:
+                param_block[v.name] = blk
+    params: Dict[str, List[Param]] = {EMB: [], LAYER: [], HEAD: []}
+    order: List[Tuple[str, int]] = []
+    for name in step.meta["params"]:
+        blk = param_block[name]
+        if blk not in params:          # the other template layer: same as LAYER
+            continue
+        p = by_name[name]
+        params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype))
+        order.append((blk, len(params[blk]) - 1))
+    index = {p.name: (blk, i) for blk, ps in params.items() for i, p in enumerate(ps)}
+    gathered: set = set()
+    first_reader: Dict[str, List[Tuple[str, int]]] = {}
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), layers)
+        kind = "B" if "phase" in op.meta else "F"
+        for v in op.inputs:
+            if v.name in index and blk in params and (kind, v.name) not in gathered:
+                gathered.add((kind, v.name))
+                first_reader.setdefault(f"{kind}{blk}", []).append(index[v.name])
+    final_last = {id(lower.sync.acc[(p, 0)]): p.name for p in lower.params}
+    final_only = {id(lower.menv[(0, 0)][g]): p.name for g, p in lower.grad_of.items()}
+
+    # -- blocks from rank 0's program order and timeline ------------------------
+    blocks = {name: Block() for name in (EMB, LAYER, HEAD)}
+    current: Optional[Tuple[str, int, str]] = None
+    groups: Dict[Tuple[str, int, str], List[Op]] = {}
+    for op in rank0:
+        meta = op.meta
+        mb = meta.get("microbatch")
+        blk = _block_of(meta.get("layer"), layers)
+        if meta.get("phase") == "optimizer" or mb is None:
+            current = None
+            continue
+        kind = "B" if "phase" in meta else "F"
+        if blk is None:            # accumulation, ZeRO-3 reshapes: the block before
+            if current is None:
+                continue
+            key = current
+        else:
+            key = (kind, mb, blk)
+        groups.setdefault(key, []).append(op)
+        current = key
+    compute_end: Dict[Tuple[str, int, str], float] = {}
+    ordered = sorted(groups, key=lambda k: max(times[o.name][1] for o in groups[k]
+                                               if not is_communication(o)))
+    prev_end = 0.0
+    for key in ordered:
+        ops = [o for o in groups[key] if not is_communication(o)]
+        end = max(times[o.name][1] for o in ops)
+        compute_end[key] = end - prev_end
+        prev_end = end
+
+    def stats(key):
+        ops = groups.get(key, [])
+        comp = [o for o in ops if not is_communication(o)]
+        comm = [o for o in ops if is_communication(o)]
+        busy = sum(times[o.name][1] - times[o.name][0] for o in comp)
+        flops = sum(times[o.name][2] for o in comp)
+        tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm)
+        return compute_end.get(key, 0.0), busy, flops, tcomm
+
+    for name, blk in blocks.items():
+        blk.f, blk.f_busy, blk.f_flops, blk.tp_comm_f = stats(("F", 0, name))
+        blk.b_first, blk.b_first_busy, blk.b_flops, blk.tp_comm_b = stats(("B", 0, name))
+        blk.b_last, blk.b_last_busy, _, _ = stats(("B", 1, name))
+        scales = sum(times[o.name][1] - times[o.name][0] for o in groups.get(("B", 1, name), [])
+                     if o.op_type == "scale" and id(o.outputs[0]) in final_last)
+        blk.b_mid, blk.b_mid_busy = blk.b_last - scales, blk.b_last_busy - scales
+        blk.last = _segments(groups.get(("B", 1, name), []), times, final_last)
+        blk.only = _segments(groups.get(("B", 0, name), []), times, final_only)
+        blk.f_pre, blk.f_post = _edges(_segments(groups.get(("F", 0, name), []), times, {}))
+        blk.b_pre, blk.b_post = _edges(blk.only)
+    for name, blk in blocks.items():
+        blk.f_gather = list(dict.fromkeys(first_reader.get(f"F{name}", [])))
+        blk.b_gather = list(dict.fromkeys(first_reader.get(f"B{name}", [])))
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), layers)
+        if blk in blocks:
+            if "phase" in op.meta:
+                blocks[blk].step_b_flops += op_flops(op)
+            else:
+                blocks[blk].step_f_flops += op_flops(op)
+    saved = saved_activation_bytes(step)
+    for layer, nbytes in saved.items():
+        blk = _block_of(layer, layers)
+        if blk in blocks:
+            blocks[blk].saved_bytes += nbytes
+    fwd, bwd = _crossing(step, tp, sp, recompute)
+    peaks = trace.peak_memory()
+    cats = dict(trace.meta.get("peak_memory_by_category", {}).get(0, {}))
+    opt_excess = _memory_excess(blocks, groups, times, trace, program)
+    return LayerProfile(blocks, params, order, fwd, bwd, bool(step.meta.get("tied")),
+                        int(peaks.get(0, 0)), cats, lower.master_dtype, opt_excess,
+                        time.perf_counter() - started)
+
+
+def _memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function) -> float:
+    """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
+    curve: the peak inside the block's time window minus what is known to
+    be live then (weights and optimizer state, gradient buffers after the
+    first backward, saved activations of the blocks before it). Returns
+    the optimizer phase's excess over weights, optimizer state and gradients."""
+    roles = program.meta.get("roles", {})
+    static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
+                 and roles.get(v.name) in ("param", "master", "optimizer"))
+    grads = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
+                and roles.get(v.name) == "param")
+    samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
+    stamps = [t for t, _ in samples]
+
+    def peak(t0: float, t1: float) -> float:
+        lo = bisect_left(stamps, t0)
+        hi = bisect_right(stamps, t1)
+        values = [b for _, b in samples[lo:hi]]
+        if lo > 0:
+            values.append(samples[lo - 1][1])
+        return float(max(values)) if values else 0.0
+
+    def window(key) -> Tuple[float, float]:
+        ops = groups.get(key, [])
+        return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
+
+    f_order = [EMB, "layer0", LAYER, HEAD]
+    saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
+             LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
+    for i, name in enumerate(f_order):
+        if name not in blocks:
+            continue
+        before = sum(saved[n] for n in f_order[:i])
+        if ("F", 0, name) in groups:
+            blocks[name].f_excess = max(0.0, peak(*window(("F", 0, name))) - static - before)
+        if ("B", 1, name) in groups:
+            blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
+                                        - before - saved[name])
+        if ("B", 0, name) in groups:      # gradient buffers appear during it
+            blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - static
+                                         - before - saved[name])
+    last_b = max(window(k)[1] for k in groups if k[0] == "B")
+    end = max(stamps) if stamps else last_b
+    return max(0.0, peak(last_b, end) - static - grads)
+
+
+def _edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
+    """Compute time before the first collective and after the last one."""
+    kinds = [s.kind for s in segments]
+    if "t" not in kinds:
+        return None, None
+    first, last = kinds.index("t"), len(kinds) - 1 - kinds[::-1].index("t")
+    return (sum(s.time_s for s in segments[:first] if s.kind == "c"),
+            sum(s.time_s for s in segments[last + 1:] if s.kind == "c"))
+
+
+def _segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str]) -> List[Segment]:
+    """Compress a block's ops (rank 0, program order) into compute runs,
+    tensor-parallel collectives and gradient-final marks. A run ends at a
+    collective (which waits for the run) and at a final gradient (where
+    data-parallel sync is emitted); a compute op that reads a collective's
+    output starts a new run waiting for it."""
+    out: List[Segment] = []
+    made: Dict[int, int] = {}          # id(value) -> entry producing it
+    to_comm = {id(v) for op in ops if is_communication(op) for v in op.inputs}
+    open_run: Optional[int] = None
+    for op in ops:
+        t0, t1, _ = times[op.name]
+        srcs = [made.get(id(v)) for v in op.inputs]
+        if is_communication(op):
+            dep = next((s for s in srcs if s is not None), None)
+            out.append(Segment("t", t1 - t0, (dep,)))
+            open_run = None
+            idx = len(out) - 1
+        else:
+            waits = tuple(sorted({s for s in srcs if s is not None and out[s].kind == "t"}))
+            if open_run is None or waits:
+                out.append(Segment("c", 0.0, waits))
+                open_run = len(out) - 1
+            out[open_run].time_s += t1 - t0
+            idx = open_run
+        for v in op.outputs:
+            made[id(v)] = idx
+        for v in op.outputs:
+            if id(v) in finals:
+                out.append(Segment("g", deps=(idx,), param=finals[id(v)]))
+                open_run = None
+            elif id(v) in to_comm:     # the collective reading it may start here
+                open_run = None
+    return out
