@@ -41,9 +41,12 @@ internal to a run are not tracked in memory.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple,
+                    Union)
 
+from ..cost.device import DeviceSpec
 from ..cost.flops import op_flops
+from ..cost.model import CostModel
 from ..errors import PassPreconditionError
 from ..ir.builder import NameScope
 from ..ir.comm import CollectiveType, io_ranks
@@ -182,12 +185,26 @@ class _Segment:
         self.function.outputs = [local(v) for v in self.outputs]
 
 
+#: The device whose roofline times estimate each layer's cost for
+#: ``partition="balanced"`` when no ``partition_cost`` is given (the
+#: program is built before it meets a topology): A100 SXM figures; only the
+#: ratios of compute, memory traffic and launches matter for the balance.
+PARTITION_DEVICE = DeviceSpec("partition-estimate", {"bf16": 312e12, "f16": 312e12, "f32": 19.5e12},
+                              memory_bandwidth_Bps=2.039e12, memory_bytes=80 * 10**9,
+                              launch_overhead_s=5e-6, matmul_efficiency=0.7,
+                              vector_efficiency=0.7, memory_efficiency=0.8)
+
+
 class LowerSPMD:
-    """The pass: ``LowerSPMD(strategy, microbatches, hyper)(step)``."""
+    """The pass: ``LowerSPMD(strategy, microbatches, hyper)(step)``.
+    ``partition_cost(op) -> seconds`` estimates layer costs for
+    ``strategy.partition == "balanced"`` (default: roofline times on
+    :data:`PARTITION_DEVICE`)."""
 
     def __init__(self, strategy: Strategy, microbatches: int = 1,
                  hyper: Union[AdamHyper, SGDHyper] = AdamHyper(), master_dtype: str = "f32",
-                 representatives: bool = False, coarsen: bool = False) -> None:
+                 representatives: bool = False, coarsen: bool = False,
+                 partition_cost: Optional[Callable[[Op], float]] = None) -> None:
         if strategy.dp is None:
             raise PassPreconditionError("LowerSPMD: the strategy's dp must be resolved")
         self.S = strategy
@@ -196,6 +213,7 @@ class LowerSPMD:
         self.master_dtype = DType.parse(master_dtype)
         self.representatives = representatives
         self.coarsen = coarsen
+        self.partition_cost = partition_cost
         self._segment_cache: Dict[Tuple[str, int], List[Any]] = {}
         self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
@@ -211,13 +229,14 @@ class LowerSPMD:
         self.C = S.pp * S.chunks
         layers = int(step.meta.get("model", {}).get("layers", 1))
         if S.partition == "balanced":
-            # estimated cost of each layer: the FLOPs of its forward,
-            # backward and recomputed ops; -1 is the embedding, `layers` the head
+            # estimated time of each layer: its forward, backward and
+            # recomputed ops; -1 is the embedding, `layers` the head
+            op_time = self.partition_cost or (lambda o, m=CostModel(PARTITION_DEVICE): m.op_cost(o).time_s)
             cost: Dict[int, float] = {}
             for op in step.ops:
                 layer = op.meta.get("layer")
                 if isinstance(layer, int):
-                    cost[layer] = cost.get(layer, 0.0) + op_flops(op)
+                    cost[layer] = cost.get(layer, 0.0) + op_time(op)
             self.ranges = partition_balanced([cost.get(i, 0.0) for i in range(layers)], self.C,
                                              first=cost.get(-1, 0.0),
                                              last=cost.get(layers, 0.0))
