@@ -10,16 +10,22 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Union
 
+from .errors import ConfigError
+
 PathLike = Union[str, "os.PathLike[str]"]
 
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; on success it is
-    renamed to ``path``, on error it is removed."""
+    renamed to ``path``, on error it is removed. A folder that cannot be
+    made or written is a ConfigError naming the file."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as e:
+        raise ConfigError(f"cannot write {target}: {e.strerror or e}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:

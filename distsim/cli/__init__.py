@@ -8,6 +8,7 @@ with status 2; anything else is an internal error (status 1).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from typing import List, Optional
@@ -47,7 +48,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()   # a failing stdout (disk full) is reported here, not at exit
+        return code
     except DistsimError as e:
         print(f"distsim: error: {e}", file=sys.stderr)
         return 2
@@ -55,12 +58,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("distsim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        _silence_stdout()
         return 0
+    except OSError as e:  # the system refused a write (disk full, permissions): not a bug
+        _silence_stdout()
+        where = f" {e.filename}" if e.filename else ""
+        print(f"distsim: error: cannot write{where}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except Exception:  # an internal error: a bug in distsim, not the user's input
         traceback.print_exc()
         print("distsim: internal error (a bug: please report it with the command above)",
               file=sys.stderr)
         return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush of
+    what could not be written does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout already closed or not a file
+        pass
 
 
 def entry() -> None:
