@@ -33,7 +33,8 @@ from .transforms.strategy import Strategy
 
 DEFAULT_MODEL = "mlp"
 DEFAULT_TOPOLOGY = "dgx-a100"
-OUTPUT_FILES = ("summary.json", "trace.json", "gantt.png", "memory.png", "links.png")
+OUTPUT_FILES = ("summary.json", "trace.json", "gantt.png", "memory.png", "links.png",
+                "report.html")
 
 
 @dataclass
@@ -75,7 +76,8 @@ class SimulationResult:
                 model = self.config
             dtype = str(model.get("dtype") or self.config.get("dtype") or "f16")
             s.update(training_metrics(s, self.trace.meta, model, self.config,
-                                      peak_flops_of(self.topology.device_spec, dtype)))
+                                      peak_flops_of(self.topology.device_spec, dtype),
+                                      topology=self.topology))
             s["trace_file"] = self.trace_plan().to_dict()
             self._summary = s
         return self._summary
@@ -106,7 +108,8 @@ class SimulationResult:
 
     def write_outputs(self, out_dir: Union[str, Path], plots: bool = True,
                       max_trace_records: Optional[int] = None) -> Dict[str, Path]:
-        """Write summary.json and trace.json (and the PNGs) into ``out_dir``;
+        """Write summary.json and trace.json (and with ``plots`` the PNGs and
+        report.html, the page that shows them with the summary) into ``out_dir``;
         each file atomically. trace.json holds at most ``max_trace_records``
         timed records (None: this result's setting, default
         :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); past it the trace is
@@ -136,6 +139,10 @@ class SimulationResult:
             self.memory_plot(paths["memory"])
             paths["links"] = out / "links.png"
             self.links_plot(paths["links"])
+            # the page inlines the charts just drawn (each drawn once)
+            paths["report"] = out / "report.html"
+            write_run_report(self, paths["report"], gantt=paths["gantt"],
+                             memory=paths["memory"])
         return paths
 
     def __repr__(self) -> str:

@@ -49,6 +49,18 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-mb", type=float, dest="bucket_mb",
                    help="DDP gradient bucket size in MB (default: one all-reduce per gradient "
                         "as soon as it is ready; 0: all after the backward pass)")
+    g.add_argument("--optimizer", choices=["adamw", "sgd"],
+                   help="optimizer, both with fp32 master weights (default: adamw; SGD's "
+                        "momentum is the model's 'momentum' field)")
+    g.add_argument("--partition", choices=["even", "balanced"],
+                   help="pipeline stages even by layers or balanced by estimated cost, "
+                        "embedding and head included (default: even)")
+    g.add_argument("--prefetch", type=int, metavar="LAYERS",
+                   help="ZeRO-3: all-gather parameters this many layers ahead (default: 1; "
+                        "0: no prefetch)")
+    g.add_argument("--order", metavar="AXES",
+                   help="mesh layout, axes from fastest to slowest varying rank, e.g. "
+                        "dp-tp-pp (default: tp-dp-pp, TP groups on adjacent GPUs)")
     g.add_argument("--symmetry", action="store_true", default=None,
                    help="simulate one representative device per class of identical devices "
                         "(data- and tensor-parallel peers mirror it): same results, much faster "
@@ -102,7 +114,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
                 "kv_heads", "ffn", "vocab", "sp", "zero", "recompute", "microbatches", "schedule",
                 "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "symmetry", "coarsen",
-                "max_ops"):
+                "max_ops", "optimizer", "partition", "prefetch", "order"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
     o.add_argument("--json", action="store_true",
                    help="print the summary as JSON on stdout instead of the table")
     o.add_argument("--no-plots", action="store_true",
-                   help="skip gantt.png, memory.png and links.png")
+                   help="skip gantt.png, memory.png, links.png and report.html")
     o.add_argument("--no-link-samples", action="store_true",
                    help="do not record link utilisation over time (links.png then shows "
                         "busy time per link, trace.json has no link counters; saves memory "

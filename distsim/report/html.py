@@ -86,8 +86,12 @@ def _cell(v: Any) -> str:
 
 
 # -- a single run -------------------------------------------------------------------------
-def run_report_html(result: Any, title: Optional[str] = None) -> str:
-    """The page of one :class:`~distsim.api.SimulationResult`."""
+def run_report_html(result: Any, title: Optional[str] = None,
+                    gantt: Optional[ImageLike] = None, memory: Optional[ImageLike] = None) -> str:
+    """The page of one :class:`~distsim.api.SimulationResult`. ``gantt`` /
+    ``memory``: the charts already drawn (a PNG file or bytes), so that
+    :meth:`~distsim.api.SimulationResult.write_outputs` draws each once;
+    drawn from the trace when not given."""
     from distsim.report.gantt import gantt_figure
     from distsim.report.memory_plot import memory_figure
     summary = result.summary()
@@ -101,13 +105,19 @@ def run_report_html(result: Any, title: Optional[str] = None) -> str:
             "<h2>Summary</h2>", f"<pre>{html.escape(format_summary_table(summary))}</pre>",
             "<h2>Configuration</h2>",
             f"<pre>{html.escape(json.dumps(config, indent=2, default=str))}</pre>",
-            "<h2>Timeline</h2>", img_tag(gantt_figure(result.trace), "Gantt chart"),
-            "<h2>Memory</h2>", img_tag(memory_figure(result.trace), "memory per device")]
+            "<h2>Timeline</h2>",
+            img_tag(gantt if gantt is not None else gantt_figure(result.trace), "Gantt chart"),
+            "<h2>Memory</h2>",
+            img_tag(memory if memory is not None else memory_figure(result.trace),
+                    "memory per device")]
     return page(title, "\n".join(body))
 
 
-def write_run_report(result: Any, path: PathLike, title: Optional[str] = None) -> Path:
-    write_text_atomic(path, run_report_html(result, title))
+def write_run_report(result: Any, path: PathLike, title: Optional[str] = None,
+                     gantt: Optional[ImageLike] = None, memory: Optional[ImageLike] = None
+                     ) -> Path:
+    """Write :func:`run_report_html` to ``path`` atomically."""
+    write_text_atomic(path, run_report_html(result, title, gantt=gantt, memory=memory))
     return Path(path)
 
 

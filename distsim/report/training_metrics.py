@@ -14,13 +14,18 @@ pipeline bubble and memory by category.
 - ``memory_by_category``: per device, the bytes of each category
   (weights, gradients, optimizer, activations, temporaries) at its peak;
   ``oom_category``: the largest category of the device with the highest
-  peak when some device exceeds its memory.
+  peak when some device exceeds its memory;
+- ``notes``: remarks on the run's layout, e.g. tensor-parallel groups that
+  span servers (tp larger than the GPUs per server, or ``--order`` putting
+  TP ranks apart), whose collectives then cross the network.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
+from ..errors import DistsimError
 from ..ir.types import DType
+from ..transforms.strategy import Strategy
 
 
 def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
@@ -41,9 +46,35 @@ def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
     return 3.0 * forward_per_token * tokens
 
 
+def layout_notes(strategy: Mapping[str, Any], topology: Any) -> List[str]:
+    """Remarks on how the strategy's mesh sits on ``topology``: a note when
+    some tensor-parallel group spans more than one server (Megatron keeps
+    TP inside a node, where NVLink carries its per-layer all-reduces)."""
+    try:
+        s = Strategy.from_mapping(strategy)
+    except DistsimError:
+        return []
+    if s.tp <= 1 or topology is None or s.dp is None \
+            or s.num_devices > topology.num_devices:
+        return []
+    groups = s.tp_groups()
+    spanning = sum(1 for g in groups if len({topology.node_of(r) for r in g}) > 1)
+    if not spanning:
+        return []
+    per_node = topology.devices_per_node
+    if s.tp > per_node:
+        why = f"tp {s.tp} is more than the {per_node} GPUs per server"
+    elif s.order != "tp-dp-pp":
+        why = f"--order {s.order} puts tensor-parallel ranks apart"
+    else:
+        why = f"tp {s.tp} does not divide the {per_node} GPUs per server"
+    return [f"tensor parallelism crosses servers: {spanning} of {len(groups)} TP groups span "
+            f"more than one server ({why}); their collectives run over the network"]
+
+
 def training_metrics(summary: Mapping[str, Any], trace_meta: Mapping[str, Any],
                      model: Mapping[str, Any], strategy: Mapping[str, Any],
-                     peak_flops: float) -> Dict[str, Any]:
+                     peak_flops: float, topology: Any = None) -> Dict[str, Any]:
     step = float(summary["step_time_s"])
     devices = summary["devices"]
     n = int(summary.get("num_devices") or len(devices))  # devices represented, not simulated
@@ -68,6 +99,7 @@ def training_metrics(summary: Mapping[str, Any], trace_meta: Mapping[str, Any],
         worst = summary.get("max_peak_memory_rank")
         cats = memory.get(worst) or next(iter(memory.values()))
         out["oom_category"] = max(cats, key=lambda k: (cats[k], k)) if cats else None
+    out["notes"] = layout_notes(strategy, topology)
     return out
 
 
@@ -93,4 +125,5 @@ def format_training_metrics(summary: Mapping[str, Any]) -> str:
     if summary.get("oom_category"):
         lines.append(f"OOM: rank {worst} peaks at {summary['max_peak_memory_bytes'] / 1e9:.2f} GB, "
                      f"mostly {summary['oom_category']}")
+    lines += [f"note: {n}" for n in summary.get("notes") or ()]
     return ("\n" + "\n".join(lines)) if lines else ""

@@ -1,4 +1,4 @@
-"""The end-to-end CLI: the default run writes all four files; bad input
+"""The end-to-end CLI: the default run writes every output file; bad input
 gives one line on stderr, exit status 2 and no output files."""
 import json
 import subprocess
@@ -23,7 +23,7 @@ def test_default_run_writes_all_outputs(tmp_path, capsys):
     code, stdout, err = run_cli(["simulate", "--out", str(out)], capsys)
     assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == ["gantt.png", "links.png", "memory.png",
-                                                     "summary.json", "trace.json"]
+                                                     "report.html", "summary.json", "trace.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step_time_s"] > 0
     assert summary["num_devices"] == 8
@@ -41,6 +41,9 @@ def test_default_run_writes_all_outputs(tmp_path, capsys):
     for png in ("gantt.png", "memory.png", "links.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "step time" in stdout.lower()
+    page = (out / "report.html").read_text()    # the summary with the charts inlined
+    assert f"{summary['step_time_s'] * 1e3:.4g} ms" in page
+    assert page.count('src="data:image/png;base64,') == 2
 
 
 def test_json_flag_prints_summary(tmp_path, capsys):
@@ -49,6 +52,7 @@ def test_json_flag_prints_summary(tmp_path, capsys):
     assert code == 0
     summary = json.loads(stdout)
     assert summary["num_devices"] == 4 and summary["config"]["dp"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json", "trace.json"]
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
