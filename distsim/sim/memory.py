@@ -1,66 +1,93 @@
-"""Live-memory accounting per device.
+"""Live-memory accounting per device, computed after the run with numpy.
 
 Each value occupies its bytes on its device from the moment the op
 producing it starts (function inputs: from time 0) until the last op reading
-it ends; returned values and resident inputs (weights, optimizer state) stay
-live to the end. The simulator logs allocations and frees with their
-simulated times as it schedules ops (possibly ahead of the simulation
-clock); :meth:`MemoryLog.finish` sorts them into the per-device curve, the
-peaks, and the bytes per category (weights, gradients, optimizer,
-activations, temporaries) at each device's peak.
+it ends; a value nobody reads is freed when it is produced; returned values
+and resident inputs (weights, optimizer state) stay live to the end. The
+engine records, per value, when it was allocated and when it was freed;
+:func:`memory_accounting` sorts those events per device into the curve, the
+peak, and the bytes per category (weights, gradients, optimizer,
+activations, temporaries) at the peak.
 
 At equal times frees are applied before allocations: a kernel's inputs are
-released when it ends, and the next kernel's outputs reuse that memory.
+released when it ends, and the next kernel's outputs reuse that memory. The
+peak is the first moment the largest live total is reached, checked after
+each allocation; the categories are the live bytes at that moment.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Dict, List, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Sequence
+
+import numpy as np
 
 from .trace import MemorySample
 
 _FREE, _ALLOC = 0, 1
 
 
-class MemoryLog:
-    """Allocation and free events; turned into curves and peaks at the end."""
+@dataclass
+class MemoryAccounting:
+    """The result: ``samples`` (live bytes per device over time, one per
+    distinct time, when asked for), ``peak`` (bytes per device) and
+    ``peak_by_category`` (category -> bytes live at that peak)."""
 
-    def __init__(self, record_samples: bool = True) -> None:
-        self.events: List[Tuple[float, int, int, int, int, str]] = []
-        self.record_samples = record_samples
-        self.samples: List[MemorySample] = []
-        self.peak: Dict[int, int] = {}
-        self.peak_by_category: Dict[int, Dict[str, int]] = {}
+    samples: List[MemorySample] = field(default_factory=list)
+    peak: Dict[int, int] = field(default_factory=dict)
+    peak_by_category: Dict[int, Dict[str, int]] = field(default_factory=dict)
 
-    def allocate(self, rank: int, nbytes: int, category: str, time_s: float) -> None:
-        self.events.append((time_s, _ALLOC, len(self.events), rank, nbytes, category))
 
-    def free(self, rank: int, nbytes: int, category: str, time_s: float) -> None:
-        self.events.append((time_s, _FREE, len(self.events), rank, nbytes, category))
-
-    def finish(self) -> None:
-        """Sort the events and compute samples, peaks and peak categories."""
-        live: Dict[int, int] = defaultdict(int)
-        by_cat: Dict[int, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        peak: Dict[int, int] = {}
-        peak_cat: Dict[int, Dict[str, int]] = {}
-        samples: List[MemorySample] = []
-        last_index: Dict[int, int] = {}
-        for time_s, kind, _, rank, nbytes, cat in sorted(self.events):
-            delta = nbytes if kind == _ALLOC else -nbytes
-            live[rank] += delta
-            by_cat[rank][cat] += delta
-            now = live[rank]
-            if kind == _ALLOC and (rank not in peak or now > peak[rank]):
-                peak[rank] = now
-                peak_cat[rank] = {c: b for c, b in by_cat[rank].items() if b}
-            if self.record_samples:
-                i = last_index.get(rank)
-                if i is not None and samples[i].time_s == time_s:
-                    samples[i] = MemorySample(rank, time_s, now)
-                else:
-                    last_index[rank] = len(samples)
-                    samples.append(MemorySample(rank, time_s, now))
-        self.samples = samples
-        self.peak = peak
-        self.peak_by_category = peak_cat
+def memory_accounting(device: np.ndarray, size: np.ndarray, category: np.ndarray,
+                      alloc_s: np.ndarray, free_s: np.ndarray, categories: Sequence[str],
+                      record_samples: bool = True) -> MemoryAccounting:
+    """Memory per device from per-value arrays: ``device`` (rank), ``size``
+    (bytes), ``category`` (index into ``categories``), ``alloc_s`` (when the
+    value appears) and ``free_s`` (when it goes; ``inf``: never)."""
+    out = MemoryAccounting()
+    n = len(device)
+    if n == 0:
+        return out
+    freed = np.isfinite(free_s)
+    m = int(freed.sum())
+    dev = np.concatenate([device, device[freed]])
+    time_s = np.concatenate([alloc_s, free_s[freed]])
+    kind = np.concatenate([np.full(n, _ALLOC, np.int8), np.full(m, _FREE, np.int8)])
+    delta = np.concatenate([size, -size[freed]]).astype(np.int64)
+    cat = np.concatenate([category, category[freed]])
+    order = np.lexsort((kind, time_s, dev))
+    dev, time_s, kind, delta, cat = dev[order], time_s[order], kind[order], delta[order], cat[order]
+    total = np.cumsum(delta)
+    bounds = np.flatnonzero(np.diff(dev)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [len(dev)]])
+    keep = None
+    if record_samples:
+        # one sample per (device, time): the live bytes after its last event
+        last = np.ones(len(dev), dtype=bool)
+        last[:-1] = (dev[1:] != dev[:-1]) | (time_s[1:] != time_s[:-1])
+        keep = last
+    live_parts = []
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        rank = int(dev[a])
+        base = int(total[a - 1]) if a else 0
+        live = total[a:b] - base
+        if record_samples:
+            live_parts.append(live)
+        allocs = kind[a:b] == _ALLOC
+        if not allocs.any():
+            continue
+        masked = np.where(allocs, live, np.iinfo(np.int64).min)
+        i = int(np.argmax(masked))  # the first moment the peak is reached
+        out.peak[rank] = int(live[i])
+        cats, deltas = cat[a:a + i + 1], delta[a:a + i + 1]
+        by_cat = {}
+        for c in np.unique(cats).tolist():
+            b = int(deltas[cats == c].sum())
+            if b:
+                by_cat[categories[c]] = b
+        out.peak_by_category[rank] = by_cat
+    if record_samples:
+        live_all = np.concatenate(live_parts)
+        out.samples = [MemorySample(r, t, v) for r, t, v in
+                       zip(dev[keep].tolist(), time_s[keep].tolist(), live_all[keep].tolist())]
+    return out

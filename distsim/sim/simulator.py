@@ -10,46 +10,48 @@ and its inputs are ready, and runs as point-to-point flows on the network
 model. Memory is logged per device (:mod:`.memory`).
 
 Speed: compute ops share no resource but their stream, so a stream does not
-wait on the simulation clock for them. It schedules each compute op as soon
-as the ready times of its inputs are *known* (start = max(stream free,
-inputs ready)), running ahead of the clock, and blocks only on a value whose
-ready time is not known yet (the output of a collective in flight, or of an
-op another stream has not reached). Collectives, which share the network,
-wait for the clock to reach their start time, so the network sees flows in
-time order. Every op scheduled while the clock is at T starts at or after T,
-so this gives exactly the times an op-by-op simulation would, with about one
-SimPy event per collective instead of several per op.
+wait on the simulation clock for them. It schedules its ops as soon as the
+ready times of their inputs are *known* (start = max(stream free, inputs
+ready)), running ahead of the clock, and blocks only on a value whose ready
+time is not known yet (the output of a collective in flight). Collectives,
+which share the network, wait for the clock to reach their start time, so
+the network sees flows in time order. Every op scheduled while the clock is
+at T starts at or after T, so this gives exactly the times an op-by-op
+simulation would. The stream works in *blocks* (:mod:`.program_index`): the
+ops between two reads of a value from outside the stream run back to back,
+so their times are prefix sums of their durations, filled in with numpy
+after the run, as are the records and the memory curve (:mod:`.memory`).
+The Python work of the event loop is per block and per collective, not per op.
 
 A program that cannot finish ends with a :class:`SimulationError` that lists
 every blocked op per device.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
+from itertools import accumulate, chain
 from operator import itemgetter
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import simpy
 
 from ..cost.model import CostModel
-from ..errors import SimulationError, TopologyError
-from ..ir.comm import COMM_PREFIX, CollectiveType, collective_of, is_communication, members
+from ..errors import SimulationError
+from ..ir.comm import CollectiveType, collective_of, members
 from ..ir.core import Function, Op, Value, gc_paused
 from .collectives import bytes_sent_per_rank, resolve_algorithm, run_collective
-from .memory import MemoryLog
-from .symmetry import class_members, comm_positions, symmetry_classes
+from .memory import MemoryAccounting, memory_accounting
 from .network import Network
-from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpRecord, Trace
+from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
+                            ProgramIndex, device_of, index_program, value_category)
+from .symmetry import class_members, comm_positions, symmetry_classes
+from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, MemorySample, OpRecord, Trace
 
-# Memory category of a function input, by its role in ``meta["roles"]``.
-INPUT_CATEGORY = {"param": "weights", "data": "activations", "optimizer": "optimizer",
-                  "master": "optimizer", "const": "weights", "grad_buffer": "gradients"}
-# Input roles that stay resident for the whole step (never freed): weights,
-# optimizer state, gradient buffers (written in place by the step) and
-# constants a model carries (e.g. ONNX initializers that are not trained).
-RESIDENT_ROLES = frozenset({"param", "optimizer", "master", "const", "grad_buffer"})
-
+__all__ = ["INPUT_CATEGORY", "RESIDENT_ROLES", "SimulationOptions", "Simulator",
+           "collective_bytes", "simulate_function", "value_category"]
 
 @dataclass
 class SimulationOptions:
@@ -90,36 +92,22 @@ def collective_bytes(op: Op) -> int:
     return op.inputs[0].type.size_bytes
 
 
-def value_category(value: Value, producer: Optional[Op], roles: Dict[str, str],
-                   grad_names: Set[str]) -> str:
-    """Which memory category a value counts under."""
-    if producer is None:
-        return INPUT_CATEGORY.get(roles.get(value.name, ""), "activations")
-    explicit = producer.meta.get("category")
-    if explicit:
-        return explicit
-    if value.name in grad_names or producer.meta.get("role") == "grad_sync":
-        return "gradients"
-    phase = producer.meta.get("phase")
-    if phase == "optimizer":
-        return "weights"
-    if phase == "backward":
-        return "temporaries"
-    return "activations"
-
-
 class _Collective:
     """Rendezvous of the team members of one communication op."""
 
-    __slots__ = ("op", "members", "arrivals", "done", "simulated", "started")
+    __slots__ = ("index", "op", "members", "arrivals", "done", "simulated", "started",
+                 "start_s", "end_s")
 
-    def __init__(self, env: simpy.Environment, op: Op, simulated: bool = True) -> None:
+    def __init__(self, env: simpy.Environment, index: int, op: Op, simulated: bool) -> None:
+        self.index = index
         self.op = op
         self.members: Tuple[int, ...] = members(op)
         self.arrivals: Dict[int, float] = {}
         self.done = env.event()
         self.simulated = simulated
         self.started = False
+        self.start_s = math.nan
+        self.end_s = -math.inf
 
 
 class Simulator:
@@ -134,199 +122,106 @@ class Simulator:
         self.env = simpy.Environment()
         self.network = Network(self.env, topology, mode=self.options.network_mode,
                                record_samples=self.options.record_links)
-        self.memory = MemoryLog(self.options.record_memory)
-        self.records: List[OpRecord] = []
-        self._ready_at: Dict[Value, float] = {}
-        self._waiters: Dict[Value, List[simpy.Event]] = {}
-        self._users_left: Dict[Value, int] = {}
-        self._last_use: Dict[Value, float] = {}
-        self._category: Dict[Value, str] = {}
-        self._size: Dict[Value, int] = {}
-        # Returned values and resident inputs (weights, optimizer state) are
-        # never freed.
-        self._kept: Set[Value] = set(function.outputs)
-        self._collectives: Dict[int, _Collective] = {}
-        self._blocked: Dict[Tuple[int, str], Tuple[Op, Optional[Value]]] = {}
+        self.index: Optional[ProgramIndex] = None
+        self._ready: List[Optional[float]] = []         # value number -> ready time, once known
+        self._waiters: Dict[int, List[simpy.Event]] = {}
+        self._collectives: List[_Collective] = []
+        self._blocked: Dict[Tuple[int, str], Tuple[Op, Optional[Value], Optional[_Collective]]] = {}
+        self._block_starts: Dict[int, List[float]] = {}   # rank -> start time of each block
+        self._reached = 0.0       # the latest time a compute stream has scheduled to
+        self._progress = 0        # blocks and collectives finished (for stall_events)
+        self._comm_records: List[OpRecord] = []
         # Symmetry: representative of each rank, and for each representative
         # the collectives its followers reach at each comm-stream position.
         self._rep: Dict[int, int] = {}
         self._followers: Dict[int, List[Tuple[int, List[_Collective]]]] = {}
-        # Filled by _prepare's pass over the ops: each stream's ops, and the
-        # compute ops simulated (in program order).
-        self._stream_ops: Optional[Dict[Tuple[int, str], List[Op]]] = None
-        self._compute_ops: Optional[List[Op]] = None
-        self._used_devices: Set[int] = set()
-        self._check_devices()
 
     # -- setup ----------------------------------------------------------
     def _check_devices(self) -> None:
+        """Device errors before the symmetry analysis reads devices (the
+        index checks them too, for runs without symmetry)."""
         known = set(self.topology.ranks)
-        used = self._used_devices
-        seen = set()  # ids of the type objects checked (the values hold them)
+        seen = set()
         for v in self.function.values():
-            if id(v.type) in seen:
-                continue
-            dev = getattr(v.type, "device", None)
-            if dev in used:
+            if id(v.type) not in seen:
                 seen.add(id(v.type))
-                continue
-            if dev is None:
-                raise SimulationError(f"value %{v.name} has no device: the simulator needs a "
-                                      "local-view program with every value placed")
-            if dev not in known:
-                raise TopologyError(f"value %{v.name} is on device {dev}, but topology "
-                                    f"'{self.topology.name}' has devices 0..{len(known) - 1}")
-            used.add(dev)
-        for op in self.function.ops:
-            if is_communication(op):
-                for r in op.attrs["ranks"]:
-                    if r not in known:
-                        raise TopologyError(f"op %{op.name} ({op.op_type}): team rank {r} is not a "
-                                            f"device of topology '{self.topology.name}'")
+                device_of(v, known, self.topology)
 
     def _simulated(self, rank: int) -> bool:
         return self._rep.get(rank, rank) == rank
 
-    def _streams(self) -> Dict[Tuple[int, str], List[Op]]:
-        if self._stream_ops is not None:  # found by _prepare's pass over the ops
-            return self._stream_ops
-        streams: Dict[Tuple[int, str], List[Op]] = {}
-        simulated = self._simulated
-        for op in self.function.ops:
-            if is_communication(op):
-                for r in members(op):
-                    if simulated(r):
-                        streams.setdefault((r, COMM_STREAM), []).append(op)
-            else:
-                dev = op.outputs[0].type.device if op.outputs else op.inputs[0].type.device
-                if simulated(dev):
-                    streams.setdefault((dev, COMPUTE_STREAM), []).append(op)
-        return streams
-
-    def _op_costs(self) -> Dict[int, tuple]:
-        """(time, flops, bytes) per compute op; replicas of one op on several
-        devices (same type, attributes, shapes) are costed once."""
-        cache: Dict[tuple, tuple] = {}
-        by_types: Dict[tuple, tuple] = {}
-        costs: Dict[int, tuple] = {}
-        simulated = self._simulated
-        compute_ops = self._compute_ops
-        if compute_ops is None:
-            compute_ops = [op for op in self.function.ops
-                           if not op.op_type.startswith(COMM_PREFIX) and
-                           simulated(op.outputs[0].type.device if op.outputs
-                                     else op.inputs[0].type.device)]
-        for op in compute_ops:
-            outputs, inputs = op.outputs, op.inputs
-            attrs = tuple(op.attrs.items())
-            subs = tuple(id(f) for f in op.subfunctions)
-            # first by the identity of the type objects (a builder shares them
-            # between the repeats of an op; the program keeps them alive), then,
-            # for each new combination, by shapes and dtypes (the same op on
-            # any device)
-            try:
-                fast = (op.op_type, attrs, subs, tuple([id(v.type) for v in inputs]),
-                        tuple([id(v.type) for v in outputs]))
-                hit = by_types.get(fast)
-            except TypeError:  # an unhashable attribute
-                fast, hit = None, None
-            if hit is None:
-                key = (op.op_type, attrs, subs,
-                       tuple((v.type.shape, v.type.dtype) for v in inputs),
-                       tuple((v.type.shape, v.type.dtype) for v in outputs))
-                hit = cache.get(key)
-                if hit is None:
-                    c = self.cost.op_cost(op)
-                    hit = cache[key] = (c.time_s, c.flops, c.bytes)
-                if fast is not None:
-                    by_types[fast] = hit
-            costs[id(op)] = hit
-        return costs
-
-    # -- value bookkeeping ---------------------------------------------
-    def _publish(self, values: Sequence[Value], time_s: float) -> None:
-        """The values are ready at ``time_s``: wake the streams waiting to
-        learn it, and free values nobody reads."""
-        for v in values:
-            self._ready_at[v] = time_s
-            waiters = self._waiters.pop(v, None)
-            if waiters:
-                for ev in waiters:
-                    ev.succeed()
-            if self._users_left[v] == 0 and v not in self._kept:
-                self.memory.free(v.type.device, self._size[v], self._category[v], time_s)
-
-    def _consume(self, values: Sequence[Value], end_s: float) -> None:
-        """An op reading ``values`` ends at ``end_s``; free each value after
-        the last of its readers ends."""
-        last_use = self._last_use
-        for v in values:
-            last = last_use.get(v)
-            if last is None or end_s > last:
-                last = last_use[v] = end_s
-            left = self._users_left[v] - 1
-            self._users_left[v] = left
-            if left == 0 and v not in self._kept:
-                self.memory.free(v.type.device, self._size[v], self._category[v], last)
-
-    def _wait_known(self, key: Tuple[int, str], op: Op, v: Value) -> simpy.Event:
-        ev = self.env.event()
-        self._waiters.setdefault(v, []).append(ev)
-        self._blocked[key] = (op, v)
-        return ev
+    def _prepare(self) -> ProgramIndex:
+        f = self.function
+        if self.options.symmetry:
+            self._check_devices()
+            self._rep = symmetry_classes(f, self.topology.node_of)
+        rep = self._rep
+        ix = self.index = index_program(f, self.topology, self.cost,
+                                        self._simulated if rep else (lambda r: True))
+        self._ready = [None] * len(ix.values)
+        for n in range(len(f.inputs)):       # function inputs are numbered first
+            self._ready[n] = 0.0
+        env = self.env
+        self._collectives = [
+            _Collective(env, c, op, any(rep.get(r, r) == r for r in op.attrs["ranks"]))
+            for c, op in enumerate(ix.collectives)]
+        if rep:
+            index_of = {id(op): c for c, op in enumerate(ix.collectives)}
+            positions = comm_positions(f)
+            for head, group in class_members(rep).items():
+                self._followers[head] = [(m, [self._collectives[index_of[id(op)]]
+                                              for op in positions.get(m, [])])
+                                         for m in group[1:]]
+        return ix
 
     # -- processes ------------------------------------------------------
-    def _compute_stream(self, rank: int, ops: List[Op], costs: Dict[int, tuple]):
-        # The hot loop of the simulator (once per compute op): _publish and
-        # _consume inlined, every lookup bound to a local.
+    def _wait_known(self, key: Tuple[int, str], op: Op, n: int) -> simpy.Event:
+        ev = self.env.event()
+        self._waiters.setdefault(n, []).append(ev)
+        self._blocked[key] = (op, self.index.values[n], None)
+        return ev
+
+    def _compute_stream(self, stream: ComputeStream, prefix: List[float]):
+        """The hot loop (once per block): wait for the block's operands from
+        outside the stream, then its ops run back to back; announce the
+        values other streams read. ``prefix[q]`` is the summed duration of
+        the stream's first q ops."""
+        rank = stream.rank
         key = (rank, COMPUTE_STREAM)
-        ready_at = self._ready_at
+        ready = self._ready
         waiters = self._waiters
-        users_left = self._users_left
-        last_use = self._last_use
-        kept = self._kept
-        size = self._size
-        category = self._category
-        allocate = self.memory.allocate
-        free = self.memory.free
-        add_record = self.records.append
-        make = tuple.__new__
+        blocks = stream.block_starts
+        exports = stream.exports
+        starts = self._block_starts[rank] = []
+        n_ops = len(stream.ops)
+        n_blocks = len(blocks)
+        n_exports = len(exports)
+        e = 0
         t = 0.0
-        for op in ops:
-            start = t
-            inputs = op.inputs
-            for v in inputs:
-                r = ready_at.get(v)
+        for b in range(n_blocks):
+            pos, outside = blocks[b]
+            s = t
+            for n in outside:
+                r = ready[n]
                 if r is None:
-                    yield self._wait_known(key, op, v)
-                    r = ready_at[v]
-                if r > start:
-                    start = r
-            time_s, flops, nbytes = costs[id(op)]
-            end = start + time_s
-            outputs = op.outputs
-            for v in outputs:
-                allocate(rank, size[v], category[v], start)  # as before: the stream's device
-            add_record(make(OpRecord, (rank, COMPUTE_STREAM, op.name, op.op_type, "compute",
-                                       start, end, flops, nbytes, op.meta.get("detail", ""))))
-            # publish the outputs (as _publish)
-            for v in outputs:
-                ready_at[v] = end
-                if v in waiters:
-                    for ev in waiters.pop(v):
+                    yield self._wait_known(key, self.index.compute[stream.ops[pos]], n)
+                    r = ready[n]
+                if r > s:
+                    s = r
+            starts.append(s)
+            nxt = blocks[b + 1][0] if b + 1 < n_blocks else n_ops
+            base = prefix[pos]
+            while e < n_exports and exports[e][0] < nxt:
+                q, n = exports[e]
+                ready[n] = s + (prefix[q + 1] - base)
+                if n in waiters:
+                    for ev in waiters.pop(n):
                         ev.succeed()
-                if users_left[v] == 0 and v not in kept:
-                    free(v.type.device, size[v], category[v], end)
-            # consume the inputs (as _consume)
-            for v in inputs:
-                last = last_use.get(v)
-                if last is None or end > last:
-                    last = last_use[v] = end
-                left = users_left[v] - 1
-                users_left[v] = left
-                if left == 0 and v not in kept:
-                    free(v.type.device, size[v], category[v], last)
-            t = end
+                e += 1
+            t = s + (prefix[nxt] - base)
+            if t > self._reached:
+                self._reached = t
+            self._progress += 1
         self._blocked.pop(key, None)
 
     def _arrive(self, coll: _Collective, rank: int, time_s: float) -> None:
@@ -335,29 +230,32 @@ class Simulator:
             coll.started = True
             self.env.process(self._run_collective(coll))
 
-    def _comm_stream(self, rank: int, ops: List[Op]):
+    def _comm_stream(self, rank: int, indices: List[int]):
         key = (rank, COMM_STREAM)
-        ready_at = self._ready_at
+        ready = self._ready
+        ix = self.index
+        device = ix.device
         followers = self._followers.get(rank)
+        collectives = self._collectives
         t = 0.0
-        for k, op in enumerate(ops):
+        for k, c in enumerate(indices):
+            coll = collectives[c]
             arrival = t
-            for v in op.inputs:
-                if v.type.device != rank:
+            for n in ix.collective_inputs[c]:
+                if device[n] != rank:
                     continue
-                r = ready_at.get(v)
+                r = ready[n]
                 if r is None:
-                    yield self._wait_known(key, op, v)
-                    r = ready_at[v]
+                    yield self._wait_known(key, coll.op, n)
+                    r = ready[n]
                 if r > arrival:
                     arrival = r
-            coll = self._collectives[id(op)]
             if followers:
                 # followers reach their k-th collective when this rank does
                 for follower_rank, colls in followers:
                     self._arrive(colls[k], follower_rank, arrival)
             self._arrive(coll, rank, arrival)
-            self._blocked[key] = (op, None)
+            self._blocked[key] = (coll.op, None, coll)
             yield coll.done
             t = self.env.now
         self._blocked.pop(key, None)
@@ -368,118 +266,159 @@ class Simulator:
         start = max(coll.arrivals.values())
         if start > env.now:
             yield env.timeout(start - env.now)
+        coll.start_s = start
         kind = collective_of(op)
         ranks = tuple(op.attrs["ranks"])  # the whole team loads the network
         root = ranks[0] if kind is CollectiveType.SEND_RECV else op.attrs.get("root")
         nbytes = collective_bytes(op)
-        for v in op.outputs:
-            self.memory.allocate(v.type.device, self._size[v], self._category[v], start)
         algorithm = op.attrs.get("algorithm") or resolve_algorithm(
             kind, self.options.collective_algorithm, per_run=True)
         used = yield env.process(run_collective(env, self.network, kind, ranks, nbytes,
                                                 root=root, algorithm=algorithm))
         used = str(used or algorithm)
-        end = env.now
+        end = coll.end_s = env.now
         sent = float(bytes_sent_per_rank(kind, len(ranks), nbytes, used))
+        name, op_type = op.name, op.op_type
+        add = self._comm_records.append
         for r in coll.members:
-            self.records.append(OpRecord(r, COMM_STREAM, op.name, op.op_type, "communication",
-                                         start, end, 0.0, sent, used))
-        self._publish(op.outputs, end)
-        self._consume(op.inputs, end)
+            add(OpRecord(r, COMM_STREAM, name, op_type, "communication", start, end, 0.0, sent,
+                         used))
+        ready, waiters = self._ready, self._waiters
+        for n in self.index.collective_outputs[coll.index]:
+            ready[n] = end
+            if n in waiters:
+                for ev in waiters.pop(n):
+                    ev.succeed()
+        self._progress += 1
         coll.done.succeed()
 
     # -- run ------------------------------------------------------------
-    def _prepare(self) -> None:
-        f = self.function
-        roles = f.meta.get("roles", {})
-        grad_names = set(f.meta.get("grads", {}).values())
-        # Optimizer updates overwrite their parameter in place: no new bytes.
-        in_place = set(f.meta.get("updates", {}).values())
-        for v in f.inputs:
-            self._category[v] = value_category(v, None, roles, grad_names)
-            self._size[v] = 0 if v.name in in_place else v.type.size_bytes
-            self._users_left[v] = 0
-        for v in f.inputs:
-            if roles.get(v.name) in RESIDENT_ROLES:
-                self._kept.add(v)
-        if self.options.symmetry:
-            self._rep = symmetry_classes(f, self.topology.node_of)
-        category, size, users_left = self._category, self._size, self._users_left
-        for op in f.ops:
-            explicit = op.meta.get("category")
-            for v in op.outputs:
-                category[v] = explicit or value_category(v, op, roles, grad_names)
-                size[v] = 0 if v.name in in_place else v.type.size_bytes
-                users_left[v] = 0
-        rep = self._rep
-        streams: Dict[Tuple[int, str], List[Op]] = {}
-        compute_ops: List[Op] = []
-        for op in f.ops:
-            for v in op.inputs:
-                n = users_left.get(v)
-                if n is None:  # read but defined nowhere: it would never come
-                    raise SimulationError(f"op %{op.name} ({op.op_type}) reads %{v.name}, which "
-                                          "no op or input of the program defines")
-                users_left[v] = n + 1
-            if op.op_type.startswith(COMM_PREFIX):
-                self._collectives[id(op)] = _Collective(
-                    self.env, op, any(rep.get(r, r) == r for r in op.attrs["ranks"]))
-                for r in members(op):
-                    if rep.get(r, r) == r:
-                        streams.setdefault((r, COMM_STREAM), []).append(op)
-            else:
-                dev = op.outputs[0].type.device if op.outputs else op.inputs[0].type.device
-                if rep.get(dev, dev) == dev:
-                    streams.setdefault((dev, COMPUTE_STREAM), []).append(op)
-                    compute_ops.append(op)
-        self._stream_ops, self._compute_ops = streams, compute_ops
-        if self._rep:
-            positions = comm_positions(f)
-            for head, group in class_members(self._rep).items():
-                self._followers[head] = [(m, [self._collectives[id(op)]
-                                              for op in positions.get(m, [])])
-                                         for m in group[1:]]
-
     def run(self) -> Trace:
         with gc_paused():
             return self._run()
 
     def _run(self) -> Trace:
-        self._prepare()
-        costs = self._op_costs()
-        for v in self.function.inputs:
-            self.memory.allocate(v.type.device, self._size[v], self._category[v], 0.0)
-        self._publish(self.function.inputs, 0.0)
-        for (rank, stream), ops in sorted(self._streams().items()):
-            if stream == COMPUTE_STREAM:
-                self.env.process(self._compute_stream(rank, ops, costs))
+        ix = self._prepare()
+        prefixes = {rank: list(accumulate(stream.durations, initial=0.0))
+                    for rank, stream in ix.compute_streams.items()}
+        streams = [((rank, COMPUTE_STREAM), rank) for rank in ix.compute_streams]
+        streams += [((rank, COMM_STREAM), rank) for rank in ix.comm_streams]
+        for (rank, kind), _ in sorted(streams):
+            if kind == COMPUTE_STREAM:
+                self.env.process(self._compute_stream(ix.compute_streams[rank], prefixes[rank]))
             else:
-                self.env.process(self._comm_stream(rank, ops))
+                self.env.process(self._comm_stream(rank, ix.comm_streams[rank]))
         self._run_events()
         if self._blocked:
             raise SimulationError(self._deadlock_report())
+        start_s, end_s = self._compute_times(prefixes)
+        records = self._records(start_s, end_s)
+        memory = self._memory(start_s, end_s)
         if self._rep:
-            self._expand_symmetry()
-        self.memory.finish()
-        return self._trace()
+            records, memory = self._expand_symmetry(records, memory)
+        return self._trace(records, memory)
 
-    def _expand_symmetry(self) -> None:
+    def _compute_times(self, prefixes: Dict[int, List[float]]) -> Tuple[np.ndarray, np.ndarray]:
+        """Start and end of every simulated compute op: each block's start
+        plus the prefix sums of its ops' durations."""
+        ix = self.index
+        start_s = np.zeros(len(ix.compute))
+        end_s = np.zeros(len(ix.compute))
+        for rank, stream in ix.compute_streams.items():
+            prefix = np.asarray(prefixes[rank])
+            first = np.array([pos for pos, _ in stream.block_starts], dtype=np.int64)
+            lengths = np.diff(np.append(first, len(stream.ops)))
+            block = np.repeat(np.arange(len(first)), lengths)
+            s0 = np.asarray(self._block_starts[rank])[block]
+            base = prefix[first][block]
+            ops = np.asarray(stream.ops, dtype=np.int64)
+            start_s[ops] = s0 + (prefix[:-1] - base)
+            end_s[ops] = s0 + (prefix[1:] - base)
+        return start_s, end_s
+
+    def _records(self, start_s: np.ndarray, end_s: np.ndarray) -> List[OpRecord]:
+        """Every op record, sorted by (start, rank, stream, end)."""
+        ix = self.index
+        make = tuple.__new__  # OpRecord(...) checks its arguments: slow by the million
+        compute = [make(OpRecord, (rank, COMPUTE_STREAM, op.name, op.op_type, "compute", s, e,
+                                   cost[1], cost[2], op.meta.get("detail", "")))
+                   for op, rank, cost, s, e in zip(ix.compute, ix.compute_rank, ix.compute_cost,
+                                                   start_s.tolist(), end_s.tolist())]
+        comm = self._comm_records
+        if not comm:
+            keys = (end_s, np.asarray(ix.compute_rank), start_s)
+            return [compute[i] for i in np.lexsort(keys).tolist()]
+        records = compute + comm
+        starts = np.concatenate([start_s, [r.start_s for r in comm]])
+        ends = np.concatenate([end_s, [r.end_s for r in comm]])
+        ranks = np.concatenate([ix.compute_rank, [r.rank for r in comm]]).astype(np.int64)
+        # "comm" sorts before "compute"
+        streams = np.concatenate([np.ones(len(compute), np.int8), np.zeros(len(comm), np.int8)])
+        order = np.lexsort((ends, streams, ranks, starts))
+        return [records[i] for i in order.tolist()]
+
+    def _memory(self, start_s: np.ndarray, end_s: np.ndarray) -> MemoryAccounting:
+        """Per-value allocation and free times, then the per-device curve
+        and peaks (:mod:`.memory`)."""
+        ix = self.index
+        nv = len(ix.values)
+        producer = np.asarray(ix.producer, dtype=np.int64)
+        coll_start = np.array([c.start_s for c in self._collectives] or [0.0])
+        coll_end = np.array([c.end_s for c in self._collectives] or [0.0])
+        by_op = producer >= 0
+        by_coll = (producer <= -2) & (producer != NOT_SIMULATED)
+        alloc = np.full(nv, np.nan)
+        ready = np.full(nv, np.nan)
+        alloc[producer == -1] = 0.0
+        ready[producer == -1] = 0.0
+        alloc[by_op] = start_s[producer[by_op]]
+        ready[by_op] = end_s[producer[by_op]]
+        alloc[by_coll] = coll_start[-2 - producer[by_coll]]
+        ready[by_coll] = coll_end[-2 - producer[by_coll]]
+        # a value goes when the last op reading it ends (or when it is made,
+        # if nobody reads it); returned and resident values stay
+        last_use = np.full(nv, -np.inf)
+        counts = [len(t) for t in ix.compute_inputs]
+        if counts:
+            readers = np.fromiter(chain.from_iterable(ix.compute_inputs), np.int64, sum(counts))
+            np.maximum.at(last_use, readers, np.repeat(end_s, counts))
+        counts = [len(t) for t in ix.collective_inputs]
+        if counts and sum(counts):
+            readers = np.fromiter(chain.from_iterable(ix.collective_inputs), np.int64,
+                                  sum(counts))
+            np.maximum.at(last_use, readers, np.repeat(coll_end, counts))
+        free = np.where(np.isneginf(last_use), ready, last_use)
+        free[np.asarray(ix.kept, dtype=bool)] = np.inf
+        device = np.asarray(ix.device, dtype=np.int64)
+        rep = self._rep
+        keep = ~np.isnan(alloc)
+        if rep:
+            keep &= np.isin(device, [r for r in set(ix.device) if rep.get(r, r) == r])
+        return memory_accounting(device[keep], np.asarray(ix.size, dtype=np.int64)[keep],
+                                 np.asarray(ix.category, dtype=np.int64)[keep], alloc[keep],
+                                 free[keep], ix.categories, self.options.record_memory)
+
+    def _expand_symmetry(self, records: List[OpRecord], memory: MemoryAccounting
+                         ) -> Tuple[List[OpRecord], MemoryAccounting]:
         """Give every follower its representative's records and memory."""
         members = class_members(self._rep)
-        records = [r for r in self.records if self._simulated(r.rank)]
-        copies = []
+        simulated = self._simulated
+        records = [r for r in records if simulated(r.rank)]
         make = tuple.__new__  # NamedTuple._replace is slow for millions of records
-        for rec in records:
-            rest = rec[1:]
-            for m in members[rec.rank][1:]:
-                copies.append(make(OpRecord, (m,) + rest))
-        self.records = records + copies
-        events = [e for e in self.memory.events if self._simulated(e[3])]
-        extra = []
-        for (time_s, kind, seq, rank, nbytes, cat) in events:
-            for m in members[rank][1:]:
-                extra.append((time_s, kind, seq, m, nbytes, cat))
-        self.memory.events = events + extra
+        copies = [make(OpRecord, (m,) + rec[1:]) for rec in records
+                  for m in members[rec.rank][1:]]
+        sort_key = itemgetter(5, 0, 1, 6)
+        records = sorted(records + copies, key=sort_key) if copies else records
+        for head, group in members.items():
+            for m in group[1:]:
+                if head in memory.peak:
+                    memory.peak[m] = memory.peak[head]
+                    memory.peak_by_category[m] = dict(memory.peak_by_category[head])
+        if memory.samples:
+            extra = [MemorySample(m, s.time_s, s.live_bytes) for s in memory.samples
+                     for m in members.get(s.rank, (s.rank,))[1:]]
+            memory.samples = sorted(memory.samples + extra, key=itemgetter(0, 1))
+        return records, memory
 
     def _run_events(self) -> None:
         """``env.run()`` under the liveness bounds of the options."""
@@ -493,17 +432,16 @@ class Simulator:
                                       f"number or None, got {bound!r}")
         env = self.env
         step = env.step
-        records = self.records
         deadline = None if wall is None else time.monotonic() + wall
         n = 0
-        progress_at, seen = 0, len(records)  # event count at the last op finished
+        progress_at, seen = 0, self._progress  # event count at the last progress
         try:
             while True:
                 step()
                 n += 1
                 if stall is not None:
-                    if len(records) != seen:
-                        seen, progress_at = len(records), n
+                    if self._progress != seen:
+                        seen, progress_at = self._progress, n
                     elif n - progress_at >= stall:
                         raise SimulationError(self._deadlock_report(
                             f"no progress for {stall} events (stall_events)"))
@@ -518,31 +456,29 @@ class Simulator:
 
     def _deadlock_report(self, reason: Optional[str] = None) -> str:
         parts = []
-        for (rank, stream), (op, value) in sorted(self._blocked.items()):
+        for (rank, stream), (op, value, coll) in sorted(self._blocked.items(),
+                                                        key=lambda item: item[0]):
             if value is not None:
                 why = f"waiting for input %{value.name}"
             else:
-                coll = self._collectives[id(op)]
                 missing = [r for r in coll.members if r not in coll.arrivals]
                 why = (f"waiting for ranks {missing} to reach it" if missing
                        else "in flight (every member has reached it)")
             parts.append(f"device {rank} {stream}: %{op.name} ({op.op_type}) {why}")
         # compute streams run ahead of the clock: report the latest time reached
-        reached = max([self.env.now] + [r.end_s for r in self.records])
+        reached = max([self.env.now, self._reached] + [r.end_s for r in self._comm_records])
         head = "deadlock" if reason is None else f"stopped ({reason})"
         return (f"{head} at t={reached:.6g} s: {len(self._blocked)} stream(s) blocked: "
                 + "; ".join(parts))
 
-    def _trace(self) -> Trace:
+    def _trace(self, records: List[OpRecord], memory: MemoryAccounting) -> Trace:
         spec = self.topology.device_spec
-        used = self._used_devices  # every value's device (see _check_devices)
+        used = self.index.used_devices  # every value's device
         devices = [DeviceInfo(r, self.topology.device_node(r), int(spec.memory_bytes))
                    for r in self.topology.ranks if r in used]
-        # (start_s, rank, stream, end_s), as a C-level key
-        records = sorted(self.records, key=itemgetter(5, 0, 1, 6))
-        end = max([self.env.now] + [r.end_s for r in records])
-        peaks = {r: dict(sorted(c.items())) for r, c in sorted(self.memory.peak_by_category.items())}
-        return Trace(devices=devices, ops=records, memory=self.memory.samples,
+        end = max([self.env.now, self._reached] + [r.end_s for r in self._comm_records])
+        peaks = {r: dict(sorted(c.items())) for r, c in sorted(memory.peak_by_category.items())}
+        return Trace(devices=devices, ops=records, memory=memory.samples,
                      links=self.network.link_records(),
                      link_samples=self.network.link_samples(), step_time_s=float(end),
                      meta={"peak_memory_by_category": peaks,
