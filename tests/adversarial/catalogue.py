@@ -636,6 +636,34 @@ CASES.extend([
        "value %y: dim 0 of size 5 has a piece of size 2 (after axes 'a') that is sharded over axis 'b'"),
 ])
 
+def _simulate_tiny_with(**fields):
+    def run(tmp: Path):
+        import distsim
+        from distsim.models import load_model_config
+        return distsim.simulate(model={**load_model_config("tiny"), **fields},
+                                network_mode="analytical")
+    return run
+
+
+CASES.extend([
+    _c("prefetch-negative", "CLI flags", "`simulate --model tiny --zero 3 --prefetch -1`",
+       _simulate(model="tiny", zero=3, prefetch=-1),
+       S + ["--model", "tiny", "--zero", "3", "--prefetch", "-1"], ConfigError,
+       "--prefetch: must be a non-negative integer, got -1"),
+    _c("order-not-a-permutation", "CLI flags", "`simulate --model tiny --order tp-tp-pp`",
+       _simulate(model="tiny", order="tp-tp-pp"),
+       S + ["--model", "tiny", "--order", "tp-tp-pp"], ConfigError,
+       "--order: must be one of tp-dp-pp, tp-pp-dp, dp-tp-pp, dp-pp-tp, pp-tp-dp, pp-dp-tp, "
+       "got 'tp-tp-pp'"),
+    _c("optimizer-unknown", "Python API", "`simulate(model='tiny', optimizer='adam')`",
+       _simulate(model="tiny", optimizer="adam"), None, ConfigError,
+       "--optimizer: must be one of adamw, sgd, got 'adam'"),
+    _c("momentum-out-of-range", "model YAML", "a GPT config with `momentum: 1.5`",
+       _simulate_tiny_with(momentum=1.5), None, ConfigError,
+       "momentum: must be in [0, 1), got 1.5"),
+])
+
+
 def readme_table() -> str:
     """The catalogue as the Markdown table of README.md
     (``python tests/adversarial/catalogue.py`` prints it)."""
