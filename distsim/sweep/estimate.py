@@ -17,9 +17,9 @@ resolved batch sizes). It never builds the whole program:
 2. **The pipeline** (:mod:`.estimate_engine`): one rank per stage, its
    compute and communication streams, and the items :class:`LowerSPMD`
    would emit, in the same program order (the same
-   :func:`~distsim.transforms.pipeline.schedule_tasks` and
-   :func:`~distsim.transforms.pipeline.merge_tasks`, sends flushed the same
-   way): each forward / backward task as one item (holding the
+   :func:`~distsim.transforms.pipeline.schedule_tasks`, the order of
+   :func:`~distsim.transforms.pipeline.merge_tasks` (:func:`merge_order`),
+   sends flushed the same way): each forward / backward task as one item (holding the
    communication stream when it has tensor-parallel collectives), the last
    backward of each chunk op by op with the data-parallel gradient sync
    emitted where LowerSPMD emits it (per gradient, in buckets, or after the
@@ -56,12 +56,12 @@ from ..ir.core import Op, Value
 from ..ir.types import DType, TensorType
 from ..models import load_model_config
 from ..models.gpt import GPTConfig
-from ..models.gpt_family import gpt_config, resolve_batch, validate
+from ..models.gpt_family import gpt_config, hyper_of, resolve_batch, validate
 from ..report.training_metrics import model_flops_per_step
 from ..sim.collectives import run_collective
 from ..sim.network import Network
 from ..topology import Topology, load_topology
-from ..transforms.pipeline import merge_tasks, partition_layers, schedule_tasks
+from ..transforms.pipeline import partition_balanced, partition_layers, schedule_tasks
 from ..transforms.strategy import Strategy
 from .estimate_engine import Item, Timeline
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param, layer_profile
@@ -121,6 +121,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
+    if strategy.tp > 1 and not strategy.order.startswith("tp-"):
+        raise ConfigError(f"estimate: mesh order {strategy.order!r} splits tensor-parallel "
+                          "groups over non-adjacent ranks; the estimator times them on "
+                          "adjacent ones (use an order starting with tp, or fidelity: simulate)")
     c = gpt_config(config)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
@@ -182,6 +186,56 @@ class _OpCosts:
 
 
 # -- the timeline -------------------------------------------------------------------
+def merge_order(per_rank: List[List[Tuple[str, int, int]]], chunks: int,
+                cost: Any) -> List[Tuple[int, Tuple[str, int, int], float, float]]:
+    """The same order as :func:`distsim.transforms.pipeline.merge_tasks`
+    (list scheduling: the rank whose next task can start earliest goes
+    next, ties to the lowest rank), with a heap instead of a scan of every
+    rank per task: O(tasks log ranks) for the long schedules of a search."""
+    pos = [0] * len(per_rank)
+    free = [0.0] * len(per_rank)
+    done: Dict[Tuple[str, int, int], float] = {}
+    waiting: Dict[Tuple[str, int, int], List[int]] = {}
+    heap: List[Tuple[float, int]] = []
+    out: List[Tuple[int, Tuple[str, int, int], float, float]] = []
+
+    def offer(r: int) -> None:
+        if pos[r] == len(per_rank[r]):
+            return
+        kind, mb, c = per_rank[r][pos[r]]
+        deps = []
+        if kind == "F" and c > 0:
+            deps.append(("F", mb, c - 1))
+        if kind == "B":
+            deps.append(("F", mb, c))
+            if c < chunks - 1:
+                deps.append(("B", mb, c + 1))
+        start = free[r]
+        for d in deps:
+            end = done.get(d)
+            if end is None:
+                waiting.setdefault(d, []).append(r)
+                return
+            if end > start:
+                start = end
+        heapq.heappush(heap, (start, r))
+
+    for r in range(len(per_rank)):
+        offer(r)
+    while heap:
+        start, r = heapq.heappop(heap)
+        task = per_rank[r][pos[r]]
+        pos[r] += 1
+        free[r] = done[task] = start + cost(task)
+        out.append((r, task, start, done[task]))
+        offer(r)
+        for w in waiting.pop(task, ()):
+            offer(w)
+    if any(pos[r] < len(per_rank[r]) for r in range(len(per_rank))):
+        raise ConfigError("pipeline schedule deadlocks (a task waits for one that never runs)")
+    return out
+
+
 def _split_sizes(n: int, parts: int) -> List[int]:
     base, extra = divmod(n, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
@@ -197,7 +251,13 @@ class _Builder:
         self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
         self.M = case.microbatches
         self.C = S.pp * S.chunks
-        self.ranges = partition_layers(case.config.layers, self.C)
+        if S.partition == "balanced":     # as LowerSPMD balances (by roofline time)
+            costs = profile.partition_costs
+            self.ranges = partition_balanced([costs.get(LAYER, 0.0)] * case.config.layers,
+                                             self.C, first=costs.get(EMB, 0.0),
+                                             last=costs.get(HEAD, 0.0))
+        else:
+            self.ranges = partition_layers(case.config.layers, self.C)
         self.tl = Timeline(S.pp)
         self.colls = _collectives(case.topology_name, case.collective_algo)
         self.costs = _OpCosts(CostModel(case.topology.device_spec))
@@ -250,12 +310,9 @@ class _Builder:
         return total
 
     def gathers(self, stage: int, kind: str, block: str, layer: Optional[int],
-                deps) -> Optional[Item]:
+                deps) -> Item:
         """ZeRO-3: the all-gathers of the parameters a block reads first in
-        a forward / backward task (one item: they run back to back, each
-        exposed)."""
-        if self.zero != 3 or self.dp == 1:
-            return None
+        a forward / backward task (one item: they run back to back)."""
         blk = self.prof.blocks[block]
         team = self.team_dp(stage)
         t = 0.0
@@ -264,33 +321,85 @@ class _Builder:
             t += self.colls.time(CollectiveType.ALL_GATHER, team, p.numel * p.dtype.itemsize)
         return self.tl.comm([stage], t, deps, label=f"zero3 gather {block}{layer}")
 
+    @property
+    def scatter_each(self) -> bool:
+        """ZeRO 2/3 reduce-scatter every micro-batch's gradients as they are
+        produced (bucket 0: once, after the backward pass)."""
+        return self.zero >= 2 and self.dp > 1 and self.bucket != 0
+
+    def block_grads(self, block: str, layer: Optional[int]) -> List[tuple]:
+        return [(block, layer, i) for i in range(len(self.prof.params[block]))]
+
+    def scatter_costs(self, stage: int, order, mb: int) -> Tuple[float, float, float]:
+        """ZeRO 2/3 with a reduce-scatter per micro-batch: per task, (compute
+        added: flattening each gradient, and accumulating into the 1/dp
+        shard instead of the whole buffer; reduce-scatter time; their FLOPs)."""
+        extra = flops = rs = 0.0
+        team = self.team_dp(stage)
+        final = mb == self.M - 1 and self.M > 1
+        for name, layer in order:
+            for key in self.block_grads(name, layer):
+                p = self.param(key)
+                n, d = p.numel, p.dtype
+                shard = _split_sizes(n, self.dp)[0]
+                t, f = self.costs.cost("reshape", [(n, d)], [(n, d)])
+                extra += t
+                flops += f
+                rs += self.colls.time(CollectiveType.REDUCE_SCATTER, team, n * d.itemsize)
+                ops = (["add"] if mb > 0 else []) + (["scale"] if final else [])
+                for op in ops:        # on the shard, not the whole gradient
+                    ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
+                    full = self.costs.cost(op, ins, [(n, d)])
+                    part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
+                    extra += part[0] - full[0]
+                    flops += part[1] - full[1]
+        return extra, rs, flops
+
     def emit_task(self, stage: int, kind: str, mb: int, c: int, deps: List[Item]) -> Item:
         blocks = self.prof.blocks
         order = self.blocks_of(kind, c)
         holds = self.tp > 1
-        if kind == "B" and mb == self.M - 1:
+        last_b = kind == "B" and mb == self.M - 1
+        if last_b and not self.scatter_each:
             return self.emit_last_backward(stage, c, order, deps)
-        if self.zero == 3 and self.dp > 1:
-            # each gather waits for a "depend" op that LowerSPMD places on the
-            # compute stream right before the parameter's first use: it starts
-            # when the compute reaches the block, and the compute waits for it
-            made: List[Item] = []
-            for i, (name, layer) in enumerate(order):
-                blk = blocks[name]
-                g = self.gathers(stage, kind, name, layer, [made[-1]] if made else deps)
-                t, busy, fl = self._block_time(blk, kind, mb)
-                self.flops[stage] += fl
-                made.append(self.tl.compute(stage, t, [g] + (deps if i == 0 else []), busy,
-                                            fl, f"{kind}{mb} c{c} {name}", holds))
-            return made[-1]
-        total = busy = fl = 0.0
-        for name, _ in order:
-            t, b, f = self._block_time(blocks[name], kind, mb)
-            total += t
-            busy += b
-            fl += f
-        self.flops[stage] += fl
         label = f"{kind}{mb} c{c}"
+        scatter = kind == "B" and self.scatter_each
+        extra = rs = extra_flops = 0.0
+        if scatter:
+            extra, rs, extra_flops = self.scatter_costs(stage, order, mb)
+        if self.zero == 3 and self.dp > 1:
+            item = self._zero3_task(stage, kind, mb, c, order, deps, label)
+        else:
+            total = busy = fl = 0.0
+            for name, _ in order:
+                t, b, f = self._block_time(blocks[name], kind, mb)
+                total += t
+                busy += b
+                fl += f
+            item = self._task(stage, kind, order, total, busy, fl, deps, label, holds)
+        if scatter:
+            self.flops[stage] += extra_flops
+            ready = item
+            if mb == 0:
+                # nothing reads the first micro-batch's shards before the next
+                # one: the reduce-scatters overlap the backward, in program order
+                # on the communication stream
+                item = self.tl.compute(stage, extra, [item], flops=extra_flops, label=label)
+                ready = self.tl.comm([stage], rs, deps, label=f"{label} grad reduce-scatter")
+            else:
+                # each accumulation reads its reduce-scatter: the compute waits
+                item = ready = self.tl.compute(stage, extra + rs, [item], extra, extra_flops,
+                                               label, holds_comm=True)
+            if last_b:
+                for name, layer in order:
+                    for key in self.block_grads(name, layer):
+                        self.final[key] = self.synced[key] = ready
+        return item
+
+    def _task(self, stage: int, kind: str, order, total: float, busy: float, fl: float,
+              deps, label: str, holds: bool) -> Item:
+        self.flops[stage] += fl
+        blocks = self.prof.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else first.b_pre
         post = last.f_post if kind == "F" else last.b_post
@@ -304,11 +413,33 @@ class _Builder:
                                (busy - pre - post) * share, label, True)
         return self.tl.compute(stage, post, [body], flops=post * share, label=label)
 
+    def _zero3_task(self, stage: int, kind: str, mb: int, c: int, order, deps,
+                    label: str) -> Item:
+        """ZeRO-3 (dp > 1): per block, its compute waits for its gathers;
+        entering a block issues the gathers of it and of the next
+        ``prefetch`` blocks not issued yet, gated on the compute before."""
+        items: List[Item] = []
+        gathered: Dict[int, Item] = {}
+        prev: Optional[Item] = None
+        for i, (name, layer) in enumerate(order):
+            gate = [prev] if prev is not None else deps
+            for j in range(i, min(len(order), i + 1 + self.S.prefetch)):
+                if j not in gathered:
+                    gathered[j] = self.gathers(stage, kind, order[j][0], order[j][1], gate)
+            t, busy, fl = self._block_time(self.prof.blocks[name], kind, mb)
+            prev = self._task(stage, kind, [(name, layer)], t, busy, fl,
+                              [gathered[i]] + (deps if i == 0 else []), f"{label} {name}",
+                              self.tp > 1)
+            items.append(prev)
+        return prev
+
     def _block_time(self, blk, kind: str, mb: int) -> Tuple[float, float, float]:
         if kind == "F":
             return blk.f, blk.f_busy, blk.f_flops
         if mb == 0:
             return blk.b_first, blk.b_first_busy, blk.b_flops
+        if mb == self.M - 1:
+            return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
     def emit_last_backward(self, stage: int, c: int, order, deps: List[Item]) -> Item:
@@ -317,11 +448,19 @@ class _Builder:
         tl = self.tl
         last: Optional[Item] = None
         first = True
-        for name, layer in order:
+        zero3 = self.zero == 3 and self.dp > 1
+        gathered: Dict[int, Item] = {}
+        for k, (name, layer) in enumerate(order):
             blk = self.prof.blocks[name]
             segs = blk.last if self.M > 1 else blk.only
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
-            g = self.gathers(stage, "B", name, layer, [last] if last is not None else deps)
+            g = None
+            if zero3:
+                gate = [last] if last is not None else deps
+                for j in range(k, min(len(order), k + 1 + self.S.prefetch)):
+                    if j not in gathered:
+                        gathered[j] = self.gathers(stage, "B", order[j][0], order[j][1], gate)
+                g = gathered[k]
             index = {p.name: i for i, p in enumerate(self.prof.params[name])}
             local: Dict[int, Item] = {}
             for i, seg in enumerate(segs):
@@ -461,30 +600,35 @@ class _Builder:
         self.synced[emb] = self.synced[head] = item
 
     def update(self, key: tuple, stage: int) -> None:
+        """The optimizer of one parameter (GradientSync._update): the
+        template's ops, the update ops shrunk to the ZeRO shard (their time
+        beyond the launch overhead scales with the elements), the shard
+        sliced out of the gradient and the new parameter all-gathered."""
         p = self.param(key)
         dp, zero = self.dp, self.zero
         n = p.numel
         shard = _split_sizes(n, dp)[0] if zero >= 1 else n
+        ratio = shard / n if n else 1.0
+        launch = self.case.topology.device_spec.launch_overhead_s
         g = self.synced[key]
-        deps = [g]
         if zero >= 1 and not (zero >= 2 and dp > 1):
-            g = self.small(stage, "reshape", [(n, p.dtype)], [(n, p.dtype)], deps, "opt flat")
+            g = self.tl.compute(stage, p.opt_pre, [g], label="opt flat")
             if dp > 1:
-                g = self.small(stage, "slice", [(n, p.dtype)], [(shard, p.dtype)], [g], "opt shard")
-            deps = [g]
-        m = self.master
-        adam = self.small(stage, "adamw", [(shard, m), (shard, p.dtype), (shard, m), (shard, m)],
-                          [(shard, m)] * 3, deps, "adamw")
-        cast = self.small(stage, "cast", [(shard, m)], [(shard, p.dtype)], [adam], "cast")
+                g = self.small(stage, "slice", [(n, p.dtype)], [(shard, p.dtype)], [g],
+                               "opt shard")
+        t = fl = 0.0
+        for time_s, flops in p.opt_update:
+            t += launch + max(0.0, time_s - launch) * ratio if time_s > 0 else 0.0
+            fl += flops * ratio
+        self.flops[stage] += fl
+        new = self.tl.compute(stage, t, [g], flops=fl, label="optimizer")
         if zero in (1, 2):
             if dp > 1:
-                ag = self.tl.comm([stage], self.colls.time(CollectiveType.ALL_GATHER,
-                                                           self.team_dp(stage),
-                                                           n * p.dtype.itemsize),
-                                  [cast], label="param all-gather")
-                self.small(stage, "reshape", [(n, p.dtype)], [(n, p.dtype)], [ag], "param")
-            else:
-                self.small(stage, "reshape", [(n, p.dtype)], [(n, p.dtype)], [cast], "param")
+                new = self.tl.comm([stage], self.colls.time(CollectiveType.ALL_GATHER,
+                                                            self.team_dp(stage),
+                                                            n * p.dtype.itemsize),
+                                   [new], label="param all-gather")
+            self.tl.compute(stage, p.opt_post, [new], label="param")
 
     # -- the whole step ----------------------------------------------------------
     def send_time(self, src: int, dst: int, nbytes: int) -> float:
@@ -494,7 +638,7 @@ class _Builder:
         S, C, M = self.S, self.C, self.M
         per_rank = schedule_tasks(S.schedule, S.pp, M, S.chunks)
         work = {(k, c): self.task_work(k, c) for k in ("F", "B") for c in range(C)}
-        order = merge_tasks(per_rank, C, lambda task: work.get((task[0], task[2]), 1.0))
+        order = merge_order(per_rank, C, lambda task: work.get((task[0], task[2]), 1.0))
         ends: Dict[tuple, Item] = {}
         recv: Dict[tuple, List[Item]] = {}
         pending: List[tuple] = []
@@ -537,8 +681,8 @@ def estimate_memory(b: _Builder) -> List[int]:
     """Peak bytes per rank of each stage, the simulator's accounting
     (a value lives from its op's start to its last reader's end):
     weights and optimizer state (sharded as the ZeRO stage says) and the
-    gradient buffers (full size until the sync: micro-batches accumulate
-    into them), plus the saved activations
+    resident gradient buffers (the whole parameter, or the 1/dp shard when
+    ZeRO 2/3 reduce-scatter every micro-batch), plus the saved activations
     (:func:`~distsim.transforms.memory_model.saved_activation_bytes`) of the
     chunks in flight, walking the stage's schedule, plus each block's
     transient excess measured on the template. The largest candidate over
@@ -546,6 +690,9 @@ def estimate_memory(b: _Builder) -> List[int]:
     prof, S = b.prof, b.S
     dp, zero = S.dp, S.zero
     master = b.master.itemsize
+    # fp32 master weights and the optimizer's moments: AdamW m, v; SGD momentum
+    hyper = hyper_of(b.case.config, S.optimizer)
+    states = 1 + len(hyper.states)
     static = [0.0] * S.pp
     grads = [0.0] * S.pp
     for key, stage in b.all_params():
@@ -553,8 +700,8 @@ def estimate_memory(b: _Builder) -> List[int]:
         n = p.numel
         shard = _split_sizes(n, dp)[0]
         static[stage] += (shard if zero == 3 else n) * p.dtype.itemsize
-        static[stage] += 3 * (shard if zero >= 1 else n) * master
-        grads[stage] += n * p.dtype.itemsize
+        static[stage] += states * (shard if zero >= 1 else n) * master
+        grads[stage] += (shard if b.scatter_each else n) * p.dtype.itemsize
     blocks = prof.blocks
     chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.C)}
     chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))
@@ -562,30 +709,23 @@ def estimate_memory(b: _Builder) -> List[int]:
     out = []
     tasks = schedule_tasks(S.schedule, S.pp, b.M, S.chunks)
     for stage in range(S.pp):
-        best = static[stage] + grads[stage] + prof.opt_excess
+        base = static[stage] + grads[stage]
+        best = base + prof.opt_excess
         flight = 0.0
-        backward_seen = False
         for kind, mb, c in tasks[stage]:
-            base = static[stage] + (grads[stage] if backward_seen or kind == "B" else 0.0)
             if kind == "F":
                 before = 0.0
                 for name, _ in chunk_blocks[c]:
                     best = max(best, base + flight + before + blocks[name].f_excess)
                     before += blocks[name].saved_bytes
                 flight += chunk_saved[c]
-            elif b.M == 1:     # the gradient buffers appear during the one backward
-                held = flight
-                for name, _ in chunk_blocks[c][::-1]:
-                    best = max(best, static[stage] + held + blocks[name].b0_excess)
-                    held -= blocks[name].saved_bytes
-                flight -= chunk_saved[c]
             else:
                 held = flight
                 for name, _ in chunk_blocks[c][::-1]:
-                    best = max(best, base + held + blocks[name].b_excess)
+                    excess = blocks[name].b_excess if b.M > 1 else blocks[name].b0_excess
+                    best = max(best, base + held + excess)
                     held -= blocks[name].saved_bytes
                 flight -= chunk_saved[c]
-                backward_seen = True
         out.append(int(best))
     return out
 
@@ -596,7 +736,45 @@ def _profile_for(case: Case) -> LayerProfile:
     items = tuple(sorted(replace(c, global_batch=c.micro_batch).to_dict().items()))
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     return layer_profile(items, S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
-                         case.topology_name, case.collective_algo)
+                         case.topology_name, case.collective_algo, S.optimizer)
+
+
+_PARTS = ("compute_s", "communication_s", "exposed_communication_s", "idle_s")
+
+
+def _run_timeline(case: Case, profile: LayerProfile) -> Dict[str, float]:
+    """Step time, the per-device means of the time split, and FLOPs per
+    step of every device, from the timeline of ``case``."""
+    b = _Builder(case, profile)
+    tl = b.build()
+    step = tl.run()
+    S = case.strategy
+    parts = [tl.stage_breakdown(s, step) for s in range(S.pp)]
+    out = {k: sum(p[k] for p in parts) / len(parts) for k in _PARTS}
+    out["step_time_s"] = step
+    out["total_flops"] = float(sum(b.flops) * S.dp * S.tp)
+    return out
+
+
+def _with_microbatches(case: Case, m: int) -> Case:
+    c = replace(case.config, global_batch=case.strategy.dp * m * case.config.micro_batch)
+    return replace(case, config=c, microbatches=m,
+                   strategy=replace(case.strategy, microbatches=m, global_batch=c.global_batch))
+
+
+def timeline_figures(case: Case, profile: LayerProfile) -> Dict[str, float]:
+    """:func:`_run_timeline`, for long schedules by extrapolation: past
+    ``2 pp`` micro-batches the pipeline is in its periodic steady state,
+    where every figure grows by the same amount per micro-batch (exactly,
+    to rounding: a test checks it), so ``M`` micro-batches cost two
+    timelines of ``2 pp`` and ``3 pp`` instead of one of ``M``."""
+    pp, m = case.strategy.pp, case.microbatches
+    m1, m2 = 2 * pp, 3 * pp
+    if m <= m2 + pp:
+        return _run_timeline(case, profile)
+    a = _run_timeline(_with_microbatches(case, m1), profile)
+    b = _run_timeline(_with_microbatches(case, m2), profile)
+    return {k: a[k] + (m - m1) * (b[k] - a[k]) / (m2 - m1) for k in a}
 
 
 def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
@@ -611,15 +789,11 @@ def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     ``dp``, ``global_batch``, ``micro_batch``, ``microbatches``. Invalid
     options raise :class:`ConfigError`, as :func:`distsim.simulate` does."""
     case = resolve(config)
-    b = _Builder(case, _profile_for(case))
-    tl = b.build()
-    step = tl.run()
+    profile = _profile_for(case)
+    fig = timeline_figures(case, profile)
+    step = fig["step_time_s"]
     S = case.strategy
-    parts = [tl.stage_breakdown(s, step) for s in range(S.pp)]
-    mean = {k: sum(p[k] for p in parts) / len(parts)
-            for k in ("compute_s", "communication_s", "exposed_communication_s", "idle_s")}
-    per_stage_ranks = S.dp * S.tp
-    memory = estimate_memory(b)
+    memory = estimate_memory(_Builder(case, profile))
     capacity = float(case.topology.device_spec.memory_bytes)
     peak = float(max(memory))
     n = S.num_devices
@@ -627,7 +801,7 @@ def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     dtype = DType.parse(str(case.config.dtype))
     peak_flops = case.topology.device_spec.peak_flops_for(dtype)
     mflops = model_flops_per_step({**case.config.to_dict()})
-    bubble = mean["idle_s"] / step if S.pp > 1 and step > 0 else 0.0
+    bubble = fig["idle_s"] / step if S.pp > 1 and step > 0 else 0.0
     return {
         "step_time_s": step,
         "samples_per_s": gb / step if step > 0 else math.nan,
@@ -638,9 +812,9 @@ def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
         "oom": bool(peak > capacity),
         "bubble_fraction": bubble,
         "bubble_s": bubble * step,
-        **mean,
+        **{k: fig[k] for k in _PARTS},
         "num_devices": float(n),
-        "total_flops": float(sum(b.flops) * per_stage_ranks),
+        "total_flops": fig["total_flops"],
         "dp": S.dp, "global_batch": gb, "micro_batch": case.config.micro_batch,
         "microbatches": case.microbatches,
     }

@@ -19,7 +19,6 @@ from collections import deque
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SimulationError
-from ..report.intervals import difference_length, merge_intervals, total_length
 
 COMPUTE, COMM = 0, 1
 
@@ -128,22 +127,40 @@ class Timeline:
     # -- accounting ----------------------------------------------------------
     def stage_breakdown(self, stage: int, step_s: float) -> Dict[str, float]:
         """Per rank of ``stage``, as the simulator's summary counts it:
-        compute (union of busy intervals), communication, exposed
-        communication (communication while nothing computes), idle."""
-        compute, comm = [], []
+        compute (the busy part of its compute items), communication (its
+        communication-only items and the tensor-parallel waits inside
+        compute items), exposed communication (communication while nothing
+        computes), idle (the rest of the step). Items on one stream are
+        disjoint and in time order, so this is a linear sweep."""
+        compute: List[Tuple[float, float]] = []
+        waits = 0.0
         flops = 0.0
         for it in self.streams[2 * stage]:
             compute.append((it.start, it.start + it.busy_s))
-            if it.busy_s < it.time_s:           # waits on tensor-parallel collectives
-                comm.append((it.start + it.busy_s, it.end))
+            waits += it.time_s - it.busy_s     # inside the item: no compute then
             flops += it.flops
-        for it in self.streams[2 * stage + 1]:
-            if 2 * stage not in it.streams:
-                comm.append((it.start, it.end))
-        compute = merge_intervals(compute)
-        comm_m = merge_intervals(comm)
-        busy = total_length(merge_intervals(compute + comm_m))
-        return {"compute_s": float(total_length(compute)),
-                "communication_s": float(total_length(comm_m)),
-                "exposed_communication_s": float(difference_length(comm_m, compute)),
-                "idle_s": float(max(0.0, step_s - busy)), "flops": flops}
+        comm = [(it.start, it.end) for it in self.streams[2 * stage + 1]
+                if 2 * stage not in it.streams]
+        busy = sum(e - s for s, e in compute)
+        comm_s = sum(e - s for s, e in comm)
+        hidden = _overlap(compute, comm)
+        exposed = waits + comm_s - hidden
+        return {"compute_s": busy, "communication_s": comm_s + waits,
+                "exposed_communication_s": exposed,
+                "idle_s": max(0.0, step_s - busy - exposed), "flops": flops}
+
+
+def _overlap(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
+    """Total overlap of two lists of disjoint intervals sorted by start."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo = a[i][0] if a[i][0] > b[j][0] else b[j][0]
+        hi = a[i][1] if a[i][1] < b[j][1] else b[j][1]
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total

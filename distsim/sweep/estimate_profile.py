@@ -40,7 +40,7 @@ from ..models.gpt_family import build_gpt_step, hyper_of
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
-from ..transforms.spmd import LowerSPMD
+from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 
 #: Block names: the embedding, one transformer layer, the head (final norm,
@@ -113,13 +113,20 @@ class Block:
 
 @dataclass
 class Param:
-    """A parameter of a block as one tensor-parallel rank holds it."""
+    """A parameter of a block as one tensor-parallel rank holds it, and
+    its optimizer ops on the template (one rank, no sharding): ``opt_pre``
+    (flattening the gradient, ZeRO >= 1), ``opt_update`` (the update ops
+    on the master weights: they shrink with the ZeRO shard; (time, flops)
+    each), ``opt_post`` (reshaping the new parameter, ZeRO 1/2)."""
 
     name: str
     block: str
     numel: int
     shape: Tuple[int, ...]
     dtype: Any                      # the IR DType
+    opt_pre: float = 0.0
+    opt_update: List[Tuple[float, float]] = field(default_factory=list)
+    opt_post: float = 0.0
 
 
 @dataclass
@@ -134,6 +141,8 @@ class LayerProfile:
     peak_by_category: Dict[str, int]
     master_dtype: Any
     opt_excess: float = 0.0                 # above weights, optimizer state and gradients
+    # each block's cost as LowerSPMD's balanced partition estimates it
+    partition_costs: Dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
 
 
@@ -148,13 +157,15 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 
 
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
-              micro_batch: int, untie: bool) -> Tuple[Function, Function, LowerSPMD]:
+              micro_batch: int, untie: bool, optimizer: str
+              ) -> Tuple[Function, Function, LowerSPMD]:
     c = replace(config, layers=_TEMPLATE_LAYERS, micro_batch=micro_batch,
                 global_batch=2 * micro_batch)
     step = build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
                                       recompute=recompute), micro_batch)
     lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
-                               microbatches=2), 2, hyper_of(c), c.master_dtype)
+                               microbatches=2, optimizer=optimizer), 2,
+                      hyper_of(c, optimizer), c.master_dtype)
     return step, lower(step), lower
 
 
@@ -177,14 +188,15 @@ def _crossing(step: Function, tp: int, sp: bool, recompute: str) -> Tuple[List[i
 @lru_cache(maxsize=256)
 def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
                   zero: int, micro_batch: int, untie: bool, topology: str,
-                  collective_algo: str = "auto") -> LayerProfile:
+                  collective_algo: str = "auto", optimizer: str = "adamw") -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring)."""
     import time
     started = time.perf_counter()
     config = GPTConfig(**dict(config_items))
     template_zero = 3 if zero == 3 else (1 if zero else 0)
-    step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch, untie)
+    step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
+                                     untie, optimizer)
     topo = load_topology(topology)
     trace = simulate_function(program, topo, CostModel(topo.device_spec),
                               SimulationOptions(network_mode="analytical",
@@ -215,6 +227,7 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         p = by_name[name]
         params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype))
         order.append((blk, len(params[blk]) - 1))
+    _optimizer_ops(params, rank0, times)
     index = {p.name: (blk, i) for blk, ps in params.items() for i, p in enumerate(ps)}
     gathered: set = set()
     first_reader: Dict[str, List[Tuple[str, int]]] = {}
@@ -240,6 +253,8 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             current = None
             continue
         kind = "B" if "phase" in meta else "F"
+        if op.op_type == "depend" or meta.get("role") == "zero_gather":
+            blk = None             # ZeRO-3 gathers name the layer they prefetch for
         if blk is None:            # accumulation, ZeRO-3 reshapes: the block before
             if current is None:
                 continue
@@ -297,9 +312,36 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     peaks = trace.peak_memory()
     cats = dict(trace.meta.get("peak_memory_by_category", {}).get(0, {}))
     opt_excess = _memory_excess(blocks, groups, times, trace, program)
+    model = CostModel(PARTITION_DEVICE)
+    partition: Dict[str, float] = {}
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), layers)
+        if blk in blocks:
+            partition[blk] = partition.get(blk, 0.0) + model.op_cost(op).time_s
     return LayerProfile(blocks, params, order, fwd, bwd, bool(step.meta.get("tied")),
                         int(peaks.get(0, 0)), cats, lower.master_dtype, opt_excess,
-                        time.perf_counter() - started)
+                        partition, time.perf_counter() - started)
+
+
+def _optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> None:
+    """Each parameter's optimizer ops on rank 0 of the template, by name:
+    ``{p}_gflat_r0`` flattens the gradient, ``{p}_r0...`` update the master
+    weights (and moments), ``{p}_new_r0`` reshapes the new parameter."""
+    by_name = {p.name: p for ps in params.values() for p in ps}
+    for op in rank0:
+        if op.meta.get("phase") != "optimizer" or is_communication(op):
+            continue
+        t0, t1, flops = times[op.name]
+        for name, p in by_name.items():
+            if op.name.startswith(f"{name}_gflat_r0"):
+                p.opt_pre += t1 - t0
+            elif op.name.startswith(f"{name}_new_r0"):
+                p.opt_post += t1 - t0
+            elif op.name.startswith(f"{name}_r0"):
+                p.opt_update.append((t1 - t0, flops))
+            else:
+                continue
+            break
 
 
 def _memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function) -> float:
@@ -311,8 +353,11 @@ def _memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Func
     roles = program.meta.get("roles", {})
     static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
                  and roles.get(v.name) in ("param", "master", "optimizer"))
+    # gradient buffers: resident inputs (role grad_buffer), or, in a program
+    # without them, the first micro-batch's gradients, kept to the update
     grads = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
-                and roles.get(v.name) == "param")
+                and roles.get(v.name) == (
+                    "grad_buffer" if "grad_buffer" in roles.values() else "param"))
     samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
     stamps = [t for t, _ in samples]
 
@@ -336,12 +381,13 @@ def _memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Func
             continue
         before = sum(saved[n] for n in f_order[:i])
         if ("F", 0, name) in groups:
-            blocks[name].f_excess = max(0.0, peak(*window(("F", 0, name))) - static - before)
+            blocks[name].f_excess = max(0.0, peak(*window(("F", 0, name))) - static - grads
+                                        - before)
         if ("B", 1, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
                                         - before - saved[name])
-        if ("B", 0, name) in groups:      # gradient buffers appear during it
-            blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - static
+        if ("B", 0, name) in groups:
+            blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - static - grads
                                          - before - saved[name])
     last_b = max(window(k)[1] for k in groups if k[0] == "B")
     end = max(stamps) if stamps else last_b
