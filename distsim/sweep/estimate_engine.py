@@ -135,9 +135,11 @@ class Timeline:
         compute: List[Tuple[float, float]] = []
         waits = 0.0
         flops = 0.0
+        comm_id = 2 * stage + 1
         for it in self.streams[2 * stage]:
             compute.append((it.start, it.start + it.busy_s))
-            waits += it.time_s - it.busy_s     # inside the item: no compute then
+            if comm_id in it.streams:           # waits on its tensor-parallel collectives
+                waits += it.time_s - it.busy_s
             flops += it.flops
         comm = [(it.start, it.end) for it in self.streams[2 * stage + 1]
                 if 2 * stage not in it.streams]

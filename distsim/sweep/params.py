@@ -9,7 +9,9 @@ They are derived, never listed by hand, from three places that define them:
   ``schedule``, ``zero``, ...), typed by their annotations;
 * the model overrides :func:`distsim.api.build_program` accepts
   (``layers``, ``hidden``, ``batch``, ``dtype``, ...), typed by the value
-  each model family's default config gives them.
+  each model family's default config gives them;
+
+plus ``fidelity`` (``simulate`` or ``estimate``), how a point is run.
 
 So a new strategy field or model override becomes sweepable the moment it
 exists, and a typo in a spec is caught before any simulation runs.
@@ -24,6 +26,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from .. import api
 from ..errors import ConfigError
 from ..transforms.strategy import Strategy
+from .point import FIDELITIES
 
 #: Values every parameter of this kind accepts, by kind name.
 _KIND_TYPES: Dict[str, Tuple[type, ...]] = {
@@ -166,8 +169,11 @@ def _run_choices(name: str) -> Optional[Tuple[Any, ...]]:
 
 def simulate_parameters() -> Dict[str, Param]:
     """Every option of ``distsim simulate`` a sweep may set, by name (the
-    Python keyword; on the command line ``_`` reads ``-``)."""
+    Python keyword; on the command line ``_`` reads ``-``), and
+    ``fidelity``: how a point is run (``simulate``, the default, or
+    ``estimate``: :func:`distsim.sweep.estimate.estimate`)."""
     out = _run_params()
+    out["fidelity"] = Param("fidelity", "str", "sweep", False, FIDELITIES, "simulate")
     for name in model_override_names():
         out[name] = Param(name, _model_override_kind(name), "model", True)
     for name, param in _strategy_params().items():

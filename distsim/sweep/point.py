@@ -1,7 +1,13 @@
-"""Run one sweep point: simulate, and reduce the result to one flat row.
+"""Run one sweep point: simulate (or estimate), and reduce the result to
+one flat row.
 
 :func:`run_point` is what every runner (in-process, local processes, Dask)
-calls, so a row does not depend on what ran it. It never raises for a bad
+calls, so a row does not depend on what ran it. The option ``fidelity``
+chooses how: ``simulate`` (the default: build the program and simulate it)
+or ``estimate`` (:func:`distsim.sweep.estimate.estimate`, milliseconds, GPT
+models only). Every row records the batch layout the step ran with
+(:data:`RESOLVED`: data-parallel degree, global batch, micro-batch size and
+count), so rows compare at equal work. It never raises for a bad
 configuration: the row says what happened in ``status``:
 
 * ``ok``: simulated; the metric columns are filled;
@@ -25,6 +31,13 @@ METRICS = ("step_time_s", "samples_per_s", "tokens_per_s", "mfu", "max_peak_memo
            "memory_capacity_bytes", "oom", "bubble_fraction", "bubble_s", "compute_s",
            "communication_s", "exposed_communication_s", "idle_s", "num_devices",
            "total_flops")
+#: The batch layout a point ran with, as resolved (the options may leave it
+#: to defaults): data-parallel degree, sequences (samples) per step, per
+#: micro-batch, and micro-batches per step.
+RESOLVED = ("resolved_dp", "resolved_global_batch", "resolved_micro_batch",
+            "resolved_microbatches")
+#: How a row was produced.
+FIDELITIES = ("simulate", "estimate")
 #: Errors that mean "this combination is not valid" rather than "it broke".
 INVALID_ERRORS = (ConfigError, PassPreconditionError)
 
@@ -32,19 +45,33 @@ SimulateFn = Callable[..., Any]
 
 
 def empty_metrics() -> Dict[str, Any]:
-    return {m: None for m in METRICS}
+    return {**{m: None for m in METRICS}, **{r: None for r in RESOLVED}}
 
 
 def run_point(params: Mapping[str, Any], simulate: Optional[SimulateFn] = None) -> Dict[str, Any]:
-    """Simulate one configuration; return ``{status, reason, <metrics>}``."""
-    if simulate is None:
-        from ..api import simulate as default_simulate
-        simulate = default_simulate
-    row: Dict[str, Any] = {"status": "ok", "reason": None, **empty_metrics()}
+    """Simulate (or estimate, with ``fidelity: estimate``) one configuration;
+    return ``{status, reason, fidelity, <metrics>, <resolved batch>}``.
+    ``simulate`` replaces :func:`distsim.simulate` for simulated points."""
+    options = dict(params)
+    fidelity = options.pop("fidelity", None) or "simulate"
+    row: Dict[str, Any] = {"status": "ok", "reason": None, "fidelity": fidelity,
+                           **empty_metrics()}
     try:
-        result = simulate(**dict(params))
-        summary = result.summary()
-        row.update(metrics_of(summary, getattr(result, "config", None) or {}))
+        if fidelity == "estimate":
+            from .estimate import estimate
+            row.update(estimated_row(estimate(options)))
+        elif fidelity == "simulate":
+            if simulate is None:
+                from ..api import simulate as default_simulate
+                simulate = default_simulate
+            result = simulate(**options)
+            summary = result.summary()
+            config = getattr(result, "config", None) or {}
+            row.update(metrics_of(summary, config))
+            row.update(resolved_of(config))
+        else:
+            raise ConfigError(f"fidelity: must be one of {', '.join(FIDELITIES)}, "
+                              f"got {fidelity!r}")
     except INVALID_ERRORS as e:
         row.update(status="invalid", reason=_one_line(str(e)))
     except DistsimError as e:
@@ -89,4 +116,32 @@ def metrics_of(summary: Mapping[str, Any], config: Mapping[str, Any]) -> Dict[st
     caps = [c for c in (_number(c) for c in caps) if c]
     if out["memory_capacity_bytes"] is None and caps:
         out["memory_capacity_bytes"] = min(caps)
+    return out
+
+
+def _int(value: Any) -> Optional[int]:
+    f = _number(value)
+    return int(f) if f is not None and f == int(f) else None
+
+
+def resolved_of(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The resolved batch columns from a run's config (the GPT family
+    resolves global batch, micro-batch and count; a data-parallel model's
+    ``batch`` is its global batch, one micro-batch per step)."""
+    dp = _int(config.get("dp")) or 1
+    gb = _int(config.get("global_batch")) or _int(config.get("batch"))
+    m = _int(config.get("microbatches"))
+    mb = _int(config.get("micro_batch"))
+    if m is None and mb is None and gb is not None and gb % dp == 0:
+        m, mb = 1, gb // dp
+    return {"resolved_dp": dp, "resolved_global_batch": gb, "resolved_micro_batch": mb,
+            "resolved_microbatches": m}
+
+
+def estimated_row(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """A row's metric and resolved columns from :func:`estimate`'s dict."""
+    out = {m: None for m in METRICS}
+    for m in METRICS:
+        out[m] = bool(values[m]) if m == "oom" else _number(values.get(m))
+    out.update(resolved_of(values))
     return out

@@ -25,14 +25,14 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..fileio import atomic_path, write_json_atomic
-from .point import METRICS
+from .point import METRICS, RESOLVED
 
 JOURNAL = "results.jsonl"
 CSV = "results.csv"
 PARQUET = "results.parquet"
 MANIFEST = "manifest.json"
 ROW_HEAD = ("index", "key")
-ROW_TAIL = ("status", "reason", *METRICS)
+ROW_TAIL = ("status", "reason", *METRICS, *RESOLVED)
 
 
 class Journal:
@@ -105,22 +105,25 @@ def normalise_row(row: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def rows_to_frame(rows: Iterable[Mapping[str, Any]], param_names: List[str]) -> pd.DataFrame:
-    """The results table: index, key, the options, status, reason, metrics;
+    """The results table: index, key, the options (always with
+    ``fidelity``), status, reason, metrics, the resolved batch layout;
     sorted by point index. Numeric metrics are floats (NaN when absent),
-    ``oom`` a nullable boolean."""
+    ``oom`` a nullable boolean, the resolved sizes nullable integers."""
+    names = [n for n in param_names if n != "fidelity"] + ["fidelity"]
     records = []
     for row in sorted(rows, key=lambda r: r["index"]):
         rec: Dict[str, Any] = {"index": row["index"], "key": row["key"]}
         params = row.get("params", {})
-        for name in param_names:
+        for name in names:
             v = params.get(name)
             rec[name] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
+        rec["fidelity"] = params.get("fidelity") or row.get("fidelity") or "simulate"
         rec["status"] = row.get("status")
         rec["reason"] = row.get("reason")
-        for m in METRICS:
+        for m in (*METRICS, *RESOLVED):
             rec[m] = row.get(m)
         records.append(rec)
-    columns = [*ROW_HEAD, *param_names, *ROW_TAIL]
+    columns = [*ROW_HEAD, *names, *ROW_TAIL]
     df = pd.DataFrame.from_records(records, columns=columns)
     df["index"] = df["index"].astype("int64")
     for m in METRICS:
@@ -128,6 +131,9 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]], param_names: List[str]) -> 
             df[m] = df[m].astype("boolean")
         else:
             df[m] = pd.to_numeric(df[m], errors="coerce").astype("float64")
+    for m in RESOLVED:
+        df[m] = pd.to_numeric(df[m], errors="coerce").astype("Int64")
+    df["fidelity"] = df["fidelity"].astype("object")
     df["reason"] = df["reason"].astype("object")
     return df.reset_index(drop=True)
 
