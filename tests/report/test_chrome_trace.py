@@ -3,6 +3,8 @@ import json
 
 import pytest
 
+from distsim.errors import ConfigError
+
 from distsim.report import chrome_trace, chrome_trace_json, write_chrome_trace
 from distsim.report.chrome_trace import stream_tids
 from distsim.sim.trace import DeviceInfo, OpRecord, Trace
@@ -104,7 +106,7 @@ def test_failed_write_leaves_no_file(trace, tmp_path, monkeypatch):
         write_chrome_trace(trace, tmp_path / "trace.json.gz")
     blocker = tmp_path / "notadir"
     blocker.write_text("")
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match='cannot write'):
         write_chrome_trace(trace, blocker / "trace.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notadir", "trace.json"]
     assert target.read_text() == "old"

@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 
+from distsim.errors import ConfigError
+
 from distsim.report import memory_figure, write_memory_plot
 from distsim.report.memory_plot import envelope, memory_curves
 
@@ -54,7 +56,7 @@ def test_writes_a_png(trace, tmp_path):
 def test_failed_write_leaves_no_file(trace, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match='cannot write'):
         write_memory_plot(trace, blocker / "memory.png")
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
 

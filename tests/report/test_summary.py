@@ -2,6 +2,8 @@ import json
 
 import pytest
 
+from distsim.errors import ConfigError
+
 from distsim.report import format_summary_table, summarize, summary_dataframe, write_summary
 from distsim.report.summary import DEVICE_FIELDS, group_label, rank_ranges
 from distsim.sim.trace import DeviceInfo, OpRecord, Trace
@@ -117,7 +119,7 @@ def test_dataframe_one_row_per_device(trace):
 def test_write_summary_leaves_nothing_on_failure(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match='cannot write'):
         write_summary({"step_time_s": 1.0}, blocker / "summary.json")
     with pytest.raises(ValueError):
         write_summary({"step_time_s": float("nan")}, tmp_path / "summary.json")
