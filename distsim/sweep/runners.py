@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -179,19 +180,18 @@ class DaskRunner:
         if not isinstance(self.scheduler, str):
             self.client = self.scheduler
             return
-        try:
-            if self.scheduler == "local-dask":
+        if self.scheduler == "local-dask":
+            try:
                 self.cluster = distributed.LocalCluster(
                     n_workers=self.workers or default_workers(), threads_per_worker=1,
                     processes=True, dashboard_address=None)
                 self.client = distributed.Client(self.cluster, timeout=self.timeout_s)
-            else:
-                self.client = distributed.Client(self.scheduler, timeout=self.timeout_s)
-        except (OSError, TimeoutError) as e:
-            self.close()
-            raise ConfigError(f"--scheduler {self.scheduler}: cannot reach the Dask scheduler "
-                              f"within {self.timeout_s:g} s ({type(e).__name__}: "
-                              f"{' '.join(str(e).split())[:200]})") from None
+            except Exception as e:
+                self.close()
+                raise ConfigError(f"--scheduler local-dask: cannot start a local Dask cluster "
+                                  f"({_one_line(e)})") from None
+        else:
+            self.client = connect_client(distributed, self.scheduler, self.timeout_s)
         self._own_client = True
 
     def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
@@ -221,6 +221,62 @@ class DaskRunner:
             self.cluster.close()
         self.client = None
         self.cluster = None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())[:200]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+#: Extra seconds given to a connection attempt past its own timeout.
+CONNECT_GRACE_S = 2.0
+
+
+def connect_client(distributed: Any, address: str, timeout_s: float,
+                   grace_s: float = CONNECT_GRACE_S) -> Any:
+    """A ``distributed.Client`` on ``address`` within ``timeout_s`` (plus a
+    small grace), whatever answers there: the attempt runs in a daemon
+    thread that is given up on at the deadline (a server that accepts and
+    then says nothing, or not Dask's protocol, can hold the client's own
+    handshake far past its timeout), and any failure (a refused
+    connection, a garbled reply that makes the protocol allocate
+    nonsense, ...) is a :class:`ConfigError` naming the address. A client
+    that connects after the deadline is closed."""
+    state: Dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def attempt() -> None:
+        try:
+            client = distributed.Client(address, timeout=timeout_s, set_as_default=False)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller, whatever it is
+            with lock:
+                state["error"] = e
+            return
+        with lock:
+            if state.get("abandoned"):
+                late = client
+            else:
+                state["client"] = client
+                late = None
+        if late is not None:
+            try:
+                late.close()
+            except Exception:  # pragma: no cover - best effort on a late connection
+                pass
+
+    thread = threading.Thread(target=attempt, name=f"distsim-connect-{address}", daemon=True)
+    thread.start()
+    thread.join(timeout_s + grace_s)
+    with lock:
+        if "client" in state:
+            return state["client"]
+        state["abandoned"] = True
+        error = state.get("error")
+    if error is None:
+        raise ConfigError(f"--scheduler {address}: no Dask scheduler answered within "
+                          f"{timeout_s:g} s (is it a Dask scheduler's address?)")
+    raise ConfigError(f"--scheduler {address}: cannot reach the Dask scheduler within "
+                      f"{timeout_s:g} s ({_one_line(error)})")
 
 
 def make_runner(workers: Any = None, scheduler: Any = None,
