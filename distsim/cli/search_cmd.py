@@ -12,16 +12,18 @@ from ..errors import ConfigError
 from ..fileio import atomic_path
 from ..report.html import write_sweep_report
 from ..report.sweep_charts import write_sweep_charts
-from ..sweep.search import search
+from ..sweep.search import DEFAULT_KEEP, search
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "search", help="find the fastest parallel strategy for a model on N GPUs",
-        description="Enumerate every dp x tp x pp (x --space options) that uses the GPUs, "
-                    "prune by a memory bound, estimate the rest in the analytical network "
-                    "mode, simulate the fastest estimates in full, and print the top "
-                    "strategies with why the best wins.")
+        description="Enumerate every dp x tp x pp (x micro-batch sizes for GPT models, x "
+                    "--space options) that uses the GPUs at the model's global batch, prune by "
+                    "a memory bound, estimate the rest (GPT models: the estimator, milliseconds "
+                    "each; others: analytical simulations), simulate the --keep fastest "
+                    "estimates in full (GPT: with symmetry and coarsening), and print the top "
+                    "strategies with why the best wins. Progress goes to stderr.")
     p.add_argument("--model", required=True, help="model name or .yaml path")
     p.add_argument("--topology", required=True, help="topology name or .yaml path")
     p.add_argument("--gpus", type=int, default=None,
@@ -31,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--space", action="append", default=[], metavar="OPTION=V1,V2",
                    help="an extra option to search over, e.g. --space zero=0,1 (repeatable)")
     p.add_argument("--keep", type=int, default=None,
-                   help="how many estimates to simulate in full (default: a quarter, >= 3)")
+                   help=f"how many estimates to simulate in full (default: {DEFAULT_KEEP})")
     p.add_argument("--network-mode", choices=["flow", "analytical"], default="flow",
                    help="network mode of the full simulations (default: %(default)s)")
     p.add_argument("--top", type=int, default=5, help="strategies to print (default: 5)")

@@ -1,23 +1,31 @@
 """``distsim search``: the fastest parallel strategy for a model on N GPUs.
 
 1. **Enumerate** every (dp, tp, pp) with ``dp * tp * pp == gpus``, crossed
-   with the extra options of ``space`` (e.g. ``{"microbatches": [8, 16],
-   "zero": [0, 1]}``; by default micro-batch counts of 1, 2 and 4 times
-   ``pp`` for pipelined points when the strategy has ``microbatches``).
-2. **Prune by memory** without simulating: a point whose weights alone
+   with the extra options of ``space`` (e.g. ``{"zero": [0, 1],
+   "recompute": ["none", "selective"]}``; by default, for GPT models,
+   micro-batch sizes 1, 2, 4, 8 that divide each data-parallel rank's share
+   of the global batch). The global batch is the same for every point (the
+   model's or ``base["global_batch"]``), so every point trains the same
+   sequences per step and step time ranks them (as throughput would).
+2. **Prune by memory** without estimating: a point whose weights alone
    (parameters x dtype size / (tp x pp)) exceed a GPU's memory cannot fit.
    The bound is a lower bound, so it never prunes a point that fits.
-3. **Estimate** every remaining point in the analytical network mode (no
-   link contention: fast) and drop the invalid and out-of-memory ones.
-4. **Simulate in full** (``network_mode``, default ``flow``) the ``keep``
-   fastest estimates; rank them by their full step time.
+3. **Estimate** every remaining point: GPT models with the estimator
+   (:mod:`.estimate`, milliseconds each), other models by a simulation in
+   the analytical network mode; drop the invalid and out-of-memory ones.
+4. **Simulate in full** the ``keep`` fastest estimates (``network_mode``,
+   default ``flow``; GPT models with symmetry reduction and coarsening,
+   both exact in step time) and rank them by their simulated step time.
 
-The result holds both stages as sweep DataFrames, the ranking, and
+Progress goes to stderr as it works (``progress=True``). The result holds
+both stages as sweep DataFrames, the ranking, and
 :meth:`SearchResult.explain`: why the best beats the runner-up, part by part.
 """
 from __future__ import annotations
 
 import math
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -26,12 +34,17 @@ import pandas as pd
 from ..errors import ConfigError
 from ..report.summary import GB, MS
 from .driver import sweep
-from .params import simulate_parameters
 from .spec import SweepSpec
 
 STRATEGY_AXES = ("dp", "tp", "pp")
+#: Micro-batch sizes a search tries by default (those that divide the batch).
+DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
+#: Estimates simulated in full by default.
+DEFAULT_KEEP = 3
 _DTYPE_BYTES = {"fp32": 4, "f32": 4, "float32": 4, "fp16": 2, "f16": 2, "bf16": 2,
                 "float16": 2, "bfloat16": 2, "fp8": 1}
+_CHOSEN = (*STRATEGY_AXES, "model", "topology", "network_mode", "fidelity", "symmetry",
+           "coarsen")
 
 
 def divisors(n: int) -> List[int]:
@@ -40,7 +53,7 @@ def divisors(n: int) -> List[int]:
 
 @dataclass
 class SearchResult:
-    """``estimates``: the analytical stage (every enumerated point);
+    """``estimates``: the first stage (every enumerated point not pruned);
     ``full``: the points simulated in full; ``ranking``: ``full``'s points
     that fit in memory, fastest first; ``pruned``: the points the memory
     bound removed, with the reason."""
@@ -60,14 +73,15 @@ class SearchResult:
         return {a: _plain(row[a]) for a in self.axes}
 
     def table(self, top: int = 5) -> str:
-        lines = [f"{'rank':>4}  {'step ms':>10}  {'est. ms':>10}  {'peak GB':>8}  "
-                 f"{'MFU':>6}  strategy"]
+        lines = [f"{'rank':>4}  {'step ms':>10}  {'est. ms':>10}  {'tokens/s':>10}  "
+                 f"{'peak GB':>8}  {'MFU':>6}  strategy"]
         for i, (_, r) in enumerate(self.ranking.head(top).iterrows(), 1):
             mfu = "" if pd.isna(r["mfu"]) else f"{r['mfu']:.3f}"
+            tps = "" if pd.isna(r["tokens_per_s"]) else f"{r['tokens_per_s']:.4g}"
             lines.append(f"{i:>4}  {r['step_time_s'] * MS:10.4f}  "
-                         f"{r['estimate_s'] * MS:10.4f}  "
+                         f"{r['estimate_s'] * MS:10.4f}  {tps:>10}  "
                          f"{r['max_peak_memory_bytes'] / GB:8.2f}  {mfu:>6}  "
-                         + " ".join(f"{a}={_plain(r[a])}" for a in self.axes))
+                         + _name(r, self.axes))
         return "\n".join(lines)
 
     def explain(self) -> str:
@@ -92,9 +106,10 @@ class SearchResult:
             pct = 100 * gap / best["step_time_s"] if best["step_time_s"] else 0.0
             out.append(f"runner-up: {_name(second, self.axes)} is {gap * MS:.4f} ms "
                        f"({pct:.1f} %) slower: " + (", ".join(p for _, p in parts) or "same split"))
-        n_oom = int(self.estimates["oom"].fillna(False).astype(bool).sum())
-        n_bad = int((self.estimates["status"] != "ok").sum())
-        out.append(f"searched {len(self.estimates) + len(self.pruned)} strategies: "
+        est = self.estimates
+        n_oom = int(est["oom"].fillna(False).astype(bool).sum()) if len(est) else 0
+        n_bad = int((est["status"] != "ok").sum()) if len(est) else 0
+        out.append(f"searched {len(est) + len(self.pruned)} strategies: "
                    f"{len(self.pruned)} pruned by the memory bound, {n_bad} invalid, "
                    f"{n_oom} out of memory in the estimate, {len(self.full)} simulated in full")
         return "\n".join(out)
@@ -103,7 +118,7 @@ class SearchResult:
 def _plain(v: Any) -> Any:
     """A DataFrame cell as a plain option value: numpy scalars unwrapped,
     integral floats as ints, and NaN (pandas' mark for an option a point
-    does not set, e.g. ``microbatches`` of an unpipelined point) as None."""
+    does not set) as None."""
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, float):
@@ -132,12 +147,20 @@ def _split(row: pd.Series) -> str:
             f"{_part(row, 'other_idle_s') * MS:.4f} ms")
 
 
+def _model_config(model: Any, overrides: Mapping[str, Any]) -> Dict[str, Any]:
+    from ..models import load_model_config
+    config = load_model_config(model)
+    config.update({k: v for k, v in overrides.items() if k in config and v is not None})
+    if overrides.get("batch") is not None and config.get("family") == "gpt":
+        config["global_batch"] = overrides["batch"]
+    return config
+
+
 def _weights_lower_bound(model: Any, overrides: Mapping[str, Any]) -> Optional[float]:
     """Bytes of the model's weights (parameters x dtype size), or None when
     the model family does not say its parameter count."""
-    from ..models import family_of, load_model_config
-    config = load_model_config(model)
-    config.update({k: v for k, v in overrides.items() if k in config and v is not None})
+    from ..models import family_of
+    config = _model_config(model, overrides)
     try:
         described = family_of(config).describe(config)
     except Exception:  # a family that cannot describe this config: no bound
@@ -149,16 +172,35 @@ def _weights_lower_bound(model: Any, overrides: Mapping[str, Any]) -> Optional[f
     return float(params) * size
 
 
-def search(model: Any, topology: str, gpus: Optional[int] = None, *, base: Optional[Mapping[str, Any]] = None,
+class _Log:
+    """Search progress on stderr (one line per stage, and the sweeps' own)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.start = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            try:
+                sys.stderr.write(f"search [{time.monotonic() - self.start:6.1f} s] {text}\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                self.enabled = False
+
+
+def search(model: Any, topology: str, gpus: Optional[int] = None, *,
+           base: Optional[Mapping[str, Any]] = None,
            space: Optional[Mapping[str, Sequence[Any]]] = None, keep: Optional[int] = None,
            network_mode: str = "flow", workers: Optional[int] = None, scheduler: Any = None,
            progress: bool = False) -> SearchResult:
     """Find the fastest strategy of ``model`` on ``gpus`` GPUs of
     ``topology`` (see the module docstring). ``base``: other fixed options
     (``global_batch``, ``layers``, ...); ``space``: extra options to search
-    over; ``keep``: how many estimates to simulate in full (default: a
-    quarter of the feasible ones, at least 3)."""
+    over; ``keep``: how many estimates to simulate in full (default
+    :data:`DEFAULT_KEEP`); ``workers`` / ``scheduler``: what runs the full
+    simulations (the estimates run here: they share caches)."""
     from ..topology import load_topology
+    log = _Log(progress)
     topo = load_topology(topology)
     if gpus is None:
         gpus = topo.num_devices
@@ -168,73 +210,97 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *, base: Optio
         raise ConfigError(f"--gpus {gpus}: topology '{topo.name}' has {topo.num_devices} "
                           f"devices; a strategy uses all of them (pick a topology with {gpus}, "
                           "e.g. dgx-a100-xN for 8N GPUs)")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ConfigError(f"--keep: must be a positive integer, got {keep!r}")
     base = dict(base or {})
-    params = simulate_parameters()
-    for axis in (*STRATEGY_AXES, "model", "topology", "network_mode"):
+    for axis in _CHOSEN:
         if axis in base:
             raise ConfigError(f"search: {axis} is chosen by the search; do not fix it in base")
     space = {k: list(v) for k, v in (space or {}).items()}
     for k in space:
-        if k in STRATEGY_AXES:
-            raise ConfigError(f"--space {k}: dp, tp and pp are always searched")
+        if k in _CHOSEN:
+            raise ConfigError(f"--space {k}: dp, tp and pp are always searched"
+                              if k in STRATEGY_AXES else
+                              f"--space {k}: chosen by the search, not searchable")
+    config = _model_config(model, base)
+    is_gpt = config.get("family") == "gpt"
+    batch = base.get("global_batch") or (config.get("global_batch") if is_gpt else None)
+    default_mb = is_gpt and not ({"micro_batch", "microbatches"} & (set(space) | set(base)))
+
     points: List[Dict[str, Any]] = []
-    default_mb = "microbatches" in params and "microbatches" not in space \
-        and "microbatches" not in base
+    pruned: List[Dict[str, Any]] = []
     for tp in divisors(gpus):
         for pp in divisors(gpus // tp):
             strategy = {"dp": gpus // (tp * pp), "tp": tp, "pp": pp}
             extra = dict(space)
             if default_mb:
-                extra["microbatches"] = [None] if pp == 1 else [pp, 2 * pp, 4 * pp]
-            combos = [{}]
+                share = batch // strategy["dp"] if batch and batch % strategy["dp"] == 0 else 0
+                sizes = [m for m in DEFAULT_MICRO_BATCHES if share and share % m == 0]
+                if not sizes:
+                    pruned.append({**strategy, "reason": f"dp {strategy['dp']} does not divide "
+                                                         f"the global batch {batch}"})
+                    continue
+                extra["micro_batch"] = sizes
+            combos: List[Dict[str, Any]] = [{}]
             for k, values in extra.items():
                 combos = [{**c, k: v} for c in combos for v in values]
             points.extend({**strategy, **c} for c in combos)
-    axes = list(dict.fromkeys([*STRATEGY_AXES, *space, *(["microbatches"] if default_mb else [])]))
+    axes = list(dict.fromkeys([*STRATEGY_AXES, *space,
+                               *(["micro_batch"] if default_mb else [])]))
 
-    capacity = min((d.memory_bytes for d in _devices(topo)), default=None)
+    capacity = topo.device_spec.memory_bytes if getattr(topo, "device_spec", None) else None
     weights = _weights_lower_bound(model, base)
-    kept, pruned = [], []
+    kept = []
     for p in points:
-        if weights is not None and capacity and weights / (p["tp"] * p["pp"]) > capacity:
-            pruned.append({**p, "reason": f"weights alone need "
-                                          f"{weights / (p['tp'] * p['pp']) / GB:.1f} GB per GPU "
+        need = weights / (p["tp"] * p["pp"]) if weights is not None else None
+        if need is not None and capacity and need > capacity:
+            pruned.append({**p, "reason": f"weights alone need {need / GB:.1f} GB per GPU "
                                           f"> {capacity / GB:.1f} GB"})
         else:
             kept.append(p)
     fixed = {"model": model, "topology": topology, **base}
-    estimates = _run(fixed, kept, axes, "analytical", workers, scheduler, progress)
+    how = "the estimator" if is_gpt else "analytical simulations"
+    log(f"{len(points) + len(pruned)} strategies for {gpus} GPUs "
+        f"({len(pruned)} pruned: memory bound or batch); estimating {len(kept)} with {how}")
+    first = {**fixed, "fidelity": "estimate"} if is_gpt else {**fixed,
+                                                              "network_mode": "analytical"}
+    estimates = _run(first, kept, axes, "search: estimates",
+                     workers=1 if is_gpt else workers, scheduler=None if is_gpt else scheduler,
+                     progress=progress)
     ok = estimates[(estimates["status"] == "ok")
-                   & ~estimates["oom"].fillna(False).astype(bool)]
-    ok = ok.sort_values(["step_time_s", "index"])
-    if keep is None:
-        keep = max(3, math.ceil(len(ok) / 4))
+                   & ~estimates["oom"].fillna(False).astype(bool)] if len(estimates) else estimates
+    if len(ok):
+        ok = ok.sort_values(["step_time_s", "index"])
+    keep = DEFAULT_KEEP if keep is None else keep
     chosen = ok.head(keep)
     chosen_points = [{a: _plain(r[a]) for a in axes} for _, r in chosen.iterrows()]
-    if network_mode == "analytical":
+    reduced = {"symmetry": True, "coarsen": True} if is_gpt else {}
+    log(f"{len(ok)} of {len(kept)} fit in memory; simulating the {len(chosen_points)} fastest "
+        f"in full ({network_mode} network" + (", symmetry and coarsening)" if is_gpt else ")"))
+    if not is_gpt and network_mode == "analytical":
         full = chosen.copy()
     else:
-        full = _run(fixed, chosen_points, axes, network_mode, workers, scheduler, progress)
+        full = _run({**fixed, "network_mode": network_mode, **reduced}, chosen_points, axes,
+                    "search: full simulations", workers=workers, scheduler=scheduler,
+                    progress=progress)
     full = full.copy()
-    full["estimate_s"] = list(chosen["step_time_s"]) if len(full) == len(chosen) else math.nan
-    ranking = full[(full["status"] == "ok") & ~full["oom"].fillna(False).astype(bool)]
+    estimate_of = {tuple(_plain(r[a]) for a in axes): r["step_time_s"]
+                   for _, r in chosen.iterrows()}
+    full["estimate_s"] = [estimate_of.get(tuple(_plain(r[a]) for a in axes), math.nan)
+                          for _, r in full.iterrows()]
+    ranking = full[(full["status"] == "ok") & ~full["oom"].fillna(False).astype(bool)] \
+        if len(full) else full
     ranking = ranking.sort_values(["step_time_s", "index"]).reset_index(drop=True)
+    log("done")
     return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus)
 
 
-def _devices(topo: Any) -> List[Any]:
-    spec = getattr(topo, "device_spec", None)
-    return [spec] if spec is not None and hasattr(spec, "memory_bytes") else []
-
-
-def _run(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str], mode: str,
+def _run(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str], name: str,
          workers: Optional[int], scheduler: Any, progress: bool) -> pd.DataFrame:
-    """Sweep an explicit list of points: a grid over a point number, each
-    number mapped to its options by a constraint-free expansion."""
+    """Sweep an explicit list of points (one spec per set of option names)."""
     if not points:
         return _empty_frame(axes)
     frames = []
-    # one grid over each group of points with the same keys (None values dropped)
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for p in points:
         clean = {k: v for k, v in p.items() if v is not None}
@@ -242,9 +308,9 @@ def _run(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str]
     order = {tuple(sorted((k, v) for k, v in p.items() if v is not None)): i
              for i, p in enumerate(points)}
     for keys, members in groups.items():
-        spec = _ExplicitSpec.of({**fixed, "network_mode": mode}, list(keys), members)
-        df = sweep(spec=spec, workers=workers, scheduler=scheduler, progress=progress)
-        frames.append(df)
+        spec = _ExplicitSpec.of(fixed, list(keys), members, name)
+        frames.append(sweep(spec=spec, workers=workers, scheduler=scheduler,
+                            progress=progress))
     df = pd.concat(frames, ignore_index=True)
     for a in axes:
         if a not in df:
@@ -256,23 +322,23 @@ def _run(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str]
 
 
 def _empty_frame(axes: List[str]) -> pd.DataFrame:
-    from .point import METRICS
-    return pd.DataFrame(columns=["index", "key", *axes, "status", "reason", *METRICS])
+    from .point import METRICS, RESOLVED
+    return pd.DataFrame(columns=["index", "key", *axes, "fidelity", "status", "reason",
+                                 *METRICS, *RESOLVED])
 
 
 class _ExplicitSpec(SweepSpec):
     """A spec whose points are an explicit list rather than a product."""
 
     @classmethod
-    def of(cls, base: Mapping[str, Any], keys: List[str],
-           members: List[Dict[str, Any]]) -> "_ExplicitSpec":
+    def of(cls, base: Mapping[str, Any], keys: List[str], members: List[Dict[str, Any]],
+           name: str = "search") -> "_ExplicitSpec":
         grid = {k: list(dict.fromkeys(m[k] for m in members)) for k in keys}
         allowed = {tuple(m[k] for k in keys) for m in members}
         # the product only carries the explicit members: no cap on its size
         spec = cls.create(base, grid, [lambda c: tuple(c[k] for k in keys) in allowed],
-                          name="search", max_points=0)
+                          name=name, max_points=0)
         spec.__class__ = cls
-        spec._keys = keys
         return spec
 
     def points(self):

@@ -11,34 +11,51 @@ from distsim.sweep.search import _weights_lower_bound
 
 
 def test_search_finds_the_exhaustive_best():
-    result = search("tiny", "dgx-a100", 8, space={"microbatches": [8]}, workers=2)
-    exhaustive = distsim.sweep({"model": "tiny", "topology": "dgx-a100", "microbatches": 8},
-                               {"dp": [1, 2, 4, 8], "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8]},
-                               constraints=["dp * tp * pp == devices"], workers=2,
-                               progress=False)
+    # every point trains the same 32 sequences: the search estimates them all,
+    # simulates the 3 fastest estimates in full and must pick the exhaustive
+    # sweep's fastest
+    fixed = {"model": "tiny", "topology": "dgx-a100", "global_batch": 32}
+    result = search("tiny", "dgx-a100", 8, base={"global_batch": 32}, keep=3,
+                    network_mode="analytical", workers=1)
+    exhaustive = distsim.sweep({**fixed, "network_mode": "analytical"},
+                               {"dp": [1, 2, 4, 8], "tp": [1, 2, 4], "pp": [1, 2, 4],
+                                "micro_batch": [1, 2, 4, 8]},
+                               constraints=["dp * tp * pp == devices",
+                                            "global_batch % (dp * micro_batch) == 0"],
+                               workers=2, progress=False)
     ok = exhaustive[exhaustive["status"] == "ok"]
     ok = ok[~ok["oom"].fillna(False).astype(bool)].sort_values(["step_time_s", "index"])
+    assert set(ok["resolved_global_batch"]) == {32}            # equal work everywhere
     best = ok.iloc[0]
     assert result.best == {"dp": int(best["dp"]), "tp": int(best["tp"]),
-                           "pp": int(best["pp"]), "microbatches": 8}
-    assert result.ranking.iloc[0]["step_time_s"] == pytest.approx(best["step_time_s"])
-    assert len(result.full) < len(ok)                      # it did prune
+                           "pp": int(best["pp"]), "micro_batch": int(best["micro_batch"])}
+    assert result.ranking.iloc[0]["step_time_s"] == pytest.approx(best["step_time_s"],
+                                                                  rel=1e-9)
+    assert len(result.estimates) == len(ok) + (result.estimates["status"] != "ok").sum()
+    assert len(result.full) == 3 < len(ok)                  # it simulated only the 3 best
+    assert set(result.estimates["fidelity"]) == {"estimate"}
     text = result.explain()
     assert text.startswith("best: ") and "runner-up" in text and "ms" in text
 
 
-def test_search_simulates_unpipelined_and_pipelined_points_together():
-    # By default pipelined points get microbatches pp, 2pp, 4pp and the
-    # unpipelined ones none: a column pandas fills with NaN. Simulating the
-    # kept points of both kinds in full must not pass that NaN on as an option.
-    result = search("tiny", "dgx-a100", 8, keep=100, workers=1)
-    assert len(result.full) == len(result.estimates[result.estimates["status"] == "ok"])
-    assert (result.full["status"] == "ok").all(), result.full["reason"].tolist()
-    pipelined = result.full[result.full["pp"] > 1]
-    unpipelined = result.full[result.full["pp"] == 1]
-    assert len(pipelined) and len(unpipelined)
-    assert unpipelined["microbatches"].isna().all()
-    assert sorted(set(pipelined["microbatches"] / pipelined["pp"])) == [1, 2, 4]
+def test_search_simulates_the_best_estimates_in_full_with_reduction():
+    result = search("tiny", "dgx-a100", 8, keep=2, network_mode="analytical", workers=1,
+                    space={"zero": [0, 1]})
+    assert len(result.full) == 2 and (result.full["status"] == "ok").all()
+    assert set(result.full["fidelity"]) == {"simulate"}
+    # the model's global batch (8) fixes the micro-batch sizes each dp allows
+    assert set(result.estimates["resolved_global_batch"].dropna()) == {8}
+    est = result.estimates[result.estimates["status"] == "ok"]
+    assert (est["resolved_dp"] * est["micro_batch"] * est["resolved_microbatches"] == 8).all()
+    assert set(result.axes) == {"dp", "tp", "pp", "zero", "micro_batch"}
+
+
+def test_search_prints_progress(capsys):
+    search("tiny", "dgx-a100", 8, keep=1, network_mode="analytical", workers=1,
+           progress=True)
+    err = capsys.readouterr().err
+    assert "estimating" in err and "simulating the 1 fastest in full" in err
+    assert "search: estimates" in err and "done" in err
 
 
 def test_memory_bound_is_the_weights():
