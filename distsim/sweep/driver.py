@@ -112,9 +112,10 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
                 record(p.key, {"status": "skipped", "reason": p.skip_reason,
                                **empty_metrics()})
         bar = Progress(len(points), len(done), enabled=bool(progress), label=spec.name,
-                       resumed=resumed)
+                       resumed=resumed, running=lambda: getattr(runner, "running", 0))
         last = time.monotonic()
         if todo:
+            bar.start_ticker()      # heartbeat lines / a live bar while points run
             for key, fields in runner.run([(p.key, p.params) for p in todo]):
                 record(key, fields)
                 if out is not None and time.monotonic() - last >= TABLE_INTERVAL_S:

@@ -56,13 +56,17 @@ class InProcessRunner:
 
     def __init__(self, simulate: Optional[SimulateFn] = None) -> None:
         self.simulate = simulate
+        self.running = 0        # points in flight (for the progress line)
 
     def open(self) -> None:
         pass
 
     def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
         for key, params in tasks:
-            yield key, run_point(params, self.simulate)
+            self.running = 1
+            row = run_point(params, self.simulate)
+            self.running = 0
+            yield key, row
 
     def close(self) -> None:
         pass
@@ -91,6 +95,7 @@ class LocalProcessRunner:
         self.simulate = simulate
         self.description = f"{workers} local processes"
         self._ctx = _context()
+        self.running = 0
 
     def open(self) -> None:
         pass
@@ -116,7 +121,9 @@ class LocalProcessRunner:
                             broken = True
                     if not inflight:
                         break
+                    self.running = len(inflight)
                     done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                    self.running = len(inflight) - len(done)
                     for fut in sorted(done, key=lambda f: inflight[f][0]):
                         task = inflight.pop(fut)
                         try:
@@ -131,8 +138,12 @@ class LocalProcessRunner:
                     inflight.clear()
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
+        self.running = 0
         for task in suspects:
-            yield task[0], self._isolated(task)
+            self.running = 1
+            row = self._isolated(task)
+            self.running = 0
+            yield task[0], row
 
     def _isolated(self, task: Task) -> Dict[str, Any]:
         pool = self._pool(1)
@@ -164,6 +175,7 @@ class DaskRunner:
         self.client = None
         self.cluster = None
         self._own_client = False
+        self.running = 0
         name = scheduler if isinstance(scheduler, str) else type(scheduler).__name__
         self.description = f"dask ({name})"
         if isinstance(scheduler, str) and scheduler != "local-dask" \
@@ -202,8 +214,10 @@ class DaskRunner:
         by_key = {k: task for k, task in zip(keys, tasks)}
         futures = [self.client.submit(run_point, params, self.simulate, key=k, pure=False)
                    for k, (_, params) in zip(keys, tasks)]
+        self.running = len(futures)     # submitted and not finished
         try:
-            for fut in as_completed(futures):
+            for fut in as_completed(futures, loop=self.client.loop):
+                self.running -= 1
                 task = by_key[fut.key]
                 try:
                     row = fut.result()

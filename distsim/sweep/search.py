@@ -197,8 +197,9 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     ``topology`` (see the module docstring). ``base``: other fixed options
     (``global_batch``, ``layers``, ...); ``space``: extra options to search
     over; ``keep``: how many estimates to simulate in full (default
-    :data:`DEFAULT_KEEP`); ``workers`` / ``scheduler``: what runs the full
-    simulations (the estimates run here: they share caches)."""
+    :data:`DEFAULT_KEEP`); ``workers`` / ``scheduler``: what runs the
+    points (estimates of GPT models run in local processes, each keeping
+    its per-layer profiles)."""
     from ..topology import load_topology
     log = _Log(progress)
     topo = load_topology(topology)
@@ -260,13 +261,12 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
             kept.append(p)
     fixed = {"model": model, "topology": topology, **base}
     how = "the estimator" if is_gpt else "analytical simulations"
-    log(f"{len(points) + len(pruned)} strategies for {gpus} GPUs "
-        f"({len(pruned)} pruned: memory bound or batch); estimating {len(kept)} with {how}")
+    log(f"{len(kept) + len(pruned)} strategies for {gpus} GPUs ({len(pruned)} pruned: "
+        f"the memory bound, or dp not dividing the batch); estimating {len(kept)} with {how}")
     first = {**fixed, "fidelity": "estimate"} if is_gpt else {**fixed,
                                                               "network_mode": "analytical"}
-    estimates = _run(first, kept, axes, "search: estimates",
-                     workers=1 if is_gpt else workers, scheduler=None if is_gpt else scheduler,
-                     progress=progress)
+    estimates = _run(first, kept, axes, "search: estimates", workers=workers,
+                     scheduler=None if is_gpt else scheduler, progress=progress)
     ok = estimates[(estimates["status"] == "ok")
                    & ~estimates["oom"].fillna(False).astype(bool)] if len(estimates) else estimates
     if len(ok):
