@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..report.html import write_sweep_report
 from ..report.summary import MS
-from ..report.sweep_charts import param_columns, simulated, write_sweep_charts
+from ..report.sweep_charts import (param_columns, ranked, throughput_column,
+                                   write_sweep_charts)
 from ..sweep import load_spec, sweep
 from ..sweep.runners import DEFAULT_CONNECT_TIMEOUT_S
 from ..sweep.spec import DEFAULT_MAX_POINTS
@@ -59,11 +60,13 @@ def run(args: argparse.Namespace) -> int:
     counts = df["status"].value_counts().to_dict()
     print(f"{spec.name}: {len(df)} configurations: "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    ok = simulated(df).sort_values(["step_time_s", "index"])
+    ok = ranked(df)     # step time at a common batch, else throughput
     fits = ok[~ok["oom"].fillna(False).astype(bool)]
     params = param_columns(df)
+    col, _ = throughput_column(df)
+    unit = "tokens/s" if col == "tokens_per_s" else "samples/s"
     for rank, (_, row) in enumerate(fits.head(5).iterrows(), 1):
         opts = " ".join(f"{p}={row[p]}" for p in params if p in spec.grid)
-        print(f"  {rank}. {row['step_time_s'] * MS:10.4f} ms  {opts}")
+        print(f"  {rank}. {row['step_time_s'] * MS:10.4f} ms  {row[col]:10.4g} {unit}  {opts}")
     print("wrote " + ", ".join(str(p) for p in written if Path(p).exists()))
     return 0

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from distsim.fileio import PathLike, write_text_atomic
 from distsim.report.figures import DPI
 from distsim.report.summary import GB, MS, format_summary_table
-from distsim.report.sweep_charts import (CHART_FILES, breakdown_figure, heatmap_axes,
+from distsim.report.sweep_charts import (CHART_FILES, breakdown_figure, heatmap_axes, ranked,
                                          heatmap_figure, param_columns, pareto_figure,
                                          scaling_figure, simulated, throughput_column)
 
@@ -139,7 +139,7 @@ def sweep_report_html(df: pd.DataFrame, title: str = "distsim sweep",
         body.append(f"<p>{html.escape(description)}</p>")
     body.append("<p>" + ", ".join(f"{int(n)} {html.escape(str(s))}" for s, n in counts.items())
                 + f" of {len(df)} configurations.</p>")
-    ok = simulated(df).sort_values(["step_time_s", "index"])
+    ok = ranked(df)     # best first: step time at a common batch, else throughput
     col, label = throughput_column(df)
     fits = ok[~ok["oom"].fillna(False).astype(bool)]
     if len(fits):

@@ -1,15 +1,23 @@
 """Charts of a sweep (the DataFrame of :func:`distsim.sweep`).
 
-* :func:`heatmap_figure`: best step time over two chosen options (other
-  options: the best feasible value; cells say ``OOM`` when every simulated
-  point there runs out of memory, ``-`` when none could be simulated);
+"Best" is the objective of :func:`objective`: the shortest step when every
+point trains the same number of samples per step (a fixed global batch,
+what sweeps and searches of strategies have), otherwise the highest
+throughput (tokens/s, else samples/s) -- a shorter step over a smaller
+batch is not better. :func:`ranked` sorts points best first.
+
+* :func:`heatmap_figure`: the best point over two chosen options (other
+  options: the best feasible value), showing its step time at a common
+  batch, else its throughput; cells say ``OOM`` when every simulated
+  point there runs out of memory, ``-`` when none could be simulated;
 * :func:`scaling_figure`: throughput against GPU count (the best feasible
   configuration per count, one line per ``hue`` value) with ideal linear
   scaling dashed;
-* :func:`pareto_figure`: peak memory per GPU against step time, every
-  simulated point, OOM points marked with a red cross, the Pareto front of
-  the feasible ones drawn, the device capacity dashed;
-* :func:`breakdown_figure`: per configuration (fastest first), the step
+* :func:`pareto_figure`: peak memory per GPU against the objective (step
+  time, or throughput when batches differ), every simulated point, OOM
+  points marked with a red cross, the Pareto front of the feasible ones
+  drawn, the device capacity dashed;
+* :func:`breakdown_figure`: per configuration (best first), the step
   split into compute / exposed communication / pipeline bubble / other idle.
 
 :func:`write_sweep_charts` writes all four PNGs. A chart with nothing to show
@@ -19,6 +27,7 @@ its report. Figures are plain :class:`~matplotlib.figure.Figure` objects.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -58,6 +67,50 @@ def simulated(df: pd.DataFrame) -> pd.DataFrame:
 def feasible(df: pd.DataFrame) -> pd.DataFrame:
     ok = simulated(df)
     return ok[~ok["oom"].fillna(False).astype(bool)]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What "best" means for a frame: ``column`` (``step_time_s`` or a
+    throughput), ``higher`` (whether larger is better), ``label`` and
+    ``scale`` (for display), ``batch`` (the common samples per step, or None)."""
+
+    column: str
+    higher: bool
+    label: str
+    scale: float
+    batch: Optional[float]
+
+
+def samples_per_step(df: pd.DataFrame) -> pd.Series:
+    """Samples each point trains per step: the resolved global batch, else
+    throughput x step time."""
+    derived = (df["samples_per_s"] * df["step_time_s"]).round(6)
+    if "resolved_global_batch" in df:
+        known = pd.to_numeric(df["resolved_global_batch"], errors="coerce").astype("float64")
+        return known.fillna(derived)
+    return derived
+
+
+def objective(df: pd.DataFrame) -> Objective:
+    """Step time when every simulated point trains the same samples per
+    step (then it ranks as throughput does), else throughput."""
+    ok = simulated(df)
+    sizes = set(samples_per_step(ok).dropna()) if len(ok) else set()
+    if len(sizes) <= 1:
+        batch = next(iter(sizes), None)
+        return Objective("step_time_s", False, "step time (ms)", MS, batch)
+    col, label = throughput_column(df)
+    return Objective(col, True, label.replace("throughput (", "").rstrip(")"), 1.0, None)
+
+
+def ranked(df: pd.DataFrame) -> pd.DataFrame:
+    """The simulated points, best first by :func:`objective` (ties: index)."""
+    ok = simulated(df)
+    obj = objective(df)
+    key = -ok[obj.column] if obj.higher else ok[obj.column]
+    return ok.assign(_key=key.fillna(math.inf)).sort_values(["_key", "index"]).drop(
+        columns="_key")
 
 
 def config_label(row: pd.Series, params: Sequence[str]) -> str:
@@ -107,11 +160,18 @@ def heatmap_axes(df: pd.DataFrame, heatmap: Optional[Sequence[str]] = None) -> T
     return (cols[0] if cols else "num_devices"), "num_devices"
 
 
-def heatmap_figure(df: pd.DataFrame, x: str, y: str, value: str = "step_time_s") -> Figure:
-    """Best feasible ``value`` (step time, in ms) for each (x, y)."""
+def heatmap_figure(df: pd.DataFrame, x: str, y: str, value: Optional[str] = None) -> Figure:
+    """For each (x, y), the best feasible point by :func:`objective`: its
+    step time (ms) when every point trains the same batch, else its
+    throughput. ``value`` forces a column (shown as is, lower is better)."""
     fig = Figure(figsize=(8, 6))
     ax = fig.add_subplot()
-    title = f"Step time (ms), best over other options: {y} vs {x}"
+    obj = objective(df)
+    if value is not None:
+        obj = Objective(value, False, value, MS if value.endswith("_s") else 1.0, obj.batch)
+    what = (f"{obj.label} at {obj.batch:g} samples per step" if obj.column == "step_time_s"
+            and obj.batch else obj.label)
+    title = f"Best {what}, over other options: {y} vs {x}"
     xs = _sort_key(df[x].dropna().unique()) if x in df else []
     ys = _sort_key(df[y].dropna().unique()) if y in df else []
     if not xs or not ys or simulated(df).empty:
@@ -124,22 +184,25 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, value: str = "step_time_s")
     good = feasible(df)
     for i, yv in enumerate(ys):
         for j, xv in enumerate(xs):
-            cell = good[(good[x] == xv) & (good[y] == yv)][value]
+            cell = good[(good[x] == xv) & (good[y] == yv)][obj.column].dropna()
             if len(cell):
-                grid[i, j] = cell.min() * (MS if value.endswith("_s") else 1)
+                best = cell.max() if obj.higher else cell.min()
+                grid[i, j] = best * obj.scale
                 text[i][j] = f"{grid[i, j]:.3g}"
             elif len(ok[(ok[x] == xv) & (ok[y] == yv)]):
                 text[i][j] = "OOM"
     masked = np.ma.masked_invalid(grid)
-    cmap = matplotlib.colormaps["viridis_r"].with_extremes(bad="#dddddd")
+    cmap = matplotlib.colormaps["viridis" if obj.higher else "viridis_r"].with_extremes(
+        bad="#dddddd")
     image = ax.imshow(masked, cmap=cmap, aspect="auto", origin="lower")
     if np.isfinite(grid).any():
-        fig.colorbar(image, ax=ax, label="step time (ms)" if value.endswith("_s") else value)
+        fig.colorbar(image, ax=ax, label=obj.label)
     finite = grid[np.isfinite(grid)]
     mid = (finite.min() + finite.max()) / 2 if finite.size else 0
     for i in range(len(ys)):
         for j in range(len(xs)):
-            dark = np.isfinite(grid[i, j]) and grid[i, j] > mid
+            value_ij = grid[i, j]
+            dark = np.isfinite(value_ij) and (value_ij < mid if obj.higher else value_ij > mid)
             ax.text(j, i, text[i][j], ha="center", va="center", fontsize=8,
                     color="white" if dark else ("#b00000" if text[i][j] == "OOM" else "black"))
     ax.set_xticks(range(len(xs)), [_fmt(v) for v in xs])
@@ -192,12 +255,13 @@ def scaling_figure(df: pd.DataFrame, hue: Optional[str] = None) -> Figure:
 
 
 def pareto_front(points: pd.DataFrame, x: str = "step_time_s",
-                 y: str = "max_peak_memory_bytes") -> pd.DataFrame:
+                 y: str = "max_peak_memory_bytes", x_higher: bool = False) -> pd.DataFrame:
     """The points no other point beats on both ``x`` and ``y`` (lower is
-    better), sorted by ``x``."""
+    better; for ``x`` higher when ``x_higher``), sorted from the best ``x``."""
     front = []
     best_y = math.inf
-    for _, row in points.sort_values([x, y]).iterrows():
+    order = points.assign(_x=-points[x] if x_higher else points[x]).sort_values(["_x", y])
+    for _, row in order.drop(columns="_x").iterrows():
         if row[y] < best_y:
             front.append(row)
             best_y = row[y]
@@ -205,31 +269,34 @@ def pareto_front(points: pd.DataFrame, x: str = "step_time_s",
 
 
 def pareto_figure(df: pd.DataFrame) -> Figure:
-    """Peak memory per GPU vs step time; OOM points as red crosses."""
+    """Peak memory per GPU against the objective (:func:`objective`: step
+    time at a common batch, else throughput); OOM points as red crosses."""
     fig = Figure(figsize=(8, 5))
     ax = fig.add_subplot()
-    ax.set_title("Memory vs step time (Pareto front of the configurations that fit)")
+    obj = objective(df)
+    ax.set_title(f"Memory vs {obj.label} (Pareto front of the configurations that fit)")
     ok = simulated(df)
-    ok = ok[ok["max_peak_memory_bytes"].notna()]
+    ok = ok[ok["max_peak_memory_bytes"].notna() & ok[obj.column].notna()]
     if ok.empty:
         _empty(ax, "no configuration could be simulated")
         return fig
     good = feasible(ok)
     oom = ok[ok["oom"].fillna(False).astype(bool)]
     if len(good):
-        ax.scatter(good["step_time_s"] * MS, good["max_peak_memory_bytes"] / GB, s=22,
+        ax.scatter(good[obj.column] * obj.scale, good["max_peak_memory_bytes"] / GB, s=22,
                    color=CATEGORY_COLOURS["compute"], alpha=0.7, label="fits in memory")
-        front = pareto_front(good)
-        ax.step(front["step_time_s"] * MS, front["max_peak_memory_bytes"] / GB, where="post",
-                color="black", linewidth=1.2, label="Pareto front")
+        front = pareto_front(good, obj.column, x_higher=obj.higher)
+        ax.step(front[obj.column] * obj.scale, front["max_peak_memory_bytes"] / GB,
+                where="post" if not obj.higher else "pre", color="black", linewidth=1.2,
+                label="Pareto front")
     if len(oom):
-        ax.scatter(oom["step_time_s"] * MS, oom["max_peak_memory_bytes"] / GB, marker="x",
+        ax.scatter(oom[obj.column] * obj.scale, oom["max_peak_memory_bytes"] / GB, marker="x",
                    s=40, color=OOM_COLOUR, label="out of memory")
     caps = ok["memory_capacity_bytes"].dropna().unique()
     for cap in sorted(caps):
         ax.axhline(cap / GB, linestyle="--", color="#555555", linewidth=1,
                    label=f"capacity {cap / GB:.1f} GB")
-    ax.set_xlabel("step time (ms)")
+    ax.set_xlabel(obj.label + (" (higher is better)" if obj.higher else ""))
     ax.set_ylabel("peak memory per GPU (GB)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -238,9 +305,10 @@ def pareto_figure(df: pd.DataFrame) -> Figure:
 
 
 def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per simulated configuration: compute, exposed communication, bubble,
-    other idle (seconds; they add up to the step time, means over devices)."""
-    ok = simulated(df).sort_values(["step_time_s", "index"])
+    """Per simulated configuration, best first (:func:`ranked`): compute,
+    exposed communication, bubble, other idle (seconds; they add up to the
+    step time, means over devices)."""
+    ok = ranked(df)
     bubble = ok["bubble_s"].fillna(0.0)
     out = pd.DataFrame({
         "index": ok["index"],
@@ -254,12 +322,12 @@ def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
-    """Stacked bars of where the step goes, fastest configurations first."""
-    ok = simulated(df).sort_values(["step_time_s", "index"]).head(max_configs)
+    """Stacked bars of where the step goes, best configurations first."""
+    ok = ranked(df).head(max_configs)
     table = breakdown_table(ok)
     fig = Figure(figsize=(10, max(3.0, 0.32 * len(table) + 1.5)))
     ax = fig.add_subplot()
-    shown = f" (fastest {max_configs} of {len(simulated(df))})" \
+    shown = f" (best {max_configs} of {len(simulated(df))})" \
         if len(simulated(df)) > max_configs else ""
     ax.set_title("Where the step goes, per configuration" + shown)
     if table.empty:

@@ -12,7 +12,8 @@ import distsim
 from distsim.cli import main
 from distsim.report.html import write_run_report, write_sweep_report
 from distsim.report.sweep_charts import (CHART_FILES, breakdown_table, heatmap_axes,
-                                         pareto_front, write_sweep_charts)
+                                         heatmap_figure, objective, pareto_front, ranked,
+                                         write_sweep_charts)
 from sweep_fakes import TINY
 
 
@@ -84,3 +85,46 @@ def test_cli_sweep_writes_tables_charts_and_report(tmp_path, capsys):
                  "report.html", *CHART_FILES.values()):
         assert (out / name).stat().st_size > 0, name
     assert len(pd.read_csv(out / "results.csv")) == 6
+
+
+def frame(batches, steps):
+    """Four points: dp 1 and 2, each at two batch sizes."""
+    n = len(steps)
+    return pd.DataFrame({
+        "index": range(n), "key": [f"k{i}" for i in range(n)], "dp": [1, 1, 2, 2][:n],
+        "batch": batches, "status": ["ok"] * n, "reason": [None] * n,
+        "step_time_s": steps, "samples_per_s": [b / t for b, t in zip(batches, steps)],
+        "tokens_per_s": [float("nan")] * n, "max_peak_memory_bytes": [1e9] * n,
+        "oom": pd.array([False] * n, dtype="boolean"), "resolved_global_batch": batches,
+        "compute_s": steps, "exposed_communication_s": [0.0] * n, "bubble_s": [0.0] * n,
+        "idle_s": [0.0] * n})
+
+
+def cells(fig):
+    return [t.get_text() for t in fig.axes[0].texts]
+
+
+def test_best_is_throughput_when_the_batch_differs():
+    # dp=1: 8 samples in 1 s (8/s) or 64 in 4 s (16/s); dp=2: 8 in 0.5 s (16/s)
+    # or 64 in 2 s (32/s). The shortest steps are the small batches, the best
+    # points the large ones.
+    df = frame([8, 64, 8, 64], [1.0, 4.0, 0.5, 2.0])
+    obj = objective(df)
+    assert (obj.column, obj.higher, obj.batch) == ("samples_per_s", True, None)
+    assert list(ranked(df)["index"]) == [3, 1, 2, 0]
+    fig = heatmap_figure(df.assign(model="m"), "dp", "model")
+    assert cells(fig) == ["16", "32"] and "samples/s" in fig.axes[0].get_title()
+    assert list(breakdown_table(df)["index"]) == [3, 1, 2, 0]
+
+
+def test_best_is_the_shortest_step_at_a_common_batch():
+    df = frame([64, 64, 64, 64], [1.0, 4.0, 0.5, 2.0])
+    obj = objective(df)
+    assert (obj.column, obj.higher, obj.batch) == ("step_time_s", False, 64)
+    assert list(ranked(df)["index"]) == [2, 0, 3, 1]
+    fig = heatmap_figure(df.assign(model="m"), "dp", "model")
+    assert cells(fig) == ["1e+03", "500"]                  # ms
+    assert "at 64 samples per step" in fig.axes[0].get_title()
+    front = pareto_front(df.assign(max_peak_memory_bytes=[4, 3, 2, 1]), "samples_per_s",
+                         x_higher=True)
+    assert list(front["index"]) == [2, 3]                  # 128/s at 2 B, then 32/s at 1 B
