@@ -32,11 +32,15 @@ no present member are left out, as mirrors of those kept.
 ``meta["represents"]`` says how many devices each present rank stands for.
 
 With ``coarsen=True`` each run of compute ops of a task (between
-collectives, sends and gradient-producing ops, within one layer and phase)
-becomes one ``fused`` op holding the run as a shared segment function
-(:mod:`distsim.ir.ops_fused`): its time is the sum of the run's, so step
-times are unchanged, with far fewer ops to build and simulate; values
-internal to a run are not tracked in memory.
+collectives, sends and values arriving by them, within one layer and
+phase) becomes one ``fused`` op holding the run as a shared segment
+function (:mod:`distsim.ir.ops_fused`): its time is the sum of the run's,
+so step times are unchanged, with far fewer ops to build, verify and
+simulate; values internal to a run are not tracked in memory. The
+forward ``spmd.copy`` (the identity) is fused through, and the gradients
+of every micro-batch but the last are accumulated inside the segments
+(see ``LowerSPMD._grad_mode``): the last micro-batch's feed the
+data-parallel sync and stay separate ops.
 """
 from __future__ import annotations
 
@@ -153,22 +157,44 @@ def _segment_key(op: Op) -> tuple:
 class _Segment:
     """A run of fusable ops of one task, as a device-free function whose
     inputs are the values it reads from outside and whose outputs are the
-    values read after it."""
+    values read after it.
 
-    def __init__(self, name: str, ops: List[Op], lower: "LowerSPMD") -> None:
+    With ``accumulate=True`` each gradient the run produces is added into
+    its parameter's gradient buffer inside the segment (as GradientSync
+    would right after it): the buffer's current value is an extra input
+    (``acc_in``) and its new value an extra output (``acc_out``), in place
+    of the bare gradient."""
+
+    def __init__(self, name: str, ops: List[Op], lower: "LowerSPMD",
+                 accumulate: bool = False) -> None:
         inside = {id(op) for op in ops}
         produced = {v for op in ops for v in op.outputs}
+        self.grads = [v for op in ops for v in op.outputs if v in lower.grad_of]
+        self.accumulate = accumulate and bool(self.grads)
         self.inputs: List[Value] = []
         for op in ops:
             for v in op.inputs:
                 if v not in produced and v not in self.inputs:
                     self.inputs.append(v)
 
-        def leaves(v: Value) -> bool:
-            return (v in lower.step_outputs or v in lower.crossing or v in lower.grad_of
+        def read_outside(v: Value) -> bool:
+            return (v in lower.step_outputs or v in lower.crossing
                     or any(id(c) not in inside for c in lower.consumers.get(v, ())))
 
+        def leaves(v: Value) -> bool:
+            return read_outside(v) or (v in lower.grad_of and not self.accumulate)
+
         self.outputs = [v for op in ops for v in op.outputs if leaves(v)]
+        # accumulator placeholders: gradient -> buffer in, buffer out
+        self.acc_in: Dict[Value, Value] = {}
+        self.acc_out: Dict[Value, Value] = {}
+        if self.accumulate:
+            for g in self.grads:
+                self.acc_in[g] = Value(f"{g.name}.acc", g.type)
+                self.acc_out[g] = Value(f"{g.name}.acc_new", g.type)
+            self.inputs += [self.acc_in[g] for g in self.grads]
+            self.outputs += [self.acc_out[g] for g in self.grads]
+        self.grad_of_input = {a: g for g, a in self.acc_in.items()}
         self.layer = ops[-1].meta.get("layer")
         self.meta = dict(ops[0].meta)
         mapping: Dict[Value, Value] = {}
@@ -179,9 +205,18 @@ class _Segment:
             return mapping[v]
 
         self.function = Function(name, [local(v) for v in self.inputs])
+        acc_meta = {"phase": "backward", "category": "gradients"}
         for op in ops:
+            if op.op_type == "spmd.copy":  # the identity in the forward pass
+                mapping[op.outputs[0]] = local(op.inputs[0])
+                continue
             self.function.ops.append(Op(op.op_type, [local(v) for v in op.inputs],
                                         [local(v) for v in op.outputs], op.attrs, meta=op.meta))
+            for g in op.outputs:
+                if g in self.acc_in:
+                    self.function.ops.append(Op("add", [local(self.acc_in[g]), local(g)],
+                                                [local(self.acc_out[g])],
+                                                meta=dict(acc_meta, layer=op.meta.get("layer"))))
         self.function.outputs = [local(v) for v in self.outputs]
 
 
@@ -214,7 +249,8 @@ class LowerSPMD:
         self.representatives = representatives
         self.coarsen = coarsen
         self.partition_cost = partition_cost
-        self._segment_cache: Dict[Tuple[str, int], List[Any]] = {}
+        self._segment_cache: Dict[Tuple[Tuple[str, int], str], List[Any]] = {}
+        self._task_grad_params: Dict[Tuple[str, int], List[Value]] = {}
         self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
         self._crossing_cache: Dict[int, Any] = {}
@@ -300,9 +336,13 @@ class LowerSPMD:
             for v in op.inputs:
                 self.consumers.setdefault(v, []).append(op)
         self.step_outputs = set(step.outputs)
+        # values entering and leaving communication (spmd.copy is the
+        # identity in the forward pass: no communication, fused through)
         self.spmd_inputs = {v for op in step.ops if op.op_type.startswith("spmd.")
+                            and op.op_type != "spmd.copy"
                             for v in op.inputs}
         self.spmd_outputs = {v for op in step.ops if op.op_type.startswith("spmd.")
+                             and op.op_type != "spmd.copy"
                              for v in op.outputs}
 
     def stage_of_chunk(self, c: int) -> int:
@@ -366,9 +406,11 @@ class LowerSPMD:
                                     f"{rank} (micro-batch {mb})")
 
     # -- coarsening --------------------------------------------------------
-    def _fusable(self, op: Op) -> bool:
-        return (not op.op_type.startswith("spmd.") and "rank_attrs" not in op.meta
-                and not op.subfunctions and not any(o in self.grad_of for o in op.outputs))
+    def _fusable(self, op: Op, fuse_grads: bool = False) -> bool:
+        return ((not op.op_type.startswith("spmd.") or op.op_type == "spmd.copy")
+                and "rank_attrs" not in op.meta
+                and not op.subfunctions
+                and (fuse_grads or not any(o in self.grad_of for o in op.outputs)))
 
     def _arrives(self, v: Value, chunk: int) -> bool:
         """Whether ``v`` reaches a task of ``chunk`` through communication."""
@@ -378,23 +420,50 @@ class LowerSPMD:
             return self.value_chunk[v] != chunk
         return v in self.param_chunk and self.S.zero == 3
 
-    def _segments(self, key: Tuple[str, int]) -> List[Any]:
+    def _grad_mode(self, key: Tuple[str, int]) -> str:
+        """How this instance of a task fuses the gradients it produces.
+
+        The gradients of a micro-batch other than the last are read only by
+        the next micro-batch's accumulation, later on the same compute
+        stream, so fusing them (``"first"``: the bare gradient becomes the
+        buffer; ``"accumulate"``: added into it inside the segment) changes
+        no time. The last micro-batch's (``"plain"``) feed the data-parallel
+        sync and stay unfused, so that communication starts when it would;
+        so do all of them when ZeRO 2/3 reduce-scatters every micro-batch."""
+        params = self._task_grad_params.get(key)
+        if params is None:
+            params = self._task_grad_params[key] = [
+                self.grad_of[o] for op in self.task_ops.get(key, []) for o in op.outputs
+                if o in self.grad_of]
+        if not params or self.M == 1 or self.sync.scatter_each:
+            return "plain"
+        done = self.sync.count.get(params[0], 0)
+        if done == 0:
+            return "first"
+        return "accumulate" if done + 1 < self.M else "plain"
+
+    def _segments(self, key: Tuple[str, int], mode: str = "plain") -> List[Any]:
         """The task's ops with each fusable run replaced by a _Segment
-        (computed once per task, shared by micro-batches and ranks)."""
-        items = self._segment_cache.get(key)
-        if items is not None:
-            return items
-        items, run = [], []
+        (computed once per task and gradient mode, shared by micro-batches
+        and ranks)."""
+        cached = self._segment_cache.get((key, mode))
+        if cached is not None:
+            return cached
+        items: List[Any] = []
+        run: List[Op] = []
+        fuse_grads = mode != "plain"
 
         def close() -> None:
-            if len(run) == 1:
+            if len(run) == 1 and not (fuse_grads and any(o in self.grad_of
+                                                         for o in run[0].outputs)):
                 items.append(run[0])
             elif run:
-                items.append(_Segment(f"{key[0]}{key[1]}.seg{len(items)}", list(run), self))
+                items.append(_Segment(f"{key[0]}{key[1]}.seg{len(items)}{mode[0]}", list(run),
+                                      self, accumulate=mode == "accumulate"))
             run.clear()
 
         for op in self.task_ops.get(key, []):
-            if not self._fusable(op):
+            if not self._fusable(op, fuse_grads):
                 close()
                 items.append(op)
                 continue
@@ -409,15 +478,17 @@ class LowerSPMD:
             if any(o in self.crossing or o in self.spmd_inputs for o in op.outputs):
                 close()
         close()
-        self._segment_cache[key] = items
+        self._segment_cache[(key, mode)] = items
         return items
 
     def _emit_segment(self, seg: "_Segment", stage: int, mb: int, base: Dict[str, Any]) -> None:
         em = self.em
         meta = dict(seg.meta, **base)
         attrs = {"segment": seg.function.name, "ops": len(seg.function.ops)}
+        acc = self.sync.acc
         for d, t, r in self.group(stage):
-            ins = [self.get(v, r, d, t, mb, stage, seg.layer) for v in seg.inputs]
+            ins = [acc[(self.grad_of[seg.grad_of_input[v]], r)] if v in seg.grad_of_input
+                   else self.get(v, r, d, t, mb, stage, seg.layer) for v in seg.inputs]
             types = self._segment_types.get((id(seg), r))
             if types is None:
                 types = self._segment_types[(id(seg), r)] = [
@@ -431,6 +502,10 @@ class LowerSPMD:
                 env[v] = o
             if outs:
                 self.sync.note_layer_output(r, seg.layer, outs[0])
+        if seg.accumulate:
+            self.sync.accumulated(stage, mb, [(g, seg.acc_out[g]) for g in seg.grads])
+        elif seg.grads:
+            self.sync.after_backward(stage, mb, seg.grads)
 
     # -- tasks -------------------------------------------------------------
     def _flush_sends(self, until: float) -> None:
@@ -444,7 +519,8 @@ class LowerSPMD:
         self.current_kind = kind
         base = {"stage": stage, "microbatch": mb, "chunk": c}
         entered = None
-        for op in (self._segments((kind, c)) if self.coarsen else ops):
+        items = self._segments((kind, c), self._grad_mode((kind, c))) if self.coarsen else ops
+        for op in items:
             layer_now = op.layer if isinstance(op, _Segment) else op.meta.get("layer")
             if isinstance(layer_now, int) and layer_now != entered:
                 entered = layer_now

@@ -263,6 +263,24 @@ class GradientSync:
                 else:
                     self._ready(p, stage)
 
+    def accumulated(self, stage: int, mb: int, pairs: Sequence[Tuple[Value, Value]]) -> None:
+        """A fused segment (LowerSPMD with ``coarsen``) has added micro-batch
+        ``mb``'s gradients into their buffers: ``pairs`` holds each template
+        gradient and the segment's output standing for its new buffer.
+        Record them as :meth:`_accumulate` would; never the last micro-batch,
+        whose gradients feed the sync (see ``LowerSPMD._grad_mode``)."""
+        for g, out in pairs:
+            p = self.L.grad_of[g]
+            n = self.count.get(p, 0) + 1
+            if n >= self.L.M:
+                raise AssertionError(f"fused accumulation of %{g.name} at the last micro-batch")
+            for _, _, r in self.L.group(stage):
+                new = self.L.menv[(r, mb)][out]
+                old = self.acc[(p, r)]
+                self.updates[old.name] = new.name
+                self.acc[(p, r)] = new
+            self.count[p] = n
+
     def _accumulate(self, p: Value, r: int, local: Value, final: bool, stage: int,
                     mb: int) -> None:
         """Add ``local`` into the gradient buffer of ``p`` on ``r``, in place

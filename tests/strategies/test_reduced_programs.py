@@ -2,6 +2,8 @@
 pipeline stage. They must give the same step time (within 0.1%; in
 practice to rounding) and the same per-device memory as the full program,
 and must refuse to be executed."""
+from collections import Counter
+
 import pytest
 
 import distsim
@@ -63,6 +65,11 @@ COARSEN_CASES = [
     dict(dp=2, tp=4, sp=True, recompute="selective"),
     dict(dp=1, tp=2, pp=4, schedule="gpipe"),
     dict(dp=4, tp=2, zero=2, bucket_mb=1.0),
+    # gradient accumulation over micro-batches fused into the segments
+    # (all but the last micro-batch, whose gradients feed the sync)
+    dict(dp=2, tp=2, pp=2, zero=1, microbatches=4),
+    dict(dp=4, tp=2, microbatches=4, global_batch=16, bucket_mb=0.25),
+    dict(dp=2, tp=2, pp=2, microbatches=6, global_batch=12, schedule="interleaved", sp=True),
 ]
 
 
@@ -77,12 +84,16 @@ def test_coarsened_program_has_the_same_step_time(strategy):
     assert fused.summary()["total_flops"] == pytest.approx(full.summary()["total_flops"], rel=1e-9)
 
 
-def test_coarsened_program_computes_the_same_numbers():
-    """The numpy executor runs the fused segments: same outputs."""
+@pytest.mark.parametrize("microbatches", [None, 4])
+def test_coarsened_program_computes_the_same_numbers(microbatches):
+    """The numpy executor runs the fused segments (with 4 micro-batches,
+    the gradient accumulation fused into them): same outputs."""
     import numpy as np
     from distsim.api import build_program
-    full, _, _ = build_program("tiny", "dgx-a100", dp=2, tp=2, pp=2, dtype="f32")
-    fused, _, _ = build_program("tiny", "dgx-a100", dp=2, tp=2, pp=2, dtype="f32", coarsen=True)
+    full, _, _ = build_program("tiny", "dgx-a100", dp=2, tp=2, pp=2, dtype="f32",
+                               microbatches=microbatches)
+    fused, _, _ = build_program("tiny", "dgx-a100", dp=2, tp=2, pp=2, dtype="f32", coarsen=True,
+                                microbatches=microbatches)
     # |x|: Adam's second moments must not be negative (sqrt)
     inputs = [np.abs(x) if x.dtype.kind == "f" else x for x in random_inputs(full, seed=1)]
     a = execute(full, inputs)
@@ -91,6 +102,31 @@ def test_coarsened_program_computes_the_same_numbers():
     for x, y in zip(a, b):
         assert np.all(np.isfinite(x))
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_coarsening_fuses_the_accumulation_of_all_but_the_last_micro_batch():
+    """With 8 micro-batches the gradient adds of micro-batches 1..6 live in
+    the segments; only the last micro-batch's gradients stay separate ops."""
+    full = distsim.simulate(model="tiny", topology="dgx-a100", dp=2, tp=2, pp=2,
+                            microbatches=8, global_batch=16)
+    fused = distsim.simulate(model="tiny", topology="dgx-a100", dp=2, tp=2, pp=2,
+                             microbatches=8, global_batch=16, coarsen=True)
+    assert fused.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+
+    def adds_per_parameter(program):
+        """gradient-accumulation adds, per parameter (over its 4 ranks)"""
+        found = Counter()
+        for op in program.ops:
+            if op.op_type == "add" and op.meta.get("category") == "gradients":
+                found[op.outputs[0].name.split("_gacc")[0]] += 1
+        return found
+    full_adds, fused_adds = adds_per_parameter(full.program), adds_per_parameter(fused.program)
+    ranks = 4  # dp 2 x tp 2 per stage
+    assert set(full_adds.values()) == {7 * ranks}  # micro-batches 1..7 add into the buffer
+    # the vocabulary-parallel embedding's gradient op takes per-rank
+    # attributes (its vocabulary offset) and is never fused
+    assert fused_adds == {p: (7 * ranks if p == "wte" else ranks) for p in full_adds}
+    assert len(fused.program.ops) < 0.5 * len(full.program.ops)
 
 
 def test_symmetry_and_coarsening_together():
