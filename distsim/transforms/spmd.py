@@ -133,18 +133,20 @@ class Emitter:
         """Inputs and names follow the team's providing and receiving ranks;
         in a reduced program absent members' inputs are None, and so are
         their outputs."""
+        # teams as tuples (what Op keeps anyway): hashable, so the emitter's
+        # memo of attributes and result types serves every repeat
         if self.present is None:
-            return self.op(kind.op_type, inputs, dict(attrs, ranks=list(ranks)), names, meta)
+            return self.op(kind.op_type, inputs, dict(attrs, ranks=tuple(ranks)), names, meta)
         here = [r for r in ranks if r in self.present]
         root = ranks[0] if kind is CollectiveType.SEND_RECV else attrs.get("root")
         in_ranks, out_ranks = io_ranks(kind, tuple(ranks), root)
         if not here:
             return [None] * len(out_ranks)
         if len(here) < len(ranks):
-            attrs = dict(attrs, present=here)
+            attrs = dict(attrs, present=tuple(here))
         ins = [x for x, r in zip(inputs, in_ranks) if r in self.present]
         kept = [n for n, r in zip(names, out_ranks) if r in self.present]
-        outs = iter(self.op(kind.op_type, ins, dict(attrs, ranks=list(ranks)), kept, meta))
+        outs = iter(self.op(kind.op_type, ins, dict(attrs, ranks=tuple(ranks)), kept, meta))
         return [next(outs) if r in self.present else None for r in out_ranks]
 
 
