@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 import pandas as pd
 
@@ -22,7 +22,7 @@ from .constraints import ConstraintLike
 from .point import SimulateFn, empty_metrics
 from .progress import Progress
 from .runners import DEFAULT_CONNECT_TIMEOUT_S, make_runner
-from .spec import SweepSpec, check_grid_size
+from .spec import SweepPoint, SweepSpec, check_count, check_grid_size, config_key
 from .store import JOURNAL, Journal, normalise_row, rows_to_frame, write_tables
 
 #: Seconds between two rewrites of results.csv / .parquet during a sweep.
@@ -36,7 +36,7 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
           out_dir: Union[str, Path, None] = None, progress: Union[bool, str] = True, *,
           spec: Optional[SweepSpec] = None, simulate: Optional[SimulateFn] = None,
           connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-          max_points: Optional[int] = None) -> pd.DataFrame:
+          max_points: Optional[int] = None, check: Optional[int] = None) -> pd.DataFrame:
     """Simulate every point of ``grid`` over ``base_config``.
 
     ``base_config`` and ``grid`` keys are ``distsim simulate`` option names
@@ -54,6 +54,10 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
     ``max_points``: the most points the grid may expand to (None:
     :data:`~distsim.sweep.spec.DEFAULT_MAX_POINTS`, 100,000; 0: no limit).
 
+    ``check``: after the grid, simulate in full the ``check`` best points
+    estimated with ``fidelity: estimate`` that fit in memory (extra rows,
+    ``fidelity`` simulate, numbered after the grid; see :func:`check_points`).
+
     The whole spec is checked, and a scheduler reached, before any work
     starts or any file is written; errors are :class:`ConfigError`.
     """
@@ -65,6 +69,8 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
         raise ConfigError("sweep: give either spec= or base_config/grid/constraints")
     elif max_points is not None:
         check_grid_size([len(v) for v in spec.grid.values()], max_points, spec.source)
+    if check is not None:
+        spec.check = check_count(check, spec.base, spec.grid, spec.source)
     points = spec.points()
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and out.exists() and not out.is_dir():
@@ -81,6 +87,7 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
     param_names = list(dict.fromkeys([*spec.base, *spec.grid]))
     by_key = {p.key: p for p in points}
 
+    runner_open = bool(todo)
     if todo:
         runner.open()      # reach the scheduler before writing anything
     if out is not None:
@@ -94,18 +101,18 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
         if journal is not None:
             journal.append(row)
         done[key] = row
-        if bar is not None:
-            bar.update(len(done))
 
     def tables(complete: bool) -> None:
         if out is None:
             return
         df = rows_to_frame(done.values(), param_names)
         counts = df["status"].value_counts().to_dict() if len(df) else {}
-        write_tables(df, out, {"name": spec.name, "total": len(points), "done": len(done),
-                               "complete": complete, "status_counts": counts,
-                               "runner": runner.description, "journal": JOURNAL})
+        write_tables(df, out, {"name": spec.name, "total": len(points) + len(checks),
+                               "done": len(done), "complete": complete,
+                               "status_counts": counts, "runner": runner.description,
+                               "journal": JOURNAL, "checked": len(checks)})
 
+    checks: List[SweepPoint] = []
     try:
         for p in points:
             if p.key not in done and p.skip_reason is not None:
@@ -118,14 +125,63 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
             bar.start_ticker()      # heartbeat lines / a live bar while points run
             for key, fields in runner.run([(p.key, p.params) for p in todo]):
                 record(key, fields)
+                bar.update(len(done))
                 if out is not None and time.monotonic() - last >= TABLE_INTERVAL_S:
                     tables(complete=False)
                     last = time.monotonic()
+        if spec.check:
+            bar.close()
+            checks = check_points(spec, points, rows_to_frame(done.values(), param_names))
+            for p in checks:
+                by_key[p.key] = p
+                if journal is not None and p.key in journal.rows:
+                    done[p.key] = {**journal.rows[p.key], "index": p.index,
+                                   "params": normalise_row(p.params)}
+            check_todo = [p for p in checks if p.key not in done]
+            if check_todo and scheduler is None:     # local processes sized for the checks
+                runner.close()
+                runner = make_runner(workers, None, simulate, connect_timeout_s,
+                                     tasks=len(check_todo))
+            elif check_todo and not runner_open:
+                runner.open()
+            finished = len(checks) - len(check_todo)
+            bar = Progress(len(checks), finished, enabled=bool(progress),
+                           label=f"{spec.name}: check",
+                           running=lambda: getattr(runner, "running", 0))
+            bar.start_ticker()
+            for key, fields in runner.run([(p.key, p.params) for p in check_todo]):
+                record(key, fields)
+                finished += 1
+                bar.update(finished)
+                tables(complete=False)
     finally:
         if bar is not None:
             bar.close()
         runner.close()
         if journal is not None:
             journal.close()
-        tables(complete=len(done) == len(points))
+        tables(complete=len(done) == len(points) + len(checks))
     return rows_to_frame(done.values(), param_names)
+
+
+def check_points(spec: SweepSpec, points: List[SweepPoint], df: pd.DataFrame
+                 ) -> List[SweepPoint]:
+    """The ``spec.check`` best estimated points that fit in memory (by the
+    charts' objective: step time at a common batch, else throughput), as
+    points to simulate in full: their options with ``fidelity: simulate``
+    (GPT models also ``symmetry`` and ``coarsen``, exact in step time and
+    much faster), numbered after the grid."""
+    from ..models import load_model_config
+    from ..report.sweep_charts import ranked
+    estimated = df[df["fidelity"] == "estimate"]
+    best = ranked(estimated)
+    best = best[~best["oom"].fillna(False).astype(bool)].head(spec.check)
+    by_index = {p.index: p for p in points}
+    out: List[SweepPoint] = []
+    for i, (_, row) in enumerate(best.iterrows()):
+        params = dict(by_index[int(row["index"])].params, fidelity="simulate")
+        model = params.get("model")
+        if model is not None and load_model_config(model).get("family") == "gpt":
+            params.update(symmetry=True, coarsen=True)
+        out.append(SweepPoint(len(points) + i, params, config_key(params)))
+    return out

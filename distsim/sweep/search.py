@@ -40,7 +40,7 @@ STRATEGY_AXES = ("dp", "tp", "pp")
 #: Micro-batch sizes a search tries by default (those that divide the batch).
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 #: Estimates simulated in full by default.
-DEFAULT_KEEP = 3
+DEFAULT_KEEP = 2
 _DTYPE_BYTES = {"fp32": 4, "f32": 4, "float32": 4, "fp16": 2, "f16": 2, "bf16": 2,
                 "float16": 2, "bfloat16": 2, "fp8": 1}
 _CHOSEN = (*STRATEGY_AXES, "model", "topology", "network_mode", "fidelity", "symmetry",

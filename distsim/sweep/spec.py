@@ -24,6 +24,8 @@ YAML (``distsim sweep SPEC.yaml``)::
       - "dp <= devices"
     charts:                        # optional; what the charts put on their axes
       heatmap: [dp, hidden]
+    check: 3                       # optional; with fidelity: estimate, simulate the
+                                   # 3 best estimates in full afterwards
 
 Every name is a ``distsim simulate`` option (:mod:`.params`). A spec is
 checked whole before any work starts: unknown names, values of the wrong
@@ -44,7 +46,7 @@ from ..yamlio import load_yaml_file
 from .constraints import Constraint, ConstraintLike, make_constraints
 from .params import Param, check_value, simulate_parameters
 
-SPEC_KEYS = ("name", "description", "base", "grid", "constraints", "charts")
+SPEC_KEYS = ("name", "description", "base", "grid", "constraints", "charts", "check")
 
 #: The most points a grid may expand to (``max_points`` / ``--max-points``;
 #: 0: no limit). A grid is a cartesian product, so a few long lists reach
@@ -76,6 +78,21 @@ def check_grid_size(sizes: Sequence[int], max_points: Any, where: str) -> int:
     return total
 
 
+def check_count(check: Any, base: Mapping[str, Any], grid: Mapping[str, List[Any]],
+                where: str) -> int:
+    """``check`` as an int >= 0; a check needs estimated points."""
+    if check is None:
+        return 0
+    if isinstance(check, bool) or not isinstance(check, int) or check < 0:
+        raise ConfigError(f"{where}: check: must be an integer >= 0 (how many of the best "
+                          f"estimates to simulate in full), got {check!r}")
+    fidelities = grid.get("fidelity", [base.get("fidelity", "simulate")])
+    if check and "estimate" not in fidelities:
+        raise ConfigError(f"{where}: check: {check} needs estimated points "
+                          "(fidelity: estimate): simulated points are checked already")
+    return check
+
+
 def config_key(params: Mapping[str, Any]) -> str:
     """Stable hash of one point's options (order-independent): the key by
     which a resumed sweep recognises the points it has done."""
@@ -103,12 +120,15 @@ class SweepSpec:
     description: str = ""
     charts: Dict[str, Any] = field(default_factory=dict)
     source: str = "sweep"
+    #: how many of the best estimated points to simulate in full afterwards
+    check: int = 0
 
     @classmethod
     def create(cls, base: Optional[Mapping[str, Any]], grid: Any,
                constraints: Optional[Iterable[ConstraintLike]] = None, *, name: str = "sweep",
                description: str = "", charts: Optional[Mapping[str, Any]] = None,
-               source: str = "sweep", max_points: Optional[int] = None) -> "SweepSpec":
+               source: str = "sweep", max_points: Optional[int] = None,
+               check: Any = 0) -> "SweepSpec":
         """Validate and build a spec (see the module docstring); a grid of
         more than ``max_points`` points (None: :data:`DEFAULT_MAX_POINTS`,
         0: no limit) is a ConfigError."""
@@ -152,7 +172,7 @@ class SweepSpec:
         if charts is not None and not isinstance(charts, Mapping):
             raise ConfigError(f"{source}: charts: must be a mapping")
         spec = cls(base, clean, cons, str(name), str(description or ""), dict(charts or {}),
-                   source)
+                   source, check_count(check, base, clean, source))
         spec._check_charts(params)
         spec._preflight()
         return spec
@@ -241,4 +261,5 @@ def load_spec(path: str | Path, max_points: Optional[int] = None) -> SweepSpec:
     return SweepSpec.create(data.get("base"), data.get("grid"), data.get("constraints"),
                             name=str(data.get("name") or p.stem),
                             description=str(data.get("description") or ""),
-                            charts=data.get("charts"), source=str(p), max_points=max_points)
+                            charts=data.get("charts"), source=str(p), max_points=max_points,
+                            check=data.get("check", 0))
