@@ -65,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
     params = param_columns(df)
     col, _ = throughput_column(df)
     unit = "tokens/s" if col == "tokens_per_s" else "samples/s"
+    mixed = df["fidelity"].nunique() > 1       # estimated and simulated rows
     for rank, (_, row) in enumerate(fits.head(5).iterrows(), 1):
-        opts = " ".join(f"{p}={row[p]}" for p in params if p in spec.grid)
-        print(f"  {rank}. {row['step_time_s'] * MS:10.4f} ms  {row[col]:10.4g} {unit}  {opts}")
+        opts = " ".join(f"{p}={row[p]}" for p in params if p in spec.grid and p != "fidelity")
+        how = f"  ({row['fidelity']})" if mixed else ""
+        print(f"  {rank}. {row['step_time_s'] * MS:10.4f} ms  {row[col]:10.4g} {unit}  "
+              f"{opts}{how}")
     print("wrote " + ", ".join(str(p) for p in written if Path(p).exists()))
     return 0

@@ -188,7 +188,7 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, value: Optional[str] = None
             if len(cell):
                 best = cell.max() if obj.higher else cell.min()
                 grid[i, j] = best * obj.scale
-                text[i][j] = f"{grid[i, j]:.3g}"
+                text[i][j] = _cell_text(grid[i, j])
             elif len(ok[(ok[x] == xv) & (ok[y] == yv)]):
                 text[i][j] = "OOM"
     masked = np.ma.masked_invalid(grid)
@@ -212,6 +212,11 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, value: Optional[str] = None
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def _cell_text(value: float) -> str:
+    """3 significant digits, without an exponent for values of 100 and more."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def throughput_column(df: pd.DataFrame) -> Tuple[str, str]:
@@ -329,7 +334,7 @@ def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
     ax = fig.add_subplot()
     shown = f" (best {max_configs} of {len(simulated(df))})" \
         if len(simulated(df)) > max_configs else ""
-    ax.set_title("Where the step goes, per configuration" + shown)
+    ax.set_title("Where the step goes, per configuration" + shown, pad=22)
     if table.empty:
         _empty(ax, "no configuration could be simulated")
         return fig
@@ -350,7 +355,8 @@ def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
         left += values
     ax.set_yticks(ypos, labels, fontsize=7)
     ax.set_xlabel("time per step (ms, mean over devices)")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
+              frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig

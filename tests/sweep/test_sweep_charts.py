@@ -123,7 +123,7 @@ def test_best_is_the_shortest_step_at_a_common_batch():
     assert (obj.column, obj.higher, obj.batch) == ("step_time_s", False, 64)
     assert list(ranked(df)["index"]) == [2, 0, 3, 1]
     fig = heatmap_figure(df.assign(model="m"), "dp", "model")
-    assert cells(fig) == ["1e+03", "500"]                  # ms
+    assert cells(fig) == ["1000", "500"]                   # ms
     assert "at 64 samples per step" in fig.axes[0].get_title()
     front = pareto_front(df.assign(max_peak_memory_bytes=[4, 3, 2, 1]), "samples_per_s",
                          x_higher=True)
