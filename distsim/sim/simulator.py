@@ -83,10 +83,13 @@ class SimulationOptions:
     max_wall_s: Optional[float] = None
 
 
-def collective_bytes(op: Op) -> int:
+_KINDS = {kind.op_type: kind for kind in CollectiveType}
+
+
+def collective_bytes(op: Op, kind: Optional[CollectiveType] = None) -> int:
     """The message size S a collective algorithm is given (see
     :func:`distsim.sim.collectives.run_collective`)."""
-    kind = collective_of(op)
+    kind = kind or _KINDS.get(op.op_type) or collective_of(op)
     if kind in (CollectiveType.ALL_GATHER, CollectiveType.GATHER):
         return op.outputs[0].type.size_bytes
     return op.inputs[0].type.size_bytes
@@ -131,6 +134,7 @@ class Simulator:
         self._reached = 0.0       # the latest time a compute stream has scheduled to
         self._progress = 0        # blocks and collectives finished (for stall_events)
         self._comm_records: List[OpRecord] = []
+        self._plans: Dict[tuple, tuple] = {}    # see _collective_plan
         # Symmetry: representative of each rank, and for each representative
         # the collectives its followers reach at each comm-stream position.
         self._rep: Dict[int, int] = {}
@@ -260,6 +264,23 @@ class Simulator:
             t = self.env.now
         self._blocked.pop(key, None)
 
+    def _collective_plan(self, op: Op) -> tuple:
+        """(kind, team, root, bytes, algorithm) of a collective op, computed
+        once per distinct (op type, team, root, bytes, algorithm)."""
+        attrs = op.attrs
+        ranks = attrs["ranks"]  # the whole team loads the network
+        kind = _KINDS.get(op.op_type) or collective_of(op)
+        nbytes = collective_bytes(op, kind)
+        key = (kind, ranks, attrs.get("root"), nbytes, attrs.get("algorithm"))
+        plan = self._plans.get(key)
+        if plan is None:
+            ranks = tuple(ranks)
+            root = ranks[0] if kind is CollectiveType.SEND_RECV else attrs.get("root")
+            algorithm = attrs.get("algorithm") or resolve_algorithm(
+                kind, self.options.collective_algorithm, per_run=True)
+            plan = self._plans[key] = (kind, ranks, root, nbytes, algorithm)
+        return plan
+
     def _run_collective(self, coll: _Collective):
         env = self.env
         op = coll.op
@@ -267,22 +288,18 @@ class Simulator:
         if start > env.now:
             yield env.timeout(start - env.now)
         coll.start_s = start
-        kind = collective_of(op)
-        ranks = tuple(op.attrs["ranks"])  # the whole team loads the network
-        root = ranks[0] if kind is CollectiveType.SEND_RECV else op.attrs.get("root")
-        nbytes = collective_bytes(op)
-        algorithm = op.attrs.get("algorithm") or resolve_algorithm(
-            kind, self.options.collective_algorithm, per_run=True)
-        used = yield env.process(run_collective(env, self.network, kind, ranks, nbytes,
-                                                root=root, algorithm=algorithm))
+        kind, ranks, root, nbytes, algorithm = self._collective_plan(op)
+        # the collective's steps run inside this process (no process of its own)
+        used = yield from run_collective(env, self.network, kind, ranks, nbytes,
+                                         root=root, algorithm=algorithm)
         used = str(used or algorithm)
         end = coll.end_s = env.now
         sent = float(bytes_sent_per_rank(kind, len(ranks), nbytes, used))
-        name, op_type = op.name, op.op_type
+        rest = (COMM_STREAM, op.name, op.op_type, "communication", start, end, 0.0, sent, used)
         add = self._comm_records.append
+        make = tuple.__new__
         for r in coll.members:
-            add(OpRecord(r, COMM_STREAM, name, op_type, "communication", start, end, 0.0, sent,
-                         used))
+            add(make(OpRecord, (r,) + rest))
         ready, waiters = self._ready, self._waiters
         for n in self.index.collective_outputs[coll.index]:
             ready[n] = end
