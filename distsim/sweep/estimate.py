@@ -763,14 +763,20 @@ def _with_microbatches(case: Case, m: int) -> Case:
 
 
 def timeline_figures(case: Case, profile: LayerProfile) -> Dict[str, float]:
-    """:func:`_run_timeline`, for long schedules by extrapolation: past
-    ``2 pp`` micro-batches the pipeline is in its periodic steady state,
-    where every figure grows by the same amount per micro-batch (exactly,
-    to rounding: a test checks it), so ``M`` micro-batches cost two
-    timelines of ``2 pp`` and ``3 pp`` instead of one of ``M``."""
-    pp, m = case.strategy.pp, case.microbatches
-    m1, m2 = 2 * pp, 3 * pp
-    if m <= m2 + pp:
+    """:func:`_run_timeline`, for long schedules by extrapolation. Once the
+    1F1B pipeline is full (past ``pp`` micro-batches; interleaved: past a
+    round of ``pp``) it is periodic: every figure grows by the same amount
+    per micro-batch (exactly, to rounding; a test checks it), so ``M``
+    micro-batches cost two timelines of ``pp + 2`` and ``pp + 3`` (rounds
+    of ``pp`` when interleaved) instead of one of ``M``. GPipe's all-forward
+    then all-backward order is not periodic in that sense: always direct."""
+    S, m = case.strategy, case.microbatches
+    if S.schedule == "gpipe":
+        return _run_timeline(case, profile)
+    unit = S.pp if S.schedule == "interleaved" else 1
+    m1 = S.pp + 2 * unit if unit == 1 else 2 * S.pp
+    m2 = m1 + unit
+    if m <= m2 + unit:
         return _run_timeline(case, profile)
     a = _run_timeline(_with_microbatches(case, m1), profile)
     b = _run_timeline(_with_microbatches(case, m2), profile)
