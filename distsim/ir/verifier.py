@@ -42,8 +42,10 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
     # attributes and input type objects (fused ops: per segment and input
     # type objects). Type objects are keyed by identity: the function's
     # values hold them for the whole check.
-    defined: Set[int] = set()
-    names: Set[str] = set()
+    # name -> id of the value defined under it: one lookup checks that a
+    # name is not reused, that a value is not defined twice, and that an
+    # operand is defined before its reader
+    owner: Dict[str, int] = {}
     devices = set(known_devices) if known_devices is not None else None
     types_ok: Set[int] = set()  # ids of types checked (alive: values hold them)
     fused_types: Dict[tuple, list] = {}
@@ -54,12 +56,12 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
             op = where
             where = ((lambda: f"function '{function.name}', input") if op is None
                      else (lambda: _label(function, op)))
-        if id(value) in defined:
+        prev = owner.get(value.name)
+        if prev == id(value):
             raise VerifyError(f"{where()}: value %{value.name} is defined twice")
-        if value.name in names:
+        if prev is not None:
             raise VerifyError(f"{where()}: name %{value.name} is used for two values")
-        defined.add(id(value))
-        names.add(value.name)
+        owner[value.name] = id(value)
         if id(value.type) in types_ok:
             return
         size = getattr(value.type, "size_bytes", 0)
@@ -80,7 +82,7 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
         if not registered(op.op_type):
             raise VerifyError(f"{label(function, op)}: unknown op type '{op.op_type}'")
         for v in op.inputs:
-            if id(v) not in defined:
+            if owner.get(v.name) != id(v):
                 raise VerifyError(f"{label(function, op)}: operand %{v.name} is used before it "
                                   "is defined")
         in_types = [v.type for v in op.inputs]
@@ -114,19 +116,25 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
         if len(expected) != len(op.outputs):
             raise VerifyError(f"{label(function, op)}: has {len(op.outputs)} results, its type "
                               f"rule gives {len(expected)}")
+        same = True
         for v, t in zip(op.outputs, expected):
-            if v.type is not t and v.type != t:
-                raise VerifyError(f"{label(function, op)}: result %{v.name} is declared {v.type} "
-                                  f"but the op produces {t}")
+            if v.type is not t:
+                if v.type != t:
+                    raise VerifyError(f"{label(function, op)}: result %{v.name} is declared "
+                                      f"{v.type} but the op produces {t}")
+                same = False
+        if not same and key is not None:
+            # equal, not identical: keep the program's own type objects, so
+            # that the op's repeats compare by identity
+            (fused_types if op.op_type == FUSED else inferred)[key] = [v.type for v in op.outputs]
         for v in op.outputs:
-            # fast path: a new value and name of a type checked before
-            if id(v) in defined or v.name in names or id(v.type) not in types_ok:
+            # fast path: a new name, of a type checked before
+            if v.name in owner or id(v.type) not in types_ok:
                 define(v, op)
             else:
-                defined.add(id(v))
-                names.add(v.name)
+                owner[v.name] = id(v)
     for v in function.outputs:
-        if id(v) not in defined:
+        if owner.get(v.name) != id(v):
             raise VerifyError(f"function '{function.name}': returned value %{v.name} is not defined")
     return function
 
