@@ -71,6 +71,11 @@ def _write_outputs(out: str):
     return run
 
 
+def _search_keep_zero(tmp: Path):
+    from distsim.sweep import search
+    return search("tiny", "dgx-a100", 8, keep=0)
+
+
 def _load_topology(name: str):
     def run(tmp: Path):
         from distsim.topology import load_topology
@@ -661,6 +666,24 @@ CASES.extend([
     _c("momentum-out-of-range", "model YAML", "a GPT config with `momentum: 1.5`",
        _simulate_tiny_with(momentum=1.5), None, ConfigError,
        "momentum: must be in [0, 1), got 1.5"),
+    _c("batch-sizes-disagree", "CLI flags",
+       "`simulate --model tiny --dp 8 --microbatches 2 --micro-batch 3` (global batch 8)",
+       _simulate(model="tiny", dp=8, microbatches=2, micro_batch=3),
+       S + ["--model", "tiny", "--dp", "8", "--microbatches", "2", "--micro-batch", "3"],
+       ConfigError, "--global-batch 8 differs from dp x microbatches x micro-batch = "
+       "8 x 2 x 3 = 48"),
+    _c("microbatches-not-dividing", "CLI flags",
+       "`simulate --model tiny --dp 8 --microbatches 3` (global batch 8)",
+       _simulate(model="tiny", dp=8, microbatches=3),
+       S + ["--model", "tiny", "--dp", "8", "--microbatches", "3"], ConfigError,
+       "--global-batch 8 is not a multiple of dp x microbatches = 8 x 3"),
+    _c("sweep-check-simulated", "sweep spec", "`check: 2` on a grid that is not estimated",
+       _load_sweep("sweep_check_simulated.yaml"),
+       ["sweep", "{cases}/sweep_check_simulated.yaml", "--workers", "1", "--quiet",
+        "--out", OUT], ConfigError, "check: 2 needs estimated points"),
+    _c("search-keep-zero", "CLI flags", "`search --model tiny --topology dgx-a100 --keep 0`",
+       _search_keep_zero, ["search", "--model", "tiny", "--topology", "dgx-a100", "--keep", "0"],
+       ConfigError, "--keep: must be a positive integer, got 0"),
 ])
 
 
