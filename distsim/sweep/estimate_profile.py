@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..cost.flops import op_flops
 from ..cost.model import CostModel
 from ..ir.comm import is_communication, members
-from ..ir.core import Function, Op, Value
+from ..ir.core import Function, Op
 from ..models.gpt import GPTConfig
 from ..models.gpt_family import build_gpt_step, hyper_of
 from ..sim.simulator import SimulationOptions, simulate_function

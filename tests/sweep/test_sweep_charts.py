@@ -5,7 +5,6 @@ import base64
 import re
 
 import pandas as pd
-import pytest
 from matplotlib.image import imread
 
 import distsim
