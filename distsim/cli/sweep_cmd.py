@@ -17,8 +17,10 @@ from ..sweep.spec import DEFAULT_MAX_POINTS
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "sweep", help="simulate every point of a grid of options (YAML spec)",
-        description="Simulate every configuration of a sweep spec (base options, a grid of "
-                    "values, constraints; see docs/sweeps.md and reports/sweeps/). Writes "
+        description="Simulate (or, with fidelity: estimate, estimate in milliseconds) every "
+                    "configuration of a sweep spec (base options, a grid of values, "
+                    "constraints, check: N to simulate the N best estimates in full; see the "
+                    "README's 'Sweeps and search' and reports/sweeps/). Writes "
                     "results.csv, results.parquet and the journal results.jsonl into --out as "
                     "points finish, then heatmap/scaling/pareto/breakdown PNGs and report.html. "
                     "Rerunning the same command resumes: finished points are not simulated again.")
