@@ -136,6 +136,17 @@ def run_collective(env: simpy.Environment, network: Network, kind: CollectiveTyp
     gather and scatter; each rank's input for all-to-all (S/p to each peer).
     One rank or zero bytes take no time.
     """
+    name, schedule = planned_schedule(network, kind, ranks, nbytes, root, algorithm)
+    for phase in schedule:
+        yield from network.run_steps(phase.flows, phase.count)
+    return name
+
+
+def planned_schedule(network: Network, kind: CollectiveType, ranks: Sequence[int],
+                     nbytes: float, root: Optional[int] = None, algorithm: str = "auto"
+                     ) -> Tuple[str, Tuple[Phase, ...]]:
+    """(algorithm name, schedule) of a collective on ``network``, checked
+    and planned once per (kind, team, bytes, root, algorithm)."""
     ranks = tuple(ranks)
     key = (kind, ranks, nbytes, root, algorithm)
     try:
@@ -144,10 +155,7 @@ def run_collective(env: simpy.Environment, network: Network, kind: CollectiveTyp
         hit = _plan(network, kind, ranks, nbytes, root, algorithm)
     if hit is None:
         hit = network.schedules[key] = _plan(network, kind, ranks, nbytes, root, algorithm)
-    name, schedule = hit
-    for phase in schedule:
-        yield from network.run_steps(phase.flows, phase.count)
-    return name
+    return hit
 
 
 def _plan(network: Network, kind: CollectiveType, ranks: Tuple[int, ...], nbytes: float,

@@ -462,6 +462,16 @@ class Network:
         s.busy_s += busy_s
         s.peak = max(s.peak, peak)
 
+    def add_edge_stats(self, src: str, dst: str, nbytes: float, busy_s: float,
+                       peak: int) -> None:
+        """:meth:`add_link_stats` for the link ``src -> dst`` of the topology."""
+        idx = self._edge_index.get((src, dst))
+        if idx is None:
+            idx = self._edge_index[(src, dst)] = len(self._edges)
+            self._edges.append((src, dst))
+            self._capacity.append(float(self.topology.graph.edges[(src, dst)]["bandwidth_Bps"]))
+        self.add_link_stats(idx, nbytes, busy_s, peak)
+
     def link_records(self) -> List[LinkRecord]:
         """Totals per directed link that carried traffic, busiest first."""
         self._steps.settle_stats()

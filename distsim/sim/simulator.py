@@ -39,7 +39,7 @@ import numpy as np
 import simpy
 
 from ..cost.model import CostModel
-from ..errors import SimulationError
+from ..errors import DistsimError, SimulationError
 from ..ir.comm import CollectiveType, collective_of, members
 from ..ir.core import Function, Op, Value, gc_paused
 from .collectives import bytes_sent_per_rank, resolve_algorithm, run_collective
@@ -47,6 +47,7 @@ from .memory import MemoryAccounting, memory_accounting
 from .network import Network
 from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
                             ProgramIndex, device_of, index_program, value_category)
+from .solo import SoloLedger, solo_teams
 from .symmetry import class_members, comm_positions, symmetry_classes
 from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, MemorySample, OpRecord, Trace
 
@@ -71,7 +72,7 @@ class SimulationOptions:
     these bounds is passed: ``stall_events``: that many SimPy events in a
     row without an op finishing (None: no bound); ``max_events``: events
     in all; ``max_wall_s``: wall-clock seconds of the event loop (checked
-    every 256 events)."""
+    at the first event and every 256 events after)."""
 
     network_mode: str = "flow"
     collective_algorithm: str = "auto"
@@ -99,7 +100,7 @@ class _Collective:
     """Rendezvous of the team members of one communication op."""
 
     __slots__ = ("index", "op", "members", "arrivals", "done", "simulated", "started",
-                 "start_s", "end_s")
+                 "finished", "start_s", "end_s", "plan", "solo")
 
     def __init__(self, env: simpy.Environment, index: int, op: Op, simulated: bool) -> None:
         self.index = index
@@ -109,8 +110,11 @@ class _Collective:
         self.done = env.event()
         self.simulated = simulated
         self.started = False
+        self.finished = False
         self.start_s = math.nan
         self.end_s = -math.inf
+        self.plan: Optional[tuple] = None   # see Simulator._collective_plan
+        self.solo = False                   # runs alone: no events (see .solo)
 
 
 class Simulator:
@@ -135,6 +139,7 @@ class Simulator:
         self._progress = 0        # blocks and collectives finished (for stall_events)
         self._comm_records: List[OpRecord] = []
         self._plans: Dict[tuple, tuple] = {}    # see _collective_plan
+        self._solo = SoloLedger(topology, self.options.network_mode)
         # Symmetry: representative of each rank, and for each representative
         # the collectives its followers reach at each comm-stream position.
         self._rep: Dict[int, int] = {}
@@ -169,6 +174,7 @@ class Simulator:
         self._collectives = [
             _Collective(env, c, op, any(rep.get(r, r) == r for r in op.attrs["ranks"]))
             for c, op in enumerate(ix.collectives)]
+        self._find_solo()
         if rep:
             index_of = {id(op): c for c, op in enumerate(ix.collectives)}
             positions = comm_positions(f)
@@ -177,6 +183,28 @@ class Simulator:
                                               for op in positions.get(m, [])])
                                          for m in group[1:]]
         return ix
+
+    def _find_solo(self) -> None:
+        """Mark the collectives whose team shares no link with another
+        team's (:mod:`.solo`): they run without events. Off when link use
+        over time is recorded (its samples follow the clock)."""
+        if self.options.record_links:
+            return
+        planned = []
+        for coll in self._collectives:
+            if not coll.simulated:
+                continue
+            try:
+                coll.plan = self._collective_plan(coll.op)
+            except DistsimError:   # reported if and when the collective runs
+                continue
+            planned.append(coll)
+        try:
+            teams = solo_teams(self.network, [coll.plan for coll in planned])
+        except DistsimError:       # a bad team: every collective takes the full path
+            return
+        for coll in planned:
+            coll.solo = frozenset(coll.plan[1]) in teams
 
     # -- processes ------------------------------------------------------
     def _wait_known(self, key: Tuple[int, str], op: Op, n: int) -> simpy.Event:
@@ -232,7 +260,12 @@ class Simulator:
         coll.arrivals[rank] = time_s
         if coll.simulated and not coll.started and len(coll.arrivals) == len(coll.members):
             coll.started = True
-            self.env.process(self._run_collective(coll))
+            if coll.solo:   # no events: it ends its solo duration after the last arrival
+                start = max(coll.arrivals.values())
+                run = self._solo.run(coll.plan)
+                self._complete(coll, start, start + run.duration_s, run.algorithm)
+            else:
+                self.env.process(self._run_collective(coll))
 
     def _comm_stream(self, rank: int, indices: List[int]):
         key = (rank, COMM_STREAM)
@@ -259,9 +292,10 @@ class Simulator:
                 for follower_rank, colls in followers:
                     self._arrive(colls[k], follower_rank, arrival)
             self._arrive(coll, rank, arrival)
-            self._blocked[key] = (coll.op, None, coll)
-            yield coll.done
-            t = self.env.now
+            if not coll.finished:
+                self._blocked[key] = (coll.op, None, coll)
+                yield coll.done
+            t = coll.end_s
         self._blocked.pop(key, None)
 
     def _collective_plan(self, op: Op) -> tuple:
@@ -287,13 +321,18 @@ class Simulator:
         start = max(coll.arrivals.values())
         if start > env.now:
             yield env.timeout(start - env.now)
-        coll.start_s = start
-        kind, ranks, root, nbytes, algorithm = self._collective_plan(op)
+        kind, ranks, root, nbytes, algorithm = coll.plan or self._collective_plan(op)
         # the collective's steps run inside this process (no process of its own)
         used = yield from run_collective(env, self.network, kind, ranks, nbytes,
                                          root=root, algorithm=algorithm)
-        used = str(used or algorithm)
-        end = coll.end_s = env.now
+        self._complete(coll, start, env.now, str(used or algorithm))
+
+    def _complete(self, coll: _Collective, start: float, end: float, used: str) -> None:
+        """The collective ran from ``start`` to ``end``: record it on every
+        member, announce its outputs, wake the members waiting for it."""
+        op = coll.op
+        kind, ranks, _, nbytes, _ = coll.plan or self._collective_plan(op)
+        coll.start_s, coll.end_s = start, end
         sent = float(bytes_sent_per_rank(kind, len(ranks), nbytes, used))
         rest = (COMM_STREAM, op.name, op.op_type, "communication", start, end, 0.0, sent, used)
         add = self._comm_records.append
@@ -307,6 +346,7 @@ class Simulator:
                 for ev in waiters.pop(n):
                     ev.succeed()
         self._progress += 1
+        coll.finished = True
         coll.done.succeed()
 
     # -- run ------------------------------------------------------------
@@ -465,7 +505,7 @@ class Simulator:
                 if most is not None and n >= most:
                     raise SimulationError(self._deadlock_report(
                         f"event budget of {most} events spent (max_events)"))
-                if deadline is not None and not n & 255 and time.monotonic() > deadline:
+                if deadline is not None and n & 255 == 1 and time.monotonic() > deadline:
                     raise SimulationError(self._deadlock_report(
                         f"wall-clock budget of {wall:g} s spent (max_wall_s)"))
         except simpy.core.EmptySchedule:
@@ -494,6 +534,7 @@ class Simulator:
         devices = [DeviceInfo(r, self.topology.device_node(r), int(spec.memory_bytes))
                    for r in self.topology.ranks if r in used]
         end = max([self.env.now, self._reached] + [r.end_s for r in self._comm_records])
+        self._solo.settle(self.network)
         peaks = {r: dict(sorted(c.items())) for r, c in sorted(memory.peak_by_category.items())}
         return Trace(devices=devices, ops=records, memory=memory.samples,
                      links=self.network.link_records(),

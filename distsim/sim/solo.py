@@ -1,0 +1,98 @@
+"""Collectives that always run alone, simulated without events.
+
+A team's collectives run one after another: each member's communication
+stream takes its collectives in program order, and a collective starts only
+when every member has reached it, so the next one of the same team starts
+after the previous one ended. When no other team's collective uses any link
+that a team's collectives use, each of them therefore runs on links nobody
+else touches while it runs: it takes exactly the time it takes alone, every
+time. The simulator then needs no events for it: when its last member
+arrives, its end is that time plus its solo duration (:func:`solo_run`,
+worked out once per distinct collective in a scratch network), its outputs
+are announced with that end time, and its link statistics are added in bulk
+at the end of the run.
+
+In a training step that is most collectives: a tensor-parallel group's
+all-reduces inside one server, a data-parallel group's gradient all-reduces
+when nothing else crosses the same links.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Iterable, Optional, Set, Tuple
+
+import simpy
+
+from ..ir.comm import CollectiveType
+from .collectives import planned_schedule, run_collective
+from .network import Network
+
+#: (kind, team, root, bytes, algorithm) of one collective
+Plan = Tuple[CollectiveType, Tuple[int, ...], Optional[int], float, str]
+
+
+@dataclass(frozen=True)
+class SoloRun:
+    """How one collective runs alone: its duration, the algorithm used, and
+    per link ``(src, dst, bytes, busy seconds, peak flows)``."""
+
+    duration_s: float
+    algorithm: str
+    links: Tuple[Tuple[str, str, float, float, int], ...]
+
+
+def solo_teams(network: Network, plans: Iterable[Plan]) -> Set[FrozenSet[int]]:
+    """The teams (sets of ranks) whose collectives share no link with any
+    other team's collectives among ``plans``."""
+    teams_on: Dict[int, Set[FrozenSet[int]]] = {}
+    teams: Set[FrozenSet[int]] = set()
+    for kind, ranks, root, nbytes, algorithm in set(plans):
+        team = frozenset(ranks)
+        teams.add(team)
+        _, schedule = planned_schedule(network, kind, ranks, nbytes, root, algorithm)
+        for phase in schedule:
+            for src, dst, _ in phase.flows:
+                if src == dst:
+                    continue
+                for link in network.route_info(src, dst, 0)[0]:
+                    teams_on.setdefault(link, set()).add(team)
+    shared = {team for users in teams_on.values() if len(users) > 1 for team in users}
+    return teams - shared
+
+
+def solo_run(topology, mode: str, plan: Plan) -> SoloRun:
+    """Simulate one collective alone in a scratch network."""
+    kind, ranks, root, nbytes, algorithm = plan
+    env = simpy.Environment()
+    net = Network(env, topology, mode=mode)
+    proc = env.process(run_collective(env, net, kind, ranks, nbytes, root=root,
+                                      algorithm=algorithm))
+    env.run()
+    links = tuple((r.src, r.dst, r.bytes_carried, r.busy_s, r.peak_flows)
+                  for r in net.link_records())
+    return SoloRun(float(env.now), str(proc.value or algorithm), links)
+
+
+class SoloLedger:
+    """Solo runs by plan, and how many times each was used (for the link
+    statistics added at the end)."""
+
+    def __init__(self, topology, mode: str) -> None:
+        self.topology = topology
+        self.mode = mode
+        self.runs: Dict[Plan, SoloRun] = {}
+        self.uses: Dict[Plan, int] = {}
+
+    def run(self, plan: Plan) -> SoloRun:
+        found = self.runs.get(plan)
+        if found is None:
+            found = self.runs[plan] = solo_run(self.topology, self.mode, plan)
+        self.uses[plan] = self.uses.get(plan, 0) + 1
+        return found
+
+    def settle(self, network: Network) -> None:
+        """Add the link statistics of every solo run to ``network``."""
+        for plan, n in self.uses.items():
+            for src, dst, nbytes, busy_s, peak in self.runs[plan].links:
+                network.add_edge_stats(src, dst, nbytes * n, busy_s * n, peak)
+        self.uses.clear()
