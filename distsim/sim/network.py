@@ -429,6 +429,14 @@ class Network:
         a, b = self._edges[link]
         self.samples.append(LinkSample(a, b, self.env.now, utilisation))
 
+    def sample_edge(self, src: str, dst: str, time_s: float, utilisation: float) -> None:
+        """Record the use of link ``src -> dst`` from ``time_s`` on (a time
+        that may be ahead of the clock: readers sort samples by time)."""
+        self.samples.append(LinkSample(src, dst, time_s, utilisation))
+
+    def edge_capacity_Bps(self, src: str, dst: str) -> float:
+        return float(self.topology.graph.edges[(src, dst)]["bandwidth_Bps"])
+
     def mean_uses(self, link_bytes: Iterable[Tuple[int, float]], duration_s: float
                   ) -> Dict[int, float]:
         """Per link, the mean utilisation of carrying its bytes in ``duration_s``."""

@@ -64,7 +64,10 @@ class SimulationOptions:
     off by default: the samples cost memory on big runs, so sweeps and
     benchmarks leave it off; ``distsim simulate`` turns it on);
     ``symmetry``: simulate one representative per class of equivalent
-    devices (see :mod:`.symmetry`) and copy its results to the others.
+    devices (see :mod:`.symmetry`) and copy its results to the others;
+    ``solo``: collectives whose team shares no link with another team's run
+    without events (see :mod:`.solo`; False runs every collective through
+    the network, the reference the tests compare with).
 
     Liveness bounds (issue 9): a run that cannot finish stops with a
     :class:`SimulationError` listing every blocked op per device, either
@@ -79,6 +82,7 @@ class SimulationOptions:
     record_memory: bool = True
     record_links: bool = False
     symmetry: bool = False
+    solo: bool = True
     stall_events: Optional[int] = 10_000_000
     max_events: Optional[int] = None
     max_wall_s: Optional[float] = None
@@ -139,7 +143,7 @@ class Simulator:
         self._progress = 0        # blocks and collectives finished (for stall_events)
         self._comm_records: List[OpRecord] = []
         self._plans: Dict[tuple, tuple] = {}    # see _collective_plan
-        self._solo = SoloLedger(topology, self.options.network_mode)
+        self._solo = SoloLedger(topology, self.options.network_mode, self.options.record_links)
         # Symmetry: representative of each rank, and for each representative
         # the collectives its followers reach at each comm-stream position.
         self._rep: Dict[int, int] = {}
@@ -186,9 +190,8 @@ class Simulator:
 
     def _find_solo(self) -> None:
         """Mark the collectives whose team shares no link with another
-        team's (:mod:`.solo`): they run without events. Off when link use
-        over time is recorded (its samples follow the clock)."""
-        if self.options.record_links:
+        team's (:mod:`.solo`): they run without events."""
+        if not self.options.solo:
             return
         planned = []
         for coll in self._collectives:
@@ -264,6 +267,8 @@ class Simulator:
                 start = max(coll.arrivals.values())
                 run = self._solo.run(coll.plan)
                 self._complete(coll, start, start + run.duration_s, run.algorithm)
+                if self.network.record_samples:
+                    self._solo.sample(self.network, coll.plan, start)
             else:
                 self.env.process(self._run_collective(coll))
 

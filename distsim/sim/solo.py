@@ -33,12 +33,15 @@ Plan = Tuple[CollectiveType, Tuple[int, ...], Optional[int], float, str]
 
 @dataclass(frozen=True)
 class SoloRun:
-    """How one collective runs alone: its duration, the algorithm used, and
-    per link ``(src, dst, bytes, busy seconds, peak flows)``."""
+    """How one collective runs alone: its duration, the algorithm used, per
+    link ``(src, dst, bytes, busy seconds, peak flows)``, and (when link use
+    over time is recorded) its link samples ``(src, dst, time from its
+    start, utilisation)``."""
 
     duration_s: float
     algorithm: str
     links: Tuple[Tuple[str, str, float, float, int], ...]
+    samples: Tuple[Tuple[str, str, float, float], ...] = ()
 
 
 def solo_teams(network: Network, plans: Iterable[Plan]) -> Set[FrozenSet[int]]:
@@ -60,35 +63,45 @@ def solo_teams(network: Network, plans: Iterable[Plan]) -> Set[FrozenSet[int]]:
     return teams - shared
 
 
-def solo_run(topology, mode: str, plan: Plan) -> SoloRun:
+def solo_run(topology, mode: str, plan: Plan, record_samples: bool = False) -> SoloRun:
     """Simulate one collective alone in a scratch network."""
     kind, ranks, root, nbytes, algorithm = plan
     env = simpy.Environment()
-    net = Network(env, topology, mode=mode)
+    net = Network(env, topology, mode=mode, record_samples=record_samples)
     proc = env.process(run_collective(env, net, kind, ranks, nbytes, root=root,
                                       algorithm=algorithm))
     env.run()
     links = tuple((r.src, r.dst, r.bytes_carried, r.busy_s, r.peak_flows)
                   for r in net.link_records())
-    return SoloRun(float(env.now), str(proc.value or algorithm), links)
+    samples = tuple((x.src, x.dst, x.time_s, x.utilisation) for x in net.link_samples())
+    return SoloRun(float(env.now), str(proc.value or algorithm), links, samples)
 
 
 class SoloLedger:
     """Solo runs by plan, and how many times each was used (for the link
     statistics added at the end)."""
 
-    def __init__(self, topology, mode: str) -> None:
+    def __init__(self, topology, mode: str, record_samples: bool = False) -> None:
         self.topology = topology
         self.mode = mode
+        self.record_samples = record_samples
         self.runs: Dict[Plan, SoloRun] = {}
         self.uses: Dict[Plan, int] = {}
 
     def run(self, plan: Plan) -> SoloRun:
         found = self.runs.get(plan)
         if found is None:
-            found = self.runs[plan] = solo_run(self.topology, self.mode, plan)
+            found = self.runs[plan] = solo_run(self.topology, self.mode, plan,
+                                               self.record_samples)
         self.uses[plan] = self.uses.get(plan, 0) + 1
         return found
+
+    def sample(self, network: Network, plan: Plan, start_s: float) -> None:
+        """Record the link use over time of one solo run started at
+        ``start_s``: the scratch run's samples, shifted (nothing else uses
+        those links, so they are what the network would have recorded)."""
+        for src, dst, time_s, use in self.runs[plan].samples:
+            network.sample_edge(src, dst, start_s + time_s, use)
 
     def settle(self, network: Network) -> None:
         """Add the link statistics of every solo run to ``network``."""

@@ -1,0 +1,84 @@
+"""Collectives that run alone (sim/solo.py) take no events, and change
+nothing: the same step time, op records, link totals and link samples as
+running every collective through the network (``solo=False``), to
+rounding (one addition of the solo duration instead of the clock's sum)."""
+from __future__ import annotations
+
+import pytest
+
+from distsim.api import build_program
+from distsim.sim.simulator import SimulationOptions, simulate_function
+from distsim.sim.solo import solo_teams
+from distsim.sim.network import Network
+from distsim.ir.comm import CollectiveType as C
+import simpy
+
+CASES = [
+    ("mlp", "dgx-a100", dict(dp=8, layers=3, hidden=256, batch=64)),
+    ("mlp", "dgx-a100-x2", dict(dp=16, layers=2, hidden=512, batch=64)),
+    ("tiny", "dgx-a100", dict(dp=2, tp=2, pp=2, microbatches=4, global_batch=8)),
+    ("tiny", "dgx-a100-x2", dict(dp=2, tp=4, pp=2, zero=3)),
+    ("tiny", "dgx-a100-x2", dict(dp=4, tp=4, symmetry=True, coarsen=True)),
+]
+
+
+def _close(a, b):
+    return a == pytest.approx(b, rel=1e-12, abs=1e-18)
+
+
+@pytest.mark.parametrize("mode", ["flow", "analytical"])
+@pytest.mark.parametrize("model,topology,strategy", CASES)
+def test_solo_collectives_change_nothing(model, topology, strategy, mode):
+    program, _, topo = build_program(model, topology, **strategy)
+    runs = {solo: simulate_function(program, topo, options=SimulationOptions(
+        network_mode=mode, solo=solo, record_links=True)) for solo in (False, True)}
+    ref, fast = runs[False], runs[True]
+    assert _close(fast.step_time_s, ref.step_time_s)
+    assert len(fast.ops) == len(ref.ops)
+    key = lambda r: (r.rank, r.stream, r.name)  # noqa: E731
+    for a, b in zip(sorted(ref.ops, key=key), sorted(fast.ops, key=key)):
+        assert a[:5] == b[:5] and a[7:] == b[7:]
+        assert _close(b.start_s, a.start_s) and _close(b.end_s, a.end_s)
+    assert fast.meta["peak_memory_by_category"] == ref.meta["peak_memory_by_category"]
+    links = {(r.src, r.dst): r for r in ref.links}
+    assert {(r.src, r.dst) for r in fast.links} == set(links)
+    for r in fast.links:
+        a = links[(r.src, r.dst)]
+        assert _close(r.bytes_carried, a.bytes_carried) and _close(r.busy_s, a.busy_s)
+        assert r.peak_flows == a.peak_flows
+    # link use over time: the solo path replays a collective's own run (its
+    # first step flow by flow), the reference fast-forwards repeats as mean
+    # use; either way each link's use integrates to the bytes it carried
+    for trace in (ref, fast):
+        carried = _integrals(trace)
+        for r in trace.links:
+            assert carried.get((r.src, r.dst), 0.0) == pytest.approx(r.bytes_carried, rel=1e-9)
+
+
+def _integrals(trace):
+    """Per link, the integral of utilisation x capacity over the samples."""
+    capacity = {(r.src, r.dst): r.bandwidth_Bps for r in trace.links}
+    by_link = {}
+    for sample in trace.link_samples:
+        by_link.setdefault((sample.src, sample.dst), []).append(sample)
+    out = {}
+    for link, samples in by_link.items():
+        samples = sorted(samples, key=lambda x: x.time_s)   # stable: equal times keep order
+        total = 0.0
+        for a, b in zip(samples, samples[1:] + [None]):
+            end = trace.step_time_s if b is None else b.time_s
+            total += a.utilisation * capacity[link] * (end - a.time_s)
+        out[link] = total
+    return out
+
+
+def test_teams_sharing_a_link_are_not_solo():
+    """Two pairs on one server share the switch's links only if their
+    routes overlap: 0-1 and 2-3 over NVSwitch do not; 0-1 and 0-2 do
+    (gpu0's link to the switch)."""
+    from distsim.topology import load_topology
+    net = Network(simpy.Environment(), load_topology("dgx-a100"))
+    plan = lambda ranks: (C.ALL_REDUCE, ranks, None, 1e6, "ring")  # noqa: E731
+    assert solo_teams(net, [plan((0, 1)), plan((2, 3))]) == {frozenset({0, 1}),
+                                                              frozenset({2, 3})}
+    assert solo_teams(net, [plan((0, 1)), plan((0, 2)), plan((4, 5))]) == {frozenset({4, 5})}
