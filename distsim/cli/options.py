@@ -88,9 +88,9 @@ def add_onnx_options(p: argparse.ArgumentParser) -> None:
     """Options of models imported from ONNX files (``--model FILE.onnx``)."""
     g = p.add_argument_group("imported models (--model FILE.onnx)")
     g.add_argument("--train", action="store_true", default=None,
-                   help="append an MSE loss, the backward pass and an AdamW update (fp32 "
-                        "master weights, sharded by --zero) to the forward graph, on any number "
-                        "of devices")
+                   help="append an MSE loss, the backward pass and the optimizer's update "
+                        "(--optimizer, AdamW by default; fp32 master weights, sharded by "
+                        "--zero) to the forward graph, on any number of devices")
     g.add_argument("--input-shape", action="append", metavar="NAME=AxB", dest="input_shape",
                    help="shape of a graph input, e.g. input_ids=8x1024 (repeatable)")
 

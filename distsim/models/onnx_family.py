@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Union
 
 import numpy as np
 import onnx
@@ -39,6 +39,7 @@ from ..ir.types import DType
 from ..transforms.autodiff import Autodiff
 from ..transforms.adam import AdamHyper, AdamW
 from ..transforms.grad_rules import NON_DIFFERENTIABLE
+from ..transforms.optimizer import SGDHyper
 from ..transforms.spmd import LowerSPMD
 from ..transforms.strategy import Strategy
 from .registry import ModelFamily, register_family
@@ -242,13 +243,14 @@ def check_strategy(strategy: Strategy, train: bool, where: str) -> None:
 
 
 def build_onnx(config: Mapping[str, Any], strategy: Strategy,
-               hyper: Optional[AdamHyper] = None) -> Function:
+               hyper: Optional[Union[AdamHyper, SGDHyper]] = None) -> Function:
     """Import at the per-replica micro-batch (``batch / (dp x
     microbatches)``), then the training step lowered by
     :class:`~distsim.transforms.spmd.LowerSPMD` under ``strategy``: ZeRO,
     micro-batches (gradient accumulation), the schedule, DDP buckets,
-    --symmetry and --coarsen as for the built-in transformers, AdamW
-    (``hyper``, default ``lr`` from the config) on any number of devices.
+    --symmetry and --coarsen as for the built-in transformers, the
+    strategy's optimizer (AdamW or SGD; ``hyper``, default ``lr`` from the
+    config) on any number of devices.
     Without ``train``: forward replicas (micro-batches run one after the
     other). Options that cannot apply are a ConfigError."""
     c = _check(config)
@@ -275,15 +277,18 @@ def build_onnx(config: Mapping[str, Any], strategy: Strategy,
         return step
     step.meta["model"] = {"name": config.get("name", "onnx"), "layers": 1,
                           "batch": plan.batch, "micro_batch": plan.local}
-    program = _lower(step, strategy, plan.microbatches,
-                     hyper or AdamHyper(lr=float(c["lr"])))
+    if hyper is None:
+        hyper = (SGDHyper(lr=float(c["lr"])) if strategy.optimizer == "sgd"
+                 else AdamHyper(lr=float(c["lr"])))
+    program = _lower(step, strategy, plan.microbatches, hyper)
     program.meta["model"] = dict(step.meta["model"])
     # the data of the constants, by the name in meta["io"][input]["name"]
     program.meta["constants"] = dict(step.meta.get("constants", {}))
     return program
 
 
-def _lower(step: Function, strategy: Strategy, microbatches: int, hyper: AdamHyper) -> Function:
+def _lower(step: Function, strategy: Strategy, microbatches: int,
+           hyper: Union[AdamHyper, SGDHyper]) -> Function:
     """The per-replica, per-micro-batch ``step`` on every data-parallel
     rank: gradients accumulated over the micro-batches, averaged by
     all-reduce (or reduce-scattered under ZeRO 2/3) and AdamW, or, without

@@ -234,15 +234,22 @@ def test_dp_must_use_every_device_as_for_the_built_in_transformers(capsys):
 
 
 def test_train_help_and_behaviour_agree(capsys):
-    """--train is AdamW on one device and on many (it was documented as SGD)."""
+    """--train appends the update of --optimizer (AdamW by default, SGD on
+    request) on one device and on many; it was documented as SGD only."""
     with pytest.raises(SystemExit):
         main(["simulate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "an AdamW update" in help_text and "SGD" not in help_text
+    start = help_text.index("--train append")
+    train_help = help_text[start:help_text.index("--input-shape", start)]
+    assert "--optimizer, AdamW by default" in train_help
     for topology, dp in (("workstation-4gpu-pcie", 4), ("dgx-a100", 8)):
         r = distsim.simulate(model=str(GPT2), topology=topology, dp=dp, train=True, batch=8,
                              seq=8)
         assert r.program.meta["optimizer"] == "adamw"
         assert "adamw" in {op.op_type for op in r.program.ops}
+    sgd = distsim.simulate(model=str(GPT2), topology="dgx-a100", dp=8, train=True, batch=8,
+                           seq=8, optimizer="sgd")
+    assert sgd.program.meta["optimizer"] == "sgd"
+    assert "adamw" not in {op.op_type for op in sgd.program.ops}
     one = build_onnx(dict(CONFIG, dtype=None), Strategy(dp=1))
     assert one.meta["optimizer"] == "adamw" and one.devices() == [0]
