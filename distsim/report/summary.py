@@ -26,10 +26,11 @@ import json
 import re
 from typing import Any, Dict, List, Sequence, Tuple
 
+import numpy as np
 import pandas as pd
 
 from distsim.fileio import PathLike, write_text_atomic
-from distsim.report.intervals import difference_length, merge_intervals, total_length
+from distsim.report.intervals import union_length_of
 from distsim.report.jsonsafe import json_safe
 from distsim.sim.trace import Trace
 
@@ -56,22 +57,31 @@ def step_time_of(trace: Trace) -> float:
 
 def _device_summary(rank: int, name: str, capacity: int, ops: Sequence, peak: int,
                     step_time_s: float) -> Dict[str, Any]:
-    compute = [(op.start_s, op.end_s) for op in ops if op.category == COMPUTE]
-    comm = [(op.start_s, op.end_s) for op in ops if op.category == COMMUNICATION]
-    busy = total_length(merge_intervals((op.start_s, op.end_s) for op in ops))
+    n = len(ops)
+    starts = np.fromiter((op.start_s for op in ops), dtype=float, count=n)
+    ends = np.fromiter((op.end_s for op in ops), dtype=float, count=n)
+    is_compute = np.fromiter((op.category == COMPUTE for op in ops), dtype=bool, count=n)
+    is_comm = np.fromiter((op.category == COMMUNICATION for op in ops), dtype=bool, count=n)
+    compute_s = union_length_of(starts[is_compute], ends[is_compute])
+    # communication not hidden behind compute: |comm u compute| - |compute|
+    both = is_compute | is_comm
+    exposed = union_length_of(starts[both], ends[both]) - compute_s
+    busy = union_length_of(starts, ends)
+    flops = np.fromiter((op.flops for op in ops), dtype=float, count=n)
+    sent = np.fromiter((op.bytes for op in ops), dtype=float, count=n)
     return {
         "rank": rank,
         "name": name,
         "peak_memory_bytes": int(peak),
         "capacity_bytes": int(capacity),
         "oom": bool(peak > capacity),
-        "compute_s": float(total_length(merge_intervals(compute))),
-        "communication_s": float(total_length(merge_intervals(comm))),
-        "exposed_communication_s": float(difference_length(comm, compute)),
+        "compute_s": float(compute_s),
+        "communication_s": float(union_length_of(starts[is_comm], ends[is_comm])),
+        "exposed_communication_s": float(max(0.0, exposed)),
         "idle_s": float(max(0.0, step_time_s - busy)),
-        "flops": float(sum(op.flops for op in ops)),
-        "communication_bytes": float(sum(op.bytes for op in ops if op.category == COMMUNICATION)),
-        "num_ops": len(ops),
+        "flops": float(flops.sum()),
+        "communication_bytes": float(sent[is_comm].sum()),
+        "num_ops": n,
     }
 
 

@@ -297,25 +297,44 @@ def index_program(function: Function, topology, cost: CostModel,
                    temp_cat if phase == "backward" else act_cat)
         k = len(compute) if sim else NOT_SIMULATED
         where = dev if sim else -2
-        outs = []
-        out_shapes = []
-        for v in outputs:
-            vdev, nbytes, sc = get_info(id(v.type)) or info_of(v)
-            out_shapes.append(sc)
-            if defined_later and v in vid:
+        infos = [get_info(id(v.type)) or info_of(v) for v in outputs]
+        out_shapes = [i[2] for i in infos]
+        if defined_later and any(v in vid for v in outputs):
+            # some were numbered by a forward reference: one by one
+            outs = []
+            for v, (vdev, nbytes, sc) in zip(outputs, infos):
                 vcat = grad_cat if check_names and not explicit and v.name in grad_names else cat
-                outs.append(define(v, vdev, nbytes, vcat, k, where, sc))
-                continue
-            outs.append(len(values))
-            vid[v] = len(values)
-            values.append(v)
-            size.append(nbytes if not in_place or v.name not in in_place else 0)
-            device.append(vdev)
-            category.append(grad_cat if check_names and not explicit and v.name in grad_names
-                            else cat)
-            producer.append(k)
-            home.append(where)
-            shape_of.append(sc)
+                if v in vid:
+                    outs.append(define(v, vdev, nbytes, vcat, k, where, sc))
+                    continue
+                outs.append(len(values))
+                vid[v] = len(values)
+                values.append(v)
+                size.append(nbytes if not in_place or v.name not in in_place else 0)
+                device.append(vdev)
+                category.append(vcat)
+                producer.append(k)
+                home.append(where)
+                shape_of.append(sc)
+        else:
+            # numbered together (a fused op has many outputs)
+            n0 = len(values)
+            nout = len(outputs)
+            outs = range(n0, n0 + nout)
+            vid.update(zip(outputs, outs))
+            values.extend(outputs)
+            device.extend([i[0] for i in infos])
+            if in_place:
+                size.extend([0 if v.name in in_place else i[1] for v, i in zip(outputs, infos)])
+            else:
+                size.extend([i[1] for i in infos])
+            shape_of.extend(out_shapes)
+            if check_names and not explicit:
+                category.extend([grad_cat if v.name in grad_names else cat for v in outputs])
+            else:
+                category.extend([cat] * nout)
+            producer.extend([k] * nout)
+            home.extend([where] * nout)
         if not sim:
             continue
         # cost: once per (op type, operand shapes, sub-functions, attributes)

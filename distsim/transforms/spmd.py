@@ -130,7 +130,8 @@ class Emitter:
     def collective(self, kind: CollectiveType, inputs: Sequence[Optional[Value]],
                    ranks: Sequence[int], names: Sequence[str],
                    meta: Optional[Dict[str, Any]] = None, **attrs: Any) -> List[Optional[Value]]:
-        """Inputs and names follow the team's providing and receiving ranks;
+        """Inputs and names follow the team's providing and receiving ranks
+        (an absent member's name may be None);
         in a reduced program absent members' inputs are None, and so are
         their outputs."""
         # teams as tuples (what Op keeps anyway): hashable, so the emitter's
@@ -257,7 +258,8 @@ class LowerSPMD:
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
         self._crossing_cache: Dict[int, Any] = {}
         self._op_info: Dict[int, tuple] = {}  # id(op) -> (op, its gradients, its layer)
-        self._segment_types: Dict[Tuple[int, int], List[TensorType]] = {}
+        # per (segment, rank): each output's name stem, rank suffix and type
+        self._segment_types: Dict[Tuple[int, int], List[Tuple[str, str, TensorType]]] = {}
         S = strategy
         self.reps: Set[int] = {S.rank(0, s, 0) for s in range(S.pp)}
 
@@ -484,22 +486,45 @@ class LowerSPMD:
         return items
 
     def _emit_segment(self, seg: "_Segment", stage: int, mb: int, base: Dict[str, Any]) -> None:
+        # Hot (once per segment, micro-batch and rank): the output names'
+        # fixed parts and the result types are worked out once per segment
+        # and rank; a name is checked against the taken ones inline.
         em = self.em
         meta = dict(seg.meta, **base)
         attrs = {"segment": seg.function.name, "ops": len(seg.function.ops)}
         acc = self.sync.acc
+        names = em.names
+        taken = names._taken
+        fresh = names.fresh
+        ops = em.function.ops
+        trusted = Op.trusted
+        subs = (seg.function,)
+        mb_part = f"_m{mb}" if self.M > 1 else ""
         for d, t, r in self.group(stage):
-            ins = [acc[(self.grad_of[seg.grad_of_input[v]], r)] if v in seg.grad_of_input
-                   else self.get(v, r, d, t, mb, stage, seg.layer) for v in seg.inputs]
-            types = self._segment_types.get((id(seg), r))
-            if types is None:
-                types = self._segment_types[(id(seg), r)] = [
-                    TensorType(v.type.shape, v.type.dtype, r) for v in seg.outputs]
-            outs = [Value(em.names.fresh(self.local_name(v, r, mb)), ty)
-                    for v, ty in zip(seg.outputs, types)]
-            em.function.ops.append(Op.trusted(FUSED, tuple(ins), tuple(outs), dict(attrs),
-                                              (seg.function,), dict(meta)))
-            env = self.env(r, mb)
+            env = self.menv.get((r, mb))
+            if env is None:
+                env = self.menv[(r, mb)] = {}
+            ins = []
+            for v in seg.inputs:
+                x = env.get(v)
+                if x is None:
+                    x = (acc[(self.grad_of[seg.grad_of_input[v]], r)] if v in seg.grad_of_input
+                         else self.get(v, r, d, t, mb, stage, seg.layer))
+                ins.append(x)
+            plan = self._segment_types.get((id(seg), r))
+            if plan is None:
+                plan = self._segment_types[(id(seg), r)] = [
+                    (v.name, f"_r{r}", TensorType(v.type.shape, v.type.dtype, r))
+                    for v in seg.outputs]
+            outs = []
+            for stem, rank_part, ty in plan:
+                name = stem + mb_part + rank_part      # as local_name
+                if name in taken:
+                    name = fresh(name)
+                else:
+                    taken.add(name)
+                outs.append(Value(name, ty))
+            ops.append(trusted(FUSED, tuple(ins), tuple(outs), dict(attrs), subs, dict(meta)))
             for v, o in zip(seg.outputs, outs):
                 env[v] = o
             if outs:
@@ -555,7 +580,8 @@ class LowerSPMD:
                     if "dim" in op.attrs:
                         attrs["dim"] = op.attrs["dim"]
                     outs = em.collective(kind_c, ins, ranks,
-                                         [self.local_name(op.outputs[0], r, mb) for r in ranks],
+                                         [self.local_name(op.outputs[0], r, mb)
+                                          if self.present(r) else None for r in ranks],
                                          meta, **attrs)
                     for r, o in zip(ranks, outs):
                         if o is not None:

@@ -25,3 +25,19 @@ def test_intersection_and_difference():
     assert intersection_length([(0, 10)], [(1, 2), (3, 4), (9, 12)]) == 3
     assert difference_length([(0, 1)], []) == 1
     assert difference_length([(0, 1)], [(0, 1)]) == 0
+
+
+def test_numpy_union_equals_the_interval_merge():
+    """union_length_of (numpy, used by the summary) against the merge, on
+    random spans including empty, reversed, touching and nested ones."""
+    import numpy as np
+    from distsim.report.intervals import union_length_of
+    rng = np.random.default_rng(7)
+    assert union_length_of(np.array([]), np.array([])) == 0.0
+    assert union_length_of(np.array([0.0, 4.0, 6.0]), np.array([4.0, 6.0, 7.0])) == 7.0
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        starts = rng.integers(0, 50, n).astype(float)
+        ends = starts + rng.integers(-3, 10, n)
+        spans = list(zip(starts.tolist(), ends.tolist()))
+        assert union_length_of(starts, ends) == union_length(spans)
