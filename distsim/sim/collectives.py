@@ -186,3 +186,24 @@ def bytes_sent_per_rank(kind: CollectiveType, p: int, nbytes: float,
     if kind in (CollectiveType.GATHER, CollectiveType.SCATTER):
         return (p - 1) / p * nbytes / p
     return nbytes / p
+
+
+def bytes_sent_by(kind: CollectiveType, ranks: Sequence[int], nbytes: float,
+                  root: Optional[int], algorithm: str = "auto") -> Dict[int, float]:
+    """Bytes each rank of the team puts on the network. Exact where it does
+    not depend on the algorithm: a send/recv's sender sends all, its
+    receiver nothing; a gather's members each send their piece and its
+    root nothing; a scatter's root sends every other piece. For the other
+    kinds, every rank is given the team's average (:func:`bytes_sent_per_rank`,
+    exact for the ring algorithms)."""
+    p = len(ranks)
+    if p < 2 or nbytes <= 0:
+        return {r: 0.0 for r in ranks}
+    if kind is CollectiveType.SEND_RECV:
+        return {r: (float(nbytes) if r == ranks[0] else 0.0) for r in ranks}
+    if kind is CollectiveType.GATHER:
+        return {r: (0.0 if r == root else nbytes / p) for r in ranks}
+    if kind is CollectiveType.SCATTER:
+        return {r: ((p - 1) / p * nbytes if r == root else 0.0) for r in ranks}
+    avg = float(bytes_sent_per_rank(kind, p, nbytes, algorithm))
+    return {r: avg for r in ranks}

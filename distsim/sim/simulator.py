@@ -42,7 +42,7 @@ from ..cost.model import CostModel
 from ..errors import DistsimError, SimulationError
 from ..ir.comm import CollectiveType, collective_of, members
 from ..ir.core import Function, Op, Value, gc_paused
-from .collectives import bytes_sent_per_rank, resolve_algorithm, run_collective
+from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .memory import MemoryAccounting, memory_accounting
 from .network import Network
 from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
@@ -143,6 +143,7 @@ class Simulator:
         self._progress = 0        # blocks and collectives finished (for stall_events)
         self._comm_records: List[OpRecord] = []
         self._plans: Dict[tuple, tuple] = {}    # see _collective_plan
+        self._sent: Dict[tuple, Dict[int, float]] = {}   # (plan, algorithm) -> bytes per rank
         self._solo = SoloLedger(topology, self.options.network_mode, self.options.record_links)
         # Symmetry: representative of each rank, and for each representative
         # the collectives its followers reach at each comm-stream position.
@@ -336,14 +337,18 @@ class Simulator:
         """The collective ran from ``start`` to ``end``: record it on every
         member, announce its outputs, wake the members waiting for it."""
         op = coll.op
-        kind, ranks, _, nbytes, _ = coll.plan or self._collective_plan(op)
+        plan = coll.plan or self._collective_plan(op)
         coll.start_s, coll.end_s = start, end
-        sent = float(bytes_sent_per_rank(kind, len(ranks), nbytes, used))
-        rest = (COMM_STREAM, op.name, op.op_type, "communication", start, end, 0.0, sent, used)
+        sent = self._sent.get((plan, used))
+        if sent is None:
+            kind, ranks, root, nbytes, _ = plan
+            sent = self._sent[(plan, used)] = bytes_sent_by(kind, ranks, nbytes, root, used)
+        name, op_type = op.name, op.op_type
         add = self._comm_records.append
         make = tuple.__new__
         for r in coll.members:
-            add(make(OpRecord, (r,) + rest))
+            add(make(OpRecord, (r, COMM_STREAM, name, op_type, "communication", start, end, 0.0,
+                                sent[r], used)))
         ready, waiters = self._ready, self._waiters
         for n in self.index.collective_outputs[coll.index]:
             ready[n] = end

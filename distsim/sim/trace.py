@@ -18,7 +18,9 @@ class OpRecord(NamedTuple):
 
     ``category`` is ``"compute"`` or ``"communication"``; ``flops`` the
     arithmetic done; ``bytes`` the memory traffic of a compute op or the
-    bytes this device sent for a communication op; ``detail`` free text
+    bytes this device put on the network for a communication op (its own
+    for a send/recv, gather or scatter; the team's average for the other
+    kinds: see :func:`distsim.sim.collectives.bytes_sent_by`); ``detail`` free text
     (e.g. the collective algorithm).
     """
 

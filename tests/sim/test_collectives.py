@@ -115,3 +115,28 @@ def test_bad_teams():
         simulate(star(4), C.BROADCAST, 1e6, root=7)
     with pytest.raises(ConfigError, match="unknown algorithm 'bogus'"):
         simulate(star(4), C.ALL_REDUCE, 1e6, algorithm="bogus")
+
+
+def test_bytes_sent_by_each_rank():
+    from distsim.sim.collectives import bytes_sent_by
+    # the sender sends everything, the receiver nothing
+    assert bytes_sent_by(C.SEND_RECV, (3, 5), 1024, None) == {3: 1024.0, 5: 0.0}
+    # a gather of 400 bytes over 4 ranks: each non-root sends its 100
+    assert bytes_sent_by(C.GATHER, (0, 1, 2, 3), 400, 2) == {0: 100.0, 1: 100.0, 2: 0.0,
+                                                              3: 100.0}
+    # a scatter: the root sends the 3 pieces that are not its own
+    assert bytes_sent_by(C.SCATTER, (0, 1, 2, 3), 400, 0) == {0: 300.0, 1: 0.0, 2: 0.0, 3: 0.0}
+    # a ring all-reduce: every rank sends 2(p-1)/p S
+    assert bytes_sent_by(C.ALL_REDUCE, (0, 1, 2, 3), 800, None) == {r: 1200.0 for r in range(4)}
+
+
+def test_a_send_recv_record_gives_the_sender_the_bytes():
+    from distsim.ir import DType, Function, Op, TensorType, Value
+    from distsim.sim.simulator import simulate_function
+    from distsim.topology import load_topology
+    t0, t1 = TensorType((256,), DType.F32, 0), TensorType((256,), DType.F32, 1)
+    x, y = Value("x", t0), Value("y", t1)
+    f = Function("send", [x], [Op("comm.sendrecv", [x], [y], {"ranks": (0, 1)})], [y])
+    trace = simulate_function(f, load_topology("dgx-a100"))
+    sent = {r.rank: r.bytes for r in trace.ops}
+    assert sent == {0: 1024.0, 1: 0.0}
