@@ -107,6 +107,9 @@ class ProgramIndex:
     collectives: List[Op] = field(default_factory=list)
     collective_inputs: List[Tuple[int, ...]] = field(default_factory=list)
     collective_outputs: List[Tuple[int, ...]] = field(default_factory=list)
+    #: (old, new) value numbers of in-place updates (``meta["updates"]``):
+    #: ``new`` reuses ``old``'s bytes
+    in_place: List[Tuple[int, int]] = field(default_factory=list)
     compute_streams: Dict[int, ComputeStream] = field(default_factory=dict)
     comm_streams: Dict[int, List[int]] = field(default_factory=dict)
     used_devices: Set[int] = field(default_factory=set)
@@ -386,6 +389,12 @@ def index_program(function: Function, topology, cost: CostModel,
         if n is not None:
             kept[n] = True
     ix.kept = kept
+    updates = f.meta.get("updates", {})
+    if updates:
+        number = {v.name: n for n, v in enumerate(values)
+                  if v.name in updates or v.name in in_place}
+        ix.in_place = sorted((number[a], number[b]) for a, b in updates.items()
+                             if a in number and b in number)
     # values read by communication (or, in a malformed program, by another
     # device's compute op) are announced while the simulation runs
     for n in sorted(exported):

@@ -456,6 +456,11 @@ class Simulator:
             np.maximum.at(last_use, readers, np.repeat(coll_end, counts))
         free = np.where(np.isneginf(last_use), ready, last_use)
         free[np.asarray(ix.kept, dtype=bool)] = np.inf
+        # an in-place update (new takes no bytes) keeps old's bytes for as
+        # long as the new value lives: along each chain, newest first
+        for old, new in reversed(ix.in_place):
+            if free[new] > free[old]:
+                free[old] = free[new]
         device = np.asarray(ix.device, dtype=np.int64)
         rep = self._rep
         keep = ~np.isnan(alloc)

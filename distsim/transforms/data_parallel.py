@@ -52,13 +52,17 @@ class DataParallel:
                         f"by the data-parallel degree {self.n}")
         names = NameScope()
         out = Function(function.name)
+        self._in_place: Dict[str, str] = {}   # gradient -> its average (same buffer)
         copies: List[Dict[Value, Value]] = [dict() for _ in self.ranks]
+        # template name -> each replica's name (before gradients are averaged)
+        renamed: List[Dict[str, str]] = [dict() for _ in self.ranks]
 
         def local(v: Value, i: int, shape=None) -> Value:
             t = v.type
             new_t = TensorType(shape or t.shape, t.dtype, self.ranks[i])
             nv = Value(names.fresh(replica_name(v.name, self.ranks[i])), new_t)
             copies[i][v] = nv
+            renamed[i][v.name] = nv.name
             return nv
 
         for v in function.inputs:
@@ -76,6 +80,7 @@ class DataParallel:
                 for v, t in zip(op.outputs, types):
                     nv = Value(names.fresh(replica_name(v.name, self.ranks[i])), t)
                     copies[i][v] = nv
+                    renamed[i][v.name] = nv.name
                     outs.append(nv)
                 out.ops.append(Op(op.op_type, ins, outs, op.attrs, op.subfunctions, op.meta))
             for v in op.outputs:
@@ -83,6 +88,22 @@ class DataParallel:
                     self._all_reduce(out, names, v, copies)
         out.outputs = [copies[i][v] for v in function.outputs for i in range(self.n)]
         out.meta = dict(function.meta)
+        # roles, gradients and in-place updates name template values; add
+        # each replica's names, so that the simulator finds every replica's
+        # weights (resident), gradients and updated weights (in place)
+        for key in ("roles", "grads", "updates"):
+            table = function.meta.get(key)
+            if not isinstance(table, dict):
+                continue
+            extended = dict(table)
+            for names_i in renamed:
+                for k, v in table.items():
+                    if k in names_i:
+                        extended[names_i[k]] = names_i.get(v, v) if key != "roles" else v
+            out.meta[key] = extended
+        # NCCL all-reduces in place: the averaged gradient takes no new bytes
+        if self.n > 1:
+            out.meta["updates"] = dict(out.meta.get("updates", {}), **self._in_place)
         out.meta["dp"] = self.n
         out.meta["dp_ranks"] = list(self.ranks)
         return out
@@ -98,3 +119,4 @@ class DataParallel:
                           meta={"role": "grad_sync"}))
         for i, nv in enumerate(outs):
             copies[i][grad] = nv
+            self._in_place[ins[i].name] = nv.name
