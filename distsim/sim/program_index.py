@@ -154,6 +154,7 @@ def index_program(function: Function, topology, cost: CostModel,
     # id(type) -> (device, bytes, shape-and-dtype class); the function keeps
     # its types alive while this runs
     type_info: Dict[int, Tuple[int, int, int]] = {}
+    by_value: Dict[Any, Tuple[int, int, int]] = {}   # the same, by type equality
     shape_class: Dict[tuple, int] = {}
     vid: Dict[Value, int] = {}
     values, size, device, category, producer = (ix.values, ix.size, ix.device, ix.category,
@@ -173,12 +174,23 @@ def index_program(function: Function, topology, cost: CostModel,
 
     def info_of(v: Value) -> Tuple[int, int, int]:
         t = v.type
+        try:   # an equal type seen before (transforms make a type object per value)
+            info = by_value.get(t)
+        except TypeError:  # an unhashable type
+            info = None
+        if info is not None:
+            type_info[id(t)] = info
+            return info
         dev = device_of(v, known, topology)
         sd = (getattr(t, "shape", None), getattr(t, "dtype", None), type(t))
         c = shape_class.get(sd)
         if c is None:
             c = shape_class[sd] = len(shape_class)
         info = type_info[id(t)] = (dev, t.size_bytes, c)
+        try:
+            by_value[t] = info
+        except TypeError:
+            pass
         return info
 
     defined_later: Set[Value] = set()   # filled on the first forward reference
@@ -236,9 +248,13 @@ def index_program(function: Function, topology, cost: CostModel,
     costs: Dict[tuple, List[Tuple[Dict[str, Any], Tuple[float, float, float]]]] = {}
     get_info = type_info.get
     check_names = bool(grad_names)
+    number_of = vid.__getitem__
+    shape_at = shape_of.__getitem__
     for op in f.ops:
+        # map() with C callables, not comprehensions: in CPython 3.11 each
+        # comprehension call makes a frame, a real cost once per op
         try:
-            ins = tuple([vid[v] for v in op.inputs])
+            ins = tuple(map(number_of, op.inputs))
         except KeyError:
             ins = operands(op)
         meta = op.meta
@@ -300,50 +316,71 @@ def index_program(function: Function, topology, cost: CostModel,
                    temp_cat if phase == "backward" else act_cat)
         k = len(compute) if sim else NOT_SIMULATED
         where = dev if sim else -2
-        infos = [get_info(id(v.type)) or info_of(v) for v in outputs]
-        out_shapes = [i[2] for i in infos]
-        if defined_later and any(v in vid for v in outputs):
-            # some were numbered by a forward reference: one by one
-            outs = []
-            for v, (vdev, nbytes, sc) in zip(outputs, infos):
-                vcat = grad_cat if check_names and not explicit and v.name in grad_names else cat
-                if v in vid:
-                    outs.append(define(v, vdev, nbytes, vcat, k, where, sc))
-                    continue
-                outs.append(len(values))
-                vid[v] = len(values)
-                values.append(v)
-                size.append(nbytes if not in_place or v.name not in in_place else 0)
-                device.append(vdev)
-                category.append(vcat)
-                producer.append(k)
-                home.append(where)
-                shape_of.append(sc)
-        else:
-            # numbered together (a fused op has many outputs)
+        if len(outputs) == 1 and not defined_later:
+            # the common case, without lists
+            v = outputs[0]
+            vdev, nbytes, sc = get_info(id(v.type)) or info_of(v)
+            out_shapes = (sc,)
             n0 = len(values)
-            nout = len(outputs)
-            outs = range(n0, n0 + nout)
-            vid.update(zip(outputs, outs))
-            values.extend(outputs)
-            device.extend([i[0] for i in infos])
-            if in_place:
-                size.extend([0 if v.name in in_place else i[1] for v, i in zip(outputs, infos)])
+            outs = (n0,)
+            vid[v] = n0
+            values.append(v)
+            size.append(0 if in_place and v.name in in_place else nbytes)
+            device.append(vdev)
+            category.append(grad_cat if check_names and not explicit and v.name in grad_names
+                            else cat)
+            producer.append(k)
+            home.append(where)
+            shape_of.append(sc)
+        else:
+            infos = [get_info(id(v.type)) or info_of(v) for v in outputs]
+            out_shapes = tuple([i[2] for i in infos])
+            if defined_later and any(v in vid for v in outputs):
+                # some were numbered by a forward reference: one by one
+                outs = []
+                for v, (vdev, nbytes, sc) in zip(outputs, infos):
+                    vcat = (grad_cat if check_names and not explicit and v.name in grad_names
+                            else cat)
+                    if v in vid:
+                        outs.append(define(v, vdev, nbytes, vcat, k, where, sc))
+                        continue
+                    outs.append(len(values))
+                    vid[v] = len(values)
+                    values.append(v)
+                    size.append(nbytes if not in_place or v.name not in in_place else 0)
+                    device.append(vdev)
+                    category.append(vcat)
+                    producer.append(k)
+                    home.append(where)
+                    shape_of.append(sc)
+                outs = tuple(outs)
             else:
-                size.extend([i[1] for i in infos])
-            shape_of.extend(out_shapes)
-            if check_names and not explicit:
-                category.extend([grad_cat if v.name in grad_names else cat for v in outputs])
-            else:
-                category.extend([cat] * nout)
-            producer.extend([k] * nout)
-            home.extend([where] * nout)
+                # numbered together (a fused op has many outputs)
+                n0 = len(values)
+                nout = len(outputs)
+                outs = tuple(range(n0, n0 + nout))
+                vid.update(zip(outputs, outs))
+                values.extend(outputs)
+                device.extend([i[0] for i in infos])
+                if in_place:
+                    size.extend([0 if v.name in in_place else i[1]
+                                 for v, i in zip(outputs, infos)])
+                else:
+                    size.extend([i[1] for i in infos])
+                shape_of.extend(out_shapes)
+                if check_names and not explicit:
+                    category.extend([grad_cat if v.name in grad_names else cat
+                                     for v in outputs])
+                else:
+                    category.extend([cat] * nout)
+                producer.extend([k] * nout)
+                home.extend([where] * nout)
         if not sim:
             continue
         # cost: once per (op type, operand shapes, sub-functions, attributes)
         subs = op.subfunctions
-        key = (op_type, tuple([shape_of[n] for n in ins]), tuple(out_shapes),
-               tuple([id(g) for g in subs]) if subs else ())
+        key = (op_type, tuple(map(shape_at, ins)), out_shapes,
+               tuple(map(id, subs)) if subs else ())
         entries = costs.get(key)
         attrs = op.attrs
         hit = None
@@ -362,14 +399,18 @@ def index_program(function: Function, topology, cost: CostModel,
         compute_rank.append(dev)
         compute_cost.append(hit)
         compute_inputs.append(ins)
-        compute_outputs.append(tuple(outs))
+        compute_outputs.append(outs)
         stream = streams.get(dev)
         if stream is None:
             stream = streams[dev] = ComputeStream(dev)
         pos = len(stream.ops)
         # operands from outside the stream: anything not a function input
         # and not made earlier by this device's compute stream
-        outside = tuple([n for n in ins if home[n] != dev and home[n] != -1])
+        outside = ()
+        for n in ins:
+            h = home[n]
+            if h != dev and h != -1:
+                outside += (n,)
         if outside:
             # another device's compute output (a malformed program) is
             # announced like one read by communication
