@@ -19,6 +19,7 @@ every other value's times are derived afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..cost.model import CostModel
@@ -250,6 +251,8 @@ def index_program(function: Function, topology, cost: CostModel,
     check_names = bool(grad_names)
     number_of = vid.__getitem__
     shape_at = shape_of.__getitem__
+    type_of, name_of = attrgetter("type"), attrgetter("name")
+    first_of, second, third = itemgetter(0), itemgetter(1), itemgetter(2)
     for op in f.ops:
         # map() with C callables, not comprehensions: in CPython 3.11 each
         # comprehension call makes a frame, a real cost once per op
@@ -325,7 +328,7 @@ def index_program(function: Function, topology, cost: CostModel,
             outs = (n0,)
             vid[v] = n0
             values.append(v)
-            size.append(0 if in_place and v.name in in_place else nbytes)
+            size.append(nbytes)          # in-place updates: set to 0 after the loop
             device.append(vdev)
             category.append(grad_cat if check_names and not explicit and v.name in grad_names
                             else cat)
@@ -333,8 +336,10 @@ def index_program(function: Function, topology, cost: CostModel,
             home.append(where)
             shape_of.append(sc)
         else:
-            infos = [get_info(id(v.type)) or info_of(v) for v in outputs]
-            out_shapes = tuple([i[2] for i in infos])
+            infos = list(map(get_info, map(id, map(type_of, outputs))))
+            if None in infos:
+                infos = [info or info_of(v) for info, v in zip(infos, outputs)]
+            out_shapes = tuple(map(third, infos))
             if defined_later and any(v in vid for v in outputs):
                 # some were numbered by a forward reference: one by one
                 outs = []
@@ -361,12 +366,8 @@ def index_program(function: Function, topology, cost: CostModel,
                 outs = tuple(range(n0, n0 + nout))
                 vid.update(zip(outputs, outs))
                 values.extend(outputs)
-                device.extend([i[0] for i in infos])
-                if in_place:
-                    size.extend([0 if v.name in in_place else i[1]
-                                 for v, i in zip(outputs, infos)])
-                else:
-                    size.extend([i[1] for i in infos])
+                device.extend(map(first_of, infos))
+                size.extend(map(second, infos))   # in-place updates: set to 0 after the loop
                 shape_of.extend(out_shapes)
                 if check_names and not explicit:
                     category.extend([grad_cat if v.name in grad_names else cat
@@ -432,8 +433,13 @@ def index_program(function: Function, topology, cost: CostModel,
     ix.kept = kept
     updates = f.meta.get("updates", {})
     if updates:
-        number = {v.name: n for n, v in enumerate(values)
-                  if v.name in updates or v.name in in_place}
+        # values updated in place take no new bytes; (old, new) pairs
+        wanted = set(updates) | in_place
+        number = {name: n for n, name in enumerate(map(name_of, values)) if name in wanted}
+        for name in in_place:
+            n = number.get(name)
+            if n is not None:
+                size[n] = 0
         ix.in_place = sorted((number[a], number[b]) for a, b in updates.items()
                              if a in number and b in number)
     # values read by communication (or, in a malformed program, by another
