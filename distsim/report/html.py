@@ -24,8 +24,8 @@ from distsim.fileio import PathLike, write_text_atomic
 from distsim.report.figures import DPI
 from distsim.report.summary import GB, MS, format_summary_table
 from distsim.report.sweep_charts import (CHART_FILES, breakdown_figure, heatmap_axes, ranked,
-                                         heatmap_figure, param_columns, pareto_figure,
-                                         scaling_figure, simulated, throughput_column)
+                                         heatmap_figure, objective, param_columns, pareto_figure,
+                                         scaling_figure, throughput_column)
 
 ImageLike = Union[Figure, bytes, str, Path]
 
@@ -141,12 +141,16 @@ def sweep_report_html(df: pd.DataFrame, title: str = "distsim sweep",
                 + f" of {len(df)} configurations.</p>")
     ok = ranked(df)     # best first: step time at a common batch, else throughput
     col, label = throughput_column(df)
+    # "fastest" only when every point trains the same batch; else "best" by throughput
+    by_throughput = objective(df).higher
+    best_word = "Highest-throughput" if by_throughput else "Fastest"
     fits = ok[~ok["oom"].fillna(False).astype(bool)]
     if len(fits):
         best = fits.iloc[0]
-        body.append("<p>Fastest configuration that fits in memory: <b>" + html.escape(
+        body.append(f"<p>{best_word} configuration that fits in memory: <b>" + html.escape(
             ", ".join(f"{p}={_cell(best[p])}" for p in params)) +
-            f"</b>: {best['step_time_s'] * MS:.4g} ms per step.</p>")
+            f"</b>: {best['step_time_s'] * MS:.4g} ms per step"
+            + (f", {best[col]:.4g} {html.escape(label)}" if by_throughput else "") + ".</p>")
     rows = []
     for _, r in ok.head(top).iterrows():
         row = {p: r[p] for p in params}
@@ -158,7 +162,7 @@ def sweep_report_html(df: pd.DataFrame, title: str = "distsim sweep",
         rows.append(row)
     cols = [*params, "step ms", label.split(" ")[-1], "MFU", "peak GB", "OOM",
             "exposed comm ms", "bubble ms"]
-    body.append(f"<h2>Fastest configurations (top {min(top, len(ok))} of {len(ok)} "
+    body.append(f"<h2>{best_word} configurations (top {min(top, len(ok))} of {len(ok)} "
                 "simulated)</h2>")
     body.append(table_html(rows, cols, text_columns=params) if rows
                 else '<p class="muted">none</p>')

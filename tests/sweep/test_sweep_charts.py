@@ -127,3 +127,17 @@ def test_best_is_the_shortest_step_at_a_common_batch():
     front = pareto_front(df.assign(max_peak_memory_bytes=[4, 3, 2, 1]), "samples_per_s",
                          x_higher=True)
     assert list(front["index"]) == [2, 3]                  # 128/s at 2 B, then 32/s at 1 B
+
+
+def test_html_report_says_what_it_ranks_by():
+    """A sweep whose points train different batches ranks by throughput, and
+    its report says 'highest-throughput', not 'fastest' (the shortest step
+    there is dp=2's small batch, index 2; the best point is index 3)."""
+    from distsim.report.html import sweep_report_html
+    mixed = frame([8, 64, 8, 64], [1.0, 4.0, 0.5, 2.0]).assign(mfu=0.5)
+    text = sweep_report_html(mixed, charts={})
+    assert "Highest-throughput configuration that fits in memory: <b>dp=2, batch=64</b>" in text
+    assert "Fastest" not in text
+    common = frame([64, 64, 64, 64], [1.0, 4.0, 0.5, 2.0]).assign(mfu=0.5)
+    text = sweep_report_html(common, charts={})
+    assert "Fastest configuration that fits in memory: <b>dp=2, batch=64</b>: 500 ms" in text
