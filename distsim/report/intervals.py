@@ -9,7 +9,7 @@ on merged (sorted, disjoint) interval lists.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -44,15 +44,19 @@ def union_length(intervals: Iterable[Interval]) -> float:
 
 def intersection_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
     """Length of ``union(a) ∩ union(b)``, by a linear sweep of both merged lists."""
-    ma, mb = merge_intervals(a), merge_intervals(b)
+    return merged_overlap(merge_intervals(a), merge_intervals(b))
+
+
+def merged_overlap(a: Sequence[Interval], b: Sequence[Interval]) -> float:
+    """Length of the overlap of two merged (sorted, disjoint) interval lists."""
     i = j = 0
     total = 0.0
-    while i < len(ma) and j < len(mb):
-        lo = max(ma[i][0], mb[j][0])
-        hi = min(ma[i][1], mb[j][1])
+    while i < len(a) and j < len(b):
+        lo = a[i][0] if a[i][0] > b[j][0] else b[j][0]
+        hi = a[i][1] if a[i][1] < b[j][1] else b[j][1]
         if hi > lo:
             total += hi - lo
-        if ma[i][1] < mb[j][1]:
+        if a[i][1] < b[j][1]:
             i += 1
         else:
             j += 1

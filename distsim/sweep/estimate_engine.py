@@ -19,6 +19,7 @@ from collections import deque
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SimulationError
+from ..report.intervals import merged_overlap
 
 COMPUTE, COMM = 0, 1
 
@@ -145,24 +146,10 @@ class Timeline:
                 if 2 * stage not in it.streams]
         busy = sum(e - s for s, e in compute)
         comm_s = sum(e - s for s, e in comm)
-        hidden = _overlap(compute, comm)
+        hidden = merged_overlap(compute, comm)
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,
                 "idle_s": max(0.0, step_s - busy - exposed), "flops": flops}
 
 
-def _overlap(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
-    """Total overlap of two lists of disjoint intervals sorted by start."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo = a[i][0] if a[i][0] > b[j][0] else b[j][0]
-        hi = a[i][1] if a[i][1] < b[j][1] else b[j][1]
-        if hi > lo:
-            total += hi - lo
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total

@@ -29,7 +29,8 @@ from ..models.gpt import GPTConfig
 from ..sim.collectives import run_collective
 from ..sim.network import Network
 from ..topology import Topology, load_topology
-from ..transforms.pipeline import partition_balanced, partition_layers, schedule_tasks
+from ..transforms.pipeline import (partition_balanced, partition_layers, schedule_tasks,
+                                  task_dependencies)
 from ..transforms.strategy import Strategy
 from .estimate_engine import Item, Timeline
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
@@ -123,13 +124,7 @@ def merge_order(per_rank: List[List[Tuple[str, int, int]]], chunks: int,
         if pos[r] == len(per_rank[r]):
             return
         kind, mb, c = per_rank[r][pos[r]]
-        deps = []
-        if kind == "F" and c > 0:
-            deps.append(("F", mb, c - 1))
-        if kind == "B":
-            deps.append(("F", mb, c))
-            if c < chunks - 1:
-                deps.append(("B", mb, c + 1))
+        deps = task_dependencies(kind, mb, c, chunks)
         start = free[r]
         for d in deps:
             end = done.get(d)

@@ -170,6 +170,20 @@ def schedule_tasks(schedule: str, pp: int, m: int, v: int) -> List[List[Task]]:
     return [SCHEDULES[schedule](pp, m, v, r) for r in range(pp)]
 
 
+def task_dependencies(kind: str, mb: int, c: int, chunks: int) -> List[Tuple[str, int, int]]:
+    """The tasks a pipeline task waits for: a forward the previous chunk's
+    forward of its micro-batch; a backward its own forward and the next
+    chunk's backward."""
+    deps: List[Tuple[str, int, int]] = []
+    if kind == "F" and c > 0:
+        deps.append(("F", mb, c - 1))
+    if kind == "B":
+        deps.append(("F", mb, c))
+        if c < chunks - 1:
+            deps.append(("B", mb, c + 1))
+    return deps
+
+
 def merge_tasks(per_rank: List[List[Task]], chunks: int,
                 cost: Callable[[Task], float] = lambda t: 1.0 if t[0] == "F" else 2.0
                 ) -> List[Tuple[int, Task, float, float]]:
@@ -189,13 +203,7 @@ def merge_tasks(per_rank: List[List[Task]], chunks: int,
             if pos[r] == len(tasks):
                 continue
             kind, mb, c = tasks[pos[r]]
-            deps = []
-            if kind == "F" and c > 0:
-                deps.append(("F", mb, c - 1))
-            if kind == "B":
-                deps.append(("F", mb, c))
-                if c < chunks - 1:
-                    deps.append(("B", mb, c + 1))
+            deps = task_dependencies(kind, mb, c, chunks)
             if any(d not in done for d in deps):
                 continue
             start = max([free[r]] + [done[d] for d in deps])
