@@ -1,4 +1,4 @@
-"""A fast estimate of a GPT training step: milliseconds instead of a build
+"""A fast estimate of a GPT training step: a fraction of a second instead of a build
 and a simulation.
 
     from distsim.sweep.estimate import estimate
