@@ -60,12 +60,6 @@ def memory_accounting(device: np.ndarray, size: np.ndarray, category: np.ndarray
     bounds = np.flatnonzero(np.diff(dev)) + 1
     starts = np.concatenate([[0], bounds])
     ends = np.concatenate([bounds, [len(dev)]])
-    keep = None
-    if record_samples:
-        # one sample per (device, time): the live bytes after its last event
-        last = np.ones(len(dev), dtype=bool)
-        last[:-1] = (dev[1:] != dev[:-1]) | (time_s[1:] != time_s[:-1])
-        keep = last
     live_parts = []
     for a, b in zip(starts.tolist(), ends.tolist()):
         rank = int(dev[a])
@@ -87,6 +81,9 @@ def memory_accounting(device: np.ndarray, size: np.ndarray, category: np.ndarray
                 by_cat[categories[c]] = b
         out.peak_by_category[rank] = by_cat
     if record_samples:
+        # one sample per (device, time): the live bytes after its last event
+        keep = np.ones(len(dev), dtype=bool)
+        keep[:-1] = (dev[1:] != dev[:-1]) | (time_s[1:] != time_s[:-1])
         live_all = np.concatenate(live_parts)
         make = tuple.__new__   # MemorySample(...) checks its arguments: slow by the million
         out.samples = [make(MemorySample, s) for s in

@@ -147,18 +147,19 @@ class Network:
             return hit
         topo = self.topology
         route = topo.route(src, dst, key)
-        links = []
-        for edge in route:
-            idx = self._edge_index.get(edge)
-            if idx is None:
-                idx = len(self._edges)
-                self._edge_index[edge] = idx
-                self._edges.append(edge)
-                self._capacity.append(float(topo.graph.edges[edge]["bandwidth_Bps"]))
-            links.append(idx)
+        links = [self._link(edge) for edge in route]
         out = (tuple(links), topo.path_latency_s(route), topo.path_bandwidth_Bps(route))
         self._routes[(src, dst, key)] = out
         return out
+
+    def _link(self, edge: Tuple[str, str]) -> int:
+        """The index of a topology edge, numbered on first use."""
+        idx = self._edge_index.get(edge)
+        if idx is None:
+            idx = self._edge_index[edge] = len(self._edges)
+            self._edges.append(edge)
+            self._capacity.append(float(self.topology.graph.edges[edge]["bandwidth_Bps"]))
+        return idx
 
     def route_info(self, src: int, dst: int, key: int = 0
                    ) -> Tuple[Tuple[int, ...], float, Tuple[float, ...]]:
@@ -434,9 +435,6 @@ class Network:
         that may be ahead of the clock: readers sort samples by time)."""
         self.samples.append(LinkSample(src, dst, time_s, utilisation))
 
-    def edge_capacity_Bps(self, src: str, dst: str) -> float:
-        return float(self.topology.graph.edges[(src, dst)]["bandwidth_Bps"])
-
     def mean_uses(self, link_bytes: Iterable[Tuple[int, float]], duration_s: float
                   ) -> Dict[int, float]:
         """Per link, the mean utilisation of carrying its bytes in ``duration_s``."""
@@ -473,12 +471,7 @@ class Network:
     def add_edge_stats(self, src: str, dst: str, nbytes: float, busy_s: float,
                        peak: int) -> None:
         """:meth:`add_link_stats` for the link ``src -> dst`` of the topology."""
-        idx = self._edge_index.get((src, dst))
-        if idx is None:
-            idx = self._edge_index[(src, dst)] = len(self._edges)
-            self._edges.append((src, dst))
-            self._capacity.append(float(self.topology.graph.edges[(src, dst)]["bandwidth_Bps"]))
-        self.add_link_stats(idx, nbytes, busy_s, peak)
+        self.add_link_stats(self._link((src, dst)), nbytes, busy_s, peak)
 
     def link_records(self) -> List[LinkRecord]:
         """Totals per directed link that carried traffic, busiest first."""

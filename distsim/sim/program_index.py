@@ -148,7 +148,8 @@ def index_program(function: Function, topology, cost: CostModel,
     ix = ProgramIndex(f)
     roles = f.meta.get("roles", {})
     grad_names = set(f.meta.get("grads", {}).values())
-    # Optimizer updates overwrite their parameter in place: no new bytes.
+    # Updates overwrite their old value in place: no new bytes (every
+    # value's size is set to 0 after the loop for the new names here).
     in_place = set(f.meta.get("updates", {}).values())
     known = set(topology.ranks)
     cat_index: Dict[str, int] = {}
@@ -224,7 +225,7 @@ def index_program(function: Function, topology, cost: CostModel,
                sc: int) -> int:
         """Fill in a value numbered by a forward reference."""
         n = vid[v]
-        size[n] = 0 if v.name in in_place else nbytes
+        size[n] = nbytes
         device[n], category[n], producer[n], home[n], shape_of[n] = dev, cat, prod, where, sc
         return n
 
@@ -232,7 +233,7 @@ def index_program(function: Function, topology, cost: CostModel,
         dev, nbytes, c = type_info.get(id(v.type)) or info_of(v)
         vid[v] = len(values)
         values.append(v)
-        size.append(0 if v.name in in_place else nbytes)
+        size.append(nbytes)
         device.append(dev)
         category.append(cat_of(value_category(v, None, roles, grad_names)))
         producer.append(-1)
@@ -271,15 +272,9 @@ def index_program(function: Function, topology, cost: CostModel,
             ix.collectives.append(op)
             ix.collective_inputs.append(ins)
             exported.update(ins)
-            explicit = meta.get("category")
             outs = []
             for v in op.outputs:
-                if explicit:
-                    cat = cat_of(explicit)
-                elif v.name in grad_names or meta.get("role") == "grad_sync":
-                    cat = grad_cat
-                else:
-                    cat = cat_of(value_category(v, op, roles, grad_names))
+                cat = cat_of(value_category(v, op, roles, grad_names))
                 dev, nbytes, sc = get_info(id(v.type)) or info_of(v)
                 if v in vid:
                     outs.append(define(v, dev, nbytes, cat, -2 - c, -2, sc))
@@ -287,7 +282,7 @@ def index_program(function: Function, topology, cost: CostModel,
                 outs.append(len(values))
                 vid[v] = len(values)
                 values.append(v)
-                size.append(0 if v.name in in_place else nbytes)
+                size.append(nbytes)
                 device.append(dev)
                 category.append(cat)
                 producer.append(-2 - c)
@@ -328,7 +323,7 @@ def index_program(function: Function, topology, cost: CostModel,
             outs = (n0,)
             vid[v] = n0
             values.append(v)
-            size.append(nbytes)          # in-place updates: set to 0 after the loop
+            size.append(nbytes)
             device.append(vdev)
             category.append(grad_cat if check_names and not explicit and v.name in grad_names
                             else cat)
@@ -352,7 +347,7 @@ def index_program(function: Function, topology, cost: CostModel,
                     outs.append(len(values))
                     vid[v] = len(values)
                     values.append(v)
-                    size.append(nbytes if not in_place or v.name not in in_place else 0)
+                    size.append(nbytes)
                     device.append(vdev)
                     category.append(vcat)
                     producer.append(k)
@@ -367,7 +362,7 @@ def index_program(function: Function, topology, cost: CostModel,
                 vid.update(zip(outputs, outs))
                 values.extend(outputs)
                 device.extend(map(first_of, infos))
-                size.extend(map(second, infos))   # in-place updates: set to 0 after the loop
+                size.extend(map(second, infos))
                 shape_of.extend(out_shapes)
                 if check_names and not explicit:
                     category.extend([grad_cat if v.name in grad_names else cat

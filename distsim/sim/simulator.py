@@ -327,7 +327,9 @@ class Simulator:
         start = max(coll.arrivals.values())
         if start > env.now:
             yield env.timeout(start - env.now)
-        kind, ranks, root, nbytes, algorithm = coll.plan or self._collective_plan(op)
+        if coll.plan is None:
+            coll.plan = self._collective_plan(op)
+        kind, ranks, root, nbytes, algorithm = coll.plan
         # the collective's steps run inside this process (no process of its own)
         used = yield from run_collective(env, self.network, kind, ranks, nbytes,
                                          root=root, algorithm=algorithm)
@@ -336,8 +338,7 @@ class Simulator:
     def _complete(self, coll: _Collective, start: float, end: float, used: str) -> None:
         """The collective ran from ``start`` to ``end``: record it on every
         member, announce its outputs, wake the members waiting for it."""
-        op = coll.op
-        plan = coll.plan or self._collective_plan(op)
+        op, plan = coll.op, coll.plan   # set by _find_solo or _run_collective
         coll.start_s, coll.end_s = start, end
         sent = self._sent.get((plan, used))
         if sent is None:
@@ -368,9 +369,9 @@ class Simulator:
         ix = self._prepare()
         prefixes = {rank: list(accumulate(stream.durations, initial=0.0))
                     for rank, stream in ix.compute_streams.items()}
-        streams = [((rank, COMPUTE_STREAM), rank) for rank in ix.compute_streams]
-        streams += [((rank, COMM_STREAM), rank) for rank in ix.comm_streams]
-        for (rank, kind), _ in sorted(streams):
+        streams = [(rank, COMPUTE_STREAM) for rank in ix.compute_streams]
+        streams += [(rank, COMM_STREAM) for rank in ix.comm_streams]
+        for rank, kind in sorted(streams):
             if kind == COMPUTE_STREAM:
                 self.env.process(self._compute_stream(ix.compute_streams[rank], prefixes[rank]))
             else:
@@ -412,13 +413,10 @@ class Simulator:
                    for op, rank, cost, s, e in zip(ix.compute, ix.compute_rank, ix.compute_cost,
                                                    start_s.tolist(), end_s.tolist())]
         comm = self._comm_records
-        if not comm:
-            keys = (end_s, np.asarray(ix.compute_rank), start_s)
-            return [compute[i] for i in np.lexsort(keys).tolist()]
         records = compute + comm
-        starts = np.concatenate([start_s, [r.start_s for r in comm]])
-        ends = np.concatenate([end_s, [r.end_s for r in comm]])
-        ranks = np.concatenate([ix.compute_rank, [r.rank for r in comm]]).astype(np.int64)
+        starts = np.concatenate([start_s, np.array([r.start_s for r in comm], dtype=float)])
+        ends = np.concatenate([end_s, np.array([r.end_s for r in comm], dtype=float)])
+        ranks = np.array(ix.compute_rank + [r.rank for r in comm], dtype=np.int64)
         # "comm" sorts before "compute"
         streams = np.concatenate([np.ones(len(compute), np.int8), np.zeros(len(comm), np.int8)])
         order = np.lexsort((ends, streams, ranks, starts))
