@@ -32,6 +32,7 @@ from ..topology import Topology, load_topology
 from ..transforms.pipeline import (partition_balanced, partition_layers, schedule_tasks,
                                   task_dependencies)
 from ..transforms.strategy import Strategy
+from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_engine import Item, Timeline
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
 
@@ -238,9 +239,8 @@ class Builder:
 
     @property
     def scatter_each(self) -> bool:
-        """ZeRO 2/3 reduce-scatter every micro-batch's gradients as they are
-        produced (bucket 0: once, after the backward pass)."""
-        return self.zero >= 2 and self.dp > 1 and self.bucket != 0
+        """As GradientSync: see :func:`scatters_each_microbatch`."""
+        return scatters_each_microbatch(self.zero, self.dp, self.bucket)
 
     def block_grads(self, block: str, layer: Optional[int]) -> List[tuple]:
         return [(block, layer, i) for i in range(len(self.prof.params[block]))]
@@ -409,13 +409,14 @@ class Builder:
 
     def ready(self, key: tuple, stage: int, item: Optional[Item]) -> None:
         self.final[key] = item
-        if self.dp == 1:
+        route = sync_route(self.zero, self.dp, self.bucket)   # as GradientSync._ready
+        if route == "local":
             self.synced[key] = item
             return
-        if self.bucket == 0:
+        if route == "deferred":
             self.deferred.setdefault(stage, []).append(key)
             return
-        if self.zero >= 2 or self.bucket is None:
+        if route == "each":
             self.sync_one(key, stage)
             return
         bucket = self.pending.setdefault(stage, [])

@@ -110,6 +110,28 @@ def tp_unshard(pieces: Sequence[np.ndarray], spec: Optional[Tuple[int, Sequence[
     return whole
 
 
+def scatters_each_microbatch(zero: int, dp: int, bucket_bytes: Optional[float]) -> bool:
+    """ZeRO 2/3 reduce-scatter every micro-batch's gradients as they are
+    produced (bucket 0: once, after the backward pass, from a whole local
+    accumulation)."""
+    return zero >= 2 and dp > 1 and bucket_bytes != 0
+
+
+def sync_route(zero: int, dp: int, bucket_bytes: Optional[float]) -> str:
+    """How a parameter's last gradient is synchronised once ready:
+    ``"local"`` (no data parallelism), ``"deferred"`` (bucket 0: after the
+    backward pass), ``"each"`` (on its own: ZeRO 2/3 or no buckets) or
+    ``"bucket"`` (into the stage's pending bucket, flushed when it holds
+    ``bucket_bytes``)."""
+    if dp == 1:
+        return "local"
+    if bucket_bytes == 0:
+        return "deferred"
+    if zero >= 2 or bucket_bytes is None:
+        return "each"
+    return "bucket"
+
+
 class GradientSync:
     """Per-parameter gradient buffers, accumulation, data-parallel sync,
     ZeRO sharding and the optimizer of a step lowered by LowerSPMD (see
@@ -137,9 +159,7 @@ class GradientSync:
         bucket = self.S.bucket_mb
         self.bucket_bytes = None if bucket is None else float(bucket) * MB
         self.tied = dict(step.meta.get("tied", {}))
-        # ZeRO 2/3 reduce-scatter every micro-batch's gradient (bucket 0:
-        # once, after the backward pass, from a whole local accumulation)
-        self.scatter_each = self.zero >= 2 and self.S.dp > 1 and self.bucket_bytes != 0
+        self.scatter_each = scatters_each_microbatch(self.zero, self.S.dp, self.bucket_bytes)
 
     # -- inputs ------------------------------------------------------------
     def stage(self, p: Value) -> int:
@@ -320,14 +340,15 @@ class GradientSync:
         return out
 
     def _ready(self, p: Value, stage: int) -> None:
-        if self.S.dp == 1:
+        route = sync_route(self.zero, self.S.dp, self.bucket_bytes)
+        if route == "local":
             for _, _, r in self.L.group(stage):
                 self.synced[(p, r)] = self.acc[(p, r)]
             return
-        if self.bucket_bytes == 0:
+        if route == "deferred":
             self.deferred.setdefault(stage, []).append(p)
             return
-        if self.zero >= 2 or self.bucket_bytes is None:
+        if route == "each":
             self._sync_one(p, stage)
             return
         bucket = self.pending.setdefault(stage, [])
