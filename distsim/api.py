@@ -16,6 +16,7 @@ from .cost.model import CostModel
 from .errors import ConfigError
 from .ir.core import Function
 from .ir.verifier import verify
+from .ir.verify_beside import verified_beside
 from .models import family_of, load_model_config
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
@@ -218,12 +219,14 @@ _MODEL_FIELDS = MODEL_FIELDS  # the name sweeps looked for first
 
 def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                   topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
-                  max_ops: Optional[int] = None,
+                  max_ops: Optional[int] = None, verify_program: bool = True,
                   **options: Any) -> tuple:
     """Resolve the model config, topology and strategy and build the
     local-view program. Returns ``(program, config, topology)``. A program
     estimated at more than ``max_ops`` ops (None: :data:`DEFAULT_MAX_OPS`,
-    0: no limit) is refused before anything is built."""
+    0: no limit) is refused before anything is built. The program is
+    verified unless ``verify_program`` is False (the caller's job then:
+    :func:`simulate` verifies it beside the simulation)."""
     op_limit = check_max_ops(max_ops)
     topo = topology if isinstance(topology, Topology) else load_topology(str(topology))
     config = load_model_config(model)
@@ -258,7 +261,8 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
             + (", or --symmetry" if config.get("family") == "gpt" and not strategy.symmetry
                else "") + " (--max-ops 0: no limit)")
     program = family_of(config).build(config, strategy)
-    verify(program, known_devices=topo.ranks)
+    if verify_program:
+        verify(program, known_devices=topo.ranks)
     resolved = {"model": config.get("name"), **{k: v for k, v in config.items()
                                                   if k not in ("name",)},
                 "topology": topo.name, **strategy.to_dict()}
@@ -296,14 +300,18 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     if network_mode not in ("flow", "analytical"):
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
     check_algorithm_name(collective_algo)
-    program, config, topo = build_program(model, topology, max_ops=max_ops, **options)
+    program, config, topo = build_program(model, topology, max_ops=max_ops,
+                                          verify_program=False, **options)
     config.update(network_mode=network_mode, collective_algo=collective_algo)
     # Symmetry: a family that built a reduced program (meta "represents")
     # has applied it already; otherwise the simulator finds the classes.
     symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
-    trace = simulate_function(program, topo, CostModel(topo.device_spec),
-                              SimulationOptions(network_mode=network_mode,
-                                                collective_algorithm=collective_algo,
-                                                symmetry=symmetry, max_wall_s=wall,
-                                                record_links=bool(record_links)))
+    # a large program is verified on another core while it is simulated;
+    # the verifier's error, if any, is the one raised
+    with verified_beside(program, known_devices=topo.ranks):
+        trace = simulate_function(program, topo, CostModel(topo.device_spec),
+                                  SimulationOptions(network_mode=network_mode,
+                                                    collective_algorithm=collective_algo,
+                                                    symmetry=symmetry, max_wall_s=wall,
+                                                    record_links=bool(record_links)))
     return SimulationResult(trace, program, config, topo, max_trace_records=trace_limit)
