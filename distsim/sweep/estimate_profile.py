@@ -4,8 +4,11 @@ A GPT training step is the same transformer layer over and over. Instead of
 building the whole program, :func:`layer_profile` builds the step of a
 **two-layer** copy of the model for one tensor-parallel group (``dp = pp =
 1``, two micro-batches), lowers it with the real
-:class:`~distsim.transforms.spmd.LowerSPMD` and simulates it with the real
-simulator in the analytical network mode (so compute times come from the
+:class:`~distsim.transforms.spmd.LowerSPMD` (``representatives``: the ops of
+tensor-parallel rank 0 only, whose peers run the same ops at the same
+times; rank 0's timeline is the same as in the full program, at a 1/tp of
+the cost) and simulates it with the real simulator in the analytical
+network mode (so compute times come from the
 :class:`~distsim.cost.model.CostModel` and tensor-parallel collectives from
 the alpha-beta model of the topology). From rank 0's timeline it reads,
 per *block* (the embedding, one transformer layer, the head with the loss):
@@ -157,7 +160,7 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 
 
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
-              micro_batch: int, untie: bool, optimizer: str
+              micro_batch: int, untie: bool, optimizer: str, representatives: bool = True
               ) -> Tuple[Function, Function, LowerSPMD]:
     c = replace(config, layers=_TEMPLATE_LAYERS, micro_batch=micro_batch,
                 global_batch=2 * micro_batch)
@@ -165,7 +168,7 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
                                       recompute=recompute), micro_batch)
     lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
                                microbatches=2, optimizer=optimizer), 2,
-                      hyper_of(c, optimizer), c.master_dtype)
+                      hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
     return step, lower(step), lower
 
 
@@ -190,13 +193,25 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw") -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
-    sorted pairs) under a tensor-parallel layout (see the module docstring)."""
+    sorted pairs) under a tensor-parallel layout (see the module docstring),
+    cached per process."""
+    return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
+                         collective_algo, optimizer)
+
+
+def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
+                  zero: int, micro_batch: int, untie: bool, topology: str,
+                  collective_algo: str = "auto", optimizer: str = "adamw",
+                  representatives: bool = True) -> LayerProfile:
+    """:func:`layer_profile`, uncached; ``representatives=False`` lowers
+    every tensor-parallel rank of the template (the same profile, slower:
+    a test checks they agree)."""
     import time
     started = time.perf_counter()
     config = GPTConfig(**dict(config_items))
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
-                                     untie, optimizer)
+                                     untie, optimizer, representatives)
     topo = load_topology(topology)
     trace = simulate_function(program, topo, CostModel(topo.device_spec),
                               SimulationOptions(network_mode="analytical",

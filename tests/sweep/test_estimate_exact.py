@@ -1,0 +1,36 @@
+"""The estimator's shortcuts against the slow paths they replace: each
+must give the same numbers (bit for bit), not merely close ones. How close
+the estimator comes to the simulator is tests/sweep/test_estimate.py's."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from distsim.sweep import estimate as est
+from distsim.sweep import estimate_profile as ep
+
+GPT2 = {"model": "gpt2", "layers": 4, "global_batch": 32, "network_mode": "analytical"}
+
+
+def _profile_args(case: est.Case) -> tuple:
+    c, S = case.config, case.strategy
+    items = tuple(sorted(dataclasses.replace(c, global_batch=c.micro_batch).to_dict().items()))
+    zero = 3 if S.zero == 3 else (1 if S.zero else 0)
+    return (items, S.tp, S.sp, S.recompute, zero, c.micro_batch, S.pp > 1,
+            case.topology_name, case.collective_algo, S.optimizer)
+
+
+@pytest.mark.parametrize("strategy", [dict(dp=2, tp=4, zero=3, recompute="selective"),
+                                      dict(dp=2, tp=2, pp=2, zero=1, sp=True),
+                                      dict(dp=2, tp=4, pp=1, recompute="full", zero=2)])
+def test_the_template_of_representatives_is_the_full_template(strategy):
+    # the profile lowers tensor-parallel rank 0 only; its timeline is the
+    # one it has among all its peers
+    case = est.resolve({**GPT2, "topology": "dgx-a100", **strategy})
+    args = _profile_args(case)
+    full = dataclasses.asdict(ep.build_profile(*args, representatives=False))
+    reps = dataclasses.asdict(ep.build_profile(*args, representatives=True))
+    full.pop("wall_s")
+    reps.pop("wall_s")
+    assert reps == full
