@@ -91,6 +91,15 @@ def _mean(devices: List[Dict[str, Any]], key: str) -> float:
     return sum(d[key] * d.get("represents", 1) for d in devices) / total if total else 0.0
 
 
+def _oom_ranks(devices: List[Dict[str, Any]], represented: Dict[Any, Any]) -> List[int]:
+    """Every rank over its capacity: in a reduced program a simulated device
+    that runs out of memory stands for the devices it represents
+    (``represented``: rank -> ranks; JSON may have made the keys strings)."""
+    stands_for = {int(r): ranks for r, ranks in represented.items()}
+    return sorted({int(m) for d in devices if d["oom"]
+                   for m in stands_for.get(d["rank"], [d["rank"]])})
+
+
 def summarize(trace: Trace) -> Dict[str, Any]:
     """A JSON-ready summary of ``trace`` (see the module docstring and docs/outputs.md)."""
     step = step_time_of(trace)
@@ -120,7 +129,7 @@ def summarize(trace: Trace) -> Dict[str, Any]:
         "max_peak_memory_bytes": peak_dev["peak_memory_bytes"] if peak_dev else 0,
         "max_peak_memory_rank": peak_dev["rank"] if peak_dev else None,
         "oom": any(d["oom"] for d in devices),
-        "oom_ranks": [d["rank"] for d in devices if d["oom"]],
+        "oom_ranks": _oom_ranks(devices, trace.meta.get("represented_ranks") or {}),
         # each simulated device stands for d["represents"] (1 without reduction)
         "total_flops": float(sum(d["flops"] * d.get("represents", 1) for d in devices)),
         "devices": devices,

@@ -555,6 +555,8 @@ class Simulator:
                      meta={"peak_memory_by_category": peaks,
                            # a reduced program: how many devices each simulated one stands for
                            "represents": dict(self.function.meta.get("represents", {})),
+                           "represented_ranks": dict(
+                               self.function.meta.get("represented_ranks", {})),
                            "network_mode": self.options.network_mode,
                            "simulated_devices": len(set(self._rep.values())) if self._rep
                            else len(devices)})

@@ -29,7 +29,8 @@ tensor-parallel rank 0), whose peers run the same ops at the same times.
 Collectives keep their whole team (so the network carries the full load)
 and list the ranks present in the program (``present``); collectives with
 no present member are left out, as mirrors of those kept.
-``meta["represents"]`` says how many devices each present rank stands for.
+``meta["represents"]`` says how many devices each present rank stands for,
+``meta["represented_ranks"]`` which ones.
 
 With ``coarsen=True`` each run of compute ops of a task (between
 collectives, sends and values arriving by them, within one layer and
@@ -702,4 +703,8 @@ class LowerSPMD:
         }
         if self.representatives:
             f.meta["represents"] = {r: S.dp * S.tp for r in sorted(self.reps)}
+            # which devices each present rank stands for (its stage's ranks)
+            f.meta["represented_ranks"] = {
+                S.rank(0, s, 0): sorted(S.rank(d, s, t) for d in range(S.dp) for t in range(S.tp))
+                for s in range(S.pp)}
         return f

@@ -134,3 +134,24 @@ def test_symmetry_and_coarsening_together():
     both = distsim.simulate(model="tiny", topology="dgx-a100-x8", dp=8, tp=2, pp=4,
                             symmetry=True, coarsen=True)
     assert both.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+
+
+def test_oom_ranks_of_a_reduced_program_list_every_rank_it_stands_for():
+    """A representative over its capacity stands for its whole stage: the
+    reduced run lists the same OOM ranks as the full one (it listed only
+    the representatives before). Capacity sits between the stages' peaks,
+    so some stages run out and some do not."""
+    import copy
+    from dataclasses import replace
+    from distsim.topology import load_topology
+
+    strategy = dict(dp=2, tp=2, pp=2)
+    probe = distsim.simulate(model="tiny", topology="dgx-a100", symmetry=True, **strategy)
+    peaks = sorted({d["peak_memory_bytes"] for d in probe.summary()["devices"]})
+    assert len(peaks) == 2
+    topo = copy.copy(load_topology("dgx-a100"))
+    topo.device_spec = replace(topo.device_spec, memory_bytes=float(sum(peaks)) / 2)
+    full = distsim.simulate(model="tiny", topology=topo, **strategy).summary()
+    reduced = distsim.simulate(model="tiny", topology=topo, symmetry=True, **strategy).summary()
+    assert full["oom"] and len(full["oom_ranks"]) == 4        # one stage of dp 2 x tp 2
+    assert reduced["oom_ranks"] == full["oom_ranks"]
