@@ -81,6 +81,9 @@ class Emitter:
         self.roles: Dict[str, str] = {}
         self.io: Dict[str, Dict[str, Any]] = {}
         self._memo: Dict[tuple, tuple] = {}
+        # (kind, team, root) -> (present members, input and output positions
+        # of present members, outputs): a reduced program's teams repeat
+        self._team_plans: Dict[tuple, tuple] = {}
 
     def input(self, value_name: str, type: TensorType, role: str, **info: Any) -> Value:
         v = Value(self.names.fresh(value_name), type)
@@ -137,19 +140,28 @@ class Emitter:
         their outputs."""
         # teams as tuples (what Op keeps anyway): hashable, so the emitter's
         # memo of attributes and result types serves every repeat
+        team = tuple(ranks)
         if self.present is None:
-            return self.op(kind.op_type, inputs, dict(attrs, ranks=tuple(ranks)), names, meta)
-        here = [r for r in ranks if r in self.present]
-        root = ranks[0] if kind is CollectiveType.SEND_RECV else attrs.get("root")
-        in_ranks, out_ranks = io_ranks(kind, tuple(ranks), root)
+            return self.op(kind.op_type, inputs, dict(attrs, ranks=team), names, meta)
+        root = team[0] if kind is CollectiveType.SEND_RECV else attrs.get("root")
+        plan = self._team_plans.get((kind, team, root))
+        if plan is None:   # once per team: which members are present, where
+            in_ranks, out_ranks = io_ranks(kind, team, root)
+            plan = self._team_plans[(kind, team, root)] = (
+                tuple(r for r in team if r in self.present),
+                [i for i, r in enumerate(in_ranks) if r in self.present],
+                [i for i, r in enumerate(out_ranks) if r in self.present], len(out_ranks))
+        here, in_at, out_at, n_out = plan
+        result: List[Optional[Value]] = [None] * n_out
         if not here:
-            return [None] * len(out_ranks)
-        if len(here) < len(ranks):
-            attrs = dict(attrs, present=tuple(here))
-        ins = [x for x, r in zip(inputs, in_ranks) if r in self.present]
-        kept = [n for n, r in zip(names, out_ranks) if r in self.present]
-        outs = iter(self.op(kind.op_type, ins, dict(attrs, ranks=tuple(ranks)), kept, meta))
-        return [next(outs) if r in self.present else None for r in out_ranks]
+            return result
+        if len(here) < len(team):
+            attrs = dict(attrs, present=here)
+        made = self.op(kind.op_type, [inputs[i] for i in in_at], dict(attrs, ranks=team),
+                       [names[i] for i in out_at], meta)
+        for i, v in zip(out_at, made):
+            result[i] = v
+        return result
 
 
 def _segment_key(op: Op) -> tuple:
@@ -199,6 +211,8 @@ class _Segment:
             self.inputs += [self.acc_in[g] for g in self.grads]
             self.outputs += [self.acc_out[g] for g in self.grads]
         self.grad_of_input = {a: g for g, a in self.acc_in.items()}
+        #: (gradient, output standing for its new buffer), as GradientSync.accumulated takes them
+        self.acc_pairs = [(g, self.acc_out[g]) for g in self.grads] if self.accumulate else []
         self.layer = ops[-1].meta.get("layer")
         self.meta = dict(ops[0].meta)
         mapping: Dict[Value, Value] = {}
@@ -256,6 +270,7 @@ class LowerSPMD:
         self._segment_cache: Dict[Tuple[Tuple[str, int], str], List[Any]] = {}
         self._task_grad_params: Dict[Tuple[str, int], List[Value]] = {}
         self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
+        self._tp_teams: Dict[Tuple[int, int], tuple] = {}
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
         self._crossing_cache: Dict[int, Any] = {}
         self._op_info: Dict[int, tuple] = {}  # id(op) -> (op, its gradients, its layer)
@@ -361,6 +376,16 @@ class LowerSPMD:
             g = self._groups[stage] = [(d, t, self.S.rank(d, stage, t))
                                        for d in self.dp_indices() for t in self.tp_indices()]
         return g
+
+    def _tp_team(self, d: int, stage: int) -> Tuple[Tuple[int, ...], Tuple[Tuple[int, bool], ...]]:
+        """The tensor-parallel team of data-parallel rank ``d`` on ``stage``,
+        and each member with whether it is in the program (once per team)."""
+        team = self._tp_teams.get((d, stage))
+        if team is None:
+            ranks = tuple(self.S.rank(d, stage, t) for t in range(self.S.tp))
+            team = self._tp_teams[(d, stage)] = (ranks,
+                                                 tuple((r, self.present(r)) for r in ranks))
+        return team
 
     def present(self, rank: int) -> bool:
         return not self.representatives or rank in self.reps
@@ -531,7 +556,7 @@ class LowerSPMD:
             if outs:
                 self.sync.note_layer_output(r, seg.layer, outs[0])
         if seg.accumulate:
-            self.sync.accumulated(stage, mb, [(g, seg.acc_out[g]) for g in seg.grads])
+            self.sync.accumulated(stage, mb, seg.acc_pairs)
         elif seg.grads:
             self.sync.after_backward(stage, mb, seg.grads)
 
@@ -542,7 +567,7 @@ class LowerSPMD:
             self._send(*args)
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, end: float = 0.0) -> None:
-        em, S = self.em, self.S
+        em = self.em
         ops = self.task_ops.get((kind, c), [])
         self.current_kind = kind
         base = {"stage": stage, "microbatch": mb, "chunk": c}
@@ -566,9 +591,9 @@ class LowerSPMD:
                 meta["category"] = "gradients"
             if op.op_type.startswith("spmd."):
                 for d in self.dp_indices():
-                    ranks = [S.rank(d, stage, t) for t in range(S.tp)]
+                    ranks, here = self._tp_team(d, stage)
                     ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer)
-                           if self.present(r) else None for t, r in enumerate(ranks)]
+                           if present else None for t, (r, present) in enumerate(here)]
                     if op.op_type == "spmd.copy":
                         for r, x in zip(ranks, ins):
                             if x is not None:
@@ -582,7 +607,7 @@ class LowerSPMD:
                         attrs["dim"] = op.attrs["dim"]
                     outs = em.collective(kind_c, ins, ranks,
                                          [self.local_name(op.outputs[0], r, mb)
-                                          if self.present(r) else None for r in ranks],
+                                          if present else None for r, present in here],
                                          meta, **attrs)
                     for r, o in zip(ranks, outs):
                         if o is not None:

@@ -289,17 +289,18 @@ class GradientSync:
         gradient and the segment's output standing for its new buffer.
         Record them as :meth:`_accumulate` would; never the last micro-batch,
         whose gradients feed the sync (see ``LowerSPMD._grad_mode``)."""
+        L, acc, updates, count = self.L, self.acc, self.updates, self.count
+        envs = [(r, L.menv[(r, mb)]) for _, _, r in L.group(stage)]
         for g, out in pairs:
-            p = self.L.grad_of[g]
-            n = self.count.get(p, 0) + 1
-            if n >= self.L.M:
+            p = L.grad_of[g]
+            n = count.get(p, 0) + 1
+            if n >= L.M:
                 raise AssertionError(f"fused accumulation of %{g.name} at the last micro-batch")
-            for _, _, r in self.L.group(stage):
-                new = self.L.menv[(r, mb)][out]
-                old = self.acc[(p, r)]
-                self.updates[old.name] = new.name
-                self.acc[(p, r)] = new
-            self.count[p] = n
+            for r, env in envs:
+                new = env[out]
+                updates[acc[(p, r)].name] = new.name
+                acc[(p, r)] = new
+            count[p] = n
 
     def _accumulate(self, p: Value, r: int, local: Value, final: bool, stage: int,
                     mb: int) -> None:
