@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 from ..errors import ConfigError
 from ..ir.types import DType
@@ -55,7 +55,7 @@ from ..topology import load_topology
 from ..transforms.pipeline import schedule_tasks
 from ..transforms.strategy import Strategy
 from .estimate_profile import LayerProfile, layer_profile
-from .estimate_timeline import Builder, Case, merge_order, split_sizes
+from .estimate_timeline import Builder, Case, merge_order, shard_size
 
 __all__ = ["Case", "estimate", "estimate_memory", "merge_order", "resolve",
            "timeline_figures"]
@@ -132,7 +132,7 @@ def estimate_memory(b: Builder) -> List[int]:
     for key, stage in b.all_params():
         p = b.param(key)
         n = p.numel
-        shard = split_sizes(n, dp)[0]
+        shard = shard_size(n, dp)
         static[stage] += (shard if zero == 3 else n) * p.dtype.itemsize
         static[stage] += states * (shard if zero >= 1 else n) * master
         grads[stage] += (shard if b.scatter_each else n) * p.dtype.itemsize
@@ -142,24 +142,38 @@ def estimate_memory(b: Builder) -> List[int]:
                    for c in range(b.C)}
     out = []
     tasks = schedule_tasks(S.schedule, S.pp, b.M, S.chunks)
+
+    def task_peak(base: float, kind: str, c: int, flight: float) -> float:
+        """The largest candidate of one task, with ``flight`` bytes of saved
+        activations held when it starts."""
+        peak = -math.inf
+        if kind == "F":
+            before = 0.0
+            for name, _ in chunk_blocks[c]:
+                peak = max(peak, base + flight + before + blocks[name].f_excess)
+                before += blocks[name].saved_bytes
+        else:
+            held = flight
+            for name, _ in chunk_blocks[c][::-1]:
+                excess = blocks[name].b_excess if b.M > 1 else blocks[name].b0_excess
+                peak = max(peak, base + held + excess)
+                held -= blocks[name].saved_bytes
+        return peak
+
     for stage in range(S.pp):
         base = static[stage] + grads[stage]
         best = base + prof.opt_excess
         flight = 0.0
+        # the bytes in flight are whole numbers, so a steady schedule meets
+        # the same (task, bytes in flight) again and again: each once
+        peaks: Dict[Tuple[str, int, float], float] = {}
         for kind, mb, c in tasks[stage]:
-            if kind == "F":
-                before = 0.0
-                for name, _ in chunk_blocks[c]:
-                    best = max(best, base + flight + before + blocks[name].f_excess)
-                    before += blocks[name].saved_bytes
-                flight += chunk_saved[c]
-            else:
-                held = flight
-                for name, _ in chunk_blocks[c][::-1]:
-                    excess = blocks[name].b_excess if b.M > 1 else blocks[name].b0_excess
-                    best = max(best, base + held + excess)
-                    held -= blocks[name].saved_bytes
-                flight -= chunk_saved[c]
+            key = (kind, c, flight)
+            peak = peaks.get(key)
+            if peak is None:
+                peak = peaks[key] = task_peak(base, kind, c, flight)
+            best = max(best, peak)
+            flight += chunk_saved[c] if kind == "F" else -chunk_saved[c]
         out.append(int(best))
     return out
 

@@ -1,129 +1,95 @@
 """The estimator's timeline: work items on the streams of pipeline stages.
 
 Each pipeline stage is represented by one rank with the simulator's two
-streams, compute and communication. An :class:`Item` is a piece of work in
-program order on one or more streams: a run of compute (one stream), a
-collective (the communication streams of every stage in its team: a
-pipeline send/receive is on two), or a forward/backward task with
-tensor-parallel collectives inside (both streams of its stage: its
-collectives hold the communication stream while it runs). An item starts
-when every stream it is on has finished the items before it and the items
-it depends on have ended -- the simulator's rule (a stream takes its ops in
-program order; a collective starts when every member has reached it) with
-no network contention, as in the analytical mode. So :func:`run` needs no
-event queue: it settles items in dependency order.
+streams, compute and communication. An item is a piece of work in program
+order on one or more streams: a run of compute (one stream), a collective
+(the communication streams of every stage in its team: a pipeline
+send/receive is on two), or a forward/backward task with tensor-parallel
+collectives inside (both streams of its stage: its collectives hold the
+communication stream while it runs). An item starts when every stream it
+is on has finished the items before it and the items it depends on have
+ended -- the simulator's rule (a stream takes its ops in program order; a
+collective starts when every member has reached it) with no network
+contention, as in the analytical mode.
+
+Items are added in program order, and an item can only depend on items
+added before it, so the order of addition is an order in which every item
+can be settled: :class:`Timeline` gives each item its start and end as it
+is added (no graph is kept, no event queue is needed, and nothing can
+deadlock). An item is then just its end time: what later items depend on
+is the latest end among their dependencies (``ready``, 0.0 for none).
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import SimulationError
 from ..report.intervals import merged_overlap
 
 COMPUTE, COMM = 0, 1
 
 
-class Item:
-    """One unit of work. ``streams``: stream ids (``2 * stage + COMPUTE``
-    or ``+ COMM``); ``busy_s``: the part of ``time_s`` its compute stream
-    computes (the rest waits on tensor-parallel collectives); ``flops``:
-    FLOPs it executes per rank."""
-
-    __slots__ = ("streams", "time_s", "deps", "busy_s", "flops", "start", "end", "label")
-
-    def __init__(self, streams: Tuple[int, ...], time_s: float, deps: Sequence["Item"] = (),
-                 busy_s: Optional[float] = None, flops: float = 0.0, label: str = "") -> None:
-        self.streams = streams
-        self.time_s = float(time_s)
-        self.deps = tuple(d for d in deps if d is not None)
-        self.busy_s = self.time_s if busy_s is None else float(busy_s)
-        self.flops = flops
-        self.start: Optional[float] = None
-        self.end: Optional[float] = None
-        self.label = label
-
-
 class Timeline:
-    """Streams of items in program order (two per stage)."""
+    """Two streams per stage (``2 * stage + COMPUTE`` and ``+ COMM``),
+    settled as items are added, with what :meth:`stage_breakdown` needs
+    kept per stage."""
 
     def __init__(self, stages: int) -> None:
         self.stages = stages
-        self.streams: List[List[Item]] = [[] for _ in range(2 * stages)]
+        self.free: List[float] = [0.0] * (2 * stages)   # end of each stream's last item
+        self.end = 0.0                                  # the latest end of any item
+        # per stage: (start, start + busy) of its compute items, the
+        # tensor-parallel waits inside them, and the spans of its
+        # communication-only items, each in stream order
+        self.compute_spans: List[List[Tuple[float, float]]] = [[] for _ in range(stages)]
+        self.waits: List[float] = [0.0] * stages
+        self.comm_spans: List[List[Tuple[float, float]]] = [[] for _ in range(stages)]
 
-    @staticmethod
-    def stream(stage: int, kind: int) -> int:
-        return 2 * stage + kind
+    def compute(self, stage: int, time_s: float, ready: float = 0.0,
+                busy_s: Optional[float] = None, holds_comm: bool = False) -> float:
+        """A run of compute on ``stage`` (``holds_comm``: with
+        tensor-parallel collectives inside, holding the communication stream
+        too; ``busy_s`` of its ``time_s`` computes, the rest waits) that may
+        start at ``ready``; returns its end."""
+        free = self.free
+        s = 2 * stage
+        start = free[s] if free[s] > 0.0 else 0.0
+        if holds_comm and free[s + 1] > start:
+            start = free[s + 1]
+        if ready > start:
+            start = ready
+        end = start + time_s
+        free[s] = end
+        if holds_comm:
+            free[s + 1] = end
+        if end > self.end:
+            self.end = end
+        busy = time_s if busy_s is None else busy_s
+        self.compute_spans[stage].append((start, start + busy))
+        if holds_comm:
+            self.waits[stage] += time_s - busy
+        return end
 
-    def add(self, item: Item) -> Item:
-        for s in item.streams:
-            self.streams[s].append(item)
-        return item
-
-    def compute(self, stage: int, time_s: float, deps: Sequence[Optional[Item]] = (),
-                busy_s: Optional[float] = None, flops: float = 0.0, label: str = "",
-                holds_comm: bool = False) -> Item:
-        streams = (2 * stage, 2 * stage + 1) if holds_comm else (2 * stage,)
-        return self.add(Item(streams, time_s, deps, busy_s, flops, label))
-
-    def comm(self, stages: Sequence[int], time_s: float, deps: Sequence[Optional[Item]] = (),
-             label: str = "") -> Item:
-        streams = tuple(2 * s + 1 for s in dict.fromkeys(stages))
-        return self.add(Item(streams, time_s, deps, 0.0, 0.0, label))
+    def comm(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:
+        """A collective on the communication streams of ``stages`` that may
+        start at ``ready``; returns its end."""
+        free = self.free
+        start = 0.0
+        for stage in stages:
+            if free[2 * stage + 1] > start:
+                start = free[2 * stage + 1]
+        if ready > start:
+            start = ready
+        end = start + time_s
+        if end > self.end:
+            self.end = end
+        for stage in dict.fromkeys(stages) if len(stages) > 1 else stages:
+            free[2 * stage + 1] = end
+            self.comm_spans[stage].append((start, end))
+        return end
 
     def run(self) -> float:
-        """Give every item its start and end; returns the last end."""
-        streams = self.streams
-        heads = [0] * len(streams)
-        free = [0.0] * len(streams)
-        waiting: Dict[int, List[int]] = {}
-        todo = deque(range(len(streams)))
-        queued = set(todo)
-        while todo:
-            s = todo.popleft()
-            queued.discard(s)
-            items = streams[s]
-            while heads[s] < len(items):
-                it = items[heads[s]]
-                ready = True
-                for t in it.streams:
-                    if t != s and (heads[t] >= len(streams[t]) or streams[t][heads[t]] is not it):
-                        ready = False   # the other stream schedules it when it gets there
-                        break
-                if ready:
-                    for d in it.deps:
-                        if d.end is None:
-                            waiting.setdefault(id(d), []).append(s)
-                            ready = False
-                            break
-                if not ready:
-                    break
-                start = 0.0
-                for t in it.streams:
-                    if free[t] > start:
-                        start = free[t]
-                for d in it.deps:
-                    if d.end > start:
-                        start = d.end
-                it.start = start
-                it.end = start + it.time_s
-                for t in it.streams:
-                    free[t] = it.end
-                    heads[t] += 1
-                    if t != s and t not in queued:
-                        todo.append(t)
-                        queued.add(t)
-                for w in waiting.pop(id(it), ()):
-                    if w not in queued:
-                        todo.append(w)
-                        queued.add(w)
-        stuck = [s for s in range(len(streams)) if heads[s] < len(streams[s])]
-        if stuck:
-            s = stuck[0]
-            raise SimulationError(f"estimate: the timeline deadlocks at stage {s // 2} "
-                                  f"({'comm' if s % 2 else 'compute'} stream, item "
-                                  f"{streams[s][heads[s]].label!r})")
-        return max((it.end for items in streams for it in items), default=0.0)
+        """The step time: the last end."""
+        return self.end
 
     # -- accounting ----------------------------------------------------------
     def stage_breakdown(self, stage: int, step_s: float) -> Dict[str, float]:
@@ -133,23 +99,13 @@ class Timeline:
         compute items), exposed communication (communication while nothing
         computes), idle (the rest of the step). Items on one stream are
         disjoint and in time order, so this is a linear sweep."""
-        compute: List[Tuple[float, float]] = []
-        waits = 0.0
-        flops = 0.0
-        comm_id = 2 * stage + 1
-        for it in self.streams[2 * stage]:
-            compute.append((it.start, it.start + it.busy_s))
-            if comm_id in it.streams:           # waits on its tensor-parallel collectives
-                waits += it.time_s - it.busy_s
-            flops += it.flops
-        comm = [(it.start, it.end) for it in self.streams[2 * stage + 1]
-                if 2 * stage not in it.streams]
+        compute = self.compute_spans[stage]
+        comm = self.comm_spans[stage]
+        waits = self.waits[stage]
         busy = sum(e - s for s, e in compute)
         comm_s = sum(e - s for s, e in comm)
         hidden = merged_overlap(compute, comm)
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,
-                "idle_s": max(0.0, step_s - busy - exposed), "flops": flops}
-
-
+                "idle_s": max(0.0, step_s - busy - exposed)}

@@ -5,35 +5,31 @@ program order, on one rank per pipeline stage (see :mod:`.estimate`).
 :meth:`~distsim.transforms.spmd.LowerSPMD._lower` does (the same schedules,
 :func:`merge_order` for merge_tasks' order, sends flushed by estimated end)
 and emits, per task, the per-layer times of a :class:`.estimate_profile.LayerProfile`
-as :class:`.estimate_engine.Item` s, then the gradient sync, tied-embedding
-all-reduce and optimizer as :class:`~distsim.transforms.zero.GradientSync`
-emits them. Collectives are timed by the simulator's analytical network
-(:class:`Collectives`), the small ops LowerSPMD adds by the cost model
-(:class:`OpCosts`).
+as items of a :class:`.estimate_engine.Timeline`, then the gradient sync,
+tied-embedding all-reduce and optimizer as
+:class:`~distsim.transforms.zero.GradientSync` emits them. Collectives are
+timed by the simulator's analytical network, the small ops LowerSPMD adds by
+the cost model (:mod:`.estimate_costs`). What is the same for every task or
+layer (a chunk's summed block times, a block's gathers and reduce-scatters,
+a parameter's update) is computed once per configuration.
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-import simpy
-
-from ..cost.model import CostModel
 from ..errors import ConfigError
 from ..ir.comm import CollectiveType
-from ..ir.core import Op, Value
-from ..ir.types import DType, TensorType
+from ..ir.types import DType
 from ..models.gpt import GPTConfig
-from ..sim.collectives import run_collective
-from ..sim.network import Network
-from ..topology import Topology, load_topology
+from ..topology import Topology
 from ..transforms.pipeline import (partition_balanced, partition_layers, schedule_tasks,
                                   task_dependencies)
 from ..transforms.strategy import Strategy
 from ..transforms.zero import scatters_each_microbatch, sync_route
-from .estimate_engine import Item, Timeline
+from .estimate_costs import collectives, op_costs
+from .estimate_engine import Timeline
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
 
 MB = 1 << 20
@@ -51,60 +47,6 @@ class Case:
     topology: Topology
     topology_name: str
     collective_algo: str
-
-
-# -- costs ----------------------------------------------------------------------------
-class Collectives:
-    """Analytical collective times on one topology, the simulator's own:
-    each collective runs alone on an analytical network (no contention)."""
-
-    def __init__(self, topology: Topology, algorithm: str) -> None:
-        self.env = simpy.Environment()
-        self.network = Network(self.env, topology, mode="analytical")
-        self.algorithm = algorithm
-        self.cache: Dict[tuple, float] = {}
-
-    def time(self, kind: CollectiveType, ranks: Tuple[int, ...], nbytes: float) -> float:
-        if len(ranks) < 2 or nbytes <= 0:
-            return 0.0
-        key = (kind, ranks, float(nbytes))
-        hit = self.cache.get(key)
-        if hit is None:
-            start = self.env.now
-            root = ranks[0] if kind is CollectiveType.SEND_RECV else None
-            self.env.process(run_collective(self.env, self.network, kind, ranks, nbytes,
-                                            root=root, algorithm=self.algorithm))
-            self.env.run()
-            hit = self.cache[key] = float(self.env.now - start)
-        return hit
-
-
-@lru_cache(maxsize=32)
-def _collectives(topology: str, algorithm: str) -> Collectives:
-    return Collectives(load_topology(topology), algorithm)
-
-
-class OpCosts:
-    """Costs of the small ops LowerSPMD adds around a step (reshape, slice,
-    concat, split, AdamW, cast), from the cost model on stand-in ops of
-    the same types and shapes."""
-
-    def __init__(self, model: CostModel) -> None:
-        self.model = model
-        self.cache: Dict[tuple, Tuple[float, float]] = {}
-
-    def cost(self, op_type: str, ins: Sequence[Tuple[int, DType]],
-             outs: Sequence[Tuple[int, DType]], attrs: Optional[Dict[str, Any]] = None
-             ) -> Tuple[float, float]:
-        key = (op_type, tuple(ins), tuple(outs))
-        hit = self.cache.get(key)
-        if hit is None:
-            vin = [Value(f"i{i}", TensorType((max(n, 1),), d, 0)) for i, (n, d) in enumerate(ins)]
-            vout = [Value(f"o{i}", TensorType((max(n, 1),), d, 0))
-                    for i, (n, d) in enumerate(outs)]
-            c = self.model.op_cost(Op(op_type, vin, vout, dict(attrs or {})))
-            hit = self.cache[key] = (c.time_s, c.flops)
-        return hit
 
 
 # -- the timeline -------------------------------------------------------------------
@@ -152,13 +94,17 @@ def merge_order(per_rank: List[List[Tuple[str, int, int]]], chunks: int,
     return out
 
 
-def split_sizes(n: int, parts: int) -> List[int]:
-    base, extra = divmod(n, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
+def shard_size(n: int, parts: int) -> int:
+    """Rank 0's ZeRO shard of ``n`` elements over ``parts`` ranks: the first
+    (largest) of :func:`distsim.ir.ops_comm.split_sizes`."""
+    return -(-n // parts)
 
 
 class Builder:
-    """Emits the items of one configuration in LowerSPMD's program order."""
+    """Emits the items of one configuration in LowerSPMD's program order
+    on a :class:`~.estimate_engine.Timeline`, which settles each as it
+    comes: an item is its end time here, and ``ready`` (the latest end
+    among an item's dependencies) is what the next one waits for."""
 
     def __init__(self, case: Case, profile: LayerProfile) -> None:
         self.case = case
@@ -174,17 +120,35 @@ class Builder:
                                              last=costs.get(HEAD, 0.0))
         else:
             self.ranges = partition_layers(case.config.layers, self.C)
+        self.chunk_of_layer = [c for c, (start, end) in enumerate(self.ranges)
+                               for _ in range(start, end)]
         self.tl = Timeline(S.pp)
-        self.colls = _collectives(case.topology_name, case.collective_algo)
-        self.costs = OpCosts(CostModel(case.topology.device_spec))
+        self.colls = collectives(case.topology_name, case.collective_algo)
+        self.costs = op_costs(case.topology_name)
+        # every stage's data-parallel team sits on the hardware as stage 0's does
+        self.dp_team = tuple(S.rank(d, 0, 0) for d in range(self.dp))
         self.zero = S.zero
+        self.zero3 = self.zero == 3 and self.dp > 1
         self.bucket = None if S.bucket_mb is None else float(S.bucket_mb) * MB
+        self.route = sync_route(self.zero, self.dp, self.bucket)   # as GradientSync._ready
+        #: As GradientSync: see :func:`scatters_each_microbatch`.
+        self.scatter_each = scatters_each_microbatch(self.zero, self.dp, self.bucket)
         self.master = DType.parse(str(case.config.master_dtype))
         self.flops = [0.0] * S.pp
-        # gradient sync state (as GradientSync)
-        self.final: Dict[tuple, Item] = {}
-        self.synced: Dict[tuple, Item] = {}
+        # memos: what is the same for every task / layer of the step
+        self._dp_times: Dict[Tuple[CollectiveType, float], float] = {}
+        self._blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
+        self._task_times: Dict[tuple, Tuple[float, float, float]] = {}
+        self._gathers: Dict[Tuple[str, str], float] = {}
+        self._scatter: Dict[tuple, Tuple[float, float, float]] = {}
+        self._updates: Dict[Tuple[str, int], Tuple[int, float, float]] = {}
+        self._segments: Dict[str, list] = {}
+        # gradient sync state (as GradientSync): end times of each gradient
+        # when final and when synchronised
+        self.final: Dict[tuple, float] = {}
+        self.synced: Dict[tuple, float] = {}
         self.pending: Dict[int, List[tuple]] = {}
+        self.pending_bytes: Dict[int, int] = {}
         self.deferred: Dict[int, List[tuple]] = {}
         self.unpack: List[tuple] = []
 
@@ -192,14 +156,24 @@ class Builder:
     def stage_of(self, c: int) -> int:
         return c % self.pp
 
-    def team_dp(self, stage: int) -> Tuple[int, ...]:
-        # every stage's data-parallel team sits on the hardware as stage 0's does
-        return tuple(self.S.rank(d, 0, 0) for d in range(self.dp))
+    def dp_time(self, kind: CollectiveType, nbytes: float) -> float:
+        """A collective of every stage's data-parallel team (:attr:`dp_team`),
+        memoised here: the shared cache's key would hash the whole team."""
+        key = (kind, nbytes)
+        hit = self._dp_times.get(key)
+        if hit is None:
+            hit = self._dp_times[key] = self.colls.time(kind, self.dp_team, nbytes)
+        return hit
 
     def rank0(self, stage: int) -> int:
         return self.S.rank(0, stage, 0)
 
     def blocks_of(self, kind: str, c: int) -> List[Tuple[str, Optional[int]]]:
+        """The blocks of chunk ``c`` in a forward / backward task's order
+        (the same list every call: do not modify it)."""
+        hit = self._blocks.get((kind, c))
+        if hit is not None:
+            return hit
         start, end = self.ranges[c]
         out: List[Tuple[str, Optional[int]]] = []
         if c == 0:
@@ -207,15 +181,13 @@ class Builder:
         out.extend((LAYER, layer) for layer in range(start, end))
         if c == self.C - 1:
             out.append((HEAD, None))
-        return out if kind == "F" else out[::-1]
+        out = self._blocks[(kind, c)] = out if kind == "F" else out[::-1]
+        return out
 
-    def params_of(self, block: str, layer: Optional[int]) -> List[Tuple[tuple, Param]]:
-        return [((block, layer, i), p) for i, p in enumerate(self.prof.params[block])]
-
-    def small(self, stage: int, op_type: str, ins, outs, deps, label: str) -> Item:
+    def small(self, stage: int, op_type: str, ins, outs, ready: float) -> float:
         t, f = self.costs.cost(op_type, ins, outs)
         self.flops[stage] += f
-        return self.tl.compute(stage, t, deps, flops=f, label=label)
+        return self.tl.compute(stage, t, ready)
 
     # -- tasks -------------------------------------------------------------
     def task_work(self, kind: str, c: int) -> float:
@@ -225,42 +197,43 @@ class Builder:
             total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
         return total
 
-    def gathers(self, stage: int, kind: str, block: str, layer: Optional[int],
-                deps) -> Item:
+    def gathers(self, stage: int, kind: str, block: str, ready: float) -> float:
         """ZeRO-3: the all-gathers of the parameters a block reads first in
         a forward / backward task (one item: they run back to back)."""
-        blk = self.prof.blocks[block]
-        team = self.team_dp(stage)
-        t = 0.0
-        for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
-            p = self.prof.params[owner][i]
-            t += self.colls.time(CollectiveType.ALL_GATHER, team, p.numel * p.dtype.itemsize)
-        return self.tl.comm([stage], t, deps, label=f"zero3 gather {block}{layer}")
-
-    @property
-    def scatter_each(self) -> bool:
-        """As GradientSync: see :func:`scatters_each_microbatch`."""
-        return scatters_each_microbatch(self.zero, self.dp, self.bucket)
+        t = self._gathers.get((kind, block))
+        if t is None:
+            blk = self.prof.blocks[block]
+            t = 0.0
+            for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
+                p = self.prof.params[owner][i]
+                t += self.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize)
+            self._gathers[(kind, block)] = t
+        return self.tl.comm((stage,), t, ready)
 
     def block_grads(self, block: str, layer: Optional[int]) -> List[tuple]:
         return [(block, layer, i) for i in range(len(self.prof.params[block]))]
 
-    def scatter_costs(self, stage: int, order, mb: int) -> Tuple[float, float, float]:
+    def scatter_costs(self, order, mb: int) -> Tuple[float, float, float]:
         """ZeRO 2/3 with a reduce-scatter per micro-batch: per task, (compute
         added: flattening each gradient, and accumulating into the 1/dp
-        shard instead of the whole buffer; reduce-scatter time; their FLOPs)."""
-        extra = flops = rs = 0.0
-        team = self.team_dp(stage)
+        shard instead of the whole buffer; reduce-scatter time; their FLOPs).
+        The same for every task over the same blocks in the same class of
+        micro-batch (the first, a middle one, the last): computed once."""
         final = mb == self.M - 1 and self.M > 1
+        memo = (tuple(name for name, _ in order), mb > 0, final)
+        hit = self._scatter.get(memo)
+        if hit is not None:
+            return hit
+        extra = flops = rs = 0.0
         for name, layer in order:
             for key in self.block_grads(name, layer):
                 p = self.param(key)
                 n, d = p.numel, p.dtype
-                shard = split_sizes(n, self.dp)[0]
+                shard = shard_size(n, self.dp)
                 t, f = self.costs.cost("reshape", [(n, d)], [(n, d)])
                 extra += t
                 flops += f
-                rs += self.colls.time(CollectiveType.REDUCE_SCATTER, team, n * d.itemsize)
+                rs += self.dp_time(CollectiveType.REDUCE_SCATTER, n * d.itemsize)
                 ops = (["add"] if mb > 0 else []) + (["scale"] if final else [])
                 for op in ops:        # on the shard, not the whole gradient
                     ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
@@ -268,84 +241,84 @@ class Builder:
                     part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
                     extra += part[0] - full[0]
                     flops += part[1] - full[1]
-        return extra, rs, flops
+        hit = self._scatter[memo] = (extra, rs, flops)
+        return hit
 
-    def emit_task(self, stage: int, kind: str, mb: int, c: int, deps: List[Item]) -> Item:
-        blocks = self.prof.blocks
+    def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         order = self.blocks_of(kind, c)
-        holds = self.tp > 1
         last_b = kind == "B" and mb == self.M - 1
         if last_b and not self.scatter_each:
-            return self.emit_last_backward(stage, c, order, deps)
-        label = f"{kind}{mb} c{c}"
-        scatter = kind == "B" and self.scatter_each
-        extra = rs = extra_flops = 0.0
-        if scatter:
-            extra, rs, extra_flops = self.scatter_costs(stage, order, mb)
-        if self.zero == 3 and self.dp > 1:
-            item = self._zero3_task(stage, kind, mb, c, order, deps, label)
+            return self.emit_last_backward(stage, c, order, ready)
+        if self.zero3:
+            end = self._zero3_task(stage, kind, mb, order, ready)
         else:
-            total = busy = fl = 0.0
-            for name, _ in order:
-                t, b, f = self._block_time(blocks[name], kind, mb)
-                total += t
-                busy += b
-                fl += f
-            item = self._task(stage, kind, order, total, busy, fl, deps, label, holds)
-        if scatter:
+            total, busy, fl = self._chunk_time(kind, c, mb)
+            end = self._task(stage, kind, order, total, busy, fl, ready, self.tp > 1)
+        if kind == "B" and self.scatter_each:
+            extra, rs, extra_flops = self.scatter_costs(order, mb)
             self.flops[stage] += extra_flops
-            ready = item
             if mb == 0:
                 # nothing reads the first micro-batch's shards before the next
                 # one: the reduce-scatters overlap the backward, in program order
                 # on the communication stream
-                item = self.tl.compute(stage, extra, [item], flops=extra_flops, label=label)
-                ready = self.tl.comm([stage], rs, deps, label=f"{label} grad reduce-scatter")
+                end = self.tl.compute(stage, extra, end)
+                synced = self.tl.comm((stage,), rs, ready)
             else:
                 # each accumulation reads its reduce-scatter: the compute waits
-                item = ready = self.tl.compute(stage, extra + rs, [item], extra, extra_flops,
-                                               label, holds_comm=True)
+                end = synced = self.tl.compute(stage, extra + rs, end, extra, holds_comm=True)
             if last_b:
                 for name, layer in order:
                     for key in self.block_grads(name, layer):
-                        self.final[key] = self.synced[key] = ready
-        return item
+                        self.final[key] = self.synced[key] = synced
+        return end
+
+    def _chunk_time(self, kind: str, c: int, mb: int) -> Tuple[float, float, float]:
+        """A task's (time, busy time, FLOPs): its blocks' summed, once per
+        chunk and class of micro-batch."""
+        cls = 0 if kind == "F" or mb == 0 else (1 if mb == self.M - 1 else 2)
+        hit = self._task_times.get((kind, c, cls))
+        if hit is None:
+            blocks = self.prof.blocks
+            total = busy = fl = 0.0
+            for name, _ in self.blocks_of(kind, c):
+                t, b, f = self._block_time(blocks[name], kind, mb)
+                total += t
+                busy += b
+                fl += f
+            hit = self._task_times[(kind, c, cls)] = (total, busy, fl)
+        return hit
 
     def _task(self, stage: int, kind: str, order, total: float, busy: float, fl: float,
-              deps, label: str, holds: bool) -> Item:
+              ready: float, holds: bool) -> float:
         self.flops[stage] += fl
         blocks = self.prof.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else first.b_pre
         post = last.f_post if kind == "F" else last.b_post
+        tl = self.tl
         if not holds or pre is None or post is None or pre + post >= busy:
-            return self.tl.compute(stage, total, deps, busy, fl, label, holds)
+            return tl.compute(stage, total, ready, busy, holds)
         # tensor-parallel collectives hold the communication stream from the
         # first to the last of them; the compute before and after runs alone
-        share = fl / busy if busy else 0.0
-        head = self.tl.compute(stage, pre, deps, flops=pre * share, label=label)
-        body = self.tl.compute(stage, total - pre - post, [head], busy - pre - post,
-                               (busy - pre - post) * share, label, True)
-        return self.tl.compute(stage, post, [body], flops=post * share, label=label)
+        head = tl.compute(stage, pre, ready)
+        body = tl.compute(stage, total - pre - post, head, busy - pre - post, True)
+        return tl.compute(stage, post, body)
 
-    def _zero3_task(self, stage: int, kind: str, mb: int, c: int, order, deps,
-                    label: str) -> Item:
+    def _zero3_task(self, stage: int, kind: str, mb: int, order, ready: float) -> float:
         """ZeRO-3 (dp > 1): per block, its compute waits for its gathers;
         entering a block issues the gathers of it and of the next
         ``prefetch`` blocks not issued yet, gated on the compute before."""
-        items: List[Item] = []
-        gathered: Dict[int, Item] = {}
-        prev: Optional[Item] = None
-        for i, (name, layer) in enumerate(order):
-            gate = [prev] if prev is not None else deps
-            for j in range(i, min(len(order), i + 1 + self.S.prefetch)):
+        gathered: Dict[int, float] = {}
+        prev = ready
+        blocks = self.prof.blocks
+        n = len(order)
+        for i, (name, _) in enumerate(order):
+            for j in range(i, min(n, i + 1 + self.S.prefetch)):
                 if j not in gathered:
-                    gathered[j] = self.gathers(stage, kind, order[j][0], order[j][1], gate)
-            t, busy, fl = self._block_time(self.prof.blocks[name], kind, mb)
-            prev = self._task(stage, kind, [(name, layer)], t, busy, fl,
-                              [gathered[i]] + (deps if i == 0 else []), f"{label} {name}",
-                              self.tp > 1)
-            items.append(prev)
+                    gathered[j] = self.gathers(stage, kind, order[j][0], prev)
+            t, busy, fl = self._block_time(blocks[name], kind, mb)
+            gate = gathered[i] if i else max(gathered[0], ready)
+            prev = self._task(stage, kind, order[i:i + 1], t, busy, fl, gate, self.tp > 1)
         return prev
 
     def _block_time(self, blk, kind: str, mb: int) -> Tuple[float, float, float]:
@@ -357,46 +330,67 @@ class Builder:
             return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
-    def emit_last_backward(self, stage: int, c: int, order, deps: List[Item]) -> Item:
-        """The last micro-batch's backward op by op, with the data-parallel
-        sync of each gradient emitted where it becomes final."""
-        tl = self.tl
-        last: Optional[Item] = None
-        first = True
-        zero3 = self.zero == 3 and self.dp > 1
-        gathered: Dict[int, Item] = {}
-        for k, (name, layer) in enumerate(order):
+    def _segment_plan(self, name: str) -> list:
+        """A block's op-level last backward as (kind, time, FLOPs, the
+        entries it waits for, the entry a collective reads (-1: the last
+        compute run before it), the parameter index of a final gradient)."""
+        plan = self._segments.get(name)
+        if plan is None:
             blk = self.prof.blocks[name]
             segs = blk.last if self.M > 1 else blk.only
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
-            g = None
-            if zero3:
-                gate = [last] if last is not None else deps
-                for j in range(k, min(len(order), k + 1 + self.S.prefetch)):
-                    if j not in gathered:
-                        gathered[j] = self.gathers(stage, "B", order[j][0], order[j][1], gate)
-                g = gathered[k]
             index = {p.name: i for i, p in enumerate(self.prof.params[name])}
-            local: Dict[int, Item] = {}
-            for i, seg in enumerate(segs):
-                extra = (deps if first else []) + ([g] if g is not None else [])
+            plan = []
+            for seg in segs:
                 if seg.kind == "c":
-                    fl = blk.b_flops * seg.time_s / ctime
-                    self.flops[stage] += fl
-                    item = tl.compute(stage, seg.time_s,
-                                      [local[d] for d in seg.deps if d is not None] + extra,
-                                      flops=fl, label=f"B{self.M - 1} c{c} {name}{layer}")
-                    local[i] = last = item
-                    first = False
+                    plan.append(("c", seg.time_s, blk.b_flops * seg.time_s / ctime,
+                                 tuple(d for d in seg.deps if d is not None), None, None))
                 elif seg.kind == "t":
                     d = seg.deps[0] if seg.deps else None
-                    src = local.get(d) if d is not None else last
-                    local[i] = tl.comm([stage], seg.time_s, [src] + extra,
-                                       label=f"tp {name}{layer}")
+                    plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None))
+                else:
+                    plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
+                                 index[seg.param]))
+            self._segments[name] = plan
+        return plan
+
+    def emit_last_backward(self, stage: int, c: int, order, ready: float) -> Optional[float]:
+        """The last micro-batch's backward op by op, with the data-parallel
+        sync of each gradient emitted where it becomes final."""
+        tl = self.tl
+        last: Optional[float] = None
+        first = True
+        gathered: Dict[int, float] = {}
+        n = len(order)
+        for k, (name, layer) in enumerate(order):
+            g = 0.0
+            if self.zero3:
+                gate = last if last is not None else ready
+                for j in range(k, min(n, k + 1 + self.S.prefetch)):
+                    if j not in gathered:
+                        gathered[j] = self.gathers(stage, "B", order[j][0], gate)
+                g = gathered[k]
+            local: Dict[int, float] = {}
+            for i, (kind, time_s, fl, waits, src, param) in enumerate(self._segment_plan(name)):
+                extra = g
+                if first and ready > extra:
+                    extra = ready
+                if kind == "c":
+                    self.flops[stage] += fl
+                    for d in waits:
+                        if local[d] > extra:
+                            extra = local[d]
+                    local[i] = last = tl.compute(stage, time_s, extra)
+                    first = False
+                elif kind == "t":
+                    dep = local.get(src, 0.0) if src >= 0 else last
+                    if dep is not None and dep > extra:
+                        extra = dep
+                    local[i] = tl.comm((stage,), time_s, extra)
                     first = False
                 else:
-                    key = (name, layer, index[seg.param])
-                    self.ready(key, stage, local.get(seg.deps[0]) if seg.deps else last)
+                    self.ready((name, layer, param), stage,
+                               local.get(src) if src >= 0 else last)
         return last
 
     # -- gradient sync (GradientSync) -----------------------------------------
@@ -407,11 +401,11 @@ class Builder:
         p = self.param(key)
         return p.numel * p.dtype.itemsize
 
-    def ready(self, key: tuple, stage: int, item: Optional[Item]) -> None:
-        self.final[key] = item
-        route = sync_route(self.zero, self.dp, self.bucket)   # as GradientSync._ready
+    def ready(self, key: tuple, stage: int, end: Optional[float]) -> None:
+        self.final[key] = end
+        route = self.route
         if route == "local":
-            self.synced[key] = item
+            self.synced[key] = end
             return
         if route == "deferred":
             self.deferred.setdefault(stage, []).append(key)
@@ -419,43 +413,41 @@ class Builder:
         if route == "each":
             self.sync_one(key, stage)
             return
-        bucket = self.pending.setdefault(stage, [])
-        bucket.append(key)
-        if sum(self.grad_bytes(k) for k in bucket) >= self.bucket:
+        self.pending.setdefault(stage, []).append(key)
+        held = self.pending_bytes[stage] = self.pending_bytes.get(stage, 0) + self.grad_bytes(key)
+        if held >= self.bucket:
             self.flush(stage)
 
     def sync_one(self, key: tuple, stage: int) -> None:
         p = self.param(key)
         nbytes = self.grad_bytes(key)
-        team = self.team_dp(stage)
+        final = self.final[key] or 0.0
         if self.zero >= 2:
             flat = self.small(stage, "reshape", [(p.numel, p.dtype)], [(p.numel, p.dtype)],
-                              [self.final[key]], "grad flat")
+                              final)
             self.synced[key] = self.tl.comm(
-                [stage], self.colls.time(CollectiveType.REDUCE_SCATTER, team, nbytes), [flat],
-                label="grad reduce-scatter")
+                (stage,), self.dp_time(CollectiveType.REDUCE_SCATTER, nbytes), flat)
         else:
             self.synced[key] = self.tl.comm(
-                [stage], self.colls.time(CollectiveType.ALL_REDUCE, team, nbytes),
-                [self.final[key]], label="grad all-reduce")
+                (stage,), self.dp_time(CollectiveType.ALL_REDUCE, nbytes), final)
 
     def flush(self, stage: int) -> None:
         bucket = self.pending.pop(stage, [])
+        self.pending_bytes.pop(stage, None)
         if not bucket:
             return
         if len(bucket) == 1:
             self.sync_one(bucket[0], stage)
             return
-        flats = [self.small(stage, "reshape", [(self.param(k).numel, self.param(k).dtype)],
-                            [(self.param(k).numel, self.param(k).dtype)], [self.final[k]],
-                            "bucket flat") for k in bucket]
-        dtype = self.param(bucket[0]).dtype
-        total = sum(self.param(k).numel for k in bucket)
-        cat = self.small(stage, "concat", [(self.param(k).numel, dtype) for k in bucket],
-                         [(total, dtype)], flats, "bucket concat")
-        ar = self.tl.comm([stage], self.colls.time(CollectiveType.ALL_REDUCE, self.team_dp(stage),
-                                                   total * dtype.itemsize), [cat],
-                          label="bucket all-reduce")
+        params = [self.param(k) for k in bucket]
+        flats = [self.small(stage, "reshape", [(p.numel, p.dtype)], [(p.numel, p.dtype)],
+                            self.final[k] or 0.0) for k, p in zip(bucket, params)]
+        dtype = params[0].dtype
+        total = sum(p.numel for p in params)
+        cat = self.small(stage, "concat", [(p.numel, dtype) for p in params],
+                         [(total, dtype)], max(flats))
+        ar = self.tl.comm((stage,), self.dp_time(CollectiveType.ALL_REDUCE,
+                                                 total * dtype.itemsize), cat)
         self.unpack.append((bucket, stage, ar, total, dtype))
 
     def finish(self) -> None:
@@ -468,11 +460,11 @@ class Builder:
             self.flush(stage)
         for bucket, stage, ar, total, dtype in self.unpack:
             split = self.small(stage, "split", [(total, dtype)],
-                               [(self.param(k).numel, dtype) for k in bucket], [ar], "unpack")
+                               [(self.param(k).numel, dtype) for k in bucket], ar)
             for k in bucket:
                 p = self.param(k)
                 self.synced[k] = self.small(stage, "reshape", [(p.numel, p.dtype)],
-                                            [(p.numel, p.dtype)], [split], "unpack")
+                                            [(p.numel, p.dtype)], split)
         self.unpack = []
         self.tie()
         for key, stage in self.all_params():
@@ -488,7 +480,7 @@ class Builder:
             if block == EMB:
                 out.append(((EMB, None, i), self.stage_of(0)))
         for layer in range(L):
-            c = next(k for k, (s, e) in enumerate(self.ranges) if s <= layer < e)
+            c = self.chunk_of_layer[layer]
             for i in range(len(self.prof.params[LAYER])):
                 out.append(((LAYER, layer, i), self.stage_of(c)))
         for block, i in self.prof.param_order:
@@ -508,12 +500,29 @@ class Builder:
             return
         s0, s1 = self.stage_of(0), self.stage_of(self.C - 1)
         p = self.param(emb)
-        n = split_sizes(p.numel, self.dp)[0] if self.zero >= 2 and self.dp > 1 else p.numel
+        n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
         t = self.colls.time(CollectiveType.ALL_REDUCE, (self.rank0(s0), self.rank0(s1)),
                             n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
-        item = self.tl.comm([s0, s1], t, [self.synced[emb], self.synced[head]],
-                            label="tied embedding all-reduce")
-        self.synced[emb] = self.synced[head] = item
+        end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
+        self.synced[emb] = self.synced[head] = end
+
+    def update_cost(self, block: str, index: int) -> Tuple[int, float, float]:
+        """A parameter's ZeRO shard and its update ops' time and FLOPs on
+        the shard (the same for the parameter in every layer: computed once)."""
+        hit = self._updates.get((block, index))
+        if hit is not None:
+            return hit
+        p = self.prof.params[block][index]
+        n = p.numel
+        shard = shard_size(n, self.dp) if self.zero >= 1 else n
+        ratio = shard / n if n else 1.0
+        launch = self.case.topology.device_spec.launch_overhead_s
+        t = fl = 0.0
+        for time_s, flops in p.opt_update:
+            t += launch + max(0.0, time_s - launch) * ratio if time_s > 0 else 0.0
+            fl += flops * ratio
+        hit = self._updates[(block, index)] = (shard, t, fl)
+        return hit
 
     def update(self, key: tuple, stage: int) -> None:
         """The optimizer of one parameter (GradientSync._update): the
@@ -523,28 +532,19 @@ class Builder:
         p = self.param(key)
         dp, zero = self.dp, self.zero
         n = p.numel
-        shard = split_sizes(n, dp)[0] if zero >= 1 else n
-        ratio = shard / n if n else 1.0
-        launch = self.case.topology.device_spec.launch_overhead_s
-        g = self.synced[key]
+        shard, t, fl = self.update_cost(key[0], key[2])
+        g = self.synced[key] or 0.0
         if zero >= 1 and not (zero >= 2 and dp > 1):
-            g = self.tl.compute(stage, p.opt_pre, [g], label="opt flat")
+            g = self.tl.compute(stage, p.opt_pre, g)
             if dp > 1:
-                g = self.small(stage, "slice", [(n, p.dtype)], [(shard, p.dtype)], [g],
-                               "opt shard")
-        t = fl = 0.0
-        for time_s, flops in p.opt_update:
-            t += launch + max(0.0, time_s - launch) * ratio if time_s > 0 else 0.0
-            fl += flops * ratio
+                g = self.small(stage, "slice", [(n, p.dtype)], [(shard, p.dtype)], g)
         self.flops[stage] += fl
-        new = self.tl.compute(stage, t, [g], flops=fl, label="optimizer")
+        new = self.tl.compute(stage, t, g)
         if zero in (1, 2):
             if dp > 1:
-                new = self.tl.comm([stage], self.colls.time(CollectiveType.ALL_GATHER,
-                                                            self.team_dp(stage),
-                                                            n * p.dtype.itemsize),
-                                   [new], label="param all-gather")
-            self.tl.compute(stage, p.opt_post, [new], label="param")
+                new = self.tl.comm((stage,), self.dp_time(CollectiveType.ALL_GATHER,
+                                                          n * p.dtype.itemsize), new)
+            self.tl.compute(stage, p.opt_post, new)
 
     # -- the whole step ----------------------------------------------------------
     def send_time(self, src: int, dst: int, nbytes: int) -> float:
@@ -555,8 +555,8 @@ class Builder:
         per_rank = schedule_tasks(S.schedule, S.pp, M, S.chunks)
         work = {(k, c): self.task_work(k, c) for k in ("F", "B") for c in range(C)}
         order = merge_order(per_rank, C, lambda task: work.get((task[0], task[2]), 1.0))
-        ends: Dict[tuple, Item] = {}
-        recv: Dict[tuple, List[Item]] = {}
+        ends: Dict[tuple, float] = {}
+        recv: Dict[tuple, float] = {}     # the last arrival of a task's inputs
         pending: List[tuple] = []
         seq = 0
 
@@ -570,19 +570,25 @@ class Builder:
             dst = self.stage_of(dst_c)
             if dst == stage:
                 return
-            items = recv.setdefault((kind, mb, dst_c), [])
+            key = (kind, mb, dst_c)
+            arrived = recv.get(key, 0.0)
+            done = ends[(kind, mb, c)] or 0.0
             for nbytes in sizes:
-                items.append(self.tl.comm([stage, dst], self.send_time(stage, dst, nbytes),
-                                          [ends[(kind, mb, c)]], label=f"send {kind}{mb} c{c}"))
+                end = self.tl.comm((stage, dst), self.send_time(stage, dst, nbytes), done)
+                if end > arrived:
+                    arrived = end
+            recv[key] = arrived
 
         for stage, (kind, mb, c), start, end in order:
             while pending and pending[0][0] <= start:
                 _, _, args = heapq.heappop(pending)
                 send(*args)
-            deps = list(recv.get((kind, mb, c), []))
+            ready = recv.get((kind, mb, c), 0.0)
             if kind == "B":
-                deps.append(ends[("F", mb, c)])
-            ends[(kind, mb, c)] = self.emit_task(stage, kind, mb, c, deps)
+                f_end = ends[("F", mb, c)] or 0.0
+                if f_end > ready:
+                    ready = f_end
+            ends[(kind, mb, c)] = self.emit_task(stage, kind, mb, c, ready)
             seq += 1
             heapq.heappush(pending, (end, seq, (stage, kind, mb, c)))
         while pending:
