@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 from .cost.model import CostModel
 from .errors import ConfigError
@@ -108,14 +108,17 @@ class SimulationResult:
                    end_s=self.trace.step_time_s)
 
     def write_outputs(self, out_dir: Union[str, Path], plots: bool = True,
-                      max_trace_records: Optional[int] = None) -> Dict[str, Path]:
+                      max_trace_records: Optional[int] = None,
+                      progress: Optional[Callable[[str], None]] = None) -> Dict[str, Path]:
         """Write summary.json and trace.json (and with ``plots`` the PNGs and
         report.html, the page that shows them with the summary) into ``out_dir``;
         each file atomically. trace.json holds at most ``max_trace_records``
         timed records (None: this result's setting, default
         :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); past it the trace is
         summarised and summary.json's ``trace_file.truncated`` is true.
+        ``progress`` is called with the name of each file as it starts.
         Returns the paths written."""
+        say = progress or (lambda message: None)
         if max_trace_records is not None:
             limit = check_max_trace_records(max_trace_records)
             if limit != self.max_trace_records:
@@ -131,17 +134,23 @@ class SimulationResult:
             raise ConfigError(f"--out {out}: cannot create the output folder "
                               f"({e.strerror or e})") from None
         paths = {"summary": out / "summary.json", "trace": out / "trace.json"}
+        say("writing summary.json")
         write_summary(self.summary(), paths["summary"])
+        say("writing trace.json")
         self.write_trace(paths["trace"])
         if plots:
             paths["gantt"] = out / "gantt.png"
             paths["memory"] = out / "memory.png"
-            self.gantt(paths["gantt"])
-            self.memory_plot(paths["memory"])
             paths["links"] = out / "links.png"
+            paths["report"] = out / "report.html"
+            say("drawing gantt.png")
+            self.gantt(paths["gantt"])
+            say("drawing memory.png")
+            self.memory_plot(paths["memory"])
+            say("drawing links.png")
             self.links_plot(paths["links"])
             # the page inlines the charts just drawn (each drawn once)
-            paths["report"] = out / "report.html"
+            say("writing report.html")
             write_run_report(self, paths["report"], gantt=paths["gantt"],
                              memory=paths["memory"])
         return paths
@@ -280,7 +289,8 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              network_mode: str = "flow", collective_algo: str = "auto",
              max_trace_records: Optional[int] = None, max_ops: Optional[int] = None,
              max_wall_s: Optional[float] = None,
-             record_links: bool = False, **options: Any) -> SimulationResult:
+             record_links: bool = False, progress: Optional[Callable[[str], None]] = None,
+             **options: Any) -> SimulationResult:
     """Build the training step of ``model`` with the given strategy
     (``dp=``, model overrides ``layers=``, ``hidden=``, ``batch=``,
     ``dtype=``) and simulate it on ``topology``. ``max_trace_records``
@@ -294,14 +304,18 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     simulate`` turns it on).
     ``max_wall_s`` bounds the simulation's wall-clock time (None or 0: no
     bound): past it the run stops with a SimulationError listing the
-    blocked ops."""
+    blocked ops. ``progress``, if given, is called with a short message as
+    each phase starts (building, simulating), for a caller that shows them."""
     trace_limit = check_max_trace_records(max_trace_records)
     wall = check_max_wall_s(max_wall_s)
     if network_mode not in ("flow", "analytical"):
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
     check_algorithm_name(collective_algo)
+    say = progress or (lambda message: None)
+    say("building the program")
     program, config, topo = build_program(model, topology, max_ops=max_ops,
                                           verify_program=False, **options)
+    say(f"simulating {len(program.ops):,} ops on {topo.num_devices:,} devices")
     config.update(network_mode=network_mode, collective_algo=collective_algo)
     # Symmetry: a family that built a reduced program (meta "represents")
     # has applied it already; otherwise the simulator finds the classes.

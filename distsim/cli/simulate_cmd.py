@@ -10,6 +10,7 @@ from ..errors import ConfigError
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
+from .status_line import StatusLine
 
 
 def add_parser(sub) -> None:
@@ -57,15 +58,17 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
-                      record_links=not args.no_link_samples,
-                      max_trace_records=args.max_trace_records, max_wall_s=args.max_wall_s,
-                      **program_options(args))
-    try:
-        paths = result.write_outputs(args.out, plots=not args.no_plots)
-    except OSError as e:        # a folder it may not write into (/proc), a full disk
-        raise ConfigError(f"--out {args.out}: cannot write the output files "
-                          f"({e.strerror or e})") from None
+    # on a terminal, which phase runs (cleared before anything is printed)
+    with StatusLine() as status:
+        result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
+                          record_links=not args.no_link_samples,
+                          max_trace_records=args.max_trace_records, max_wall_s=args.max_wall_s,
+                          progress=status, **program_options(args))
+        try:
+            paths = result.write_outputs(args.out, plots=not args.no_plots, progress=status)
+        except OSError as e:        # a folder it may not write into (/proc), a full disk
+            raise ConfigError(f"--out {args.out}: cannot write the output files "
+                              f"({e.strerror or e})") from None
     info = result.summary().get("trace_file") or {}
     if info.get("truncated"):
         print(f"distsim: note: trace.json holds {info['records_written']} of {info['records']} "
