@@ -47,6 +47,8 @@ from ..topology import Topology
 from .network_steps import StepRunner
 from .trace import LinkRecord, LinkSample
 
+_new_tuple = tuple.__new__
+
 MODES = ("flow", "analytical")
 _ALGORITHM_CHOICES: "weakref.WeakKeyDictionary[Topology, Dict[tuple, str]]" = \
     weakref.WeakKeyDictionary()
@@ -425,15 +427,20 @@ class Network:
         self._deliver(flow)
 
     # ------------------------------------------------------------------ samples
+    # Samples are made with tuple.__new__: a NamedTuple's own constructor is
+    # a Python call, a real cost for the millions of samples of a large run.
     def sample(self, link: int, utilisation: float) -> None:
         """Record ``link``'s utilisation from now on."""
         a, b = self._edges[link]
-        self.samples.append(LinkSample(a, b, self.env.now, utilisation))
+        self.samples.append(_new_tuple(LinkSample, (a, b, self.env.now, utilisation)))
 
-    def sample_edge(self, src: str, dst: str, time_s: float, utilisation: float) -> None:
-        """Record the use of link ``src -> dst`` from ``time_s`` on (a time
-        that may be ahead of the clock: readers sort samples by time)."""
-        self.samples.append(LinkSample(src, dst, time_s, utilisation))
+    def sample_edges(self, samples: Iterable[Tuple[str, str, float, float]],
+                     offset_s: float) -> None:
+        """Record link uses ``(src, dst, time, utilisation)``, each from
+        ``time + offset_s`` on (times that may be ahead of the clock:
+        readers sort samples by time)."""
+        self.samples.extend([_new_tuple(LinkSample, (src, dst, offset_s + t, use))
+                             for src, dst, t, use in samples])
 
     def mean_uses(self, link_bytes: Iterable[Tuple[int, float]], duration_s: float
                   ) -> Dict[int, float]:

@@ -100,8 +100,7 @@ class SoloLedger:
         """Record the link use over time of one solo run started at
         ``start_s``: the scratch run's samples, shifted (nothing else uses
         those links, so they are what the network would have recorded)."""
-        for src, dst, time_s, use in self.runs[plan].samples:
-            network.sample_edge(src, dst, start_s + time_s, use)
+        network.sample_edges(self.runs[plan].samples, start_s)
 
     def settle(self, network: Network) -> None:
         """Add the link statistics of every solo run to ``network``."""
