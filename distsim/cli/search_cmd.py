@@ -38,7 +38,10 @@ def add_parser(sub) -> None:
                    help="network mode of the full simulations (default: %(default)s)")
     p.add_argument("--top", type=int, default=5, help="strategies to print (default: 5)")
     p.add_argument("--workers", type=int, default=None, help="local worker processes")
-    p.add_argument("--scheduler", default=None, help="Dask: tcp://HOST:PORT or local-dask")
+    p.add_argument("--scheduler", default=None,
+                   help="Dask: tcp://HOST:PORT or local-dask; runs the full simulations (and "
+                        "the analytical estimates of non-GPT models). GPT estimates stay in "
+                        "--workers local processes, each keeping its per-layer profiles")
     p.add_argument("--out", default=None,
                    help="also write estimates.csv, full.csv, the charts and report.html here")
     p.set_defaults(func=run)
