@@ -7,7 +7,7 @@ DataFrames); formatting (Chrome trace, plots, tables) lives in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Tuple
+from typing import Any, Dict, List, NamedTuple
 
 COMPUTE_STREAM = "compute"
 COMM_STREAM = "comm"
@@ -91,18 +91,3 @@ class Trace:
             if s.live_bytes > peak.get(s.rank, 0):
                 peak[s.rank] = s.live_bytes
         return peak
-
-
-def busy_time(intervals: List[Tuple[float, float]]) -> float:
-    """Length of the union of ``[start, end)`` intervals."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        elif end > cur_end:
-            cur_end = end
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
