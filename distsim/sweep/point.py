@@ -22,7 +22,7 @@ Metrics a summary does not have (yet) are NaN, never a crash.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError, DistsimError, PassPreconditionError
 
@@ -79,6 +79,13 @@ def run_point(params: Mapping[str, Any], simulate: Optional[SimulateFn] = None) 
     except Exception as e:  # a bug somewhere below: record it, keep sweeping
         row.update(status="failed", reason=_one_line(f"{type(e).__name__}: {e}"))
     return row
+
+
+def run_batch(batch: Sequence[Mapping[str, Any]], simulate: Optional[SimulateFn] = None
+              ) -> List[Dict[str, Any]]:
+    """:func:`run_point` on each of ``batch``, in one worker (see
+    :mod:`.batches`)."""
+    return [run_point(params, simulate) for params in batch]
 
 
 def _one_line(text: str) -> str:

@@ -19,9 +19,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .point import SimulateFn, empty_metrics, run_point
+from .batches import Task, batch_tasks
+from .point import SimulateFn, empty_metrics, run_batch, run_point
 
-Task = Tuple[str, Dict[str, Any]]          # (point key, options)
 Result = Tuple[str, Dict[str, Any]]        # (point key, row fields)
 
 #: How long ``--scheduler tcp://...`` waits for the scheduler by default.
@@ -84,11 +84,14 @@ def _context():
 
 
 class LocalProcessRunner:
-    """Runs points in ``workers`` local processes. At most ``workers`` points are in flight. If a worker
-    dies (killed, out of memory, a crash in native code), the pool is
-    restarted and the points that were in flight are retried one at a time
-    in a pool of their own; a point that kills its worker again is recorded
-    as failed. No finished point is lost or run twice."""
+    """Runs points in ``workers`` local processes, in batches
+    (:func:`.batches.batch_tasks`: estimated points that share a per-layer
+    profile together, other points one by one). At most ``workers`` batches
+    are in flight. If a worker dies (killed, out of memory, a crash in
+    native code), the pool is restarted and the points that were in flight
+    are retried one at a time in a pool of their own; a point that kills its
+    worker again is recorded as failed. No finished point is lost or run
+    twice."""
 
     def __init__(self, workers: int, simulate: Optional[SimulateFn] = None) -> None:
         self.workers = workers
@@ -104,37 +107,40 @@ class LocalProcessRunner:
         return ProcessPoolExecutor(max_workers=n, mp_context=self._ctx)
 
     def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
-        queue: Deque[Task] = deque(tasks)
+        queue: Deque[List[Task]] = deque(batch_tasks(tasks))
         suspects: List[Task] = []
         while queue:
             pool = self._pool(min(self.workers, len(queue)))
-            inflight: Dict[Future, Task] = {}
+            inflight: Dict[Future, List[Task]] = {}
             try:
                 broken = False
                 while (queue or inflight) and not broken:
                     while queue and len(inflight) < self.workers and not broken:
-                        task = queue.popleft()
+                        batch = queue.popleft()
                         try:
-                            inflight[pool.submit(run_point, task[1], self.simulate)] = task
+                            fut = pool.submit(run_batch, [t[1] for t in batch], self.simulate)
                         except BrokenProcessPool:   # a worker died since the last wait
-                            queue.appendleft(task)
-                            broken = True
-                    if not inflight:
-                        break
-                    self.running = len(inflight)
-                    done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                    self.running = len(inflight) - len(done)
-                    for fut in sorted(done, key=lambda f: inflight[f][0]):
-                        task = inflight.pop(fut)
-                        try:
-                            row = fut.result()
-                        except BrokenProcessPool:
-                            suspects.append(task)
+                            queue.appendleft(batch)
                             broken = True
                         else:
-                            yield task[0], row
+                            inflight[fut] = batch
+                    if not inflight:
+                        break
+                    self.running = sum(len(b) for b in inflight.values())
+                    done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                    self.running -= sum(len(inflight[f]) for f in done)
+                    for fut in sorted(done, key=lambda f: inflight[f][0][0]):
+                        batch = inflight.pop(fut)
+                        try:
+                            rows = fut.result()
+                        except BrokenProcessPool:
+                            suspects.extend(batch)
+                            broken = True
+                        else:
+                            yield from ((task[0], row) for task, row in zip(batch, rows))
                 if broken:
-                    suspects.extend(inflight.values())
+                    for batch in inflight.values():
+                        suspects.extend(batch)
                     inflight.clear()
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
