@@ -34,3 +34,19 @@ def test_the_template_of_representatives_is_the_full_template(strategy):
     full.pop("wall_s")
     reps.pop("wall_s")
     assert reps == full
+
+
+def test_a_collective_takes_the_same_time_whatever_was_timed_before():
+    # each collective is timed from 0 on its own clock: a shared clock
+    # would round a time by how far it had run, so a point's row would
+    # depend on the points its worker had estimated before
+    from distsim.ir.comm import CollectiveType
+    from distsim.sweep.estimate_costs import Collectives
+    from distsim.topology import load_topology
+    topo = load_topology("dgx-a100-x2")
+    team = tuple(range(0, 16, 2))
+    alone = Collectives(topo, "auto").time(CollectiveType.ALL_REDUCE, team, 3e7 + 1)
+    after = Collectives(topo, "auto")
+    for nbytes in (1e6, 7e8, 123456789):
+        after.time(CollectiveType.ALL_GATHER, tuple(range(16)), nbytes)
+    assert after.time(CollectiveType.ALL_REDUCE, team, 3e7 + 1) == alone
