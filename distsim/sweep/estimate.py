@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Tuple
 
 from ..errors import ConfigError
@@ -55,7 +56,8 @@ from ..topology import load_topology
 from ..transforms.pipeline import schedule_tasks
 from ..transforms.strategy import Strategy
 from .estimate_profile import LayerProfile, layer_profile
-from .estimate_timeline import Builder, Case, merge_order, shard_size
+from .estimate_sync import shard_size
+from .estimate_timeline import Builder, Case, merge_order
 
 __all__ = ["Case", "estimate", "estimate_memory", "merge_order", "resolve",
            "timeline_figures"]
@@ -67,6 +69,17 @@ _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads
 
 
 # -- resolving the options ---------------------------------------------------------
+@lru_cache(maxsize=64)
+def _model_config_once(model: str) -> Dict[str, Any]:
+    return load_model_config(model)
+
+
+def _model_config(model: str) -> Dict[str, Any]:
+    """:func:`load_model_config` of a model name or file, read once per
+    process (a sweep resolves the same model for every point); a copy."""
+    return dict(_model_config_once(model))
+
+
 def resolve(options: Mapping[str, Any]) -> Case:
     """Resolve ``distsim simulate`` options as :func:`distsim.api.build_program`
     does, and check them as the GPT family does (a ConfigError otherwise)."""
@@ -74,7 +87,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     model = opts.pop("model", "gpt")
     topology = opts.pop("topology", "dgx-a100")
     algo = str(opts.pop("collective_algo", "auto") or "auto")
-    config = load_model_config(model)
+    config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
                           f"'{config.get('family')}' family; the estimator covers GPT models "

@@ -42,6 +42,10 @@ class Timeline:
         # communication-only items, each in stream order
         self.compute_spans: List[List[Tuple[float, float]]] = [[] for _ in range(stages)]
         self.waits: List[float] = [0.0] * stages
+        # the lengths of those spans, summed as they come (as a sum over the
+        # list would, in the same order)
+        self.busy: List[float] = [0.0] * stages
+        self.comm_s: List[float] = [0.0] * stages
         self.comm_spans: List[List[Tuple[float, float]]] = [[] for _ in range(stages)]
 
     def compute(self, stage: int, time_s: float, ready: float = 0.0,
@@ -64,7 +68,9 @@ class Timeline:
         if end > self.end:
             self.end = end
         busy = time_s if busy_s is None else busy_s
-        self.compute_spans[stage].append((start, start + busy))
+        busy_end = start + busy
+        self.compute_spans[stage].append((start, busy_end))
+        self.busy[stage] += busy_end - start
         if holds_comm:
             self.waits[stage] += time_s - busy
         return end
@@ -85,6 +91,7 @@ class Timeline:
         for stage in dict.fromkeys(stages) if len(stages) > 1 else stages:
             free[2 * stage + 1] = end
             self.comm_spans[stage].append((start, end))
+            self.comm_s[stage] += end - start
         return end
 
     def run(self) -> float:
@@ -99,12 +106,10 @@ class Timeline:
         compute items), exposed communication (communication while nothing
         computes), idle (the rest of the step). Items on one stream are
         disjoint and in time order, so this is a linear sweep."""
-        compute = self.compute_spans[stage]
-        comm = self.comm_spans[stage]
         waits = self.waits[stage]
-        busy = sum(e - s for s, e in compute)
-        comm_s = sum(e - s for s, e in comm)
-        hidden = merged_overlap(compute, comm)
+        busy = self.busy[stage]
+        comm_s = self.comm_s[stage]
+        hidden = merged_overlap(self.compute_spans[stage], self.comm_spans[stage])
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from ..ir.comm import CollectiveType
@@ -31,6 +32,7 @@ from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_costs import collectives, op_costs
 from .estimate_engine import Timeline
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
+from .estimate_sync import StepSync
 
 MB = 1 << 20
 
@@ -94,10 +96,15 @@ def merge_order(per_rank: List[List[Tuple[str, int, int]]], chunks: int,
     return out
 
 
-def shard_size(n: int, parts: int) -> int:
-    """Rank 0's ZeRO shard of ``n`` elements over ``parts`` ranks: the first
-    (largest) of :func:`distsim.ir.ops_comm.split_sizes`."""
-    return -(-n // parts)
+@lru_cache(maxsize=256)
+def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
+                head: Tuple[int, ...], last_stage: int) -> Tuple[Tuple[tuple, int], ...]:
+    """:meth:`Builder.all_params` of a layout (the same for many points)."""
+    out = [((EMB, None, i), 0) for i in emb]
+    for layer, stage in enumerate(layer_stages):
+        out.extend(((LAYER, layer, i), stage) for i in range(per_layer))
+    out.extend(((HEAD, None, i), last_stage) for i in head)
+    return tuple(out)
 
 
 class Builder:
@@ -138,19 +145,11 @@ class Builder:
         # memos: what is the same for every task / layer of the step
         self._dp_times: Dict[Tuple[CollectiveType, float], float] = {}
         self._blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
-        self._task_times: Dict[tuple, Tuple[float, float, float]] = {}
+        self._plans: Dict[tuple, Any] = {}
         self._gathers: Dict[Tuple[str, str], float] = {}
         self._scatter: Dict[tuple, Tuple[float, float, float]] = {}
-        self._updates: Dict[Tuple[str, int], Tuple[int, float, float]] = {}
         self._segments: Dict[str, list] = {}
-        # gradient sync state (as GradientSync): end times of each gradient
-        # when final and when synchronised
-        self.final: Dict[tuple, float] = {}
-        self.synced: Dict[tuple, float] = {}
-        self.pending: Dict[int, List[tuple]] = {}
-        self.pending_bytes: Dict[int, int] = {}
-        self.deferred: Dict[int, List[tuple]] = {}
-        self.unpack: List[tuple] = []
+        self.sync = StepSync(self)
 
     # -- helpers ---------------------------------------------------------
     def stage_of(self, c: int) -> int:
@@ -197,7 +196,7 @@ class Builder:
             total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
         return total
 
-    def gathers(self, stage: int, kind: str, block: str, ready: float) -> float:
+    def gather_time(self, kind: str, block: str) -> float:
         """ZeRO-3: the all-gathers of the parameters a block reads first in
         a forward / backward task (one item: they run back to back)."""
         t = self._gathers.get((kind, block))
@@ -208,32 +207,28 @@ class Builder:
                 p = self.prof.params[owner][i]
                 t += self.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize)
             self._gathers[(kind, block)] = t
-        return self.tl.comm((stage,), t, ready)
+        return t
 
-    def block_grads(self, block: str, layer: Optional[int]) -> List[tuple]:
-        return [(block, layer, i) for i in range(len(self.prof.params[block]))]
-
-    def scatter_costs(self, order, mb: int) -> Tuple[float, float, float]:
+    def scatter_costs(self, c: int, order, mb: int) -> Tuple[float, float, float]:
         """ZeRO 2/3 with a reduce-scatter per micro-batch: per task, (compute
         added: flattening each gradient, and accumulating into the 1/dp
         shard instead of the whole buffer; reduce-scatter time; their FLOPs).
         The same for every task over the same blocks in the same class of
         micro-batch (the first, a middle one, the last): computed once."""
         final = mb == self.M - 1 and self.M > 1
-        memo = (tuple(name for name, _ in order), mb > 0, final)
+        memo = (c, mb > 0, final)
         hit = self._scatter.get(memo)
         if hit is not None:
             return hit
         extra = flops = rs = 0.0
-        for name, layer in order:
-            for key in self.block_grads(name, layer):
-                p = self.param(key)
-                n, d = p.numel, p.dtype
-                shard = shard_size(n, self.dp)
-                t, f = self.costs.cost("reshape", [(n, d)], [(n, d)])
+        for name, _ in order:
+            for i in range(len(self.prof.params[name])):
+                pc = self.sync.cost(name, i)
+                n, d, shard = pc.numel, pc.dtype, pc.shard
+                t, f = pc.flat
                 extra += t
                 flops += f
-                rs += self.dp_time(CollectiveType.REDUCE_SCATTER, n * d.itemsize)
+                rs += self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)
                 ops = (["add"] if mb > 0 else []) + (["scale"] if final else [])
                 for op in ops:        # on the shard, not the whole gradient
                     ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
@@ -245,17 +240,37 @@ class Builder:
         return hit
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
-        order = self.blocks_of(kind, c)
         last_b = kind == "B" and mb == self.M - 1
         if last_b and not self.scatter_each:
-            return self.emit_last_backward(stage, c, order, ready)
+            return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready)
+        cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
+        plan = self._plans.get((kind, c, cls))
+        if plan is None:
+            plan = self._plans[(kind, c, cls)] = self._task_plan(kind, c, mb)
+        tl, flops = self.tl, self.flops
         if self.zero3:
-            end = self._zero3_task(stage, kind, mb, order, ready)
+            # per block, its compute waits for its gathers; entering a block
+            # issues the gathers of it and of the next ``prefetch`` blocks not
+            # issued yet, gated on the compute before
+            prev = ready
+            issued: List[float] = []
+            for i, (gathers, fl, pieces) in enumerate(plan):
+                for t in gathers:
+                    issued.append(tl.comm((stage,), t, prev))
+                end = issued[i] if i else max(issued[0], ready)
+                flops[stage] += fl
+                for t, busy, holds in pieces:
+                    end = tl.compute(stage, t, end, busy, holds)
+                prev = end
         else:
-            total, busy, fl = self._chunk_time(kind, c, mb)
-            end = self._task(stage, kind, order, total, busy, fl, ready, self.tp > 1)
+            fl, pieces = plan
+            flops[stage] += fl
+            end = ready
+            for t, busy, holds in pieces:
+                end = tl.compute(stage, t, end, busy, holds)
         if kind == "B" and self.scatter_each:
-            extra, rs, extra_flops = self.scatter_costs(order, mb)
+            order = self.blocks_of(kind, c)
+            extra, rs, extra_flops = self.scatter_costs(c, order, mb)
             self.flops[stage] += extra_flops
             if mb == 0:
                 # nothing reads the first micro-batch's shards before the next
@@ -267,59 +282,51 @@ class Builder:
                 # each accumulation reads its reduce-scatter: the compute waits
                 end = synced = self.tl.compute(stage, extra + rs, end, extra, holds_comm=True)
             if last_b:
+                final, synced_at = self.sync.final, self.sync.synced
                 for name, layer in order:
-                    for key in self.block_grads(name, layer):
-                        self.final[key] = self.synced[key] = synced
+                    for i in range(len(self.prof.params[name])):
+                        final[(name, layer, i)] = synced_at[(name, layer, i)] = synced
         return end
 
-    def _chunk_time(self, kind: str, c: int, mb: int) -> Tuple[float, float, float]:
-        """A task's (time, busy time, FLOPs): its blocks' summed, once per
-        chunk and class of micro-batch."""
-        cls = 0 if kind == "F" or mb == 0 else (1 if mb == self.M - 1 else 2)
-        hit = self._task_times.get((kind, c, cls))
-        if hit is None:
-            blocks = self.prof.blocks
-            total = busy = fl = 0.0
-            for name, _ in self.blocks_of(kind, c):
-                t, b, f = self._block_time(blocks[name], kind, mb)
-                total += t
-                busy += b
-                fl += f
-            hit = self._task_times[(kind, c, cls)] = (total, busy, fl)
-        return hit
+    def _task_plan(self, kind: str, c: int, mb: int) -> Any:
+        """How a task of chunk ``c`` (of ``mb``'s class: the first, a middle,
+        the last micro-batch) is emitted, the same for every such task:
+        ``(FLOPs, pieces)``, or with ZeRO-3 one ``(gathers issued, FLOPs,
+        pieces)`` per block; a piece is a compute item ``(time, busy time,
+        holds the communication stream)``."""
+        blocks = self.prof.blocks
+        order = self.blocks_of(kind, c)
+        if self.zero3:
+            plan = []
+            issued = 0
+            for i, (name, _) in enumerate(order):
+                upto = min(len(order), i + 1 + self.S.prefetch)
+                gathers = [self.gather_time(kind, order[j][0]) for j in range(issued, upto)]
+                issued = max(issued, upto)
+                t, busy, fl = self._block_time(blocks[name], kind, mb)
+                plan.append((gathers, fl, self._pieces(kind, order[i:i + 1], t, busy)))
+            return plan
+        total = busy = fl = 0.0
+        for name, _ in order:
+            t, b, f = self._block_time(blocks[name], kind, mb)
+            total += t
+            busy += b
+            fl += f
+        return fl, self._pieces(kind, order, total, busy)
 
-    def _task(self, stage: int, kind: str, order, total: float, busy: float, fl: float,
-              ready: float, holds: bool) -> float:
-        self.flops[stage] += fl
+    def _pieces(self, kind: str, order, total: float, busy: float) -> List[tuple]:
+        """The compute items of a task over the blocks ``order``: one, or with
+        tensor-parallel collectives, which hold the communication stream from
+        the first to the last of them, the compute before and after alone."""
         blocks = self.prof.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else first.b_pre
         post = last.f_post if kind == "F" else last.b_post
-        tl = self.tl
+        holds = self.tp > 1
         if not holds or pre is None or post is None or pre + post >= busy:
-            return tl.compute(stage, total, ready, busy, holds)
-        # tensor-parallel collectives hold the communication stream from the
-        # first to the last of them; the compute before and after runs alone
-        head = tl.compute(stage, pre, ready)
-        body = tl.compute(stage, total - pre - post, head, busy - pre - post, True)
-        return tl.compute(stage, post, body)
-
-    def _zero3_task(self, stage: int, kind: str, mb: int, order, ready: float) -> float:
-        """ZeRO-3 (dp > 1): per block, its compute waits for its gathers;
-        entering a block issues the gathers of it and of the next
-        ``prefetch`` blocks not issued yet, gated on the compute before."""
-        gathered: Dict[int, float] = {}
-        prev = ready
-        blocks = self.prof.blocks
-        n = len(order)
-        for i, (name, _) in enumerate(order):
-            for j in range(i, min(n, i + 1 + self.S.prefetch)):
-                if j not in gathered:
-                    gathered[j] = self.gathers(stage, kind, order[j][0], prev)
-            t, busy, fl = self._block_time(blocks[name], kind, mb)
-            gate = gathered[i] if i else max(gathered[0], ready)
-            prev = self._task(stage, kind, order[i:i + 1], t, busy, fl, gate, self.tp > 1)
-        return prev
+            return [(total, busy, holds)]
+        return [(pre, None, False), (total - pre - post, busy - pre - post, True),
+                (post, None, False)]
 
     def _block_time(self, blk, kind: str, mb: int) -> Tuple[float, float, float]:
         if kind == "F":
@@ -368,7 +375,7 @@ class Builder:
                 gate = last if last is not None else ready
                 for j in range(k, min(n, k + 1 + self.S.prefetch)):
                     if j not in gathered:
-                        gathered[j] = self.gathers(stage, "B", order[j][0], gate)
+                        gathered[j] = tl.comm((stage,), self.gather_time("B", order[j][0]), gate)
                 g = gathered[k]
             local: Dict[int, float] = {}
             for i, (kind, time_s, fl, waits, src, param) in enumerate(self._segment_plan(name)):
@@ -389,166 +396,39 @@ class Builder:
                     local[i] = tl.comm((stage,), time_s, extra)
                     first = False
                 else:
-                    self.ready((name, layer, param), stage,
-                               local.get(src) if src >= 0 else last)
+                    self.sync.ready((name, layer, param), stage,
+                                    local.get(src) if src >= 0 else last)
         return last
 
-    # -- gradient sync (GradientSync) -----------------------------------------
+    # -- parameters ------------------------------------------------------------
     def param(self, key: tuple) -> Param:
         return self.prof.params[key[0]][key[2]]
 
-    def grad_bytes(self, key: tuple) -> int:
-        p = self.param(key)
-        return p.numel * p.dtype.itemsize
-
-    def ready(self, key: tuple, stage: int, end: Optional[float]) -> None:
-        self.final[key] = end
-        route = self.route
-        if route == "local":
-            self.synced[key] = end
-            return
-        if route == "deferred":
-            self.deferred.setdefault(stage, []).append(key)
-            return
-        if route == "each":
-            self.sync_one(key, stage)
-            return
-        self.pending.setdefault(stage, []).append(key)
-        held = self.pending_bytes[stage] = self.pending_bytes.get(stage, 0) + self.grad_bytes(key)
-        if held >= self.bucket:
-            self.flush(stage)
-
-    def sync_one(self, key: tuple, stage: int) -> None:
-        p = self.param(key)
-        nbytes = self.grad_bytes(key)
-        final = self.final[key] or 0.0
-        if self.zero >= 2:
-            flat = self.small(stage, "reshape", [(p.numel, p.dtype)], [(p.numel, p.dtype)],
-                              final)
-            self.synced[key] = self.tl.comm(
-                (stage,), self.dp_time(CollectiveType.REDUCE_SCATTER, nbytes), flat)
-        else:
-            self.synced[key] = self.tl.comm(
-                (stage,), self.dp_time(CollectiveType.ALL_REDUCE, nbytes), final)
-
-    def flush(self, stage: int) -> None:
-        bucket = self.pending.pop(stage, [])
-        self.pending_bytes.pop(stage, None)
-        if not bucket:
-            return
-        if len(bucket) == 1:
-            self.sync_one(bucket[0], stage)
-            return
-        params = [self.param(k) for k in bucket]
-        flats = [self.small(stage, "reshape", [(p.numel, p.dtype)], [(p.numel, p.dtype)],
-                            self.final[k] or 0.0) for k, p in zip(bucket, params)]
-        dtype = params[0].dtype
-        total = sum(p.numel for p in params)
-        cat = self.small(stage, "concat", [(p.numel, dtype) for p in params],
-                         [(total, dtype)], max(flats))
-        ar = self.tl.comm((stage,), self.dp_time(CollectiveType.ALL_REDUCE,
-                                                 total * dtype.itemsize), cat)
-        self.unpack.append((bucket, stage, ar, total, dtype))
-
-    def finish(self) -> None:
-        for stage in range(self.pp):
-            for key in self.deferred.pop(stage, []):
-                if self.zero >= 2:
-                    self.sync_one(key, stage)
-                else:
-                    self.pending.setdefault(stage, []).append(key)
-            self.flush(stage)
-        for bucket, stage, ar, total, dtype in self.unpack:
-            split = self.small(stage, "split", [(total, dtype)],
-                               [(self.param(k).numel, dtype) for k in bucket], ar)
-            for k in bucket:
-                p = self.param(k)
-                self.synced[k] = self.small(stage, "reshape", [(p.numel, p.dtype)],
-                                            [(p.numel, p.dtype)], split)
-        self.unpack = []
-        self.tie()
-        for key, stage in self.all_params():
-            self.update(key, stage)
-
-    def all_params(self) -> List[Tuple[tuple, int]]:
+    def all_params(self) -> Sequence[Tuple[tuple, int]]:
         """Every parameter with its stage, in the step's parameter order."""
-        out = []
-        L = self.case.config.layers
-        for block, i in self.prof.param_order:
-            if block == LAYER:
-                continue
-            if block == EMB:
-                out.append(((EMB, None, i), self.stage_of(0)))
-        for layer in range(L):
-            c = self.chunk_of_layer[layer]
-            for i in range(len(self.prof.params[LAYER])):
-                out.append(((LAYER, layer, i), self.stage_of(c)))
-        for block, i in self.prof.param_order:
-            if block == HEAD:
-                out.append(((HEAD, None, i), self.stage_of(self.C - 1)))
-        return out
-
-    def tie(self) -> None:
-        if not self.prof.tied or self.pp == 1:
-            return
-        emb = next(((EMB, None, i) for i, p in enumerate(self.prof.params[EMB])
-                    if p.name == "wte"), None)
-        head = next(((HEAD, None, i) for i, p in enumerate(self.prof.params[HEAD])
-                     if p.name != "lnf_g" and p.name != "lnf_b" and
-                     p.numel == self.prof.params[EMB][emb[2]].numel), None) if emb else None
-        if emb is None or head is None:
-            return
-        s0, s1 = self.stage_of(0), self.stage_of(self.C - 1)
-        p = self.param(emb)
-        n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
-        t = self.colls.time(CollectiveType.ALL_REDUCE, (self.rank0(s0), self.rank0(s1)),
-                            n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
-        end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
-        self.synced[emb] = self.synced[head] = end
-
-    def update_cost(self, block: str, index: int) -> Tuple[int, float, float]:
-        """A parameter's ZeRO shard and its update ops' time and FLOPs on
-        the shard (the same for the parameter in every layer: computed once)."""
-        hit = self._updates.get((block, index))
-        if hit is not None:
-            return hit
-        p = self.prof.params[block][index]
-        n = p.numel
-        shard = shard_size(n, self.dp) if self.zero >= 1 else n
-        ratio = shard / n if n else 1.0
-        launch = self.case.topology.device_spec.launch_overhead_s
-        t = fl = 0.0
-        for time_s, flops in p.opt_update:
-            t += launch + max(0.0, time_s - launch) * ratio if time_s > 0 else 0.0
-            fl += flops * ratio
-        hit = self._updates[(block, index)] = (shard, t, fl)
-        return hit
-
-    def update(self, key: tuple, stage: int) -> None:
-        """The optimizer of one parameter (GradientSync._update): the
-        template's ops, the update ops shrunk to the ZeRO shard (their time
-        beyond the launch overhead scales with the elements), the shard
-        sliced out of the gradient and the new parameter all-gathered."""
-        p = self.param(key)
-        dp, zero = self.dp, self.zero
-        n = p.numel
-        shard, t, fl = self.update_cost(key[0], key[2])
-        g = self.synced[key] or 0.0
-        if zero >= 1 and not (zero >= 2 and dp > 1):
-            g = self.tl.compute(stage, p.opt_pre, g)
-            if dp > 1:
-                g = self.small(stage, "slice", [(n, p.dtype)], [(shard, p.dtype)], g)
-        self.flops[stage] += fl
-        new = self.tl.compute(stage, t, g)
-        if zero in (1, 2):
-            if dp > 1:
-                new = self.tl.comm((stage,), self.dp_time(CollectiveType.ALL_GATHER,
-                                                          n * p.dtype.itemsize), new)
-            self.tl.compute(stage, p.opt_post, new)
+        order = self.prof.param_order
+        return _all_params(tuple(i for block, i in order if block == EMB),
+                           len(self.prof.params[LAYER]),
+                           tuple(self.stage_of(c) for c in self.chunk_of_layer),
+                           tuple(i for block, i in order if block == HEAD), self.stage_of(self.C - 1))
 
     # -- the whole step ----------------------------------------------------------
-    def send_time(self, src: int, dst: int, nbytes: int) -> float:
-        return self.colls.time(CollectiveType.SEND_RECV, (self.rank0(src), self.rank0(dst)), nbytes)
+    def sends(self, kind: str, c: int) -> Optional[Tuple[int, Tuple[int, int], List[float]]]:
+        """Where a task of chunk ``c`` sends its outputs: ``(the chunk that
+        reads them, (this stage, its stage), the time of each send)``, or
+        None (the first / last chunk, or the reader on the same stage)."""
+        if kind == "F" and c < self.C - 1:
+            dst_c, sizes = c + 1, self.prof.forward_crossing
+        elif kind == "B" and c > 0:
+            dst_c, sizes = c - 1, self.prof.backward_crossing
+        else:
+            return None
+        src, dst = self.stage_of(c), self.stage_of(dst_c)
+        if dst == src:
+            return None
+        pair = (self.rank0(src), self.rank0(dst))
+        return dst_c, (src, dst), [self.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
+                                   for nbytes in sizes]
 
     def build(self) -> Timeline:
         S, C, M = self.S, self.C, self.M
@@ -560,21 +440,19 @@ class Builder:
         pending: List[tuple] = []
         seq = 0
 
+        routes = {(k, c): self.sends(k, c) for k in ("F", "B") for c in range(C)}
+        comm = self.tl.comm
+
         def send(stage: int, kind: str, mb: int, c: int) -> None:
-            if kind == "F" and c < C - 1:
-                dst_c, sizes = c + 1, self.prof.forward_crossing
-            elif kind == "B" and c > 0:
-                dst_c, sizes = c - 1, self.prof.backward_crossing
-            else:
+            route = routes[(kind, c)]
+            if route is None:
                 return
-            dst = self.stage_of(dst_c)
-            if dst == stage:
-                return
+            dst_c, stages, times = route
             key = (kind, mb, dst_c)
             arrived = recv.get(key, 0.0)
             done = ends[(kind, mb, c)] or 0.0
-            for nbytes in sizes:
-                end = self.tl.comm((stage, dst), self.send_time(stage, dst, nbytes), done)
+            for t in times:
+                end = comm(stages, t, done)
                 if end > arrived:
                     arrived = end
             recv[key] = arrived
@@ -594,5 +472,5 @@ class Builder:
         while pending:
             _, _, args = heapq.heappop(pending)
             send(*args)
-        self.finish()
+        self.sync.finish()
         return self.tl

@@ -1,0 +1,208 @@
+"""The estimator's gradient synchronisation and optimizer step, as
+:class:`~distsim.transforms.zero.GradientSync` emits them (see
+:mod:`.estimate_timeline`, whose :class:`~.estimate_timeline.Builder` owns a
+:class:`StepSync`).
+
+As each parameter's last gradient becomes final (:meth:`StepSync.ready`),
+it is synchronised over the data-parallel team as
+:func:`~distsim.transforms.zero.sync_route` says (all-reduce, ZeRO 2/3
+reduce-scatter, in buckets, or after the backward pass); after the backward
+pass come the tied-embedding all-reduce and, per parameter, the optimizer
+(the ZeRO shard sliced out, the update, the new parameter all-gathered).
+What the step charges a parameter is the same for that parameter in every
+layer, so it is worked out once per configuration (:class:`ParamCost`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from ..ir.comm import CollectiveType
+from .estimate_profile import EMB, HEAD
+
+if TYPE_CHECKING:     # pragma: no cover - for the annotations only
+    from .estimate_timeline import Builder
+
+ParamKey = Tuple[str, Optional[int], int]      # (block, layer, index in the block)
+
+
+def shard_size(n: int, parts: int) -> int:
+    """Rank 0's ZeRO shard of ``n`` elements over ``parts`` ranks: the first
+    (largest) of :func:`distsim.ir.ops_comm.split_sizes`."""
+    return -(-n // parts)
+
+
+class ParamCost:
+    """What the step charges one parameter of a block (per rank, in this
+    configuration): its size, the ZeRO shard, flattening its gradient
+    (``flat``: time, FLOPs), the update ops on the shard (``update``),
+    slicing the shard out of the gradient (``slice``, ZeRO 1), and its
+    data-parallel sync and parameter all-gather times (filled when first
+    needed: a collective not needed is not timed)."""
+
+    __slots__ = ("numel", "dtype", "nbytes", "shard", "flat", "update", "slice", "sync",
+                 "gather")
+
+    def __init__(self, b: "Builder", block: str, index: int) -> None:
+        p = b.prof.params[block][index]
+        n, d = p.numel, p.dtype
+        self.numel, self.dtype = n, d
+        self.nbytes = n * d.itemsize
+        self.shard = shard_size(n, b.dp) if b.zero >= 1 else n
+        self.flat = b.costs.cost("reshape", [(n, d)], [(n, d)])
+        # the update ops shrink to the shard: their time beyond the launch
+        # overhead scales with the elements
+        ratio = self.shard / n if n else 1.0
+        launch = b.case.topology.device_spec.launch_overhead_s
+        t = fl = 0.0
+        for time_s, flops in p.opt_update:
+            t += launch + max(0.0, time_s - launch) * ratio if time_s > 0 else 0.0
+            fl += flops * ratio
+        self.update = (t, fl)
+        self.slice = b.costs.cost("slice", [(n, d)], [(self.shard, d)]) \
+            if b.zero >= 1 and b.dp > 1 else (0.0, 0.0)
+        self.sync: Optional[float] = None
+        self.gather: Optional[float] = None
+
+
+class StepSync:
+    """Gradient sync state of one step (as GradientSync): each gradient's
+    end time when final and when synchronised, the buckets pending per
+    stage, the syncs deferred to after the backward pass."""
+
+    def __init__(self, b: "Builder") -> None:
+        self.b = b
+        self.tl = b.tl
+        self.zero, self.dp = b.zero, b.dp
+        self.final: Dict[ParamKey, Optional[float]] = {}
+        self.synced: Dict[ParamKey, Optional[float]] = {}
+        self.pending: Dict[int, List[ParamKey]] = {}
+        self.pending_bytes: Dict[int, int] = {}
+        self.deferred: Dict[int, List[ParamKey]] = {}
+        self.unpack: List[tuple] = []
+        self._costs: Dict[Tuple[str, int], ParamCost] = {}
+
+    def cost(self, block: str, index: int) -> ParamCost:
+        hit = self._costs.get((block, index))
+        if hit is None:
+            hit = self._costs[(block, index)] = ParamCost(self.b, block, index)
+        return hit
+
+    def ready(self, key: ParamKey, stage: int, end: Optional[float]) -> None:
+        """The gradient ``key`` is final at ``end``: synchronise it as
+        GradientSync._ready routes it."""
+        self.final[key] = end
+        route = self.b.route
+        if route == "local":
+            self.synced[key] = end
+            return
+        if route == "deferred":
+            self.deferred.setdefault(stage, []).append(key)
+            return
+        if route == "each":
+            self.sync_one(key, stage)
+            return
+        self.pending.setdefault(stage, []).append(key)
+        held = self.pending_bytes.get(stage, 0) + self.cost(key[0], key[2]).nbytes
+        self.pending_bytes[stage] = held
+        if held >= self.b.bucket:
+            self.flush(stage)
+
+    def sync_one(self, key: ParamKey, stage: int) -> None:
+        pc = self.cost(key[0], key[2])
+        final = self.final[key] or 0.0
+        if pc.sync is None:
+            kind = CollectiveType.REDUCE_SCATTER if self.zero >= 2 else CollectiveType.ALL_REDUCE
+            pc.sync = self.b.dp_time(kind, pc.nbytes)
+        if self.zero >= 2:
+            t, f = pc.flat
+            self.b.flops[stage] += f
+            final = self.tl.compute(stage, t, final)
+        self.synced[key] = self.tl.comm((stage,), pc.sync, final)
+
+    def flush(self, stage: int) -> None:
+        bucket = self.pending.pop(stage, [])
+        self.pending_bytes.pop(stage, None)
+        if not bucket:
+            return
+        if len(bucket) == 1:
+            self.sync_one(bucket[0], stage)
+            return
+        b = self.b
+        costs = [self.cost(k[0], k[2]) for k in bucket]
+        flats = [b.small(stage, "reshape", [(pc.numel, pc.dtype)], [(pc.numel, pc.dtype)],
+                         self.final[k] or 0.0) for k, pc in zip(bucket, costs)]
+        dtype = costs[0].dtype
+        total = sum(pc.numel for pc in costs)
+        cat = b.small(stage, "concat", [(pc.numel, dtype) for pc in costs],
+                      [(total, dtype)], max(flats))
+        ar = self.tl.comm((stage,), b.dp_time(CollectiveType.ALL_REDUCE,
+                                              total * dtype.itemsize), cat)
+        self.unpack.append((bucket, stage, ar, total, dtype))
+
+    def finish(self) -> None:
+        """After the backward pass: the deferred syncs, the last buckets,
+        unpacking the buckets, the tied embedding, the optimizer."""
+        b = self.b
+        for stage in range(b.pp):
+            for key in self.deferred.pop(stage, []):
+                if self.zero >= 2:
+                    self.sync_one(key, stage)
+                else:
+                    self.pending.setdefault(stage, []).append(key)
+            self.flush(stage)
+        for bucket, stage, ar, total, dtype in self.unpack:
+            split = b.small(stage, "split", [(total, dtype)],
+                            [(b.param(k).numel, dtype) for k in bucket], ar)
+            for k in bucket:
+                p = b.param(k)
+                self.synced[k] = b.small(stage, "reshape", [(p.numel, p.dtype)],
+                                         [(p.numel, p.dtype)], split)
+        self.unpack = []
+        self.tie()
+        for key, stage in b.all_params():
+            self.update(key, stage)
+
+    def tie(self) -> None:
+        b = self.b
+        prof = b.prof
+        if not prof.tied or b.pp == 1:
+            return
+        emb = next(((EMB, None, i) for i, p in enumerate(prof.params[EMB])
+                    if p.name == "wte"), None)
+        head = next(((HEAD, None, i) for i, p in enumerate(prof.params[HEAD])
+                     if p.name != "lnf_g" and p.name != "lnf_b" and
+                     p.numel == prof.params[EMB][emb[2]].numel), None) if emb else None
+        if emb is None or head is None:
+            return
+        s0, s1 = b.stage_of(0), b.stage_of(b.C - 1)
+        p = b.param(emb)
+        n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
+        t = b.colls.time(CollectiveType.ALL_REDUCE, (b.rank0(s0), b.rank0(s1)),
+                         n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
+        end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
+        self.synced[emb] = self.synced[head] = end
+
+    def update(self, key: ParamKey, stage: int) -> None:
+        """The optimizer of one parameter (GradientSync._update): the
+        template's ops, the update ops shrunk to the ZeRO shard, the shard
+        sliced out of the gradient and the new parameter all-gathered."""
+        b, tl = self.b, self.tl
+        p = b.param(key)
+        pc = self.cost(key[0], key[2])
+        dp, zero = self.dp, self.zero
+        g = self.synced[key] or 0.0
+        if zero >= 1 and not (zero >= 2 and dp > 1):
+            g = tl.compute(stage, p.opt_pre, g)
+            if dp > 1:
+                t, f = pc.slice
+                b.flops[stage] += f
+                g = tl.compute(stage, t, g)
+        t, fl = pc.update
+        b.flops[stage] += fl
+        new = tl.compute(stage, t, g)
+        if zero in (1, 2):
+            if dp > 1:
+                if pc.gather is None:
+                    pc.gather = b.dp_time(CollectiveType.ALL_GATHER, pc.nbytes)
+                new = tl.comm((stage,), pc.gather, new)
+            tl.compute(stage, p.opt_post, new)
