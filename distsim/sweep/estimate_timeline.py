@@ -129,6 +129,10 @@ class Builder:
             self.ranges = partition_layers(case.config.layers, self.C)
         self.chunk_of_layer = [c for c, (start, end) in enumerate(self.ranges)
                                for _ in range(start, end)]
+        #: What a task's costs depend on in each chunk: whether it holds the
+        #: embedding, the head, and how many layers (chunks alike cost alike).
+        self.shapes = [(c == 0, c == self.C - 1, end - start)
+                       for c, (start, end) in enumerate(self.ranges)]
         self.tl = Timeline(S.pp)
         self.colls = collectives(case.topology_name, case.collective_algo)
         self.costs = op_costs(case.topology_name)
@@ -148,6 +152,7 @@ class Builder:
         self._plans: Dict[tuple, Any] = {}
         self._gathers: Dict[Tuple[str, str], float] = {}
         self._scatter: Dict[tuple, Tuple[float, float, float]] = {}
+        self._scatter_terms: Dict[tuple, Tuple[List[float], List[float], List[float]]] = {}
         self._segments: Dict[str, list] = {}
         self.sync = StepSync(self)
 
@@ -216,27 +221,49 @@ class Builder:
         The same for every task over the same blocks in the same class of
         micro-batch (the first, a middle one, the last): computed once."""
         final = mb == self.M - 1 and self.M > 1
-        memo = (c, mb > 0, final)
+        memo = (self.shapes[c], mb > 0, final)
         hit = self._scatter.get(memo)
         if hit is not None:
             return hit
         extra = flops = rs = 0.0
         for name, _ in order:
-            for i in range(len(self.prof.params[name])):
-                pc = self.sync.cost(name, i)
-                n, d, shard = pc.numel, pc.dtype, pc.shard
-                t, f = pc.flat
-                extra += t
-                flops += f
-                rs += self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)
-                ops = (["add"] if mb > 0 else []) + (["scale"] if final else [])
-                for op in ops:        # on the shard, not the whole gradient
-                    ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
-                    full = self.costs.cost(op, ins, [(n, d)])
-                    part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
-                    extra += part[0] - full[0]
-                    flops += part[1] - full[1]
+            block_extra, block_flops, block_rs = self._block_scatter(name, mb > 0, final)
+            for x in block_extra:
+                extra += x
+            for x in block_flops:
+                flops += x
+            for x in block_rs:
+                rs += x
         hit = self._scatter[memo] = (extra, rs, flops)
+        return hit
+
+    def _block_scatter(self, name: str, accumulates: bool, final: bool
+                       ) -> Tuple[List[float], List[float], List[float]]:
+        """:meth:`scatter_costs`' terms of one block, in the order they are
+        added: per parameter, flattening its gradient and accumulating
+        (``accumulates``) and averaging (``final``) on the shard instead of
+        the whole gradient (compute, FLOPs), and its reduce-scatter."""
+        memo = (name, accumulates, final)
+        hit = self._scatter_terms.get(memo)
+        if hit is not None:
+            return hit
+        extra: List[float] = []
+        flops: List[float] = []
+        rs: List[float] = []
+        ops = (["add"] if accumulates else []) + (["scale"] if final else [])
+        for i in range(len(self.prof.params[name])):
+            pc = self.sync.cost(name, i)
+            n, d, shard = pc.numel, pc.dtype, pc.shard
+            extra.append(pc.flat[0])
+            flops.append(pc.flat[1])
+            rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes))
+            for op in ops:
+                ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
+                full = self.costs.cost(op, ins, [(n, d)])
+                part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
+                extra.append(part[0] - full[0])
+                flops.append(part[1] - full[1])
+        hit = self._scatter_terms[memo] = (extra, flops, rs)
         return hit
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
@@ -244,9 +271,9 @@ class Builder:
         if last_b and not self.scatter_each:
             return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
-        plan = self._plans.get((kind, c, cls))
+        plan = self._plans.get((kind, self.shapes[c], cls))
         if plan is None:
-            plan = self._plans[(kind, c, cls)] = self._task_plan(kind, c, mb)
+            plan = self._plans[(kind, self.shapes[c], cls)] = self._task_plan(kind, c, mb)
         tl, flops = self.tl, self.flops
         if self.zero3:
             # per block, its compute waits for its gathers; entering a block
@@ -290,7 +317,8 @@ class Builder:
 
     def _task_plan(self, kind: str, c: int, mb: int) -> Any:
         """How a task of chunk ``c`` (of ``mb``'s class: the first, a middle,
-        the last micro-batch) is emitted, the same for every such task:
+        the last micro-batch) is emitted, the same for every such task of a
+        chunk of the same shape:
         ``(FLOPs, pieces)``, or with ZeRO-3 one ``(gathers issued, FLOPs,
         pieces)`` per block; a piece is a compute item ``(time, busy time,
         holds the communication stream)``."""
