@@ -133,6 +133,26 @@ CASES = {
     "select_label_grad/batch": (
         MESH1, [_x((4,), [Shard(0)], "dy"), _x((4, 10)), _x((4,), None, "labels", I64)],
         lambda b, v: b.op("select_label_grad", [v["dy"], v["x"], v["labels"]], name="y"), [[Shard(0)]]),
+    # vocabulary parallelism: each device holds some rows of the table (some
+    # classes of the logits), looks up / picks the ids in its range, zeros
+    # elsewhere: partial sums (random ids lie in [0, 8), so every piece of
+    # the 2-way split is hit, and of the nested 3/2/3/2 split all but the last)
+    "embedding/vocabulary rows": (
+        MESH1, [_x((10, 4), [Shard(0)], "t"), _x((3, 5), None, "ids", I64)],
+        lambda b, v: b.op("embedding", [v["t"], v["ids"]], name="y"), [[P]]),
+    "embedding/vocabulary rows, nested": (
+        MESH2, [_x((10, 4), [Shard(0), Shard(0)], "t"), _x((3, 5), None, "ids", I64)],
+        lambda b, v: b.op("embedding", [v["t"], v["ids"]], name="y"), [[P, P]]),
+    "embedding/batch x vocabulary rows": (
+        MESH2, [_x((10, 4), [R, Shard(0)], "t"), _x((4, 5), [Shard(0), R], "ids", I64)],
+        lambda b, v: b.op("embedding", [v["t"], v["ids"]], name="y"), [[Shard(0), P]]),
+    "select_label/vocabulary": (
+        MESH1, [_x((4, 10), [Shard(1)]), _x((4,), None, "labels", I64)],
+        lambda b, v: b.op("select_label", [v["x"], v["labels"]], name="y"), [[P]]),
+    "select_label_grad/vocabulary": (
+        MESH2, [_x((4,), None, "dy"), _x((4, 10), [Shard(1), Shard(1)]), _x((4,), None, "labels", I64)],
+        lambda b, v: b.op("select_label_grad", [v["dy"], v["x"], v["labels"]], name="y"),
+        [[Shard(1), Shard(1)]]),
 }
 
 
@@ -151,3 +171,25 @@ def test_rule_propagates_and_lowering_equals_unsharded(case):
     assert result.ok, str(result)
     # the op itself runs on pieces or partial terms, not on a replicated copy
     assert any(not isinstance(p, Replicate) for v in op.inputs for p in v.type.placements)
+
+
+@pytest.mark.parametrize("mesh, rows", [(MESH1, [Shard(0)]), (MESH2, [Shard(0), Shard(0)])])
+def test_embedding_grad_computes_only_the_rows_each_device_holds(mesh, rows):
+    """A table gradient wanted row-sharded (as the table it updates) is
+    computed row-sharded from replicated inputs: each device accumulates
+    the ids of its rows (``num_embeddings`` its rows, ``offset`` their
+    start), no reduction and no slicing afterwards."""
+    module = _program(mesh, [_x((4, 3, 6), None, "dy"), _x((4, 3), None, "ids", I64)],
+                      lambda b, v: b.op("embedding_grad", [v["dy"], v["ids"]],
+                                        {"num_embeddings": 10}, name="y"))
+    annotate_sharding(module.functions["main"].outputs[0], mesh, rows)
+    sharded, local = shard_program(module)
+    verify(local)
+    op = next(o for o in sharded.functions["main"].ops if o.op_type == "embedding_grad")
+    assert list(op.outputs[0].type.placements) == rows
+    assert not [o for o in local.ops if o.op_type.startswith("comm.")]
+    pieces = sorted((o.attrs["offset"], o.attrs["num_embeddings"]) for o in local.ops
+                    if o.op_type == "embedding_grad")
+    assert pieces == ([(0, 5), (5, 5)] if mesh is MESH1 else [(0, 3), (3, 2), (5, 3), (8, 2)])
+    result = check_lowering(module, local)
+    assert result.ok, str(result)

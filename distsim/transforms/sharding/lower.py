@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Tuple
 
 from ...errors import PassPreconditionError
 from ...ir.core import Function, Module, Op, Value
-from ...ir.mesh import DTensorType
+from ...ir.mesh import DTensorType, shard_range
 from ...ir.ops_call import callee_of, is_call
 from .cross_mesh import cross_mesh
 from .local_builder import (Coords, LocalBuilder, Locals, apply_step,  # noqa: F401  (re-exported)
@@ -82,6 +82,32 @@ def _mean(lb, op, c, ins, hints):
 def _mean_grad(lb, op, c, ins, hints):
     y = op.inputs[1].type
     return _rescaled(lb, op, ins, hints, prod(y.local_shape(c)) / max(prod(y.shape), 1))
+
+
+def _offset_of(t: DTensorType, dim: int, c: Coords) -> Tuple[int, int]:
+    """(start, length) of the piece of ``t``'s dim ``dim`` at ``c``."""
+    return shard_range(t.shape[dim], t.placements, t.mesh.shape, dim, c)
+
+
+@local_rule("embedding", "select_label", "select_label_grad")
+def _vocabulary_piece(lb, op, c, ins, hints):
+    """On a piece of the vocabulary (table rows, logits' last dim) the op
+    sees ids relative to its first row: ``offset`` grows by the piece's
+    start (ids outside the piece give zeros: the pieces sum to the whole)."""
+    vocab = op.inputs[1 if op.op_type == "select_label_grad" else 0].type
+    dim = 0 if op.op_type == "embedding" else vocab.rank - 1
+    start, _ = _offset_of(vocab, dim, c)
+    return lb.emit(op.op_type, ins, dict(op.attrs, offset=int(op.attrs.get("offset", 0)) + start),
+                   hints)
+
+
+@local_rule("embedding_grad")
+def _embedding_grad_rows(lb, op, c, ins, hints):
+    """The gradient of this device's rows of the table: ``num_embeddings``
+    its rows, ``offset`` grown by their start."""
+    start, rows = _offset_of(op.outputs[0].type, 0, c)
+    return lb.emit(op.op_type, ins, dict(op.attrs, num_embeddings=rows,
+                                         offset=int(op.attrs.get("offset", 0)) + start), hints)
 
 
 # -- the function ------------------------------------------------------------------

@@ -278,8 +278,12 @@ class Propagator:
         The cheapest valid combinations (by the per-axis table) are costed
         exactly: each input's change at its cheapest point along its
         producer chain (:mod:`.conflicts`). Without a conflict the first
-        combination needs no change and is taken as it is."""
-        candidates = _valid_candidates(op, [v.type for v in ins], [None] * len(op.outputs), mesh)
+        combination needs no change and is taken as it is. An annotated result
+        counts too: a combination's cost includes changing its result to the
+        annotation, so one producing the annotated placement directly wins
+        where it is no dearer (no redistribute after the op)."""
+        candidates = _valid_candidates(op, [v.type for v in ins],
+                                       [_annotation(v) for v in op.outputs], mesh)
         if not candidates:
             req, res = replicated_types(op, mesh)
             return [build.resolver.realise(v, build.resolver.plan(v, t, 0), v.name)

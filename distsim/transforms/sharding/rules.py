@@ -289,20 +289,34 @@ def _embedding_grad(ctx: OpContext) -> List[Strategy]:
     strategies = [((Shard(d), Shard(d)), (P,)) for d in range(ids.rank)]
     strategies.append(((Shard(ids.rank), R), (Shard(1),)))
     strategies.append(((P, R), (P,)))
+    # vocabulary rows: each device accumulates only the ids of its rows
+    # (offset and num_embeddings set per device, see lower.py); listed after
+    # the replicated strategy, so that it is taken only where the gradient
+    # is wanted row-sharded, not whenever the inputs are replicated
+    strategies.append(((R, R), (R,)))
+    strategies.append(((R, R), (Shard(0),)))
     return strategies
 
 
 @rule("select_label")
 def _select_label(ctx: OpContext) -> List[Strategy]:
     logits = ctx.ins[0]
-    return [((Shard(d), Shard(d)), (Shard(d),)) for d in range(logits.rank - 1)]
+    strategies = [((Shard(d), Shard(d)), (Shard(d),)) for d in range(logits.rank - 1)]
+    # vocabulary (class) shards: a device picks the labels in its range
+    # and gives 0 for the others, so the pieces sum to the whole (offset
+    # per device, see lower.py)
+    strategies.append(((Shard(logits.rank - 1), R), (P,)))
+    return strategies
 
 
 @rule("select_label_grad")
 def _select_label_grad(ctx: OpContext) -> List[Strategy]:
     # (dy, logits, labels) -> dlogits, linear in dy
     logits = ctx.ins[1]
-    strategies = [((Shard(d),) * 3, (Shard(d),)) for d in range(logits.rank - 1)]
+    last = logits.rank - 1
+    strategies = [((Shard(d),) * 3, (Shard(d),)) for d in range(last)]
+    # vocabulary shards: each device scatters the labels in its range
+    strategies.append(((R, Shard(last), R), (Shard(last),)))
     return strategies + [((P, R, R), (P,))]
 
 
@@ -311,6 +325,10 @@ def _embedding(ctx: OpContext) -> List[Strategy]:
     table, ids = ctx.ins
     strategies = [((R, Shard(d)), (Shard(d),)) for d in range(ids.rank)]
     strategies.append(((Shard(1), R), (Shard(ids.rank),)))
+    # vocabulary rows (Megatron's vocabulary-parallel embedding): a device
+    # looks up the ids in its rows and gives zeros for the others, so the
+    # pieces sum to the whole (offset per device, see lower.py)
+    strategies.append(((Shard(0), R), (P,)))
     return strategies
 
 

@@ -24,6 +24,8 @@ LocalAttrs = Callable[[Mapping[str, object], Tuple[int, ...]], Dict[str, object]
 LOCAL_ATTRS: Dict[str, LocalAttrs] = {
     "reshape": lambda attrs, out_shape: dict(attrs, shape=list(out_shape)),
     "broadcast_to": lambda attrs, out_shape: dict(attrs, shape=list(out_shape)),
+    # a device's rows of the table gradient (lower.py also moves the offset)
+    "embedding_grad": lambda attrs, out_shape: dict(attrs, num_embeddings=out_shape[0]),
 }
 
 
