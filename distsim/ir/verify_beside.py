@@ -15,7 +15,9 @@ The result is the same as verifying first:
   message and traceback), raised when the block ends;
 * that error takes precedence over any error the body raised (a
   malformed program may also trip the simulator; the verifier's message
-  is the one that names the problem).
+  is the one that names the problem);
+* an interrupted body (Ctrl-C, ``SystemExit``) stops the child and verifies
+  nothing.
 
 Small programs, machines without ``os.fork`` or with one core, and
 processes running other threads (forking those is unsafe) verify first,
@@ -24,6 +26,7 @@ in this process, as before.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Optional
@@ -72,6 +75,16 @@ def _child_found_valid(pid: int, read_fd: int) -> bool:
     return verdict == _VALID and os.waitstatus_to_exitcode(status) == 0
 
 
+def _abandon(pid: int, read_fd: int) -> None:
+    """Stop the child and reap it (an interrupted run verifies nothing)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+
+
 @contextmanager
 def verified_beside(function: Function, known_devices: Optional[Iterable[int]] = None,
                     min_ops: Optional[int] = None) -> Iterator[None]:
@@ -92,19 +105,17 @@ def verified_beside(function: Function, known_devices: Optional[Iterable[int]] =
         os.close(read_fd)
         _child(function, devices, write_fd)
     os.close(write_fd)
-    checked = False
 
     def settle() -> None:
-        nonlocal checked
-        checked = True
         if not _child_found_valid(pid, read_fd):
             verify(function, known_devices=devices)     # raises the verifier's own error
 
     try:
         yield
-    except BaseException:
+    except Exception:
         settle()                       # the verifier's error names the cause
         raise
-    finally:
-        if not checked:
-            settle()
+    except BaseException:              # Ctrl-C, exit: stop the child, verify nothing
+        _abandon(pid, read_fd)
+        raise
+    settle()

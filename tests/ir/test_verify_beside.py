@@ -121,3 +121,25 @@ def test_simulate_forks_for_a_large_program(monkeypatch, counted):
     monkeypatch.setattr(vb, "MIN_OPS_TO_FORK", 0)
     assert distsim.simulate(dp=2).step_time_s == first
     assert counted == []
+
+
+@needs_fork
+def test_an_interrupted_body_stops_the_child_and_verifies_nothing(counted):
+    """Ctrl-C during the simulation ends the run at once: no verification
+    here (of an invalid program it would take as long again), the child
+    killed and reaped."""
+    children = []
+    real_fork = os.fork
+
+    def fork():
+        pid = real_fork()
+        children.append(pid)
+        return pid
+    import unittest.mock
+    with unittest.mock.patch.object(vb.os, "fork", fork):
+        with pytest.raises(KeyboardInterrupt):
+            with vb.verified_beside(_use_before_definition(), min_ops=0):
+                raise KeyboardInterrupt
+    assert counted == []
+    with pytest.raises(ChildProcessError):   # already reaped: no zombie left
+        os.waitpid(children[0], os.WNOHANG)
