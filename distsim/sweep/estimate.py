@@ -140,15 +140,23 @@ def estimate_memory(b: Builder) -> List[int]:
     # fp32 master weights and the optimizer's moments: AdamW m, v; SGD momentum
     hyper = hyper_of(b.case.config, S.optimizer)
     states = 1 + len(hyper.states)
-    static = [0.0] * S.pp
-    grads = [0.0] * S.pp
-    for key, stage in b.all_params():
-        p = b.param(key)
-        n = p.numel
-        shard = shard_size(n, dp)
-        static[stage] += (shard if zero == 3 else n) * p.dtype.itemsize
-        static[stage] += states * (shard if zero >= 1 else n) * master
-        grads[stage] += (shard if b.scatter_each else n) * p.dtype.itemsize
+    # bytes per parameter of each block (whole numbers, summed exactly)
+    per: Dict[Tuple[str, int], Tuple[int, int]] = {}
+    for block, params in prof.params.items():
+        for i, p in enumerate(params):
+            n, size = p.numel, p.dtype.itemsize
+            shard = shard_size(n, dp)
+            per[(block, i)] = ((shard if zero == 3 else n) * size
+                               + states * (shard if zero >= 1 else n) * master,
+                               (shard if b.scatter_each else n) * size)
+    static_bytes = [0] * S.pp
+    grad_bytes = [0] * S.pp
+    for (block, _, i), stage in b.all_params():
+        weights, grad = per[(block, i)]
+        static_bytes[stage] += weights
+        grad_bytes[stage] += grad
+    static = [float(x) for x in static_bytes]
+    grads = [float(x) for x in grad_bytes]
     blocks = prof.blocks
     chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.C)}
     chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))

@@ -21,9 +21,9 @@ is the latest end among their dependencies (``ready``, 0.0 for none).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
-from ..report.intervals import merged_overlap
+from .estimate_overlap import span_overlap
 
 COMPUTE, COMM = 0, 1
 
@@ -37,16 +37,19 @@ class Timeline:
         self.stages = stages
         self.free: List[float] = [0.0] * (2 * stages)   # end of each stream's last item
         self.end = 0.0                                  # the latest end of any item
-        # per stage: (start, start + busy) of its compute items, the
+        # per stage: the spans (start, start + busy) of its compute items, the
         # tensor-parallel waits inside them, and the spans of its
-        # communication-only items, each in stream order
-        self.compute_spans: List[List[Tuple[float, float]]] = [[] for _ in range(stages)]
+        # communication-only items, each in stream order (starts and ends
+        # apart)
+        self.compute_starts: List[List[float]] = [[] for _ in range(stages)]
+        self.compute_ends: List[List[float]] = [[] for _ in range(stages)]
         self.waits: List[float] = [0.0] * stages
+        self.comm_starts: List[List[float]] = [[] for _ in range(stages)]
+        self.comm_ends: List[List[float]] = [[] for _ in range(stages)]
         # the lengths of those spans, summed as they come (as a sum over the
         # list would, in the same order)
         self.busy: List[float] = [0.0] * stages
         self.comm_s: List[float] = [0.0] * stages
-        self.comm_spans: List[List[Tuple[float, float]]] = [[] for _ in range(stages)]
 
     def compute(self, stage: int, time_s: float, ready: float = 0.0,
                 busy_s: Optional[float] = None, holds_comm: bool = False) -> float:
@@ -69,7 +72,8 @@ class Timeline:
             self.end = end
         busy = time_s if busy_s is None else busy_s
         busy_end = start + busy
-        self.compute_spans[stage].append((start, busy_end))
+        self.compute_starts[stage].append(start)
+        self.compute_ends[stage].append(busy_end)
         self.busy[stage] += busy_end - start
         if holds_comm:
             self.waits[stage] += time_s - busy
@@ -90,7 +94,8 @@ class Timeline:
             self.end = end
         for stage in dict.fromkeys(stages) if len(stages) > 1 else stages:
             free[2 * stage + 1] = end
-            self.comm_spans[stage].append((start, end))
+            self.comm_starts[stage].append(start)
+            self.comm_ends[stage].append(end)
             self.comm_s[stage] += end - start
         return end
 
@@ -109,7 +114,8 @@ class Timeline:
         waits = self.waits[stage]
         busy = self.busy[stage]
         comm_s = self.comm_s[stage]
-        hidden = merged_overlap(self.compute_spans[stage], self.comm_spans[stage])
+        hidden = span_overlap(self.compute_starts[stage], self.compute_ends[stage],
+                              self.comm_starts[stage], self.comm_ends[stage])
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,

@@ -50,3 +50,28 @@ def test_a_collective_takes_the_same_time_whatever_was_timed_before():
     for nbytes in (1e6, 7e8, 123456789):
         after.time(CollectiveType.ALL_GATHER, tuple(range(16)), nbytes)
     assert after.time(CollectiveType.ALL_REDUCE, team, 3e7 + 1) == alone
+
+
+def test_the_overlap_with_numpy_is_merged_overlap_to_the_bit():
+    import random
+    from distsim.report.intervals import merged_overlap
+    from distsim.sweep.estimate_overlap import span_overlap
+    rng = random.Random(3)
+
+    def spans(n):
+        t, out = rng.random() * 10, []
+        for _ in range(n):
+            t += rng.choice([0.0, rng.random(), rng.random() * 1e-3])
+            d = rng.choice([0.0, rng.random(), rng.random() * 5])
+            out.append((t, t + d))
+            t += d
+        return out
+
+    for _ in range(500):
+        a, b = spans(rng.randint(0, 30)), spans(rng.randint(0, 30))
+        if a and b and rng.random() < 0.3:     # ends in common: the walk's tie rule
+            b[rng.randrange(len(b))] = a[rng.randrange(len(a))]
+            b.sort(key=lambda s: s[1])
+        got = span_overlap([s for s, _ in a], [e for _, e in a],
+                           [s for s, _ in b], [e for _, e in b])
+        assert got == merged_overlap(a, b)
