@@ -6,12 +6,20 @@ times): a point sent to a process that has not seen its per-layer profile
 pays for building it (tens of milliseconds, as much as estimating a point).
 So estimated points that share a profile go to a worker together, as one
 *batch*, and each profile is built once in the whole sweep instead of once
-per process. Simulated points go one at a time, as before. How the points are batched
-changes nothing in their rows, only where they run.
+per process. Simulated points go one at a time, as before.
+
+The batches are then split into one *lane* per worker (:class:`Lanes`):
+consecutive batches, so that a worker keeps to one part of the grid (points
+next to each other share their data-parallel teams, hence the collectives
+the estimator times, tens of milliseconds each for a large team), and a
+worker whose lane is done takes batches from the end of the longest lane.
+How the points are batched changes nothing in their rows, only where they
+run.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 Task = Tuple[str, Dict[str, Any]]          # (point key, options)
 
@@ -52,3 +60,39 @@ def batch_tasks(tasks: Sequence[Task], max_batch: int = MAX_BATCH) -> List[List[
                 open_batch[group] = batch
         batch.append(task)
     return batches
+
+
+class Lanes:
+    """``batches`` split into ``lanes`` runs of consecutive batches with
+    about as many points each (see the module docstring). :meth:`take`
+    gives a lane's next batch, or, when it is empty, the last batch of the
+    lane with the most points left."""
+
+    def __init__(self, batches: Sequence[List[Task]], lanes: int) -> None:
+        total = sum(len(b) for b in batches)
+        self.lanes: List[Deque[List[Task]]] = [deque() for _ in range(max(1, lanes))]
+        done = 0
+        for batch in batches:         # by where the batch's middle falls
+            lane = (2 * done + len(batch)) * len(self.lanes) // max(1, 2 * total)
+            self.lanes[min(lane, len(self.lanes) - 1)].append(batch)
+            done += len(batch)
+        self.left = [sum(len(b) for b in lane) for lane in self.lanes]
+
+    def __bool__(self) -> bool:
+        return any(self.lanes)
+
+    def take(self, lane: int) -> List[Task]:
+        """The next batch for the worker of ``lane`` (the lanes must not
+        all be empty)."""
+        if self.lanes[lane]:
+            batch = self.lanes[lane].popleft()
+        else:
+            lane = max(range(len(self.lanes)), key=lambda i: self.left[i])
+            batch = self.lanes[lane].pop()
+        self.left[lane] -= len(batch)
+        return batch
+
+    def put_back(self, lane: int, batch: List[Task]) -> None:
+        """Return a batch that could not be submitted to the front of ``lane``."""
+        self.lanes[lane].appendleft(batch)
+        self.left[lane] += len(batch)

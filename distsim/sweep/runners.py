@@ -19,7 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .batches import Task, batch_tasks
+from .batches import Lanes, Task, batch_tasks
 from .point import SimulateFn, empty_metrics, run_batch, run_point
 
 Result = Tuple[str, Dict[str, Any]]        # (point key, row fields)
@@ -107,30 +107,36 @@ class LocalProcessRunner:
         return ProcessPoolExecutor(max_workers=n, mp_context=self._ctx)
 
     def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
-        queue: Deque[List[Task]] = deque(batch_tasks(tasks))
+        queue = Lanes(batch_tasks(tasks), self.workers)
         suspects: List[Task] = []
         while queue:
-            pool = self._pool(min(self.workers, len(queue)))
-            inflight: Dict[Future, List[Task]] = {}
+            pool = self._pool(min(self.workers, sum(len(lane) for lane in queue.lanes)))
+            # (lane, batch) of each batch in flight; a finished batch's lane
+            # goes next to the worker it freed
+            inflight: Dict[Future, Tuple[int, List[Task]]] = {}
+            free: Deque[int] = deque(range(self.workers))
             try:
                 broken = False
                 while (queue or inflight) and not broken:
-                    while queue and len(inflight) < self.workers and not broken:
-                        batch = queue.popleft()
+                    while queue and free and not broken:
+                        lane = free.popleft()
+                        batch = queue.take(lane)
                         try:
                             fut = pool.submit(run_batch, [t[1] for t in batch], self.simulate)
                         except BrokenProcessPool:   # a worker died since the last wait
-                            queue.appendleft(batch)
+                            queue.put_back(lane, batch)
+                            free.appendleft(lane)
                             broken = True
                         else:
-                            inflight[fut] = batch
+                            inflight[fut] = (lane, batch)
                     if not inflight:
                         break
-                    self.running = sum(len(b) for b in inflight.values())
+                    self.running = sum(len(b) for _, b in inflight.values())
                     done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                    self.running -= sum(len(inflight[f]) for f in done)
-                    for fut in sorted(done, key=lambda f: inflight[f][0][0]):
-                        batch = inflight.pop(fut)
+                    self.running -= sum(len(inflight[f][1]) for f in done)
+                    for fut in sorted(done, key=lambda f: inflight[f][1][0][0]):
+                        lane, batch = inflight.pop(fut)
+                        free.append(lane)
                         try:
                             rows = fut.result()
                         except BrokenProcessPool:
@@ -139,7 +145,7 @@ class LocalProcessRunner:
                         else:
                             yield from ((task[0], row) for task, row in zip(batch, rows))
                 if broken:
-                    for batch in inflight.values():
+                    for _, batch in inflight.values():
                         suspects.extend(batch)
                     inflight.clear()
             finally:

@@ -32,3 +32,15 @@ def test_batched_processes_give_the_rows_of_one_process():
     two = distsim.sweep(GPT2, grid, workers=2, progress=False)
     assert (one["status"] == "ok").sum() > 10
     pd.testing.assert_frame_equal(one, two)
+
+
+def test_lanes_keep_neighbouring_batches_together_and_share_at_the_end():
+    from distsim.sweep.batches import Lanes
+    batches = [[(f"k{i}", {})] * n for i, n in enumerate([2, 2, 2, 2, 1, 1])]
+    lanes = Lanes(batches, 2)
+    assert [len(lane) for lane in lanes.lanes] == [2, 4]     # 4 points each
+    assert lanes.take(0) is batches[0] and lanes.take(1) is batches[2]
+    assert lanes.take(0) is batches[1]
+    assert lanes.take(0) is batches[5]      # lane 0 is done: the end of lane 1
+    assert lanes.take(1) is batches[3] and lanes.take(1) is batches[4]
+    assert not lanes
