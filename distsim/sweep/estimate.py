@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
 from ..ir.types import DType
@@ -57,7 +57,7 @@ from ..transforms.pipeline import schedule_tasks
 from ..transforms.strategy import Strategy
 from .estimate_profile import LayerProfile, layer_profile
 from .estimate_sync import shard_size
-from .estimate_timeline import Builder, Case, merge_order
+from .estimate_timeline import Builder, Case, Memo, merge_order
 
 __all__ = ["Case", "estimate", "estimate_memory", "merge_order", "resolve",
            "timeline_figures"]
@@ -211,10 +211,12 @@ def _profile_for(case: Case) -> LayerProfile:
 _PARTS = ("compute_s", "communication_s", "exposed_communication_s", "idle_s")
 
 
-def _run_timeline(case: Case, profile: LayerProfile) -> Dict[str, float]:
+def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
+                  ) -> Dict[str, float]:
     """Step time, the per-device means of the time split, and FLOPs per
-    step of every device, from the timeline of ``case``."""
-    b = Builder(case, profile)
+    step of every device, from the timeline of ``case`` (``memo``: shared
+    with the other timelines of the configuration)."""
+    b = Builder(case, profile, memo)
     tl = b.build()
     step = tl.run()
     S = case.strategy
@@ -231,24 +233,26 @@ def _with_microbatches(case: Case, m: int) -> Case:
                    strategy=replace(case.strategy, microbatches=m, global_batch=c.global_batch))
 
 
-def timeline_figures(case: Case, profile: LayerProfile) -> Dict[str, float]:
+def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
+                     ) -> Dict[str, float]:
     """:func:`_run_timeline`, for long schedules by extrapolation. Once the
     1F1B pipeline is full (past ``pp`` micro-batches; interleaved: past a
     round of ``pp``) it is periodic: every figure grows by the same amount
     per micro-batch (exactly, to rounding; a test checks it), so ``M``
     micro-batches cost two timelines of ``pp + 2`` and ``pp + 3`` (rounds
     of ``pp`` when interleaved) instead of one of ``M``. GPipe's all-forward
-    then all-backward order is not periodic in that sense: always direct."""
+    then all-backward order is not periodic in that sense: always direct.
+    ``memo``: what the timelines share (:class:`.estimate_timeline.Memo`)."""
     S, m = case.strategy, case.microbatches
     if S.schedule == "gpipe":
-        return _run_timeline(case, profile)
+        return _run_timeline(case, profile, memo)
     unit = S.pp if S.schedule == "interleaved" else 1
     m1 = S.pp + 2 * unit if unit == 1 else 2 * S.pp
     m2 = m1 + unit
     if m <= m2 + unit:
-        return _run_timeline(case, profile)
-    a = _run_timeline(_with_microbatches(case, m1), profile)
-    b = _run_timeline(_with_microbatches(case, m2), profile)
+        return _run_timeline(case, profile, memo)
+    a = _run_timeline(_with_microbatches(case, m1), profile, memo)
+    b = _run_timeline(_with_microbatches(case, m2), profile, memo)
     return {k: a[k] + (m - m1) * (b[k] - a[k]) / (m2 - m1) for k in a}
 
 
@@ -265,10 +269,11 @@ def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     options raise :class:`ConfigError`, as :func:`distsim.simulate` does."""
     case = resolve(config)
     profile = _profile_for(case)
-    fig = timeline_figures(case, profile)
+    memo = Memo()       # what the timelines and the memory walk share
+    fig = timeline_figures(case, profile, memo)
     step = fig["step_time_s"]
     S = case.strategy
-    memory = estimate_memory(Builder(case, profile))
+    memory = estimate_memory(Builder(case, profile, memo))
     capacity = float(case.topology.device_spec.memory_bytes)
     peak = float(max(memory))
     n = S.num_devices

@@ -23,12 +23,18 @@ import numpy as np
 from ..report.intervals import merged_overlap
 
 
+#: Below this many spans the walk in Python is faster than numpy's calls.
+SMALL = 64
+
+
 def span_overlap(a_starts: List[float], a_ends: List[float], b_starts: List[float],
                  b_ends: List[float]) -> float:
     """``merged_overlap(zip(a_starts, a_ends), zip(b_starts, b_ends))``."""
     na, nb = len(a_ends), len(b_ends)
     if not na or not nb:
         return 0.0
+    if na + nb < SMALL:
+        return merged_overlap(list(zip(a_starts, a_ends)), list(zip(b_starts, b_ends)))
     sa, ea = np.asarray(a_starts, dtype=float), np.asarray(a_ends, dtype=float)
     sb, eb = np.asarray(b_starts, dtype=float), np.asarray(b_ends, dtype=float)
     if (na > 1 and (ea[1:] < ea[:-1]).any()) or (nb > 1 and (eb[1:] < eb[:-1]).any()):

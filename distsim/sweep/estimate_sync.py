@@ -79,7 +79,7 @@ class StepSync:
         self.pending_bytes: Dict[int, int] = {}
         self.deferred: Dict[int, List[ParamKey]] = {}
         self.unpack: List[tuple] = []
-        self._costs: Dict[Tuple[str, int], ParamCost] = {}
+        self._costs: Dict[Tuple[str, int], ParamCost] = b.memo.param_costs
 
     def cost(self, block: str, index: int) -> ParamCost:
         hit = self._costs.get((block, index))

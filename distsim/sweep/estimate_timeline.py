@@ -107,13 +107,33 @@ def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, .
     return tuple(out)
 
 
+class Memo:
+    """What a :class:`Builder` works out once (the dp team's collective
+    times, chunk blocks, task plans, ZeRO-3 gathers, reduce-scatter terms,
+    last-backward plans, parameter costs), kept apart so that the builders
+    of one configuration that differ only in the number of micro-batches
+    (:func:`~distsim.sweep.estimate.timeline_figures`) share it: none of it
+    depends on that number beyond the classes its keys name."""
+
+    def __init__(self) -> None:
+        self.dp_times: Dict[Tuple[CollectiveType, float], float] = {}
+        self.blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
+        self.plans: Dict[tuple, Any] = {}
+        self.gathers: Dict[Tuple[str, str], float] = {}
+        self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
+        self.scatter_terms: Dict[tuple, Tuple[List[float], List[float], List[float]]] = {}
+        self.segments: Dict[Tuple[str, bool], list] = {}
+        self.param_costs: Dict[Tuple[str, int], Any] = {}
+
+
 class Builder:
     """Emits the items of one configuration in LowerSPMD's program order
     on a :class:`~.estimate_engine.Timeline`, which settles each as it
     comes: an item is its end time here, and ``ready`` (the latest end
     among an item's dependencies) is what the next one waits for."""
 
-    def __init__(self, case: Case, profile: LayerProfile) -> None:
+    def __init__(self, case: Case, profile: LayerProfile, memo: Optional["Memo"] = None
+                 ) -> None:
         self.case = case
         self.prof = profile
         S = self.S = case.strategy
@@ -147,13 +167,7 @@ class Builder:
         self.master = DType.parse(str(case.config.master_dtype))
         self.flops = [0.0] * S.pp
         # memos: what is the same for every task / layer of the step
-        self._dp_times: Dict[Tuple[CollectiveType, float], float] = {}
-        self._blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
-        self._plans: Dict[tuple, Any] = {}
-        self._gathers: Dict[Tuple[str, str], float] = {}
-        self._scatter: Dict[tuple, Tuple[float, float, float]] = {}
-        self._scatter_terms: Dict[tuple, Tuple[List[float], List[float], List[float]]] = {}
-        self._segments: Dict[str, list] = {}
+        self.memo = Memo() if memo is None else memo
         self.sync = StepSync(self)
 
     # -- helpers ---------------------------------------------------------
@@ -164,9 +178,9 @@ class Builder:
         """A collective of every stage's data-parallel team (:attr:`dp_team`),
         memoised here: the shared cache's key would hash the whole team."""
         key = (kind, nbytes)
-        hit = self._dp_times.get(key)
+        hit = self.memo.dp_times.get(key)
         if hit is None:
-            hit = self._dp_times[key] = self.colls.time(kind, self.dp_team, nbytes)
+            hit = self.memo.dp_times[key] = self.colls.time(kind, self.dp_team, nbytes)
         return hit
 
     def rank0(self, stage: int) -> int:
@@ -175,7 +189,7 @@ class Builder:
     def blocks_of(self, kind: str, c: int) -> List[Tuple[str, Optional[int]]]:
         """The blocks of chunk ``c`` in a forward / backward task's order
         (the same list every call: do not modify it)."""
-        hit = self._blocks.get((kind, c))
+        hit = self.memo.blocks.get((kind, c))
         if hit is not None:
             return hit
         start, end = self.ranges[c]
@@ -185,7 +199,7 @@ class Builder:
         out.extend((LAYER, layer) for layer in range(start, end))
         if c == self.C - 1:
             out.append((HEAD, None))
-        out = self._blocks[(kind, c)] = out if kind == "F" else out[::-1]
+        out = self.memo.blocks[(kind, c)] = out if kind == "F" else out[::-1]
         return out
 
     def small(self, stage: int, op_type: str, ins, outs, ready: float) -> float:
@@ -204,14 +218,14 @@ class Builder:
     def gather_time(self, kind: str, block: str) -> float:
         """ZeRO-3: the all-gathers of the parameters a block reads first in
         a forward / backward task (one item: they run back to back)."""
-        t = self._gathers.get((kind, block))
+        t = self.memo.gathers.get((kind, block))
         if t is None:
             blk = self.prof.blocks[block]
             t = 0.0
             for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
                 p = self.prof.params[owner][i]
                 t += self.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize)
-            self._gathers[(kind, block)] = t
+            self.memo.gathers[(kind, block)] = t
         return t
 
     def scatter_costs(self, c: int, order, mb: int) -> Tuple[float, float, float]:
@@ -222,7 +236,7 @@ class Builder:
         micro-batch (the first, a middle one, the last): computed once."""
         final = mb == self.M - 1 and self.M > 1
         memo = (self.shapes[c], mb > 0, final)
-        hit = self._scatter.get(memo)
+        hit = self.memo.scatter.get(memo)
         if hit is not None:
             return hit
         extra = flops = rs = 0.0
@@ -234,7 +248,7 @@ class Builder:
                 flops += x
             for x in block_rs:
                 rs += x
-        hit = self._scatter[memo] = (extra, rs, flops)
+        hit = self.memo.scatter[memo] = (extra, rs, flops)
         return hit
 
     def _block_scatter(self, name: str, accumulates: bool, final: bool
@@ -244,7 +258,7 @@ class Builder:
         (``accumulates``) and averaging (``final``) on the shard instead of
         the whole gradient (compute, FLOPs), and its reduce-scatter."""
         memo = (name, accumulates, final)
-        hit = self._scatter_terms.get(memo)
+        hit = self.memo.scatter_terms.get(memo)
         if hit is not None:
             return hit
         extra: List[float] = []
@@ -263,7 +277,7 @@ class Builder:
                 part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
                 extra.append(part[0] - full[0])
                 flops.append(part[1] - full[1])
-        hit = self._scatter_terms[memo] = (extra, flops, rs)
+        hit = self.memo.scatter_terms[memo] = (extra, flops, rs)
         return hit
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
@@ -271,9 +285,9 @@ class Builder:
         if last_b and not self.scatter_each:
             return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
-        plan = self._plans.get((kind, self.shapes[c], cls))
+        plan = self.memo.plans.get((kind, self.shapes[c], cls))
         if plan is None:
-            plan = self._plans[(kind, self.shapes[c], cls)] = self._task_plan(kind, c, mb)
+            plan = self.memo.plans[(kind, self.shapes[c], cls)] = self._task_plan(kind, c, mb)
         tl, flops = self.tl, self.flops
         if self.zero3:
             # per block, its compute waits for its gathers; entering a block
@@ -369,7 +383,7 @@ class Builder:
         """A block's op-level last backward as (kind, time, FLOPs, the
         entries it waits for, the entry a collective reads (-1: the last
         compute run before it), the parameter index of a final gradient)."""
-        plan = self._segments.get(name)
+        plan = self.memo.segments.get((name, self.M > 1))
         if plan is None:
             blk = self.prof.blocks[name]
             segs = blk.last if self.M > 1 else blk.only
@@ -386,7 +400,7 @@ class Builder:
                 else:
                     plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
                                  index[seg.param]))
-            self._segments[name] = plan
+            self.memo.segments[(name, self.M > 1)] = plan
         return plan
 
     def emit_last_backward(self, stage: int, c: int, order, ready: float) -> Optional[float]:

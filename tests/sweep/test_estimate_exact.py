@@ -68,7 +68,7 @@ def test_the_overlap_with_numpy_is_merged_overlap_to_the_bit():
         return out
 
     for _ in range(500):
-        a, b = spans(rng.randint(0, 30)), spans(rng.randint(0, 30))
+        a, b = spans(rng.randint(0, 120)), spans(rng.randint(0, 120))
         if a and b and rng.random() < 0.3:     # ends in common: the walk's tie rule
             b[rng.randrange(len(b))] = a[rng.randrange(len(a))]
             b.sort(key=lambda s: s[1])
