@@ -97,6 +97,19 @@ def merge_order(per_rank: List[List[Tuple[str, int, int]]], chunks: int,
 
 
 @lru_cache(maxsize=256)
+def program_order(schedule: str, pp: int, microbatches: int, chunks: int,
+                  work: Tuple[Tuple[str, int, float], ...]
+                  ) -> List[Tuple[int, Tuple[str, int, int], float, float]]:
+    """:func:`merge_order` of the schedule's tasks, LowerSPMD's program
+    order, with ``work`` (kind, chunk, cost) the cost of a task; the same
+    for configurations that differ only in what happens after the backward
+    (the ZeRO stage, buckets): kept (do not modify the list)."""
+    cost = {(k, c): w for k, c, w in work}
+    return merge_order(schedule_tasks(schedule, pp, microbatches, chunks), pp * chunks,
+                       lambda task: cost.get((task[0], task[2]), 1.0))
+
+
+@lru_cache(maxsize=256)
 def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
                 head: Tuple[int, ...], last_stage: int) -> Tuple[Tuple[tuple, int], ...]:
     """:meth:`Builder.all_params` of a layout (the same for many points)."""
@@ -474,9 +487,8 @@ class Builder:
 
     def build(self) -> Timeline:
         S, C, M = self.S, self.C, self.M
-        per_rank = schedule_tasks(S.schedule, S.pp, M, S.chunks)
-        work = {(k, c): self.task_work(k, c) for k in ("F", "B") for c in range(C)}
-        order = merge_order(per_rank, C, lambda task: work.get((task[0], task[2]), 1.0))
+        work = tuple((k, c, self.task_work(k, c)) for k in ("F", "B") for c in range(C))
+        order = program_order(S.schedule, S.pp, M, S.chunks, work)
         ends: Dict[tuple, float] = {}
         recv: Dict[tuple, float] = {}     # the last arrival of a task's inputs
         pending: List[tuple] = []
