@@ -1,5 +1,6 @@
-"""A fast estimate of a GPT training step: a fraction of a second instead of a build
-and a simulation.
+"""A fast estimate of a GPT training step: tens of milliseconds instead of a build
+and a simulation (about 30 ms for a GPT-3 175B point on 1024 GPUs once its
+layer profile is built).
 
     from distsim.sweep.estimate import estimate
     row = estimate({"model": "gpt3-175b", "topology": "dgx-a100-x128",
