@@ -2,10 +2,10 @@
 with ``quick`` so that the whole quick suite runs in under a minute."""
 from __future__ import annotations
 
-import gc
+import multiprocessing as mp
 import resource
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 import simpy
@@ -111,32 +111,62 @@ def _gpt3_options(gpus: int, tp: int, pp: int, layers: int, microbatches: int) -
                 network_mode="flow")
 
 
+def _growth_point(gpus: int, tp: int, pp: int, layers: int, microbatches: int
+                  ) -> Dict[str, Any]:
+    """One growth point, timed (run in a fresh process: see :func:`growth`)."""
+    start = time.perf_counter()
+    result = simulate(**_gpt3_options(gpus, tp, pp, layers, microbatches))
+    wall = time.perf_counter() - start
+    return {"gpus": gpus, "layers": layers, "ops": simulated_ops(result.program),
+            "represented_ops": represented_ops(result.program),
+            "step_time_s": result.step_time_s, "wall_s": wall}
+
+
+def _forked(fn: Callable[..., Dict[str, Any]], *args: Any) -> Dict[str, Any]:
+    """``fn(*args)`` in a forked child process, its dict sent back: each
+    run starts from this process's heap, not from the previous run's."""
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            send.send(fn(*args))
+        except Exception as e:  # pragma: no cover - reported in the parent
+            send.send({"_error": f"{type(e).__name__}: {e}"})
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    send.close()
+    try:
+        out = receive.recv()
+    except EOFError:
+        out = {"_error": f"growth point process ended with exit code {proc.exitcode}"}
+    proc.join()
+    if "_error" in out:
+        raise RuntimeError(out["_error"])
+    return out
+
+
 def growth(quick: bool) -> Dict[str, Any]:
     """Wall time of benchmark 2 (GPT-3 175B, 1F1B, symmetry and coarsening,
     flow network) at 64, 256 and 1024 GPUs and at twice the layers, against
     the ops the engine simulates (collectives once per member present): the
     fitted exponent of wall ~ ops^k; linear or better means k <= 1. Each
-    point's wall time is the best of ``GROWTH_REPEATS`` rounds over all the
-    points (one when quick): on a shared machine one run can be 20-30 %
-    slower than the next, and the fit has only a few points."""
+    point runs in a fresh process, as benchmark 2 does (one after another
+    in one process, a run inherits the previous runs' heap and is slower
+    for it), and its wall time is the best of ``GROWTH_REPEATS`` rounds
+    over all the points (one when quick): on a shared machine one run can
+    be 20-30 % slower than the next, and the fit has only a few points."""
     specs = GROWTH_POINTS_QUICK if quick else GROWTH_POINTS
     microbatches = 32 if quick else 192
     points: List[Dict[str, Any]] = []
     for round_ in range(1 if quick else GROWTH_REPEATS):
-        for i, (gpus, tp, pp, layers) in enumerate(specs):
-            start = time.perf_counter()
-            result = simulate(**_gpt3_options(gpus, tp, pp, layers, microbatches))
-            wall = time.perf_counter() - start
+        for i, spec in enumerate(specs):
+            point = _forked(_growth_point, *spec, microbatches)
             if round_ == 0:
-                points.append({"gpus": gpus, "layers": layers,
-                               "ops": simulated_ops(result.program),
-                               "represented_ops": represented_ops(result.program),
-                               "step_time_s": result.step_time_s, "walls_s": []})
-            points[i]["walls_s"].append(wall)
-            # freed here, not inside the next point's timing (rebinding
-            # `result` would free a million objects after the next run)
-            del result
-            gc.collect()
+                point["walls_s"] = []
+                points.append(point)
+            points[i]["walls_s"].append(point["wall_s"])
     for p in points:
         p["wall_s"] = min(p["walls_s"])
     x = np.log([p["ops"] for p in points])
