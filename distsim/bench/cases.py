@@ -2,10 +2,9 @@
 with ``quick`` so that the whole quick suite runs in under a minute."""
 from __future__ import annotations
 
-import multiprocessing as mp
 import resource
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 import simpy
@@ -19,6 +18,7 @@ from ..sim.network import Network
 from ..sweep import sweep
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..sim.symmetry import represented_ops
+from .fresh import in_fresh_process
 from ..topology import load_topology
 from ..transforms.data_parallel import DataParallel
 
@@ -122,31 +122,6 @@ def _growth_point(gpus: int, tp: int, pp: int, layers: int, microbatches: int
             "step_time_s": result.step_time_s, "wall_s": wall}
 
 
-def _forked(fn: Callable[..., Dict[str, Any]], *args: Any) -> Dict[str, Any]:
-    """``fn(*args)`` in a forked child process, its dict sent back: each
-    run starts from this process's heap, not from the previous run's."""
-    ctx = mp.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-
-    def child() -> None:
-        try:
-            send.send(fn(*args))
-        except Exception as e:  # pragma: no cover - reported in the parent
-            send.send({"_error": f"{type(e).__name__}: {e}"})
-
-    proc = ctx.Process(target=child)
-    proc.start()
-    send.close()
-    try:
-        out = receive.recv()
-    except EOFError:
-        out = {"_error": f"growth point process ended with exit code {proc.exitcode}"}
-    proc.join()
-    if "_error" in out:
-        raise RuntimeError(out["_error"])
-    return out
-
-
 def growth(quick: bool) -> Dict[str, Any]:
     """Wall time of benchmark 2 (GPT-3 175B, 1F1B, symmetry and coarsening,
     flow network) at 64, 256 and 1024 GPUs and at twice the layers, against
@@ -162,7 +137,9 @@ def growth(quick: bool) -> Dict[str, Any]:
     points: List[Dict[str, Any]] = []
     for round_ in range(1 if quick else GROWTH_REPEATS):
         for i, spec in enumerate(specs):
-            point = _forked(_growth_point, *spec, microbatches)
+            point = in_fresh_process(_growth_point, *spec, microbatches)
+            if "_error" in point:
+                raise RuntimeError(f"growth point {spec}: {point['_error']}")
             if round_ == 0:
                 point["walls_s"] = []
                 points.append(point)

@@ -5,39 +5,25 @@ from __future__ import annotations
 import multiprocessing as mp
 import platform
 import time
-from queue import Empty
 from typing import Any, Callable, Dict, Iterable, Optional
 
 from .cases import BENCHMARKS, peak_rss_bytes
+from .fresh import in_fresh_process
 
 # The key each benchmark's peak resident memory is reported under.
 RSS_KEYS = {"gpt3": "gpt3_1024_peak_rss_bytes", "engine": "engine_peak_rss_bytes",
             "allreduce": "allreduce_peak_rss_bytes", "growth": "growth_peak_rss_bytes"}
 
 
-def _child(name: str, quick: bool, queue) -> None:
-    try:
-        figures = BENCHMARKS[name](quick)
-        figures["_rss"] = peak_rss_bytes()
-        queue.put(figures)
-    except Exception as e:  # pragma: no cover - reported in the parent
-        queue.put({"_error": f"{type(e).__name__}: {e}"})
+def _measured(name: str, quick: bool) -> Dict[str, Any]:
+    figures = BENCHMARKS[name](quick)
+    figures["_rss"] = peak_rss_bytes()
+    return figures
 
 
 def run_one(name: str, quick: bool) -> Dict[str, Any]:
     """One benchmark in its own process (its peak RSS is its own)."""
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(name, quick, queue))
-    proc.start()
-    figures = None
-    while figures is None:
-        try:
-            figures = queue.get(timeout=1.0)
-        except Empty:
-            if not proc.is_alive():  # killed (e.g. out of memory) before reporting
-                figures = {"_error": f"benchmark process ended with exit code {proc.exitcode}"}
-    proc.join()
+    figures = in_fresh_process(_measured, name, quick)
     if "_error" in figures:
         figures = {f"{name}_note": figures.pop("_error")}
     rss = figures.pop("_rss", None)

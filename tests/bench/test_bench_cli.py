@@ -27,3 +27,14 @@ def test_simulated_ops_counts_collectives_per_member():
 
 def test_bench_rejects_bad_out(capsys):
     assert main(["bench", "--only", "allreduce", "--out", "x.txt"]) == 2
+
+
+def test_a_measurement_in_a_fresh_process_reports_errors_and_deaths():
+    import os
+    from distsim.bench.fresh import in_fresh_process
+
+    assert in_fresh_process(lambda n: {"pid": os.getpid(), "n": n}, 3)["n"] == 3
+    assert in_fresh_process(lambda: {"pid": os.getpid()})["pid"] != os.getpid()
+    assert in_fresh_process(lambda: 1 / 0) == {"_error": "ZeroDivisionError: division by zero"}
+    assert in_fresh_process(lambda: os._exit(3)) == {
+        "_error": "benchmark process ended with exit code 3"}
