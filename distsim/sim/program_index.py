@@ -236,6 +236,24 @@ def index_program(function: Function, topology, cost: CostModel,
         device[n], category[n], producer[n], home[n], shape_of[n] = dev, cat, prod, where, sc
         return n
 
+    def place(v: Value, dev: int, nbytes: int, cat: int, prod: int, where: int,
+              sc: int) -> int:
+        """Number one result (the paths that go value by value: collectives,
+        results some of which a forward reference numbered already)."""
+        if v in vid:
+            return define(v, dev, nbytes, cat, prod, where, sc)
+        n = vid[v] = len(values)
+        if v.name in wanted:
+            number[v.name] = n
+        values.append(v)
+        size.append(nbytes)
+        device.append(dev)
+        category.append(cat)
+        producer.append(prod)
+        home.append(where)
+        shape_of.append(sc)
+        return n
+
     for v in f.inputs:
         dev, nbytes, c = type_info.get(id(v.type)) or info_of(v)
         vid[v] = len(values)
@@ -285,23 +303,8 @@ def index_program(function: Function, topology, cost: CostModel,
             for v in op.outputs:
                 cat = cat_of(value_category(v, op, roles, grad_names))
                 dev, nbytes, sc = get_info(id(v.type)) or info_of(v)
-                if v in vid:
-                    outs.append(define(v, dev, nbytes, cat, -2 - c, -2, sc))
-                    continue
-                outs.append(len(values))
-                vid[v] = len(values)
-                values.append(v)
-                size.append(nbytes)
-                device.append(dev)
-                category.append(cat)
-                producer.append(-2 - c)
-                home.append(-2)
-                shape_of.append(sc)
+                outs.append(place(v, dev, nbytes, cat, -2 - c, -2, sc))
             ix.collective_outputs.append(tuple(outs))
-            if wanted:
-                for v, n in zip(op.outputs, outs):
-                    if v.name in wanted:
-                        number[v.name] = n
             for r in members(op):
                 sim = is_sim.get(r)
                 if sim is None:
@@ -352,23 +355,10 @@ def index_program(function: Function, topology, cost: CostModel,
             out_shapes = tuple(map(third, infos))
             if defined_later and any(v in vid for v in outputs):
                 # some were numbered by a forward reference: one by one
-                outs = []
-                for v, (vdev, nbytes, sc) in zip(outputs, infos):
-                    vcat = (grad_cat if check_names and not explicit and v.name in grad_names
-                            else cat)
-                    if v in vid:
-                        outs.append(define(v, vdev, nbytes, vcat, k, where, sc))
-                        continue
-                    outs.append(len(values))
-                    vid[v] = len(values)
-                    values.append(v)
-                    size.append(nbytes)
-                    device.append(vdev)
-                    category.append(vcat)
-                    producer.append(k)
-                    home.append(where)
-                    shape_of.append(sc)
-                outs = tuple(outs)
+                outs = tuple(
+                    place(v, vdev, nbytes, grad_cat if check_names and not explicit
+                          and v.name in grad_names else cat, k, where, sc)
+                    for v, (vdev, nbytes, sc) in zip(outputs, infos))
             else:
                 # numbered together (a fused op has many outputs)
                 n0 = len(values)
@@ -386,10 +376,10 @@ def index_program(function: Function, topology, cost: CostModel,
                     category.extend([cat] * nout)
                 producer.extend([k] * nout)
                 home.extend([where] * nout)
-            if wanted and not wanted.isdisjoint(map(name_of, outputs)):
-                for v, n in zip(outputs, outs):
-                    if v.name in wanted:
-                        number[v.name] = n
+                if wanted and not wanted.isdisjoint(map(name_of, outputs)):
+                    for v, n in zip(outputs, outs):
+                        if v.name in wanted:
+                            number[v.name] = n
         if not sim:
             continue
         # cost: once per (op type, operand shapes, sub-functions, attributes)
