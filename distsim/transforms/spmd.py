@@ -727,9 +727,11 @@ class LowerSPMD:
             "optimizer": self.hyper.name, "recompute": recompute,
         }
         if self.representatives:
-            f.meta["represents"] = {r: S.dp * S.tp for r in sorted(self.reps)}
-            # which devices each present rank stands for (its stage's ranks)
-            f.meta["represented_ranks"] = {
-                S.rank(0, s, 0): sorted(S.rank(d, s, t) for d in range(S.dp) for t in range(S.tp))
-                for s in range(S.pp)}
+            # which devices each present rank stands for (its stage's ranks),
+            # and how many
+            stands_for = {S.rank(0, s, 0): sorted(S.rank(d, s, t) for d in range(S.dp)
+                                                  for t in range(S.tp))
+                          for s in range(S.pp)}
+            f.meta["represents"] = {r: len(stands_for[r]) for r in sorted(self.reps)}
+            f.meta["represented_ranks"] = stands_for
         return f
