@@ -130,6 +130,7 @@ class TracePlan:
 _OP_START = itemgetter(OpRecord._fields.index("start_s"))
 _SAMPLE_TIME = itemgetter(MemorySample._fields.index("time_s"))
 _LINK_TIME = itemgetter(LinkSample._fields.index("time_s"))
+_SAMPLE_ORDER = itemgetter(0, 1)         # (rank, time_s)
 _LINK_ORDER = itemgetter(0, 1, 2)        # (src, dst, time_s)
 
 
@@ -246,9 +247,6 @@ def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]
         yield (f'{{"ph":"i","s":"g","pid":0,"tid":0,"name":{_str(_note(plan))},'
                f'"cat":"{TRUNCATED_CATEGORY}","ts":{cutoff * US:.3f},'
                f'"args":{_other_json(plan.to_dict())}}}')
-
-
-_SAMPLE_ORDER = itemgetter(0, 1)         # (rank, time_s)
 
 
 def _before(records: List[Any], time_of: Callable[[Any], float],
