@@ -18,7 +18,6 @@ import simpy
 from ..errors import ConfigError, TopologyError
 from ..ir.comm import CollectiveType
 from .collective_algos import ALGORITHMS, Phase, Schedule
-from .collective_algos.schedule import step_time_estimate
 from .network import Network
 
 ROOTED = (CollectiveType.BROADCAST, CollectiveType.REDUCE, CollectiveType.GATHER,
@@ -95,8 +94,7 @@ def build_schedule(network: Network, kind: CollectiveType, ranks: Tuple[int, ...
 def estimate_time_s(network: Network, schedule: Schedule) -> float:
     """An uncontended estimate of a schedule's time (see
     :func:`step_time_estimate`)."""
-    info = network.route_info
-    return sum(phase.count * step_time_estimate(phase.flows, info) for phase in schedule)
+    return sum(phase.count * network.step_time_estimate(phase.flows) for phase in schedule)
 
 
 def choose_algorithm(network: Network, kind: CollectiveType, ranks: Tuple[int, ...],

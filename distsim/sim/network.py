@@ -44,6 +44,7 @@ import simpy
 
 from ..errors import ConfigError
 from ..topology import Topology
+from .collective_algos.schedule import StepShape, shape_time, step_shape, step_time_estimate
 from .network_steps import StepRunner
 from .trace import LinkRecord, LinkSample
 
@@ -52,6 +53,31 @@ _new_tuple = tuple.__new__
 MODES = ("flow", "analytical")
 _ALGORITHM_CHOICES: "weakref.WeakKeyDictionary[Topology, Dict[tuple, str]]" = \
     weakref.WeakKeyDictionary()
+
+
+class RouteTable:
+    """The links of a topology numbered on first use, and the routes found
+    over them: what depends on the topology alone, so every network over
+    one topology shares one table (a sweep times thousands of collectives,
+    each on a network of its own; each used to route its flows again)."""
+
+    __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos", "step_shapes",
+                 "__weakref__")
+
+    def __init__(self) -> None:
+        self.edges: List[Tuple[str, str]] = []
+        self.edge_index: Dict[Tuple[str, str], int] = {}
+        self.capacity: List[float] = []
+        #: (src, dst, key) -> (link ids, path latency, bottleneck bandwidth)
+        self.routes: Dict[Tuple[int, int, int], Tuple[Tuple[int, ...], float, float]] = {}
+        #: (src, dst, key) -> (link ids, path latency, link capacities)
+        self.route_infos: Dict[Tuple[int, int, int],
+                               Tuple[Tuple[int, ...], float, Tuple[float, ...]]] = {}
+        #: the (src, dst) pairs of a step -> its :func:`step_shape`
+        self.step_shapes: Dict[Tuple[Tuple[int, int], ...], StepShape] = {}
+
+
+_ROUTE_TABLES: "weakref.WeakKeyDictionary[Topology, RouteTable]" = weakref.WeakKeyDictionary()
 _SETTLE_PRIORITY = 2      # after SimPy's NORMAL (1): every same-time start is in
 FlowSpec = Tuple[int, int, float]
 
@@ -114,14 +140,17 @@ class Network:
         self.topology = topology
         self.mode = mode
         self.record_samples = record_samples
-        self._edges: List[Tuple[str, str]] = []
-        self._edge_index: Dict[Tuple[str, str], int] = {}
-        self._capacity: List[float] = []
+        table = _ROUTE_TABLES.get(topology)
+        if table is None:
+            table = _ROUTE_TABLES[topology] = RouteTable()
+        self._edges = table.edges
+        self._edge_index = table.edge_index
+        self._capacity = table.capacity
+        self._routes = table.routes
+        self._route_infos = table.route_infos
+        self._step_shapes = table.step_shapes
         self._stats: Dict[int, _LinkStats] = {}
         self._link_flows: Dict[int, Dict[Flow, None]] = {}
-        self._routes: Dict[Tuple[int, int, int], Tuple[Tuple[int, ...], float, float]] = {}
-        self._route_infos: Dict[Tuple[int, int, int],
-                                Tuple[Tuple[int, ...], float, Tuple[float, ...]]] = {}
         self._heap: List[Tuple[float, int, int, Flow]] = []
         self._pending: List[Flow] = []
         self._dirty_links: Dict[int, None] = {}
@@ -172,6 +201,19 @@ class Network:
             hit = self._route_infos[(src, dst, key)] = \
                 (links, latency, tuple(self._capacity[i] for i in links))
         return hit
+
+    def step_time_estimate(self, flows: Sequence[FlowSpec]) -> float:
+        """:func:`~.collective_algos.schedule.step_time_estimate` of one
+        step on this network; a step whose flows carry equal bytes is
+        routed once per topology (:func:`step_shape`), whatever its size."""
+        sizes = {nbytes for _, _, nbytes in flows}
+        if len(sizes) != 1:
+            return step_time_estimate(flows, self.route_info)
+        pairs = tuple([(src, dst) for src, dst, _ in flows])
+        shape = self._step_shapes.get(pairs)
+        if shape is None:
+            shape = self._step_shapes[pairs] = step_shape(pairs, self.route_info)
+        return shape_time(shape, sizes.pop())
 
     def flow_time_s(self, src: int, dst: int, nbytes: float, key: int = 0) -> float:
         """The time one flow takes on an otherwise idle network."""

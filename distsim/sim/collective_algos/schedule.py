@@ -103,6 +103,46 @@ def step_time_estimate(flows: Sequence[FlowSpec], route_info) -> float:
     return latency + max((load[k] / cap[k] for k in load), default=0.0)
 
 
+StepShape = Tuple[float, Tuple[Tuple[int, float], ...]]
+
+
+def step_shape(pairs: Sequence[Tuple[int, int]], route_info) -> StepShape:
+    """What :func:`step_time_estimate` needs of a step whose flows all carry
+    the same bytes: the longest path latency and, per link, (how many of
+    the flows cross it, its capacity), each distinct pair once. The same
+    for every size, so a collective timed at many sizes routes its steps
+    once (:func:`shape_time`)."""
+    count: Dict[object, int] = {}
+    cap: Dict[object, float] = {}
+    latency = 0.0
+    for src, dst in pairs:
+        if src == dst:
+            continue
+        links, lat, caps = route_info(src, dst)
+        latency = max(latency, lat)
+        for link, c in zip(links, caps):
+            count[link] = count.get(link, 0) + 1
+            cap[link] = c
+    return latency, tuple(dict.fromkeys((count[k], cap[k]) for k in count))
+
+
+def shape_time(shape: StepShape, nbytes: float) -> float:
+    """:func:`step_time_estimate` of a step of :func:`step_shape` whose
+    flows carry ``nbytes`` each, to the last bit: a link's load is summed
+    flow by flow there, so here too (``n`` additions, not ``n * nbytes``)."""
+    latency, groups = shape
+    worst = 0.0
+    first = True
+    for n, c in groups:
+        load = 0.0
+        for _ in range(n):
+            load += nbytes
+        t = load / c
+        if first or t > worst:
+            worst, first = t, False
+    return latency + worst
+
+
 def pipelined(groups: Sequence[Tuple[int, Sequence[FlowSpec]]], chunks: int) -> Schedule:
     """A pipeline of ``chunks`` chunks: each group of flows carries chunk
     ``j - offset`` in step j, i.e. it is active in steps
