@@ -58,7 +58,8 @@ from ..transforms.pipeline import schedule_tasks
 from ..transforms.strategy import Strategy
 from .estimate_profile import LayerProfile, layer_profile
 from .estimate_sync import shard_size
-from .estimate_timeline import Builder, Case, Memo, merge_order
+from .estimate_engine import Timeline
+from .estimate_timeline import Builder, Case, Memo, merge_order, shared_prefix
 
 __all__ = ["Case", "estimate", "estimate_memory", "merge_order", "resolve",
            "timeline_figures"]
@@ -212,20 +213,24 @@ def _profile_for(case: Case) -> LayerProfile:
 _PARTS = ("compute_s", "communication_s", "exposed_communication_s", "idle_s")
 
 
-def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
-                  ) -> Dict[str, float]:
+def _figures(b: Builder, tl: Timeline) -> Dict[str, float]:
     """Step time, the per-device means of the time split, and FLOPs per
-    step of every device, from the timeline of ``case`` (``memo``: shared
-    with the other timelines of the configuration)."""
-    b = Builder(case, profile, memo)
-    tl = b.build()
+    step of every device, from ``b``'s timeline ``tl``."""
     step = tl.run()
-    S = case.strategy
+    S = b.S
     parts = [tl.stage_breakdown(s, step) for s in range(S.pp)]
     out = {k: sum(p[k] for p in parts) / len(parts) for k in _PARTS}
     out["step_time_s"] = step
     out["total_flops"] = float(sum(b.flops) * S.dp * S.tp)
     return out
+
+
+def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
+                  ) -> Dict[str, float]:
+    """:func:`_figures` of the timeline of ``case`` (``memo``: shared with
+    the other timelines of the configuration)."""
+    b = Builder(case, profile, memo)
+    return _figures(b, b.build())
 
 
 def _with_microbatches(case: Case, m: int) -> Case:
@@ -241,9 +246,13 @@ def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = N
     round of ``pp``) it is periodic: every figure grows by the same amount
     per micro-batch (exactly, to rounding; a test checks it), so ``M``
     micro-batches cost two timelines of ``pp + 2`` and ``pp + 3`` (rounds
-    of ``pp`` when interleaved) instead of one of ``M``. GPipe's all-forward
-    then all-backward order is not periodic in that sense: always direct.
-    ``memo``: what the timelines share (:class:`.estimate_timeline.Memo`)."""
+    of ``pp`` when interleaved) instead of one of ``M``. The two emit the
+    same items until the shorter one's pipeline drains (about three
+    quarters of its tasks): that part is emitted once and the walk forked
+    (:meth:`Builder.resume`), with the same figures as two walks.
+    GPipe's all-forward then all-backward order is not periodic in that
+    sense: always direct. ``memo``: what the timelines share
+    (:class:`.estimate_timeline.Memo`)."""
     S, m = case.strategy, case.microbatches
     if S.schedule == "gpipe":
         return _run_timeline(case, profile, memo)
@@ -252,8 +261,14 @@ def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = N
     m2 = m1 + unit
     if m <= m2 + unit:
         return _run_timeline(case, profile, memo)
-    a = _run_timeline(_with_microbatches(case, m1), profile, memo)
-    b = _run_timeline(_with_microbatches(case, m2), profile, memo)
+    memo = Memo() if memo is None else memo
+    short = Builder(_with_microbatches(case, m1), profile, memo)
+    long = Builder(_with_microbatches(case, m2), profile, memo)
+    w1, w2 = short.walk(), long.walk()
+    short.advance(w1, shared_prefix(w1, w2, m1 - 1))
+    w2 = long.resume(short, w1, w2)
+    a = _figures(short, short.complete(w1))
+    b = _figures(long, long.complete(w2))
     return {k: a[k] + (m - m1) * (b[k] - a[k]) / (m2 - m1) for k in a}
 
 

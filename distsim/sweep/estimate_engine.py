@@ -21,7 +21,7 @@ is the latest end among their dependencies (``ready``, 0.0 for none).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .estimate_overlap import span_overlap
 
@@ -51,32 +51,55 @@ class Timeline:
         self.busy: List[float] = [0.0] * stages
         self.comm_s: List[float] = [0.0] * stages
 
+    def copy(self) -> "Timeline":
+        """An independent copy (to continue two walks from a shared prefix)."""
+        t = Timeline.__new__(Timeline)
+        t.stages, t.free, t.end = self.stages, list(self.free), self.end
+        t.compute_starts = [list(x) for x in self.compute_starts]
+        t.compute_ends = [list(x) for x in self.compute_ends]
+        t.waits = list(self.waits)
+        t.comm_starts = [list(x) for x in self.comm_starts]
+        t.comm_ends = [list(x) for x in self.comm_ends]
+        t.busy, t.comm_s = list(self.busy), list(self.comm_s)
+        return t
+
     def compute(self, stage: int, time_s: float, ready: float = 0.0,
                 busy_s: Optional[float] = None, holds_comm: bool = False) -> float:
         """A run of compute on ``stage`` (``holds_comm``: with
         tensor-parallel collectives inside, holding the communication stream
         too; ``busy_s`` of its ``time_s`` computes, the rest waits) that may
         start at ``ready``; returns its end."""
+        return self.compute_pieces(stage, ((time_s, busy_s, holds_comm),), ready)
+
+    def compute_pieces(self, stage: int, pieces: Sequence[Tuple[float, Optional[float], bool]],
+                       ready: float) -> float:
+        """:meth:`compute` of each piece ``(time, busy time, holds the
+        communication stream)`` in turn, the first from ``ready``, each
+        from the end of the one before (a task's compute items); returns
+        the last end. The same arithmetic, one call per task."""
         free = self.free
         s = 2 * stage
-        start = free[s] if free[s] > 0.0 else 0.0
-        if holds_comm and free[s + 1] > start:
-            start = free[s + 1]
-        if ready > start:
-            start = ready
-        end = start + time_s
-        free[s] = end
-        if holds_comm:
-            free[s + 1] = end
-        if end > self.end:
-            self.end = end
-        busy = time_s if busy_s is None else busy_s
-        busy_end = start + busy
-        self.compute_starts[stage].append(start)
-        self.compute_ends[stage].append(busy_end)
-        self.busy[stage] += busy_end - start
-        if holds_comm:
-            self.waits[stage] += time_s - busy
+        starts, ends = self.compute_starts[stage], self.compute_ends[stage]
+        end = ready
+        for time_s, busy_s, holds_comm in pieces:
+            start = free[s] if free[s] > 0.0 else 0.0
+            if holds_comm and free[s + 1] > start:
+                start = free[s + 1]
+            if end > start:
+                start = end
+            end = start + time_s
+            free[s] = end
+            if holds_comm:
+                free[s + 1] = end
+            if end > self.end:
+                self.end = end
+            busy = time_s if busy_s is None else busy_s
+            busy_end = start + busy
+            starts.append(start)
+            ends.append(busy_end)
+            self.busy[stage] += busy_end - start
+            if holds_comm:
+                self.waits[stage] += time_s - busy
         return end
 
     def comm(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:

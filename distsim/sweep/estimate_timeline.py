@@ -120,6 +120,23 @@ def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, .
     return tuple(out)
 
 
+class ScatterTerms:
+    """One block's per-parameter terms of ZeRO 2/3's reduce-scatter per
+    micro-batch (:meth:`Builder._block_scatter`), each list in parameter
+    order: ``flat`` flattening the gradient, ``whole`` / ``on_shard`` the
+    accumulate / average ops on the whole gradient and on the shard,
+    ``flops`` what the lowering adds, ``rs`` the reduce-scatters."""
+
+    __slots__ = ("flat", "whole", "on_shard", "flops", "rs")
+
+    def __init__(self) -> None:
+        self.flat: List[float] = []
+        self.whole: List[float] = []
+        self.on_shard: List[float] = []
+        self.flops: List[float] = []
+        self.rs: List[float] = []
+
+
 class Memo:
     """What a :class:`Builder` works out once (the dp team's collective
     times, chunk blocks, task plans, ZeRO-3 gathers, reduce-scatter terms,
@@ -134,7 +151,7 @@ class Memo:
         self.plans: Dict[tuple, Any] = {}
         self.gathers: Dict[Tuple[str, str], float] = {}
         self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
-        self.scatter_terms: Dict[tuple, Tuple[List[float], List[float], List[float]]] = {}
+        self.scatter_terms: Dict[tuple, ScatterTerms] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
         self.param_costs: Dict[Tuple[str, int], Any] = {}
 
@@ -243,8 +260,9 @@ class Builder:
 
     def scatter_costs(self, c: int, order, mb: int) -> Tuple[float, float, float]:
         """ZeRO 2/3 with a reduce-scatter per micro-batch: per task, (compute
-        added: flattening each gradient, and accumulating into the 1/dp
-        shard instead of the whole buffer; reduce-scatter time; their FLOPs).
+        after the task: flattening each gradient for the first micro-batch,
+        accumulating (and at the last, averaging) on the 1/dp shard past
+        it; reduce-scatter time; the FLOPs the lowering adds or saves).
         The same for every task over the same blocks in the same class of
         micro-batch (the first, a middle one, the last): computed once."""
         final = mb == self.M - 1 and self.M > 1
@@ -252,46 +270,64 @@ class Builder:
         hit = self.memo.scatter.get(memo)
         if hit is not None:
             return hit
-        extra = flops = rs = 0.0
+        after = flops = rs = 0.0
         for name, _ in order:
-            block_extra, block_flops, block_rs = self._block_scatter(name, mb > 0, final)
-            for x in block_extra:
-                extra += x
-            for x in block_flops:
+            terms = self._block_scatter(name, mb > 0, final)
+            for x in (terms.flat if mb == 0 else terms.on_shard):
+                after += x
+            for x in terms.flops:
                 flops += x
-            for x in block_rs:
+            for x in terms.rs:
                 rs += x
-        hit = self.memo.scatter[memo] = (extra, rs, flops)
+        hit = self.memo.scatter[memo] = (after, rs, flops)
         return hit
 
-    def _block_scatter(self, name: str, accumulates: bool, final: bool
-                       ) -> Tuple[List[float], List[float], List[float]]:
+    def _block_scatter(self, name: str, accumulates: bool, final: bool) -> "ScatterTerms":
         """:meth:`scatter_costs`' terms of one block, in the order they are
-        added: per parameter, flattening its gradient and accumulating
-        (``accumulates``) and averaging (``final``) on the shard instead of
-        the whole gradient (compute, FLOPs), and its reduce-scatter."""
+        added, per parameter: flattening its gradient; accumulating
+        (``accumulates``) and averaging (``final``) on the shard, and the
+        same on the whole gradient, which the template does and the
+        lowered program does not; FLOPs; its reduce-scatter."""
         memo = (name, accumulates, final)
         hit = self.memo.scatter_terms.get(memo)
         if hit is not None:
             return hit
-        extra: List[float] = []
-        flops: List[float] = []
-        rs: List[float] = []
+        terms = ScatterTerms()
         ops = (["add"] if accumulates else []) + (["scale"] if final else [])
         for i in range(len(self.prof.params[name])):
             pc = self.sync.cost(name, i)
             n, d, shard = pc.numel, pc.dtype, pc.shard
-            extra.append(pc.flat[0])
-            flops.append(pc.flat[1])
-            rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes))
+            terms.flat.append(pc.flat[0])
+            terms.flops.append(pc.flat[1])
+            terms.rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes))
             for op in ops:
                 ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
                 full = self.costs.cost(op, ins, [(n, d)])
                 part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
-                extra.append(part[0] - full[0])
-                flops.append(part[1] - full[1])
-        hit = self.memo.scatter_terms[memo] = (extra, flops, rs)
+                terms.whole.append(full[0])
+                terms.on_shard.append(part[0])
+                terms.flops.append(part[1] - full[1])
+        hit = self.memo.scatter_terms[memo] = terms
         return hit
+
+    def _accumulation_shift(self, name: str, kind: str, mb: int) -> float:
+        """ZeRO 2/3 with a reduce-scatter per micro-batch, the backward of a
+        micro-batch past the first: the template accumulates (and at the
+        last, averages) each whole gradient inside the backward, the
+        lowered program flattens it there and reduce-scatters it, then
+        accumulates the shard that arrives. So a block's time gains the
+        flattening and loses the whole-gradient ops (it stays positive:
+        they are part of it); the shard ops come after the reduce-scatter
+        (:meth:`scatter_costs`)."""
+        if kind != "B" or mb == 0 or not self.scatter_each:
+            return 0.0
+        terms = self._block_scatter(name, True, mb == self.M - 1 and self.M > 1)
+        shift = 0.0
+        for x in terms.flat:
+            shift += x
+        for x in terms.whole:
+            shift -= x
+        return shift
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         last_b = kind == "B" and mb == self.M - 1
@@ -313,15 +349,11 @@ class Builder:
                     issued.append(tl.comm((stage,), t, prev))
                 end = issued[i] if i else max(issued[0], ready)
                 flops[stage] += fl
-                for t, busy, holds in pieces:
-                    end = tl.compute(stage, t, end, busy, holds)
-                prev = end
+                end = prev = tl.compute_pieces(stage, pieces, end)
         else:
             fl, pieces = plan
             flops[stage] += fl
-            end = ready
-            for t, busy, holds in pieces:
-                end = tl.compute(stage, t, end, busy, holds)
+            end = tl.compute_pieces(stage, pieces, ready)
         if kind == "B" and self.scatter_each:
             order = self.blocks_of(kind, c)
             extra, rs, extra_flops = self.scatter_costs(c, order, mb)
@@ -334,7 +366,7 @@ class Builder:
                 synced = self.tl.comm((stage,), rs, ready)
             else:
                 # each accumulation reads its reduce-scatter: the compute waits
-                end = synced = self.tl.compute(stage, extra + rs, end, extra, holds_comm=True)
+                end = synced = self.tl.compute(stage, rs + extra, end, extra, holds_comm=True)
             if last_b:
                 final, synced_at = self.sync.final, self.sync.synced
                 for name, layer in order:
@@ -359,13 +391,16 @@ class Builder:
                 gathers = [self.gather_time(kind, order[j][0]) for j in range(issued, upto)]
                 issued = max(issued, upto)
                 t, busy, fl = self._block_time(blocks[name], kind, mb)
-                plan.append((gathers, fl, self._pieces(kind, order[i:i + 1], t, busy)))
+                shift = self._accumulation_shift(name, kind, mb)
+                plan.append((gathers, fl, self._pieces(kind, order[i:i + 1], t + shift,
+                                                       busy + shift)))
             return plan
         total = busy = fl = 0.0
         for name, _ in order:
             t, b, f = self._block_time(blocks[name], kind, mb)
-            total += t
-            busy += b
+            shift = self._accumulation_shift(name, kind, mb)
+            total += t + shift
+            busy += b + shift
             fl += f
         return fl, self._pieces(kind, order, total, busy)
 
@@ -485,46 +520,104 @@ class Builder:
         return dst_c, (src, dst), [self.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
                                    for nbytes in sizes]
 
-    def build(self) -> Timeline:
+    def walk(self) -> "Walk":
+        """The start of this configuration's walk through LowerSPMD's
+        program order (:meth:`advance`, :meth:`complete`)."""
         S, C, M = self.S, self.C, self.M
         work = tuple((k, c, self.task_work(k, c)) for k in ("F", "B") for c in range(C))
-        order = program_order(S.schedule, S.pp, M, S.chunks, work)
-        ends: Dict[tuple, float] = {}
-        recv: Dict[tuple, float] = {}     # the last arrival of a task's inputs
-        pending: List[tuple] = []
-        seq = 0
+        self._routes = {(k, c): self.sends(k, c) for k in ("F", "B") for c in range(C)}
+        return Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
 
-        routes = {(k, c): self.sends(k, c) for k in ("F", "B") for c in range(C)}
+    def _send(self, w: "Walk", stage: int, kind: str, mb: int, c: int) -> None:
+        """The sends of a task's outputs to the next stage, gated on its end."""
+        route = self._routes[(kind, c)]
+        if route is None:
+            return
+        dst_c, stages, times = route
+        key = (kind, mb, dst_c)
+        recv = w.recv
+        arrived = recv.get(key, 0.0)
+        done = w.ends[(kind, mb, c)] or 0.0
         comm = self.tl.comm
+        for t in times:
+            end = comm(stages, t, done)
+            if end > arrived:
+                arrived = end
+        recv[key] = arrived
 
-        def send(stage: int, kind: str, mb: int, c: int) -> None:
-            route = routes[(kind, c)]
-            if route is None:
-                return
-            dst_c, stages, times = route
-            key = (kind, mb, dst_c)
-            arrived = recv.get(key, 0.0)
-            done = ends[(kind, mb, c)] or 0.0
-            for t in times:
-                end = comm(stages, t, done)
-                if end > arrived:
-                    arrived = end
-            recv[key] = arrived
-
-        for stage, (kind, mb, c), start, end in order:
+    def advance(self, w: "Walk", stop: int) -> None:
+        """Emit the tasks of the program order up to position ``stop``
+        (sends flushed when the schedule's clock passes their task's end,
+        as LowerSPMD flushes them)."""
+        ends, recv, pending, send = w.ends, w.recv, w.pending, self._send
+        for i in range(w.pos, stop):
+            stage, (kind, mb, c), start, end = w.order[i]
             while pending and pending[0][0] <= start:
-                _, _, args = heapq.heappop(pending)
-                send(*args)
+                send(w, *heapq.heappop(pending)[2])
             ready = recv.get((kind, mb, c), 0.0)
             if kind == "B":
                 f_end = ends[("F", mb, c)] or 0.0
                 if f_end > ready:
                     ready = f_end
             ends[(kind, mb, c)] = self.emit_task(stage, kind, mb, c, ready)
-            seq += 1
-            heapq.heappush(pending, (end, seq, (stage, kind, mb, c)))
-        while pending:
-            _, _, args = heapq.heappop(pending)
-            send(*args)
+            w.seq += 1
+            heapq.heappush(pending, (end, w.seq, (stage, kind, mb, c)))
+        w.pos = stop
+
+    def complete(self, w: "Walk") -> Timeline:
+        """The rest of the walk, the last sends, the gradient sync and the
+        optimizer: the whole step's timeline."""
+        self.advance(w, len(w.order))
+        while w.pending:
+            self._send(w, *heapq.heappop(w.pending)[2])
         self.sync.finish()
         return self.tl
+
+    def build(self) -> Timeline:
+        return self.complete(self.walk())
+
+    def resume(self, other: "Builder", w: "Walk", mine: "Walk") -> "Walk":
+        """Continue ``mine`` (this builder's walk) from where ``other`` is
+        in its walk ``w``: the state of ``other`` is copied (timeline,
+        FLOPs, task ends, arrivals, pending sends). Exact when the two
+        configurations emitted the same items up to there, which
+        :func:`shared_prefix` finds; no gradient has been synchronised yet."""
+        sync = other.sync
+        if sync.final or sync.deferred or sync.pending or sync.unpack:
+            raise ValueError("resume: the walk being copied has synchronised gradients")
+        self.tl = other.tl.copy()
+        self.flops = list(other.flops)
+        self.sync = StepSync(self)
+        mine.pos, mine.seq = w.pos, w.seq
+        mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)
+        return mine
+
+
+class Walk:
+    """Where a :class:`Builder` is in its program order: the position, each
+    task's end, the latest arrival of each task's inputs, the sends waiting
+    for the schedule's clock (a heap by their task's scheduled end)."""
+
+    __slots__ = ("order", "pos", "ends", "recv", "pending", "seq")
+
+    def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]]) -> None:
+        self.order = order
+        self.pos = 0
+        self.ends: Dict[tuple, Optional[float]] = {}
+        self.recv: Dict[tuple, float] = {}
+        self.pending: List[tuple] = []
+        self.seq = 0
+
+
+def shared_prefix(a: Walk, b: Walk, last_a: int) -> int:
+    """How many tasks at the start of two walks of one configuration with
+    different numbers of micro-batches (``a``'s last being ``last_a``) emit
+    the same items: the same task at the same scheduled times, and not a
+    backward of ``a``'s last micro-batch (emitted op by op, with the
+    gradient sync)."""
+    n = 0
+    for x, y in zip(a.order, b.order):
+        if x != y or (x[1][0] == "B" and x[1][1] == last_a):
+            break
+        n += 1
+    return n
