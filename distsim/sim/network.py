@@ -62,7 +62,7 @@ class RouteTable:
     each on a network of its own; each used to route its flows again)."""
 
     __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos", "step_shapes",
-                 "__weakref__")
+                 "analytical_shapes", "__weakref__")
 
     def __init__(self) -> None:
         self.edges: List[Tuple[str, str]] = []
@@ -75,6 +75,9 @@ class RouteTable:
                                Tuple[Tuple[int, ...], float, Tuple[float, ...]]] = {}
         #: the (src, dst) pairs of a step -> its :func:`step_shape`
         self.step_shapes: Dict[Tuple[Tuple[int, int], ...], StepShape] = {}
+        #: ((src, dst) pairs of a step, route key) -> each distinct
+        #: (path latency, bottleneck bandwidth) of its flows
+        self.analytical_shapes: Dict[tuple, Tuple[Tuple[float, float], ...]] = {}
 
 
 _ROUTE_TABLES: "weakref.WeakKeyDictionary[Topology, RouteTable]" = weakref.WeakKeyDictionary()
@@ -125,6 +128,10 @@ class _LinkStats:
 class Network:
     """Flows between device ranks of ``topology`` inside ``env``.
 
+    ``link_stats=False`` (analytical mode, no samples): the steps of
+    :meth:`run_steps` keep no per-link totals, only the time passes, for
+    callers that want only that time (the sweep's estimator times
+    thousands of collectives; the totals were most of the cost).
     ``record_samples=True`` keeps a :class:`LinkSample` per link whenever
     its utilisation changes (for ``links.png``; see the module docstring);
     it costs time and memory on big runs. ``fast_steps=False``
@@ -133,13 +140,15 @@ class Network:
     """
 
     def __init__(self, env: simpy.Environment, topology: Topology, mode: str = "flow",
-                 record_samples: bool = False, fast_steps: bool = True) -> None:
+                 record_samples: bool = False, fast_steps: bool = True,
+                 link_stats: bool = True) -> None:
         if mode not in MODES:
             raise ConfigError(f"network mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.env = env
         self.topology = topology
         self.mode = mode
         self.record_samples = record_samples
+        self.link_stats = link_stats
         table = _ROUTE_TABLES.get(topology)
         if table is None:
             table = _ROUTE_TABLES[topology] = RouteTable()
@@ -149,6 +158,7 @@ class Network:
         self._routes = table.routes
         self._route_infos = table.route_infos
         self._step_shapes = table.step_shapes
+        self._analytical_shapes = table.analytical_shapes
         self._stats: Dict[int, _LinkStats] = {}
         self._link_flows: Dict[int, Dict[Flow, None]] = {}
         self._heap: List[Tuple[float, int, int, Flow]] = []
@@ -214,6 +224,38 @@ class Network:
         if shape is None:
             shape = self._step_shapes[pairs] = step_shape(pairs, self.route_info)
         return shape_time(shape, sizes.pop())
+
+    def analytical_step_s(self, flows: Sequence[FlowSpec], key: int = 0) -> float:
+        """Analytical mode: one step's time, the slowest flow's
+        ``latency + bytes / bottleneck`` (no link totals). A step whose
+        flows carry equal bytes is routed once per topology, whatever its
+        size; its ranks are checked then."""
+        sizes = {nbytes for _, _, nbytes in flows}
+        if len(sizes) == 1:
+            pairs = (tuple([(src, dst) for src, dst, _ in flows]), key)
+            paths = self._analytical_shapes.get(pairs)
+            if paths is None:
+                topo = self.topology
+                for src, dst in pairs[0]:
+                    topo.check_rank(src)
+                    topo.check_rank(dst)
+                paths = self._analytical_shapes[pairs] = tuple(dict.fromkeys(
+                    self._route(src, dst, key)[1:] for src, dst in pairs[0] if src != dst))
+            nbytes = sizes.pop()
+            step = 0.0
+            for latency, bottleneck in paths:
+                t = latency + nbytes / bottleneck
+                if t > step:
+                    step = t
+            return step
+        step = 0.0
+        for src, dst, nbytes in flows:
+            self.topology.check_rank(src)
+            self.topology.check_rank(dst)
+            if src != dst:
+                _, latency, bottleneck = self._route(src, dst, key)
+                step = max(step, latency + nbytes / bottleneck)
+        return step
 
     def flow_time_s(self, src: int, dst: int, nbytes: float, key: int = 0) -> float:
         """The time one flow takes on an otherwise idle network."""

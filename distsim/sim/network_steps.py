@@ -97,6 +97,9 @@ class StepRunner:
         net, env = self.net, self.net.env
         if count <= 0 or not specs:
             return
+        if net.mode == "analytical" and not net.link_stats and not net.record_samples:
+            yield env.timeout(net.analytical_step_s(specs, key) * count)
+            return
         if specs not in self._checked:  # a training step repeats the same steps
             for src, dst, nbytes in specs:
                 net.topology.check_rank(src)

@@ -41,7 +41,7 @@ class Collectives:
         hit = self.cache.get(key)
         if hit is None:
             env = simpy.Environment()
-            network = Network(env, self.topology, mode="analytical")
+            network = Network(env, self.topology, mode="analytical", link_stats=False)
             root = ranks[0] if kind is CollectiveType.SEND_RECV else None
             env.process(run_collective(env, network, kind, ranks, nbytes, root=root,
                                        algorithm=self.algorithm))

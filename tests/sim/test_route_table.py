@@ -66,3 +66,33 @@ def test_shared_pattern_estimate_is_the_flow_by_flow_one_to_the_bit(kind):
                     step_time_estimate(phase.flows, net.route_info), (name, nbytes)
                 seen += 1
     assert seen > 10
+
+
+def _collective_time(topo, kind, ranks, nbytes, **kw):
+    from distsim.sim.collectives import run_collective
+    env = simpy.Environment()
+    net = Network(env, topo, mode="analytical", **kw)
+    env.process(run_collective(env, net, kind, ranks, nbytes))
+    env.run()
+    return env.now, net
+
+
+@pytest.mark.parametrize("kind", [C.ALL_REDUCE, C.ALL_GATHER, C.REDUCE_SCATTER, C.SEND_RECV])
+def test_analytical_steps_without_link_totals_take_the_same_time(kind):
+    topo = _fresh(load_topology("dgx-a100-x4"))
+    ranks = (3, 17) if kind is C.SEND_RECV else tuple(topo.ranks)
+    for nbytes in (1e3, 5e6, 3.3e9):
+        with_stats, net = _collective_time(topo, kind, ranks, nbytes)
+        without, bare = _collective_time(topo, kind, ranks, nbytes, link_stats=False)
+        assert without == with_stats and with_stats > 0
+        assert net.link_records() and not bare.link_records()
+
+
+def test_analytical_step_by_hand_and_bad_ranks():
+    net = Network(simpy.Environment(), _line(), mode="analytical", link_stats=False)
+    # the slowest flow: 1 GB over 0 -> 2 at a 5 GB/s bottleneck, plus 5 us
+    assert net.analytical_step_s([(0, 2, GB), (0, 1, GB)]) == 5e-6 + GB / 5e9
+    assert net.analytical_step_s([(0, 1, 4 * GB), (0, 2, GB)]) == 2e-6 + 4 * GB / 10e9
+    from distsim.errors import TopologyError
+    with pytest.raises(TopologyError, match="no device rank 7"):
+        net.analytical_step_s([(0, 7, GB)])
