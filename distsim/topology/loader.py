@@ -98,7 +98,10 @@ def load_topology(name_or_path: str) -> Topology:
                               f"{', '.join(known_topologies())}, or a path to a .yaml file)")
     key = (str(path.resolve()), path.stat().st_mtime_ns, nodes)
     if key not in _cache:
-        _cache[key] = _load_file(path, nodes, text if nodes is not None else None)
+        # a cluster is named canonically (dgx-a100-x0002 is dgx-a100-x2): the
+        # cache serves every spelling of it the first one loaded
+        name = f"{path.stem}-x{nodes}" if nodes is not None else None
+        _cache[key] = _load_file(path, nodes, name)
     return _cache[key]
 
 

@@ -38,6 +38,10 @@ def test_cluster_names_past_the_cap(name):
 
 def test_leading_zeros_are_still_a_node_count():
     assert load_topology("dgx-a100-x0002").num_devices == 16
+    # the same cluster, named canonically whichever spelling was loaded first
+    # (the cache used to hand "dgx-a100-x2" the name "dgx-a100-x0002")
+    assert load_topology("dgx-a100-x0002").name == load_topology("dgx-a100-x2").name \
+        == "dgx-a100-x2"
 
 
 def test_identical_redeclared_link_is_allowed(tmp_path):
