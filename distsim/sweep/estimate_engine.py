@@ -69,37 +69,38 @@ class Timeline:
         tensor-parallel collectives inside, holding the communication stream
         too; ``busy_s`` of its ``time_s`` computes, the rest waits) that may
         start at ``ready``; returns its end."""
-        return self.compute_pieces(stage, ((time_s, busy_s, holds_comm),), ready)
+        free = self.free
+        s = 2 * stage
+        start = free[s] if free[s] > 0.0 else 0.0
+        if holds_comm and free[s + 1] > start:
+            start = free[s + 1]
+        if ready > start:
+            start = ready
+        end = start + time_s
+        free[s] = end
+        if holds_comm:
+            free[s + 1] = end
+        if end > self.end:
+            self.end = end
+        busy = time_s if busy_s is None else busy_s
+        busy_end = start + busy
+        self.compute_starts[stage].append(start)
+        self.compute_ends[stage].append(busy_end)
+        self.busy[stage] += busy_end - start
+        if holds_comm:
+            self.waits[stage] += time_s - busy
+        return end
 
     def compute_pieces(self, stage: int, pieces: Sequence[Tuple[float, Optional[float], bool]],
                        ready: float) -> float:
         """:meth:`compute` of each piece ``(time, busy time, holds the
         communication stream)`` in turn, the first from ``ready``, each
         from the end of the one before (a task's compute items); returns
-        the last end. The same arithmetic, one call per task."""
-        free = self.free
-        s = 2 * stage
-        starts, ends = self.compute_starts[stage], self.compute_ends[stage]
+        the last end."""
         end = ready
+        compute = self.compute
         for time_s, busy_s, holds_comm in pieces:
-            start = free[s] if free[s] > 0.0 else 0.0
-            if holds_comm and free[s + 1] > start:
-                start = free[s + 1]
-            if end > start:
-                start = end
-            end = start + time_s
-            free[s] = end
-            if holds_comm:
-                free[s + 1] = end
-            if end > self.end:
-                self.end = end
-            busy = time_s if busy_s is None else busy_s
-            busy_end = start + busy
-            starts.append(start)
-            ends.append(busy_end)
-            self.busy[stage] += busy_end - start
-            if holds_comm:
-                self.waits[stage] += time_s - busy
+            end = compute(stage, time_s, end, busy_s, holds_comm)
         return end
 
     def comm(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:

@@ -159,8 +159,25 @@ class StepSync:
                                          [(p.numel, p.dtype)], split)
         self.unpack = []
         self.tie()
+        plans = b.memo.update_plans
+        compute, comm, flops, synced = self.tl.compute, self.tl.comm, b.flops, self.synced
         for key, stage in b.all_params():
-            self.update(key, stage)
+            plan = plans.get((key[0], key[2]))
+            if plan is None:
+                plan = plans[(key[0], key[2])] = self.update_plan(key)
+            pre, cut, (t, fl), gather, post = plan
+            g = synced[key] or 0.0
+            if pre is not None:
+                g = compute(stage, pre, g)
+                if cut is not None:
+                    flops[stage] += cut[1]
+                    g = compute(stage, cut[0], g)
+            flops[stage] += fl
+            new = compute(stage, t, g)
+            if post is not None:
+                if gather is not None:
+                    new = comm((stage,), gather, new)
+                compute(stage, post, new)
 
     def tie(self) -> None:
         b = self.b
@@ -182,27 +199,27 @@ class StepSync:
         end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
         self.synced[emb] = self.synced[head] = end
 
-    def update(self, key: ParamKey, stage: int) -> None:
-        """The optimizer of one parameter (GradientSync._update): the
-        template's ops, the update ops shrunk to the ZeRO shard, the shard
-        sliced out of the gradient and the new parameter all-gathered."""
-        b, tl = self.b, self.tl
+    def update_plan(self, key: ParamKey) -> tuple:
+        """The optimizer of one parameter, as GradientSync._update emits it:
+        ``(the template's ops before the update, or None (ZeRO-1, or ZeRO 2/3
+        without data parallelism); slicing the shard out of the gradient
+        (time, FLOPs), or None; the update ops shrunk to the ZeRO shard
+        (time, FLOPs); the all-gather of the new parameter, or None; the
+        template's ops after it, or None (ZeRO 0 and 3))``. The same for a
+        parameter in every layer: :meth:`finish` keeps it per configuration."""
+        b = self.b
         p = b.param(key)
         pc = self.cost(key[0], key[2])
         dp, zero = self.dp, self.zero
-        g = self.synced[key] or 0.0
+        pre = cut = gather = post = None
         if zero >= 1 and not (zero >= 2 and dp > 1):
-            g = tl.compute(stage, p.opt_pre, g)
+            pre = p.opt_pre
             if dp > 1:
-                t, f = pc.slice
-                b.flops[stage] += f
-                g = tl.compute(stage, t, g)
-        t, fl = pc.update
-        b.flops[stage] += fl
-        new = tl.compute(stage, t, g)
+                cut = pc.slice
         if zero in (1, 2):
             if dp > 1:
                 if pc.gather is None:
                     pc.gather = b.dp_time(CollectiveType.ALL_GATHER, pc.nbytes)
-                new = tl.comm((stage,), pc.gather, new)
-            tl.compute(stage, p.opt_post, new)
+                gather = pc.gather
+            post = p.opt_post
+        return pre, cut, pc.update, gather, post
