@@ -171,7 +171,8 @@ class LocalProcessRunner:
 
 
 class DaskRunner:
-    """Runs points as tasks on a Dask distributed cluster: ``scheduler`` is a
+    """Runs points as tasks on a Dask distributed cluster, in batches as
+    local workers do (:meth:`run`): ``scheduler`` is a
     scheduler address (``tcp://HOST:PORT``; reached within ``timeout_s`` or
     a :class:`ConfigError`), ``"local-dask"`` (a LocalCluster of
     ``workers`` processes started here and stopped at the end) or a
@@ -188,6 +189,7 @@ class DaskRunner:
         self.cluster = None
         self._own_client = False
         self.running = 0
+        self.submitted = 0      # Dask tasks submitted (a batch of points each)
         name = scheduler if isinstance(scheduler, str) else type(scheduler).__name__
         self.description = f"dask ({name})"
         if isinstance(scheduler, str) and scheduler != "local-dask" \
@@ -219,23 +221,42 @@ class DaskRunner:
         self._own_client = True
 
     def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
+        """Each batch of :func:`.batches.batch_tasks` is one Dask task (estimated
+        points that share a per-layer profile build it once, as in local
+        workers); a batch whose task fails (a worker lost, a lost
+        connection) has its points run again one task each, and a point
+        whose own task fails is recorded as failed."""
         from distributed import as_completed
         if not tasks:
             return
-        keys = [f"distsim-point-{key}" for key, _ in tasks]
-        by_key = {k: task for k, task in zip(keys, tasks)}
-        futures = [self.client.submit(run_point, params, self.simulate, key=k, pure=False)
-                   for k, (_, params) in zip(keys, tasks)]
-        self.running = len(futures)     # submitted and not finished
+        futures: Dict[Any, List[Task]] = {}
+
+        def submit(batch: List[Task]) -> Any:
+            name = f"distsim-{'batch' if len(batch) > 1 else 'point'}-{batch[0][0]}"
+            fut = self.client.submit(run_batch, [t[1] for t in batch], self.simulate,
+                                     key=f"{name}-{len(batch)}", pure=False)
+            futures[fut] = batch
+            self.submitted += 1
+            return fut
+
+        pending = as_completed([submit(b) for b in batch_tasks(tasks)], loop=self.client.loop)
+        self.running = len(tasks)     # submitted and not finished
         try:
-            for fut in as_completed(futures, loop=self.client.loop):
-                self.running -= 1
-                task = by_key[fut.key]
+            for fut in pending:
+                batch = futures.pop(fut)
                 try:
-                    row = fut.result()
+                    rows = fut.result()
                 except Exception as e:  # KilledWorker, a lost connection, ...
-                    row = _died(task[0], f"{type(e).__name__}: {e}")
-                yield task[0], row
+                    fut.release()
+                    if len(batch) > 1:
+                        for task in batch:
+                            pending.add(submit([task]))
+                        continue
+                    rows = [_died(batch[0][0], f"{type(e).__name__}: {e}")]
+                fut.release()
+                for task, row in zip(batch, rows):
+                    self.running -= 1
+                    yield task[0], row
         finally:
             for fut in futures:
                 fut.release()
