@@ -23,7 +23,6 @@ from .report import (format_summary_table, summarize, write_chrome_trace, write_
 from .ir.types import DType
 from .report.chrome_trace import (DEFAULT_MAX_TRACE_RECORDS, TracePlan, check_max_trace_records,
                                   plan_trace)
-from .report.html import write_run_report
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
 from .sim.collectives import check_algorithm_name
@@ -100,6 +99,7 @@ class SimulationResult:
 
     def html_report(self, path: Union[str, Path]) -> Path:
         """One self-contained ``report.html``: summary, config, Gantt, memory."""
+        from .report.html import write_run_report   # matplotlib and pandas: when drawn
         return write_run_report(self, path)
 
     def links_plot(self, path: Union[str, Path]) -> None:
@@ -151,6 +151,7 @@ class SimulationResult:
             self.links_plot(paths["links"])
             # the page inlines the charts just drawn (each drawn once)
             say("writing report.html")
+            from .report.html import write_run_report
             write_run_report(self, paths["report"], gantt=paths["gantt"],
                              memory=paths["memory"])
         return paths

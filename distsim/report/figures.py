@@ -6,9 +6,12 @@ bare ``Figure`` renders with the Agg canvas when saved.
 """
 from __future__ import annotations
 
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from distsim.fileio import PathLike, atomic_path
+
+if TYPE_CHECKING:     # matplotlib is imported by whoever draws a figure
+    from matplotlib.figure import Figure
 
 #: Colour per op category (colour-blind safe pair from the Tableau palette).
 CATEGORY_COLOURS = {"compute": "#4e79a7", "communication": "#f28e2b"}

@@ -14,18 +14,18 @@ separate slivers): the picture is the same at the saved size, but a row of
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
-from matplotlib.colors import to_rgba
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from distsim.fileio import PathLike
 from distsim.report.chrome_trace import stream_tids
 from distsim.report.figures import CATEGORY_COLOURS, OTHER_COLOUR, save_png
 from distsim.report.summary import MS, step_time_of
 from distsim.sim.trace import COMM_STREAM, COMPUTE_STREAM, Trace
+
+if TYPE_CHECKING:     # matplotlib is imported when a chart is drawn (``import distsim`` stays fast)
+    from matplotlib.figure import Figure
 
 Row = Tuple[int, str]  # (rank, stream)
 
@@ -63,6 +63,10 @@ def merge_spans(starts: np.ndarray, ends: np.ndarray,
 def gantt_figure(trace: Trace, max_rows: int = 64, resolution: int = 8000) -> Figure:
     """The Gantt chart as a matplotlib ``Figure`` (not saved); bars less
     than ``step / resolution`` apart are drawn as one."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
     names = {d.rank: d.name for d in trace.devices}
     all_rows = gantt_rows(trace)
     rows = all_rows[:max_rows]

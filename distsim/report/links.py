@@ -7,16 +7,12 @@ without, as bars of busy time and bytes carried per link.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Union
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ..fileio import atomic_path  # noqa: E402
-from ..sim.trace import LinkRecord, LinkSample  # noqa: E402
+from ..fileio import atomic_path
+from ..sim.trace import LinkRecord, LinkSample
 
 
 def busiest(records: Sequence[LinkRecord], top: int) -> List[LinkRecord]:
@@ -64,25 +60,29 @@ def link_grid(links: List[LinkRecord], samples: Sequence[LinkSample], end_s: flo
     return grid
 
 
-def _heatmap(ax, links: List[LinkRecord], samples: Sequence[LinkSample], end_s: float,
+def _heatmap(fig, ax, links: List[LinkRecord], samples: Sequence[LinkSample], end_s: float,
              bins: int = 200) -> None:
     grid = link_grid(links, samples, end_s, bins)
     im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest",
                    extent=(0, end_s * 1e3, len(links) - 0.5, -0.5))
     ax.set_xlabel("time (ms)")
-    plt.colorbar(im, ax=ax, label="utilisation")
+    fig.colorbar(im, ax=ax, label="utilisation")
 
 
 def plot_links(records: Sequence[LinkRecord], path: Union[str, Path],
                samples: Optional[Sequence[LinkSample]] = None, end_s: Optional[float] = None,
                top: int = 20, title: str = "busiest links") -> None:
-    """Write ``links.png`` for the ``top`` busiest links (atomically)."""
+    """Write ``links.png`` for the ``top`` busiest links (atomically). A bare
+    matplotlib ``Figure`` (no pyplot: no global state, no GUI backend),
+    imported here so that ``import distsim`` does not load matplotlib."""
+    from matplotlib.figure import Figure
     links = busiest(records, top)
     end = end_s or max((r.busy_s for r in records), default=1.0) or 1.0
-    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.3 * max(len(links), 1)))
+    fig = Figure(figsize=(10, 1.5 + 0.3 * max(len(links), 1)))
+    ax = fig.subplots()
     labels = [f"{r.src} -> {r.dst}" for r in links]
     if samples:
-        _heatmap(ax, links, samples, end)
+        _heatmap(fig, ax, links, samples, end)
     elif links:
         y = np.arange(len(links))
         ax.barh(y, [r.busy_s / end * 100 for r in links], color="#4c72b0")
@@ -97,4 +97,3 @@ def plot_links(records: Sequence[LinkRecord], path: Union[str, Path],
     ax.set_title(title)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)

@@ -17,15 +17,17 @@ curve draws as a few thousand points.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from distsim.fileio import PathLike
 from distsim.report.figures import save_png
 from distsim.report.summary import GB, MS, step_time_of
 from distsim.sim.trace import Trace
+
+if TYPE_CHECKING:     # matplotlib is imported when a plot is drawn
+    from matplotlib.figure import Figure
 
 Curve = Tuple[np.ndarray, np.ndarray]  # (times_s, live_bytes), sorted, step-post
 
@@ -101,6 +103,8 @@ def envelope(curves: Dict[int, Curve]) -> Tuple[np.ndarray, np.ndarray, np.ndarr
 def memory_figure(trace: Trace, max_lines: int = 16, max_points: int = 4000) -> Figure:
     """The memory plot as a matplotlib ``Figure`` (not saved); curves of
     more than ``max_points`` points are binned (:func:`downsample_max`)."""
+    from matplotlib.figure import Figure
+
     names = {d.rank: d.name for d in trace.devices}
     curves = {r: downsample_max(c, max_points) for r, c in memory_curves(trace).items()}
     fig = Figure(figsize=(10, 5))

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 import numpy as np
-import pandas as pd
 
 from distsim.fileio import PathLike, write_text_atomic
 from distsim.report.intervals import union_length_of
 from distsim.report.jsonsafe import json_safe
 from distsim.sim.trace import Trace
+
+if TYPE_CHECKING:     # pandas is imported by summary_dataframe (``import distsim`` stays fast)
+    import pandas as pd
 
 COMPUTE = "compute"
 COMMUNICATION = "communication"
@@ -155,6 +157,7 @@ def summary_dataframe(summary: Dict[str, Any]) -> pd.DataFrame:
     The scalar top-level fields (step time, means, ...) are kept in
     ``df.attrs`` so that nothing of the summary is lost.
     """
+    import pandas as pd
     df = pd.DataFrame([{k: d.get(k) for k in DEVICE_FIELDS} for d in summary["devices"]],
                       columns=list(DEVICE_FIELDS))
     df = df.set_index("rank", drop=False)
