@@ -106,6 +106,8 @@ class Timeline:
     def comm(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:
         """A collective on the communication streams of ``stages`` that may
         start at ``ready``; returns its end."""
+        if len(stages) == 1:
+            return self.comm_on(stages[0], time_s, ready)
         free = self.free
         start = 0.0
         for stage in stages:
@@ -116,11 +118,28 @@ class Timeline:
         end = start + time_s
         if end > self.end:
             self.end = end
-        for stage in dict.fromkeys(stages) if len(stages) > 1 else stages:
+        for stage in dict.fromkeys(stages):
             free[2 * stage + 1] = end
             self.comm_starts[stage].append(start)
             self.comm_ends[stage].append(end)
             self.comm_s[stage] += end - start
+        return end
+
+    def comm_on(self, stage: int, time_s: float, ready: float = 0.0) -> float:
+        """:meth:`comm` on one stage's communication stream (most of them:
+        gradient syncs, ZeRO gathers, tensor-parallel collectives)."""
+        free = self.free
+        s = 2 * stage + 1
+        start = free[s] if free[s] > 0.0 else 0.0
+        if ready > start:
+            start = ready
+        end = start + time_s
+        if end > self.end:
+            self.end = end
+        free[s] = end
+        self.comm_starts[stage].append(start)
+        self.comm_ends[stage].append(end)
+        self.comm_s[stage] += end - start
         return end
 
     def run(self) -> float:

@@ -117,7 +117,7 @@ class StepSync:
             t, f = pc.flat
             self.b.flops[stage] += f
             final = self.tl.compute(stage, t, final)
-        self.synced[key] = self.tl.comm((stage,), pc.sync, final)
+        self.synced[key] = self.tl.comm_on(stage, pc.sync, final)
 
     def flush(self, stage: int) -> None:
         bucket = self.pending.pop(stage, [])
@@ -135,7 +135,7 @@ class StepSync:
         total = sum(pc.numel for pc in costs)
         cat = b.small(stage, "concat", [(pc.numel, dtype) for pc in costs],
                       [(total, dtype)], max(flats))
-        ar = self.tl.comm((stage,), b.dp_time(CollectiveType.ALL_REDUCE,
+        ar = self.tl.comm_on(stage, b.dp_time(CollectiveType.ALL_REDUCE,
                                               total * dtype.itemsize), cat)
         self.unpack.append((bucket, stage, ar, total, dtype))
 
@@ -160,7 +160,7 @@ class StepSync:
         self.unpack = []
         self.tie()
         plans = b.memo.update_plans
-        compute, comm, flops, synced = self.tl.compute, self.tl.comm, b.flops, self.synced
+        compute, comm, flops, synced = self.tl.compute, self.tl.comm_on, b.flops, self.synced
         for key, stage in b.all_params():
             plan = plans.get((key[0], key[2]))
             if plan is None:
@@ -176,7 +176,7 @@ class StepSync:
             new = compute(stage, t, g)
             if post is not None:
                 if gather is not None:
-                    new = comm((stage,), gather, new)
+                    new = comm(stage, gather, new)
                 compute(stage, post, new)
 
     def tie(self) -> None:

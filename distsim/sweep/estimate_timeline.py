@@ -347,7 +347,7 @@ class Builder:
             issued: List[float] = []
             for i, (gathers, fl, pieces) in enumerate(plan):
                 for t in gathers:
-                    issued.append(tl.comm((stage,), t, prev))
+                    issued.append(tl.comm_on(stage, t, prev))
                 end = issued[i] if i else max(issued[0], ready)
                 flops[stage] += fl
                 end = prev = tl.compute_pieces(stage, pieces, end)
@@ -364,7 +364,7 @@ class Builder:
                 # one: the reduce-scatters overlap the backward, in program order
                 # on the communication stream
                 end = self.tl.compute(stage, extra, end)
-                synced = self.tl.comm((stage,), rs, ready)
+                synced = self.tl.comm_on(stage, rs, ready)
             else:
                 # each accumulation reads its reduce-scatter: the compute waits
                 end = synced = self.tl.compute(stage, rs + extra, end, extra, holds_comm=True)
@@ -466,7 +466,7 @@ class Builder:
                 gate = last if last is not None else ready
                 for j in range(k, min(n, k + 1 + self.S.prefetch)):
                     if j not in gathered:
-                        gathered[j] = tl.comm((stage,), self.gather_time("B", order[j][0]), gate)
+                        gathered[j] = tl.comm_on(stage, self.gather_time("B", order[j][0]), gate)
                 g = gathered[k]
             local: Dict[int, float] = {}
             for i, (kind, time_s, fl, waits, src, param) in enumerate(self._segment_plan(name)):
@@ -484,7 +484,7 @@ class Builder:
                     dep = local.get(src, 0.0) if src >= 0 else last
                     if dep is not None and dep > extra:
                         extra = dep
-                    local[i] = tl.comm((stage,), time_s, extra)
+                    local[i] = tl.comm_on(stage, time_s, extra)
                     first = False
                 else:
                     self.sync.ready((name, layer, param), stage,
