@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+
+import numpy as np
 from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -163,9 +165,6 @@ def estimate_memory(b: Builder) -> List[int]:
     chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.C)}
     chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))
                    for c in range(b.C)}
-    out = []
-    tasks = schedule_tasks(S.schedule, S.pp, b.M, S.chunks)
-
     def task_peak(base: float, kind: str, c: int, flight: float) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts."""
@@ -183,22 +182,34 @@ def estimate_memory(b: Builder) -> List[int]:
                 held -= blocks[name].saved_bytes
         return peak
 
-    for stage in range(S.pp):
+    out = []
+    for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.M, S.chunks)):
         base = static[stage] + grads[stage]
         best = base + prof.opt_excess
-        flight = 0.0
-        # the bytes in flight are whole numbers, so a steady schedule meets
-        # the same (task, bytes in flight) again and again: each once
-        peaks: Dict[Tuple[str, int, float], float] = {}
-        for kind, mb, c in tasks[stage]:
-            key = (kind, c, flight)
-            peak = peaks.get(key)
-            if peak is None:
-                peak = peaks[key] = task_peak(base, kind, c, flight)
-            best = max(best, peak)
-            flight += chunk_saved[c] if kind == "F" else -chunk_saved[c]
+        # the bytes in flight before each task: saved activations are whole
+        # numbers, so the running sum is exact in any order (numpy's too),
+        # and a steady schedule meets the same (task, bytes in flight) again
+        # and again: each distinct one is costed once
+        saved = np.array([chunk_saved[c] for c in range(b.C)])[chunk]
+        delta = np.where(forward, saved, -saved)
+        flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
+        for is_f, c, held in set(zip(forward.tolist(), chunk.tolist(), flight.tolist())):
+            best = max(best, task_peak(base, "F" if is_f else "B", c, held))
         out.append(int(best))
     return out
+
+
+@lru_cache(maxsize=256)
+def _stage_tasks(schedule: str, pp: int, microbatches: int, chunks: int
+                 ) -> Tuple[Tuple[np.ndarray, np.ndarray], ...]:
+    """Per stage, its tasks in schedule order as (is a forward, chunk)
+    arrays (the same for every point with the same schedule; kept: do not
+    modify)."""
+    out = []
+    for tasks in schedule_tasks(schedule, pp, microbatches, chunks):
+        out.append((np.array([kind == "F" for kind, _, _ in tasks], dtype=bool),
+                    np.array([c for _, _, c in tasks], dtype=np.int64)))
+    return tuple(out)
 
 
 # -- the public function ---------------------------------------------------------
