@@ -15,19 +15,12 @@ STRATEGIES = [dict(dp=2, tp=2, pp=2), dict(dp=2, pp=4, zero=1, bucket_mb=1),
               dict(dp=2, pp=2, tp=2, schedule="interleaved"), dict(dp=8, pp=1)]
 
 
-def _lengths(case):
-    S = case.strategy
-    unit = S.pp if S.schedule == "interleaved" else 1
-    m1 = S.pp + 2 * unit if unit == 1 else 2 * S.pp
-    return m1, m1 + unit
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES,
                          ids=[",".join(f"{k}={v}" for k, v in s.items()) for s in STRATEGIES])
 def test_the_forked_walk_is_two_walks(strategy):
     case = est.resolve({**GPT2, **strategy})
     profile = est._profile_for(case)
-    m1, m2 = _lengths(case)
+    m1, m2 = est.extrapolation_lengths(case.strategy)
     m = case.microbatches
     assert m > m2 + 1
     a = est._run_timeline(est._with_microbatches(case, m1), profile)
@@ -39,11 +32,11 @@ def test_the_forked_walk_is_two_walks(strategy):
 def test_the_shared_start_is_most_of_the_shorter_walk():
     case = est.resolve({**GPT2, "dp": 2, "pp": 4})
     profile = est._profile_for(case)
-    m1, m2 = _lengths(case)
+    m1, m2 = est.extrapolation_lengths(case.strategy)
     w1 = Builder(est._with_microbatches(case, m1), profile).walk()
     w2 = Builder(est._with_microbatches(case, m2), profile).walk()
     n = shared_prefix(w1, w2, m1 - 1)
-    # 1F1B on 4 stages, 6 micro-batches: each stage's tasks agree until its
+    # 1F1B on 4 stages, 5 micro-batches: each stage's tasks agree until its
     # last backward; the stages drain one after another
     assert len(w1.order) // 2 < n < len(w1.order)
     assert w1.order[:n] == w2.order[:n]
@@ -67,3 +60,13 @@ def test_zero_accumulation_items_never_run_backwards(zero):
         assert all(e >= s for s, e in zip(starts, ends))
         assert all(x <= y for x, y in zip(starts, starts[1:]))
         assert all(x <= y for x, y in zip(tl.comm_starts[stage], tl.comm_ends[stage]))
+
+
+def test_extrapolation_lengths():
+    from distsim.transforms.strategy import Strategy
+    # past a full pipeline: pp + 1 and pp + 2 micro-batches; 3 and 4 without
+    # one; whole rounds of pp when interleaved
+    assert est.extrapolation_lengths(Strategy(dp=2, pp=4)) == (5, 6)
+    assert est.extrapolation_lengths(Strategy(dp=8)) == (3, 4)
+    assert est.extrapolation_lengths(Strategy(dp=2, pp=4, schedule="interleaved",
+                                              virtual_stages=2)) == (8, 12)
