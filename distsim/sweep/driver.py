@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Union
 
-import pandas as pd
 
 from ..errors import ConfigError
 from .constraints import ConstraintLike
@@ -24,6 +23,9 @@ from .progress import Progress
 from .runners import DEFAULT_CONNECT_TIMEOUT_S, make_runner
 from .spec import SweepPoint, SweepSpec, check_count, check_grid_size, config_key
 from .store import JOURNAL, Journal, normalise_row, rows_to_frame, write_tables
+
+if TYPE_CHECKING:     # pandas is imported where a table is made (``import distsim`` stays fast)
+    import pandas as pd
 
 #: Seconds between two rewrites of results.csv / .parquet during a sweep.
 TABLE_INTERVAL_S = 2.0

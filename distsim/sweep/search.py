@@ -27,14 +27,15 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
 from ..report.summary import GB, MS
 from .driver import sweep
 from .spec import SweepSpec
+
+if TYPE_CHECKING:     # pandas is imported where a table is made (``import distsim`` stays fast)
+    import pandas as pd
 
 STRATEGY_AXES = ("dp", "tp", "pp")
 #: Micro-batch sizes a search tries by default (those that divide the batch).
@@ -73,6 +74,7 @@ class SearchResult:
         return {a: _plain(row[a]) for a in self.axes}
 
     def table(self, top: int = 5) -> str:
+        import pandas as pd
         lines = [f"{'rank':>4}  {'step ms':>10}  {'est. ms':>10}  {'tokens/s':>10}  "
                  f"{'peak GB':>8}  {'MFU':>6}  strategy"]
         for i, (_, r) in enumerate(self.ranking.head(top).iterrows(), 1):
@@ -136,6 +138,7 @@ def _name(row: pd.Series, axes: Sequence[str]) -> str:
 def _part(row: pd.Series, col: str) -> float:
     if col == "other_idle_s":
         return max(_part(row, "idle_s") - _part(row, "bubble_s"), 0.0)
+    import pandas as pd
     v = row.get(col)
     return 0.0 if v is None or pd.isna(v) else float(v)
 
@@ -200,6 +203,7 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     :data:`DEFAULT_KEEP`); ``workers`` / ``scheduler``: what runs the
     points (estimates of GPT models run in local processes, each keeping
     its per-layer profiles)."""
+    import pandas as pd
     from ..topology import load_topology
     log = _Log(progress)
     topo = load_topology(topology)
@@ -298,6 +302,7 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
 def _run(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str], name: str,
          workers: Optional[int], scheduler: Any, progress: bool) -> pd.DataFrame:
     """Sweep an explicit list of points (one spec per set of option names)."""
+    import pandas as pd
     if not points:
         return _empty_frame(axes)
     frames = []
@@ -322,6 +327,8 @@ def _run(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str]
 
 
 def _empty_frame(axes: List[str]) -> pd.DataFrame:
+    import pandas as pd
+
     from .point import METRICS, RESOLVED
     return pd.DataFrame(columns=["index", "key", *axes, "fidelity", "status", "reason",
                                  *METRICS, *RESOLVED])

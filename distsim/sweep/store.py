@@ -19,13 +19,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
 
-import pandas as pd
 
 from ..errors import ConfigError
 from ..fileio import atomic_path, write_json_atomic
 from .point import METRICS, RESOLVED
+
+if TYPE_CHECKING:     # pandas is imported where a table is made (``import distsim`` stays fast)
+    import pandas as pd
 
 JOURNAL = "results.jsonl"
 CSV = "results.csv"
@@ -109,6 +111,7 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]], param_names: List[str]) -> 
     ``fidelity``), status, reason, metrics, the resolved batch layout;
     sorted by point index. Numeric metrics are floats (NaN when absent),
     ``oom`` a nullable boolean, the resolved sizes nullable integers."""
+    import pandas as pd
     names = [n for n in param_names if n != "fidelity"] + ["fidelity"]
     records = []
     for row in sorted(rows, key=lambda r: r["index"]):
