@@ -10,8 +10,6 @@ import yaml
 
 from ..errors import ConfigError
 from ..fileio import atomic_path
-from ..report.html import write_sweep_report
-from ..report.sweep_charts import write_sweep_charts
 from ..sweep.search import DEFAULT_KEEP, search
 
 
@@ -88,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         for name, df in (("estimates.csv", result.estimates), ("full.csv", result.full)):
             with atomic_path(out / name) as tmp:
                 df.to_csv(tmp, index=False)
+        from ..report.html import write_sweep_report     # matplotlib, pandas: when drawn
+        from ..report.sweep_charts import write_sweep_charts
         charts = write_sweep_charts(result.estimates, out, heatmap=["tp", "pp"])
         write_sweep_report(result.estimates, out / "report.html",
                            title=f"distsim search: {args.model} on {args.topology}",

@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..report.html import write_sweep_report
 from ..report.summary import MS
-from ..report.sweep_charts import (param_columns, ranked, throughput_column,
-                                   write_sweep_charts)
 from ..sweep import load_spec, sweep
 from ..sweep.runners import DEFAULT_CONNECT_TIMEOUT_S
 from ..sweep.spec import DEFAULT_MAX_POINTS
@@ -46,6 +43,11 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the charts' modules load matplotlib and pandas: imported when the
+    # command runs, so that `distsim --help` and the other commands start fast
+    from ..report.html import write_sweep_report
+    from ..report.sweep_charts import (param_columns, ranked, throughput_column,
+                                       write_sweep_charts)
     spec = load_spec(args.spec, max_points=args.max_points)
     out = Path(args.out)
     df = sweep(spec=spec, workers=args.workers, scheduler=args.scheduler, out_dir=out,

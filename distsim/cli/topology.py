@@ -8,7 +8,6 @@ import json
 import sys
 
 from ..topology import known_topologies, load_topology
-from ..topology.draw import draw_topology
 
 _BISECTION_LIMIT = 4096     # nodes; max-flow on bigger graphs takes a while
 
@@ -48,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     topo = load_topology(args.name)
     info = topo.describe(bisection=topo.graph.number_of_nodes() <= _BISECTION_LIMIT)
     if args.draw:
+        from ..topology.draw import draw_topology   # matplotlib: only when drawing
         draw_topology(topo, args.draw)
     print(json.dumps(info, indent=2) if args.json else describe_text(info))
     if args.draw:   # with --json, stdout stays one JSON document
