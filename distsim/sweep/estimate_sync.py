@@ -35,12 +35,13 @@ class ParamCost:
     """What the step charges one parameter of a block (per rank, in this
     configuration): its size, the ZeRO shard, flattening its gradient
     (``flat``: time, FLOPs), the update ops on the shard (``update``),
-    slicing the shard out of the gradient (``slice``, ZeRO 1), and its
-    data-parallel sync and parameter all-gather times (filled when first
-    needed: a collective not needed is not timed)."""
+    slicing the shard out of the gradient (``slice``, ZeRO 1), its
+    data-parallel sync time and its optimizer's items
+    (:meth:`StepSync.update_plan`), both filled when first needed: a
+    collective not needed is not timed."""
 
     __slots__ = ("numel", "dtype", "nbytes", "shard", "flat", "update", "slice", "sync",
-                 "gather")
+                 "plan")
 
     def __init__(self, b: "Builder", block: str, index: int) -> None:
         p = b.prof.params[block][index]
@@ -61,7 +62,7 @@ class ParamCost:
         self.slice = b.costs.cost("slice", [(n, d)], [(self.shard, d)]) \
             if b.zero >= 1 and b.dp > 1 else (0.0, 0.0)
         self.sync: Optional[float] = None
-        self.gather: Optional[float] = None
+        self.plan: Optional[tuple] = None
 
 
 class StepSync:
@@ -159,13 +160,11 @@ class StepSync:
                                          [(p.numel, p.dtype)], split)
         self.unpack = []
         self.tie()
-        plans = b.memo.update_plans
         compute, comm, flops, synced = self.tl.compute, self.tl.comm_on, b.flops, self.synced
+        cost = self.cost
         for key, stage in b.all_params():
-            plan = plans.get((key[0], key[2]))
-            if plan is None:
-                plan = plans[(key[0], key[2])] = self.update_plan(key)
-            pre, cut, (t, fl), gather, post = plan
+            pc = cost(key[0], key[2])
+            pre, cut, (t, fl), gather, post = pc.plan or self.update_plan(key, pc)
             g = synced[key] or 0.0
             if pre is not None:
                 g = compute(stage, pre, g)
@@ -199,17 +198,16 @@ class StepSync:
         end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
         self.synced[emb] = self.synced[head] = end
 
-    def update_plan(self, key: ParamKey) -> tuple:
+    def update_plan(self, key: ParamKey, pc: ParamCost) -> tuple:
         """The optimizer of one parameter, as GradientSync._update emits it:
         ``(the template's ops before the update, or None (ZeRO-1, or ZeRO 2/3
         without data parallelism); slicing the shard out of the gradient
         (time, FLOPs), or None; the update ops shrunk to the ZeRO shard
         (time, FLOPs); the all-gather of the new parameter, or None; the
         template's ops after it, or None (ZeRO 0 and 3))``. The same for a
-        parameter in every layer: :meth:`finish` keeps it per configuration."""
+        parameter in every layer: kept in its :class:`ParamCost` (``pc``)."""
         b = self.b
         p = b.param(key)
-        pc = self.cost(key[0], key[2])
         dp, zero = self.dp, self.zero
         pre = cut = gather = post = None
         if zero >= 1 and not (zero >= 2 and dp > 1):
@@ -218,8 +216,7 @@ class StepSync:
                 cut = pc.slice
         if zero in (1, 2):
             if dp > 1:
-                if pc.gather is None:
-                    pc.gather = b.dp_time(CollectiveType.ALL_GATHER, pc.nbytes)
-                gather = pc.gather
+                gather = b.dp_time(CollectiveType.ALL_GATHER, pc.nbytes)
             post = p.opt_post
-        return pre, cut, pc.update, gather, post
+        pc.plan = (pre, cut, pc.update, gather, post)
+        return pc.plan

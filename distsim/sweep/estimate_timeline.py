@@ -154,7 +154,6 @@ class Memo:
         self.scatter_terms: Dict[tuple, ScatterTerms] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
         self.param_costs: Dict[Tuple[str, int], Any] = {}
-        self.update_plans: Dict[Tuple[str, int], tuple] = {}
 
 
 class Builder:
