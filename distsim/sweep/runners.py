@@ -244,16 +244,18 @@ class DaskRunner:
         try:
             for fut in pending:
                 batch = futures.pop(fut)
+                error: Optional[Exception] = None
                 try:
                     rows = fut.result()
                 except Exception as e:  # KilledWorker, a lost connection, ...
-                    fut.release()
+                    error = e
+                fut.release()
+                if error is not None:
                     if len(batch) > 1:
                         for task in batch:
                             pending.add(submit([task]))
                         continue
-                    rows = [_died(batch[0][0], f"{type(e).__name__}: {e}")]
-                fut.release()
+                    rows = [_died(batch[0][0], f"{type(error).__name__}: {error}")]
                 for task, row in zip(batch, rows):
                     self.running -= 1
                     yield task[0], row
