@@ -18,9 +18,13 @@ every other value's times are derived afterwards.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from itertools import chain, count, islice, repeat
+from operator import attrgetter, methodcaller
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import numpy as np
 
 from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
@@ -39,22 +43,30 @@ RESIDENT_ROLES = frozenset({"param", "optimizer", "master", "const", "grad_buffe
 NOT_SIMULATED = -(1 << 62)
 
 
-def value_category(value: Value, producer: Optional[Op], roles: Dict[str, str],
-                   grad_names: Set[str]) -> str:
-    """Which memory category a value counts under."""
-    if producer is None:
-        return INPUT_CATEGORY.get(roles.get(value.name, ""), "activations")
-    explicit = producer.meta.get("category")
+def _category_of(explicit: Any, role: Any, phase: Any) -> str:
+    """The memory category of the results of an op with these ``meta``
+    entries (``category``, ``role``, ``phase``), gradient names aside."""
     if explicit:
         return explicit
-    if value.name in grad_names or producer.meta.get("role") == "grad_sync":
+    if role == "grad_sync":
         return "gradients"
-    phase = producer.meta.get("phase")
     if phase == "optimizer":
         return "weights"
     if phase == "backward":
         return "temporaries"
     return "activations"
+
+
+def value_category(value: Value, producer: Optional[Op], roles: Dict[str, str],
+                   grad_names: Set[str]) -> str:
+    """Which memory category a value counts under."""
+    if producer is None:
+        return INPUT_CATEGORY.get(roles.get(value.name, ""), "activations")
+    meta = producer.meta
+    explicit = meta.get("category")
+    if not explicit and value.name in grad_names:
+        return "gradients"
+    return _category_of(explicit, meta.get("role"), meta.get("phase"))
 
 
 @dataclass
@@ -76,16 +88,19 @@ class ComputeStream:
 
 @dataclass
 class ProgramIndex:
-    """Everything the engine needs about a program, by number.
+    """Everything the engine needs about a program, by number, in columns.
 
-    Values: ``values`` (number -> Value), ``size``, ``device``, ``category``
-    (an index into ``categories``), ``kept`` (never freed), ``producer`` (-1:
-    a function input; ``k >= 0``: compute op k; ``-2 - c``: collective c;
-    :data:`NOT_SIMULATED`: a compute op of a device not simulated).
+    Values (function inputs first, then each op's results in program
+    order): ``values`` (number -> Value) and the arrays ``size``,
+    ``device``, ``category`` (an index into ``categories``), ``kept``
+    (never freed), ``producer`` (-1: a function input; ``k >= 0``: compute
+    op k; ``-2 - c``: collective c; :data:`NOT_SIMULATED`: a compute op of
+    a device not simulated).
 
-    Compute ops (simulated devices only): ``compute`` (the Op objects),
-    ``compute_rank``, ``compute_cost`` ((time, flops, bytes)),
-    ``compute_inputs`` / ``compute_outputs`` (value numbers).
+    Compute ops (simulated devices only, in program order): ``compute``
+    (the Op objects), the arrays ``compute_rank``, ``compute_time``,
+    ``compute_flops``, ``compute_bytes``, and the value numbers they read,
+    flat (``compute_reads``, ``compute_read_counts`` of them per op).
 
     Collectives: ``collectives`` (every communication op, in program order),
     ``collective_inputs`` / ``collective_outputs`` (value numbers), and for
@@ -94,17 +109,19 @@ class ProgramIndex:
 
     function: Function
     values: List[Value] = field(default_factory=list)
-    size: List[int] = field(default_factory=list)
-    device: List[int] = field(default_factory=list)
-    category: List[int] = field(default_factory=list)
+    size: np.ndarray = field(default_factory=lambda: _ints(0))
+    device: np.ndarray = field(default_factory=lambda: _ints(0))
+    category: np.ndarray = field(default_factory=lambda: _ints(0))
     categories: List[str] = field(default_factory=list)
-    kept: List[bool] = field(default_factory=list)
-    producer: List[int] = field(default_factory=list)
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    producer: np.ndarray = field(default_factory=lambda: _ints(0))
     compute: List[Op] = field(default_factory=list)
-    compute_rank: List[int] = field(default_factory=list)
-    compute_cost: List[Tuple[float, float, float]] = field(default_factory=list)
-    compute_inputs: List[Tuple[int, ...]] = field(default_factory=list)
-    compute_outputs: List[Tuple[int, ...]] = field(default_factory=list)
+    compute_rank: np.ndarray = field(default_factory=lambda: _ints(0))
+    compute_time: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    compute_flops: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    compute_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    compute_reads: np.ndarray = field(default_factory=lambda: _ints(0))
+    compute_read_counts: np.ndarray = field(default_factory=lambda: _ints(0))
     collectives: List[Op] = field(default_factory=list)
     collective_inputs: List[Tuple[int, ...]] = field(default_factory=list)
     collective_outputs: List[Tuple[int, ...]] = field(default_factory=list)
@@ -117,6 +134,13 @@ class ProgramIndex:
 
     def op_label(self, op: Op) -> str:
         return f"%{op.name} ({op.op_type})"
+
+
+def _ints(values: Any) -> np.ndarray:
+    """An int64 array: of ``values``, or of that many zeros for an int."""
+    if isinstance(values, int):
+        return np.zeros(values, np.int64)
+    return np.asarray(values, dtype=np.int64)
 
 
 def device_of(value: Value, known: Set[int], topology) -> int:
@@ -132,324 +156,391 @@ def device_of(value: Value, known: Set[int], topology) -> int:
     return dev
 
 
+_INPUTS, _OUTPUTS = attrgetter("inputs"), attrgetter("outputs")
+_TYPE, _NAME, _META, _ATTRS = (attrgetter("type"), attrgetter("name"), attrgetter("meta"),
+                               attrgetter("attrs"))
+_OP_TYPE, _SUBS = attrgetter("op_type"), attrgetter("subfunctions")
+_IS_COMM = methodcaller("startswith", COMM_PREFIX)
+
+
+def _pick(items: List[Any], positions: np.ndarray) -> List[Any]:
+    """``items`` at ``positions``, without a Python loop."""
+    return list(map(items.__getitem__, positions.tolist()))
+
+
+def _codes(keys: Any, n: int) -> np.ndarray:
+    """A small integer per key, equal keys equal integers (first seen, first
+    numbered: the numbers are not dense)."""
+    table: Dict[Any, int] = {}
+    return np.fromiter(map(table.setdefault, keys, count()), np.int64, n)
+
+
+def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Every index of the segments ``[starts[i], starts[i] + lengths[i])``,
+    concatenated."""
+    total = int(lengths.sum())
+    if total == 0:
+        return _ints(0)
+    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return offsets + np.arange(total)
+
+
+class _Columns:
+    """The program as flat arrays: what :func:`index_program` derives its
+    index from. Values are numbered function inputs first, then each op's
+    results in program order."""
+
+    def __init__(self, f: Function) -> None:
+        ops = f.ops
+        self.ops = ops
+        n = self.n_ops = len(ops)
+        inputs_of = list(map(_INPUTS, ops))
+        outputs_of = list(map(_OUTPUTS, ops))
+        values = self.values = list(f.inputs)
+        values.extend(chain.from_iterable(outputs_of))
+        nv = self.n_values = len(values)
+        self.n_inputs = len(f.inputs)
+        vid = self.vid = dict(zip(values, range(nv)))
+        if len(vid) != nv:
+            raise SimulationError(_defined_twice(f))
+        self.n_in = np.fromiter(map(len, inputs_of), np.int64, n)
+        self.n_out = np.fromiter(map(len, outputs_of), np.int64, n)
+        try:
+            self.reads = np.fromiter(map(vid.__getitem__, chain.from_iterable(inputs_of)),
+                                     np.int64, int(self.n_in.sum()))
+        except KeyError:
+            raise SimulationError(_undefined_read(f, vid)) from None
+        self.in_start = np.cumsum(self.n_in) - self.n_in
+        self.out_start = self.n_inputs + np.cumsum(self.n_out) - self.n_out
+        #: the op (program position) of each entry of ``reads``
+        self.reader = np.repeat(np.arange(n), self.n_in)
+        #: the op that makes each value (-1: a function input)
+        self.maker = np.concatenate([np.full(self.n_inputs, -1, np.int64),
+                                     np.repeat(np.arange(n), self.n_out)])
+        self.op_types = list(map(_OP_TYPE, ops))
+        self.is_comm = np.fromiter(map(_IS_COMM, self.op_types), bool, n)
+
+    def first_operand(self) -> np.ndarray:
+        """Each op's first result, else its first operand (-1: neither):
+        the value whose device is the op's."""
+        has_in = self.n_in > 0
+        first_in = np.full(self.n_ops, -1, np.int64)
+        first_in[has_in] = self.reads[self.in_start[has_in]]
+        return np.where(self.n_out > 0, self.out_start, first_in)
+
+
+def _defined_twice(f: Function) -> str:
+    seen: Set[int] = set()
+    for v in chain(f.inputs, chain.from_iterable(op.outputs for op in f.ops)):
+        if id(v) in seen:
+            return (f"value %{v.name} is defined twice (an op's result or input of "
+                    "the program once each)")
+        seen.add(id(v))
+    return "a value is defined twice"   # pragma: no cover - the caller saw one
+
+
+def _undefined_read(f: Function, vid: Dict[Value, int]) -> str:
+    for op in f.ops:
+        for v in op.inputs:
+            if v not in vid:
+                return (f"op %{op.name} ({op.op_type}) reads %{v.name}, which no op or "
+                        "input of the program defines")
+    return "an op reads a value nobody defines"   # pragma: no cover - the caller saw one
+
+
+def _type_table(values: List[Value], known: Set[int], topology
+                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(device, bytes, shape class) per value, and the distinct devices.
+
+    Each type object is looked at once, and equal types (transforms make a
+    type object per value) share their details; the shape class stands for
+    (shape, dtype, kind of type), what an op's cost depends on besides its
+    attributes."""
+    type_ids = list(map(id, map(_TYPE, values)))
+    first: Dict[int, Value] = {}
+    deque(map(first.setdefault, type_ids, values), maxlen=0)
+    by_value: Dict[Any, int] = {}
+    shape_class: Dict[tuple, int] = {}
+    rows: List[Tuple[int, int, int]] = []
+    code: Dict[int, int] = {}
+    for tid, v in first.items():
+        t = v.type
+        try:   # an equal type seen before
+            c = by_value.get(t)
+        except TypeError:  # an unhashable type
+            c = None
+        if c is None:
+            dev = device_of(v, known, topology)
+            sd = (getattr(t, "shape", None), getattr(t, "dtype", None), type(t))
+            sc = shape_class.setdefault(sd, len(shape_class))
+            c = len(rows)
+            rows.append((dev, t.size_bytes, sc))
+            try:
+                by_value[t] = c
+            except TypeError:
+                pass
+        code[tid] = c
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    of_value = np.fromiter(map(code.__getitem__, type_ids), np.int64, len(values))
+    per_value = table[of_value]
+    return per_value[:, 0], per_value[:, 1], per_value[:, 2], np.unique(table[:, 0])
+
+
 def index_program(function: Function, topology, cost: CostModel,
                   simulated: Callable[[int], bool]) -> ProgramIndex:
     """Number the values of ``function``, cost its compute ops on the
     simulated devices and cut their streams into blocks. Raises a
-    :class:`SimulationError` for an operand nobody defines or a value with
-    no device, a :class:`TopologyError` for a device or team rank the
-    topology lacks.
+    :class:`SimulationError` for an operand nobody defines, a value defined
+    twice or a value with no device, a :class:`TopologyError` for a device
+    or team rank the topology lacks.
 
-    One pass over the ops, written for speed (it runs once per op of
-    programs of a million ops): each type object is looked at once
-    (device, bytes, and a small integer standing for its shape and dtype);
-    an op is costed once per (op type, operand shapes, attributes)."""
+    Written for programs of millions of ops: the program is read into flat
+    arrays by C-level maps (:class:`_Columns`), everything else is numpy
+    over those arrays, and Python works once per distinct type, per
+    distinct costed op (op type, operand shapes, attributes), per block and
+    per collective, never once per op."""
     f = function
     ix = ProgramIndex(f)
+    col = _Columns(f)
+    ops, n_ops, nv = col.ops, col.n_ops, col.n_values
+    ix.values = col.values
+    known = set(topology.ranks)
+    device, size, shape_of, devices = _type_table(col.values, known, topology)
+    ix.used_devices = set(devices.tolist())
+    is_sim = {d: bool(simulated(d)) for d in devices.tolist()}
+    sim_of = np.zeros(max(is_sim, default=0) + 1, bool)
+    sim_of[list(is_sim)] = list(is_sim.values())
+
+    op_dev = np.full(n_ops, -1, np.int64)
+    first = col.first_operand()
+    if (first < 0).any():
+        op = ops[int(np.flatnonzero(first < 0)[0])]
+        raise SimulationError(f"op %{op.name} ({op.op_type}) has neither operands nor "
+                              "results: the simulator cannot place it on a device")
+    op_dev[:] = device[first]
+    is_comm = col.is_comm
+    computes = np.flatnonzero(~is_comm & sim_of[op_dev])
+    comms = np.flatnonzero(is_comm)
+    nc = len(computes)
+
+    # the producer of every value and where its ready time is known
+    op_producer = np.full(n_ops, NOT_SIMULATED, np.int64)
+    op_producer[computes] = np.arange(nc)
+    op_producer[comms] = -2 - np.arange(len(comms))
+    maker = col.maker
+    producer = np.full(nv, -1, np.int64)
+    producer[col.n_inputs:] = op_producer[maker[col.n_inputs:]]
+
+    _categorise(ix, f, col)
+    _finish_values(ix, f, col, size)
+    ix.size, ix.device, ix.producer = size, device, producer
+
+    # compute ops of the simulated devices
+    ix.compute = _pick(ops, computes)
+    c_dev = op_dev[computes]
+    ix.compute_rank = c_dev
+    ix.compute_time, ix.compute_flops, ix.compute_bytes = _costs(col, computes, shape_of, cost)
+    reads_of_compute = np.zeros(n_ops, bool)
+    reads_of_compute[computes] = True
+    entry_compute = reads_of_compute[col.reader]
+    ix.compute_reads = col.reads[entry_compute]
+    ix.compute_read_counts = col.n_in[computes]
+
+    # reads from outside a compute op's own stream: not a function input
+    # and not made earlier by the same device's compute stream (a value
+    # read before it is made is outside too: the program deadlocks)
+    reads, reader = col.reads, col.reader
+    made_by = maker[reads]
+    inside = (made_by < 0) | ((op_producer[np.maximum(made_by, 0)] >= 0)
+                              & (op_dev[np.maximum(made_by, 0)] == op_dev[reader])
+                              & (made_by < reader))
+    outside = entry_compute & ~inside
+    exported = np.unique(np.concatenate([reads[outside], reads[is_comm[reader]]]))
+    _build_streams(ix, col, computes, c_dev, outside, exported)
+    _collectives(ix, col, comms, known, topology, is_sim, simulated)
+    return ix
+
+
+def _categorise(ix: ProgramIndex, f: Function, col: _Columns) -> None:
+    """Each value's memory category (:func:`value_category`), worked out
+    once per distinct (category, role, phase) of the ops' ``meta``."""
     roles = f.meta.get("roles", {})
     grad_names = set(f.meta.get("grads", {}).values())
-    # Updates overwrite their old value in place: no new bytes (every
-    # value's size is set to 0 after the loop for the new names here).
-    updates = f.meta.get("updates", {})
-    in_place = set(updates.values())
-    # the numbers of the values named in updates, noted as they are numbered
-    # (a pass over every value's name afterwards cost ~0.5 s on a million)
-    wanted = set(updates) | in_place
-    number: Dict[str, int] = {}
-    known = set(topology.ranks)
     cat_index: Dict[str, int] = {}
-    # id(type) -> (device, bytes, shape-and-dtype class); the function keeps
-    # its types alive while this runs
-    type_info: Dict[int, Tuple[int, int, int]] = {}
-    by_value: Dict[Any, Tuple[int, int, int]] = {}   # the same, by type equality
-    shape_class: Dict[tuple, int] = {}
-    vid: Dict[Value, int] = {}
-    values, size, device, category, producer = (ix.values, ix.size, ix.device, ix.category,
-                                                 ix.producer)
-    # where a value is ready: -1 at time 0 (a function input), a rank (made
-    # by that rank's simulated compute stream), -2 (by a collective or an
-    # op not simulated: announced while the simulation runs)
-    home: List[int] = []
-    shape_of: List[int] = []   # each value's shape-and-dtype class
 
     def cat_of(name: str) -> int:
-        c = cat_index.get(name)
-        if c is None:
-            c = cat_index[name] = len(ix.categories)
-            ix.categories.append(name)
-        return c
+        return cat_index.setdefault(name, len(cat_index))
 
-    def info_of(v: Value) -> Tuple[int, int, int]:
-        t = v.type
-        try:   # an equal type seen before (transforms make a type object per value)
-            info = by_value.get(t)
-        except TypeError:  # an unhashable type
-            info = None
-        if info is not None:
-            type_info[id(t)] = info
-            return info
-        dev = device_of(v, known, topology)
-        sd = (getattr(t, "shape", None), getattr(t, "dtype", None), type(t))
-        c = shape_class.get(sd)
-        if c is None:
-            c = shape_class[sd] = len(shape_class)
-        info = type_info[id(t)] = (dev, t.size_bytes, c)
-        try:
-            by_value[t] = info
-        except TypeError:
-            pass
-        return info
-
-    defined_later: Set[Value] = set()   # filled on the first forward reference
-
-    def operands(op: Op) -> Tuple[int, ...]:
-        """The slow path of numbering an op's operands: a value the op reads
-        before the op defining it (a program out of order, which deadlocks)
-        gets its number now, its details when its definition comes."""
-        if not defined_later:
-            defined_later.update(v for o in f.ops for v in o.outputs)
-        out = []
-        for v in op.inputs:
-            n = vid.get(v)
-            if n is None:
-                if v not in defined_later:  # read but defined nowhere: it would never come
-                    raise SimulationError(f"op %{op.name} ({op.op_type}) reads %{v.name}, "
-                                          "which no op or input of the program defines")
-                n = vid[v] = len(values)
-                if v.name in wanted:
-                    number[v.name] = n
-                values.append(v)
-                size.append(0)
-                device.append(-1)
-                category.append(0)
-                producer.append(NOT_SIMULATED)
-                home.append(-2)
-                shape_of.append(-1)
-            out.append(n)
-        return tuple(out)
-
-    def define(v: Value, dev: int, nbytes: int, cat: int, prod: int, where: int,
-               sc: int) -> int:
-        """Fill in a value numbered by a forward reference."""
-        n = vid[v]
-        size[n] = nbytes
-        device[n], category[n], producer[n], home[n], shape_of[n] = dev, cat, prod, where, sc
-        return n
-
-    def place(v: Value, dev: int, nbytes: int, cat: int, prod: int, where: int,
-              sc: int) -> int:
-        """Number one result (the paths that go value by value: collectives,
-        results some of which a forward reference numbered already)."""
-        if v in vid:
-            return define(v, dev, nbytes, cat, prod, where, sc)
-        n = vid[v] = len(values)
-        if v.name in wanted:
-            number[v.name] = n
-        values.append(v)
-        size.append(nbytes)
-        device.append(dev)
-        category.append(cat)
-        producer.append(prod)
-        home.append(where)
-        shape_of.append(sc)
-        return n
-
-    for v in f.inputs:
-        dev, nbytes, c = type_info.get(id(v.type)) or info_of(v)
-        vid[v] = len(values)
-        if v.name in wanted:
-            number[v.name] = len(values)
-        values.append(v)
-        size.append(nbytes)
-        device.append(dev)
-        category.append(cat_of(value_category(v, None, roles, grad_names)))
-        producer.append(-1)
-        home.append(-1)
-        shape_of.append(c)
-    streams = ix.compute_streams
+    n_in, nv = col.n_inputs, col.n_values
+    category = np.empty(nv, np.int64)
+    category[:n_in] = [cat_of(value_category(v, None, roles, grad_names)) for v in f.inputs]
     grad_cat = cat_of("gradients")
-    temp_cat, act_cat, weight_cat = cat_of("temporaries"), cat_of("activations"), cat_of("weights")
-    is_sim: Dict[int, bool] = {}
-    compute, compute_rank, compute_cost = ix.compute, ix.compute_rank, ix.compute_cost
-    compute_inputs, compute_outputs = ix.compute_inputs, ix.compute_outputs
-    exported: Set[int] = set()
-    compute_pos: List[int] = []  # each compute op's position in its stream
-    costs: Dict[tuple, List[Tuple[Dict[str, Any], Tuple[float, float, float]]]] = {}
-    get_info = type_info.get
-    check_names = bool(grad_names)
-    number_of = vid.__getitem__
-    shape_at = shape_of.__getitem__
-    type_of, name_of = attrgetter("type"), attrgetter("name")
-    first_of, second, third = itemgetter(0), itemgetter(1), itemgetter(2)
-    for op in f.ops:
-        # map() with C callables, not comprehensions: in CPython 3.11 each
-        # comprehension call makes a frame, a real cost once per op
-        try:
-            ins = tuple(map(number_of, op.inputs))
-        except KeyError:
-            ins = operands(op)
-        meta = op.meta
-        op_type = op.op_type
-        if op_type.startswith(COMM_PREFIX):
-            c = len(ix.collectives)
-            for r in op.attrs["ranks"]:
-                if r not in known:
-                    raise TopologyError(f"op %{op.name} ({op_type}): team rank {r} is not a "
-                                        f"device of topology '{topology.name}'")
-            ix.collectives.append(op)
-            ix.collective_inputs.append(ins)
-            exported.update(ins)
-            outs = []
-            for v in op.outputs:
-                cat = cat_of(value_category(v, op, roles, grad_names))
-                dev, nbytes, sc = get_info(id(v.type)) or info_of(v)
-                outs.append(place(v, dev, nbytes, cat, -2 - c, -2, sc))
-            ix.collective_outputs.append(tuple(outs))
-            for r in members(op):
-                sim = is_sim.get(r)
-                if sim is None:
-                    sim = is_sim[r] = simulated(r)
-                if sim:
-                    ix.comm_streams.setdefault(r, []).append(c)
-            continue
-        outputs = op.outputs
-        first = outputs[0] if outputs else op.inputs[0]
-        dev = (get_info(id(first.type)) or info_of(first))[0]
-        sim = is_sim.get(dev)
-        if sim is None:
-            sim = is_sim[dev] = simulated(dev)
-        # the op's memory category, as value_category decides it
-        explicit = meta.get("category")
-        if explicit:
-            cat = cat_of(explicit)
-        elif meta.get("role") == "grad_sync":
-            cat = grad_cat
-        else:
-            phase = meta.get("phase")
-            cat = (weight_cat if phase == "optimizer" else
-                   temp_cat if phase == "backward" else act_cat)
-        k = len(compute) if sim else NOT_SIMULATED
-        where = dev if sim else -2
-        if len(outputs) == 1 and not defined_later:
-            # the common case, without lists
-            v = outputs[0]
-            vdev, nbytes, sc = get_info(id(v.type)) or info_of(v)
-            out_shapes = (sc,)
-            n0 = len(values)
-            outs = (n0,)
-            vid[v] = n0
-            if wanted and v.name in wanted:
-                number[v.name] = n0
-            values.append(v)
-            size.append(nbytes)
-            device.append(vdev)
-            category.append(grad_cat if check_names and not explicit and v.name in grad_names
-                            else cat)
-            producer.append(k)
-            home.append(where)
-            shape_of.append(sc)
-        else:
-            infos = list(map(get_info, map(id, map(type_of, outputs))))
-            if None in infos:
-                infos = [info or info_of(v) for info, v in zip(infos, outputs)]
-            out_shapes = tuple(map(third, infos))
-            if defined_later and any(v in vid for v in outputs):
-                # some were numbered by a forward reference: one by one
-                outs = tuple(
-                    place(v, vdev, nbytes, grad_cat if check_names and not explicit
-                          and v.name in grad_names else cat, k, where, sc)
-                    for v, (vdev, nbytes, sc) in zip(outputs, infos))
-            else:
-                # numbered together (a fused op has many outputs)
-                n0 = len(values)
-                nout = len(outputs)
-                outs = tuple(range(n0, n0 + nout))
-                vid.update(zip(outputs, outs))
-                values.extend(outputs)
-                device.extend(map(first_of, infos))
-                size.extend(map(second, infos))
-                shape_of.extend(out_shapes)
-                if check_names and not explicit:
-                    category.extend([grad_cat if v.name in grad_names else cat
-                                     for v in outputs])
-                else:
-                    category.extend([cat] * nout)
-                producer.extend([k] * nout)
-                home.extend([where] * nout)
-                if wanted and not wanted.isdisjoint(map(name_of, outputs)):
-                    for v, n in zip(outputs, outs):
-                        if v.name in wanted:
-                            number[v.name] = n
-        if not sim:
-            continue
-        # cost: once per (op type, operand shapes, sub-functions, attributes)
-        subs = op.subfunctions
-        key = (op_type, tuple(map(shape_at, ins)), out_shapes,
-               tuple(map(id, subs)) if subs else ())
-        entries = costs.get(key)
-        attrs = op.attrs
-        hit = None
-        if entries is None:
-            entries = costs[key] = []
-        else:
-            for a, h in entries:
-                if a == attrs:
-                    hit = h
-                    break
-        if hit is None:
-            oc = cost.op_cost(op)
-            hit = (oc.time_s, oc.flops, oc.bytes)
-            entries.append((attrs, hit))
-        compute.append(op)
-        compute_rank.append(dev)
-        compute_cost.append(hit)
-        compute_inputs.append(ins)
-        compute_outputs.append(outs)
-        stream = streams.get(dev)
-        if stream is None:
-            stream = streams[dev] = ComputeStream(dev)
-        pos = len(stream.ops)
-        # operands from outside the stream: anything not a function input
-        # and not made earlier by this device's compute stream
-        outside = ()
-        for n in ins:
-            h = home[n]
-            if h != dev and h != -1:
-                outside += (n,)
-        if outside:
-            # another device's compute output (a malformed program) is
-            # announced like one read by communication
-            exported.update(outside)
-            stream.block_starts.append((pos, outside))
-        elif pos == 0:
-            stream.block_starts.append((pos, outside))
-        compute_pos.append(pos)
-        stream.ops.append(k)
-        stream.durations.append(hit[0])
-    kept = [False] * len(values)
-    for v in f.inputs:
-        if roles.get(v.name) in RESIDENT_ROLES:
-            kept[vid[v]] = True
-    for v in f.outputs:
-        n = vid.get(v)
-        if n is not None:
-            kept[n] = True
+    metas = list(map(_META, col.ops))
+    explicit = list(map(methodcaller("get", "category"), metas))
+    keys = list(zip(explicit, map(methodcaller("get", "role"), metas),
+                    map(methodcaller("get", "phase"), metas)))
+    try:
+        code = {key: cat_of(_category_of(*key)) for key in dict.fromkeys(keys)}
+        op_cat = np.fromiter(map(code.__getitem__, keys), np.int64, col.n_ops)
+    except TypeError:   # a meta entry that is not hashable: op by op
+        op_cat = np.fromiter((cat_of(_category_of(*key)) for key in keys), np.int64,
+                             col.n_ops)
+    made = col.maker[n_in:]
+    category[n_in:] = op_cat[made]
+    if grad_names:
+        # a result named as a gradient is one, unless its op says otherwise
+        is_grad = np.fromiter(map(grad_names.__contains__, map(_NAME, islice(col.values, n_in,
+                                                                                None))),
+                              bool, nv - n_in)
+        has_explicit = np.fromiter(map(bool, explicit), bool, col.n_ops)
+        category[n_in:][is_grad & ~has_explicit[made]] = grad_cat
+    ix.category = category
+    ix.categories = list(cat_index)
+
+
+def _finish_values(ix: ProgramIndex, f: Function, col: _Columns, size: np.ndarray) -> None:
+    """Which values stay resident, and the in-place updates: a value that
+    updates another in place (``meta["updates"]``) takes no new bytes."""
+    roles = f.meta.get("roles", {})
+    kept = np.zeros(col.n_values, bool)
+    kept[:col.n_inputs] = np.fromiter(
+        map(RESIDENT_ROLES.__contains__, map(roles.get, map(_NAME, f.inputs))), bool,
+        col.n_inputs)
+    returned = np.fromiter(map(col.vid.get, f.outputs, repeat(-1)), np.int64, len(f.outputs))
+    kept[returned[returned >= 0]] = True
     ix.kept = kept
-    if updates:
-        # values updated in place take no new bytes; (old, new) pairs
-        for name in in_place:
-            n = number.get(name)
-            if n is not None:
-                size[n] = 0
-        ix.in_place = sorted((number[a], number[b]) for a, b in updates.items()
-                             if a in number and b in number)
-    # values read by communication (or, in a malformed program, by another
-    # device's compute op) are announced while the simulation runs
-    for n in sorted(exported):
-        p = producer[n]
-        if p >= 0:
-            streams[compute_rank[p]].exports.append((compute_pos[p], n))
+    updates = f.meta.get("updates", {})
+    if not updates:
+        return
+    wanted = set(updates) | set(updates.values())
+    names = list(map(_NAME, col.values))
+    hits = np.flatnonzero(np.fromiter(map(wanted.__contains__, names), bool, col.n_values))
+    number = dict(zip(map(names.__getitem__, hits.tolist()), hits.tolist()))  # the last of a name
+    old = np.fromiter(map(number.get, updates, repeat(-1)), np.int64, len(updates))
+    new = np.fromiter(map(number.get, updates.values(), repeat(-1)), np.int64, len(updates))
+    size[new[new >= 0]] = 0
+    both = (old >= 0) & (new >= 0)
+    old, new = old[both], new[both]
+    order = np.lexsort((new, old))
+    ix.in_place = list(zip(old[order].tolist(), new[order].tolist()))
+
+
+def _costs(col: _Columns, computes: np.ndarray, shape_of: np.ndarray, cost: CostModel
+           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time, flops, bytes) of each compute op in ``computes``, costed once
+    per distinct (op type, attributes, sub-functions, operand and result
+    shape classes). Attributes are told apart by their ``repr`` (equal
+    reprs of normalized attributes are equal attributes; equal attributes
+    spelled differently are only costed twice)."""
+    nc = len(computes)
+    out = (np.zeros(nc), np.zeros(nc), np.zeros(nc))
+    if nc == 0:
+        return out
+    ops = _pick(col.ops, computes)
+    subs = list(map(_SUBS, ops))
+    sub_code = np.zeros(nc, np.int64)
+    sub_ids: Dict[tuple, int] = {}
+    for i in np.flatnonzero(np.fromiter(map(bool, subs), bool, nc)).tolist():
+        sub_code[i] = sub_ids.setdefault(tuple(map(id, subs[i])), len(sub_ids) + 1)
+    n_in, n_out = col.n_in[computes], col.n_out[computes]
+    type_code = _codes(_pick(col.op_types, computes), nc)
+    attr_code = _codes(map(repr, map(_ATTRS, ops)), nc)
+    # ops of one (type, arity) share a row width: each group is one table
+    group = _codes(zip(type_code.tolist(), n_in.tolist(), n_out.tolist()), nc)
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    for group in np.split(order, bounds):
+        taken = computes[group]
+        k_in, k_out = int(n_in[group[0]]), int(n_out[group[0]])
+        columns = np.concatenate([
+            attr_code[group, None], sub_code[group, None],
+            shape_of[col.reads[col.in_start[taken][:, None] + np.arange(k_in)]],
+            shape_of[col.out_start[taken][:, None] + np.arange(k_out)]], axis=1)
+        row = _codes(zip(*columns.T.tolist()), len(group))
+        _, firsts, inverse = np.unique(row, return_index=True, return_inverse=True)
+        costed = [cost.op_cost(ops[group[i]]) for i in firsts.tolist()]
+        for column, name in zip(out, ("time_s", "flops", "bytes")):
+            column[group] = np.array([getattr(c, name) for c in costed],
+                                     dtype=float)[inverse.reshape(-1)]
+    return out
+
+
+def _build_streams(ix: ProgramIndex, col: _Columns, computes: np.ndarray, c_dev: np.ndarray,
+                   outside: np.ndarray, exported: np.ndarray) -> None:
+    """Each simulated device's compute stream: its ops, their durations,
+    its blocks (cut before each op that reads from outside the stream) and
+    the values it announces (``exported`` ones it makes)."""
+    nc = len(computes)
+    if nc == 0:
+        return
+    order = np.argsort(c_dev, kind="stable")   # by device, in program order
+    devs = c_dev[order]
+    firsts = np.flatnonzero(np.r_[True, devs[1:] != devs[:-1]])
+    lengths = np.diff(np.r_[firsts, nc])
+    pos = np.empty(nc, np.int64)                # each compute op's place in its stream
+    pos[order] = np.arange(nc) - np.repeat(firsts, lengths)
+    streams = ix.compute_streams
+    durations = ix.compute_time
+    # streams in the order their devices first compute
+    bounds = dict(zip(firsts.tolist(), (firsts + lengths).tolist()))
+    for a in sorted(bounds, key=lambda a: int(order[a])):
+        ks = order[a:bounds[a]]
+        dev = int(devs[a])
+        streams[dev] = ComputeStream(dev, ks.tolist(), durations[ks].tolist())
+    # blocks: each op reading from outside its stream starts one (and each
+    # stream's first op does)
+    k_of_op = np.full(col.n_ops, -1, np.int64)
+    k_of_op[computes] = np.arange(nc)
+    block_k = k_of_op[col.reader[outside]]
+    read = col.reads[outside].tolist()
+    starts_at = np.flatnonzero(np.r_[True, block_k[1:] != block_k[:-1]]) if len(block_k) \
+        else _ints(0)
+    ends_at = np.r_[starts_at[1:], len(block_k)].astype(np.int64)
+    heads = block_k[starts_at]
     for stream in streams.values():
-        stream.exports.sort()
-    ix.used_devices = {info[0] for info in type_info.values()}
-    return ix
+        first_k = stream.ops[0]
+        if not len(heads) or not (heads == first_k).any():
+            stream.block_starts.append((0, ()))
+    for dev, at, a, b in zip(c_dev[heads].tolist(), pos[heads].tolist(), starts_at.tolist(),
+                             ends_at.tolist()):
+        streams[dev].block_starts.append((at, tuple(read[a:b])))
+    # exports: values other streams read, made by a simulated compute op
+    p = ix.producer[exported]
+    mine = p >= 0
+    values, p = exported[mine], p[mine]
+    dev_p, pos_p = c_dev[p], pos[p]
+    order = np.lexsort((values, pos_p, dev_p))
+    for dev, at, n in zip(dev_p[order].tolist(), pos_p[order].tolist(),
+                          values[order].tolist()):
+        streams[dev].exports.append((at, n))
+
+
+def _collectives(ix: ProgramIndex, col: _Columns, comms: np.ndarray, known: Set[int],
+                 topology, is_sim: Dict[int, bool], simulated: Callable[[int], bool]) -> None:
+    """The communication ops in program order, their operands and results
+    by number, and each simulated rank's comm stream. A team rank the
+    topology lacks is a TopologyError naming the op."""
+    ix.collectives = colls = _pick(col.ops, comms)
+    on_comm = col.is_comm[col.reader]
+    reads = iter(col.reads[on_comm].tolist())
+    counts = col.n_in[comms].tolist()
+    out_starts = col.out_start[comms].tolist()
+    out_counts = col.n_out[comms].tolist()
+    checked: Set[int] = set()
+    comm_streams = ix.comm_streams
+    for c, op in enumerate(colls):
+        ranks = op.attrs["ranks"]
+        if id(ranks) not in checked:
+            for r in ranks:
+                if r not in known:
+                    raise TopologyError(f"op %{op.name} ({op.op_type}): team rank {r} is not "
+                                        f"a device of topology '{topology.name}'")
+            checked.add(id(ranks))
+        ix.collective_inputs.append(tuple(islice(reads, counts[c])))
+        ix.collective_outputs.append(tuple(range(out_starts[c], out_starts[c] + out_counts[c])))
+        for r in members(op):
+            sim = is_sim.get(r)
+            if sim is None:
+                sim = is_sim[r] = bool(simulated(r))
+            if sim:
+                comm_streams.setdefault(r, []).append(c)

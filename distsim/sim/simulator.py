@@ -173,6 +173,7 @@ class Simulator:
         ix = self.index = index_program(f, self.topology, self.cost,
                                         self._simulated if rep else (lambda r: True))
         self._ready = [None] * len(ix.values)
+        self._device = ix.device.tolist()   # read per collective operand
         for n in range(len(f.inputs)):       # function inputs are numbered first
             self._ready[n] = 0.0
         env = self.env
@@ -277,7 +278,7 @@ class Simulator:
         key = (rank, COMM_STREAM)
         ready = self._ready
         ix = self.index
-        device = ix.device
+        device = self._device
         followers = self._followers.get(rank)
         collectives = self._collectives
         t = 0.0
@@ -409,14 +410,16 @@ class Simulator:
         ix = self.index
         make = tuple.__new__  # OpRecord(...) checks its arguments: slow by the million
         compute = [make(OpRecord, (rank, COMPUTE_STREAM, op.name, op.op_type, "compute", s, e,
-                                   cost[1], cost[2], op.meta.get("detail", "")))
-                   for op, rank, cost, s, e in zip(ix.compute, ix.compute_rank, ix.compute_cost,
-                                                   start_s.tolist(), end_s.tolist())]
+                                   flops, nbytes, op.meta.get("detail", "")))
+                   for op, rank, flops, nbytes, s, e in zip(
+                       ix.compute, ix.compute_rank.tolist(), ix.compute_flops.tolist(),
+                       ix.compute_bytes.tolist(), start_s.tolist(), end_s.tolist())]
         comm = self._comm_records
         records = compute + comm
         starts = np.concatenate([start_s, np.array([r.start_s for r in comm], dtype=float)])
         ends = np.concatenate([end_s, np.array([r.end_s for r in comm], dtype=float)])
-        ranks = np.array(ix.compute_rank + [r.rank for r in comm], dtype=np.int64)
+        ranks = np.concatenate([ix.compute_rank,
+                                np.array([r.rank for r in comm], dtype=np.int64)])
         # "comm" sorts before "compute"
         streams = np.concatenate([np.ones(len(compute), np.int8), np.zeros(len(comm), np.int8)])
         order = np.lexsort((ends, streams, ranks, starts))
@@ -427,7 +430,7 @@ class Simulator:
         and peaks (:mod:`.memory`)."""
         ix = self.index
         nv = len(ix.values)
-        producer = np.asarray(ix.producer, dtype=np.int64)
+        producer = ix.producer
         coll_start = np.array([c.start_s for c in self._collectives] or [0.0])
         coll_end = np.array([c.end_s for c in self._collectives] or [0.0])
         by_op = producer >= 0
@@ -443,29 +446,26 @@ class Simulator:
         # a value goes when the last op reading it ends (or when it is made,
         # if nobody reads it); returned and resident values stay
         last_use = np.full(nv, -np.inf)
-        counts = [len(t) for t in ix.compute_inputs]
-        if counts:
-            readers = np.fromiter(chain.from_iterable(ix.compute_inputs), np.int64, sum(counts))
-            np.maximum.at(last_use, readers, np.repeat(end_s, counts))
+        if len(ix.compute_reads):
+            np.maximum.at(last_use, ix.compute_reads, np.repeat(end_s, ix.compute_read_counts))
         counts = [len(t) for t in ix.collective_inputs]
         if counts and sum(counts):
             readers = np.fromiter(chain.from_iterable(ix.collective_inputs), np.int64,
                                   sum(counts))
             np.maximum.at(last_use, readers, np.repeat(coll_end, counts))
         free = np.where(np.isneginf(last_use), ready, last_use)
-        free[np.asarray(ix.kept, dtype=bool)] = np.inf
+        free[ix.kept] = np.inf
         # an in-place update (new takes no bytes) keeps old's bytes for as
         # long as the new value lives: along each chain, newest first
         for old, new in reversed(ix.in_place):
             if free[new] > free[old]:
                 free[old] = free[new]
-        device = np.asarray(ix.device, dtype=np.int64)
+        device = ix.device
         rep = self._rep
         keep = ~np.isnan(alloc)
         if rep:
-            keep &= np.isin(device, [r for r in set(ix.device) if rep.get(r, r) == r])
-        return memory_accounting(device[keep], np.asarray(ix.size, dtype=np.int64)[keep],
-                                 np.asarray(ix.category, dtype=np.int64)[keep], alloc[keep],
+            keep &= np.isin(device, [r for r in ix.used_devices if rep.get(r, r) == r])
+        return memory_accounting(device[keep], ix.size[keep], ix.category[keep], alloc[keep],
                                  free[keep], ix.categories, self.options.record_memory)
 
     def _expand_symmetry(self, records: List[OpRecord], memory: MemoryAccounting
