@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UnsupportedOpError
+from .core import normalize_attr
 from .types import TensorType
 
 ShapeRule = Callable[[Sequence[TensorType], Mapping[str, object]], List[TensorType]]
@@ -91,8 +92,13 @@ def infer_types(op_type: str, input_types: Sequence[TensorType],
     try:
         key = (op_type, tuple(attrs.items()), tuple(input_types))
         hit = _INFER_CACHE.get(key)
-    except TypeError:  # an unhashable attribute value: no caching
-        key, hit = None, None
+    except TypeError:  # a list attribute (as callers may pass): as the op will hold it
+        try:
+            key = (op_type, tuple((k, normalize_attr(v)) for k, v in attrs.items()),
+                   tuple(input_types))
+            hit = _INFER_CACHE.get(key)
+        except TypeError:  # an unhashable attribute value: no caching
+            key, hit = None, None
     if hit is not None:
         return list(hit)
     result = _infer_types(op_type, input_types, attrs)

@@ -57,9 +57,16 @@ class DataParallel:
         # template name -> each replica's name (before gradients are averaged)
         renamed: List[Dict[str, str]] = [dict() for _ in self.ranks]
 
+        # one type object per (shape, dtype, rank): equal types shared keep
+        # the program small and let the shape-rule cache hit per replica
+        placed: Dict[tuple, TensorType] = {}
+
         def local(v: Value, i: int, shape=None) -> Value:
             t = v.type
-            new_t = TensorType(shape or t.shape, t.dtype, self.ranks[i])
+            key = (shape or t.shape, t.dtype, self.ranks[i])
+            new_t = placed.get(key)
+            if new_t is None:
+                new_t = placed[key] = TensorType(*key)
             nv = Value(names.fresh(replica_name(v.name, self.ranks[i])), new_t)
             copies[i][v] = nv
             renamed[i][v.name] = nv.name
@@ -111,7 +118,7 @@ class DataParallel:
     def _all_reduce(self, out: Function, names: NameScope, grad: Value,
                     copies: List[Dict[Value, Value]]) -> None:
         attrs = with_defaults(CollectiveType.ALL_REDUCE.op_type,
-                              {"ranks": self.ranks, "reduce_op": self.reduce_op})
+                              {"ranks": tuple(self.ranks), "reduce_op": self.reduce_op})
         ins = [copies[i][grad] for i in range(self.n)]
         types = infer_types(CollectiveType.ALL_REDUCE.op_type, [v.type for v in ins], attrs)
         outs = [Value(names.fresh(f"{grad.name}_avg_r{r}"), t) for r, t in zip(self.ranks, types)]
