@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from itertools import accumulate, chain
-from operator import itemgetter
+from itertools import accumulate, chain, repeat
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -89,6 +89,10 @@ class SimulationOptions:
 
 
 _KINDS = {kind.op_type: kind for kind in CollectiveType}
+_OUTPUTS, _NAME, _OP_TYPE, _META = (attrgetter("outputs"), attrgetter("name"),
+                                    attrgetter("op_type"), attrgetter("meta"))
+_FIRST = itemgetter(0)
+_DETAIL = methodcaller("get", "detail", "")
 
 
 def collective_bytes(op: Op, kind: Optional[CollectiveType] = None) -> int:
@@ -408,12 +412,18 @@ class Simulator:
     def _records(self, start_s: np.ndarray, end_s: np.ndarray) -> List[OpRecord]:
         """Every op record, sorted by (start, rank, stream, end)."""
         ix = self.index
-        make = tuple.__new__  # OpRecord(...) checks its arguments: slow by the million
-        compute = [make(OpRecord, (rank, COMPUTE_STREAM, op.name, op.op_type, "compute", s, e,
-                                   flops, nbytes, op.meta.get("detail", "")))
-                   for op, rank, flops, nbytes, s, e in zip(
-                       ix.compute, ix.compute_rank.tolist(), ix.compute_flops.tolist(),
-                       ix.compute_bytes.tolist(), start_s.tolist(), end_s.tolist())]
+        ops = ix.compute
+        outputs = list(map(_OUTPUTS, ops))
+        # an op's display name is its first result's (Op.name), made here
+        # without a Python call per op, as is each record
+        names = (list(map(_NAME, map(_FIRST, outputs))) if all(outputs)
+                 else list(map(_NAME, ops)))
+        fields = zip(ix.compute_rank.tolist(), repeat(COMPUTE_STREAM), names,
+                     map(_OP_TYPE, ops), repeat("compute"), start_s.tolist(), end_s.tolist(),
+                     ix.compute_flops.tolist(), ix.compute_bytes.tolist(),
+                     map(_DETAIL, map(_META, ops)))
+        # OpRecord(...) checks its arguments: slow by the million
+        compute = list(map(tuple.__new__, repeat(OpRecord), fields))
         comm = self._comm_records
         records = compute + comm
         starts = np.concatenate([start_s, np.array([r.start_s for r in comm], dtype=float)])
@@ -423,7 +433,7 @@ class Simulator:
         # "comm" sorts before "compute"
         streams = np.concatenate([np.ones(len(compute), np.int8), np.zeros(len(comm), np.int8)])
         order = np.lexsort((ends, streams, ranks, starts))
-        return [records[i] for i in order.tolist()]
+        return list(map(records.__getitem__, order.tolist()))
 
     def _memory(self, start_s: np.ndarray, end_s: np.ndarray) -> MemoryAccounting:
         """Per-value allocation and free times, then the per-device curve
@@ -455,11 +465,7 @@ class Simulator:
             np.maximum.at(last_use, readers, np.repeat(coll_end, counts))
         free = np.where(np.isneginf(last_use), ready, last_use)
         free[ix.kept] = np.inf
-        # an in-place update (new takes no bytes) keeps old's bytes for as
-        # long as the new value lives: along each chain, newest first
-        for old, new in reversed(ix.in_place):
-            if free[new] > free[old]:
-                free[old] = free[new]
+        _hold_updated(free, ix.in_place)
         device = ix.device
         rep = self._rep
         keep = ~np.isnan(alloc)
@@ -560,6 +566,33 @@ class Simulator:
                            "network_mode": self.options.network_mode,
                            "simulated_devices": len(set(self._rep.values())) if self._rep
                            else len(devices)})
+
+
+def _hold_updated(free: np.ndarray, in_place: List[Tuple[int, int]]) -> None:
+    """An in-place update (``new`` takes no bytes) keeps ``old``'s bytes for
+    as long as ``new`` lives: each value of a chain old -> new -> newer...
+    is freed at the latest free time down its chain. Pointer jumping (log
+    of the longest chain numpy passes) when each value is updated at most
+    once and after it is made; otherwise one pair at a time, newest first."""
+    if not in_place:
+        return
+    pairs = np.array(in_place, dtype=np.int64)
+    old, new = pairs[:, 0], pairs[:, 1]
+    if (new > old).all() and len(np.unique(old)) == len(old):
+        nxt = np.arange(len(free))
+        nxt[old] = new
+        latest = free.copy()
+        while True:
+            latest = np.maximum(latest, latest[nxt])
+            jumped = nxt[nxt]
+            if (jumped == nxt).all():
+                break
+            nxt = jumped
+        free[old] = latest[old]
+        return
+    for a, b in reversed(in_place):
+        if free[b] > free[a]:
+            free[a] = free[b]
 
 
 def simulate_function(function: Function, topology, cost_model: Optional[CostModel] = None,
