@@ -373,7 +373,11 @@ def _categorise(ix: ProgramIndex, f: Function, col: _Columns) -> None:
 
     n_in, nv = col.n_inputs, col.n_values
     category = np.empty(nv, np.int64)
-    category[:n_in] = [cat_of(value_category(v, None, roles, grad_names)) for v in f.inputs]
+    # function inputs by role (value_category of an input), once per role
+    input_roles = list(map(roles.get, map(_NAME, f.inputs), repeat("")))
+    by_role = {role: cat_of(INPUT_CATEGORY.get(role, "activations"))
+               for role in dict.fromkeys(input_roles)}
+    category[:n_in] = np.fromiter(map(by_role.__getitem__, input_roles), np.int64, n_in)
     grad_cat = cat_of("gradients")
     metas = list(map(_META, col.ops))
     explicit = list(map(methodcaller("get", "category"), metas))

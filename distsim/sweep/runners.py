@@ -44,6 +44,28 @@ def check_workers(workers: Any) -> int:
     return workers
 
 
+#: Why no worker process starts, almost always (see :func:`_workers_start`).
+WORKERS_CANNOT_START = (
+    "sweep: the worker processes die as they start. Each one imports the main script "
+    "again before it runs a point, so a script that runs a sweep must call it under "
+    "`if __name__ == \"__main__\":` (or pass workers=1 to run in this process)")
+
+
+def _workers_start(ctx: Any) -> bool:
+    """Whether a worker process of ``ctx`` starts and runs a trivial task.
+    When none does, every point would be recorded as failed after its
+    retries; the usual cause is a script without a ``__main__`` guard,
+    which each worker imports again and which starts the sweep again in
+    the middle of the worker's start-up."""
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+    try:
+        return pool.submit(os.getpid).result() > 0
+    except BrokenProcessPool:
+        return False
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _died(task_key: str, detail: str) -> Dict[str, Any]:
     return {"status": "failed", "reason": f"worker process died while simulating this point "
                                           f"({detail})", **empty_metrics()}
@@ -91,7 +113,9 @@ class LocalProcessRunner:
     native code), the pool is restarted and the points that were in flight
     are retried one at a time in a pool of their own; a point that kills its
     worker again is recorded as failed. No finished point is lost or run
-    twice."""
+    twice. If the pool breaks before any point has finished and not even a
+    trivial task can run in a fresh worker, the sweep stops with a
+    :class:`ConfigError` (:data:`WORKERS_CANNOT_START`) instead."""
 
     def __init__(self, workers: int, simulate: Optional[SimulateFn] = None) -> None:
         self.workers = workers
@@ -109,6 +133,7 @@ class LocalProcessRunner:
     def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
         queue = Lanes(batch_tasks(tasks), self.workers)
         suspects: List[Task] = []
+        finished_any = False
         while queue:
             pool = self._pool(min(self.workers, sum(len(lane) for lane in queue.lanes)))
             # (lane, batch) of each batch in flight; a finished batch's lane
@@ -143,11 +168,15 @@ class LocalProcessRunner:
                             suspects.extend(batch)
                             broken = True
                         else:
+                            finished_any = True
                             yield from ((task[0], row) for task, row in zip(batch, rows))
                 if broken:
                     for _, batch in inflight.values():
                         suspects.extend(batch)
                     inflight.clear()
+                    if not finished_any and not _workers_start(self._ctx):
+                        raise ConfigError(WORKERS_CANNOT_START)
+                    finished_any = True   # workers do start: check once
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
         self.running = 0

@@ -98,6 +98,43 @@ def test_a_point_that_always_kills_its_worker_is_recorded_failed(tmp_path):
     assert "worker process died" in df.loc[1, "reason"]
 
 
+def test_points_that_kill_every_worker_are_failed_rows_not_a_start_error(tmp_path):
+    """The workers start (a trivial task runs): the deaths are the points'."""
+    import sweep_fakes
+    df = distsim.sweep(TINY, {"dp": [1, 2]}, workers=2, progress=False,
+                       simulate=sweep_fakes.always_kill)
+    assert list(df["status"]) == ["failed", "failed"]
+
+
+UNGUARDED = """
+import distsim
+df = distsim.sweep({"model": "mlp", "network_mode": "analytical", "layers": 2, "batch": 64},
+                   {"dp": [1, 2]}, workers=2, progress=False)
+print("ROWS", list(df["status"]))
+"""
+
+
+def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path):
+    """Each worker imports the script again and starts the sweep again in
+    its start-up, so no worker ever runs a point: the sweep says so and
+    how to fix it, instead of recording every point as failed."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "ROWS" not in done.stdout
+    last = done.stderr.strip().splitlines()
+    error = [line for line in last if line.startswith("distsim.errors.ConfigError")]
+    assert error and 'if __name__ == "__main__":' in error[-1]
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text("if __name__ == '__main__':\n" +
+                       "".join("    " + line + "\n" for line in UNGUARDED.strip().splitlines()))
+    done = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and "ROWS ['ok', 'ok']" in done.stdout, done.stderr[-2000:]
+
+
 def test_missing_summary_fields_are_nan_not_errors():
     metrics = metrics_of({"step_time_s": 2.0, "oom": False, "devices": []}, {"batch": 8})
     assert metrics["samples_per_s"] == 4.0
