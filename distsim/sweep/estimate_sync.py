@@ -162,10 +162,25 @@ class StepSync:
         self.tie()
         compute, comm, flops, synced = self.tl.compute, self.tl.comm_on, b.flops, self.synced
         cost = self.cost
+        # a run of parameters of one stage whose optimizer is the update
+        # alone (ZeRO 0 and 3) goes to the timeline in one call
+        run_stage, times, readies = -1, [], []
         for key, stage in b.all_params():
             pc = cost(key[0], key[2])
             pre, cut, (t, fl), gather, post = pc.plan or self.update_plan(key, pc)
             g = synced[key] or 0.0
+            if pre is None and post is None:
+                if stage != run_stage and times:
+                    self.tl.compute_each(run_stage, times, readies)
+                    times, readies = [], []
+                run_stage = stage
+                flops[stage] += fl
+                times.append(t)
+                readies.append(g)
+                continue
+            if times:
+                self.tl.compute_each(run_stage, times, readies)
+                times, readies = [], []
             if pre is not None:
                 g = compute(stage, pre, g)
                 if cut is not None:
@@ -177,6 +192,8 @@ class StepSync:
                 if gather is not None:
                     new = comm(stage, gather, new)
                 compute(stage, post, new)
+        if times:
+            self.tl.compute_each(run_stage, times, readies)
 
     def tie(self) -> None:
         b = self.b
