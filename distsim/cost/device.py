@@ -7,10 +7,11 @@ named fields so that calibration changes one number.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Tuple
 
 from ..errors import ConfigError
+from ..ir.registry import is_registered
 from ..ir.types import DType
 
 
@@ -22,6 +23,9 @@ class DeviceSpec:
     dense peak FLOP/s; ``matmul_efficiency`` and ``memory_efficiency`` are
     the achieved fractions of peak for large GEMMs and for streaming memory
     traffic; ``launch_overhead_s`` is added once per kernel.
+    ``memory_efficiency_by_op`` overrides ``memory_efficiency`` for the op
+    types it names (kernels that do not stream at the device's rate, e.g.
+    layernorm and softmax reductions: measured per op type).
     """
 
     name: str
@@ -32,6 +36,11 @@ class DeviceSpec:
     matmul_efficiency: float = 1.0
     vector_efficiency: float = 1.0
     memory_efficiency: float = 1.0
+    memory_efficiency_by_op: Mapping[str, float] = field(default_factory=dict)
+
+    def memory_efficiency_of(self, op_type: str) -> float:
+        """The fraction of memory bandwidth that ``op_type``'s kernel reaches."""
+        return self.memory_efficiency_by_op.get(op_type, self.memory_efficiency)
 
     def peak_flops_for(self, dtype: DType) -> float:
         """Peak FLOP/s for ``dtype``; bf16 falls back to f16 and integer
@@ -64,6 +73,7 @@ FIGURE_RANGES: Dict[str, Tuple[float, float]] = {
     "matmul_efficiency": (0.0, 1.0),
     "vector_efficiency": (0.0, 1.0),
     "memory_efficiency": (0.0, 1.0),
+    "memory_efficiency_by_op": (0.0, 1.0),
 }
 
 
@@ -89,7 +99,7 @@ def check_figure(where: str, key: str, raw: Any) -> float:
     value = finite_float(raw)
     if value is None:
         raise ConfigError(f"{where}.{key}: must be a finite number, got {_show(raw)}")
-    if key.endswith("efficiency"):
+    if "efficiency" in key.split(".")[0]:
         if not 0 < value <= 1:
             raise ConfigError(f"{where}.{key}: must be in (0, 1], got {raw!r}")
     elif value < 0 or (value == 0 and low > 0):
@@ -114,10 +124,11 @@ def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
     must be a finite number in its range (:data:`FIGURE_RANGES`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: must be a mapping of device fields")
-    unknown = set(data) - set(_FIELDS) - {"peak_flops", "source"}
+    unknown = set(data) - set(_FIELDS) - {"peak_flops", "memory_efficiency_by_op", "source"}
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown field "
-                          f"(allowed: peak_flops, {', '.join(_FIELDS)}, source)")
+                          f"(allowed: peak_flops, {', '.join(_FIELDS)}, "
+                          "memory_efficiency_by_op, source)")
     values: Dict[str, Any] = {}
     for key, kind in _FIELDS.items():
         if key not in data:
@@ -139,4 +150,21 @@ def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
             raise ConfigError(f"{where}.peak_flops.{k}: must be a positive number, got {v!r}")
         peak[dtype.value] = check_figure(where, f"peak_flops.{k}", v)
     values["memory_bytes"] = int(values["memory_bytes"])
-    return DeviceSpec(peak_flops=peak, **values)
+    by_op = _efficiency_by_op(data.get("memory_efficiency_by_op", {}), where)
+    return DeviceSpec(peak_flops=peak, memory_efficiency_by_op=by_op, **values)
+
+
+def _efficiency_by_op(raw: Any, where: str) -> Dict[str, float]:
+    """``memory_efficiency_by_op``: op type -> a fraction in (0, 1]; an op
+    type the IR does not know is an error (a misspelt name would otherwise
+    be ignored)."""
+    key = "memory_efficiency_by_op"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}.{key}: expected a mapping of op type to a fraction of "
+                          f"memory bandwidth, got {raw!r}")
+    out: Dict[str, float] = {}
+    for op_type, value in raw.items():
+        if not isinstance(op_type, str) or not is_registered(op_type):
+            raise ConfigError(f"{where}.{key}.{op_type}: unknown op type")
+        out[op_type] = check_figure(where, f"{key}.{op_type}", value)
+    return out

@@ -38,6 +38,21 @@ def test_dtype_selects_peak_and_efficiency_and_launch_apply():
     assert CostModel(spec).op_cost(op).time_s == pytest.approx(expected, rel=1e-12)
 
 
+def test_an_op_types_own_memory_efficiency_replaces_the_devices():
+    spec = DeviceSpec(name="t", peak_flops={"f16": 100e12}, memory_bandwidth_Bps=1e12,
+                      memory_bytes=10**10, launch_overhead_s=4e-6, memory_efficiency=0.9,
+                      memory_efficiency_by_op={"layernorm": 0.5})
+    norm = one_op("layernorm", [(4096, 1024), (1024,), (1024,)])
+    # reads x, gamma and beta, writes y: 2 bytes each; memory-bound at 1e12 B/s x 0.5
+    nbytes = (2 * 4096 * 1024 + 2 * 1024) * 2
+    assert CostModel(spec).op_cost(norm).bytes == nbytes
+    assert CostModel(spec).op_cost(norm).time_s == pytest.approx(4e-6 + nbytes / 0.5e12,
+                                                                 rel=1e-12)
+    add = one_op("add", [(1024, 1024), (1024, 1024)])   # not listed: the device's 0.9
+    assert CostModel(spec).op_cost(add).time_s == pytest.approx(
+        4e-6 + 3 * 1024 * 1024 * 2 / 0.9e12, rel=1e-12)
+
+
 def test_profile_overrides_formula():
     op = one_op("add", [(8,), (8,)])
     assert CostModel(DEVICE, profile={"add": 1.5}).op_cost(op).time_s == 1.5
@@ -46,3 +61,24 @@ def test_profile_overrides_formula():
 def test_transposed_matmul_flops():
     op = one_op("matmul", [(64, 32), (64, 16)], {"trans_a": True})
     assert op_flops(op) == 2 * 32 * 16 * 64
+
+
+def test_h100_layernorm_and_softmax_run_at_their_measured_bandwidth():
+    """dgx-h100.yaml's per-op figures (reports/calibration): a bf16
+    layernorm moves its bytes at 0.545 of 3.35 TB/s, softmax at 0.505, an
+    add at the streaming 0.89; each after the 4 us launch."""
+    from distsim.topology import load_topology
+    model = CostModel(load_topology("dgx-h100").device_spec)
+    bf16 = DType.BF16
+    norm = one_op("layernorm", [(4096, 12288), (12288,), (12288,)], dtype=bf16)
+    soft = one_op("softmax", [(48, 2048, 2048)], dtype=bf16)
+    add = one_op("add", [(4096, 12288), (4096, 12288)], dtype=bf16)
+    norm_bytes = (2 * 4096 * 12288 + 2 * 12288) * 2
+    soft_bytes = 2 * 48 * 2048 * 2048 * 2
+    add_bytes = 3 * 4096 * 12288 * 2
+    assert model.op_cost(norm).time_s == pytest.approx(4e-6 + norm_bytes / (3.35e12 * 0.545),
+                                                       rel=1e-12)
+    assert model.op_cost(soft).time_s == pytest.approx(4e-6 + soft_bytes / (3.35e12 * 0.505),
+                                                       rel=1e-12)
+    assert model.op_cost(add).time_s == pytest.approx(4e-6 + add_bytes / (3.35e12 * 0.89),
+                                                      rel=1e-12)

@@ -77,7 +77,22 @@ def test_the_edges_of_the_ranges_are_accepted():
     assert spec.launch_overhead_s == 1.0
     assert set(FIGURE_RANGES) == {"peak_flops", "memory_bandwidth_Bps", "memory_bytes",
                                   "launch_overhead_s", "matmul_efficiency",
-                                  "vector_efficiency", "memory_efficiency"}
+                                  "vector_efficiency", "memory_efficiency",
+                                  "memory_efficiency_by_op"}
+
+
+@pytest.mark.parametrize("by_op, message", [
+    ({"layernorm": 0}, "device.memory_efficiency_by_op.layernorm: must be in (0, 1], got 0"),
+    ({"layernorm": 1.5}, "device.memory_efficiency_by_op.layernorm: must be in (0, 1], got 1.5"),
+    ({"softmax": NAN}, "device.memory_efficiency_by_op.softmax: must be a finite number, got nan"),
+    ({"softmax": "fast"}, "device.memory_efficiency_by_op.softmax: expected a number, got 'fast'"),
+    ({"layer_norm": 0.5}, "device.memory_efficiency_by_op.layer_norm: unknown op type"),
+    ([0.5], "device.memory_efficiency_by_op: expected a mapping of op type to a fraction"),
+])
+def test_bad_per_op_memory_efficiency_names_the_op(by_op, message):
+    with pytest.raises(ConfigError) as info:
+        _topology(device={"memory_efficiency_by_op": by_op})
+    assert str(info.value).startswith(f"bad.yaml: {message}")
 
 
 # -- links ----------------------------------------------------------------------
