@@ -49,12 +49,18 @@ def memory_accounting(device: np.ndarray, size: np.ndarray, category: np.ndarray
         return out
     freed = np.isfinite(free_s)
     m = int(freed.sum())
-    dev = np.concatenate([device, device[freed]])
-    time_s = np.concatenate([alloc_s, free_s[freed]])
-    kind = np.concatenate([np.full(n, _ALLOC, np.int8), np.full(m, _FREE, np.int8)])
-    delta = np.concatenate([size, -size[freed]]).astype(np.int64)
-    cat = np.concatenate([category, category[freed]])
-    order = np.lexsort((kind, time_s, dev))
+    # frees first, so that two stable sorts (time, then device) give the
+    # order of (device, time, frees before allocations), ties in value order
+    dev = np.concatenate([device[freed], device])
+    time_s = np.concatenate([free_s[freed], alloc_s])
+    kind = np.concatenate([np.full(m, _FREE, np.int8), np.full(n, _ALLOC, np.int8)])
+    delta = np.concatenate([-size[freed], size]).astype(np.int64)
+    cat = np.concatenate([category[freed], category])
+    order = np.argsort(time_s, kind="stable")
+    # devices are small integers: a stable sort of int16 keys is a radix sort
+    small = dev.astype(np.int16) if len(dev) and 0 <= dev.min() and dev.max() < 1 << 15 \
+        else dev
+    order = order[np.argsort(small[order], kind="stable")]
     dev, time_s, kind, delta, cat = dev[order], time_s[order], kind[order], delta[order], cat[order]
     total = np.cumsum(delta)
     bounds = np.flatnonzero(np.diff(dev)) + 1

@@ -125,9 +125,9 @@ class ProgramIndex:
     collectives: List[Op] = field(default_factory=list)
     collective_inputs: List[Tuple[int, ...]] = field(default_factory=list)
     collective_outputs: List[Tuple[int, ...]] = field(default_factory=list)
-    #: (old, new) value numbers of in-place updates (``meta["updates"]``):
-    #: ``new`` reuses ``old``'s bytes
-    in_place: List[Tuple[int, int]] = field(default_factory=list)
+    #: (old, new) value numbers of in-place updates (``meta["updates"]``),
+    #: one row each, sorted: ``new`` reuses ``old``'s bytes
+    in_place: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
     compute_streams: Dict[int, ComputeStream] = field(default_factory=dict)
     comm_streams: Dict[int, List[int]] = field(default_factory=dict)
     used_devices: Set[int] = field(default_factory=set)
@@ -426,7 +426,7 @@ def _finish_values(ix: ProgramIndex, f: Function, col: _Columns, size: np.ndarra
     both = (old >= 0) & (new >= 0)
     old, new = old[both], new[both]
     order = np.lexsort((new, old))
-    ix.in_place = list(zip(old[order].tolist(), new[order].tolist()))
+    ix.in_place = np.stack([old[order], new[order]], axis=1)
 
 
 def _costs(col: _Columns, computes: np.ndarray, shape_of: np.ndarray, cost: CostModel

@@ -568,29 +568,36 @@ class Simulator:
                            else len(devices)})
 
 
-def _hold_updated(free: np.ndarray, in_place: List[Tuple[int, int]]) -> None:
+def _hold_updated(free: np.ndarray, in_place: "np.ndarray | List[Tuple[int, int]]") -> None:
     """An in-place update (``new`` takes no bytes) keeps ``old``'s bytes for
     as long as ``new`` lives: each value of a chain old -> new -> newer...
-    is freed at the latest free time down its chain. Pointer jumping (log
-    of the longest chain numpy passes) when each value is updated at most
-    once and after it is made; otherwise one pair at a time, newest first."""
-    if not in_place:
+    is freed at the latest free time down its chain. ``in_place``: (old,
+    new) pairs, sorted. Pointer jumping over the chained values (log of the
+    longest chain numpy passes) when each value is updated at most once and
+    after it is made; otherwise one pair at a time, newest first."""
+    pairs = np.asarray(in_place, dtype=np.int64).reshape(-1, 2)
+    if not len(pairs):
         return
-    pairs = np.array(in_place, dtype=np.int64)
     old, new = pairs[:, 0], pairs[:, 1]
-    if (new > old).all() and len(np.unique(old)) == len(old):
-        nxt = np.arange(len(free))
-        nxt[old] = new
-        latest = free.copy()
+    if (new > old).all() and (old[1:] > old[:-1]).all():
+        # the values in a chain, numbered 0..k-1 in value order
+        chained = np.zeros(len(free), bool)
+        chained[old] = chained[new] = True
+        values = np.flatnonzero(chained)
+        slot = np.empty(len(free), np.int64)
+        slot[values] = np.arange(len(values))
+        nxt = np.arange(len(values))
+        nxt[slot[old]] = slot[new]
+        latest = free[values]
         while True:
             latest = np.maximum(latest, latest[nxt])
             jumped = nxt[nxt]
             if (jumped == nxt).all():
                 break
             nxt = jumped
-        free[old] = latest[old]
+        free[values] = latest
         return
-    for a, b in reversed(in_place):
+    for a, b in reversed(pairs.tolist()):
         if free[b] > free[a]:
             free[a] = free[b]
 
