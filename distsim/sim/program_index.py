@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import chain, count, islice, repeat
-from operator import attrgetter, methodcaller
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
 from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
-from ..ir.comm import COMM_PREFIX, members
+from ..ir.comm import COMM_PREFIX
 from ..ir.core import Function, Op, Value
 
 # Memory category of a function input, by its role in ``meta["roles"]``.
@@ -161,6 +161,8 @@ _TYPE, _NAME, _META, _ATTRS = (attrgetter("type"), attrgetter("name"), attrgette
                                attrgetter("attrs"))
 _OP_TYPE, _SUBS = attrgetter("op_type"), attrgetter("subfunctions")
 _IS_COMM = methodcaller("startswith", COMM_PREFIX)
+_RANKS, _PRESENT = itemgetter("ranks"), methodcaller("get", "present")
+_FIRST = itemgetter(0)
 
 
 def _pick(items: List[Any], positions: np.ndarray) -> List[Any]:
@@ -441,11 +443,16 @@ def _costs(col: _Columns, computes: np.ndarray, shape_of: np.ndarray, cost: Cost
     if nc == 0:
         return out
     ops = _pick(col.ops, computes)
+    # sub-functions by identity (0: none): a fused op holds one
     subs = list(map(_SUBS, ops))
+    sub_count = np.fromiter(map(len, subs), np.int64, nc)
     sub_code = np.zeros(nc, np.int64)
+    one = np.flatnonzero(sub_count == 1)
+    if len(one):
+        sub_code[one] = _codes(map(id, map(_FIRST, _pick(subs, one))), len(one)) + 1
     sub_ids: Dict[tuple, int] = {}
-    for i in np.flatnonzero(np.fromiter(map(bool, subs), bool, nc)).tolist():
-        sub_code[i] = sub_ids.setdefault(tuple(map(id, subs[i])), len(sub_ids) + 1)
+    for i in np.flatnonzero(sub_count > 1).tolist():
+        sub_code[i] = -1 - sub_ids.setdefault(tuple(map(id, subs[i])), len(sub_ids))
     n_in, n_out = col.n_in[computes], col.n_out[computes]
     type_code = _codes(_pick(col.op_types, computes), nc)
     attr_code = _codes(map(repr, map(_ATTRS, ops)), nc)
@@ -522,29 +529,45 @@ def _build_streams(ix: ProgramIndex, col: _Columns, computes: np.ndarray, c_dev:
 def _collectives(ix: ProgramIndex, col: _Columns, comms: np.ndarray, known: Set[int],
                  topology, is_sim: Dict[int, bool], simulated: Callable[[int], bool]) -> None:
     """The communication ops in program order, their operands and results
-    by number, and each simulated rank's comm stream. A team rank the
-    topology lacks is a TopologyError naming the op."""
+    by number, and each simulated rank's comm stream (the collectives its
+    :func:`~distsim.ir.comm.members` take part in). A team rank the
+    topology lacks is a TopologyError naming the first op with it."""
     ix.collectives = colls = _pick(col.ops, comms)
-    on_comm = col.is_comm[col.reader]
-    reads = iter(col.reads[on_comm].tolist())
-    counts = col.n_in[comms].tolist()
-    out_starts = col.out_start[comms].tolist()
-    out_counts = col.n_out[comms].tolist()
-    checked: Set[int] = set()
-    comm_streams = ix.comm_streams
-    for c, op in enumerate(colls):
-        ranks = op.attrs["ranks"]
-        if id(ranks) not in checked:
-            for r in ranks:
-                if r not in known:
-                    raise TopologyError(f"op %{op.name} ({op.op_type}): team rank {r} is not "
-                                        f"a device of topology '{topology.name}'")
-            checked.add(id(ranks))
-        ix.collective_inputs.append(tuple(islice(reads, counts[c])))
-        ix.collective_outputs.append(tuple(range(out_starts[c], out_starts[c] + out_counts[c])))
-        for r in members(op):
-            sim = is_sim.get(r)
-            if sim is None:
-                sim = is_sim[r] = bool(simulated(r))
-            if sim:
-                comm_streams.setdefault(r, []).append(c)
+    n = len(colls)
+    attrs = list(map(_ATTRS, colls))
+    teams = list(map(_RANKS, attrs))
+    first: Dict[int, int] = {}     # each distinct team object, its first collective
+    deque(map(first.setdefault, map(id, teams), count()), maxlen=0)
+    for c in first.values():
+        for r in teams[c]:
+            if r not in known:
+                op = colls[c]
+                raise TopologyError(f"op %{op.name} ({op.op_type}): team rank {r} is not "
+                                    f"a device of topology '{topology.name}'")
+    reads = iter(col.reads[col.is_comm[col.reader]].tolist())
+    ix.collective_inputs = list(map(tuple, map(islice, repeat(reads), col.n_in[comms].tolist())))
+    out_starts = col.out_start[comms]
+    ix.collective_outputs = list(map(tuple, map(range, out_starts.tolist(),
+                                                (out_starts + col.n_out[comms]).tolist())))
+    # members: the team, or in a reduced program the members present
+    taking_part = [team if present is None else present
+                   for team, present in zip(teams, map(_PRESENT, attrs))]
+    counts = list(map(len, taking_part))
+    rank = np.fromiter(chain.from_iterable(taking_part), np.int64, sum(counts))
+    which = np.repeat(np.arange(n), counts)
+    for r in np.unique(rank).tolist():
+        if r not in is_sim:
+            is_sim[r] = bool(simulated(r))
+    simulated_rank = np.array([is_sim.get(r, False) for r in range(int(rank.max()) + 1)]
+                              if len(rank) else [], bool)
+    keep = simulated_rank[rank] if len(rank) else np.zeros(0, bool)
+    rank, which = rank[keep], which[keep]
+    order = np.argsort(rank, kind="stable")     # by rank, each in program order
+    rank, which = rank[order], which[order]
+    bounds = np.flatnonzero(np.diff(rank)) + 1
+    # streams in the order their ranks first take part
+    starts = np.r_[0, bounds].astype(np.int64) if len(rank) else _ints(0)
+    ends = np.r_[bounds, len(rank)].astype(np.int64)
+    for a in sorted(starts.tolist(), key=lambda a: int(which[a])):
+        b = int(ends[np.searchsorted(starts, a)])
+        ix.comm_streams[int(rank[a])] = which[a:b].tolist()
