@@ -69,6 +69,10 @@ def value_category(value: Value, producer: Optional[Op], roles: Dict[str, str],
     return _category_of(explicit, meta.get("role"), meta.get("phase"))
 
 
+def _no_ints() -> np.ndarray:
+    return np.zeros(0, np.int64)
+
+
 @dataclass
 class ComputeStream:
     """One simulated device's compute ops in program order, as numbers.
@@ -103,28 +107,31 @@ class ProgramIndex:
     flat (``compute_reads``, ``compute_read_counts`` of them per op).
 
     Collectives: ``collectives`` (every communication op, in program order),
-    ``collective_inputs`` / ``collective_outputs`` (value numbers), and for
+    ``collective_inputs`` / ``collective_outputs`` (value numbers; the
+    inputs flat too, as the compute ops' are), and for
     every simulated rank its collectives in program order (``comm_streams``).
     """
 
     function: Function
     values: List[Value] = field(default_factory=list)
-    size: np.ndarray = field(default_factory=lambda: _ints(0))
-    device: np.ndarray = field(default_factory=lambda: _ints(0))
-    category: np.ndarray = field(default_factory=lambda: _ints(0))
+    size: np.ndarray = field(default_factory=_no_ints)
+    device: np.ndarray = field(default_factory=_no_ints)
+    category: np.ndarray = field(default_factory=_no_ints)
     categories: List[str] = field(default_factory=list)
     kept: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    producer: np.ndarray = field(default_factory=lambda: _ints(0))
+    producer: np.ndarray = field(default_factory=_no_ints)
     compute: List[Op] = field(default_factory=list)
-    compute_rank: np.ndarray = field(default_factory=lambda: _ints(0))
+    compute_rank: np.ndarray = field(default_factory=_no_ints)
     compute_time: np.ndarray = field(default_factory=lambda: np.zeros(0))
     compute_flops: np.ndarray = field(default_factory=lambda: np.zeros(0))
     compute_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    compute_reads: np.ndarray = field(default_factory=lambda: _ints(0))
-    compute_read_counts: np.ndarray = field(default_factory=lambda: _ints(0))
+    compute_reads: np.ndarray = field(default_factory=_no_ints)
+    compute_read_counts: np.ndarray = field(default_factory=_no_ints)
     collectives: List[Op] = field(default_factory=list)
     collective_inputs: List[Tuple[int, ...]] = field(default_factory=list)
     collective_outputs: List[Tuple[int, ...]] = field(default_factory=list)
+    collective_reads: np.ndarray = field(default_factory=_no_ints)
+    collective_read_counts: np.ndarray = field(default_factory=_no_ints)
     #: (old, new) value numbers of in-place updates (``meta["updates"]``),
     #: one row each, sorted: ``new`` reuses ``old``'s bytes
     in_place: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
@@ -134,13 +141,6 @@ class ProgramIndex:
 
     def op_label(self, op: Op) -> str:
         return f"%{op.name} ({op.op_type})"
-
-
-def _ints(values: Any) -> np.ndarray:
-    """An int64 array: of ``values``, or of that many zeros for an int."""
-    if isinstance(values, int):
-        return np.zeros(values, np.int64)
-    return np.asarray(values, dtype=np.int64)
 
 
 def device_of(value: Value, known: Set[int], topology) -> int:
@@ -177,14 +177,18 @@ def _codes(keys: Any, n: int) -> np.ndarray:
     return np.fromiter(map(table.setdefault, keys, count()), np.int64, n)
 
 
-def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Every index of the segments ``[starts[i], starts[i] + lengths[i])``,
-    concatenated."""
-    total = int(lengths.sum())
-    if total == 0:
-        return _ints(0)
-    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-    return offsets + np.arange(total)
+def _groups(keys: np.ndarray) -> List[Tuple[int, np.ndarray]]:
+    """Each distinct key with the positions that hold it (ascending), the
+    keys in the order they first appear."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    firsts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(keys) \
+        else _no_ints()
+    ends = np.r_[firsts[1:], len(keys)].astype(np.int64)
+    groups = [(key, order[a:b]) for key, a, b in
+              zip(ordered[firsts].tolist(), firsts.tolist(), ends.tolist())]
+    groups.sort(key=lambda group: int(group[1][0]))
+    return groups
 
 
 class _Columns:
@@ -313,13 +317,12 @@ def index_program(function: Function, topology, cost: CostModel,
     sim_of = np.zeros(max(is_sim, default=0) + 1, bool)
     sim_of[list(is_sim)] = list(is_sim.values())
 
-    op_dev = np.full(n_ops, -1, np.int64)
     first = col.first_operand()
     if (first < 0).any():
         op = ops[int(np.flatnonzero(first < 0)[0])]
         raise SimulationError(f"op %{op.name} ({op.op_type}) has neither operands nor "
                               "results: the simulator cannot place it on a device")
-    op_dev[:] = device[first]
+    op_dev = device[first]
     is_comm = col.is_comm
     computes = np.flatnonzero(~is_comm & sim_of[op_dev])
     comms = np.flatnonzero(is_comm)
@@ -342,9 +345,7 @@ def index_program(function: Function, topology, cost: CostModel,
     c_dev = op_dev[computes]
     ix.compute_rank = c_dev
     ix.compute_time, ix.compute_flops, ix.compute_bytes = _costs(col, computes, shape_of, cost)
-    reads_of_compute = np.zeros(n_ops, bool)
-    reads_of_compute[computes] = True
-    entry_compute = reads_of_compute[col.reader]
+    entry_compute = op_producer[col.reader] >= 0     # read by a simulated compute op
     ix.compute_reads = col.reads[entry_compute]
     ix.compute_read_counts = col.n_in[computes]
 
@@ -457,10 +458,8 @@ def _costs(col: _Columns, computes: np.ndarray, shape_of: np.ndarray, cost: Cost
     type_code = _codes(_pick(col.op_types, computes), nc)
     attr_code = _codes(map(repr, map(_ATTRS, ops)), nc)
     # ops of one (type, arity) share a row width: each group is one table
-    group = _codes(zip(type_code.tolist(), n_in.tolist(), n_out.tolist()), nc)
-    order = np.argsort(group, kind="stable")
-    bounds = np.flatnonzero(np.diff(group[order])) + 1
-    for group in np.split(order, bounds):
+    for _, group in _groups(_codes(zip(type_code.tolist(), n_in.tolist(), n_out.tolist()),
+                                   nc)):
         taken = computes[group]
         k_in, k_out = int(n_in[group[0]]), int(n_out[group[0]])
         columns = np.concatenate([
@@ -484,20 +483,12 @@ def _build_streams(ix: ProgramIndex, col: _Columns, computes: np.ndarray, c_dev:
     nc = len(computes)
     if nc == 0:
         return
-    order = np.argsort(c_dev, kind="stable")   # by device, in program order
-    devs = c_dev[order]
-    firsts = np.flatnonzero(np.r_[True, devs[1:] != devs[:-1]])
-    lengths = np.diff(np.r_[firsts, nc])
-    pos = np.empty(nc, np.int64)                # each compute op's place in its stream
-    pos[order] = np.arange(nc) - np.repeat(firsts, lengths)
     streams = ix.compute_streams
-    durations = ix.compute_time
+    pos = np.empty(nc, np.int64)                # each compute op's place in its stream
     # streams in the order their devices first compute
-    bounds = dict(zip(firsts.tolist(), (firsts + lengths).tolist()))
-    for a in sorted(bounds, key=lambda a: int(order[a])):
-        ks = order[a:bounds[a]]
-        dev = int(devs[a])
-        streams[dev] = ComputeStream(dev, ks.tolist(), durations[ks].tolist())
+    for dev, ks in _groups(c_dev):
+        pos[ks] = np.arange(len(ks))
+        streams[dev] = ComputeStream(dev, ks.tolist(), ix.compute_time[ks].tolist())
     # blocks: each op reading from outside its stream starts one (and each
     # stream's first op does)
     k_of_op = np.full(col.n_ops, -1, np.int64)
@@ -505,12 +496,12 @@ def _build_streams(ix: ProgramIndex, col: _Columns, computes: np.ndarray, c_dev:
     block_k = k_of_op[col.reader[outside]]
     read = col.reads[outside].tolist()
     starts_at = np.flatnonzero(np.r_[True, block_k[1:] != block_k[:-1]]) if len(block_k) \
-        else _ints(0)
+        else _no_ints()
     ends_at = np.r_[starts_at[1:], len(block_k)].astype(np.int64)
     heads = block_k[starts_at]
+    cut = set(heads.tolist())
     for stream in streams.values():
-        first_k = stream.ops[0]
-        if not len(heads) or not (heads == first_k).any():
+        if stream.ops[0] not in cut:
             stream.block_starts.append((0, ()))
     for dev, at, a, b in zip(c_dev[heads].tolist(), pos[heads].tolist(), starts_at.tolist(),
                              ends_at.tolist()):
@@ -544,8 +535,11 @@ def _collectives(ix: ProgramIndex, col: _Columns, comms: np.ndarray, known: Set[
                 op = colls[c]
                 raise TopologyError(f"op %{op.name} ({op.op_type}): team rank {r} is not "
                                     f"a device of topology '{topology.name}'")
-    reads = iter(col.reads[col.is_comm[col.reader]].tolist())
-    ix.collective_inputs = list(map(tuple, map(islice, repeat(reads), col.n_in[comms].tolist())))
+    ix.collective_reads = col.reads[col.is_comm[col.reader]]
+    ix.collective_read_counts = col.n_in[comms]
+    reads = iter(ix.collective_reads.tolist())
+    ix.collective_inputs = list(map(tuple, map(islice, repeat(reads),
+                                               ix.collective_read_counts.tolist())))
     out_starts = col.out_start[comms]
     ix.collective_outputs = list(map(tuple, map(range, out_starts.tolist(),
                                                 (out_starts + col.n_out[comms]).tolist())))
@@ -562,12 +556,6 @@ def _collectives(ix: ProgramIndex, col: _Columns, comms: np.ndarray, known: Set[
                               if len(rank) else [], bool)
     keep = simulated_rank[rank] if len(rank) else np.zeros(0, bool)
     rank, which = rank[keep], which[keep]
-    order = np.argsort(rank, kind="stable")     # by rank, each in program order
-    rank, which = rank[order], which[order]
-    bounds = np.flatnonzero(np.diff(rank)) + 1
     # streams in the order their ranks first take part
-    starts = np.r_[0, bounds].astype(np.int64) if len(rank) else _ints(0)
-    ends = np.r_[bounds, len(rank)].astype(np.int64)
-    for a in sorted(starts.tolist(), key=lambda a: int(which[a])):
-        b = int(ends[np.searchsorted(starts, a)])
-        ix.comm_streams[int(rank[a])] = which[a:b].tolist()
+    for r, at in _groups(rank):
+        ix.comm_streams[r] = which[at].tolist()

@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from itertools import accumulate, chain, repeat
-from operator import attrgetter, itemgetter, methodcaller
+from itertools import accumulate, repeat
+from operator import itemgetter, methodcaller
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -45,8 +45,9 @@ from ..ir.core import Function, Op, Value, gc_paused
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .memory import MemoryAccounting, memory_accounting
 from .network import Network
-from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
-                            ProgramIndex, device_of, index_program, value_category)
+from .program_index import (_FIRST, _META, _NAME, _OP_TYPE, _OUTPUTS, INPUT_CATEGORY,
+                            NOT_SIMULATED, RESIDENT_ROLES, ComputeStream, ProgramIndex,
+                            device_of, index_program, value_category)
 from .solo import SoloLedger, solo_teams
 from .symmetry import class_members, comm_positions, symmetry_classes
 from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, MemorySample, OpRecord, Trace
@@ -89,9 +90,6 @@ class SimulationOptions:
 
 
 _KINDS = {kind.op_type: kind for kind in CollectiveType}
-_OUTPUTS, _NAME, _OP_TYPE, _META = (attrgetter("outputs"), attrgetter("name"),
-                                    attrgetter("op_type"), attrgetter("meta"))
-_FIRST = itemgetter(0)
 _DETAIL = methodcaller("get", "detail", "")
 
 
@@ -458,11 +456,9 @@ class Simulator:
         last_use = np.full(nv, -np.inf)
         if len(ix.compute_reads):
             np.maximum.at(last_use, ix.compute_reads, np.repeat(end_s, ix.compute_read_counts))
-        counts = [len(t) for t in ix.collective_inputs]
-        if counts and sum(counts):
-            readers = np.fromiter(chain.from_iterable(ix.collective_inputs), np.int64,
-                                  sum(counts))
-            np.maximum.at(last_use, readers, np.repeat(coll_end, counts))
+        if len(ix.collective_reads):
+            np.maximum.at(last_use, ix.collective_reads,
+                          np.repeat(coll_end, ix.collective_read_counts))
         free = np.where(np.isneginf(last_use), ready, last_use)
         free[ix.kept] = np.inf
         _hold_updated(free, ix.in_place)

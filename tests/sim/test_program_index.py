@@ -126,6 +126,11 @@ def test_comm_streams_list_each_members_collectives(indexed):
         for r in members(op):
             expected.setdefault(r, []).append(c)
     assert ix.comm_streams == expected
+    number = {v: n for n, v in enumerate(ix.values)}
+    assert ix.collective_inputs == [tuple(number[v] for v in op.inputs)
+                                    for op in program.ops if is_communication(op)]
+    assert ix.collective_reads.tolist() == [n for t in ix.collective_inputs for n in t]
+    assert ix.collective_read_counts.tolist() == [len(t) for t in ix.collective_inputs]
 
 
 def _two_ops(first_out: Value, second_out: Value, x: Value):
