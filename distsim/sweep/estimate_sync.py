@@ -164,23 +164,29 @@ class StepSync:
         cost = self.cost
         # a run of parameters of one stage whose optimizer is the update
         # alone (ZeRO 0 and 3) goes to the timeline in one call
-        run_stage, times, readies = -1, [], []
+        run_stage = -1
+        times: List[float] = []
+        readies: List[float] = []
+
+        def flush() -> None:
+            if times:
+                self.tl.compute_each(run_stage, times, readies)
+                times.clear()
+                readies.clear()
+
         for key, stage in b.all_params():
             pc = cost(key[0], key[2])
             pre, cut, (t, fl), gather, post = pc.plan or self.update_plan(key, pc)
             g = synced[key] or 0.0
             if pre is None and post is None:
-                if stage != run_stage and times:
-                    self.tl.compute_each(run_stage, times, readies)
-                    times, readies = [], []
-                run_stage = stage
+                if stage != run_stage:
+                    flush()
+                    run_stage = stage
                 flops[stage] += fl
                 times.append(t)
                 readies.append(g)
                 continue
-            if times:
-                self.tl.compute_each(run_stage, times, readies)
-                times, readies = [], []
+            flush()
             if pre is not None:
                 g = compute(stage, pre, g)
                 if cut is not None:
@@ -192,8 +198,7 @@ class StepSync:
                 if gather is not None:
                     new = comm(stage, gather, new)
                 compute(stage, post, new)
-        if times:
-            self.tl.compute_each(run_stage, times, readies)
+        flush()
 
     def tie(self) -> None:
         b = self.b

@@ -118,7 +118,7 @@ class DataParallel:
     def _all_reduce(self, out: Function, names: NameScope, grad: Value,
                     copies: List[Dict[Value, Value]]) -> None:
         attrs = with_defaults(CollectiveType.ALL_REDUCE.op_type,
-                              {"ranks": tuple(self.ranks), "reduce_op": self.reduce_op})
+                              {"ranks": self.ranks, "reduce_op": self.reduce_op})
         ins = [copies[i][grad] for i in range(self.n)]
         types = infer_types(CollectiveType.ALL_REDUCE.op_type, [v.type for v in ins], attrs)
         outs = [Value(names.fresh(f"{grad.name}_avg_r{r}"), t) for r, t in zip(self.ranks, types)]
