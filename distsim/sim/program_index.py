@@ -28,8 +28,9 @@ import numpy as np
 
 from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
-from ..ir.comm import COMM_PREFIX
 from ..ir.core import Function, Op, Value
+from ..ir.types import Type
+from .program_columns import ProgramColumns, codes as _codes, pick
 
 # Memory category of a function input, by its role in ``meta["roles"]``.
 INPUT_CATEGORY = {"param": "weights", "data": "activations", "optimizer": "optimizer",
@@ -146,7 +147,12 @@ class ProgramIndex:
 def device_of(value: Value, known: Set[int], topology) -> int:
     """The device of ``value``; a SimulationError if it has none, a
     TopologyError if ``topology`` (whose ranks are ``known``) lacks it."""
-    dev = getattr(value.type, "device", None)
+    return _device_of_type(value.type, value, known, topology)
+
+
+def _device_of_type(t: Type, value: Value, known: Set[int], topology) -> int:
+    """The device of type ``t``, the type of ``value`` (named in errors)."""
+    dev = getattr(t, "device", None)
     if dev is None:
         raise SimulationError(f"value %{value.name} has no device: the simulator needs a "
                               "local-view program with every value placed")
@@ -156,25 +162,18 @@ def device_of(value: Value, known: Set[int], topology) -> int:
     return dev
 
 
-_INPUTS, _OUTPUTS = attrgetter("inputs"), attrgetter("outputs")
-_TYPE, _NAME, _META, _ATTRS = (attrgetter("type"), attrgetter("name"), attrgetter("meta"),
-                               attrgetter("attrs"))
+_OUTPUTS = attrgetter("outputs")
+_NAME, _META, _ATTRS = attrgetter("name"), attrgetter("meta"), attrgetter("attrs")
 _OP_TYPE, _SUBS = attrgetter("op_type"), attrgetter("subfunctions")
-_IS_COMM = methodcaller("startswith", COMM_PREFIX)
 _RANKS, _PRESENT = itemgetter("ranks"), methodcaller("get", "present")
 _FIRST = itemgetter(0)
 
 
-def _pick(items: List[Any], positions: np.ndarray) -> List[Any]:
-    """``items`` at ``positions``, without a Python loop."""
-    return list(map(items.__getitem__, positions.tolist()))
-
-
-def _codes(keys: Any, n: int) -> np.ndarray:
-    """A small integer per key, equal keys equal integers (first seen, first
-    numbered: the numbers are not dense)."""
-    table: Dict[Any, int] = {}
-    return np.fromiter(map(table.setdefault, keys, count()), np.int64, n)
+def _kinds_of(col: ProgramColumns, at: np.ndarray) -> Tuple[List[Op], np.ndarray]:
+    """The kinds of the ops at positions ``at`` (an op standing for each)
+    and, for each of those ops, its kind's place in that list."""
+    used, where = np.unique(col.kind[at], return_inverse=True)
+    return pick(col.kinds, used), where.reshape(-1)
 
 
 def _groups(keys: np.ndarray) -> List[Tuple[int, np.ndarray]]:
@@ -191,92 +190,30 @@ def _groups(keys: np.ndarray) -> List[Tuple[int, np.ndarray]]:
     return groups
 
 
-class _Columns:
-    """The program as flat arrays: what :func:`index_program` derives its
-    index from. Values are numbered function inputs first, then each op's
-    results in program order."""
-
-    def __init__(self, f: Function) -> None:
-        ops = f.ops
-        self.ops = ops
-        n = self.n_ops = len(ops)
-        inputs_of = list(map(_INPUTS, ops))
-        outputs_of = list(map(_OUTPUTS, ops))
-        values = self.values = list(f.inputs)
-        values.extend(chain.from_iterable(outputs_of))
-        nv = self.n_values = len(values)
-        self.n_inputs = len(f.inputs)
-        vid = self.vid = dict(zip(values, range(nv)))
-        if len(vid) != nv:
-            raise SimulationError(_defined_twice(f))
-        self.n_in = np.fromiter(map(len, inputs_of), np.int64, n)
-        self.n_out = np.fromiter(map(len, outputs_of), np.int64, n)
-        try:
-            self.reads = np.fromiter(map(vid.__getitem__, chain.from_iterable(inputs_of)),
-                                     np.int64, int(self.n_in.sum()))
-        except KeyError:
-            raise SimulationError(_undefined_read(f, vid)) from None
-        self.in_start = np.cumsum(self.n_in) - self.n_in
-        self.out_start = self.n_inputs + np.cumsum(self.n_out) - self.n_out
-        #: the op (program position) of each entry of ``reads``
-        self.reader = np.repeat(np.arange(n), self.n_in)
-        #: the op that makes each value (-1: a function input)
-        self.maker = np.concatenate([np.full(self.n_inputs, -1, np.int64),
-                                     np.repeat(np.arange(n), self.n_out)])
-        self.op_types = list(map(_OP_TYPE, ops))
-        self.is_comm = np.fromiter(map(_IS_COMM, self.op_types), bool, n)
-
-    def first_operand(self) -> np.ndarray:
-        """Each op's first result, else its first operand (-1: neither):
-        the value whose device is the op's."""
-        has_in = self.n_in > 0
-        first_in = np.full(self.n_ops, -1, np.int64)
-        first_in[has_in] = self.reads[self.in_start[has_in]]
-        return np.where(self.n_out > 0, self.out_start, first_in)
-
-
-def _defined_twice(f: Function) -> str:
-    seen: Set[int] = set()
-    for v in chain(f.inputs, chain.from_iterable(op.outputs for op in f.ops)):
-        if id(v) in seen:
-            return (f"value %{v.name} is defined twice (an op's result or input of "
-                    "the program once each)")
-        seen.add(id(v))
-    return "a value is defined twice"   # pragma: no cover - the caller saw one
-
-
-def _undefined_read(f: Function, vid: Dict[Value, int]) -> str:
-    for op in f.ops:
-        for v in op.inputs:
-            if v not in vid:
-                return (f"op %{op.name} ({op.op_type}) reads %{v.name}, which no op or "
-                        "input of the program defines")
-    return "an op reads a value nobody defines"   # pragma: no cover - the caller saw one
-
-
-def _type_table(values: List[Value], known: Set[int], topology
+def _type_table(types: List[Type], values: List[Value], known: Set[int], topology
                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(device, bytes, shape class) per value, and the distinct devices.
+    """(device, bytes, shape class) per value (``types[n]`` is value n's),
+    and the distinct devices.
 
     Each type object is looked at once, and equal types (transforms make a
     type object per value) share their details; the shape class stands for
     (shape, dtype, kind of type), what an op's cost depends on besides its
     attributes."""
-    type_ids = list(map(id, map(_TYPE, values)))
-    first: Dict[int, Value] = {}
-    deque(map(first.setdefault, type_ids, values), maxlen=0)
+    type_ids = list(map(id, types))
+    first: Dict[int, int] = {}     # each type object, the first value with it
+    deque(map(first.setdefault, type_ids, count()), maxlen=0)
     by_value: Dict[Any, int] = {}
     shape_class: Dict[tuple, int] = {}
     rows: List[Tuple[int, int, int]] = []
     code: Dict[int, int] = {}
-    for tid, v in first.items():
-        t = v.type
+    for tid, n in first.items():
+        t = types[n]
         try:   # an equal type seen before
             c = by_value.get(t)
         except TypeError:  # an unhashable type
             c = None
         if c is None:
-            dev = device_of(v, known, topology)
+            dev = _device_of_type(t, values[n], known, topology)
             sd = (getattr(t, "shape", None), getattr(t, "dtype", None), type(t))
             sc = shape_class.setdefault(sd, len(shape_class))
             c = len(rows)
@@ -287,7 +224,7 @@ def _type_table(values: List[Value], known: Set[int], topology
                 pass
         code[tid] = c
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    of_value = np.fromiter(map(code.__getitem__, type_ids), np.int64, len(values))
+    of_value = np.fromiter(map(code.__getitem__, type_ids), np.int64, len(types))
     per_value = table[of_value]
     return per_value[:, 0], per_value[:, 1], per_value[:, 2], np.unique(table[:, 0])
 
@@ -300,18 +237,19 @@ def index_program(function: Function, topology, cost: CostModel,
     twice or a value with no device, a :class:`TopologyError` for a device
     or team rank the topology lacks.
 
-    Written for programs of millions of ops: the program is read into flat
-    arrays by C-level maps (:class:`_Columns`), everything else is numpy
-    over those arrays, and Python works once per distinct type, per
+    Written for programs of millions of ops: the program comes as flat
+    arrays (:class:`~.program_columns.ProgramColumns`: as its builder logged
+    them, else read by C-level maps), everything else is numpy over those
+    arrays, and Python works once per distinct type, per kind of op, per
     distinct costed op (op type, operand shapes, attributes), per block and
     per collective, never once per op."""
     f = function
     ix = ProgramIndex(f)
-    col = _Columns(f)
+    col = ProgramColumns(f)
     ops, n_ops, nv = col.ops, col.n_ops, col.n_values
     ix.values = col.values
     known = set(topology.ranks)
-    device, size, shape_of, devices = _type_table(col.values, known, topology)
+    device, size, shape_of, devices = _type_table(col.types, col.values, known, topology)
     ix.used_devices = set(devices.tolist())
     is_sim = {d: bool(simulated(d)) for d in devices.tolist()}
     sim_of = np.zeros(max(is_sim, default=0) + 1, bool)
@@ -341,7 +279,7 @@ def index_program(function: Function, topology, cost: CostModel,
     ix.size, ix.device, ix.producer = size, device, producer
 
     # compute ops of the simulated devices
-    ix.compute = _pick(ops, computes)
+    ix.compute = pick(ops, computes)
     c_dev = op_dev[computes]
     ix.compute_rank = c_dev
     ix.compute_time, ix.compute_flops, ix.compute_bytes = _costs(col, computes, shape_of, cost)
@@ -364,7 +302,7 @@ def index_program(function: Function, topology, cost: CostModel,
     return ix
 
 
-def _categorise(ix: ProgramIndex, f: Function, col: _Columns) -> None:
+def _categorise(ix: ProgramIndex, f: Function, col: ProgramColumns) -> None:
     """Each value's memory category (:func:`value_category`), worked out
     once per distinct (category, role, phase) of the ops' ``meta``."""
     roles = f.meta.get("roles", {})
@@ -382,16 +320,16 @@ def _categorise(ix: ProgramIndex, f: Function, col: _Columns) -> None:
                for role in dict.fromkeys(input_roles)}
     category[:n_in] = np.fromiter(map(by_role.__getitem__, input_roles), np.int64, n_in)
     grad_cat = cat_of("gradients")
-    metas = list(map(_META, col.ops))
+    # by kind of op: the meta entries are a kind's (see ProgramColumns)
+    metas = list(map(_META, col.kinds))
     explicit = list(map(methodcaller("get", "category"), metas))
     keys = list(zip(explicit, map(methodcaller("get", "role"), metas),
                     map(methodcaller("get", "phase"), metas)))
     try:
         code = {key: cat_of(_category_of(*key)) for key in dict.fromkeys(keys)}
-        op_cat = np.fromiter(map(code.__getitem__, keys), np.int64, col.n_ops)
-    except TypeError:   # a meta entry that is not hashable: op by op
-        op_cat = np.fromiter((cat_of(_category_of(*key)) for key in keys), np.int64,
-                             col.n_ops)
+        op_cat = col.per_kind(map(code.__getitem__, keys))
+    except TypeError:   # a meta entry that is not hashable: kind by kind
+        op_cat = col.per_kind(cat_of(_category_of(*key)) for key in keys)
     made = col.maker[n_in:]
     category[n_in:] = op_cat[made]
     if grad_names:
@@ -399,13 +337,13 @@ def _categorise(ix: ProgramIndex, f: Function, col: _Columns) -> None:
         is_grad = np.fromiter(map(grad_names.__contains__, map(_NAME, islice(col.values, n_in,
                                                                                 None))),
                               bool, nv - n_in)
-        has_explicit = np.fromiter(map(bool, explicit), bool, col.n_ops)
+        has_explicit = col.per_kind(map(bool, explicit), bool)
         category[n_in:][is_grad & ~has_explicit[made]] = grad_cat
     ix.category = category
     ix.categories = list(cat_index)
 
 
-def _finish_values(ix: ProgramIndex, f: Function, col: _Columns, size: np.ndarray) -> None:
+def _finish_values(ix: ProgramIndex, f: Function, col: ProgramColumns, size: np.ndarray) -> None:
     """Which values stay resident, and the in-place updates: a value that
     updates another in place (``meta["updates"]``) takes no new bytes."""
     roles = f.meta.get("roles", {})
@@ -413,7 +351,7 @@ def _finish_values(ix: ProgramIndex, f: Function, col: _Columns, size: np.ndarra
     kept[:col.n_inputs] = np.fromiter(
         map(RESIDENT_ROLES.__contains__, map(roles.get, map(_NAME, f.inputs))), bool,
         col.n_inputs)
-    returned = np.fromiter(map(col.vid.get, f.outputs, repeat(-1)), np.int64, len(f.outputs))
+    returned = col.numbers_of(f.outputs)
     kept[returned[returned >= 0]] = True
     ix.kept = kept
     updates = f.meta.get("updates", {})
@@ -432,7 +370,7 @@ def _finish_values(ix: ProgramIndex, f: Function, col: _Columns, size: np.ndarra
     ix.in_place = np.stack([old[order], new[order]], axis=1)
 
 
-def _costs(col: _Columns, computes: np.ndarray, shape_of: np.ndarray, cost: CostModel
+def _costs(col: ProgramColumns, computes: np.ndarray, shape_of: np.ndarray, cost: CostModel
            ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(time, flops, bytes) of each compute op in ``computes``, costed once
     per distinct (op type, attributes, sub-functions, operand and result
@@ -443,20 +381,23 @@ def _costs(col: _Columns, computes: np.ndarray, shape_of: np.ndarray, cost: Cost
     out = (np.zeros(nc), np.zeros(nc), np.zeros(nc))
     if nc == 0:
         return out
-    ops = _pick(col.ops, computes)
+    # op type, attributes and sub-functions are a kind's: coded once per kind
+    kinds, at = _kinds_of(col, computes)
+    nk = len(kinds)
     # sub-functions by identity (0: none): a fused op holds one
-    subs = list(map(_SUBS, ops))
-    sub_count = np.fromiter(map(len, subs), np.int64, nc)
-    sub_code = np.zeros(nc, np.int64)
+    subs = list(map(_SUBS, kinds))
+    sub_count = np.fromiter(map(len, subs), np.int64, nk)
+    sub_code = np.zeros(nk, np.int64)
     one = np.flatnonzero(sub_count == 1)
     if len(one):
-        sub_code[one] = _codes(map(id, map(_FIRST, _pick(subs, one))), len(one)) + 1
+        sub_code[one] = _codes(map(id, map(_FIRST, pick(subs, one))), len(one)) + 1
     sub_ids: Dict[tuple, int] = {}
     for i in np.flatnonzero(sub_count > 1).tolist():
         sub_code[i] = -1 - sub_ids.setdefault(tuple(map(id, subs[i])), len(sub_ids))
+    sub_code = sub_code[at]
     n_in, n_out = col.n_in[computes], col.n_out[computes]
-    type_code = _codes(_pick(col.op_types, computes), nc)
-    attr_code = _codes(map(repr, map(_ATTRS, ops)), nc)
+    type_code = _codes(map(_OP_TYPE, kinds), nk)[at]
+    attr_code = _codes(map(repr, map(_ATTRS, kinds)), nk)[at]
     # ops of one (type, arity) share a row width: each group is one table
     for _, group in _groups(_codes(zip(type_code.tolist(), n_in.tolist(), n_out.tolist()),
                                    nc)):
@@ -468,14 +409,14 @@ def _costs(col: _Columns, computes: np.ndarray, shape_of: np.ndarray, cost: Cost
             shape_of[col.out_start[taken][:, None] + np.arange(k_out)]], axis=1)
         row = _codes(zip(*columns.T.tolist()), len(group))
         _, firsts, inverse = np.unique(row, return_index=True, return_inverse=True)
-        costed = [cost.op_cost(ops[group[i]]) for i in firsts.tolist()]
+        costed = [cost.op_cost(col.ops[i]) for i in taken[firsts].tolist()]
         for column, name in zip(out, ("time_s", "flops", "bytes")):
             column[group] = np.array([getattr(c, name) for c in costed],
                                      dtype=float)[inverse.reshape(-1)]
     return out
 
 
-def _build_streams(ix: ProgramIndex, col: _Columns, computes: np.ndarray, c_dev: np.ndarray,
+def _build_streams(ix: ProgramIndex, col: ProgramColumns, computes: np.ndarray, c_dev: np.ndarray,
                    outside: np.ndarray, exported: np.ndarray) -> None:
     """Each simulated device's compute stream: its ops, their durations,
     its blocks (cut before each op that reads from outside the stream) and
@@ -517,22 +458,24 @@ def _build_streams(ix: ProgramIndex, col: _Columns, computes: np.ndarray, c_dev:
         streams[dev].exports.append((at, n))
 
 
-def _collectives(ix: ProgramIndex, col: _Columns, comms: np.ndarray, known: Set[int],
+def _collectives(ix: ProgramIndex, col: ProgramColumns, comms: np.ndarray, known: Set[int],
                  topology, is_sim: Dict[int, bool], simulated: Callable[[int], bool]) -> None:
     """The communication ops in program order, their operands and results
     by number, and each simulated rank's comm stream (the collectives its
     :func:`~distsim.ir.comm.members` take part in). A team rank the
     topology lacks is a TopologyError naming the first op with it."""
-    ix.collectives = colls = _pick(col.ops, comms)
+    ix.collectives = colls = pick(col.ops, comms)
     n = len(colls)
-    attrs = list(map(_ATTRS, colls))
+    # teams are a kind's (see ProgramColumns): read once per kind
+    kinds, at = _kinds_of(col, comms)
+    attrs = list(map(_ATTRS, kinds))
     teams = list(map(_RANKS, attrs))
-    first: Dict[int, int] = {}     # each distinct team object, its first collective
+    first: Dict[int, int] = {}     # each distinct team object, its first kind
     deque(map(first.setdefault, map(id, teams), count()), maxlen=0)
-    for c in first.values():
-        for r in teams[c]:
+    for k in first.values():
+        for r in teams[k]:
             if r not in known:
-                op = colls[c]
+                op = kinds[k]   # kinds come in program order: the first op with the team
                 raise TopologyError(f"op %{op.name} ({op.op_type}): team rank {r} is not "
                                     f"a device of topology '{topology.name}'")
     ix.collective_reads = col.reads[col.is_comm[col.reader]]
@@ -543,11 +486,16 @@ def _collectives(ix: ProgramIndex, col: _Columns, comms: np.ndarray, known: Set[
     out_starts = col.out_start[comms]
     ix.collective_outputs = list(map(tuple, map(range, out_starts.tolist(),
                                                 (out_starts + col.n_out[comms]).tolist())))
-    # members: the team, or in a reduced program the members present
+    # members: the team, or in a reduced program the members present, per
+    # kind, then each collective's gathered from its kind's
     taking_part = [team if present is None else present
                    for team, present in zip(teams, map(_PRESENT, attrs))]
-    counts = list(map(len, taking_part))
-    rank = np.fromiter(chain.from_iterable(taking_part), np.int64, sum(counts))
+    kind_counts = np.fromiter(map(len, taking_part), np.int64, len(kinds))
+    kind_ranks = np.fromiter(chain.from_iterable(taking_part), np.int64, int(kind_counts.sum()))
+    counts = kind_counts[at]
+    offsets = np.cumsum(counts) - counts
+    rank = kind_ranks[np.repeat((np.cumsum(kind_counts) - kind_counts)[at] - offsets, counts)
+                      + np.arange(int(counts.sum()))]
     which = np.repeat(np.arange(n), counts)
     for r in np.unique(rank).tolist():
         if r not in is_sim:

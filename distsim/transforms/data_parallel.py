@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..errors import PassPreconditionError
 from ..ir.builder import NameScope
+from ..ir.op_kinds import KindLog
 from ..ir.comm import CollectiveType
 from ..ir.core import Function, Op, Value
 from ..ir.registry import infer_types, with_defaults
@@ -52,6 +53,9 @@ class DataParallel:
                         f"by the data-parallel degree {self.n}")
         names = NameScope()
         out = Function(function.name)
+        # the copies of one template op are one kind (the simulator reads
+        # the facts they share once)
+        log = out.kinds = KindLog(out)
         self._in_place: Dict[str, str] = {}   # gradient -> its average (same buffer)
         copies: List[Dict[Value, Value]] = [dict() for _ in self.ranks]
         # template name -> each replica's name (before gradients are averaged)
@@ -90,9 +94,10 @@ class DataParallel:
                     renamed[i][v.name] = nv.name
                     outs.append(nv)
                 out.ops.append(Op(op.op_type, ins, outs, op.attrs, op.subfunctions, op.meta))
+                log.add(out.ops[-1], op)
             for v in op.outputs:
                 if v.name in grad_names and self.n > 1:
-                    self._all_reduce(out, names, v, copies)
+                    self._all_reduce(out, log, names, v, copies)
         out.outputs = [copies[i][v] for v in function.outputs for i in range(self.n)]
         out.meta = dict(function.meta)
         # roles, gradients and in-place updates name template values; add
@@ -115,7 +120,7 @@ class DataParallel:
         out.meta["dp_ranks"] = list(self.ranks)
         return out
 
-    def _all_reduce(self, out: Function, names: NameScope, grad: Value,
+    def _all_reduce(self, out: Function, log: KindLog, names: NameScope, grad: Value,
                     copies: List[Dict[Value, Value]]) -> None:
         attrs = with_defaults(CollectiveType.ALL_REDUCE.op_type,
                               {"ranks": self.ranks, "reduce_op": self.reduce_op})
@@ -124,6 +129,7 @@ class DataParallel:
         outs = [Value(names.fresh(f"{grad.name}_avg_r{r}"), t) for r, t in zip(self.ranks, types)]
         out.ops.append(Op(CollectiveType.ALL_REDUCE.op_type, ins, outs, attrs,
                           meta={"role": "grad_sync"}))
+        log.add(out.ops[-1], self)   # every gradient's all-reduce is one kind
         for i, nv in enumerate(outs):
             copies[i][grad] = nv
             self._in_place[ins[i].name] = nv.name

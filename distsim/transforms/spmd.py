@@ -54,6 +54,7 @@ from ..cost.flops import op_flops
 from ..cost.model import CostModel
 from ..errors import PassPreconditionError
 from ..ir.builder import NameScope
+from ..ir.op_kinds import KindLog
 from ..ir.comm import CollectiveType, io_ranks
 from ..ir.core import Function, Op, Value, gc_paused, normalize_attr
 from ..ir.ops_fused import FUSED
@@ -76,6 +77,12 @@ class Emitter:
 
     def __init__(self, name: str, present: Optional[Set[int]] = None) -> None:
         self.function = Function(name)
+        # which ops are copies of one another (the simulator reads the
+        # facts they share once per kind)
+        self.kinds = self.function.kinds = KindLog(self.function)
+        # kinds of op (KindLog tokens) by (completed attributes and result
+        # types, the meta entries a kind shares)
+        self._kind_tokens: Dict[tuple, tuple] = {}
         self.present = present  # None: every rank is in the program
         self.names = NameScope()
         self.roles: Dict[str, str] = {}
@@ -112,19 +119,28 @@ class Emitter:
             hit = (norm, infer_types(op_type, [v.type for v in inputs], norm))
             if key is not None:
                 self._memo[key] = hit
-        return self.emit(op_type, inputs, hit[0], hit[1], names, meta)
+        kind = None
+        if key is not None:   # the memo entry and the meta a kind shares
+            m = meta or {}
+            kind = (id(hit), m.get("category"), m.get("role"), m.get("phase"), m.get("detail"))
+            kind = self._kind_tokens.setdefault(kind, kind)
+        return self.emit(op_type, inputs, hit[0], hit[1], names, meta, kind)
 
     def emit(self, op_type: str, inputs: Sequence[Value], attrs: Dict[str, Any],
              types: Sequence[TensorType], names: Sequence[str],
-             meta: Optional[Dict[str, Any]]) -> List[Value]:
+             meta: Optional[Dict[str, Any]], kind: Any = None) -> List[Value]:
         """Append an op whose attributes are complete and normalized and
-        whose result types are known (``attrs`` is copied, not kept)."""
+        whose result types are known (``attrs`` is copied, not kept).
+        ``kind``: its :class:`~distsim.ir.op_kinds.KindLog` token (None:
+        a kind of its own)."""
         if len(names) != len(types):
             names = [f"{names[0]}.{i}" for i in range(len(types))]
         fresh = self.names.fresh
         outs = [Value(fresh(n), t) for n, t in zip(names, types)]
-        self.function.ops.append(Op.trusted(op_type, tuple(inputs), tuple(outs), dict(attrs), (),
-                                            dict(meta) if meta else {}))
+        op = Op.trusted(op_type, tuple(inputs), tuple(outs), dict(attrs), (),
+                        dict(meta) if meta else {})
+        self.function.ops.append(op)
+        self.kinds.add(op, kind)
         return outs
 
     def one(self, op_type: str, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]],
@@ -523,6 +539,7 @@ class LowerSPMD:
         taken = names._taken
         fresh = names.fresh
         ops = em.function.ops
+        add_kind = em.kinds.add
         trusted = Op.trusted
         subs = (seg.function,)
         mb_part = f"_m{mb}" if self.M > 1 else ""
@@ -551,6 +568,7 @@ class LowerSPMD:
                     taken.add(name)
                 outs.append(Value(name, ty))
             ops.append(trusted(FUSED, tuple(ins), tuple(outs), dict(attrs), subs, dict(meta)))
+            add_kind(ops[-1], seg)   # a segment's copies are one kind of op
             for v, o in zip(seg.outputs, outs):
                 env[v] = o
             if outs:
@@ -637,7 +655,7 @@ class LowerSPMD:
                     types = by_types[type_ids] = infer_types(op.op_type, [v.type for v in ins],
                                                              attrs)
                 outs = em.emit(op.op_type, ins, attrs, types,
-                               [self.local_name(v, r, mb) for v in op.outputs], meta)
+                               [self.local_name(v, r, mb) for v in op.outputs], meta, entry)
                 env = self.menv[(r, mb)]
                 for v, o in zip(op.outputs, outs):
                     env[v] = o

@@ -1,0 +1,130 @@
+"""A program read into flat arrays: what the simulator's index is derived from.
+
+Values are numbered function inputs first, then each op's results in
+program order; every op's operands, results and value types are read by
+C-level maps over the objects (no Python step per op).
+
+Facts of an op that depend only on its type, attributes, sub-functions and
+``meta`` (its cost signature, memory category, a collective's team) are
+worked out per *kind* of op, over :attr:`ProgramColumns.kinds`, and spread
+to the ops by :attr:`ProgramColumns.kind`. Where the builder said which ops
+are copies of one template (a :class:`~distsim.ir.op_kinds.KindLog` in
+``function.kinds``, still describing the function), a kind is a template's
+copies, and those facts are read once per template; otherwise every op is
+a kind of its own. Both give the same index (tested).
+"""
+from __future__ import annotations
+
+from itertools import chain, count, repeat
+from operator import attrgetter, methodcaller
+from typing import Any, Dict, Iterable, List, Set
+
+import numpy as np
+
+from ..errors import SimulationError
+from ..ir.comm import COMM_PREFIX
+from ..ir.core import Function, Op, Value
+from ..ir.op_kinds import KindLog
+from ..ir.types import Type
+
+_INPUTS, _OUTPUTS = attrgetter("inputs"), attrgetter("outputs")
+_TYPE, _OP_TYPE = attrgetter("type"), attrgetter("op_type")
+_IS_COMM = methodcaller("startswith", COMM_PREFIX)
+
+
+def codes(keys: Iterable[Any], n: int) -> np.ndarray:
+    """A small integer per key, equal keys equal integers (first seen, first
+    numbered: the numbers are not dense)."""
+    table: Dict[Any, int] = {}
+    return np.fromiter(map(table.setdefault, keys, count()), np.int64, n)
+
+
+class ProgramColumns:
+    """The program as flat arrays (see the module docstring).
+
+    ``ops``, ``values`` (by number) and ``types`` (each value's);
+    ``n_in`` / ``n_out`` per op, ``reads`` (the value numbers of every
+    op's operands, flat, with ``in_start`` the first of each op's),
+    ``out_start`` (each op's first result), ``reader`` (the op of each
+    entry of ``reads``), ``maker`` (the op making each value, -1 for an
+    input); ``kinds`` (one op standing for each kind, in program order) and
+    ``kind`` (each op's, a position in ``kinds``); ``is_comm`` per op.
+
+    A SimulationError names a value defined twice or an operand that no op
+    or input defines."""
+
+    def __init__(self, function: Function) -> None:
+        f = self.function = function
+        ops = self.ops = f.ops
+        n = self.n_ops = len(ops)
+        inputs_of = list(map(_INPUTS, ops))
+        outputs_of = list(map(_OUTPUTS, ops))
+        values = self.values = list(f.inputs)
+        values.extend(chain.from_iterable(outputs_of))
+        nv = self.n_values = len(values)
+        self.n_inputs = len(f.inputs)
+        vid = self._vid = dict(zip(values, range(nv)))
+        if len(vid) != nv:
+            raise SimulationError(_defined_twice(f))
+        self.types: List[Type] = list(map(_TYPE, values))
+        self.n_in = np.fromiter(map(len, inputs_of), np.int64, n)
+        self.n_out = np.fromiter(map(len, outputs_of), np.int64, n)
+        try:
+            self.reads = np.fromiter(map(vid.__getitem__, chain.from_iterable(inputs_of)),
+                                     np.int64, int(self.n_in.sum()))
+        except KeyError:
+            raise SimulationError(_undefined_read(f, vid)) from None
+        self.in_start = np.cumsum(self.n_in) - self.n_in
+        self.out_start = self.n_inputs + np.cumsum(self.n_out) - self.n_out
+        self.reader = np.repeat(np.arange(n), self.n_in)
+        self.maker = np.concatenate([np.full(self.n_inputs, -1, np.int64),
+                                     np.repeat(np.arange(n), self.n_out)])
+        log = f.kinds
+        if isinstance(log, KindLog) and log.matches(f):
+            # each op's kind: the position of the first op logged with its token
+            firsts, kind = np.unique(codes(map(id, log.tokens), n), return_inverse=True)
+            self.kinds: List[Op] = pick(ops, firsts)
+            self.kind = kind.reshape(-1)
+        else:
+            self.kinds, self.kind = ops, np.arange(n)
+        self.is_comm = self.per_kind(map(_IS_COMM, map(_OP_TYPE, self.kinds)), bool)
+
+    def numbers_of(self, values: List[Value]) -> np.ndarray:
+        """The numbers of ``values`` (-1 for a value the program lacks)."""
+        return np.fromiter(map(self._vid.get, values, repeat(-1)), np.int64, len(values))
+
+    def first_operand(self) -> np.ndarray:
+        """Each op's first result, else its first operand (-1: neither):
+        the value whose device is the op's."""
+        has_in = self.n_in > 0
+        first_in = np.full(self.n_ops, -1, np.int64)
+        first_in[has_in] = self.reads[self.in_start[has_in]]
+        return np.where(self.n_out > 0, self.out_start, first_in)
+
+    def per_kind(self, column: Iterable[Any], dtype: Any = np.int64) -> np.ndarray:
+        """A value per kind (``column`` over :attr:`kinds`), spread to every op."""
+        return np.fromiter(column, dtype, len(self.kinds))[self.kind]
+
+
+def pick(items: List[Any], positions: np.ndarray) -> List[Any]:
+    """``items`` at ``positions``, without a Python loop."""
+    return list(map(items.__getitem__, positions.tolist()))
+
+
+def _defined_twice(f: Function) -> str:
+    seen: Set[int] = set()
+    for v in chain(f.inputs, chain.from_iterable(op.outputs for op in f.ops)):
+        if id(v) in seen:
+            return (f"value %{v.name} is defined twice (an op's result or input of "
+                    "the program once each)")
+        seen.add(id(v))
+    return "a value is defined twice"   # pragma: no cover - the caller saw one
+
+
+def _undefined_read(f: Function, vid: Dict[Value, int]) -> str:
+    for op in f.ops:
+        for v in op.inputs:
+            if v not in vid:
+                return (f"op %{op.name} ({op.op_type}) reads %{v.name}, which no op or "
+                        "input of the program defines")
+    return "an op reads a value nobody defines"   # pragma: no cover - the caller saw one

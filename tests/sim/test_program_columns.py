@@ -1,0 +1,136 @@
+"""Kinds of op as a builder logs them (distsim.ir.op_kinds) against the
+ops they stand for: the simulator's index of a program built by
+DataParallel or the transformer lowering is the same, field by field,
+whether the facts an op's kind decides are read once per kind or from
+every op; the ops of a kind agree on those facts; and a log that no longer
+describes its function (an op appended, replaced, moved or taken away) is
+not used."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from distsim.api import build_program
+from distsim.cost import CostModel
+from distsim.ir import Op, Value
+from distsim.models import MLPConfig, mlp_training_step
+from distsim.sim.program_columns import ProgramColumns
+from distsim.sim.program_index import index_program
+from distsim.transforms.data_parallel import DataParallel
+
+# (model, topology, strategy): DataParallel, and the transformer lowering
+# across schedules, ZeRO stages, recomputation, coarsening and symmetry
+PROGRAMS = {
+    "dp-mlp": ("mlp", "dgx-a100", dict(dp=4, layers=3)),
+    "gpt-tp-pp": ("tiny", "dgx-a100", dict(dp=2, tp=2, pp=2, dtype="f32")),
+    "gpt-gpipe-zero1": ("tiny", "dgx-a100", dict(dp=4, tp=1, pp=2, zero=1, schedule="gpipe")),
+    "gpt-zero2-recompute": ("tiny", "dgx-a100", dict(dp=4, tp=2, zero=2, recompute="full")),
+    "gpt-zero3-coarsened": ("tiny", "dgx-a100-x2", dict(dp=4, tp=2, pp=2, zero=3,
+                                                        coarsen=True)),
+    "gpt-interleaved-symmetry": ("tiny", "dgx-a100-x2", dict(tp=2, pp=2, chunks=2,
+                                                             symmetry=True, coarsen=True,
+                                                             global_batch=16, micro_batch=2)),
+    "gpt-sp-selective": ("tiny", "dgx-a100", dict(tp=4, pp=2, sp=True,
+                                                  recompute="selective")),
+}
+
+
+def built(name):
+    model, topology, strategy = PROGRAMS[name]
+    return build_program(model, topology, **strategy)
+
+
+def assert_same_index(a, b):
+    """Every field of two ProgramIndex objects is equal."""
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        elif f.name == "compute_streams":
+            assert x.keys() == y.keys()
+            assert [dataclasses.astuple(s) for s in x.values()] == \
+                [dataclasses.astuple(s) for s in y.values()], f.name
+        else:
+            assert x == y, f.name
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_index_with_the_builders_kinds_is_the_index_with_a_kind_per_op(name):
+    program, _, topo = built(name)
+    cost = CostModel(topo.device_spec)
+    assert len(ProgramColumns(program).kinds) < len(program.ops)   # the log is used
+    logged = index_program(program, topo, cost, lambda r: True)
+    log, program.kinds = program.kinds, None
+    assert ProgramColumns(program).kinds is program.ops
+    read = index_program(program, topo, cost, lambda r: True)
+    program.kinds = log
+    assert_same_index(logged, read)
+
+
+def same_facts(op):
+    """What the ops of one kind share (see distsim.ir.op_kinds)."""
+    m = op.meta
+    return (op.op_type, op.attrs, tuple(map(id, op.subfunctions)),
+            m.get("category"), m.get("role"), m.get("phase"), m.get("detail"))
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_ops_of_a_kind_share_what_a_kind_promises(name):
+    program, _, _ = built(name)
+    col = ProgramColumns(program)
+    for k, op in zip(col.kind.tolist(), program.ops):
+        assert same_facts(col.kinds[k]) == same_facts(op), op
+
+
+def test_data_parallel_logs_the_copies_of_a_template_op_as_one_kind():
+    """As many kinds as template ops, and one for the gradient all-reduces;
+    each kind stands as its first op, in program order."""
+    step = mlp_training_step(MLPConfig(layers=2, hidden=16, batch=8, dtype="f32"))
+    program = DataParallel(4)(step)
+    col = ProgramColumns(program)
+    assert len(col.kinds) == len(step.ops) + 1
+    firsts = [program.ops.index(op) for op in col.kinds]
+    assert firsts == sorted(firsts)
+    for k, op in zip(col.kind.tolist(), program.ops):
+        assert program.ops.index(op) >= firsts[k]
+
+
+def _dp_program():
+    step = mlp_training_step(MLPConfig(layers=2, hidden=16, batch=8, dtype="f32"))
+    return DataParallel(2)(step)
+
+
+def _append_op(f):
+    v = f.ops[0].outputs[0]
+    f.ops.append(Op("relu", [v], [Value("extra", v.type)]))
+
+
+def _replace_op(f):
+    old = f.ops[3]
+    f.ops[3] = Op(old.op_type, old.inputs, old.outputs, old.attrs, old.subfunctions, old.meta)
+
+
+def _drop_op(f):
+    del f.ops[-1]
+
+
+def _reorder(f):
+    f.ops = f.ops[1:] + f.ops[:1]
+
+
+@pytest.mark.parametrize("edit", [_append_op, _replace_op, _drop_op, _reorder])
+def test_a_log_that_no_longer_describes_its_function_is_not_used(edit):
+    program = _dp_program()
+    assert program.kinds.matches(program)
+    edit(program)
+    assert not program.kinds.matches(program)
+    assert ProgramColumns(program).kinds is program.ops
+
+
+def test_a_copy_of_the_function_does_not_use_the_original_log():
+    """The log belongs to the function it was made for, even where a copy
+    has the same ops (a copy may be edited apart from the original)."""
+    program = _dp_program()
+    copy = dataclasses.replace(program, ops=list(program.ops))
+    assert copy.kinds is program.kinds and not copy.kinds.matches(copy)
+    assert program.kinds.matches(program)
