@@ -199,21 +199,22 @@ def _type_table(types: List[Type], values: List[Value], known: Set[int], topolog
     type object per value) share their details; the shape class stands for
     (shape, dtype, kind of type), what an op's cost depends on besides its
     attributes."""
-    type_ids = list(map(id, types))
-    first: Dict[int, int] = {}     # each type object, the first value with it
-    deque(map(first.setdefault, type_ids, count()), maxlen=0)
+    n = len(types)
+    # each value, the first value with its type object (one C-level pass)
+    first_with: Dict[int, int] = {}
+    first = np.fromiter(map(first_with.setdefault, map(id, types), count()), np.int64, n)
     by_value: Dict[Any, int] = {}
     shape_class: Dict[tuple, int] = {}
     rows: List[Tuple[int, int, int]] = []
-    code: Dict[int, int] = {}
-    for tid, n in first.items():
-        t = types[n]
+    row_of = np.empty(n, np.int64)           # at each first value: its type's row
+    for i in first_with.values():
+        t = types[i]
         try:   # an equal type seen before
             c = by_value.get(t)
         except TypeError:  # an unhashable type
             c = None
         if c is None:
-            dev = _device_of_type(t, values[n], known, topology)
+            dev = _device_of_type(t, values[i], known, topology)
             sd = (getattr(t, "shape", None), getattr(t, "dtype", None), type(t))
             sc = shape_class.setdefault(sd, len(shape_class))
             c = len(rows)
@@ -222,11 +223,11 @@ def _type_table(types: List[Type], values: List[Value], known: Set[int], topolog
                 by_value[t] = c
             except TypeError:
                 pass
-        code[tid] = c
+        row_of[i] = c
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    of_value = np.fromiter(map(code.__getitem__, type_ids), np.int64, len(types))
-    per_value = table[of_value]
-    return per_value[:, 0], per_value[:, 1], per_value[:, 2], np.unique(table[:, 0])
+    of_value = row_of[first]
+    return (table[:, 0][of_value], table[:, 1][of_value], table[:, 2][of_value],
+            np.unique(table[:, 0]))
 
 
 def index_program(function: Function, topology, cost: CostModel,
@@ -394,20 +395,31 @@ def _costs(col: ProgramColumns, computes: np.ndarray, shape_of: np.ndarray, cost
     sub_ids: Dict[tuple, int] = {}
     for i in np.flatnonzero(sub_count > 1).tolist():
         sub_code[i] = -1 - sub_ids.setdefault(tuple(map(id, subs[i])), len(sub_ids))
-    sub_code = sub_code[at]
+    type_code = _codes(map(_OP_TYPE, kinds), nk)
+    attr_code = _codes(map(repr, map(_ATTRS, kinds)), nk)
+    # what an op's cost depends on besides its shapes, per kind, then per op
+    content = _codes(zip(type_code.tolist(), attr_code.tolist(), sub_code.tolist()), nk)[at]
     n_in, n_out = col.n_in[computes], col.n_out[computes]
-    type_code = _codes(map(_OP_TYPE, kinds), nk)[at]
-    attr_code = _codes(map(repr, map(_ATTRS, kinds)), nk)[at]
-    # ops of one (type, arity) share a row width: each group is one table
-    for _, group in _groups(_codes(zip(type_code.tolist(), n_in.tolist(), n_out.tolist()),
-                                   nc)):
+    # ops of one content and arity share a row width: each group is one table
+    for _, group in _groups(_codes(zip(content.tolist(), n_in.tolist(), n_out.tolist()), nc)):
         taken = computes[group]
         k_in, k_out = int(n_in[group[0]]), int(n_out[group[0]])
-        columns = np.concatenate([
-            attr_code[group, None], sub_code[group, None],
+        shapes = np.concatenate([
             shape_of[col.reads[col.in_start[taken][:, None] + np.arange(k_in)]],
             shape_of[col.out_start[taken][:, None] + np.arange(k_out)]], axis=1)
-        row = _codes(zip(*columns.T.tolist()), len(group))
+        # rows coded by their shapes; the copies of a template usually have
+        # its shapes, so each kind's first op is coded and its copies are
+        # checked against it with numpy (those that differ are coded too)
+        _, first_of_kind, of_kind = np.unique(at[group], return_index=True,
+                                              return_inverse=True)
+        of_kind = of_kind.reshape(-1)
+        table: Dict[tuple, int] = {}
+        row = np.fromiter(map(table.setdefault, zip(*shapes[first_of_kind].T.tolist()),
+                              count()), np.int64, len(first_of_kind))[of_kind]
+        odd = np.flatnonzero((shapes != shapes[first_of_kind][of_kind]).any(axis=1))
+        if len(odd):
+            row[odd] = np.fromiter(map(table.setdefault, zip(*shapes[odd].T.tolist()),
+                                       count(len(first_of_kind))), np.int64, len(odd))
         _, firsts, inverse = np.unique(row, return_index=True, return_inverse=True)
         costed = [cost.op_cost(col.ops[i]) for i in taken[firsts].tolist()]
         for column, name in zip(out, ("time_s", "flops", "bytes")):
