@@ -27,6 +27,11 @@ class CollectiveType(enum.Enum):
     SCATTER = "scatter"
     SEND_RECV = "sendrecv"
 
+    # Members are singletons compared by identity: hash them by identity in
+    # C (Enum's own __hash__ is a Python call, paid on every lookup of a
+    # plan keyed by its kind: hundreds of thousands a large simulation).
+    __hash__ = object.__hash__
+
     @property
     def op_type(self) -> str:
         return COMM_PREFIX + self.value

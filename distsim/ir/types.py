@@ -25,6 +25,11 @@ class DType(enum.Enum):
     I64 = "i64"
     BOOL = "bool"
 
+    # Members are singletons compared by identity: hash them by identity in
+    # C (Enum's own __hash__ is a Python call, paid on every cache lookup
+    # keyed by a dtype).
+    __hash__ = object.__hash__
+
     @property
     def itemsize(self) -> int:
         return _ITEMSIZE[self]

@@ -108,6 +108,8 @@ class ProgramIndex:
     flat (``compute_reads``, ``compute_read_counts`` of them per op).
 
     Collectives: ``collectives`` (every communication op, in program order),
+    their kinds (``collective_kinds``, ``collective_kind``,
+    ``kind_members``), the bytes of each one's first operand and result,
     ``collective_inputs`` / ``collective_outputs`` (value numbers; the
     inputs flat too, as the compute ops' are), and for
     every simulated rank its collectives in program order (``comm_streams``).
@@ -129,6 +131,16 @@ class ProgramIndex:
     compute_reads: np.ndarray = field(default_factory=_no_ints)
     compute_read_counts: np.ndarray = field(default_factory=_no_ints)
     collectives: List[Op] = field(default_factory=list)
+    #: the kinds of collective (an op standing for each, see
+    #: :mod:`.program_columns`), each collective's (a position in that list),
+    #: and each kind's members (its team, or in a reduced program the
+    #: members present)
+    collective_kinds: List[Op] = field(default_factory=list)
+    collective_kind: np.ndarray = field(default_factory=_no_ints)
+    kind_members: List[Tuple[int, ...]] = field(default_factory=list)
+    #: each collective's first operand's and first result's bytes (-1: none)
+    collective_operand_bytes: np.ndarray = field(default_factory=_no_ints)
+    collective_result_bytes: np.ndarray = field(default_factory=_no_ints)
     collective_inputs: List[Tuple[int, ...]] = field(default_factory=list)
     collective_outputs: List[Tuple[int, ...]] = field(default_factory=list)
     collective_reads: np.ndarray = field(default_factory=_no_ints)
@@ -276,6 +288,11 @@ def index_program(function: Function, topology, cost: CostModel,
     producer[col.n_inputs:] = op_producer[maker[col.n_inputs:]]
 
     _categorise(ix, f, col)
+    # bytes as the types say (before in-place results are given none)
+    ix.collective_operand_bytes = _first_bytes(size, col.reads, col.in_start[comms],
+                                               col.n_in[comms])
+    ix.collective_result_bytes = _first_bytes(size, np.arange(nv), col.out_start[comms],
+                                              col.n_out[comms])
     _finish_values(ix, f, col, size)
     ix.size, ix.device, ix.producer = size, device, producer
 
@@ -301,6 +318,16 @@ def index_program(function: Function, topology, cost: CostModel,
     _build_streams(ix, col, computes, c_dev, outside, exported)
     _collectives(ix, col, comms, known, topology, is_sim, simulated)
     return ix
+
+
+def _first_bytes(size: np.ndarray, numbers: np.ndarray, starts: np.ndarray,
+                 counts: np.ndarray) -> np.ndarray:
+    """The bytes of ``numbers[start]`` for each start with a count, -1 for
+    those without."""
+    out = np.full(len(starts), -1, np.int64)
+    has = counts > 0
+    out[has] = size[numbers[starts[has]]]
+    return out
 
 
 def _categorise(ix: ProgramIndex, f: Function, col: ProgramColumns) -> None:
@@ -500,8 +527,9 @@ def _collectives(ix: ProgramIndex, col: ProgramColumns, comms: np.ndarray, known
                                                 (out_starts + col.n_out[comms]).tolist())))
     # members: the team, or in a reduced program the members present, per
     # kind, then each collective's gathered from its kind's
-    taking_part = [team if present is None else present
+    taking_part = [tuple(team if present is None else present)
                    for team, present in zip(teams, map(_PRESENT, attrs))]
+    ix.collective_kinds, ix.collective_kind, ix.kind_members = kinds, at, taking_part
     kind_counts = np.fromiter(map(len, taking_part), np.int64, len(kinds))
     kind_ranks = np.fromiter(chain.from_iterable(taking_part), np.int64, int(kind_counts.sum()))
     counts = kind_counts[at]

@@ -40,7 +40,7 @@ import simpy
 
 from ..cost.model import CostModel
 from ..errors import DistsimError, SimulationError
-from ..ir.comm import CollectiveType, collective_of, members
+from ..ir.comm import CollectiveType, collective_of
 from ..ir.core import Function, Op, Value, gc_paused
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .memory import MemoryAccounting, memory_accounting
@@ -108,10 +108,11 @@ class _Collective:
     __slots__ = ("index", "op", "members", "arrivals", "done", "simulated", "started",
                  "finished", "start_s", "end_s", "plan", "solo")
 
-    def __init__(self, env: simpy.Environment, index: int, op: Op, simulated: bool) -> None:
+    def __init__(self, env: simpy.Environment, index: int, op: Op, simulated: bool,
+                 members: Tuple[int, ...]) -> None:
         self.index = index
         self.op = op
-        self.members: Tuple[int, ...] = members(op)
+        self.members = members          # ir.comm.members(op)
         self.arrivals: Dict[int, float] = {}
         self.done = env.event()
         self.simulated = simulated
@@ -179,9 +180,13 @@ class Simulator:
         for n in range(len(f.inputs)):       # function inputs are numbered first
             self._ready[n] = 0.0
         env = self.env
+        # what a collective's kind decides, once per kind (see program_index)
+        simulated = [any(rep.get(r, r) == r for r in op.attrs["ranks"])
+                     for op in ix.collective_kinds]
+        members = ix.kind_members
         self._collectives = [
-            _Collective(env, c, op, any(rep.get(r, r) == r for r in op.attrs["ranks"]))
-            for c, op in enumerate(ix.collectives)]
+            _Collective(env, c, op, simulated[k], members[k])
+            for c, (op, k) in enumerate(zip(ix.collectives, ix.collective_kind.tolist()))]
         self._find_solo()
         if rep:
             index_of = {id(op): c for c, op in enumerate(ix.collectives)}
@@ -197,21 +202,41 @@ class Simulator:
         team's (:mod:`.solo`): they run without events."""
         if not self.options.solo:
             return
-        planned = []
-        for coll in self._collectives:
-            if not coll.simulated:
-                continue
-            try:
-                coll.plan = self._collective_plan(coll.op)
-            except DistsimError:   # reported if and when the collective runs
-                continue
-            planned.append(coll)
+        plans = self._collective_plans()
         try:
-            teams = solo_teams(self.network, [coll.plan for coll in planned])
+            teams = solo_teams(self.network, [p for p in plans if p is not None])
         except DistsimError:       # a bad team: every collective takes the full path
             return
-        for coll in planned:
-            coll.solo = frozenset(coll.plan[1]) in teams
+        alone = {id(p): frozenset(p[1]) in teams for p in plans if p is not None}
+        for coll in self._collectives:
+            if coll.plan is not None:
+                coll.solo = alone[id(coll.plan)]
+
+    def _collective_plans(self) -> List[Optional[tuple]]:
+        """Give every simulated collective its plan (see
+        :meth:`_collective_plan`; None where that is an error, reported if
+        and when the collective runs) and return the distinct plans. A plan
+        depends on the collective's kind and bytes only: it is worked out
+        once per distinct (kind, bytes), on one collective of each."""
+        ix = self.index
+        colls = self._collectives
+        gathers = np.array([_KINDS.get(op.op_type) in (CollectiveType.ALL_GATHER,
+                                                       CollectiveType.GATHER)
+                            for op in ix.collective_kinds], bool)
+        kind = ix.collective_kind
+        nbytes = np.where(gathers[kind] if len(kind) else np.zeros(0, bool),
+                          ix.collective_result_bytes, ix.collective_operand_bytes)
+        simulated = [c for c, coll in enumerate(colls) if coll.simulated]
+        which: Dict[tuple, Optional[tuple]] = {}
+        for c, key in zip(simulated, zip(kind[simulated].tolist(),
+                                         nbytes[simulated].tolist())):
+            if key not in which:
+                try:
+                    which[key] = self._collective_plan(colls[c].op)
+                except DistsimError:
+                    which[key] = None
+            colls[c].plan = which[key]
+        return list({id(p): p for p in which.values()}.values())
 
     # -- processes ------------------------------------------------------
     def _wait_known(self, key: Tuple[int, str], op: Op, n: int) -> simpy.Event:

@@ -13,6 +13,7 @@ import pytest
 from distsim.api import build_program
 from distsim.cost import CostModel
 from distsim.ir import Op, Value
+from distsim.ir.comm import members
 from distsim.models import MLPConfig, mlp_training_step
 from distsim.sim.program_columns import ProgramColumns
 from distsim.sim.program_index import index_program
@@ -40,10 +41,21 @@ def built(name):
     return build_program(model, topology, **strategy)
 
 
+#: how kinds are told apart: compared through what they give each collective
+KIND_FIELDS = ("collective_kinds", "collective_kind", "kind_members")
+
+
 def assert_same_index(a, b):
-    """Every field of two ProgramIndex objects is equal."""
+    """Every field of two ProgramIndex objects is equal (the kinds of
+    collective through each collective's kind's members and facts)."""
+    for ix in (a, b):
+        ix.per_collective = [(ix.kind_members[k], same_facts(ix.collective_kinds[k]))
+                             for k in ix.collective_kind.tolist()]
+    assert a.per_collective == b.per_collective
     for f in dataclasses.fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name in KIND_FIELDS:
+            continue
         if isinstance(x, np.ndarray):
             assert x.dtype == y.dtype and np.array_equal(x, y), f.name
         elif f.name == "compute_streams":
@@ -134,3 +146,18 @@ def test_a_copy_of_the_function_does_not_use_the_original_log():
     copy = dataclasses.replace(program, ops=list(program.ops))
     assert copy.kinds is program.kinds and not copy.kinds.matches(copy)
     assert program.kinds.matches(program)
+
+
+@pytest.mark.parametrize("name", ["dp-mlp", "gpt-zero3-coarsened", "gpt-interleaved-symmetry"])
+def test_each_collective_gets_the_plan_of_its_own_op(name):
+    """Plans are worked out once per (kind, bytes): each is the one the
+    collective's own op gives."""
+    from distsim.sim.simulator import SimulationOptions, Simulator
+    program, _, topo = built(name)
+    sim = Simulator(program, topo, options=SimulationOptions(symmetry=True))
+    sim._prepare()
+    planned = [c for c in sim._collectives if c.simulated]
+    assert planned
+    for coll in planned:
+        assert coll.plan == sim._collective_plan(coll.op)
+        assert coll.members == members(coll.op)
