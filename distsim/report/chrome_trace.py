@@ -47,8 +47,7 @@ import numpy as np
 from distsim.errors import ConfigError
 from distsim.fileio import PathLike, atomic_path
 from distsim.report.jsonsafe import json_safe
-from distsim.sim.trace import (COMM_STREAM, COMPUTE_STREAM, LinkSample, MemorySample, OpRecord,
-                               Trace)
+from distsim.sim.trace import COMM_STREAM, COMPUTE_STREAM, LinkSample, MemorySample, Trace
 
 US = 1e6  #: microseconds per second (Chrome trace time unit)
 FIXED_TIDS: Dict[str, int] = {COMPUTE_STREAM: 0, COMM_STREAM: 1}
@@ -97,7 +96,9 @@ def check_max_trace_records(value: Any) -> int:
 
 def stream_tids(trace: Trace) -> Dict[str, int]:
     """``stream -> tid``: compute 0, comm 1, other streams 2.. in name order."""
-    extra = sorted({op.stream for op in trace.ops} - set(FIXED_TIDS))
+    columns = trace.op_columns   # the streams used, read without making the records
+    used = {columns.streams[code] for code in np.unique(columns.stream).tolist()}
+    extra = sorted(used - set(FIXED_TIDS))
     tids = dict(FIXED_TIDS)
     tids.update({s: len(FIXED_TIDS) + i for i, s in enumerate(extra)})
     return tids
@@ -125,9 +126,8 @@ class TracePlan:
                 "cutoff_s": self.cutoff_s}
 
 
-# each record's start time, by position in its tuple (C-level getters: the
+# each sample's time, by position in its tuple (C-level getters: the
 # trace of a 1024-GPU step has millions of records, most of them link samples)
-_OP_START = itemgetter(OpRecord._fields.index("start_s"))
 _SAMPLE_TIME = itemgetter(MemorySample._fields.index("time_s"))
 _LINK_TIME = itemgetter(LinkSample._fields.index("time_s"))
 _SAMPLE_ORDER = itemgetter(0, 1)         # (rank, time_s)
@@ -136,7 +136,7 @@ _LINK_ORDER = itemgetter(0, 1, 2)        # (src, dst, time_s)
 
 def _times(trace: Trace, include_links: bool) -> "np.ndarray":
     """Every timed record's start time (ops, memory and link samples)."""
-    parts = [np.fromiter(map(_OP_START, trace.ops), float, len(trace.ops)),
+    parts = [trace.op_columns.start_s,
              np.fromiter(map(_SAMPLE_TIME, trace.memory), float, len(trace.memory))]
     if include_links:
         parts.append(np.fromiter(map(_LINK_TIME, trace.link_samples), float,
@@ -149,7 +149,7 @@ def plan_trace(trace: Trace, max_trace_records: Optional[int] = None,
     """Decide what trace.json keeps under ``max_trace_records`` (None: the
     default, 0: no limit): everything, or the records before a cutoff time."""
     limit = check_max_trace_records(max_trace_records)
-    total = len(trace.ops) + len(trace.memory) + (len(trace.link_samples) if include_links else 0)
+    total = trace.num_ops + len(trace.memory) + (len(trace.link_samples) if include_links else 0)
     if limit == 0 or total <= limit:
         return TracePlan(total, total, limit, None)
     times = _times(trace, include_links)

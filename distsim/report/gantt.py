@@ -10,7 +10,9 @@ Bars closer than a fraction of a pixel (``step / resolution``) are merged
 before drawing (:func:`merge_spans`), each merged bar drawn with an opacity
 equal to the share of it that ops cover (as anti-aliasing would draw the
 separate slivers): the picture is the same at the saved size, but a row of
-50,000 ops draws as a few thousand bars.
+50,000 ops draws as a few thousand bars. The spans are read from the
+trace's op columns (one sort groups them by row and category, each group
+in record order), not from a record tuple per op.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from distsim.fileio import PathLike
 from distsim.report.chrome_trace import stream_tids
 from distsim.report.figures import CATEGORY_COLOURS, OTHER_COLOUR, save_png
 from distsim.report.summary import MS, step_time_of
-from distsim.sim.trace import COMM_STREAM, COMPUTE_STREAM, Trace
+from distsim.sim.trace import COMM_STREAM, COMPUTE_STREAM, OpColumns, Trace
 
 if TYPE_CHECKING:     # matplotlib is imported when a chart is drawn (``import distsim`` stays fast)
     from matplotlib.figure import Figure
@@ -34,8 +36,40 @@ def gantt_rows(trace: Trace) -> List[Row]:
     """Every ``(rank, stream)`` row of the chart, in display order."""
     tids = stream_tids(trace)
     rows = {(d.rank, s) for d in trace.devices for s in (COMPUTE_STREAM, COMM_STREAM)}
-    rows |= {(op.rank, op.stream) for op in trace.ops}
+    columns = trace.op_columns
+    n = len(columns.streams)
+    used = np.unique(columns.rank * n + columns.stream).tolist()   # (rank, stream code), coded
+    rows |= {(k // n, columns.streams[k % n]) for k in used}
     return sorted(rows, key=lambda r: (r[0], tids[r[1]]))
+
+
+def _spans(columns: OpColumns, rows: List[Row]
+           ) -> Dict[Tuple[int, str], Tuple[np.ndarray, np.ndarray]]:
+    """``(row number, category) -> (starts, ends)`` of the ops on ``rows``,
+    each in record order (the merged bars' opacities sum in that order)."""
+    n = len(columns.streams)
+    code = {s: c for c, s in enumerate(columns.streams)}
+    row_of = {rank * n + code[stream]: i for i, (rank, stream) in enumerate(rows)
+              if stream in code}
+    if not row_of or not len(columns):
+        return {}
+    keys = np.array(sorted(row_of), dtype=np.int64)
+    number = np.array([row_of[k] for k in keys.tolist()], dtype=np.int64)
+    order = columns.order()
+    key = columns.rank[order] * n + columns.stream[order]
+    at = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+    shown = keys[at] == key
+    if not shown.any():
+        return {}
+    positions, row = order[shown], number[at[shown]]
+    category = columns.category[positions]
+    group = np.lexsort((category, row))           # by row, then category; record order kept
+    positions, row, category = positions[group], row[group], category[group]
+    cut = np.flatnonzero((np.diff(row) != 0) | (np.diff(category) != 0)) + 1
+    firsts = [0] + cut.tolist()
+    return {(int(row[f]), columns.categories[category[f]]): (starts, ends)
+            for f, starts, ends in zip(firsts, np.split(columns.start_s[positions], cut),
+                                       np.split(columns.end_s[positions], cut))}
 
 
 def merge_spans(starts: np.ndarray, ends: np.ndarray,
@@ -70,24 +104,15 @@ def gantt_figure(trace: Trace, max_rows: int = 64, resolution: int = 8000) -> Fi
     names = {d.rank: d.name for d in trace.devices}
     all_rows = gantt_rows(trace)
     rows = all_rows[:max_rows]
-    index = {row: i for i, row in enumerate(rows)}
-    spans: Dict[Tuple[int, str], Tuple[List[float], List[float]]] = {}
-    for op in trace.ops:
-        i = index.get((op.rank, op.stream))
-        if i is not None:
-            key = (i, op.category)
-            row = spans.get(key)
-            if row is None:
-                row = spans[key] = ([], [])
-            row[0].append(op.start_s)
-            row[1].append(op.end_s)
+    spans = _spans(trace.op_columns, rows)
     gap = step_time_of(trace) * MS / resolution if resolution else 0.0
     bars: Dict[Tuple[int, str], Tuple[List[Tuple[float, float]], Optional[np.ndarray]]] = {}
     for key, (starts, ends) in spans.items():
         if len(starts) > 1 and gap > 0:
-            bars[key] = merge_spans(np.asarray(starts) * MS, np.asarray(ends) * MS, gap)
+            bars[key] = merge_spans(starts * MS, ends * MS, gap)
         else:
-            bars[key] = (sorted((a * MS, (b - a) * MS) for a, b in zip(starts, ends)), None)
+            bars[key] = (sorted((a * MS, (b - a) * MS)
+                                for a, b in zip(starts.tolist(), ends.tolist())), None)
 
     fig = Figure(figsize=(12, max(2.5, 1.5 + 0.3 * len(rows))))
     ax = fig.add_subplot()

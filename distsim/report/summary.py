@@ -15,6 +15,11 @@ Time accounting per device (all in seconds, over ``[0, step_time_s]``):
 * ``idle_s``: ``step_time_s`` minus the union of all its ops.
 
 So ``compute_s + exposed_communication_s + idle_s == step_time_s``.
+The figures are computed from the trace's op columns
+(:class:`~distsim.sim.trace.OpColumns`), grouped by device with one sort,
+without making a record tuple per op; each device's sums run over its ops
+in the trace's record order, so the floats are those of a loop over
+``trace.ops``.
 Top-level ``compute_s`` / ``communication_s`` / ``exposed_communication_s``
 / ``idle_s`` are **means over devices** (every device runs the same step,
 so the mean is the fleet-wide share of the step; the worst device is
@@ -31,7 +36,7 @@ import numpy as np
 from distsim.fileio import PathLike, write_text_atomic
 from distsim.report.intervals import union_length_of
 from distsim.report.jsonsafe import json_safe
-from distsim.sim.trace import Trace
+from distsim.sim.trace import OpColumns, Trace
 
 if TYPE_CHECKING:     # pandas is imported by summary_dataframe (``import distsim`` stays fast)
     import pandas as pd
@@ -57,20 +62,24 @@ def step_time_of(trace: Trace) -> float:
     return max((op.end_s for op in trace.ops), default=0.0)
 
 
-def _device_summary(rank: int, name: str, capacity: int, ops: Sequence, peak: int,
+def _device_summary(rank: int, name: str, capacity: int, columns: OpColumns,
+                    kinds: Tuple[np.ndarray, np.ndarray], positions: np.ndarray, peak: int,
                     step_time_s: float) -> Dict[str, Any]:
-    n = len(ops)
-    starts = np.fromiter((op.start_s for op in ops), dtype=float, count=n)
-    ends = np.fromiter((op.end_s for op in ops), dtype=float, count=n)
-    is_compute = np.fromiter((op.category == COMPUTE for op in ops), dtype=bool, count=n)
-    is_comm = np.fromiter((op.category == COMMUNICATION for op in ops), dtype=bool, count=n)
+    """The figures of one device, whose records are ``columns`` at
+    ``positions`` (in record order); ``kinds``: which records of
+    ``columns`` are compute, which communication."""
+    n = len(positions)
+    starts = columns.start_s[positions]
+    ends = columns.end_s[positions]
+    is_compute = kinds[0][positions]
+    is_comm = kinds[1][positions]
     compute_s = union_length_of(starts[is_compute], ends[is_compute])
     # communication not hidden behind compute: |comm u compute| - |compute|
     both = is_compute | is_comm
     exposed = union_length_of(starts[both], ends[both]) - compute_s
     busy = union_length_of(starts, ends)
-    flops = np.fromiter((op.flops for op in ops), dtype=float, count=n)
-    sent = np.fromiter((op.bytes for op in ops), dtype=float, count=n)
+    flops = columns.flops[positions]
+    sent = columns.bytes[positions]
     return {
         "rank": rank,
         "name": name,
@@ -85,6 +94,22 @@ def _device_summary(rank: int, name: str, capacity: int, ops: Sequence, peak: in
         "communication_bytes": float(sent[is_comm].sum()),
         "num_ops": n,
     }
+
+
+def _is(codes: np.ndarray, names: Sequence[Any], name: str) -> np.ndarray:
+    """Which of ``codes`` (indices into ``names``) stand for ``name``."""
+    return np.isin(codes, [c for c, x in enumerate(names) if x == name])
+
+
+def _by_device(columns: OpColumns, ranks: Sequence[int]) -> Dict[int, np.ndarray]:
+    """Each of ``ranks`` -> the positions of its records in ``columns``, in
+    record order (one sort for all devices)."""
+    order = columns.rank_order()
+    sorted_ranks = columns.rank[order]
+    wanted = np.asarray(ranks, dtype=np.int64)
+    lo = np.searchsorted(sorted_ranks, wanted, side="left").tolist()
+    hi = np.searchsorted(sorted_ranks, wanted, side="right").tolist()
+    return {r: order[a:b] for r, a, b in zip(ranks, lo, hi)}
 
 
 def _mean(devices: List[Dict[str, Any]], key: str) -> float:
@@ -106,11 +131,13 @@ def summarize(trace: Trace) -> Dict[str, Any]:
     """A JSON-ready summary of ``trace`` (see the module docstring and docs/outputs.md)."""
     step = step_time_of(trace)
     peaks = trace.peak_memory()
-    by_rank: Dict[int, list] = {d.rank: [] for d in trace.devices}
-    for op in trace.ops:
-        by_rank.setdefault(op.rank, []).append(op)
+    columns = trace.op_columns
+    kinds = (_is(columns.category, columns.categories, COMPUTE),
+             _is(columns.category, columns.categories, COMMUNICATION))
+    by_rank = _by_device(columns, [d.rank for d in trace.devices])
     devices = [
-        _device_summary(d.rank, d.name, d.capacity_bytes, by_rank[d.rank], peaks.get(d.rank, 0), step)
+        _device_summary(d.rank, d.name, d.capacity_bytes, columns, kinds, by_rank[d.rank],
+                        peaks.get(d.rank, 0), step)
         for d in sorted(trace.devices, key=lambda d: d.rank)
     ]
     # A reduced program simulates one device per class (trace.meta["represents"]).

@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from itertools import accumulate, repeat
-from operator import itemgetter, methodcaller
+from itertools import accumulate
+from operator import itemgetter
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -45,12 +45,12 @@ from ..ir.core import Function, Op, Value, gc_paused
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .memory import MemoryAccounting, memory_accounting
 from .network import Network
-from .program_index import (_FIRST, _META, _NAME, _OP_TYPE, _OUTPUTS, INPUT_CATEGORY,
-                            NOT_SIMULATED, RESIDENT_ROLES, ComputeStream, ProgramIndex,
-                            device_of, index_program, value_category)
+from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
+                            ProgramIndex, device_of, index_program, value_category)
+from .records import expand_to_followers, op_columns
 from .solo import SoloLedger, solo_teams
 from .symmetry import class_members, comm_positions, symmetry_classes
-from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, MemorySample, OpRecord, Trace
+from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, MemorySample, OpColumns, Trace
 
 __all__ = ["INPUT_CATEGORY", "RESIDENT_ROLES", "SimulationOptions", "Simulator",
            "collective_bytes", "simulate_function", "value_category"]
@@ -90,7 +90,6 @@ class SimulationOptions:
 
 
 _KINDS = {kind.op_type: kind for kind in CollectiveType}
-_DETAIL = methodcaller("get", "detail", "")
 
 
 def collective_bytes(op: Op, kind: Optional[CollectiveType] = None) -> int:
@@ -106,7 +105,7 @@ class _Collective:
     """Rendezvous of the team members of one communication op."""
 
     __slots__ = ("index", "op", "members", "arrivals", "done", "simulated", "started",
-                 "finished", "start_s", "end_s", "plan", "solo")
+                 "finished", "start_s", "end_s", "plan", "solo", "sent", "used")
 
     def __init__(self, env: simpy.Environment, index: int, op: Op, simulated: bool,
                  members: Tuple[int, ...]) -> None:
@@ -122,6 +121,8 @@ class _Collective:
         self.end_s = -math.inf
         self.plan: Optional[tuple] = None   # see Simulator._collective_plan
         self.solo = False                   # runs alone: no events (see .solo)
+        self.sent: Dict[int, float] = {}    # once finished: bytes each member put on the network
+        self.used = ""                      # once finished: the algorithm that ran
 
 
 class Simulator:
@@ -144,7 +145,7 @@ class Simulator:
         self._block_starts: Dict[int, List[float]] = {}   # rank -> start time of each block
         self._reached = 0.0       # the latest time a compute stream has scheduled to
         self._progress = 0        # blocks and collectives finished (for stall_events)
-        self._comm_records: List[OpRecord] = []
+        self._finished: List[_Collective] = []   # in the order they finished (their records)
         self._plans: Dict[tuple, tuple] = {}    # see _collective_plan
         self._sent: Dict[tuple, Dict[int, float]] = {}   # (plan, algorithm) -> bytes per rank
         self._solo = SoloLedger(topology, self.options.network_mode, self.options.record_links)
@@ -364,20 +365,17 @@ class Simulator:
         self._complete(coll, start, env.now, str(used or algorithm))
 
     def _complete(self, coll: _Collective, start: float, end: float, used: str) -> None:
-        """The collective ran from ``start`` to ``end``: record it on every
-        member, announce its outputs, wake the members waiting for it."""
-        op, plan = coll.op, coll.plan   # set by _find_solo or _run_collective
+        """The collective ran from ``start`` to ``end``: keep it for the
+        records (one per member, made after the run: :mod:`.records`),
+        announce its outputs, wake the members waiting for it."""
+        plan = coll.plan   # set by _find_solo or _run_collective
         coll.start_s, coll.end_s = start, end
         sent = self._sent.get((plan, used))
         if sent is None:
             kind, ranks, root, nbytes, _ = plan
             sent = self._sent[(plan, used)] = bytes_sent_by(kind, ranks, nbytes, root, used)
-        name, op_type = op.name, op.op_type
-        add = self._comm_records.append
-        make = tuple.__new__
-        for r in coll.members:
-            add(make(OpRecord, (r, COMM_STREAM, name, op_type, "communication", start, end, 0.0,
-                                sent[r], used)))
+        coll.sent, coll.used = sent, used
+        self._finished.append(coll)
         ready, waiters = self._ready, self._waiters
         for n in self.index.collective_outputs[coll.index]:
             ready[n] = end
@@ -432,31 +430,10 @@ class Simulator:
             end_s[ops] = s0 + (prefix[1:] - base)
         return start_s, end_s
 
-    def _records(self, start_s: np.ndarray, end_s: np.ndarray) -> List[OpRecord]:
-        """Every op record, sorted by (start, rank, stream, end)."""
-        ix = self.index
-        ops = ix.compute
-        outputs = list(map(_OUTPUTS, ops))
-        # an op's display name is its first result's (Op.name), made here
-        # without a Python call per op, as is each record
-        names = (list(map(_NAME, map(_FIRST, outputs))) if all(outputs)
-                 else list(map(_NAME, ops)))
-        fields = zip(ix.compute_rank.tolist(), repeat(COMPUTE_STREAM), names,
-                     map(_OP_TYPE, ops), repeat("compute"), start_s.tolist(), end_s.tolist(),
-                     ix.compute_flops.tolist(), ix.compute_bytes.tolist(),
-                     map(_DETAIL, map(_META, ops)))
-        # OpRecord(...) checks its arguments: slow by the million
-        compute = list(map(tuple.__new__, repeat(OpRecord), fields))
-        comm = self._comm_records
-        records = compute + comm
-        starts = np.concatenate([start_s, np.array([r.start_s for r in comm], dtype=float)])
-        ends = np.concatenate([end_s, np.array([r.end_s for r in comm], dtype=float)])
-        ranks = np.concatenate([ix.compute_rank,
-                                np.array([r.rank for r in comm], dtype=np.int64)])
-        # "comm" sorts before "compute"
-        streams = np.concatenate([np.ones(len(compute), np.int8), np.zeros(len(comm), np.int8)])
-        order = np.lexsort((ends, streams, ranks, starts))
-        return list(map(records.__getitem__, order.tolist()))
+    def _records(self, start_s: np.ndarray, end_s: np.ndarray) -> OpColumns:
+        """Every op record, as columns (:mod:`.records`); ``Trace.ops``
+        makes them tuples, sorted by (start, rank, stream, end), if asked."""
+        return op_columns(self.index, start_s, end_s, self._finished)
 
     def _memory(self, start_s: np.ndarray, end_s: np.ndarray) -> MemoryAccounting:
         """Per-value allocation and free times, then the per-device curve
@@ -495,17 +472,11 @@ class Simulator:
         return memory_accounting(device[keep], ix.size[keep], ix.category[keep], alloc[keep],
                                  free[keep], ix.categories, self.options.record_memory)
 
-    def _expand_symmetry(self, records: List[OpRecord], memory: MemoryAccounting
-                         ) -> Tuple[List[OpRecord], MemoryAccounting]:
+    def _expand_symmetry(self, records: OpColumns, memory: MemoryAccounting
+                         ) -> Tuple[OpColumns, MemoryAccounting]:
         """Give every follower its representative's records and memory."""
         members = class_members(self._rep)
-        simulated = self._simulated
-        records = [r for r in records if simulated(r.rank)]
-        make = tuple.__new__  # NamedTuple._replace is slow for millions of records
-        copies = [make(OpRecord, (m,) + rec[1:]) for rec in records
-                  for m in members[rec.rank][1:]]
-        sort_key = itemgetter(5, 0, 1, 6)
-        records = sorted(records + copies, key=sort_key) if copies else records
+        records = expand_to_followers(records, members)
         for head, group in members.items():
             for m in group[1:]:
                 if head in memory.peak:
@@ -563,20 +534,20 @@ class Simulator:
                        else "in flight (every member has reached it)")
             parts.append(f"device {rank} {stream}: %{op.name} ({op.op_type}) {why}")
         # compute streams run ahead of the clock: report the latest time reached
-        reached = max([self.env.now, self._reached] + [r.end_s for r in self._comm_records])
+        reached = max([self.env.now, self._reached] + [c.end_s for c in self._finished])
         head = "deadlock" if reason is None else f"stopped ({reason})"
         return (f"{head} at t={reached:.6g} s: {len(self._blocked)} stream(s) blocked: "
                 + "; ".join(parts))
 
-    def _trace(self, records: List[OpRecord], memory: MemoryAccounting) -> Trace:
+    def _trace(self, records: OpColumns, memory: MemoryAccounting) -> Trace:
         spec = self.topology.device_spec
         used = self.index.used_devices  # every value's device
         devices = [DeviceInfo(r, self.topology.device_node(r), int(spec.memory_bytes))
                    for r in self.topology.ranks if r in used]
-        end = max([self.env.now, self._reached] + [r.end_s for r in self._comm_records])
+        end = max([self.env.now, self._reached] + [c.end_s for c in self._finished])
         self._solo.settle(self.network)
         peaks = {r: dict(sorted(c.items())) for r, c in sorted(memory.peak_by_category.items())}
-        return Trace(devices=devices, ops=records, memory=memory.samples,
+        return Trace(devices=devices, op_columns=records, memory=memory.samples,
                      links=self.network.link_records(),
                      link_samples=self.network.link_samples(), step_time_s=float(end),
                      meta={"peak_memory_by_category": peaks,
