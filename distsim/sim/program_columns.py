@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from itertools import chain, count, repeat
 from operator import attrgetter, methodcaller
-from typing import Any, Dict, Iterable, List, Set
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from ..ir.op_kinds import KindLog
 from ..ir.types import Type
 
 _INPUTS, _OUTPUTS = attrgetter("inputs"), attrgetter("outputs")
-_TYPE, _OP_TYPE = attrgetter("type"), attrgetter("op_type")
+_TYPE, _NAME, _OP_TYPE = attrgetter("type"), attrgetter("name"), attrgetter("op_type")
 _IS_COMM = methodcaller("startswith", COMM_PREFIX)
 
 
@@ -88,6 +88,13 @@ class ProgramColumns:
         else:
             self.kinds, self.kind = ops, np.arange(n)
         self.is_comm = self.per_kind(map(_IS_COMM, map(_OP_TYPE, self.kinds)), bool)
+        self._names: Optional[List[str]] = None
+
+    def names(self) -> List[str]:
+        """Every value's name, by number (read once, when first asked for)."""
+        if self._names is None:
+            self._names = list(map(_NAME, self.values))
+        return self._names
 
     def numbers_of(self, values: List[Value]) -> np.ndarray:
         """The numbers of ``values`` (-1 for a value the program lacks)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import chain, count, islice, repeat
+from itertools import chain, compress, count, islice, repeat
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -362,8 +362,7 @@ def _categorise(ix: ProgramIndex, f: Function, col: ProgramColumns) -> None:
     category[n_in:] = op_cat[made]
     if grad_names:
         # a result named as a gradient is one, unless its op says otherwise
-        is_grad = np.fromiter(map(grad_names.__contains__, map(_NAME, islice(col.values, n_in,
-                                                                                None))),
+        is_grad = np.fromiter(map(grad_names.__contains__, islice(col.names(), n_in, None)),
                               bool, nv - n_in)
         has_explicit = col.per_kind(map(bool, explicit), bool)
         category[n_in:][is_grad & ~has_explicit[made]] = grad_cat
@@ -385,10 +384,11 @@ def _finish_values(ix: ProgramIndex, f: Function, col: ProgramColumns, size: np.
     updates = f.meta.get("updates", {})
     if not updates:
         return
-    wanted = set(updates) | set(updates.values())
-    names = list(map(_NAME, col.values))
-    hits = np.flatnonzero(np.fromiter(map(wanted.__contains__, names), bool, col.n_values))
-    number = dict(zip(map(names.__getitem__, hits.tolist()), hits.tolist()))  # the last of a name
+    wanted = set(updates)
+    wanted.update(updates.values())
+    names = col.names()
+    hit = list(map(wanted.__contains__, names))
+    number = dict(zip(compress(names, hit), compress(count(), hit)))  # the last of a name
     old = np.fromiter(map(number.get, updates, repeat(-1)), np.int64, len(updates))
     new = np.fromiter(map(number.get, updates.values(), repeat(-1)), np.int64, len(updates))
     size[new[new >= 0]] = 0
@@ -474,27 +474,32 @@ def _build_streams(ix: ProgramIndex, col: ProgramColumns, computes: np.ndarray, 
     k_of_op = np.full(col.n_ops, -1, np.int64)
     k_of_op[computes] = np.arange(nc)
     block_k = k_of_op[col.reader[outside]]
-    read = col.reads[outside].tolist()
+    read = col.reads[outside]
     starts_at = np.flatnonzero(np.r_[True, block_k[1:] != block_k[:-1]]) if len(block_k) \
         else _no_ints()
-    ends_at = np.r_[starts_at[1:], len(block_k)].astype(np.int64)
+    counts = np.diff(np.r_[starts_at, len(block_k)])
     heads = block_k[starts_at]
     cut = set(heads.tolist())
     for stream in streams.values():
         if stream.ops[0] not in cut:
             stream.block_starts.append((0, ()))
-    for dev, at, a, b in zip(c_dev[heads].tolist(), pos[heads].tolist(), starts_at.tolist(),
-                             ends_at.tolist()):
-        streams[dev].block_starts.append((at, tuple(read[a:b])))
+    # per stream (heads come in program order, so each stream's in its
+    # order): the blocks' positions, each with the tuple of values it reads
+    for dev, blocks in _groups(c_dev[heads]):
+        n = counts[blocks]
+        entries = np.repeat(starts_at[blocks] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        reads = iter(read[entries].tolist())
+        streams[dev].block_starts.extend(zip(pos[heads[blocks]].tolist(),
+                                             map(tuple, map(islice, repeat(reads), n.tolist()))))
     # exports: values other streams read, made by a simulated compute op
     p = ix.producer[exported]
     mine = p >= 0
     values, p = exported[mine], p[mine]
     dev_p, pos_p = c_dev[p], pos[p]
     order = np.lexsort((values, pos_p, dev_p))
-    for dev, at, n in zip(dev_p[order].tolist(), pos_p[order].tolist(),
-                          values[order].tolist()):
-        streams[dev].exports.append((at, n))
+    values, dev_p, pos_p = values[order], dev_p[order], pos_p[order]
+    for dev, at in _groups(dev_p):
+        streams[dev].exports.extend(zip(pos_p[at].tolist(), values[at].tolist()))
 
 
 def _collectives(ix: ProgramIndex, col: ProgramColumns, comms: np.ndarray, known: Set[int],
