@@ -548,6 +548,7 @@ class Simulator:
         self._solo.settle(self.network)
         peaks = {r: dict(sorted(c.items())) for r, c in sorted(memory.peak_by_category.items())}
         return Trace(devices=devices, op_columns=records, memory=memory.samples,
+                     memory_peaks=dict(memory.peak),
                      links=self.network.link_records(),
                      link_samples=self.network.link_samples(), step_time_s=float(end),
                      meta={"peak_memory_by_category": peaks,

@@ -240,7 +240,8 @@ class Trace:
                  links: Optional[List[LinkRecord]] = None,
                  link_samples: Optional[List[LinkSample]] = None, step_time_s: float = 0.0,
                  meta: Optional[Dict[str, Any]] = None, *,
-                 op_columns: Optional[OpColumns] = None) -> None:
+                 op_columns: Optional[OpColumns] = None,
+                 memory_peaks: Optional[Dict[int, int]] = None) -> None:
         if ops is not None and op_columns is not None:
             raise ValueError("Trace: give ops or op_columns, not both")
         self.devices = devices
@@ -252,6 +253,9 @@ class Trace:
         self.link_samples = [] if link_samples is None else link_samples
         self.step_time_s = step_time_s
         self.meta = {} if meta is None else meta
+        #: each device's peak live bytes, when the simulator gave them (it
+        #: always does, with or without the curve in ``memory``)
+        self.memory_peaks = memory_peaks
 
     @property
     def ops(self) -> List[OpRecord]:
@@ -280,6 +284,10 @@ class Trace:
         return [r for r in self.ops if r.rank == rank]
 
     def peak_memory(self) -> Dict[int, int]:
+        """Each device's peak live bytes: as the simulator gave them, else
+        the highest memory sample (0 for a device with neither)."""
+        if self.memory_peaks is not None:
+            return {d.rank: int(self.memory_peaks.get(d.rank, 0)) for d in self.devices}
         peak = {d.rank: 0 for d in self.devices}
         for s in self.memory:
             if s.live_bytes > peak.get(s.rank, 0):

@@ -58,3 +58,25 @@ def test_curve_peak_and_categories_match_the_definition(case):
     assert [tuple(s) for s in out.samples] == samples
     assert out.peak == peak
     assert out.peak_by_category == at_peak
+
+
+def test_the_summary_has_the_peaks_with_or_without_the_curve():
+    """record_memory=False drops the curve, not the peaks: the summary's
+    per-device peak memory is the same either way (it used to read 0, the
+    peaks being taken from the curve's samples only)."""
+    from distsim.api import build_program
+    from distsim.report.summary import summarize
+    from distsim.sim.simulator import SimulationOptions, simulate_function
+
+    program, _, topo = build_program("tiny", "dgx-a100", dp=2, tp=2, pp=2)
+    with_curve = simulate_function(program, topo, options=SimulationOptions(record_memory=True))
+    without = simulate_function(program, topo, options=SimulationOptions(record_memory=False))
+    assert with_curve.memory and not without.memory
+    peaks = {d["rank"]: d["peak_memory_bytes"] for d in summarize(with_curve)["devices"]}
+    assert min(peaks.values()) > 0
+    assert peaks == {d["rank"]: d["peak_memory_bytes"] for d in summarize(without)["devices"]}
+    # and the peaks given are the curve's highest samples
+    highest = {}
+    for s in with_curve.memory:
+        highest[s.rank] = max(highest.get(s.rank, 0), s.live_bytes)
+    assert peaks == highest
