@@ -20,7 +20,7 @@ resolved batch sizes). It never builds the whole program:
    compute and communication streams, and the items :class:`LowerSPMD`
    would emit, in the same program order (the same
    :func:`~distsim.transforms.pipeline.schedule_tasks`, the order of
-   :func:`~distsim.transforms.pipeline.merge_tasks` (:func:`merge_order`),
+   :func:`~distsim.transforms.pipeline.merge_tasks`,
    sends flushed the same way): each forward / backward task as one item (holding the
    communication stream when it has tensor-parallel collectives), the last
    backward of each chunk op by op with the data-parallel gradient sync
@@ -61,10 +61,10 @@ from ..transforms.strategy import Strategy
 from .estimate_profile import LayerProfile, layer_profile
 from .estimate_sync import shard_size
 from .estimate_engine import Timeline
-from .estimate_timeline import Builder, Case, Memo, merge_order, shared_prefix
+from .estimate_timeline import Builder, Case, Memo, shared_prefix
 
-__all__ = ["Case", "estimate", "estimate_memory", "extrapolation_lengths", "merge_order",
-           "resolve", "timeline_figures"]
+__all__ = ["Case", "estimate", "estimate_memory", "extrapolation_lengths", "resolve",
+           "timeline_figures"]
 
 #: Options the estimate ignores (they change how a simulation is run, not
 #: what it computes).

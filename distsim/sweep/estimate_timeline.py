@@ -3,7 +3,7 @@ program order, on one rank per pipeline stage (see :mod:`.estimate`).
 
 :class:`Builder` walks the pipeline schedule as
 :meth:`~distsim.transforms.spmd.LowerSPMD._lower` does (the same schedules,
-:func:`merge_order` for merge_tasks' order, sends flushed by estimated end)
+:func:`program_order`: merge_tasks' order, sends flushed by estimated end)
 and emits, per task, the per-layer times of a :class:`.estimate_profile.LayerProfile`
 as items of a :class:`.estimate_engine.Timeline`, then the gradient sync,
 tied-embedding all-reduce and optimizer as
@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
 from ..ir.comm import CollectiveType
 from ..ir.types import DType
 from ..models.gpt import GPTConfig
 from ..topology import Topology
-from ..transforms.pipeline import (partition_balanced, partition_layers, schedule_tasks,
-                                  task_dependencies)
+from ..transforms.pipeline import (merge_tasks, partition_balanced, partition_layers,
+                                  schedule_tasks)
 from ..transforms.strategy import Strategy
 from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_costs import collectives, op_costs
@@ -52,60 +51,17 @@ class Case:
 
 
 # -- the timeline -------------------------------------------------------------------
-def merge_order(per_rank: List[List[Tuple[str, int, int]]], chunks: int,
-                cost: Any) -> List[Tuple[int, Tuple[str, int, int], float, float]]:
-    """The same order as :func:`distsim.transforms.pipeline.merge_tasks`
-    (list scheduling: the rank whose next task can start earliest goes
-    next, ties to the lowest rank), with a heap instead of a scan of every
-    rank per task: O(tasks log ranks) for the long schedules of a search."""
-    pos = [0] * len(per_rank)
-    free = [0.0] * len(per_rank)
-    done: Dict[Tuple[str, int, int], float] = {}
-    waiting: Dict[Tuple[str, int, int], List[int]] = {}
-    heap: List[Tuple[float, int]] = []
-    out: List[Tuple[int, Tuple[str, int, int], float, float]] = []
-
-    def offer(r: int) -> None:
-        if pos[r] == len(per_rank[r]):
-            return
-        kind, mb, c = per_rank[r][pos[r]]
-        deps = task_dependencies(kind, mb, c, chunks)
-        start = free[r]
-        for d in deps:
-            end = done.get(d)
-            if end is None:
-                waiting.setdefault(d, []).append(r)
-                return
-            if end > start:
-                start = end
-        heapq.heappush(heap, (start, r))
-
-    for r in range(len(per_rank)):
-        offer(r)
-    while heap:
-        start, r = heapq.heappop(heap)
-        task = per_rank[r][pos[r]]
-        pos[r] += 1
-        free[r] = done[task] = start + cost(task)
-        out.append((r, task, start, done[task]))
-        offer(r)
-        for w in waiting.pop(task, ()):
-            offer(w)
-    if any(pos[r] < len(per_rank[r]) for r in range(len(per_rank))):
-        raise ConfigError("pipeline schedule deadlocks (a task waits for one that never runs)")
-    return out
-
-
 @lru_cache(maxsize=256)
 def program_order(schedule: str, pp: int, microbatches: int, chunks: int,
                   work: Tuple[Tuple[str, int, float], ...]
                   ) -> List[Tuple[int, Tuple[str, int, int], float, float]]:
-    """:func:`merge_order` of the schedule's tasks, LowerSPMD's program
+    """:func:`~distsim.transforms.pipeline.merge_tasks` of the schedule's
+    tasks, LowerSPMD's program
     order, with ``work`` (kind, chunk, cost) the cost of a task; the same
     for configurations that differ only in what happens after the backward
     (the ZeRO stage, buckets): kept (do not modify the list)."""
     cost = {(k, c): w for k, c, w in work}
-    return merge_order(schedule_tasks(schedule, pp, microbatches, chunks), pp * chunks,
+    return merge_tasks(schedule_tasks(schedule, pp, microbatches, chunks), pp * chunks,
                        lambda task: cost.get((task[0], task[2]), 1.0))
 
 

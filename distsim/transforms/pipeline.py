@@ -25,6 +25,7 @@ the bubble (``(pp - 1)`` stage-times of forward + backward) shrinks by
 """
 from __future__ import annotations
 
+import heapq
 from itertools import accumulate
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -190,31 +191,47 @@ def merge_tasks(per_rank: List[List[Task]], chunks: int,
     """One global order of every rank's tasks that respects each rank's
     order and the data dependencies (F of chunk c after F of chunk c-1, B
     of chunk c after B of chunk c+1), by list scheduling on estimated task
-    costs, so that the program order is close to the order in time.
-    Returns ``(rank, task, estimated start, estimated end)``."""
+    costs, so that the program order is close to the order in time: the
+    rank whose next task can start earliest goes next, ties to the lowest
+    rank. Returns ``(rank, task, estimated start, estimated end)``.
+
+    A rank's next task has a fixed earliest start once its dependencies
+    are done (it changes only when the rank runs it), so the ranks ready
+    to go wait in a heap and a rank waiting for a dependency is offered
+    again when that task is done: O(tasks log ranks), not a scan of every
+    rank per task (a 16-stage pipeline of 192 micro-batches has 6144)."""
     pos = [0] * len(per_rank)
     free = [0.0] * len(per_rank)
     done: Dict[Task, float] = {}
+    waiting: Dict[Task, List[int]] = {}
+    heap: List[Tuple[float, int]] = []
     out: List[Tuple[int, Task, float, float]] = []
-    remaining = sum(len(t) for t in per_rank)
-    while remaining:
-        best = None
-        for r, tasks in enumerate(per_rank):
-            if pos[r] == len(tasks):
-                continue
-            kind, mb, c = tasks[pos[r]]
-            deps = task_dependencies(kind, mb, c, chunks)
-            if any(d not in done for d in deps):
-                continue
-            start = max([free[r]] + [done[d] for d in deps])
-            if best is None or start < best[0]:
-                best = (start, r)
-        if best is None:
-            raise ConfigError("pipeline schedule deadlocks (a task waits for one that never runs)")
-        start, r = best
-        t = per_rank[r][pos[r]]
+
+    def offer(r: int) -> None:
+        if pos[r] == len(per_rank[r]):
+            return
+        kind, mb, c = per_rank[r][pos[r]]
+        start = free[r]
+        for d in task_dependencies(kind, mb, c, chunks):
+            end = done.get(d)
+            if end is None:
+                waiting.setdefault(d, []).append(r)
+                return
+            if end > start:
+                start = end
+        heapq.heappush(heap, (start, r))
+
+    for r in range(len(per_rank)):
+        offer(r)
+    while heap:
+        start, r = heapq.heappop(heap)
+        task = per_rank[r][pos[r]]
         pos[r] += 1
-        free[r] = done[t] = start + cost(t)
-        out.append((r, t, start, done[t]))
-        remaining -= 1
+        free[r] = done[task] = start + cost(task)
+        out.append((r, task, start, done[task]))
+        offer(r)
+        for w in waiting.pop(task, ()):
+            offer(w)
+    if any(pos[r] < len(tasks) for r, tasks in enumerate(per_rank)):
+        raise ConfigError("pipeline schedule deadlocks (a task waits for one that never runs)")
     return out

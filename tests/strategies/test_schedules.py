@@ -2,6 +2,8 @@
 (p-1)/(m+p-1) of the step for equal stages and free communication, and
 interleaving with v virtual stages divides the bubble by v. DDP bucketing
 hides gradient all-reduces behind the backward pass."""
+import random
+
 import pytest
 
 from distsim.api import SimulationResult
@@ -75,6 +77,51 @@ def test_schedules_respect_dependencies_and_1f1b_warmup():
     assert len(order) == 4 * 8 * 2 * 2
     with pytest.raises(ConfigError, match="not a multiple"):
         schedule_tasks("interleaved", 4, 6, 2)
+
+
+def list_scheduled(per_rank, chunks, cost):
+    """merge_tasks' definition, step by step: of the ranks whose next task
+    has its dependencies done, the one that can start earliest goes next
+    (ties: the lowest rank)."""
+    from distsim.transforms.pipeline import task_dependencies
+    pos, free, done, out = [0] * len(per_rank), [0.0] * len(per_rank), {}, []
+    while any(p < len(t) for p, t in zip(pos, per_rank)):
+        best = None
+        for r, tasks in enumerate(per_rank):
+            if pos[r] == len(tasks):
+                continue
+            deps = task_dependencies(*tasks[pos[r]], chunks)
+            if all(d in done for d in deps):
+                start = max([free[r]] + [done[d] for d in deps])
+                if best is None or start < best[0]:
+                    best = (start, r)
+        start, r = best
+        task = per_rank[r][pos[r]]
+        pos[r] += 1
+        free[r] = done[task] = start + cost(task)
+        out.append((r, task, start, done[task]))
+    return out
+
+
+@pytest.mark.parametrize("schedule, pp, m", [("1f1b", 4, 8), ("gpipe", 3, 5),
+                                              ("interleaved", 2, 6), ("1f1b", 1, 3),
+                                              ("interleaved", 4, 8), ("1f1b", 16, 48)])
+def test_merge_tasks_is_list_scheduling(schedule, pp, m):
+    rng = random.Random(7)
+    v = 2 if schedule == "interleaved" else 1
+    chunks = pp * v
+    work = {(k, c): rng.choice([1.0, 2.0, rng.random()]) for k in "FB" for c in range(chunks)}
+
+    def cost(task):
+        return work[(task[0], task[2])]
+
+    per_rank = schedule_tasks(schedule, pp, m, v)
+    assert merge_tasks(per_rank, chunks, cost) == list_scheduled(per_rank, chunks, cost)
+
+
+def test_a_schedule_that_deadlocks_is_a_config_error():
+    with pytest.raises(ConfigError, match="deadlocks"):
+        merge_tasks([[("B", 0, 0)], [("F", 0, 1)]], 2)
 
 
 def exposed_grad_sync(bucket_mb):

@@ -10,14 +10,11 @@ reduce-scatters the estimate folds into each backward task), memory within
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 
 import distsim
 from distsim.errors import ConfigError
 from distsim.sweep import estimate as est
-from distsim.transforms.pipeline import merge_tasks, schedule_tasks
 
 STEP_TOLERANCE = 0.03
 MEMORY_TOLERANCE = 0.02
@@ -90,22 +87,6 @@ def test_long_schedules_are_extrapolated_exactly(strategy):
     fast = est.timeline_figures(case, profile)
     for key, value in direct.items():
         assert fast[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-
-
-def test_merge_order_is_merge_tasks():
-    rng = random.Random(7)
-    for schedule, pp, m in [("1f1b", 4, 8), ("gpipe", 3, 5), ("interleaved", 2, 6),
-                            ("1f1b", 1, 3), ("interleaved", 4, 8)]:
-        v = 2 if schedule == "interleaved" else 1
-        chunks = pp * v
-        work = {(k, c): rng.choice([1.0, 2.0, rng.random()]) for k in "FB"
-                for c in range(chunks)}
-
-        def cost(task):
-            return work[(task[0], task[2])]
-
-        per_rank = schedule_tasks(schedule, pp, m, v)
-        assert est.merge_order(per_rank, chunks, cost) == merge_tasks(per_rank, chunks, cost)
 
 
 def test_what_the_estimator_cannot_do_is_a_config_error():
