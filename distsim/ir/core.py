@@ -143,9 +143,9 @@ class Function:
     # maps input names to "param" / "data" / "optimizer"; ``meta["grads"]``
     # maps a parameter name to its gradient's name. Not part of the text form.
     meta: Dict[str, Any] = field(default_factory=dict, compare=False)
-    # Which ops are copies of one another, as the builder that made the
-    # function knew it (a distsim.ir.op_kinds.KindLog), if one said so.
-    kinds: Optional[Any] = field(default=None, compare=False, repr=False)
+    # What the builder that made the function knew (kinds of op, columns):
+    # a distsim.ir.build_log.BuildLog, if one wrote it down.
+    build_log: Optional[Any] = field(default=None, compare=False, repr=False)
 
     def values(self) -> Iterator[Value]:
         """Every value defined in the function, inputs first, in order."""

@@ -1,15 +1,18 @@
 """A program read into flat arrays: what the simulator's index is derived from.
 
 Values are numbered function inputs first, then each op's results in
-program order; every op's operands, results and value types are read by
-C-level maps over the objects (no Python step per op).
+program order. Where the builder wrote the program's columns down (a
+:class:`~distsim.ir.build_log.BuildLog` whose columns still describe the
+function), they are taken as they are; otherwise every op's operands,
+results and value types are read by C-level maps over the objects (no
+Python step per op).
 
 Facts of an op that depend only on its type, attributes, sub-functions and
 ``meta`` (its cost signature, memory category, a collective's team) are
 worked out per *kind* of op, over :attr:`ProgramColumns.kinds`, and spread
 to the ops by :attr:`ProgramColumns.kind`. Where the builder said which ops
-are copies of one template (a :class:`~distsim.ir.op_kinds.KindLog` in
-``function.kinds``, still describing the function), a kind is a template's
+are copies of one template (a :class:`~distsim.ir.build_log.BuildLog` in
+``function.build_log``, still describing the function), a kind is a template's
 copies, and those facts are read once per template; otherwise every op is
 a kind of its own. Both give the same index (tested).
 """
@@ -24,7 +27,7 @@ import numpy as np
 from ..errors import SimulationError
 from ..ir.comm import COMM_PREFIX
 from ..ir.core import Function, Op, Value
-from ..ir.op_kinds import KindLog
+from ..ir.build_log import BuildLog
 from ..ir.types import Type
 
 _INPUTS, _OUTPUTS = attrgetter("inputs"), attrgetter("outputs")
@@ -48,7 +51,9 @@ class ProgramColumns:
     ``out_start`` (each op's first result), ``reader`` (the op of each
     entry of ``reads``), ``maker`` (the op making each value, -1 for an
     input); ``kinds`` (one op standing for each kind, in program order) and
-    ``kind`` (each op's, a position in ``kinds``); ``is_comm`` per op.
+    ``kind`` (each op's, a position in ``kinds``); ``is_comm`` per op;
+    ``outputs`` (the numbers of the function's outputs, -1 for one the
+    program does not define).
 
     A SimulationError names a value defined twice or an operand that no op
     or input defines."""
@@ -57,16 +62,58 @@ class ProgramColumns:
         f = self.function = function
         ops = self.ops = f.ops
         n = self.n_ops = len(ops)
+        self.n_inputs = len(f.inputs)
+        #: from the builder's columns (BuildLog): the results named as
+        #: gradients and the in-place updates (old -> new, -1: no value) by
+        #: number; None: found by name
+        self.gradients: Optional[np.ndarray] = None
+        self.in_place: Optional[Dict[int, int]] = None
+        log = f.build_log
+        logged = isinstance(log, BuildLog) and log.matches(f)
+        if logged and log.columns_match(f):
+            self._from_columns(log)
+        else:
+            self._from_objects()
+        self.in_start = np.cumsum(self.n_in) - self.n_in
+        self.out_start = self.n_inputs + np.cumsum(self.n_out) - self.n_out
+        self.reader = np.repeat(np.arange(n), self.n_in)
+        self.maker = np.concatenate([np.full(self.n_inputs, -1, np.int64),
+                                     np.repeat(np.arange(n), self.n_out)])
+        if logged:
+            self.kinds: List[Op] = list(map(ops.__getitem__, log.firsts))
+            self.kind = np.array(log.kind, np.int64).reshape(-1)
+        else:
+            self.kinds, self.kind = ops, np.arange(n)
+        self.is_comm = self.per_kind(map(_IS_COMM, map(_OP_TYPE, self.kinds)), bool)
+        self._names: Optional[List[str]] = None
+
+    def _from_columns(self, log: BuildLog) -> None:
+        """What the builder wrote down: no op or value is read."""
+        self.values = log.values
+        self.types: List[Type] = log.types
+        self.n_values = len(log.values)
+        self.n_in = np.array(log.n_in, np.int64).reshape(-1)
+        self.n_out = np.array(log.n_out, np.int64).reshape(-1)
+        self.reads = np.array(log.reads, np.int64).reshape(-1)
+        self.outputs = np.array(log.outputs, np.int64).reshape(-1)
+        if log.gradients is not None:
+            self.gradients = np.array(log.gradients, np.int64).reshape(-1)
+        self.in_place = log.in_place
+
+    def _from_objects(self) -> None:
+        """Every op's operands and results, and every value's type, read by
+        C-level maps."""
+        f, ops = self.function, self.ops
+        n = self.n_ops
         inputs_of = list(map(_INPUTS, ops))
         outputs_of = list(map(_OUTPUTS, ops))
         values = self.values = list(f.inputs)
         values.extend(chain.from_iterable(outputs_of))
         nv = self.n_values = len(values)
-        self.n_inputs = len(f.inputs)
-        vid = self._vid = dict(zip(values, range(nv)))
+        vid = dict(zip(values, range(nv)))
         if len(vid) != nv:
             raise SimulationError(_defined_twice(f))
-        self.types: List[Type] = list(map(_TYPE, values))
+        self.types = list(map(_TYPE, values))
         self.n_in = np.fromiter(map(len, inputs_of), np.int64, n)
         self.n_out = np.fromiter(map(len, outputs_of), np.int64, n)
         try:
@@ -74,31 +121,14 @@ class ProgramColumns:
                                      np.int64, int(self.n_in.sum()))
         except KeyError:
             raise SimulationError(_undefined_read(f, vid)) from None
-        self.in_start = np.cumsum(self.n_in) - self.n_in
-        self.out_start = self.n_inputs + np.cumsum(self.n_out) - self.n_out
-        self.reader = np.repeat(np.arange(n), self.n_in)
-        self.maker = np.concatenate([np.full(self.n_inputs, -1, np.int64),
-                                     np.repeat(np.arange(n), self.n_out)])
-        log = f.kinds
-        if isinstance(log, KindLog) and log.matches(f):
-            # each op's kind: the position of the first op logged with its token
-            firsts, kind = np.unique(codes(map(id, log.tokens), n), return_inverse=True)
-            self.kinds: List[Op] = pick(ops, firsts)
-            self.kind = kind.reshape(-1)
-        else:
-            self.kinds, self.kind = ops, np.arange(n)
-        self.is_comm = self.per_kind(map(_IS_COMM, map(_OP_TYPE, self.kinds)), bool)
-        self._names: Optional[List[str]] = None
+        self.outputs = np.fromiter(map(vid.get, f.outputs, repeat(-1)), np.int64,
+                                   len(f.outputs))
 
     def names(self) -> List[str]:
         """Every value's name, by number (read once, when first asked for)."""
         if self._names is None:
             self._names = list(map(_NAME, self.values))
         return self._names
-
-    def numbers_of(self, values: List[Value]) -> np.ndarray:
-        """The numbers of ``values`` (-1 for a value the program lacks)."""
-        return np.fromiter(map(self._vid.get, values, repeat(-1)), np.int64, len(values))
 
     def first_operand(self) -> np.ndarray:
         """Each op's first result, else its first operand (-1: neither):

@@ -112,7 +112,8 @@ class ProgramIndex:
     ``kind_members``), the bytes of each one's first operand and result,
     ``collective_inputs`` / ``collective_outputs`` (value numbers; the
     inputs flat too, as the compute ops' are), and for
-    every simulated rank its collectives in program order (``comm_streams``).
+    every simulated rank its collectives in program order (``comm_streams``)
+    with its own operands of each (``comm_inputs``).
     """
 
     function: Function
@@ -150,6 +151,9 @@ class ProgramIndex:
     in_place: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
     compute_streams: Dict[int, ComputeStream] = field(default_factory=dict)
     comm_streams: Dict[int, List[int]] = field(default_factory=dict)
+    #: for each simulated rank, its own operands (those on its device) of
+    #: each collective of its comm stream, in the same order
+    comm_inputs: Dict[int, List[Tuple[int, ...]]] = field(default_factory=dict)
     used_devices: Set[int] = field(default_factory=set)
 
     def op_label(self, op: Op) -> str:
@@ -362,8 +366,12 @@ def _categorise(ix: ProgramIndex, f: Function, col: ProgramColumns) -> None:
     category[n_in:] = op_cat[made]
     if grad_names:
         # a result named as a gradient is one, unless its op says otherwise
-        is_grad = np.fromiter(map(grad_names.__contains__, islice(col.names(), n_in, None)),
-                              bool, nv - n_in)
+        if col.gradients is not None:     # as the builder numbered them
+            is_grad = np.zeros(nv - n_in, bool)
+            is_grad[col.gradients - n_in] = True
+        else:
+            is_grad = np.fromiter(map(grad_names.__contains__, islice(col.names(), n_in, None)),
+                                  bool, nv - n_in)
         has_explicit = col.per_kind(map(bool, explicit), bool)
         category[n_in:][is_grad & ~has_explicit[made]] = grad_cat
     ix.category = category
@@ -378,19 +386,25 @@ def _finish_values(ix: ProgramIndex, f: Function, col: ProgramColumns, size: np.
     kept[:col.n_inputs] = np.fromiter(
         map(RESIDENT_ROLES.__contains__, map(roles.get, map(_NAME, f.inputs))), bool,
         col.n_inputs)
-    returned = col.numbers_of(f.outputs)
+    returned = col.outputs
     kept[returned[returned >= 0]] = True
     ix.kept = kept
     updates = f.meta.get("updates", {})
     if not updates:
         return
-    wanted = set(updates)
-    wanted.update(updates.values())
-    names = col.names()
-    hit = list(map(wanted.__contains__, names))
-    number = dict(zip(compress(names, hit), compress(count(), hit)))  # the last of a name
-    old = np.fromiter(map(number.get, updates, repeat(-1)), np.int64, len(updates))
-    new = np.fromiter(map(number.get, updates.values(), repeat(-1)), np.int64, len(updates))
+    if col.in_place is not None:          # as the builder numbered them
+        pairs = col.in_place
+        old = np.fromiter(pairs.keys(), np.int64, len(pairs))
+        new = np.fromiter(pairs.values(), np.int64, len(pairs))
+    else:
+        wanted = set(updates)
+        wanted.update(updates.values())
+        names = col.names()
+        hit = list(map(wanted.__contains__, names))
+        number = dict(zip(compress(names, hit), compress(count(), hit)))  # the last of a name
+        old = np.fromiter(map(number.get, updates, repeat(-1)), np.int64, len(updates))
+        new = np.fromiter(map(number.get, updates.values(), repeat(-1)), np.int64,
+                          len(updates))
     size[new[new >= 0]] = 0
     both = (old >= 0) & (new >= 0)
     old, new = old[both], new[both]
@@ -428,7 +442,13 @@ def _costs(col: ProgramColumns, computes: np.ndarray, shape_of: np.ndarray, cost
     content = _codes(zip(type_code.tolist(), attr_code.tolist(), sub_code.tolist()), nk)[at]
     n_in, n_out = col.n_in[computes], col.n_out[computes]
     # ops of one content and arity share a row width: each group is one table
-    for _, group in _groups(_codes(zip(content.tolist(), n_in.tolist(), n_out.tolist()), nc)):
+    # (content, arity) as one integer (arities below 2**16: one op reads
+    # or makes no more values than that here; else told apart as tuples)
+    if len(n_in) and max(int(n_in.max()), int(n_out.max())) < 1 << 16:
+        shape_key = (content << 32) | (n_in << 16) | n_out
+    else:
+        shape_key = _codes(zip(content.tolist(), n_in.tolist(), n_out.tolist()), nc)
+    for _, group in _groups(shape_key):
         taken = computes[group]
         k_in, k_out = int(n_in[group[0]]), int(n_out[group[0]])
         shapes = np.concatenate([
@@ -549,6 +569,20 @@ def _collectives(ix: ProgramIndex, col: ProgramColumns, comms: np.ndarray, known
                               if len(rank) else [], bool)
     keep = simulated_rank[rank] if len(rank) else np.zeros(0, bool)
     rank, which = rank[keep], which[keep]
+    # each member reads its own operands of a collective, those on its
+    # device: the reads ordered by (device, collective), each member's slice
+    read_coll = np.repeat(np.arange(n), ix.collective_read_counts)
+    read_key = ix.device[ix.collective_reads] * max(n, 1) + read_coll
+    order = np.argsort(read_key, kind="stable")
+    read_key = read_key[order]
+    own_reads = ix.collective_reads[order]
     # streams in the order their ranks first take part
     for r, at in _groups(rank):
-        ix.comm_streams[r] = which[at].tolist()
+        colls = which[at]
+        ix.comm_streams[r] = colls.tolist()
+        member_key = r * max(n, 1) + colls
+        lo = np.searchsorted(read_key, member_key, "left")
+        own = np.searchsorted(read_key, member_key, "right") - lo
+        mine = iter(own_reads[np.repeat(lo - (np.cumsum(own) - own), own)
+                              + np.arange(int(own.sum()))].tolist())
+        ix.comm_inputs[r] = list(map(tuple, map(islice, repeat(mine), own.tolist())))

@@ -177,7 +177,6 @@ class Simulator:
         ix = self.index = index_program(f, self.topology, self.cost,
                                         self._simulated if rep else (lambda r: True))
         self._ready = [None] * len(ix.values)
-        self._device = ix.device.tolist()   # read per collective operand
         for n in range(len(f.inputs)):       # function inputs are numbered first
             self._ready[n] = 0.0
         env = self.env
@@ -302,20 +301,19 @@ class Simulator:
             else:
                 self.env.process(self._run_collective(coll))
 
-    def _comm_stream(self, rank: int, indices: List[int]):
+    def _comm_stream(self, rank: int, indices: List[int], inputs: List[Tuple[int, ...]]):
+        """A rank's communication stream: each collective in turn, reached
+        when the previous one has ended and the rank's own operands of it
+        (``inputs``, aligned with ``indices``) are ready."""
         key = (rank, COMM_STREAM)
         ready = self._ready
-        ix = self.index
-        device = self._device
         followers = self._followers.get(rank)
         collectives = self._collectives
         t = 0.0
-        for k, c in enumerate(indices):
+        for k, (c, own) in enumerate(zip(indices, inputs)):
             coll = collectives[c]
             arrival = t
-            for n in ix.collective_inputs[c]:
-                if device[n] != rank:
-                    continue
+            for n in own:
                 r = ready[n]
                 if r is None:
                     yield self._wait_known(key, coll.op, n)
@@ -401,7 +399,8 @@ class Simulator:
             if kind == COMPUTE_STREAM:
                 self.env.process(self._compute_stream(ix.compute_streams[rank], prefixes[rank]))
             else:
-                self.env.process(self._comm_stream(rank, ix.comm_streams[rank]))
+                self.env.process(self._comm_stream(rank, ix.comm_streams[rank],
+                                                   ix.comm_inputs[rank]))
         self._run_events()
         if self._blocked:
             raise SimulationError(self._deadlock_report())

@@ -54,7 +54,7 @@ from ..cost.flops import op_flops
 from ..cost.model import CostModel
 from ..errors import PassPreconditionError
 from ..ir.builder import NameScope
-from ..ir.op_kinds import KindLog
+from ..ir.build_log import BuildLog
 from ..ir.comm import CollectiveType, io_ranks
 from ..ir.core import Function, Op, Value, gc_paused, normalize_attr
 from ..ir.ops_fused import FUSED
@@ -79,8 +79,8 @@ class Emitter:
         self.function = Function(name)
         # which ops are copies of one another (the simulator reads the
         # facts they share once per kind)
-        self.kinds = self.function.kinds = KindLog(self.function)
-        # kinds of op (KindLog tokens) by (completed attributes and result
+        self.log = self.function.build_log = BuildLog(self.function)
+        # kinds of op (BuildLog tokens) by (completed attributes and result
         # types, the meta entries a kind shares)
         self._kind_tokens: Dict[tuple, tuple] = {}
         self.present = present  # None: every rank is in the program
@@ -131,7 +131,7 @@ class Emitter:
              meta: Optional[Dict[str, Any]], kind: Any = None) -> List[Value]:
         """Append an op whose attributes are complete and normalized and
         whose result types are known (``attrs`` is copied, not kept).
-        ``kind``: its :class:`~distsim.ir.op_kinds.KindLog` token (None:
+        ``kind``: its :class:`~distsim.ir.build_log.BuildLog` token (None:
         a kind of its own)."""
         if len(names) != len(types):
             names = [f"{names[0]}.{i}" for i in range(len(types))]
@@ -140,7 +140,7 @@ class Emitter:
         op = Op.trusted(op_type, tuple(inputs), tuple(outs), dict(attrs), (),
                         dict(meta) if meta else {})
         self.function.ops.append(op)
-        self.kinds.add(op, kind)
+        self.log.add(op, kind)
         return outs
 
     def one(self, op_type: str, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]],
@@ -539,7 +539,7 @@ class LowerSPMD:
         taken = names._taken
         fresh = names.fresh
         ops = em.function.ops
-        add_kind = em.kinds.add
+        add_kind = em.log.add
         trusted = Op.trusted
         subs = (seg.function,)
         mb_part = f"_m{mb}" if self.M > 1 else ""

@@ -1,10 +1,11 @@
-"""Kinds of op as a builder logs them (distsim.ir.op_kinds) against the
-ops they stand for: the simulator's index of a program built by
-DataParallel or the transformer lowering is the same, field by field,
-whether the facts an op's kind decides are read once per kind or from
-every op; the ops of a kind agree on those facts; and a log that no longer
-describes its function (an op appended, replaced, moved or taken away) is
-not used."""
+"""What builders log (distsim.ir.build_log) against the objects it stands
+for: the simulator's index of a program built by DataParallel or the
+transformer lowering is the same, field by field, whether it comes from
+the builder's log (kinds of op; DataParallel's columns: value numbers,
+types, operands, gradients, in-place updates) or from reading every op and
+value; the ops of a kind agree on what a kind promises; and a log that no
+longer describes its function (an op appended, replaced, moved or taken
+away, an input or output changed) is not used."""
 import dataclasses
 
 import numpy as np
@@ -17,6 +18,7 @@ from distsim.ir.comm import members
 from distsim.models import MLPConfig, mlp_training_step
 from distsim.sim.program_columns import ProgramColumns
 from distsim.sim.program_index import index_program
+from distsim.topology import load_topology
 from distsim.transforms.data_parallel import DataParallel
 
 # (model, topology, strategy): DataParallel, and the transformer lowering
@@ -72,15 +74,15 @@ def test_the_index_with_the_builders_kinds_is_the_index_with_a_kind_per_op(name)
     cost = CostModel(topo.device_spec)
     assert len(ProgramColumns(program).kinds) < len(program.ops)   # the log is used
     logged = index_program(program, topo, cost, lambda r: True)
-    log, program.kinds = program.kinds, None
+    log, program.build_log = program.build_log, None
     assert ProgramColumns(program).kinds is program.ops
     read = index_program(program, topo, cost, lambda r: True)
-    program.kinds = log
+    program.build_log = log
     assert_same_index(logged, read)
 
 
 def same_facts(op):
-    """What the ops of one kind share (see distsim.ir.op_kinds)."""
+    """What the ops of one kind share (see distsim.ir.build_log)."""
     m = op.meta
     return (op.op_type, op.attrs, tuple(map(id, op.subfunctions)),
             m.get("category"), m.get("role"), m.get("phase"), m.get("detail"))
@@ -107,9 +109,71 @@ def test_data_parallel_logs_the_copies_of_a_template_op_as_one_kind():
         assert program.ops.index(op) >= firsts[k]
 
 
-def _dp_program():
+def _dp_program(n=2, step=None):
+    step = step or mlp_training_step(MLPConfig(layers=2, hidden=16, batch=8, dtype="f32"))
+    return DataParallel(n)(step)
+
+
+def read_from_objects(program):
+    """The program's columns read from its objects (the log set aside)."""
+    log, program.build_log = program.build_log, None
+    try:
+        return ProgramColumns(program)
+    finally:
+        program.build_log = log
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_data_parallel_columns_are_those_of_its_objects(n):
+    program = _dp_program(n)
+    logged = ProgramColumns(program)
+    assert logged.in_place is not None and logged.gradients is not None   # the columns are used
+    read = read_from_objects(program)
+    assert logged.values == read.values and logged.types == read.types
+    for name in ("n_in", "n_out", "reads", "outputs", "maker", "is_comm"):
+        assert np.array_equal(getattr(logged, name), getattr(read, name)), name
+    # gradients and in-place updates: what the meta tables name
+    names = read.names()
+    grads = set(program.meta["grads"].values())
+    assert sorted(logged.gradients.tolist()) == \
+        [k for k, v in enumerate(names) if v in grads and k >= read.n_inputs]
+    number = {v: k for k, v in enumerate(names)}
+    updates = {number[a]: number.get(b, -1) for a, b in program.meta["updates"].items()
+               if a in number}
+    assert logged.in_place == updates and (n == 1 or len(updates) > 0)
+
+
+def test_a_template_name_that_a_copy_also_has_leaves_gradients_and_updates_to_names():
+    """A step value named like another value's copy (``w_r0``): only a
+    lookup by name says which value the meta tables name, so the log gives
+    no gradients or updates, and the index is still the objects' one."""
     step = mlp_training_step(MLPConfig(layers=2, hidden=16, batch=8, dtype="f32"))
-    return DataParallel(2)(step)
+    grad = step.meta["grads"]["w0"]
+    renamed = grad + "_r0"       # the copy of another value would be called that
+    for v in step.values():
+        if v.name == grad:
+            v.name = renamed
+    step.meta["grads"] = {p: (renamed if g == grad else g) for p, g in step.meta["grads"].items()}
+    step.meta["updates"] = {k: v for k, v in step.meta.get("updates", {}).items()}
+    other = next(v for v in step.values() if v.name not in (renamed,) and v in
+                 {o for op in step.ops for o in op.outputs})
+    other.name = grad           # its copy on rank 0 is named like the gradient's template
+    program = DataParallel(2)(step)
+    col = ProgramColumns(program)
+    assert col.gradients is None and col.in_place is None
+    topo = load_topology("dgx-a100")
+    cost = CostModel(topo.device_spec)
+    logged = index_program(program, topo, cost, lambda r: True)
+    program.build_log = None
+    assert_same_index(logged, index_program(program, topo, cost, lambda r: True))
+
+
+def _change_input(f):
+    f.inputs.append(Value("unused", f.inputs[0].type))
+
+
+def _change_output(f):
+    f.outputs = f.outputs[1:]
 
 
 def _append_op(f):
@@ -133,10 +197,20 @@ def _reorder(f):
 @pytest.mark.parametrize("edit", [_append_op, _replace_op, _drop_op, _reorder])
 def test_a_log_that_no_longer_describes_its_function_is_not_used(edit):
     program = _dp_program()
-    assert program.kinds.matches(program)
+    assert program.build_log.matches(program)
     edit(program)
-    assert not program.kinds.matches(program)
+    assert not program.build_log.matches(program)
     assert ProgramColumns(program).kinds is program.ops
+
+
+@pytest.mark.parametrize("edit", [_change_input, _change_output])
+def test_columns_that_no_longer_describe_the_inputs_or_outputs_are_not_used(edit):
+    program = _dp_program()
+    assert program.build_log.columns_match(program)
+    edit(program)
+    assert program.build_log.matches(program)             # the kinds still hold
+    assert not program.build_log.columns_match(program)
+    assert ProgramColumns(program).in_place is None       # read from the objects
 
 
 def test_a_copy_of_the_function_does_not_use_the_original_log():
@@ -144,8 +218,8 @@ def test_a_copy_of_the_function_does_not_use_the_original_log():
     has the same ops (a copy may be edited apart from the original)."""
     program = _dp_program()
     copy = dataclasses.replace(program, ops=list(program.ops))
-    assert copy.kinds is program.kinds and not copy.kinds.matches(copy)
-    assert program.kinds.matches(program)
+    assert copy.build_log is program.build_log and not copy.build_log.matches(copy)
+    assert program.build_log.matches(program)
 
 
 @pytest.mark.parametrize("name", ["dp-mlp", "gpt-zero3-coarsened", "gpt-interleaved-symmetry"])

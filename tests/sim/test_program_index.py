@@ -131,6 +131,11 @@ def test_comm_streams_list_each_members_collectives(indexed):
                                     for op in program.ops if is_communication(op)]
     assert ix.collective_reads.tolist() == [n for t in ix.collective_inputs for n in t]
     assert ix.collective_read_counts.tolist() == [len(t) for t in ix.collective_inputs]
+    # each member's own operands: those of the collective on its device
+    colls = [op for op in program.ops if is_communication(op)]
+    assert ix.comm_inputs == {
+        r: [tuple(number[v] for v in colls[c].inputs if v.type.device == r) for c in cs]
+        for r, cs in expected.items()}
 
 
 def _two_ops(first_out: Value, second_out: Value, x: Value):
