@@ -188,8 +188,11 @@ _FIRST = itemgetter(0)
 def _kinds_of(col: ProgramColumns, at: np.ndarray) -> Tuple[List[Op], np.ndarray]:
     """The kinds of the ops at positions ``at`` (an op standing for each)
     and, for each of those ops, its kind's place in that list."""
-    used, where = np.unique(col.kind[at], return_inverse=True)
-    return pick(col.kinds, used), where.reshape(-1)
+    kind = col.kind[at]
+    used = np.flatnonzero(np.bincount(kind, minlength=len(col.kinds)))
+    place = np.empty(len(col.kinds), np.int64)
+    place[used] = np.arange(len(used))
+    return pick(col.kinds, used), place[kind]
 
 
 def _groups(keys: np.ndarray) -> List[Tuple[int, np.ndarray]]:
@@ -318,7 +321,10 @@ def index_program(function: Function, topology, cost: CostModel,
                               & (op_dev[np.maximum(made_by, 0)] == op_dev[reader])
                               & (made_by < reader))
     outside = entry_compute & ~inside
-    exported = np.unique(np.concatenate([reads[outside], reads[is_comm[reader]]]))
+    exported = np.zeros(nv, bool)
+    exported[reads[outside]] = True
+    exported[reads[is_comm[reader]]] = True
+    exported = np.flatnonzero(exported)
     _build_streams(ix, col, computes, c_dev, outside, exported)
     _collectives(ix, col, comms, known, topology, is_sim, simulated)
     return ix
