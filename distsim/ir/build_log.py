@@ -78,6 +78,12 @@ class BuildLog:
         self.gradients: Optional[List[int]] = None
         self.in_place: Optional[Dict[int, int]] = None
 
+    def __reduce__(self):
+        """A pickled function carries no log (it is a cache of its
+        builder's knowledge, tied to the objects of one process): it
+        unpickles as ``build_log = None``, and is read from its objects."""
+        return (_no_log, ())
+
     def add(self, op: Op, token: Optional[Hashable] = None) -> None:
         """``op`` was appended to the function's ops (its values not
         numbered here: a numbered log stops keeping columns)."""
@@ -136,3 +142,8 @@ class BuildLog:
                 and all(map(is_, function.inputs, values))
                 and len(function.outputs) == len(self.outputs)
                 and all(map(is_, function.outputs, map(values.__getitem__, self.outputs))))
+
+
+def _no_log() -> None:
+    """What a pickled :class:`BuildLog` unpickles as."""
+    return None

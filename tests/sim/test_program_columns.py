@@ -235,3 +235,15 @@ def test_each_collective_gets_the_plan_of_its_own_op(name):
     for coll in planned:
         assert coll.plan == sim._collective_plan(coll.op)
         assert coll.members == members(coll.op)
+
+
+@pytest.mark.parametrize("name", ["dp-mlp", "gpt-zero3-coarsened"])
+def test_a_pickled_program_leaves_its_log_behind_and_simulates_the_same(name):
+    import pickle
+
+    from distsim.sim.simulator import simulate_function
+    program, _, topo = built(name)
+    copy = pickle.loads(pickle.dumps(program))
+    assert copy.build_log is None
+    assert copy.structural_key() == program.structural_key()
+    assert simulate_function(copy, topo).step_time_s == simulate_function(program, topo).step_time_s
