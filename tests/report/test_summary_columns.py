@@ -123,15 +123,8 @@ A100 = load_topology("dgx-a100")
 
 @pytest.mark.parametrize("symmetry", [False, True])
 @pytest.mark.parametrize("case", ["mlp", "gpt", "zero3"])
-def test_simulated_summary_equals_the_per_record_one(case, symmetry):
-    if case == "mlp":
-        program, topo = _mlp_dp(8, 3), A100
-    elif case == "gpt":
-        program, _, topo = build_program("gpt2", "dgx-a100", layers=2, seq=32, tp=2, pp=2, dp=2,
-                                         microbatches=4)
-    else:
-        program, _, topo = build_program("gpt2", "dgx-a100", layers=1, seq=32, tp=2, dp=4,
-                                         zero=3)
+def test_simulated_summary_equals_the_per_record_one(case, symmetry, small_program):
+    program, topo = small_program(case)
     trace = simulate_function(program, topo, options=SimulationOptions(symmetry=symmetry))
     summary = check(trace)
     # the same figures from a trace rebuilt from the records (columns made from the list)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from distsim.api import build_program
 from distsim.bench.cases import _mlp_dp
 from distsim.sim.records import CATEGORIES, STREAMS, expand_to_followers
 from distsim.sim.simulator import SimulationOptions, Simulator, simulate_function
@@ -77,15 +76,8 @@ A100 = load_topology("dgx-a100")
 
 @pytest.mark.parametrize("symmetry", [False, True])
 @pytest.mark.parametrize("case", ["mlp", "gpt", "zero3"])
-def test_lazy_records_equal_the_eager_ones(case, symmetry):
-    if case == "mlp":
-        program, topo = _mlp_dp(8, 3), A100
-    elif case == "gpt":
-        program, _, topo = build_program("gpt2", "dgx-a100", layers=2, seq=32, tp=2, pp=2, dp=2,
-                                         microbatches=4)
-    else:
-        program, _, topo = build_program("gpt2", "dgx-a100", layers=1, seq=32, tp=2, dp=4,
-                                         zero=3)
+def test_lazy_records_equal_the_eager_ones(case, symmetry, small_program):
+    program, topo = small_program(case)
     trace, eager = run_with_eager(program, topo, symmetry=symmetry)
     assert trace.num_ops == len(eager)
     records = trace.ops
