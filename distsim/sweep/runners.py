@@ -51,6 +51,24 @@ WORKERS_CANNOT_START = (
     "`if __name__ == \"__main__\":` (or pass workers=1 to run in this process)")
 
 
+def close_pool(pool: ProcessPoolExecutor) -> None:
+    """Shut ``pool`` down and wait for its workers.
+
+    A pool that broke (a worker died) stops its other workers and then
+    waits for each of them; but a worker started by a ``submit`` that ran
+    while the pool was noticing the death is not stopped and is waited for
+    forever (a race in Python 3.11's ProcessPoolExecutor between ``submit``
+    and the manager thread's handling of a broken pool; seen here once, a
+    sweep test hanging in a full test run). So the workers of a broken pool
+    still alive are killed first: submits come from this thread, so none
+    can start one now."""
+    if getattr(pool, "_broken", False):
+        for worker in list((getattr(pool, "_processes", None) or {}).values()):
+            if worker.is_alive():
+                worker.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _workers_start(ctx: Any) -> bool:
     """Whether a worker process of ``ctx`` starts and runs a trivial task.
     When none does, every point would be recorded as failed after its
@@ -63,7 +81,7 @@ def _workers_start(ctx: Any) -> bool:
     except BrokenProcessPool:
         return False
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        close_pool(pool)
 
 
 def _died(task_key: str, detail: str) -> Dict[str, Any]:
@@ -178,7 +196,7 @@ class LocalProcessRunner:
                         raise ConfigError(WORKERS_CANNOT_START)
                     finished_any = True   # workers do start: check once
             finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+                close_pool(pool)
         self.running = 0
         for task in suspects:
             self.running = 1
@@ -193,7 +211,7 @@ class LocalProcessRunner:
         except BrokenProcessPool as e:
             return _died(task[0], str(e) or "the process pool broke")
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            close_pool(pool)
 
     def close(self) -> None:
         pass

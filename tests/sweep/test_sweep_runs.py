@@ -172,3 +172,44 @@ def test_dask_local_cluster_gives_the_same_frame(reference, tmp_path):
                            out_dir=tmp_path, progress=False)
     pd.testing.assert_frame_equal(df, reference)
     assert json.loads((tmp_path / "manifest.json").read_text())["runner"].startswith("dask")
+
+
+class _Worker:
+    def __init__(self, alive):
+        self.alive, self.killed = alive, False
+
+    def is_alive(self):
+        return self.alive
+
+    def kill(self):
+        self.alive, self.killed = False, True
+
+
+class _Pool:
+    """Stands for a ProcessPoolExecutor: its workers and whether it broke."""
+
+    def __init__(self, broken, workers):
+        self._broken = broken
+        self._processes = dict(enumerate(workers))
+        self.alive_at_shutdown = None
+
+    def shutdown(self, wait, cancel_futures):
+        assert wait and cancel_futures
+        self.alive_at_shutdown = [w.alive for w in self._processes.values()]
+
+
+def test_a_broken_pool_is_waited_for_only_once_its_workers_are_dead():
+    """A worker started by a submit racing with the pool's breakdown is not
+    stopped by the pool, which then waits for it forever: close_pool kills
+    the broken pool's live workers before waiting; a healthy pool's workers
+    are left to stop by themselves."""
+    from distsim.sweep.runners import close_pool
+    stray, dead = _Worker(alive=True), _Worker(alive=False)
+    broken = _Pool("a child process terminated abruptly", [dead, stray])
+    close_pool(broken)
+    assert stray.killed and not dead.killed
+    assert broken.alive_at_shutdown == [False, False]
+    working = _Worker(alive=True)
+    healthy = _Pool(False, [working])
+    close_pool(healthy)
+    assert not working.killed and healthy.alive_at_shutdown == [True]
