@@ -298,7 +298,7 @@ def index_program(function: Function, topology, cost: CostModel,
     # bytes as the types say (before in-place results are given none)
     ix.collective_operand_bytes = _first_bytes(size, col.reads, col.in_start[comms],
                                                col.n_in[comms])
-    ix.collective_result_bytes = _first_bytes(size, np.arange(nv), col.out_start[comms],
+    ix.collective_result_bytes = _first_bytes(size, None, col.out_start[comms],
                                               col.n_out[comms])
     _finish_values(ix, f, col, size)
     ix.size, ix.device, ix.producer = size, device, producer
@@ -330,13 +330,14 @@ def index_program(function: Function, topology, cost: CostModel,
     return ix
 
 
-def _first_bytes(size: np.ndarray, numbers: np.ndarray, starts: np.ndarray,
+def _first_bytes(size: np.ndarray, numbers: Optional[np.ndarray], starts: np.ndarray,
                  counts: np.ndarray) -> np.ndarray:
-    """The bytes of ``numbers[start]`` for each start with a count, -1 for
-    those without."""
+    """The bytes of value ``numbers[start]`` (of value ``start`` when
+    ``numbers`` is None) for each start with a count, -1 for those without."""
     out = np.full(len(starts), -1, np.int64)
     has = counts > 0
-    out[has] = size[numbers[starts[has]]]
+    first = starts[has] if numbers is None else numbers[starts[has]]
+    out[has] = size[first]
     return out
 
 

@@ -204,15 +204,15 @@ class Simulator:
             return
         plans = self._collective_plans()
         try:
-            teams = solo_teams(self.network, [p for p in plans if p is not None])
+            teams = solo_teams(self.network, plans)
         except DistsimError:       # a bad team: every collective takes the full path
             return
-        alone = {id(p): frozenset(p[1]) in teams for p in plans if p is not None}
+        alone = {id(p): frozenset(p[1]) in teams for p in plans}
         for coll in self._collectives:
             if coll.plan is not None:
                 coll.solo = alone[id(coll.plan)]
 
-    def _collective_plans(self) -> List[Optional[tuple]]:
+    def _collective_plans(self) -> List[tuple]:
         """Give every simulated collective its plan (see
         :meth:`_collective_plan`; None where that is an error, reported if
         and when the collective runs) and return the distinct plans. A plan
@@ -236,7 +236,7 @@ class Simulator:
                 except DistsimError:
                     which[key] = None
             colls[c].plan = which[key]
-        return list({id(p): p for p in which.values()}.values())
+        return list({id(p): p for p in which.values() if p is not None}.values())
 
     # -- processes ------------------------------------------------------
     def _wait_known(self, key: Tuple[int, str], op: Op, n: int) -> simpy.Event:
