@@ -47,6 +47,10 @@ class NameScope:
     def reserve(self, name: str) -> None:
         self._taken.add(name)
 
+    def __contains__(self, name: str) -> bool:
+        """Whether ``name`` is taken."""
+        return name in self._taken
+
 
 def annotate_sharding(value: Value, mesh: DeviceMesh,
                       placements: Sequence[Union[Placement, str]]) -> Value:

@@ -155,8 +155,7 @@ class DataParallel:
         updates = function.meta.get("updates")
         grads = grads if isinstance(grads, dict) else {}
         updates = updates if isinstance(updates, dict) else {}
-        taken = names._taken
-        if any(name in taken for table in (grads, updates) for pair in table.items()
+        if any(name in names for table in (grads, updates) for pair in table.items()
                for name in pair):
             return
         log.gradients = [m[g] for m in made for p, g in grads.items()
