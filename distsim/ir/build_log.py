@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import weakref
 from operator import attrgetter, is_
-from typing import Any, Dict, Hashable, List, Optional, Sequence
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from .core import Function, Op, Value
 from .types import Type
@@ -136,13 +136,23 @@ class BuildLog:
     def columns_match(self, function: Function) -> bool:
         """Whether the columns describe ``function``: its ops (see
         :meth:`matches`), inputs and outputs are the ones logged."""
+        return self.matches(function) and self._ends_match(function)
+
+    def describes(self, function: Function) -> Tuple[bool, bool]:
+        """(:meth:`matches`, :meth:`columns_match`) of ``function``, the ops
+        checked once (a reader asks both)."""
+        kinds = self.matches(function)
+        return kinds, kinds and self._ends_match(function)
+
+    def _ends_match(self, function: Function) -> bool:
+        """The columns are kept and the function's inputs and outputs are
+        the ones logged."""
         values = self.values
-        return (self.numbered and self.outputs is not None and self.matches(function)
+        return (self.numbered and self.outputs is not None
                 and len(function.inputs) == self.n_inputs
                 and all(map(is_, function.inputs, values))
                 and len(function.outputs) == len(self.outputs)
                 and all(map(is_, function.outputs, map(values.__getitem__, self.outputs))))
-
 
 def _no_log() -> None:
     """What a pickled :class:`BuildLog` unpickles as."""

@@ -69,8 +69,9 @@ class ProgramColumns:
         self.gradients: Optional[np.ndarray] = None
         self.in_place: Optional[Dict[int, int]] = None
         log = f.build_log
-        logged = isinstance(log, BuildLog) and log.matches(f)
-        if logged and log.columns_match(f):
+        logged, columns = (log.describes(f) if isinstance(log, BuildLog)
+                           else (False, False))
+        if columns:
             self._from_columns(log)
         else:
             self._from_objects()
