@@ -22,6 +22,14 @@ names as gradients, the in-place updates of ``meta["updates"]`` as
 numbers, and the numbers of the function's outputs: everything the
 simulator's index would read from the objects.
 
+*Updates* (builders that do not number values, like the transformer
+lowering): the in-place updates of ``meta["updates"]`` as the value
+objects, so that a reader finds them among a million values by identity
+instead of by reading every value's name. They describe the function while
+its ``meta["updates"]`` is the very dict the builder wrote them with, of as
+many entries as distinct old values logged (as with the ops, an entry
+changed in place is not detected).
+
 A log describes its function only while nobody changes the function's
 lists: :meth:`BuildLog.matches` and :meth:`BuildLog.columns_match` check
 that by identity (reading no op), and a reader falls back to the objects
@@ -48,7 +56,7 @@ class BuildLog:
 
     __slots__ = ("_function", "ops", "kind", "firsts", "_kind_of", "_tokens", "numbered",
                  "values", "types", "n_inputs", "reads", "n_in", "n_out", "outputs",
-                 "gradients", "in_place")
+                 "gradients", "in_place", "updated")
 
     def __init__(self, function: Function, numbered: bool = False) -> None:
         # the function logged (weakly: the function holds its log)
@@ -77,6 +85,10 @@ class BuildLog:
         self.outputs: Optional[List[int]] = None
         self.gradients: Optional[List[int]] = None
         self.in_place: Optional[Dict[int, int]] = None
+        #: for a log without columns: the function's ``meta["updates"]``
+        #: (the dict object itself) and the same updates as (old, new)
+        #: values, in the order written; None until the builder gives them
+        self.updated: Optional[Tuple[Dict[str, str], List[Tuple[Value, Value]]]] = None
 
     def __reduce__(self):
         """A pickled function carries no log (it is a cache of its

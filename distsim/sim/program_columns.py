@@ -18,9 +18,9 @@ a kind of its own. Both give the same index (tested).
 """
 from __future__ import annotations
 
-from itertools import chain, count, repeat
-from operator import attrgetter, methodcaller
-from typing import Any, Dict, Iterable, List, Optional, Set
+from itertools import chain, count
+from operator import attrgetter, itemgetter, methodcaller
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -71,10 +71,15 @@ class ProgramColumns:
         log = f.build_log
         logged, columns = (log.describes(f) if isinstance(log, BuildLog)
                            else (False, False))
+        #: in-place updates (old, new numbers; -1: not in the program) the
+        #: builder gave as values, where they agree with ``meta["updates"]``
+        self.updated: Optional[Tuple[np.ndarray, np.ndarray]] = None
         if columns:
             self._from_columns(log)
         else:
             self._from_objects()
+            if logged and log.updated is not None:
+                self.updated = self._updated(log.updated, f.meta.get("updates"))
         self.in_start = np.cumsum(self.n_in) - self.n_in
         self.out_start = self.n_inputs + np.cumsum(self.n_out) - self.n_out
         self.reader = np.repeat(np.arange(n), self.n_in)
@@ -103,7 +108,15 @@ class ProgramColumns:
 
     def _from_objects(self) -> None:
         """Every op's operands and results, and every value's type, read by
-        C-level maps."""
+        C-level maps.
+
+        Operands are numbered by identity without a hash table over the
+        values: their ids (addresses, which a live value keeps) are sorted
+        once and each operand's is found by binary search. A dict keyed by
+        a million values costs more (it reads every value's type to hash
+        it, and its probes land anywhere in a table larger than the cache);
+        values are made in program order, mostly at rising addresses, so
+        the stable sort runs over nearly sorted keys."""
         f, ops = self.function, self.ops
         n = self.n_ops
         inputs_of = list(map(_INPUTS, ops))
@@ -111,19 +124,37 @@ class ProgramColumns:
         values = self.values = list(f.inputs)
         values.extend(chain.from_iterable(outputs_of))
         nv = self.n_values = len(values)
-        vid = dict(zip(values, range(nv)))
-        if len(vid) != nv:
+        ids = np.fromiter(map(id, values), np.int64, nv)
+        order = self._order = np.argsort(ids, kind="stable")
+        sorted_ids = self._sorted_ids = ids[order]
+        if nv > 1 and (sorted_ids[1:] == sorted_ids[:-1]).any():
             raise SimulationError(_defined_twice(f))
         self.types = list(map(_TYPE, values))
         self.n_in = np.fromiter(map(len, inputs_of), np.int64, n)
         self.n_out = np.fromiter(map(len, outputs_of), np.int64, n)
-        try:
-            self.reads = np.fromiter(map(vid.__getitem__, chain.from_iterable(inputs_of)),
-                                     np.int64, int(self.n_in.sum()))
-        except KeyError:
-            raise SimulationError(_undefined_read(f, vid)) from None
-        self.outputs = np.fromiter(map(vid.get, f.outputs, repeat(-1)), np.int64,
-                                   len(f.outputs))
+        self.reads = _number(order, sorted_ids, chain.from_iterable(inputs_of),
+                             int(self.n_in.sum()))
+        if self.reads is None:
+            raise SimulationError(_undefined_read(f, set(map(id, values))))
+        outputs = _number(order, sorted_ids, f.outputs, len(f.outputs), missing=-1)
+        assert outputs is not None
+        self.outputs = outputs
+
+    def _updated(self, logged: Tuple[Dict[str, str], List[Tuple[Value, Value]]],
+                 updates: Any) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """The (old, new) numbers of the updates the builder logged as
+        values, or None when they do not describe ``updates`` (the
+        function's ``meta["updates"]``: see :class:`BuildLog`)."""
+        written, pairs = logged
+        if updates is not written:
+            return None
+        if len(pairs) != len(updates):      # an old value updated twice: the last counts
+            pairs = list(dict(pairs).items())
+            if len(pairs) != len(updates):
+                return None
+        n = len(pairs)
+        return (_number(self._order, self._sorted_ids, map(itemgetter(0), pairs), n, -1),
+                _number(self._order, self._sorted_ids, map(itemgetter(1), pairs), n, -1))
 
     def names(self) -> List[str]:
         """Every value's name, by number (read once, when first asked for)."""
@@ -149,6 +180,25 @@ def pick(items: List[Any], positions: np.ndarray) -> List[Any]:
     return list(map(items.__getitem__, positions.tolist()))
 
 
+def _number(order: np.ndarray, sorted_ids: np.ndarray, values: Iterable[Value], n: int,
+            missing: Optional[int] = None) -> Optional[np.ndarray]:
+    """The numbers of ``n`` ``values`` (``sorted_ids`` are the ids of the
+    numbered values, ascending, ``order`` their numbers): ``missing`` for a
+    value that is not numbered, or None when there is one and ``missing``
+    is None."""
+    wanted = np.fromiter(map(id, values), np.int64, n)
+    if len(sorted_ids) == 0:
+        return np.full(n, missing, np.int64) if missing is not None or n == 0 else None
+    at = np.minimum(np.searchsorted(sorted_ids, wanted), len(sorted_ids) - 1)
+    found = sorted_ids[at] == wanted
+    numbers = order[at]
+    if not found.all():
+        if missing is None:
+            return None
+        numbers[~found] = missing
+    return numbers
+
+
 def _defined_twice(f: Function) -> str:
     seen: Set[int] = set()
     for v in chain(f.inputs, chain.from_iterable(op.outputs for op in f.ops)):
@@ -159,10 +209,10 @@ def _defined_twice(f: Function) -> str:
     return "a value is defined twice"   # pragma: no cover - the caller saw one
 
 
-def _undefined_read(f: Function, vid: Dict[Value, int]) -> str:
+def _undefined_read(f: Function, defined: Set[int]) -> str:
     for op in f.ops:
         for v in op.inputs:
-            if v not in vid:
+            if id(v) not in defined:
                 return (f"op %{op.name} ({op.op_type}) reads %{v.name}, which no op or "
                         "input of the program defines")
     return "an op reads a value nobody defines"   # pragma: no cover - the caller saw one

@@ -403,6 +403,8 @@ def _finish_values(ix: ProgramIndex, f: Function, col: ProgramColumns, size: np.
         pairs = col.in_place
         old = np.fromiter(pairs.keys(), np.int64, len(pairs))
         new = np.fromiter(pairs.values(), np.int64, len(pairs))
+    elif col.updated is not None:          # the builder's values, numbered
+        old, new = col.updated
     else:
         wanted = set(updates)
         wanted.update(updates.values())

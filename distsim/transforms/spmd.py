@@ -744,6 +744,7 @@ class LowerSPMD:
             "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp,
             "optimizer": self.hyper.name, "recompute": recompute,
         }
+        self.em.log.updated = (self.sync.updates, self.sync.updated)
         if self.representatives:
             # which devices each present rank stands for (its stage's ranks),
             # and how many

@@ -154,12 +154,20 @@ class GradientSync:
         self.last_out: Dict[int, Value] = {}
         self.gathered: set = set()
         self.updates: Dict[str, str] = {}
+        #: the same updates as (old, new) values, in the order made (for the
+        #: build log: the simulator numbers them without reading every name)
+        self.updated: List[Tuple[Value, Value]] = []
         self.outputs: List[Value] = []
         self.unpack: List[tuple] = []
         bucket = self.S.bucket_mb
         self.bucket_bytes = None if bucket is None else float(bucket) * MB
         self.tied = dict(step.meta.get("tied", {}))
         self.scatter_each = scatters_each_microbatch(self.zero, self.S.dp, self.bucket_bytes)
+
+    def update(self, old: Value, new: Value) -> None:
+        """``new`` is ``old`` updated in place (``meta["updates"]``)."""
+        self.updates[old.name] = new.name
+        self.updated.append((old, new))
 
     # -- inputs ------------------------------------------------------------
     def stage(self, p: Value) -> int:
@@ -289,7 +297,7 @@ class GradientSync:
         gradient and the segment's output standing for its new buffer.
         Record them as :meth:`_accumulate` would; never the last micro-batch,
         whose gradients feed the sync (see ``LowerSPMD._grad_mode``)."""
-        L, acc, updates, count = self.L, self.acc, self.updates, self.count
+        L, acc, count = self.L, self.acc, self.count
         envs = [(r, L.menv[(r, mb)]) for _, _, r in L.group(stage)]
         for g, out in pairs:
             p = L.grad_of[g]
@@ -298,7 +306,7 @@ class GradientSync:
                 raise AssertionError(f"fused accumulation of %{g.name} at the last micro-batch")
             for r, env in envs:
                 new = env[out]
-                updates[acc[(p, r)].name] = new.name
+                self.update(acc[(p, r)], new)
                 acc[(p, r)] = new
             count[p] = n
 
@@ -312,14 +320,14 @@ class GradientSync:
         if (p, r) in self.acc:
             old = self.acc[(p, r)]
             local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)
-            self.updates[old.name] = local.name
+            self.update(old, local)
         else:
-            self.updates[self.grad_in[(p, r)].name] = local.name
+            self.update(self.grad_in[(p, r)], local)
         if final and self.L.M > 1:
             old = local
             local = em.one("scale", [local], {"factor": 1.0 / self.L.M},
                            f"{p.name}_gmean_r{r}", meta)
-            self.updates[old.name] = local.name
+            self.update(old, local)
         self.acc[(p, r)] = local
 
     def _reduce_scatter(self, p: Value, stage: int, mb: int,
@@ -375,7 +383,7 @@ class GradientSync:
                                      reduce_op="avg")
                 for x, o in zip(ins, outs):  # NCCL all-reduces in place
                     if o is not None:
-                        self.updates[x.name] = o.name
+                        self.update(x, o)
             for r, o in zip(ranks, outs):
                 if o is not None:
                     self.synced[(p, r)] = o
@@ -405,7 +413,7 @@ class GradientSync:
                                  [f"bucket_avg_r{r}" for r in ranks], dict(meta), reduce_op="avg")
             for x, o in zip(flats, outs):  # NCCL all-reduces in place
                 if o is not None:
-                    self.updates[x.name] = o.name
+                    self.update(x, o)
             # Unpacked at the end of the step: a compute op reading the
             # result now would stall the backward pass behind the all-reduce.
             self.unpack.append((bucket, sizes, ranks, outs, meta))
@@ -458,7 +466,7 @@ class GradientSync:
                                          {"role": "grad_sync", "category": "gradients",
                                           "detail": "tied embedding"})
                     for x, o in zip(ins, outs):  # NCCL all-reduces in place
-                        self.updates[x.name] = o.name
+                        self.update(x, o)
                     self.synced[(pe, re_)], self.synced[(ph, rh)] = outs
 
     def _update(self, p: Value) -> None:
@@ -487,7 +495,7 @@ class GradientSync:
                                     states[2], self.hyper, p.type.dtype, meta)
             new_params[r] = outs[0]
             for old, new in zip(states, outs[1:]):
-                self.updates[old.name] = new.name
+                self.update(old, new)
                 em.io[new.name] = dict(em.io[old.name], role="updated")
                 self.outputs.append(new)
         if self.zero in (1, 2):
@@ -509,7 +517,7 @@ class GradientSync:
         for d, t, r in self.L.group(stage):
             old = self.param_in[(p, r)]
             new = new_params[r]
-            self.updates[old.name] = new.name
+            self.update(old, new)
             em.io[new.name] = dict(em.io[old.name], role="updated")
             self.outputs.append(new)
 

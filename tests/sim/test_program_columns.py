@@ -168,6 +168,56 @@ def test_a_template_name_that_a_copy_also_has_leaves_gradients_and_updates_to_na
     assert_same_index(logged, index_program(program, topo, cost, lambda r: True))
 
 
+def numbers_by_name(col, updates):
+    """(old, new) numbers of ``updates`` found by name, as the index finds
+    them without a log (the last value of a name; -1: none)."""
+    number = {v: k for k, v in enumerate(col.names())}
+    return ([number.get(a, -1) for a in updates], [number.get(b, -1) for b in updates.values()])
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PROGRAMS if n.startswith("gpt")))
+def test_the_lowerings_logged_updates_are_the_values_meta_updates_names(name):
+    program, _, _ = built(name)
+    updates = program.meta["updates"]
+    col = ProgramColumns(program)
+    assert col.updated is not None and len(updates) > 0       # the log is used
+    old, new = col.updated
+    assert sorted(zip(old.tolist(), new.tolist())) == \
+        sorted(zip(*numbers_by_name(col, updates)))
+    assert (old >= 0).all() and (new >= 0).all()
+
+
+def test_logged_updates_are_not_used_once_meta_updates_is_another_dict():
+    """meta["updates"] replaced (even by an equal copy, which could have
+    been edited): the updates are found by name, and the index is the same."""
+    program, _, topo = built("gpt-tp-pp")
+    cost = CostModel(topo.device_spec)
+    logged = index_program(program, topo, cost, lambda r: True)
+    program.meta["updates"] = dict(program.meta["updates"])
+    assert ProgramColumns(program).updated is None
+    assert_same_index(logged, index_program(program, topo, cost, lambda r: True))
+    first = next(iter(program.meta["updates"]))
+    del program.meta["updates"][first]
+    assert ProgramColumns(program).updated is None
+
+
+def test_an_old_value_updated_twice_counts_with_its_last_new_value():
+    """A builder that updates one value twice writes the dict entry twice
+    (the last stays) and logs two pairs: the last pair counts."""
+    program, _, _ = built("gpt-tp-pp")
+    updates, pairs = program.build_log.updated
+    old, other = pairs[0][0], pairs[1][1]
+    pairs.append((old, other))
+    updates[old.name] = other.name
+    col = ProgramColumns(program)
+    assert col.updated is not None
+    olds, news = col.updated
+    assert len(olds) == len(updates)
+    assert news[olds.tolist().index(col.values.index(old))] == col.values.index(other)
+    assert sorted(zip(olds.tolist(), news.tolist())) == \
+        sorted(zip(*numbers_by_name(col, updates)))
+
+
 def _change_input(f):
     f.inputs.append(Value("unused", f.inputs[0].type))
 
