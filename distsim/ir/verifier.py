@@ -11,7 +11,7 @@ Every error is a :class:`VerifyError` that names the function and the op.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Set
+from typing import Dict, Iterable, List, Set, Tuple
 
 from ..errors import UnsupportedOpError, VerifyError
 from .core import Function, Module, Op, gc_paused
@@ -30,18 +30,124 @@ def _label(function: Function, op: Op) -> str:
 
 
 def verify(function: Function, known_devices: Iterable[int] | None = None) -> Function:
-    """Raise VerifyError on the first broken invariant; return the function."""
+    """Raise VerifyError on the first broken invariant; return the function.
+
+    A first pass checks every invariant without words: values are told
+    apart by identity (a set of ids, whose recent entries stay in the
+    cache, where a table of a million names is probed at random), and the
+    names' uniqueness is checked once at the end. Only when it finds
+    something does the second, exact pass run, to raise the error of the
+    first broken invariant in program order."""
     with gc_paused():
+        if _looks_valid(function, known_devices):
+            return function
         return _verify(function, known_devices)
 
 
+def _type_fits(t: object, devices: Set[int] | None) -> bool:
+    """A type's size is sane and its device (if any) is known."""
+    size = getattr(t, "size_bytes", 0)
+    if isinstance(size, int) and size > MAX_VALUE_BYTES:
+        return False
+    dev = getattr(t, "device", None)
+    return devices is None or dev is None or dev in devices
+
+
+def _expected_types(op: Op, in_types: list, fused_types: Dict[tuple, list],
+                    inferred: Dict[tuple, list]) -> Tuple[list, tuple | None]:
+    """The result types ``op`` should declare, and the memo key they are
+    kept under (None: not kept). Result types are inferred once per op
+    type, attributes and input type objects (fused ops: per segment and
+    input type objects); type objects are keyed by identity, the
+    function's values holding them for the whole check. Raises the shape
+    rule's ShapeError or UnsupportedOpError."""
+    if op.op_type == FUSED:
+        key = None
+        if len(op.subfunctions) == 1:
+            key = (id(op.subfunctions[0]), tuple([id(t) for t in in_types]))
+        expected = fused_types.get(key) if key is not None else None
+        if expected is None:
+            expected = fused_result_types(op, in_types)
+            if key is not None:
+                fused_types[key] = expected
+        return expected, key
+    try:
+        key = (op.op_type, tuple([id(t) for t in in_types]), tuple(op.attrs.items()))
+        expected = inferred.get(key)
+    except TypeError:  # an unhashable attribute
+        key, expected = None, None
+    if expected is None:
+        expected = infer_types(op.op_type, in_types, op.attrs)
+        if key is not None:
+            inferred[key] = expected
+    return expected, key
+
+
+def _same_types(op: Op, expected: list, key: tuple | None, fused_types: Dict[tuple, list],
+                inferred: Dict[tuple, list]) -> bool:
+    """Whether ``op``'s results are declared as ``expected`` says. Equal
+    but not identical types replace the memo's, so that the op's repeats
+    compare by identity (the program's own type objects)."""
+    same = True
+    for v, t in zip(op.outputs, expected):
+        if v.type is not t:
+            if v.type != t:
+                return False
+            same = False
+    if not same and key is not None:
+        (fused_types if op.op_type == FUSED else inferred)[key] = [v.type for v in op.outputs]
+    return True
+
+
+def _looks_valid(function: Function, known_devices: Iterable[int] | None) -> bool:
+    """Every invariant holds (checked without building a message)."""
+    devices = set(known_devices) if known_devices is not None else None
+    types_ok: Set[int] = set()
+    fused_types: Dict[tuple, list] = {}
+    inferred: Dict[tuple, list] = {}
+    defined: Set[int] = set()        # ids of the values defined so far
+    names: List[str] = []
+    for v in function.inputs:
+        if id(v) in defined:
+            return False
+        defined.add(id(v))
+        names.append(v.name)
+        if id(v.type) not in types_ok:
+            if not _type_fits(v.type, devices):
+                return False
+            types_ok.add(id(v.type))
+    registered = is_registered
+    for op in function.ops:
+        if not registered(op.op_type):
+            return False
+        for v in op.inputs:
+            if id(v) not in defined:
+                return False
+        try:
+            expected, key = _expected_types(op, [v.type for v in op.inputs], fused_types,
+                                            inferred)
+        except (ShapeError, UnsupportedOpError):
+            return False
+        if (len(expected) != len(op.outputs)
+                or not _same_types(op, expected, key, fused_types, inferred)):
+            return False
+        for v in op.outputs:
+            if id(v) in defined:
+                return False
+            defined.add(id(v))
+            names.append(v.name)
+            if id(v.type) not in types_ok:
+                if not _type_fits(v.type, devices):
+                    return False
+                types_ok.add(id(v.type))
+    for v in function.outputs:
+        if id(v) not in defined:
+            return False
+    return len(set(names)) == len(names)
+
+
 def _verify(function: Function, known_devices: Iterable[int] | None) -> Function:
-    # Hot loop over every op of programs with a million ops: the op's label
-    # is only built for an error, each distinct type is size- and
-    # device-checked once, and result types are inferred once per op type,
-    # attributes and input type objects (fused ops: per segment and input
-    # type objects). Type objects are keyed by identity: the function's
-    # values hold them for the whole check.
+    # The exact pass (see verify): the first broken invariant, worded.
     # name -> id of the value defined under it: one lookup checks that a
     # name is not reused, that a value is not defined twice, and that an
     # operand is defined before its reader
@@ -64,14 +170,13 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
         owner[value.name] = id(value)
         if id(value.type) in types_ok:
             return
-        size = getattr(value.type, "size_bytes", 0)
-        if isinstance(size, int) and size > MAX_VALUE_BYTES:
+        if not _type_fits(value.type, None):
             raise VerifyError(f"{where()}: value %{value.name} ({value.type}) would take more "
                               f"than 2^60 bytes: a dimension is absurdly large")
-        dev = getattr(value.type, "device", None)
-        if devices is not None and dev is not None and dev not in devices:
-            raise VerifyError(f"{where()}: value %{value.name} is on device {dev}, "
-                              f"which is not one of the devices {sorted(devices)}")
+        if not _type_fits(value.type, devices):
+            raise VerifyError(f"{where()}: value %{value.name} is on device "
+                              f"{value.type.device}, which is not one of the devices "
+                              f"{sorted(devices or ())}")
         types_ok.add(id(value.type))
 
     for v in function.inputs:
@@ -87,28 +192,7 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
                                   "is defined")
         in_types = [v.type for v in op.inputs]
         try:
-            if op.op_type == FUSED:
-                key = None
-                if len(op.subfunctions) == 1:
-                    key = (id(op.subfunctions[0]), tuple([id(t) for t in in_types]))
-                expected = fused_types.get(key) if key is not None else None
-                if expected is None:
-                    expected = fused_result_types(op, in_types)
-                    if key is not None:
-                        fused_types[key] = expected
-            else:
-                # keyed by the identity of the input type objects (alive in the
-                # function for the whole check): no hashing of the types
-                try:
-                    key = (op.op_type, tuple([id(t) for t in in_types]),
-                           tuple(op.attrs.items()))
-                    expected = inferred.get(key)
-                except TypeError:  # an unhashable attribute
-                    key, expected = None, None
-                if expected is None:
-                    expected = infer_types(op.op_type, in_types, op.attrs)
-                    if key is not None:
-                        inferred[key] = expected
+            expected, key = _expected_types(op, in_types, fused_types, inferred)
         except ShapeError as e:
             raise VerifyError(f"{label(function, op)}: {e}") from None
         except UnsupportedOpError as e:
@@ -116,17 +200,10 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
         if len(expected) != len(op.outputs):
             raise VerifyError(f"{label(function, op)}: has {len(op.outputs)} results, its type "
                               f"rule gives {len(expected)}")
-        same = True
-        for v, t in zip(op.outputs, expected):
-            if v.type is not t:
-                if v.type != t:
-                    raise VerifyError(f"{label(function, op)}: result %{v.name} is declared "
-                                      f"{v.type} but the op produces {t}")
-                same = False
-        if not same and key is not None:
-            # equal, not identical: keep the program's own type objects, so
-            # that the op's repeats compare by identity
-            (fused_types if op.op_type == FUSED else inferred)[key] = [v.type for v in op.outputs]
+        if not _same_types(op, expected, key, fused_types, inferred):
+            v, t = next((v, t) for v, t in zip(op.outputs, expected) if v.type != t)
+            raise VerifyError(f"{label(function, op)}: result %{v.name} is declared "
+                              f"{v.type} but the op produces {t}")
         for v in op.outputs:
             # fast path: a new name, of a type checked before
             if v.name in owner or id(v.type) not in types_ok:

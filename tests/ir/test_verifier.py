@@ -125,3 +125,51 @@ def test_wrong_arity():
     f = Function("f", [x], [Op("add", [x], [y])], [y])
     with pytest.raises(VerifyError, match="expects 2 inputs, got 1"):
         verify(f)
+
+
+# The first pass (no messages, names checked at the end) against the exact
+# pass that words the error: the exact one runs only when the first finds
+# something, so the error is always that of the first broken invariant.
+
+def test_a_name_reused_before_a_type_error_is_the_error_reported():
+    """The first pass sees the duplicate name only at its end, after the
+    type error of a later op: the exact pass reports what comes first."""
+    x = Value("x", t(4, 8))
+    w = Value("w", t(8, 2))
+    a = Value("x", t(4, 8))                  # reuses the input's name
+    y = Value("y", t(4, 3))                  # matmul gives (4, 2)
+    f = Function("f", [x, w], [Op("relu", [x], [a]), Op("matmul", [a, w], [y])], [y])
+    with pytest.raises(VerifyError, match="name %x is used for two values"):
+        verify(f)
+
+
+def test_a_value_too_large_is_reported():
+    x = Value("x", t(2 ** 40, 2 ** 40))
+    y = Value("y", t(2 ** 40, 2 ** 40))
+    f = Function("f", [x], [Op("relu", [x], [y])], [y])
+    with pytest.raises(VerifyError, match=r"input: value %x .* more than 2\^60 bytes"):
+        verify(f)
+
+
+def test_a_result_count_differing_from_the_rule_is_reported():
+    x = Value("x", t(4))
+    f = Function("f", [x], [Op("relu", [x], [Value("y", t(4)), Value("z", t(4))])], [x])
+    with pytest.raises(VerifyError, match="has 2 results, its type rule gives 1"):
+        verify(f)
+
+
+@pytest.mark.parametrize("strategy", [dict(dp=4, tp=2, pp=2, dtype="f32"),
+                                      dict(tp=2, pp=2, symmetry=True, coarsen=True,
+                                           global_batch=16, micro_batch=2)])
+def test_valid_programs_pass_the_first_pass_alone(strategy, monkeypatch):
+    """Built programs are valid without the exact pass being run."""
+    from distsim.api import build_program
+    from distsim.ir import verifier
+
+    program, _, topo = build_program("tiny", "dgx-a100-x2", verify_program=False, **strategy)
+
+    def exact(*args):
+        raise AssertionError("the exact pass ran on a valid program")
+
+    monkeypatch.setattr(verifier, "_verify", exact)
+    assert verify(program, known_devices=topo.ranks) is program
