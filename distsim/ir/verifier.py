@@ -107,15 +107,22 @@ def _looks_valid(function: Function, known_devices: Iterable[int] | None) -> boo
     inferred: Dict[tuple, list] = {}
     defined: Set[int] = set()        # ids of the values defined so far
     names: List[str] = []
-    for v in function.inputs:
-        if id(v) in defined:
-            return False
-        defined.add(id(v))
-        names.append(v.name)
-        if id(v.type) not in types_ok:
-            if not _type_fits(v.type, devices):
+
+    def define(values: Iterable) -> bool:
+        """Values defined once each, of sane types on known devices."""
+        for v in values:
+            if id(v) in defined:
                 return False
-            types_ok.add(id(v.type))
+            defined.add(id(v))
+            names.append(v.name)
+            if id(v.type) not in types_ok:
+                if not _type_fits(v.type, devices):
+                    return False
+                types_ok.add(id(v.type))
+        return True
+
+    if not define(function.inputs):
+        return False
     registered = is_registered
     for op in function.ops:
         if not registered(op.op_type):
@@ -131,15 +138,8 @@ def _looks_valid(function: Function, known_devices: Iterable[int] | None) -> boo
         if (len(expected) != len(op.outputs)
                 or not _same_types(op, expected, key, fused_types, inferred)):
             return False
-        for v in op.outputs:
-            if id(v) in defined:
-                return False
-            defined.add(id(v))
-            names.append(v.name)
-            if id(v.type) not in types_ok:
-                if not _type_fits(v.type, devices):
-                    return False
-                types_ok.add(id(v.type))
+        if not define(op.outputs):
+            return False
     for v in function.outputs:
         if id(v) not in defined:
             return False
