@@ -18,7 +18,7 @@ a kind of its own. Both give the same index (tested).
 """
 from __future__ import annotations
 
-from itertools import chain, count
+from itertools import chain, count, islice, repeat
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -63,23 +63,22 @@ class ProgramColumns:
         ops = self.ops = f.ops
         n = self.n_ops = len(ops)
         self.n_inputs = len(f.inputs)
-        #: from the builder's columns (BuildLog): the results named as
-        #: gradients and the in-place updates (old -> new, -1: no value) by
-        #: number; None: found by name
+        #: as the builder gave them (BuildLog): the results named as
+        #: gradients, by number (from its columns), and the in-place updates
+        #: of ``meta["updates"]`` as (old, new) numbers (-1: not in the
+        #: program; from its columns or the values it logged); None: found
+        #: by name
         self.gradients: Optional[np.ndarray] = None
-        self.in_place: Optional[Dict[int, int]] = None
+        self.in_place: Optional[Tuple[np.ndarray, np.ndarray]] = None
         log = f.build_log
         logged, columns = (log.describes(f) if isinstance(log, BuildLog)
                            else (False, False))
-        #: in-place updates (old, new numbers; -1: not in the program) the
-        #: builder gave as values, where they agree with ``meta["updates"]``
-        self.updated: Optional[Tuple[np.ndarray, np.ndarray]] = None
         if columns:
             self._from_columns(log)
         else:
             self._from_objects()
             if logged and log.updated is not None:
-                self.updated = self._updated(log.updated, f.meta.get("updates"))
+                self.in_place = self._updated(log.updated, f.meta.get("updates"))
         self.in_start = np.cumsum(self.n_in) - self.n_in
         self.out_start = self.n_inputs + np.cumsum(self.n_out) - self.n_out
         self.reader = np.repeat(np.arange(n), self.n_in)
@@ -104,7 +103,10 @@ class ProgramColumns:
         self.outputs = np.array(log.outputs, np.int64).reshape(-1)
         if log.gradients is not None:
             self.gradients = np.array(log.gradients, np.int64).reshape(-1)
-        self.in_place = log.in_place
+        if log.in_place is not None:
+            pairs = log.in_place
+            self.in_place = (np.fromiter(pairs.keys(), np.int64, len(pairs)),
+                             np.fromiter(pairs.values(), np.int64, len(pairs)))
 
     def _from_objects(self) -> None:
         """Every op's operands and results, and every value's type, read by
@@ -134,11 +136,9 @@ class ProgramColumns:
         self.n_out = np.fromiter(map(len, outputs_of), np.int64, n)
         self.reads = _number(order, sorted_ids, chain.from_iterable(inputs_of),
                              int(self.n_in.sum()))
-        if self.reads is None:
+        if (self.reads < 0).any():
             raise SimulationError(_undefined_read(f, set(map(id, values))))
-        outputs = _number(order, sorted_ids, f.outputs, len(f.outputs), missing=-1)
-        assert outputs is not None
-        self.outputs = outputs
+        self.outputs = _number(order, sorted_ids, f.outputs, len(f.outputs))
 
     def _updated(self, logged: Tuple[Dict[str, str], List[Tuple[Value, Value]]],
                  updates: Any) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -153,8 +153,8 @@ class ProgramColumns:
             if len(pairs) != len(updates):
                 return None
         n = len(pairs)
-        return (_number(self._order, self._sorted_ids, map(itemgetter(0), pairs), n, -1),
-                _number(self._order, self._sorted_ids, map(itemgetter(1), pairs), n, -1))
+        return (_number(self._order, self._sorted_ids, map(itemgetter(0), pairs), n),
+                _number(self._order, self._sorted_ids, map(itemgetter(1), pairs), n))
 
     def names(self) -> List[str]:
         """Every value's name, by number (read once, when first asked for)."""
@@ -180,23 +180,28 @@ def pick(items: List[Any], positions: np.ndarray) -> List[Any]:
     return list(map(items.__getitem__, positions.tolist()))
 
 
-def _number(order: np.ndarray, sorted_ids: np.ndarray, values: Iterable[Value], n: int,
-            missing: Optional[int] = None) -> Optional[np.ndarray]:
+def _number(order: np.ndarray, sorted_ids: np.ndarray, values: Iterable[Value], n: int
+            ) -> np.ndarray:
     """The numbers of ``n`` ``values`` (``sorted_ids`` are the ids of the
-    numbered values, ascending, ``order`` their numbers): ``missing`` for a
-    value that is not numbered, or None when there is one and ``missing``
-    is None."""
+    numbered values, ascending, ``order`` their numbers); -1 for a value
+    that is not numbered."""
     wanted = np.fromiter(map(id, values), np.int64, n)
     if len(sorted_ids) == 0:
-        return np.full(n, missing, np.int64) if missing is not None or n == 0 else None
+        return np.full(n, -1, np.int64)
     at = np.minimum(np.searchsorted(sorted_ids, wanted), len(sorted_ids) - 1)
-    found = sorted_ids[at] == wanted
-    numbers = order[at]
-    if not found.all():
-        if missing is None:
-            return None
-        numbers[~found] = missing
-    return numbers
+    return np.where(sorted_ids[at] == wanted, order[at], -1)
+
+
+def spans(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The positions of the slices ``[start, start + count)``, one after
+    another (a ragged gather without a Python loop)."""
+    return np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+
+
+def cut(items: List[Any], counts: List[int]) -> List[tuple]:
+    """``items`` cut into consecutive tuples of ``counts`` items each."""
+    rest = iter(items)
+    return list(map(tuple, map(islice, repeat(rest), counts)))
 
 
 def _defined_twice(f: Function) -> str:

@@ -30,7 +30,7 @@ from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
 from ..ir.core import Function, Op, Value
 from ..ir.types import Type
-from .program_columns import ProgramColumns, codes as _codes, pick
+from .program_columns import ProgramColumns, codes as _codes, cut, pick, spans
 
 # Memory category of a function input, by its role in ``meta["roles"]``.
 INPUT_CATEGORY = {"param": "weights", "data": "activations", "optimizer": "optimizer",
@@ -399,12 +399,8 @@ def _finish_values(ix: ProgramIndex, f: Function, col: ProgramColumns, size: np.
     updates = f.meta.get("updates", {})
     if not updates:
         return
-    if col.in_place is not None:          # as the builder numbered them
-        pairs = col.in_place
-        old = np.fromiter(pairs.keys(), np.int64, len(pairs))
-        new = np.fromiter(pairs.values(), np.int64, len(pairs))
-    elif col.updated is not None:          # the builder's values, numbered
-        old, new = col.updated
+    if col.in_place is not None:          # as the builder gave them
+        old, new = col.in_place
     else:
         wanted = set(updates)
         wanted.update(updates.values())
@@ -508,18 +504,16 @@ def _build_streams(ix: ProgramIndex, col: ProgramColumns, computes: np.ndarray, 
         else _no_ints()
     counts = np.diff(np.r_[starts_at, len(block_k)])
     heads = block_k[starts_at]
-    cut = set(heads.tolist())
+    starts_block = set(heads.tolist())
     for stream in streams.values():
-        if stream.ops[0] not in cut:
+        if stream.ops[0] not in starts_block:
             stream.block_starts.append((0, ()))
     # per stream (heads come in program order, so each stream's in its
     # order): the blocks' positions, each with the tuple of values it reads
     for dev, blocks in _groups(c_dev[heads]):
         n = counts[blocks]
-        entries = np.repeat(starts_at[blocks] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-        reads = iter(read[entries].tolist())
-        streams[dev].block_starts.extend(zip(pos[heads[blocks]].tolist(),
-                                             map(tuple, map(islice, repeat(reads), n.tolist()))))
+        reads = cut(read[spans(starts_at[blocks], n)].tolist(), n.tolist())
+        streams[dev].block_starts.extend(zip(pos[heads[blocks]].tolist(), reads))
     # exports: values other streams read, made by a simulated compute op
     p = ix.producer[exported]
     mine = p >= 0
@@ -553,9 +547,8 @@ def _collectives(ix: ProgramIndex, col: ProgramColumns, comms: np.ndarray, known
                                     f"a device of topology '{topology.name}'")
     ix.collective_reads = col.reads[col.is_comm[col.reader]]
     ix.collective_read_counts = col.n_in[comms]
-    reads = iter(ix.collective_reads.tolist())
-    ix.collective_inputs = list(map(tuple, map(islice, repeat(reads),
-                                               ix.collective_read_counts.tolist())))
+    ix.collective_inputs = cut(ix.collective_reads.tolist(),
+                               ix.collective_read_counts.tolist())
     out_starts = col.out_start[comms]
     ix.collective_outputs = list(map(tuple, map(range, out_starts.tolist(),
                                                 (out_starts + col.n_out[comms]).tolist())))
@@ -567,9 +560,7 @@ def _collectives(ix: ProgramIndex, col: ProgramColumns, comms: np.ndarray, known
     kind_counts = np.fromiter(map(len, taking_part), np.int64, len(kinds))
     kind_ranks = np.fromiter(chain.from_iterable(taking_part), np.int64, int(kind_counts.sum()))
     counts = kind_counts[at]
-    offsets = np.cumsum(counts) - counts
-    rank = kind_ranks[np.repeat((np.cumsum(kind_counts) - kind_counts)[at] - offsets, counts)
-                      + np.arange(int(counts.sum()))]
+    rank = kind_ranks[spans((np.cumsum(kind_counts) - kind_counts)[at], counts)]
     which = np.repeat(np.arange(n), counts)
     for r in np.unique(rank).tolist():
         if r not in is_sim:
@@ -592,6 +583,4 @@ def _collectives(ix: ProgramIndex, col: ProgramColumns, comms: np.ndarray, known
         member_key = r * max(n, 1) + colls
         lo = np.searchsorted(read_key, member_key, "left")
         own = np.searchsorted(read_key, member_key, "right") - lo
-        mine = iter(own_reads[np.repeat(lo - (np.cumsum(own) - own), own)
-                              + np.arange(int(own.sum()))].tolist())
-        ix.comm_inputs[r] = list(map(tuple, map(islice, repeat(mine), own.tolist())))
+        ix.comm_inputs[r] = cut(own_reads[spans(lo, own)].tolist(), own.tolist())

@@ -22,6 +22,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from ..ir.core import Op
+from .program_columns import spans
 from .program_index import _FIRST, _META, _NAME, _OP_TYPE, _OUTPUTS, ProgramIndex
 from .trace import COMM_STREAM, COMPUTE_STREAM, Labels, OpColumns, OpLabels
 
@@ -116,9 +117,7 @@ def expand_to_followers(columns: OpColumns, members: Dict[int, Tuple[int, ...]])
         first[head] = len(flat)
         flat.extend(group[1:])
     counts = n_followers[kept_rank]
-    n_copies = int(counts.sum())
     source = np.repeat(kept, counts)
-    within = np.arange(n_copies) - np.repeat(np.cumsum(counts) - counts, counts)
-    copy_rank = np.asarray(flat, dtype=np.int64)[np.repeat(first[kept_rank], counts) + within]
+    copy_rank = np.asarray(flat, dtype=np.int64)[spans(first[kept_rank], counts)]
     return columns.take(np.concatenate([kept, source]),
                         rank=np.concatenate([kept_rank, copy_rank]))

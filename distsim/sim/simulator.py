@@ -532,18 +532,23 @@ class Simulator:
                 why = (f"waiting for ranks {missing} to reach it" if missing
                        else "in flight (every member has reached it)")
             parts.append(f"device {rank} {stream}: %{op.name} ({op.op_type}) {why}")
-        # compute streams run ahead of the clock: report the latest time reached
-        reached = max([self.env.now, self._reached] + [c.end_s for c in self._finished])
+        # the latest time reached (compute streams run ahead of the clock)
+        reached = self._latest_s()
         head = "deadlock" if reason is None else f"stopped ({reason})"
         return (f"{head} at t={reached:.6g} s: {len(self._blocked)} stream(s) blocked: "
                 + "; ".join(parts))
+
+    def _latest_s(self) -> float:
+        """The latest time reached: compute streams run ahead of the clock,
+        and a finished collective ends when it ends."""
+        return max([self.env.now, self._reached] + [c.end_s for c in self._finished])
 
     def _trace(self, records: OpColumns, memory: MemoryAccounting) -> Trace:
         spec = self.topology.device_spec
         used = self.index.used_devices  # every value's device
         devices = [DeviceInfo(r, self.topology.device_node(r), int(spec.memory_bytes))
                    for r in self.topology.ranks if r in used]
-        end = max([self.env.now, self._reached] + [c.end_s for c in self._finished])
+        end = self._latest_s()
         self._solo.settle(self.network)
         peaks = {r: dict(sorted(c.items())) for r, c in sorted(memory.peak_by_category.items())}
         return Trace(devices=devices, op_columns=records, memory=memory.samples,

@@ -164,7 +164,7 @@ class GradientSync:
         self.tied = dict(step.meta.get("tied", {}))
         self.scatter_each = scatters_each_microbatch(self.zero, self.S.dp, self.bucket_bytes)
 
-    def update(self, old: Value, new: Value) -> None:
+    def note_update(self, old: Value, new: Value) -> None:
         """``new`` is ``old`` updated in place (``meta["updates"]``)."""
         self.updates[old.name] = new.name
         self.updated.append((old, new))
@@ -306,7 +306,7 @@ class GradientSync:
                 raise AssertionError(f"fused accumulation of %{g.name} at the last micro-batch")
             for r, env in envs:
                 new = env[out]
-                self.update(acc[(p, r)], new)
+                self.note_update(acc[(p, r)], new)
                 acc[(p, r)] = new
             count[p] = n
 
@@ -320,14 +320,14 @@ class GradientSync:
         if (p, r) in self.acc:
             old = self.acc[(p, r)]
             local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)
-            self.update(old, local)
+            self.note_update(old, local)
         else:
-            self.update(self.grad_in[(p, r)], local)
+            self.note_update(self.grad_in[(p, r)], local)
         if final and self.L.M > 1:
             old = local
             local = em.one("scale", [local], {"factor": 1.0 / self.L.M},
                            f"{p.name}_gmean_r{r}", meta)
-            self.update(old, local)
+            self.note_update(old, local)
         self.acc[(p, r)] = local
 
     def _reduce_scatter(self, p: Value, stage: int, mb: int,
@@ -383,7 +383,7 @@ class GradientSync:
                                      reduce_op="avg")
                 for x, o in zip(ins, outs):  # NCCL all-reduces in place
                     if o is not None:
-                        self.update(x, o)
+                        self.note_update(x, o)
             for r, o in zip(ranks, outs):
                 if o is not None:
                     self.synced[(p, r)] = o
@@ -413,7 +413,7 @@ class GradientSync:
                                  [f"bucket_avg_r{r}" for r in ranks], dict(meta), reduce_op="avg")
             for x, o in zip(flats, outs):  # NCCL all-reduces in place
                 if o is not None:
-                    self.update(x, o)
+                    self.note_update(x, o)
             # Unpacked at the end of the step: a compute op reading the
             # result now would stall the backward pass behind the all-reduce.
             self.unpack.append((bucket, sizes, ranks, outs, meta))
@@ -466,7 +466,7 @@ class GradientSync:
                                          {"role": "grad_sync", "category": "gradients",
                                           "detail": "tied embedding"})
                     for x, o in zip(ins, outs):  # NCCL all-reduces in place
-                        self.update(x, o)
+                        self.note_update(x, o)
                     self.synced[(pe, re_)], self.synced[(ph, rh)] = outs
 
     def _update(self, p: Value) -> None:
@@ -495,7 +495,7 @@ class GradientSync:
                                     states[2], self.hyper, p.type.dtype, meta)
             new_params[r] = outs[0]
             for old, new in zip(states, outs[1:]):
-                self.update(old, new)
+                self.note_update(old, new)
                 em.io[new.name] = dict(em.io[old.name], role="updated")
                 self.outputs.append(new)
         if self.zero in (1, 2):
@@ -517,7 +517,7 @@ class GradientSync:
         for d, t, r in self.L.group(stage):
             old = self.param_in[(p, r)]
             new = new_params[r]
-            self.update(old, new)
+            self.note_update(old, new)
             em.io[new.name] = dict(em.io[old.name], role="updated")
             self.outputs.append(new)
 
