@@ -16,7 +16,7 @@ from .cost.model import CostModel
 from .errors import ConfigError
 from .ir.core import Function
 from .ir.verifier import verify
-from .ir.verify_beside import verified_beside
+from .ir.value_table import ValueTable
 from .models import family_of, load_model_config
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
@@ -236,7 +236,7 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     estimated at more than ``max_ops`` ops (None: :data:`DEFAULT_MAX_OPS`,
     0: no limit) is refused before anything is built. The program is
     verified unless ``verify_program`` is False (the caller's job then:
-    :func:`simulate` verifies it beside the simulation)."""
+    :func:`simulate` verifies it with the value table the simulator reads)."""
     op_limit = check_max_ops(max_ops)
     topo = topology if isinstance(topology, Topology) else load_topology(str(topology))
     config = load_model_config(model)
@@ -321,12 +321,14 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     # Symmetry: a family that built a reduced program (meta "represents")
     # has applied it already; otherwise the simulator finds the classes.
     symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
-    # a large program is verified on another core while it is simulated;
-    # the verifier's error, if any, is the one raised
-    with verified_beside(program, known_devices=topo.ranks):
-        trace = simulate_function(program, topo, CostModel(topo.device_spec),
-                                  SimulationOptions(network_mode=network_mode,
-                                                    collective_algorithm=collective_algo,
-                                                    symmetry=symmetry, max_wall_s=wall,
-                                                    record_links=bool(record_links)))
+    # the verifier and the simulator's index read the same value numbers
+    values = ValueTable(program)
+    verify(program, known_devices=topo.ranks, values=values)
+    trace = simulate_function(program, topo, CostModel(topo.device_spec),
+                              SimulationOptions(network_mode=network_mode,
+                                                collective_algorithm=collective_algo,
+                                                symmetry=symmetry, max_wall_s=wall,
+                                                record_links=bool(record_links)),
+                              values=values)
+    del values
     return SimulationResult(trace, program, config, topo, max_trace_records=trace_limit)

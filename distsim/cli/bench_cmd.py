@@ -15,8 +15,6 @@ TABLE = [
      ">= 0.5"),
     ("gpt3_1024_wall_s", "GPT-3 175B, 1024 GPUs, one step: wall s", "< 20"),
     ("gpt3_1024_peak_rss_bytes", "  ... peak resident memory, bytes", "< 4e9"),
-    ("gpt3_verifier_peak_rss_bytes",
-     "  ... of the verifier process beside it, bytes", ""),
     ("allreduce_1024_wall_s", "1 GB all-reduce over 1024 GPUs, flow model: wall s (slower algo)", "< 5"),
     ("sweep_configs_per_s", "GPT-3 175B space on 1024 GPUs, estimated, 2 workers: configs/s",
      ">= 50"),

@@ -13,7 +13,7 @@ function (a fused segment, a call) costs the sum of that function's ops.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, NamedTuple, Optional, Union
+from typing import Callable, Dict, Mapping, NamedTuple, Union
 
 from ..ir.comm import is_communication
 from ..ir.core import Op

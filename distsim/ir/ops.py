@@ -7,7 +7,7 @@ inputs' device.
 """
 from __future__ import annotations
 
-from typing import List, Mapping, Sequence
+from typing import List, Sequence
 
 from .registry import REQUIRED, OpSpec, ShapeError, register
 from .types import DType, TensorType

@@ -11,12 +11,21 @@ Every error is a :class:`VerifyError` that names the function and the op.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Set, Tuple
+from operator import attrgetter, eq
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+import numpy as np
 
 from ..errors import UnsupportedOpError, VerifyError
+from .build_log import BuildLog
 from .core import Function, Module, Op, gc_paused
 from .ops_fused import FUSED, fused_result_types
 from .registry import ShapeError, infer_types, is_registered
+from .value_table import ValueTable
+
+_NAME = attrgetter("name")
+#: what an op's type rule reads besides its operand types
+_RULE_INPUTS = attrgetter("op_type", "attrs", "subfunctions")
 
 
 # No real tensor comes near this (an exbibyte); a larger one is a malformed
@@ -29,17 +38,26 @@ def _label(function: Function, op: Op) -> str:
     return f"function '{function.name}', op {outs} = {op.op_type}"
 
 
-def verify(function: Function, known_devices: Iterable[int] | None = None) -> Function:
+def verify(function: Function, known_devices: Iterable[int] | None = None,
+           values: Optional[ValueTable] = None) -> Function:
     """Raise VerifyError on the first broken invariant; return the function.
 
-    A first pass checks every invariant without words: values are told
-    apart by identity (a set of ids, whose recent entries stay in the
-    cache, where a table of a million names is probed at random), and the
-    names' uniqueness is checked once at the end. Only when it finds
-    something does the second, exact pass run, to raise the error of the
-    first broken invariant in program order."""
+    A first pass checks every invariant without words. For a function whose
+    :class:`~distsim.ir.build_log.BuildLog` still lists its ops with their
+    kinds, it works over columns (:func:`_looks_valid_by_columns`: numpy
+    over a :class:`~distsim.ir.value_table.ValueTable`, ``values`` if given,
+    and Python once per distinct op signature); otherwise op by op, values
+    told apart by identity. Only when it finds something does the second,
+    exact pass run, to raise the error of the first broken invariant in
+    program order."""
     with gc_paused():
-        if _looks_valid(function, known_devices):
+        log = function.build_log
+        if isinstance(log, BuildLog) and log.matches(function):
+            if values is None or not values.describes(function):
+                values = ValueTable(function)
+            if _looks_valid_by_columns(function, known_devices, values, log):
+                return function
+        elif _looks_valid(function, known_devices):
             return function
         return _verify(function, known_devices)
 
@@ -99,6 +117,17 @@ def _same_types(op: Op, expected: list, key: tuple | None, fused_types: Dict[tup
     return True
 
 
+def _rule_holds(op: Op, fused_types: Dict[tuple, list], inferred: Dict[tuple, list]) -> bool:
+    """``op``'s results are declared as its type rule gives them (memos as
+    in :func:`_expected_types`)."""
+    try:
+        expected, key = _expected_types(op, [v.type for v in op.inputs], fused_types, inferred)
+    except (ShapeError, UnsupportedOpError):
+        return False
+    return (len(expected) == len(op.outputs)
+            and _same_types(op, expected, key, fused_types, inferred))
+
+
 def _looks_valid(function: Function, known_devices: Iterable[int] | None) -> bool:
     """Every invariant holds (checked without building a message)."""
     devices = set(known_devices) if known_devices is not None else None
@@ -130,13 +159,7 @@ def _looks_valid(function: Function, known_devices: Iterable[int] | None) -> boo
         for v in op.inputs:
             if id(v) not in defined:
                 return False
-        try:
-            expected, key = _expected_types(op, [v.type for v in op.inputs], fused_types,
-                                            inferred)
-        except (ShapeError, UnsupportedOpError):
-            return False
-        if (len(expected) != len(op.outputs)
-                or not _same_types(op, expected, key, fused_types, inferred)):
+        if not _rule_holds(op, fused_types, inferred):
             return False
         if not define(op.outputs):
             return False
@@ -144,6 +167,79 @@ def _looks_valid(function: Function, known_devices: Iterable[int] | None) -> boo
         if id(v) not in defined:
             return False
     return len(set(names)) == len(names)
+
+
+def _names_unique(names: List[str]) -> bool:
+    """No two names equal: their hashes sorted (no table of a million
+    strings), the names themselves compared only if two hashes collide."""
+    hashes = np.fromiter(map(hash, names), np.int64, len(names))
+    hashes.sort()
+    if not (hashes[1:] == hashes[:-1]).any():
+        return True
+    return len(set(names)) == len(names)
+
+
+def _distinct_rows(rows: np.ndarray) -> np.ndarray:
+    """The position of the first of each distinct row of ``rows`` (an
+    integer matrix). Rows are told apart by a hash (a sum of the columns
+    times odd constants, wrapping), which is checked to tell them apart
+    exactly; only if two rows share a hash are they sorted as rows."""
+    weights = np.arange(1, 2 * rows.shape[1], 2, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    keys = (rows.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    if (rows == rows[first[inverse.reshape(-1)]]).all():
+        return first
+    return np.unique(rows, axis=0, return_index=True)[1]
+
+
+def _looks_valid_by_columns(function: Function, known_devices: Iterable[int] | None,
+                            table: ValueTable, log: BuildLog) -> bool:
+    """Every invariant holds, checked over columns (``table`` describes
+    ``function``; ``log`` lists its ops with their kinds).
+
+    Values are defined once, operands defined before their readers and the
+    outputs defined: comparisons of value numbers. Each distinct type
+    object is checked once for its size and device. The type rule of an op
+    depends only on its op type, attributes, sub-functions and operand
+    types: every op is checked to have its kind's template's op type,
+    attributes and sub-functions (equal, not trusted from the log), and the
+    rule runs once per distinct (kind, operand types, result types)."""
+    ops = table.ops
+    n_in, n_out, reads = table.n_in, table.n_out, table.reads
+    if table.duplicated or (reads < 0).any() or (table.outputs < 0).any():
+        return False
+    out_start = table.out_start()
+    if (reads >= np.repeat(out_start, n_in)).any():        # read before it is made
+        return False
+    if not _names_unique(list(map(_NAME, table.values))):
+        return False
+    devices = set(known_devices) if known_devices is not None else None
+    types = table.types
+    type_ids = np.fromiter(map(id, types), np.int64, len(types))
+    _, first_of, type_number = np.unique(type_ids, return_index=True, return_inverse=True)
+    if not all(_type_fits(types[i], devices) for i in first_of.tolist()):
+        return False
+    kind = np.asarray(log.kind, np.int64).reshape(-1)
+    templates = list(map(_RULE_INPUTS, map(ops.__getitem__, log.firsts)))
+    if not all(map(eq, map(_RULE_INPUTS, ops), map(templates.__getitem__, kind.tolist()))):
+        return False
+    if not all(is_registered(op_type) for op_type, _, _ in templates):
+        return False
+    type_number = type_number.reshape(-1)
+    in_start = np.cumsum(n_in) - n_in
+    in_types, out_types = type_number[reads], type_number
+    fused_types: Dict[tuple, list] = {}
+    inferred: Dict[tuple, list] = {}
+    arity = n_in * (int(n_out.max(initial=0)) + 1) + n_out
+    for shape in np.unique(arity).tolist():
+        chosen = np.flatnonzero(arity == shape)
+        a, b = int(n_in[chosen[0]]), int(n_out[chosen[0]])
+        signature = np.stack([kind[chosen]] + [in_types[in_start[chosen] + j] for j in range(a)]
+                             + [out_types[out_start[chosen] + j] for j in range(b)], axis=1)
+        for op in map(ops.__getitem__, chosen[_distinct_rows(signature)].tolist()):
+            if not _rule_holds(op, fused_types, inferred):
+                return False
+    return True
 
 
 def _verify(function: Function, known_devices: Iterable[int] | None) -> Function:

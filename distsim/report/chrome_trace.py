@@ -136,8 +136,7 @@ _LINK_ORDER = itemgetter(0, 1, 2)        # (src, dst, time_s)
 
 def _times(trace: Trace, include_links: bool) -> "np.ndarray":
     """Every timed record's start time (ops, memory and link samples)."""
-    parts = [trace.op_columns.start_s,
-             np.fromiter(map(_SAMPLE_TIME, trace.memory), float, len(trace.memory))]
+    parts = [trace.op_columns.start_s, trace.memory_columns.time_s]
     if include_links:
         parts.append(np.fromiter(map(_LINK_TIME, trace.link_samples), float,
                                  len(trace.link_samples)))
@@ -149,7 +148,7 @@ def plan_trace(trace: Trace, max_trace_records: Optional[int] = None,
     """Decide what trace.json keeps under ``max_trace_records`` (None: the
     default, 0: no limit): everything, or the records before a cutoff time."""
     limit = check_max_trace_records(max_trace_records)
-    total = trace.num_ops + len(trace.memory) + (len(trace.link_samples) if include_links else 0)
+    total = trace.num_ops + trace.num_memory_samples + (len(trace.link_samples) if include_links else 0)
     if limit == 0 or total <= limit:
         return TracePlan(total, total, limit, None)
     times = _times(trace, include_links)
@@ -176,7 +175,8 @@ def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]
     """Every event of the document as compact JSON text, in the fixed order."""
     tids = stream_tids(trace)
     names = {d.rank: d.name for d in trace.devices}
-    ranks = sorted(set(names) | {op.rank for op in trace.ops} | {s.rank for s in trace.memory})
+    ranks = sorted(set(names) | {op.rank for op in trace.ops}
+                   | set(trace.memory_columns.rank.tolist()))
     streams_of: Dict[int, set] = {r: {COMPUTE_STREAM, COMM_STREAM} for r in ranks}
     for op in trace.ops:
         streams_of[op.rank].add(op.stream)

@@ -39,11 +39,12 @@ def memory_curves(trace: Trace) -> Dict[int, Curve]:
     (repeating the last value) are added, so every curve spans the step.
     Of several samples at the same time the last one recorded wins.
     """
-    ranks = sorted({d.rank for d in trace.devices} | {s.rank for s in trace.memory})
-    n = len(trace.memory)
+    samples = trace.memory_columns
+    ranks = sorted({d.rank for d in trace.devices} | set(samples.rank.tolist()))
+    n = len(samples)
     if n:  # (rank, time, live) columns; sorted by rank, time, then recording order
-        table = np.array(trace.memory, dtype=float).reshape(n, 3)
-        r, t, v = table[:, 0], table[:, 1], table[:, 2]
+        r, t, v = (samples.rank.astype(float), samples.time_s,
+                   samples.live_bytes.astype(float))
         order = np.lexsort((np.arange(n), t, r))
         r, t, v = r[order], t[order], v[order]
         last = np.ones(n, dtype=bool)           # the last sample of each (rank, time) wins

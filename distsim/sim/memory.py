@@ -17,22 +17,19 @@ each allocation; the categories are the live bytes at that moment.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .trace import MemorySample
-
-_FREE, _ALLOC = 0, 1
-
+from .trace import MemoryColumns
 
 @dataclass
 class MemoryAccounting:
     """The result: ``samples`` (live bytes per device over time, one per
-    distinct time, when asked for), ``peak`` (bytes per device) and
+    distinct time, when asked for; sorted by device, then time), ``peak`` (bytes per device) and
     ``peak_by_category`` (category -> bytes live at that peak)."""
 
-    samples: List[MemorySample] = field(default_factory=list)
+    samples: MemoryColumns = field(default_factory=MemoryColumns)
     peak: Dict[int, int] = field(default_factory=dict)
     peak_by_category: Dict[int, Dict[str, int]] = field(default_factory=dict)
 
@@ -42,56 +39,89 @@ def memory_accounting(device: np.ndarray, size: np.ndarray, category: np.ndarray
                       record_samples: bool = True) -> MemoryAccounting:
     """Memory per device from per-value arrays: ``device`` (rank), ``size``
     (bytes), ``category`` (index into ``categories``), ``alloc_s`` (when the
-    value appears) and ``free_s`` (when it goes; ``inf``: never)."""
+    value appears) and ``free_s`` (when it goes; ``inf``: never).
+
+    The values are grouped by device once (a stable sort of small
+    integers, a radix sort), then each device's events are sorted and
+    summed on their own: arrays the size of one device's events, which the
+    allocator reuses from one device to the next, where arrays of every
+    event at once would each be fresh memory."""
     out = MemoryAccounting()
     n = len(device)
     if n == 0:
         return out
+    small = (device.astype(np.int16) if 0 <= device.min() and device.max() < 1 << 15
+             else device)
+    by_device = np.argsort(small, kind="stable")
+    ranks, counts = np.unique(device[by_device], return_counts=True)
+    parts: List[MemoryColumns] = []
+    start = 0
+    for rank, count in zip(ranks.tolist(), counts.tolist()):
+        values = by_device[start:start + count]     # this device's, in value order
+        start += count
+        live, time_s, peak_at, delta, cat = _device_events(
+            size[values], category[values], alloc_s[values], free_s[values])
+        if peak_at is not None:
+            out.peak[rank] = int(live[peak_at])
+            cats, deltas = cat[:peak_at + 1], delta[:peak_at + 1]
+            by_cat = {}
+            for c in np.unique(cats).tolist():
+                b = int(deltas[cats == c].sum())
+                if b:
+                    by_cat[categories[c]] = b
+            out.peak_by_category[rank] = by_cat
+        if record_samples:
+            # one sample per time: the live bytes after its last event
+            last = np.ones(len(time_s), dtype=bool)
+            last[:-1] = time_s[1:] != time_s[:-1]
+            parts.append(MemoryColumns(np.full(int(last.sum()), rank, np.int64), time_s[last],
+                                       live[last]))
+    if parts:
+        out.samples = MemoryColumns(np.concatenate([p.rank for p in parts]),
+                                    np.concatenate([p.time_s for p in parts]),
+                                    np.concatenate([p.live_bytes for p in parts]))
+    return out
+
+
+def _device_events(size: np.ndarray, category: np.ndarray, alloc_s: np.ndarray,
+                   free_s: np.ndarray) -> Tuple[np.ndarray, np.ndarray, Optional[int],
+                                                np.ndarray, np.ndarray]:
+    """One device's events in order (time, frees before allocations, then
+    value order): the live bytes after each, their times, the position of
+    the first moment the peak is reached (checked after allocations; None
+    without any), and each event's byte change and category."""
     freed = np.isfinite(free_s)
     m = int(freed.sum())
-    # frees first, so that two stable sorts (time, then device) give the
-    # order of (device, time, frees before allocations), ties in value order
-    dev = np.concatenate([device[freed], device])
+    # frees first, so that a stable sort by time puts them before the
+    # allocations of the same time, ties in value order
     time_s = np.concatenate([free_s[freed], alloc_s])
-    kind = np.concatenate([np.full(m, _FREE, np.int8), np.full(n, _ALLOC, np.int8)])
-    delta = np.concatenate([-size[freed], size]).astype(np.int64)
-    cat = np.concatenate([category[freed], category])
     order = np.argsort(time_s, kind="stable")
-    # devices are small integers: a stable sort of int16 keys is a radix sort
-    small = dev.astype(np.int16) if len(dev) and 0 <= dev.min() and dev.max() < 1 << 15 \
-        else dev
-    order = order[np.argsort(small[order], kind="stable")]
-    dev, time_s, kind, delta, cat = dev[order], time_s[order], kind[order], delta[order], cat[order]
-    total = np.cumsum(delta)
-    bounds = np.flatnonzero(np.diff(dev)) + 1
-    starts = np.concatenate([[0], bounds])
-    ends = np.concatenate([bounds, [len(dev)]])
-    live_parts = []
-    for a, b in zip(starts.tolist(), ends.tolist()):
-        rank = int(dev[a])
-        base = int(total[a - 1]) if a else 0
-        live = total[a:b] - base
-        if record_samples:
-            live_parts.append(live)
-        allocs = kind[a:b] == _ALLOC
-        if not allocs.any():
+    time_s = time_s[order]
+    delta = np.concatenate([-size[freed], size]).astype(np.int64)[order]
+    cat = np.concatenate([category[freed], category])[order]
+    is_alloc = order >= m
+    live = np.cumsum(delta)
+    if not is_alloc.any():
+        return live, time_s, None, delta, cat
+    masked = np.where(is_alloc, live, np.iinfo(np.int64).min)
+    return live, time_s, int(np.argmax(masked)), delta, cat
+
+
+def copy_to_followers(samples: MemoryColumns, members: Dict[int, Tuple[int, ...]]
+                      ) -> MemoryColumns:
+    """Symmetry reduction: ``members`` maps each representative to every
+    rank it stands for (itself first); each representative's samples are
+    copied to the ranks that follow it. Sorted by rank, then time (a
+    representative has one sample per time)."""
+    positions, ranks = [np.arange(len(samples))], [samples.rank]
+    for head, group in members.items():
+        if len(group) < 2:
             continue
-        masked = np.where(allocs, live, np.iinfo(np.int64).min)
-        i = int(np.argmax(masked))  # the first moment the peak is reached
-        out.peak[rank] = int(live[i])
-        cats, deltas = cat[a:a + i + 1], delta[a:a + i + 1]
-        by_cat = {}
-        for c in np.unique(cats).tolist():
-            b = int(deltas[cats == c].sum())
-            if b:
-                by_cat[categories[c]] = b
-        out.peak_by_category[rank] = by_cat
-    if record_samples:
-        # one sample per (device, time): the live bytes after its last event
-        keep = np.ones(len(dev), dtype=bool)
-        keep[:-1] = (dev[1:] != dev[:-1]) | (time_s[1:] != time_s[:-1])
-        live_all = np.concatenate(live_parts)
-        make = tuple.__new__   # MemorySample(...) checks its arguments: slow by the million
-        out.samples = [make(MemorySample, s) for s in
-                       zip(dev[keep].tolist(), time_s[keep].tolist(), live_all[keep].tolist())]
-    return out
+        rows = np.flatnonzero(samples.rank == head)
+        for follower in group[1:]:
+            positions.append(rows)
+            ranks.append(np.full(len(rows), follower, np.int64))
+    at, rank = np.concatenate(positions), np.concatenate(ranks)
+    order = np.lexsort((samples.time_s[at], rank))
+    at = at[order]
+    return MemoryColumns(rank[order], samples.time_s[at], samples.live_bytes[at])

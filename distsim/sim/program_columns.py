@@ -3,9 +3,9 @@
 Values are numbered function inputs first, then each op's results in
 program order. Where the builder wrote the program's columns down (a
 :class:`~distsim.ir.build_log.BuildLog` whose columns still describe the
-function), they are taken as they are; otherwise every op's operands,
-results and value types are read by C-level maps over the objects (no
-Python step per op).
+function), they are taken as they are; otherwise from a
+:class:`~distsim.ir.value_table.ValueTable` (the verifier's, when given,
+else one read here: C-level maps over the objects, no Python step per op).
 
 Facts of an op that depend only on its type, attributes, sub-functions and
 ``meta`` (its cost signature, memory category, a collective's team) are
@@ -28,10 +28,10 @@ from ..errors import SimulationError
 from ..ir.comm import COMM_PREFIX
 from ..ir.core import Function, Op, Value
 from ..ir.build_log import BuildLog
+from ..ir.value_table import ValueTable
 from ..ir.types import Type
 
-_INPUTS, _OUTPUTS = attrgetter("inputs"), attrgetter("outputs")
-_TYPE, _NAME, _OP_TYPE = attrgetter("type"), attrgetter("name"), attrgetter("op_type")
+_NAME, _OP_TYPE = attrgetter("name"), attrgetter("op_type")
 _IS_COMM = methodcaller("startswith", COMM_PREFIX)
 
 
@@ -58,7 +58,7 @@ class ProgramColumns:
     A SimulationError names a value defined twice or an operand that no op
     or input defines."""
 
-    def __init__(self, function: Function) -> None:
+    def __init__(self, function: Function, table: Optional[ValueTable] = None) -> None:
         f = self.function = function
         ops = self.ops = f.ops
         n = self.n_ops = len(ops)
@@ -76,7 +76,7 @@ class ProgramColumns:
         if columns:
             self._from_columns(log)
         else:
-            self._from_objects()
+            self._from_objects(table)
             if logged and log.updated is not None:
                 self.in_place = self._updated(log.updated, f.meta.get("updates"))
         self.in_start = np.cumsum(self.n_in) - self.n_in
@@ -108,37 +108,22 @@ class ProgramColumns:
             self.in_place = (np.fromiter(pairs.keys(), np.int64, len(pairs)),
                              np.fromiter(pairs.values(), np.int64, len(pairs)))
 
-    def _from_objects(self) -> None:
-        """Every op's operands and results, and every value's type, read by
-        C-level maps.
-
-        Operands are numbered by identity without a hash table over the
-        values: their ids (addresses, which a live value keeps) are sorted
-        once and each operand's is found by binary search. A dict keyed by
-        a million values costs more (it reads every value's type to hash
-        it, and its probes land anywhere in a table larger than the cache);
-        values are made in program order, mostly at rising addresses, so
-        the stable sort runs over nearly sorted keys."""
-        f, ops = self.function, self.ops
-        n = self.n_ops
-        inputs_of = list(map(_INPUTS, ops))
-        outputs_of = list(map(_OUTPUTS, ops))
-        values = self.values = list(f.inputs)
-        values.extend(chain.from_iterable(outputs_of))
-        nv = self.n_values = len(values)
-        ids = np.fromiter(map(id, values), np.int64, nv)
-        order = self._order = np.argsort(ids, kind="stable")
-        sorted_ids = self._sorted_ids = ids[order]
-        if nv > 1 and (sorted_ids[1:] == sorted_ids[:-1]).any():
+    def _from_objects(self, table: Optional[ValueTable]) -> None:
+        """Every op's operands and results, and every value's type, from a
+        :class:`~distsim.ir.value_table.ValueTable` (``table`` if it still
+        describes the function, else one read now)."""
+        f = self.function
+        if table is None or not table.describes(f):
+            table = ValueTable(f)
+        self._table = table
+        self.values, self.types = table.values, table.types
+        self.n_values = len(table.values)
+        if table.duplicated:
             raise SimulationError(_defined_twice(f))
-        self.types = list(map(_TYPE, values))
-        self.n_in = np.fromiter(map(len, inputs_of), np.int64, n)
-        self.n_out = np.fromiter(map(len, outputs_of), np.int64, n)
-        self.reads = _number(order, sorted_ids, chain.from_iterable(inputs_of),
-                             int(self.n_in.sum()))
+        self.n_in, self.n_out, self.reads = table.n_in, table.n_out, table.reads
         if (self.reads < 0).any():
-            raise SimulationError(_undefined_read(f, set(map(id, values))))
-        self.outputs = _number(order, sorted_ids, f.outputs, len(f.outputs))
+            raise SimulationError(_undefined_read(f, set(map(id, self.values))))
+        self.outputs = table.outputs
 
     def _updated(self, logged: Tuple[Dict[str, str], List[Tuple[Value, Value]]],
                  updates: Any) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -153,8 +138,8 @@ class ProgramColumns:
             if len(pairs) != len(updates):
                 return None
         n = len(pairs)
-        return (_number(self._order, self._sorted_ids, map(itemgetter(0), pairs), n),
-                _number(self._order, self._sorted_ids, map(itemgetter(1), pairs), n))
+        return (self._table.number(map(itemgetter(0), pairs), n),
+                self._table.number(map(itemgetter(1), pairs), n))
 
     def names(self) -> List[str]:
         """Every value's name, by number (read once, when first asked for)."""
@@ -178,18 +163,6 @@ class ProgramColumns:
 def pick(items: List[Any], positions: np.ndarray) -> List[Any]:
     """``items`` at ``positions``, without a Python loop."""
     return list(map(items.__getitem__, positions.tolist()))
-
-
-def _number(order: np.ndarray, sorted_ids: np.ndarray, values: Iterable[Value], n: int
-            ) -> np.ndarray:
-    """The numbers of ``n`` ``values`` (``sorted_ids`` are the ids of the
-    numbered values, ascending, ``order`` their numbers); -1 for a value
-    that is not numbered."""
-    wanted = np.fromiter(map(id, values), np.int64, n)
-    if len(sorted_ids) == 0:
-        return np.full(n, -1, np.int64)
-    at = np.minimum(np.searchsorted(sorted_ids, wanted), len(sorted_ids) - 1)
-    return np.where(sorted_ids[at] == wanted, order[at], -1)
 
 
 def spans(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

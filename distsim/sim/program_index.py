@@ -30,6 +30,7 @@ from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
 from ..ir.core import Function, Op, Value
 from ..ir.types import Type
+from ..ir.value_table import ValueTable
 from .program_columns import ProgramColumns, codes as _codes, cut, pick, spans
 
 # Memory category of a function input, by its role in ``meta["roles"]``.
@@ -250,7 +251,8 @@ def _type_table(types: List[Type], values: List[Value], known: Set[int], topolog
 
 
 def index_program(function: Function, topology, cost: CostModel,
-                  simulated: Callable[[int], bool]) -> ProgramIndex:
+                  simulated: Callable[[int], bool],
+                  values: Optional[ValueTable] = None) -> ProgramIndex:
     """Number the values of ``function``, cost its compute ops on the
     simulated devices and cut their streams into blocks. Raises a
     :class:`SimulationError` for an operand nobody defines, a value defined
@@ -262,10 +264,12 @@ def index_program(function: Function, topology, cost: CostModel,
     them, else read by C-level maps), everything else is numpy over those
     arrays, and Python works once per distinct type, per kind of op, per
     distinct costed op (op type, operand shapes, attributes), per block and
-    per collective, never once per op."""
+    per collective, never once per op. ``values``: the function's
+    :class:`~distsim.ir.value_table.ValueTable`, if the caller read one
+    (the verifier does)."""
     f = function
     ix = ProgramIndex(f)
-    col = ProgramColumns(f)
+    col = ProgramColumns(f, values)
     ops, n_ops, nv = col.ops, col.n_ops, col.n_values
     ix.values = col.values
     known = set(topology.ranks)

@@ -32,7 +32,6 @@ import math
 import time
 from dataclasses import dataclass
 from itertools import accumulate
-from operator import itemgetter
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -42,15 +41,16 @@ from ..cost.model import CostModel
 from ..errors import DistsimError, SimulationError
 from ..ir.comm import CollectiveType, collective_of
 from ..ir.core import Function, Op, Value, gc_paused
+from ..ir.value_table import ValueTable
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
-from .memory import MemoryAccounting, memory_accounting
+from .memory import MemoryAccounting, copy_to_followers, memory_accounting
 from .network import Network
 from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
                             ProgramIndex, device_of, index_program, value_category)
 from .records import expand_to_followers, op_columns
 from .solo import SoloLedger, solo_teams
 from .symmetry import class_members, comm_positions, symmetry_classes
-from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, MemorySample, OpColumns, Trace
+from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpColumns, Trace
 
 __all__ = ["INPUT_CATEGORY", "RESIDENT_ROLES", "SimulationOptions", "Simulator",
            "collective_bytes", "simulate_function", "value_category"]
@@ -129,8 +129,10 @@ class Simulator:
     """Owns the SimPy environment of one run. Use :func:`simulate_function`."""
 
     def __init__(self, function: Function, topology, cost_model: Optional[CostModel] = None,
-                 options: Optional[SimulationOptions] = None) -> None:
+                 options: Optional[SimulationOptions] = None,
+                 values: Optional[ValueTable] = None) -> None:
         self.function = function
+        self._values = values
         self.topology = topology
         self.cost = cost_model or CostModel(topology.device_spec)
         self.options = options or SimulationOptions()
@@ -175,7 +177,9 @@ class Simulator:
             self._rep = symmetry_classes(f, self.topology.node_of)
         rep = self._rep
         ix = self.index = index_program(f, self.topology, self.cost,
-                                        self._simulated if rep else (lambda r: True))
+                                        self._simulated if rep else (lambda r: True),
+                                        self._values)
+        self._values = None
         self._ready = [None] * len(ix.values)
         for n in range(len(f.inputs)):       # function inputs are numbered first
             self._ready[n] = 0.0
@@ -481,10 +485,8 @@ class Simulator:
                 if head in memory.peak:
                     memory.peak[m] = memory.peak[head]
                     memory.peak_by_category[m] = dict(memory.peak_by_category[head])
-        if memory.samples:
-            extra = [MemorySample(m, s.time_s, s.live_bytes) for s in memory.samples
-                     for m in members.get(s.rank, (s.rank,))[1:]]
-            memory.samples = sorted(memory.samples + extra, key=itemgetter(0, 1))
+        if len(memory.samples):
+            memory.samples = copy_to_followers(memory.samples, members)
         return records, memory
 
     def _run_events(self) -> None:
@@ -551,7 +553,7 @@ class Simulator:
         end = self._latest_s()
         self._solo.settle(self.network)
         peaks = {r: dict(sorted(c.items())) for r, c in sorted(memory.peak_by_category.items())}
-        return Trace(devices=devices, op_columns=records, memory=memory.samples,
+        return Trace(devices=devices, op_columns=records, memory_columns=memory.samples,
                      memory_peaks=dict(memory.peak),
                      links=self.network.link_records(),
                      link_samples=self.network.link_samples(), step_time_s=float(end),
@@ -600,6 +602,10 @@ def _hold_updated(free: np.ndarray, in_place: "np.ndarray | List[Tuple[int, int]
 
 
 def simulate_function(function: Function, topology, cost_model: Optional[CostModel] = None,
-                      options: Optional[SimulationOptions] = None) -> Trace:
-    """Simulate one run of ``function`` (local view) on ``topology``."""
-    return Simulator(function, topology, cost_model, options).run()
+                      options: Optional[SimulationOptions] = None,
+                      values: Optional[ValueTable] = None) -> Trace:
+    """Simulate one run of ``function`` (local view) on ``topology``.
+    ``values``: the function's :class:`~distsim.ir.value_table.ValueTable`,
+    if the caller has read one (:func:`distsim.simulate` does, to verify
+    the program), so that it is not read twice."""
+    return Simulator(function, topology, cost_model, options, values).run()

@@ -9,7 +9,8 @@ numeric field, the names, op types and details behind a label number) and
 made into :class:`OpRecord` tuples only when ``Trace.ops`` is first read: a
 large run has hundreds of thousands of records, and the summary, the usual
 thing asked of a run, needs none of them as tuples (issue 8: keep the trace
-cheap).
+cheap). The memory curve likewise (:class:`MemoryColumns`, made into
+:class:`MemorySample` tuples when ``Trace.memory`` is first read).
 """
 from __future__ import annotations
 
@@ -226,6 +227,45 @@ class OpColumns:
         return list(map(tuple.__new__, repeat(OpRecord), fields))
 
 
+class MemoryColumns:
+    """Memory samples as three arrays (``rank``, ``time_s``,
+    ``live_bytes``), in sample order: what the simulator makes. A 1024-GPU
+    step has about a million samples; as tuples they would cost more than
+    the numpy work that finds them, and the plots read the arrays."""
+
+    __slots__ = ("rank", "time_s", "live_bytes")
+
+    def __init__(self, rank: Any = (), time_s: Any = (), live_bytes: Any = ()) -> None:
+        self.rank = np.asarray(rank, dtype=np.int64).reshape(-1)
+        self.time_s = np.asarray(time_s, dtype=float).reshape(-1)
+        self.live_bytes = np.asarray(live_bytes, dtype=np.int64).reshape(-1)
+        if not len(self.rank) == len(self.time_s) == len(self.live_bytes):
+            raise ValueError("MemoryColumns: rank, time_s and live_bytes differ in length")
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[MemorySample]) -> "MemoryColumns":
+        n = len(samples)
+        table = np.array(samples, dtype=object).reshape(n, 3) if n else np.zeros((0, 3))
+        return cls(table[:, 0].astype(np.int64), table[:, 1].astype(float),
+                   table[:, 2].astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def take(self, positions: Any) -> "MemoryColumns":
+        """The samples at ``positions`` (an index array or a mask)."""
+        return MemoryColumns(self.rank[positions], self.time_s[positions],
+                             self.live_bytes[positions])
+
+    def records(self) -> List[MemorySample]:
+        """The samples as :class:`MemorySample` tuples (Python ints and
+        floats), in sample order, the garbage collector paused meanwhile."""
+        with gc_paused():
+            fields = zip(self.rank.tolist(), self.time_s.tolist(), self.live_bytes.tolist())
+            # MemorySample(...) checks its arguments: slow by the million
+            return list(map(tuple.__new__, repeat(MemorySample), fields))
+
+
 class Trace:
     """Everything a simulation recorded.
 
@@ -233,7 +273,8 @@ class Trace:
     (``op_columns``, what the simulator makes); each view is made from the
     other on first use and kept. Records are values: to change them, assign
     a new list to ``trace.ops`` (editing the list in place does not reach
-    the columns the summary reads)."""
+    the columns the summary reads). The memory samples likewise: ``memory``
+    or ``memory_columns``."""
 
     def __init__(self, devices: List[DeviceInfo], ops: Optional[List[OpRecord]] = None,
                  memory: Optional[List[MemorySample]] = None,
@@ -241,14 +282,19 @@ class Trace:
                  link_samples: Optional[List[LinkSample]] = None, step_time_s: float = 0.0,
                  meta: Optional[Dict[str, Any]] = None, *,
                  op_columns: Optional[OpColumns] = None,
+                 memory_columns: Optional[MemoryColumns] = None,
                  memory_peaks: Optional[Dict[int, int]] = None) -> None:
         if ops is not None and op_columns is not None:
             raise ValueError("Trace: give ops or op_columns, not both")
+        if memory is not None and memory_columns is not None:
+            raise ValueError("Trace: give memory or memory_columns, not both")
         self.devices = devices
         self._ops: Optional[List[OpRecord]] = (ops if ops is not None
                                                else None if op_columns is not None else [])
         self._columns = op_columns
-        self.memory = [] if memory is None else memory
+        self._memory: Optional[List[MemorySample]] = (
+            memory if memory is not None else None if memory_columns is not None else [])
+        self._memory_columns = memory_columns
         self.links = [] if links is None else links
         self.link_samples = [] if link_samples is None else link_samples
         self.step_time_s = step_time_s
@@ -274,6 +320,30 @@ class Trace:
         if self._columns is None:
             self._columns = OpColumns.from_records(self._ops)
         return self._columns
+
+    @property
+    def memory(self) -> List[MemorySample]:
+        """Every memory sample, as :class:`MemorySample` tuples (made on
+        first use)."""
+        if self._memory is None:
+            self._memory = self._memory_columns.records()
+        return self._memory
+
+    @memory.setter
+    def memory(self, samples: List[MemorySample]) -> None:
+        self._memory, self._memory_columns = samples, None
+
+    @property
+    def memory_columns(self) -> MemoryColumns:
+        """The memory samples as columns (made from the list on first use)."""
+        if self._memory_columns is None:
+            self._memory_columns = MemoryColumns.from_samples(self._memory)
+        return self._memory_columns
+
+    @property
+    def num_memory_samples(self) -> int:
+        """How many memory samples, without making them."""
+        return len(self._memory) if self._memory is not None else len(self._memory_columns)
 
     @property
     def num_ops(self) -> int:
@@ -306,5 +376,5 @@ class Trace:
 
     def __repr__(self) -> str:
         return (f"Trace(devices={len(self.devices)}, ops={self.num_ops}, "
-                f"memory={len(self.memory)}, links={len(self.links)}, "
+                f"memory={self.num_memory_samples}, links={len(self.links)}, "
                 f"step_time_s={self.step_time_s!r})")

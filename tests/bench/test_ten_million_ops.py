@@ -22,12 +22,7 @@ result = distsim.simulate(model="gpt3-175b", topology="dgx-a100-x128", tp=8, pp=
 summary = result.summary()
 print(json.dumps({"ops": len(result.program.ops), "represents": represented_ops(result.program),
                   "step_time_s": result.step_time_s, "devices": summary["num_devices"],
-                  # this process and the verifier it forks beside the simulation
-                  # (ir/verify_beside): both peaks summed, an upper bound (the
-                  # pages they share count twice)
-                  "peak_rss_bytes": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                     + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-                                    * 1024}))
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 

@@ -55,7 +55,7 @@ def test_curve_peak_and_categories_match_the_definition(case):
     out = memory_accounting(np.array(device), np.array(size), np.array(category),
                             np.array(alloc), np.array(free), CATEGORIES)
     samples, peak, at_peak = by_definition(device, size, category, alloc, free)
-    assert [tuple(s) for s in out.samples] == samples
+    assert [tuple(s) for s in out.samples.records()] == samples
     assert out.peak == peak
     assert out.peak_by_category == at_peak
 

@@ -5,7 +5,7 @@ collective kind under a name (``ring``, ``tree``, ``hierarchical``,
 algorithm inside one server). The first entry of each kind is the fallback."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict
 
 from ...ir.comm import CollectiveType as C
 from . import hierarchical, ring, tree
