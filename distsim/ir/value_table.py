@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from itertools import chain
 from operator import attrgetter, is_
-from typing import Iterable, List
+from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class ValueTable:
     the numbers of that value's reads are one of its definitions)."""
 
     __slots__ = ("ops", "values", "types", "n_inputs", "n_in", "n_out", "reads", "outputs",
-                 "duplicated", "_order", "_sorted_ids", "_outputs_of")
+                 "duplicated", "_order", "_sorted_ids", "_outputs_of", "_type_numbers")
 
     def __init__(self, function: Function) -> None:
         ops: List[Op] = list(function.ops)
@@ -67,6 +67,21 @@ class ValueTable:
         self.reads = self.number(chain.from_iterable(inputs_of), int(self.n_in.sum()))
         self._outputs_of = list(function.outputs)
         self.outputs = self.number(self._outputs_of, len(self._outputs_of))
+        self._type_numbers: Optional[Tuple[np.ndarray, np.ndarray]] = None
+
+    def type_numbers(self) -> Tuple[np.ndarray, np.ndarray]:
+        """Type objects numbered by identity: the position of the first
+        value holding each distinct type object (ascending), and each
+        value's type's number (an index into those positions). Read once,
+        when first asked for (the verifier and the index both ask)."""
+        if self._type_numbers is None:
+            ids = np.fromiter(map(id, self.types), np.int64, len(self.types))
+            _, first, number = np.unique(ids, return_index=True, return_inverse=True)
+            order = np.argsort(first)               # distinct types by first appearance
+            rank = np.empty_like(order)
+            rank[order] = np.arange(len(order))
+            self._type_numbers = (first[order], rank[number.reshape(-1)])
+        return self._type_numbers
 
     def number(self, values: Iterable[Value], n: int) -> np.ndarray:
         """The numbers of ``n`` ``values``; -1 for one the function does

@@ -215,8 +215,7 @@ def _looks_valid_by_columns(function: Function, known_devices: Iterable[int] | N
         return False
     devices = set(known_devices) if known_devices is not None else None
     types = table.types
-    type_ids = np.fromiter(map(id, types), np.int64, len(types))
-    _, first_of, type_number = np.unique(type_ids, return_index=True, return_inverse=True)
+    first_of, type_number = table.type_numbers()
     if not all(_type_fits(types[i], devices) for i in first_of.tolist()):
         return False
     kind = np.asarray(log.kind, np.int64).reshape(-1)
@@ -225,7 +224,6 @@ def _looks_valid_by_columns(function: Function, known_devices: Iterable[int] | N
         return False
     if not all(is_registered(op_type) for op_type, _, _ in templates):
         return False
-    type_number = type_number.reshape(-1)
     in_start = np.cumsum(n_in) - n_in
     in_types, out_types = type_number[reads], type_number
     fused_types: Dict[tuple, list] = {}

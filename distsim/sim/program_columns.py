@@ -70,6 +70,7 @@ class ProgramColumns:
         #: by name
         self.gradients: Optional[np.ndarray] = None
         self.in_place: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self._table: Optional[ValueTable] = None
         log = f.build_log
         logged, columns = (log.describes(f) if isinstance(log, BuildLog)
                            else (False, False))
@@ -140,6 +141,12 @@ class ProgramColumns:
         n = len(pairs)
         return (self._table.number(map(itemgetter(0), pairs), n),
                 self._table.number(map(itemgetter(1), pairs), n))
+
+    def type_numbers(self) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """The type objects numbered by identity, when the values came
+        from a :class:`~distsim.ir.value_table.ValueTable` (which keeps
+        them: the verifier numbered them already); else None."""
+        return self._table.type_numbers() if self._table is not None else None
 
     def names(self) -> List[str]:
         """Every value's name, by number (read once, when first asked for)."""

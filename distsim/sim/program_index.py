@@ -210,7 +210,8 @@ def _groups(keys: np.ndarray) -> List[Tuple[int, np.ndarray]]:
     return groups
 
 
-def _type_table(types: List[Type], values: List[Value], known: Set[int], topology
+def _type_table(types: List[Type], values: List[Value], known: Set[int], topology,
+                numbered: Optional[Tuple[np.ndarray, np.ndarray]] = None
                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(device, bytes, shape class) per value (``types[n]`` is value n's),
     and the distinct devices.
@@ -218,16 +219,24 @@ def _type_table(types: List[Type], values: List[Value], known: Set[int], topolog
     Each type object is looked at once, and equal types (transforms make a
     type object per value) share their details; the shape class stands for
     (shape, dtype, kind of type), what an op's cost depends on besides its
-    attributes."""
-    n = len(types)
-    # each value, the first value with its type object (one C-level pass)
-    first_with: Dict[int, int] = {}
-    first = np.fromiter(map(first_with.setdefault, map(id, types), count()), np.int64, n)
+    attributes. ``numbered``: the type objects numbered by identity, as
+    :meth:`~distsim.ir.value_table.ValueTable.type_numbers` gives them
+    (else numbered here)."""
+    if numbered is None:
+        n = len(types)
+        # each value, the first value with its type object (one C-level pass)
+        first_with: Dict[int, int] = {}
+        first = np.fromiter(map(first_with.setdefault, map(id, types), count()), np.int64, n)
+        firsts = np.fromiter(first_with.values(), np.int64, len(first_with))
+        distinct = np.empty(n, np.int64)
+        distinct[firsts] = np.arange(len(firsts))
+        numbered = (firsts, distinct[first])
+    firsts, number = numbered
     by_value: Dict[Any, int] = {}
     shape_class: Dict[tuple, int] = {}
     rows: List[Tuple[int, int, int]] = []
-    row_of = np.empty(n, np.int64)           # at each first value: its type's row
-    for i in first_with.values():
+    row_of = np.empty(len(firsts), np.int64)      # each distinct type object's row
+    for j, i in enumerate(firsts.tolist()):
         t = types[i]
         try:   # an equal type seen before
             c = by_value.get(t)
@@ -243,9 +252,9 @@ def _type_table(types: List[Type], values: List[Value], known: Set[int], topolog
                 by_value[t] = c
             except TypeError:
                 pass
-        row_of[i] = c
+        row_of[j] = c
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    of_value = row_of[first]
+    of_value = row_of[number]
     return (table[:, 0][of_value], table[:, 1][of_value], table[:, 2][of_value],
             np.unique(table[:, 0]))
 
@@ -273,7 +282,8 @@ def index_program(function: Function, topology, cost: CostModel,
     ops, n_ops, nv = col.ops, col.n_ops, col.n_values
     ix.values = col.values
     known = set(topology.ranks)
-    device, size, shape_of, devices = _type_table(col.types, col.values, known, topology)
+    device, size, shape_of, devices = _type_table(col.types, col.values, known, topology,
+                                                  col.type_numbers())
     ix.used_devices = set(devices.tolist())
     is_sim = {d: bool(simulated(d)) for d in devices.tolist()}
     sim_of = np.zeros(max(is_sim, default=0) + 1, bool)
