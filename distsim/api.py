@@ -330,5 +330,4 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                                                 symmetry=symmetry, max_wall_s=wall,
                                                 record_links=bool(record_links)),
                               values=values)
-    del values
     return SimulationResult(trace, program, config, topo, max_trace_records=trace_limit)

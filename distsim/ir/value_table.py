@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from itertools import chain
 from operator import attrgetter, is_
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,12 +75,7 @@ class ValueTable:
         value's type's number (an index into those positions). Read once,
         when first asked for (the verifier and the index both ask)."""
         if self._type_numbers is None:
-            ids = np.fromiter(map(id, self.types), np.int64, len(self.types))
-            _, first, number = np.unique(ids, return_index=True, return_inverse=True)
-            order = np.argsort(first)               # distinct types by first appearance
-            rank = np.empty_like(order)
-            rank[order] = np.arange(len(order))
-            self._type_numbers = (first[order], rank[number.reshape(-1)])
+            self._type_numbers = identity_numbers(self.types)
         return self._type_numbers
 
     def number(self, values: Iterable[Value], n: int) -> np.ndarray:
@@ -106,3 +101,16 @@ class ValueTable:
                 and len(f.outputs) == len(self._outputs_of)
                 and all(map(is_, f.ops, self.ops)) and all(map(is_, f.inputs, self.values))
                 and all(map(is_, f.outputs, self._outputs_of)))
+
+
+def identity_numbers(objects: Sequence[object]) -> Tuple[np.ndarray, np.ndarray]:
+    """``objects`` numbered by identity, in order of first appearance: the
+    position of the first of each distinct object (ascending), and each
+    object's number (an index into those positions). A sort of their ids,
+    no table keyed by a million objects."""
+    ids = np.fromiter(map(id, objects), np.int64, len(objects))
+    _, first, number = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first)               # distinct objects by first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[number.reshape(-1)]

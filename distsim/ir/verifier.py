@@ -166,7 +166,7 @@ def _looks_valid(function: Function, known_devices: Iterable[int] | None) -> boo
     for v in function.outputs:
         if id(v) not in defined:
             return False
-    return len(set(names)) == len(names)
+    return _names_unique(names)
 
 
 def _names_unique(names: List[str]) -> bool:

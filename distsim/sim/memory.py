@@ -23,11 +23,13 @@ import numpy as np
 
 from .trace import MemoryColumns
 
+
 @dataclass
 class MemoryAccounting:
     """The result: ``samples`` (live bytes per device over time, one per
-    distinct time, when asked for; sorted by device, then time), ``peak`` (bytes per device) and
-    ``peak_by_category`` (category -> bytes live at that peak)."""
+    distinct time, when asked for; sorted by device, then time), ``peak``
+    (bytes per device) and ``peak_by_category`` (category -> bytes live at
+    that peak)."""
 
     samples: MemoryColumns = field(default_factory=MemoryColumns)
     peak: Dict[int, int] = field(default_factory=dict)

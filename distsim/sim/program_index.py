@@ -30,7 +30,7 @@ from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
 from ..ir.core import Function, Op, Value
 from ..ir.types import Type
-from ..ir.value_table import ValueTable
+from ..ir.value_table import ValueTable, identity_numbers
 from .program_columns import ProgramColumns, codes as _codes, cut, pick, spans
 
 # Memory category of a function input, by its role in ``meta["roles"]``.
@@ -219,19 +219,10 @@ def _type_table(types: List[Type], values: List[Value], known: Set[int], topolog
     Each type object is looked at once, and equal types (transforms make a
     type object per value) share their details; the shape class stands for
     (shape, dtype, kind of type), what an op's cost depends on besides its
-    attributes. ``numbered``: the type objects numbered by identity, as
-    :meth:`~distsim.ir.value_table.ValueTable.type_numbers` gives them
-    (else numbered here)."""
-    if numbered is None:
-        n = len(types)
-        # each value, the first value with its type object (one C-level pass)
-        first_with: Dict[int, int] = {}
-        first = np.fromiter(map(first_with.setdefault, map(id, types), count()), np.int64, n)
-        firsts = np.fromiter(first_with.values(), np.int64, len(first_with))
-        distinct = np.empty(n, np.int64)
-        distinct[firsts] = np.arange(len(firsts))
-        numbered = (firsts, distinct[first])
-    firsts, number = numbered
+    attributes. ``numbered``: the type objects numbered by identity
+    (:func:`~distsim.ir.value_table.identity_numbers`), if the caller has
+    them (the verifier's value table does), else numbered here."""
+    firsts, number = numbered if numbered is not None else identity_numbers(types)
     by_value: Dict[Any, int] = {}
     shape_class: Dict[tuple, int] = {}
     rows: List[Tuple[int, int, int]] = []

@@ -252,11 +252,6 @@ class MemoryColumns:
     def __len__(self) -> int:
         return len(self.rank)
 
-    def take(self, positions: Any) -> "MemoryColumns":
-        """The samples at ``positions`` (an index array or a mask)."""
-        return MemoryColumns(self.rank[positions], self.time_s[positions],
-                             self.live_bytes[positions])
-
     def records(self) -> List[MemorySample]:
         """The samples as :class:`MemorySample` tuples (Python ints and
         floats), in sample order, the garbage collector paused meanwhile."""
