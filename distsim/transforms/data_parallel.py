@@ -98,7 +98,7 @@ class DataParallel:
         append_op = out.ops.append
         add_numbered = log.add_numbered
         for op in function.ops:
-            # attributes normalized once per template op (each copy gets its own dict)
+            # attributes normalized once per template op, one dict the copies share
             attrs = {k: normalize_attr(a) for k, a in op.attrs.items()}
             op_type, subs, meta, outputs = op.op_type, op.subfunctions, op.meta, op.outputs
             for i, rank in enumerate(self.ranks):
@@ -111,7 +111,7 @@ class DataParallel:
                 for k, (v, t) in enumerate(zip(outputs, types)):
                     outs.append(Value(fresh(replica_name(v.name, rank)), t))
                     copies_i[v] = made_i[v.name] = first + k
-                new_op = Op.trusted(op_type, ins, tuple(outs), dict(attrs), subs, dict(meta))
+                new_op = Op.trusted(op_type, ins, tuple(outs), attrs, subs, dict(meta))
                 append_op(new_op)
                 add_numbered(new_op, reads, op)
             for v in outputs:

@@ -130,14 +130,16 @@ class Emitter:
              types: Sequence[TensorType], names: Sequence[str],
              meta: Optional[Dict[str, Any]], kind: Any = None) -> List[Value]:
         """Append an op whose attributes are complete and normalized and
-        whose result types are known (``attrs`` is copied, not kept).
-        ``kind``: its :class:`~distsim.ir.build_log.BuildLog` token (None:
-        a kind of its own)."""
+        whose result types are known. ``attrs`` is kept, not copied: the
+        ops emitted from one memo entry share it (attributes are never
+        changed in place). ``kind``: its
+        :class:`~distsim.ir.build_log.BuildLog` token (None: a kind of its
+        own)."""
         if len(names) != len(types):
             names = [f"{names[0]}.{i}" for i in range(len(types))]
         fresh = self.names.fresh
         outs = [Value(fresh(n), t) for n, t in zip(names, types)]
-        op = Op.trusted(op_type, tuple(inputs), tuple(outs), dict(attrs), (),
+        op = Op.trusted(op_type, tuple(inputs), tuple(outs), attrs, (),
                         dict(meta) if meta else {})
         self.function.ops.append(op)
         self.log.add(op, kind)
@@ -252,6 +254,10 @@ class _Segment:
                                                 [local(self.acc_out[g])],
                                                 meta=dict(acc_meta, layer=op.meta.get("layer"))))
         self.function.outputs = [local(v) for v in self.outputs]
+        #: every copy's attributes and sub-functions: one dict and one tuple
+        #: that the copies share (attributes are never changed in place)
+        self.attrs = {"segment": name, "ops": len(self.function.ops)}
+        self.subfunctions = (self.function,)
 
 
 #: The device whose roofline times estimate each layer's cost for
@@ -533,7 +539,7 @@ class LowerSPMD:
         # and rank; a name is checked against the taken ones inline.
         em = self.em
         meta = dict(seg.meta, **base)
-        attrs = {"segment": seg.function.name, "ops": len(seg.function.ops)}
+        attrs, subs = seg.attrs, seg.subfunctions
         acc = self.sync.acc
         names = em.names
         taken = names._taken
@@ -541,7 +547,6 @@ class LowerSPMD:
         ops = em.function.ops
         add_kind = em.log.add
         trusted = Op.trusted
-        subs = (seg.function,)
         mb_part = f"_m{mb}" if self.M > 1 else ""
         for d, t, r in self.group(stage):
             env = self.menv.get((r, mb))
@@ -567,7 +572,7 @@ class LowerSPMD:
                 else:
                     taken.add(name)
                 outs.append(Value(name, ty))
-            ops.append(trusted(FUSED, tuple(ins), tuple(outs), dict(attrs), subs, dict(meta)))
+            ops.append(trusted(FUSED, tuple(ins), tuple(outs), attrs, subs, dict(meta)))
             add_kind(ops[-1], seg)   # a segment's copies are one kind of op
             for v, o in zip(seg.outputs, outs):
                 env[v] = o
