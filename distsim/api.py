@@ -18,6 +18,7 @@ from .ir.core import Function
 from .ir.verifier import verify
 from .ir.value_table import ValueTable
 from .models import family_of, load_model_config
+from .pages import small_pages
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
 from .ir.types import DType
@@ -285,6 +286,15 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     return program, resolved, topo
 
 
+def _verified(program: Function, topo: Topology) -> ValueTable:
+    """Verify ``program`` for ``topo`` and return the value table the
+    verifier read, for the simulator's index to reuse (held by no frame
+    here, so that the simulator can let go of it once indexed)."""
+    values = ValueTable(program)
+    verify(program, known_devices=topo.ranks, values=values)
+    return values
+
+
 def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
              network_mode: str = "flow", collective_algo: str = "auto",
@@ -313,21 +323,19 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
         raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
     check_algorithm_name(collective_algo)
     say = progress or (lambda message: None)
-    say("building the program")
-    program, config, topo = build_program(model, topology, max_ops=max_ops,
-                                          verify_program=False, **options)
-    say(f"simulating {len(program.ops):,} ops on {topo.num_devices:,} devices")
-    config.update(network_mode=network_mode, collective_algo=collective_algo)
-    # Symmetry: a family that built a reduced program (meta "represents")
-    # has applied it already; otherwise the simulator finds the classes.
-    symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
-    # the verifier and the simulator's index read the same value numbers
-    values = ValueTable(program)
-    verify(program, known_devices=topo.ranks, values=values)
-    trace = simulate_function(program, topo, CostModel(topo.device_spec),
-                              SimulationOptions(network_mode=network_mode,
-                                                collective_algorithm=collective_algo,
-                                                symmetry=symmetry, max_wall_s=wall,
-                                                record_links=bool(record_links)),
-                              values=values)
+    with small_pages():   # hundreds of big short-lived arrays: see distsim.pages
+        say("building the program")
+        program, config, topo = build_program(model, topology, max_ops=max_ops,
+                                              verify_program=False, **options)
+        say(f"simulating {len(program.ops):,} ops on {topo.num_devices:,} devices")
+        config.update(network_mode=network_mode, collective_algo=collective_algo)
+        # Symmetry: a family that built a reduced program (meta "represents")
+        # has applied it already; otherwise the simulator finds the classes.
+        symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
+        trace = simulate_function(program, topo, CostModel(topo.device_spec),
+                                  SimulationOptions(network_mode=network_mode,
+                                                    collective_algorithm=collective_algo,
+                                                    symmetry=symmetry, max_wall_s=wall,
+                                                    record_links=bool(record_links)),
+                                  values=_verified(program, topo))
     return SimulationResult(trace, program, config, topo, max_trace_records=trace_limit)

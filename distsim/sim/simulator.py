@@ -607,5 +607,9 @@ def simulate_function(function: Function, topology, cost_model: Optional[CostMod
     """Simulate one run of ``function`` (local view) on ``topology``.
     ``values``: the function's :class:`~distsim.ir.value_table.ValueTable`,
     if the caller has read one (:func:`distsim.simulate` does, to verify
-    the program), so that it is not read twice."""
-    return Simulator(function, topology, cost_model, options, values).run()
+    the program), so that it is not read twice; the simulator lets go of
+    it once the program is indexed (at a million values it holds ~130 MB
+    that the run can reuse), so no caller should hold on to it."""
+    simulator = Simulator(function, topology, cost_model, options, values)
+    del values
+    return simulator.run()
