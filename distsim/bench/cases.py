@@ -117,8 +117,10 @@ def _growth_point(gpus: int, tp: int, pp: int, layers: int, microbatches: int
     start = time.perf_counter()
     result = simulate(**_gpt3_options(gpus, tp, pp, layers, microbatches))
     wall = time.perf_counter() - start
-    return {"gpus": gpus, "layers": layers, "ops": simulated_ops(result.program),
-            "represented_ops": represented_ops(result.program),
+    program = result.program
+    return {"gpus": gpus, "layers": layers, "ops": simulated_ops(program),
+            "values": len(program.inputs) + sum(len(op.outputs) for op in program.ops),
+            "represented_ops": represented_ops(program),
             "step_time_s": result.step_time_s, "wall_s": wall}
 
 
@@ -131,7 +133,14 @@ def growth(quick: bool) -> Dict[str, Any]:
     in one process, a run inherits the previous runs' heap and is slower
     for it), and its wall time is the best of ``GROWTH_REPEATS`` rounds
     over all the points (one when quick): on a shared machine one run can
-    be 20-40 % slower than the next, and the fit has only a few points."""
+    be 20-40 % slower than the next, and the fit has only a few points.
+
+    Beside it, two diagnostics: the exponent against the program's values
+    (``growth_exponent_values``: most of the work is per value, its name,
+    number, type and lifetime), and that of values against ops
+    (``growth_exponent_values_alone``: above 1 when the larger programs
+    have more values per op, which a wall time linear in values carries
+    into ``growth_exponent``)."""
     specs = GROWTH_POINTS_QUICK if quick else GROWTH_POINTS
     microbatches = 32 if quick else 192
     points: List[Dict[str, Any]] = []
@@ -146,10 +155,14 @@ def growth(quick: bool) -> Dict[str, Any]:
             points[i]["walls_s"].append(point["wall_s"])
     for p in points:
         p["wall_s"] = min(p["walls_s"])
-    x = np.log([p["ops"] for p in points])
     y = np.log([p["wall_s"] for p in points])
-    slope = float(np.polyfit(x, y, 1)[0])
-    return {"growth_exponent": slope, "growth_points": points}
+    return {"growth_exponent": float(np.polyfit(np.log([p["ops"] for p in points]), y, 1)[0]),
+            "growth_exponent_values": float(np.polyfit(np.log([p["values"] for p in points]),
+                                                       y, 1)[0]),
+            "growth_exponent_values_alone": float(np.polyfit(
+                np.log([p["ops"] for p in points]),
+                np.log([p["values"] for p in points]), 1)[0]),
+            "growth_points": points}
 
 
 def gpt3_1024(quick: bool) -> Dict[str, Any]:

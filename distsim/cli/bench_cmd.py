@@ -21,6 +21,8 @@ TABLE = [
     ("sweep_simulated_configs_per_s", "  ... simulated in full (analytical network): configs/s",
      ""),
     ("growth_exponent", "GPT-3 at 64/256/1024 GPUs and 2x layers: wall ~ ops^k, k", "<= 1"),
+    ("growth_exponent_values", "  ... wall ~ values^k (the program's values), k", ""),
+    ("growth_exponent_values_alone", "  ... values ~ ops^k, k", ""),
 ]
 
 

@@ -38,3 +38,32 @@ def test_a_measurement_in_a_fresh_process_reports_errors_and_deaths():
     assert in_fresh_process(lambda: 1 / 0) == {"_error": "ZeroDivisionError: division by zero"}
     assert in_fresh_process(lambda: os._exit(3)) == {
         "_error": "benchmark process ended with exit code 3"}
+
+
+def test_growth_fits_wall_against_ops_and_values(monkeypatch):
+    """Two points, the second with twice the ops, 2.1x the values and 2.1x
+    the wall time (best of its rounds): wall ~ ops^(ln 2.1 / ln 2), wall ~
+    values^1, values ~ ops^(ln 2.1 / ln 2)."""
+    import math
+
+    import pytest
+
+    from distsim.bench import cases
+
+    made = {(64, 8, 8, 24): (100_000, 400_000, [1.3, 1.0]),
+            (128, 8, 16, 48): (200_000, 840_000, [2.1, 2.5])}
+    rounds = iter(range(10))
+
+    def fake(fn, gpus, tp, pp, layers, microbatches):
+        ops, values, walls = made[(gpus, tp, pp, layers)]
+        return {"gpus": gpus, "layers": layers, "ops": ops, "values": values,
+                "wall_s": walls[next(rounds) // 2]}
+    monkeypatch.setattr(cases, "GROWTH_POINTS", list(made))
+    monkeypatch.setattr(cases, "GROWTH_REPEATS", 2)
+    monkeypatch.setattr(cases, "in_fresh_process", fake)
+    out = cases.growth(quick=False)
+    assert [p["wall_s"] for p in out["growth_points"]] == [1.0, 2.1]
+    k = math.log(2.1) / math.log(2)
+    assert out["growth_exponent"] == pytest.approx(k)
+    assert out["growth_exponent_values"] == pytest.approx(1.0)
+    assert out["growth_exponent_values_alone"] == pytest.approx(k)
