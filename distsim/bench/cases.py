@@ -155,14 +155,12 @@ def growth(quick: bool) -> Dict[str, Any]:
             points[i]["walls_s"].append(point["wall_s"])
     for p in points:
         p["wall_s"] = min(p["walls_s"])
-    y = np.log([p["wall_s"] for p in points])
-    return {"growth_exponent": float(np.polyfit(np.log([p["ops"] for p in points]), y, 1)[0]),
-            "growth_exponent_values": float(np.polyfit(np.log([p["values"] for p in points]),
-                                                       y, 1)[0]),
-            "growth_exponent_values_alone": float(np.polyfit(
-                np.log([p["ops"] for p in points]),
-                np.log([p["values"] for p in points]), 1)[0]),
-            "growth_points": points}
+    ops, values, wall = (np.log([p[key] for p in points]) for key in ("ops", "values", "wall_s"))
+
+    def slope(x: np.ndarray, y: np.ndarray) -> float:   # of the least-squares line
+        return float(np.polyfit(x, y, 1)[0])
+    return {"growth_exponent": slope(ops, wall), "growth_exponent_values": slope(values, wall),
+            "growth_exponent_values_alone": slope(ops, values), "growth_points": points}
 
 
 def gpt3_1024(quick: bool) -> Dict[str, Any]:
