@@ -11,6 +11,7 @@ from math import prod
 from typing import Callable, Dict
 
 from ..ir.core import Op
+from ..ir.ops_bundle import BOOKKEEPING_OPS
 
 FlopRule = Callable[[Op], float]
 FLOP_RULES: Dict[str, FlopRule] = {}
@@ -24,6 +25,7 @@ FLOPS_PER_ELEMENT: Dict[str, float] = {
     "identity": 0, "ones_like": 0, "zeros_like": 0, "scale": 1, "cast": 0,
     "reshape": 0, "broadcast_to": 0,
     "add": 1, "sub": 1, "mul": 1, "div": 1, "maximum": 1, "relu_grad": 1, "sgd": 2,
+    "pack": 0, "unpack": 0,   # bookkeeping (distsim.ir.ops_bundle)
 }
 
 
@@ -70,6 +72,9 @@ def op_flops(op: Op) -> float:
 
 
 def op_memory_bytes(op: Op) -> float:
-    """Bytes read and written: every input and output once."""
+    """Bytes read and written: every input and output once (none for the
+    bookkeeping ops that only regroup values)."""
+    if op.op_type in BOOKKEEPING_OPS:
+        return 0.0
     return float(sum(v.type.size_bytes for v in op.inputs) +
                  sum(v.type.size_bytes for v in op.outputs))

@@ -17,6 +17,7 @@ from typing import Callable, Dict, Mapping, NamedTuple, Union
 
 from ..ir.comm import is_communication
 from ..ir.core import Op
+from ..ir.ops_bundle import BOOKKEEPING_OPS
 from .device import DeviceSpec
 from .flops import op_flops, op_memory_bytes
 
@@ -41,7 +42,9 @@ class CostModel:
     _function_costs: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
 
     def op_cost(self, op: Op) -> OpCost:
-        if op.op_type == "depend":  # an ordering edge (an event wait), not a kernel
+        if op.op_type == "depend" or op.op_type in BOOKKEEPING_OPS:
+            # an ordering edge (an event wait) or a regrouping of values
+            # (pack, unpack): not kernels
             return OpCost(0.0, 0.0, 0.0)
         if op.subfunctions and not is_communication(op):
             return self.function_cost(op.subfunctions[0])

@@ -167,3 +167,21 @@ def _reshape(attrs, x):
 @kernel("broadcast_to")
 def _broadcast_to(attrs, x):
     return np.broadcast_to(x, tuple(attrs["shape"])).copy()
+
+
+@kernel("pack")
+def _pack(attrs, *parts):
+    """A bundle at run time: the tensors themselves, unchanged, in a 1-D
+    object array (the reference computes bf16 in float32, so their bytes
+    are not the type's)."""
+    bundle = np.empty(len(parts), dtype=object)
+    for i, part in enumerate(parts):
+        bundle[i] = part
+    return bundle
+
+
+@kernel("unpack")
+def _unpack(attrs, bundle):
+    if bundle.dtype != object or len(bundle) != len(attrs["shapes"]):
+        raise ValueError(f"unpack: expected a bundle of {len(attrs['shapes'])} tensors")
+    return tuple(bundle)

@@ -24,6 +24,7 @@ class DType(enum.Enum):
     I32 = "i32"
     I64 = "i64"
     BOOL = "bool"
+    U8 = "u8"   # raw bytes: a bundle of tensors (distsim.ir.ops_bundle)
 
     # Members are singletons compared by identity: hash them by identity in
     # C (Enum's own __hash__ is a Python call, paid on every cache lookup
@@ -60,13 +61,14 @@ class DType(enum.Enum):
 
 
 _ITEMSIZE = {DType.F16: 2, DType.BF16: 2, DType.F32: 4, DType.F64: 8,
-             DType.I32: 4, DType.I64: 8, DType.BOOL: 1}
+             DType.I32: 4, DType.I64: 8, DType.BOOL: 1, DType.U8: 1}
 _DTYPE_CODE = {d: i for i, d in enumerate(DType)}
 _NUMPY = {DType.F16: "float16", DType.BF16: "float32", DType.F32: "float32",
-          DType.F64: "float64", DType.I32: "int32", DType.I64: "int64", DType.BOOL: "bool"}
+          DType.F64: "float64", DType.I32: "int32", DType.I64: "int64", DType.BOOL: "bool",
+          DType.U8: "uint8"}
 _ALIASES = {"fp16": "f16", "float16": "f16", "half": "f16", "fp32": "f32", "float32": "f32",
             "float": "f32", "fp64": "f64", "float64": "f64", "double": "f64",
-            "bfloat16": "bf16", "int32": "i32", "int64": "i64", "long": "i64"}
+            "bfloat16": "bf16", "int32": "i32", "int64": "i64", "long": "i64", "uint8": "u8"}
 
 
 class Type:

@@ -40,7 +40,7 @@ so step times are unchanged, with far fewer ops to build, verify and
 simulate; values internal to a run are not tracked in memory. The
 forward ``spmd.copy`` (the identity) is fused through, and the gradients
 of every micro-batch but the last are accumulated inside the segments
-(see ``LowerSPMD._grad_mode``): the last micro-batch's feed the
+(see :meth:`.coarsen.Coarsening._grad_mode`): the last micro-batch's feed the
 data-parallel sync and stay separate ops.
 """
 from __future__ import annotations
@@ -57,10 +57,10 @@ from ..ir.builder import NameScope
 from ..ir.build_log import BuildLog
 from ..ir.comm import CollectiveType, io_ranks
 from ..ir.core import Function, Op, Value, gc_paused, normalize_attr
-from ..ir.ops_fused import FUSED
 from ..ir.registry import infer_types, lookup, with_defaults
 from ..ir.types import DType, TensorType
 from .adam import AdamHyper
+from .coarsen import Coarsening, Segment
 from .optimizer import SGDHyper
 from .pipeline import (chunk_of_layer, merge_tasks, partition_balanced, partition_layers,
                        schedule_tasks)
@@ -182,84 +182,6 @@ class Emitter:
         return result
 
 
-def _segment_key(op: Op) -> tuple:
-    """Ops fuse only with neighbours of the same layer, phase and kind."""
-    m = op.meta
-    return (m.get("layer"), m.get("phase"), m.get("detail"), m.get("category"))
-
-
-class _Segment:
-    """A run of fusable ops of one task, as a device-free function whose
-    inputs are the values it reads from outside and whose outputs are the
-    values read after it.
-
-    With ``accumulate=True`` each gradient the run produces is added into
-    its parameter's gradient buffer inside the segment (as GradientSync
-    would right after it): the buffer's current value is an extra input
-    (``acc_in``) and its new value an extra output (``acc_out``), in place
-    of the bare gradient."""
-
-    def __init__(self, name: str, ops: List[Op], lower: "LowerSPMD",
-                 accumulate: bool = False) -> None:
-        inside = {id(op) for op in ops}
-        produced = {v for op in ops for v in op.outputs}
-        self.grads = [v for op in ops for v in op.outputs if v in lower.grad_of]
-        self.accumulate = accumulate and bool(self.grads)
-        self.inputs: List[Value] = []
-        for op in ops:
-            for v in op.inputs:
-                if v not in produced and v not in self.inputs:
-                    self.inputs.append(v)
-
-        def read_outside(v: Value) -> bool:
-            return (v in lower.step_outputs or v in lower.crossing
-                    or any(id(c) not in inside for c in lower.consumers.get(v, ())))
-
-        def leaves(v: Value) -> bool:
-            return read_outside(v) or (v in lower.grad_of and not self.accumulate)
-
-        self.outputs = [v for op in ops for v in op.outputs if leaves(v)]
-        # accumulator placeholders: gradient -> buffer in, buffer out
-        self.acc_in: Dict[Value, Value] = {}
-        self.acc_out: Dict[Value, Value] = {}
-        if self.accumulate:
-            for g in self.grads:
-                self.acc_in[g] = Value(f"{g.name}.acc", g.type)
-                self.acc_out[g] = Value(f"{g.name}.acc_new", g.type)
-            self.inputs += [self.acc_in[g] for g in self.grads]
-            self.outputs += [self.acc_out[g] for g in self.grads]
-        self.grad_of_input = {a: g for g, a in self.acc_in.items()}
-        #: (gradient, output standing for its new buffer), as GradientSync.accumulated takes them
-        self.acc_pairs = [(g, self.acc_out[g]) for g in self.grads] if self.accumulate else []
-        self.layer = ops[-1].meta.get("layer")
-        self.meta = dict(ops[0].meta)
-        mapping: Dict[Value, Value] = {}
-
-        def local(v: Value) -> Value:
-            if v not in mapping:
-                mapping[v] = Value(v.name, TensorType(v.type.shape, v.type.dtype, None))
-            return mapping[v]
-
-        self.function = Function(name, [local(v) for v in self.inputs])
-        acc_meta = {"phase": "backward", "category": "gradients"}
-        for op in ops:
-            if op.op_type == "spmd.copy":  # the identity in the forward pass
-                mapping[op.outputs[0]] = local(op.inputs[0])
-                continue
-            self.function.ops.append(Op(op.op_type, [local(v) for v in op.inputs],
-                                        [local(v) for v in op.outputs], op.attrs, meta=op.meta))
-            for g in op.outputs:
-                if g in self.acc_in:
-                    self.function.ops.append(Op("add", [local(self.acc_in[g]), local(g)],
-                                                [local(self.acc_out[g])],
-                                                meta=dict(acc_meta, layer=op.meta.get("layer"))))
-        self.function.outputs = [local(v) for v in self.outputs]
-        #: every copy's attributes and sub-functions: one dict and one tuple
-        #: that the copies share (attributes are never changed in place)
-        self.attrs = {"segment": name, "ops": len(self.function.ops)}
-        self.subfunctions = (self.function,)
-
-
 #: The device whose roofline times estimate each layer's cost for
 #: ``partition="balanced"`` when no ``partition_cost`` is given (the
 #: program is built before it meets a topology): A100 SXM figures; only the
@@ -270,7 +192,7 @@ PARTITION_DEVICE = DeviceSpec("partition-estimate", {"bf16": 312e12, "f16": 312e
                               vector_efficiency=0.7, memory_efficiency=0.8)
 
 
-class LowerSPMD:
+class LowerSPMD(Coarsening):
     """The pass: ``LowerSPMD(strategy, microbatches, hyper)(step)``.
     ``partition_cost(op) -> seconds`` estimates layer costs for
     ``strategy.partition == "balanced"`` (default: roofline times on
@@ -289,15 +211,12 @@ class LowerSPMD:
         self.representatives = representatives
         self.coarsen = coarsen
         self.partition_cost = partition_cost
-        self._segment_cache: Dict[Tuple[Tuple[str, int], str], List[Any]] = {}
-        self._task_grad_params: Dict[Tuple[str, int], List[Value]] = {}
+        self._init_coarsening()
         self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
         self._tp_teams: Dict[Tuple[int, int], tuple] = {}
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
         self._crossing_cache: Dict[int, Any] = {}
         self._op_info: Dict[int, tuple] = {}  # id(op) -> (op, its gradients, its layer)
-        # per (segment, rank): each output's name stem, rank suffix and type
-        self._segment_types: Dict[Tuple[int, int], List[Tuple[str, str, TensorType]]] = {}
         S = strategy
         self.reps: Set[int] = {S.rank(0, s, 0) for s in range(S.pp)}
 
@@ -320,7 +239,7 @@ class LowerSPMD:
                                              last=cost.get(layers, 0.0))
         else:
             self.ranges = partition_layers(layers, self.C)
-        producer = step.producers()
+        producer = self.producer_of = step.producers()
         self.chunk_of_op: Dict[int, int] = {}
         self.task_ops: Dict[Tuple[str, int], List[Op]] = {}
         for op in step.ops:
@@ -457,132 +376,6 @@ class LowerSPMD:
         raise PassPreconditionError(f"LowerSPMD: value %{v.name} is not available on rank "
                                     f"{rank} (micro-batch {mb})")
 
-    # -- coarsening --------------------------------------------------------
-    def _fusable(self, op: Op, fuse_grads: bool = False) -> bool:
-        return ((not op.op_type.startswith("spmd.") or op.op_type == "spmd.copy")
-                and "rank_attrs" not in op.meta
-                and not op.subfunctions
-                and (fuse_grads or not any(o in self.grad_of for o in op.outputs)))
-
-    def _arrives(self, v: Value, chunk: int) -> bool:
-        """Whether ``v`` reaches a task of ``chunk`` through communication."""
-        if v in self.spmd_outputs:
-            return True
-        if v in self.value_chunk:
-            return self.value_chunk[v] != chunk
-        return v in self.param_chunk and self.S.zero == 3
-
-    def _grad_mode(self, key: Tuple[str, int]) -> str:
-        """How this instance of a task fuses the gradients it produces.
-
-        The gradients of a micro-batch other than the last are read only by
-        the next micro-batch's accumulation, later on the same compute
-        stream, so fusing them (``"first"``: the bare gradient becomes the
-        buffer; ``"accumulate"``: added into it inside the segment) changes
-        no time. The last micro-batch's (``"plain"``) feed the data-parallel
-        sync and stay unfused, so that communication starts when it would;
-        so do all of them when ZeRO 2/3 reduce-scatters every micro-batch."""
-        params = self._task_grad_params.get(key)
-        if params is None:
-            params = self._task_grad_params[key] = [
-                self.grad_of[o] for op in self.task_ops.get(key, []) for o in op.outputs
-                if o in self.grad_of]
-        if not params or self.M == 1 or self.sync.scatter_each:
-            return "plain"
-        done = self.sync.count.get(params[0], 0)
-        if done == 0:
-            return "first"
-        return "accumulate" if done + 1 < self.M else "plain"
-
-    def _segments(self, key: Tuple[str, int], mode: str = "plain") -> List[Any]:
-        """The task's ops with each fusable run replaced by a _Segment
-        (computed once per task and gradient mode, shared by micro-batches
-        and ranks)."""
-        cached = self._segment_cache.get((key, mode))
-        if cached is not None:
-            return cached
-        items: List[Any] = []
-        run: List[Op] = []
-        fuse_grads = mode != "plain"
-
-        def close() -> None:
-            if len(run) == 1 and not (fuse_grads and any(o in self.grad_of
-                                                         for o in run[0].outputs)):
-                items.append(run[0])
-            elif run:
-                items.append(_Segment(f"{key[0]}{key[1]}.seg{len(items)}{mode[0]}", list(run),
-                                      self, accumulate=mode == "accumulate"))
-            run.clear()
-
-        for op in self.task_ops.get(key, []):
-            if not self._fusable(op, fuse_grads):
-                close()
-                items.append(op)
-                continue
-            # a value arriving by communication starts a new run, so that the
-            # ops before it are not held back waiting for it
-            if run and (_segment_key(run[-1]) != _segment_key(op) or
-                        any(self._arrives(v, key[1]) for v in op.inputs)):
-                close()
-            run.append(op)
-            # a value leaving for another stage or a collective ends the run,
-            # so that communication starts when it would without fusing
-            if any(o in self.crossing or o in self.spmd_inputs for o in op.outputs):
-                close()
-        close()
-        self._segment_cache[(key, mode)] = items
-        return items
-
-    def _emit_segment(self, seg: "_Segment", stage: int, mb: int, base: Dict[str, Any]) -> None:
-        # Hot (once per segment, micro-batch and rank): the output names'
-        # fixed parts and the result types are worked out once per segment
-        # and rank; a name is checked against the taken ones inline.
-        em = self.em
-        meta = dict(seg.meta, **base)
-        attrs, subs = seg.attrs, seg.subfunctions
-        acc = self.sync.acc
-        names = em.names
-        taken = names._taken
-        fresh = names.fresh
-        ops = em.function.ops
-        add_kind = em.log.add
-        trusted = Op.trusted
-        mb_part = f"_m{mb}" if self.M > 1 else ""
-        for d, t, r in self.group(stage):
-            env = self.menv.get((r, mb))
-            if env is None:
-                env = self.menv[(r, mb)] = {}
-            ins = []
-            for v in seg.inputs:
-                x = env.get(v)
-                if x is None:
-                    x = (acc[(self.grad_of[seg.grad_of_input[v]], r)] if v in seg.grad_of_input
-                         else self.get(v, r, d, t, mb, stage, seg.layer))
-                ins.append(x)
-            plan = self._segment_types.get((id(seg), r))
-            if plan is None:
-                plan = self._segment_types[(id(seg), r)] = [
-                    (v.name, f"_r{r}", TensorType(v.type.shape, v.type.dtype, r))
-                    for v in seg.outputs]
-            outs = []
-            for stem, rank_part, ty in plan:
-                name = stem + mb_part + rank_part      # as local_name
-                if name in taken:
-                    name = fresh(name)
-                else:
-                    taken.add(name)
-                outs.append(Value(name, ty))
-            ops.append(trusted(FUSED, tuple(ins), tuple(outs), attrs, subs, dict(meta)))
-            add_kind(ops[-1], seg)   # a segment's copies are one kind of op
-            for v, o in zip(seg.outputs, outs):
-                env[v] = o
-            if outs:
-                self.sync.note_layer_output(r, seg.layer, outs[0])
-        if seg.accumulate:
-            self.sync.accumulated(stage, mb, seg.acc_pairs)
-        elif seg.grads:
-            self.sync.after_backward(stage, mb, seg.grads)
-
     # -- tasks -------------------------------------------------------------
     def _flush_sends(self, until: float) -> None:
         while self.pending_sends and self.pending_sends[0][0] <= until:
@@ -595,13 +388,13 @@ class LowerSPMD:
         self.current_kind = kind
         base = {"stage": stage, "microbatch": mb, "chunk": c}
         entered = None
-        items = self._segments((kind, c), self._grad_mode((kind, c))) if self.coarsen else ops
+        items = self._segments((kind, c), self._grad_mode((kind, c), mb)) if self.coarsen else ops
         for op in items:
-            layer_now = op.layer if isinstance(op, _Segment) else op.meta.get("layer")
+            layer_now = op.layer if isinstance(op, Segment) else op.meta.get("layer")
             if isinstance(layer_now, int) and layer_now != entered:
                 entered = layer_now
                 self.sync.enter_layer(stage, mb, kind, c, layer_now)  # ZeRO-3 gathers
-            if isinstance(op, _Segment):
+            if isinstance(op, Segment):
                 self._emit_segment(op, stage, mb, base)
                 continue
             info = self._op_info.get(id(op))

@@ -296,7 +296,7 @@ class GradientSync:
         ``mb``'s gradients into their buffers: ``pairs`` holds each template
         gradient and the segment's output standing for its new buffer.
         Record them as :meth:`_accumulate` would; never the last micro-batch,
-        whose gradients feed the sync (see ``LowerSPMD._grad_mode``)."""
+        whose gradients feed the sync (see ``Coarsening._grad_mode``)."""
         L, acc, count = self.L, self.acc, self.count
         envs = [(r, L.menv[(r, mb)]) for _, _, r in L.group(stage)]
         for g, out in pairs:
