@@ -140,7 +140,9 @@ def growth(quick: bool) -> Dict[str, Any]:
     number, type and lifetime), and that of values against ops
     (``growth_exponent_values_alone``: above 1 when the larger programs
     have more values per op, which a wall time linear in values carries
-    into ``growth_exponent``)."""
+    into ``growth_exponent``); and k fitted to each round alone
+    (``growth_exponent_rounds``, lowest and highest), how far the noise of
+    one round moves it."""
     specs = GROWTH_POINTS_QUICK if quick else GROWTH_POINTS
     microbatches = 32 if quick else 192
     points: List[Dict[str, Any]] = []
@@ -159,8 +161,13 @@ def growth(quick: bool) -> Dict[str, Any]:
 
     def slope(x: np.ndarray, y: np.ndarray) -> float:   # of the least-squares line
         return float(np.polyfit(x, y, 1)[0])
+    # the noise: k fitted to each round's walls alone
+    rounds = [slope(ops, np.log([p["walls_s"][i] for p in points]))
+              for i in range(len(points[0]["walls_s"]))]
     return {"growth_exponent": slope(ops, wall), "growth_exponent_values": slope(values, wall),
-            "growth_exponent_values_alone": slope(ops, values), "growth_points": points}
+            "growth_exponent_values_alone": slope(ops, values),
+            "growth_exponent_rounds": rounds, "growth_exponent_round_min": min(rounds),
+            "growth_exponent_round_max": max(rounds), "growth_points": points}
 
 
 def gpt3_1024(quick: bool) -> Dict[str, Any]:

@@ -23,6 +23,8 @@ TABLE = [
     ("growth_exponent", "GPT-3 at 64/256/1024 GPUs and 2x layers: wall ~ ops^k, k", "<= 1"),
     ("growth_exponent_values", "  ... wall ~ values^k (the program's values), k", ""),
     ("growth_exponent_values_alone", "  ... values ~ ops^k, k", ""),
+    ("growth_exponent_round_min", "  ... k fitted to each round alone: lowest", ""),
+    ("growth_exponent_round_max", "  ... k fitted to each round alone: highest", ""),
 ]
 
 

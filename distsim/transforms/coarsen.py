@@ -143,32 +143,31 @@ class Segment:
         fn = self.function
         local = self._localize
         if read:
-            unpacks: List[Op] = []
-            inputs: List[Value] = []
-            for v in self.inputs:
-                b = read.get(v)
-                if b is None:
-                    inputs.append(v)
-                elif b.value not in inputs:
-                    inputs.append(b.value)
-                    parts = [local(p) for p in b.parts]
-                    unpacks.append(Op(UNPACK, [local(b.value)], parts,
-                                      unpack_attrs([p.type for p in parts])))
-            self.inputs = inputs
-            fn.inputs = [local(v) for v in inputs]
-            fn.ops[:0] = unpacks
+            self.inputs, taken = _parts_bundled(self.inputs, read)
+            fn.inputs = [local(v) for v in self.inputs]
+            fn.ops[:0] = [Op(UNPACK, [local(b.value)], [local(p) for p in b.parts],
+                             unpack_attrs([local(p).type for p in b.parts])) for b in taken]
         if made:
-            of = {p: b for b in made for p in b.parts}
-            outputs: List[Value] = []
-            for v in self.outputs:
-                b = of.get(v)
-                if b is None:
-                    outputs.append(v)
-                elif b.value not in outputs:
-                    outputs.append(b.value)
-                    fn.ops.append(Op(PACK, [local(p) for p in b.parts], [local(b.value)]))
-            self.outputs = outputs
-            fn.outputs = [local(v) for v in outputs]
+            self.outputs, given = _parts_bundled(self.outputs,
+                                                 {p: b for b in made for p in b.parts})
+            fn.outputs = [local(v) for v in self.outputs]
+            fn.ops += [Op(PACK, [local(p) for p in b.parts], [local(b.value)]) for b in given]
+
+
+def _parts_bundled(values: Sequence[Value], bundle_of: Dict[Value, Bundle]
+                   ) -> Tuple[List[Value], List[Bundle]]:
+    """``values`` with each bundle's value where its first part was and its
+    other parts left out; and the bundles, in that order."""
+    out: List[Value] = []
+    bundles: List[Bundle] = []
+    for v in values:
+        b = bundle_of.get(v)
+        if b is None:
+            out.append(v)
+        elif b not in bundles:
+            bundles.append(b)
+            out.append(b.value)
+    return out, bundles
 
 
 Item = Union[Op, List[Op]]   # a bare op, or a run to fuse

@@ -43,7 +43,7 @@ def test_a_measurement_in_a_fresh_process_reports_errors_and_deaths():
 def test_growth_fits_wall_against_ops_and_values(monkeypatch):
     """Two points, the second with twice the ops, 2.1x the values and 2.1x
     the wall time (best of its rounds): wall ~ ops^(ln 2.1 / ln 2), wall ~
-    values^1, values ~ ops^(ln 2.1 / ln 2)."""
+    values^1, values ~ ops^(ln 2.1 / ln 2); and k of each round alone."""
     import math
 
     import pytest
@@ -67,3 +67,8 @@ def test_growth_fits_wall_against_ops_and_values(monkeypatch):
     assert out["growth_exponent"] == pytest.approx(k)
     assert out["growth_exponent_values"] == pytest.approx(1.0)
     assert out["growth_exponent_values_alone"] == pytest.approx(k)
+    # round by round: walls 1.3 then 2.1, and 1.0 then 2.5
+    each = [math.log(2.1 / 1.3) / math.log(2), math.log(2.5) / math.log(2)]
+    assert out["growth_exponent_rounds"] == pytest.approx(each)
+    assert (out["growth_exponent_round_min"], out["growth_exponent_round_max"]) == \
+        pytest.approx((min(each), max(each)))
