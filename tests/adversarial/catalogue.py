@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from distsim.errors import (ConfigError, ParseError, PassPreconditionError, SimulationError,

@@ -3,7 +3,6 @@ import pytest
 
 from distsim.errors import ParseError, VerifyError
 from distsim.ir import DType, FunctionBuilder, TensorType
-from distsim.ir.core import Module
 from distsim.ir.mesh import DeviceMesh, DTensorType, Partial, Replicate, Shard
 from distsim.text import parse_module, print_module
 from distsim.text.sharding_syntax import parse_dtensor_type

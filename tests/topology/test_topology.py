@@ -1,5 +1,4 @@
 """Topology files, builders, routing and bad input."""
-from pathlib import Path
 
 import pytest
 

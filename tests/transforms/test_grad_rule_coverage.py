@@ -14,7 +14,7 @@ global function, the replicated loss as a function of every rank's inputs.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Set
 
 import numpy as np
 import pytest
