@@ -31,7 +31,7 @@ def is_global_view(module: Module) -> bool:
     for f in module:
         if any(isinstance(v.type, DTensorType) for v in f.values()):
             return True
-        if any(op.subfunctions or op.op_type == "call" for op in f.ops):
+        if any(op.op_type == "call" for op in f.ops):   # (a fused op's segment is local view)
             return True
     return False
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from ..api import build_program
-from ..text import print_function, print_module
+from ..text import print_module, print_program
 from .files import read_program
 from .options import add_model_options, add_strategy_options, add_topology_option, program_options
 
@@ -31,5 +31,5 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(print_module(read_program(args.file)))
         return 0
     program, _, _ = build_program(**program_options(args))
-    sys.stdout.write(print_function(program))
+    sys.stdout.write(print_program(program))
     return 0

@@ -2,16 +2,18 @@
 
 Errors are :class:`ParseError` with the source name, line and column. The
 parser builds the program as written (declared result types); run the
-verifier to check it.
+verifier to check it. A fused op (a coarsened program) holds the function
+of the input that its ``segment`` attribute names.
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import ConfigError, ParseError
 from ..ir.core import Function, Module, Op, Value
+from ..ir.ops_fused import FUSED
 from ..ir.types import DType, TensorType, Type
 
 _TOKEN = re.compile(r"""
@@ -92,6 +94,7 @@ class Parser:
         self.tokens = tokenize(text, source)
         self.pos = 0
         self.module: Optional[Module] = None
+        self._fused: List[Tuple[Op, "Token"]] = []   # fused ops and where they are
 
     # -- token helpers -------------------------------------------------
     @property
@@ -309,7 +312,10 @@ class Parser:
             v = Value(name, t)
             env[name] = v
             outputs.append(v)
-        return Op(type_tok.text, inputs, outputs, attrs)
+        op = Op(type_tok.text, inputs, outputs, attrs)
+        if op.op_type == FUSED:   # its segment is linked once the module is read
+            self._fused.append((op, type_tok))
+        return op
 
     def parse_module(self) -> Module:
         module = Module()
@@ -327,7 +333,19 @@ class Parser:
                 raise self.error(f"expected 'func', found {self.describe(tok)}")
         if not module.functions:
             raise self.error("no function in input")
+        self._link_segments(module)
         return module
+
+    def _link_segments(self, module: Module) -> None:
+        """Give each fused op the module function its ``segment`` names
+        (printed after the function using it: see ``print_program``)."""
+        for op, tok in self._fused:
+            name = op.attrs.get("segment")
+            segment = module.functions.get(name) if isinstance(name, str) else None
+            if segment is None:
+                raise self.error(f"fused op: its segment @{name} is not a function of this input",
+                                 tok)
+            op.subfunctions = (segment,)
 
 
 def parse_module(text: str, source: str = "<string>") -> Module:

@@ -74,3 +74,26 @@ def print_module(m: Module) -> str:
         parts.append(mesh.print_text() + "\n")
     parts += [print_function(f) for f in m]
     return "\n".join(parts)
+
+
+def print_program(f: Function) -> str:
+    """``f`` and every function its ops hold (a coarsened program's fused
+    segments, callees), as a module: ``f`` first, so that it is the
+    module's main function when parsed back, then the held functions in
+    the order of their first use."""
+    order = [f]
+    by_name = {f.name: f}
+    for g in order:                      # grows as held functions are found
+        for op in g.ops:
+            for sub in op.subfunctions:
+                known = by_name.get(sub.name)
+                if known is sub:
+                    continue
+                if known is not None:
+                    raise ValueError(f"two different functions are named @{sub.name}")
+                by_name[sub.name] = sub
+                order.append(sub)
+    module = Module()
+    for g in order:
+        module.add(g)
+    return print_module(module)
