@@ -6,7 +6,7 @@ from collections import defaultdict
 import pytest
 
 from distsim.api import build_program
-from distsim.text import parse_function, print_function
+from distsim.text import parse_module, print_program
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,8 @@ def test_meta_stays_one_dict_per_op(fused):
 
 
 def test_shared_attributes_print_and_parse_back(fused):
-    text = print_function(fused)
-    again = parse_function(text)
-    assert print_function(again) == text
+    text = print_program(fused)       # the step, then its fused segments
+    again = parse_module(text).main
+    assert print_program(again) == text
     # parsed ops get dicts of their own; the attributes are equal
     assert [op.attrs for op in again.ops] == [op.attrs for op in fused.ops]
