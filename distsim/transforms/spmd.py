@@ -41,7 +41,8 @@ simulate; values internal to a run are not tracked in memory. The
 forward ``spmd.copy`` (the identity) is fused through, and the gradients
 of every micro-batch but the last are accumulated inside the segments
 (see :meth:`.coarsen.Coarsening._grad_mode`): the last micro-batch's feed the
-data-parallel sync and stay separate ops.
+data-parallel sync and stay separate ops. Results of a segment that the
+same segments read travel as one bundle (:mod:`.coarsen`).
 """
 from __future__ import annotations
 
