@@ -108,3 +108,17 @@ def test_every_result_of_a_fused_op_is_read(strategy):
     unread = [v.name for op in program.ops if op.op_type == "fused" for v in op.outputs
               if id(v) not in read]
     assert unread == []
+
+
+@pytest.mark.parametrize("model", ["gpt2-tiny.onnx", "llama-tiny.onnx"])
+def test_bundles_of_an_imported_model_change_nothing_but_the_values(monkeypatch, model):
+    from distsim.paths import models_dir
+    runs = []
+    for bundle in (False, True):
+        monkeypatch.setattr(Coarsening, "bundle_results", bundle)
+        runs.append(distsim.simulate(model=str(models_dir() / model), topology="dgx-a100", dp=8,
+                                     train=True, batch=32, seq=16, microbatches=4, coarsen=True))
+    plain, bundled = runs
+    assert _values(bundled.program) < _values(plain.program)
+    assert bundled.step_time_s == plain.step_time_s
+    assert _curve(bundled.trace) == _curve(plain.trace)
