@@ -41,34 +41,37 @@ def test_a_measurement_in_a_fresh_process_reports_errors_and_deaths():
 
 
 def test_growth_fits_wall_against_ops_and_values(monkeypatch):
-    """Two points, the second with twice the ops, 2.1x the values and 2.1x
-    the wall time (best of its rounds): wall ~ ops^(ln 2.1 / ln 2), wall ~
-    values^1, values ~ ops^(ln 2.1 / ln 2); and k of each round alone."""
+    """Two points, the second with twice the ops and 2.1x the values;
+    three rounds each. Median walls 1.1 and 2.2: wall ~ ops^1, wall ~
+    values^(ln 2 / ln 2.1), values ~ ops^(ln 2.1 / ln 2). Best rounds 1.0
+    and 2.1: wall ~ ops^(ln 2.1 / ln 2). And k of each round alone."""
     import math
 
     import pytest
 
     from distsim.bench import cases
 
-    made = {(64, 8, 8, 24): (100_000, 400_000, [1.3, 1.0]),
-            (128, 8, 16, 48): (200_000, 840_000, [2.1, 2.5])}
-    rounds = iter(range(10))
+    made = {(64, 8, 8, 24): (100_000, 400_000, [1.3, 1.0, 1.1]),
+            (128, 8, 16, 48): (200_000, 840_000, [2.1, 2.5, 2.2])}
+    calls = iter(range(10))
 
     def fake(fn, gpus, tp, pp, layers, microbatches):
         ops, values, walls = made[(gpus, tp, pp, layers)]
         return {"gpus": gpus, "layers": layers, "ops": ops, "values": values,
-                "wall_s": walls[next(rounds) // 2]}
+                "wall_s": walls[next(calls) // 2]}
     monkeypatch.setattr(cases, "GROWTH_POINTS", list(made))
-    monkeypatch.setattr(cases, "GROWTH_REPEATS", 2)
+    monkeypatch.setattr(cases, "GROWTH_REPEATS", 3)
     monkeypatch.setattr(cases, "in_fresh_process", fake)
     out = cases.growth(quick=False)
-    assert [p["wall_s"] for p in out["growth_points"]] == [1.0, 2.1]
-    k = math.log(2.1) / math.log(2)
-    assert out["growth_exponent"] == pytest.approx(k)
-    assert out["growth_exponent_values"] == pytest.approx(1.0)
-    assert out["growth_exponent_values_alone"] == pytest.approx(k)
-    # round by round: walls 1.3 then 2.1, and 1.0 then 2.5
-    each = [math.log(2.1 / 1.3) / math.log(2), math.log(2.5) / math.log(2)]
+    assert [p["wall_s"] for p in out["growth_points"]] == [1.1, 2.2]
+    assert [p["wall_best_s"] for p in out["growth_points"]] == [1.0, 2.1]
+    ln2, ln21 = math.log(2), math.log(2.1)
+    assert out["growth_exponent"] == pytest.approx(1.0)
+    assert out["growth_exponent_best"] == pytest.approx(ln21 / ln2)
+    assert out["growth_exponent_values"] == pytest.approx(ln2 / ln21)
+    assert out["growth_exponent_values_alone"] == pytest.approx(ln21 / ln2)
+    # round by round: walls 1.3 then 2.1, 1.0 then 2.5, 1.1 then 2.2
+    each = [math.log(2.1 / 1.3) / ln2, math.log(2.5) / ln2, math.log(2.2 / 1.1) / ln2]
     assert out["growth_exponent_rounds"] == pytest.approx(each)
     assert (out["growth_exponent_round_min"], out["growth_exponent_round_max"]) == \
         pytest.approx((min(each), max(each)))
