@@ -18,16 +18,9 @@ from distsim.ir.build_log import BuildLog
 from distsim.ir.types import TensorType
 from distsim.ir.value_table import ValueTable
 from distsim.ir.verifier import _looks_valid, _looks_valid_by_columns, _verify, verify
+from program_specs import LOGGED_PROGRAMS
 
-PROGRAMS = {
-    "dp-mlp": ("mlp", "dgx-a100", dict(dp=4, layers=3)),
-    "gpt-tp-pp": ("tiny", "dgx-a100", dict(dp=2, tp=2, pp=2, dtype="f32")),
-    "gpt-zero3-coarsened": ("tiny", "dgx-a100-x2", dict(dp=4, tp=2, pp=2, zero=3,
-                                                        coarsen=True)),
-    "gpt-symmetry-coarsened": ("tiny", "dgx-a100-x2", dict(tp=2, pp=2, chunks=2,
-                                                           symmetry=True, coarsen=True,
-                                                           global_batch=16, micro_batch=2)),
-}
+PROGRAMS = LOGGED_PROGRAMS
 
 
 def built(name):

@@ -20,22 +20,16 @@ from distsim.sim.program_columns import ProgramColumns
 from distsim.sim.program_index import index_program
 from distsim.topology import load_topology
 from distsim.transforms.data_parallel import DataParallel
+from program_specs import LOGGED_PROGRAMS
 
 # (model, topology, strategy): DataParallel, and the transformer lowering
 # across schedules, ZeRO stages, recomputation, coarsening and symmetry
-PROGRAMS = {
-    "dp-mlp": ("mlp", "dgx-a100", dict(dp=4, layers=3)),
-    "gpt-tp-pp": ("tiny", "dgx-a100", dict(dp=2, tp=2, pp=2, dtype="f32")),
+PROGRAMS = dict(LOGGED_PROGRAMS, **{
     "gpt-gpipe-zero1": ("tiny", "dgx-a100", dict(dp=4, tp=1, pp=2, zero=1, schedule="gpipe")),
     "gpt-zero2-recompute": ("tiny", "dgx-a100", dict(dp=4, tp=2, zero=2, recompute="full")),
-    "gpt-zero3-coarsened": ("tiny", "dgx-a100-x2", dict(dp=4, tp=2, pp=2, zero=3,
-                                                        coarsen=True)),
-    "gpt-interleaved-symmetry": ("tiny", "dgx-a100-x2", dict(tp=2, pp=2, chunks=2,
-                                                             symmetry=True, coarsen=True,
-                                                             global_batch=16, micro_batch=2)),
     "gpt-sp-selective": ("tiny", "dgx-a100", dict(tp=4, pp=2, sp=True,
                                                   recompute="selective")),
-}
+})
 
 
 def built(name):
