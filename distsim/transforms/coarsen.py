@@ -32,8 +32,6 @@ from ..ir.ops_fused import FUSED
 from ..ir.types import TensorType
 
 TaskKey = Tuple[str, int]   # (kind "F" or "B", chunk)
-#: gradient modes the tasks of a chunk with gradients run in (Coarsening._grad_mode)
-GRAD_MODES = ("first", "accumulate", "plain")
 
 
 def segment_key(op: Op) -> tuple:
@@ -213,12 +211,11 @@ class Coarsening:
                 if o in self.grad_of]
         return params
 
-    def _modes(self, chunk: int) -> Tuple[str, ...]:
-        """Every gradient mode the tasks of ``chunk`` can run in (see
-        :meth:`_grad_mode`)."""
-        if not self._grad_params(("B", chunk)) or self.M == 1 or self.sync.scatter_each:
-            return ("plain",)
-        return GRAD_MODES
+    def _plain_only(self, chunk: int) -> bool:
+        """Whether every task of ``chunk`` runs in ``"plain"`` mode (see
+        :meth:`_grad_mode`): no gradients, one micro-batch, or ZeRO 2/3
+        reduce-scattering every micro-batch's."""
+        return not self._grad_params(("B", chunk)) or self.M == 1 or self.sync.scatter_each
 
     def _grad_mode(self, key: TaskKey, mb: int) -> str:
         """How the instance of a task for micro-batch ``mb`` fuses the
@@ -235,7 +232,7 @@ class Coarsening:
         A forward task runs in the mode of its micro-batch's backward task,
         which reads its results: the two agree on which results travel
         together (see :meth:`_plan_bundles`)."""
-        if len(self._modes(key[1])) == 1:
+        if self._plain_only(key[1]):
             return "plain"
         mode = "first" if mb == 0 else "accumulate" if mb + 1 < self.M else "plain"
         params = self._grad_params(key)
@@ -283,16 +280,13 @@ class Coarsening:
         found = self._run_cache[(key, mode)] = (items, item_of)
         return found
 
-    def _task_of(self, op: Op) -> TaskKey:
-        return ("F" if "phase" not in op.meta else "B", self.chunk_of_op[id(op)])
-
     def _readers(self, v: Value, chunk: int, mode: str) -> Optional[FrozenSet[tuple]]:
         """The segments that read ``v`` (made by a task of ``chunk`` in
         ``mode``, read by the tasks of its micro-batch, which run in the same
         mode); None when a bare op or another chunk reads it."""
         found = set()
         for reader in self.consumers.get(v, ()):
-            task = self._task_of(reader)
+            task = self.task_of_op[id(reader)]
             if task[1] != chunk:
                 return None
             item = self._runs(task, mode)[1].get(id(reader))
@@ -310,8 +304,10 @@ class Coarsening:
         for seg in segments:
             groups: Dict[FrozenSet[tuple], List[Value]] = {}
             for v in seg.outputs:
-                if (v in self.grad_of or v in self.step_outputs or v in self.crossing
-                        or v in seg.grad_of_input or v not in self.consumers):
+                # gradients and step outputs are looked up one by one after
+                # the segment; a buffer's new value (acc_out) has no template
+                # readers; a value another chunk reads gets None from _readers
+                if v in self.grad_of or v in self.step_outputs or v not in self.consumers:
                     continue
                 readers = self._readers(v, key[1], mode)
                 if readers is not None:
@@ -328,7 +324,7 @@ class Coarsening:
             producer = self.producer_of.get(v)
             if producer is None:
                 continue
-            task = self._task_of(producer)
+            task = self.task_of_op[id(producer)]
             if task[1] != key[1]:
                 continue    # from another chunk: never bundled (see _readers)
             if task != key:    # made by the micro-batch's other task: planned first

@@ -242,6 +242,8 @@ class LowerSPMD(Coarsening):
             self.ranges = partition_layers(layers, self.C)
         producer = self.producer_of = step.producers()
         self.chunk_of_op: Dict[int, int] = {}
+        #: id(op) -> its task, (kind "F" or "B", chunk)
+        self.task_of_op: Dict[int, Tuple[str, int]] = {}
         self.task_ops: Dict[Tuple[str, int], List[Op]] = {}
         for op in step.ops:
             layer = op.meta.get("layer")
@@ -251,8 +253,8 @@ class LowerSPMD(Coarsening):
                 c = max((self.chunk_of_op[id(producer[v])] for v in op.inputs if v in producer),
                         default=self.C - 1)
             self.chunk_of_op[id(op)] = c
-            kind = "F" if "phase" not in op.meta else "B"
-            self.task_ops.setdefault((kind, c), []).append(op)
+            task = self.task_of_op[id(op)] = ("F" if "phase" not in op.meta else "B", c)
+            self.task_ops.setdefault(task, []).append(op)
         self.value_chunk: Dict[Value, int] = {v: self.chunk_of_op[id(p)]
                                               for v, p in producer.items()}
         # Values read by another chunk: (value -> consumer chunks).

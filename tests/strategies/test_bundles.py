@@ -37,9 +37,9 @@ def _curve(trace):
             for rank, by_time in last.items()}
 
 
-def _simulate(monkeypatch, bundle, **strategy):
+def _simulate(monkeypatch, bundle, model="tiny", **options):
     monkeypatch.setattr(Coarsening, "bundle_results", bundle)
-    return distsim.simulate(model="tiny", topology="dgx-a100", coarsen=True, **strategy)
+    return distsim.simulate(model=model, topology="dgx-a100", coarsen=True, **options)
 
 
 @pytest.mark.parametrize("strategy", CASES)
@@ -113,12 +113,9 @@ def test_every_result_of_a_fused_op_is_read(strategy):
 @pytest.mark.parametrize("model", ["gpt2-tiny.onnx", "llama-tiny.onnx"])
 def test_bundles_of_an_imported_model_change_nothing_but_the_values(monkeypatch, model):
     from distsim.paths import models_dir
-    runs = []
-    for bundle in (False, True):
-        monkeypatch.setattr(Coarsening, "bundle_results", bundle)
-        runs.append(distsim.simulate(model=str(models_dir() / model), topology="dgx-a100", dp=8,
-                                     train=True, batch=32, seq=16, microbatches=4, coarsen=True))
-    plain, bundled = runs
+    plain, bundled = (_simulate(monkeypatch, bundle, model=str(models_dir() / model), dp=8,
+                                train=True, batch=32, seq=16, microbatches=4)
+                      for bundle in (False, True))
     assert _values(bundled.program) < _values(plain.program)
     assert bundled.step_time_s == plain.step_time_s
     assert _curve(bundled.trace) == _curve(plain.trace)
