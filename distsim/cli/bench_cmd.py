@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..bench import BENCHMARKS, run_suite
+from ..bench import ALL, OPTIONAL, run_suite
 from ..errors import ConfigError
 from ..fileio import write_json_atomic
 
@@ -27,6 +27,9 @@ TABLE = [
     ("growth_exponent_values_alone", "  ... values ~ ops^k, k", ""),
     ("growth_exponent_round_min", "  ... k fitted to each round alone: lowest", ""),
     ("growth_exponent_round_max", "  ... k fitted to each round alone: highest", ""),
+    ("growth_exponent_instructions", "  ... counted (--only growth_counts): instructions ~ ops^k, k",
+     ""),
+    ("growth_exponent_ll_misses", "  ... counted: last-level cache misses ~ ops^k, k", ""),
 ]
 
 
@@ -36,8 +39,10 @@ def add_parser(sub) -> None:
                                    "and print its figures as a table, or as JSON with --json.")
     p.add_argument("--quick", action="store_true",
                    help="reduced sizes: the whole suite in about a minute (for CI logs)")
-    p.add_argument("--only", action="append", choices=sorted(BENCHMARKS),
-                   help="run only this benchmark (repeatable)")
+    p.add_argument("--only", action="append", choices=sorted(ALL),
+                   help="run only this benchmark (repeatable); "
+                        + ", ".join(sorted(OPTIONAL)) + " runs only when named: it counts "
+                        "instructions and cache misses under Valgrind (about 15 minutes)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--out", help="also write the figures as JSON to this file")
     p.set_defaults(func=run)

@@ -4,11 +4,12 @@ in ``README.md`` between the markers.
 
     python reports/perf/run.py            # the full suite (a few minutes)
     python reports/perf/run.py --quick    # reduced sizes
+    python reports/perf/run.py --counts   # and growth in counted work (Valgrind,
+                                          # about 15 minutes more)
 """
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
@@ -24,8 +25,9 @@ HERE = Path(__file__).resolve().parent
 
 def growth_plot(figures: dict, path: Path) -> None:
     points = figures.get("growth_points") or []
-    fig = Figure(figsize=(6, 4))
-    ax = fig.add_subplot(1, 1, 1)
+    counted = figures.get("growth_count_points") or []
+    fig = Figure(figsize=(11 if counted else 6, 4))
+    ax = fig.add_subplot(1, 2 if counted else 1, 1)
     ops = np.array([p["ops"] for p in points], dtype=float)
     wall = np.array([p["wall_s"] for p in points], dtype=float)
     ax.loglog(ops, wall, "o-", label="simulation wall time")
@@ -39,9 +41,28 @@ def growth_plot(figures: dict, path: Path) -> None:
     ax.set_ylabel("wall time (s)")
     ax.set_title(f"Growth: wall ~ ops^{figures.get('growth_exponent', float('nan')):.2f}")
     ax.legend(fontsize=8)
+    if counted:
+        _counted_plot(fig.add_subplot(1, 2, 2), figures, counted)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
+
+
+def _counted_plot(ax, figures: dict, points: list) -> None:
+    """Counted work (Valgrind): instructions and simulated last-level
+    cache misses per point, each relative to the first point, against the
+    ops relative to the first point."""
+    ops = np.array([p["ops"] for p in points], dtype=float)
+    x = ops / ops[0]
+    for key, label, exp in (("instructions", "instructions", "growth_exponent_instructions"),
+                            ("ll_misses", "last-level cache misses", "growth_exponent_ll_misses")):
+        y = np.array([p[key] for p in points], dtype=float)
+        ax.loglog(x, y / y[0], "o-", label=f"{label} (k = {figures.get(exp, float('nan')):.2f})")
+    ax.loglog(x, x, "--", color="grey", label="linear in ops")
+    ax.set_xlabel("simulated ops (relative to the first point)")
+    ax.set_ylabel("count (relative to the first point)")
+    ax.set_title("Growth in counted work (cachegrind)")
+    ax.legend(fontsize=8)
 
 
 def table(figures: dict) -> str:
@@ -60,8 +81,13 @@ def table(figures: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--counts", action="store_true",
+                        help="also count growth in instructions and cache misses (Valgrind)")
     args = parser.parse_args()
-    figures = run_suite(quick=args.quick, progress=lambda n: print("running", n, flush=True))
+    progress = (lambda n: print("running", n, flush=True))
+    figures = run_suite(quick=args.quick, progress=progress)
+    if args.counts:
+        figures.update(run_suite(["growth_counts"], quick=args.quick, progress=progress))
     write_json_atomic(HERE / "bench.json", figures)
     growth_plot(figures, HERE / "growth.png")
     readme = HERE / "README.md"
