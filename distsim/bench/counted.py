@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -90,13 +90,14 @@ def count(child_args: Sequence[str], timeout_s: float = 3600) -> Dict[str, int]:
     return totals
 
 
-def _misses(counts: Dict[str, int]) -> int:
-    """Last-level misses, reads and writes."""
-    return counts.get("DLmr", 0) + counts.get("DLmw", 0)
+def _misses(counts: Dict[str, int], level: str = "L") -> int:
+    """Misses at the last level (``L``) or the first (``1``), reads and writes."""
+    return counts.get(f"D{level}mr", 0) + counts.get(f"D{level}mw", 0)
 
 
 def growth_counts(quick: bool, workers: int = 2,
-                  counter=count) -> Dict[str, Any]:
+                  counter: Callable[[Sequence[Any]], Dict[str, int]] = count
+                  ) -> Dict[str, Any]:
     """The growth points of benchmark 5 (``quick``: its reduced ones),
     counted: instructions and simulated last-level cache misses of
     ``distsim.simulate`` at each, less the baseline's, and the exponents
@@ -123,8 +124,7 @@ def growth_counts(quick: bool, workers: int = 2,
         points.append({"gpus": spec[0], "layers": spec[3], "ops": c["simulated_ops"],
                        "instructions": c["Ir"] - base["Ir"],
                        "ll_misses": _misses(c) - _misses(base),
-                       "d1_misses": (c.get("D1mr", 0) + c.get("D1mw", 0)
-                                     - base.get("D1mr", 0) - base.get("D1mw", 0))})
+                       "d1_misses": _misses(c, "1") - _misses(base, "1")})
     ops = np.log([p["ops"] for p in points])
 
     def slope(key: str) -> float:
