@@ -32,7 +32,8 @@ import math
 import time
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Dict, List, Optional, Tuple
+from types import MappingProxyType
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import simpy
@@ -101,19 +102,25 @@ def collective_bytes(op: Op, kind: Optional[CollectiveType] = None) -> int:
     return op.inputs[0].type.size_bytes
 
 
+#: a collective's bytes sent before it has run (one shared, read-only map)
+_NOTHING_SENT: Mapping[int, float] = MappingProxyType({})
+
+
 class _Collective:
     """Rendezvous of the team members of one communication op."""
 
     __slots__ = ("index", "op", "members", "arrivals", "done", "simulated", "started",
                  "finished", "start_s", "end_s", "plan", "solo", "sent", "used")
 
-    def __init__(self, env: simpy.Environment, index: int, op: Op, simulated: bool,
-                 members: Tuple[int, ...]) -> None:
+    def __init__(self, index: int, op: Op, simulated: bool, members: Tuple[int, ...]) -> None:
         self.index = index
         self.op = op
         self.members = members          # ir.comm.members(op)
         self.arrivals: Dict[int, float] = {}
-        self.done = env.event()
+        # made when a member first waits for it: most collectives of a
+        # reduced program run alone and have ended by the time their last
+        # member arrives, so nobody waits (see Simulator._comm_stream)
+        self.done: Optional[simpy.Event] = None
         self.simulated = simulated
         self.started = False
         self.finished = False
@@ -121,7 +128,7 @@ class _Collective:
         self.end_s = -math.inf
         self.plan: Optional[tuple] = None   # see Simulator._collective_plan
         self.solo = False                   # runs alone: no events (see .solo)
-        self.sent: Dict[int, float] = {}    # once finished: bytes each member put on the network
+        self.sent: Mapping[int, float] = _NOTHING_SENT  # once finished: bytes each member put on the network
         self.used = ""                      # once finished: the algorithm that ran
 
 
@@ -183,13 +190,12 @@ class Simulator:
         self._ready = [None] * len(ix.values)
         for n in range(len(f.inputs)):       # function inputs are numbered first
             self._ready[n] = 0.0
-        env = self.env
         # what a collective's kind decides, once per kind (see program_index)
         simulated = [any(rep.get(r, r) == r for r in op.attrs["ranks"])
                      for op in ix.collective_kinds]
         members = ix.kind_members
         self._collectives = [
-            _Collective(env, c, op, simulated[k], members[k])
+            _Collective(c, op, simulated[k], members[k])
             for c, (op, k) in enumerate(zip(ix.collectives, ix.collective_kind.tolist()))]
         self._find_solo()
         if rep:
@@ -331,6 +337,8 @@ class Simulator:
             self._arrive(coll, rank, arrival)
             if not coll.finished:
                 self._blocked[key] = (coll.op, None, coll)
+                if coll.done is None:
+                    coll.done = self.env.event()
                 yield coll.done
             t = coll.end_s
         self._blocked.pop(key, None)
@@ -386,7 +394,8 @@ class Simulator:
                     ev.succeed()
         self._progress += 1
         coll.finished = True
-        coll.done.succeed()
+        if coll.done is not None:
+            coll.done.succeed()
 
     # -- run ------------------------------------------------------------
     def run(self) -> Trace:
