@@ -103,6 +103,12 @@ GROWTH_POINTS_QUICK = [(64, 8, 8, 24), (128, 8, 16, 48), (128, 8, 16, 96)]
 GROWTH_REPEATS = 5
 
 
+def fitted_exponent(x: Any, y: Any) -> float:
+    """k of ``y ~ x^k``: the slope of the least-squares line through the
+    points' logarithms."""
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+
 def _gpt3_options(gpus: int, tp: int, pp: int, layers: int, microbatches: int) -> Dict[str, Any]:
     dp = gpus // (tp * pp)
     return dict(model="gpt3-175b", topology=f"dgx-a100-x{gpus // 8}", tp=tp, pp=pp,
@@ -166,17 +172,15 @@ def growth(quick: bool) -> Dict[str, Any]:
     for p in points:
         p["wall_s"] = float(np.median(p["walls_s"]))
         p["wall_best_s"] = min(p["walls_s"])
-    ops, values, wall, best = (np.log([p[key] for p in points])
+    ops, values, wall, best = ([p[key] for p in points]
                                for key in ("ops", "values", "wall_s", "wall_best_s"))
-
-    def slope(x: np.ndarray, y: np.ndarray) -> float:   # of the least-squares line
-        return float(np.polyfit(x, y, 1)[0])
     # the noise: k fitted to each round's walls alone
-    rounds = [slope(ops, np.log([p["walls_s"][i] for p in points]))
+    rounds = [fitted_exponent(ops, [p["walls_s"][i] for p in points])
               for i in range(len(points[0]["walls_s"]))]
-    return {"growth_exponent": slope(ops, wall), "growth_exponent_best": slope(ops, best),
-            "growth_exponent_values": slope(values, wall),
-            "growth_exponent_values_alone": slope(ops, values),
+    return {"growth_exponent": fitted_exponent(ops, wall),
+            "growth_exponent_best": fitted_exponent(ops, best),
+            "growth_exponent_values": fitted_exponent(values, wall),
+            "growth_exponent_values_alone": fitted_exponent(ops, values),
             "growth_exponent_rounds": rounds, "growth_exponent_round_min": min(rounds),
             "growth_exponent_round_max": max(rounds), "growth_points": points}
 

@@ -29,9 +29,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-import numpy as np
-
-from .cases import GROWTH_POINTS, GROWTH_POINTS_QUICK
+from ..api import simulate
+from .cases import (GROWTH_POINTS, GROWTH_POINTS_QUICK, _gpt3_options, fitted_exponent,
+                    simulated_ops)
 
 #: the simulated caches (size, associativity, line): this machine's L1d and L3
 D1_CACHE = (32 * 1024, 8, 64)
@@ -125,10 +125,10 @@ def growth_counts(quick: bool, workers: int = 2,
                        "instructions": c["Ir"] - base["Ir"],
                        "ll_misses": _misses(c) - _misses(base),
                        "d1_misses": _misses(c, "1") - _misses(base, "1")})
-    ops = np.log([p["ops"] for p in points])
+    ops = [p["ops"] for p in points]
 
     def slope(key: str) -> float:
-        return float(np.polyfit(ops, np.log([p[key] for p in points]), 1)[0])
+        return fitted_exponent(ops, [p[key] for p in points])
     return {"growth_exponent_instructions": slope("instructions"),
             "growth_exponent_ll_misses": slope("ll_misses"),
             "growth_exponent_d1_misses": slope("d1_misses"),
@@ -139,13 +139,12 @@ def growth_counts(quick: bool, workers: int = 2,
 
 
 def _child(argv: Sequence[str]) -> None:   # pragma: no cover - runs under valgrind
-    """The counted process: imports, then (for a point) one simulation; it
-    prints the simulated ops and leaves without the interpreter's teardown."""
-    from distsim import api  # noqa: F401 (imported in the baseline too)
-    from .cases import _gpt3_options, simulated_ops
+    """The counted process: imports (this module's), then (for a point) one
+    simulation; it prints the simulated ops and leaves without the
+    interpreter's teardown."""
     if argv[0] == "point":
         gpus, tp, pp, layers, microbatches = map(int, argv[1:6])
-        result = api.simulate(**_gpt3_options(gpus, tp, pp, layers, microbatches))
+        result = simulate(**_gpt3_options(gpus, tp, pp, layers, microbatches))
         sys.stdout.write(f"{simulated_ops(result.program)}\n")
     sys.stdout.flush()
     os._exit(0)

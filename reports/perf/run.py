@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from distsim.bench import run_suite
+from distsim.bench import BENCHMARKS, OPTIONAL, run_suite
 from distsim.cli.bench_cmd import TABLE
 from distsim.fileio import atomic_path, write_json_atomic, write_text_atomic
 
@@ -79,15 +79,15 @@ def table(figures: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="reduced sizes")
     parser.add_argument("--counts", action="store_true",
                         help="also count growth in instructions and cache misses (Valgrind)")
     args = parser.parse_args()
-    progress = (lambda n: print("running", n, flush=True))
-    figures = run_suite(quick=args.quick, progress=progress)
-    if args.counts:
-        figures.update(run_suite(["growth_counts"], quick=args.quick, progress=progress))
+    names = [*BENCHMARKS, *OPTIONAL] if args.counts else None
+    figures = run_suite(names, quick=args.quick,
+                        progress=lambda n: print("running", n, flush=True))
     write_json_atomic(HERE / "bench.json", figures)
     growth_plot(figures, HERE / "growth.png")
     readme = HERE / "README.md"
