@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from distsim.bench import BENCHMARKS, OPTIONAL, run_suite
 from distsim.cli.bench_cmd import TABLE
@@ -41,11 +42,22 @@ def growth_plot(figures: dict, path: Path) -> None:
     ax.set_ylabel("wall time (s)")
     ax.set_title(f"Growth: wall ~ ops^{figures.get('growth_exponent', float('nan')):.2f}")
     ax.legend(fontsize=8)
+    _plain_ticks(ax)
     if counted:
         _counted_plot(fig.add_subplot(1, 2, 2), figures, counted)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
+
+
+def _plain_ticks(ax) -> None:
+    """Log axes labelled in plain numbers (6, 8, 10 s; 300k ops), not
+    powers of ten: the points span less than a decade."""
+    def label(x: float, _pos: int) -> str:
+        return f"{x / 1000:g}k" if x >= 10000 else f"{x:g}"
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(label))
+        axis.set_minor_formatter(FuncFormatter(label))
 
 
 def _counted_plot(ax, figures: dict, points: list) -> None:
@@ -63,6 +75,7 @@ def _counted_plot(ax, figures: dict, points: list) -> None:
     ax.set_ylabel("count (relative to the first point)")
     ax.set_title("Growth in counted work (cachegrind)")
     ax.legend(fontsize=8)
+    _plain_ticks(ax)
 
 
 def table(figures: dict) -> str:
