@@ -37,6 +37,7 @@ from .cases import (GROWTH_POINTS, GROWTH_POINTS_QUICK, _gpt3_options, fitted_ex
 D1_CACHE = (32 * 1024, 8, 64)
 LL_CACHE = (32 * 1024 * 1024, 16, 64)
 
+
 class CountingUnavailable(RuntimeError):
     """Valgrind is not installed, or a counted run failed."""
 

@@ -128,7 +128,8 @@ class _Collective:
         self.end_s = -math.inf
         self.plan: Optional[tuple] = None   # see Simulator._collective_plan
         self.solo = False                   # runs alone: no events (see .solo)
-        self.sent: Mapping[int, float] = _NOTHING_SENT  # once finished: bytes each member put on the network
+        #: once finished: the bytes each member put on the network
+        self.sent: Mapping[int, float] = _NOTHING_SENT
         self.used = ""                      # once finished: the algorithm that ran
 
 
