@@ -18,7 +18,7 @@ from ..sim.network import Network
 from ..sweep import sweep
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..sim.symmetry import represented_ops
-from .fresh import in_fresh_process
+from .fresh import in_fresh_process, ready_free_memory
 from ..topology import load_topology
 from ..transforms.data_parallel import DataParallel
 
@@ -101,6 +101,10 @@ GROWTH_POINTS = [(64, 8, 8, 96), (256, 8, 16, 96), (1024, 8, 16, 96), (1024, 8, 
 GROWTH_POINTS_QUICK = [(64, 8, 8, 24), (128, 8, 16, 48), (128, 8, 16, 96)]
 #: rounds over the growth points; each point's figure is the median round
 GROWTH_REPEATS = 5
+#: memory touched and freed before each growth point (see
+#: :func:`~distsim.bench.fresh.ready_free_memory`): more than the largest
+#: point's peak (about 1.2 GB at 192 layers, 0.2 GB for the quick points)
+GROWTH_READY_BYTES = {False: 1_500_000_000, True: 400_000_000}
 
 
 def fitted_exponent(x: Any, y: Any) -> float:
@@ -119,15 +123,20 @@ def _gpt3_options(gpus: int, tp: int, pp: int, layers: int, microbatches: int) -
 
 def _growth_point(gpus: int, tp: int, pp: int, layers: int, microbatches: int
                   ) -> Dict[str, Any]:
-    """One growth point, timed (run in a fresh process: see :func:`growth`)."""
+    """One growth point, timed (run in a fresh process: see :func:`growth`),
+    with the CPU time it took in the kernel (``sys_s``: mostly page faults)
+    and the process's peak resident memory."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     result = simulate(**_gpt3_options(gpus, tp, pp, layers, microbatches))
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
     program = result.program
     return {"gpus": gpus, "layers": layers, "ops": simulated_ops(program),
             "values": len(program.inputs) + sum(len(op.outputs) for op in program.ops),
             "represented_ops": represented_ops(program),
-            "step_time_s": result.step_time_s, "wall_s": wall}
+            "step_time_s": result.step_time_s, "wall_s": wall,
+            "sys_s": after.ru_stime - before.ru_stime, "peak_rss_bytes": peak_rss_bytes()}
 
 
 def growth(quick: bool) -> Dict[str, Any]:
@@ -140,6 +149,12 @@ def growth(quick: bool) -> Dict[str, Any]:
     for it), and its wall time is the median of ``GROWTH_REPEATS`` rounds
     over all the points (one when quick): on a shared machine one run can
     be 20-40 % slower than the next, and the fit has only a few points.
+    Before each point :data:`GROWTH_READY_BYTES` of memory are touched and
+    freed (:func:`~distsim.bench.fresh.ready_free_memory`): on a VM that
+    gives freed memory back to its host, a point that needs more memory
+    than the point before it freed pays the host for the difference (run
+    in order, the 192-layer point paid twice the system time per op of the
+    others), so without it the order of the points bends the fit.
 
     The median, not the best round: this machine's speed drifts over
     seconds, so a short run's times spread wider than a long run's (5.7-6.8
@@ -162,6 +177,7 @@ def growth(quick: bool) -> Dict[str, Any]:
     points: List[Dict[str, Any]] = []
     for round_ in range(1 if quick else GROWTH_REPEATS):
         for i, spec in enumerate(specs):
+            ready_free_memory(GROWTH_READY_BYTES[quick])
             point = in_fresh_process(_growth_point, *spec, microbatches)
             if "_error" in point:
                 raise RuntimeError(f"growth point {spec}: {point['_error']}")
@@ -169,9 +185,13 @@ def growth(quick: bool) -> Dict[str, Any]:
                 point["walls_s"] = []
                 points.append(point)
             points[i]["walls_s"].append(point["wall_s"])
+            points[i].setdefault("sys_s_rounds", []).append(point.get("sys_s"))
     for p in points:
         p["wall_s"] = float(np.median(p["walls_s"]))
         p["wall_best_s"] = min(p["walls_s"])
+        sys_rounds = p.pop("sys_s_rounds")
+        if None not in sys_rounds:      # the kernel's share, of the same rounds
+            p["sys_s"] = float(np.median(sys_rounds))
     ops, values, wall, best = ([p[key] for p in points]
                                for key in ("ops", "values", "wall_s", "wall_best_s"))
     # the noise: k fitted to each round's walls alone

@@ -44,7 +44,8 @@ def test_growth_fits_wall_against_ops_and_values(monkeypatch):
     """Two points, the second with twice the ops and 2.1x the values;
     three rounds each. Median walls 1.1 and 2.2: wall ~ ops^1, wall ~
     values^(ln 2 / ln 2.1), values ~ ops^(ln 2.1 / ln 2). Best rounds 1.0
-    and 2.1: wall ~ ops^(ln 2.1 / ln 2). And k of each round alone."""
+    and 2.1: wall ~ ops^(ln 2.1 / ln 2). And k of each round alone; memory
+    readied before every point, and each point's median system time."""
     import math
 
     import pytest
@@ -54,15 +55,22 @@ def test_growth_fits_wall_against_ops_and_values(monkeypatch):
     made = {(64, 8, 8, 24): (100_000, 400_000, [1.3, 1.0, 1.1]),
             (128, 8, 16, 48): (200_000, 840_000, [2.1, 2.5, 2.2])}
     calls = iter(range(10))
+    events = []
 
     def fake(fn, gpus, tp, pp, layers, microbatches):
         ops, values, walls = made[(gpus, tp, pp, layers)]
+        at = next(calls) // 2
+        events.append(("point", gpus))
         return {"gpus": gpus, "layers": layers, "ops": ops, "values": values,
-                "wall_s": walls[next(calls) // 2]}
+                "wall_s": walls[at], "sys_s": [0.3, 0.1, 0.2][at] * ops / 100_000}
     monkeypatch.setattr(cases, "GROWTH_POINTS", list(made))
     monkeypatch.setattr(cases, "GROWTH_REPEATS", 3)
     monkeypatch.setattr(cases, "in_fresh_process", fake)
+    monkeypatch.setattr(cases, "ready_free_memory", lambda n: events.append(("ready", n)))
     out = cases.growth(quick=False)
+    ready = ("ready", cases.GROWTH_READY_BYTES[False])
+    assert events == [ready, ("point", 64), ready, ("point", 128)] * 3
+    assert [p["sys_s"] for p in out["growth_points"]] == pytest.approx([0.2, 0.4])
     assert [p["wall_s"] for p in out["growth_points"]] == [1.1, 2.2]
     assert [p["wall_best_s"] for p in out["growth_points"]] == [1.0, 2.1]
     ln2, ln21 = math.log(2), math.log(2.1)
@@ -75,3 +83,15 @@ def test_growth_fits_wall_against_ops_and_values(monkeypatch):
     assert out["growth_exponent_rounds"] == pytest.approx(each)
     assert (out["growth_exponent_round_min"], out["growth_exponent_round_max"]) == \
         pytest.approx((min(each), max(each)))
+
+
+def test_ready_free_memory_touches_the_bytes_asked_for_in_a_child():
+    """The bytes are touched in a child process (this one's peak resident
+    memory, which benchmarks report, does not grow by them)."""
+    from distsim.bench.fresh import ready_free_memory
+    from distsim.bench.cases import peak_rss_bytes
+
+    before = peak_rss_bytes()
+    assert ready_free_memory(64 << 20) == 64 << 20
+    assert peak_rss_bytes() - before < 32 << 20
+    assert ready_free_memory(0) == 0
