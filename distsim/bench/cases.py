@@ -152,9 +152,11 @@ def growth(quick: bool) -> Dict[str, Any]:
     Before each point :data:`GROWTH_READY_BYTES` of memory are touched and
     freed (:func:`~distsim.bench.fresh.ready_free_memory`): on a VM that
     gives freed memory back to its host, a point that needs more memory
-    than the point before it freed pays the host for the difference (run
-    in order, the 192-layer point paid twice the system time per op of the
-    others), so without it the order of the points bends the fit.
+    than the point before it freed pays the host for the difference, so
+    the order of the points bends the fit (GPT-3 at rising sizes, one after
+    another: the largest paid twice the others' system time per op; these
+    points in four alternating runs: k 1.11 and 1.12 without, 1.08 and
+    1.09 with).
 
     The median, not the best round: this machine's speed drifts over
     seconds, so a short run's times spread wider than a long run's (5.7-6.8
