@@ -184,16 +184,14 @@ def growth(quick: bool) -> Dict[str, Any]:
             if "_error" in point:
                 raise RuntimeError(f"growth point {spec}: {point['_error']}")
             if round_ == 0:
-                point["walls_s"] = []
+                point["walls_s"], point["sys_s_rounds"] = [], []
                 points.append(point)
             points[i]["walls_s"].append(point["wall_s"])
-            points[i].setdefault("sys_s_rounds", []).append(point.get("sys_s"))
+            points[i]["sys_s_rounds"].append(point["sys_s"])
     for p in points:
         p["wall_s"] = float(np.median(p["walls_s"]))
         p["wall_best_s"] = min(p["walls_s"])
-        sys_rounds = p.pop("sys_s_rounds")
-        if None not in sys_rounds:      # the kernel's share, of the same rounds
-            p["sys_s"] = float(np.median(sys_rounds))
+        p["sys_s"] = float(np.median(p.pop("sys_s_rounds")))   # of the same rounds
     ops, values, wall, best = ([p[key] for p in points]
                                for key in ("ops", "values", "wall_s", "wall_best_s"))
     # the noise: k fitted to each round's walls alone
