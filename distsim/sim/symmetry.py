@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..ir.comm import collective_of, io_ranks, is_communication
 from ..ir.core import Function, Op, Value
+from ..ir.ops_bundle import BOOKKEEPING_OPS
 
 _TEAM_ATTRS = ("ranks", "root", "mesh", "axes")
 
@@ -168,7 +169,8 @@ def represented_ops(function: Function) -> int:
     a reduced program (``meta["represents"]``: rank -> devices) counts once
     per device its rank stands for; a collective counts once per member,
     its members present in a reduced program once per device they stand
-    for (the collectives left out mirror those kept)."""
+    for (the collectives left out mirror those kept); ``pack`` and
+    ``unpack`` (bookkeeping of coarsening) not at all."""
     represents = function.meta.get("represents") or {}
     total = 0
     for op in function.ops:
@@ -178,6 +180,7 @@ def represented_ops(function: Function) -> int:
             total += sum(int(represents.get(r, 1)) for r in members)
         else:
             dev = op.outputs[0].type.device if op.outputs else op.inputs[0].type.device
-            inner = op.attrs.get("ops", 1) if op.op_type == "fused" else 1
+            inner = (op.attrs.get("ops", 1) if op.op_type == "fused"
+                     else 0 if op.op_type in BOOKKEEPING_OPS else 1)
             total += int(inner) * int(represents.get(dev, 1))
     return total

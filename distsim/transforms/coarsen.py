@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 from ..ir.core import Function, Op, Value
-from ..ir.ops_bundle import PACK, UNPACK, bundle_type, unpack_attrs
+from ..ir.ops_bundle import BOOKKEEPING_OPS, PACK, UNPACK, bundle_type, unpack_attrs
 from ..ir.ops_fused import FUSED
 from ..ir.types import TensorType
 
@@ -58,9 +58,14 @@ class Segment:
 
     With ``accumulate=True`` each gradient the run produces is added into
     its parameter's gradient buffer inside the segment (as GradientSync
-    would right after it): the buffer's current value is an extra input
-    (``acc_in``) and its new value an extra output (``acc_out``), in place
-    of the bare gradient.
+    would right after it), in place of the bare gradient. The buffers of
+    the run's parameters (``acc_params``) travel as one bundle: an extra
+    input (``acc_in``, unpacked at the start) and an extra output
+    (``acc_out``, the new buffers packed at the end). GradientSync keeps
+    that bundle as an in-place update of the buffers, so it holds no bytes
+    of its own; one value per segment and micro-batch instead of two per
+    gradient (with ``Coarsening.bundle_buffers`` off, ``acc_each``: one
+    buffer in and one out per gradient).
 
     :meth:`bundle` then replaces results that travel together by their
     bundle, in the outputs of the segment making them and in the inputs of
@@ -90,41 +95,70 @@ class Segment:
             return read_outside(v) or v in lower.grad_of
 
         self.outputs = [v for op in ops for v in op.outputs if leaves(v)]
-        # accumulator placeholders: gradient -> buffer in, buffer out
-        self.acc_in: Dict[Value, Value] = {}
-        self.acc_out: Dict[Value, Value] = {}
-        if self.accumulate:
-            for g in self.grads:
-                self.acc_in[g] = Value(f"{g.name}.acc", g.type)
-                self.acc_out[g] = Value(f"{g.name}.acc_new", g.type)
-            self.inputs += [self.acc_in[g] for g in self.grads]
-            self.outputs += [self.acc_out[g] for g in self.grads]
-        self.grad_of_input = {a: g for g, a in self.acc_in.items()}
-        #: (gradient, output standing for its new buffer), as GradientSync.accumulated takes them
-        self.acc_pairs = [(g, self.acc_out[g]) for g in self.grads] if self.accumulate else []
+        #: the parameters whose buffers the run adds into (in the bundle's order)
+        self.acc_params: List[Value] = [lower.grad_of[g] for g in self.grads
+                                        ] if self.accumulate else []
+        buffers: List[TensorType] = [TensorType(g.type.shape, g.type.dtype, None)
+                                     for g in self.grads] if self.accumulate else []
+        # the buffers as inputs and outputs: one bundle each, or one value
+        # per gradient (``bundle_buffers`` off)
+        self.acc_in: Optional[Value] = None
+        self.acc_out: Optional[Value] = None
+        self.acc_each: Dict[Value, Tuple[Value, Value]] = {}   # gradient -> (in, out)
+        # a bundle costs a pack, one value per accumulating micro-batch and
+        # an unpack of every buffer: bundled where that is fewer values
+        # than one per buffer and accumulating micro-batch (M - 2 of them)
+        self.bundled = (self.accumulate and lower.bundle_buffers
+                        and (len(self.grads) - 1) * (lower.M - 3) > 2)
+        if self.bundled:
+            if len(set(self.acc_params)) != len(self.acc_params):
+                raise AssertionError(f"segment {name}: two gradients of one parameter")
+            self.acc_in = Value(f"{name}.acc", bundle_type(buffers))
+            self.acc_out = Value(f"{name}.acc_new", self.acc_in.type)
+            self.inputs.append(self.acc_in)
+            self.outputs.append(self.acc_out)
+        elif self.accumulate:
+            self.acc_each = {g: (Value(f"{g.name}.acc", g.type), Value(f"{g.name}.acc_new", g.type))
+                             for g in self.grads}
+            self.inputs += [a for a, _ in self.acc_each.values()]
+            self.outputs += [b for _, b in self.acc_each.values()]
         self.layer = ops[-1].meta.get("layer")
         self.meta = dict(ops[0].meta)
         self._local: Dict[Value, Value] = {}
         local = self._localize
 
         self.function = Function(name, [local(v) for v in self.inputs])
+        fn_ops = self.function.ops
+        # each gradient's buffer before and after the run
+        if self.bundled:
+            old_buf = {g: Value(f"{g.name}.acc", t) for g, t in zip(self.grads, buffers)}
+            new_buf = {g: Value(f"{g.name}.acc_new", t) for g, t in zip(self.grads, buffers)}
+            fn_ops.append(Op(UNPACK, [local(self.acc_in)], list(old_buf.values()),
+                             unpack_attrs(buffers)))
+        else:
+            old_buf = {g: local(a) for g, (a, _) in self.acc_each.items()}
+            new_buf = {g: local(b) for g, (_, b) in self.acc_each.items()}
         acc_meta = {"phase": "backward", "category": "gradients"}
         for op in ops:
             if op.op_type == "spmd.copy":  # the identity in the forward pass
                 self._local[op.outputs[0]] = local(op.inputs[0])
                 continue
-            self.function.ops.append(Op(op.op_type, [local(v) for v in op.inputs],
-                                        [local(v) for v in op.outputs], op.attrs, meta=op.meta))
+            fn_ops.append(Op(op.op_type, [local(v) for v in op.inputs],
+                             [local(v) for v in op.outputs], op.attrs, meta=op.meta))
             for g in op.outputs:
-                if g in self.acc_in:
-                    self.function.ops.append(Op("add", [local(self.acc_in[g]), local(g)],
-                                                [local(self.acc_out[g])],
-                                                meta=dict(acc_meta, layer=op.meta.get("layer"))))
+                if g in old_buf:
+                    fn_ops.append(Op("add", [old_buf[g], local(g)], [new_buf[g]],
+                                     meta=dict(acc_meta, layer=op.meta.get("layer"))))
+        if self.bundled:
+            fn_ops.append(Op(PACK, list(new_buf.values()), [local(self.acc_out)]))
+        #: a buffer input -> its parameter (``bundle_buffers`` off)
+        self.param_of_input = {a: lower.grad_of[g] for g, (a, _) in self.acc_each.items()}
         self.function.outputs = [local(v) for v in self.outputs]
         #: every copy's attributes and sub-functions: one dict and one tuple
         #: that the copies share (attributes are never changed in place);
         #: ``ops`` counts the run's ops (and accumulations), not bookkeeping
-        self.attrs = {"segment": name, "ops": len(self.function.ops)}
+        self.attrs = {"segment": name,
+                      "ops": sum(op.op_type not in BOOKKEEPING_OPS for op in fn_ops)}
         self.subfunctions = (self.function,)
 
     def _localize(self, v: Value) -> Value:
@@ -179,6 +213,10 @@ class Coarsening:
     #: bundle results that live together (off: every result a value of its
     #: own, as the exactness tests compare)
     bundle_results = True
+    #: carry an accumulating segment's gradient buffers as one bundle
+    #: (:mod:`.buffer_bundles`; off: one value per buffer, as the exactness
+    #: tests compare)
+    bundle_buffers = True
 
     def _init_coarsening(self) -> None:
         self._segment_cache: Dict[Tuple[TaskKey, str], List[Any]] = {}
@@ -363,7 +401,7 @@ class Coarsening:
         em = self.em
         meta = dict(seg.meta, **base)
         attrs, subs = seg.attrs, seg.subfunctions
-        acc = self.sync.acc
+        sync = self.sync
         names = em.names
         taken = names._taken
         fresh = names.fresh
@@ -379,8 +417,12 @@ class Coarsening:
             for v in seg.inputs:
                 x = env.get(v)
                 if x is None:
-                    x = (acc[(self.grad_of[seg.grad_of_input[v]], r)] if v in seg.grad_of_input
-                         else self.get(v, r, d, t, mb, stage, seg.layer))
+                    if v is seg.acc_in:
+                        x = sync.bundles.current(seg, r, stage, mb)
+                    elif v in seg.param_of_input:
+                        x = sync.acc[(seg.param_of_input[v], r)]
+                    else:
+                        x = self.get(v, r, d, t, mb, stage, seg.layer)
                 ins.append(x)
             plan = self._segment_types.get((id(seg), r))
             if plan is None:
@@ -400,8 +442,8 @@ class Coarsening:
             for v, o in zip(seg.outputs, outs):
                 env[v] = o
             if outs:
-                self.sync.note_layer_output(r, seg.layer, outs[0])
+                sync.note_layer_output(r, seg.layer, outs[0])
         if seg.accumulate:
-            self.sync.accumulated(stage, mb, seg.acc_pairs)
+            sync.accumulated(stage, mb, seg)
         elif seg.grads:
-            self.sync.after_backward(stage, mb, seg.grads)
+            sync.after_backward(stage, mb, seg.grads)

@@ -55,9 +55,11 @@ from ..ir.core import Function, Value
 from ..ir.ops_comm import split_sizes
 from ..ir.types import TensorType
 from .adam import adamw_update
+from .buffer_bundles import BufferBundles
 from .optimizer import SGDHyper, sgd_update
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .coarsen import Segment
     from .spmd import LowerSPMD
 
 MB = 1 << 20
@@ -147,6 +149,8 @@ class GradientSync:
         self.grad_in: Dict[Tuple[Value, int], Value] = {}
         self.state_in: Dict[Tuple[Value, int], Tuple[Value, ...]] = {}
         self.acc: Dict[Tuple[Value, int], Value] = {}
+        #: buffers that fused segments carry as one bundle (out of ``acc`` meanwhile)
+        self.bundles = BufferBundles(self)
         self.count: Dict[Value, int] = {}
         self.synced: Dict[Tuple[Value, int], Value] = {}
         self.pending: Dict[int, List[Value]] = {}
@@ -291,24 +295,27 @@ class GradientSync:
                 else:
                     self._ready(p, stage)
 
-    def accumulated(self, stage: int, mb: int, pairs: Sequence[Tuple[Value, Value]]) -> None:
-        """A fused segment (LowerSPMD with ``coarsen``) has added micro-batch
-        ``mb``'s gradients into their buffers: ``pairs`` holds each template
-        gradient and the segment's output standing for its new buffer.
-        Record them as :meth:`_accumulate` would; never the last micro-batch,
-        whose gradients feed the sync (see ``Coarsening._grad_mode``)."""
-        L, acc, count = self.L, self.acc, self.count
-        envs = [(r, L.menv[(r, mb)]) for _, _, r in L.group(stage)]
-        for g, out in pairs:
-            p = L.grad_of[g]
+    def accumulated(self, stage: int, mb: int, seg: "Segment") -> None:
+        """The fused segment ``seg`` (LowerSPMD with ``coarsen``) has added
+        micro-batch ``mb``'s gradients into the buffers of its parameters,
+        taken and given as one bundle (:mod:`.buffer_bundles`) or one value
+        per buffer; never the last micro-batch, whose gradients feed the sync (see
+        ``Coarsening._grad_mode``)."""
+        L, count = self.L, self.count
+        for p in seg.acc_params:
             n = count.get(p, 0) + 1
             if n >= L.M:
-                raise AssertionError(f"fused accumulation of %{g.name} at the last micro-batch")
-            for r, env in envs:
-                new = env[out]
-                self.note_update(acc[(p, r)], new)
-                acc[(p, r)] = new
+                raise AssertionError(f"fused accumulation of %{p.name} at the last micro-batch")
             count[p] = n
+        for _, _, r in L.group(stage):
+            env = L.menv[(r, mb)]
+            if seg.bundled:
+                self.bundles.advanced(seg, r, env[seg.acc_out])
+                continue
+            for g, (_, out) in seg.acc_each.items():
+                new = env[out]
+                self.note_update(self.acc[(L.grad_of[g], r)], new)
+                self.acc[(L.grad_of[g], r)] = new
 
     def _accumulate(self, p: Value, r: int, local: Value, final: bool, stage: int,
                     mb: int) -> None:
@@ -317,6 +324,7 @@ class GradientSync:
         em = self.L.em
         meta = {"stage": stage, "microbatch": mb, "phase": "backward",
                 "category": "gradients", "layer": None}
+        self.bundles.release(p, r, stage, mb)
         if (p, r) in self.acc:
             old = self.acc[(p, r)]
             local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)
