@@ -66,7 +66,7 @@ class BufferBundles:
         params = seg.acc_params
         packed = [sync.acc[(p, rank)] for p in params]
         bundle = sync.L.em.one(PACK, packed, None, f"{seg.function.name}.acc_m{mb}_r{rank}",
-                               _meta(stage, mb))
+                               accumulation_meta(stage, mb))
         sync.note_update(packed[0], bundle)
         chain = self._chains[(id(seg), rank)] = _Chain(bundle, params, packed)
         for p in params:
@@ -91,13 +91,15 @@ class BufferBundles:
         types = [v.type for v in chain.packed]
         outs = sync.L.em.op(UNPACK, [chain.bundle], unpack_attrs(types),
                             [f"{q.name}_gbuf_m{mb}_r{rank}" for q in chain.params],
-                            _meta(stage, mb))
+                            accumulation_meta(stage, mb))
         for i, (q, packed, out) in enumerate(zip(chain.params, chain.packed, outs)):
             sync.note_update(chain.bundle if i == 0 else packed, out)
             sync.acc[(q, rank)] = out
             del self._inside[(q, rank)]
 
 
-def _meta(stage: int, mb: int) -> Dict[str, object]:
+def accumulation_meta(stage: int, mb: int) -> Dict[str, object]:
+    """The meta of a gradient-accumulation op outside the fused segments
+    (GradientSync's adds and scales, the buffers' pack and unpack)."""
     return {"stage": stage, "microbatch": mb, "phase": "backward", "category": "gradients",
             "layer": None}

@@ -152,7 +152,7 @@ class Segment:
         if self.bundled:
             fn_ops.append(Op(PACK, list(new_buf.values()), [local(self.acc_out)]))
         #: a buffer input -> its parameter (``bundle_buffers`` off)
-        self.param_of_input = {a: lower.grad_of[g] for g, (a, _) in self.acc_each.items()}
+        self.param_of_input = {a: p for p, (a, _) in zip(self.acc_params, self.acc_each.values())}
         self.function.outputs = [local(v) for v in self.outputs]
         #: every copy's attributes and sub-functions: one dict and one tuple
         #: that the copies share (attributes are never changed in place);

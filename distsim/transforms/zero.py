@@ -55,7 +55,7 @@ from ..ir.core import Function, Value
 from ..ir.ops_comm import split_sizes
 from ..ir.types import TensorType
 from .adam import adamw_update
-from .buffer_bundles import BufferBundles
+from .buffer_bundles import BufferBundles, accumulation_meta
 from .optimizer import SGDHyper, sgd_update
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -312,18 +312,17 @@ class GradientSync:
             if seg.bundled:
                 self.bundles.advanced(seg, r, env[seg.acc_out])
                 continue
-            for g, (_, out) in seg.acc_each.items():
+            for p, (_, out) in zip(seg.acc_params, seg.acc_each.values()):
                 new = env[out]
-                self.note_update(self.acc[(L.grad_of[g], r)], new)
-                self.acc[(L.grad_of[g], r)] = new
+                self.note_update(self.acc[(p, r)], new)
+                self.acc[(p, r)] = new
 
     def _accumulate(self, p: Value, r: int, local: Value, final: bool, stage: int,
                     mb: int) -> None:
         """Add ``local`` into the gradient buffer of ``p`` on ``r``, in place
         (the first micro-batch's gradient is written into the buffer)."""
         em = self.L.em
-        meta = {"stage": stage, "microbatch": mb, "phase": "backward",
-                "category": "gradients", "layer": None}
+        meta = accumulation_meta(stage, mb)
         self.bundles.release(p, r, stage, mb)
         if (p, r) in self.acc:
             old = self.acc[(p, r)]

@@ -212,7 +212,8 @@ def test_buffers_are_bundled_only_where_that_makes_fewer_values(microbatches):
         if op.op_type != "fused":
             continue
         fn = op.subfunctions[0]
-        unpacks = [o for o in fn.ops if o.op_type == "unpack" and o.outputs[0].name.endswith(".acc")]
+        unpacks = [o for o in fn.ops
+                   if o.op_type == "unpack" and o.outputs[0].name.endswith(".acc")]
         if unpacks:
             bundled.append(len(unpacks[0].outputs))
         elif any(v.name.endswith(".acc") for v in fn.inputs):
