@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .ops import _axes, _same_device, _unary
+from .ops import _grad_like_second, _reduce, _same_device, _unary
 from .registry import REQUIRED, OpSpec, ShapeError, register
 from .types import DType, TensorType
 
@@ -232,24 +232,6 @@ def _dropout_grad(types, attrs) -> List[TensorType]:
     if dy.shape != mask.shape:
         raise ShapeError(f"gradient shape {dy.shape} differs from mask shape {mask.shape}")
     return [dy]
-
-
-def _grad_like_second(types, attrs) -> List[TensorType]:
-    dy, x = types
-    _same_device(types)
-    if dy.shape != x.shape:
-        raise ShapeError(f"gradient shape {dy.shape} differs from input shape {x.shape}")
-    return [x]
-
-
-def _reduce(types, attrs) -> List[TensorType]:
-    (x,) = types
-    axes = _axes(x.rank, attrs.get("axes"))
-    if attrs["keepdims"]:
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-    else:
-        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-    return [x.with_shape(shape)]
 
 
 def _causal_mask(types, attrs) -> List[TensorType]:

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Tuple
 
 from ..errors import PassPreconditionError
-from ..ir.builder import FunctionBuilder, builder_from
+from ..ir.builder import FunctionBuilder
 from ..ir.core import Function, Value
 from ..ir.types import DType
+from .optimizer import start_update
 
 STATE_SUFFIXES = (".master", ".m", ".v")
 
@@ -76,16 +77,9 @@ class AdamW:
         self.master_dtype = DType.parse(master_dtype)
 
     def __call__(self, function: Function) -> Function:
-        grads = function.meta.get("grads")
-        if not grads:
-            raise PassPreconditionError(f"AdamW: function '{function.name}' has no gradients "
-                                        "(run Autodiff first)")
-        b, _ = builder_from(function)
+        b, grads, by_name, kept = start_update("AdamW", function)
         f = b.function
-        by_name = {v.name: v for v in f.values()}
         roles = dict(f.meta.get("roles", {}))
-        grad_values = {by_name[g] for g in grads.values()}
-        kept = [v for v in f.outputs if v not in grad_values]
         n_before = len(f.ops)
         updates: Dict[str, str] = {}
         new_params, states = [], []

@@ -42,6 +42,23 @@ class SGDHyper:
         return ("mom",) if self.momentum > 0 else ()
 
 
+def start_update(pass_name: str, function: Function
+                 ) -> Tuple[FunctionBuilder, Dict[str, str], Dict[str, Value], List[Value]]:
+    """What every optimizer pass starts from: a builder over a copy of
+    ``function``, its ``meta["grads"]`` (parameter -> gradient name), its
+    values by name, and the outputs it keeps (all but the gradients, which
+    the update consumes). Refuses a function without gradients."""
+    grads = function.meta.get("grads")
+    if not grads:
+        raise PassPreconditionError(f"{pass_name}: function '{function.name}' has no gradients "
+                                    "(run Autodiff first)")
+    b, _ = builder_from(function)
+    by_name = {v.name: v for v in b.function.values()}
+    grad_values = {by_name[g] for g in grads.values()}
+    kept = [v for v in b.function.outputs if v not in grad_values]
+    return b, grads, by_name, kept
+
+
 def sgd_update(b: FunctionBuilder, name: str, master: Value, grad: Value, mom: Optional[Value],
                hyper: SGDHyper, compute_dtype: DType, meta: Optional[dict] = None
                ) -> Tuple[Value, ...]:
@@ -84,16 +101,9 @@ class SGD:
         self.master_dtype = DType.parse(master_dtype) if master_dtype is not None else None
 
     def __call__(self, function: Function) -> Function:
-        grads = function.meta.get("grads")
-        if not grads:
-            raise PassPreconditionError(f"SGD: function '{function.name}' has no gradients "
-                                        "(run Autodiff first)")
-        b, _ = builder_from(function)
+        b, grads, by_name, kept = start_update("SGD", function)
         f = b.function
-        by_name = {v.name: v for v in f.values()}
-        grad_values = {by_name[g] for g in grads.values()}
-        kept = [v for v in f.outputs if v not in grad_values]
-        n_before = len(function.ops)
+        n_before = len(f.ops)
         updates: Dict[str, str] = {}
         if self.master_dtype is None:
             for param, grad in grads.items():

@@ -3,25 +3,12 @@ import numpy as np
 import pytest
 
 from distsim.interp import execute, random_inputs
+from distsim.interp.gradcheck import finite_difference
 from distsim.ir import DType, FunctionBuilder, TensorType, verify
 from distsim.models import MLPConfig, mlp_forward
 from distsim.transforms.autodiff import Autodiff
 
 F64 = DType.F64
-
-
-def finite_difference(f, inputs, index, eps=1e-6):
-    base = [np.array(a, dtype=np.float64) for a in inputs]
-    grad = np.zeros_like(base[index])
-    it = np.nditer(base[index], flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        plus = [a.copy() for a in base]
-        minus = [a.copy() for a in base]
-        plus[index][i] += eps
-        minus[index][i] -= eps
-        grad[i] = (execute(f, plus)[0] - execute(f, minus)[0]) / (2 * eps)
-    return grad
 
 
 def check_gradients(f, wrt, seed=0):

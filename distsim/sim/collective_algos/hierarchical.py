@@ -11,7 +11,7 @@ groups, are not hierarchical: the functions return None.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .ring import ring_allgather, ring_allreduce, ring_reducescatter
 from .schedule import Schedule, parallel, sequential
@@ -33,12 +33,20 @@ def _each(algo, teams, nbytes, network) -> Schedule:
     return parallel([algo(t, nbytes, None, network) for t in teams])
 
 
-def hierarchical_allreduce(team, nbytes, root, network) -> Optional[Schedule]:
+def _levels(team, network) -> Optional[Tuple[List[List[int]], List[List[int]], int]]:
+    """(server groups, rails, group size g), or None where a two-level
+    algorithm does not apply (see :func:`node_groups`)."""
     groups = node_groups(team, network.topology)
     if groups is None:
         return None
-    g = len(groups[0])
-    rails = [list(r) for r in zip(*groups)]
+    return groups, [list(r) for r in zip(*groups)], len(groups[0])
+
+
+def hierarchical_allreduce(team, nbytes, root, network) -> Optional[Schedule]:
+    levels = _levels(team, network)
+    if levels is None:
+        return None
+    groups, rails, g = levels
     return sequential(_each(ring_reducescatter, groups, nbytes, network),
                       _each(ring_allreduce, rails, nbytes / g, network),
                       _each(ring_allgather, groups, nbytes, network))
@@ -47,11 +55,10 @@ def hierarchical_allreduce(team, nbytes, root, network) -> Optional[Schedule]:
 def hierarchical_allgather(team, nbytes, root, network) -> Optional[Schedule]:
     """Rails gather their S/g first (over the network), then each server
     gathers the full S over its fast links."""
-    groups = node_groups(team, network.topology)
-    if groups is None:
+    levels = _levels(team, network)
+    if levels is None:
         return None
-    g = len(groups[0])
-    rails = [list(r) for r in zip(*groups)]
+    groups, rails, g = levels
     return sequential(_each(ring_allgather, rails, nbytes / g, network),
                       _each(ring_allgather, groups, nbytes, network))
 
@@ -59,10 +66,9 @@ def hierarchical_allgather(team, nbytes, root, network) -> Optional[Schedule]:
 def hierarchical_reducescatter(team, nbytes, root, network) -> Optional[Schedule]:
     """Each server reduce-scatters S over its fast links, then each rail
     reduce-scatters its S/g over the network."""
-    groups = node_groups(team, network.topology)
-    if groups is None:
+    levels = _levels(team, network)
+    if levels is None:
         return None
-    g = len(groups[0])
-    rails = [list(r) for r in zip(*groups)]
+    groups, rails, g = levels
     return sequential(_each(ring_reducescatter, groups, nbytes, network),
                       _each(ring_reducescatter, rails, nbytes / g, network))
