@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-INF = 1 << 60
-Adjacency = List[List[Tuple[int, int]]]      # node index -> [(neighbour index, cost)]
+from .core_distances import INF, Adjacency, SeparatorColumn, TwoLevel, two_level
+
+#: d(., s) for one separator s, indexable by node
+Distances = Union[array, SeparatorColumn]
+
 
 
 def reverse_dijkstra_all(radj: Adjacency, target: int) -> array:
@@ -96,7 +99,7 @@ class DistancesTo:
         self.best: Dict[int, int] = {target: 0}
         self.heap: List[Tuple[int, int]] = [(0, target)]
         self.memo: Dict[int, int] = {}
-        self.arrays: Optional[List[Tuple[array, int]]] = None
+        self.arrays: Optional[List[Tuple[Distances, int]]] = None
         if oracle.separators:
             self._settle(INF)
             self.via = [(s, e) for s, e in sorted(self.local.items()) if oracle.is_sep[s]]
@@ -142,8 +145,7 @@ class DistancesTo:
             return hit
         arrays = self.arrays
         if arrays is None:
-            dist = self.oracle.separator_distances
-            arrays = self.arrays = [(dist(s), e) for s, e in self.via]
+            arrays = self.arrays = self.oracle.via_separators(self.via)
         for dist_s, e in arrays:
             x = dist_s[v] + e
             if x < best:
@@ -158,19 +160,43 @@ class SeparatorOracle:
     resumable search per destination): the answers are exact for every
     choice; a good one only makes them cheap."""
 
-    def __init__(self, radj: Adjacency, adj: Adjacency, separators: Iterable[int] = ()) -> None:
+    def __init__(self, radj: Adjacency, adj: Adjacency, separators: Iterable[int] = (),
+                 two_levels: bool = True) -> None:
         self.radj = radj
         self.adj = adj
         self.separators = sorted(set(separators))
         self.is_sep = [False] * len(radj)
         for s in self.separators:
             self.is_sep[s] = True
-        self._sep_dist: Dict[int, array] = {}
+        self._sep_dist: Dict[int, Distances] = {}
         self._to: Dict[int, DistancesTo] = {}
+        #: the two-level distances (:mod:`.core_distances`): False until
+        #: first needed, None where they do not apply
+        self._levels: Union[TwoLevel, None, bool] = False if two_levels else None
 
-    def separator_distances(self, s: int) -> array:
-        """``d(., s)`` as an integer array (all separators computed together)."""
+    def levels(self) -> Optional[TwoLevel]:
+        """The two-level distances through the core (:mod:`.core_distances`),
+        worked out on first use; None where they do not apply."""
+        if self._levels is False:
+            self._levels = two_level(self.adj, self.separators)
+        return self._levels  # type: ignore[return-value]
+
+    def via_separators(self, via: List[Tuple[int, int]]) -> List[Tuple[Distances, int]]:
+        """``[(d(., s), e)]`` for the ``(separator s, e(s, t))`` of a
+        destination: through the core, one column of ``min_s d(., s) + e``
+        (one lookup per node instead of one per separator)."""
+        levels = self.levels()
+        if levels is not None:
+            return [(levels.through(via), 0)]
+        return [(self.separator_distances(s), e) for s, e in via]
+
+    def separator_distances(self, s: int) -> Distances:
+        """``d(., s)``, indexable by node: through the core where that is
+        exact (:mod:`.core_distances`, per node on demand), else an integer
+        array (all separators computed together)."""
         dist = self._sep_dist.get(s)
+        if dist is None and self.levels() is not None:
+            dist = self._sep_dist[s] = self.levels().column(s)
         if dist is None:
             table = reverse_distances_batch(self.adj, self.separators)
             for j, sep in enumerate(self.separators):
