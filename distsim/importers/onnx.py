@@ -153,6 +153,13 @@ class OnnxImporter(ShapeHints):
         """Nodes in a valid order; raises ParseError on a dangling input
         or a cycle, UnsupportedOpError listing every unknown op type."""
         g = self.graph
+        for kind, entries in (("graph input", g.input), ("initializer", g.initializer),
+                              ("graph output", g.output)):
+            seen = Counter(e.name for e in entries)
+            twice = sorted(name for name, count in seen.items() if count > 1)
+            if twice:
+                raise ParseError(f"{kind} '{twice[0]}' is declared {seen[twice[0]]} times",
+                                 source=self.source)
         known = {i.name for i in g.initializer} | {i.name for i in g.input}
         producer: Dict[str, int] = {}
         for k, node in enumerate(g.node):
@@ -309,7 +316,8 @@ class OnnxImporter(ShapeHints):
             if i == 0 and self.batch is not None:
                 if d.HasField("dim_value") and d.dim_value != self.batch:
                     self.overridden = True
-                    self.batch_change = (int(d.dim_value), int(self.batch))
+                    if d.dim_value > 0:  # a static batch the reshapes may repeat
+                        self.batch_change = (int(d.dim_value), int(self.batch))
                 shape.append(self.batch)
             elif d.HasField("dim_value") and d.dim_value > 0:
                 shape.append(int(d.dim_value))
@@ -317,7 +325,11 @@ class OnnxImporter(ShapeHints):
                 shape.append(self.seq)
             else:
                 hint = "--batch" if i == 0 else "--seq" if i == 1 else "--input-shape"
-                raise ConfigError(f"{where}: dimension {i} is symbolic ('{label or '?'}'); give "
+                # a declared 0 (some exporters write it for a dynamic size) is
+                # not "symbolic": say what the file holds
+                what = ("0 (no elements)" if d.HasField("dim_value") else
+                        f"symbolic ('{label or '?'}')")
+                raise ConfigError(f"{where}: dimension {i} is {what}; give "
                                   f"{hint} or --input-shape {name}=" +
                                   "x".join("N" for _ in dims))
         return tuple(shape)
@@ -387,7 +399,7 @@ class OnnxImporter(ShapeHints):
         for proto in order:
             node = OnnxNode(proto, self.opset)
             self.convert(node)
-        outputs = [self.value(o.name) for o in self.graph.output]
+        outputs = [self._output(o.name) for o in self.graph.output]
         if not self.overridden:
             self.check_declared()
         f = self.b.finish(outputs)
@@ -396,6 +408,18 @@ class OnnxImporter(ShapeHints):
             return verify(f)
         except VerifyError as e:
             raise VerifyError(f"{self.source}: {e}") from None
+
+    def _output(self, name: str) -> Value:
+        """The value of graph output ``name``, always the result of an op:
+        an output that is a graph input or an initializer (an Identity
+        graph, a pass-through) gets an ``identity`` op, so that what a
+        training step or a data-parallel lowering builds on the outputs is
+        computed on the device rather than aliasing an argument."""
+        value = self.value(name)
+        if any(v is value for v in self.b.function.inputs):
+            value = self.b.op("identity", [value], {}, name=sanitize_name(name))
+            self.onnx_names.setdefault(value.name, name)
+        return value
 
     def convert(self, node: OnnxNode) -> None:
         ins = [i for i in node.inputs if i]
@@ -484,11 +508,27 @@ def import_onnx(model: ModelSource, input_shapes: Optional[Mapping[str, Sequence
     for label, n in (("batch", batch), ("seq", seq)):
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"--{label}: must be a positive integer, got {n!r}")
+    float_dtype = _float_dtype(dtype)
     proto, source, base = load_onnx_model(model)
-    float_dtype = DType.parse(str(dtype)) if isinstance(dtype, str) else dtype
     importer = OnnxImporter(proto, source, base, dict(input_shapes or {}), batch, seq, device,
                             float_dtype)
     return importer.run()
+
+
+def _float_dtype(dtype: Union[str, DType, None]) -> Optional[DType]:
+    """The ``dtype`` option: a floating-point type. An integer one would
+    turn every weight into a constant (no parameters) and every float op
+    into integer arithmetic: a different model, so it is refused."""
+    if dtype is None:
+        return None
+    try:
+        dt = DType.parse(str(dtype)) if isinstance(dtype, str) else dtype
+    except ConfigError:
+        dt = None
+    if not isinstance(dt, DType) or not dt.is_float:
+        raise ConfigError(f"--dtype: '{dtype!s}' is not a floating-point type (it recasts "
+                          "the model's floating-point tensors: f16, bf16, f32 or f64)")
+    return dt
 
 
 def onnx_input_arrays(function: Function, feeds: Mapping[str, Any]) -> List[np.ndarray]:

@@ -58,7 +58,7 @@ class ShapeHints:
 
     def input_shapes_text(self) -> str:
         return ", ".join(f"{self.onnx_names.get(v.name, v.name)} "
-                         f"{'x'.join(str(d) for d in v.type.shape)}"
+                         f"{'x'.join(str(d) for d in v.type.shape) or 'scalar'}"
                          for v in self.b.function.inputs if self.roles.get(v.name) == "data")
 
     def sequence_hint(self, needed: int, available: int) -> Optional[str]:

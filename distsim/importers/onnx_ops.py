@@ -84,6 +84,19 @@ def _fail(cx, node, reason: str):
     raise UnsupportedOpError(f"{cx.where(node)}: {reason}")
 
 
+def axis_of(cx, node, axis: Any, rank: int, what: str = "axis",
+            holder: str = "an input") -> int:
+    """``axis`` normalised to ``[0, rank)``. ONNX allows ``[-rank, rank)``;
+    anything else is a malformed node, refused by name rather than wrapped
+    around by ``%`` (which would import a model that computes something else)."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise VerifyError(f"{cx.where(node)}: {what} {axis!r} is not an integer")
+    if not -rank <= axis < rank:
+        raise VerifyError(f"{cx.where(node)}: {what} {int(axis)} is out of range for {holder} "
+                          f"of rank {rank} (allowed: {-rank} .. {rank - 1})")
+    return int(axis) % rank
+
+
 # ----- element-wise -------------------------------------------------------------
 _UNARY = {"Relu": "relu", "Neg": "neg", "Exp": "exp", "Tanh": "tanh", "Sqrt": "sqrt",
           "Sigmoid": "sigmoid", "Erf": "erf", "Log": "log", "Abs": "abs",
@@ -171,6 +184,9 @@ def _matmul(cx, node):
     a, b = (cx.value(n) for n in node.inputs[:2])
     if a.type.rank >= 2 and b.type.rank >= 2:
         return [cx.op(node, "matmul", [a, b])]
+    if a.type.rank == 0 or b.type.rank == 0:
+        raise VerifyError(f"{cx.where(node)}: MatMul needs operands of rank >= 1, got shapes "
+                          f"{a.type.shape} and {b.type.shape}")
     a2 = a if a.type.rank >= 2 else cx.op(node, "reshape", [a], {"shape": (1,) + a.type.shape},
                                           out=None)
     b2 = b if b.type.rank >= 2 else cx.op(node, "reshape", [b], {"shape": b.type.shape + (1,)},
@@ -209,7 +225,7 @@ def _layernorm(cx, node):
     with the scale and bias flattened, then reshaped back."""
     x = cx.value(node.inputs[0])
     rank = x.type.rank
-    axis = node.attr("axis", -1) % rank
+    axis = axis_of(cx, node, node.attr("axis", -1), rank)
     if any(node.outputs[1:]):
         _fail(cx, node, "its Mean / InvStdDev outputs are not supported")
     gamma = cx.value(node.inputs[1])
@@ -237,7 +253,7 @@ def _layernorm(cx, node):
 @converter("RMSNormalization")
 def _rmsnorm(cx, node):
     x = cx.value(node.inputs[0])
-    if node.attr("axis", -1) % x.type.rank != x.type.rank - 1:
+    if axis_of(cx, node, node.attr("axis", -1), x.type.rank) != x.type.rank - 1:
         _fail(cx, node, "normalization over other than the last axis")
     return [cx.op(node, "rmsnorm", [x, cx.value(node.inputs[1])],
                   {"eps": node.attr("epsilon", 1e-5)})]
@@ -248,7 +264,7 @@ def _softmax(cx, node):
     x = cx.value(node.inputs[0])
     op_type = "softmax" if node.op_type == "Softmax" else "log_softmax"
     rank = x.type.rank
-    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(rank, 1)
+    axis = axis_of(cx, node, node.attr("axis", -1 if node.opset >= 13 else 1), max(rank, 1))
     if node.opset >= 13 or axis == rank - 1:
         return [cx.op(node, op_type, [x], {"axis": axis})]
     # before opset 13: softmax over the flattened trailing dims [axis, rank)
@@ -339,7 +355,13 @@ def _reshape(cx, node):
 @converter("Flatten")
 def _flatten(cx, node):
     x = cx.value(node.inputs[0])
-    axis = node.attr("axis", 1) % (x.type.rank + 1) if x.type.rank else 0
+    # the split point between the two dims: ONNX allows [-rank, rank], a
+    # negative one counting from the end (-1: before the last dim)
+    rank, axis = x.type.rank, node.attr("axis", 1)
+    if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis <= rank:
+        raise VerifyError(f"{cx.where(node)}: axis {axis!r} is out of range for an input of "
+                          f"rank {rank} (allowed: {-rank} .. {rank})")
+    axis = axis + rank if axis < 0 else axis
     lead = int(np.prod(x.type.shape[:axis]))
     return [cx.op(node, "reshape", [x], {"shape": (lead, int(np.prod(x.type.shape[axis:])))})]
 
@@ -349,7 +371,8 @@ def _squeeze(cx, node):
     x = cx.value(node.inputs[0])
     axes = _axes_arg(cx, node, 13)
     rank = x.type.rank
-    drop = {a % rank for a in axes} if axes else {i for i, d in enumerate(x.type.shape) if d == 1}
+    drop = ({axis_of(cx, node, a, rank, "axes entry") for a in axes} if axes
+            else {i for i, d in enumerate(x.type.shape) if d == 1})
     for a in drop:
         if x.type.shape[a] != 1:
             raise VerifyError(f"{cx.where(node)}: cannot squeeze axis {a} of size "
@@ -364,7 +387,7 @@ def _unsqueeze(cx, node):
     axes = _axes_arg(cx, node, 13) or []
     rank = x.type.rank + len(axes)
     shape = list(x.type.shape)
-    for a in sorted(a % rank for a in axes):
+    for a in sorted(axis_of(cx, node, a, rank, "axes entry", "the output") for a in axes):
         shape.insert(a, 1)
     return [cx.op(node, "reshape", [x], {"shape": tuple(shape)})]
 
@@ -398,7 +421,7 @@ def _concat(cx, node):
 @converter("Split")
 def _split(cx, node):
     x = cx.value(node.inputs[0])
-    axis = node.attr("axis", 0) % x.type.rank
+    axis = axis_of(cx, node, node.attr("axis", 0), x.type.rank)
     n = len(node.outputs)
     if node.opset < 13:
         sizes = node.attr("split")
@@ -440,7 +463,7 @@ def _gather(cx, node):
     axis = node.attr("axis", 0)
     indices = cx.const(node.inputs[1])
     if indices is not None and indices.size and data.type.rank:
-        size = data.type.shape[axis % data.type.rank]
+        size = data.type.shape[axis_of(cx, node, axis, data.type.rank)]
         high, low = int(indices.max()), int(indices.min())
         if high >= size or low < -size:
             bad = high if high >= size else low

@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from .onnx_ops import _fail, _ints, converter, static
+from ..errors import VerifyError
+from .onnx_ops import _fail, _ints, axis_of, converter, static
 
 
 @converter("BatchNormalization")
@@ -104,6 +105,8 @@ def _pool(cx, node):
     x = cx.value(node.inputs[0])
     if len(node.outputs) > 1 and node.outputs[1]:
         _fail(cx, node, "the Indices output of MaxPool is not supported")
+    if node.attr("kernel_shape") is None:
+        raise VerifyError(f"{cx.where(node)}: the kernel_shape attribute is required")
     lifted, kernel, dil, attrs = _window(cx, node, x.type.shape, tuple(node.attr("kernel_shape")))
     attrs.update(kernel=kernel, ceil_mode=bool(node.attr("ceil_mode", 0)))
     if lifted:
@@ -148,7 +151,8 @@ def _pad(cx, node):
         value = 0 if v is None or v.size == 0 else v.reshape(-1)[0].item()
         a = static(cx, node, 3, "axes") if node.opset >= 18 else None
         axes = None if a is None else [int(i) for i in np.asarray(a).reshape(-1)]
-    axes = list(range(rank)) if axes is None else [a % rank for a in axes]
+    axes = list(range(rank)) if axes is None else [axis_of(cx, node, a, rank, "axes entry")
+                                                   for a in axes]
     if len(pads) != 2 * len(axes):
         _fail(cx, node, f"{len(pads)} pads for {len(axes)} axes")
     widths: List[Tuple[int, int, int]] = [(a, b, e) for a, b, e in

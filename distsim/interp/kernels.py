@@ -110,7 +110,21 @@ def _mul(attrs, a, b):
 
 @kernel("div")
 def _div(attrs, a, b):
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return _int_div(a, b)
     return a / b
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division as ONNX (and C) define it: truncated toward zero,
+    in the integer dtype (``a / b`` would give float64, another type than
+    the op's). A zero divisor gives 0, as numpy's floor division does,
+    without its warning."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.floor_divide(a, b)
+        r = np.remainder(a, b)
+    q = q + ((r != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
+    return q.astype(np.result_type(a, b), copy=False)
 
 
 @kernel("maximum")

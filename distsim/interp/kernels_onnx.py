@@ -44,6 +44,12 @@ def _erf_kernel(attrs, x):
 
 @kernel("pow")
 def _pow(attrs, a, b):
+    """The result has the base's dtype (ONNX Pow). An integer base with a
+    floating exponent is raised in floating point, then truncated: casting
+    the exponent to the base's integer type first would turn 9 ** 0.5 into
+    9 ** 0 = 1 instead of 3."""
+    if a.dtype.kind in "iu" and b.dtype.kind == "f":
+        return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
     return np.power(a, b.astype(a.dtype)).astype(a.dtype)
 
 

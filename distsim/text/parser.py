@@ -31,9 +31,11 @@ _TOKEN = re.compile(r"""
 
 # Bounds on what a well-formed file can contain: deeper nesting or longer
 # integers are rejected with a ParseError (not a RecursionError or a
-# ValueError from int()).
+# ValueError from int()). Integers are int64: MIN_INT is allowed, since
+# ONNX exports write it as the end of a reversed slice (x[::-1]).
 MAX_NESTING = 64
 MAX_INT = 2 ** 63 - 1
+MIN_INT = -2 ** 63
 
 
 def _short(text: str, limit: int = 40) -> str:
@@ -138,8 +140,9 @@ class Parser:
             value = int(tok.text)
         except ValueError:
             raise self.error(f"expected {what}, found {_short(tok.text)}", tok) from None
-        if abs(value) > MAX_INT:
-            raise self.error(f"{what} {_short(tok.text)} is out of range (at most 2^63 - 1)", tok)
+        if not MIN_INT <= value <= MAX_INT:
+            raise self.error(f"{what} {_short(tok.text)} is out of range (-2^63 .. 2^63 - 1)",
+                             tok)
         return value
 
     # -- types ---------------------------------------------------------
