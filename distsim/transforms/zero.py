@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 import numpy as np
 
+from ..errors import PassPreconditionError
 from ..ir.comm import CollectiveType
 from ..ir.core import Function, Value
 from ..ir.ops_comm import split_sizes
@@ -177,7 +178,28 @@ class GradientSync:
     def stage(self, p: Value) -> int:
         return self.L.stage_of_chunk(self.L.param_chunk[p])
 
+    def _check_shardable(self) -> None:
+        """ZeRO's flat shards need every rank to hold a piece (ZeRO 2/3
+        reduce-scatter each gradient over dp), and a reduced program
+        (symmetry) needs the pieces equal: refuse plainly otherwise."""
+        dp = self.S.dp
+        if self.zero == 0 or dp == 1:
+            return
+        for p in self.L.params:
+            numel = p.type.numel
+            if self.zero >= 2 and numel < dp:
+                raise PassPreconditionError(
+                    f"ZeRO {self.zero}: parameter '{p.name}' has {numel} elements, fewer than "
+                    f"the {dp} data-parallel ranks to shard it over (use --zero 1 or a "
+                    f"smaller --dp)")
+            if self.L.representatives and numel % dp:
+                raise PassPreconditionError(
+                    f"ZeRO {self.zero} with symmetry: parameter '{p.name}' ({numel} elements) "
+                    f"does not split evenly over dp {dp}, so the ranks' shards differ "
+                    f"(simulate without --symmetry)")
+
     def create_inputs(self) -> None:
+        self._check_shardable()
         em, S = self.L.em, self.S
         master = self.L.master_dtype
         states = self.hyper.states
