@@ -7,7 +7,7 @@ import argparse
 
 from ..ir.verifier import verify
 from ..transforms.sharding import check_lowering, shard_program
-from .files import read_program
+from .files import check_entry, read_program, seed_option
 
 
 def add_parser(sub) -> None:
@@ -17,12 +17,14 @@ def add_parser(sub) -> None:
                                    "value. Exit 0 when they agree, 1 when they differ.")
     p.add_argument("file", help="a DistIR text file with a @main function")
     p.add_argument("--entry", default="main", help="the entry function (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="random input seed (default: %(default)s)")
+    p.add_argument("--seed", type=seed_option, default=0,
+                   help="random input seed, 0 to 2^64 - 1 (default: %(default)s)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     module = read_program(args.file)
+    check_entry(module, args.file, args.entry)
     _, local = shard_program(module, args.entry)
     verify(local)
     result = check_lowering(module, local, args.entry, seed=args.seed)

@@ -3,6 +3,7 @@ for choosing the verifier (global-view programs with meshes, sharded types
 or calls get the sharding verifier; local-view programs the plain one)."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from ..errors import ConfigError, PassPreconditionError, VerifyError
@@ -47,3 +48,25 @@ def read_program(path_text: str) -> Module:
         if not message.startswith(f"{path_text}:"):
             message = f"{path_text}: {message}"
         raise type(e)(message) from None
+
+
+def check_entry(module: Module, path_text: str, entry: str) -> None:
+    """``--entry`` names a function of the file: said with the file name
+    and the functions there are, before the sharding passes (whose own
+    error names neither)."""
+    if entry not in module.functions:
+        known = ", ".join(f"@{name}" for name in module.functions)
+        raise ConfigError(f"{path_text}: --entry {entry}: no function @{entry} "
+                          f"(the file has {known})")
+
+
+def seed_option(text: str) -> int:
+    """argparse type of ``--seed``: an integer numpy's generators accept
+    (0 to 2^64 - 1), so that a negative seed is a usage error, not a crash."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2^64 - 1, got {value}")
+    return value

@@ -8,7 +8,7 @@ import sys
 from ..ir.verifier import verify
 from ..text import print_function, print_module
 from ..transforms.sharding import shard_program
-from .files import read_program
+from .files import check_entry, read_program
 
 
 def add_parser(sub) -> None:
@@ -25,6 +25,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     module = read_program(args.file)
+    check_entry(module, args.file, args.entry)
     sharded, local = shard_program(module, args.entry)
     if args.show_global:
         sys.stdout.write(print_module(sharded))

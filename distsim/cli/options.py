@@ -30,7 +30,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallel strategy")
     g.add_argument("--dp", type=int,
-                   help="data-parallel degree (default: every device of the topology)")
+                   help="data-parallel degree (default: the topology's devices / (tp x pp))")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default: 1)")
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (default: 1)")
     g.add_argument("--sp", action="store_true", default=None,
@@ -109,6 +109,11 @@ def input_shapes_option(items) -> Dict[str, str]:
 def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The keyword arguments of :func:`distsim.api.build_program` from args."""
     out = {"model": args.model, "topology": args.topology}
+    batch, global_batch = getattr(args, "batch", None), getattr(args, "global_batch", None)
+    if batch is not None and global_batch is not None and batch != global_batch:
+        # for a GPT both set the global batch, and --global-batch would win unsaid
+        raise ConfigError(f"--batch {batch} and --global-batch {global_batch} differ (both are "
+                          "the global batch: give one)")
     if getattr(args, "input_shape", None):
         out["input_shapes"] = input_shapes_option(args.input_shape)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..api import OUTPUT_FILES, simulate
 from ..errors import ConfigError
@@ -57,7 +58,20 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_out(out: str) -> None:
+    """Refuse an output folder that cannot be one, before the simulation
+    (which may take minutes) rather than after it: an empty name (an unset
+    ``--out "$DIR"`` would otherwise write into the current folder) or an
+    existing file. The folder itself is made only when the run succeeds."""
+    if not out.strip():
+        raise ConfigError(f"--out: must name a folder, got {out!r}")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_out(args.out)
     # on a terminal, which phase runs (cleared before anything is printed)
     with StatusLine() as status:
         result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from ..errors import ConfigError
 from ..topology import known_topologies, load_topology
 
 _BISECTION_LIMIT = 4096     # nodes; max-flow on bigger graphs takes a while
@@ -39,16 +41,33 @@ def describe_text(info: dict) -> str:
     return "\n".join(lines)
 
 
+def check_draw_path(path: str) -> None:
+    """Refuse a ``--draw`` target that cannot be a PNG file before any work:
+    an empty name or an existing folder (whose error would otherwise name
+    the hidden temporary file the drawing is written to first)."""
+    if not path.strip():
+        raise ConfigError(f"--draw: must name a .png file, got {path!r}")
+    if Path(path).is_dir():
+        raise ConfigError(f"--draw {path}: is a directory, expected a .png file name")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.name is None:
+        if args.draw is not None:
+            raise ConfigError(f"--draw {args.draw}: give the topology NAME to draw")
         names = known_topologies()
         print(json.dumps(names) if args.json else "\n".join(names))
         return 0
+    if args.draw is not None:
+        check_draw_path(args.draw)
     topo = load_topology(args.name)
     info = topo.describe(bisection=topo.graph.number_of_nodes() <= _BISECTION_LIMIT)
     if args.draw:
         from ..topology.draw import draw_topology   # matplotlib: only when drawing
-        draw_topology(topo, args.draw)
+        try:
+            draw_topology(topo, args.draw)
+        except OSError as e:    # the rename onto it failed: name --draw, not the temp file
+            raise ConfigError(f"--draw {args.draw}: cannot write ({e.strerror or e})") from None
     print(json.dumps(info, indent=2) if args.json else describe_text(info))
     if args.draw:   # with --json, stdout stays one JSON document
         print(f"wrote {args.draw}", file=sys.stderr if args.json else sys.stdout)

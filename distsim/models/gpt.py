@@ -113,8 +113,18 @@ class GPTConfig:
         if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) \
                 or not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum: must be in [0, 1), got {self.momentum!r}")
-        DType.parse(self.dtype)
-        DType.parse(self.master_dtype)
+        _number("lr", self.lr, positive=True)
+        _number("weight_decay", self.weight_decay, positive=False)
+        _number("norm_eps", self.norm_eps, positive=True)
+        if self.published_params is not None:
+            _number("published_params", self.published_params, positive=True)
+        for name in ("bias", "tied_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.description, str):
+            raise ConfigError(f"description: must be text, got {self.description!r}")
+        _float_dtype("dtype", self.dtype)
+        _float_dtype("master_dtype", self.master_dtype)
         if self.global_batch % self.micro_batch:
             raise ConfigError(f"global_batch: {self.global_batch} is not a multiple of "
                               f"micro_batch {self.micro_batch}")
@@ -175,6 +185,30 @@ class GPTConfig:
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+
+
+def _number(name: str, value: Any, positive: bool) -> None:
+    """A finite real (> 0, or >= 0): a NaN or a string here would reach the
+    optimizer's attributes and the summary's config, where it turns into a
+    crash (NaN is not JSON) or a silently meaningless run."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        need = "a positive number" if positive else "a number >= 0"
+        raise ConfigError(f"{name}: must be {need}, got {value!r}")
+
+
+def _float_dtype(name: str, value: Any) -> None:
+    """A floating-point dtype name: a transformer does not train in i32,
+    and a non-text value would crash the dtype parser."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{name}: must be a dtype name such as bf16, got {value!r}")
+    try:
+        dtype = DType.parse(value)
+    except ConfigError as e:
+        raise ConfigError(f"{name}: {e}") from None
+    if not dtype.is_float:
+        raise ConfigError(f"{name}: must be a floating-point dtype (f16, bf16, f32, f64), "
+                          f"got {value!r}")
 
 
 def padded_vocab(config: GPTConfig, tp: int) -> int:

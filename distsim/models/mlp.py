@@ -8,6 +8,7 @@ the updated parameters.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
@@ -39,12 +40,17 @@ class MLPConfig:
         if not isinstance(self.dtype, str):
             raise ConfigError(f"mlp.dtype: must be a dtype name such as f16, got {self.dtype!r}")
         try:
-            DType.parse(self.dtype)
+            dtype = DType.parse(self.dtype)
         except ConfigError as e:
             raise ConfigError(f"mlp.dtype: {e}") from None
+        if not dtype.is_float:   # an SGD step on bool or u8 weights means nothing
+            raise ConfigError(f"mlp.dtype: must be a floating-point dtype (f16, bf16, f32, f64), "
+                              f"got {self.dtype!r}")
         if not isinstance(self.bias, bool):
             raise ConfigError(f"mlp.bias: must be true or false, got {self.bias!r}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
+        # finite: an infinite rate is no step, and not JSON in the summary's config
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) \
+                or not 0 < self.lr < math.inf:
             raise ConfigError(f"mlp.lr: must be a positive number, got {self.lr!r}")
 
     @classmethod

@@ -1,7 +1,7 @@
 """The ``mlp`` model family: MLP training step, data-parallel."""
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, List, Mapping
 
 from ..errors import ConfigError
 from ..ir.core import Function
@@ -16,9 +16,30 @@ def _config(config: Mapping[str, Any]) -> MLPConfig:
     return MLPConfig.from_dict(fields, where=str(config.get("name", "mlp")))
 
 
+def unsupported_options(strategy: Strategy) -> List[str]:
+    """The strategy options set away from their defaults that the MLP step
+    does not apply (it is plain data parallelism with an SGD update and one
+    all-reduce per gradient). Refused rather than ignored: a run that says
+    ``zero: 3`` or ``bucket_mb: 0`` in its config but simulated neither
+    would be a silently wrong number. ``--optimizer`` is not checked:
+    its default cannot be told from an explicit ``adamw``."""
+    default = Strategy()
+    flags = []
+    for name in ("zero", "recompute", "microbatches", "schedule", "virtual_stages",
+                 "bucket_mb", "global_batch", "micro_batch", "partition", "prefetch"):
+        value = getattr(strategy, name)
+        if value != getattr(default, name):
+            flags.append(f"--{name.replace('_', '-')} {value}")
+    return flags
+
+
 def build_mlp(config: Mapping[str, Any], strategy: Strategy) -> Function:
     if strategy.tp != 1 or strategy.pp != 1:
         raise ConfigError("model 'mlp' supports data parallelism only (--tp 1 --pp 1)")
+    flags = unsupported_options(strategy)
+    if flags:
+        raise ConfigError(f"{', '.join(flags)}: not supported by model 'mlp' (plain data "
+                          "parallelism, one all-reduce per gradient, SGD; the batch is --batch)")
     step = mlp_training_step(_config(config), device=0)
     return DataParallel(strategy.dp or 1)(step)
 

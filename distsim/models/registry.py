@@ -78,13 +78,26 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
                               "or give a path to a .yaml or .onnx file)")
         if not isinstance(config, Mapping):
             raise ConfigError(f"{where}: a model file must be a mapping of fields")
-        config = dict(config)
+        config = _numbers(config)
         config.setdefault("name", path.stem if text.endswith((".yaml", ".yml", ".onnx")) else text)
     family = config.get("family")
     if not isinstance(family, str) or family not in FAMILIES:
         raise ConfigError(f"{where}: family: unknown model family {family!r} "
                           f"(known: {', '.join(sorted(FAMILIES))})")
     return config
+
+
+#: fields that are text whatever they look like
+_TEXT_FIELDS = ("family", "name", "description", "path", "dtype", "master_dtype")
+
+
+def _numbers(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The fields of a model file with numbers in exponent notation read as
+    numbers: YAML 1.1 leaves ``lr: 1e-4`` (no dot, or no exponent sign) as
+    text, which the families would refuse as not a number, as the topology
+    loader reads them (:func:`~distsim.topology.loader.yaml_number`)."""
+    from ..topology.loader import yaml_number
+    return {k: v if k in _TEXT_FIELDS else yaml_number(v) for k, v in config.items()}
 
 
 def family_of(config: Mapping[str, Any]) -> ModelFamily:

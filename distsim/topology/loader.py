@@ -26,19 +26,23 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 import networkx as nx
 
-import distsim
-
 from ..cost.device import device_spec_from_dict, finite_float
 from ..errors import ConfigError, TopologyError
+from ..paths import topologies_dir
 from ..yamlio import load_yaml_file
 from .builders import BUILDERS, GB, MAX_DEVICES, MAX_NODES, US, add_duplex, check_device_count
 from .topology import Topology
 
-TOPOLOGY_DIR = Path(distsim.__file__).resolve().parent.parent / "topologies"
+#: the folder of named topologies when the module was loaded; lookups read
+#: :func:`distsim.paths.topologies_dir` each time, so that ``DISTSIM_DATA``
+#: moves topologies as it moves models
+TOPOLOGY_DIR = topologies_dir()
 _CLUSTER_NAME = re.compile(r"^(?P<base>.+)-x(?P<nodes>[0-9]+)$")
 _RANGE = re.compile(r"^(?P<pre>[^{}]*)\{(?P<lo>[0-9]+)\.\.(?P<hi>[0-9]+)\}(?P<post>[^{}]*)$")
 _TOP_KEYS = {"name", "description", "sources", "device", "builder", "params",
              "devices", "switches", "nics", "hosts", "links"}
+_GRAPH_KEYS = ("devices", "switches", "nics", "hosts", "links")   # the explicit form's
+_DEVICES_KEYS = {"count", "name", "per_node"}
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 _cache: Dict[Tuple[str, int, int | None], Topology] = {}
 
@@ -65,7 +69,8 @@ def _numbers(value: Any) -> Any:
 def known_topologies() -> List[str]:
     """Names :func:`load_topology` accepts: files in ``topologies/`` and,
     for each file built by the ``dgx`` builder, its ``NAME-xN`` clusters."""
-    names = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml")) if TOPOLOGY_DIR.is_dir() else []
+    folder = topologies_dir()
+    names = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
     return names + [f"{n}-xN" for n in names if n.startswith("dgx-")]
 
 
@@ -83,14 +88,15 @@ def load_topology(name_or_path: str) -> Topology:
         if not _is_file(path):
             raise ConfigError(f"{_short(text, 200)}: topology file not found")
     else:
-        path = TOPOLOGY_DIR / f"{text}.yaml"
+        folder = topologies_dir()
+        path = folder / f"{text}.yaml"
         match = _CLUSTER_NAME.match(text)
-        if not _is_file(path) and match and _is_file(TOPOLOGY_DIR / f"{match['base']}.yaml"):
+        if not _is_file(path) and match and _is_file(folder / f"{match['base']}.yaml"):
             digits = match["nodes"].lstrip("0") or "0"
             if len(digits) > 9:      # (and int() refuses past 4300 digits)
                 raise ConfigError(f"topology '{_short(text)}': {_short(digits)} nodes is more than "
                                   f"the {MAX_DEVICES:,} devices distsim simulates")
-            path, nodes = TOPOLOGY_DIR / f"{match['base']}.yaml", int(digits)
+            path, nodes = folder / f"{match['base']}.yaml", int(digits)
             if nodes < 1:
                 raise ConfigError(f"topology '{text}': the node count must be at least 1")
         elif not _is_file(path):
@@ -144,6 +150,8 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
         raise ConfigError(f"{where}: {unknown[0]}: unknown field (allowed: {', '.join(sorted(_TOP_KEYS))})")
     if "device" not in data:
         raise ConfigError(f"{where}: device: missing required field")
+    if data.get("name") is not None and not isinstance(data["name"], str):
+        raise ConfigError(f"{where}: name: must be text, got {data['name']!r}")
     device = data["device"]
     if isinstance(device, Mapping):     # numbers in exponent notation; the name stays text
         device = {k: v if k in ("name", "source") else _numbers(v) for k, v in device.items()}
@@ -154,6 +162,12 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
         if builder is None:
             raise ConfigError(f"{where}: builder: unknown builder {data['builder']!r} "
                               f"(known: {', '.join(BUILDERS)})")
+        # the builder makes the whole graph: explicit devices or links beside
+        # it would be ignored, and the user's figures silently lost
+        mixed = [k for k in _GRAPH_KEYS if k in data]
+        if mixed:
+            raise ConfigError(f"{where}: {mixed[0]}: not allowed with a builder (give either "
+                              f"'builder' and 'params' or an explicit graph)")
         params = data.get("params") or {}
         if not isinstance(params, Mapping):
             raise ConfigError(f"{where}: params: must be a mapping")
@@ -163,6 +177,9 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
         graph = builder(params, f"{where}: params")
         meta = {"builder": data["builder"], "params": params}
     else:
+        if "params" in data:
+            raise ConfigError(f"{where}: params: only with a builder (builder: "
+                              f"{' | '.join(BUILDERS)})")
         graph = _explicit_graph(data, where)
         meta = {}
     return Topology(topo_name, graph, spec, source=where, meta=meta)
@@ -196,6 +213,10 @@ def _explicit_graph(data: Mapping[str, Any], where: str) -> nx.DiGraph:
     if devices is None:
         raise ConfigError(f"{where}: devices: missing required field (or give a builder)")
     if isinstance(devices, Mapping):
+        unknown = sorted(str(k) for k in set(devices) - _DEVICES_KEYS)
+        if unknown:
+            raise ConfigError(f"{where}: devices.{unknown[0]}: unknown field (allowed: "
+                              f"{', '.join(sorted(_DEVICES_KEYS))})")
         count = devices.get("count")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigError(f"{where}: devices.count: must be a positive integer, got {count!r}")

@@ -7,7 +7,7 @@ import random
 import networkx as nx
 import pytest
 
-from distsim.topology import Topology, load_topology
+from distsim.topology import load_topology
 from distsim.topology.builders import add_duplex, build_dgx
 from distsim.topology.core_distances import INF, two_level
 from distsim.topology.routing import reverse_dijkstra_all
