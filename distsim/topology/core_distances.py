@@ -45,18 +45,19 @@ MAX_SEPARATORS = 4096
 MAX_ROUNDS = 64
 
 
-def _settle(dist: np.ndarray, tails: np.ndarray, heads: np.ndarray, costs: np.ndarray
-            ) -> bool:
+def settle_distances(dist: np.ndarray, tails: np.ndarray, heads: np.ndarray,
+                     costs: np.ndarray, max_rounds: int = MAX_ROUNDS) -> bool:
     """Relax ``dist[tail] <- dist[head] + cost`` over the edges (rows of
-    ``dist`` are nodes, columns targets) until nothing changes; False if
-    that takes more than MAX_ROUNDS rounds."""
+    ``dist`` are nodes, columns targets) until nothing changes, in place
+    (Bellman-Ford rounds over all targets at once); False if that takes
+    more than ``max_rounds`` rounds."""
     if not len(tails):
         return True
     order = np.argsort(tails, kind="stable")
     tails, heads, costs = tails[order], heads[order], costs[order][:, None]
     starts = np.flatnonzero(np.r_[True, tails[1:] != tails[:-1]])
     rows = tails[starts]
-    for _ in range(MAX_ROUNDS):
+    for _ in range(max_rounds):
         current = dist[rows]
         best = np.minimum(current, np.minimum.reduceat(dist[heads] + costs, starts, axis=0))
         if np.array_equal(best, current):
@@ -166,7 +167,7 @@ def two_level(adj: Adjacency, separators: Sequence[int]) -> Optional[TwoLevel]:
     core = np.full((S, S), INF, dtype=np.int64)
     core[np.arange(S), np.arange(S)] = 0
     both = sep_tail & sep_head
-    if not _settle(core, position[tails[both]], position[heads[both]], costs[both]):
+    if not settle_distances(core, position[tails[both]], position[heads[both]], costs[both]):
         return None
 
     region = _regions(n, is_sep, tails, heads)
@@ -228,6 +229,6 @@ def two_level(adj: Adjacency, separators: Sequence[int]) -> Optional[TwoLevel]:
     ks = np.fromiter((slot[(r, b)] for r, b in zip(out_region.tolist(), out_sep.tolist())),
                      dtype=np.int64, count=len(out_region))
     np.minimum.at(leave, (tails[out_edge], ks), costs[out_edge])
-    if not _settle(leave, tails[inner], heads[inner], costs[inner]):
+    if not settle_distances(leave, tails[inner], heads[inner], costs[inner]):
         return None
     return TwoLevel(position, core, region, exits, leave)

@@ -33,7 +33,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from .core_distances import INF, Adjacency, SeparatorColumn, TwoLevel, two_level
+from .core_distances import (INF, Adjacency, SeparatorColumn, TwoLevel, settle_distances,
+                             two_level)
 
 #: d(., s) for one separator s, indexable by node
 Distances = Union[array, SeparatorColumn]
@@ -67,20 +68,10 @@ def reverse_distances_batch(adj: Adjacency, targets: Sequence[int],
     n, m = len(adj), len(targets)
     tails = np.fromiter((u for u, hops in enumerate(adj) for _ in hops), dtype=np.int64)
     heads = np.fromiter((w for hops in adj for w, _ in hops), dtype=np.int64)
-    costs = np.fromiter((c for hops in adj for _, c in hops), dtype=np.int64)[:, None]
+    costs = np.fromiter((c for hops in adj for _, c in hops), dtype=np.int64)
     dist = np.full((n, m), INF, dtype=np.int64)
     dist[np.asarray(targets, dtype=np.int64), np.arange(m)] = 0
-    if not len(tails):
-        return dist
-    starts = np.flatnonzero(np.r_[True, tails[1:] != tails[:-1]])
-    rows = tails[starts]
-    for _ in range(max_rounds):
-        current = dist[rows]
-        best = np.minimum(current, np.minimum.reduceat(dist[heads] + costs, starts, axis=0))
-        if np.array_equal(best, current):
-            return dist
-        dist[rows] = best
-    return None
+    return dist if settle_distances(dist, tails, heads, costs, max_rounds) else None
 
 
 class DistancesTo:
