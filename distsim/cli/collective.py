@@ -50,7 +50,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     kind = parse_kind(args.kind)
     sizes = parse_sweep(args.sweep_bytes) if args.sweep_bytes else [parse_bytes(args.bytes)]
-    ranks = parse_ranks(args.devices) if args.devices else None
+    # an empty --devices is a mistake, not "every device"
+    ranks = parse_ranks(args.devices) if args.devices is not None else None
     rows = sweep_collective(kind, sizes, args.topology, ranks=ranks, nodes=args.nodes,
                             algorithm=args.algo, mode=args.mode, root=args.root)
     if args.json:

@@ -3,6 +3,7 @@ strategy, found by pruning with cheap estimates and simulating the rest."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -21,7 +22,9 @@ def add_parser(sub) -> None:
                     "a memory bound, estimate the rest (GPT models: the estimator, milliseconds "
                     "each; others: analytical simulations), simulate the --keep fastest "
                     "estimates in full (GPT: with symmetry and coarsening), and print the top "
-                    "strategies with why the best wins. Progress goes to stderr.")
+                    "strategies with why the best wins. Progress goes to stderr. Exit status 1 "
+                    "when no strategy fits (every point invalid or out of memory; the reasons "
+                    "are printed), 2 for bad options.")
     p.add_argument("--model", required=True, help="model name or .yaml path")
     p.add_argument("--topology", required=True, help="topology name or .yaml path")
     p.add_argument("--gpus", type=int, default=None,
@@ -34,7 +37,8 @@ def add_parser(sub) -> None:
                    help=f"how many estimates to simulate in full (default: {DEFAULT_KEEP})")
     p.add_argument("--network-mode", choices=["flow", "analytical"], default="flow",
                    help="network mode of the full simulations (default: %(default)s)")
-    p.add_argument("--top", type=int, default=5, help="strategies to print (default: 5)")
+    p.add_argument("--top", type=int, default=5,
+                   help="strategies to print, at least 1 (default: 5)")
     p.add_argument("--workers", type=int, default=None, help="local worker processes")
     p.add_argument("--scheduler", default=None,
                    help="Dask: tcp://HOST:PORT or local-dask; runs the full simulations (and "
@@ -64,6 +68,21 @@ def _pairs(items: List[str], flag: str, many: bool) -> Dict[str, Any]:
     return out
 
 
+def check_out_dir(out: Path) -> None:
+    """Refuse an ``--out`` that cannot become a writable folder (a file
+    there or above it, no permission) without creating anything: the
+    search may still fail on its own options."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    here = out.absolute()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        raise ConfigError(f"--out {out}: {here} is not a directory")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {here} is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..sweep.params import check_value, simulate_parameters
     params = simulate_parameters()
@@ -74,15 +93,23 @@ def run(args: argparse.Namespace) -> int:
     for k, values in space.items():
         for v in values:
             check_value(params, k, v, f"--space {k}")
+    if args.top < 1:
+        raise ConfigError(f"--top: must be a positive integer, got {args.top}")
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_out_dir(out)   # before the search, not after minutes of it
     result = search(args.model, args.topology, args.gpus, base=base, space=space,
                     keep=args.keep, network_mode=args.network_mode, workers=args.workers,
                     scheduler=args.scheduler, progress=True)
     print(result.table(args.top))
     print()
     print(result.explain())
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--out {out}: cannot create the folder ({e.strerror or e})"
+                              ) from None
         for name, df in (("estimates.csv", result.estimates), ("full.csv", result.full)):
             with atomic_path(out / name) as tmp:
                 df.to_csv(tmp, index=False)
@@ -93,4 +120,4 @@ def run(args: argparse.Namespace) -> int:
                            title=f"distsim search: {args.model} on {args.topology}",
                            charts=charts, description=result.explain())
         print(f"wrote {out}/estimates.csv, full.csv, charts and report.html")
-    return 0 if result.best is not None else 1
+    return 0 if result.best is not None else 1     # like grep: ran, found nothing

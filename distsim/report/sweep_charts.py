@@ -367,6 +367,8 @@ def write_sweep_charts(df: pd.DataFrame, out_dir: PathLike,
                        hue: Optional[str] = None) -> Dict[str, Path]:
     """Write heatmap.png, scaling.png, pareto.png and breakdown.png into
     ``out_dir`` (each atomically). Returns the paths by chart name."""
+    if hue is not None and (not isinstance(hue, str) or hue not in df.columns):
+        raise ConfigError(f"hue: must be the name of a column of the sweep, got {hue!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     x, y = heatmap_axes(df, heatmap)

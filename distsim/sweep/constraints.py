@@ -26,9 +26,42 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from ..errors import ConfigError
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+#: The largest exponent ``**`` takes, the longest string or tuple ``*``
+#: builds, and the most bits an integer result may have: a constraint is
+#: a small check of one point, and ``10 ** 10 ** 10`` or ``"a" * 10 ** 10``
+#: would otherwise compute for hours or exhaust memory (a hang, not an error).
+MAX_EXPONENT = 4096
+MAX_SEQUENCE = 10_000
+MAX_INT_BITS = 4096
+
+
+def _pow(a: Any, b: Any) -> Any:
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and abs(b) > MAX_EXPONENT \
+            and isinstance(a, (int, float)) and abs(a) not in (0, 1):
+        raise ValueError(f"exponent {b!r} is too large (at most {MAX_EXPONENT})")
+    return _bounded(operator.pow(a, b))
+
+
+def _mul(a: Any, b: Any) -> Any:
+    for seq, n in ((a, b), (b, a)):
+        if isinstance(seq, (str, bytes, tuple, list)) and isinstance(n, int) \
+                and len(seq) * max(n, 0) > MAX_SEQUENCE:
+            raise ValueError(f"repeating a sequence {n} times makes more than "
+                             f"{MAX_SEQUENCE} items")
+    return _bounded(operator.mul(a, b))
+
+
+def _bounded(value: Any) -> Any:
+    """``value``, unless it is an integer too large for a constraint to
+    mean anything (repeated products would grow without bound)."""
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ValueError(f"an integer of more than {MAX_INT_BITS} bits")
+    return value
+
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: _mul,
            ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-           ast.Pow: operator.pow}
+           ast.Pow: _pow}
 _CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
            ast.Gt: operator.gt, ast.GtE: operator.ge,
            ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
@@ -86,7 +119,7 @@ class _Expr:
             raise
         except Exception as e:  # a TypeError on None, a ZeroDivisionError, ...
             raise ConfigError(f"{self.where}: constraint {self.text!r} failed on "
-                              f"{_short(env)}: {type(e).__name__}: {e}") from None
+                              f"{_short(env, self.names)}: {type(e).__name__}: {e}") from None
 
     def _eval(self, node: ast.AST, env: Mapping[str, Any]) -> Any:
         ev = self._eval
@@ -131,8 +164,11 @@ class _Expr:
         raise ConfigError(f"{self.where}: constraint {self.text!r}: unsupported syntax")
 
 
-def _short(env: Mapping[str, Any]) -> str:
-    return "{" + ", ".join(f"{k}={v!r}" for k, v in env.items() if not isinstance(v, Mapping)) + "}"
+def _short(env: Mapping[str, Any], names: Iterable[str]) -> str:
+    """The values of the names an expression reads (not every option of
+    the point: the error stays one readable line)."""
+    shown = [f"{k}={env[k]!r}" for k in sorted(names) if k in env]
+    return "{" + ", ".join(shown) + "}"
 
 
 ConstraintLike = Union[str, Callable[[Mapping[str, Any]], Any], Mapping[str, Any], Constraint]

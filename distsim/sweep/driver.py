@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 
 from ..errors import ConfigError
@@ -74,6 +74,8 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
     if check is not None:
         spec.check = check_count(check, spec.base, spec.grid, spec.source)
     points = spec.points()
+    if out_dir is not None and not isinstance(out_dir, (str, Path)):
+        raise ConfigError(f"--out: must be a path, got {out_dir!r}")
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
@@ -93,16 +95,28 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
     if todo:
         runner.open()      # reach the scheduler before writing anything
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:     # a file on the path, no permission, a read-only disk
+            runner.close()
+            raise ConfigError(f"--out {out}: cannot create the folder "
+                              f"({e.strerror or e})") from None
     resumed = len(done)
     bar = None
 
     def record(key: str, fields: Mapping[str, Any]) -> None:
-        p = by_key[key]
-        row = normalise_row({"index": p.index, "key": key, "params": p.params, **fields})
+        record_many([(key, fields)])
+
+    def record_many(items: List[Tuple[str, Mapping[str, Any]]]) -> None:
+        rows = []
+        for key, fields in items:
+            p = by_key[key]
+            rows.append(normalise_row({"index": p.index, "key": key, "params": p.params,
+                                       **fields}))
         if journal is not None:
-            journal.append(row)
-        done[key] = row
+            journal.extend(rows)
+        for row in rows:
+            done[row["key"]] = row
 
     def tables(complete: bool) -> None:
         if out is None:
@@ -116,10 +130,9 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
 
     checks: List[SweepPoint] = []
     try:
-        for p in points:
-            if p.key not in done and p.skip_reason is not None:
-                record(p.key, {"status": "skipped", "reason": p.skip_reason,
-                               **empty_metrics()})
+        record_many([(p.key, {"status": "skipped", "reason": p.skip_reason,
+                              **empty_metrics()})
+                     for p in points if p.key not in done and p.skip_reason is not None])
         bar = Progress(len(points), len(done), enabled=bool(progress), label=spec.name,
                        resumed=resumed, running=lambda: getattr(runner, "running", 0))
         last = time.monotonic()

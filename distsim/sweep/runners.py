@@ -9,6 +9,7 @@ closed at the end.
 """
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import re
@@ -375,11 +376,26 @@ def connect_client(distributed: Any, address: str, timeout_s: float,
                       f"{timeout_s:g} s ({_one_line(error)})")
 
 
+def check_connect_timeout(value: Any) -> float:
+    """``--connect-timeout`` as a positive, finite number of seconds (a NaN
+    or infinite one would reach ``Thread.join`` and fail there, not here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or not 0 < value <= MAX_CONNECT_TIMEOUT_S:
+        raise ConfigError(f"--connect-timeout: must be a number of seconds in "
+                          f"(0, {MAX_CONNECT_TIMEOUT_S:g}], got {value!r}")
+    return float(value)
+
+
+#: The longest ``--connect-timeout`` (a day; longer ones overflow the clocks).
+MAX_CONNECT_TIMEOUT_S = 86400.0
+
+
 def make_runner(workers: Any = None, scheduler: Any = None,
                 simulate: Optional[SimulateFn] = None,
                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
                 tasks: Optional[int] = None):
     """The runner for ``--workers``/``--scheduler`` (not opened yet)."""
+    check_connect_timeout(connect_timeout_s)
     if scheduler is not None:
         n = check_workers(workers) if workers is not None else None
         return DaskRunner(scheduler, n, simulate, connect_timeout_s)

@@ -89,7 +89,7 @@ class SearchResult:
     def explain(self) -> str:
         """Why the best wins: its step split, and where the runner-up loses."""
         if self.ranking.empty:
-            return "no strategy fits: every point is invalid or out of memory"
+            return "no strategy fits: " + self._why_none()
         best = self.ranking.iloc[0]
         out = [f"best: {_name(best, self.axes)}: {best['step_time_s'] * MS:.4f} ms per step = "
                + _split(best)
@@ -115,6 +115,31 @@ class SearchResult:
                    f"{len(self.pruned)} pruned by the memory bound, {n_bad} invalid, "
                    f"{n_oom} out of memory in the estimate, {len(self.full)} simulated in full")
         return "\n".join(out)
+
+
+    def _why_none(self) -> str:
+        """Why no strategy is left, with the commonest reasons: "every point
+        is invalid" alone does not say what to change (often a fixed
+        option, e.g. a batch the model needs)."""
+        frames = [f for f in (self.estimates, self.full) if len(f)]
+        counts: Dict[str, int] = {}
+        oom = 0
+        for f in frames:
+            oom += int((f["status"].eq("ok") & f["oom"].fillna(False).astype(bool)).sum())
+            for reason in f.loc[f["status"] != "ok", "reason"]:
+                key = str(reason)
+                counts[key] = counts.get(key, 0) + 1
+        pruned = len(self.pruned)
+        parts = []
+        if pruned:
+            parts.append(f"{pruned} pruned (memory bound or batch)")
+        if oom:
+            parts.append(f"{oom} out of memory")
+        if counts:
+            top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            parts.append(f"{sum(counts.values())} invalid or failed, e.g. "
+                         + "; ".join(f"{n} x {text}" for text, n in top))
+        return ", ".join(parts) if parts else "no strategy to try"
 
 
 def _plain(v: Any) -> Any:
@@ -222,7 +247,8 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
         if axis in base:
             raise ConfigError(f"search: {axis} is chosen by the search; do not fix it in base")
     space = {k: list(v) for k, v in (space or {}).items()}
-    for k in space:
+    for k, values in space.items():
+        _check_space_values(k, values)
         if k in _CHOSEN:
             raise ConfigError(f"--space {k}: dp, tp and pp are always searched"
                               if k in STRATEGY_AXES else
@@ -297,6 +323,19 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     ranking = ranking.sort_values(["step_time_s", "index"]).reset_index(drop=True)
     log("done")
     return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus)
+
+
+def _check_space_values(name: str, values: List[Any]) -> None:
+    """A searched option needs values, each once: a repeated value would
+    count (and, in the log, estimate) its strategies twice while the sweep
+    runs them once."""
+    if not values:
+        raise ConfigError(f"--space {name}: no values")
+    seen: List[Any] = []
+    for v in values:
+        if any(v == s and type(v) is type(s) for s in seen):
+            raise ConfigError(f"--space {name}: value {v!r} is listed twice")
+        seen.append(v)
 
 
 def _run(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str], name: str,

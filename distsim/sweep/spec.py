@@ -125,8 +125,8 @@ class SweepSpec:
 
     @classmethod
     def create(cls, base: Optional[Mapping[str, Any]], grid: Any,
-               constraints: Optional[Iterable[ConstraintLike]] = None, *, name: str = "sweep",
-               description: str = "", charts: Optional[Mapping[str, Any]] = None,
+               constraints: Optional[Iterable[ConstraintLike]] = None, *, name: Any = "sweep",
+               description: Any = "", charts: Optional[Mapping[str, Any]] = None,
                source: str = "sweep", max_points: Optional[int] = None,
                check: Any = 0) -> "SweepSpec":
         """Validate and build a spec (see the module docstring); a grid of
@@ -171,6 +171,9 @@ class SweepSpec:
         cons = make_constraints(constraints, params, where=f"{source}: constraints")
         if charts is not None and not isinstance(charts, Mapping):
             raise ConfigError(f"{source}: charts: must be a mapping")
+        for key, text in (("name", name), ("description", description)):
+            if text is not None and not isinstance(text, (str, int, float)):
+                raise ConfigError(f"{source}: {key}: must be a string, got {text!r}")
         spec = cls(base, clean, cons, str(name), str(description or ""), dict(charts or {}),
                    source, check_count(check, base, clean, source))
         spec._check_charts(params)
@@ -192,7 +195,13 @@ class SweepSpec:
         unknown = set(self.charts) - {"heatmap", "hue"}
         if unknown:
             raise ConfigError(f"{self.source}: charts: unknown key(s) "
-                              f"{', '.join(sorted(unknown))} (known: heatmap, hue)")
+                              f"{', '.join(sorted(map(str, unknown)))} (known: heatmap, hue)")
+        hue = self.charts.get("hue")
+        # one line per value of a grid option: a misspelt or base option would
+        # otherwise be ignored silently (or, not a name, crash the chart)
+        if hue is not None and (not isinstance(hue, str) or hue not in self.grid):
+            raise ConfigError(f"{self.source}: charts.hue: must be the name of a grid option "
+                              f"(grid: {', '.join(self.grid)}), got {hue!r}")
 
     def _preflight(self) -> None:
         """Resolve every model and topology the grid names, once, so that a
@@ -259,7 +268,7 @@ def load_spec(path: str | Path, max_points: Optional[int] = None) -> SweepSpec:
     if "grid" not in data:
         raise ConfigError(f"{p}: grid: missing (option -> list of values)")
     return SweepSpec.create(data.get("base"), data.get("grid"), data.get("constraints"),
-                            name=str(data.get("name") or p.stem),
-                            description=str(data.get("description") or ""),
+                            name=data.get("name") or p.stem,
+                            description=data.get("description") or "",
                             charts=data.get("charts"), source=str(p), max_points=max_points,
                             check=data.get("check", 0))
