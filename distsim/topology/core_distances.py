@@ -45,6 +45,15 @@ MAX_SEPARATORS = 4096
 MAX_ROUNDS = 64
 
 
+def edge_arrays(adj: Adjacency) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The links of ``adj`` as (tails, heads, costs) int64 arrays, in
+    adjacency order (so tails are sorted)."""
+    tails = np.fromiter((u for u, hops in enumerate(adj) for _ in hops), dtype=np.int64)
+    heads = np.fromiter((w for hops in adj for w, _ in hops), dtype=np.int64)
+    costs = np.fromiter((c for hops in adj for _, c in hops), dtype=np.int64)
+    return tails, heads, costs
+
+
 def settle_distances(dist: np.ndarray, tails: np.ndarray, heads: np.ndarray,
                      costs: np.ndarray, max_rounds: int = MAX_ROUNDS) -> bool:
     """Relax ``dist[tail] <- dist[head] + cost`` over the edges (rows of
@@ -79,18 +88,15 @@ class TwoLevel:
         self.leave = leave            # node -> cost to leave by each exit of its region
         self._ways: Dict[int, List[Tuple[int, int]]] = {}
 
-    def column(self, s: int) -> "SeparatorColumn":
-        """``d(., s)`` for separator node ``s``, evaluated per node on demand."""
-        return SeparatorColumn(self, self.core[:, self.position[s]].tolist())
-
     def through(self, via: Sequence[Tuple[int, int]]) -> "SeparatorColumn":
         """``min over (s, e) in via of d(., s) + e``, evaluated per node on
         demand: the distance to a destination reached from the separators
-        ``s`` at cost ``e`` (both sides of the minimum share the exits)."""
+        ``s`` at cost ``e`` (both sides of the minimum share the exits);
+        ``through([(s, 0)])`` is ``d(., s)``."""
         best = np.full(len(self.core), INF, dtype=np.int64)
         for s, e in via:
             np.minimum(best, self.core[:, self.position[s]] + e, out=best)
-        return SeparatorColumn(self, np.minimum(best, INF).tolist())
+        return SeparatorColumn(self, best.tolist())
 
     def ways_out(self, v: int) -> List[Tuple[int, int]]:
         """(exit position, cost to leave by it) of a node inside a region."""
@@ -154,9 +160,7 @@ def two_level(adj: Adjacency, separators: Sequence[int]) -> Optional[TwoLevel]:
     S = len(seps)
     if S == 0 or S > MAX_SEPARATORS:
         return None
-    tails = np.fromiter((u for u, hops in enumerate(adj) for _ in hops), dtype=np.int64)
-    heads = np.fromiter((w for hops in adj for w, _ in hops), dtype=np.int64)
-    costs = np.fromiter((c for hops in adj for _, c in hops), dtype=np.int64)
+    tails, heads, costs = edge_arrays(adj)
     is_sep = np.zeros(n, dtype=bool)
     is_sep[seps] = True
     position = np.full(n, -1, dtype=np.int64)

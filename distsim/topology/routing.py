@@ -33,12 +33,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from .core_distances import (INF, Adjacency, SeparatorColumn, TwoLevel, settle_distances,
-                             two_level)
+from .core_distances import (INF, Adjacency, SeparatorColumn, TwoLevel, edge_arrays,
+                             settle_distances, two_level)
 
 #: d(., s) for one separator s, indexable by node
 Distances = Union[array, SeparatorColumn]
-
 
 
 def reverse_dijkstra_all(radj: Adjacency, target: int) -> array:
@@ -66,9 +65,7 @@ def reverse_distances_batch(adj: Adjacency, targets: Sequence[int],
     knows every least cost of a path with at most k hops. None if it has
     not settled after ``max_rounds`` rounds (a long chain; use Dijkstra)."""
     n, m = len(adj), len(targets)
-    tails = np.fromiter((u for u, hops in enumerate(adj) for _ in hops), dtype=np.int64)
-    heads = np.fromiter((w for hops in adj for w, _ in hops), dtype=np.int64)
-    costs = np.fromiter((c for hops in adj for _, c in hops), dtype=np.int64)
+    tails, heads, costs = edge_arrays(adj)
     dist = np.full((n, m), INF, dtype=np.int64)
     dist[np.asarray(targets, dtype=np.int64), np.arange(m)] = 0
     return dist if settle_distances(dist, tails, heads, costs, max_rounds) else None
@@ -151,19 +148,18 @@ class SeparatorOracle:
     resumable search per destination): the answers are exact for every
     choice; a good one only makes them cheap."""
 
-    def __init__(self, radj: Adjacency, adj: Adjacency, separators: Iterable[int] = (),
-                 two_levels: bool = True) -> None:
+    def __init__(self, radj: Adjacency, adj: Adjacency, separators: Iterable[int] = ()) -> None:
         self.radj = radj
         self.adj = adj
         self.separators = sorted(set(separators))
         self.is_sep = [False] * len(radj)
         for s in self.separators:
             self.is_sep[s] = True
-        self._sep_dist: Dict[int, Distances] = {}
+        self._sep_dist: Dict[int, array] = {}
         self._to: Dict[int, DistancesTo] = {}
         #: the two-level distances (:mod:`.core_distances`): False until
         #: first needed, None where they do not apply
-        self._levels: Union[TwoLevel, None, bool] = False if two_levels else None
+        self._levels: Union[TwoLevel, None, bool] = False
 
     def levels(self) -> Optional[TwoLevel]:
         """The two-level distances through the core (:mod:`.core_distances`),
@@ -181,13 +177,11 @@ class SeparatorOracle:
             return [(levels.through(via), 0)]
         return [(self.separator_distances(s), e) for s, e in via]
 
-    def separator_distances(self, s: int) -> Distances:
-        """``d(., s)``, indexable by node: through the core where that is
-        exact (:mod:`.core_distances`, per node on demand), else an integer
-        array (all separators computed together)."""
+    def separator_distances(self, s: int) -> array:
+        """``d(., s)`` as an integer array over every node (all separators
+        computed together): the general way, where the two levels do not
+        apply."""
         dist = self._sep_dist.get(s)
-        if dist is None and self.levels() is not None:
-            dist = self._sep_dist[s] = self.levels().column(s)
         if dist is None:
             table = reverse_distances_batch(self.adj, self.separators)
             for j, sep in enumerate(self.separators):

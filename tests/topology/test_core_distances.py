@@ -21,7 +21,7 @@ def _every_distance_matches(topo):
     assert levels is not None
     for s in oracle.separators:
         exact = reverse_dijkstra_all(oracle.radj, s)
-        column = levels.column(s)
+        column = levels.through([(s, 0)])
         assert [column[v] for v in range(len(exact))] == list(exact), topo._names[s]
 
 
@@ -90,4 +90,5 @@ def test_unreachable_separators_read_inf():
     adj = [[(1, 1)], [(0, 1)], [(3, 1)], [(2, 1)]]     # 0-1 and 2-3, separators 1 and 3
     levels = two_level(adj, [1, 3])
     assert levels is not None       # no region touches two separators: nothing to check
-    assert levels.column(3)[0] == INF and levels.column(1)[0] == 1 and levels.column(1)[1] == 0
+    to_1, to_3 = levels.through([(1, 0)]), levels.through([(3, 0)])
+    assert to_3[0] == INF and to_1[0] == 1 and to_1[1] == 0
