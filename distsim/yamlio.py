@@ -1,12 +1,25 @@
 """Load YAML files with errors that name the file (one line, no traceback)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError
+
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+
+
+def yaml_number(value: Any) -> Any:
+    """``value`` as a float where it is a string in exponent notation that
+    YAML 1.1 leaves as a string (``2.0e12``, ``1e9``: no sign in the
+    exponent, or no dot); any other value unchanged (so that the field's
+    own check reports it)."""
+    if isinstance(value, str) and _EXPONENT_NUMBER.match(value.strip()):
+        return float(value)
+    return value
 
 
 def load_yaml_file(path: Path | str, what: str = "file") -> Any:

@@ -63,6 +63,24 @@ class DType(enum.Enum):
 _ITEMSIZE = {DType.F16: 2, DType.BF16: 2, DType.F32: 4, DType.F64: 8,
              DType.I32: 4, DType.I64: 8, DType.BOOL: 1, DType.U8: 1}
 _DTYPE_CODE = {d: i for i, d in enumerate(DType)}
+
+def parse_float_dtype(name: str, value: object) -> DType:
+    """The floating-point dtype a model field names (``name`` goes in the
+    error): a model does not train in an integer type, and a value that is
+    not text would crash the parser. One ConfigError naming the field
+    otherwise."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{name}: must be a dtype name such as bf16, got {value!r}")
+    try:
+        dtype = DType.parse(value)
+    except ConfigError as e:
+        raise ConfigError(f"{name}: {e}") from None
+    if not dtype.is_float:
+        raise ConfigError(f"{name}: must be a floating-point dtype (f16, bf16, f32, f64), "
+                          f"got {value!r}")
+    return dtype
+
+
 _NUMPY = {DType.F16: "float16", DType.BF16: "float32", DType.F32: "float32",
           DType.F64: "float64", DType.I32: "int32", DType.I64: "int64", DType.BOOL: "bool",
           DType.U8: "uint8"}

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ..errors import ConfigError
 from ..ir.builder import FunctionBuilder
 from ..ir.core import Function, Value
-from ..ir.types import DType, TensorType
+from ..ir.types import DType, TensorType, parse_float_dtype
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
@@ -123,8 +123,8 @@ class GPTConfig:
                 raise ConfigError(f"{name}: must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.description, str):
             raise ConfigError(f"description: must be text, got {self.description!r}")
-        _float_dtype("dtype", self.dtype)
-        _float_dtype("master_dtype", self.master_dtype)
+        parse_float_dtype("dtype", self.dtype)
+        parse_float_dtype("master_dtype", self.master_dtype)
         if self.global_batch % self.micro_batch:
             raise ConfigError(f"global_batch: {self.global_batch} is not a multiple of "
                               f"micro_batch {self.micro_batch}")
@@ -195,20 +195,6 @@ def _number(name: str, value: Any, positive: bool) -> None:
             or not math.isfinite(value) or value < 0 or (positive and value == 0):
         need = "a positive number" if positive else "a number >= 0"
         raise ConfigError(f"{name}: must be {need}, got {value!r}")
-
-
-def _float_dtype(name: str, value: Any) -> None:
-    """A floating-point dtype name: a transformer does not train in i32,
-    and a non-text value would crash the dtype parser."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{name}: must be a dtype name such as bf16, got {value!r}")
-    try:
-        dtype = DType.parse(value)
-    except ConfigError as e:
-        raise ConfigError(f"{name}: {e}") from None
-    if not dtype.is_float:
-        raise ConfigError(f"{name}: must be a floating-point dtype (f16, bf16, f32, f64), "
-                          f"got {value!r}")
 
 
 def padded_vocab(config: GPTConfig, tp: int) -> int:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from ..errors import ConfigError
 from ..ir.builder import FunctionBuilder
 from ..ir.core import Function
-from ..ir.types import DType, TensorType
+from ..ir.types import DType, TensorType, parse_float_dtype
 from ..transforms.autodiff import Autodiff
 from ..transforms.optimizer import SGD
 
@@ -37,15 +37,7 @@ class MLPConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"mlp.{name}: must be a positive integer, got {value!r}")
-        if not isinstance(self.dtype, str):
-            raise ConfigError(f"mlp.dtype: must be a dtype name such as f16, got {self.dtype!r}")
-        try:
-            dtype = DType.parse(self.dtype)
-        except ConfigError as e:
-            raise ConfigError(f"mlp.dtype: {e}") from None
-        if not dtype.is_float:   # an SGD step on bool or u8 weights means nothing
-            raise ConfigError(f"mlp.dtype: must be a floating-point dtype (f16, bf16, f32, f64), "
-                              f"got {self.dtype!r}")
+        parse_float_dtype("mlp.dtype", self.dtype)
         if not isinstance(self.bias, bool):
             raise ConfigError(f"mlp.bias: must be true or false, got {self.bias!r}")
         # finite: an infinite rate is no step, and not JSON in the summary's config

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping
 from ..errors import ConfigError
 from ..ir.core import Function
 from ..paths import models_dir
-from ..yamlio import load_yaml_file
+from ..yamlio import load_yaml_file, yaml_number
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,7 @@ def _numbers(config: Mapping[str, Any]) -> Dict[str, Any]:
     """The fields of a model file with numbers in exponent notation read as
     numbers: YAML 1.1 leaves ``lr: 1e-4`` (no dot, or no exponent sign) as
     text, which the families would refuse as not a number, as the topology
-    loader reads them (:func:`~distsim.topology.loader.yaml_number`)."""
-    from ..topology.loader import yaml_number
+    loader reads them (:func:`~distsim.yamlio.yaml_number`)."""
     return {k: v if k in _TEXT_FIELDS else yaml_number(v) for k, v in config.items()}
 
 

@@ -29,7 +29,7 @@ import networkx as nx
 from ..cost.device import device_spec_from_dict, finite_float
 from ..errors import ConfigError, TopologyError
 from ..paths import topologies_dir
-from ..yamlio import load_yaml_file
+from ..yamlio import load_yaml_file, yaml_number
 from .builders import BUILDERS, GB, MAX_DEVICES, MAX_NODES, US, add_duplex, check_device_count
 from .topology import Topology
 
@@ -43,18 +43,7 @@ _TOP_KEYS = {"name", "description", "sources", "device", "builder", "params",
              "devices", "switches", "nics", "hosts", "links"}
 _GRAPH_KEYS = ("devices", "switches", "nics", "hosts", "links")   # the explicit form's
 _DEVICES_KEYS = {"count", "name", "per_node"}
-_EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 _cache: Dict[Tuple[str, int, int | None], Topology] = {}
-
-
-def yaml_number(value: Any) -> Any:
-    """``value`` as a float where it is a string in exponent notation that
-    YAML 1.1 leaves as a string (``2.0e12``, ``1e9``: no sign in the
-    exponent, or no dot); any other value unchanged (so that the field's
-    own check reports it)."""
-    if isinstance(value, str) and _EXPONENT_NUMBER.match(value.strip()):
-        return float(value)
-    return value
 
 
 def _numbers(value: Any) -> Any:
