@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 from .cost.model import CostModel
 from .errors import ConfigError
+from .fileio import refuse_file_as_folder
 from .ir.core import Function
 from .ir.verifier import verify
 from .ir.value_table import ValueTable
@@ -126,9 +127,7 @@ class SimulationResult:
                 self.max_trace_records = limit
                 if self._summary is not None:
                     self._summary["trace_file"] = self.trace_plan().to_dict()
-        out = Path(out_dir)
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"--out {out}: exists and is not a directory")
+        out = refuse_file_as_folder(out_dir)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:     # /proc/nope, a read-only disk, no permission

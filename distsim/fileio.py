@@ -52,3 +52,13 @@ def write_text_atomic(path: PathLike, text: str) -> None:
 
 def write_json_atomic(path: PathLike, data: Any, indent: int | None = 2) -> None:
     write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=False) + "\n")
+
+
+def refuse_file_as_folder(out: PathLike) -> Path:
+    """``out`` (an output folder, ``--out``) as a Path; a ConfigError naming
+    it when a file already stands there (every command that writes a
+    folder of results checks this before its work, not after)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path}: exists and is not a directory")
+    return path

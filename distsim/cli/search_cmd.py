@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import yaml
 
 from ..errors import ConfigError
-from ..fileio import atomic_path
+from ..fileio import atomic_path, refuse_file_as_folder
 from ..sweep.search import DEFAULT_KEEP, search
 
 
@@ -72,8 +72,7 @@ def check_out_dir(out: Path) -> None:
     """Refuse an ``--out`` that cannot become a writable folder (a file
     there or above it, no permission) without creating anything: the
     search may still fail on its own options."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
+    refuse_file_as_folder(out)
     here = out.absolute()
     while not here.exists() and here != here.parent:
         here = here.parent

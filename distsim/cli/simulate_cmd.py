@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..api import OUTPUT_FILES, simulate
 from ..errors import ConfigError
+from ..fileio import refuse_file_as_folder
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
@@ -65,9 +65,7 @@ def check_out(out: str) -> None:
     existing file. The folder itself is made only when the run succeeds."""
     if not out.strip():
         raise ConfigError(f"--out: must name a folder, got {out!r}")
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
+    refuse_file_as_folder(out)
 
 
 def run(args: argparse.Namespace) -> int:

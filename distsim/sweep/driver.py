@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 
 
 from ..errors import ConfigError
+from ..fileio import refuse_file_as_folder
 from .constraints import ConstraintLike
 from .point import SimulateFn, empty_metrics
 from .progress import Progress
@@ -76,9 +77,7 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
     points = spec.points()
     if out_dir is not None and not isinstance(out_dir, (str, Path)):
         raise ConfigError(f"--out: must be a path, got {out_dir!r}")
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
+    out = refuse_file_as_folder(out_dir) if out_dir is not None else None
     journal = Journal(out / JOURNAL) if out is not None else None
     done: Dict[str, Dict[str, Any]] = {}
     if journal is not None:

@@ -9,7 +9,6 @@ closed at the end.
 """
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import re
@@ -376,18 +375,19 @@ def connect_client(distributed: Any, address: str, timeout_s: float,
                       f"{timeout_s:g} s ({_one_line(error)})")
 
 
+#: The longest ``--connect-timeout`` (a day; longer ones overflow the clocks).
+MAX_CONNECT_TIMEOUT_S = 86400.0
+
+
 def check_connect_timeout(value: Any) -> float:
     """``--connect-timeout`` as a positive, finite number of seconds (a NaN
     or infinite one would reach ``Thread.join`` and fail there, not here)."""
+    # NaN and infinity fail the range too
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or not 0 < value <= MAX_CONNECT_TIMEOUT_S:
+            or not 0 < value <= MAX_CONNECT_TIMEOUT_S:
         raise ConfigError(f"--connect-timeout: must be a number of seconds in "
                           f"(0, {MAX_CONNECT_TIMEOUT_S:g}], got {value!r}")
     return float(value)
-
-
-#: The longest ``--connect-timeout`` (a day; longer ones overflow the clocks).
-MAX_CONNECT_TIMEOUT_S = 86400.0
 
 
 def make_runner(workers: Any = None, scheduler: Any = None,
