@@ -53,12 +53,11 @@ def solo_teams(network: Network, plans: Iterable[Plan]) -> Set[FrozenSet[int]]:
         team = frozenset(ranks)
         teams.add(team)
         _, schedule = planned_schedule(network, kind, ranks, nbytes, root, algorithm)
-        for phase in schedule:
-            for src, dst, _ in phase.flows:
-                if src == dst:
-                    continue
-                for link in network.route_info(src, dst, 0)[0]:
-                    teams_on.setdefault(link, set()).add(team)
+        # a ring's phases repeat the same pairs: each pair's route once
+        pairs = {(src, dst) for phase in schedule for src, dst, _ in phase.flows if src != dst}
+        for src, dst in pairs:
+            for link in network.route_info(src, dst, 0)[0]:
+                teams_on.setdefault(link, set()).add(team)
     shared = {team for users in teams_on.values() if len(users) > 1 for team in users}
     return teams - shared
 

@@ -96,7 +96,7 @@ class TwoLevel:
         best = np.full(len(self.core), INF, dtype=np.int64)
         for s, e in via:
             np.minimum(best, self.core[:, self.position[s]] + e, out=best)
-        return SeparatorColumn(self, best.tolist())
+        return SeparatorColumn(self, best)
 
     def ways_out(self, v: int) -> List[Tuple[int, int]]:
         """(exit position, cost to leave by it) of a node inside a region."""
@@ -111,11 +111,12 @@ class TwoLevel:
 class SeparatorColumn:
     """``d(v, s)`` for one separator ``s``: indexable by node like an array."""
 
-    __slots__ = ("levels", "to_s")
+    __slots__ = ("levels", "to_s", "to_s_array")
 
-    def __init__(self, levels: TwoLevel, to_s: List[int]) -> None:
+    def __init__(self, levels: TwoLevel, to_s: np.ndarray) -> None:
         self.levels = levels
-        self.to_s = to_s          # D(b, s) for every separator position b
+        self.to_s_array = to_s          # D(b, s) for every separator position b
+        self.to_s: List[int] = to_s.tolist()     # the same, for per-node lookups
 
     def __getitem__(self, v: int) -> int:
         levels, to_s = self.levels, self.to_s
@@ -128,6 +129,15 @@ class SeparatorColumn:
             if x < best:
                 best = x
         return best
+
+    def take(self, nodes: np.ndarray) -> np.ndarray:
+        """``d(v, s)`` for every node of ``nodes`` (an int64 array), as an
+        array: separators in one gather, the others one by one."""
+        positions = self.levels.position[nodes]
+        out = self.to_s_array[np.maximum(positions, 0)]
+        for i in np.flatnonzero(positions < 0).tolist():
+            out[i] = self[int(nodes[i])]
+        return out
 
 
 def _regions(n: int, is_sep: np.ndarray, tails: np.ndarray, heads: np.ndarray

@@ -25,10 +25,15 @@ import zlib
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import networkx as nx
+import numpy as np
 
 from ..cost.device import DeviceSpec
 from ..errors import TopologyError
-from .routing import SeparatorOracle, network_separators
+from .routing import DistancesTo, SeparatorOracle, network_separators
+
+#: nodes with at least this many links choose their next hop in one gather
+#: (:meth:`Topology._wide_choices`)
+WIDE_NODE = 64
 
 NODE_KINDS = ("device", "switch", "nic", "host")
 REFERENCE_BANDWIDTH_Bps = 1e13
@@ -221,13 +226,34 @@ class Topology:
         path: List[Tuple[str, str]] = []
         node, spent = s, 0
         while node != t:
-            choices = [(v, c) for v, c in adj[node] if spent + c + to_dst(v) == total]
+            if len(adj[node]) >= WIDE_NODE:
+                choices = self._wide_choices(node, to_dst, total - spent)
+            else:
+                choices = [(v, c) for v, c in adj[node] if spent + c + to_dst(v) == total]
             v, c = choices[stable_hash(src, dst, key, names[node]) % len(choices)] \
                 if len(choices) > 1 else choices[0]
             spent += c
             path.append((names[node], names[v]))
             node = v
         return tuple(path)
+
+    def _wide_choices(self, node: int, to_dst: DistancesTo, remaining: int
+                      ) -> List[Tuple[int, int]]:
+        """The next hops from a node with many links (a core switch) that
+        keep the least cost ``remaining`` to the destination: the
+        neighbours' distances in one gather (:meth:`DistancesTo.many`)."""
+        wide = self._wide.get(node)
+        if wide is None:
+            hops = self._iadj[node]
+            nodes = np.fromiter((v for v, _ in hops), dtype=np.int64, count=len(hops))
+            costs = np.fromiter((c for _, c in hops), dtype=np.int64, count=len(hops))
+            wide = self._wide[node] = (nodes, costs, {v: i for i, (v, _) in enumerate(hops)})
+        nodes, costs, position = wide
+        dist = to_dst.many(nodes, position)
+        if dist is None:
+            return [(v, c) for v, c in self._iadj[node] if c + to_dst(v) == remaining]
+        hops = self._iadj[node]
+        return [hops[i] for i in np.flatnonzero(costs + dist == remaining).tolist()]
 
     def _routing_oracle(self, separators: Sequence[str] | None = None) -> SeparatorOracle:
         """The least-cost oracle behind :meth:`route`, built on first use.
@@ -253,6 +279,7 @@ class Topology:
                                       self._iadj, self.num_devices)
         self._oracle = SeparatorOracle(radj, self._iadj, seps)
         self._routes.clear()
+        self._wide: Dict[int, Tuple[np.ndarray, np.ndarray, Dict[int, int]]] = {}
         return self._oracle
 
     def path_latency_s(self, route: Sequence[Tuple[str, str]]) -> float:

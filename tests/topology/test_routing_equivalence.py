@@ -156,3 +156,32 @@ def test_searches_without_separators_resume_per_destination():
         for a in order:
             assert t.route(a, 0, 2) == reference_route(t, a, 0, 2)
         t._routing_oracle(separators=[])          # a fresh oracle for the next order
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_next_hops_in_one_gather_match_one_by_one(monkeypatch, seed):
+    """Every node choosing its next hop by the vectorised gather (as core
+    switches do) gives the reference routes, whatever the separators:
+    the two-level columns, the general table (random separator sets,
+    devices among them) and no separators at all (the one-by-one way)."""
+    import distsim.topology.topology as topology_module
+    monkeypatch.setattr(topology_module, "WIDE_NODE", 1)
+    rnd = random.Random(seed)
+    graphs = [build_dgx({"nodes": 6, "nodes_per_leaf": 2, "spines": 3, "network": "rail",
+                         "oversubscription": 2.0}),
+              build_torus({"dims": [4, 3]}), build_star({"devices": 6})]
+    for g in graphs:
+        for seps in (None, rnd.sample(sorted(g.nodes), len(g.nodes) // 4), []):
+            t = _fresh(g)
+            if seps is not None:
+                t._routing_oracle(separators=seps)
+            _assert_same(t, _pairs(t, limit=200, seed=seed), keys=(0, 5))
+
+
+def test_wide_core_switches_route_as_before():
+    """A spine with 80 leaves (past WIDE_NODE) takes the gathered choice and
+    still finds the reference routes, ECMP spread included."""
+    from distsim.topology.topology import WIDE_NODE
+    t = _fresh(build_dgx({"nodes": 80, "nodes_per_leaf": 1, "spines": 2}))
+    assert max(len(hops) for hops in t._adj.values()) >= WIDE_NODE
+    _assert_same(t, _pairs(t, limit=150, seed=3), keys=(0, 1))
