@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Union
@@ -119,6 +120,8 @@ class SimulationResult:
         :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); past it the trace is
         summarised and summary.json's ``trace_file.truncated`` is true.
         ``progress`` is called with the name of each file as it starts.
+        When a write fails (or is interrupted) in a folder this call made,
+        the files written so far and the folder are removed again.
         Returns the paths written."""
         say = progress or (lambda message: None)
         if max_trace_records is not None:
@@ -128,32 +131,39 @@ class SimulationResult:
                 if self._summary is not None:
                     self._summary["trace_file"] = self.trace_plan().to_dict()
         out = refuse_file_as_folder(out_dir)
+        summary = self.summary()    # before the folder: a failure here leaves nothing
+        created = not out.exists()
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:     # /proc/nope, a read-only disk, no permission
             raise ConfigError(f"--out {out}: cannot create the output folder "
                               f"({e.strerror or e})") from None
         paths = {"summary": out / "summary.json", "trace": out / "trace.json"}
-        say("writing summary.json")
-        write_summary(self.summary(), paths["summary"])
-        say("writing trace.json")
-        self.write_trace(paths["trace"])
-        if plots:
-            paths["gantt"] = out / "gantt.png"
-            paths["memory"] = out / "memory.png"
-            paths["links"] = out / "links.png"
-            paths["report"] = out / "report.html"
-            say("drawing gantt.png")
-            self.gantt(paths["gantt"])
-            say("drawing memory.png")
-            self.memory_plot(paths["memory"])
-            say("drawing links.png")
-            self.links_plot(paths["links"])
-            # the page inlines the charts just drawn (each drawn once)
-            say("writing report.html")
-            from .report.html import write_run_report
-            write_run_report(self, paths["report"], gantt=paths["gantt"],
-                             memory=paths["memory"])
+        try:
+            say("writing summary.json")
+            write_summary(summary, paths["summary"])
+            say("writing trace.json")
+            self.write_trace(paths["trace"])
+            if plots:
+                paths["gantt"] = out / "gantt.png"
+                paths["memory"] = out / "memory.png"
+                paths["links"] = out / "links.png"
+                paths["report"] = out / "report.html"
+                say("drawing gantt.png")
+                self.gantt(paths["gantt"])
+                say("drawing memory.png")
+                self.memory_plot(paths["memory"])
+                say("drawing links.png")
+                self.links_plot(paths["links"])
+                # the page inlines the charts just drawn (each drawn once)
+                say("writing report.html")
+                from .report.html import write_run_report
+                write_run_report(self, paths["report"], gantt=paths["gantt"],
+                                 memory=paths["memory"])
+        except BaseException:
+            if created:          # a folder of this run only: no partial set of outputs left
+                _remove_outputs(out, paths.values())
+            raise
         return paths
 
     def __repr__(self) -> str:
@@ -162,6 +172,22 @@ class SimulationResult:
     def _repr_html_(self) -> str:
         import html
         return "<pre>" + html.escape(self.summary_table()) + "</pre>"
+
+
+def _remove_outputs(out: Path, paths: Any) -> None:
+    """Remove the output files ``paths`` and then the folder ``out`` (if
+    it is empty by then): the clean-up of a :meth:`SimulationResult.write_outputs`
+    that failed in a folder it made. Best effort: the original error is
+    the one to report."""
+    for path in paths:
+        try:
+            Path(path).unlink()
+        except OSError:
+            pass
+    try:
+        out.rmdir()
+    except OSError:
+        pass
 
 
 #: The most ops :func:`build_program` builds (estimated before building;
@@ -222,6 +248,43 @@ def estimate_ops(config: Mapping[str, Any], strategy: Strategy) -> Optional[Dict
             "microbatches": microbatches, "devices": per_stage}
 
 
+def check_batch_options(batch: Any, global_batch: Any) -> None:
+    """``batch`` (``--batch``) and ``global_batch`` (``--global-batch``)
+    both set the global batch (of a GPT, of an imported ONNX model): given
+    together they must agree, or one would win unsaid. The one check of
+    :func:`build_program` (so of :func:`simulate` and sweeps) and the CLI."""
+    if batch is not None and global_batch is not None and batch != global_batch:
+        raise ConfigError(f"--batch {batch} and --global-batch {global_batch} differ (both are "
+                          "the global batch: give one)")
+
+
+def refuse_non_finite(config: Mapping[str, Any], where: str) -> None:
+    """A ConfigError naming the first field of ``config`` (nested fields
+    as ``input_shapes.x[0]``) that holds a NaN or an infinity: no model
+    field means anything infinite, and a run must not fail only when its
+    summary is written, after the simulation."""
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, f"{name}.{key}" if name else str(key))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{name}[{i}]")
+        elif isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) \
+                and not math.isfinite(value):
+            raise ConfigError(f"{where}: {name}: must be a finite number, got {value!r}")
+    walk(config, "")
+
+
+def _optimizer_of(program: Function) -> Optional[str]:
+    """The optimizer the built step updates its parameters with (None: a
+    forward pass, which updates nothing), as the program says."""
+    if "updates" in program.meta and not program.meta["updates"]:
+        return None
+    optimizer = program.meta.get("optimizer")
+    return str(optimizer) if optimizer is not None else None
+
+
 MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "seq", "heads",
                 "kv_heads", "ffn", "vocab")
 _MODEL_FIELDS = MODEL_FIELDS  # the name sweeps looked for first
@@ -240,6 +303,7 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     op_limit = check_max_ops(max_ops)
     topo = topology if isinstance(topology, Topology) else load_topology(str(topology))
     config = load_model_config(model)
+    check_batch_options(options.get("batch"), options.get("global_batch"))
     for key in MODEL_FIELDS:
         if options.get(key) is not None:
             value = options.pop(key)
@@ -250,6 +314,8 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
             config[key] = value
         else:
             options.pop(key, None)
+    model_name = config.get("name") or config.get("family")
+    requested_optimizer = options.get("optimizer")
     strategy = Strategy.from_mapping(options).resolved(topo.num_devices)
     if strategy.num_devices > topo.num_devices:
         raise ConfigError(f"the strategy needs {strategy.num_devices} devices "
@@ -271,11 +337,23 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
             + (", or --symmetry" if config.get("family") == "gpt" and not strategy.symmetry
                else "") + " (--max-ops 0: no limit)")
     program = family_of(config).build(config, strategy)
+    # after the family's own checks (their messages say more, e.g. "must be
+    # positive"), before anything is simulated: a field no family checks
+    refuse_non_finite(config, f"model '{model_name}'")
+    # the optimizer the step really uses: the MLP's is SGD whatever the
+    # strategy's default says, a forward pass has none
+    optimizer = _optimizer_of(program) if "optimizer" in program.meta or \
+        "updates" in program.meta else strategy.optimizer
+    if requested_optimizer is not None and requested_optimizer != optimizer:
+        raise ConfigError(f"--optimizer {requested_optimizer}: not supported by model "
+                          f"'{model_name}' ("
+                          + (f"its step updates the parameters with {optimizer})" if optimizer
+                             else "it runs the forward pass only, no optimizer)"))
     if verify_program:
         verify(program, known_devices=topo.ranks)
     resolved = {"model": config.get("name"), **{k: v for k, v in config.items()
                                                   if k not in ("name",)},
-                "topology": topo.name, **strategy.to_dict()}
+                "topology": topo.name, **strategy.to_dict(), "optimizer": optimizer}
     built = program.meta.get("model")
     if config.get("family") == "gpt" and isinstance(built, dict):
         # batch sizes as the strategy resolved them, and the micro-batch count

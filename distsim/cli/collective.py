@@ -11,7 +11,7 @@ import argparse
 import json
 
 from ..ir.comm import CollectiveType
-from ..sim.collective_bench import (format_table, parse_bytes, parse_kind, parse_ranks,
+from ..sim.collective_bench import (MAX_SWEEP_SIZES, format_table, parse_bytes, parse_kind, parse_ranks,
                                     parse_sweep, sweep_collective)
 from ..sim.network import MODES
 
@@ -28,7 +28,8 @@ def add_parser(subparsers) -> None:
                    help="message size S (all-gather/reduce-scatter/gather/scatter: the full "
                         "gathered size; all-to-all: each rank's input) (default: %(default)s)")
     p.add_argument("--sweep-bytes", metavar="MIN:MAX[:FACTOR]",
-                   help="print a table over sizes MIN, MIN*FACTOR, ... <= MAX (factor 2)")
+                   help="print a table over sizes MIN, MIN*FACTOR, ... <= MAX (factor 2; "
+                        f"FACTOR > 1; at most {MAX_SWEEP_SIZES} sizes)")
     p.add_argument("--topology", default="dgx-a100",
                    help="topology name or .yaml path (default: %(default)s)")
     team = p.add_mutually_exclusive_group()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict
 
-from ..api import DEFAULT_MODEL, DEFAULT_TOPOLOGY
+from ..api import DEFAULT_MODEL, DEFAULT_TOPOLOGY, check_batch_options
 from ..errors import ConfigError
 
 
@@ -96,12 +96,16 @@ def add_onnx_options(p: argparse.ArgumentParser) -> None:
 
 
 def input_shapes_option(items) -> Dict[str, str]:
-    """``["ids=2x64"]`` -> ``{"ids": "2x64"}`` (shapes are parsed by the model family)."""
-    out = {}
+    """``["ids=2x64"]`` -> ``{"ids": "2x64"}`` (shapes are parsed by the model
+    family). An input named twice is refused: the last would win unsaid."""
+    out: Dict[str, str] = {}
     for item in items or ():
         name, sep, shape = item.rpartition("=")
         if not sep or not name:
             raise ConfigError(f"--input-shape: expected NAME=AxB, got '{item}'")
+        if name in out:
+            raise ConfigError(f"--input-shape: input '{name}' is given twice "
+                              f"({name}={out[name]} and {name}={shape}): give it once")
         out[name] = shape
     return out
 
@@ -109,11 +113,8 @@ def input_shapes_option(items) -> Dict[str, str]:
 def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The keyword arguments of :func:`distsim.api.build_program` from args."""
     out = {"model": args.model, "topology": args.topology}
-    batch, global_batch = getattr(args, "batch", None), getattr(args, "global_batch", None)
-    if batch is not None and global_batch is not None and batch != global_batch:
-        # for a GPT both set the global batch, and --global-batch would win unsaid
-        raise ConfigError(f"--batch {batch} and --global-batch {global_batch} differ (both are "
-                          "the global batch: give one)")
+    # also checked by build_program; here before anything is read or built
+    check_batch_options(getattr(args, "batch", None), getattr(args, "global_batch", None))
     if getattr(args, "input_shape", None):
         out["input_shapes"] = input_shapes_option(args.input_shape)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",

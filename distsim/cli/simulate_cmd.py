@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..api import OUTPUT_FILES, simulate
 from ..errors import ConfigError
 from ..fileio import refuse_file_as_folder
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
+from ..report.summary import summary_json
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
 from .status_line import StatusLine
@@ -87,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
               f"records (--max-trace-records {info['max_trace_records']}; 0: no limit)",
               file=sys.stderr)
     if args.json:
-        json.dump(result.summary(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(summary_json(result.summary()))
     else:
         print(result.summary_table())
         print("wrote " + ", ".join(str(p) for p in paths.values()))

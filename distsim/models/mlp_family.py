@@ -21,8 +21,10 @@ def unsupported_options(strategy: Strategy) -> List[str]:
     does not apply (it is plain data parallelism with an SGD update and one
     all-reduce per gradient). Refused rather than ignored: a run that says
     ``zero: 3`` or ``bucket_mb: 0`` in its config but simulated neither
-    would be a silently wrong number. ``--optimizer`` is not checked:
-    its default cannot be told from an explicit ``adamw``."""
+    would be a silently wrong number. ``--optimizer`` is not checked here
+    (its default cannot be told from an explicit ``adamw``):
+    :func:`distsim.api.build_program` compares an explicit one with the
+    optimizer the built step uses."""
     default = Strategy()
     flags = []
     for name in ("zero", "recompute", "microbatches", "schedule", "virtual_stages",

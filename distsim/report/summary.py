@@ -291,11 +291,21 @@ def format_summary_table(summary: Dict[str, Any], max_rows: int = 64) -> str:
     return "\n".join(lines)
 
 
+def summary_json(summary: Dict[str, Any]) -> str:
+    """The text of ``summary.json`` (and of ``distsim simulate --json``):
+    strict JSON in the summary's own field order, a non-finite number (a
+    NaN that reached the run's config) written as ``null`` and any other
+    value that JSON has no type for as its text, so that writing a summary
+    never fails after the simulation has run."""
+    return json.dumps(json_safe(summary, sort_keys=False), indent=2, allow_nan=False) + "\n"
+
+
 def write_summary(trace_or_summary: "Trace | Dict[str, Any]", path: PathLike) -> Dict[str, Any]:
-    """Write ``summary.json`` atomically (strict JSON, no NaN) and return the summary.
+    """Write ``summary.json`` atomically (strict JSON, no NaN: see
+    :func:`summary_json`) and return the summary.
 
     Accepts a trace (summarised first) or an already built summary dict.
     """
     summary = trace_or_summary if isinstance(trace_or_summary, dict) else summarize(trace_or_summary)
-    write_text_atomic(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    write_text_atomic(path, summary_json(summary))
     return summary

@@ -39,6 +39,11 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
+#: The most sizes a sweep (:func:`parse_sweep`) lists: each is a simulation,
+#: and a factor just above 1 would otherwise ask for billions of them.
+MAX_SWEEP_SIZES = 1000
+
+
 def parse_bytes(text: Union[str, int, float]) -> int:
     """``"1GB"`` -> 10**9, ``"1GiB"`` -> 2**30, ``"4096"`` -> 4096."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
@@ -49,37 +54,55 @@ def parse_bytes(text: Union[str, int, float]) -> int:
         if not m or unit not in _UNITS:
             raise ConfigError(f"bad size {text!r} (expected e.g. 4096, 64KB, 1.5GB, 1GiB)")
         value = float(m.group(1)) * _UNITS[unit]
-    if not math.isfinite(value) or value < 0:
+    if not math.isfinite(value):    # 1e400 reads as infinity
+        raise ConfigError(f"bad size {text!r}: must be a finite number of bytes")
+    if value < 0:
         raise ConfigError(f"bad size {text!r}: must be >= 0 bytes")
     return int(round(value))
 
 
 def parse_sweep(text: str) -> List[int]:
-    """``"1KB:4GB"`` (doubling) or ``"1KB:4GB:4"`` (times 4) -> sizes."""
-    parts = text.split(":")
+    """``"1KB:4GB"`` (doubling) or ``"1KB:4GB:4"`` (times 4) -> sizes, at
+    most :data:`MAX_SWEEP_SIZES` of them; sizes that round to the same
+    byte count are listed once."""
+    parts = str(text).split(":")
     if len(parts) not in (2, 3):
-        raise ConfigError(f"bad size sweep {text!r} (expected MIN:MAX or MIN:MAX:FACTOR)")
-    lo, hi = parse_bytes(parts[0]), parse_bytes(parts[1])
+        raise ConfigError(f"--sweep-bytes {text!r}: expected MIN:MAX or MIN:MAX:FACTOR")
+    try:
+        lo, hi = parse_bytes(parts[0]), parse_bytes(parts[1])
+    except ConfigError as e:
+        raise ConfigError(f"--sweep-bytes {text!r}: {e}") from None
     factor = 2.0
     if len(parts) == 3:
-        if not _is_number(parts[2]) or float(parts[2]) <= 1:
-            raise ConfigError(f"bad size sweep {text!r}: the factor must be a number > 1")
-        factor = float(parts[2])
-    if lo < 1 or hi < lo:
-        raise ConfigError(f"bad size sweep {text!r}: need 1 <= MIN <= MAX")
-    sizes, s = [], float(lo)
+        factor = _number(parts[2])
+        # NaN and infinity compare false / true where a bare `<= 1` would let them through
+        if factor is None or not 1 < factor < math.inf:
+            raise ConfigError(f"--sweep-bytes {text!r}: the factor must be a finite number > 1, "
+                              f"got {parts[2]!r}")
+    if lo < 1:
+        raise ConfigError(f"--sweep-bytes {text!r}: MIN must be at least 1 byte")
+    if hi < lo:
+        raise ConfigError(f"--sweep-bytes {text!r}: MIN {lo} is larger than MAX {hi}")
+    # how many steps of `factor` fit between lo and hi, counted before listing them
+    steps = math.floor(math.log(hi * (1 + 1e-9) / lo) / math.log(factor))
+    if steps + 1 > MAX_SWEEP_SIZES:
+        raise ConfigError(f"--sweep-bytes {text!r}: {steps + 1:,} sizes, more than "
+                          f"{MAX_SWEEP_SIZES:,}; use a larger factor or a narrower range")
+    sizes: List[int] = []
+    s = float(lo)
     while s <= hi * (1 + 1e-9):
-        sizes.append(int(round(s)))
+        size = int(round(s))
+        if not sizes or size != sizes[-1]:
+            sizes.append(size)
         s *= factor
     return sizes
 
 
-def _is_number(text: str) -> bool:
+def _number(text: str) -> Optional[float]:
     try:
-        float(text)
-        return True
+        return float(text)
     except ValueError:
-        return False
+        return None
 
 
 def parse_ranks(text: str) -> Tuple[int, ...]:

@@ -686,6 +686,45 @@ CASES.extend([
 ])
 
 
+def _onnx_lr_nan(tmp: Path):
+    import distsim
+    path = Path(__file__).resolve().parents[2] / "models" / "bert-tiny.onnx"
+    return distsim.simulate(model={"family": "onnx", "path": str(path), "batch": 8, "seq": 16,
+                                   "lr": float("nan")}, network_mode="analytical")
+
+
+def _sweep_bytes(text: str):
+    def run(tmp: Path):
+        from distsim.sim.collective_bench import parse_sweep
+        return parse_sweep(text)
+    return run
+
+
+CASES.extend([
+    _c("onnx-lr-nan", "model YAML", "an ONNX model config with `lr: .nan` (no family checks it)",
+       _onnx_lr_nan, None, ConfigError, "model 'onnx': lr: must be a finite number, got nan"),
+    _c("batch-and-global-batch-differ", "CLI flags",
+       "`simulate --model tiny --batch 16 --global-batch 32`",
+       _simulate(model="tiny", batch=16, global_batch=32),
+       S + ["--model", "tiny", "--batch", "16", "--global-batch", "32"], ConfigError,
+       "--batch 16 and --global-batch 32 differ (both are the global batch: give one)"),
+    _c("mlp-optimizer-adamw", "CLI flags", "`simulate --optimizer adamw` on the MLP (SGD)",
+       _simulate(optimizer="adamw"), S + ["--optimizer", "adamw"], ConfigError,
+       "--optimizer adamw: not supported by model 'mlp'"),
+    _c("collective-sweep-too-many-sizes", "CLI flags",
+       "`collective allreduce --sweep-bytes 1:1e30:1.0000001` (~7e8 sizes)",
+       _sweep_bytes("1:1e30:1.0000001"),
+       ["collective", "allreduce", "--sweep-bytes", "1:1e30:1.0000001"], ConfigError,
+       "690,775,563 sizes, more than 1,000"),
+    _c("collective-sweep-nan-factor", "CLI flags", "`collective allreduce --sweep-bytes 1KB:1MB:nan`",
+       _sweep_bytes("1KB:1MB:nan"), ["collective", "allreduce", "--sweep-bytes", "1KB:1MB:nan"],
+       ConfigError, "the factor must be a finite number > 1, got 'nan'"),
+    _c("input-shape-twice", "CLI flags", "`import --input-shape x=2x3 --input-shape x=4x3`", None,
+       ["import", "{tmp}/negative_dims.onnx", "--input-shape", "x=2x3", "--input-shape", "x=4x3"],
+       ConfigError, "--input-shape: input 'x' is given twice (x=2x3 and x=4x3): give it once"),
+])
+
+
 def readme_table() -> str:
     """The catalogue as the Markdown table of README.md
     (``python tests/adversarial/catalogue.py`` prints it)."""

@@ -86,3 +86,37 @@ def test_nodes_past_a_cluster_or_a_non_dgx_topology_say_what_to_pass(topology, m
     with pytest.raises(ConfigError) as err:
         run(["allreduce", "--topology", topology, "--nodes", nodes], capsys)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize("text, message", [
+    # a factor just above 1 asked for ~7e8 sizes, each simulated: a hang
+    ("1:1e30:1.0000001", "--sweep-bytes '1:1e30:1.0000001': 690,775,563 sizes, more than "
+                         "1,000; use a larger factor or a narrower range"),
+    # NaN compared false with `<= 1` and gave a one-row sweep
+    ("1KB:1MB:nan", "--sweep-bytes '1KB:1MB:nan': the factor must be a finite number > 1, "
+                    "got 'nan'"),
+    ("1KB:1MB:inf", "--sweep-bytes '1KB:1MB:inf': the factor must be a finite number > 1, "
+                    "got 'inf'"),
+    ("1KB:1MB:1", "--sweep-bytes '1KB:1MB:1': the factor must be a finite number > 1, got '1'"),
+    ("2KB:1KB", "--sweep-bytes '2KB:1KB': MIN 2000 is larger than MAX 1000"),
+    ("0:1KB", "--sweep-bytes '0:1KB': MIN must be at least 1 byte"),
+    ("1:1e400", "--sweep-bytes '1:1e400': bad size '1e400': must be a finite number of bytes"),
+    ("1:2:3:4", "--sweep-bytes '1:2:3:4': expected MIN:MAX or MIN:MAX:FACTOR"),
+])
+def test_sweep_bytes_is_bounded_and_checked(text, message, capsys):
+    with pytest.raises(ConfigError) as err:
+        parse_sweep(text)
+    assert str(err.value) == message
+    with pytest.raises(ConfigError):
+        run(["allreduce", "--sweep-bytes", text], capsys)
+
+
+def test_sweep_bytes_lists_each_size_once_up_to_the_cap():
+    from distsim.sim.collective_bench import MAX_SWEEP_SIZES
+    assert parse_sweep("1:10:1.1") == list(range(1, 11))     # no repeated rounded sizes
+    assert parse_sweep("5:5") == [5]
+    assert len(parse_sweep("1:1e9:1.021")) <= MAX_SWEEP_SIZES
+    with pytest.raises(ConfigError, match="1,012 sizes, more than 1,000"):
+        parse_sweep("1:1e9:1.0207")
+    with pytest.raises(ConfigError, match="must be a finite number of bytes"):
+        parse_bytes("1e400")

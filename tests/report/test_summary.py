@@ -121,6 +121,13 @@ def test_write_summary_leaves_nothing_on_failure(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ConfigError, match='cannot write'):
         write_summary({"step_time_s": 1.0}, blocker / "summary.json")
-    with pytest.raises(ValueError):
-        write_summary({"step_time_s": float("nan")}, tmp_path / "summary.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_write_summary_writes_non_finite_numbers_as_null(tmp_path):
+    """Strict JSON: NaN and infinities become null (they used to raise
+    ValueError after the whole simulation had run)."""
+    write_summary({"step_time_s": float("nan"), "config": {"lr": float("inf")}},
+                  tmp_path / "summary.json")
+    assert json.loads((tmp_path / "summary.json").read_text()) == {
+        "step_time_s": None, "config": {"lr": None}}
