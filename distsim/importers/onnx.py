@@ -21,6 +21,7 @@ input -> :class:`ParseError`; a shape that contradicts its op ->
 from __future__ import annotations
 
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,14 +38,20 @@ from ..ir.registry import ShapeError, infer_types, with_defaults
 from ..ir.types import DType, TensorType
 from ..ir.verifier import verify
 from .onnx_explain import ShapeHints
-from .onnx_fold import fold_node
-from .onnx_ops import CONVERTERS, NO_FOLD, OnnxNode
+from .onnx_fold import fold_fits, fold_node
+from .onnx_ops import CHECKS, CONVERTERS, NO_FOLD, OnnxNode
 
 ONNX_DTYPES = {TensorProto.FLOAT: DType.F32, TensorProto.FLOAT16: DType.F16,
                TensorProto.BFLOAT16: DType.BF16, TensorProto.DOUBLE: DType.F64,
                TensorProto.INT32: DType.I32, TensorProto.INT64: DType.I64,
                TensorProto.BOOL: DType.BOOL}
 MIN_OPSET = 9
+# The newest ai.onnx opset the op table was checked against: onnx 1.23's
+# schemas, in which opsets 19-28 changed only element types and optional
+# attributes for the ops of the table (tests/importers/test_onnx_opset_checks.py
+# fails when an installed onnx changes one of them past this). A newer
+# opset is imported with these definitions, after a warning.
+NEWEST_OPSET = 28
 FOLD_LIMIT = 1 << 20  # largest constant input (elements) evaluated at import time
 
 ModelSource = Union[str, Path, bytes, onnx.ModelProto]
@@ -107,6 +114,16 @@ class Const:
     role: str  # "param" or "const"
 
 
+class OnnxOpsetWarning(UserWarning):
+    """A model's opset is newer than the importer was checked against."""
+
+
+def newest_checked_opset() -> int:
+    """NEWEST_OPSET, or the installed onnx's newest opset when older (its
+    reference evaluator folds the constants)."""
+    return min(NEWEST_OPSET, onnx.defs.onnx_opset_version())
+
+
 class OnnxImporter(ShapeHints):
     """One import: walks the graph once, keeping for every ONNX name its
     DistIR value and/or its constant."""
@@ -140,6 +157,13 @@ class OnnxImporter(ShapeHints):
         if opset < MIN_OPSET:
             raise UnsupportedOpError(f"{self.source}: opset {opset} is older than the oldest "
                                      f"supported ({MIN_OPSET})")
+        newest = newest_checked_opset()
+        if opset > newest:
+            # not refused: ops rarely change between opsets, and a changed
+            # one still fails by name if the importer cannot read it
+            warnings.warn(f"{self.source}: ai.onnx opset {opset} is newer than the newest this "
+                          f"importer was checked against ({newest}); its ops are read as "
+                          f"defined in opset {newest}", OnnxOpsetWarning, stacklevel=4)
         return opset
 
     def dtype(self, elem_type: int, where: str) -> DType:
@@ -422,12 +446,17 @@ class OnnxImporter(ShapeHints):
         return value
 
     def convert(self, node: OnnxNode) -> None:
+        if node.op_type in CHECKS:
+            CHECKS[node.op_type](self, node)
         ins = [i for i in node.inputs if i]
         arrays = [self.const(i) for i in ins]
         foldable = (node.op_type not in NO_FOLD and ins and
                     all(a is not None and self.consts[i].role == "const"
                         for i, a in zip(ins, arrays)) and
                     sum(a.size for a in arrays) <= FOLD_LIMIT)
+        if foldable:
+            foldable = fold_fits(node.proto, {i: self.const(i) for i in ins},
+                                 self.model.opset_import, self.where(node))
         if foldable:
             try:
                 results = fold_node(node.proto, {i: self.const(i) for i in ins},
@@ -460,7 +489,7 @@ class OnnxImporter(ShapeHints):
         dt = dtype_of_onnx(helper.np_dtype_to_tensor_dtype(arr.dtype), where)
         if self.float_dtype is not None and dt.is_float:
             with np.errstate(over="ignore"):
-                dt, arr = self.float_dtype, arr.astype(self.float_dtype.numpy_name)
+                dt, arr = self.float_dtype, _recast(arr, self.float_dtype.numpy_name)
         return Const(arr, tuple(arr.shape), dt, role)
 
     def check_declared(self) -> None:
@@ -493,6 +522,15 @@ class OnnxImporter(ShapeHints):
         f.meta["onnx"] = {"source": self.source, "opset": self.opset,
                           "producer": self.model.producer_name,
                           "names": dict(self.onnx_names)}
+
+
+def _recast(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """``arr`` as ``dtype``. A broadcast scalar (ConstantOfShape: every
+    stride 0) stays a view of one element: casting it element by element
+    would allocate the whole constant, however large it is."""
+    if arr.size > 1 and not any(arr.strides):
+        return np.broadcast_to(np.asarray(arr[(0,) * arr.ndim], dtype=dtype), arr.shape)
+    return arr.astype(dtype, copy=False)
 
 
 def import_onnx(model: ModelSource, input_shapes: Optional[Mapping[str, Sequence[int]]] = None,

@@ -22,6 +22,9 @@ from ..ir.registry import ShapeError
 
 Converter = Callable[[Any, "OnnxNode"], List[Any]]
 CONVERTERS: Dict[str, Converter] = {}
+# Checks of what the ONNX spec requires of a node, run before it is either
+# folded or converted (``onnx.reference`` evaluates some malformed nodes).
+CHECKS: Dict[str, Callable[[Any, "OnnxNode"], None]] = {}
 # Ops never evaluated at import time even when their inputs are constant.
 NO_FOLD = {"ConstantOfShape", "Constant", "Dropout", "Identity"}
 
@@ -198,6 +201,26 @@ def _matmul(cx, node):
     if b.type.rank < 2:
         shape = shape[:-1]
     return [cx.op(node, "reshape", [y], {"shape": shape})]
+
+
+def _check_gemm(cx, node):
+    """ONNX's Gemm multiplies matrices: A and B must be 2-D (a batch of
+    matrices is MatMul's job)."""
+    for k, label in enumerate(("A", "B")):
+        name = node.input(k)
+        if not name:
+            raise VerifyError(f"{cx.where(node)}: Gemm needs inputs A and B, {label} is missing")
+        try:
+            shape = cx.type_of(name).shape
+        except KeyError:  # an unused output of another node: the converter says so
+            return
+        if len(shape) != 2:
+            raise VerifyError(f"{cx.where(node)}: Gemm needs 2-D inputs A and B, got {label} "
+                              f"'{name}' of shape {shape} (rank {len(shape)}); use MatMul for "
+                              "other ranks")
+
+
+CHECKS["Gemm"] = _check_gemm
 
 
 @converter("Gemm")
