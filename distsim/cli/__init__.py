@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 from typing import List, Optional
 
 from ..errors import DistsimError
@@ -44,9 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as the CLI prints it: one line, like its errors (the
+    Python default adds the source line of the call, which means nothing
+    to someone running a command)."""
+    print(f"distsim: warning: {message}", file=file or sys.stderr)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()   # a failing stdout (disk full) is reported here, not at exit

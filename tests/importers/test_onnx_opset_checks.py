@@ -74,3 +74,15 @@ def test_no_op_of_the_table_changed_past_the_newest_checked_opset():
                      and NEWEST_OPSET < s.since_version <= installed)
     assert not changed, ("these ops of the table changed past NEWEST_OPSET: review their "
                          f"converters, then raise NEWEST_OPSET: {', '.join(changed)}")
+
+
+def test_the_cli_prints_the_warning_as_one_line(tmp_path, capsys):
+    """On the command line the warning is one `distsim: warning:` line, like
+    the errors, not Python's two lines with the source of the call."""
+    from distsim.cli import main
+    path = tmp_path / "new_opset.onnx"
+    path.write_bytes(_model(99).SerializeToString())
+    assert main(["import", str(path)]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("distsim: warning: ")
+    assert "opset 99" in err[0]
