@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -11,6 +12,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..fileio import atomic_path, refuse_file_as_folder
+from ..sweep.interrupt import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 from ..sweep.search import DEFAULT_KEEP, search
 
 
@@ -83,6 +85,18 @@ def check_out_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command; SIGTERM stops it as Ctrl-C does (the workers stopped)
+    and exits with status 143."""
+    with sigterm_as_interrupt():
+        try:
+            return _run(args)
+        except Terminated:
+            print("distsim: terminated (SIGTERM): the search stopped",
+                  file=sys.stderr)
+            return EXIT_TERMINATED
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..sweep.params import check_value, simulate_parameters
     params = simulate_parameters()
     base = _pairs(args.set, "--set", many=False)

@@ -3,10 +3,12 @@ results table, the charts and report.html."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..report.summary import MS
 from ..sweep import load_spec, sweep
+from ..sweep.interrupt import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 from ..sweep.runners import DEFAULT_CONNECT_TIMEOUT_S
 from ..sweep.spec import DEFAULT_MAX_POINTS
 
@@ -43,6 +45,19 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command; SIGTERM stops it as Ctrl-C does (workers stopped, the
+    journal kept for a rerun to resume) and exits with status 143."""
+    with sigterm_as_interrupt():
+        try:
+            return _run(args)
+        except Terminated:
+            print(f"distsim: terminated (SIGTERM): the finished points are kept in "
+                  f"{Path(args.out) / 'results.jsonl'}; run the same command again to resume",
+                  file=sys.stderr)
+            return EXIT_TERMINATED
+
+
+def _run(args: argparse.Namespace) -> int:
     # the charts' modules load matplotlib and pandas: imported when the
     # command runs, so that `distsim --help` and the other commands start fast
     from ..report.html import write_sweep_report

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 from ..errors import ConfigError
 from ..fileio import refuse_file_as_folder
 from .constraints import ConstraintLike
+from .interrupt import stops_on_sigterm
 from .point import SimulateFn, empty_metrics
 from .progress import Progress
 from .runners import DEFAULT_CONNECT_TIMEOUT_S, make_runner
@@ -32,6 +33,7 @@ if TYPE_CHECKING:     # pandas is imported where a table is made (``import dists
 TABLE_INTERVAL_S = 2.0
 
 
+@stops_on_sigterm
 def sweep(base_config: Optional[Mapping[str, Any]] = None,
           grid: Optional[Mapping[str, Any]] = None,
           constraints: Optional[Iterable[ConstraintLike]] = None,
@@ -63,6 +65,10 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
 
     The whole spec is checked, and a scheduler reached, before any work
     starts or any file is written; errors are :class:`ConfigError`.
+
+    SIGTERM (when nothing else handles it) stops the sweep as Ctrl-C does:
+    :class:`~.interrupt.Terminated`, a ``KeyboardInterrupt``, once the
+    workers are stopped and the journal and tables are written.
     """
     if spec is None:
         if grid is None:
@@ -184,9 +190,11 @@ def check_points(spec: SweepSpec, points: List[SweepPoint], df: pd.DataFrame
     charts' objective: step time at a common batch, else throughput), as
     points to simulate in full: their options with ``fidelity: simulate``
     (GPT models also ``symmetry`` and ``coarsen``, exact in step time and
-    much faster), numbered after the grid."""
+    much faster; symmetry only where :func:`~.estimate.symmetry_applies`),
+    numbered after the grid."""
     from ..models import load_model_config
     from ..report.sweep_charts import ranked
+    from .estimate import symmetry_applies
     estimated = df[df["fidelity"] == "estimate"]
     best = ranked(estimated)
     best = best[~best["oom"].fillna(False).astype(bool)].head(spec.check)
@@ -196,6 +204,8 @@ def check_points(spec: SweepSpec, points: List[SweepPoint], df: pd.DataFrame
         params = dict(by_index[int(row["index"])].params, fidelity="simulate")
         model = params.get("model")
         if model is not None and load_model_config(model).get("family") == "gpt":
-            params.update(symmetry=True, coarsen=True)
+            # symmetry unless the ZeRO shards differ between ranks (the
+            # simulator refuses that reduced program)
+            params.update(symmetry=symmetry_applies(params), coarsen=True)
         out.append(SweepPoint(len(points) + i, params, config_key(params)))
     return out

@@ -50,7 +50,7 @@ import numpy as np
 from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PassPreconditionError
 from ..ir.types import DType
 from ..models import load_model_config
 from ..models.gpt_family import gpt_config, hyper_of, resolve_batch, validate
@@ -58,17 +58,20 @@ from ..report.training_metrics import model_flops_per_step
 from ..topology import load_topology
 from ..transforms.pipeline import schedule_tasks
 from ..transforms.strategy import Strategy
-from .estimate_profile import LayerProfile, layer_profile
+from ..transforms.zero import check_shardable
+from .estimate_profile import LayerProfile, layer_profile, param_sizes
 from .estimate_sync import shard_size
 from .estimate_engine import Timeline
 from .estimate_timeline import Builder, Case, Memo, shared_prefix
 
-__all__ = ["Case", "estimate", "estimate_memory", "extrapolation_lengths", "resolve",
-           "timeline_figures"]
+__all__ = ["Case", "check_zero_shards", "estimate", "estimate_memory", "extrapolation_lengths",
+           "resolve", "symmetry_applies", "timeline_figures"]
 
 #: Options the estimate ignores (they change how a simulation is run, not
 #: what it computes).
-IGNORED = ("network_mode", "max_trace_records", "max_ops", "symmetry", "coarsen", "fidelity")
+#: ``symmetry`` is not among them: it changes which ZeRO points the
+#: simulator accepts (:func:`check_zero_shards`).
+IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
 _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab")
 
 
@@ -125,6 +128,31 @@ def resolve(options: Mapping[str, Any]) -> Case:
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
     return Case(config, c, strategy, m, topo, topology, algo)
+
+
+def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
+    """Refuse, as the simulator's lowering does (the same
+    :func:`~distsim.transforms.zero.check_shardable`, a
+    PassPreconditionError), a ZeRO point whose parameters do not shard
+    over dp: ZeRO 2/3 with a parameter smaller than dp, or (``symmetric``,
+    default the strategy's ``symmetry``) one that does not split evenly."""
+    S, c = case.strategy, case.config
+    if S.zero == 0 or S.dp == 1:
+        return
+    items = tuple(sorted(replace(c, global_batch=c.micro_batch).to_dict().items()))
+    check_shardable(S.zero, S.dp, param_sizes(items, S.tp, S.sp, S.pp > 1),
+                    S.symmetry if symmetric is None else symmetric)
+
+
+def symmetry_applies(options: Mapping[str, Any]) -> bool:
+    """Whether a full simulation of these (valid) GPT options may use
+    ``symmetry``: False when its ZeRO shards would differ between ranks
+    (the simulator refuses that program; simulate it without symmetry)."""
+    try:
+        check_zero_shards(resolve(options), symmetric=True)
+    except PassPreconditionError:
+        return False
+    return True
 
 
 # -- memory -------------------------------------------------------------------------
@@ -306,6 +334,7 @@ def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     ``dp``, ``global_batch``, ``micro_batch``, ``microbatches``. Invalid
     options raise :class:`ConfigError`, as :func:`distsim.simulate` does."""
     case = resolve(config)
+    check_zero_shards(case)
     profile = _profile_for(case)
     memo = Memo()       # what the timelines and the memory walk share
     fig = timeline_figures(case, profile, memo)

@@ -38,7 +38,7 @@ from ..cost.flops import op_flops
 from ..cost.model import CostModel
 from ..ir.comm import is_communication, members
 from ..ir.core import Function, Op
-from ..models.gpt import GPTConfig
+from ..models.gpt import GPTConfig, gpt_forward
 from ..models.gpt_family import build_gpt_step, hyper_of
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
@@ -186,6 +186,21 @@ def _crossing(step: Function, tp: int, sp: bool, recompute: str) -> Tuple[List[i
             elif src == 1 and c == 0:
                 bwd.append(v.type.size_bytes)
     return sorted(fwd), sorted(bwd)
+
+
+@lru_cache(maxsize=256)
+def param_sizes(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, untie: bool
+                ) -> Tuple[Tuple[str, int], ...]:
+    """``(name, elements)`` of the parameters a tensor-parallel rank holds,
+    in the step's order, as :func:`~distsim.transforms.zero.check_shardable`
+    reads them: those of the embedding, the first layer (every layer has
+    the same sizes, so the first one refused is always the first layer's)
+    and the head. From a one-layer forward pass: nothing lowered or
+    simulated."""
+    config = replace(GPTConfig(**dict(config_items)), layers=1)
+    fwd = gpt_forward(config, tp=tp, sp=sp, micro_batch=1, untie=untie)
+    by_name = {v.name: v for v in fwd.inputs}
+    return tuple((name, by_name[name].type.numel) for name in fwd.meta["params"])
 
 
 @lru_cache(maxsize=256)

@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import api
 from ..errors import ConfigError
-from ..transforms.strategy import Strategy
+from ..transforms.strategy import Strategy, check_field
 from .point import FIDELITIES
 
 #: Values every parameter of this kind accepts, by kind name.
@@ -66,6 +66,10 @@ class Param:
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{where}: {self.name} must be one of "
                               f"{', '.join(map(str, self.choices))}; got {value!r}")
+        if self.group == "strategy":
+            # the values the strategy allows (ZeRO 0-3, positive degrees, ...),
+            # checked by the strategy's own rule, before any point runs
+            check_field(self.name, value, where)
 
 
 def _kind_text(kind: str) -> str:

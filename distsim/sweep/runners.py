@@ -63,10 +63,17 @@ def close_pool(pool: ProcessPoolExecutor) -> None:
     still alive are killed first: submits come from this thread, so none
     can start one now."""
     if getattr(pool, "_broken", False):
-        for worker in list((getattr(pool, "_processes", None) or {}).values()):
-            if worker.is_alive():
-                worker.kill()
+        stop_workers(pool)
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill ``pool``'s workers still alive (SIGKILL: a point may be deep in
+    native code); :func:`close_pool` then shuts the pool down without
+    waiting for the points they were running."""
+    for worker in list((getattr(pool, "_processes", None) or {}).values()):
+        if worker.is_alive():
+            worker.kill()
 
 
 def _workers_start(ctx: Any) -> bool:
@@ -195,6 +202,11 @@ class LocalProcessRunner:
                     if not finished_any and not _workers_start(self._ctx):
                         raise ConfigError(WORKERS_CANNOT_START)
                     finished_any = True   # workers do start: check once
+            except BaseException:
+                # interrupted (Ctrl-C, SIGTERM) or closed early: the points in
+                # flight are not waited for (not journalled: a rerun runs them)
+                stop_workers(pool)
+                raise
             finally:
                 close_pool(pool)
         self.running = 0
@@ -210,6 +222,9 @@ class LocalProcessRunner:
             return pool.submit(run_point, task[1], self.simulate).result()
         except BrokenProcessPool as e:
             return _died(task[0], str(e) or "the process pool broke")
+        except BaseException:
+            stop_workers(pool)        # interrupted: do not wait for the point
+            raise
         finally:
             close_pool(pool)
 

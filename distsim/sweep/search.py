@@ -304,7 +304,13 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     keep = DEFAULT_KEEP if keep is None else keep
     chosen = ok.head(keep)
     chosen_points = [{a: _plain(r[a]) for a in axes} for _, r in chosen.iterrows()]
-    reduced = {"symmetry": True, "coarsen": True} if is_gpt else {}
+    reduced = {"coarsen": True} if is_gpt else {}
+    if is_gpt:
+        # symmetry, unless the point's ZeRO shards differ between ranks (the
+        # simulator refuses that reduced program; the estimate did not use it)
+        from .estimate import symmetry_applies
+        chosen_points = [{**p, "symmetry": symmetry_applies({**fixed, **p})}
+                         for p in chosen_points]
     log(f"{len(ok)} of {len(kept)} fit in memory; simulating the {len(chosen_points)} fastest "
         f"in full ({network_mode} network" + (", symmetry and coarsening)" if is_gpt else ")"))
     if not is_gpt and network_mode == "analytical":
@@ -331,8 +337,11 @@ def _check_space_values(name: str, values: List[Any]) -> None:
     runs them once."""
     if not values:
         raise ConfigError(f"--space {name}: no values")
+    from .params import check_value, simulate_parameters
+    params = simulate_parameters()
     seen: List[Any] = []
     for v in values:
+        check_value(params, name, v, f"--space {name}")
         if any(v == s and type(v) is type(s) for s in seen):
             raise ConfigError(f"--space {name}: value {v!r} is listed twice")
         seen.append(v)
@@ -349,13 +358,15 @@ def _run(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str]
     for p in points:
         clean = {k: v for k, v in p.items() if v is not None}
         groups.setdefault(tuple(sorted(clean)), []).append(clean)
-    order = {tuple(sorted((k, v) for k, v in p.items() if v is not None)): i
+    order = {tuple(sorted((k, v) for k, v in p.items() if v is not None and k in axes)): i
              for i, p in enumerate(points)}
     for keys, members in groups.items():
         spec = _ExplicitSpec.of(fixed, list(keys), members, name)
         frames.append(sweep(spec=spec, workers=workers, scheduler=scheduler,
                             progress=progress))
     df = pd.concat(frames, ignore_index=True)
+    # options a point carries beyond the axes (symmetry) are not columns
+    df = df.drop(columns=[c for c in ("symmetry",) if c in df and c not in axes])
     for a in axes:
         if a not in df:
             df[a] = None

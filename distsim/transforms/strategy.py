@@ -65,41 +65,8 @@ class Strategy:
     order: str = "tp-dp-pp"
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
-                     "micro_batch"):
-            value = getattr(self, name)
-            if value is None and name not in ("tp", "pp"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"--{_flag(name)}: must be a positive integer, got {value!r}")
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) \
-                or self.prefetch < 0:
-            raise ConfigError(f"--prefetch: must be a non-negative integer, got {self.prefetch!r}")
-        for flag in ("symmetry", "coarsen"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ConfigError(f"--{flag}: must be true or false, got {getattr(self, flag)!r}")
-        if not isinstance(self.sp, bool):
-            raise ConfigError(f"--sp: must be true or false, got {self.sp!r}")
-        if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
-            raise ConfigError(f"--zero: must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.recompute not in RECOMPUTE:
-            raise ConfigError(f"--recompute: must be one of {', '.join(RECOMPUTE)}, "
-                              f"got {self.recompute!r}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"--schedule: must be one of {', '.join(SCHEDULES)}, "
-                              f"got {self.schedule!r}")
-        if self.bucket_mb is not None and (isinstance(self.bucket_mb, bool) or
-                                           not isinstance(self.bucket_mb, (int, float)) or
-                                           not math.isfinite(self.bucket_mb) or
-                                           self.bucket_mb < 0):
-            # NaN compares false with everything: checked by name, not by `< 0`
-            raise ConfigError(f"--bucket-mb: must be a finite non-negative number, "
-                              f"got {self.bucket_mb!r}")
-        for name, allowed in (("optimizer", OPTIMIZERS), ("partition", PARTITIONS),
-                              ("order", ORDERS)):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"--{name}: must be one of {', '.join(allowed)}, "
-                                  f"got {getattr(self, name)!r}")
+        for name in _CHECK_ORDER:
+            check_field(name, getattr(self, name))
         if self.sp and self.tp == 1:
             raise ConfigError("--sp: sequence parallelism needs tensor parallelism (--tp > 1)")
         if self.schedule != "interleaved" and (self.virtual_stages or 1) > 1:
@@ -155,3 +122,48 @@ class Strategy:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+#: Every field, in the order :meth:`Strategy.__post_init__` checks them.
+_CHECK_ORDER = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
+                "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
+                "schedule", "bucket_mb", "optimizer", "partition", "order")
+_POSITIVE = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "micro_batch")
+_BOOLS = ("symmetry", "coarsen", "sp")
+_CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
+            "partition": PARTITIONS, "order": ORDERS}
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def check_field(name: str, value: Any, label: Optional[str] = None) -> None:
+    """Raise :class:`ConfigError` if ``value`` is not allowed for the
+    :class:`Strategy` field ``name`` on its own (the rules between fields,
+    such as ``sp`` needing ``tp > 1``, are the strategy's). ``label`` names
+    it in the message (default: the flag, ``--zero``). Sweeps and search
+    check their values with this before running any point."""
+    label = label or f"--{_flag(name)}"
+    if name in _POSITIVE:
+        if value is None and name not in ("tp", "pp"):
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{label}: must be a positive integer, got {value!r}")
+    elif name == "prefetch":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{label}: must be a non-negative integer, got {value!r}")
+    elif name in _BOOLS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{label}: must be true or false, got {value!r}")
+    elif name == "zero":
+        if isinstance(value, bool) or value not in ZERO_STAGES:
+            raise ConfigError(f"{label}: must be 0, 1, 2 or 3, got {value!r}")
+    elif name == "bucket_mb":
+        if value is not None and (isinstance(value, bool) or
+                                  not isinstance(value, (int, float)) or
+                                  not math.isfinite(value) or value < 0):
+            # NaN compares false with everything: checked by name, not by `< 0`
+            raise ConfigError(f"{label}: must be a finite non-negative number, "
+                              f"got {value!r}")
+    elif name in _CHOICES:
+        if value not in _CHOICES[name]:
+            raise ConfigError(f"{label}: must be one of {', '.join(_CHOICES[name])}, "
+                              f"got {value!r}")

@@ -46,7 +46,8 @@ global (single-device) parameters and a lowered program.
 from __future__ import annotations
 
 from math import prod
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 
@@ -135,6 +136,30 @@ def sync_route(zero: int, dp: int, bucket_bytes: Optional[float]) -> str:
     return "bucket"
 
 
+def check_shardable(zero: int, dp: int, params: Iterable[Tuple[str, int]],
+                    symmetric: bool) -> None:
+    """ZeRO's flat shards need every rank to hold a piece (ZeRO 2/3
+    reduce-scatter each gradient over dp), and a reduced program
+    (``symmetric``: representatives only) needs the pieces equal: raise
+    :class:`PassPreconditionError` naming the first parameter (``params``:
+    ``(name, elements)`` per rank-local parameter, in step order) that is
+    not. The simulator's lowering and the sweep estimator both call this,
+    so they refuse the same points."""
+    if zero == 0 or dp == 1:
+        return
+    for name, numel in params:
+        if zero >= 2 and numel < dp:
+            raise PassPreconditionError(
+                f"ZeRO {zero}: parameter '{name}' has {numel} elements, fewer than "
+                f"the {dp} data-parallel ranks to shard it over (use --zero 1 or a "
+                f"smaller --dp)")
+        if symmetric and numel % dp:
+            raise PassPreconditionError(
+                f"ZeRO {zero} with symmetry: parameter '{name}' ({numel} elements) "
+                f"does not split evenly over dp {dp}, so the ranks' shards differ "
+                f"(simulate without --symmetry)")
+
+
 class GradientSync:
     """Per-parameter gradient buffers, accumulation, data-parallel sync,
     ZeRO sharding and the optimizer of a step lowered by LowerSPMD (see
@@ -179,24 +204,9 @@ class GradientSync:
         return self.L.stage_of_chunk(self.L.param_chunk[p])
 
     def _check_shardable(self) -> None:
-        """ZeRO's flat shards need every rank to hold a piece (ZeRO 2/3
-        reduce-scatter each gradient over dp), and a reduced program
-        (symmetry) needs the pieces equal: refuse plainly otherwise."""
-        dp = self.S.dp
-        if self.zero == 0 or dp == 1:
-            return
-        for p in self.L.params:
-            numel = p.type.numel
-            if self.zero >= 2 and numel < dp:
-                raise PassPreconditionError(
-                    f"ZeRO {self.zero}: parameter '{p.name}' has {numel} elements, fewer than "
-                    f"the {dp} data-parallel ranks to shard it over (use --zero 1 or a "
-                    f"smaller --dp)")
-            if self.L.representatives and numel % dp:
-                raise PassPreconditionError(
-                    f"ZeRO {self.zero} with symmetry: parameter '{p.name}' ({numel} elements) "
-                    f"does not split evenly over dp {dp}, so the ranks' shards differ "
-                    f"(simulate without --symmetry)")
+        check_shardable(self.zero, self.S.dp,
+                        ((p.name, p.type.numel) for p in self.L.params),
+                        self.L.representatives)
 
     def create_inputs(self) -> None:
         self._check_shardable()

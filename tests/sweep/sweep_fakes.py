@@ -39,3 +39,14 @@ def always_kill_dp2(**options):
 def always_kill(**options):
     """Every point kills its worker: the workers themselves start fine."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def marked_sleep_simulate(marker_dir: str, **options):
+    """Points with dp <= 2 simulate at once; the others leave a file in
+    ``marker_dir`` (the worker's pid: it is busy now) and sleep a minute,
+    so that a test can stop the sweep while workers are running points
+    (bind ``marker_dir`` with functools.partial)."""
+    if (options.get("dp") or 1) > 2:
+        Path(marker_dir, f"busy-{os.getpid()}").write_text(str(os.getpid()))
+        time.sleep(60)
+    return distsim.simulate(**options)
