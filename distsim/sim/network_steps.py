@@ -31,7 +31,11 @@ and the steps are always a single timeout.
 With utilisation samples on, a phantom samples each of its links once at
 its start (the mean use over its steps: bytes over capacity x duration)
 and once at its end or when it materialises (0, before the real flows take
-over), so samples do not turn the fast path off.
+over), so samples do not turn the fast path off. When it materialises
+part-way through a step, its start samples are rewritten to the mean use
+over the time it ran (the bytes each link carried by then, which a step's
+flows send at their rate, sooner than the step's mean use spreads them), so
+that each link's samples still integrate to the bytes it carried.
 """
 from __future__ import annotations
 
@@ -64,7 +68,8 @@ class StepProfile:
 
 
 class _Phantom:
-    __slots__ = ("specs", "key", "profile", "steps", "start_s", "done", "materialized")
+    __slots__ = ("specs", "key", "profile", "steps", "start_s", "done", "materialized",
+                 "first_sample")
 
     def __init__(self, specs, key, profile, steps, start_s, done) -> None:
         self.specs = specs
@@ -74,6 +79,9 @@ class _Phantom:
         self.start_s = start_s
         self.done = done
         self.materialized = False
+        #: with samples on: where its start samples (one per link, in
+        #: ``profile.link_ids`` order) are in the network's list
+        self.first_sample = -1
 
 
 class StepRunner:
@@ -128,6 +136,7 @@ class StepRunner:
                 if net.record_samples:
                     uses = net.mean_uses(((i, b) for i, (b, _, _) in profile.links.items()),
                                          profile.duration_s)
+                    phantom.first_sample = len(net.samples)
                     for i in profile.link_ids:
                         net.sample(i, uses.get(i, 0.0))
                 outcome = yield phantom.done
@@ -275,13 +284,29 @@ class StepRunner:
         phantom.materialized = True
         self._release(phantom)
         self._account(profile, finished)
-        in_flight = self._resume_step(phantom, into)
+        in_flight = self._resume_step(phantom, finished, into)
         phantom.done.succeed((finished, in_flight))
 
-    def _resume_step(self, phantom: _Phantom, into: float) -> simpy.Event:
-        """Real flows for the step ``into`` seconds in: each carries the
-        bytes it has not sent yet; those already sent wait out their
-        latency. Link statistics get the part of the step already run.
+    def _resample(self, phantom: _Phantom, finished: int, sent_on: Dict[int, float]) -> None:
+        """Rewrite the start samples of a phantom that materialised: each
+        link's use from the phantom's start until now is the bytes it
+        carried by now (``finished`` whole steps and ``sent_on`` of the
+        step in progress) over its capacity x the time."""
+        net = self.net
+        elapsed = net.env.now - phantom.start_s
+        if elapsed <= 0:
+            return                      # no time between the start and the 0 sample
+        samples, cap = net.samples, net._capacity
+        for k, (i, (nbytes, _, _)) in enumerate(phantom.profile.links.items()):
+            at = phantom.first_sample + k
+            carried = finished * nbytes + sent_on.get(i, 0.0)
+            samples[at] = samples[at]._replace(utilisation=carried / (cap[i] * elapsed))
+
+    def _resume_step(self, phantom: _Phantom, finished: int, into: float) -> simpy.Event:
+        """Real flows for the step ``into`` seconds in (after ``finished``
+        whole steps): each carries the bytes it has not sent yet; those
+        already sent wait out their latency. Link statistics get the part
+        of the step already run (and the start samples the use so far).
         Returns the event of the whole step's delivery."""
         net, env = self.net, self.net.env
         done = env.event()
@@ -313,6 +338,8 @@ class StepRunner:
             # every flow of the step started at its beginning: the link has
             # been busy since then, for at most its longest transmission
             net.add_link_stats(i, sent_on.get(i, 0.0), min(into, busy), n)
+        if phantom.first_sample >= 0:
+            self._resample(phantom, finished, sent_on)
         for src, dst, nbytes in restart:
             event = env.event()
             event.callbacks.append(one_done)

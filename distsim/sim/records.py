@@ -21,15 +21,16 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from ..ir.comm import CollectiveType
 from ..ir.core import Op
 from .program_columns import spans
 from .program_index import _FIRST, _META, _NAME, _OP_TYPE, _OUTPUTS, ProgramIndex
-from .trace import COMM_STREAM, COMPUTE_STREAM, Labels, OpColumns, OpLabels
+from .trace import COMM_STREAM, COMPUTE_STREAM, P2P_STREAM, Labels, OpColumns, OpLabels
 
 __all__ = ["CATEGORIES", "STREAMS", "expand_to_followers", "op_columns"]
 
 #: stream codes: sorted names, so that codes sort as the names do
-STREAMS: Tuple[str, ...] = tuple(sorted((COMM_STREAM, COMPUTE_STREAM)))
+STREAMS: Tuple[str, ...] = tuple(sorted((COMM_STREAM, COMPUTE_STREAM, P2P_STREAM)))
 #: category codes
 CATEGORIES: Tuple[str, ...] = ("compute", "communication")
 
@@ -51,6 +52,17 @@ def _label_lists(compute: List[Op], collectives: List[Op], used: List[str]) -> L
     op_types += map(_OP_TYPE, collectives)
     details += used
     return names, op_types, details
+
+
+_SEND_RECV = CollectiveType.SEND_RECV.op_type
+_COMM_CODE, _P2P_CODE = STREAMS.index(COMM_STREAM), STREAMS.index(P2P_STREAM)
+
+
+def _comm_stream_codes(ops: List[Op]) -> np.ndarray:
+    """The stream code of each communication op's records: ``p2p`` for a
+    SendRecv (on a queue of its own, see :mod:`.simulator`), else ``comm``."""
+    return np.fromiter((_P2P_CODE if op.op_type == _SEND_RECV else _COMM_CODE for op in ops),
+                       np.int64, len(ops))
 
 
 def op_columns(ix: ProgramIndex, start_s: np.ndarray, end_s: np.ndarray,
@@ -80,8 +92,8 @@ def op_columns(ix: ProgramIndex, start_s: np.ndarray, end_s: np.ndarray,
     return OpColumns(
         rank=np.concatenate([ix.compute_rank, np.fromiter(chain.from_iterable(team),
                                                           np.int64, total)]),
-        stream=np.repeat(np.array([STREAMS.index(COMPUTE_STREAM), STREAMS.index(COMM_STREAM)]),
-                         [nc, total]),
+        stream=np.concatenate([np.full(nc, STREAMS.index(COMPUTE_STREAM), np.int64),
+                               np.repeat(_comm_stream_codes(comm_ops), counts)]),
         category=np.repeat(np.array([0, 1]), [nc, total]),
         start_s=np.concatenate([start_s, np.repeat(np.fromiter(map(_START, finished), float, k),
                                                    counts)]),

@@ -1,13 +1,21 @@
 """The discrete-event simulator: a local-view program on a topology.
 
-Each device has two streams, ``compute`` and ``comm`` (like a CUDA stream
-and an NCCL stream); each stream is a SimPy process that takes its ops in
-program order. An op starts when its stream is free and its inputs on that
-device are ready. A communication op is on the ``comm`` stream of every
-rank of its team; the collective starts when every member has reached it
-and its inputs are ready, and runs as point-to-point flows on the network
-(:mod:`.collectives`, :mod:`.network`). Compute time comes from the cost
-model. Memory is logged per device (:mod:`.memory`).
+Each device has a ``compute`` stream and a ``comm`` stream (like a CUDA
+stream and an NCCL stream), plus one ``p2p`` queue per peer it exchanges
+point-to-point transfers (SendRecv) with; each is a SimPy process that takes
+its ops in program order. An op starts when its stream is free and its
+inputs on that device are ready. A collective is on the ``comm`` stream of
+every rank of its team; the collective starts when every member has reached
+it and its inputs are ready, and runs as point-to-point flows on the network
+(:mod:`.collectives`, :mod:`.network`). A SendRecv is on the queue of its
+pair of ranks on both of them, as NCCL runs point-to-point operations on a
+communicator (and stream) of their own per pair of ranks, not behind the
+tensor- or data-parallel collectives: one queue for everything would make a
+collective wait for a pipeline receive ordered before it in the program
+whose sender is late, a delay that the hardware does not have (the order of
+the transfers is the lowering's estimate of the time line, and the real
+times differ). Compute time comes from the cost model. Memory is logged per
+device (:mod:`.memory`).
 
 Speed: compute ops share no resource but their stream, so a stream does not
 wait on the simulation clock for them. It schedules its ops as soon as the
@@ -51,7 +59,7 @@ from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, Compu
 from .records import expand_to_followers, op_columns
 from .solo import SoloLedger, solo_teams
 from .symmetry import class_members, comm_positions, symmetry_classes
-from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpColumns, Trace
+from .trace import COMM_STREAM, COMPUTE_STREAM, P2P_STREAM, DeviceInfo, OpColumns, Trace
 
 __all__ = ["INPUT_CATEGORY", "RESIDENT_ROLES", "SimulationOptions", "Simulator",
            "collective_bytes", "simulate_function", "value_category"]
@@ -163,6 +171,8 @@ class Simulator:
         # the collectives its followers reach at each comm-stream position.
         self._rep: Dict[int, int] = {}
         self._followers: Dict[int, List[Tuple[int, List[_Collective]]]] = {}
+        #: which collective kinds are SendRecv (see _comm_queues), made on first use
+        self._p2p_kinds: Optional[np.ndarray] = None
 
     # -- setup ----------------------------------------------------------
     def _check_devices(self) -> None:
@@ -312,16 +322,20 @@ class Simulator:
             else:
                 self.env.process(self._run_collective(coll))
 
-    def _comm_stream(self, rank: int, indices: List[int], inputs: List[Tuple[int, ...]]):
-        """A rank's communication stream: each collective in turn, reached
-        when the previous one has ended and the rank's own operands of it
-        (``inputs``, aligned with ``indices``) are ready."""
-        key = (rank, COMM_STREAM)
+    def _comm_stream(self, rank: int, indices: List[int], inputs: List[Tuple[int, ...]],
+                     positions: Optional[List[int]] = None, stream: str = COMM_STREAM):
+        """A rank's communication stream (or one of its point-to-point
+        queues, named ``stream``): each collective in turn, reached when the
+        previous one has ended and the rank's own operands of it
+        (``inputs``, aligned with ``indices``) are ready. ``positions``: the
+        positions in ``indices`` this queue takes, in order (None: all)."""
+        key = (rank, stream)
         ready = self._ready
         followers = self._followers.get(rank)
         collectives = self._collectives
         t = 0.0
-        for k, (c, own) in enumerate(zip(indices, inputs)):
+        for k in range(len(indices)) if positions is None else positions:
+            c, own = indices[k], inputs[k]
             coll = collectives[c]
             arrival = t
             for n in own:
@@ -413,8 +427,9 @@ class Simulator:
             if kind == COMPUTE_STREAM:
                 self.env.process(self._compute_stream(ix.compute_streams[rank], prefixes[rank]))
             else:
-                self.env.process(self._comm_stream(rank, ix.comm_streams[rank],
-                                                   ix.comm_inputs[rank]))
+                indices, inputs = ix.comm_streams[rank], ix.comm_inputs[rank]
+                for stream, positions in self._comm_queues(rank, indices):
+                    self.env.process(self._comm_stream(rank, indices, inputs, positions, stream))
         self._run_events()
         if self._blocked:
             raise SimulationError(self._deadlock_report())
@@ -424,6 +439,37 @@ class Simulator:
         if self._rep:
             records, memory = self._expand_symmetry(records, memory)
         return self._trace(records, memory)
+
+    def _comm_queues(self, rank: int, indices: List[int]
+                     ) -> List[Tuple[str, Optional[List[int]]]]:
+        """The queues of ``rank``'s communication ops (``indices``, its
+        collectives in program order): ``(stream, positions in indices)``,
+        the collectives on ``comm`` and the SendRecvs with each peer on one
+        queue per peer (``p2p-with-<peer>``, the name in a deadlock report);
+        positions None when all are on ``comm``."""
+        ix = self.index
+        p2p = self._p2p_kinds
+        if p2p is None:
+            send_recv = CollectiveType.SEND_RECV
+            p2p = self._p2p_kinds = np.array(
+                [(_KINDS.get(op.op_type) or collective_of(op)) is send_recv
+                 for op in ix.collective_kinds], bool)
+        kinds = ix.collective_kind[np.asarray(indices, dtype=np.int64)]
+        if not p2p[kinds].any():
+            return [(COMM_STREAM, None)]
+        labels: Dict[int, str] = {}      # kind -> its queue (the team is the kind's)
+        queues: Dict[str, List[int]] = {}
+        for k, kind in enumerate(kinds.tolist()):
+            stream = labels.get(kind)
+            if stream is None:
+                if p2p[kind]:
+                    src, dst = ix.collective_kinds[kind].attrs["ranks"]
+                    stream = f"{P2P_STREAM}-with-{dst if src == rank else src}"
+                else:
+                    stream = COMM_STREAM
+                labels[kind] = stream
+            queues.setdefault(stream, []).append(k)
+        return list(queues.items())
 
     def _compute_times(self, prefixes: Dict[int, List[float]]) -> Tuple[np.ndarray, np.ndarray]:
         """Start and end of every simulated compute op: each block's start

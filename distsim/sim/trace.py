@@ -24,6 +24,9 @@ from ..ir.core import gc_paused
 
 COMPUTE_STREAM = "compute"
 COMM_STREAM = "comm"
+#: point-to-point transfers (SendRecv): each pair of ranks has a queue of
+#: its own, apart from the collectives' (see distsim.sim.simulator)
+P2P_STREAM = "p2p"
 
 
 class OpRecord(NamedTuple):

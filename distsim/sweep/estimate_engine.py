@@ -1,10 +1,11 @@
 """The estimator's timeline: work items on the streams of pipeline stages.
 
-Each pipeline stage is represented by one rank with the simulator's two
-streams, compute and communication. An item is a piece of work in program
-order on one or more streams: a run of compute (one stream), a collective
-(the communication streams of every stage in its team: a pipeline
-send/receive is on two), or a forward/backward task with tensor-parallel
+Each pipeline stage is represented by one rank with the simulator's
+streams: compute, communication, and a point-to-point queue per pair of
+stages. An item is a piece of work in program order on one or more
+streams: a run of compute (one stream), a collective (the communication
+streams of every stage in its team), a pipeline send/receive (the queue of
+its pair of stages), or a forward/backward task with tensor-parallel
 collectives inside (both streams of its stage: its collectives hold the
 communication stream while it runs). An item starts when every stream it
 is on has finished the items before it and the items it depends on have
@@ -50,6 +51,12 @@ class Timeline:
         # list would, in the same order)
         self.busy: List[float] = [0.0] * stages
         self.comm_s: List[float] = [0.0] * stages
+        # point-to-point queues: the end of each pair of stages' last
+        # transfer, and per stage the spans of its transfers (those with
+        # its two neighbours may overlap each other and the collectives)
+        self.p2p_free: Dict[Tuple[int, int], float] = {}
+        self.p2p_starts: List[List[float]] = [[] for _ in range(stages)]
+        self.p2p_ends: List[List[float]] = [[] for _ in range(stages)]
 
     def copy(self) -> "Timeline":
         """An independent copy (to continue two walks from a shared prefix)."""
@@ -61,6 +68,9 @@ class Timeline:
         t.comm_starts = [list(x) for x in self.comm_starts]
         t.comm_ends = [list(x) for x in self.comm_ends]
         t.busy, t.comm_s = list(self.busy), list(self.comm_s)
+        t.p2p_free = dict(self.p2p_free)
+        t.p2p_starts = [list(x) for x in self.p2p_starts]
+        t.p2p_ends = [list(x) for x in self.p2p_ends]
         return t
 
     def compute(self, stage: int, time_s: float, ready: float = 0.0,
@@ -189,6 +199,24 @@ class Timeline:
         self.comm_s[stage] += end - start
         return end
 
+    def p2p(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:
+        """A pipeline send/receive between the two ``stages`` on their
+        pair's point-to-point queue (not behind the collectives, as in the
+        simulator) that may start at ``ready``; returns its end."""
+        a, b = stages
+        pair = (a, b) if a < b else (b, a)
+        start = self.p2p_free.get(pair, 0.0)
+        if ready > start:
+            start = ready
+        end = start + time_s
+        self.p2p_free[pair] = end
+        if end > self.end:
+            self.end = end
+        for stage in dict.fromkeys(stages):
+            self.p2p_starts[stage].append(start)
+            self.p2p_ends[stage].append(end)
+        return end
+
     def run(self) -> float:
         """The step time: the last end."""
         return self.end
@@ -204,9 +232,30 @@ class Timeline:
         waits = self.waits[stage]
         busy = self.busy[stage]
         comm_s = self.comm_s[stage]
+        starts, ends = self.comm_starts[stage], self.comm_ends[stage]
+        if self.p2p_starts[stage]:
+            # the union of the collectives' and the transfers' spans, as the
+            # simulator's summary counts communication
+            starts, ends = _union(starts + self.p2p_starts[stage],
+                                  ends + self.p2p_ends[stage])
+            comm_s = sum(e - s for s, e in zip(starts, ends))
         hidden = span_overlap(self.compute_starts[stage], self.compute_ends[stage],
-                              self.comm_starts[stage], self.comm_ends[stage])
+                              starts, ends)
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,
                 "idle_s": max(0.0, step_s - busy - exposed)}
+
+
+def _union(starts: List[float], ends: List[float]) -> Tuple[List[float], List[float]]:
+    """Spans ``(starts[i], ends[i])`` merged into disjoint ones in time order."""
+    out_s: List[float] = []
+    out_e: List[float] = []
+    for s, e in sorted(zip(starts, ends)):
+        if out_e and s <= out_e[-1]:
+            if e > out_e[-1]:
+                out_e[-1] = e
+        else:
+            out_s.append(s)
+            out_e.append(e)
+    return out_s, out_e

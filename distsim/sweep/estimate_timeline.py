@@ -494,9 +494,9 @@ class Builder:
         recv = w.recv
         arrived = recv.get(key, 0.0)
         done = w.ends[(kind, mb, c)] or 0.0
-        comm = self.tl.comm
+        p2p = self.tl.p2p
         for t in times:
-            end = comm(stages, t, done)
+            end = p2p(stages, t, done)
             if end > arrived:
                 arrived = end
         recv[key] = arrived

@@ -37,8 +37,11 @@ every rank that holds it:
   ops in program order) and gated only on the compute that precedes ``L``
   (a ``depend`` on the last op before it), so layer ``L+1``'s gather runs
   while ``L`` computes and at most ``prefetch + 1`` layers are gathered at
-  once. With ``prefetch`` 0 each layer's gather is issued when the layer
-  starts and the compute waits for it.
+  once. The gathers of a task's first layer are gated on the task's start
+  too: on the inputs it receives from another pipeline stage (a backward
+  gathers when the gradient from the next stage is there, not as soon as
+  the stage's previous compute ends). With ``prefetch`` 0 each layer's
+  gather is issued when the layer starts and the compute waits for it.
 
 :func:`local_inputs` and :func:`global_updates` move numbers between the
 global (single-device) parameters and a lowered program.
@@ -183,6 +186,11 @@ class GradientSync:
         self.deferred: Dict[int, List[Value]] = {}
         self.last_out: Dict[int, Value] = {}
         self.gathered: set = set()
+        # ZeRO-3: the task whose gathers are being issued, and per rank the
+        # inputs it received from another stage (gates of its first gathers)
+        self._task: Optional[Tuple[str, int, int, int]] = None
+        self._received: Dict[int, List[Value]] = {}
+        self._crossing_in: Dict[Tuple[str, int, int], List[Value]] = {}
         self.updates: Dict[str, str] = {}
         #: the same updates as (old, new) values, in the order made (for the
         #: build log: the simulator numbers them without reading every name)
@@ -254,10 +262,46 @@ class GradientSync:
         if layer not in layers:
             return
         i = layers.index(layer)
+        task = (kind, mb, chunk, stage)
+        if task != self._task:
+            # the task's first layer: nothing of it has computed yet
+            self._task = task
+            self._received = self._task_inputs(stage, mb, kind, chunk)
         for ahead, params in order[i:i + 1 + self.S.prefetch]:
             todo = [p for p in params if (p, kind, mb, stage) not in self.gathered]
             for p in todo:
                 self._gather(p, stage, mb, kind, ahead)
+        self._received = {}
+
+    def _task_inputs(self, stage: int, mb: int, kind: str, chunk: int) -> Dict[int, List[Value]]:
+        """Per rank of ``stage``, the values the task ``(kind, mb, chunk)``
+        receives from another stage (from tasks of its kind: a forward's
+        activations, a backward's gradients), already received in program
+        order."""
+        L = self.L
+        key = (kind, chunk, stage)
+        crossing = self._crossing_in.get(key)
+        if crossing is None:
+            seen: set = set()
+            crossing = []
+            producer, task_of = L.producer_of, L.task_of_op
+            for op in L.task_ops.get((kind, chunk), []):
+                for v in op.inputs:
+                    if v in seen or v not in L.crossing:
+                        continue
+                    seen.add(v)
+                    src_kind, src_chunk = task_of[id(producer[v])]
+                    if src_kind == kind and L.stage_of_chunk(src_chunk) != stage:
+                        crossing.append(v)
+            self._crossing_in[key] = crossing
+        out: Dict[int, List[Value]] = {}
+        if crossing:
+            for _, _, r in L.group(stage):
+                env = L.menv.get((r, mb), {})
+                got = [env[v] for v in crossing if v in env]
+                if got:
+                    out[r] = got
+        return out
 
     def _gather(self, p: Value, stage: int, mb: int, kind: str, layer: Any) -> None:
         """All-gather the shards of ``p`` over the dp ranks of every tensor-
@@ -277,6 +321,10 @@ class GradientSync:
                 if token is not None:
                     # not before the compute that precedes this point ends
                     shard = em.one("depend", [shard, token], None, f"{p.name}_gate_r{r}",
+                                   dict(meta, detail="zero3 prefetch gate"))
+                for got in self._received.get(r, ()):
+                    # nor before the task has its inputs from another stage
+                    shard = em.one("depend", [shard, got], None, f"{p.name}_gate_r{r}",
                                    dict(meta, detail="zero3 prefetch gate"))
                 shards.append(shard)
             if S.dp > 1:

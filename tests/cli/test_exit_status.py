@@ -22,10 +22,11 @@ def _guarantees() -> str:
 def test_readme_lists_every_exit_status():
     text = _guarantees()
     assert "Exit status 1 means a bug" not in text
-    sentence = re.search(r"Exit status: (.*?130 Ctrl-C\.)", text).group(1)
+    sentence = re.search(r"Exit status: (.*?resume\)\.)", text).group(1)
     for piece in ("0 success", "1 when `distsim check` finds a value that differs",
                   "`distsim search` finds no strategy that fits", "otherwise a bug in distsim",
-                  "2 bad input"):
+                  "2 bad input", "130 Ctrl-C", "143 when `distsim sweep` or `distsim search` is "
+                  "stopped by SIGTERM"):
         assert piece in sentence
 
 

@@ -129,9 +129,14 @@ def test_a_phantom_samples_its_mean_use_and_hands_over_to_real_flows():
     env.process(intruder())
     env.run()
     link = [(s.time_s, s.utilisation) for s in net.link_samples() if s.src == "gpu0"]
+    # steps 2..10 are fast-forwarded from 0.0101: a phantom sampled at its
+    # mean use, 0.1 GB per 0.0101 s; the intruder materialises it at 0.035,
+    # 0.0249 s in: two whole steps (0.2 GB) and 0.0047 s of the third at the
+    # full 10 GB/s (0.047 GB), so its sample is rewritten to the use it had,
+    # 0.247 GB over 10 GB/s x 0.0249 s
     expected = [(0.0, 1.0),              # the first step, as a real flow at full rate
                 (0.01, 0.0),             # its last byte left; latency until 0.0101
-                (0.0101, 0.1 / (10 * 0.0101)),   # steps 2..10 fast-forwarded: mean use
+                (0.0101, 0.247 / (10 * 0.0249)),   # the phantom, up to 0.035
                 (0.035, 0.0),            # the intruder materialises the phantom...
                 (0.035, 1.0)]            # ...which shares the link with it: 5 + 5 GB/s
     assert link[:5] == [pytest.approx(e, rel=1e-9) for e in expected]
@@ -139,9 +144,8 @@ def test_a_phantom_samples_its_mean_use_and_hands_over_to_real_flows():
     # (latency included in its mean) until the end
     assert link[-2][1] == pytest.approx(0.1 / (10 * 0.0101), rel=1e-9)
     assert link[-1] == pytest.approx((env.now, 0.0), rel=1e-9)
-    # the phantom's partial step counts at its mean rate, not its real one:
-    # off by at most one step's bytes
-    assert integrals(net, env.now)[("gpu0", "gpu1")] == pytest.approx(1.1 * GB, abs=0.1 * GB)
+    # so the samples integrate to the bytes carried: 10 steps and the intruder
+    assert integrals(net, env.now)[("gpu0", "gpu1")] == pytest.approx(1.1 * GB, rel=1e-9)
 
 
 def test_analytical_uses_add_up_past_one_where_contention_is_ignored():

@@ -89,6 +89,28 @@ def test_allreduce_overlaps_independent_compute(topo):
     assert comm.start_s == 0 and comp.start_s == 0  # both streams start at once
 
 
+def test_a_collective_does_not_wait_behind_a_late_point_to_point_receive(topo):
+    # rank 0 computes for 2 ms, then sends the result to rank 1; ranks 1
+    # and 2 all-reduce a gradient ready at 0 that comes after the receive
+    # in program order. NCCL runs point-to-point transfers on a
+    # communicator of their own per pair of ranks: the all-reduce starts at
+    # 0, not after the 2 ms (a pipeline stage's tensor-parallel all-reduces
+    # held up by the receive of a later micro-batch: the interleaved
+    # schedule's lost time on 4 DGX A100, tp 8 pp 4).
+    b = FunctionBuilder("p2p")
+    x = b.input("x", TensorType((1000, 1000), F16, 0))
+    g = [b.input(f"g{r}", TensorType((1 << 20,), F16, r)) for r in (1, 2)]
+    y = b.op("matmul", [x, x])                       # 2 ms on rank 0
+    got = b.op("comm.sendrecv", [y], {"ranks": (0, 1)})
+    red = b.op("comm.allreduce", g, {"ranks": (1, 2)})
+    trace = simulate_function(b.finish([got] + list(red)), topo, CostModel(spec()))
+    comm = {(r.rank, r.op_type): r for r in trace.ops if r.category == "communication"}
+    assert comm[(1, "comm.allreduce")].start_s == 0.0
+    assert comm[(1, "comm.allreduce")].stream == "comm"
+    assert comm[(1, "comm.sendrecv")].start_s == pytest.approx(2e-3, rel=1e-12)
+    assert comm[(0, "comm.sendrecv")].stream == comm[(1, "comm.sendrecv")].stream == "p2p"
+
+
 def test_deadlock_reports_blocked_ops(topo):
     # rank 0 waits in an all-reduce that rank 1 reaches only after an
     # all-reduce rank 0 never reaches (opposite program orders on the comm

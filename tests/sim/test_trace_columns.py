@@ -32,7 +32,9 @@ def eager_records(sim: Simulator, start_s: np.ndarray, end_s: np.ndarray) -> lis
                         float(ix.compute_bytes[k]), op.meta.get("detail", ""))
                for k, op in enumerate(ix.compute)]
     for coll in sim._finished:
-        records += [OpRecord(r, "comm", coll.op.name, coll.op.op_type, "communication",
+        # a SendRecv is on its pair's point-to-point queue, shown as "p2p"
+        stream = "p2p" if coll.op.op_type == "comm.sendrecv" else "comm"
+        records += [OpRecord(r, stream, coll.op.name, coll.op.op_type, "communication",
                              coll.start_s, coll.end_s, 0.0, coll.sent[r], coll.used)
                     for r in coll.members]
     records.sort(key=TIME_ORDER)

@@ -57,3 +57,33 @@ def test_prefetched_gathers_precede_the_layer_before_in_program_order():
     gathers_l2 = [i for i, op in enumerate(ops) if op.op_type == "comm.allgather"
                   and op.meta.get("layer") == 2]
     assert gathers_l2 and min(gathers_l2) < first_l1
+
+
+def test_a_backward_gathers_when_its_gradient_arrives_from_the_next_stage():
+    """With pipeline stages, a backward task's first gathers are gated on
+    its start: the gradient it receives from the next stage, as the
+    estimator (sweep/estimate_timeline) times them. Gated only on the
+    compute before, they would run right after the stage's forward and
+    hold the gathered parameters through the next stage's work. (A shared
+    comm stream used to give this gate by accident: the receive sat there
+    before the gathers; pipeline transfers now have queues of their own.)"""
+    import re
+    result = distsim.simulate(model="tiny", topology="dgx-a100", dp=4, pp=2, zero=3,
+                              global_batch=16, micro_batch=2, network_mode="analytical")
+    produced_by = {v.name: op for op in result.program.ops for v in op.outputs}
+    ops = [o for o in result.trace.ops if o.rank == 0]          # stage 0
+    grad_in = {}        # micro-batch -> when its gradient from stage 1 is on rank 0
+    for o in ops:
+        op = produced_by[o.name]
+        if o.op_type == "comm.sendrecv" and op.meta.get("detail") == "backward":
+            grad_in[op.meta["microbatch"]] = o.end_s
+    assert sorted(grad_in) == [0, 1]
+    starts = {}         # (parameter, micro-batch) -> its gathers' starts: forward, backward
+    for o in ops:
+        m = re.match(r"^(l\d+_.*)_full_m(\d+)_r0(\.\d+)?$", o.name)
+        if o.op_type == "comm.allgather" and m:
+            starts.setdefault((m.group(1), int(m.group(2))), []).append(o.start_s)
+    backward = [(mb, max(s)) for (_, mb), s in starts.items() if len(s) == 2]
+    assert len(backward) > 10
+    for mb, start in backward:
+        assert start >= grad_in[mb]
