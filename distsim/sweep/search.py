@@ -312,7 +312,8 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
         chosen_points = [{**p, "symmetry": symmetry_applies({**fixed, **p})}
                          for p in chosen_points]
     log(f"{len(ok)} of {len(kept)} fit in memory; simulating the {len(chosen_points)} fastest "
-        f"in full ({network_mode} network" + (", symmetry and coarsening)" if is_gpt else ")"))
+        f"in full ({network_mode} network" + (_reduction_note(chosen_points) if is_gpt else "")
+        + ")")
     if not is_gpt and network_mode == "analytical":
         full = chosen.copy()
     else:
@@ -329,6 +330,18 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     ranking = ranking.sort_values(["step_time_s", "index"]).reset_index(drop=True)
     log("done")
     return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus)
+
+
+def _reduction_note(points: List[Dict[str, Any]]) -> str:
+    """How the full simulations of GPT points are reduced, for the log:
+    coarsening always, symmetry where the point allows it."""
+    reduced = sum(1 for p in points if p.get("symmetry"))
+    if reduced == len(points):
+        return ", symmetry and coarsening"
+    if reduced == 0:
+        return ", coarsening; no symmetry: the ZeRO shards differ between ranks"
+    return (f", coarsening; symmetry for {reduced} of {len(points)} (the others' ZeRO shards "
+            "differ between ranks)")
 
 
 def _check_space_values(name: str, values: List[Any]) -> None:

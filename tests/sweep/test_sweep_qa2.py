@@ -199,3 +199,10 @@ def test_signal_stops_the_sweep_and_its_workers(tmp_path, signum, status, messag
         for p in family:                # what the test started, by pid, if it survived
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_search_log_says_which_full_runs_use_symmetry():
+    from distsim.sweep.search import _reduction_note
+    assert _reduction_note([{"symmetry": True}] * 2) == ", symmetry and coarsening"
+    assert "no symmetry" in _reduction_note([{"symmetry": False}])
+    assert "symmetry for 1 of 2" in _reduction_note([{"symmetry": True}, {"symmetry": False}])
