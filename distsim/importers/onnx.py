@@ -455,12 +455,11 @@ class OnnxImporter(ShapeHints):
                         for i, a in zip(ins, arrays)) and
                     sum(a.size for a in arrays) <= FOLD_LIMIT)
         if foldable:
-            foldable = fold_fits(node.proto, {i: self.const(i) for i in ins},
-                                 self.model.opset_import, self.where(node))
+            inputs = dict(zip(ins, arrays))
+            foldable = fold_fits(node.proto, inputs, self.model.opset_import, self.where(node))
         if foldable:
             try:
-                results = fold_node(node.proto, {i: self.const(i) for i in ins},
-                                    self.model.opset_import)
+                results = fold_node(node.proto, inputs, self.model.opset_import)
             except Exception as e:
                 raise VerifyError(f"{self.where(node)}: cannot evaluate its constant inputs: "
                                   f"{type(e).__name__}: {e}") from None

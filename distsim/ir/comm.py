@@ -42,11 +42,18 @@ class CollectiveType(enum.Enum):
 
 
 COMM_PREFIX = "comm."
+_SEND_RECV_OP = CollectiveType.SEND_RECV.op_type
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 
 
 def is_communication(op: Op) -> bool:
     return op.op_type.startswith(COMM_PREFIX)
+
+
+def is_point_to_point(op: Op) -> bool:
+    """Whether ``op`` is a SendRecv (the simulator runs it on a queue per
+    pair of ranks, not on the collectives' stream)."""
+    return op.op_type == _SEND_RECV_OP
 
 
 def collective_of(op: Op) -> CollectiveType:

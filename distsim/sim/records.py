@@ -21,7 +21,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from ..ir.comm import CollectiveType
+from ..ir.comm import is_point_to_point
 from ..ir.core import Op
 from .program_columns import spans
 from .program_index import _FIRST, _META, _NAME, _OP_TYPE, _OUTPUTS, ProgramIndex
@@ -54,14 +54,13 @@ def _label_lists(compute: List[Op], collectives: List[Op], used: List[str]) -> L
     return names, op_types, details
 
 
-_SEND_RECV = CollectiveType.SEND_RECV.op_type
 _COMM_CODE, _P2P_CODE = STREAMS.index(COMM_STREAM), STREAMS.index(P2P_STREAM)
 
 
 def _comm_stream_codes(ops: List[Op]) -> np.ndarray:
     """The stream code of each communication op's records: ``p2p`` for a
     SendRecv (on a queue of its own, see :mod:`.simulator`), else ``comm``."""
-    return np.fromiter((_P2P_CODE if op.op_type == _SEND_RECV else _COMM_CODE for op in ops),
+    return np.fromiter((_P2P_CODE if is_point_to_point(op) else _COMM_CODE for op in ops),
                        np.int64, len(ops))
 
 

@@ -48,7 +48,7 @@ import simpy
 
 from ..cost.model import CostModel
 from ..errors import DistsimError, SimulationError
-from ..ir.comm import CollectiveType, collective_of
+from ..ir.comm import CollectiveType, collective_of, is_point_to_point
 from ..ir.core import Function, Op, Value, gc_paused
 from ..ir.value_table import ValueTable
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
@@ -450,10 +450,8 @@ class Simulator:
         ix = self.index
         p2p = self._p2p_kinds
         if p2p is None:
-            send_recv = CollectiveType.SEND_RECV
             p2p = self._p2p_kinds = np.array(
-                [(_KINDS.get(op.op_type) or collective_of(op)) is send_recv
-                 for op in ix.collective_kinds], bool)
+                [is_point_to_point(op) for op in ix.collective_kinds], bool)
         kinds = ix.collective_kind[np.asarray(indices, dtype=np.int64)]
         if not p2p[kinds].any():
             return [(COMM_STREAM, None)]

@@ -139,8 +139,7 @@ def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
     S, c = case.strategy, case.config
     if S.zero == 0 or S.dp == 1:
         return
-    items = tuple(sorted(replace(c, global_batch=c.micro_batch).to_dict().items()))
-    check_shardable(S.zero, S.dp, param_sizes(items, S.tp, S.sp, S.pp > 1),
+    check_shardable(S.zero, S.dp, param_sizes(_one_microbatch(c), S.tp, S.sp, S.pp > 1),
                     S.symmetry if symmetric is None else symmetric)
 
 
@@ -241,9 +240,15 @@ def _stage_tasks(schedule: str, pp: int, microbatches: int, chunks: int
 
 
 # -- the public function ---------------------------------------------------------
+def _one_microbatch(c: Any) -> Tuple[Tuple[str, Any], ...]:
+    """The model config of one micro-batch as a hashable key of the
+    cached per-layer work (:func:`layer_profile`, :func:`param_sizes`)."""
+    return tuple(sorted(replace(c, global_batch=c.micro_batch).to_dict().items()))
+
+
 def _profile_for(case: Case) -> LayerProfile:
     c, S = case.config, case.strategy
-    items = tuple(sorted(replace(c, global_batch=c.micro_batch).to_dict().items()))
+    items = _one_microbatch(c)
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     return layer_profile(items, S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
                          case.topology_name, case.collective_algo, S.optimizer)

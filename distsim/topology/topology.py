@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import networkx as nx
 import numpy as np
@@ -226,9 +226,9 @@ class Topology:
         path: List[Tuple[str, str]] = []
         node, spent = s, 0
         while node != t:
-            if len(adj[node]) >= WIDE_NODE:
-                choices = self._wide_choices(node, to_dst, total - spent)
-            else:
+            choices = self._wide_choices(node, to_dst, total - spent) \
+                if len(adj[node]) >= WIDE_NODE else None
+            if choices is None:
                 choices = [(v, c) for v, c in adj[node] if spent + c + to_dst(v) == total]
             v, c = choices[stable_hash(src, dst, key, names[node]) % len(choices)] \
                 if len(choices) > 1 else choices[0]
@@ -238,10 +238,11 @@ class Topology:
         return tuple(path)
 
     def _wide_choices(self, node: int, to_dst: DistancesTo, remaining: int
-                      ) -> List[Tuple[int, int]]:
+                      ) -> Optional[List[Tuple[int, int]]]:
         """The next hops from a node with many links (a core switch) that
         keep the least cost ``remaining`` to the destination: the
-        neighbours' distances in one gather (:meth:`DistancesTo.many`)."""
+        neighbours' distances in one gather (:meth:`DistancesTo.many`);
+        None where that does not apply (the caller asks one by one)."""
         wide = self._wide.get(node)
         if wide is None:
             hops = self._iadj[node]
@@ -251,7 +252,7 @@ class Topology:
         nodes, costs, position = wide
         dist = to_dst.many(nodes, position)
         if dist is None:
-            return [(v, c) for v, c in self._iadj[node] if c + to_dst(v) == remaining]
+            return None
         hops = self._iadj[node]
         return [hops[i] for i in np.flatnonzero(costs + dist == remaining).tolist()]
 
