@@ -19,7 +19,7 @@ from .fileio import refuse_file_as_folder
 from .ir.core import Function
 from .ir.verifier import verify
 from .ir.value_table import ValueTable
-from .models import family_of, load_model_config
+from .models import check_batch_options, family_of, load_model_config
 from .pages import small_pages
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
@@ -246,16 +246,6 @@ def estimate_ops(config: Mapping[str, Any], strategy: Strategy) -> Optional[Dict
     per_stage = 1 if (family == "gpt" and strategy.symmetry) else max(1, devices // pp)
     return {"ops": per_layer * layers * microbatches * per_stage, "layers": layers,
             "microbatches": microbatches, "devices": per_stage}
-
-
-def check_batch_options(batch: Any, global_batch: Any) -> None:
-    """``batch`` (``--batch``) and ``global_batch`` (``--global-batch``)
-    both set the global batch (of a GPT, of an imported ONNX model): given
-    together they must agree, or one would win unsaid. The one check of
-    :func:`build_program` (so of :func:`simulate` and sweeps) and the CLI."""
-    if batch is not None and global_batch is not None and batch != global_batch:
-        raise ConfigError(f"--batch {batch} and --global-batch {global_batch} differ (both are "
-                          "the global batch: give one)")
 
 
 def refuse_non_finite(config: Mapping[str, Any], where: str) -> None:

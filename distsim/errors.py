@@ -3,7 +3,7 @@
 Every error a user can provoke with bad input is a :class:`DistsimError`
 subclass whose message is one line naming the file, field, op or value at
 fault. The CLI turns these into exit status 2; anything else is a bug
-(exit status 1).
+(exit status 3).
 """
 from __future__ import annotations
 

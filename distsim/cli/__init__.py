@@ -3,7 +3,8 @@
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``
 which registers it with ``func=run(args) -> int``. Errors a user can cause
 (:class:`~distsim.errors.DistsimError`) print one line on stderr and exit
-with status 2; anything else is an internal error (status 1).
+with status 2; anything else is an internal error (status 3: a bug, told
+apart from the 1 with which ``check`` and ``search`` report a finding).
 """
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ from . import search_cmd
 # Subcommand modules, in the order ``distsim --help`` lists them.
 COMMANDS = [simulate_cmd, print_cmd, import_cmd, sweep_cmd, search_cmd, collective, topology,
             lower_cmd, check_cmd, bench_cmd, models_cmd]
+
+
+#: the exit status of an internal error (a bug in distsim): distinct from
+#: 1, which ``check`` and ``search`` use to report what they found, so that
+#: a script can tell "values differ" from "distsim crashed"
+INTERNAL_ERROR = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
         traceback.print_exc()
         print("distsim: internal error (a bug: please report it with the command above)",
               file=sys.stderr)
-        return 1
+        return INTERNAL_ERROR
 
 
 def _silence_stdout() -> None:

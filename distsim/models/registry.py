@@ -99,5 +99,16 @@ def _numbers(config: Mapping[str, Any]) -> Dict[str, Any]:
     return {k: v if k in _TEXT_FIELDS else yaml_number(v) for k, v in config.items()}
 
 
+def check_batch_options(batch: Any, global_batch: Any) -> None:
+    """``batch`` (``--batch``) and ``global_batch`` (``--global-batch``)
+    both set the global batch (of a GPT, of an imported ONNX model): given
+    together they must agree, or one would win unsaid. The one check of
+    :func:`distsim.api.build_program` (so of ``simulate`` and simulated sweep
+    points), of the sweep's estimator and of the CLI."""
+    if batch is not None and global_batch is not None and batch != global_batch:
+        raise ConfigError(f"--batch {batch} and --global-batch {global_batch} differ (both are "
+                          "the global batch: give one)")
+
+
 def family_of(config: Mapping[str, Any]) -> ModelFamily:
     return FAMILIES[config["family"]]

@@ -52,7 +52,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError, PassPreconditionError
 from ..ir.types import DType
-from ..models import load_model_config
+from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, hyper_of, resolve_batch, validate
 from ..report.training_metrics import model_flops_per_step
 from ..topology import load_topology
@@ -99,6 +99,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
                           f"'{config.get('family')}' family; the estimator covers GPT models "
                           "(use fidelity: simulate)")
+    check_batch_options(opts.get("batch"), opts.get("global_batch"))
     for key in _MODEL_FIELDS:
         value = opts.pop(key, None)
         if value is not None:

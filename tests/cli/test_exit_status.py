@@ -1,7 +1,8 @@
 """The exit statuses of ``distsim`` are the ones the README lists: 0 success;
 1 when ``check`` finds a value that differs or ``search`` finds no strategy
-that fits (and otherwise a bug); 2 bad input; 130 Ctrl-C. The README used
-to say that 1 always means a bug."""
+that fits; 2 bad input; 3 a bug; 130 Ctrl-C. The README used to say that 1
+always means a bug, then that 1 meant a finding or a bug (a script could
+not tell them apart)."""
 from __future__ import annotations
 
 import re
@@ -24,8 +25,8 @@ def test_readme_lists_every_exit_status():
     assert "Exit status 1 means a bug" not in text
     sentence = re.search(r"Exit status: (.*?resume\)\.)", text).group(1)
     for piece in ("0 success", "1 when `distsim check` finds a value that differs",
-                  "`distsim search` finds no strategy that fits", "otherwise a bug in distsim",
-                  "2 bad input", "130 Ctrl-C", "143 when `distsim sweep` or `distsim search` is "
+                  "`distsim search` finds no strategy that fits", "2 bad input",
+                  "3 a bug in distsim", "130 Ctrl-C", "143 when `distsim sweep` or `distsim search` is "
                   "stopped by SIGTERM"):
         assert piece in sentence
 
@@ -49,12 +50,12 @@ def test_search_exits_1_when_no_strategy_fits(capsys):
     assert "no strategy fits" in capsys.readouterr().out
 
 
-def test_bad_input_exits_2_and_a_bug_exits_1(monkeypatch, capsys):
+def test_bad_input_exits_2_and_a_bug_exits_3(monkeypatch, capsys):
     assert main(["simulate", "--dp", "0"]) == 2
     assert capsys.readouterr().err == "distsim: error: --dp: must be a positive integer, got 0\n"
 
     def bug(*args, **kwargs):
         raise RuntimeError("a bug")
     monkeypatch.setattr(check_cmd, "check_lowering", bug)
-    assert main(["check", NESTED]) == 1
+    assert main(["check", NESTED]) == 3
     assert "distsim: internal error" in capsys.readouterr().err

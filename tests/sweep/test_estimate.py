@@ -98,3 +98,13 @@ def test_what_the_estimator_cannot_do_is_a_config_error():
         est.estimate({**GPT2, "topology": "dgx-a100", "dp": 2})
     with pytest.raises(ConfigError, match="mesh order"):
         est.estimate({**GPT2, "topology": "dgx-a100", "dp": 4, "tp": 2, "order": "dp-tp-pp"})
+
+
+def test_the_estimator_refuses_a_batch_and_global_batch_that_differ():
+    # both set the global batch: one would win unsaid (simulate refuses it too)
+    with pytest.raises(ConfigError, match="--batch 32 and --global-batch 64 differ"):
+        est.estimate({**GPT2, "topology": "dgx-a100", "dp": 8, "batch": 32, "global_batch": 64})
+    # agreeing, they are one global batch
+    figures = est.estimate({**GPT2, "topology": "dgx-a100", "dp": 8, "batch": 32,
+                            "global_batch": 32})
+    assert figures["global_batch"] == 32
