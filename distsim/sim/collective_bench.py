@@ -19,6 +19,7 @@ import simpy
 from ..errors import ConfigError
 from ..ir.comm import CollectiveType
 from ..topology import Topology, load_topology
+from ..topology.builders import MAX_DEVICES
 from .collectives import ROOTED, check_team, run_collective
 from .network import Network
 
@@ -106,7 +107,11 @@ def _number(text: str) -> Optional[float]:
 
 
 def parse_ranks(text: str) -> Tuple[int, ...]:
-    """``"0-7"``, ``"0,2,4"``, ``"0-3,8-11"`` -> ranks in that order."""
+    """``"0-7"``, ``"0,2,4"``, ``"0-3,8-11"`` -> ranks in that order.
+
+    A rank past :data:`~distsim.topology.builders.MAX_DEVICES` - 1, or a
+    list of more ranks than that, is an error before any list is built
+    (``0-99999999999`` would otherwise fill the memory)."""
     out: List[int] = []
     for part in text.split(","):
         m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
@@ -116,8 +121,16 @@ def parse_ranks(text: str) -> Tuple[int, ...]:
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
             raise ConfigError(f"bad device list {text!r}: range {part.strip()} is empty")
+        if hi >= MAX_DEVICES or len(out) + hi - lo + 1 > MAX_DEVICES:
+            raise ConfigError(f"bad device list {_short(text)}: more than the {MAX_DEVICES:,} "
+                              f"devices distsim simulates (ranks 0..{MAX_DEVICES - 1})")
         out.extend(range(lo, hi + 1))
     return tuple(out)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut to about ``limit`` characters for an error line."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 def parse_kind(kind: Union[str, CollectiveType]) -> CollectiveType:
@@ -184,13 +197,18 @@ def benchmark_collective(kind: Union[str, CollectiveType], nbytes: Union[int, st
     """Simulate one collective alone on ``topology``; returns a dict with
     ``collective, algorithm, bytes, ranks, time_s, algbw_Bps, busbw_Bps,
     topology, mode``. A send/recv team defaults to the first and last rank
-    selected; a rooted collective's root to the first. ``nodes`` past a
-    one-server topology's one uses its cluster (:func:`topology_for_nodes`)."""
+    of ``nodes`` or of the topology (``ranks`` given must be the two);
+    a rooted collective's root to the first; a root given to a kind
+    without one is an error. ``nodes`` past a one-server topology's one
+    uses its cluster (:func:`topology_for_nodes`)."""
     kind = parse_kind(kind)
+    if root is not None and kind not in ROOTED:
+        raise ConfigError(f"{kind.value}: --root applies only to "
+                          f"{', '.join(k.value for k in ROOTED)}")
     topo = topology_for_nodes(topology, nodes)
     size = parse_bytes(nbytes)
     team = select_ranks(topo, ranks, nodes)
-    if kind is CollectiveType.SEND_RECV and len(team) != 2:
+    if kind is CollectiveType.SEND_RECV and len(team) != 2 and ranks is None:
         team = (team[0], team[-1])
     if kind in ROOTED and root is None:
         root = team[0]

@@ -57,7 +57,7 @@ from .network import Network
 from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
                             ProgramIndex, device_of, index_program, value_category)
 from .records import expand_to_followers, op_columns
-from .solo import SoloLedger, solo_teams
+from .solo import SoloLedger, solo_teams, team_key
 from .symmetry import class_members, comm_positions, symmetry_classes
 from .trace import COMM_STREAM, COMPUTE_STREAM, P2P_STREAM, DeviceInfo, OpColumns, Trace
 
@@ -228,7 +228,7 @@ class Simulator:
             teams = solo_teams(self.network, plans)
         except DistsimError:       # a bad team: every collective takes the full path
             return
-        alone = {id(p): frozenset(p[1]) in teams for p in plans}
+        alone = {id(p): team_key(p) in teams for p in plans}
         for coll in self._collectives:
             if coll.plan is not None:
                 coll.solo = alone[id(coll.plan)]

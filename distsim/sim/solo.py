@@ -3,11 +3,14 @@
 A team's collectives run one after another: each member's communication
 stream takes its collectives in program order, and a collective starts only
 when every member has reached it, so the next one of the same team starts
-after the previous one ended. When no other team's collective uses any link
-that a team's collectives use, each of them therefore runs on links nobody
-else touches while it runs: it takes exactly the time it takes alone, every
-time. The simulator then needs no events for it: when its last member
-arrives, its end is that time plus its solo duration (:func:`solo_run`,
+after the previous one ended. A pair's send/recvs run on a queue of their
+own (one per pair of ranks), beside the comm stream, so they form a team of
+their own (:func:`team_key`): a send/recv and an all-reduce of the same two
+ranks can run at once, and share links. When no other team's collective
+uses any link that a team's collectives use, each of them therefore runs on
+links nobody else touches while it runs: it takes exactly the time it
+takes alone, every time. The simulator then needs no events for it: when
+its last member arrives, its end is that time plus its solo duration (:func:`solo_run`,
 worked out once per distinct collective in a scratch network), its outputs
 are announced with that end time, and its link statistics are added in bulk
 at the end of the run.
@@ -44,13 +47,26 @@ class SoloRun:
     samples: Tuple[Tuple[str, str, float, float], ...] = ()
 
 
-def solo_teams(network: Network, plans: Iterable[Plan]) -> Set[FrozenSet[int]]:
-    """The teams (sets of ranks) whose collectives share no link with any
-    other team's collectives among ``plans``."""
-    teams_on: Dict[int, Set[FrozenSet[int]]] = {}
-    teams: Set[FrozenSet[int]] = set()
-    for kind, ranks, root, nbytes, algorithm in set(plans):
-        team = frozenset(ranks)
+#: a team as the queues see it: (on a point-to-point queue?, its ranks)
+TeamKey = Tuple[bool, FrozenSet[int]]
+
+
+def team_key(plan: Plan) -> TeamKey:
+    """The team whose collectives run one after another: the ranks, and
+    whether they are a send/recv (on the pair's own p2p queue) or another
+    collective (on the comm stream). Two collectives of one key never
+    overlap; of two keys they may, even over the same ranks."""
+    return plan[0] is CollectiveType.SEND_RECV, frozenset(plan[1])
+
+
+def solo_teams(network: Network, plans: Iterable[Plan]) -> Set[TeamKey]:
+    """The teams (:func:`team_key`) whose collectives share no link with
+    any other team's collectives among ``plans``."""
+    teams_on: Dict[int, Set[TeamKey]] = {}
+    teams: Set[TeamKey] = set()
+    for plan in set(plans):
+        kind, ranks, root, nbytes, algorithm = plan
+        team = team_key(plan)
         teams.add(team)
         _, schedule = planned_schedule(network, kind, ranks, nbytes, root, algorithm)
         # a ring's phases repeat the same pairs: each pair's route once

@@ -79,6 +79,42 @@ def test_teams_sharing_a_link_are_not_solo():
     from distsim.topology import load_topology
     net = Network(simpy.Environment(), load_topology("dgx-a100"))
     plan = lambda ranks: (C.ALL_REDUCE, ranks, None, 1e6, "ring")  # noqa: E731
-    assert solo_teams(net, [plan((0, 1)), plan((2, 3))]) == {frozenset({0, 1}),
-                                                              frozenset({2, 3})}
-    assert solo_teams(net, [plan((0, 1)), plan((0, 2)), plan((4, 5))]) == {frozenset({4, 5})}
+    assert solo_teams(net, [plan((0, 1)), plan((2, 3))]) == {(False, frozenset({0, 1})),
+                                                              (False, frozenset({2, 3}))}
+    assert solo_teams(net, [plan((0, 1)), plan((0, 2)), plan((4, 5))]) == \
+        {(False, frozenset({4, 5}))}
+
+
+def test_a_send_recv_and_a_collective_of_the_same_two_ranks_share_their_link():
+    """A send/recv runs on the pair's p2p queue, beside the comm stream, so
+    it can overlap an all-reduce of the same two ranks: they are two teams,
+    and neither runs alone. Two GPUs joined by one 10 GB/s cable, both
+    issued at 0, each 1 GB (5e8 f16):
+
+    - all-reduce, ring of p = 2: 2 steps of S/2 = 0.5 GB each way;
+    - send/recv: 1 GB on gpu0 -> gpu1.
+
+    Link gpu0 -> gpu1 carries the send and the all-reduce's flow, 5 GB/s
+    each: step 1 ends at 0.5 GB / 5 GB/s = 0.1 s (the send has 0.5 GB
+    left); step 2 and the send share the link again, 0.5 GB each at
+    5 GB/s: both end at 0.2 s. Run alone, each would take 0.1 s (the bug:
+    the send/recv's team {0, 1} was taken for the all-reduce's, whose
+    collectives run one after another, so both were timed as alone)."""
+    from distsim.cost import CostModel, DeviceSpec
+    from distsim.ir import DType, FunctionBuilder, TensorType
+    from distsim.topology import topology_from_dict
+    device = {"name": "t", "peak_flops": {"f16": 1e12}, "memory_bandwidth_Bps": 1e12,
+              "memory_bytes": 10 ** 12}
+    topo = topology_from_dict({"device": device, "devices": {"count": 2}, "links": [
+        {"src": "gpu0", "dst": "gpu1", "bandwidth_GBps": 10, "latency_us": 0}]}, "pair.yaml")
+    b = FunctionBuilder("send_and_reduce")
+    x = b.input("x", TensorType((500_000_000,), DType.F16, 0))
+    grads = [b.input(f"g{r}", TensorType((500_000_000,), DType.F16, r)) for r in (0, 1)]
+    got = b.op("comm.sendrecv", [x], {"ranks": (0, 1)})
+    summed = b.op("comm.allreduce", grads, {"ranks": (0, 1)})
+    program = b.finish([got] + list(summed))
+    spec = DeviceSpec(**device)
+    for solo in (True, False):
+        trace = simulate_function(program, topo, CostModel(spec), SimulationOptions(solo=solo))
+        assert trace.step_time_s == pytest.approx(0.2, rel=1e-12)
+        assert [r.end_s for r in trace.ops] == [pytest.approx(0.2, rel=1e-12)] * 4
