@@ -46,7 +46,9 @@ MAX_SWEEP_SIZES = 1000
 
 
 def parse_bytes(text: Union[str, int, float]) -> int:
-    """``"1GB"`` -> 10**9, ``"1GiB"`` -> 2**30, ``"4096"`` -> 4096."""
+    """``"1GB"`` -> 10**9, ``"1GiB"`` -> 2**30, ``"4096"`` -> 4096; a
+    fraction of a byte rounds to the nearest (``"1.5KB"`` is 1500), but a
+    size between 0 and 1 byte is an error rather than a silent 0."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
@@ -59,6 +61,8 @@ def parse_bytes(text: Union[str, int, float]) -> int:
         raise ConfigError(f"bad size {text!r}: must be a finite number of bytes")
     if value < 0:
         raise ConfigError(f"bad size {text!r}: must be >= 0 bytes")
+    if 0 < value < 1:    # would round to a 0-byte collective that takes no time
+        raise ConfigError(f"bad size {text!r}: less than one byte (0 is allowed)")
     return int(round(value))
 
 

@@ -1,9 +1,10 @@
 """Bad team lists for ``distsim collective --devices`` (sim/collective_bench.py):
-one ConfigError naming the list, before any list of ranks is built."""
+one ConfigError naming the list, before any list of ranks is built; and sizes
+below one byte."""
 import pytest
 
 from distsim.errors import ConfigError
-from distsim.sim.collective_bench import parse_ranks
+from distsim.sim.collective_bench import parse_bytes, parse_ranks
 from distsim.topology.builders import MAX_DEVICES
 
 
@@ -39,3 +40,15 @@ def test_a_send_recv_between_three_given_ranks_is_an_error():
         benchmark_collective("sendrecv", "1KB", "dgx-a100", ranks=(0, 1, 2))
     out = benchmark_collective("sendrecv", "1GB", "dgx-a100")
     assert out["time_s"] == pytest.approx(1e9 / 300e9 + 1e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize("text", ["0.5", "0.4B", 0.5, "0.0001KB"])
+def test_a_size_below_one_byte_is_an_error_not_a_zero_byte_row(text):
+    with pytest.raises(ConfigError, match="less than one byte"):
+        parse_bytes(text)
+
+
+def test_whole_and_rounded_sizes_still_parse():
+    assert parse_bytes("0") == 0
+    assert parse_bytes("1.5KB") == 1500
+    assert parse_bytes(1.4) == 1
