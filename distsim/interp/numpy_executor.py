@@ -45,8 +45,26 @@ class NumpyExecutor(Interpreter):
         if kernel is None:
             raise UnsupportedOpError(f"op %{op.name}: NumpyExecutor has no kernel for '{op.op_type}'")
         result = kernel(op.attrs, *args)
-        results = list(result) if isinstance(result, tuple) else [result]
-        return [np.asarray(r) for r in results]
+        results = [np.asarray(r) for r in (result if isinstance(result, tuple) else [result])]
+        for value, r in zip(op.outputs, results):
+            _check_result(op, value, r)
+        return results
+
+
+def _check_result(op: Op, value: Value, result: np.ndarray) -> None:
+    """A kernel's result has the shape and dtype that the op's declared
+    result type says (what the cost model and the simulator read), so that
+    every differential test also checks the shape rules. Bundles (object
+    arrays of ``pack``) carry their tensors as given."""
+    t = value.type
+    if not isinstance(t, TensorType) or result.dtype == object:
+        return
+    if tuple(result.shape) != t.shape:
+        raise ExecutionError(f"op %{op.name} ({op.op_type}): the kernel gave shape "
+                             f"{tuple(result.shape)}, the result type says {t.shape}")
+    if result.dtype != np.dtype(t.dtype.numpy_name):
+        raise ExecutionError(f"op %{op.name} ({op.op_type}): the kernel gave dtype "
+                             f"{result.dtype}, the result type says {t.dtype.value}")
 
 
 def random_inputs(function: Function, seed: int = 0,

@@ -75,7 +75,7 @@ class Reference:
         m = validate(self.config, s)
         c, _ = resolve_batch(self.config, s)
         step = build_gpt_step(c, s, c.micro_batch)
-        return verify(LowerSPMD(s, m, self.hyper, "f64")(step))
+        return verify(LowerSPMD(s, m, self.hyper, "f64", coarsen=s.coarsen)(step))
 
     def run(self, program):
         params = dict(self.params)
