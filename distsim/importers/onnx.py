@@ -7,6 +7,11 @@ Every value of the result is typed (static shapes). Initializers become
 function inputs: floating-point ones with more than one element are
 parameters (``meta["roles"][name] == "param"``), the rest constants
 (``"const"``); graph inputs are ``"data"`` (and ``meta["batch_inputs"]``).
+ONNX does not tell a trained weight from a buffer the exporter stored as an
+initializer (PyTorch's rotary ``inv_freq``): initializers whose names match
+a *frozen* pattern (:data:`DEFAULT_FROZEN` unless told otherwise) are
+constants, so that a training step neither updates them nor keeps
+gradients and optimizer state for them.
 A weight given as ``ConstantOfShape(initializer)`` (how the models of
 onnx's backend tests ship without their weights) is a parameter too.
 Shape-computing subgraphs (Shape -> Gather -> Concat -> Reshape, ...) are
@@ -20,6 +25,7 @@ input -> :class:`ParseError`; a shape that contradicts its op ->
 """
 from __future__ import annotations
 
+import fnmatch
 import re
 import warnings
 from collections import Counter
@@ -114,6 +120,13 @@ class Const:
     role: str  # "param" or "const"
 
 
+#: names (fnmatch patterns) of initializers that are buffers, not weights,
+#: when the caller names none: the inverse frequencies of rotary position
+#: embeddings (Hugging Face's ``rotary_emb.inv_freq``), which a PyTorch
+#: export stores as an initializer like any weight
+DEFAULT_FROZEN: Tuple[str, ...] = ("*inv_freq",)
+
+
 class OnnxOpsetWarning(UserWarning):
     """A model's opset is newer than the importer was checked against."""
 
@@ -130,8 +143,10 @@ class OnnxImporter(ShapeHints):
 
     def __init__(self, model: onnx.ModelProto, source: str, base_dir: Optional[str],
                  input_shapes: Mapping[str, Sequence[int]], batch: Optional[int],
-                 seq: Optional[int], device: Optional[int], dtype: Optional[DType]) -> None:
+                 seq: Optional[int], device: Optional[int], dtype: Optional[DType],
+                 frozen: Sequence[str] = DEFAULT_FROZEN) -> None:
         self.model, self.source, self.base_dir = model, source, base_dir
+        self.frozen = tuple(frozen)
         self.graph = model.graph
         self.graph_initializers = {i.name for i in model.graph.initializer}
         self.opset = self._opset()
@@ -251,6 +266,8 @@ class OnnxImporter(ShapeHints):
             array = self._tensor_array(init)
             numel = int(np.prod(shape)) if shape else 1
             role = "param" if dt.is_float and numel > 1 else "const"
+            if role == "param" and any(fnmatch.fnmatchcase(init.name, p) for p in self.frozen):
+                role = "const"      # a buffer (see DEFAULT_FROZEN), not trained
             if array is not None:
                 with np.errstate(over="ignore"):  # -3.4e38 masks become -inf in f16
                     array = array.astype(dt.numpy_name, copy=False)
@@ -534,22 +551,44 @@ def _recast(arr: np.ndarray, dtype: str) -> np.ndarray:
 
 def import_onnx(model: ModelSource, input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                 batch: Optional[int] = None, seq: Optional[int] = None,
-                device: Optional[int] = 0, dtype: Union[str, DType, None] = None) -> Function:
+                device: Optional[int] = 0, dtype: Union[str, DType, None] = None,
+                frozen: Optional[Sequence[str]] = None) -> Function:
     """Import ``model`` (a path, bytes or ModelProto) as a typed function.
 
     ``input_shapes`` maps graph input names to shapes; ``batch`` sets dim 0
     of every graph input (overriding a static one: the exported batch is
     usually 1), ``seq`` fills a symbolic dim 1 or a dim named like seq/len.
     ``dtype`` recasts every floating-point tensor (e.g. ``"f16"``).
+    ``frozen``: fnmatch patterns of initializer names that are constants,
+    not parameters (None: :data:`DEFAULT_FROZEN`; ``[]``: every
+    floating-point initializer of more than one element is a parameter);
+    a pattern that matches no initializer is an error (a typo would
+    otherwise train what was meant to be frozen).
     """
     for label, n in (("batch", batch), ("seq", seq)):
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"--{label}: must be a positive integer, got {n!r}")
     float_dtype = _float_dtype(dtype)
+    patterns = _frozen_patterns(frozen)
     proto, source, base = load_onnx_model(model)
+    if frozen is not None:
+        names = [i.name for i in proto.graph.initializer]
+        for p in patterns:
+            if not any(fnmatch.fnmatchcase(n, p) for n in names):
+                raise ConfigError(f"{source}: frozen: pattern {p!r} matches no initializer")
     importer = OnnxImporter(proto, source, base, dict(input_shapes or {}), batch, seq, device,
-                            float_dtype)
+                            float_dtype, patterns)
     return importer.run()
+
+
+def _frozen_patterns(frozen: Optional[Sequence[str]]) -> Tuple[str, ...]:
+    """The ``frozen`` option checked: a list of name patterns (None: the
+    default ones)."""
+    if frozen is None:
+        return DEFAULT_FROZEN
+    if isinstance(frozen, str) or not all(isinstance(p, str) and p for p in frozen):
+        raise ConfigError(f"frozen: expected a list of initializer name patterns, got {frozen!r}")
+    return tuple(frozen)
 
 
 def _float_dtype(dtype: Union[str, DType, None]) -> Optional[DType]:

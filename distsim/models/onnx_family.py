@@ -6,7 +6,9 @@
 Config fields: ``path`` (a file, or ``onnx-backend:NAME`` for a model the
 onnx package ships for its backend tests, e.g. ``light_resnet50``),
 ``train`` (append a loss, the backward pass and an AdamW update),
-``input_shapes`` (name -> shape), ``batch``, ``seq``, ``dtype``, ``lr``.
+``input_shapes`` (name -> shape), ``batch``, ``seq``, ``dtype``, ``lr``,
+``frozen`` (initializer name patterns that are buffers, not trained: see
+:data:`~distsim.importers.onnx.DEFAULT_FROZEN`).
 The training loss is the mean squared error of the first floating-point
 output against a target of its shape (the cost of the loss itself is
 negligible next to the model's).
@@ -46,7 +48,7 @@ from .registry import ModelFamily, register_family
 
 BACKEND_PREFIX = "onnx-backend:"
 DEFAULTS: Dict[str, Any] = {"path": None, "train": False, "input_shapes": {}, "batch": None,
-                            "seq": None, "dtype": None, "lr": 0.01}
+                            "seq": None, "dtype": None, "lr": 0.01, "frozen": None}
 
 
 def backend_model_path(name: str) -> Path:
@@ -100,7 +102,7 @@ def _check(config: Mapping[str, Any]) -> Dict[str, Any]:
 def import_forward(config: Mapping[str, Any]) -> Function:
     c = _check(config)
     return import_onnx(resolve_path(c["path"]), input_shapes=c["input_shapes"], batch=c["batch"],
-                       seq=c["seq"], device=0, dtype=c["dtype"])
+                       seq=c["seq"], device=0, dtype=c["dtype"], frozen=c["frozen"])
 
 
 def _trainable(f: Function, out: Value) -> list:
