@@ -14,7 +14,10 @@
 The simulated peak follows the same accounting: the gradient buffers are
 resident for the whole step (:mod:`.zero`), so a device's gradient bytes
 are 2 per parameter (2/dp from ZeRO 2 on) at every moment, plus the fresh
-gradient of at most one parameter on its way into the buffer.
+gradient of a parameter on its way into the buffer. With ZeRO 2 the fresh
+gradients wait for their reduce-scatters, so where the network is slower
+than the backward they add up to at most one micro-batch's full gradient
+(2 per parameter) at the peak, which can then lie above ZeRO 1's.
 """
 from __future__ import annotations
 
