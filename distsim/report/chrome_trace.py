@@ -6,6 +6,9 @@ Layout (the JSON Object Format of the Trace Event spec):
   name (``gpu3``) and sorted by rank;
 * one *thread* per stream: ``tid`` 0 is ``compute``, 1 is ``comm``, any
   other stream gets 2, 3, ... in name order; so tids are stable across runs;
+  a stream whose ops overlap (``p2p``, a queue per pair of ranks) is spread
+  over extra threads ``p2p (2)``, ... with the next tids (:func:`_lanes`),
+  as the slices of one thread must nest;
 * one complete event (``ph: "X"``) per op, ``ts``/``dur`` in microseconds,
   ``cat`` the op's category, ``args`` its op type, flops, bytes and detail;
 * one counter event (``ph: "C"``, name ``memory``) per memory sample, args
@@ -14,7 +17,8 @@ Layout (the JSON Object Format of the Trace Event spec):
   counter per directed link that has samples.
 
 Events are emitted in a fixed sorted order and timestamps are written
-with three decimals (to the nanosecond), so the same trace always
+with three decimals (to the nanosecond; ``dur`` is the rounded end minus
+the rounded start, so ops back to back stay so), so the same trace always
 serialises to the same bytes.
 
 **Size bound.** The file is written streaming: events are formatted
@@ -47,7 +51,8 @@ import numpy as np
 from distsim.errors import ConfigError
 from distsim.fileio import PathLike, atomic_path
 from distsim.report.jsonsafe import json_safe
-from distsim.sim.trace import COMM_STREAM, COMPUTE_STREAM, LinkSample, MemorySample, Trace
+from distsim.sim.trace import (COMM_STREAM, COMPUTE_STREAM, LinkSample, MemorySample,
+                                OpRecord, Trace)
 
 US = 1e6  #: microseconds per second (Chrome trace time unit)
 FIXED_TIDS: Dict[str, int] = {COMPUTE_STREAM: 0, COMM_STREAM: 1}
@@ -63,6 +68,15 @@ _CHUNK = 20_000  #: events per write
 def _us(seconds: float) -> float:
     """Seconds to microseconds, rounded to the nanosecond (stable text, small files)."""
     return round(seconds * US, 3)
+
+
+def _span(start_s: float, end_s: float) -> str:
+    """``"ts":...,"dur":...`` of a slice from ``start_s`` to ``end_s`` (s):
+    both ends rounded to the nanosecond and ``dur`` their difference, so a
+    slice ends exactly where the next one on its stream starts (rounding
+    ``ts`` and ``dur`` apart could push the end 1 ns past it: an overlap)."""
+    ts = round(start_s * US, 3)
+    return f'"ts":{ts:.3f},"dur":{round(end_s * US, 3) - ts:.3f}'
 
 
 def _num(x: float) -> Any:
@@ -171,27 +185,89 @@ def _metadata(pid: int, name: str, sort_index: int, threads: List[Tuple[int, str
     return events
 
 
+_RANK, _STREAM, _START, _END = (itemgetter(OpRecord._fields.index(f))
+                                for f in ("rank", "stream", "start_s", "end_s"))
+
+
+def _lanes(ops: List[OpRecord], tids: Dict[str, int]
+           ) -> Tuple[List[int], Dict[int, List[Tuple[int, str]]]]:
+    """The thread each of ``ops`` (sorted by rank, stream tid, start) is
+    shown on, and each rank's extra threads ``(tid, name)``.
+
+    The Trace Event format needs the slices of one thread to nest; a stream
+    whose ops overlap (``p2p``: a queue per pair of ranks, several pairs on
+    one device) would draw wrongly. Each op goes on the first *lane* of its
+    stream that is free at its start (the ends compared as written, to the
+    nanosecond): lane 0 is the stream's own thread, lane k > 0 a thread
+    named ``<stream> (k+1)`` with the next tid after every stream's. An op
+    of no duration (``pack``) overlaps nothing: it stays on lane 0, drawn
+    inside whatever runs there at that instant. Found with numpy; only the
+    streams with an overlap are walked op by op."""
+    n = len(ops)
+    tid = np.fromiter(map(tids.__getitem__, map(_STREAM, ops)), np.int64, n)
+    rank = np.fromiter(map(_RANK, ops), np.int64, n)
+    start = np.round(np.fromiter(map(_START, ops), float, n) * US, 3)
+    end = np.round(np.fromiter(map(_END, ops), float, n) * US, 3)
+    # the timed ops of a stream, in start order, overlap iff one starts
+    # before the one before it ends
+    timed = np.flatnonzero(end != start)
+    r, t = rank[timed], tid[timed]
+    clash = (r[1:] == r[:-1]) & (t[1:] == t[:-1]) & (start[timed[1:]] < end[timed[:-1]])
+    extra: Dict[int, List[Tuple[int, str]]] = {}
+    if not clash.any():
+        return tid.tolist(), extra
+    width = int(tid.max()) + 1
+    key = rank * width + tid
+    walked = np.flatnonzero(np.isin(key, np.unique(key[timed[1:][clash]])))
+    streams = {v: k for k, v in tids.items()}
+    first_free = next_tid = max(tids.values()) + 1
+    group = ends = lane_tids = None
+    for i, k, s, e in zip(walked.tolist(), key[walked].tolist(), start[walked].tolist(),
+                          end[walked].tolist()):
+        if k != group:
+            if group is None or k // width != group // width:
+                next_tid = first_free
+            group, ends, lane_tids = k, [], [k % width]
+        for lane, free_at in enumerate(ends):
+            if free_at <= s or e == s:
+                break
+        else:
+            lane = len(ends)
+            ends.append(e)
+            if lane:
+                lane_tids.append(next_tid)
+                extra.setdefault(k // width, []).append(
+                    (next_tid, f"{streams[k % width]} ({lane + 1})"))
+                next_tid += 1
+        ends[lane] = max(ends[lane], e)
+        tid[i] = lane_tids[lane]
+    return tid.tolist(), extra
+
+
 def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]:
     """Every event of the document as compact JSON text, in the fixed order."""
     tids = stream_tids(trace)
     names = {d.rank: d.name for d in trace.devices}
     ranks = sorted(set(names) | {op.rank for op in trace.ops}
                    | set(trace.memory_columns.rank.tolist()))
+    ops = sorted(trace.ops, key=lambda o: (o.rank, tids[o.stream], o.start_s, -o.end_s, o.name))
+    shown_tids, extra_threads = _lanes(ops, tids)
     streams_of: Dict[int, set] = {r: {COMPUTE_STREAM, COMM_STREAM} for r in ranks}
     for op in trace.ops:
         streams_of[op.rank].add(op.stream)
     for rank in ranks:
-        threads = sorted((tids[s], s) for s in streams_of[rank])
+        threads = sorted((tids[s], s) for s in streams_of[rank]) + extra_threads.get(rank, [])
         yield from _metadata(rank, names.get(rank, f"gpu{rank}"), rank, threads)
 
     cutoff = plan.cutoff_s
     # (rank, tid) -> [ops dropped, first start, last end, flops, bytes]
     dropped: Dict[Tuple[int, int], List[float]] = {}
-    ops = sorted(trace.ops, key=lambda o: (o.rank, tids[o.stream], o.start_s, -o.end_s, o.name))
     quoted: Dict[Any, str] = {}   # category / op type / detail -> JSON text (few distinct)
     numbers: Dict[Any, str] = {}  # flops / bytes -> JSON text (repeat across layers)
-    for rank, stream, name, op_type, category, start, end, flops, nbytes, detail in ops:
-        tid = tids[stream]
+    shown = zip(ops, shown_tids)
+    if extra_threads:   # events by (pid, tid, ts) also where a stream has extra lanes
+        shown = sorted(shown, key=lambda o: (o[0][0], o[1], o[0][5], -o[0][6], o[0][2]))
+    for (rank, stream, name, op_type, category, start, end, flops, nbytes, detail), tid in shown:
         if cutoff is not None and start >= cutoff:
             d = dropped.get((rank, tid))
             if d is None:
@@ -219,12 +295,12 @@ def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]
             nb = numbers[nbytes] = _fnum(nbytes)
         yield (f'{{"ph":"X","pid":{rank},"tid":{tid},'
                f'"name":{_quote(name) if name.__class__ is str else _str(name)},"cat":{cat},'
-               f'"ts":{start * US:.3f},"dur":{(end - start) * US:.3f},'
+               f'{_span(start, end)},'
                f'"args":{{"op_type":{typ},"flops":{fl},"bytes":{nb},"detail":{det}}}}}')
     for (rank, tid), (n, first, last, flops, nbytes) in sorted(dropped.items()):
         yield (f'{{"ph":"X","pid":{rank},"tid":{tid},'
                f'"name":"{int(n)} ops not shown (trace truncated)","cat":"{TRUNCATED_CATEGORY}",'
-               f'"ts":{first * US:.3f},"dur":{(last - first) * US:.3f},'
+               f'{_span(first, last)},'
                f'"args":{{"ops":{int(n)},"flops":{_fnum(flops)},"bytes":{_fnum(nbytes)}}}}}')
 
     for rank, time_s, live in sorted(_before(trace.memory, _SAMPLE_TIME, cutoff),

@@ -30,17 +30,21 @@ def test_one_process_per_device_one_thread_per_stream(trace):
     sort = {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"}
     assert sort == {0: 0, 1: 1}
     threads = sorted((e["pid"], e["tid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name")
-    assert threads == [(0, 0, "compute"), (0, 1, "comm"), (1, 0, "compute"), (1, 1, "comm")]
+    # gpu0's compute ops [0,4) and [3,6) overlap, as do gpu1's comm ops [2,3)
+    # and [2.5,4): the second of each goes on an extra thread (the slices of
+    # one thread must nest), tid 2, the first after compute 0 and comm 1
+    assert threads == [(0, 0, "compute"), (0, 1, "comm"), (0, 2, "compute (2)"),
+                       (1, 0, "compute"), (1, 1, "comm"), (1, 2, "comm (2)")]
 
 
 def test_complete_events_in_microseconds(trace):
     xs = _events(chrome_trace(trace), "X")
     assert len(xs) == len(trace.ops)
-    mm1 = next(e for e in xs if e["name"] == "mm1")
-    assert mm1 == {"ph": "X", "pid": 0, "tid": 0, "name": "mm1", "cat": "compute", "ts": 3e6, "dur": 3e6,
+    mm1 = next(e for e in xs if e["name"] == "mm1")      # overlaps mm0: a second thread
+    assert mm1 == {"ph": "X", "pid": 0, "tid": 2, "name": "mm1", "cat": "compute", "ts": 3e6, "dur": 3e6,
                    "args": {"op_type": "MatMul", "flops": 2e12, "bytes": 2e6, "detail": ""}}
     ar1 = next(e for e in xs if e["name"] == "ar1")
-    assert (ar1["pid"], ar1["tid"], ar1["cat"], ar1["ts"], ar1["dur"]) == (1, 1, "communication", 2.5e6, 1.5e6)
+    assert (ar1["pid"], ar1["tid"], ar1["cat"], ar1["ts"], ar1["dur"]) == (1, 2, "communication", 2.5e6, 1.5e6)
     assert ar1["args"]["detail"] == "ring" and ar1["args"]["bytes"] == 300.0
     # sorted by (pid, tid, ts)
     keys = [(e["pid"], e["tid"], e["ts"]) for e in xs]

@@ -45,7 +45,8 @@ def _reference(trace):
     """The document as the dict-based writer built it (field by field)."""
     tids = ct.stream_tids(trace)
     xs = [{"ph": "X", "pid": o.rank, "tid": tids[o.stream], "name": o.name, "cat": o.category,
-           "ts": round(o.start_s * 1e6, 3), "dur": round((o.end_s - o.start_s) * 1e6, 3),
+           "ts": round(o.start_s * 1e6, 3),
+           "dur": round(round(o.end_s * 1e6, 3) - round(o.start_s * 1e6, 3), 3),
            "args": {"op_type": o.op_type, "flops": ct._num(o.flops), "bytes": ct._num(o.bytes),
                     "detail": o.detail}}
           for o in sorted(trace.ops, key=lambda o: (o.rank, tids[o.stream], o.start_s, -o.end_s,
@@ -58,6 +59,10 @@ def _reference(trace):
 
 def test_untruncated_document_matches_the_dict_reference():
     trace = make_trace()
+    # the reference has one thread per stream: leave out the two ops that
+    # overlap another of their stream (they get a thread of their own,
+    # tests/report/test_trace_lanes.py)
+    trace.ops = [o for o in trace.ops if o.name not in ("mm1", "ar1")]
     doc = ct.chrome_trace(trace)
     xs, cs = _reference(trace)
     assert _x(doc) == xs
