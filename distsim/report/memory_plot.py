@@ -4,7 +4,11 @@ Memory samples are step functions (``live_bytes`` holds from ``time_s``
 until the rank's next sample; zero before its first), so they are drawn
 with ``where="post"`` steps and extended to the end of the step. Each
 distinct device capacity is a dashed horizontal line with its value in the
-legend, so an OOM shows as a curve crossing it.
+legend, so an OOM shows as a curve crossing it; a capacity more than
+:data:`OFF_SCALE` times the highest peak (a small model on an 80 GB GPU)
+is named in the legend as off scale instead, and the axis is scaled to the
+curves, in GB, MB, kB or bytes (drawn, the line would squash every curve
+to a flat line at zero).
 
 Up to ``max_lines`` devices get one line each. Past that the plot shows the
 max-min envelope over all devices (shaded) and the curve of the device
@@ -28,6 +32,18 @@ from distsim.sim.trace import Trace
 
 if TYPE_CHECKING:     # matplotlib is imported when a plot is drawn
     from matplotlib.figure import Figure
+
+#: a capacity more than this many times the highest peak is named in the
+#: legend, not drawn (see the module docstring)
+OFF_SCALE = 20
+#: the y axis unit: the largest whose size the highest peak reaches
+UNITS = ((GB, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "bytes"))
+
+
+def axis_unit(peak_bytes: float) -> Tuple[float, str]:
+    """``(bytes per unit, name)`` for a y axis whose curves peak at
+    ``peak_bytes``: GB down to bytes, so a 300 kB curve reads in kB."""
+    return next(((size, name) for size, name in UNITS if peak_bytes >= size), UNITS[-1])
 
 Curve = Tuple[np.ndarray, np.ndarray]  # (times_s, live_bytes), sorted, step-post
 
@@ -108,30 +124,40 @@ def memory_figure(trace: Trace, max_lines: int = 16, max_points: int = 4000) -> 
 
     names = {d.rank: d.name for d in trace.devices}
     curves = {r: downsample_max(c, max_points) for r, c in memory_curves(trace).items()}
+    peak = max((float(v.max()) for _, v in curves.values() if len(v)), default=0.0)
+    capacities: List[int] = sorted({d.capacity_bytes for d in trace.devices if d.capacity_bytes > 0})
+    drawn = [c for c in capacities if c <= OFF_SCALE * peak]
+    unit, unit_name = axis_unit(max([peak] + drawn))
     fig = Figure(figsize=(10, 5))
     ax = fig.add_subplot()
     title = "Live memory per device"
     if curves and len(curves) > max_lines:
         grid, lo, hi = envelope(curves)
-        ax.fill_between(grid * MS, lo / GB, hi / GB, step="post", alpha=0.3, color="#4e79a7",
-                        label=f"min-max over {len(curves)} devices")
+        ax.fill_between(grid * MS, lo / unit, hi / unit, step="post", alpha=0.3,
+                        color="#4e79a7", label=f"min-max over {len(curves)} devices")
         top = max(curves, key=lambda r: (curves[r][1].max(), -r))
         t, v = curves[top]
-        ax.step(t * MS, v / GB, where="post", color="#4e79a7", linewidth=1.2,
+        ax.step(t * MS, v / unit, where="post", color="#4e79a7", linewidth=1.2,
                 label=f"{names.get(top, f'gpu{top}')} (highest peak)")
         title += f" (envelope of {len(curves)} devices)"
     else:
         for rank, (t, v) in curves.items():
-            ax.step(t * MS, v / GB, where="post", linewidth=1.2, label=names.get(rank, f"gpu{rank}"))
-    capacities: List[int] = sorted({d.capacity_bytes for d in trace.devices if d.capacity_bytes > 0})
+            ax.step(t * MS, v / unit, where="post", linewidth=1.2,
+                    label=names.get(rank, f"gpu{rank}"))
     for cap in capacities:
-        ax.axhline(cap / GB, linestyle="--", color="#e15759", linewidth=1.0,
-                   label=f"capacity {cap / GB:.2f} GB")
+        if cap in drawn:
+            ax.axhline(cap / unit, linestyle="--", color="#e15759", linewidth=1.0,
+                       label=f"capacity {cap / GB:.2f} GB")
+        else:     # named only: an empty line gives the legend its entry
+            why = (f"the peak is {100 * peak / cap:.2g} % of it" if peak > 0
+                   else "nothing is live")
+            ax.plot([], [], linestyle="--", color="#e15759", linewidth=1.0,
+                    label=f"capacity {cap / GB:.2f} GB (off scale: {why})")
     step_ms = step_time_of(trace) * MS
     ax.set_xlim(0, step_ms if step_ms > 0 else None)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("time (ms)")
-    ax.set_ylabel("live memory (GB)")
+    ax.set_ylabel(f"live memory ({unit_name})")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

@@ -42,8 +42,9 @@ def test_many_devices_plot_envelope_and_say_so(many):
     ax = memory_figure(many(20), max_lines=16).axes[0]
     assert ax.get_title() == "Live memory per device (envelope of 20 devices)"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert sorted(labels) == [f"capacity {80 * GiB / 1e9:.2f} GB", "gpu2 (highest peak)",
-                              "min-max over 20 devices"]
+    # peaks of 3 GiB on 80 GiB devices: 3.75 %, the capacity off scale (OFF_SCALE 20)
+    assert sorted(labels) == [f"capacity {80 * GiB / 1e9:.2f} GB (off scale: the peak is 3.8 % "
+                              "of it)", "gpu2 (highest peak)", "min-max over 20 devices"]
 
 
 def test_writes_a_png(trace, tmp_path):
@@ -71,3 +72,40 @@ def test_curves_last_sample_at_a_time_wins_in_any_order():
     assert curves == {0: ([0.0, 0.5, 1.0, 1.0], [0.0, 3.0, 7.0, 7.0]),
                       2: ([0.0, 1.0], [9.0, 9.0]),
                       5: ([0.0, 1.0], [0.0, 0.0])}
+
+
+def _small_model_trace(peak_bytes: int, capacity_bytes: int):
+    from distsim.sim.trace import DeviceInfo, MemorySample, Trace
+    return Trace(devices=[DeviceInfo(0, "gpu0", capacity_bytes)], ops=[],
+                 memory=[MemorySample(0, 0.0, peak_bytes // 2), MemorySample(0, 1.0, peak_bytes),
+                         MemorySample(0, 2.0, 0)])
+
+
+def test_a_capacity_far_above_the_peak_is_named_not_drawn_and_the_axis_fits_the_curve():
+    # 300 kB on an 80 GB GPU: drawn, the 80 GB line would flatten the curve to 0
+    ax = memory_figure(_small_model_trace(300_000, 80 * 10**9)).axes[0]
+    assert ax.get_ylabel() == "live memory (kB)"
+    drawn = [line for line in ax.get_lines() if len(line.get_ydata())
+             and line.get_linestyle() == "--"]
+    assert drawn == []
+    assert ax.get_ylim()[1] < 80 * 10**9 / 1e3            # the axis stops near the curve
+    curve = [line for line in ax.get_lines() if line.get_label() == "gpu0"][0]
+    assert max(curve.get_ydata()) == 300.0                  # 300,000 bytes in kB
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    # 300 kB / 80 GB = 3.75e-6 = 0.000375 %
+    assert labels == ["gpu0", "capacity 80.00 GB (off scale: the peak is 0.00038 % of it)"]
+
+
+def test_a_capacity_within_twenty_peaks_is_drawn_in_the_unit_of_the_axis():
+    # peak 5 MB, capacity 100 MB = 20 peaks: still drawn, both in MB
+    ax = memory_figure(_small_model_trace(5 * 10**6, 100 * 10**6)).axes[0]
+    assert ax.get_ylabel() == "live memory (MB)"
+    caps = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_ydata()[0] for line in caps] == [100.0]
+    assert ax.get_ylim()[1] >= 100.0
+
+
+def test_an_empty_device_names_its_capacity_as_off_scale():
+    ax = memory_figure(_small_model_trace(0, 80 * 10**9)).axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "capacity 80.00 GB (off scale: nothing is live)" in labels
