@@ -132,7 +132,8 @@ class SimulationResult:
                     self._summary["trace_file"] = self.trace_plan().to_dict()
         out = refuse_file_as_folder(out_dir)
         summary = self.summary()    # before the folder: a failure here leaves nothing
-        created = not out.exists()
+        # the highest folder this call makes (None: out exists), removed again on failure
+        made = _first_missing(out)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:     # /proc/nope, a read-only disk, no permission
@@ -161,8 +162,8 @@ class SimulationResult:
                 write_run_report(self, paths["report"], gantt=paths["gantt"],
                                  memory=paths["memory"])
         except BaseException:
-            if created:          # a folder of this run only: no partial set of outputs left
-                _remove_outputs(out, paths.values())
+            if made is not None:   # folders of this run only: no partial set of outputs left
+                _remove_outputs(out, paths.values(), made)
             raise
         return paths
 
@@ -174,20 +175,34 @@ class SimulationResult:
         return "<pre>" + html.escape(self.summary_table()) + "</pre>"
 
 
-def _remove_outputs(out: Path, paths: Any) -> None:
-    """Remove the output files ``paths`` and then the folder ``out`` (if
-    it is empty by then): the clean-up of a :meth:`SimulationResult.write_outputs`
-    that failed in a folder it made. Best effort: the original error is
-    the one to report."""
+def _first_missing(folder: Path) -> Optional[Path]:
+    """The highest of ``folder`` and its parents that does not exist (what
+    ``mkdir(parents=True)`` will make first), or None if ``folder`` exists."""
+    missing = None
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing = path
+    return missing
+
+
+def _remove_outputs(out: Path, paths: Any, made: Path) -> None:
+    """Remove the output files ``paths``, then the folder ``out`` and its
+    parents up to ``made`` (each only if empty by then): the clean-up of a
+    :meth:`SimulationResult.write_outputs` that failed in folders it made.
+    Best effort: the original error is the one to report."""
     for path in paths:
         try:
             Path(path).unlink()
         except OSError:
             pass
-    try:
-        out.rmdir()
-    except OSError:
-        pass
+    for folder in (out, *out.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+        if folder == made:
+            break
 
 
 #: The most ops :func:`build_program` builds (estimated before building;

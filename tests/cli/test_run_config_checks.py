@@ -59,6 +59,23 @@ def test_a_summary_holding_nan_is_still_written_as_strict_json(tmp_path):
     assert json.loads(summary_json(result.summary())) == summary
 
 
+def test_a_failed_write_removes_the_parent_folders_it_made_and_no_others(tmp_path, monkeypatch):
+    result = distsim.simulate(**SMALL_MLP)
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(result, "write_trace", fail)
+    (tmp_path / "kept").mkdir()          # there before: stays, with what it holds
+    (tmp_path / "kept" / "mine.txt").write_text("x")
+    with pytest.raises(OSError):
+        result.write_outputs(tmp_path / "kept" / "new" / "deep" / "out", plots=False)
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["mine.txt"]
+    monkeypatch.chdir(tmp_path)          # a relative path: the same
+    with pytest.raises(OSError):
+        result.write_outputs(Path("a") / "b" / "out", plots=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
 def test_a_failed_write_leaves_no_output_folder(tmp_path, monkeypatch):
     result = distsim.simulate(**SMALL_MLP)
 
