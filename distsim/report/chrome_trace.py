@@ -171,12 +171,31 @@ def plan_trace(trace: Trace, max_trace_records: Optional[int] = None,
     return TracePlan(total, kept, limit, cutoff)
 
 
-def _metadata(pid: int, name: str, sort_index: int, threads: List[Tuple[int, str]]) -> List[str]:
+def rank_ranges(ranks: List[int]) -> str:
+    """``[0, 1, 2, 3, 8, 9]`` -> ``"gpu0-3, gpu8-9"``: consecutive runs."""
+    runs: List[List[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(f"gpu{a}" if a == b else f"gpu{a}-{b}" for a, b in runs)
+
+
+def _metadata(pid: int, name: str, sort_index: int, threads: List[Tuple[int, str]],
+              stands_for: Optional[List[int]] = None) -> List[str]:
+    """The metadata events of one device: its process name and order, a
+    ``process_labels`` event naming the devices it stands for when the
+    program was reduced by ``--symmetry``, and its threads."""
     events = [
         f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_name","args":{{"name":{_str(name)}}}}}',
         f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_sort_index",'
         f'"args":{{"sort_index":{sort_index}}}}}',
     ]
+    if stands_for:
+        label = f"stands for {len(stands_for)} devices: {rank_ranges(stands_for)}"
+        events.append(f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_labels",'
+                      f'"args":{{"labels":{_str(label)}}}}}')
     for tid, tname in threads:
         events.append(f'{{"ph":"M","pid":{pid},"tid":{tid},"name":"thread_name",'
                       f'"args":{{"name":{_str(tname)}}}}}')
@@ -255,9 +274,11 @@ def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]
     streams_of: Dict[int, set] = {r: {COMPUTE_STREAM, COMM_STREAM} for r in ranks}
     for op in trace.ops:
         streams_of[op.rank].add(op.stream)
+    stands_for = trace.meta.get("represented_ranks") or {}
     for rank in ranks:
         threads = sorted((tids[s], s) for s in streams_of[rank]) + extra_threads.get(rank, [])
-        yield from _metadata(rank, names.get(rank, f"gpu{rank}"), rank, threads)
+        yield from _metadata(rank, names.get(rank, f"gpu{rank}"), rank, threads,
+                             stands_for.get(rank))
 
     cutoff = plan.cutoff_s
     # (rank, tid) -> [ops dropped, first start, last end, flops, bytes]

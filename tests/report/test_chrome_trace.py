@@ -114,3 +114,18 @@ def test_failed_write_leaves_no_file(trace, tmp_path, monkeypatch):
         write_chrome_trace(trace, blocker / "trace.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notadir", "trace.json"]
     assert target.read_text() == "old"
+
+
+def test_a_representative_names_the_devices_it_stands_for():
+    # a program reduced by --symmetry: gpu0 stands for 0-3 and 8-9, gpu4 for itself and 5
+    trace = Trace([DeviceInfo(0, "gpu0", 0), DeviceInfo(4, "gpu4", 0)],
+                  [OpRecord(0, "compute", "a", "matmul", "compute", 0.0, 1.0, 0.0, 0.0, ""),
+                   OpRecord(4, "compute", "b", "matmul", "compute", 0.0, 1.0, 0.0, 0.0, "")],
+                  meta={"represented_ranks": {0: [0, 1, 2, 3, 8, 9], 4: [5, 4]}})
+    labels = {e["pid"]: e["args"]["labels"] for e in _events(chrome_trace(trace), "M")
+              if e["name"] == "process_labels"}
+    assert labels == {0: "stands for 6 devices: gpu0-3, gpu8-9",
+                      4: "stands for 2 devices: gpu4-5"}
+    # without a reduction there is no label
+    plain = Trace(trace.devices, trace.ops)
+    assert not [e for e in _events(chrome_trace(plain), "M") if e["name"] == "process_labels"]
