@@ -67,6 +67,9 @@ class Segment:
     time_s: float = 0.0
     deps: Tuple[Optional[int], ...] = ()
     param: str = ""
+    #: part of the recomputation the block's backward starts with (reads
+    #: only what the forward kept: it need not wait for the task's input)
+    lead: bool = False
 
 
 @dataclass
@@ -101,6 +104,15 @@ class Block:
     f_post: Optional[float] = None
     b_pre: Optional[float] = None
     b_post: Optional[float] = None
+    # activation recomputation: the recompute ops the backward starts with
+    # (they read what the forward kept, not the incoming gradient, so they
+    # run before it arrives): their time as the compute stream sees them,
+    # busy part, whether they include tensor-parallel collectives, and the
+    # compute of the rest of the backward before its first collective
+    b_lead: float = 0.0
+    b_lead_busy: float = 0.0
+    b_lead_comm: bool = False
+    b_rest_pre: Optional[float] = None
     # memory above the steady baseline while the block runs (bytes): the
     # forward over weights, optimizer state and the saved activations of
     # the blocks before it; the backward (a later micro-batch) over those,
@@ -296,11 +308,13 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     compute_end: Dict[Tuple[str, int, str], float] = {}
     ordered = sorted(groups, key=lambda k: max(times[o.name][1] for o in groups[k]
                                                if not is_communication(o)))
+    group_start: Dict[Tuple[str, int, str], float] = {}
     prev_end = 0.0
     for key in ordered:
         ops = [o for o in groups[key] if not is_communication(o)]
         end = max(times[o.name][1] for o in ops)
         compute_end[key] = end - prev_end
+        group_start[key] = prev_end
         prev_end = end
 
     def stats(key):
@@ -321,6 +335,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         blk.b_mid, blk.b_mid_busy = blk.b_last - scales, blk.b_last_busy - scales
         blk.last = _segments(groups.get(("B", 1, name), []), times, final_last)
         blk.only = _segments(groups.get(("B", 0, name), []), times, final_only)
+        if ("B", 0, name) in groups:
+            _lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
         blk.f_pre, blk.f_post = _edges(_segments(groups.get(("F", 0, name), []), times, {}))
         blk.b_pre, blk.b_post = _edges(blk.only)
     for name, blk in blocks.items():
@@ -424,6 +440,33 @@ def _memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Func
     return max(0.0, peak(last_b, end) - static - grads)
 
 
+def _leading_recompute(ops: List[Op]) -> List[Op]:
+    """The recompute ops a block's backward starts with (program order)."""
+    out = []
+    for op in ops:
+        if not op.meta.get("recompute"):
+            break
+        out.append(op)
+    return out
+
+
+def _lead(blk: Block, ops: List[Op], times: Dict[str, tuple], start: float) -> None:
+    """Fill ``blk``'s ``b_lead*`` and ``b_rest_pre`` from its first
+    backward's ops (``start``: where the compute stream finished the block
+    before)."""
+    lead = _leading_recompute(ops)
+    compute = [o for o in lead if not is_communication(o)]
+    if not compute:
+        return
+    blk.b_lead = max(times[o.name][1] for o in compute) - start
+    blk.b_lead_busy = sum(times[o.name][1] - times[o.name][0] for o in compute)
+    blk.b_lead_comm = any(is_communication(o) for o in lead)
+    rest = ops[len(lead):]
+    if any(is_communication(o) for o in rest):
+        first = next(i for i, o in enumerate(rest) if is_communication(o))
+        blk.b_rest_pre = sum(times[o.name][1] - times[o.name][0] for o in rest[:first])
+
+
 def _edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
     """Compute time before the first collective and after the last one."""
     kinds = [s.kind for s in segments]
@@ -443,19 +486,23 @@ def _segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str]) ->
     out: List[Segment] = []
     made: Dict[int, int] = {}          # id(value) -> entry producing it
     to_comm = {id(v) for op in ops if is_communication(op) for v in op.inputs}
+    lead = {id(op) for op in _leading_recompute(ops)}
     open_run: Optional[int] = None
     for op in ops:
         t0, t1, _ = times[op.name]
         srcs = [made.get(id(v)) for v in op.inputs]
+        is_lead = id(op) in lead
+        if open_run is not None and out[open_run].lead != is_lead:
+            open_run = None            # the recomputation ends: a run of its own
         if is_communication(op):
             dep = next((s for s in srcs if s is not None), None)
-            out.append(Segment("t", t1 - t0, (dep,)))
+            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead))
             open_run = None
             idx = len(out) - 1
         else:
             waits = tuple(sorted({s for s in srcs if s is not None and out[s].kind == "t"}))
             if open_run is None or waits:
-                out.append(Segment("c", 0.0, waits))
+                out.append(Segment("c", 0.0, waits, lead=is_lead))
                 open_run = len(out) - 1
             out[open_run].time_s += t1 - t0
             idx = open_run

@@ -80,6 +80,7 @@ class StepSync:
         self.pending_bytes: Dict[int, int] = {}
         self.deferred: Dict[int, List[ParamKey]] = {}
         self.unpack: List[tuple] = []
+        self.buckets: Dict[int, List[int]] = {}     # stage -> bytes of each flat bucket
         self._costs: Dict[Tuple[str, int], ParamCost] = b.memo.param_costs
 
     def cost(self, block: str, index: int) -> ParamCost:
@@ -138,6 +139,7 @@ class StepSync:
                       [(total, dtype)], max(flats))
         ar = self.tl.comm_on(stage, b.dp_time(CollectiveType.ALL_REDUCE,
                                               total * dtype.itemsize), cat)
+        self.buckets.setdefault(stage, []).append(total * dtype.itemsize)
         self.unpack.append((bucket, stage, ar, total, dtype))
 
     def finish(self) -> None:
@@ -151,6 +153,7 @@ class StepSync:
                 else:
                     self.pending.setdefault(stage, []).append(key)
             self.flush(stage)
+        b.memo.buckets = {s: tuple(v) for s, v in self.buckets.items()}
         for bucket, stage, ar, total, dtype in self.unpack:
             split = b.small(stage, "split", [(total, dtype)],
                             [(b.param(k).numel, dtype) for k in bucket], ar)

@@ -110,6 +110,11 @@ class Memo:
         self.scatter_terms: Dict[tuple, ScatterTerms] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
         self.param_costs: Dict[Tuple[str, int], Any] = {}
+        #: per stage, the bytes of each bucket of several gradients the
+        #: walk all-reduced as one flat copy (:meth:`.StepSync.flush`): the
+        #: memory estimate adds those copies (the same in every walk of a
+        #: configuration)
+        self.buckets: Dict[int, Tuple[int, ...]] = {}
 
 
 class Builder:
@@ -300,15 +305,22 @@ class Builder:
             # issued yet, gated on the compute before
             prev = ready
             issued: List[float] = []
-            for i, (gathers, fl, pieces) in enumerate(plan):
+            for i, (gathers, fl, lead, pieces) in enumerate(plan):
                 for t in gathers:
                     issued.append(tl.comm_on(stage, t, prev))
-                end = issued[i] if i else max(issued[0], ready)
+                if i:
+                    end = issued[i]
+                else:
+                    if lead:     # the first block's recomputation: no wait for the input
+                        tl.compute_pieces(stage, lead, issued[0])
+                    end = max(issued[0], ready)
                 flops[stage] += fl
                 end = prev = tl.compute_pieces(stage, pieces, end)
         else:
-            fl, pieces = plan
+            fl, lead, pieces = plan
             flops[stage] += fl
+            if lead:             # the recomputation the task starts with: no wait
+                tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
         if kind == "B" and self.scatter_each:
             order = self.blocks_of(kind, c)
@@ -339,6 +351,13 @@ class Builder:
         holds the communication stream)``."""
         blocks = self.prof.blocks
         order = self.blocks_of(kind, c)
+        head = blocks[order[0][0]]
+        # a backward starting with recomputation: that part is an item of its
+        # own, which does not wait for the task's input (the gradient from
+        # the next stage), as in the simulator
+        split = kind == "B" and head.b_lead > 0.0
+        lead = [(head.b_lead, head.b_lead_busy, self.tp > 1 and head.b_lead_comm)] \
+            if split else []
         if self.zero3:
             plan = []
             issued = 0
@@ -348,8 +367,12 @@ class Builder:
                 issued = max(issued, upto)
                 t, busy, fl = self._block_time(blocks[name], kind, mb)
                 shift = self._accumulation_shift(name, kind, mb)
-                plan.append((gathers, fl, self._pieces(kind, order[i:i + 1], t + shift,
-                                                       busy + shift)))
+                cut = split and i == 0
+                if cut:
+                    t, busy = t - head.b_lead, busy - head.b_lead_busy
+                plan.append((gathers, fl, lead if cut else [],
+                             self._pieces(kind, order[i:i + 1], t + shift, busy + shift,
+                                          rest=cut)))
             return plan
         total = busy = fl = 0.0
         for name, _ in order:
@@ -358,15 +381,19 @@ class Builder:
             total += t + shift
             busy += b + shift
             fl += f
-        return fl, self._pieces(kind, order, total, busy)
+        if split:
+            total, busy = total - head.b_lead, busy - head.b_lead_busy
+        return fl, lead, self._pieces(kind, order, total, busy, rest=split)
 
-    def _pieces(self, kind: str, order, total: float, busy: float) -> List[tuple]:
+    def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False
+                ) -> List[tuple]:
         """The compute items of a task over the blocks ``order``: one, or with
         tensor-parallel collectives, which hold the communication stream from
-        the first to the last of them, the compute before and after alone."""
+        the first to the last of them, the compute before and after alone
+        (``rest``: a backward less its leading recomputation)."""
         blocks = self.prof.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
-        pre = first.f_pre if kind == "F" else first.b_pre
+        pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
         post = last.f_post if kind == "F" else last.b_post
         holds = self.tp > 1
         if not holds or pre is None or post is None or pre + post >= busy:
@@ -397,13 +424,15 @@ class Builder:
             for seg in segs:
                 if seg.kind == "c":
                     plan.append(("c", seg.time_s, blk.b_flops * seg.time_s / ctime,
-                                 tuple(d for d in seg.deps if d is not None), None, None))
+                                 tuple(d for d in seg.deps if d is not None), None, None,
+                                 seg.lead))
                 elif seg.kind == "t":
                     d = seg.deps[0] if seg.deps else None
-                    plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None))
+                    plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None,
+                                 seg.lead))
                 else:
                     plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
-                                 index[seg.param]))
+                                 index[seg.param], False))
             self.memo.segments[(name, self.M > 1)] = plan
         return plan
 
@@ -424,9 +453,11 @@ class Builder:
                         gathered[j] = tl.comm_on(stage, self.gather_time("B", order[j][0]), gate)
                 g = gathered[k]
             local: Dict[int, float] = {}
-            for i, (kind, time_s, fl, waits, src, param) in enumerate(self._segment_plan(name)):
+            for i, (kind, time_s, fl, waits, src, param, lead) in enumerate(
+                    self._segment_plan(name)):
                 extra = g
-                if first and ready > extra:
+                # the recomputation a task starts with need not wait for its input
+                if first and not lead and ready > extra:
                     extra = ready
                 if kind == "c":
                     self.flops[stage] += fl
@@ -434,13 +465,13 @@ class Builder:
                         if local[d] > extra:
                             extra = local[d]
                     local[i] = last = tl.compute(stage, time_s, extra)
-                    first = False
+                    first = first and lead
                 elif kind == "t":
                     dep = local.get(src, 0.0) if src >= 0 else last
                     if dep is not None and dep > extra:
                         extra = dep
                     local[i] = tl.comm_on(stage, time_s, extra)
-                    first = False
+                    first = first and lead
                 else:
                     self.sync.ready((name, layer, param), stage,
                                     local.get(src) if src >= 0 else last)
