@@ -1,0 +1,119 @@
+"""Adversarial sample: the sweep estimator against full simulations on random
+GPT / Llama configurations (see README.md here).
+
+    python reports/estimator/sample.py [SEED] [N] [OUT.jsonl] [FLOW_SHARE]
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+import traceback
+
+import distsim
+from distsim.errors import DistsimError
+from distsim.sweep.estimate import estimate
+
+SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 1234
+N = int(sys.argv[2]) if len(sys.argv) > 2 else 150
+OUT = sys.argv[3] if len(sys.argv) > 3 else "sample.jsonl"
+FLOW_SHARE = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+
+MODELS = {  # model -> (layers choices, seq override choices or None)
+    "gpt2": ([2, 4, 6], [None, 256, 512]),
+    "gpt3-1.3b": ([2, 4], [512, 1024]),
+    "tiny": ([4, 8], [None]),
+    "llama2-7b": ([2, 4], [512, 1024]),
+    "llama3-8b": ([2, 4], [512]),
+    "gpt": ([4, 8], [None]),
+}
+TOPOS = {"dgx-a100": 8, "dgx-a100-x2": 16, "dgx-a100-x4": 32, "workstation-4gpu-pcie": 4}
+ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
+
+
+def divisors(n):
+    return [d for d in (1, 2, 4, 8, 16, 32) if n % d == 0 and d <= n]
+
+
+def sample(rng: random.Random) -> dict:
+    model = rng.choice(list(MODELS))
+    layers_choice, seqs = MODELS[model]
+    topo = rng.choices(list(TOPOS), weights=[4, 3, 1, 2])[0]
+    n = TOPOS[topo]
+    tp = rng.choice([d for d in divisors(n) if d <= 8])
+    pp = rng.choice([d for d in divisors(n // tp) if d <= 4])
+    dp = n // (tp * pp)
+    o = {"model": model, "topology": topo, "dp": dp, "tp": tp, "pp": pp,
+         "layers": rng.choice(layers_choice), "network_mode": "analytical"}
+    seq = rng.choice(seqs)
+    if seq:
+        o["seq"] = seq
+    mb = rng.choice([1, 1, 2, 4])
+    m = rng.choice([1, 2, 3, 4, 6, 8]) if pp > 1 else rng.choice([1, 2, 3])
+    o["micro_batch"] = mb
+    o["global_batch"] = dp * mb * m
+    if pp > 1:
+        o["schedule"] = rng.choice(["1f1b", "1f1b", "gpipe", "interleaved"])
+        if o["schedule"] == "interleaved":
+            o["virtual_stages"] = rng.choice([2, 2, 3, 4])
+            o["layers"] = max(o["layers"], pp * o["virtual_stages"])
+        if rng.random() < 0.25:
+            o["partition"] = "balanced"
+    o["layers"] = max(o["layers"], pp * o.get("virtual_stages", 1))
+    if tp > 1 and rng.random() < 0.4:
+        o["sp"] = True
+    o["zero"] = rng.choice([0, 0, 1, 2, 3])
+    if o["zero"] == 3 and rng.random() < 0.4:
+        o["prefetch"] = rng.choice([0, 2])
+    o["recompute"] = rng.choice(["none", "none", "selective", "full"])
+    b = rng.random()
+    if b < 0.25:
+        o["bucket_mb"] = 0
+    elif b < 0.5:
+        o["bucket_mb"] = rng.choice([1, 5, 25, 100])
+    if rng.random() < 0.2:
+        o["order"] = rng.choice(ORDERS[1:])
+    if rng.random() < 0.15:
+        o["optimizer"] = "sgd"
+    if rng.random() < FLOW_SHARE:
+        o["network_mode"] = "flow"
+    return o
+
+
+KEYS = ["step_time_s", "max_peak_memory_bytes", "compute_s", "exposed_communication_s",
+        "idle_s", "bubble_fraction", "communication_s"]
+
+
+def main():
+    rng = random.Random(SEED)
+    t0 = time.time()
+    with open(OUT, "w") as f:
+        for i in range(N):
+            o = sample(rng)
+            rec = {"i": i, "options": o}
+            try:
+                t = time.time()
+                e = estimate(o)
+                rec["est_s"] = time.time() - t
+                rec["est"] = {k: e.get(k) for k in KEYS}
+            except DistsimError as exc:
+                rec["est_error"] = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a traceback: a finding
+                rec["est_crash"] = traceback.format_exc()
+            try:
+                t = time.time()
+                s = distsim.simulate(max_wall_s=60, **o).summary()
+                rec["sim_s"] = time.time() - t
+                rec["sim"] = {k: s.get(k) for k in KEYS}
+            except DistsimError as exc:
+                rec["sim_error"] = f"{type(exc).__name__}: {exc}"
+            except Exception:
+                rec["sim_crash"] = traceback.format_exc()
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+    print("total", time.time() - t0, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
