@@ -99,7 +99,7 @@ def main():
                 rec["est"] = {k: e.get(k) for k in KEYS}
             except DistsimError as exc:
                 rec["est_error"] = f"{type(exc).__name__}: {exc}"
-            except Exception as exc:  # a traceback: a finding
+            except Exception:  # a traceback: a finding
                 rec["est_crash"] = traceback.format_exc()
             try:
                 t = time.time()
