@@ -224,6 +224,12 @@ def check_max_ops(value: Any) -> int:
     return value
 
 
+def check_network_mode(value: Any) -> None:
+    """``network_mode`` (``--network-mode``): ``flow`` or ``analytical``."""
+    if value not in ("flow", "analytical"):
+        raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {value!r}")
+
+
 def check_max_wall_s(value: Any) -> Optional[float]:
     """``max_wall_s`` (``--max-wall-s``) as a finite float > 0, or None for
     no bound (None or 0); anything else is a ConfigError."""
@@ -401,8 +407,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     each phase starts (building, simulating), for a caller that shows them."""
     trace_limit = check_max_trace_records(max_trace_records)
     wall = check_max_wall_s(max_wall_s)
-    if network_mode not in ("flow", "analytical"):
-        raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {network_mode!r}")
+    check_network_mode(network_mode)
     check_algorithm_name(collective_algo)
     say = progress or (lambda message: None)
     with small_pages():   # hundreds of big short-lived arrays: see distsim.pages

@@ -57,6 +57,7 @@ import numpy as np
 from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from ..api import check_max_ops, check_max_trace_records, check_network_mode
 from ..errors import ConfigError, PassPreconditionError
 from ..ir.types import DType
 from ..models import check_batch_options, load_model_config
@@ -64,7 +65,7 @@ from ..models.gpt_family import gpt_config, hyper_of, resolve_batch, validate
 from ..report.training_metrics import model_flops_per_step
 from ..topology import load_topology
 from ..transforms.pipeline import schedule_tasks
-from ..transforms.strategy import Strategy
+from ..transforms.strategy import Strategy, check_field
 from ..transforms.zero import check_shardable
 from .estimate_profile import LayerProfile, layer_profile, param_sizes
 from .estimate_sync import shard_size
@@ -94,9 +95,24 @@ def _model_config(model: str) -> Dict[str, Any]:
     return dict(_model_config_once(model))
 
 
+def check_ignored(options: Mapping[str, Any]) -> None:
+    """The options the estimator does not use (:data:`IGNORED`) checked as
+    :func:`distsim.simulate` checks them: a value simulate refuses is not
+    silently estimated."""
+    if "network_mode" in options:
+        check_network_mode(options["network_mode"])
+    if options.get("max_ops") is not None:
+        check_max_ops(options["max_ops"])
+    if options.get("max_trace_records") is not None:
+        check_max_trace_records(options["max_trace_records"])
+    if options.get("coarsen") is not None:
+        check_field("coarsen", options["coarsen"])
+
+
 def resolve(options: Mapping[str, Any]) -> Case:
     """Resolve ``distsim simulate`` options as :func:`distsim.api.build_program`
     does, and check them as the GPT family does (a ConfigError otherwise)."""
+    check_ignored(options)
     opts = {k: v for k, v in options.items() if k not in IGNORED}
     model = opts.pop("model", "gpt")
     topology = opts.pop("topology", "dgx-a100")

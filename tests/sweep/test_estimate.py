@@ -108,3 +108,15 @@ def test_the_estimator_refuses_a_batch_and_global_batch_that_differ():
     figures = est.estimate({**GPT2, "topology": "dgx-a100", "dp": 8, "batch": 32,
                             "global_batch": 32})
     assert figures["global_batch"] == 32
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"network_mode": "bogus"}, "--network-mode: must be 'flow' or 'analytical'"),
+    ({"max_ops": -1}, "--max-ops: must be an integer >= 0"),
+    ({"coarsen": "yes"}, "--coarsen"),
+    ({"max_trace_records": -5}, "max-trace-records"),
+])
+def test_options_the_estimator_ignores_are_still_checked_as_simulate_checks_them(option, message):
+    options = {**GPT2, "topology": "dgx-a100", "dp": 8, **option}
+    with pytest.raises(ConfigError, match=message):
+        est.estimate(options)
