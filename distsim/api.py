@@ -296,8 +296,8 @@ def _optimizer_of(program: Function) -> Optional[str]:
     return str(optimizer) if optimizer is not None else None
 
 
-MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "seq", "heads",
-                "kv_heads", "ffn", "vocab")
+MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "frozen", "seq",
+                "heads", "kv_heads", "ffn", "vocab")
 _MODEL_FIELDS = MODEL_FIELDS  # the name sweeps looked for first
 
 

@@ -13,7 +13,7 @@ from ..importers.onnx import import_onnx
 from ..ir.core import Function
 from ..models.onnx_family import parse_shape, resolve_path
 from ..text import print_function
-from .options import input_shapes_option
+from .options import add_frozen_option, input_shapes_option
 
 
 def add_parser(sub) -> None:
@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", type=int, help="batch size (dim 0 of every graph input)")
     p.add_argument("--seq", type=int, help="sequence length of symbolic sequence dims")
     p.add_argument("--dtype", help="recast floating-point tensors (f16, bf16, f32)")
+    add_frozen_option(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--print", action="store_true", help="print the imported function (text form)")
     out.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -66,7 +67,7 @@ def format_summary(s: Dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     shapes = {k: parse_shape(v) for k, v in input_shapes_option(args.input_shape).items()}
     f = import_onnx(resolve_path(args.file), input_shapes=shapes, batch=args.batch,
-                    seq=args.seq, dtype=args.dtype)
+                    seq=args.seq, dtype=args.dtype, frozen=args.frozen)
     if args.print:
         sys.stdout.write(print_function(f))
         return 0

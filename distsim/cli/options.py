@@ -95,6 +95,15 @@ def add_onnx_options(p: argparse.ArgumentParser) -> None:
                         "--zero) to the forward graph, on any number of devices")
     g.add_argument("--input-shape", action="append", metavar="NAME=AxB", dest="input_shape",
                    help="shape of a graph input, e.g. input_ids=8x1024 (repeatable)")
+    add_frozen_option(g)
+
+
+def add_frozen_option(g) -> None:
+    """``--frozen PATTERN`` (repeatable): initializers that are buffers."""
+    g.add_argument("--frozen", action="append", metavar="PATTERN",
+                   help="initializers whose names match PATTERN (fnmatch, e.g. '*inv_freq') are "
+                        "buffers, not trained (repeatable; replaces the default '*inv_freq', "
+                        "which freezes a Llama export's rotary frequencies)")
 
 
 def input_shapes_option(items) -> Dict[str, str]:
@@ -119,6 +128,8 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     check_batch_options(getattr(args, "batch", None), getattr(args, "global_batch", None))
     if getattr(args, "input_shape", None):
         out["input_shapes"] = input_shapes_option(args.input_shape)
+    if getattr(args, "frozen", None):
+        out["frozen"] = list(args.frozen)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
                 "kv_heads", "ffn", "vocab", "sp", "zero", "recompute", "microbatches", "schedule",
                 "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "symmetry", "coarsen",

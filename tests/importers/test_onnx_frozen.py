@@ -3,6 +3,8 @@ them apart, so the importer freezes the names that match a pattern. The
 Llama export's rotary ``inv_freq`` (4 elements: head_dim 8 / 2) is frozen
 by default; trained, it got an AdamW update and ZeRO 3 refused to shard
 its 4 elements over 8 ranks."""
+import json
+
 import onnx
 import pytest
 
@@ -61,3 +63,20 @@ def test_zero3_on_eight_ranks_trains_the_llama_export_once_its_buffer_is_frozen(
     with pytest.raises(distsim.errors.PassPreconditionError, match="inv_freq' has 4 elements"):
         distsim.simulate(model={**config, "frozen": []}, topology="dgx-a100", dp=8, zero=3,
                          batch=8)
+
+
+def test_the_cli_takes_frozen_patterns(capsys):
+    from distsim.cli import main
+    assert main(["import", LLAMA, "--seq", "16", "--batch", "2", "--json"]) == 0
+    default = json.loads(capsys.readouterr().out)["parameters"]
+    assert main(["import", LLAMA, "--seq", "16", "--batch", "2", "--json",
+                 "--frozen", "*embed_tokens*"]) == 0
+    mine = json.loads(capsys.readouterr().out)["parameters"]
+    # the embedding table frozen (vocab 128 x hidden 32, models/export_hf.py), the 4 rotary
+    # frequencies (head_dim 32 / 4 heads = 8, halved) trained instead
+    assert default - mine == 128 * 32 - 4
+    code = main(["simulate", "--model", LLAMA, "--train", "--seq", "16", "--batch", "8",
+                 "--frozen", "*no_such_weight*"])
+    err = capsys.readouterr().err
+    assert code == 2 and "pattern '*no_such_weight*' matches no initializer" in err
+    assert len(err.strip().splitlines()) == 1
