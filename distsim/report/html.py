@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from distsim.fileio import PathLike, write_text_atomic
 from distsim.report.figures import DPI
 from distsim.report.summary import GB, MS, format_summary_table
+from distsim.report.training_metrics import format_training_metrics
 from distsim.report.sweep_charts import (CHART_FILES, breakdown_figure, heatmap_axes, ranked,
                                          heatmap_figure, objective, param_columns, pareto_figure,
                                          scaling_figure, throughput_column)
@@ -102,7 +103,10 @@ def run_report_html(result: Any, title: Optional[str] = None,
             f"{summary.get('num_devices')} devices; peak memory "
             f"{summary.get('max_peak_memory_bytes', 0) / GB:.3g} GB per GPU"
             f"{' (<b>out of memory</b>)' if summary.get('oom') else ''}.</p>",
-            "<h2>Summary</h2>", f"<pre>{html.escape(format_summary_table(summary))}</pre>",
+            "<h2>Summary</h2>",
+            # as the CLI prints it: the table, then tokens/s, MFU, bubble, memory by category
+            f"<pre>{html.escape(format_summary_table(summary) + format_training_metrics(summary))}"
+            "</pre>",
             "<h2>Configuration</h2>",
             f"<pre>{html.escape(json.dumps(config, indent=2, default=str))}</pre>",
             "<h2>Timeline</h2>",
