@@ -43,7 +43,11 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="distsim",
                      description="Simulate distributed deep-learning training on a cluster: "
-                                 "step time, memory per device, where the time goes.")
+                                 "step time, memory per device, where the time goes.",
+                     epilog="Exit status: 0 success; 1 when `check` finds a value that differs "
+                            "or `search` finds no strategy that fits; 2 bad input (one line "
+                            "on stderr); 3 an internal error (a bug in distsim); 130 Ctrl-C; "
+                            "143 `sweep` or `search` stopped by SIGTERM.")
     parser.add_argument("--version", action="version", version="distsim 0.1.0")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True

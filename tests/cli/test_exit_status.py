@@ -59,3 +59,12 @@ def test_bad_input_exits_2_and_a_bug_exits_3(monkeypatch, capsys):
     monkeypatch.setattr(check_cmd, "check_lowering", bug)
     assert main(["check", NESTED]) == 3
     assert "distsim: internal error" in capsys.readouterr().err
+
+
+def test_the_help_lists_the_exit_statuses(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for piece in ("0 success", "2 bad input", "3 an internal error", "130 Ctrl-C", "143"):
+        assert piece in text
