@@ -49,12 +49,14 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 
 from distsim.errors import ConfigError
+from distsim.ir.comm import CollectiveType
 from distsim.fileio import PathLike, atomic_path
 from distsim.report.jsonsafe import json_safe
 from distsim.sim.trace import (COMM_STREAM, COMPUTE_STREAM, LinkSample, MemorySample,
                                 OpRecord, Trace)
 
 US = 1e6  #: microseconds per second (Chrome trace time unit)
+SEND_RECV_OP = CollectiveType.SEND_RECV.op_type   #: a send/recv record's op type
 FIXED_TIDS: Dict[str, int] = {COMPUTE_STREAM: 0, COMM_STREAM: 1}
 
 #: Default bound on the timed records of trace.json (op slices + counter
@@ -324,6 +326,8 @@ def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]
                f'{_span(first, last)},'
                f'"args":{{"ops":{int(n)},"flops":{_fnum(flops)},"bytes":{_fnum(nbytes)}}}}}')
 
+    yield from _flows(ops, shown_tids, cutoff)
+
     for rank, time_s, live in sorted(_before(trace.memory, _SAMPLE_TIME, cutoff),
                                      key=_SAMPLE_ORDER):
         yield (f'{{"ph":"C","pid":{rank},"tid":0,"name":"memory","ts":{time_s * US:.3f},'
@@ -344,6 +348,34 @@ def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]
         yield (f'{{"ph":"i","s":"g","pid":0,"tid":0,"name":{_str(_note(plan))},'
                f'"cat":"{TRUNCATED_CATEGORY}","ts":{cutoff * US:.3f},'
                f'"args":{_other_json(plan.to_dict())}}}')
+
+
+def _flows(ops: List[OpRecord], tids: List[int], cutoff: Optional[float]) -> Iterator[str]:
+    """A flow arrow (``ph`` ``s`` on the sender's slice, ``f`` on the
+    receiver's) per send/recv whose two ends are shown: the pipeline's
+    hand-offs from stage to stage, drawn by Perfetto between the devices.
+    The two records of a send/recv share its name; the sender's carries the
+    bytes sent, the receiver's none. Skipped: a send/recv with one end in
+    the trace (the other device not simulated, or past a truncation) or of
+    no bytes (no direction to draw). In sender order (rank, thread, start)."""
+    ends: Dict[str, List[Tuple[int, int, float, float]]] = {}
+    for op, tid in zip(ops, tids):
+        if op.op_type == SEND_RECV_OP and (cutoff is None or op.start_s < cutoff):
+            ends.setdefault(op.name, []).append((op.rank, tid, op.start_s, op.bytes))
+    pairs = []
+    for name, pair in ends.items():
+        if len(pair) == 2:
+            senders = [e for e in pair if e[3] > 0]
+            if len(senders) == 1:
+                src = senders[0]
+                dst = pair[1] if pair[0] is src else pair[0]
+                pairs.append((src[:3], dst[:3], name))
+    for i, ((srank, stid, sstart), (drank, dtid, dstart), name) in enumerate(sorted(pairs)):
+        label = _quote(name)
+        yield (f'{{"ph":"s","id":{i},"pid":{srank},"tid":{stid},"name":{label},"cat":"p2p",'
+               f'"ts":{round(sstart * US, 3):.3f}}}')
+        yield (f'{{"ph":"f","bp":"e","id":{i},"pid":{drank},"tid":{dtid},"name":{label},'
+               f'"cat":"p2p","ts":{round(dstart * US, 3):.3f}}}')
 
 
 def _before(records: List[Any], time_of: Callable[[Any], float],

@@ -129,3 +129,32 @@ def test_a_representative_names_the_devices_it_stands_for():
     # without a reduction there is no label
     plain = Trace(trace.devices, trace.ops)
     assert not [e for e in _events(chrome_trace(plain), "M") if e["name"] == "process_labels"]
+
+
+def _p2p(rank, name, start, end, nbytes):
+    return OpRecord(rank, "p2p", name, "comm.sendrecv", "communication", start, end, 0.0,
+                    nbytes, "direct")
+
+
+def test_a_send_recv_is_an_arrow_from_the_sender_to_the_receiver():
+    devices = [DeviceInfo(r, f"gpu{r}", 0) for r in range(3)]
+    ops = [_p2p(0, "x_m0", 1e-6, 2e-6, 1024.0), _p2p(1, "x_m0", 1e-6, 2e-6, 0.0),
+           # received first in the list, sent by gpu2: the direction is the bytes'
+           _p2p(1, "y_m0", 3e-6, 4e-6, 0.0), _p2p(2, "y_m0", 3e-6, 4e-6, 512.0),
+           _p2p(0, "lonely", 5e-6, 6e-6, 64.0),                      # its peer not simulated
+           _p2p(0, "empty", 7e-6, 7e-6, 0.0), _p2p(2, "empty", 7e-6, 7e-6, 0.0)]  # 0 bytes
+    doc = chrome_trace(Trace(devices, ops))
+    p2p_tid = stream_tids(Trace(devices, ops))["p2p"]
+    flows = [e for e in doc["traceEvents"] if e["ph"] in ("s", "f")]
+    assert [(e["ph"], e["id"], e["pid"], e["tid"], e["name"], e["ts"]) for e in flows] == [
+        ("s", 0, 0, p2p_tid, "x_m0", 1.0), ("f", 0, 1, p2p_tid, "x_m0", 1.0),
+        ("s", 1, 2, p2p_tid, "y_m0", 3.0), ("f", 1, 1, p2p_tid, "y_m0", 3.0)]
+    assert all(e["bp"] == "e" for e in flows if e["ph"] == "f")
+
+
+def test_no_arrow_to_a_slice_the_truncated_trace_does_not_show():
+    devices = [DeviceInfo(r, f"gpu{r}", 0) for r in range(2)]
+    ops = [_p2p(0, "a", 1e-6, 2e-6, 8.0), _p2p(1, "a", 1e-6, 2e-6, 0.0),
+           _p2p(0, "b", 9e-6, 10e-6, 8.0), _p2p(1, "b", 9e-6, 10e-6, 0.0)]
+    doc = chrome_trace(Trace(devices, ops), max_trace_records=2)   # keeps the first two ops
+    assert [e["name"] for e in doc["traceEvents"] if e["ph"] in ("s", "f")] == ["a", "a"]
