@@ -11,6 +11,8 @@ Layout (the JSON Object Format of the Trace Event spec):
   as the slices of one thread must nest;
 * one complete event (``ph: "X"``) per op, ``ts``/``dur`` in microseconds,
   ``cat`` the op's category, ``args`` its op type, flops, bytes and detail;
+* a flow arrow (``ph: "s"`` / ``"f"``) from the sender's slice to the
+  receiver's per send/recv with both ends shown (:func:`_flows`);
 * one counter event (``ph: "C"``, name ``memory``) per memory sample, args
   ``{"live_bytes": ...}``, drawn by Perfetto as a step chart per device;
 * with ``include_links``, a last process ``network`` with one utilisation
