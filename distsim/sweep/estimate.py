@@ -41,11 +41,13 @@ How close it comes to the full simulation is measured by
 ``tests/sweep/test_estimate.py`` and ``tests/sweep/test_estimate_qa.py``
 (see the README's "Sweeps and search"). Where the 3 % (step) / 2 % (memory)
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
-configurations found: ZeRO 2 and 3 (per-micro-batch reduce-scatters folded
-into each backward task, ZeRO-3 gathers; up to about 16 % on step time and
-28 % on peak memory with pipelines of few micro-batches or GPipe), and
-gradient buckets flushed during the backward pass (their copies while
-activations are held are not counted: memory up to about 6 % low).
+configurations found (``reports/estimator/``): ZeRO 3 step time (up to
+about 16 %: gathers and the embedding's wait, the op-by-op backward with
+tensor parallelism), ZeRO 2/3 memory (up to about 28 %: gradients and
+their flat copies waiting for their reduce-scatters), gradient buckets
+flushed during the backward pass (their copies while activations are held
+are not counted: memory up to about 6 % low), and data-parallel teams that
+share links (timed alone).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations

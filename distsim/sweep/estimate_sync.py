@@ -110,8 +110,14 @@ class StepSync:
             self.flush(stage)
 
     def sync_one(self, key: ParamKey, stage: int) -> None:
-        pc = self.cost(key[0], key[2])
-        final = self.final[key] or 0.0
+        self.synced[key] = self.scatter((key[0], key[2]), stage, self.final[key])
+
+    def scatter(self, param: Tuple[str, int], stage: int, end: Optional[float]) -> float:
+        """The data-parallel sync of one gradient produced at ``end``
+        (``param``: block, index): ZeRO 2/3 flatten it and reduce-scatter
+        it, the others all-reduce it; returns the sync's end."""
+        pc = self.cost(*param)
+        final = end or 0.0
         if pc.sync is None:
             kind = CollectiveType.REDUCE_SCATTER if self.zero >= 2 else CollectiveType.ALL_REDUCE
             pc.sync = self.b.dp_time(kind, pc.nbytes)
@@ -119,7 +125,7 @@ class StepSync:
             t, f = pc.flat
             self.b.flops[stage] += f
             final = self.tl.compute(stage, t, final)
-        self.synced[key] = self.tl.comm_on(stage, pc.sync, final)
+        return self.tl.comm_on(stage, pc.sync, final)
 
     def flush(self, stage: int) -> None:
         bucket = self.pending.pop(stage, [])

@@ -294,6 +294,12 @@ class Builder:
         last_b = kind == "B" and mb == self.M - 1
         if last_b and not self.scatter_each:
             return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready)
+        if kind == "B" and mb == 0 and self.scatter_each:
+            # ZeRO 2/3 reduce-scatter each gradient of the first micro-batch
+            # as it is produced (flattened right after it): op by op, as the
+            # last backward without a reduce-scatter per micro-batch
+            return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready,
+                                           first=True)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
         plan = self.memo.plans.get((kind, self.shapes[c], cls))
         if plan is None:
@@ -326,15 +332,9 @@ class Builder:
             order = self.blocks_of(kind, c)
             extra, rs, extra_flops = self.scatter_costs(c, order, mb)
             self.flops[stage] += extra_flops
-            if mb == 0:
-                # nothing reads the first micro-batch's shards before the next
-                # one: the reduce-scatters overlap the backward, in program order
-                # on the communication stream
-                end = self.tl.compute(stage, extra, end)
-                synced = self.tl.comm_on(stage, rs, ready)
-            else:
-                # each accumulation reads its reduce-scatter: the compute waits
-                end = synced = self.tl.compute(stage, rs + extra, end, extra, holds_comm=True)
+            # a micro-batch past the first (the first: op by op, above): each
+            # accumulation reads its reduce-scatter, so the compute waits
+            end = synced = self.tl.compute(stage, rs + extra, end, extra, holds_comm=True)
             if last_b:
                 final, synced_at = self.sync.final, self.sync.synced
                 for name, layer in order:
@@ -410,14 +410,15 @@ class Builder:
             return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
-    def _segment_plan(self, name: str) -> list:
-        """A block's op-level last backward as (kind, time, FLOPs, the
+    def _segment_plan(self, name: str, only: bool) -> list:
+        """A block's op-level last backward (``only``: the first micro-batch's,
+        which does not accumulate) as (kind, time, FLOPs, the
         entries it waits for, the entry a collective reads (-1: the last
         compute run before it), the parameter index of a final gradient)."""
-        plan = self.memo.segments.get((name, self.M > 1))
+        plan = self.memo.segments.get((name, only))
         if plan is None:
             blk = self.prof.blocks[name]
-            segs = blk.last if self.M > 1 else blk.only
+            segs = blk.only if only else blk.last
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
             index = {p.name: i for i, p in enumerate(self.prof.params[name])}
             plan = []
@@ -433,13 +434,19 @@ class Builder:
                 else:
                     plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
                                  index[seg.param], False))
-            self.memo.segments[(name, self.M > 1)] = plan
+            self.memo.segments[(name, only)] = plan
         return plan
 
-    def emit_last_backward(self, stage: int, c: int, order, ready: float) -> Optional[float]:
+    def emit_last_backward(self, stage: int, c: int, order, ready: float, first: bool = False
+                           ) -> Optional[float]:
         """The last micro-batch's backward op by op, with the data-parallel
-        sync of each gradient emitted where it becomes final."""
+        sync of each gradient emitted where it becomes final (``first``:
+        ZeRO 2/3's first micro-batch, each gradient flattened and
+        reduce-scattered where it is produced; with one micro-batch that
+        is its sync)."""
         tl = self.tl
+        only = first or self.M == 1
+        scatter = first and self.M > 1
         last: Optional[float] = None
         first = True
         gathered: Dict[int, float] = {}
@@ -454,7 +461,7 @@ class Builder:
                 g = gathered[k]
             local: Dict[int, float] = {}
             for i, (kind, time_s, fl, waits, src, param, lead) in enumerate(
-                    self._segment_plan(name)):
+                    self._segment_plan(name, only)):
                 extra = g
                 # the recomputation a task starts with need not wait for its input
                 if first and not lead and ready > extra:
@@ -472,6 +479,9 @@ class Builder:
                         extra = dep
                     local[i] = tl.comm_on(stage, time_s, extra)
                     first = first and lead
+                elif scatter:
+                    self.sync.scatter((name, param), stage,
+                                      local.get(src) if src >= 0 else last)
                 else:
                     self.sync.ready((name, layer, param), stage,
                                     local.get(src) if src >= 0 else last)
