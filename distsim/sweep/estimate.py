@@ -248,6 +248,19 @@ def estimate_memory(b: Builder) -> List[int]:
         flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
         for is_f, c, held in set(zip(forward.tolist(), chunk.tolist(), flight.tolist())):
             best = max(best, task_peak(base, "F" if is_f else "B", c, held))
+        # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
+        # copies of a chunk's first backward still waiting for their
+        # reduce-scatters when it ends, when later backwards start (where
+        # they peak) and when later forwards end (likewise)
+        for (s, kind, mb, c), pending in b.memo.flat_pending.items():
+            if s != stage:
+                continue
+            if kind == "end":
+                best = max(best, base + pending)
+                continue
+            at = np.flatnonzero((forward == (kind == "F")) & (chunk == c))
+            if mb < len(at):
+                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))
         out.append(int(best))
     return out
 

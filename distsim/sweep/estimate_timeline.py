@@ -115,6 +115,16 @@ class Memo:
         #: memory estimate adds those copies (the same in every walk of a
         #: configuration)
         self.buckets: Dict[int, Tuple[int, ...]] = {}
+        #: ZeRO 2/3 with a reduce-scatter per micro-batch: the bytes of
+        #: flat gradient copies of a chunk's first backward (emitted op by
+        #: op) still waiting for their reduce-scatters, each live until its
+        #: reduce-scatter ends (that backward accumulates nothing, so the
+        #: compute does not wait for them): at the start of each later
+        #: backward of the stage and the end of each later forward (where
+        #: they peak), keyed ``(stage, kind, micro-batch, chunk)``,
+        #: and at that backward's end, keyed ``(stage, "end", 0, chunk)``
+        #: (the most over the walks; the memory estimate adds them)
+        self.flat_pending: Dict[Tuple[int, str, int, int], int] = {}
 
 
 class Builder:
@@ -160,6 +170,9 @@ class Builder:
         # memos: what is the same for every task / layer of the step
         self.memo = Memo() if memo is None else memo
         self.sync = StepSync(self)
+        #: per stage, the flat gradient copies (bytes, end of their
+        #: reduce-scatter) that may outlive the backward that made them
+        self.flats: Dict[int, List[Tuple[int, float]]] = {}
 
     # -- helpers ---------------------------------------------------------
     def stage_of(self, c: int) -> int:
@@ -291,6 +304,22 @@ class Builder:
         return shift
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
+        flats = self.flats.get(stage)
+        if flats:
+            # the flat copies still waiting for their reduce-scatters when
+            # the task peaks: a backward's start (its saved activations go
+            # as it runs), a forward's end (they come)
+            start = max(ready, self.tl.free[2 * stage])
+            flats = self.flats[stage] = [x for x in flats if x[1] > start]
+            if flats and kind == "B":
+                self._note_flats(stage, kind, mb, c, flats)
+            elif flats:
+                end = self._emit_task(stage, kind, mb, c, ready)
+                self._note_flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
+                return end
+        return self._emit_task(stage, kind, mb, c, ready)
+
+    def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         last_b = kind == "B" and mb == self.M - 1
         if last_b and not self.scatter_each:
             return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready)
@@ -451,6 +480,9 @@ class Builder:
         first = True
         gathered: Dict[int, float] = {}
         n = len(order)
+        # ZeRO 2/3 reduce-scattering here: each flat copy's (bytes, the end
+        # of its reduce-scatter)
+        flats: Optional[List[Tuple[int, float]]] = [] if self.scatter_each and only else None
         for k, (name, layer) in enumerate(order):
             g = 0.0
             if self.zero3:
@@ -480,12 +512,29 @@ class Builder:
                     local[i] = tl.comm_on(stage, time_s, extra)
                     first = first and lead
                 elif scatter:
-                    self.sync.scatter((name, param), stage,
-                                      local.get(src) if src >= 0 else last)
+                    end = self.sync.scatter((name, param), stage,
+                                            local.get(src) if src >= 0 else last)
+                    if flats is not None:
+                        flats.append((self.sync.cost(name, param).nbytes, end))
                 else:
-                    self.sync.ready((name, layer, param), stage,
-                                    local.get(src) if src >= 0 else last)
+                    key = (name, layer, param)
+                    self.sync.ready(key, stage, local.get(src) if src >= 0 else last)
+                    if flats is not None:
+                        flats.append((self.sync.cost(name, param).nbytes,
+                                      self.sync.synced.get(key) or 0.0))
+        if flats and last is not None:
+            flats = [(nbytes, end) for nbytes, end in flats if end > last]
+            if flats:
+                self._note_flats(stage, "end", 0, c, flats)
+                self.flats[stage] = self.flats.get(stage, []) + flats
         return last
+
+    def _note_flats(self, stage: int, kind: str, mb: int, c: int,
+                    flats: List[Tuple[int, float]]) -> None:
+        key = (stage, kind, mb, c)
+        pending = sum(nbytes for nbytes, _ in flats)
+        if pending and pending > self.memo.flat_pending.get(key, 0):
+            self.memo.flat_pending[key] = pending
 
     # -- parameters ------------------------------------------------------------
     def param(self, key: tuple) -> Param:
