@@ -8,6 +8,12 @@ fault. The CLI turns these into exit status 2; anything else is a bug
 from __future__ import annotations
 
 
+def quoted_short(text: str, limit: int = 40) -> str:
+    """``text`` quoted for an error message, cut to ``limit`` characters
+    (a long value from the user's input keeps the message one short line)."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 class DistsimError(Exception):
     """Base class of every error distsim raises on purpose.
 

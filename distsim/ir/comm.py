@@ -42,7 +42,8 @@ class CollectiveType(enum.Enum):
 
 
 COMM_PREFIX = "comm."
-_SEND_RECV_OP = CollectiveType.SEND_RECV.op_type
+#: the op type of a send/recv (its ops, and the simulator's records of them)
+SEND_RECV_OP = CollectiveType.SEND_RECV.op_type
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 
 
@@ -53,7 +54,7 @@ def is_communication(op: Op) -> bool:
 def is_point_to_point(op: Op) -> bool:
     """Whether ``op`` is a SendRecv (the simulator runs it on a queue per
     pair of ranks, not on the collectives' stream)."""
-    return op.op_type == _SEND_RECV_OP
+    return op.op_type == SEND_RECV_OP
 
 
 def collective_of(op: Op) -> CollectiveType:

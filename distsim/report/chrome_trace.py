@@ -51,14 +51,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 
 from distsim.errors import ConfigError
-from distsim.ir.comm import CollectiveType
+from distsim.ir.comm import SEND_RECV_OP
 from distsim.fileio import PathLike, atomic_path
 from distsim.report.jsonsafe import json_safe
 from distsim.sim.trace import (COMM_STREAM, COMPUTE_STREAM, LinkSample, MemorySample,
                                 OpRecord, Trace)
 
 US = 1e6  #: microseconds per second (Chrome trace time unit)
-SEND_RECV_OP = CollectiveType.SEND_RECV.op_type   #: a send/recv record's op type
 FIXED_TIDS: Dict[str, int] = {COMPUTE_STREAM: 0, COMM_STREAM: 1}
 
 #: Default bound on the timed records of trace.json (op slices + counter
@@ -79,8 +78,8 @@ def _span(start_s: float, end_s: float) -> str:
     both ends rounded to the nanosecond and ``dur`` their difference, so a
     slice ends exactly where the next one on its stream starts (rounding
     ``ts`` and ``dur`` apart could push the end 1 ns past it: an overlap)."""
-    ts = round(start_s * US, 3)
-    return f'"ts":{ts:.3f},"dur":{round(end_s * US, 3) - ts:.3f}'
+    ts = _us(start_s)
+    return f'"ts":{ts:.3f},"dur":{_us(end_s) - ts:.3f}'
 
 
 def _num(x: float) -> Any:
@@ -375,9 +374,9 @@ def _flows(ops: List[OpRecord], tids: List[int], cutoff: Optional[float]) -> Ite
     for i, ((srank, stid, sstart), (drank, dtid, dstart), name) in enumerate(sorted(pairs)):
         label = _quote(name)
         yield (f'{{"ph":"s","id":{i},"pid":{srank},"tid":{stid},"name":{label},"cat":"p2p",'
-               f'"ts":{round(sstart * US, 3):.3f}}}')
+               f'"ts":{_us(sstart):.3f}}}')
         yield (f'{{"ph":"f","bp":"e","id":{i},"pid":{drank},"tid":{dtid},"name":{label},'
-               f'"cat":"p2p","ts":{round(dstart * US, 3):.3f}}}')
+               f'"cat":"p2p","ts":{_us(dstart):.3f}}}')
 
 
 def _before(records: List[Any], time_of: Callable[[Any], float],

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import simpy
 
-from ..errors import ConfigError
+from ..errors import ConfigError, quoted_short
 from ..ir.comm import CollectiveType
 from ..topology import Topology, load_topology
 from ..topology.builders import MAX_DEVICES
@@ -126,15 +126,11 @@ def parse_ranks(text: str) -> Tuple[int, ...]:
         if hi < lo:
             raise ConfigError(f"bad device list {text!r}: range {part.strip()} is empty")
         if hi >= MAX_DEVICES or len(out) + hi - lo + 1 > MAX_DEVICES:
-            raise ConfigError(f"bad device list {_short(text)}: more than the {MAX_DEVICES:,} "
-                              f"devices distsim simulates (ranks 0..{MAX_DEVICES - 1})")
+            raise ConfigError(f"bad device list {quoted_short(text, 60)}: more than the "
+                              f"{MAX_DEVICES:,} devices distsim simulates "
+                              f"(ranks 0..{MAX_DEVICES - 1})")
         out.extend(range(lo, hi + 1))
     return tuple(out)
-
-
-def _short(text: str, limit: int = 60) -> str:
-    """``repr(text)``, cut to about ``limit`` characters for an error line."""
-    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 def parse_kind(kind: Union[str, CollectiveType]) -> CollectiveType:

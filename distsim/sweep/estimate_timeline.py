@@ -328,7 +328,7 @@ class Builder:
             # as it is produced (flattened right after it): op by op, as the
             # last backward without a reduce-scatter per micro-batch
             return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready,
-                                           first=True)
+                                           first_microbatch=True)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
         plan = self.memo.plans.get((kind, self.shapes[c], cls))
         if plan is None:
@@ -466,16 +466,16 @@ class Builder:
             self.memo.segments[(name, only)] = plan
         return plan
 
-    def emit_last_backward(self, stage: int, c: int, order, ready: float, first: bool = False
-                           ) -> Optional[float]:
+    def emit_last_backward(self, stage: int, c: int, order, ready: float,
+                           first_microbatch: bool = False) -> Optional[float]:
         """The last micro-batch's backward op by op, with the data-parallel
-        sync of each gradient emitted where it becomes final (``first``:
-        ZeRO 2/3's first micro-batch, each gradient flattened and
-        reduce-scattered where it is produced; with one micro-batch that
-        is its sync)."""
+        sync of each gradient emitted where it becomes final
+        (``first_microbatch``: ZeRO 2/3's first micro-batch, each gradient
+        flattened and reduce-scattered where it is produced; with one
+        micro-batch that is its sync)."""
         tl = self.tl
-        only = first or self.M == 1
-        scatter = first and self.M > 1
+        only = first_microbatch or self.M == 1
+        scatter = first_microbatch and self.M > 1
         last: Optional[float] = None
         first = True
         gathered: Dict[int, float] = {}

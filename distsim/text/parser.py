@@ -11,7 +11,7 @@ import json
 import re
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..errors import ConfigError, ParseError
+from ..errors import ConfigError, ParseError, quoted_short
 from ..ir.core import Function, Module, Op, Value
 from ..ir.ops_fused import FUSED
 from ..ir.types import DType, TensorType, Type
@@ -36,11 +36,6 @@ _TOKEN = re.compile(r"""
 MAX_NESTING = 64
 MAX_INT = 2 ** 63 - 1
 MIN_INT = -2 ** 63
-
-
-def _short(text: str, limit: int = 40) -> str:
-    """``text`` quoted, cut to ``limit`` characters (error messages stay one short line)."""
-    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 class Token:
@@ -139,9 +134,9 @@ class Parser:
         try:
             value = int(tok.text)
         except ValueError:
-            raise self.error(f"expected {what}, found {_short(tok.text)}", tok) from None
+            raise self.error(f"expected {what}, found {quoted_short(tok.text)}", tok) from None
         if not MIN_INT <= value <= MAX_INT:
-            raise self.error(f"{what} {_short(tok.text)} is out of range (-2^63 .. 2^63 - 1)",
+            raise self.error(f"{what} {quoted_short(tok.text)} is out of range (-2^63 .. 2^63 - 1)",
                              tok)
         return value
 
@@ -168,7 +163,7 @@ class Parser:
         if self.peek.kind == "symbol" and self.peek.text[1:].isdigit():
             dev_tok = self.next()
             if len(dev_tok.text) > 19:
-                raise self.error(f"device {_short(dev_tok.text)} is out of range", dev_tok)
+                raise self.error(f"device {quoted_short(dev_tok.text)} is out of range", dev_tok)
             device = int(dev_tok.text[1:])
         t = TensorType(tuple(dims), dtype, device)
         suffix = _TYPE_SUFFIXES.get(self.peek.text)
@@ -191,7 +186,7 @@ class Parser:
             try:
                 return json.loads(tok.text)
             except ValueError as e:
-                raise self.error(f"bad string {_short(tok.text)}: {e.args[0].split(':')[0]}",
+                raise self.error(f"bad string {quoted_short(tok.text)}: {e.args[0].split(':')[0]}",
                                  tok) from None
         if tok.kind == "ident":
             words = {"true": True, "false": False, "inf": float("inf"), "-inf": float("-inf"),
