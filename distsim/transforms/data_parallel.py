@@ -120,21 +120,32 @@ class DataParallel:
         log.outputs = [copies[i][v] for v in function.outputs for i in range(self.n)]
         out.outputs = list(map(values.__getitem__, log.outputs))
         out.meta = dict(function.meta)
-        # roles, gradients and in-place updates name template values; add
-        # each replica's names, so that the simulator finds every replica's
-        # weights (resident), gradients and updated weights (in place)
+        # roles, gradients and in-place updates name template values; the
+        # new tables name each replica's copies instead, so that the
+        # simulator finds every replica's weights (resident), gradients and
+        # updated weights (in place). Only live names: the template's own
+        # names used to stay in the tables, and one that is also the name of
+        # a copy (a template input "h_r0" next to an input "h" without a
+        # role) labelled that copy: rank 0's copy of "h" was counted as
+        # resident weights, rank 1's as activations. An entry whose value
+        # the template does not have says nothing of the replicas: dropped
+        # (a lookup by name found nothing for it either). Per table entry,
+        # not per op: no cost on the ops.
         for key in ("roles", "grads", "updates"):
             table = function.meta.get(key)
             if not isinstance(table, dict):
                 continue
-            extended = dict(table)
+            live: Dict[str, str] = {}
             for made_i in made:
                 for k, v in table.items():
-                    if k in made_i:
-                        extended[values[made_i[k]].name] = (
-                            v if key == "roles" else
-                            values[made_i[v]].name if v in made_i else v)
-            out.meta[key] = extended
+                    number = made_i.get(k)
+                    if number is None:
+                        continue
+                    if key == "roles":
+                        live[values[number].name] = v
+                    elif v in made_i:
+                        live[values[number].name] = values[made_i[v]].name
+            out.meta[key] = live
         # NCCL all-reduces in place: the averaged gradient takes no new bytes
         if self.n > 1:
             out.meta["updates"] = dict(out.meta.get("updates", {}),
