@@ -277,6 +277,15 @@ class LowerSPMD(Coarsening):
                                            for p, g in step.meta["grads"].items()}
         self.data_inputs = {v for v in step.inputs if roles.get(v.name) == "data"}
         self.const_inputs = {v for v in step.inputs if roles.get(v.name) == "const"}
+        loss = by_name.get(step.meta.get("loss", ""))
+        if loss is not None and loss not in producer and loss not in self.data_inputs \
+                and loss not in self.const_inputs:
+            # a pass-through loss is lowered to a copy of each rank's input
+            # (_loss_outputs): a parameter or optimizer state has no such copy
+            raise PassPreconditionError(
+                f"LowerSPMD: the loss %{loss.name} is an input of the step passed through "
+                f"unchanged (role {roles.get(loss.name) or 'none'}); only a data or constant "
+                "input can be, otherwise the loss must be an op's result")
         # ZeRO-3: per task, its layers in order with the parameters each
         # uses first in the task (what a layer's all-gathers fetch)
         self.task_layer_params: Dict[Tuple[str, int], List[Tuple[int, List[Value]]]] = {}
@@ -501,6 +510,39 @@ class LowerSPMD(Coarsening):
                          "detail": "forward" if "phase" not in op.meta else "backward"})
                     env[v] = out
 
+    def _loss_outputs(self, step: Function) -> List[Value]:
+        """The loss of every micro-batch on every rank of its stage, the
+        program's first outputs.
+
+        The loss is normally an op's result, found in the environments the
+        tasks filled. It may also be an input of the step passed through
+        (a forward-only step whose first output is an argument): no op
+        computes it, so it has no chunk and no environment entry (this was
+        a KeyError). Such a loss is a copy (``identity``) of the rank's own
+        input on the last stage, as the ONNX importer makes its pass-through
+        outputs: an output that is an input would be relabelled ``loss`` in
+        ``meta["io"]``, and :func:`~distsim.transforms.zero.local_inputs`
+        could no longer feed it. Only a data or constant input can be passed
+        through (a parameter or optimizer state has no per-micro-batch copy
+        to return): anything else is refused by :meth:`_analyse`, before
+        anything is emitted."""
+        loss = step.value_by_name(step.meta["loss"])
+        chunk = self.value_chunk.get(loss)
+        if chunk is not None:
+            last = self.stage_of_chunk(chunk)
+            return [self.menv[(r, mb)][loss] for mb in range(self.M)
+                    for _, _, r in self.group(last)]
+        c = self.C - 1   # where ops with no layer and no producer go (_analyse)
+        last = self.stage_of_chunk(c)
+        out = []
+        for mb in range(self.M):
+            meta = {"stage": last, "microbatch": mb, "chunk": c}
+            for d, t, r in self.group(last):
+                x = self.get(loss, r, d, t, mb, last, None)
+                out.append(self.em.one("identity", [x], None,
+                                       f"{self.local_name(loss, r, mb)}_out", meta))
+        return out
+
     # -- the pass ----------------------------------------------------------
     def __call__(self, step: Function) -> Function:
         with gc_paused():
@@ -528,9 +570,7 @@ class LowerSPMD(Coarsening):
         self._flush_sends(float("inf"))
         self.sync.finish()
         f = self.em.function
-        loss = step.value_by_name(step.meta["loss"])
-        last = self.stage_of_chunk(self.value_chunk[loss])
-        losses = [self.menv[(r, mb)][loss] for mb in range(self.M) for _, _, r in self.group(last)]
+        losses = self._loss_outputs(step)
         for v in losses:
             self.em.io.setdefault(v.name, {})["role"] = "loss"
         f.outputs = losses + self.sync.outputs
