@@ -190,39 +190,48 @@ def _declared_batch(c: Mapping[str, Any]) -> Optional[int]:
 
 
 def plan_batches(c: Mapping[str, Any], strategy: Strategy, where: str) -> BatchPlan:
-    """The global batch (``--batch``, ``--global-batch`` or dim 0 of the
-    inputs), split over ``dp`` ranks and ``--microbatches`` (or
-    ``--micro-batch`` samples per micro-batch)."""
+    """The global batch (``--global-batch``, else ``--batch`` or the config's
+    ``batch``, else dim 0 of the inputs), split over ``dp`` ranks and
+    ``--microbatches`` (or ``--micro-batch`` samples per micro-batch).
+
+    ``--batch`` against ``--global-batch`` is not checked here: that is the
+    one shared :func:`~distsim.models.registry.check_batch_options`, which
+    :func:`distsim.api.build_program`, the CLI and the sweep's estimator run
+    on the options before any family builds, so an ONNX model and a GPT get
+    the same line for them. Here ``c["batch"]`` cannot be told apart from
+    the model file's ``batch`` field, which ``--global-batch`` overrides as
+    it overrides a GPT file's ``global_batch`` (refusing the pair here named
+    a ``--batch`` the user never gave). Each message names where the batch
+    came from: the flag, or dim 0 of the inputs."""
     dp = strategy.dp or 1
-    batch = c["batch"]
     if strategy.global_batch is not None:
-        if batch is not None and batch != strategy.global_batch:
-            raise ConfigError(f"{where}: --global-batch {strategy.global_batch} differs from "
-                              f"--batch {batch} (for an imported model both are the global "
-                              "batch)")
-        batch = strategy.global_batch
+        batch, source = strategy.global_batch, "--global-batch"
+    else:
+        batch, source = c["batch"], "--batch"
     m, mb = strategy.microbatches, strategy.micro_batch
     if dp * (m or 1) == 1 and mb is None:
         return BatchPlan(batch, 1, batch)
+    subject = f"{source} {batch}"
     if batch is None:
         batch = _declared_batch(c)
+        subject = f"batch {batch} (dim 0 of the inputs)"
     if batch is None:
         raise ConfigError(f"{where}: the batch dimension is symbolic; give --batch (or "
                           "--input-shape) to split it over data-parallel ranks and micro-batches")
     if mb is not None:
         if m is None:
             if batch % (dp * mb):
-                raise ConfigError(f"{where}: batch {batch} is not a multiple of dp x "
-                                  f"micro-batch = {dp} x {mb}")
+                raise ConfigError(f"{subject} is not a multiple of dp x micro-batch = "
+                                  f"{dp} x {mb}")
             m = batch // (dp * mb)
         elif batch != dp * m * mb:
-            raise ConfigError(f"{where}: batch {batch} differs from dp x microbatches x "
-                              f"micro-batch = {dp} x {m} x {mb} = {dp * m * mb}")
+            raise ConfigError(f"{subject} differs from dp x microbatches x micro-batch = "
+                              f"{dp} x {m} x {mb} = {dp * m * mb} (give two of global batch, "
+                              "microbatches and micro-batch)")
     m = m or 1
     if batch % (dp * m):
-        raise ConfigError(f"{where}: batch {batch} is not divisible by dp x microbatches = "
-                          f"{dp} x {m}" if m > 1 else
-                          f"--batch {batch} is not divisible by --dp {dp}")
+        raise ConfigError(f"{subject} is not divisible by dp x microbatches = {dp} x {m}"
+                          if m > 1 else f"{subject} is not divisible by --dp {dp}")
     return BatchPlan(batch, m, batch // (dp * m))
 
 
