@@ -43,8 +43,8 @@ How close it comes to the full simulation is measured by
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
 configurations found (``reports/estimator/``): ZeRO 3 step time (up to
 about 16 %: gathers and the embedding's wait, the op-by-op backward with
-tensor parallelism), ZeRO 2/3 memory (up to about 28 %: gradients and
-their flat copies waiting for their reduce-scatters), gradient buckets
+tensor parallelism), ZeRO 2/3 memory (up to about 10 %: ZeRO 3's gathered
+parameters, ZeRO 2/3 with ``bucket_mb 0``), gradient buckets
 flushed during the backward pass (their copies while activations are held
 are not counted: memory up to about 6 % low), and data-parallel teams that
 share links (timed alone).
@@ -218,9 +218,13 @@ def estimate_memory(b: Builder) -> List[int]:
     chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.C)}
     chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))
                    for c in range(b.C)}
-    def task_peak(base: float, kind: str, c: int, flight: float) -> float:
+    def task_peak(base: float, kind: str, c: int, flight: float,
+                  inside: Optional[Dict[Tuple[int, int], int]] = None,
+                  by_block: Optional[Dict[int, int]] = None) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
-        activations held when it starts."""
+        activations held when it starts (``inside``: bytes added at the
+        backward's gradients, :attr:`Memo.flat_inside`; ``by_block``: to
+        its blocks by position, a backward's :attr:`Memo.flat_pending`)."""
         peak = -math.inf
         if kind == "F":
             before = 0.0
@@ -229,16 +233,23 @@ def estimate_memory(b: Builder) -> List[int]:
                 before += blocks[name].saved_bytes
         else:
             held = flight
-            for name, _ in chunk_blocks[c][::-1]:
-                excess = blocks[name].b_excess if b.M > 1 else blocks[name].b0_excess
+            for k, (name, _) in enumerate(chunk_blocks[c][::-1]):
+                excess = (blocks[name].bs_excess if b.scatter_each else
+                          blocks[name].b_excess if b.M > 1 else blocks[name].b0_excess)
+                if by_block is not None:
+                    excess += by_block.get(k, 0)
                 peak = max(peak, base + held + excess)
+                if inside:
+                    for i, at in blocks[name].bs_grads.items():
+                        peak = max(peak, base + held + at + inside.get((k, i), 0))
                 held -= blocks[name].saved_bytes
         return peak
 
+    opt = optimizer_excess(b)
     out = []
     for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.M, S.chunks)):
         base = static[stage] + grads[stage]
-        best = base + _after_backward(prof.opt_excess, b.memo.buckets.get(stage, ()))
+        best = base + _after_backward(opt[stage], b.memo.buckets.get(stage, ()))
         # the bytes in flight before each task: saved activations are whole
         # numbers, so the running sum is exact in any order (numpy's too),
         # and a steady schedule meets the same (task, bytes in flight) again
@@ -259,9 +270,65 @@ def estimate_memory(b: Builder) -> List[int]:
                 best = max(best, base + pending)
                 continue
             at = np.flatnonzero((forward == (kind == "F")) & (chunk == c))
-            if mb < len(at):
+            if mb >= len(at):
+                continue
+            if kind == "B":
+                best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
+                                           by_block=pending))
+            else:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))
+        # and inside that first backward, the copies of its earlier
+        # gradients still waiting when each block makes its own
+        for (s, c), inside in b.memo.flat_inside.items():
+            at = np.flatnonzero(~forward & (chunk == c)) if s == stage else ()
+            if len(at):
+                best = max(best, task_peak(base, "B", c, float(flight[at[0]]), inside))
         out.append(int(best))
+    return out
+
+
+def optimizer_excess(b: Builder) -> List[float]:
+    """Per stage, the optimizer's transient above weights, optimizer state
+    and gradient buffers, the most over the stage's parameters, as
+    GradientSync._update emits each (the update ops run one parameter
+    after another). The template (dp 1) updates whole parameters: with
+    ZeRO and dp > 1 the update ops work on the 1/dp shard, so their memory
+    (:attr:`~.estimate_profile.Param.opt_with`, ``opt_after``) shrinks by
+    shard / whole, and around them:
+
+    * ZeRO 1: the flat copy of the whole gradient and the shard sliced
+      from it (both live at the slice), the shard read by the update in
+      place of the template's flat copy;
+    * ZeRO 2/3: the gradient is already a shard: the resident buffer
+      (a reduce-scatter per micro-batch), or the reduce-scatter's output
+      (``bucket_mb 0``), live until the update;
+    * ZeRO 1/2: the new shard (the update's cast) and the whole parameter
+      all-gathered from it, both live during the all-gather.
+
+    Without ZeRO or data parallelism the template's own measure stands."""
+    prof, S = b.prof, b.S
+    dp, zero = S.dp, S.zero
+    per: Dict[Tuple[str, int], float] = {}
+    for block, params in prof.params.items():
+        for i, p in enumerate(params):
+            if zero == 0 or dp == 1:
+                per[(block, i)] = max(p.opt_flat + p.opt_with, p.opt_after)
+                continue
+            n, size = p.numel, p.dtype.itemsize
+            shard = shard_size(n, dp)
+            ratio = shard / n if n else 1.0
+            if zero == 1:
+                grad, pre = shard * size, (n + shard) * size
+            else:
+                grad, pre = (0 if b.scatter_each else shard * size), 0
+            worst = max(pre, grad + p.opt_with * ratio, p.opt_after * ratio)
+            if zero in (1, 2):
+                worst = max(worst, (n + shard) * size)
+            per[(block, i)] = worst
+    out = [0.0] * S.pp
+    for (block, _, i), stage in b.all_params():
+        if per[(block, i)] > out[stage]:
+            out[stage] = per[(block, i)]
     return out
 
 

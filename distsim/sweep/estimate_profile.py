@@ -29,7 +29,6 @@ micro-batch, untied head, topology, collective algorithm).
 """
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
@@ -120,6 +119,14 @@ class Block:
     f_excess: float = 0.0
     b_excess: float = 0.0
     b0_excess: float = 0.0          # the backward of a single micro-batch (no buffers before)
+    #: a backward of ZeRO 2/3 with a reduce-scatter per micro-batch: each
+    #: gradient a value of its own (not added into a whole buffer), and
+    #: flattened for its reduce-scatter right after the op that makes it
+    #: (:func:`_scatter_excess`)
+    bs_excess: float = 0.0
+    #: the same at each gradient of the block: its parameter's index in
+    #: the block -> bytes (what copies still waiting add to)
+    bs_grads: Dict[int, float] = field(default_factory=dict)
     # ZeRO-3: the parameters gathered in this block's forward / backward (the
     # first reader of each), as (owner block, index in its parameter list)
     f_gather: List[Tuple[str, int]] = field(default_factory=list)
@@ -132,7 +139,9 @@ class Param:
     its optimizer ops on the template (one rank, no sharding): ``opt_pre``
     (flattening the gradient, ZeRO >= 1), ``opt_update`` (the update ops
     on the master weights: they shrink with the ZeRO shard; (time, flops)
-    each), ``opt_post`` (reshaping the new parameter, ZeRO 1/2)."""
+    each), ``opt_post`` (reshaping the new parameter, ZeRO 1/2), and the
+    memory of the update ops (``opt_with``, ``opt_after``, ``opt_flat``:
+    :func:`_optimizer_memory`)."""
 
     name: str
     block: str
@@ -142,6 +151,15 @@ class Param:
     opt_pre: float = 0.0
     opt_update: List[Tuple[float, float]] = field(default_factory=list)
     opt_post: float = 0.0
+    #: memory of its update ops on the template (bytes above weights,
+    #: optimizer state and gradient buffers; every value they make is the
+    #: size of the parameter, or a scalar, so they scale with a ZeRO
+    #: shard): the most while the template's flat copy of the gradient
+    #: (ZeRO >= 1, ``opt_flat`` bytes) is still live, less that copy,
+    #: and the most after it is freed (ZeRO 0: everything)
+    opt_with: float = 0.0
+    opt_after: float = 0.0
+    opt_flat: int = 0
 
 
 @dataclass
@@ -357,7 +375,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     fwd, bwd = _crossing(step, tp, sp, recompute)
     peaks = trace.peak_memory()
     cats = dict(trace.meta.get("peak_memory_by_category", {}).get(0, {}))
-    opt_excess = _memory_excess(blocks, groups, times, trace, program)
+    from .estimate_profile_memory import memory_excess   # it reads this module's blocks
+    opt_excess = memory_excess(blocks, groups, times, trace, program, params, rank0, final_only)
     model = CostModel(PARTITION_DEVICE)
     partition: Dict[str, float] = {}
     for op in step.ops:
@@ -388,56 +407,6 @@ def _optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> No
             else:
                 continue
             break
-
-
-def _memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function) -> float:
-    """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
-    curve: the peak inside the block's time window minus what is known to
-    be live then (weights and optimizer state, gradient buffers after the
-    first backward, saved activations of the blocks before it). Returns
-    the optimizer phase's excess over weights, optimizer state and gradients."""
-    roles = program.meta.get("roles", {})
-    static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
-                 and roles.get(v.name) in ("param", "master", "optimizer"))
-    # gradient buffers: resident inputs (role grad_buffer), or, in a program
-    # without them, the first micro-batch's gradients, kept to the update
-    grads = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
-                and roles.get(v.name) == (
-                    "grad_buffer" if "grad_buffer" in roles.values() else "param"))
-    samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
-    stamps = [t for t, _ in samples]
-
-    def peak(t0: float, t1: float) -> float:
-        lo = bisect_left(stamps, t0)
-        hi = bisect_right(stamps, t1)
-        values = [b for _, b in samples[lo:hi]]
-        if lo > 0:
-            values.append(samples[lo - 1][1])
-        return float(max(values)) if values else 0.0
-
-    def window(key) -> Tuple[float, float]:
-        ops = groups.get(key, [])
-        return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
-
-    f_order = [EMB, "layer0", LAYER, HEAD]
-    saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
-             LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
-    for i, name in enumerate(f_order):
-        if name not in blocks:
-            continue
-        before = sum(saved[n] for n in f_order[:i])
-        if ("F", 0, name) in groups:
-            blocks[name].f_excess = max(0.0, peak(*window(("F", 0, name))) - static - grads
-                                        - before)
-        if ("B", 1, name) in groups:
-            blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
-                                        - before - saved[name])
-        if ("B", 0, name) in groups:
-            blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - static - grads
-                                         - before - saved[name])
-    last_b = max(window(k)[1] for k in groups if k[0] == "B")
-    end = max(stamps) if stamps else last_b
-    return max(0.0, peak(last_b, end) - static - grads)
 
 
 def _leading_recompute(ops: List[Op]) -> List[Op]:

@@ -31,7 +31,11 @@ from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_costs import collectives, op_costs
 from .estimate_engine import Timeline
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
+from .estimate_state import Memo, ScatterTerms, Walk, shared_prefix
 from .estimate_sync import StepSync
+
+__all__ = ["Builder", "Case", "Memo", "ScatterTerms", "Walk", "program_order",
+           "shared_prefix"]
 
 MB = 1 << 20
 
@@ -74,57 +78,6 @@ def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, .
         out.extend(((LAYER, layer, i), stage) for i in range(per_layer))
     out.extend(((HEAD, None, i), last_stage) for i in head)
     return tuple(out)
-
-
-class ScatterTerms:
-    """One block's per-parameter terms of ZeRO 2/3's reduce-scatter per
-    micro-batch (:meth:`Builder._block_scatter`), each list in parameter
-    order: ``flat`` flattening the gradient, ``whole`` / ``on_shard`` the
-    accumulate / average ops on the whole gradient and on the shard,
-    ``flops`` what the lowering adds, ``rs`` the reduce-scatters."""
-
-    __slots__ = ("flat", "whole", "on_shard", "flops", "rs")
-
-    def __init__(self) -> None:
-        self.flat: List[float] = []
-        self.whole: List[float] = []
-        self.on_shard: List[float] = []
-        self.flops: List[float] = []
-        self.rs: List[float] = []
-
-
-class Memo:
-    """What a :class:`Builder` works out once (the dp team's collective
-    times, chunk blocks, task plans, ZeRO-3 gathers, reduce-scatter terms,
-    last-backward plans, parameter costs), kept apart so that the builders
-    of one configuration that differ only in the number of micro-batches
-    (:func:`~distsim.sweep.estimate.timeline_figures`) share it: none of it
-    depends on that number beyond the classes its keys name."""
-
-    def __init__(self) -> None:
-        self.dp_times: Dict[Tuple[CollectiveType, float], float] = {}
-        self.blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
-        self.plans: Dict[tuple, Any] = {}
-        self.gathers: Dict[Tuple[str, str], float] = {}
-        self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
-        self.scatter_terms: Dict[tuple, ScatterTerms] = {}
-        self.segments: Dict[Tuple[str, bool], list] = {}
-        self.param_costs: Dict[Tuple[str, int], Any] = {}
-        #: per stage, the bytes of each bucket of several gradients the
-        #: walk all-reduced as one flat copy (:meth:`.StepSync.flush`): the
-        #: memory estimate adds those copies (the same in every walk of a
-        #: configuration)
-        self.buckets: Dict[int, Tuple[int, ...]] = {}
-        #: ZeRO 2/3 with a reduce-scatter per micro-batch: the bytes of
-        #: flat gradient copies of a chunk's first backward (emitted op by
-        #: op) still waiting for their reduce-scatters, each live until its
-        #: reduce-scatter ends (that backward accumulates nothing, so the
-        #: compute does not wait for them): at the start of each later
-        #: backward of the stage and the end of each later forward (where
-        #: they peak), keyed ``(stage, kind, micro-batch, chunk)``,
-        #: and at that backward's end, keyed ``(stage, "end", 0, chunk)``
-        #: (the most over the walks; the memory estimate adds them)
-        self.flat_pending: Dict[Tuple[int, str, int, int], int] = {}
 
 
 class Builder:
@@ -312,7 +265,7 @@ class Builder:
             start = max(ready, self.tl.free[2 * stage])
             flats = self.flats[stage] = [x for x in flats if x[1] > start]
             if flats and kind == "B":
-                self._note_flats(stage, kind, mb, c, flats)
+                self._note_blocks(stage, mb, c, start, flats)
             elif flats:
                 end = self._emit_task(stage, kind, mb, c, ready)
                 self._note_flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
@@ -483,6 +436,10 @@ class Builder:
         # ZeRO 2/3 reduce-scattering here: each flat copy's (bytes, the end
         # of its reduce-scatter)
         flats: Optional[List[Tuple[int, float]]] = [] if self.scatter_each and only else None
+        #: per gradient (its block's position in ``order``, its index in
+        #: the block), the bytes of the task's earlier flat copies still
+        #: waiting when it is made
+        inside: Dict[Tuple[int, int], int] = {}
         for k, (name, layer) in enumerate(order):
             g = 0.0
             if self.zero3:
@@ -511,23 +468,56 @@ class Builder:
                         extra = dep
                     local[i] = tl.comm_on(stage, time_s, extra)
                     first = first and lead
-                elif scatter:
-                    end = self.sync.scatter((name, param), stage,
-                                            local.get(src) if src >= 0 else last)
+                else:
+                    made = local.get(src) if src >= 0 else last
+                    if flats:
+                        flats = [x for x in flats if x[1] > (made or 0.0)]
+                        held = sum(nbytes for nbytes, _ in flats)
+                        if held > inside.get((k, param), 0):
+                            inside[(k, param)] = held
+                    if scatter:
+                        end = self.sync.scatter((name, param), stage, made)
+                    else:
+                        key = (name, layer, param)
+                        self.sync.ready(key, stage, made)
+                        end = self.sync.synced.get(key) or 0.0
                     if flats is not None:
                         flats.append((self.sync.cost(name, param).nbytes, end))
-                else:
-                    key = (name, layer, param)
-                    self.sync.ready(key, stage, local.get(src) if src >= 0 else last)
-                    if flats is not None:
-                        flats.append((self.sync.cost(name, param).nbytes,
-                                      self.sync.synced.get(key) or 0.0))
+        if inside:
+            self._note_inside(stage, c, inside)
         if flats and last is not None:
             flats = [(nbytes, end) for nbytes, end in flats if end > last]
             if flats:
                 self._note_flats(stage, "end", 0, c, flats)
                 self.flats[stage] = self.flats.get(stage, []) + flats
         return last
+
+    def _note_blocks(self, stage: int, mb: int, c: int, start: float,
+                     flats: List[Tuple[int, float]]) -> None:
+        """The flat copies still waiting as each block of a backward task
+        starting at ``start`` begins (the blocks' times summed up to it:
+        a copy whose reduce-scatter ends during the first block is not
+        held through the last), kept per block position as
+        :attr:`Memo.flat_pending` keeps a scalar."""
+        key = (stage, "B", mb, c)
+        held = self.memo.flat_pending.setdefault(key, {})
+        blocks = self.prof.blocks
+        t = start
+        for k, (name, _) in enumerate(self.blocks_of("B", c)):
+            pending = sum(nbytes for nbytes, end in flats if end > t)
+            if not pending:
+                break
+            if pending > held.get(k, 0):
+                held[k] = pending
+            t += self._block_time(blocks[name], "B", mb)[0]
+
+    def _note_inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
+        """Keep the most of :meth:`emit_last_backward`'s ``inside`` over the
+        walks (:attr:`Memo.flat_inside`)."""
+        held = self.memo.flat_inside.setdefault((stage, c), {})
+        for k, nbytes in inside.items():
+            if nbytes > held.get(k, 0):
+                held[k] = nbytes
 
     def _note_flats(self, stage: int, kind: str, mb: int, c: int,
                     flats: List[Tuple[int, float]]) -> None:
@@ -637,33 +627,3 @@ class Builder:
         mine.pos, mine.seq = w.pos, w.seq
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)
         return mine
-
-
-class Walk:
-    """Where a :class:`Builder` is in its program order: the position, each
-    task's end, the latest arrival of each task's inputs, the sends waiting
-    for the schedule's clock (a heap by their task's scheduled end)."""
-
-    __slots__ = ("order", "pos", "ends", "recv", "pending", "seq")
-
-    def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]]) -> None:
-        self.order = order
-        self.pos = 0
-        self.ends: Dict[tuple, Optional[float]] = {}
-        self.recv: Dict[tuple, float] = {}
-        self.pending: List[tuple] = []
-        self.seq = 0
-
-
-def shared_prefix(a: Walk, b: Walk, last_a: int) -> int:
-    """How many tasks at the start of two walks of one configuration with
-    different numbers of micro-batches (``a``'s last being ``last_a``) emit
-    the same items: the same task at the same scheduled times, and not a
-    backward of ``a``'s last micro-batch (emitted op by op, with the
-    gradient sync)."""
-    n = 0
-    for x, y in zip(a.order, b.order):
-        if x != y or (x[1][0] == "B" and x[1][1] == last_a):
-            break
-        n += 1
-    return n

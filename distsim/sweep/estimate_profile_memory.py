@@ -1,0 +1,167 @@
+"""The memory side of the estimator's per-layer profiles
+(:mod:`.estimate_profile`): from the template's memory curve on rank 0, each
+block's transient excess (forward, backward, the backward of ZeRO 2/3 with a
+reduce-scatter per micro-batch) and each parameter's optimizer transient,
+above what the estimate counts on its own (weights, optimizer state,
+gradient buffers, saved activations).
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from typing import Dict, List, Tuple
+
+from ..ir.comm import is_communication
+from ..ir.core import Function, Op, Value
+from .estimate_profile import EMB, HEAD, LAYER, Block, Param
+
+
+def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
+                   params: Dict[str, List[Param]], rank0: List[Op],
+                   final_only: Dict[int, str]) -> float:
+    """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
+    curve: the peak inside the block's time window minus what is known to
+    be live then (weights and optimizer state, gradient buffers after the
+    first backward, saved activations of the blocks before it), and each
+    parameter's update memory (:func:`_optimizer_memory`). Returns the
+    optimizer phase's excess over weights, optimizer state and gradients."""
+    roles = program.meta.get("roles", {})
+    static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
+                 and roles.get(v.name) in ("param", "master", "optimizer"))
+    # gradient buffers: resident inputs (role grad_buffer), or, in a program
+    # without them, the first micro-batch's gradients, kept to the update
+    grads = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
+                and roles.get(v.name) == (
+                    "grad_buffer" if "grad_buffer" in roles.values() else "param"))
+    samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
+    stamps = [t for t, _ in samples]
+
+    def peak(t0: float, t1: float) -> float:
+        lo = bisect_left(stamps, t0)
+        hi = bisect_right(stamps, t1)
+        values = [b for _, b in samples[lo:hi]]
+        if lo > 0:
+            values.append(samples[lo - 1][1])
+        return float(max(values)) if values else 0.0
+
+    def window(key) -> Tuple[float, float]:
+        ops = groups.get(key, [])
+        return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
+
+    f_order = [EMB, "layer0", LAYER, HEAD]
+    saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
+             LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
+    for i, name in enumerate(f_order):
+        if name not in blocks:
+            continue
+        before = sum(saved[n] for n in f_order[:i])
+        if ("F", 0, name) in groups:
+            blocks[name].f_excess = max(0.0, peak(*window(("F", 0, name))) - static - grads
+                                        - before)
+        if ("B", 1, name) in groups:
+            blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
+                                        - before - saved[name])
+        if ("B", 0, name) in groups:
+            base = static + grads + before + saved[name]
+            blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
+            index = {p.name: i for i, p in enumerate(params.get(name, []))}
+            at = _scatter_excess(groups[("B", 0, name)], times, samples, final_only, program)
+            blocks[name].bs_grads = {index[p]: live - base for p, live in at.items()
+                                     if p in index}
+            blocks[name].bs_excess = max([blocks[name].b0_excess,
+                                          *blocks[name].bs_grads.values()])
+    last_b = max(window(k)[1] for k in groups if k[0] == "B")
+    end = max(stamps) if stamps else last_b
+    _optimizer_memory(params, rank0, times, samples, static + grads)
+    return max(0.0, peak(last_b, end) - static - grads)
+
+
+def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
+                    final_only: Dict[int, str], program: Function) -> Dict[str, float]:
+    """The most live bytes (rank 0) that a block's backward reaches with ZeRO
+    2/3 reducing-scattering each micro-batch's gradients, from the
+    template's first backward (``ops``, program order), where each final
+    gradient (``final_only``) is written into its whole buffer in place. In
+    the lowered program the buffer is a 1/dp shard, so the gradient is a
+    value of its own while the op making it runs (its bytes added to that
+    op's window), then is flattened into a copy of the same size right
+    after it (both live: the live bytes once that op has ended and freed
+    its inputs, before the next op allocates, plus twice the gradient);
+    the copy lives on until its reduce-scatter (counted elsewhere).
+    Per parameter name, the most of the two."""
+    in_place = set(program.meta.get("updates", {}).values())
+    stamps = [t for t, _ in samples]
+    starts: Dict[float, int] = {}
+    for op in ops:
+        t0 = times[op.name][0]
+        for v in op.outputs:
+            if v.name not in in_place:
+                starts[t0] = starts.get(t0, 0) + v.type.size_bytes
+    best: Dict[str, float] = {}
+    for op in ops:
+        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
+        if not names:
+            continue
+        made = sum(v.type.size_bytes for v in op.outputs if id(v) in final_only)
+        t0, t1, _ = times[op.name]
+        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
+        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
+        at = bisect_left(stamps, t1)
+        after = samples[at][1] if at < len(samples) and stamps[at] == t1 else during
+        for name in names:
+            best[name] = max(best.get(name, -math.inf), during + made,
+                             after - starts.get(t1, 0) + 2 * made)
+    return best
+
+
+def _optimizer_memory(params: Dict[str, List[Param]], rank0: List[Op], times,
+                      samples: List[Tuple[float, int]], base: float) -> None:
+    """Fill each parameter's ``opt_with`` / ``opt_after`` / ``opt_flat``
+    from rank 0's memory curve (``samples``: (time, live bytes), sorted)
+    over the window of its update ops (``{p}_r0...``, which run one after
+    another on the compute stream: the sample at a time is the live bytes
+    after its frees and allocations, the most at that time), less
+    ``base`` (weights, optimizer state, gradient buffers). The flat copy
+    of the gradient (``{p}_gflat_r0``, ZeRO >= 1) is live until its last
+    reader ends: its bytes are taken off the samples before then, as the
+    ZeRO shard that replaces it differs in size (see
+    :func:`.estimate.optimizer_excess`)."""
+    by_name = {p.name: p for ps in params.values() for p in ps}
+    update: Dict[str, List[Op]] = {}
+    flat: Dict[str, Value] = {}
+    for op in rank0:
+        if op.meta.get("phase") != "optimizer" or is_communication(op):
+            continue
+        for name in by_name:
+            if op.name.startswith(f"{name}_gflat_r0"):
+                flat[name] = op.outputs[0]
+            elif op.name.startswith(f"{name}_new_r0"):
+                pass
+            elif op.name.startswith(f"{name}_r0"):
+                update.setdefault(name, []).append(op)
+            else:
+                continue
+            break
+    flat_of = {id(v): name for name, v in flat.items()}
+    flat_free: Dict[str, float] = {}
+    for op in rank0:
+        for v in op.inputs:
+            name = flat_of.get(id(v))
+            if name is not None:
+                flat_free[name] = max(flat_free.get(name, 0.0), times[op.name][1])
+    stamps = [t for t, _ in samples]
+    for name, ops in update.items():
+        p = by_name[name]
+        t0 = min(times[o.name][0] for o in ops)
+        t1 = max(times[o.name][1] for o in ops)
+        nbytes = flat[name].type.size_bytes if name in flat else 0
+        freed = flat_free.get(name, -1.0)
+        with_, after = -math.inf, -math.inf
+        for t, live in samples[bisect_left(stamps, t0):bisect_left(stamps, t1)]:
+            if t < freed:
+                with_ = max(with_, live - base - nbytes)
+            else:
+                after = max(after, live - base)
+        p.opt_flat = nbytes
+        p.opt_with = max(0.0, with_) if nbytes else 0.0
+        p.opt_after = max(0.0, after, with_ if not nbytes else 0.0)
