@@ -198,16 +198,29 @@ class StepRunner:
         """The time of ``count`` steps in analytical mode (link statistics
         added); with samples on, fills ``uses`` with each link's mean use."""
         net = self.net
+        route = net._route
         step = 0.0
         per_link: Dict[int, float] = {}
+        busy: Dict[int, float] = {}
+        # summed per link, then added once per link (not once per flow and
+        # link: a 256-rank step crosses a link with several of its flows)
         for src, dst, nbytes in specs:
             if src == dst:
                 continue
-            links, latency, bottleneck = net._route(src, dst, key)
-            step = max(step, latency + nbytes / bottleneck)
+            links, latency, bottleneck = route(src, dst, key)
+            tx = nbytes / bottleneck
+            if latency + tx > step:
+                step = latency + tx
             for i in links:
-                net.add_link_stats(i, nbytes * count, nbytes / bottleneck * count, 1)
-                per_link[i] = per_link.get(i, 0.0) + nbytes
+                if i in per_link:
+                    per_link[i] += nbytes
+                    busy[i] += tx
+                else:
+                    per_link[i] = nbytes
+                    busy[i] = tx
+        add = net.add_link_stats
+        for i, nbytes in per_link.items():
+            add(i, nbytes * count, busy[i] * count, 1)
         if uses is not None and net.record_samples:
             uses.update(net.mean_uses(per_link.items(), step))
         return step * count

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from distsim.api import build_program
-from distsim.sim.simulator import SimulationOptions, simulate_function
+from distsim.sim.simulator import SimulationOptions, Simulator, simulate_function
 from distsim.sim.solo import solo_teams
 from distsim.sim.network import Network
 from distsim.ir.comm import CollectiveType as C
@@ -118,3 +118,51 @@ def test_a_send_recv_and_a_collective_of_the_same_two_ranks_share_their_link():
         trace = simulate_function(program, topo, CostModel(spec), SimulationOptions(solo=solo))
         assert trace.step_time_s == pytest.approx(0.2, rel=1e-12)
         assert [r.end_s for r in trace.ops] == [pytest.approx(0.2, rel=1e-12)] * 4
+
+
+SHARING = [
+    # dp 2 x tp 2 on a PCIe tree: the two data-parallel teams' all-reduces
+    # cross the same host links (not solo in the flow model)
+    ("tiny", "workstation-4gpu-pcie", dict(dp=2, tp=2, microbatches=2, global_batch=4)),
+    ("tiny", "dgx-a100-x2", dict(dp=2, tp=4, pp=2, zero=3)),
+    ("mlp", "dgx-a100-x2", dict(dp=16, layers=2, hidden=512, batch=64)),
+]
+
+
+@pytest.mark.parametrize("model,topology,strategy", SHARING)
+def test_analytical_collectives_all_run_alone_and_change_nothing(model, topology, strategy):
+    """The analytical model shares nothing (a step takes its slowest flow's
+    latency + bytes / bottleneck whatever else runs), so without link
+    samples every collective takes the solo path, even where teams share
+    links, and the step, op records and link totals are those of running
+    each collective through the network."""
+    program, _, topo = build_program(model, topology, **strategy)
+    runs = {solo: simulate_function(program, topo, options=SimulationOptions(
+        network_mode="analytical", solo=solo)) for solo in (False, True)}
+    ref, fast = runs[False], runs[True]
+    assert _close(fast.step_time_s, ref.step_time_s)
+    key = lambda r: (r.rank, r.stream, r.name)  # noqa: E731
+    assert len(fast.ops) == len(ref.ops)
+    for a, b in zip(sorted(ref.ops, key=key), sorted(fast.ops, key=key)):
+        assert a[:5] == b[:5] and a[7:] == b[7:]
+        assert _close(b.start_s, a.start_s) and _close(b.end_s, a.end_s)
+    links = {(r.src, r.dst): r for r in ref.links}
+    assert {(r.src, r.dst) for r in fast.links} == set(links)
+    for r in fast.links:
+        a = links[(r.src, r.dst)]
+        assert _close(r.bytes_carried, a.bytes_carried) and _close(r.busy_s, a.busy_s)
+        assert r.peak_flows == a.peak_flows
+
+
+def test_analytical_teams_sharing_links_take_the_solo_path():
+    """On the PCIe workstation the data-parallel teams share links, so the
+    flow model runs them through the network; the analytical one runs
+    every collective alone (no events: the run has fewer of them)."""
+    program, _, topo = build_program("tiny", "workstation-4gpu-pcie", dp=2, tp=2)
+    sim_flow = Simulator(program, topo, options=SimulationOptions(network_mode="flow"))
+    sim_flow._prepare()
+    sim = Simulator(program, topo, options=SimulationOptions(network_mode="analytical"))
+    sim._prepare()
+    planned = [c for c in sim._collectives if c.plan is not None]
+    assert planned and all(c.solo for c in planned)
+    assert not all(c.solo for c in sim_flow._collectives if c.plan is not None)
