@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
@@ -44,6 +44,10 @@ DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_KEEP = 2
 _DTYPE_BYTES = {"fp32": 4, "f32": 4, "float32": 4, "fp16": 2, "f16": 2, "bf16": 2,
                 "float16": 2, "bfloat16": 2, "fp8": 1}
+#: per model family, the options that trade time for memory (the MLP
+#: family has neither; an imported graph has no layers to recompute)
+_MEMORY_LEVERS = {"gpt": (("zero", "0,1,2,3"), ("recompute", "none,selective,full")),
+                  "onnx": (("zero", "0,1,2,3"),)}
 _CHOSEN = (*STRATEGY_AXES, "model", "topology", "network_mode", "fidelity", "symmetry",
            "coarsen")
 
@@ -65,6 +69,9 @@ class SearchResult:
     pruned: pd.DataFrame
     axes: List[str]
     gpus: int
+    #: ``--space`` options that save memory, neither searched nor fixed
+    #: (named when nothing fits for lack of memory)
+    memory_options: List[str] = field(default_factory=list)
 
     @property
     def best(self) -> Optional[Dict[str, Any]]:
@@ -139,7 +146,12 @@ class SearchResult:
             top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
             parts.append(f"{sum(counts.values())} invalid or failed, e.g. "
                          + "; ".join(f"{n} x {text}" for text, n in top))
-        return ", ".join(parts) if parts else "no strategy to try"
+        text = ", ".join(parts) if parts else "no strategy to try"
+        short_of_memory = oom or any(str(r).startswith("weights alone")
+                                     for r in self.pruned.get("reason", ()))
+        if short_of_memory and self.memory_options:
+            text += "; to save memory, also search " + " ".join(self.memory_options)
+        return text
 
 
 def _plain(v: Any) -> Any:
@@ -198,6 +210,23 @@ def _weights_lower_bound(model: Any, overrides: Mapping[str, Any]) -> Optional[f
     if not isinstance(params, (int, float)) or not size:
         return None
     return float(params) * size
+
+
+def _weights_exceed(weights: Optional[float], capacity: Optional[float],
+                    point: Mapping[str, Any], base: Mapping[str, Any]) -> Optional[str]:
+    """Why ``point`` cannot fit, from its weights alone (None when it may):
+    each GPU holds at least 1/(tp x pp) of the weights, or 1/(tp x pp x dp)
+    under ZeRO 3, which shards them over the data-parallel ranks too (a
+    bound over tp x pp alone pruned ZeRO-3 points that fit)."""
+    if weights is None or not capacity:
+        return None
+    split = point["tp"] * point["pp"]
+    if point.get("zero", base.get("zero")) == 3:
+        split *= point["dp"]
+    need = weights / split
+    if need <= capacity:
+        return None
+    return f"weights alone need {need / GB:.1f} GB per GPU > {capacity / GB:.1f} GB"
 
 
 class _Log:
@@ -283,10 +312,9 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     weights = _weights_lower_bound(model, base)
     kept = []
     for p in points:
-        need = weights / (p["tp"] * p["pp"]) if weights is not None else None
-        if need is not None and capacity and need > capacity:
-            pruned.append({**p, "reason": f"weights alone need {need / GB:.1f} GB per GPU "
-                                          f"> {capacity / GB:.1f} GB"})
+        reason = _weights_exceed(weights, capacity, p, base)
+        if reason:
+            pruned.append({**p, "reason": reason})
         else:
             kept.append(p)
     fixed = {"model": model, "topology": topology, **base}
@@ -329,7 +357,10 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
         if len(full) else full
     ranking = ranking.sort_values(["step_time_s", "index"]).reset_index(drop=True)
     log("done")
-    return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus)
+    levers = _MEMORY_LEVERS.get(str(config.get("family")), ())
+    memory_options = [f"--space {k}={v}" for k, v in levers if k not in space and k not in base]
+    return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus,
+                        memory_options)
 
 
 def _reduction_note(points: List[Dict[str, Any]]) -> str:

@@ -72,3 +72,37 @@ def test_search_checks_its_input(capsys):
     assert main(["search", "--model", "tiny", "--topology", "dgx-a100",
                  "--space", "tp=1,2"]) == 2
     assert "dp, tp and pp are always searched" in capsys.readouterr().err
+
+
+def test_zero3_points_are_not_pruned_by_the_weights_bound():
+    """ZeRO 3 shards the weights over the data-parallel ranks too, so the
+    weights bound is weights / (tp x pp x dp) there: GPT-3 175B (350 GB of
+    bf16 weights) on 8 x 80 GB at dp 8, tp 1, pp 1 holds 44 GB of them per
+    GPU, and is estimated, not pruned. Under ZeRO 1 (weights replicated over
+    dp) the same point is pruned: 350 GB > 80 GB."""
+    zero3 = search("gpt3-175b", "dgx-a100", 8, base={"zero": 3}, keep=1,
+                   network_mode="analytical", workers=1)
+    assert zero3.pruned.empty
+    assert ((zero3.estimates["tp"] == 1) & (zero3.estimates["pp"] == 1)).any()
+    zero1 = search("gpt3-175b", "dgx-a100", 8, base={"zero": 1}, keep=1,
+                   network_mode="analytical", workers=1)
+    reasons = zero1.pruned.set_index(["tp", "pp"])["reason"]
+    assert reasons.loc[(1, 1)].iloc[0] == "weights alone need 349.2 GB per GPU > 80.0 GB"
+    # searched over zero: only the points that are not ZeRO 3 are pruned
+    both = search("gpt3-175b", "dgx-a100", 8, space={"zero": [1, 3]}, keep=1,
+                  network_mode="analytical", workers=1)
+    assert set(both.pruned["zero"]) == {1}
+
+
+def test_nothing_fits_names_the_memory_options_not_searched():
+    """When memory is what is short, the answer names the options that save
+    it and were neither searched nor fixed."""
+    plain = search("gpt3-175b", "dgx-a100", 8, keep=1, network_mode="analytical", workers=1)
+    text = plain.explain()
+    assert text.startswith("no strategy fits:")
+    assert text.endswith("; to save memory, also search --space zero=0,1,2,3 "
+                         "--space recompute=none,selective,full")
+    fixed = search("gpt3-175b", "dgx-a100", 8, base={"zero": 3},
+                   space={"recompute": ["none", "full"]}, keep=1,
+                   network_mode="analytical", workers=1)
+    assert "to save memory" not in fixed.explain()
