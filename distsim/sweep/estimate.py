@@ -41,9 +41,9 @@ How close it comes to the full simulation is measured by
 ``tests/sweep/test_estimate.py`` and ``tests/sweep/test_estimate_qa.py``
 (see the README's "Sweeps and search"). Where the 3 % (step) / 2 % (memory)
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
-configurations found (``reports/estimator/``): ZeRO 3 step time (up to
-about 16 %: gathers and the embedding's wait, the op-by-op backward with
-tensor parallelism), ZeRO 2/3 memory (up to about 10 %: ZeRO 3's gathered
+configurations found (``reports/estimator/``): ZeRO 3 step time (2 of 41
+points: ``bucket_mb 0``, to about 17 %; a backward without tensor
+parallelism on PCIe, about 5 % low), ZeRO 2/3 memory (up to about 10 %: ZeRO 3's gathered
 parameters, ZeRO 2/3 with ``bucket_mb 0``), gradient buckets
 flushed during the backward pass (their copies while activations are held
 are not counted: memory up to about 6 % low), and data-parallel teams that

@@ -69,6 +69,10 @@ class Segment:
     #: part of the recomputation the block's backward starts with (reads
     #: only what the forward kept: it need not wait for the task's input)
     lead: bool = False
+    #: at or after the block's first read of a parameter ZeRO-3 gathers for
+    #: it (the reshape of the gathered value): before it, the block's
+    #: compute does not wait for its gathers, as in the simulator
+    gated: bool = True
 
 
 @dataclass
@@ -131,6 +135,12 @@ class Block:
     # first reader of each), as (owner block, index in its parameter list)
     f_gather: List[Tuple[str, int]] = field(default_factory=list)
     b_gather: List[Tuple[str, int]] = field(default_factory=list)
+    #: ZeRO-3: where the forward / backward (first micro-batch) first reads
+    #: each gathered parameter, as (compute time of the block before that
+    #: read, the parameter's position in ``f_gather`` / ``b_gather``), in
+    #: program order: the compute before a read waits for no later gather
+    f_gates: List[Tuple[float, int]] = field(default_factory=list)
+    b_gates: List[Tuple[float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -305,23 +315,33 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     blocks = {name: Block() for name in (EMB, LAYER, HEAD)}
     current: Optional[Tuple[str, int, str]] = None
     groups: Dict[Tuple[str, int, str], List[Op]] = {}
+    #: ops of no block before any block (ZeRO-3's reshape of the first
+    #: gathered parameter, the embedding's table): the block after them
+    orphans: List[Op] = []
     for op in rank0:
         meta = op.meta
         mb = meta.get("microbatch")
         blk = _block_of(meta.get("layer"), layers)
         if meta.get("phase") == "optimizer" or mb is None:
             current = None
+            orphans = []
             continue
         kind = "B" if "phase" in meta else "F"
         if op.op_type == "depend" or meta.get("role") == "zero_gather":
             blk = None             # ZeRO-3 gathers name the layer they prefetch for
         if blk is None:            # accumulation, ZeRO-3 reshapes: the block before
             if current is None:
+                if not is_communication(op):
+                    orphans.append(op)
                 continue
             key = current
         else:
             key = (kind, mb, blk)
-        groups.setdefault(key, []).append(op)
+        group = groups.setdefault(key, [])
+        if orphans:
+            group.extend(orphans)
+            orphans = []
+        group.append(op)
         current = key
     compute_end: Dict[Tuple[str, int, str], float] = {}
     ordered = sorted(groups, key=lambda k: max(times[o.name][1] for o in groups[k]
@@ -351,8 +371,9 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         scales = sum(times[o.name][1] - times[o.name][0] for o in groups.get(("B", 1, name), [])
                      if o.op_type == "scale" and id(o.outputs[0]) in final_last)
         blk.b_mid, blk.b_mid_busy = blk.b_last - scales, blk.b_last_busy - scales
-        blk.last = _segments(groups.get(("B", 1, name), []), times, final_last)
-        blk.only = _segments(groups.get(("B", 0, name), []), times, final_only)
+        gates = _gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
+        blk.last = _segments(groups.get(("B", 1, name), []), times, final_last, gates)
+        blk.only = _segments(groups.get(("B", 0, name), []), times, final_only, gates)
         if ("B", 0, name) in groups:
             _lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
         blk.f_pre, blk.f_post = _edges(_segments(groups.get(("F", 0, name), []), times, {}))
@@ -360,6 +381,9 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     for name, blk in blocks.items():
         blk.f_gather = list(dict.fromkeys(first_reader.get(f"F{name}", [])))
         blk.b_gather = list(dict.fromkeys(first_reader.get(f"B{name}", [])))
+        if template_zero == 3:
+            blk.f_gates = _gates(groups.get(("F", 0, name), []), times, params, blk.f_gather)
+            blk.b_gates = _gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
     for op in step.ops:
         blk = _block_of(op.meta.get("layer"), layers)
         if blk in blocks:
@@ -446,13 +470,55 @@ def _edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
             sum(s.time_s for s in segments[last + 1:] if s.kind == "c"))
 
 
-def _segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str]) -> List[Segment]:
+def _gathered_uses(rank0: List[Op], params: Dict[str, List[Param]],
+                   gathered: List[Tuple[str, int]], zero: int) -> Optional[set]:
+    """ZeRO-3: the ops of rank 0 that first read a parameter of
+    ``gathered`` (a block's gathers) where it is used, the reshapes
+    :meth:`~distsim.transforms.zero.GradientSync.param_for_use` names
+    ``{param}_use_m{mb}``, as ids; None without ZeRO-3 (every entry
+    waits for the block's gathers, which are then none)."""
+    if zero != 3:
+        return None
+    names = {params[blk][i].name for blk, i in gathered}
+    return {id(op) for op in rank0 if op.op_type == "reshape" and "_use_m" in op.name
+            and op.name.split("_use_m")[0] in names}
+
+
+def _gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Param]],
+           gathered: List[Tuple[str, int]]) -> List[Tuple[float, int]]:
+    """:attr:`Block.f_gates` / ``b_gates`` from a block's ops (rank 0,
+    program order): at each first read (the ``{param}_use_m{mb}``
+    reshape) of a parameter of ``gathered``, the compute time before it.
+    A block's first reads attributed to the block before (the reshapes
+    LowerSPMD emits ahead of the block's first op) count at its start."""
+    position = {params[b][i].name: j for j, (b, i) in enumerate(gathered)}
+    out: List[Tuple[float, int]] = []
+    before = 0.0
+    for op in ops:
+        if is_communication(op):
+            continue
+        if op.op_type == "reshape" and "_use_m" in op.name:
+            j = position.get(op.name.split("_use_m")[0])
+            if j is not None and (not out or j > out[-1][1]):
+                out.append((before, j))
+        t0, t1, _ = times[op.name]
+        before += t1 - t0
+    if out and out[0][1] > 0:
+        out.insert(0, (0.0, out[0][1] - 1))
+    return out
+
+
+def _segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str],
+              gates: Optional[set] = None) -> List[Segment]:
     """Compress a block's ops (rank 0, program order) into compute runs,
     tensor-parallel collectives and gradient-final marks. A run ends at a
     collective (which waits for the run) and at a final gradient (where
     data-parallel sync is emitted); a compute op that reads a collective's
-    output starts a new run waiting for it."""
+    output starts a new run waiting for it. ``gates``: ZeRO-3's first
+    reads of the block's gathered parameters (:func:`_gathered_uses`):
+    the entries before the first are not :attr:`Segment.gated`."""
     out: List[Segment] = []
+    gated = gates is None
     made: Dict[int, int] = {}          # id(value) -> entry producing it
     to_comm = {id(v) for op in ops if is_communication(op) for v in op.inputs}
     lead = {id(op) for op in _leading_recompute(ops)}
@@ -461,17 +527,20 @@ def _segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str]) ->
         t0, t1, _ = times[op.name]
         srcs = [made.get(id(v)) for v in op.inputs]
         is_lead = id(op) in lead
-        if open_run is not None and out[open_run].lead != is_lead:
+        if not gated and id(op) in gates:
+            gated = True
+        if open_run is not None and (out[open_run].lead != is_lead
+                                     or out[open_run].gated != gated):
             open_run = None            # the recomputation ends: a run of its own
         if is_communication(op):
             dep = next((s for s in srcs if s is not None), None)
-            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead))
+            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead, gated=gated))
             open_run = None
             idx = len(out) - 1
         else:
             waits = tuple(sorted({s for s in srcs if s is not None and out[s].kind == "t"}))
             if open_run is None or waits:
-                out.append(Segment("c", 0.0, waits, lead=is_lead))
+                out.append(Segment("c", 0.0, waits, lead=is_lead, gated=gated))
                 open_run = len(out) - 1
             out[open_run].time_s += t1 - t0
             idx = open_run

@@ -30,6 +30,7 @@ from ..transforms.strategy import Strategy
 from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_costs import collectives, op_costs
 from .estimate_engine import Timeline
+from .estimate_gates import chain, emit_chain, gather_time
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
 from .estimate_state import Memo, ScatterTerms, Walk, shared_prefix
 from .estimate_sync import StepSync
@@ -172,19 +173,6 @@ class Builder:
             total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
         return total
 
-    def gather_time(self, kind: str, block: str) -> float:
-        """ZeRO-3: the all-gathers of the parameters a block reads first in
-        a forward / backward task (one item: they run back to back)."""
-        t = self.memo.gathers.get((kind, block))
-        if t is None:
-            blk = self.prof.blocks[block]
-            t = 0.0
-            for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
-                p = self.prof.params[owner][i]
-                t += self.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize)
-            self.memo.gathers[(kind, block)] = t
-        return t
-
     def scatter_costs(self, c: int, order, mb: int) -> Tuple[float, float, float]:
         """ZeRO 2/3 with a reduce-scatter per micro-batch: per task, (compute
         after the task: flattening each gradient for the first micro-batch,
@@ -293,16 +281,19 @@ class Builder:
             # issued yet, gated on the compute before
             prev = ready
             issued: List[float] = []
-            for i, (gathers, fl, lead, pieces) in enumerate(plan):
+            for i, (gathers, fl, lead, pieces, reads) in enumerate(plan):
                 for t in gathers:
                     issued.append(tl.comm_on(stage, t, prev))
-                if i:
+                flops[stage] += fl
+                if reads is not None:
+                    # its first piece waits for each gather where it reads it
+                    end = emit_chain(self, stage, reads, issued[i], ready if i == 0 else 0.0)
+                elif i:
                     end = issued[i]
                 else:
                     if lead:     # the first block's recomputation: no wait for the input
                         tl.compute_pieces(stage, lead, issued[0])
                     end = max(issued[0], ready)
-                flops[stage] += fl
                 end = prev = tl.compute_pieces(stage, pieces, end)
         else:
             fl, lead, pieces = plan
@@ -329,7 +320,9 @@ class Builder:
         the last micro-batch) is emitted, the same for every such task of a
         chunk of the same shape:
         ``(FLOPs, pieces)``, or with ZeRO-3 one ``(gathers issued, FLOPs,
-        pieces)`` per block; a piece is a compute item ``(time, busy time,
+        leading recomputation, pieces, the forward's first piece cut at its
+        reads of gathered parameters (:func:`.estimate_gates.chain`) or
+        None)`` per block; a piece is a compute item ``(time, busy time,
         holds the communication stream)``."""
         blocks = self.prof.blocks
         order = self.blocks_of(kind, c)
@@ -345,16 +338,17 @@ class Builder:
             issued = 0
             for i, (name, _) in enumerate(order):
                 upto = min(len(order), i + 1 + self.S.prefetch)
-                gathers = [self.gather_time(kind, order[j][0]) for j in range(issued, upto)]
+                gathers = [gather_time(self, kind, order[j][0]) for j in range(issued, upto)]
                 issued = max(issued, upto)
                 t, busy, fl = self._block_time(blocks[name], kind, mb)
                 shift = self._accumulation_shift(name, kind, mb)
                 cut = split and i == 0
                 if cut:
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
+                pieces = self._pieces(kind, order[i:i + 1], t + shift, busy + shift, rest=cut)
+                reads = None if cut or kind == "B" else chain(self, kind, name, pieces[0])
                 plan.append((gathers, fl, lead if cut else [],
-                             self._pieces(kind, order[i:i + 1], t + shift, busy + shift,
-                                          rest=cut)))
+                             pieces if reads is None else pieces[1:], reads))
             return plan
         total = busy = fl = 0.0
         for name, _ in order:
@@ -372,15 +366,19 @@ class Builder:
         """The compute items of a task over the blocks ``order``: one, or with
         tensor-parallel collectives, which hold the communication stream from
         the first to the last of them, the compute before and after alone
-        (``rest``: a backward less its leading recomputation)."""
+        (``rest``: a backward less its leading recomputation). A block with
+        no compute between its collectives (the embedding's forward: one
+        reduce-scatter) is split too: its compute before the collective runs
+        while the communication stream is still busy (ZeRO-3's prefetched
+        gathers), as in the simulator."""
         blocks = self.prof.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
         post = last.f_post if kind == "F" else last.b_post
         holds = self.tp > 1
-        if not holds or pre is None or post is None or pre + post >= busy:
+        if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
             return [(total, busy, holds)]
-        return [(pre, None, False), (total - pre - post, busy - pre - post, True),
+        return [(pre, None, False), (total - pre - post, max(0.0, busy - pre - post), True),
                 (post, None, False)]
 
     def _block_time(self, blk, kind: str, mb: int) -> Tuple[float, float, float]:
@@ -396,7 +394,9 @@ class Builder:
         """A block's op-level last backward (``only``: the first micro-batch's,
         which does not accumulate) as (kind, time, FLOPs, the
         entries it waits for, the entry a collective reads (-1: the last
-        compute run before it), the parameter index of a final gradient)."""
+        compute run before it), the parameter index of a final gradient,
+        a leading recomputation, whether it waits for the block's ZeRO-3
+        gathers: :attr:`.estimate_profile.Segment.gated`)."""
         plan = self.memo.segments.get((name, only))
         if plan is None:
             blk = self.prof.blocks[name]
@@ -408,14 +408,14 @@ class Builder:
                 if seg.kind == "c":
                     plan.append(("c", seg.time_s, blk.b_flops * seg.time_s / ctime,
                                  tuple(d for d in seg.deps if d is not None), None, None,
-                                 seg.lead))
+                                 seg.lead, seg.gated))
                 elif seg.kind == "t":
                     d = seg.deps[0] if seg.deps else None
                     plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None,
-                                 seg.lead))
+                                 seg.lead, seg.gated))
                 else:
                     plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
-                                 index[seg.param], False))
+                                 index[seg.param], False, seg.gated))
             self.memo.segments[(name, only)] = plan
         return plan
 
@@ -446,12 +446,14 @@ class Builder:
                 gate = last if last is not None else ready
                 for j in range(k, min(n, k + 1 + self.S.prefetch)):
                     if j not in gathered:
-                        gathered[j] = tl.comm_on(stage, self.gather_time("B", order[j][0]), gate)
+                        gathered[j] = tl.comm_on(stage, gather_time(self, "B", order[j][0]), gate)
                 g = gathered[k]
             local: Dict[int, float] = {}
-            for i, (kind, time_s, fl, waits, src, param, lead) in enumerate(
+            for i, (kind, time_s, fl, waits, src, param, lead, gated) in enumerate(
                     self._segment_plan(name, only)):
-                extra = g
+                # ZeRO-3: what comes before the block's first read of a
+                # gathered parameter does not wait for its gathers
+                extra = g if gated else 0.0
                 # the recomputation a task starts with need not wait for its input
                 if first and not lead and ready > extra:
                     extra = ready
