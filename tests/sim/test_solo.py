@@ -33,6 +33,18 @@ def test_solo_collectives_change_nothing(model, topology, strategy, mode):
     runs = {solo: simulate_function(program, topo, options=SimulationOptions(
         network_mode=mode, solo=solo, record_links=True)) for solo in (False, True)}
     ref, fast = runs[False], runs[True]
+    _assert_same(ref, fast)
+    # link use over time: the solo path replays a collective's own run (its
+    # first step flow by flow), the reference fast-forwards repeats as mean
+    # use; either way each link's use integrates to the bytes it carried
+    for trace in (ref, fast):
+        carried = _integrals(trace)
+        for r in trace.links:
+            assert carried.get((r.src, r.dst), 0.0) == pytest.approx(r.bytes_carried, rel=1e-9)
+
+
+def _assert_same(ref, fast):
+    """The same step, op records (to rounding), memory and link totals."""
     assert _close(fast.step_time_s, ref.step_time_s)
     assert len(fast.ops) == len(ref.ops)
     key = lambda r: (r.rank, r.stream, r.name)  # noqa: E731
@@ -46,13 +58,6 @@ def test_solo_collectives_change_nothing(model, topology, strategy, mode):
         a = links[(r.src, r.dst)]
         assert _close(r.bytes_carried, a.bytes_carried) and _close(r.busy_s, a.busy_s)
         assert r.peak_flows == a.peak_flows
-    # link use over time: the solo path replays a collective's own run (its
-    # first step flow by flow), the reference fast-forwards repeats as mean
-    # use; either way each link's use integrates to the bytes it carried
-    for trace in (ref, fast):
-        carried = _integrals(trace)
-        for r in trace.links:
-            assert carried.get((r.src, r.dst), 0.0) == pytest.approx(r.bytes_carried, rel=1e-9)
 
 
 def _integrals(trace):
@@ -140,18 +145,7 @@ def test_analytical_collectives_all_run_alone_and_change_nothing(model, topology
     runs = {solo: simulate_function(program, topo, options=SimulationOptions(
         network_mode="analytical", solo=solo)) for solo in (False, True)}
     ref, fast = runs[False], runs[True]
-    assert _close(fast.step_time_s, ref.step_time_s)
-    key = lambda r: (r.rank, r.stream, r.name)  # noqa: E731
-    assert len(fast.ops) == len(ref.ops)
-    for a, b in zip(sorted(ref.ops, key=key), sorted(fast.ops, key=key)):
-        assert a[:5] == b[:5] and a[7:] == b[7:]
-        assert _close(b.start_s, a.start_s) and _close(b.end_s, a.end_s)
-    links = {(r.src, r.dst): r for r in ref.links}
-    assert {(r.src, r.dst) for r in fast.links} == set(links)
-    for r in fast.links:
-        a = links[(r.src, r.dst)]
-        assert _close(r.bytes_carried, a.bytes_carried) and _close(r.busy_s, a.busy_s)
-        assert r.peak_flows == a.peak_flows
+    _assert_same(ref, fast)
 
 
 def test_analytical_teams_sharing_links_take_the_solo_path():
