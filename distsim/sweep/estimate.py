@@ -41,12 +41,10 @@ How close it comes to the full simulation is measured by
 ``tests/sweep/test_estimate.py`` and ``tests/sweep/test_estimate_qa.py``
 (see the README's "Sweeps and search"). Where the 3 % (step) / 2 % (memory)
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
-configurations found (``reports/estimator/``): ZeRO 3 step time (2 of 41
-points: ``bucket_mb 0``, to about 17 %; a backward without tensor
-parallelism on PCIe, about 5 % low), ZeRO 2/3 memory (up to about 10 %: ZeRO 3's gathered
-parameters, ZeRO 2/3 with ``bucket_mb 0``), gradient buckets
-flushed during the backward pass (their copies while activations are held
-are not counted: memory up to about 6 % low), and data-parallel teams that
+configurations found (``reports/estimator/``): ZeRO 3 step time (1 of 41
+points: a backward without tensor parallelism on PCIe, about 5 % low),
+ZeRO 3 memory (up to about 10 %: its gathered parameters), some ZeRO 0/1
+pipelines (memory up to about 5.5 % high), and data-parallel teams that
 share links (timed alone).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
@@ -249,7 +247,8 @@ def estimate_memory(b: Builder) -> List[int]:
     out = []
     for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.M, S.chunks)):
         base = static[stage] + grads[stage]
-        best = base + _after_backward(opt[stage], b.memo.buckets.get(stage, ()))
+        best = base + max(_after_backward(opt[stage], b.memo.buckets.get(stage, ())),
+                          b.memo.flat_queued.get(stage, 0))
         # the bytes in flight before each task: saved activations are whole
         # numbers, so the running sum is exact in any order (numpy's too),
         # and a steady schedule meets the same (task, bytes in flight) again
@@ -262,7 +261,9 @@ def estimate_memory(b: Builder) -> List[int]:
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where
-        # they peak) and when later forwards end (likewise)
+        # they peak) and when later forwards end (likewise); ZeRO 0/1, the
+        # buckets flushed before each block of a chunk's last backward
+        # ("last": held until they are unpacked)
         for (s, kind, mb, c), pending in b.memo.flat_pending.items():
             if s != stage:
                 continue
@@ -270,9 +271,11 @@ def estimate_memory(b: Builder) -> List[int]:
                 best = max(best, base + pending)
                 continue
             at = np.flatnonzero((forward == (kind == "F")) & (chunk == c))
-            if mb >= len(at):
+            if kind == "last":        # ZeRO 0/1 buckets: the chunk's last backward
+                mb = len(at) - 1
+            if mb >= len(at) or mb < 0:
                 continue
-            if kind == "B":
+            if kind != "F":
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
                                            by_block=pending))
             else:
@@ -342,9 +345,12 @@ def _after_backward(opt_excess: float, buckets: Tuple[int, ...]) -> float:
     after the backward pass, each unpacking ``split`` holds a bucket and
     its pieces at once (the ``concat`` that made it, the reshaped
     gradients and the bucket), and the unpacked gradients live until their
-    update (all of them counted at the optimizer's transient). A bucket
-    flushed during the backward pass adds its copy while activations are
-    still held: that candidate is not counted."""
+    update (all of them counted at the optimizer's transient). The buckets
+    flushed during the backward pass, held while activations still are,
+    are counted at the blocks of the backward tasks after them
+    (:meth:`.estimate_notes.MemoryNotes._note_buckets`); ZeRO 2/3 with
+    ``bucket_mb 0``, the flat copies queued for their reduce-scatters
+    after the backward pass, by the caller (:attr:`Memo.flat_queued`)."""
     if not buckets:
         return opt_excess
     return float(sum(buckets)) + max(float(max(buckets)), opt_excess)

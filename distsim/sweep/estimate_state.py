@@ -60,13 +60,21 @@ class Memo:
         #: and at that backward's end, keyed ``(stage, "end", 0, chunk)``
         #: (the most over the walks; the memory estimate adds them); a
         #: backward's, per block (its position in the task's order), as
-        #: each block starts
+        #: each block starts; and ZeRO 0/1's buckets of several gradients
+        #: flushed before each block of a chunk's last backward (keyed
+        #: ``(stage, "last", 0, chunk)``, per block: they live until they
+        #: are unpacked after the backward pass)
         self.flat_pending: Dict[Tuple[int, str, int, int], Any] = {}
         #: the same copies inside that first backward: per (stage, chunk),
         #: per gradient (its block's position in the backward's order, its
         #: index in the block), the bytes of the task's earlier copies
         #: still waiting when it is made (the most over the walks)
         self.flat_inside: Dict[Tuple[int, int], Dict[Tuple[int, int], int]] = {}
+        #: ZeRO 2/3 with ``bucket_mb 0``: per stage, the most bytes of flat
+        #: gradient copies and reduce-scatter outputs held after the
+        #: backward pass (:func:`.estimate_sync.queued_peak`; the most over
+        #: the walks)
+        self.flat_queued: Dict[int, int] = {}
 
 
 class Walk:

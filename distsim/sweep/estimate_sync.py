@@ -31,6 +31,29 @@ def shard_size(n: int, parts: int) -> int:
     return -(-n // parts)
 
 
+def queued_peak(queued: List[Tuple[float, float, float, int, int]]) -> int:
+    """ZeRO 2/3 with ``bucket_mb 0``: the most bytes held by the flat
+    gradient copies and reduce-scatter outputs of a stage's syncs after the
+    backward pass (``queued``: per gradient, its copy's start, its
+    reduce-scatter's start and end, the copy's bytes, the shard's). The
+    copies are made one after another on the compute stream while their
+    reduce-scatters queue on the communication stream: each copy lives
+    until its reduce-scatter ends, each shard from its reduce-scatter's
+    start to its update (after all of them)."""
+    events: List[Tuple[float, int]] = []
+    for flat, start, end, nbytes, shard in queued:
+        events.append((flat, nbytes))
+        events.append((end, -nbytes))
+        events.append((start, shard))
+    events.sort()          # at one time, a copy freed before one made
+    held = peak = 0
+    for _, delta in events:
+        held += delta
+        if held > peak:
+            peak = held
+    return peak
+
+
 class ParamCost:
     """What the step charges one parameter of a block (per rank, in this
     configuration): its size, the ZeRO shard, flattening its gradient
@@ -81,6 +104,7 @@ class StepSync:
         self.deferred: Dict[int, List[ParamKey]] = {}
         self.unpack: List[tuple] = []
         self.buckets: Dict[int, List[int]] = {}     # stage -> bytes of each flat bucket
+        self.flushed: Dict[int, int] = {}           # stage -> their sum so far
         self._costs: Dict[Tuple[str, int], ParamCost] = b.memo.param_costs
 
     def cost(self, block: str, index: int) -> ParamCost:
@@ -146,6 +170,7 @@ class StepSync:
         ar = self.tl.comm_on(stage, b.dp_time(CollectiveType.ALL_REDUCE,
                                               total * dtype.itemsize), cat)
         self.buckets.setdefault(stage, []).append(total * dtype.itemsize)
+        self.flushed[stage] = self.flushed.get(stage, 0) + total * dtype.itemsize
         self.unpack.append((bucket, stage, ar, total, dtype))
 
     def finish(self) -> None:
@@ -153,11 +178,21 @@ class StepSync:
         unpacking the buckets, the tied embedding, the optimizer."""
         b = self.b
         for stage in range(b.pp):
+            queued: List[Tuple[float, float, float, int, int]] = []
             for key in self.deferred.pop(stage, []):
                 if self.zero >= 2:
                     self.sync_one(key, stage)
+                    pc = self.cost(key[0], key[2])
+                    end = self.synced[key] or 0.0
+                    flat_end = self.tl.free[2 * stage]
+                    queued.append((flat_end - pc.flat[0], end - pc.sync, end, pc.nbytes,
+                                   pc.shard * pc.dtype.itemsize))
                 else:
                     self.pending.setdefault(stage, []).append(key)
+            if queued:
+                held = queued_peak(queued)
+                if held > b.memo.flat_queued.get(stage, 0):
+                    b.memo.flat_queued[stage] = held
             self.flush(stage)
         b.memo.buckets = {s: tuple(v) for s, v in self.buckets.items()}
         for bucket, stage, ar, total, dtype in self.unpack:

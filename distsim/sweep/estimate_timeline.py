@@ -31,6 +31,7 @@ from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_costs import collectives, op_costs
 from .estimate_engine import Timeline
 from .estimate_gates import chain, emit_chain, gather_time
+from .estimate_notes import MemoryNotes
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
 from .estimate_state import Memo, ScatterTerms, Walk, shared_prefix
 from .estimate_sync import StepSync
@@ -81,7 +82,7 @@ def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, .
     return tuple(out)
 
 
-class Builder:
+class Builder(MemoryNotes):
     """Emits the items of one configuration in LowerSPMD's program order
     on a :class:`~.estimate_engine.Timeline`, which settles each as it
     comes: an item is its end time here, and ``ready`` (the latest end
@@ -278,8 +279,9 @@ class Builder:
         if self.zero3:
             # per block, its compute waits for its gathers; entering a block
             # issues the gathers of it and of the next ``prefetch`` blocks not
-            # issued yet, gated on the compute before
-            prev = ready
+            # issued yet, gated on the compute before (the first block's: on
+            # the stage's compute so far too, the previous task's)
+            prev = max(ready, tl.free[2 * stage])
             issued: List[float] = []
             for i, (gathers, fl, lead, pieces, reads) in enumerate(plan):
                 for t in gathers:
@@ -440,10 +442,16 @@ class Builder:
         #: the block), the bytes of the task's earlier flat copies still
         #: waiting when it is made
         inside: Dict[Tuple[int, int], int] = {}
+        #: ZeRO 0/1 buckets: per block, the bytes of the stage's buckets
+        #: flushed before it starts (held until they are unpacked)
+        in_buckets: Dict[int, int] = {}
+        flushed = self.sync.flushed if self.route == "bucket" else {}
         for k, (name, layer) in enumerate(order):
+            if flushed.get(stage):
+                in_buckets[k] = flushed[stage]
             g = 0.0
             if self.zero3:
-                gate = last if last is not None else ready
+                gate = last if last is not None else max(ready, tl.free[2 * stage])
                 for j in range(k, min(n, k + 1 + self.S.prefetch)):
                     if j not in gathered:
                         gathered[j] = tl.comm_on(stage, gather_time(self, "B", order[j][0]), gate)
@@ -487,46 +495,14 @@ class Builder:
                         flats.append((self.sync.cost(name, param).nbytes, end))
         if inside:
             self._note_inside(stage, c, inside)
+        if in_buckets:
+            self._note_buckets(stage, c, in_buckets)
         if flats and last is not None:
             flats = [(nbytes, end) for nbytes, end in flats if end > last]
             if flats:
                 self._note_flats(stage, "end", 0, c, flats)
                 self.flats[stage] = self.flats.get(stage, []) + flats
         return last
-
-    def _note_blocks(self, stage: int, mb: int, c: int, start: float,
-                     flats: List[Tuple[int, float]]) -> None:
-        """The flat copies still waiting as each block of a backward task
-        starting at ``start`` begins (the blocks' times summed up to it:
-        a copy whose reduce-scatter ends during the first block is not
-        held through the last), kept per block position as
-        :attr:`Memo.flat_pending` keeps a scalar."""
-        key = (stage, "B", mb, c)
-        held = self.memo.flat_pending.setdefault(key, {})
-        blocks = self.prof.blocks
-        t = start
-        for k, (name, _) in enumerate(self.blocks_of("B", c)):
-            pending = sum(nbytes for nbytes, end in flats if end > t)
-            if not pending:
-                break
-            if pending > held.get(k, 0):
-                held[k] = pending
-            t += self._block_time(blocks[name], "B", mb)[0]
-
-    def _note_inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
-        """Keep the most of :meth:`emit_last_backward`'s ``inside`` over the
-        walks (:attr:`Memo.flat_inside`)."""
-        held = self.memo.flat_inside.setdefault((stage, c), {})
-        for k, nbytes in inside.items():
-            if nbytes > held.get(k, 0):
-                held[k] = nbytes
-
-    def _note_flats(self, stage: int, kind: str, mb: int, c: int,
-                    flats: List[Tuple[int, float]]) -> None:
-        key = (stage, kind, mb, c)
-        pending = sum(nbytes for nbytes, _ in flats)
-        if pending and pending > self.memo.flat_pending.get(key, 0):
-            self.memo.flat_pending[key] = pending
 
     # -- parameters ------------------------------------------------------------
     def param(self, key: tuple) -> Param:
