@@ -51,7 +51,7 @@ from ..errors import DistsimError, SimulationError
 from ..ir.comm import CollectiveType, collective_of, is_point_to_point
 from ..ir.core import Function, Op, Value, gc_paused
 from ..ir.value_table import ValueTable
-from .collectives import bytes_sent_by, planned_schedule, resolve_algorithm, run_collective
+from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .memory import MemoryAccounting, copy_to_followers, memory_accounting
 from .network import Network
 from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
@@ -224,22 +224,6 @@ class Simulator:
         if not self.options.solo:
             return
         plans = self._collective_plans()
-        if self.network.mode == "analytical" and not self.network.record_samples:
-            # nothing is shared in the analytical model (a step takes its
-            # slowest flow's latency + bytes / bottleneck, whatever else
-            # runs), so every team runs as it would alone: no routes to
-            # compare (O(p) per distinct collective, seconds at 16k GPUs).
-            # Only the link-use samples (record_links) sum concurrent
-            # transfers per link, which a solo run's replay would not.
-            try:
-                for plan in plans:
-                    planned_schedule(self.network, plan[0], plan[1], plan[3], plan[2], plan[4])
-            except DistsimError:   # a bad team: every collective takes the full path
-                return
-            for coll in self._collectives:
-                if coll.plan is not None:
-                    coll.solo = True
-            return
         try:
             teams = solo_teams(self.network, plans)
         except DistsimError:       # a bad team: every collective takes the full path

@@ -44,6 +44,7 @@ from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
+from ..transforms.zero import used_param_name
 
 #: Block names: the embedding, one transformer layer, the head (final norm,
 #: output layer and loss).
@@ -480,8 +481,7 @@ def _gathered_uses(rank0: List[Op], params: Dict[str, List[Param]],
     if zero != 3:
         return None
     names = {params[blk][i].name for blk, i in gathered}
-    return {id(op) for op in rank0 if op.op_type == "reshape" and "_use_m" in op.name
-            and op.name.split("_use_m")[0] in names}
+    return {id(op) for op in rank0 if used_param_name(op) in names}
 
 
 def _gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Param]],
@@ -497,8 +497,9 @@ def _gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Param]
     for op in ops:
         if is_communication(op):
             continue
-        if op.op_type == "reshape" and "_use_m" in op.name:
-            j = position.get(op.name.split("_use_m")[0])
+        used = used_param_name(op)
+        if used is not None:
+            j = position.get(used)
             if j is not None and (not out or j > out[-1][1]):
                 out.append((before, j))
         t0, t1, _ = times[op.name]

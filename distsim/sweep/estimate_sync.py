@@ -104,7 +104,6 @@ class StepSync:
         self.deferred: Dict[int, List[ParamKey]] = {}
         self.unpack: List[tuple] = []
         self.buckets: Dict[int, List[int]] = {}     # stage -> bytes of each flat bucket
-        self.flushed: Dict[int, int] = {}           # stage -> their sum so far
         self._costs: Dict[Tuple[str, int], ParamCost] = b.memo.param_costs
 
     def cost(self, block: str, index: int) -> ParamCost:
@@ -170,7 +169,6 @@ class StepSync:
         ar = self.tl.comm_on(stage, b.dp_time(CollectiveType.ALL_REDUCE,
                                               total * dtype.itemsize), cat)
         self.buckets.setdefault(stage, []).append(total * dtype.itemsize)
-        self.flushed[stage] = self.flushed.get(stage, 0) + total * dtype.itemsize
         self.unpack.append((bucket, stage, ar, total, dtype))
 
     def finish(self) -> None:

@@ -445,10 +445,10 @@ class Builder(MemoryNotes):
         #: ZeRO 0/1 buckets: per block, the bytes of the stage's buckets
         #: flushed before it starts (held until they are unpacked)
         in_buckets: Dict[int, int] = {}
-        flushed = self.sync.flushed if self.route == "bucket" else {}
+        by_stage = self.sync.buckets if self.route == "bucket" else {}
         for k, (name, layer) in enumerate(order):
-            if flushed.get(stage):
-                in_buckets[k] = flushed[stage]
+            if by_stage.get(stage):       # flushed so far, this task's too
+                in_buckets[k] = sum(by_stage[stage])
             g = 0.0
             if self.zero3:
                 gate = last if last is not None else max(ready, tl.free[2 * stage])

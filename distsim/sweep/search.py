@@ -48,6 +48,8 @@ _DTYPE_BYTES = {"fp32": 4, "f32": 4, "float32": 4, "fp16": 2, "f16": 2, "bf16": 
 #: family has neither; an imported graph has no layers to recompute)
 _MEMORY_LEVERS = {"gpt": (("zero", "0,1,2,3"), ("recompute", "none,selective,full")),
                   "onnx": (("zero", "0,1,2,3"),)}
+#: how a point pruned by the weights bound is explained (and recognised)
+_WEIGHTS_REASON = "weights alone need"
 _CHOSEN = (*STRATEGY_AXES, "model", "topology", "network_mode", "fidelity", "symmetry",
            "coarsen")
 
@@ -147,7 +149,7 @@ class SearchResult:
             parts.append(f"{sum(counts.values())} invalid or failed, e.g. "
                          + "; ".join(f"{n} x {text}" for text, n in top))
         text = ", ".join(parts) if parts else "no strategy to try"
-        short_of_memory = oom or any(str(r).startswith("weights alone")
+        short_of_memory = oom or any(str(r).startswith(_WEIGHTS_REASON)
                                      for r in self.pruned.get("reason", ()))
         if short_of_memory and self.memory_options:
             text += "; to save memory, also search " + " ".join(self.memory_options)
@@ -226,7 +228,7 @@ def _weights_exceed(weights: Optional[float], capacity: Optional[float],
     need = weights / split
     if need <= capacity:
         return None
-    return f"weights alone need {need / GB:.1f} GB per GPU > {capacity / GB:.1f} GB"
+    return f"{_WEIGHTS_REASON} {need / GB:.1f} GB per GPU > {capacity / GB:.1f} GB"
 
 
 class _Log:

@@ -56,7 +56,7 @@ import numpy as np
 
 from ..errors import PassPreconditionError
 from ..ir.comm import CollectiveType
-from ..ir.core import Function, Value
+from ..ir.core import Function, Op, Value
 from ..ir.ops_comm import split_sizes
 from ..ir.types import TensorType
 from .adam import adamw_update
@@ -68,6 +68,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from .spmd import LowerSPMD
 
 MB = 1 << 20
+
+
+#: ZeRO-3: a gathered parameter takes its shape where it is first used,
+#: in a reshape named ``{param}{USE_MARK}{micro-batch}_r{rank}``
+#: (:meth:`GradientSync.param_for_use`): the only op that waits for the gather
+USE_MARK = "_use_m"
+
+
+def used_param_name(op: Op) -> Optional[str]:
+    """The parameter whose gathered value ``op`` shapes for its first use
+    (ZeRO-3), or None for any other op."""
+    if op.op_type != "reshape" or USE_MARK not in op.name:
+        return None
+    return op.name.split(USE_MARK)[0]
 
 
 def shard_bounds(numel: int, n: int, i: int) -> Tuple[int, int]:
@@ -351,7 +365,7 @@ class GradientSync:
         # the gathered parameter takes its shape where it is first used, so
         # that no compute op waits for a prefetched gather before its layer
         local = self.L.em.one("reshape", [env[("zero3_flat", p, kind)]],
-                              {"shape": list(p.type.shape)}, f"{p.name}_use_m{mb}_r{rank}",
+                              {"shape": list(p.type.shape)}, f"{p.name}{USE_MARK}{mb}_r{rank}",
                               {"stage": stage, "microbatch": mb, "category": "weights"})
         env[key] = local
         return local
