@@ -80,7 +80,8 @@ __all__ = ["Case", "check_zero_shards", "estimate", "estimate_memory", "extrapol
 #: ``symmetry`` is not among them: it changes which ZeRO points the
 #: simulator accepts (:func:`check_zero_shards`).
 IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
-_MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab")
+_MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab",
+                 "attention")
 
 
 # -- resolving the options ---------------------------------------------------------
@@ -218,11 +219,14 @@ def estimate_memory(b: Builder) -> List[int]:
                    for c in range(b.C)}
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
-                  by_block: Optional[Dict[int, int]] = None) -> float:
+                  by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside`; ``by_block``: to
-        its blocks by position, a backward's :attr:`Memo.flat_pending`)."""
+        its blocks by position, a backward's :attr:`Memo.flat_pending`;
+        ``first``: the chunk's first backward, micro-batch 0, whose bare
+        gradients become the buffers (``b0_excess``) where the later ones
+        make a gradient beside the buffer and add it in (``b_excess``))."""
         peak = -math.inf
         if kind == "F":
             before = 0.0
@@ -233,7 +237,8 @@ def estimate_memory(b: Builder) -> List[int]:
             held = flight
             for k, (name, _) in enumerate(chunk_blocks[c][::-1]):
                 excess = (blocks[name].bs_excess if b.scatter_each else
-                          blocks[name].b_excess if b.M > 1 else blocks[name].b0_excess)
+                          blocks[name].b0_excess if first or b.M == 1 else
+                          blocks[name].b_excess)
                 if by_block is not None:
                     excess += by_block.get(k, 0)
                 peak = max(peak, base + held + excess)
@@ -256,8 +261,16 @@ def estimate_memory(b: Builder) -> List[int]:
         saved = np.array([chunk_saved[c] for c in range(b.C)])[chunk]
         delta = np.where(forward, saved, -saved)
         flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
-        for is_f, c, held in set(zip(forward.tolist(), chunk.tolist(), flight.tolist())):
-            best = max(best, task_peak(base, "F" if is_f else "B", c, held))
+        # each chunk's first backward task (micro-batch 0: tasks of a chunk
+        # run in micro-batch order)
+        first_b = np.zeros(len(forward), dtype=bool)
+        for c in range(b.C):
+            at = np.flatnonzero(~forward & (chunk == c))
+            if len(at):
+                first_b[at[0]] = True
+        for is_f, c, held, first in set(zip(forward.tolist(), chunk.tolist(), flight.tolist(),
+                                            first_b.tolist())):
+            best = max(best, task_peak(base, "F" if is_f else "B", c, held, first=first))
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where
@@ -277,7 +290,7 @@ def estimate_memory(b: Builder) -> List[int]:
                 continue
             if kind != "F":
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
-                                           by_block=pending))
+                                           by_block=pending, first=mb == 0))
             else:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))
         # and inside that first backward, the copies of its earlier
@@ -285,7 +298,8 @@ def estimate_memory(b: Builder) -> List[int]:
         for (s, c), inside in b.memo.flat_inside.items():
             at = np.flatnonzero(~forward & (chunk == c)) if s == stage else ()
             if len(at):
-                best = max(best, task_peak(base, "B", c, float(flight[at[0]]), inside))
+                best = max(best, task_peak(base, "B", c, float(flight[at[0]]), inside,
+                                           first=True))
         out.append(int(best))
     return out
 
