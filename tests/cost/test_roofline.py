@@ -82,3 +82,23 @@ def test_h100_layernorm_and_softmax_run_at_their_measured_bandwidth():
                                                        rel=1e-12)
     assert model.op_cost(add).time_s == pytest.approx(4e-6 + add_bytes / (3.35e12 * 0.89),
                                                       rel=1e-12)
+
+
+def test_h200_is_the_h100_with_more_and_faster_memory():
+    """dgx-h200.yaml (HARDWARE.md: H200 SXM, 141 GB HBM3e at 4.8 TB/s, the
+    H100's compute): a bf16 add streams its bytes at 0.89 of 4.8 TB/s
+    instead of 3.35; a large matmul, compute-bound, takes the H100's time."""
+    from distsim.topology import load_topology
+    h100 = CostModel(load_topology("dgx-h100").device_spec)
+    h200_spec = load_topology("dgx-h200-x2").device_spec
+    h200 = CostModel(h200_spec)
+    assert h200_spec.memory_bytes == 141e9
+    bf16 = DType.BF16
+    add = one_op("add", [(4096, 12288), (4096, 12288)], dtype=bf16)
+    add_bytes = 3 * 4096 * 12288 * 2
+    assert h200.op_cost(add).time_s == pytest.approx(4e-6 + add_bytes / (4.8e12 * 0.89),
+                                                     rel=1e-12)
+    mm = one_op("matmul", [(8192, 12288), (12288, 12288)], dtype=bf16)
+    assert h200.op_cost(mm).time_s == pytest.approx(h100.op_cost(mm).time_s, rel=1e-12)
+    assert h200.op_cost(mm).time_s == pytest.approx(
+        4e-6 + 2 * 8192 * 12288 * 12288 / (989e12 * 0.71), rel=1e-12)
