@@ -36,9 +36,14 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
     stamps = [t for t, _ in samples]
 
-    def peak(t0: float, t1: float) -> float:
+    def peak(t0: float, t1: float, upto: bool = False) -> float:
+        """The most live bytes from ``t0`` to ``t1``; the samples at ``t1``
+        itself only ``upto`` it: at the instant a block's last op ends
+        the next op allocates its results (the optimizer's fp32 copy of a
+        gradient, right after the backward's last all-reduce), and those
+        are not the block's."""
         lo = bisect_left(stamps, t0)
-        hi = bisect_right(stamps, t1)
+        hi = bisect_right(stamps, t1) if upto else bisect_left(stamps, t1)
         values = [b for _, b in samples[lo:hi]]
         if lo > 0:
             values.append(samples[lo - 1][1])
@@ -73,7 +78,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     last_b = max(window(k)[1] for k in groups if k[0] == "B")
     end = max(stamps) if stamps else last_b
     _optimizer_memory(params, rank0, times, samples, static + grads)
-    return max(0.0, peak(last_b, end) - static - grads)
+    return max(0.0, peak(last_b, end, upto=True) - static - grads)
 
 
 def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
