@@ -297,7 +297,7 @@ def _optimizer_of(program: Function) -> Optional[str]:
 
 
 MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "frozen", "seq",
-                "heads", "kv_heads", "ffn", "vocab")
+                "heads", "kv_heads", "ffn", "vocab", "attention")
 _MODEL_FIELDS = MODEL_FIELDS  # the name sweeps looked for first
 
 

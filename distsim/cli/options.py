@@ -25,6 +25,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab", type=int, help="vocabulary size (GPT models)")
     g.add_argument("--seq", type=int, help="sequence length (GPT models; for ONNX models the "
                                            "size of symbolic sequence dims)")
+    g.add_argument("--attention", choices=["explicit", "fused"],
+                   help="attention core (GPT models): explicit ops (scores, mask, softmax, "
+                        "dropout) or one fused FlashAttention kernel that keeps no seq x seq "
+                        "tensor (overrides the model file; default: explicit)")
 
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
@@ -131,9 +135,10 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     if getattr(args, "frozen", None):
         out["frozen"] = list(args.frozen)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
-                "kv_heads", "ffn", "vocab", "sp", "zero", "recompute", "microbatches", "schedule",
-                "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "symmetry", "coarsen",
-                "max_ops", "optimizer", "partition", "prefetch", "order"):
+                "kv_heads", "ffn", "vocab", "attention", "sp", "zero", "recompute",
+                "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
+                "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
+                "prefetch", "order"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

@@ -3,12 +3,14 @@
     time = launch_overhead + max(flops / (peak(dtype) * efficiency),
                                  bytes / (memory_bandwidth * memory_efficiency))
 
-Matrix products use the device's ``matmul_efficiency``, everything else its
-``vector_efficiency``; memory traffic runs at ``memory_efficiency`` of the
-bandwidth, or at the op type's own figure where the device lists one
-(``memory_efficiency_by_op``). A measured profile (op type -> seconds, or a
-callable) overrides the formula for the ops it lists. An op holding a
-function (a fused segment, a call) costs the sum of that function's ops.
+Matrix products use the device's ``matmul_efficiency``, the fused attention
+kernels a share of it (:data:`~distsim.cost.device.ATTENTION_VS_MATMUL`),
+everything else its ``vector_efficiency``; memory traffic runs at
+``memory_efficiency`` of the bandwidth, or at the op type's own figure where
+the device lists one (``memory_efficiency_by_op``). A measured profile (op
+type -> seconds, or a callable) overrides the formula for the ops it lists.
+An op holding a function (a fused segment, a call) costs the sum of that
+function's ops.
 """
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ class CostModel:
         dtype = op.outputs[0].type.dtype if op.outputs else None
         compute_s = 0.0
         if flops > 0 and dtype is not None:
-            eff = d.matmul_efficiency if op.op_type in MATMUL_OPS else d.vector_efficiency
+            eff = d.compute_efficiency_of(op.op_type, op.op_type in MATMUL_OPS)
             compute_s = flops / (d.peak_flops_for(dtype) * eff)
         memory_s = nbytes / (d.memory_bandwidth_Bps * d.memory_efficiency_of(op.op_type))
         return d.launch_overhead_s + max(compute_s, memory_s)

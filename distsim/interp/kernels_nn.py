@@ -240,6 +240,67 @@ def _causal_mask(attrs, x):
     return np.where(upper, np.asarray(attrs.get("fill", -1e4), dtype=x.dtype), x).astype(x.dtype)
 
 
+def _attention_scale(attrs, q) -> float:
+    scale = attrs.get("scale")
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _attention_scores(attrs, q, k):
+    """scale * q k^T in float64, -inf where the causal mask hides a key."""
+    s = _attention_scale(attrs, q) * np.matmul(q.astype(np.float64),
+                                               np.swapaxes(k.astype(np.float64), -1, -2))
+    if attrs.get("causal", True):
+        sq, sk = s.shape[-2], s.shape[-1]
+        s = np.where(np.triu(np.ones((sq, sk), dtype=bool), k=sk - sq + 1), -np.inf, s)
+    return s
+
+
+def _unbroadcast(x, shape):
+    """``x`` summed down to ``shape`` (undoing the broadcast of k and v's
+    batch dims over q's)."""
+    lead = x.ndim - len(shape)
+    if lead:
+        x = x.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+def _lse_dtype(q):
+    return np.float64 if q.dtype == np.float64 else np.float32
+
+
+@kernel("fused_attention")
+def _fused_attention(attrs, q, k, v):
+    # Exact attention in float64; dropout keeps everything (module docstring).
+    s = _attention_scores(attrs, q, k)
+    m = np.max(s, axis=-1, keepdims=True)
+    lse = m + np.log(np.sum(np.exp(s - m), axis=-1, keepdims=True))
+    out = np.matmul(np.exp(s - lse), v.astype(np.float64))
+    return out.astype(q.dtype), lse[..., 0].astype(_lse_dtype(q))
+
+
+@kernel("fused_attention_grad")
+def _fused_attention_grad(attrs, dout, q, k, v, out, lse, dlse=None):
+    """The FlashAttention backward: P = exp(S - lse) recomputed from q, k and
+    the saved lse; dV = P^T dO, dP = dO V^T, dS = P (dP - D) with D the row
+    sums of dO * O (minus dlse when lse has a gradient), dQ = scale dS K,
+    dK = scale dS^T Q."""
+    scale = _attention_scale(attrs, q)
+    p = np.exp(_attention_scores(attrs, q, k) - lse.astype(np.float64)[..., None])
+    do = dout.astype(np.float64)
+    vf = v.astype(np.float64)
+    dv = np.matmul(np.swapaxes(p, -1, -2), do)
+    dp = np.matmul(do, np.swapaxes(vf, -1, -2))
+    row = np.sum(do * out.astype(np.float64), axis=-1, keepdims=True)
+    if dlse is not None:
+        row = row - dlse.astype(np.float64)[..., None]
+    ds = p * (dp - row)
+    dq = scale * np.matmul(ds, k.astype(np.float64))
+    dk = scale * np.matmul(np.swapaxes(ds, -1, -2), q.astype(np.float64))
+    return (dq.astype(q.dtype), _unbroadcast(dk, k.shape).astype(k.dtype),
+            _unbroadcast(dv, v.shape).astype(v.dtype))
+
+
 @kernel("depend")
 def _depend(attrs, x, token):
     return x.copy()

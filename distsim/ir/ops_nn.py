@@ -13,21 +13,43 @@ outputs: the result and a 1-byte keep mask), ``silu``, ``log``,
 ``reduce_max``, ``causal_mask{fill}`` (entries above the diagonal of the
 last two dims set to ``fill``), ``select_label{offset}`` (the logit of each
 token's label, 0 where the label is outside this shard), ``stop_gradient``,
-``depend(x, token)`` (x, ordered after token: a scheduling edge).
+``depend(x, token)`` (x, ordered after token: a scheduling edge),
+``fused_attention(q, k, v){scale, causal, dropout}`` (see below).
+
+``fused_attention(q, k, v) -> (out, lse)`` is one fused attention kernel
+(FlashAttention, Dao et al. 2022; FlashAttention-2, Dao 2023):
+``out = softmax(scale * q k^T + causal mask) v`` and ``lse`` the
+log-sum-exp of each row of the masked, scaled scores, without the
+``seq x seq`` scores or probabilities ever being a value. q is
+``(..., s_q, d)``, k ``(..., s_k, d)``, v ``(..., s_k, d_v)``; the batch
+dims of k and v broadcast to q's (grouped-query attention: q ``(batch,
+kv_heads, group, seq, d)``, k and v ``(batch, kv_heads, 1, seq, d)``). out
+is ``(..., s_q, d_v)`` in q's dtype; lse ``(..., s_q)`` in float32 (float64
+when q is float64). ``scale`` defaults to ``1 / sqrt(d)``; ``causal``
+(default true) hides key j from query i when ``j > i + s_k - s_q`` (as
+``causal_mask``) and needs ``s_k >= s_q``; ``dropout`` (default 0) is the
+attention dropout on the probabilities, folded into the kernel as
+FlashAttention does: its keep mask is regenerated from the random seed in
+the backward pass, so no mask is a value (the NumpyExecutor keeps
+everything, as for ``dropout``). Its backward
+``fused_attention_grad(dout, q, k, v, out, lse[, dlse]) -> (dq, dk, dv)``
+recomputes the probabilities from q, k and lse; ``dlse``, the gradient
+of lse, is given only when lse is used.
 
 Gradient ops: ``softmax_grad``, ``log_softmax_grad``, ``layernorm_grad``
 (3 outputs), ``rmsnorm_grad`` (2 outputs), ``embedding_grad``,
 ``cross_entropy_grad``, ``dropout_grad``, ``gelu_grad``, ``silu_grad``,
-``select_label_grad``.
+``select_label_grad``, ``fused_attention_grad``.
 
 Optimizer: ``adamw(w, g, m, v){lr, beta1, beta2, eps, weight_decay, step}``
 -> (w, m, v) in w's dtype (g may be in a lower precision).
 """
 from __future__ import annotations
 
+import math
 from typing import List
 
-from .ops import _grad_like_second, _reduce, _same_device, _unary
+from .ops import _grad_like_second, _reduce, _same_device, _unary, broadcast_shapes
 from .registry import REQUIRED, OpSpec, ShapeError, register
 from .types import DType, TensorType
 
@@ -241,6 +263,74 @@ def _causal_mask(types, attrs) -> List[TensorType]:
     return [x]
 
 
+def _check_attention_attrs(attrs) -> None:
+    scale = attrs.get("scale")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ShapeError(f"scale must be a finite number, got {scale!r}")
+    if not isinstance(attrs["causal"], bool):
+        raise ShapeError(f"causal must be true or false, got {attrs['causal']!r}")
+    p = attrs["dropout"]
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+        raise ShapeError(f"dropout probability must be in [0, 1), got {p!r}")
+
+
+def attention_types(q: TensorType, k: TensorType, v: TensorType, attrs
+                    ) -> List[TensorType]:
+    """(out, lse) of ``fused_attention(q, k, v)`` (see the module docstring)."""
+    _same_device([q, k, v])
+    _check_attention_attrs(attrs)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.rank < 2:
+            raise ShapeError(f"{name} must have rank >= 2 (..., seq, head_dim), got {t.shape}")
+        if not t.dtype.is_float:
+            raise ShapeError(f"{name} must be floating-point, got {t.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ShapeError(f"dtypes differ: q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ShapeError(f"head dims differ: q {q.shape} and k {k.shape} (last dim)")
+    if v.shape[-2] != k.shape[-2]:
+        raise ShapeError(f"k {k.shape} and v {v.shape} have different key lengths (dim -2)")
+    batch = q.shape[:-2]
+    for name, t in (("k", k), ("v", v)):
+        try:
+            ok = t.rank <= q.rank and broadcast_shapes(batch, t.shape[:-2]) == batch
+        except ShapeError:
+            ok = False
+        if not ok:
+            raise ShapeError(f"{name} {t.shape} does not broadcast to q {q.shape} (the batch "
+                             f"dims {t.shape[:-2]} must be q's {batch} or 1)")
+    sq, sk = q.shape[-2], k.shape[-2]
+    if attrs["causal"] and sk < sq:
+        raise ShapeError(f"causal attention needs at least as many keys ({sk}) as queries "
+                         f"({sq})")
+    lse_dtype = DType.F64 if q.dtype is DType.F64 else DType.F32
+    return [q.with_shape(q.shape[:-1] + (v.shape[-1],)),
+            TensorType(q.shape[:-1], lse_dtype, q.device)]
+
+
+def _fused_attention(types, attrs) -> List[TensorType]:
+    q, k, v = types
+    return attention_types(q, k, v, attrs)
+
+
+def _fused_attention_grad(types, attrs) -> List[TensorType]:
+    if len(types) not in (6, 7):
+        raise ShapeError(f"expects 6 inputs (dout, q, k, v, out, lse) or 7 (and dlse), "
+                         f"got {len(types)}")
+    dout, q, k, v, out, lse = types[:6]
+    _same_device(types)
+    want_out, want_lse = attention_types(q, k, v, attrs)
+    if out.shape != want_out.shape:
+        raise ShapeError(f"out shape {out.shape} is not the forward's {want_out.shape}")
+    if dout.shape != out.shape:
+        raise ShapeError(f"gradient shape {dout.shape} differs from out shape {out.shape}")
+    for name, t in zip(("lse", "dlse"), types[5:]):
+        if t.shape != want_lse.shape:
+            raise ShapeError(f"{name} shape {t.shape} is not the forward's {want_lse.shape}")
+    return [q, k, v]
+
+
 def _depend(types, attrs) -> List[TensorType]:
     x, _token = types
     _same_device(types)
@@ -294,6 +384,14 @@ register(OpSpec("reduce_max", 1, _reduce, {"axes": None, "keepdims": False}))
 register(OpSpec("causal_mask", 1, _causal_mask, {"fill": -1e4},
                 doc="x with entries j > i + (k - q) of the last two dims set to fill"))
 register(OpSpec("depend", 2, _depend, doc="x, scheduled after token"))
+register(OpSpec("fused_attention", 3, _fused_attention,
+                {"scale": None, "causal": True, "dropout": 0.0},
+                doc="(q, k, v) -> (out, lse): softmax(scale q k^T + causal mask) v without "
+                    "the seq x seq scores (FlashAttention); scale defaults to 1/sqrt(head_dim)"))
+register(OpSpec("fused_attention_grad", None, _fused_attention_grad,
+                {"scale": None, "causal": True, "dropout": 0.0},
+                doc="(dout, q, k, v, out, lse[, dlse]) -> (dq, dk, dv), the probabilities "
+                    "recomputed from q, k and lse"))
 register(OpSpec("adamw", 4, _adamw,
                 {"lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0,
                  "step": 1}, doc="(w, g, m, v) -> (w, m, v)"))

@@ -29,6 +29,16 @@ Each op's ``meta["layer"]`` is -1 for the embedding, ``0..layers-1`` for
 transformer layers and ``layers`` for the final norm, output layer and loss;
 the attention core (scores, mask, softmax, dropout) has
 ``meta["attn_core"] = True`` (what selective recomputation recomputes).
+
+``attention: fused`` (:class:`GPTConfig`) writes the attention core as one
+``fused_attention`` op (FlashAttention: q, k, v -> the context and the
+row log-sum-exps, the attention dropout inside the kernel) instead of
+scores, scale, mask, softmax, dropout and the product with v; its backward,
+one ``fused_attention_grad``, recomputes the probabilities from q, k, v
+and the saved log-sum-exps. No ``seq x seq`` value exists, so the op is not
+``attn_core``: selective recomputation has nothing to recompute in such an
+attention (the op keeps q, k and v, as selective recomputation does, plus
+its output and log-sum-exps, both linear in the sequence length).
 """
 from __future__ import annotations
 
@@ -44,6 +54,7 @@ from ..ir.types import DType, TensorType, parse_float_dtype
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope", "none")
+ATTENTIONS = ("explicit", "fused")
 
 
 @dataclass(frozen=True)
@@ -58,7 +69,13 @@ class GPTConfig:
     step uses the first ``seq``, so a model trained at a shorter sequence
     keeps its parameter count.
     Rotary position embeddings (``position: rope``) have no parameters and
-    are not modelled as ops (their cost is a few element-wise passes)."""
+    are not modelled as ops (their cost is a few element-wise passes).
+    ``attention``: ``explicit`` (default) writes the attention core as
+    separate ops (scores, scale, causal mask, softmax, dropout, context),
+    whose ``seq x seq`` probabilities are saved for the backward pass;
+    ``fused`` as one FlashAttention kernel (``fused_attention``), which saves
+    only its output and the row log-sum-exps and recomputes the rest in the
+    backward pass (see the module docstring)."""
 
     layers: int = 2
     hidden: int = 64
@@ -74,6 +91,7 @@ class GPTConfig:
     tied_embeddings: bool = True
     position: str = "learned"
     positions: Optional[int] = None
+    attention: str = "explicit"
     dropout: float = 0.0
     dtype: str = "bf16"
     master_dtype: str = "f32"
@@ -98,7 +116,7 @@ class GPTConfig:
         if self.num_kv_heads > self.heads or self.heads % self.num_kv_heads:
             raise ConfigError(f"kv_heads: {self.num_kv_heads} must divide heads ({self.heads})")
         for name, allowed in (("norm", NORMS), ("activation", ACTIVATIONS),
-                              ("position", POSITIONS)):
+                              ("position", POSITIONS), ("attention", ATTENTIONS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}: must be one of {', '.join(allowed)}, "
                                   f"got {getattr(self, name)!r}")
@@ -353,14 +371,19 @@ class _GPTBuilder:
         k = self.op("transpose", [k], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_k")
         v = self.op("reshape", [v], {"shape": [mb, s, kv, 1, d]}, name=f"{p}_v")
         v = self.op("transpose", [v], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_v")
-        core = {"attn_core": True}
-        scores = self.op("matmul", [q, k], {"trans_b": True}, name=f"{p}_scores", **core)
-        scores = self.op("scale", [scores], {"factor": 1.0 / math.sqrt(d)}, name=f"{p}_scores",
-                         **core)
-        scores = self.op("causal_mask", [scores], name=f"{p}_masked", **core)
-        probs = self.op("softmax", [scores], {"axis": -1}, name=f"{p}_probs", **core)
-        probs = self.dropout(probs, f"{p}_probs_drop", **core)
-        ctx = self.op("matmul", [probs, v], name=f"{p}_ctx")
+        if c.attention == "fused":
+            ctx, _ = self.op("fused_attention", [q, k, v],
+                             {"scale": 1.0 / math.sqrt(d), "causal": True,
+                              "dropout": float(c.dropout)}, name=[f"{p}_ctx", f"{p}_lse"])
+        else:
+            core = {"attn_core": True}
+            scores = self.op("matmul", [q, k], {"trans_b": True}, name=f"{p}_scores", **core)
+            scores = self.op("scale", [scores], {"factor": 1.0 / math.sqrt(d)},
+                             name=f"{p}_scores", **core)
+            scores = self.op("causal_mask", [scores], name=f"{p}_masked", **core)
+            probs = self.op("softmax", [scores], {"axis": -1}, name=f"{p}_probs", **core)
+            probs = self.dropout(probs, f"{p}_probs_drop", **core)
+            ctx = self.op("matmul", [probs, v], name=f"{p}_ctx")
         ctx = self.op("transpose", [ctx], {"perm": [0, 3, 1, 2, 4]}, name=f"{p}_ctx")
         ctx = self.op("reshape", [ctx], {"shape": [mb, s, heads * d]}, name=f"{p}_ctx")
         out = self.op("matmul", [ctx, wo], name=f"{p}_proj")

@@ -125,7 +125,7 @@ def describe_gpt(config: Mapping[str, Any]) -> Dict[str, Any]:
     c = gpt_config(config)
     out = {"parameters": c.parameter_count(), "layers": c.layers, "hidden": c.hidden,
            "heads": c.heads, "kv_heads": c.num_kv_heads, "ffn": c.ffn_size, "vocab": c.vocab,
-           "seq": c.seq, "dtype": c.dtype}
+           "seq": c.seq, "dtype": c.dtype, "attention": c.attention}
     if c.published_params:
         out["published_parameters"] = c.published_params
     if c.description:

@@ -81,6 +81,20 @@ def _rmsnorm(b, op, grads):
                      name=[_name(op, 0), _name(op, 1)]))
 
 
+@grad_rule("fused_attention")
+def _fused_attention(b, op, grads):
+    """One ``fused_attention_grad`` reading q, k, v, out and lse (what a
+    FlashAttention backward keeps from the forward); lse's gradient, when
+    lse is used, goes in as a seventh input."""
+    dout, dlse = grads
+    out, lse = op.outputs
+    if dout is None:
+        dout = b.op("zeros_like", [out], name=f"d_{out.name}")
+    inputs = [dout, *op.inputs, out, lse] + ([dlse] if dlse is not None else [])
+    return list(b.op("fused_attention_grad", inputs, dict(op.attrs),
+                     name=[_name(op, 0), _name(op, 1), _name(op, 2)]))
+
+
 @grad_rule("embedding")
 def _embedding(b, op, grads):
     table, ids = op.inputs

@@ -171,6 +171,12 @@ FD_CASES: Dict[str, Case] = {
     "causal_mask": Case(lambda b, x: b.op("causal_mask", [x], {"fill": -3.0}),
                         {"x": t(2, 3, 4)}, ["x"]),
     "dropout": Case(lambda b, x: b.op("dropout", [x], {"p": 0.2}), {"x": t(3, 4)}, ["x"]),
+    # grouped-query layout: k and v broadcast over q's group dim (2), causal
+    # with more keys (4) than queries (3), v's head dim (5) not q's (4)
+    "fused_attention": Case(lambda b, q, k, v: b.op("fused_attention", [q, k, v],
+                                                    {"scale": 0.7, "dropout": 0.1}),
+                            {"q": t(1, 2, 2, 3, 4), "k": t(1, 2, 1, 4, 4),
+                             "v": t(1, 2, 1, 4, 5)}, ["q", "k", "v"]),
     "conv": Case(lambda b, x, w: b.op("conv", [x, w], {"strides": [2, 1], "pads": [1, 0, 1, 1]}),
                  {"x": t(1, 2, 5, 5), "w": t(3, 2, 3, 2)}, ["x", "w"]),
     "maxpool": Case(lambda b, x: b.op("maxpool", [x], {"kernel": [2, 2], "strides": [2, 2]}),

@@ -281,6 +281,46 @@ def _norm_grad(ctx: OpContext) -> List[Strategy]:
     return [((Shard(d), Shard(d), R), (Shard(d),) + (P,) * params) for d in range(ax)]
 
 
+def _kv_dim(q: TensorType, t: TensorType, d: int) -> Optional[int]:
+    """The dim of k or v matching q's batch dim ``d`` (None where k / v is
+    broadcast along it, e.g. the group dim of grouped-query attention)."""
+    k = d - (q.rank - t.rank)
+    return k if k >= 0 and t.shape[k] == q.shape[d] else None
+
+
+@rule("fused_attention")
+def _fused_attention(ctx: OpContext) -> List[Strategy]:
+    """(q, k, v) -> (out, lse): any batch dim of q (batch, heads; k and v
+    follow where they have that dim, else stay replicated); without the
+    causal mask also q's sequence dim (each device attends its queries to
+    every key). A causal query shard would need its global offset, so it
+    is not offered (context parallelism is not modelled)."""
+    q, k, v = ctx.ins
+    maps = [([d, _kv_dim(q, k, d), _kv_dim(q, v, d)], [d, d]) for d in range(q.rank - 2)]
+    if not ctx.attrs.get("causal", True):
+        maps.append(([q.rank - 2, None, None], [q.rank - 2, q.rank - 2]))
+    return _shards(ctx, maps)
+
+
+@rule("fused_attention_grad")
+def _fused_attention_grad(ctx: OpContext) -> List[Strategy]:
+    """(dout, q, k, v, out, lse[, dlse]) -> (dq, dk, dv) along the forward's
+    dims; dk and dv sum over the dims k and v are broadcast along (and
+    over the queries): partial sums there."""
+    q, k, v = ctx.ins[1:4]
+    extra = len(ctx.ins) - 6          # dlse, sharded as lse
+    strategies: List[Strategy] = []
+    for d in range(q.rank - 2):
+        kd, vd = _kv_dim(q, k, d), _kv_dim(q, v, d)
+        ins = (Shard(d), Shard(d), _s(kd), _s(vd), Shard(d), Shard(d)) + (Shard(d),) * extra
+        outs = (Shard(d), P if kd is None else Shard(kd), P if vd is None else Shard(vd))
+        strategies.append((ins, outs))
+    if not ctx.attrs.get("causal", True):
+        sq = Shard(q.rank - 2)
+        strategies.append(((sq, sq, R, R, sq, sq) + (sq,) * extra, (sq, P, P)))
+    return strategies
+
+
 @rule("embedding_grad")
 def _embedding_grad(ctx: OpContext) -> List[Strategy]:
     """(dy, ids) -> dtable: the ids' dims give partial sums of the table's
