@@ -46,14 +46,17 @@ def run(args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    header = ("model", "family", "parameters", "published", "layers", "hidden", "heads", "seq")
+    header = ("model", "family", "parameters", "published", "layers", "hidden", "heads", "seq",
+              "attention")
     table = [header]
     for r in rows:
         table.append((r["name"], r["family"], _count(r.get("parameters")),
                       _count(r.get("published_parameters")), str(r.get("layers", "-")),
-                      str(r.get("hidden", "-")), str(r.get("heads", "-")), str(r.get("seq", "-"))))
+                      str(r.get("hidden", "-")), str(r.get("heads", "-")), str(r.get("seq", "-")),
+                      str(r.get("attention", "-"))))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    left = (0, 1, len(header) - 1)     # names left-aligned, numbers right-aligned
     for row in table:
-        print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
+        print("  ".join(cell.ljust(w) if i in left else cell.rjust(w)
                         for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
     return 0

@@ -427,3 +427,26 @@ def test_llama3_70b_attention_share_by_hand():
     op = next(op for op in f.ops if op.op_type == "fused_attention")
     assert op_flops(op) == 4 * 64 * 8192 ** 2 * 128 / 2
     assert op.attrs["scale"] == pytest.approx(1 / math.sqrt(128))
+
+
+@pytest.mark.parametrize("name, attention", [
+    ("llama2-7b", "fused"), ("llama2-13b", "fused"), ("llama2-70b", "fused"),
+    ("llama3-8b", "fused"), ("llama3-70b", "fused"),
+    ("gpt2", "explicit"), ("gpt3-175b", "explicit")])
+def test_model_files_say_how_their_models_were_trained(name, attention):
+    """The README's claim: the Llama files model FlashAttention-style
+    kernels, the GPT-2/3 files explicit attention; the flag overrides."""
+    from distsim.models.gpt_family import gpt_config
+    from distsim.models.registry import load_model_config
+    config = load_model_config(name)
+    assert gpt_config(config).attention == attention
+    other = "explicit" if attention == "fused" else "fused"
+    assert gpt_config({**config, "attention": other}).attention == other
+
+
+def test_models_listing_shows_the_attention(capsys):
+    assert main(["models"]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert lines["model"][-1] == "attention"
+    assert lines["llama3-8b"][-1] == "fused" and lines["gpt2"][-1] == "explicit"
+    assert lines["bert-tiny"][-1] == "-"      # an ONNX model has no such field
