@@ -45,6 +45,8 @@ def _numel(value) -> int:
 def _matmul(op: Op) -> float:
     a = op.inputs[0].type
     k = a.shape[-2] if op.attrs.get("trans_a") else a.shape[-1]
+    if op.attrs.get("sum_batch"):       # the batch dims are contracted too
+        k *= prod(a.shape[:-2])
     return 2.0 * _numel(op.outputs[0]) * k
 
 

@@ -138,6 +138,11 @@ def _matmul(attrs, a, b):
         a = np.swapaxes(a, -1, -2)
     if attrs.get("trans_b"):
         b = np.swapaxes(b, -1, -2)
+    if attrs.get("sum_batch"):
+        # one GEMM over the flattened batch: (m, batch*k) @ (batch*k, n)
+        a2 = np.moveaxis(a, -2, 0).reshape(a.shape[-2], -1)
+        b2 = np.moveaxis(b, -1, 0).reshape(b.shape[-1], -1).T
+        return a2 @ b2
     return a @ b
 
 

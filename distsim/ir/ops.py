@@ -71,6 +71,11 @@ def _matmul(types, attrs) -> List[TensorType]:
         raise ShapeError(f"contraction dims differ: {a.shape} x {b.shape} "
                          f"(trans_a={attrs['trans_a']}, trans_b={attrs['trans_b']})")
     batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if attrs.get("sum_batch"):
+        if a.shape[:-2] != b.shape[:-2] or not batch:
+            raise ShapeError(f"sum_batch needs the same batch dims on both operands, got "
+                             f"{a.shape} and {b.shape}")
+        return [TensorType((m, n), a.dtype, device)]
     return [TensorType(batch + (m, n), a.dtype, device)]
 
 
@@ -162,8 +167,11 @@ register(OpSpec("cast", 1, _cast, {"dtype": REQUIRED}, elementwise=True))
 for _name in ("add", "sub", "mul", "div", "maximum"):
     register(OpSpec(_name, 2, _binary, elementwise=True))
 register(OpSpec("relu_grad", 2, _grad_like_second, elementwise=True, doc="dy * (x > 0)"))
-register(OpSpec("matmul", 2, _matmul, {"trans_a": False, "trans_b": False},
-                doc="a @ b over the last two dims, optionally transposing either"))
+register(OpSpec("matmul", 2, _matmul, {"trans_a": False, "trans_b": False, "sum_batch": None},
+                doc="a @ b over the last two dims, optionally transposing either; "
+                    "sum_batch: summed over the batch dims too, one GEMM whose "
+                    "contraction spans them (a weight's gradient from a batch of "
+                    "sequences, as frameworks compute it)"))
 register(OpSpec("reduce_sum", 1, _reduce, {"axes": None, "keepdims": False}))
 register(OpSpec("reduce_mean", 1, _reduce, {"axes": None, "keepdims": False}))
 register(OpSpec("reshape", 1, _reshape, {"shape": REQUIRED}))

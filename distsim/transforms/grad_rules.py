@@ -78,18 +78,36 @@ def _mul(b, op, grads):
 
 @grad_rule("matmul")
 def _matmul(b, op, grads):
-    """y = A' B' with A' = A or A^T, B' = B or B^T: dA' = g B'^T, dB' = A'^T g."""
+    """y = A' B' with A' = A or A^T, B' = B or B^T: dA' = g B'^T, dB' = A'^T g.
+
+    A matrix operand (a weight) multiplied with a batch of matrices (a batch
+    of sequences) gets its gradient from one GEMM summed over the batch
+    dims (``sum_batch``), as frameworks compute it (the batch flattened
+    into the contraction), not as a batch of per-sequence products summed
+    afterwards: that would write and read the weight's size once per
+    batch element, a cost and a temporary no real run has. With
+    ``sum_batch`` on the op itself (a 2-D ``g``), the 2-D gradient
+    broadcasts against the other operand's batch."""
     (g,) = grads
     a, bb = op.inputs
     ta, tb = bool(op.attrs.get("trans_a")), bool(op.attrs.get("trans_b"))
+    batched = g.type.rank > 2
+    # dA first, then dB (the input's gradient before the weight's, as
+    # Megatron orders them: the data gradient feeds the layer before and
+    # its communication)
+    whole = {"sum_batch": True} if (a.type.rank == 2 and batched
+                                    and bb.type.shape[:-2] == g.type.shape[:-2]) else {}
     if not ta:
-        da = b.op("matmul", [g, bb], {"trans_b": not tb}, name=_name(op, 0))
+        da = b.op("matmul", [g, bb], {"trans_b": not tb, **whole}, name=_name(op, 0))
     else:
-        da = b.op("matmul", [bb, g], {"trans_a": tb, "trans_b": True}, name=_name(op, 0))
+        da = b.op("matmul", [bb, g], {"trans_a": tb, "trans_b": True, **whole},
+                  name=_name(op, 0))
+    whole = {"sum_batch": True} if (bb.type.rank == 2 and batched
+                                    and a.type.shape[:-2] == g.type.shape[:-2]) else {}
     if not tb:
-        db = b.op("matmul", [a, g], {"trans_a": not ta}, name=_name(op, 1))
+        db = b.op("matmul", [a, g], {"trans_a": not ta, **whole}, name=_name(op, 1))
     else:
-        db = b.op("matmul", [g, a], {"trans_a": True, "trans_b": ta}, name=_name(op, 1))
+        db = b.op("matmul", [g, a], {"trans_a": True, "trans_b": ta, **whole}, name=_name(op, 1))
     return [unbroadcast(b, da, a.type.shape, _name(op, 0)),
             unbroadcast(b, db, bb.type.shape, _name(op, 1))]
 

@@ -153,6 +153,19 @@ CASES = {
         MESH2, [_x((4,), None, "dy"), _x((4, 10), [Shard(1), Shard(1)]), _x((4,), None, "labels", I64)],
         lambda b, v: b.op("select_label_grad", [v["dy"], v["x"], v["labels"]], name="y"),
         [[Shard(1), Shard(1)]]),
+    # a weight's gradient from a batch of sequences: the batch is contracted
+    "matmul sum_batch/batch": (
+        MESH1, [_x((4, 3, 6), [Shard(0)]), _x((4, 3, 5), [Shard(0)], "g")],
+        lambda b, v: b.op("matmul", [v["x"], v["g"]], {"trans_a": True, "sum_batch": True},
+                          name="y"), [[P]]),
+    "matmul sum_batch/rows": (
+        MESH1, [_x((4, 3, 6), [Shard(2)]), _x((4, 3, 5), None, "g")],
+        lambda b, v: b.op("matmul", [v["x"], v["g"]], {"trans_a": True, "sum_batch": True},
+                          name="y"), [[Shard(0)]]),
+    "matmul sum_batch/batch x columns": (
+        MESH2, [_x((4, 3, 6), [Shard(0), R]), _x((4, 3, 6), [Shard(0), Shard(2)], "g")],
+        lambda b, v: b.op("matmul", [v["x"], v["g"]], {"trans_a": True, "sum_batch": True},
+                          name="y"), [[P, Shard(1)]]),
 }
 
 

@@ -129,6 +129,13 @@ def _matmul(ctx: OpContext) -> List[Strategy]:
     am, ak = (a.rank - 1, a.rank - 2) if ta else (a.rank - 2, a.rank - 1)
     bk, bn = (b.rank - 1, b.rank - 2) if tb else (b.rank - 2, b.rank - 1)
     maps = [([am, None], [o.rank - 2]), ([None, bn], [o.rank - 1])]
+    if ctx.attrs.get("sum_batch"):
+        # the batch dims are contracted: split alike, each shard a partial sum
+        strategies = _shards(ctx, maps)
+        strategies += [((Shard(d), Shard(d)), (P,)) for d in range(a.rank - 2)]
+        strategies.append(((Shard(ak), Shard(bk)), (P,)))
+        strategies += [((P, R), (P,)), ((R, P), (P,))]
+        return strategies
     for d in range(o.rank - 2):  # batch dims, broadcast like element-wise
         dims = []
         for t in (a, b):
