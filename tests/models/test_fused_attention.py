@@ -13,11 +13,9 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,6 +40,7 @@ from distsim.transforms.autodiff import Autodiff
 from distsim.transforms.memory_model import saved_activation_bytes
 from distsim.transforms.sharding import annotate_sharding, check_lowering, shard_program
 from distsim.transforms.strategy import Strategy
+from strategies_reference import strategies_reference
 
 F64 = DType.F64
 
@@ -149,23 +148,13 @@ def test_gpt_fused_and_explicit_give_the_same_loss_and_gradients(style):
     assert not ops & {"softmax", "causal_mask", "softmax_grad"}
 
 
-def _strategies_reference():
-    """tests/strategies/conftest.py's Reference (the single-device step every
-    strategy is checked against), loaded by path: it is not a package."""
-    path = Path(__file__).resolve().parents[1] / "strategies" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("strategies_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Reference
-
-
 @pytest.fixture(scope="module")
 def fused_reference():
-    return _strategies_reference()(attention="fused")
+    return strategies_reference()(attention="fused")
 
 
 def test_fused_reference_step_updates_as_the_explicit_one(fused_reference):
-    explicit = _strategies_reference()()      # the tiny GQA model (heads 4, kv_heads 2)
+    explicit = strategies_reference()()      # the tiny GQA model (heads 4, kv_heads 2)
     assert fused_reference.loss == pytest.approx(explicit.loss, rel=1e-12)
     assert fused_reference.updated.keys() == explicit.updated.keys()
     for name, value in explicit.updated.items():

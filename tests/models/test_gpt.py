@@ -1,10 +1,8 @@
 """GPT/Llama configs: parameter counts against published ones, the
 builder's gradients against finite differences, `distsim models`, and the
 simulate flags of issue 5."""
-import importlib.util
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from distsim.models.gpt import GPTConfig, gpt_forward
 from distsim.models.gpt_family import gpt_config
 from distsim.text import print_function
 from distsim.transforms.autodiff import Autodiff
+from strategies_reference import strategies_reference
 
 GPT_MODELS = [n for n in available_models() if load_model_config(n)["family"] == "gpt"]
 
@@ -159,17 +158,7 @@ def test_gpt2_keeps_its_1024_positions_at_any_seq():
         GPTConfig(positions=0)
 
 
-def _strategies_reference():
-    """tests/strategies/conftest.py's Reference (the single-device step every
-    strategy is checked against), loaded by path: it is not a package."""
-    path = Path(__file__).resolve().parents[1] / "strategies" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("strategies_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Reference
-
-
 @pytest.mark.parametrize("strategy", [dict(dp=2, tp=2, pp=2, sp=True, zero=1),
                                       dict(tp=2, sp=True, recompute="full")])
 def test_longer_position_table_under_strategies_matches_single_device(strategy):
-    _strategies_reference()(positions=12).check(**strategy)
+    strategies_reference()(positions=12).check(**strategy)
