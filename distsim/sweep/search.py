@@ -48,6 +48,10 @@ _DTYPE_BYTES = {"fp32": 4, "f32": 4, "float32": 4, "fp16": 2, "f16": 2, "bf16": 
 #: family has neither; an imported graph has no layers to recompute)
 _MEMORY_LEVERS = {"gpt": (("zero", "0,1,2,3"), ("recompute", "none,selective,full")),
                   "onnx": (("zero", "0,1,2,3"),)}
+#: a GPT model written with explicit attention keeps seq x seq tensors
+#: that a fused (FlashAttention) kernel never holds: the biggest memory
+#: lever at long sequences, named when the model's attention is explicit
+_ATTENTION_LEVER = ("attention", "explicit,fused")
 #: how a point pruned by the weights bound is explained (and recognised)
 _WEIGHTS_REASON = "weights alone need"
 _CHOSEN = (*STRATEGY_AXES, "model", "topology", "network_mode", "fidelity", "symmetry",
@@ -360,6 +364,9 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     ranking = ranking.sort_values(["step_time_s", "index"]).reset_index(drop=True)
     log("done")
     levers = _MEMORY_LEVERS.get(str(config.get("family")), ())
+    if config.get("family") == "gpt" and config.get("attention", "explicit") == "explicit" \
+            and "attention" not in base:
+        levers = (*levers, _ATTENTION_LEVER)
     memory_options = [f"--space {k}={v}" for k, v in levers if k not in space and k not in base]
     return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus,
                         memory_options)

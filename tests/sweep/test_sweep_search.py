@@ -101,8 +101,15 @@ def test_nothing_fits_names_the_memory_options_not_searched():
     text = plain.explain()
     assert text.startswith("no strategy fits:")
     assert text.endswith("; to save memory, also search --space zero=0,1,2,3 "
-                         "--space recompute=none,selective,full")
+                         "--space recompute=none,selective,full "
+                         "--space attention=explicit,fused")
     fixed = search("gpt3-175b", "dgx-a100", 8, base={"zero": 3},
                    space={"recompute": ["none", "full"]}, keep=1,
                    network_mode="analytical", workers=1)
-    assert "to save memory" not in fixed.explain()
+    # ZeRO fixed, recomputation searched: only the attention is left to name
+    assert fixed.explain().endswith("; to save memory, also search "
+                                    "--space attention=explicit,fused")
+    # a model written with fused attention has no attention lever to name
+    fused = search("gpt3-175b", "dgx-a100", 8, base={"attention": "fused"}, keep=1,
+                   network_mode="analytical", workers=1)
+    assert fused.explain().endswith("--space recompute=none,selective,full")
