@@ -43,9 +43,10 @@ How close it comes to the full simulation is measured by
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
 configurations found (``reports/estimator/``): ZeRO 3 step time (1 of 41
 points: a backward without tensor parallelism on PCIe, about 5 % low),
-ZeRO 3 memory (up to about 10 %: its gathered parameters), some ZeRO 0/1
-pipelines (memory up to about 5.5 % high), and data-parallel teams that
-share links (timed alone).
+ZeRO 3 memory (up to about 10 %: its gathered parameters, which the
+template holds whole from a task's start), some ZeRO 0 pipelines (memory
+up to about 2.6 % low), and data-parallel teams that share links (timed
+alone).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations
@@ -248,11 +249,12 @@ def estimate_memory(b: Builder) -> List[int]:
                 held -= blocks[name].saved_bytes
         return peak
 
-    opt = optimizer_excess(b)
+    per_param = _param_optimizer_excess(b)
+    opt = optimizer_excess(b, per_param)
     out = []
     for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.M, S.chunks)):
         base = static[stage] + grads[stage]
-        best = base + max(_after_backward(opt[stage], b.memo.buckets.get(stage, ())),
+        best = base + max(_after_backward(b, stage, per_param, opt[stage]),
                           b.memo.flat_queued.get(stage, 0))
         # the bytes in flight before each task: saved activations are whole
         # numbers, so the running sum is exact in any order (numpy's too),
@@ -304,11 +306,24 @@ def estimate_memory(b: Builder) -> List[int]:
     return out
 
 
-def optimizer_excess(b: Builder) -> List[float]:
+def optimizer_excess(b: Builder, per: Optional[Dict[Tuple[str, int], float]] = None
+                     ) -> List[float]:
     """Per stage, the optimizer's transient above weights, optimizer state
-    and gradient buffers, the most over the stage's parameters, as
-    GradientSync._update emits each (the update ops run one parameter
-    after another). The template (dp 1) updates whole parameters: with
+    and gradient buffers, the most over the stage's parameters
+    (:func:`_param_optimizer_excess`, or ``per`` when given)."""
+    per = _param_optimizer_excess(b) if per is None else per
+    out = [0.0] * b.S.pp
+    for (block, _, i), stage in b.all_params():
+        if per[(block, i)] > out[stage]:
+            out[stage] = per[(block, i)]
+    return out
+
+
+def _param_optimizer_excess(b: Builder) -> Dict[Tuple[str, int], float]:
+    """Per parameter (block, index), the optimizer's transient above
+    weights, optimizer state and gradient buffers, as GradientSync._update
+    emits it (the update ops run one parameter after another). The
+    template (dp 1) updates whole parameters: with
     ZeRO and dp > 1 the update ops work on the 1/dp shard, so their memory
     (:attr:`~.estimate_profile.Param.opt_with`, ``opt_after``) shrinks by
     shard / whole, and around them:
@@ -342,32 +357,53 @@ def optimizer_excess(b: Builder) -> List[float]:
             if zero in (1, 2):
                 worst = max(worst, (n + shard) * size)
             per[(block, i)] = worst
-    out = [0.0] * S.pp
-    for (block, _, i), stage in b.all_params():
-        if per[(block, i)] > out[stage]:
-            out[stage] = per[(block, i)]
-    return out
+    return per
 
 
-def _after_backward(opt_excess: float, buckets: Tuple[int, ...]) -> float:
+def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
+                    opt_excess: float) -> float:
     """A stage's peak after its backward pass, above its weights, optimizer
     state and gradient buffers: the optimizer's transient measured on the
-    template (``opt_excess``), and, when gradients are all-reduced in flat
-    buckets of several (``buckets``: their bytes; ZeRO 0/1 with
-    ``bucket_mb``, as :meth:`.StepSync.flush` records them), the buckets'
-    copies: every flushed bucket lives until the buckets are unpacked
-    after the backward pass, each unpacking ``split`` holds a bucket and
-    its pieces at once (the ``concat`` that made it, the reshaped
-    gradients and the bucket), and the unpacked gradients live until their
-    update (all of them counted at the optimizer's transient). The buckets
+    template (``per``: by parameter; ``opt_excess``: the stage's most),
+    and, when gradients are all-reduced in flat buckets of several (ZeRO
+    0/1 with ``bucket_mb``: :attr:`Memo.buckets`, their bytes, and
+    :attr:`Memo.bucketed`, the gradients in them, as :meth:`.StepSync.flush`
+    records them), the buckets' copies. Every flushed bucket lives until
+    its all-reduce ends; a bucket's ``concat`` holds the bucket and the
+    reshaped gradients it copies, and its unpacking ``split``, after the
+    all-reduce, the reduced bucket and its pieces, with the other buckets
+    still held or unpacked: all the buckets' bytes and one bucket more.
+    Each unpacked gradient is a copy that lives until its parameter's
+    update; the optimizer runs after the stage's buckets are unpacked (its
+    first parameter's gradient is the backward's last), one parameter after
+    another, so a parameter's transient is on top of the unpacked copies
+    of the parameters not yet updated (its own among them), not of the
+    buckets. ZeRO 1 first flattens the gradient into a copy (the template
+    measures it), which frees the unpacked one: both live during that
+    copy, then the template's measure less the unpacked copy. The buckets
     flushed during the backward pass, held while activations still are,
     are counted at the blocks of the backward tasks after them
     (:meth:`.estimate_notes.MemoryNotes._note_buckets`); ZeRO 2/3 with
     ``bucket_mb 0``, the flat copies queued for their reduce-scatters
     after the backward pass, by the caller (:attr:`Memo.flat_queued`)."""
+    buckets = b.memo.buckets.get(stage, ())
     if not buckets:
         return opt_excess
-    return float(sum(buckets)) + max(float(max(buckets)), opt_excess)
+    bucketed = b.memo.bucketed.get(stage, {})
+    held = float(sum(buckets))
+    best = held + float(max(buckets))
+    flat_first = b.S.zero >= 1 and b.S.dp > 1
+    for key, s in b.all_params():
+        if s != stage:
+            continue
+        excess = per[(key[0], key[2])]
+        nbytes = bucketed.get(key)
+        if nbytes is None:
+            best = max(best, held + excess)
+            continue
+        best = max(best, held + (max(nbytes, excess - nbytes) if flat_first else excess))
+        held -= nbytes
+    return best
 
 
 @lru_cache(maxsize=256)

@@ -50,6 +50,10 @@ class Memo:
         #: memory estimate adds those copies (the same in every walk of a
         #: configuration)
         self.buckets: Dict[int, Tuple[int, ...]] = {}
+        #: per stage, the bytes of each gradient all-reduced in one of those
+        #: buckets, by its parameter key: unpacked after the backward pass
+        #: into a copy that lives until the parameter's update
+        self.bucketed: Dict[int, Dict[tuple, int]] = {}
         #: ZeRO 2/3 with a reduce-scatter per micro-batch: the bytes of
         #: flat gradient copies of a chunk's first backward (emitted op by
         #: op) still waiting for their reduce-scatters, each live until its
