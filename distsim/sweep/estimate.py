@@ -42,11 +42,11 @@ How close it comes to the full simulation is measured by
 (see the README's "Sweeps and search"). Where the 3 % (step) / 2 % (memory)
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
 configurations found (``reports/estimator/``): ZeRO 3 step time (1 of 41
-points: a backward without tensor parallelism on PCIe, about 5 % low),
-ZeRO 3 memory (up to about 10 %: its gathered parameters, which the
-template holds whole from a task's start), some ZeRO 0 pipelines (memory
-up to about 2.6 % low), and data-parallel teams that share links (timed
-alone).
+points: a backward without tensor parallelism on PCIe, about 6 % low),
+one ZeRO 0 step time (tp 4 on PCIe, 4 % low), ZeRO 3 memory (up to about
+9 %: its gathered parameters, which the
+template holds whole from a task's start), and data-parallel teams that
+share links (timed alone).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations
@@ -218,6 +218,16 @@ def estimate_memory(b: Builder) -> List[int]:
     chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.C)}
     chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))
                    for c in range(b.C)}
+    # a chunk after another stage's holds the activation it received (the
+    # residual stream its first layer's backward reads) until its backward;
+    # the chunk that sent it, counted in its last layer's saved bytes,
+    # freed its copy once sent
+    kept = float(prof.forward_crossing_saved)
+    for c in range(b.C):
+        if c > 0 and (c - 1) % S.pp != c % S.pp:
+            chunk_saved[c] += kept
+        if c < b.C - 1 and (c + 1) % S.pp != c % S.pp:
+            chunk_saved[c] -= kept
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:

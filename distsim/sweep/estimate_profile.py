@@ -42,6 +42,7 @@ from ..models.gpt_family import build_gpt_step, hyper_of
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
+from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero import used_param_name
@@ -188,6 +189,8 @@ class LayerProfile:
     # each block's cost as LowerSPMD's balanced partition estimates it
     partition_costs: Dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    #: of ``forward_crossing``, the bytes a backward op reads (see _crossing)
+    forward_crossing_saved: int = 0
 
 
 def _block_of(layer: Any, layers: int) -> Optional[str]:
@@ -213,20 +216,29 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
     return step, lower(step), lower
 
 
-def _crossing(step: Function, tp: int, sp: bool, recompute: str) -> Tuple[List[int], List[int]]:
+def _crossing(step: Function, tp: int, sp: bool, recompute: str
+              ) -> Tuple[List[int], List[int], int]:
     """Bytes of the values LowerSPMD sends between two pipeline stages that
-    split the template between its layers (forward, backward)."""
+    split the template between its layers (forward, backward), and the
+    bytes of the forward ones that a backward op reads: the receiving
+    stage holds its copy of those until its backward (the residual stream
+    a layer's first layernorm backward reads), while the sender's, counted
+    in the saved activations of the layer that made it, is freed once
+    sent."""
     probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute), 2)
     probe._analyse(step)
     fwd, bwd = [], []
+    kept = 0
     for v, chunks in probe.crossing.items():
         src = probe.value_chunk[v]
         for c in chunks:
             if src == 0 and c == 1:
                 fwd.append(v.type.size_bytes)
+                if any(not is_forward(op) for op in probe.consumers.get(v, ())):
+                    kept += v.type.size_bytes
             elif src == 1 and c == 0:
                 bwd.append(v.type.size_bytes)
-    return sorted(fwd), sorted(bwd)
+    return sorted(fwd), sorted(bwd), kept
 
 
 @lru_cache(maxsize=256)
@@ -397,7 +409,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         blk = _block_of(layer, layers)
         if blk in blocks:
             blocks[blk].saved_bytes += nbytes
-    fwd, bwd = _crossing(step, tp, sp, recompute)
+    fwd, bwd, kept = _crossing(step, tp, sp, recompute)
     peaks = trace.peak_memory()
     cats = dict(trace.meta.get("peak_memory_by_category", {}).get(0, {}))
     from .estimate_profile_memory import memory_excess   # it reads this module's blocks
@@ -410,7 +422,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             partition[blk] = partition.get(blk, 0.0) + model.op_cost(op).time_s
     return LayerProfile(blocks, params, order, fwd, bwd, bool(step.meta.get("tied")),
                         int(peaks.get(0, 0)), cats, lower.master_dtype, opt_excess,
-                        partition, time.perf_counter() - started)
+                        partition, time.perf_counter() - started, kept)
 
 
 def _optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> None:
