@@ -51,6 +51,13 @@ class Timeline:
         # list would, in the same order)
         self.busy: List[float] = [0.0] * stages
         self.comm_s: List[float] = [0.0] * stages
+        # of comm_s, the tensor-parallel collectives emitted as items of
+        # their own (the op-by-op backward's), not as waits in compute; of
+        # waits, those of single items holding the communication stream
+        # (:meth:`compute`: ZeRO 2/3's reduce-scatters that a micro-batch's
+        # accumulation waits for), not of a task's tensor-parallel pieces
+        self.tp_items: List[float] = [0.0] * stages
+        self.sync_waits: List[float] = [0.0] * stages
         # point-to-point queues: the end of each pair of stages' last
         # transfer, and per stage the spans of its transfers (those with
         # its two neighbours may overlap each other and the collectives)
@@ -68,6 +75,7 @@ class Timeline:
         t.comm_starts = [list(x) for x in self.comm_starts]
         t.comm_ends = [list(x) for x in self.comm_ends]
         t.busy, t.comm_s = list(self.busy), list(self.comm_s)
+        t.tp_items, t.sync_waits = list(self.tp_items), list(self.sync_waits)
         t.p2p_free = dict(self.p2p_free)
         t.p2p_starts = [list(x) for x in self.p2p_starts]
         t.p2p_ends = [list(x) for x in self.p2p_ends]
@@ -99,6 +107,7 @@ class Timeline:
         self.busy[stage] += busy_end - start
         if holds_comm:
             self.waits[stage] += time_s - busy
+            self.sync_waits[stage] += time_s - busy
         return end
 
     def compute_pieces(self, stage: int, pieces: Sequence[Tuple[float, Optional[float], bool]],
@@ -182,9 +191,9 @@ class Timeline:
             self.comm_s[stage] += end - start
         return end
 
-    def comm_on(self, stage: int, time_s: float, ready: float = 0.0) -> float:
+    def comm_on(self, stage: int, time_s: float, ready: float = 0.0, tp: bool = False) -> float:
         """:meth:`comm` on one stage's communication stream (most of them:
-        gradient syncs, ZeRO gathers, tensor-parallel collectives)."""
+        gradient syncs, ZeRO gathers, tensor-parallel collectives: ``tp``)."""
         free = self.free
         s = 2 * stage + 1
         start = free[s] if free[s] > 0.0 else 0.0
@@ -197,6 +206,8 @@ class Timeline:
         self.comm_starts[stage].append(start)
         self.comm_ends[stage].append(end)
         self.comm_s[stage] += end - start
+        if tp:
+            self.tp_items[stage] += end - start
         return end
 
     def p2p(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:

@@ -102,7 +102,7 @@ class Block:
     only: List[Segment] = field(default_factory=list)
     saved_bytes: int = 0            # activations kept from forward to backward
     tp_comm_f: float = 0.0          # tensor-parallel collective time, forward
-    tp_comm_b: float = 0.0
+    tp_comm_b: float = 0.0          # ... backward (its recomputation's included)
     # compute before the first / after the last tensor-parallel collective
     # (forward, backward); None: the block has none
     f_pre: Optional[float] = None
@@ -374,7 +374,10 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         comm = [o for o in ops if is_communication(o)]
         busy = sum(times[o.name][1] - times[o.name][0] for o in comp)
         flops = sum(times[o.name][2] for o in comp)
-        tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm)
+        # the tensor-parallel collectives (no role: not ZeRO-3's gathers,
+        # the data-parallel sync or a pipeline transfer)
+        tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm
+                    if o.meta.get("role") is None)
         return compute_end.get(key, 0.0), busy, flops, tcomm
 
     for name, blk in blocks.items():

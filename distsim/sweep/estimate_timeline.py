@@ -476,7 +476,7 @@ class Builder(MemoryNotes):
                     dep = local.get(src, 0.0) if src >= 0 else last
                     if dep is not None and dep > extra:
                         extra = dep
-                    local[i] = tl.comm_on(stage, time_s, extra)
+                    local[i] = tl.comm_on(stage, time_s, extra, tp=True)
                     first = first and lead
                 else:
                     made = local.get(src) if src >= 0 else last
