@@ -394,6 +394,14 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             _lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
         blk.f_pre, blk.f_post = _edges(_segments(groups.get(("F", 0, name), []), times, {}))
         blk.b_pre, blk.b_post = _edges(blk.only)
+    # The embedding's tensor-parallel collective (its all-reduce, or reduce-
+    # scatter with sp) ends its forward, and the first layer's compute waits
+    # for it: the template's first layer carries that wait, the
+    # representative layer every layer is timed by does not. It belongs to
+    # the embedding's forward.
+    first = ("F", 0, f"{LAYER}0")
+    if first in compute_end and ("F", 0, EMB) in groups:
+        blocks[EMB].f += max(0.0, compute_end[first] - blocks[LAYER].f)
     for name, blk in blocks.items():
         blk.f_gather = list(dict.fromkeys(first_reader.get(f"F{name}", [])))
         blk.b_gather = list(dict.fromkeys(first_reader.get(f"B{name}", [])))
