@@ -43,7 +43,7 @@ How close it comes to the full simulation is measured by
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
 configurations found (``reports/estimator/``): ZeRO 3 step time (1 of 41
 points: a backward without tensor parallelism on PCIe, about 6 % low),
-one ZeRO 0 step time (tp 4 on PCIe, 4 % low), ZeRO 3 memory (up to about
+ZeRO 3 memory (up to about
 9 %: its gathered parameters, which the
 template holds whole from a task's start), and data-parallel teams that
 share links (timed alone).
