@@ -17,17 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-import distsim
-from distsim.sweep import estimate as est
-
-STEP_TOLERANCE = 0.03
-MEMORY_TOLERANCE = 0.02
-
-
-def _both(options):
-    sim = distsim.simulate(**options).summary()
-    row = est.estimate(options)
-    return row, sim
+from estimate_pairs import MEMORY_TOLERANCE, STEP_TOLERANCE, estimated_and_simulated
 
 
 @pytest.mark.parametrize("options", [
@@ -42,7 +32,7 @@ def _both(options):
 ], ids=["llama3-zero1-1mb"])
 def test_zero01_buckets_unpacked_before_the_optimizer(options):
     options = dict(options, network_mode="analytical")
-    row, sim = _both(options)
+    row, sim = estimated_and_simulated(options)
     assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
                                                          rel=MEMORY_TOLERANCE)
     assert row["step_time_s"] == pytest.approx(sim["step_time_s"], rel=STEP_TOLERANCE)

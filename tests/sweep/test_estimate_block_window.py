@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-import distsim
-from distsim.sweep import estimate as est
-
-MEMORY_TOLERANCE = 0.02
+from estimate_pairs import MEMORY_TOLERANCE, estimated_and_simulated
 
 
 def test_next_ops_results_are_not_the_blocks_transient():
@@ -23,7 +20,6 @@ def test_next_ops_results_are_not_the_blocks_transient():
                "schedule": "interleaved", "virtual_stages": 2, "partition": "balanced",
                "sp": True, "zero": 0, "recompute": "none", "bucket_mb": 25, "optimizer": "sgd",
                "network_mode": "analytical"}
-    sim = distsim.simulate(**options).summary()
-    row = est.estimate(options)
+    row, sim = estimated_and_simulated(options)
     assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
                                                          rel=MEMORY_TOLERANCE)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-import distsim
-from distsim.sweep import estimate as est
+from estimate_pairs import estimated_and_simulated
 
 CASES = {
     # tp 8 on NVLink, 3 micro-batches: -43 % before
@@ -32,6 +31,5 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_communication_counts_every_collective_once(name):
     options = dict(CASES[name], network_mode="analytical")
-    sim = distsim.simulate(**options).summary()
-    row = est.estimate(options)
+    row, sim = estimated_and_simulated(options)
     assert row["communication_s"] == pytest.approx(sim["communication_s"], rel=1e-6)

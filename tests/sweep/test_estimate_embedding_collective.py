@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-import distsim
-from distsim.sweep import estimate as est
+from estimate_pairs import estimated_and_simulated
 
 BASE = {"model": "llama2-7b", "topology": "workstation-4gpu-pcie", "dp": 1, "tp": 4,
         "layers": 2, "seq": 512, "micro_batch": 1, "zero": 0, "recompute": "none",
@@ -20,8 +19,7 @@ BASE = {"model": "llama2-7b", "topology": "workstation-4gpu-pcie", "dp": 1, "tp"
 @pytest.mark.parametrize("batch, tolerance", [(1, 1e-9), (3, 0.01)])
 def test_the_embeddings_collective_is_in_its_forward(batch, tolerance):
     options = dict(BASE, global_batch=batch)
-    sim = distsim.simulate(**options).summary()
-    row = est.estimate(options)
+    row, sim = estimated_and_simulated(options)
     # one micro-batch: the whole timeline is the template's, exact
     assert row["step_time_s"] == pytest.approx(sim["step_time_s"], rel=tolerance)
     assert row["exposed_communication_s"] == pytest.approx(sim["exposed_communication_s"],

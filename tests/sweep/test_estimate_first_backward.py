@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-import distsim
-from distsim.sweep import estimate as est
+from estimate_pairs import MEMORY_TOLERANCE, estimated_and_simulated
 
-MEMORY_TOLERANCE = 0.02
 
 CASES = {
     # the output layer's fresh weight gradient beside its buffer, counted
@@ -46,7 +44,6 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_first_backward_peak_memory(name):
     options = CASES[name]
-    sim = distsim.simulate(**options).summary()
-    row = est.estimate(options)
+    row, sim = estimated_and_simulated(options)
     assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
                                                          rel=MEMORY_TOLERANCE)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-import distsim
-from distsim.sweep import estimate as est
+from estimate_pairs import estimated_and_simulated
 
 MEMORY_TOLERANCE = 0.002
 
@@ -32,7 +31,6 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_received_activations_count_on_the_receiving_stage(name):
     options = CASES[name]
-    sim = distsim.simulate(**options).summary()
-    row = est.estimate(options)
+    row, sim = estimated_and_simulated(options)
     assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
                                                          rel=MEMORY_TOLERANCE)
