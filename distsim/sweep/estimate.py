@@ -43,8 +43,7 @@ How close it comes to the full simulation is measured by
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
 configurations found (``reports/estimator/``): ZeRO 3 step time (1 of 41
 points: a backward without tensor parallelism on PCIe, about 6 % low),
-ZeRO 3 memory (up to about
-9 %: its gathered parameters, which the
+ZeRO 3 memory (up to about 9 %: its gathered parameters, which the
 template holds whole from a task's start), and data-parallel teams that
 share links (timed alone).
 Only the ``gpt`` family is supported; other models are a ConfigError.
@@ -274,12 +273,14 @@ def estimate_memory(b: Builder) -> List[int]:
         delta = np.where(forward, saved, -saved)
         flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
         # each chunk's first backward task (micro-batch 0: tasks of a chunk
-        # run in micro-batch order)
-        first_b = np.zeros(len(forward), dtype=bool)
+        # run in micro-batch order), by chunk
+        first_back = {}
         for c in range(b.C):
             at = np.flatnonzero(~forward & (chunk == c))
             if len(at):
-                first_b[at[0]] = True
+                first_back[c] = int(at[0])
+        first_b = np.zeros(len(forward), dtype=bool)
+        first_b[list(first_back.values())] = True
         for is_f, c, held, first in set(zip(forward.tolist(), chunk.tolist(), flight.tolist(),
                                             first_b.tolist())):
             best = max(best, task_peak(base, "F" if is_f else "B", c, held, first=first))
@@ -308,9 +309,8 @@ def estimate_memory(b: Builder) -> List[int]:
         # and inside that first backward, the copies of its earlier
         # gradients still waiting when each block makes its own
         for (s, c), inside in b.memo.flat_inside.items():
-            at = np.flatnonzero(~forward & (chunk == c)) if s == stage else ()
-            if len(at):
-                best = max(best, task_peak(base, "B", c, float(flight[at[0]]), inside,
+            if s == stage and c in first_back:
+                best = max(best, task_peak(base, "B", c, float(flight[first_back[c]]), inside,
                                            first=True))
         out.append(int(best))
     return out

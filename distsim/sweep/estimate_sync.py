@@ -193,13 +193,11 @@ class StepSync:
                     b.memo.flat_queued[stage] = held
             self.flush(stage)
         b.memo.buckets = {s: tuple(v) for s, v in self.buckets.items()}
-        bucketed: Dict[int, Dict[ParamKey, int]] = {}
-        for bucket, stage, _, _, _ in self.unpack:
+        b.memo.bucketed = bucketed = {}
+        for bucket, stage, ar, total, dtype in self.unpack:
             held = bucketed.setdefault(stage, {})
             for k in bucket:
                 held[k] = self.cost(k[0], k[2]).nbytes
-        b.memo.bucketed = bucketed
-        for bucket, stage, ar, total, dtype in self.unpack:
             split = b.small(stage, "split", [(total, dtype)],
                             [(b.param(k).numel, dtype) for k in bucket], ar)
             for k in bucket:

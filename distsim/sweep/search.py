@@ -364,9 +364,10 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     ranking = ranking.sort_values(["step_time_s", "index"]).reset_index(drop=True)
     log("done")
     levers = _MEMORY_LEVERS.get(str(config.get("family")), ())
-    if config.get("family") == "gpt" and config.get("attention", "explicit") == "explicit" \
-            and "attention" not in base:
-        levers = (*levers, _ATTENTION_LEVER)
+    if config.get("family") == "gpt":
+        from ..models.gpt import GPTConfig
+        if config.get("attention", GPTConfig.attention) == "explicit":
+            levers = (*levers, _ATTENTION_LEVER)
     memory_options = [f"--space {k}={v}" for k, v in levers if k not in space and k not in base]
     return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus,
                         memory_options)

@@ -91,19 +91,23 @@ def _matmul(b, op, grads):
     (g,) = grads
     a, bb = op.inputs
     ta, tb = bool(op.attrs.get("trans_a")), bool(op.attrs.get("trans_b"))
-    batched = g.type.rank > 2
+
+    def summed(x, other) -> dict:
+        """``sum_batch`` for the gradient of matrix ``x`` from ``other``'s
+        batch of matrices (and g's, the same batch)."""
+        return ({"sum_batch": True} if x.type.rank == 2 and g.type.rank > 2
+                and other.type.shape[:-2] == g.type.shape[:-2] else {})
+
     # dA first, then dB (the input's gradient before the weight's, as
     # Megatron orders them: the data gradient feeds the layer before and
     # its communication)
-    whole = {"sum_batch": True} if (a.type.rank == 2 and batched
-                                    and bb.type.shape[:-2] == g.type.shape[:-2]) else {}
+    whole = summed(a, bb)
     if not ta:
         da = b.op("matmul", [g, bb], {"trans_b": not tb, **whole}, name=_name(op, 0))
     else:
         da = b.op("matmul", [bb, g], {"trans_a": tb, "trans_b": True, **whole},
                   name=_name(op, 0))
-    whole = {"sum_batch": True} if (bb.type.rank == 2 and batched
-                                    and a.type.shape[:-2] == g.type.shape[:-2]) else {}
+    whole = summed(bb, a)
     if not tb:
         db = b.op("matmul", [a, g], {"trans_a": not ta, **whole}, name=_name(op, 1))
     else:

@@ -121,6 +121,15 @@ def _same_shape(ctx: OpContext) -> List[Strategy]:
 
 
 # -- contractions ------------------------------------------------------------
+def _broadcast_dim(full: TensorType, t: TensorType, d: int) -> Optional[int]:
+    """The dim of ``t`` matching batch dim ``d`` of ``full``, which ``t``
+    broadcasts to (None where ``t`` has no such dim or is broadcast along
+    it: a matmul operand's missing batch dims, the group dim of
+    grouped-query attention's k and v)."""
+    k = d - (full.rank - t.rank)
+    return k if k >= 0 and t.shape[k] == full.shape[d] else None
+
+
 @rule("matmul")
 def _matmul(ctx: OpContext) -> List[Strategy]:
     a, b = ctx.ins
@@ -130,19 +139,14 @@ def _matmul(ctx: OpContext) -> List[Strategy]:
     bk, bn = (b.rank - 1, b.rank - 2) if tb else (b.rank - 2, b.rank - 1)
     maps = [([am, None], [o.rank - 2]), ([None, bn], [o.rank - 1])]
     if ctx.attrs.get("sum_batch"):
-        # the batch dims are contracted: split alike, each shard a partial sum
         strategies = _shards(ctx, maps)
+        # the batch dims are contracted: split alike, each shard a partial sum
         strategies += [((Shard(d), Shard(d)), (P,)) for d in range(a.rank - 2)]
-        strategies.append(((Shard(ak), Shard(bk)), (P,)))
-        strategies += [((P, R), (P,)), ((R, P), (P,))]
-        return strategies
-    for d in range(o.rank - 2):  # batch dims, broadcast like element-wise
-        dims = []
-        for t in (a, b):
-            k = d - (o.rank - t.rank)
-            dims.append(k if k >= 0 and t.shape[k] == o.shape[d] else None)
-        maps.append((dims, [d]))
-    strategies = _shards(ctx, maps)
+    else:
+        # batch dims, broadcast like element-wise
+        maps += [([_broadcast_dim(o, a, d), _broadcast_dim(o, b, d)], [d])
+                 for d in range(o.rank - 2)]
+        strategies = _shards(ctx, maps)
     strategies.append(((Shard(ak), Shard(bk)), (P,)))
     strategies += [((P, R), (P,)), ((R, P), (P,))]
     return strategies
@@ -288,13 +292,6 @@ def _norm_grad(ctx: OpContext) -> List[Strategy]:
     return [((Shard(d), Shard(d), R), (Shard(d),) + (P,) * params) for d in range(ax)]
 
 
-def _kv_dim(q: TensorType, t: TensorType, d: int) -> Optional[int]:
-    """The dim of k or v matching q's batch dim ``d`` (None where k / v is
-    broadcast along it, e.g. the group dim of grouped-query attention)."""
-    k = d - (q.rank - t.rank)
-    return k if k >= 0 and t.shape[k] == q.shape[d] else None
-
-
 @rule("fused_attention")
 def _fused_attention(ctx: OpContext) -> List[Strategy]:
     """(q, k, v) -> (out, lse): any batch dim of q (batch, heads; k and v
@@ -303,7 +300,7 @@ def _fused_attention(ctx: OpContext) -> List[Strategy]:
     every key). A causal query shard would need its global offset, so it
     is not offered (context parallelism is not modelled)."""
     q, k, v = ctx.ins
-    maps = [([d, _kv_dim(q, k, d), _kv_dim(q, v, d)], [d, d]) for d in range(q.rank - 2)]
+    maps = [([d, _broadcast_dim(q, k, d), _broadcast_dim(q, v, d)], [d, d]) for d in range(q.rank - 2)]
     if not ctx.attrs.get("causal", True):
         maps.append(([q.rank - 2, None, None], [q.rank - 2, q.rank - 2]))
     return _shards(ctx, maps)
@@ -318,7 +315,7 @@ def _fused_attention_grad(ctx: OpContext) -> List[Strategy]:
     extra = len(ctx.ins) - 6          # dlse, sharded as lse
     strategies: List[Strategy] = []
     for d in range(q.rank - 2):
-        kd, vd = _kv_dim(q, k, d), _kv_dim(q, v, d)
+        kd, vd = _broadcast_dim(q, k, d), _broadcast_dim(q, v, d)
         ins = (Shard(d), Shard(d), _s(kd), _s(vd), Shard(d), Shard(d)) + (Shard(d),) * extra
         outs = (Shard(d), P if kd is None else Shard(kd), P if vd is None else Shard(vd))
         strategies.append((ins, outs))
