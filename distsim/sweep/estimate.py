@@ -43,9 +43,11 @@ How close it comes to the full simulation is measured by
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
 configurations found (``reports/estimator/``): ZeRO 3 step time (1 of 41
 points: a backward without tensor parallelism on PCIe, about 6 % low),
-ZeRO 3 memory (up to about 9 %: its gathered parameters, which the
-template holds whole from a task's start), and data-parallel teams that
-share links (timed alone).
+ZeRO 3 memory (6 of 41 points past 2 %, up to 3.5 %: its gathered
+parameters are placed by block, the prefetched ones whole from the
+block's start, not by each all-gather's start; see
+:func:`.estimate_profile_memory.prefetched_bytes`), and data-parallel teams that share links
+(timed alone).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations
@@ -68,6 +70,7 @@ from ..transforms.pipeline import schedule_tasks
 from ..transforms.strategy import Strategy, check_field
 from ..transforms.zero import check_shardable
 from .estimate_profile import LayerProfile, layer_profile, param_sizes
+from .estimate_profile_memory import prefetched_bytes
 from .estimate_sync import shard_size
 from .estimate_engine import Timeline
 from .estimate_timeline import Builder, Case, Memo, shared_prefix
@@ -227,6 +230,10 @@ def estimate_memory(b: Builder) -> List[int]:
             chunk_saved[c] += kept
         if c < b.C - 1 and (c + 1) % S.pp != c % S.pp:
             chunk_saved[c] -= kept
+    prefetch = S.prefetch if zero == 3 else 0
+    ahead = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, prefetch)
+             for c in range(b.C) for kind in "FB"}
+
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:
@@ -240,21 +247,23 @@ def estimate_memory(b: Builder) -> List[int]:
         peak = -math.inf
         if kind == "F":
             before = 0.0
-            for name, _ in chunk_blocks[c]:
-                peak = max(peak, base + flight + before + blocks[name].f_excess)
+            for (name, _), gathered in zip(chunk_blocks[c], ahead[("F", c)]):
+                peak = max(peak, base + flight + before + gathered + blocks[name].f_excess)
                 before += blocks[name].saved_bytes
         else:
             held = flight
-            for k, (name, _) in enumerate(chunk_blocks[c][::-1]):
+            for k, ((name, _), gathered) in enumerate(zip(chunk_blocks[c][::-1],
+                                                          ahead[("B", c)])):
                 excess = (blocks[name].bs_excess if b.scatter_each else
                           blocks[name].b0_excess if first or b.M == 1 else
                           blocks[name].b_excess)
                 if by_block is not None:
                     excess += by_block.get(k, 0)
-                peak = max(peak, base + held + excess)
+                now = base + held + gathered
+                peak = max(peak, now + excess)
                 if inside:
                     for i, at in blocks[name].bs_grads.items():
-                        peak = max(peak, base + held + at + inside.get((k, i), 0))
+                        peak = max(peak, now + at + inside.get((k, i), 0))
                 held -= blocks[name].saved_bytes
         return peak
 

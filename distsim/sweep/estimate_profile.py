@@ -210,8 +210,12 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
                 global_batch=2 * micro_batch)
     step = build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
                                       recompute=recompute), micro_batch)
+    # ZeRO-3 without prefetch: each block's memory holds its own gathered
+    # parameters only; the estimate adds those of the blocks a real
+    # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
+    # depend on the chunk's blocks, not the template's
     lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
-                               microbatches=2, optimizer=optimizer), 2,
+                               prefetch=0, microbatches=2, optimizer=optimizer), 2,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
     return step, lower(step), lower
 
@@ -342,7 +346,15 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         kind = "B" if "phase" in meta else "F"
         if op.op_type == "depend" or meta.get("role") == "zero_gather":
             blk = None             # ZeRO-3 gathers name the layer they prefetch for
-        if blk is None:            # accumulation, ZeRO-3 reshapes: the block before
+        if blk is None and (op.op_type == "depend" or used_param_name(op) is not None):
+            # ZeRO-3 (the template has no prefetch): a block's gates and the
+            # reshapes of its gathered parameters come before or inside it,
+            # never after: the block after them (a task's first gathers are
+            # not the task before's)
+            if not is_communication(op):
+                orphans.append(op)
+            continue
+        if blk is None:            # accumulation: the block before
             if current is None:
                 if not is_communication(op):
                     orphans.append(op)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
-from .estimate_profile import EMB, HEAD, LAYER, Block, Param
+from .estimate_profile import EMB, HEAD, LAYER, Block, LayerProfile, Param
 
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
@@ -26,6 +26,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     parameter's update memory (:func:`_optimizer_memory`). Returns the
     optimizer phase's excess over weights, optimizer state and gradients."""
     roles = program.meta.get("roles", {})
+    zero3 = program.meta.get("strategy", {}).get("zero") == 3
     static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
                  and roles.get(v.name) in ("param", "master", "optimizer"))
     # gradient buffers: resident inputs (role grad_buffer), or, in a program
@@ -61,8 +62,13 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             continue
         before = sum(saved[n] for n in f_order[:i])
         if ("F", 0, name) in groups:
-            blocks[name].f_excess = max(0.0, peak(*window(("F", 0, name))) - static - grads
-                                        - before)
+            # ZeRO-3: the program's first block gathers with nothing before it
+            # to gate on (no gate, the gathered value alone), every later
+            # task's first block gates its gathers (the gate as well): the
+            # embedding's second forward is the one the other tasks repeat
+            key = ("F", 1, name) if (name == EMB and zero3 and ("F", 1, name) in groups) \
+                else ("F", 0, name)
+            blocks[name].f_excess = max(0.0, peak(*window(key)) - static - grads - before)
         if ("B", 1, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
                                         - before - saved[name])
@@ -70,7 +76,8 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
             index = {p.name: i for i, p in enumerate(params.get(name, []))}
-            at = _scatter_excess(groups[("B", 0, name)], times, samples, final_only, program)
+            at = _scatter_excess(groups[("B", 0, name)], rank0, times, samples, final_only,
+                                 program)
             blocks[name].bs_grads = {index[p]: live - base for p, live in at.items()
                                      if p in index}
             blocks[name].bs_excess = max([blocks[name].b0_excess,
@@ -81,7 +88,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     return max(0.0, peak(last_b, end, upto=True) - static - grads)
 
 
-def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
+def _scatter_excess(ops: List[Op], rank0: List[Op], times, samples: List[Tuple[float, int]],
                     final_only: Dict[int, str], program: Function) -> Dict[str, float]:
     """The most live bytes (rank 0) that a block's backward reaches with ZeRO
     2/3 reducing-scattering each micro-batch's gradients, from the
@@ -93,14 +100,18 @@ def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
     after it (both live: the live bytes once that op has ended and freed
     its inputs, before the next op allocates, plus twice the gradient);
     the copy lives on until its reduce-scatter (counted elsewhere).
-    Per parameter name, the most of the two."""
+    Per parameter name, the most of the two. ``rank0``: every op of rank
+    0, whose allocations at an op's end (the next op's, of this block or
+    the next task's) are not counted as live after it."""
     in_place = set(program.meta.get("updates", {}).values())
     stamps = [t for t, _ in samples]
     starts: Dict[float, int] = {}
-    for op in ops:
+    for op in rank0:
+        if op.name not in times:
+            continue
         t0 = times[op.name][0]
         for v in op.outputs:
-            if v.name not in in_place:
+            if v.name not in in_place and v.type.device == 0:
                 starts[t0] = starts.get(t0, 0) + v.type.size_bytes
     best: Dict[str, float] = {}
     for op in ops:
@@ -170,3 +181,26 @@ def _optimizer_memory(params: Dict[str, List[Param]], rank0: List[Op], times,
         p.opt_flat = nbytes
         p.opt_with = max(0.0, with_) if nbytes else 0.0
         p.opt_after = max(0.0, after, with_ if not nbytes else 0.0)
+
+
+def prefetched_bytes(prof: LayerProfile, order: Sequence[Tuple[str, Optional[int]]], kind: str,
+                     prefetch: int) -> List[float]:
+    """ZeRO-3: per block of a forward / backward task (``order``: its
+    blocks in task order, ``kind`` "F" or "B"), the bytes of the
+    parameters gathered ahead for the next ``prefetch`` blocks of the task
+    (the parameters each block reads first, at their whole tensor-parallel
+    size): LowerSPMD issues their all-gathers when the block starts, and
+    each result lives until its block reads it. The template runs without
+    prefetch (its blocks hold only their own gathered parameters), and the
+    blocks ahead are the chunk's, not the template's. Whole from the
+    block's start is an upper bound: the gathers run one after another,
+    and at the block's peak the last may not have started. Zeros when
+    ``prefetch`` is 0 (pass 0 without ZeRO-3)."""
+    if prefetch <= 0:
+        return [0.0] * len(order)
+    own = []
+    for name, _ in order:
+        blk = prof.blocks[name]
+        own.append(float(sum(prof.params[owner][i].numel * prof.params[owner][i].dtype.itemsize
+                             for owner, i in (blk.f_gather if kind == "F" else blk.b_gather))))
+    return [sum(own[k + 1:k + 1 + prefetch]) for k in range(len(order))]
