@@ -41,13 +41,14 @@ How close it comes to the full simulation is measured by
 ``tests/sweep/test_estimate.py`` and ``tests/sweep/test_estimate_qa.py``
 (see the README's "Sweeps and search"). Where the 3 % (step) / 2 % (memory)
 bounds do not hold, as an adversarial sample of 225 small GPT / Llama
-configurations found (``reports/estimator/``): ZeRO 3 step time (1 of 41
-points: a backward without tensor parallelism on PCIe, about 6 % low),
-ZeRO 3 memory (6 of 41 points past 2 %, up to 3.5 %: its gathered
-parameters are placed by block, the prefetched ones whole from the
-block's start, not by each all-gather's start; see
-:func:`.estimate_profile_memory.prefetched_bytes`), and data-parallel teams that share links
-(timed alone).
+configurations found (``reports/estimator/``): ZeRO 3 memory (6 of 41
+points past 2 %, up to 3.5 %: its gathered parameters are placed by
+block, the prefetched ones whole from the block's start, not by each
+all-gather's start; see
+:func:`.estimate_profile_memory.prefetched_bytes`). Collectives are the
+analytical network's, one team alone: under ``network_mode: flow``,
+teams that share links at once (a PCIe workstation's dp x tp) run
+slower in the simulation.
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from .estimate_overlap import span_overlap
 
 COMPUTE, COMM = 0, 1
@@ -259,14 +261,20 @@ class Timeline:
 
 
 def _union(starts: List[float], ends: List[float]) -> Tuple[List[float], List[float]]:
-    """Spans ``(starts[i], ends[i])`` merged into disjoint ones in time order."""
-    out_s: List[float] = []
-    out_e: List[float] = []
-    for s, e in sorted(zip(starts, ends)):
-        if out_e and s <= out_e[-1]:
-            if e > out_e[-1]:
-                out_e[-1] = e
-        else:
-            out_s.append(s)
-            out_e.append(e)
-    return out_s, out_e
+    """Spans ``(starts[i], ends[i])`` merged into disjoint ones in time order
+    (a span starting at or before the latest end so far joins it): with
+    numpy, sorted by start then end as Python sorts the pairs; a merged
+    span ends at the latest end of its members, exactly."""
+    if not starts:
+        return [], []
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    order = np.lexsort((e, s))
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return s[first].tolist(), reach[last].tolist()

@@ -71,10 +71,12 @@ class Segment:
     #: part of the recomputation the block's backward starts with (reads
     #: only what the forward kept: it need not wait for the task's input)
     lead: bool = False
-    #: at or after the block's first read of a parameter ZeRO-3 gathers for
-    #: it (the reshape of the gathered value): before it, the block's
-    #: compute does not wait for its gathers, as in the simulator
-    gated: bool = True
+    #: ZeRO-3: the position (in the block's ``b_gather``) of the last
+    #: gathered parameter read at or before this entry (the reshape of the
+    #: gathered value): it waits for the block's gathers up to that one,
+    #: which run in that order; -1 before the first read (no wait), None
+    #: when the reads are not known (all of the block's gathers)
+    gate: Optional[int] = None
 
 
 @dataclass
@@ -507,16 +509,18 @@ def _edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
 
 
 def _gathered_uses(rank0: List[Op], params: Dict[str, List[Param]],
-                   gathered: List[Tuple[str, int]], zero: int) -> Optional[set]:
+                   gathered: List[Tuple[str, int]], zero: int) -> Optional[Dict[int, int]]:
     """ZeRO-3: the ops of rank 0 that first read a parameter of
     ``gathered`` (a block's gathers) where it is used, the reshapes
     :meth:`~distsim.transforms.zero.GradientSync.param_for_use` names
-    ``{param}_use_m{mb}``, as ids; None without ZeRO-3 (every entry
-    waits for the block's gathers, which are then none)."""
+    ``{param}_use_m{mb}``: id -> the parameter's position in ``gathered``;
+    None without ZeRO-3 (every entry waits for the block's gathers, which
+    are then none)."""
     if zero != 3:
         return None
-    names = {params[blk][i].name for blk, i in gathered}
-    return {id(op) for op in rank0 if used_param_name(op) in names}
+    position = {params[blk][i].name: j for j, (blk, i) in enumerate(gathered)}
+    return {id(op): position[name] for op in rank0
+            for name in [used_param_name(op)] if name in position}
 
 
 def _gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Param]],
@@ -545,16 +549,16 @@ def _gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Param]
 
 
 def _segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str],
-              gates: Optional[set] = None) -> List[Segment]:
+              gates: Optional[Dict[int, int]] = None) -> List[Segment]:
     """Compress a block's ops (rank 0, program order) into compute runs,
     tensor-parallel collectives and gradient-final marks. A run ends at a
     collective (which waits for the run) and at a final gradient (where
     data-parallel sync is emitted); a compute op that reads a collective's
     output starts a new run waiting for it. ``gates``: ZeRO-3's first
     reads of the block's gathered parameters (:func:`_gathered_uses`):
-    the entries before the first are not :attr:`Segment.gated`."""
+    each entry's :attr:`Segment.gate` (a run ends where it changes)."""
     out: List[Segment] = []
-    gated = gates is None
+    gate = None if gates is None else -1
     made: Dict[int, int] = {}          # id(value) -> entry producing it
     to_comm = {id(v) for op in ops if is_communication(op) for v in op.inputs}
     lead = {id(op) for op in _leading_recompute(ops)}
@@ -563,20 +567,20 @@ def _segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str],
         t0, t1, _ = times[op.name]
         srcs = [made.get(id(v)) for v in op.inputs]
         is_lead = id(op) in lead
-        if not gated and id(op) in gates:
-            gated = True
+        if gates is not None and gates.get(id(op), -1) > gate:
+            gate = gates[id(op)]
         if open_run is not None and (out[open_run].lead != is_lead
-                                     or out[open_run].gated != gated):
+                                     or out[open_run].gate != gate):
             open_run = None            # the recomputation ends: a run of its own
         if is_communication(op):
             dep = next((s for s in srcs if s is not None), None)
-            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead, gated=gated))
+            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead, gate=gate))
             open_run = None
             idx = len(out) - 1
         else:
             waits = tuple(sorted({s for s in srcs if s is not None and out[s].kind == "t"}))
             if open_run is None or waits:
-                out.append(Segment("c", 0.0, waits, lead=is_lead, gated=gated))
+                out.append(Segment("c", 0.0, waits, lead=is_lead, gate=gate))
                 open_run = len(out) - 1
             out[open_run].time_s += t1 - t0
             idx = open_run

@@ -43,6 +43,12 @@ class Memo:
         self.gathers: Dict[Tuple[str, str], float] = {}
         self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
         self.scatter_terms: Dict[tuple, ScatterTerms] = {}
+        #: ZeRO-3's backward past the first micro-batch: per last-or-not,
+        #: each parameter's (time, FLOPs) of its shard's ops
+        self.shard_ops: Dict[bool, Dict[Tuple[str, int], Tuple[float, float]]] = {}
+        #: ZeRO-3's op-by-op backward: per (block, first micro-batch's plan
+        #: or not), its gathers grouped (:meth:`Builder._gather_groups`)
+        self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
         self.param_costs: Dict[Tuple[str, int], Any] = {}
         #: per stage, the bytes of each bucket of several gradients the

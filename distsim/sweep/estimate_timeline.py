@@ -30,6 +30,7 @@ from ..transforms.strategy import Strategy
 from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_costs import collectives, op_costs
 from .estimate_engine import Timeline
+from .estimate_backward import OpByOpBackward
 from .estimate_gates import chain, emit_chain, gather_time
 from .estimate_notes import MemoryNotes
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
@@ -82,7 +83,7 @@ def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, .
     return tuple(out)
 
 
-class Builder(MemoryNotes):
+class Builder(MemoryNotes, OpByOpBackward):
     """Emits the items of one configuration in LowerSPMD's program order
     on a :class:`~.estimate_engine.Timeline`, which settles each as it
     comes: an item is its end time here, and ``ready`` (the latest end
@@ -128,6 +129,13 @@ class Builder(MemoryNotes):
         #: per stage, the flat gradient copies (bytes, end of their
         #: reduce-scatter) that may outlive the backward that made them
         self.flats: Dict[int, List[Tuple[int, float]]] = {}
+        #: ZeRO-3's backward past the first micro-batch, recorded relative to
+        #: its start, per (chunk shape, last micro-batch or not)
+        #: (:meth:`_accumulating_backward`); this walk's own (a replay is
+        #: exact to rounding, not to the bit: two walks that share a start
+        #: share its records, and no others, so that a forked walk is two
+        #: walks to the bit)
+        self.replays: Dict[tuple, tuple] = {}
 
     # -- helpers ---------------------------------------------------------
     def stage_of(self, c: int) -> int:
@@ -271,6 +279,11 @@ class Builder(MemoryNotes):
             # last backward without a reduce-scatter per micro-batch
             return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready,
                                            first_microbatch=True)
+        if kind == "B" and self.scatter_each and self.zero3:
+            # ZeRO-3 past the first micro-batch: the same, and each shard's
+            # accumulation waits for its reduce-scatter, which waits on the
+            # comm stream behind the gathers issued before it
+            return self._accumulating_backward(stage, c, mb, ready)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
         plan = self.memo.plans.get((kind, self.shapes[c], cls))
         if plan is None:
@@ -392,118 +405,6 @@ class Builder(MemoryNotes):
             return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
-    def _segment_plan(self, name: str, only: bool) -> list:
-        """A block's op-level last backward (``only``: the first micro-batch's,
-        which does not accumulate) as (kind, time, FLOPs, the
-        entries it waits for, the entry a collective reads (-1: the last
-        compute run before it), the parameter index of a final gradient,
-        a leading recomputation, whether it waits for the block's ZeRO-3
-        gathers: :attr:`.estimate_profile.Segment.gated`)."""
-        plan = self.memo.segments.get((name, only))
-        if plan is None:
-            blk = self.prof.blocks[name]
-            segs = blk.only if only else blk.last
-            ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
-            index = {p.name: i for i, p in enumerate(self.prof.params[name])}
-            plan = []
-            for seg in segs:
-                if seg.kind == "c":
-                    plan.append(("c", seg.time_s, blk.b_flops * seg.time_s / ctime,
-                                 tuple(d for d in seg.deps if d is not None), None, None,
-                                 seg.lead, seg.gated))
-                elif seg.kind == "t":
-                    d = seg.deps[0] if seg.deps else None
-                    plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None,
-                                 seg.lead, seg.gated))
-                else:
-                    plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
-                                 index[seg.param], False, seg.gated))
-            self.memo.segments[(name, only)] = plan
-        return plan
-
-    def emit_last_backward(self, stage: int, c: int, order, ready: float,
-                           first_microbatch: bool = False) -> Optional[float]:
-        """The last micro-batch's backward op by op, with the data-parallel
-        sync of each gradient emitted where it becomes final
-        (``first_microbatch``: ZeRO 2/3's first micro-batch, each gradient
-        flattened and reduce-scattered where it is produced; with one
-        micro-batch that is its sync)."""
-        tl = self.tl
-        only = first_microbatch or self.M == 1
-        scatter = first_microbatch and self.M > 1
-        last: Optional[float] = None
-        first = True
-        gathered: Dict[int, float] = {}
-        n = len(order)
-        # ZeRO 2/3 reduce-scattering here: each flat copy's (bytes, the end
-        # of its reduce-scatter)
-        flats: Optional[List[Tuple[int, float]]] = [] if self.scatter_each and only else None
-        #: per gradient (its block's position in ``order``, its index in
-        #: the block), the bytes of the task's earlier flat copies still
-        #: waiting when it is made
-        inside: Dict[Tuple[int, int], int] = {}
-        #: ZeRO 0/1 buckets: per block, the bytes of the stage's buckets
-        #: flushed before it starts (held until they are unpacked)
-        in_buckets: Dict[int, int] = {}
-        by_stage = self.sync.buckets if self.route == "bucket" else {}
-        for k, (name, layer) in enumerate(order):
-            if by_stage.get(stage):       # flushed so far, this task's too
-                in_buckets[k] = sum(by_stage[stage])
-            g = 0.0
-            if self.zero3:
-                gate = last if last is not None else max(ready, tl.free[2 * stage])
-                for j in range(k, min(n, k + 1 + self.S.prefetch)):
-                    if j not in gathered:
-                        gathered[j] = tl.comm_on(stage, gather_time(self, "B", order[j][0]), gate)
-                g = gathered[k]
-            local: Dict[int, float] = {}
-            for i, (kind, time_s, fl, waits, src, param, lead, gated) in enumerate(
-                    self._segment_plan(name, only)):
-                # ZeRO-3: what comes before the block's first read of a
-                # gathered parameter does not wait for its gathers
-                extra = g if gated else 0.0
-                # the recomputation a task starts with need not wait for its input
-                if first and not lead and ready > extra:
-                    extra = ready
-                if kind == "c":
-                    self.flops[stage] += fl
-                    for d in waits:
-                        if local[d] > extra:
-                            extra = local[d]
-                    local[i] = last = tl.compute(stage, time_s, extra)
-                    first = first and lead
-                elif kind == "t":
-                    dep = local.get(src, 0.0) if src >= 0 else last
-                    if dep is not None and dep > extra:
-                        extra = dep
-                    local[i] = tl.comm_on(stage, time_s, extra, tp=True)
-                    first = first and lead
-                else:
-                    made = local.get(src) if src >= 0 else last
-                    if flats:
-                        flats = [x for x in flats if x[1] > (made or 0.0)]
-                        held = sum(nbytes for nbytes, _ in flats)
-                        if held > inside.get((k, param), 0):
-                            inside[(k, param)] = held
-                    if scatter:
-                        end = self.sync.scatter((name, param), stage, made)
-                    else:
-                        key = (name, layer, param)
-                        self.sync.ready(key, stage, made)
-                        end = self.sync.synced.get(key) or 0.0
-                    if flats is not None:
-                        flats.append((self.sync.cost(name, param).nbytes, end))
-        if inside:
-            self._note_inside(stage, c, inside)
-        if in_buckets:
-            self._note_buckets(stage, c, in_buckets)
-        if flats and last is not None:
-            flats = [(nbytes, end) for nbytes, end in flats if end > last]
-            if flats:
-                self._note_flats(stage, "end", 0, c, flats)
-                self.flats[stage] = self.flats.get(stage, []) + flats
-        return last
-
     # -- parameters ------------------------------------------------------------
     def param(self, key: tuple) -> Param:
         return self.prof.params[key[0]][key[2]]
@@ -601,6 +502,7 @@ class Builder(MemoryNotes):
             raise ValueError("resume: the walk being copied has synchronised gradients")
         self.tl = other.tl.copy()
         self.flops = list(other.flops)
+        self.replays = dict(other.replays)
         self.sync = StepSync(self)
         mine.pos, mine.seq = w.pos, w.seq
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)

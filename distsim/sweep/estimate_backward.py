@@ -1,0 +1,289 @@
+"""The op-by-op backward of the estimator's :class:`~.estimate_timeline.Builder`
+(a mixin): a backward task emitted entry by entry from the template's
+segments (:attr:`.estimate_profile.Block.only` / ``last``: compute runs,
+tensor-parallel collectives, gradients becoming final) with the
+data-parallel sync of each gradient where LowerSPMD emits it. Used for
+each chunk's last backward (without a reduce-scatter per micro-batch), the
+first micro-batch's backward with ZeRO 2/3 (each gradient flattened and
+reduce-scattered where it is made), and ZeRO-3's backwards past the first
+(the same, each shard then accumulated, the compute waiting for it),
+those recorded once and replayed (:meth:`OpByOpBackward._replay`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from .estimate_gates import gather_times
+
+if TYPE_CHECKING:     # pragma: no cover - for the annotations only
+    from ..transforms.strategy import Strategy
+    from .estimate_costs import OpCosts
+    from .estimate_engine import Timeline
+    from .estimate_profile import LayerProfile
+    from .estimate_state import Memo
+    from .estimate_sync import StepSync
+
+
+class OpByOpBackward:
+    """The op-by-op backward of :class:`~.estimate_timeline.Builder` (a
+    mixin: it uses the builder's timeline, sync, profile, memo, FLOPs and
+    ``blocks_of``)."""
+
+    tl: "Timeline"
+    sync: "StepSync"
+    prof: "LayerProfile"
+    memo: "Memo"
+    costs: "OpCosts"
+    S: "Strategy"
+    M: int
+    flops: List[float]
+    flats: Dict[int, List[Tuple[int, float]]]
+    replays: Dict[tuple, tuple]
+    shapes: List[Tuple[bool, bool, int]]
+    route: str
+    scatter_each: bool
+    zero3: bool
+
+    def _segment_plan(self, name: str, only: bool) -> list:
+        """A block's op-level last backward (``only``: the first micro-batch's,
+        which does not accumulate) as (kind, time, FLOPs, the
+        entries it waits for, the entry a collective reads (-1: the last
+        compute run before it), the parameter index of a final gradient,
+        a leading recomputation, whether it waits for the block's ZeRO-3
+        gathers up to: :attr:`.estimate_profile.Segment.gate`)."""
+        plan = self.memo.segments.get((name, only))
+        if plan is None:
+            blk = self.prof.blocks[name]
+            segs = blk.only if only else blk.last
+            ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
+            index = {p.name: i for i, p in enumerate(self.prof.params[name])}
+            plan = []
+            for seg in segs:
+                if seg.kind == "c":
+                    plan.append(("c", seg.time_s, blk.b_flops * seg.time_s / ctime,
+                                 tuple(d for d in seg.deps if d is not None), None, None,
+                                 seg.lead, seg.gate))
+                elif seg.kind == "t":
+                    d = seg.deps[0] if seg.deps else None
+                    plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None,
+                                 seg.lead, seg.gate))
+                else:
+                    plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
+                                 index[seg.param], False, seg.gate))
+            self.memo.segments[(name, only)] = plan
+        return plan
+
+    def emit_last_backward(self, stage: int, c: int, order, ready: float,
+                           first_microbatch: bool = False,
+                           accumulating: Optional[int] = None) -> Optional[float]:
+        """The last micro-batch's backward op by op, with the data-parallel
+        sync of each gradient emitted where it becomes final
+        (``first_microbatch``: ZeRO 2/3's first micro-batch, each gradient
+        flattened and reduce-scattered where it is produced; with one
+        micro-batch that is its sync; ``accumulating``: ZeRO-3's
+        micro-batch past the first, likewise, each reduce-scatter followed
+        by the accumulation (at the last micro-batch, and the average) of
+        its shard, which the compute stream waits for, as LowerSPMD emits
+        it; its memory is not noted here: no copy outlives its reduce-
+        scatter)."""
+        tl = self.tl
+        only = first_microbatch or self.M == 1
+        scatter = first_microbatch and self.M > 1
+        shard_ops = self._shard_ops(accumulating) if accumulating else None
+        last: Optional[float] = None
+        first = True
+        #: ZeRO-3, per block position: where its gathers end, by the
+        #: position of the last parameter gathered (None: all of them)
+        gathered: Dict[int, Dict[Optional[int], float]] = {}
+        n = len(order)
+        # ZeRO 2/3 reduce-scattering here: each flat copy's (bytes, the end
+        # of its reduce-scatter)
+        flats: Optional[List[Tuple[int, float]]] = [] if (self.scatter_each and only
+                                                          and not accumulating) else None
+        #: per gradient (its block's position in ``order``, its index in
+        #: the block), the bytes of the task's earlier flat copies still
+        #: waiting when it is made
+        inside: Dict[Tuple[int, int], int] = {}
+        #: ZeRO 0/1 buckets: per block, the bytes of the stage's buckets
+        #: flushed before it starts (held until they are unpacked)
+        in_buckets: Dict[int, int] = {}
+        by_stage = self.sync.buckets if self.route == "bucket" else {}
+        for k, (name, layer) in enumerate(order):
+            if by_stage.get(stage):       # flushed so far, this task's too
+                in_buckets[k] = sum(by_stage[stage])
+            ends: Dict[Optional[int], float] = {}
+            if self.zero3:
+                gate = last if last is not None else max(ready, tl.free[2 * stage])
+                for j in range(k, min(n, k + 1 + self.S.prefetch)):
+                    if j not in gathered:
+                        gathered[j] = at_end = {}
+                        for t, upto in self._gather_groups(order[j][0], only):
+                            at_end[upto] = at_end[None] = tl.comm_on(stage, t, gate)
+                ends = gathered[k]
+            local: Dict[int, float] = {}
+            for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
+                    self._segment_plan(name, only)):
+                # ZeRO-3: an entry waits for the block's gathers up to the
+                # last parameter it (or an entry before it) reads; before
+                # the first read, for none
+                extra = 0.0 if not ends or at == -1 else ends[at]
+                # the recomputation a task starts with need not wait for its input
+                if first and not lead and ready > extra:
+                    extra = ready
+                if kind == "c":
+                    self.flops[stage] += fl
+                    for d in waits:
+                        if local[d] > extra:
+                            extra = local[d]
+                    local[i] = last = tl.compute(stage, time_s, extra)
+                    first = first and lead
+                elif kind == "t":
+                    dep = local.get(src, 0.0) if src >= 0 else last
+                    if dep is not None and dep > extra:
+                        extra = dep
+                    local[i] = tl.comm_on(stage, time_s, extra, tp=True)
+                    first = first and lead
+                else:
+                    made = local.get(src) if src >= 0 else last
+                    if flats:
+                        flats = [x for x in flats if x[1] > (made or 0.0)]
+                        held = sum(nbytes for nbytes, _ in flats)
+                        if held > inside.get((k, param), 0):
+                            inside[(k, param)] = held
+                    if scatter:
+                        end = self.sync.scatter((name, param), stage, made)
+                        if shard_ops is not None:
+                            t, fl = shard_ops[(name, param)]
+                            self.flops[stage] += fl
+                            end = last = tl.compute(stage, t, end)
+                            if accumulating == self.M - 1:
+                                key = (name, layer, param)
+                                self.sync.final[key] = self.sync.synced[key] = end
+                    else:
+                        key = (name, layer, param)
+                        self.sync.ready(key, stage, made)
+                        end = self.sync.synced.get(key) or 0.0
+                    if flats is not None:
+                        flats.append((self.sync.cost(name, param).nbytes, end))
+        if inside:
+            self._note_inside(stage, c, inside)
+        if in_buckets:
+            self._note_buckets(stage, c, in_buckets)
+        if flats and last is not None:
+            flats = [(nbytes, end) for nbytes, end in flats if end > last]
+            if flats:
+                self._note_flats(stage, "end", 0, c, flats)
+                self.flats[stage] = self.flats.get(stage, []) + flats
+        return last
+
+    def _accumulating_backward(self, stage: int, c: int, mb: int, ready: float) -> float:
+        """:meth:`emit_last_backward` of a ZeRO-3 backward past the first
+        micro-batch, replayed where it can be. Once the pipeline is steady
+        most such tasks start with the stage's communication stream idle:
+        their items then depend only on where they start (the compute
+        stream's end, or the task's input where it comes later and no
+        recomputation leads), so the first such task of a chunk shape and
+        micro-batch class is emitted op by op and recorded relative to its
+        start, and the next ones are that record shifted (the same items,
+        to rounding). Any other start is emitted op by op."""
+        tl = self.tl
+        s = 2 * stage
+        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
+        order = self.blocks_of("B", c)
+        lead = self.prof.blocks[order[0][0]].b_lead > 0.0
+        origin = free if lead else max(ready, free)
+        clean = ready <= origin and tl.free[s + 1] <= origin
+        key = (self.shapes[c], mb == self.M - 1)
+        record = self.replays.get(key) if clean else None
+        if record is not None:
+            return self._replay(record, stage, order, origin)
+        marks = (len(tl.compute_starts[stage]), len(tl.comm_starts[stage]), tl.busy[stage],
+                 tl.waits[stage], tl.comm_s[stage], tl.tp_items[stage], tl.sync_waits[stage],
+                 self.flops[stage])
+        last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True,
+                                       accumulating=mb)
+        if clean and last is not None:
+            nc, nm = marks[0], marks[1]
+            final = []       # by position in the chunk's blocks: chunks differ in layers
+            if mb == self.M - 1:
+                final = [(k, i, self.sync.final[(name, layer, i)] - origin)
+                         for k, (name, layer) in enumerate(order)
+                         for i in range(len(self.prof.params[name]))]
+            back = (-origin).__add__
+            self.replays[key] = (
+                tuple(map(back, tl.compute_starts[stage][nc:])),
+                tuple(map(back, tl.compute_ends[stage][nc:])),
+                tuple(map(back, tl.comm_starts[stage][nm:])),
+                tuple(map(back, tl.comm_ends[stage][nm:])),
+                (tl.busy[stage] - marks[2], tl.waits[stage] - marks[3],
+                 tl.comm_s[stage] - marks[4], tl.tp_items[stage] - marks[5],
+                 tl.sync_waits[stage] - marks[6], self.flops[stage] - marks[7]),
+                (tl.free[s] - origin, tl.free[s + 1] - origin, last - origin), final)
+        return last
+
+    def _replay(self, record, stage: int, order, origin: float) -> float:
+        """A recorded task (:meth:`_accumulating_backward`) of a chunk whose
+        blocks are ``order``, from ``origin``."""
+        tl = self.tl
+        c_starts, c_ends, m_starts, m_ends, sums, (free_c, free_m, last), final = record
+        at = origin.__add__
+        tl.compute_starts[stage].extend(map(at, c_starts))
+        tl.compute_ends[stage].extend(map(at, c_ends))
+        tl.comm_starts[stage].extend(map(at, m_starts))
+        tl.comm_ends[stage].extend(map(at, m_ends))
+        busy, waits, comm_s, tp_items, sync_waits, flops = sums
+        tl.busy[stage] += busy
+        tl.waits[stage] += waits
+        tl.comm_s[stage] += comm_s
+        tl.tp_items[stage] += tp_items
+        tl.sync_waits[stage] += sync_waits
+        self.flops[stage] += flops
+        s = 2 * stage
+        tl.free[s], tl.free[s + 1] = origin + free_c, origin + free_m
+        end = max(tl.free[s], tl.free[s + 1])     # each stream's last item ends last
+        if end > tl.end:
+            tl.end = end
+        sync = self.sync
+        for k, i, at in final:
+            key = (order[k][0], order[k][1], i)
+            sync.final[key] = sync.synced[key] = origin + at
+        return origin + last
+
+    def _gather_groups(self, name: str, only: bool) -> List[Tuple[float, int]]:
+        """ZeRO-3, a block's op-by-op backward: its all-gathers (which run
+        back to back) as the fewest items its entries can wait for: (summed
+        time, position of the group's last parameter) each, cut after each
+        position an entry of :meth:`_segment_plan` waits up to."""
+        hit = self.memo.gather_groups.get((name, only))
+        if hit is None:
+            times = gather_times(self, "B", name)
+            cuts = sorted({entry[7] for entry in self._segment_plan(name, only)
+                           if entry[7] is not None and entry[7] >= 0})
+            hit, start = [], 0
+            for upto in cuts + [len(times) - 1]:
+                if upto >= start:
+                    hit.append((sum(times[start:upto + 1]), upto))
+                    start = upto + 1
+            self.memo.gather_groups[(name, only)] = hit
+        return hit
+
+    def _shard_ops(self, mb: int) -> Dict[Tuple[str, int], Tuple[float, float]]:
+        """ZeRO-3's backward of micro-batch ``mb`` (past the first) op by op:
+        per parameter (block, index), the time and FLOPs of the ops on its
+        shard after its reduce-scatter (accumulate; at the last micro-batch
+        average too)."""
+        final = mb == self.M - 1
+        hit = self.memo.shard_ops.get(final)
+        if hit is None:
+            hit = self.memo.shard_ops[final] = {}
+            for name, params in self.prof.params.items():
+                for i in range(len(params)):
+                    pc = self.sync.cost(name, i)
+                    t = fl = 0.0
+                    for op, ins in (("add", 2), ("scale", 1))[:2 if final else 1]:
+                        dt, df = self.costs.cost(op, [(pc.shard, pc.dtype)] * ins,
+                                                 [(pc.shard, pc.dtype)])
+                        t += dt
+                        fl += df
+                    hit[(name, i)] = (t, fl)
+        return hit
