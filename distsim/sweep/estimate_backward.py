@@ -190,7 +190,10 @@ class OpByOpBackward:
         s = 2 * stage
         free = tl.free[s] if tl.free[s] > 0.0 else 0.0
         order = self.blocks_of("B", c)
-        lead = self.prof.blocks[order[0][0]].b_lead > 0.0
+        # a leading recomputation runs from the compute stream's end, the
+        # rest from the task's input (emit_last_backward's ``first``)
+        plan = self._segment_plan(order[0][0], True)
+        lead = bool(plan) and plan[0][6]
         origin = free if lead else max(ready, free)
         clean = ready <= origin and tl.free[s + 1] <= origin
         key = (self.shapes[c], mb == self.M - 1)
