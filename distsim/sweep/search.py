@@ -127,6 +127,12 @@ class SearchResult:
         out.append(f"searched {len(est) + len(self.pruned)} strategies: "
                    f"{len(self.pruned)} pruned by the memory bound, {n_bad} invalid, "
                    f"{n_oom} out of memory in the estimate, {len(self.full)} simulated in full")
+        n_ok = len(est) - n_bad
+        if self.memory_options and n_oom and 2 * n_oom >= n_ok:
+            # most layouts were ruled out by memory alone: the options that
+            # save it may let a faster one in
+            out.append(f"{n_oom} of the {n_ok} estimated strategies did not fit in memory; "
+                       "to save memory, also search " + " ".join(self.memory_options))
         return "\n".join(out)
 
 

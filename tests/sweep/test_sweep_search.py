@@ -113,3 +113,23 @@ def test_nothing_fits_names_the_memory_options_not_searched():
     fused = search("gpt3-175b", "dgx-a100", 8, base={"attention": "fused"}, keep=1,
                    network_mode="analytical", workers=1)
     assert fused.explain().endswith("--space recompute=none,selective,full")
+
+
+def test_mostly_out_of_memory_names_the_memory_options_too():
+    """A best found while most layouts did not fit: the memory-saving
+    options not searched are named, as when nothing fits (they may let a
+    faster layout in); not when most fit."""
+    tight = search("gpt3-13b", "dgx-a100", 8, base={"global_batch": 16}, keep=1,
+                   network_mode="analytical", workers=1)
+    est = tight.estimates
+    n_oom = int(est["oom"].fillna(False).astype(bool).sum())
+    n_ok = int((est["status"] == "ok").sum())
+    assert tight.best is not None and 2 * n_oom >= n_ok > 0
+    assert tight.explain().endswith(
+        f"{n_oom} of the {n_ok} estimated strategies did not fit in memory; to save memory, "
+        "also search --space zero=0,1,2,3 --space recompute=none,selective,full "
+        "--space attention=explicit,fused")
+    roomy = search("tiny", "dgx-a100", 8, base={"global_batch": 32}, keep=1,
+                   network_mode="analytical", workers=1)
+    assert "did not fit" not in roomy.explain()
+
