@@ -26,7 +26,7 @@ from distsim.sweep import estimate as est
 from distsim.sweep import estimate_timeline
 from distsim.sweep.estimate_engine import _union
 
-from estimate_pairs import STEP_TOLERANCE, estimated_and_simulated
+from estimate_pairs import assert_within_bounds
 
 # (configuration, the estimate's step-time error before this change)
 CASES = [
@@ -44,9 +44,7 @@ CASES = [
 
 @pytest.mark.parametrize("options,before", CASES, ids=["fsdp-h100", "pcie-dp4", "pcie-prefetch0"])
 def test_zero3_step_time_with_several_microbatches(options, before):
-    row, sim = estimated_and_simulated(options)
-    rel = row["step_time_s"] / sim["step_time_s"] - 1
-    assert abs(rel) <= STEP_TOLERANCE, (before, rel)
+    assert_within_bounds(options, memory=False, note=f"{before} before")
 
 
 def test_a_replayed_backward_is_the_backward_emitted_again(monkeypatch):

@@ -26,7 +26,7 @@ from distsim.sweep import estimate as est
 from distsim.sweep.estimate_profile_memory import prefetched_bytes
 from distsim.sweep.estimate_state import Memo
 
-from estimate_pairs import MEMORY_TOLERANCE, estimated_and_simulated
+from estimate_pairs import assert_within_bounds
 
 # (configuration, the estimate's memory error before this change)
 CASES = [
@@ -47,9 +47,7 @@ CASES = [
 
 @pytest.mark.parametrize("options,before", CASES, ids=[c[0]["model"] for c in CASES])
 def test_zero3_memory_follows_prefetch(options, before):
-    row, sim = estimated_and_simulated(options)
-    rel = row["max_peak_memory_bytes"] / sim["max_peak_memory_bytes"] - 1
-    assert abs(rel) <= MEMORY_TOLERANCE, (before, rel)
+    assert_within_bounds(options, step=False, note=f"{before} before")
 
 
 def _ahead(kind: str, prefetch: int, zero: int = 3):
