@@ -17,7 +17,6 @@ from .estimate_gates import gather_times
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from ..transforms.strategy import Strategy
-    from .estimate_costs import OpCosts
     from .estimate_engine import Timeline
     from .estimate_profile import LayerProfile
     from .estimate_state import Memo
@@ -26,14 +25,13 @@ if TYPE_CHECKING:     # pragma: no cover - for the annotations only
 
 class OpByOpBackward:
     """The op-by-op backward of :class:`~.estimate_timeline.Builder` (a
-    mixin: it uses the builder's timeline, sync, profile, memo, FLOPs and
-    ``blocks_of``)."""
+    mixin: it uses the builder's timeline, sync, profile, memo, FLOPs,
+    ``blocks_of`` and ``_block_scatter``)."""
 
     tl: "Timeline"
     sync: "StepSync"
     prof: "LayerProfile"
     memo: "Memo"
-    costs: "OpCosts"
     S: "Strategy"
     M: int
     flops: List[float]
@@ -279,14 +277,10 @@ class OpByOpBackward:
         hit = self.memo.shard_ops.get(final)
         if hit is None:
             hit = self.memo.shard_ops[final] = {}
+            per = 2 if final else 1          # ops per parameter in the terms
             for name, params in self.prof.params.items():
+                terms = self._block_scatter(name, True, final)
                 for i in range(len(params)):
-                    pc = self.sync.cost(name, i)
-                    t = fl = 0.0
-                    for op, ins in (("add", 2), ("scale", 1))[:2 if final else 1]:
-                        dt, df = self.costs.cost(op, [(pc.shard, pc.dtype)] * ins,
-                                                 [(pc.shard, pc.dtype)])
-                        t += dt
-                        fl += df
-                    hit[(name, i)] = (t, fl)
+                    at = slice(i * per, (i + 1) * per)
+                    hit[(name, i)] = (sum(terms.on_shard[at]), sum(terms.shard_flops[at]))
         return hit

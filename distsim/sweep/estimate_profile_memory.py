@@ -54,6 +54,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         ops = groups.get(key, [])
         return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
 
+    allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
     f_order = [EMB, "layer0", LAYER, HEAD]
     saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
              LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
@@ -76,8 +77,10 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
             index = {p.name: i for i, p in enumerate(params.get(name, []))}
-            at = _scatter_excess(groups[("B", 0, name)], rank0, times, samples, final_only,
-                                 program)
+            if allocated is None:
+                allocated = _allocations(rank0, times, program)
+            at = _scatter_excess(groups[("B", 0, name)], times, samples, stamps, allocated,
+                                 final_only)
             blocks[name].bs_grads = {index[p]: live - base for p, live in at.items()
                                      if p in index}
             blocks[name].bs_excess = max([blocks[name].b0_excess,
@@ -88,8 +91,24 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     return max(0.0, peak(last_b, end, upto=True) - static - grads)
 
 
-def _scatter_excess(ops: List[Op], rank0: List[Op], times, samples: List[Tuple[float, int]],
-                    final_only: Dict[int, str], program: Function) -> Dict[str, float]:
+def _allocations(rank0: List[Op], times, program: Function) -> Dict[float, int]:
+    """The bytes rank 0 allocates at each op start time (its ops' results
+    that do not update a value in place)."""
+    in_place = set(program.meta.get("updates", {}).values())
+    starts: Dict[float, int] = {}
+    for op in rank0:
+        if op.name not in times:
+            continue
+        t0 = times[op.name][0]
+        for v in op.outputs:
+            if v.name not in in_place and v.type.device == 0:
+                starts[t0] = starts.get(t0, 0) + v.type.size_bytes
+    return starts
+
+
+def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
+                    stamps: List[float], starts: Dict[float, int],
+                    final_only: Dict[int, str]) -> Dict[str, float]:
     """The most live bytes (rank 0) that a block's backward reaches with ZeRO
     2/3 reducing-scattering each micro-batch's gradients, from the
     template's first backward (``ops``, program order), where each final
@@ -100,19 +119,10 @@ def _scatter_excess(ops: List[Op], rank0: List[Op], times, samples: List[Tuple[f
     after it (both live: the live bytes once that op has ended and freed
     its inputs, before the next op allocates, plus twice the gradient);
     the copy lives on until its reduce-scatter (counted elsewhere).
-    Per parameter name, the most of the two. ``rank0``: every op of rank
-    0, whose allocations at an op's end (the next op's, of this block or
-    the next task's) are not counted as live after it."""
-    in_place = set(program.meta.get("updates", {}).values())
-    stamps = [t for t, _ in samples]
-    starts: Dict[float, int] = {}
-    for op in rank0:
-        if op.name not in times:
-            continue
-        t0 = times[op.name][0]
-        for v in op.outputs:
-            if v.name not in in_place and v.type.device == 0:
-                starts[t0] = starts.get(t0, 0) + v.type.size_bytes
+    Per parameter name, the most of the two. ``starts``: every allocation
+    of rank 0 by time (:func:`_allocations`); those at an op's end (the
+    next op's, of this block or the next task's) are not counted as live
+    after it. ``stamps``: the samples' times."""
     best: Dict[str, float] = {}
     for op in ops:
         names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]

@@ -15,15 +15,17 @@ class ScatterTerms:
     """One block's per-parameter terms of ZeRO 2/3's reduce-scatter per
     micro-batch (:meth:`Builder._block_scatter`), each list in parameter
     order: ``flat`` flattening the gradient, ``whole`` / ``on_shard`` the
-    accumulate / average ops on the whole gradient and on the shard,
-    ``flops`` what the lowering adds, ``rs`` the reduce-scatters."""
+    accumulate / average ops on the whole gradient and on the shard
+    (``shard_flops``: the FLOPs of the latter), ``flops`` what the lowering
+    adds, ``rs`` the reduce-scatters."""
 
-    __slots__ = ("flat", "whole", "on_shard", "flops", "rs")
+    __slots__ = ("flat", "whole", "on_shard", "shard_flops", "flops", "rs")
 
     def __init__(self) -> None:
         self.flat: List[float] = []
         self.whole: List[float] = []
         self.on_shard: List[float] = []
+        self.shard_flops: List[float] = []
         self.flops: List[float] = []
         self.rs: List[float] = []
 

@@ -230,6 +230,7 @@ class Builder(MemoryNotes, OpByOpBackward):
                 part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
                 terms.whole.append(full[0])
                 terms.on_shard.append(part[0])
+                terms.shard_flops.append(part[1])
                 terms.flops.append(part[1] - full[1])
         hit = self.memo.scatter_terms[memo] = terms
         return hit
