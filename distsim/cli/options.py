@@ -62,6 +62,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefetch", type=int, metavar="LAYERS",
                    help="ZeRO-3: all-gather parameters this many layers ahead (default: 1; "
                         "0: no prefetch)")
+    g.add_argument("--zero3-unit", choices=["param", "layer"],
+                   help="ZeRO-3: one all-gather and reduce-scatter per parameter, or one per "
+                        "layer for all its parameters as FSDP does (default: param)")
     g.add_argument("--order", metavar="AXES",
                    help="mesh layout, axes from fastest to slowest varying rank, e.g. "
                         "dp-tp-pp (default: tp-dp-pp, TP groups on adjacent GPUs)")
@@ -138,7 +141,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "kv_heads", "ffn", "vocab", "attention", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
-                "prefetch", "order"):
+                "prefetch", "zero3_unit", "order"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

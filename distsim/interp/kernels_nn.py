@@ -171,6 +171,21 @@ def _split(attrs, x):
     return tuple(np.ascontiguousarray(p) for p in np.split(x, bounds, axis=int(attrs["axis"])))
 
 
+@kernel("chunk_cat")
+def _chunk_cat(attrs, *xs):
+    rows = int(attrs["rows"])
+    return np.concatenate([x.reshape(rows, -1) for x in xs], axis=1).reshape(-1)
+
+
+@kernel("chunk_split")
+def _chunk_split(attrs, x):
+    rows = int(attrs["rows"])
+    shapes = [tuple(int(d) for d in shape) for shape in attrs["shapes"]]
+    widths = [int(np.prod(shape, dtype=np.int64)) // rows for shape in shapes]
+    blocks = np.split(x.reshape(rows, -1), np.cumsum(widths)[:-1], axis=1)
+    return tuple(np.ascontiguousarray(b).reshape(shape) for b, shape in zip(blocks, shapes))
+
+
 @kernel("slice")
 def _slice(attrs, x):
     index = [slice(None)] * x.ndim

@@ -28,7 +28,8 @@ def unsupported_options(strategy: Strategy) -> List[str]:
     default = Strategy()
     flags = []
     for name in ("zero", "recompute", "microbatches", "schedule", "virtual_stages",
-                 "bucket_mb", "global_batch", "micro_batch", "partition", "prefetch"):
+                 "bucket_mb", "global_batch", "micro_batch", "partition", "prefetch",
+                 "zero3_unit"):
         value = getattr(strategy, name)
         if value != getattr(default, name):
             flags.append(f"--{name.replace('_', '-')} {value}")

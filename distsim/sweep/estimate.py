@@ -149,6 +149,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
+    if strategy.zero == 3 and strategy.dp > 1 and strategy.zero3_unit != "param":
+        raise ConfigError(f"estimate: zero3_unit {strategy.zero3_unit!r} (a layer's ZeRO-3 "
+                          "collectives together) is not estimated; the estimator times each "
+                          "parameter's (use zero3_unit: param, or fidelity: simulate)")
     if strategy.tp > 1 and not strategy.order.startswith("tp-"):
         raise ConfigError(f"estimate: mesh order {strategy.order!r} splits tensor-parallel "
                           "groups over non-adjacent ranks; the estimator times them on "

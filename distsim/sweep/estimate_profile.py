@@ -45,7 +45,7 @@ from ..transforms.memory_model import saved_activation_bytes
 from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
-from ..transforms.zero import used_param_name
+from ..transforms.zero3 import used_param_name
 
 #: Block names: the embedding, one transformer layer, the head (final norm,
 #: output layer and loss).
@@ -512,7 +512,7 @@ def _gathered_uses(rank0: List[Op], params: Dict[str, List[Param]],
                    gathered: List[Tuple[str, int]], zero: int) -> Optional[Dict[int, int]]:
     """ZeRO-3: the ops of rank 0 that first read a parameter of
     ``gathered`` (a block's gathers) where it is used, the reshapes
-    :meth:`~distsim.transforms.zero.GradientSync.param_for_use` names
+    :meth:`~distsim.transforms.zero3.ParamGathers.param_for_use` names
     ``{param}_use_m{mb}``: id -> the parameter's position in ``gathered``;
     None without ZeRO-3 (every entry waits for the block's gathers, which
     are then none)."""

@@ -19,8 +19,8 @@ program for every rank of the ``dp x pp x tp`` mesh (rank numbering in
 
 The result's ``meta["io"]`` describes every input and output (which
 global parameter, which TP / DP shard, which micro-batch) so that
-:func:`distsim.transforms.zero.local_inputs` and
-:func:`~distsim.transforms.zero.global_updates` can move numbers between a
+:func:`distsim.transforms.zero_numbers.local_inputs` and
+:func:`~distsim.transforms.zero_numbers.global_updates` can move numbers between a
 single-device step and the lowered one.
 
 With ``representatives=True`` the pass writes a *reduced* program for
@@ -521,7 +521,7 @@ class LowerSPMD(Coarsening):
         a KeyError). Such a loss is a copy (``identity``) of the rank's own
         input on the last stage, as the ONNX importer makes its pass-through
         outputs: an output that is an input would be relabelled ``loss`` in
-        ``meta["io"]``, and :func:`~distsim.transforms.zero.local_inputs`
+        ``meta["io"]``, and :func:`~distsim.transforms.zero_numbers.local_inputs`
         could no longer feed it. Only a data or constant input can be passed
         through (a parameter or optimizer state has no per-micro-batch copy
         to return): anything else is refused by :meth:`_analyse`, before

@@ -20,6 +20,8 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZERS = ("adamw", "sgd")
 PARTITIONS = ("even", "balanced")
+#: ZeRO-3's unit of communication: each parameter alone, or a layer's together
+ZERO3_UNITS = ("param", "layer")
 #: mesh layouts: the axes from fastest to slowest varying in the rank number
 ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 
@@ -42,7 +44,10 @@ class Strategy:
     ``momentum``); ``partition``: pipeline stages ``even`` by layers or
     ``balanced`` by estimated cost (embedding and head included);
     ``prefetch``: ZeRO-3 all-gathers issued this many layers ahead of their
-    use (0: each layer's gather when the layer starts); ``order``: mesh
+    use (0: each layer's gather when the layer starts); ``zero3_unit``:
+    ZeRO-3's unit of communication, ``param`` (one all-gather and one
+    reduce-scatter per parameter) or ``layer`` (one per transformer layer,
+    as FSDP wrapping each block does); ``order``: mesh
     layout, axes from fastest to slowest varying (see the module docstring)."""
 
     dp: Optional[int] = None
@@ -62,6 +67,7 @@ class Strategy:
     optimizer: Literal["adamw", "sgd"] = "adamw"
     partition: Literal["even", "balanced"] = "even"
     prefetch: int = 1
+    zero3_unit: Literal["param", "layer"] = "param"
     order: str = "tp-dp-pp"
 
     def __post_init__(self) -> None:
@@ -127,11 +133,11 @@ def _flag(name: str) -> str:
 #: Every field, in the order :meth:`Strategy.__post_init__` checks them.
 _CHECK_ORDER = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
-                "schedule", "bucket_mb", "optimizer", "partition", "order")
+                "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order")
 _POSITIVE = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "micro_batch")
 _BOOLS = ("symmetry", "coarsen", "sp")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
-            "partition": PARTITIONS, "order": ORDERS}
+            "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS}
 ZERO_STAGES = (0, 1, 2, 3)
 
 

@@ -42,26 +42,35 @@ every rank that holds it:
   gathers when the gradient from the next stage is there, not as soon as
   the stage's previous compute ends). With ``prefetch`` 0 each layer's
   gather is issued when the layer starts and the compute waits for it.
+  The unit of communication (``Strategy.zero3_unit``) is each parameter
+  (``param``) or, as FSDP wraps each block, a layer (``layer``): its
+  parameters' shards concatenated (copy-in) and all-gathered at once, the
+  buffer split into the parameters at the layer's first use (copy-out,
+  ``chunk_split``, the op the compute waits on), and a micro-batch's
+  gradients of the layer reduce-scattered together once its backward has
+  made them all (``chunk_cat`` then ``split``). A parameter whose size dp
+  does not divide travels alone; with ``bucket_mb`` 0 the one deferred
+  reduce-scatter per parameter stays per parameter.
 
-:func:`local_inputs` and :func:`global_updates` move numbers between the
-global (single-device) parameters and a lowered program.
+ZeRO-3's gathers and by-layer units live in :mod:`.zero3`;
+:mod:`.zero_numbers` moves numbers between the global (single-device)
+parameters and a lowered program.
 """
 from __future__ import annotations
 
-from math import prod
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence,
                     Tuple)
 
-import numpy as np
 
 from ..errors import PassPreconditionError
 from ..ir.comm import CollectiveType
-from ..ir.core import Function, Op, Value
+from ..ir.core import Function, Value
 from ..ir.ops_comm import split_sizes
 from ..ir.types import TensorType
 from .adam import adamw_update
 from .buffer_bundles import BufferBundles, accumulation_meta
 from .optimizer import SGDHyper, sgd_update
+from .zero3 import ParamGathers
 
 if TYPE_CHECKING:  # pragma: no cover
     from .coarsen import Segment
@@ -70,65 +79,10 @@ if TYPE_CHECKING:  # pragma: no cover
 MB = 1 << 20
 
 
-#: ZeRO-3: a gathered parameter takes its shape where it is first used,
-#: in a reshape named ``{param}{USE_MARK}{micro-batch}_r{rank}``
-#: (:meth:`GradientSync.param_for_use`): the only op that waits for the gather
-USE_MARK = "_use_m"
-
-
-def used_param_name(op: Op) -> Optional[str]:
-    """The parameter whose gathered value ``op`` shapes for its first use
-    (ZeRO-3), or None for any other op."""
-    if op.op_type != "reshape" or USE_MARK not in op.name:
-        return None
-    return op.name.split(USE_MARK)[0]
-
-
 def shard_bounds(numel: int, n: int, i: int) -> Tuple[int, int]:
     sizes = split_sizes(numel, n)
     start = sum(sizes[:i])
     return start, start + sizes[i]
-
-
-def tp_shard(array: np.ndarray, spec: Optional[Tuple[int, Sequence[int]]], tp: int,
-             t: int) -> np.ndarray:
-    """Rank ``t``'s part of a global parameter (see ``param_shards`` in
-    :mod:`distsim.models.gpt`). A parameter shorter along ``dim`` than its
-    blocks (a vocabulary padded to a multiple of ``tp``) is padded with
-    zero rows first."""
-    if spec is None or tp == 1:
-        return array
-    dim, blocks = spec
-    missing = sum(blocks) - array.shape[dim]
-    if missing > 0:
-        widths = [(0, 0)] * array.ndim
-        widths[dim] = (0, missing)
-        array = np.pad(array, widths)
-    parts, start = [], 0
-    for size in blocks:
-        block = np.take(array, range(start, start + size), axis=dim)
-        parts.append(np.array_split(block, tp, axis=dim)[t])
-        start += size
-    return np.concatenate(parts, axis=dim)
-
-
-def tp_unshard(pieces: Sequence[np.ndarray], spec: Optional[Tuple[int, Sequence[int]]],
-               unpadded: Optional[int] = None) -> np.ndarray:
-    """Inverse of :func:`tp_shard` over all ranks' pieces; ``unpadded``: the
-    unpadded length along the split dim (the padding rows are dropped)."""
-    if spec is None or len(pieces) == 1:
-        return pieces[0]
-    dim, blocks = spec
-    tp = len(pieces)
-    out, offset = [], 0
-    for size in blocks:
-        part = size // tp
-        out.extend(np.take(p, range(offset, offset + part), axis=dim) for p in pieces)
-        offset += part
-    whole = np.concatenate(out, axis=dim)
-    if unpadded is not None and unpadded < whole.shape[dim]:
-        whole = np.take(whole, range(unpadded), axis=dim)
-    return whole
 
 
 def scatters_each_microbatch(zero: int, dp: int, bucket_bytes: Optional[float]) -> bool:
@@ -177,7 +131,7 @@ def check_shardable(zero: int, dp: int, params: Iterable[Tuple[str, int]],
                 f"(simulate without --symmetry)")
 
 
-class GradientSync:
+class GradientSync(ParamGathers):
     """Per-parameter gradient buffers, accumulation, data-parallel sync,
     ZeRO sharding and the optimizer of a step lowered by LowerSPMD (see
     the module docstring)."""
@@ -205,6 +159,10 @@ class GradientSync:
         self._task: Optional[Tuple[str, int, int, int]] = None
         self._received: Dict[int, List[Value]] = {}
         self._crossing_in: Dict[Tuple[str, int, int], List[Value]] = {}
+        # ZeRO-3 by layer: each parameter's unit, and the gradients of a
+        # unit's micro-batch that wait for the rest of it
+        self._units: Optional[Dict[Value, Tuple[Value, ...]]] = None
+        self._unit_grads: Dict[Tuple[Tuple[Value, ...], int, int], Dict[Value, Dict[int, Value]]] = {}
         self.updates: Dict[str, str] = {}
         #: the same updates as (old, new) values, in the order made (for the
         #: build log: the simulator numbers them without reading every name)
@@ -264,130 +222,41 @@ class GradientSync:
         """``value`` is the latest compute result emitted on ``rank``."""
         self.last_out[rank] = value
 
-    # -- ZeRO-3: all-gather before use, prefetched ---------------------------
-    def enter_layer(self, stage: int, mb: int, kind: str, chunk: int, layer: int) -> None:
-        """A task of ``stage`` starts ``layer``: issue the all-gathers of
-        this layer (unless prefetched) and of the next ``prefetch`` layers
-        of the task, before the layer's compute in program order."""
-        if self.zero != 3:
-            return
-        order = self.L.task_layer_params.get((kind, chunk), [])
-        layers = [entry[0] for entry in order]
-        if layer not in layers:
-            return
-        i = layers.index(layer)
-        task = (kind, mb, chunk, stage)
-        if task != self._task:
-            # the task's first layer: nothing of it has computed yet
-            self._task = task
-            self._received = self._task_inputs(stage, mb, kind, chunk)
-        for ahead, params in order[i:i + 1 + self.S.prefetch]:
-            todo = [p for p in params if (p, kind, mb, stage) not in self.gathered]
-            for p in todo:
-                self._gather(p, stage, mb, kind, ahead)
-        self._received = {}
-
-    def _task_inputs(self, stage: int, mb: int, kind: str, chunk: int) -> Dict[int, List[Value]]:
-        """Per rank of ``stage``, the values the task ``(kind, mb, chunk)``
-        receives from another stage (from tasks of its kind: a forward's
-        activations, a backward's gradients), already received in program
-        order."""
-        L = self.L
-        key = (kind, chunk, stage)
-        crossing = self._crossing_in.get(key)
-        if crossing is None:
-            seen: set = set()
-            crossing = []
-            producer, task_of = L.producer_of, L.task_of_op
-            for op in L.task_ops.get((kind, chunk), []):
-                for v in op.inputs:
-                    if v in seen or v not in L.crossing:
-                        continue
-                    seen.add(v)
-                    src_kind, src_chunk = task_of[id(producer[v])]
-                    if src_kind == kind and L.stage_of_chunk(src_chunk) != stage:
-                        crossing.append(v)
-            self._crossing_in[key] = crossing
-        out: Dict[int, List[Value]] = {}
-        if crossing:
-            for _, _, r in L.group(stage):
-                env = L.menv.get((r, mb), {})
-                got = [env[v] for v in crossing if v in env]
-                if got:
-                    out[r] = got
-        return out
-
-    def _gather(self, p: Value, stage: int, mb: int, kind: str, layer: Any) -> None:
-        """All-gather the shards of ``p`` over the dp ranks of every tensor-
-        parallel rank of ``stage``, gated on the compute emitted so far."""
-        em, S = self.L.em, self.S
-        self.gathered.add((p, kind, mb, stage))
-        meta = {"stage": stage, "microbatch": mb, "category": "weights", "layer": layer}
-        for t in self.L.tp_indices():
-            ranks = [S.rank(dd, stage, t) for dd in range(S.dp)]
-            shards: List[Optional[Value]] = []
-            for r in ranks:
-                if not self.L.present(r):
-                    shards.append(None)
-                    continue
-                shard = self.param_in[(p, r)]
-                token = self.last_out.get(r)
-                if token is not None:
-                    # not before the compute that precedes this point ends
-                    shard = em.one("depend", [shard, token], None, f"{p.name}_gate_r{r}",
-                                   dict(meta, detail="zero3 prefetch gate"))
-                for got in self._received.get(r, ()):
-                    # nor before the task has its inputs from another stage
-                    shard = em.one("depend", [shard, got], None, f"{p.name}_gate_r{r}",
-                                   dict(meta, detail="zero3 prefetch gate"))
-                shards.append(shard)
-            if S.dp > 1:
-                full = em.collective(CollectiveType.ALL_GATHER, shards, ranks,
-                                     [f"{p.name}_full_m{mb}_r{r}" for r in ranks],
-                                     dict(meta, role="zero_gather"), dim=0)
-            else:
-                full = shards
-            for r, x in zip(ranks, full):
-                if x is not None:
-                    self.L.menv.setdefault((r, mb), {})[("zero3_flat", p, kind)] = x
-
-    def param_for_use(self, p: Value, rank: int, d: int, t: int, stage: int, mb: int,
-                      layer: Any) -> Value:
-        if self.zero != 3:
-            return self.param_in[(p, rank)]
-        kind = self.L.current_kind
-        key = ("zero3", p, kind)
-        env = self.L.menv.setdefault((rank, mb), {})
-        if key in env:
-            return env[key]
-        if ("zero3_flat", p, kind) not in env:  # not prefetched: gathered now
-            self._gather(p, stage, mb, kind, layer)
-        # the gathered parameter takes its shape where it is first used, so
-        # that no compute op waits for a prefetched gather before its layer
-        local = self.L.em.one("reshape", [env[("zero3_flat", p, kind)]],
-                              {"shape": list(p.type.shape)}, f"{p.name}{USE_MARK}{mb}_r{rank}",
-                              {"stage": stage, "microbatch": mb, "category": "weights"})
-        env[key] = local
-        return local
-
     # -- gradients ---------------------------------------------------------
     def after_backward(self, stage: int, mb: int, grads: Sequence[Value]) -> None:
         for g in grads:
             p = self.L.grad_of[g]
-            n = self.count.get(p, 0) + 1
-            final = n == self.L.M
             fresh = {r: self.L.menv[(r, mb)][g] for _, _, r in self.L.group(stage)}
-            if self.scatter_each:
-                fresh = self._reduce_scatter(p, stage, mb, fresh)
-            for r, local in fresh.items():
-                self._accumulate(p, r, local, final, stage, mb)
-            self.count[p] = n
-            if final:
+            unit = self._grad_units().get(p) if self.scatter_each else None
+            if unit is None:
                 if self.scatter_each:
-                    for r in fresh:
-                        self.synced[(p, r)] = self.acc[(p, r)]
-                else:
-                    self._ready(p, stage)
+                    fresh = self._reduce_scatter(p, stage, mb, fresh)
+                self._settle(p, stage, mb, fresh)
+                continue
+            # the layer's gradients wait for each other (FSDP reduce-scatters
+            # a unit's gradients when its backward has made them all)
+            waiting = self._unit_grads.setdefault((unit, stage, mb), {})
+            waiting[p] = fresh
+            if len(waiting) == len(unit):
+                del self._unit_grads[(unit, stage, mb)]
+                shards = self._reduce_scatter_unit(unit, stage, mb, waiting)
+                for q in unit:
+                    self._settle(q, stage, mb, shards[q])
+
+    def _settle(self, p: Value, stage: int, mb: int, fresh: Mapping[int, Value]) -> None:
+        """Micro-batch ``mb``'s gradient of ``p`` (synchronised where ZeRO
+        2/3 reduce-scatter each) into its buffer, and its sync once final."""
+        n = self.count.get(p, 0) + 1
+        final = n == self.L.M
+        for r, local in fresh.items():
+            self._accumulate(p, r, local, final, stage, mb)
+        self.count[p] = n
+        if final:
+            if self.scatter_each:
+                for r in fresh:
+                    self.synced[(p, r)] = self.acc[(p, r)]
+            else:
+                self._ready(p, stage)
 
     def accumulated(self, stage: int, mb: int, seg: "Segment") -> None:
         """The fused segment ``seg`` (LowerSPMD with ``coarsen``) has added
@@ -638,101 +507,3 @@ class _BuilderShim:
 
 def em_builder(em) -> _BuilderShim:
     return _BuilderShim(em)
-
-
-# -- moving numbers in and out ------------------------------------------------
-#: inputs that start at zero: Adam's moments, SGD's momentum, gradient buffers
-ZERO_STATES = ("m", "v", "mom", "grad")
-
-
-def const_value(spec: Mapping[str, Any], tp_rank: int, dtype: str) -> np.ndarray:
-    """A constant input of a lowered program from its ``meta["consts"]``
-    entry: ``vocab_pad`` is 0 on the real vocabulary entries of this
-    rank's shard and the dtype's most negative number on the padding (added
-    to the logits, it keeps padded entries out of the softmax)."""
-    if spec.get("kind") != "vocab_pad":
-        raise ValueError(f"unknown constant kind {spec.get('kind')!r}")
-    shard, valid = int(spec["shard"]), int(spec["valid"])
-    index = tp_rank * shard + np.arange(shard)
-    return np.where(index < valid, 0.0, np.finfo(dtype).min).astype(dtype)
-
-
-def local_inputs(program: Function, params: Mapping[str, np.ndarray],
-                 data: Mapping[str, np.ndarray], master_dtype: str = "float32",
-                 micro_batch: Optional[int] = None) -> List[np.ndarray]:
-    """Inputs of a lowered program from the global parameters (master
-    weights start equal to them, moments at zero) and the global batch
-    (``data[name]`` of shape ``(global_batch, ...)``, split into data-parallel
-    ranks, then micro-batches)."""
-    meta = program.meta
-    shards = meta.get("param_shards", {})
-    tp, M = meta["tp"], meta["microbatches"]
-    out = []
-    for v in program.inputs:
-        info = meta["io"][v.name]
-        role = info["role"]
-        if role == "data":
-            full = np.asarray(data[info["name"]])
-            b = v.type.shape[0]
-            start = (info["dp_rank"] * M + info["microbatch"]) * b
-            out.append(full[start:start + b])
-            continue
-        if role == "const":
-            out.append(const_value(meta["consts"][info["name"]], info["tp_rank"],
-                                   v.type.dtype.numpy_name))
-            continue
-        value = np.asarray(params[info["name"]])
-        spec = shards.get(info["name"])
-        local = tp_shard(value, tuple(spec) if spec else None, tp, info["tp_rank"])
-        if info.get("state") in ZERO_STATES:
-            local = np.zeros_like(local)
-        if "flat" in info:
-            lo, hi = info["flat"]
-            local = local.reshape(-1)[lo:hi]
-        dtype = v.type.dtype.numpy_name
-        out.append(np.ascontiguousarray(local, dtype=dtype))
-    return out
-
-
-def global_updates(program: Function, outputs: Sequence[np.ndarray], state: str = "param"
-                   ) -> Dict[str, np.ndarray]:
-    """The updated global parameters (``state="param"``) or master weights
-    (``"master"``) reassembled from a lowered program's outputs."""
-    meta = program.meta
-    shards = meta.get("param_shards", {})
-    shapes = meta.get("param_global_shapes", {})
-    tp, dp = meta["tp"], meta["dp"]
-    pieces: Dict[str, Dict[int, Dict[int, np.ndarray]]] = {}
-    flat: Dict[str, bool] = {}
-    for v, value in zip(program.outputs, outputs):
-        info = meta["io"].get(v.name, {})
-        if info.get("role") != "updated" or info.get("state", "param") != state:
-            continue
-        pieces.setdefault(info["name"], {}).setdefault(info["tp_rank"], {})[info["dp_rank"]] = \
-            np.asarray(value)
-        flat[info["name"]] = "flat" in info
-    out = {}
-    for name, by_t in pieces.items():
-        spec = shards.get(name)
-        tp_pieces = []
-        for t in range(tp):
-            by_d = by_t[t]
-            if flat[name]:
-                whole = np.concatenate([by_d[d] for d in range(dp)])
-                tp_pieces.append(whole.reshape(_local_shape(shapes[name], spec, tp)))
-            else:
-                tp_pieces.append(by_d[0])
-        out[name] = tp_unshard(tp_pieces, tuple(spec) if spec else None,
-                               meta.get("param_unpadded", {}).get(name))
-    return out
-
-
-def _local_shape(shape: Sequence[int], spec, tp: int) -> Tuple[int, ...]:
-    shape = list(shape)
-    if spec and tp > 1:
-        shape[spec[0]] //= tp
-    return tuple(shape)
-
-
-def numel(shape: Sequence[int]) -> int:
-    return int(prod(shape))

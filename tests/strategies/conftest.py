@@ -15,7 +15,7 @@ from distsim.models.gpt import gpt_forward
 from distsim.transforms.optimizer import SGD, SGDHyper
 from distsim.transforms.spmd import LowerSPMD
 from distsim.transforms.strategy import Strategy
-from distsim.transforms.zero import global_updates, local_inputs
+from distsim.transforms.zero_numbers import global_updates, local_inputs
 
 # float64 everywhere so that every strategy agrees with the reference to
 # round-off; eps = 1 keeps Adam's first step proportional to the gradient

@@ -25,6 +25,11 @@ STRATEGIES = [
     dict(tp=2, sp=True, recompute="selective"),
     dict(dp=2, tp=2, pp=2, sp=True, zero=3, schedule="interleaved", recompute="full"),
     dict(dp=2, tp=2, zero=2, bucket_mb=0.001),
+    # ZeRO-3 with a layer's parameters gathered (and reduce-scattered) together
+    dict(dp=2, zero=3, zero3_unit="layer"),
+    dict(dp=4, zero=3, zero3_unit="layer", microbatches=2, micro_batch=1),
+    dict(dp=2, tp=2, pp=2, zero=3, zero3_unit="layer", prefetch=2, recompute="selective"),
+    dict(dp=2, tp=2, pp=2, sp=True, zero=3, zero3_unit="layer", schedule="interleaved"),
 ]
 
 

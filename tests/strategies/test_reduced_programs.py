@@ -16,6 +16,7 @@ CASES = [
     ("dgx-a100", dict(dp=2, tp=2, pp=2, zero=1)),
     ("dgx-a100", dict(dp=2, tp=2, pp=2, zero=3, schedule="interleaved", microbatches=4)),
     ("dgx-a100", dict(dp=4, tp=2, zero=2, bucket_mb=1.0)),
+    ("dgx-a100", dict(dp=4, pp=2, zero=3, zero3_unit="layer", microbatches=2)),
     ("dgx-a100", dict(dp=2, tp=4, sp=True, recompute="selective")),
     ("dgx-a100", dict(dp=1, tp=2, pp=4, schedule="gpipe")),
     ("dgx-a100-x8", dict(dp=8, tp=2, pp=4)),
@@ -65,6 +66,7 @@ COARSEN_CASES = [
     dict(dp=2, tp=4, sp=True, recompute="selective"),
     dict(dp=1, tp=2, pp=4, schedule="gpipe"),
     dict(dp=4, tp=2, zero=2, bucket_mb=1.0),
+    dict(dp=4, pp=2, zero=3, zero3_unit="layer", microbatches=2),
     # gradient accumulation over micro-batches fused into the segments
     # (all but the last micro-batch, whose gradients feed the sync)
     dict(dp=2, tp=2, pp=2, zero=1, microbatches=4),

@@ -22,7 +22,7 @@ from distsim.topology import load_topology
 from distsim.transforms.adam import AdamHyper
 from distsim.transforms.spmd import LowerSPMD
 from distsim.transforms.strategy import Strategy
-from distsim.transforms.zero import local_inputs
+from distsim.transforms.zero_numbers import local_inputs
 
 LOCAL = (4, 3)   # the per-rank micro-batch of the step
 

@@ -1,0 +1,125 @@
+"""ZeRO-3 by layer (``zero3_unit="layer"``): a layer's parameters are
+all-gathered in one collective and their gradients reduce-scattered in
+one, as FSDP does for each wrapped block, instead of one collective per
+parameter. The numbers are the single-device step's
+(tests/strategies/test_equivalence.py); here: what travels, and what one
+collective per layer costs."""
+from collections import Counter
+
+import pytest
+
+import distsim
+from distsim.cli import main
+from distsim.errors import ConfigError
+
+#: one DGX A100: a ring over NVSwitch, 300 GB/s per GPU and direction, each
+#: ring step two 0.5 us hops (topologies/dgx-a100.yaml)
+DP, NVLINK_BPS, STEP_LATENCY_S = 8, 300e9, 1e-6
+CASE = dict(model="gpt3-1.3b", topology="dgx-a100", dp=DP, layers=4, global_batch=8, zero=3,
+            network_mode="analytical", collective_algo="ring")
+
+
+def ring_all_gather_s(nbytes: float) -> float:
+    """(p - 1) steps, each its latency and 1/p of the gathered bytes."""
+    return (DP - 1) * STEP_LATENCY_S + (DP - 1) / DP * nbytes / NVLINK_BPS
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {unit: distsim.simulate(**CASE, zero3_unit=unit) for unit in ("param", "layer")}
+
+
+def first_forward_gathers(result, layer):
+    """(name, seconds, bytes) of rank 0's all-gathers of ``layer``'s
+    parameters for micro-batch 0's forward (the first of each name)."""
+    produced = {v.name: op for op in result.program.ops for v in op.outputs}
+    out = []
+    for o in result.trace.ops:
+        op = produced[o.name]
+        if (o.rank == 0 and o.op_type == "comm.allgather" and op.meta.get("layer") == layer
+                and op.meta.get("microbatch") == 0 and o.name.endswith("_m0_r0")):
+            out.append((o.name, o.end_s - o.start_s, op.outputs[0].type.size_bytes))
+    return out
+
+
+def test_one_gather_per_layer_pays_one_latency(runs):
+    """Per parameter, each of layer 1's 12 gathers pays the ring's 7 step
+    latencies; by layer, one gather of the same bytes pays them once."""
+    each = first_forward_gathers(runs["param"], 1)
+    assert len(each) == 12
+    for name, seconds, nbytes in each:
+        assert seconds == pytest.approx(ring_all_gather_s(nbytes), rel=1e-9), name
+    unit = [g for g in first_forward_gathers(runs["layer"], 1) if "_unit12_" in g[0]]
+    assert len(unit) == 1
+    _, seconds, nbytes = unit[0]
+    assert nbytes == sum(b for _, _, b in each)
+    assert seconds == pytest.approx(ring_all_gather_s(nbytes), rel=1e-9)
+    saved = sum(s for _, s, _ in each) - seconds
+    assert saved == pytest.approx(11 * (DP - 1) * STEP_LATENCY_S, rel=1e-6)
+
+
+def test_a_layer_travels_in_one_gather_and_one_reduce_scatter(runs):
+    """Rank 0, micro-batch 0: per layer one forward gather, one backward
+    gather (the weights the backward reads) and one reduce-scatter of
+    the layer's 12 gradients; the same bytes as per parameter."""
+    def collectives(result):
+        produced = {v.name: op for op in result.program.ops for v in op.outputs}
+        count, nbytes = Counter(), Counter()
+        for v in (o for o in result.program.ops if o.op_type.startswith("comm.")):
+            for out in v.outputs:
+                if out.type.device != 0:
+                    continue
+                op = produced[out.name]
+                if isinstance(op.meta.get("layer"), int) or op.meta.get("role") == "grad_sync":
+                    count[op.op_type] += 1
+                    nbytes[op.op_type] += out.type.size_bytes
+        return count, nbytes
+    per_param, bytes_param = collectives(runs["param"])
+    per_layer, bytes_layer = collectives(runs["layer"])
+    assert bytes_layer == bytes_param
+    # 4 layers x 12 parameters; the embedding (2) and final norm (2) too
+    assert per_param["comm.reducescatter"] == 4 * 12 + 2 + 2
+    assert per_layer["comm.reducescatter"] == 4 + 1 + 1
+    assert per_layer["comm.allgather"] < per_param["comm.allgather"] / 4
+
+
+def test_by_layer_fewer_kernels_and_latencies_but_coarser_waits(runs):
+    """By layer the copies are one kernel per layer (fewer launches) and
+    the collectives pay fewer latencies; but a layer's first op waits for
+    all of its parameters (per parameter only the first one's gather), so
+    on this compute-bound single node more of the gathering is exposed,
+    and the layer's parameters are held whole at once."""
+    p, l = runs["param"].summary(), runs["layer"].summary()
+    assert l["compute_s"] < p["compute_s"]
+    assert l["communication_s"] < p["communication_s"]
+    assert l["exposed_communication_s"] > p["exposed_communication_s"]
+    assert l["max_peak_memory_bytes"] > p["max_peak_memory_bytes"]
+
+
+def test_parameters_that_do_not_split_evenly_travel_alone():
+    """Hidden size 36 over dp 8: the norms and biases (36 elements) do not
+    split evenly, so they are gathered per parameter; the weight matrices
+    (36 x 108, ...) go by layer."""
+    result = distsim.simulate(model="tiny", topology="dgx-a100", dp=8, zero=3, hidden=36,
+                              heads=4, zero3_unit="layer", global_batch=8,
+                              network_mode="analytical")
+    names = [op.name for op in result.program.ops if op.op_type == "comm.allgather"]
+    assert any("_unit" in n for n in names)
+    assert any("_unit" not in n for n in names)
+
+
+def test_the_estimator_refuses_it():
+    from distsim.sweep.estimate import estimate
+    with pytest.raises(ConfigError, match="zero3_unit 'layer'.*fidelity: simulate"):
+        estimate(dict(model="tiny", topology="dgx-a100", dp=8, zero=3, zero3_unit="layer"))
+
+
+def test_cli_flag_and_bad_value(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["simulate", "--model", "tiny", "--dp", "8", "--zero", "3", "--zero3-unit",
+                 "layer", "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert '"zero3_unit": "layer"' in captured.out
+    with pytest.raises(ConfigError, match="--zero3-unit: must be one of param, layer, got .block."):
+        distsim.simulate(model="tiny", zero=3, dp=8, zero3_unit="block")
