@@ -153,10 +153,6 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise ConfigError(f"estimate: zero3_unit {strategy.zero3_unit!r} (a layer's ZeRO-3 "
                           "collectives together) is not estimated; the estimator times each "
                           "parameter's (use zero3_unit: param, or fidelity: simulate)")
-    if strategy.tp > 1 and not strategy.order.startswith("tp-"):
-        raise ConfigError(f"estimate: mesh order {strategy.order!r} splits tensor-parallel "
-                          "groups over non-adjacent ranks; the estimator times them on "
-                          "adjacent ones (use an order starting with tp, or fidelity: simulate)")
     c = gpt_config(config)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
@@ -454,8 +450,14 @@ def _profile_for(case: Case) -> LayerProfile:
     c, S = case.config, case.strategy
     items = _one_microbatch(c)
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
+    # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
+    # order that spreads it (dp-tp-pp, ...), and its collectives cross
+    # what those devices' links cross
+    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(0, 0, t) for t in range(S.tp))
+    if tp_ranks == tuple(range(S.tp)):
+        tp_ranks = None
     return layer_profile(items, S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
-                         case.topology_name, case.collective_algo, S.optimizer)
+                         case.topology_name, case.collective_algo, S.optimizer, tp_ranks)
 
 
 _PARTS = ("compute_s", "communication_s", "exposed_communication_s", "idle_s")

@@ -25,7 +25,8 @@ per *block* (the embedding, one transformer layer, the head with the loss):
   (:func:`~distsim.transforms.memory_model.saved_activation_bytes`).
 
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
-micro-batch, untied head, topology, collective algorithm).
+micro-batch, untied head, topology, collective algorithm, the tensor-parallel
+group's devices).
 """
 from __future__ import annotations
 
@@ -265,21 +266,27 @@ def param_sizes(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, un
 @lru_cache(maxsize=256)
 def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
                   zero: int, micro_batch: int, untie: bool, topology: str,
-                  collective_algo: str = "auto", optimizer: str = "adamw") -> LayerProfile:
+                  collective_algo: str = "auto", optimizer: str = "adamw",
+                  tp_ranks: Optional[Tuple[int, ...]] = None) -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
-    cached per process."""
+    cached per process. ``tp_ranks``: the devices of the tensor-parallel
+    group the template runs on (None: ranks ``0..tp-1``)."""
     return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
-                         collective_algo, optimizer)
+                         collective_algo, optimizer, tp_ranks=tp_ranks)
 
 
 def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
-                  representatives: bool = True) -> LayerProfile:
+                  representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None
+                  ) -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
-    a test checks they agree)."""
+    a test checks they agree). ``tp_ranks``: the template's ranks
+    ``0..tp-1`` run on these devices (a mesh order that spreads the
+    tensor-parallel group, e.g. ``dp-tp-pp``: its collectives cross the
+    links they really cross)."""
     import time
     started = time.perf_counter()
     config = GPTConfig(**dict(config_items))
@@ -287,6 +294,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
                                      untie, optimizer, representatives)
     topo = load_topology(topology)
+    if tp_ranks is not None:
+        topo = topo.with_ranks_first(tp_ranks)
     trace = simulate_function(program, topo, CostModel(topo.device_spec),
                               SimulationOptions(network_mode="analytical",
                                                 collective_algorithm=collective_algo))

@@ -195,6 +195,22 @@ class Topology:
     def ranks_on_node(self, node_index: int) -> List[int]:
         return [r for r, n in enumerate(self._node_index) if n == node_index]
 
+    def with_ranks_first(self, ranks: Sequence[int]) -> "Topology":
+        """The same cluster with the devices of ``ranks`` renumbered
+        ``0..len(ranks)-1`` (in that order) and the others after them in
+        their own order: a program written for ranks ``0..k-1`` then runs
+        on those devices (the sweep estimator times one tensor-parallel
+        group of a mesh order that spreads it, e.g. ``dp-tp-pp``, so)."""
+        for r in ranks:
+            self.check_rank(r)
+        if len(set(ranks)) != len(ranks):
+            raise TopologyError(f"{self.source}: ranks {list(ranks)} repeat a device")
+        order = list(ranks) + [r for r in range(self.num_devices) if r not in set(ranks)]
+        graph = self.graph.copy()
+        for new, old in enumerate(order):
+            graph.nodes[self._device_nodes[old]]["rank"] = new
+        return Topology(self.name, graph, self.device_spec, self.source, self.meta)
+
     def check_rank(self, rank: int) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or \
                 not 0 <= rank < len(self._device_nodes):

@@ -96,8 +96,6 @@ def test_what_the_estimator_cannot_do_is_a_config_error():
         est.estimate({**GPT2, "topology": "dgx-a100", "tp": 8})
     with pytest.raises(ConfigError, match="does not match the 8 devices"):
         est.estimate({**GPT2, "topology": "dgx-a100", "dp": 2})
-    with pytest.raises(ConfigError, match="mesh order"):
-        est.estimate({**GPT2, "topology": "dgx-a100", "dp": 4, "tp": 2, "order": "dp-tp-pp"})
 
 
 def test_the_estimator_refuses_a_batch_and_global_batch_that_differ():

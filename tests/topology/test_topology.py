@@ -141,3 +141,22 @@ def test_torus_neighbours_and_ecmp():
     paths = {t.route(0, 10, key=k) for k in range(16)}
     assert all(len(p) == 4 for p in paths) and len(paths) > 1
     assert load_topology("torus-4x4x4").graph.out_degree("gpu0") == 6
+
+
+def test_with_ranks_first_renumbers_devices_and_keeps_the_links():
+    """Ranks 0 and 8 of two DGX nodes become 0 and 1: the route between
+    them is the old cross-node one, and every other device keeps its
+    relative order after them."""
+    from distsim.topology import load_topology
+    topo = load_topology("dgx-a100-x2")
+    moved = topo.with_ranks_first([0, 8])
+    assert moved.device_node(0) == topo.device_node(0)
+    assert moved.device_node(1) == topo.device_node(8)
+    assert [moved.device_node(r) for r in range(2, 9)] == \
+        [topo.device_node(r) for r in range(1, 8)]
+    old, new = topo.route(0, 8), moved.route(0, 1)
+    assert topo.path_latency_s(old) == pytest.approx(moved.path_latency_s(new))
+    assert topo.path_bandwidth_Bps(old) == pytest.approx(moved.path_bandwidth_Bps(new))
+    assert moved.node_of(1) != moved.node_of(0)
+    with pytest.raises(TopologyError, match="repeat"):
+        topo.with_ranks_first([3, 3])
