@@ -29,7 +29,7 @@ MAX_BATCH = 16
 #: Options that do not change an estimate's per-layer profile (beyond
 #: ``pp > 1`` and the ZeRO kind, which :func:`profile_group` keeps).
 _NOT_IN_PROFILE = frozenset({"pp", "dp", "zero", "bucket_mb", "schedule", "virtual_stages",
-                             "partition", "prefetch", "order", "symmetry", "coarsen",
+                             "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
                              "network_mode", "max_trace_records", "max_ops"})
 
 

@@ -27,7 +27,9 @@ resolved batch sizes). It never builds the whole program:
    emitted where LowerSPMD emits it (per gradient, in buckets, or after the
    backward; all-reduce or ZeRO reduce-scatter), the tied-embedding
    all-reduce, the optimizer per parameter (ZeRO shards, the all-gather
-   after the update), ZeRO-3 parameter gathers per layer and task, and
+   after the update), ZeRO-3 parameter gathers per layer and task (by
+   parameter, or with ``zero3_unit: layer`` a layer's as one, its
+   gradients reduce-scattered as one: :mod:`.estimate_units`), and
    pipeline send/receives. Collective times are the simulator's
    analytical ones on the real teams (:func:`run_collective` on an
    analytical :class:`~distsim.sim.network.Network`).
@@ -72,6 +74,7 @@ from ..transforms.strategy import Strategy, check_field
 from ..transforms.zero import check_shardable
 from .estimate_profile import LayerProfile, layer_profile, param_sizes
 from .estimate_profile_memory import prefetched_bytes
+from .estimate_units import copy_out_excess, pending_shard_bytes, unit_backward_excess
 from .estimate_sync import shard_size
 from .estimate_engine import Timeline
 from .estimate_timeline import Builder, Case, Memo, shared_prefix
@@ -149,10 +152,6 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
-    if strategy.zero == 3 and strategy.dp > 1 and strategy.zero3_unit != "param":
-        raise ConfigError(f"estimate: zero3_unit {strategy.zero3_unit!r} (a layer's ZeRO-3 "
-                          "collectives together) is not estimated; the estimator times each "
-                          "parameter's (use zero3_unit: param, or fidelity: simulate)")
     c = gpt_config(config)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
@@ -232,8 +231,13 @@ def estimate_memory(b: Builder) -> List[int]:
         if c < b.C - 1 and (c + 1) % S.pp != c % S.pp:
             chunk_saved[c] -= kept
     prefetch = S.prefetch if zero == 3 else 0
+    units = b.by_layer
     ahead = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, prefetch)
              for c in range(b.C) for kind in "FB"}
+    # by layer, at a block's copy-out (its own gather just ended) only the
+    # next block's gather has started on the communication stream
+    next_one = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, min(prefetch, 1))
+                for c in range(b.C) for kind in "FB"} if units else ahead
 
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
@@ -246,24 +250,41 @@ def estimate_memory(b: Builder) -> List[int]:
         gradients become the buffers (``b0_excess``) where the later ones
         make a gradient beside the buffer and add it in (``b_excess``))."""
         peak = -math.inf
+        backward = b.blocks_of("B", c)
         if kind == "F":
             before = 0.0
-            for (name, _), gathered in zip(chunk_blocks[c], ahead[("F", c)]):
-                peak = max(peak, base + flight + before + gathered + blocks[name].f_excess)
+            # by layer: the stage's last backward's last unit of shards
+            pending = pending_shard_bytes(b, backward, len(backward)) if units else 0.0
+            for (name, _), gathered, started in zip(chunk_blocks[c], ahead[("F", c)],
+                                                    next_one[("F", c)]):
+                now = base + flight + before + pending
+                peak = max(peak, now + gathered + blocks[name].f_excess)
+                split = copy_out_excess(b, "F", name) if units else None
+                if split is not None:
+                    peak = max(peak, now + started + split)
                 before += blocks[name].saved_bytes
         else:
             held = flight
-            for k, ((name, _), gathered) in enumerate(zip(chunk_blocks[c][::-1],
-                                                          ahead[("B", c)])):
-                excess = (blocks[name].bs_excess if b.scatter_each else
-                          blocks[name].b0_excess if first or b.M == 1 else
-                          blocks[name].b_excess)
+            for k, ((name, _), gathered) in enumerate(zip(backward, ahead[("B", c)])):
+                grads_at = blocks[name].bs_grads
+                if units and b.scatter_each:
+                    excess, grads_at = unit_backward_excess(b, name)
+                else:
+                    excess = (blocks[name].bs_excess if b.scatter_each else
+                              blocks[name].b0_excess if first or b.M == 1 else
+                              blocks[name].b_excess)
                 if by_block is not None:
                     excess += by_block.get(k, 0)
                 now = base + held + gathered
+                if units:     # the previous unit's shards, and this one's copy-out
+                    pending = pending_shard_bytes(b, backward, k)
+                    now += pending
+                    split = copy_out_excess(b, "B", name)
+                    if split is not None:
+                        peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
                 if inside:
-                    for i, at in blocks[name].bs_grads.items():
+                    for i, at in grads_at.items():
                         peak = max(peak, now + at + inside.get((k, i), 0))
                 held -= blocks[name].saved_bytes
         return peak

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from .estimate_gates import gather_times
+from ..ir.comm import CollectiveType
+
+from .estimate_gates import gather_plan
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from ..transforms.strategy import Strategy
@@ -41,6 +43,8 @@ class OpByOpBackward:
     route: str
     scatter_each: bool
     zero3: bool
+    by_layer: bool
+    unit_pending: Dict[int, list]
 
     def _segment_plan(self, name: str, only: bool) -> list:
         """A block's op-level last backward (``only``: the first micro-batch's,
@@ -55,19 +59,35 @@ class OpByOpBackward:
             segs = blk.only if only else blk.last
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
             index = {p.name: i for i, p in enumerate(self.prof.params[name])}
+            gp = gather_plan(self, "B", name) if self.zero3 else None
+            # by layer: the unit's copy-out in the run where the unit is
+            # first read, each reshape it replaces off the run that read
+            # its parameter first (the reads so far: positions up to the gate)
+            by_layer = gp is not None and gp.first is not None
+            read, split = -1, False
             plan = []
             for seg in segs:
+                gate = seg.gate
+                if gp is not None and gate is not None and gate >= 0:
+                    gate = gp.upto[gate]          # the gathers issued up to that read
                 if seg.kind == "c":
-                    plan.append(("c", seg.time_s, blk.b_flops * seg.time_s / ctime,
+                    t = seg.time_s
+                    if by_layer and seg.gate is not None and seg.gate > read:
+                        t -= sum(gp.reshape_s[read + 1:seg.gate + 1])
+                        read = seg.gate
+                        if not split and read >= gp.first:
+                            t, split = t + gp.split_s, True
+                        t = max(0.0, t)
+                    plan.append(("c", t, blk.b_flops * seg.time_s / ctime,
                                  tuple(d for d in seg.deps if d is not None), None, None,
-                                 seg.lead, seg.gate))
+                                 seg.lead, gate))
                 elif seg.kind == "t":
                     d = seg.deps[0] if seg.deps else None
                     plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None,
-                                 seg.lead, seg.gate))
+                                 seg.lead, gate))
                 else:
                     plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
-                                 index[seg.param], False, seg.gate))
+                                 index[seg.param], False, gate))
             self.memo.segments[(name, only)] = plan
         return plan
 
@@ -106,6 +126,8 @@ class OpByOpBackward:
         #: flushed before it starts (held until they are unpacked)
         in_buckets: Dict[int, int] = {}
         by_stage = self.sync.buckets if self.route == "bucket" else {}
+        #: by layer: per block position, its unit's gradients made so far
+        unit_made: Dict[int, Dict[int, float]] = {}
         for k, (name, layer) in enumerate(order):
             if by_stage.get(stage):       # flushed so far, this task's too
                 in_buckets[k] = sum(by_stage[stage])
@@ -115,8 +137,10 @@ class OpByOpBackward:
                 for j in range(k, min(n, k + 1 + self.S.prefetch)):
                     if j not in gathered:
                         gathered[j] = at_end = {}
+                        copy_in = gather_plan(self, "B", order[j][0]).copy_in
+                        start = tl.compute(stage, copy_in, gate) if copy_in else gate
                         for t, upto in self._gather_groups(order[j][0], only):
-                            at_end[upto] = at_end[None] = tl.comm_on(stage, t, gate)
+                            at_end[upto] = at_end[None] = tl.comm_on(stage, t, start)
                 ends = gathered[k]
             local: Dict[int, float] = {}
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
@@ -148,6 +172,18 @@ class OpByOpBackward:
                         held = sum(nbytes for nbytes, _ in flats)
                         if held > inside.get((k, param), 0):
                             inside[(k, param)] = held
+                    unit = self._grad_unit(name)
+                    if unit is not None and param in unit:
+                        # by layer: reduce-scattered with the rest of the
+                        # block's unit once all are made
+                        got = unit_made.setdefault(k, {})
+                        got[param] = made or 0.0
+                        if len(got) == len(unit):
+                            end = self._scatter_unit(stage, name, layer, unit,
+                                                     max(got.values()), accumulating or 0)
+                            if flats is not None:
+                                flats.append((self._unit_bytes(name), end))
+                        continue
                     if scatter:
                         end = self.sync.scatter((name, param), stage, made)
                         if shard_ops is not None:
@@ -195,6 +231,9 @@ class OpByOpBackward:
         origin = free if lead else max(ready, free)
         clean = ready <= origin and tl.free[s + 1] <= origin
         key = (self.shapes[c], mb == self.M - 1)
+        # by layer a task settles the unit the stage's previous one left:
+        # not a function of its start alone
+        clean = clean and not self.by_layer
         record = self.replays.get(key) if clean else None
         if record is not None:
             return self._replay(record, stage, order, origin)
@@ -257,7 +296,7 @@ class OpByOpBackward:
         position an entry of :meth:`_segment_plan` waits up to."""
         hit = self.memo.gather_groups.get((name, only))
         if hit is None:
-            times = gather_times(self, "B", name)
+            times = gather_plan(self, "B", name).items
             cuts = sorted({entry[7] for entry in self._segment_plan(name, only)
                            if entry[7] is not None and entry[7] >= 0})
             hit, start = [], 0
@@ -284,3 +323,61 @@ class OpByOpBackward:
                     at = slice(i * per, (i + 1) * per)
                     hit[(name, i)] = (sum(terms.on_shard[at]), sum(terms.shard_flops[at]))
         return hit
+
+    # -- ZeRO-3 by layer: a block's gradients reduce-scattered as one --------
+    def _grad_unit(self, name: str) -> Optional[Tuple[int, ...]]:
+        """By layer with a reduce-scatter per micro-batch: the indices of
+        the block's parameters whose gradients travel as one (those dp
+        divides, when more than one), or None."""
+        if not (self.by_layer and self.scatter_each):
+            return None
+        hit = self.memo.grad_units.get(name, False)
+        if hit is False:
+            members = tuple(i for i, p in enumerate(self.prof.params[name])
+                            if p.numel % self.S.dp == 0)
+            hit = self.memo.grad_units[name] = members if len(members) > 1 else None
+        return hit
+
+    def _unit_bytes(self, name: str) -> int:
+        params = self.prof.params[name]
+        return sum(params[i].numel * params[i].dtype.itemsize for i in self._grad_unit(name))
+
+    def _scatter_unit(self, stage: int, name: str, layer, unit: Tuple[int, ...], made: float,
+                      mb: int) -> float:
+        """A block's unit of gradients, all made by ``made``: the stage's
+        previous unit settled first (:meth:`settle_units`), then the
+        gradients concatenated row by row (compute) and reduce-scattered
+        (its end returned); settled at the stage's next unit."""
+        self.settle_units(stage)
+        params = self.prof.params[name]
+        d = params[unit[0]].dtype
+        t_cat = self.costs.cost("chunk_cat", [(params[i].numel, d) for i in unit],
+                                [(sum(params[i].numel for i in unit), d)])[0]
+        end = self.tl.compute(stage, t_cat, made)
+        end = self.tl.comm_on(stage, self.dp_time(CollectiveType.REDUCE_SCATTER,
+                                                  self._unit_bytes(name)), end)
+        self.unit_pending.setdefault(stage, []).append((name, layer, unit, mb, end))
+        return end
+
+    def settle_units(self, stage: int) -> None:
+        """The units of ``stage`` reduce-scattered and not settled: each
+        result split into the shards (compute, after its reduce-scatter),
+        then, past the first micro-batch, each shard's accumulation (and at
+        the last, its average); a gradient is synchronised where its shard
+        is settled at the last micro-batch (as GradientSync._settle_units)."""
+        tl, sync = self.tl, self.sync
+        for name, layer, unit, mb, rs_end in self.unit_pending.pop(stage, []):
+            params = self.prof.params[name]
+            d = params[unit[0]].dtype
+            shards = [params[i].numel // self.S.dp for i in unit]
+            t_split = self.costs.cost("split", [(sum(shards), d)], [(n, d) for n in shards])[0]
+            end = tl.compute(stage, t_split, rs_end)
+            ops = self._shard_ops(mb) if mb else None
+            for i in unit:
+                if ops is not None:
+                    t, fl = ops[(name, i)]
+                    self.flops[stage] += fl
+                    end = tl.compute(stage, t, end)
+                if mb == self.M - 1:
+                    key = (name, layer, i)
+                    sync.final[key] = sync.synced[key] = end

@@ -136,6 +136,10 @@ class Block:
     #: the same at each gradient of the block: its parameter's index in
     #: the block -> bytes (what copies still waiting add to)
     bs_grads: Dict[int, float] = field(default_factory=dict)
+    #: the same backward's ops that make final gradients, in order: (the
+    #: indices of the parameters, the bytes above the baseline while the op
+    #: runs and once it has ended, the gradients' bytes)
+    bs_made: List[Tuple[Tuple[int, ...], float, float, int]] = field(default_factory=list)
     # ZeRO-3: the parameters gathered in this block's forward / backward (the
     # first reader of each), as (owner block, index in its parameter list)
     f_gather: List[Tuple[str, int]] = field(default_factory=list)
@@ -146,6 +150,11 @@ class Block:
     #: program order: the compute before a read waits for no later gather
     f_gates: List[Tuple[float, int]] = field(default_factory=list)
     b_gates: List[Tuple[float, int]] = field(default_factory=list)
+    #: ZeRO-3: per parameter first read in the forward / backward, the
+    #: bytes above the block's baseline (as ``f_excess`` / ``b0_excess``)
+    #: while the reshape of its gathered value runs
+    f_reads: Dict[str, float] = field(default_factory=dict)
+    b_reads: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

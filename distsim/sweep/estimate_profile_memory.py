@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
+from ..transforms.zero3 import used_param_name
 from .estimate_profile import EMB, HEAD, LAYER, Block, LayerProfile, Param
 
 
@@ -70,25 +71,44 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             key = ("F", 1, name) if (name == EMB and zero3 and ("F", 1, name) in groups) \
                 else ("F", 0, name)
             blocks[name].f_excess = max(0.0, peak(*window(key)) - static - grads - before)
+            blocks[name].f_reads = _read_excess(groups[key], times, peak,
+                                                static + grads + before)
         if ("B", 1, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
                                         - before - saved[name])
         if ("B", 0, name) in groups:
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
+            blocks[name].b_reads = _read_excess(groups[("B", 0, name)], times, peak, base)
             index = {p.name: i for i, p in enumerate(params.get(name, []))}
             if allocated is None:
                 allocated = _allocations(rank0, times, program)
-            at = _scatter_excess(groups[("B", 0, name)], times, samples, stamps, allocated,
-                                 final_only)
+            at, made = _scatter_excess(groups[("B", 0, name)], times, samples, stamps,
+                                       allocated, final_only)
             blocks[name].bs_grads = {index[p]: live - base for p, live in at.items()
                                      if p in index}
+            blocks[name].bs_made = [(tuple(index[p] for p in names if p in index),
+                                     during - base, after - base, nbytes)
+                                    for names, during, after, nbytes in made]
             blocks[name].bs_excess = max([blocks[name].b0_excess,
                                           *blocks[name].bs_grads.values()])
     last_b = max(window(k)[1] for k in groups if k[0] == "B")
     end = max(stamps) if stamps else last_b
     _optimizer_memory(params, rank0, times, samples, static + grads)
     return max(0.0, peak(last_b, end, upto=True) - static - grads)
+
+
+def _read_excess(ops: List[Op], times, peak, base: float) -> Dict[str, float]:
+    """ZeRO-3: per parameter a block first reads, the bytes above ``base``
+    while the reshape of its gathered value runs (that reshape's result
+    included): where ZeRO-3 by layer splits the whole unit out of its
+    gathered buffer instead (:func:`.estimate_units.copy_out_bytes`)."""
+    out: Dict[str, float] = {}
+    for op in ops:
+        name = used_param_name(op)
+        if name is not None and name not in out:
+            out[name] = peak(times[op.name][0], times[op.name][1]) - base
+    return out
 
 
 def _allocations(rank0: List[Op], times, program: Function) -> Dict[float, int]:
@@ -108,7 +128,8 @@ def _allocations(rank0: List[Op], times, program: Function) -> Dict[float, int]:
 
 def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
                     stamps: List[float], starts: Dict[float, int],
-                    final_only: Dict[int, str]) -> Dict[str, float]:
+                    final_only: Dict[int, str]
+                    ) -> Tuple[Dict[str, float], List[Tuple[List[str], float, float, int]]]:
     """The most live bytes (rank 0) that a block's backward reaches with ZeRO
     2/3 reducing-scattering each micro-batch's gradients, from the
     template's first backward (``ops``, program order), where each final
@@ -119,11 +140,16 @@ def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
     after it (both live: the live bytes once that op has ended and freed
     its inputs, before the next op allocates, plus twice the gradient);
     the copy lives on until its reduce-scatter (counted elsewhere).
-    Per parameter name, the most of the two. ``starts``: every allocation
-    of rank 0 by time (:func:`_allocations`); those at an op's end (the
-    next op's, of this block or the next task's) are not counted as live
-    after it. ``stamps``: the samples' times."""
+    Per parameter name, the most of the two; and per op making final
+    gradients, in order, (their names, the live bytes while it runs and
+    once it has ended, the gradients' bytes), from which ZeRO-3 by layer
+    (its gradients held to the block's end) is worked out at estimate
+    time (:func:`.estimate.unit_excess`). ``starts``: every allocation of
+    rank 0 by time (:func:`_allocations`); those at an op's end (the next
+    op's, of this block or the next task's) are not counted as live after
+    it. ``stamps``: the samples' times."""
     best: Dict[str, float] = {}
+    made_at: List[Tuple[List[str], float, float, int]] = []
     for op in ops:
         names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
         if not names:
@@ -137,7 +163,8 @@ def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
         for name in names:
             best[name] = max(best.get(name, -math.inf), during + made,
                              after - starts.get(t1, 0) + 2 * made)
-    return best
+        made_at.append((names, float(during), float(after - starts.get(t1, 0)), made))
+    return best, made_at
 
 
 def _optimizer_memory(params: Dict[str, List[Param]], rank0: List[Op], times,

@@ -43,6 +43,9 @@ class Memo:
         self.blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
         self.plans: Dict[tuple, Any] = {}
         self.gathers: Dict[Tuple[str, str], float] = {}
+        #: ZeRO-3: per (task kind, block), its gathers as issued
+        #: (:class:`.estimate_gates.GatherPlan`)
+        self.gather_plans: Dict[Tuple[str, str], Any] = {}
         self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
         self.scatter_terms: Dict[tuple, ScatterTerms] = {}
         #: ZeRO-3's backward past the first micro-batch: per last-or-not,
@@ -52,6 +55,12 @@ class Memo:
         #: or not), its gathers grouped (:meth:`Builder._gather_groups`)
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
+        #: ZeRO-3 by layer: per block, the parameters whose gradients are
+        #: reduce-scattered as one (None: none)
+        self.grad_units: Dict[str, Optional[Tuple[int, ...]]] = {}
+        #: ZeRO-3 by layer: per block, its backward's memory with the
+        #: unit's gradients held (:func:`.estimate_units.unit_backward_excess`)
+        self.unit_excess: Dict[str, Tuple[float, Dict[int, float]]] = {}
         self.param_costs: Dict[Tuple[str, int], Any] = {}
         #: per stage, the bytes of each bucket of several gradients the
         #: walk all-reduced as one flat copy (:meth:`.StepSync.flush`): the

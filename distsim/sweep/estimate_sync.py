@@ -176,6 +176,7 @@ class StepSync:
         unpacking the buckets, the tied embedding, the optimizer."""
         b = self.b
         for stage in range(b.pp):
+            b.settle_units(stage)
             queued: List[Tuple[float, float, float, int, int]] = []
             for key in self.deferred.pop(stage, []):
                 if self.zero >= 2:

@@ -31,7 +31,7 @@ from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_costs import collectives, op_costs
 from .estimate_engine import Timeline
 from .estimate_backward import OpByOpBackward
-from .estimate_gates import chain, emit_chain, gather_time
+from .estimate_gates import chain, emit_chain, gather_plan, gather_time
 from .estimate_notes import MemoryNotes
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
 from .estimate_state import Memo, ScatterTerms, Walk, shared_prefix
@@ -117,6 +117,9 @@ class Builder(MemoryNotes, OpByOpBackward):
         self.dp_team = tuple(S.rank(d, 0, 0) for d in range(self.dp))
         self.zero = S.zero
         self.zero3 = self.zero == 3 and self.dp > 1
+        #: ZeRO-3 by layer (``zero3_unit: layer``): a block's gathers, and
+        #: with a reduce-scatter per micro-batch its gradients', as one
+        self.by_layer = self.zero3 and S.zero3_unit == "layer"
         self.bucket = None if S.bucket_mb is None else float(S.bucket_mb) * MB
         self.route = sync_route(self.zero, self.dp, self.bucket)   # as GradientSync._ready
         #: As GradientSync: see :func:`scatters_each_microbatch`.
@@ -136,6 +139,9 @@ class Builder(MemoryNotes, OpByOpBackward):
         #: share its records, and no others, so that a forked walk is two
         #: walks to the bit)
         self.replays: Dict[tuple, tuple] = {}
+        #: ZeRO-3 by layer: per stage, the units reduce-scattered and not
+        #: yet settled (:meth:`settle_units`)
+        self.unit_pending: Dict[int, list] = {}
 
     # -- helpers ---------------------------------------------------------
     def stage_of(self, c: int) -> int:
@@ -298,8 +304,10 @@ class Builder(MemoryNotes, OpByOpBackward):
             prev = max(ready, tl.free[2 * stage])
             issued: List[float] = []
             for i, (gathers, fl, lead, pieces, reads) in enumerate(plan):
-                for t in gathers:
-                    issued.append(tl.comm_on(stage, t, prev))
+                for copy_in, t in gathers:
+                    # by layer, the unit's shards concatenated first (compute)
+                    start = tl.compute(stage, copy_in, prev) if copy_in else prev
+                    issued.append(tl.comm_on(stage, t, start))
                 flops[stage] += fl
                 if reads is not None:
                     # its first piece waits for each gather where it reads it
@@ -354,10 +362,13 @@ class Builder(MemoryNotes, OpByOpBackward):
             issued = 0
             for i, (name, _) in enumerate(order):
                 upto = min(len(order), i + 1 + self.S.prefetch)
-                gathers = [gather_time(self, kind, order[j][0]) for j in range(issued, upto)]
+                gathers = [(gather_plan(self, kind, order[j][0]).copy_in,
+                            gather_time(self, kind, order[j][0])) for j in range(issued, upto)]
                 issued = max(issued, upto)
                 t, busy, fl = self._block_time(blocks[name], kind, mb)
                 shift = self._accumulation_shift(name, kind, mb)
+                if self.by_layer:     # the unit's copy-out instead of its reshapes
+                    shift += gather_plan(self, kind, name).copy_out
                 cut = split and i == 0
                 if cut:
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
@@ -504,6 +515,7 @@ class Builder(MemoryNotes, OpByOpBackward):
         self.tl = other.tl.copy()
         self.flops = list(other.flops)
         self.replays = dict(other.replays)
+        self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
         self.sync = StepSync(self)
         mine.pos, mine.seq = w.pos, w.seq
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)

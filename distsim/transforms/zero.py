@@ -48,8 +48,11 @@ every rank that holds it:
   buffer split into the parameters at the layer's first use (copy-out,
   ``chunk_split``, the op the compute waits on), and a micro-batch's
   gradients of the layer reduce-scattered together once its backward has
-  made them all (``chunk_cat`` then ``split``). A parameter whose size dp
-  does not divide travels alone; with ``bucket_mb`` 0 the one deferred
+  made them all (``chunk_cat``), its result split into the shards and
+  settled into their buffers at the stage's next unit or the step's end
+  (where FSDP2 waits for a unit's reduce-scatter: right after it, the
+  compute stream would wait for it). A parameter whose size dp does not
+  divide travels alone; with ``bucket_mb`` 0 the one deferred
   reduce-scatter per parameter stays per parameter.
 
 ZeRO-3's gathers and by-layer units live in :mod:`.zero3`;
@@ -163,6 +166,9 @@ class GradientSync(ParamGathers):
         # unit's micro-batch that wait for the rest of it
         self._units: Optional[Dict[Value, Tuple[Value, ...]]] = None
         self._unit_grads: Dict[Tuple[Tuple[Value, ...], int, int], Dict[Value, Dict[int, Value]]] = {}
+        #: per stage, the units reduce-scattered whose shards are not yet in
+        #: their buffers: (unit, micro-batch, per rank its reduce-scatter's result)
+        self._unsettled: Dict[int, List[Tuple[Tuple[Value, ...], int, Dict[int, Value]]]] = {}
         self.updates: Dict[str, str] = {}
         #: the same updates as (old, new) values, in the order made (for the
         #: build log: the simulator numbers them without reading every name)
@@ -239,9 +245,12 @@ class GradientSync(ParamGathers):
             waiting[p] = fresh
             if len(waiting) == len(unit):
                 del self._unit_grads[(unit, stage, mb)]
-                shards = self._reduce_scatter_unit(unit, stage, mb, waiting)
-                for q in unit:
-                    self._settle(q, stage, mb, shards[q])
+                # the stage's previous unit first (FSDP2 waits for a unit's
+                # reduce-scatter at the next unit's): its shards into their
+                # buffers, before this one's copy-in
+                self._settle_units(stage)
+                outs = self._reduce_scatter_unit(unit, stage, mb, waiting)
+                self._unsettled.setdefault(stage, []).append((unit, mb, outs))
 
     def _settle(self, p: Value, stage: int, mb: int, fresh: Mapping[int, Value]) -> None:
         """Micro-batch ``mb``'s gradient of ``p`` (synchronised where ZeRO
@@ -406,6 +415,7 @@ class GradientSync(ParamGathers):
     def finish(self) -> None:
         S = self.S
         for stage in range(S.pp):
+            self._settle_units(stage)
             for p in self.deferred.pop(stage, []):
                 if self.zero >= 2:
                     self._sync_one(p, stage)

@@ -236,18 +236,16 @@ class ParamGathers:
         return self._units
 
     def _reduce_scatter_unit(self, unit: Sequence[Value], stage: int, mb: int,
-                             fresh: Mapping[Value, Mapping[int, Value]]
-                             ) -> Dict[Value, Dict[int, Value]]:
+                             fresh: Mapping[Value, Mapping[int, Value]]) -> Dict[int, Value]:
         """Average one micro-batch's gradients of a layer's parameters over
         the dp ranks in one reduce-scatter: the gradients concatenated row
         by row (``chunk_cat``: row ``d`` holds each one's ``d``-th shard,
-        FSDP2's copy-in) and reduce-scattered, the result split into the
-        shards."""
+        FSDP2's copy-in) and reduce-scattered; per rank, the result (the
+        unit's shards, split by :meth:`_settle_units`)."""
         em, S = self.L.em, self.S
         meta = {"stage": stage, "microbatch": mb, "role": "grad_sync", "category": "gradients"}
-        widths = [p.type.numel // S.dp for p in unit]
         name = f"{unit[0].name}_gunit{len(unit)}"
-        out: Dict[Value, Dict[int, Value]] = {p: {} for p in unit}
+        out: Dict[int, Value] = {}
         for t in self.L.tp_indices():
             ranks = [S.rank(d, stage, t) for d in range(S.dp)]
             flats: List[Optional[Value]] = []
@@ -260,11 +258,25 @@ class ParamGathers:
             outs = em.collective(CollectiveType.REDUCE_SCATTER, flats, ranks,
                                  [f"{name}_shard_r{r}" for r in ranks], dict(meta),
                                  dim=0, reduce_op="avg")
-            for r, o in zip(ranks, outs):
-                if o is None:
-                    continue
-                pieces = em.op("split", [o], {"axis": 0, "sizes": widths},
-                               [f"{p.name}_gshard_r{r}" for p in unit], dict(meta))
-                for p, piece in zip(unit, pieces):
-                    out[p][r] = piece
+            out.update({r: o for r, o in zip(ranks, outs) if o is not None})
         return out
+
+    def _settle_units(self, stage: int) -> None:
+        """The units of ``stage`` reduce-scattered and not settled yet: each
+        result split into its parameters' shards, which go into their
+        buffers (:meth:`_settle`). Emitted at the stage's next unit (or the
+        step's end), not right after the reduce-scatter: the compute
+        stream would wait for it there, where FSDP2 waits for a unit's
+        reduce-scatter at the next unit's post-backward."""
+        for unit, mb, outs in self._unsettled.pop(stage, []):
+            widths = [p.type.numel // self.S.dp for p in unit]
+            shards: Dict[Value, Dict[int, Value]] = {p: {} for p in unit}
+            for r, o in outs.items():
+                pieces = self.L.em.op("split", [o], {"axis": 0, "sizes": widths},
+                                      [f"{p.name}_gshard_r{r}" for p in unit],
+                                      {"stage": stage, "microbatch": mb, "role": "grad_sync",
+                                       "category": "gradients"})
+                for p, piece in zip(unit, pieces):
+                    shards[p][r] = piece
+            for p in unit:
+                self._settle(p, stage, mb, shards[p])

@@ -1,11 +1,16 @@
 """Adversarial sample: the sweep estimator against full simulations on random
 GPT / Llama configurations (see README.md here).
 
-    python reports/estimator/sample.py [SEED] [N] [OUT.jsonl] [FLOW_SHARE]
+    python reports/estimator/sample.py [SEED] [N] [OUT.jsonl] [FLOW_SHARE] [LAYER_SHARE]
+
+LAYER_SHARE: the share of ZeRO-3 points drawn with ``zero3_unit: layer``
+(default 0: the sample of the README's tables); ``ZERO3_ONLY=1`` in the
+environment draws ZeRO 3 on every point.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -19,6 +24,11 @@ SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 1234
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 150
 OUT = sys.argv[3] if len(sys.argv) > 3 else "sample.jsonl"
 FLOW_SHARE = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+LAYER_SHARE = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+ZERO3_ONLY = os.environ.get("ZERO3_ONLY") == "1"
+#: the layer draws on a stream of their own: a sample with and one without
+#: them hold the same points otherwise
+LAYER_RNG = random.Random(SEED + 1)
 
 MODELS = {  # model -> (layers choices, seq override choices or None)
     "gpt2": ([2, 4, 6], [None, 256, 512]),
@@ -64,8 +74,12 @@ def sample(rng: random.Random) -> dict:
     if tp > 1 and rng.random() < 0.4:
         o["sp"] = True
     o["zero"] = rng.choice([0, 0, 1, 2, 3])
+    if ZERO3_ONLY:
+        o["zero"] = 3
     if o["zero"] == 3 and rng.random() < 0.4:
         o["prefetch"] = rng.choice([0, 2])
+    if o["zero"] == 3 and LAYER_SHARE > 0 and LAYER_RNG.random() < LAYER_SHARE:
+        o["zero3_unit"] = "layer"
     o["recompute"] = rng.choice(["none", "none", "selective", "full"])
     b = rng.random()
     if b < 0.25:

@@ -108,12 +108,6 @@ def test_parameters_that_do_not_split_evenly_travel_alone():
     assert any("_unit" not in n for n in names)
 
 
-def test_the_estimator_refuses_it():
-    from distsim.sweep.estimate import estimate
-    with pytest.raises(ConfigError, match="zero3_unit 'layer'.*fidelity: simulate"):
-        estimate(dict(model="tiny", topology="dgx-a100", dp=8, zero=3, zero3_unit="layer"))
-
-
 def test_cli_flag_and_bad_value(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["simulate", "--model", "tiny", "--dp", "8", "--zero", "3", "--zero3-unit",
