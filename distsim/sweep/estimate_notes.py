@@ -1,6 +1,6 @@
 """What the estimator's :class:`~.estimate_timeline.Builder` notes for
 the memory estimate as it walks the step (kept in its
-:class:`~.estimate_state.Memo`, read by :func:`.estimate.estimate_memory`):
+:class:`~.estimate_state.Memo`, read by :func:`.estimate_memory.estimate_memory`):
 the flat gradient copies of ZeRO 2/3 still waiting for their
 reduce-scatters when later tasks run or inside the backward that made them,
 and the flat buckets of ZeRO 0/1 (``bucket_mb``) flushed during a backward,

@@ -47,6 +47,7 @@ from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
+from .estimate_segments import Segment, edges, read_gates, gathered_uses, fill_lead, compress_segments
 
 #: Block names: the embedding, one transformer layer, the head (final norm,
 #: output layer and loss).
@@ -54,30 +55,6 @@ EMB, LAYER, HEAD = "emb", "layer", "head"
 #: The template's layer whose numbers stand for every layer.
 _TEMPLATE_LAYERS = 2
 _REPRESENTATIVE_LAYER = 1
-
-
-@dataclass
-class Segment:
-    """One entry of a block's op-level last backward: ``kind`` "c" (a run
-    of compute ops: ``time_s``), "t" (a tensor-parallel collective:
-    ``time_s``) or "g" (the gradient of ``param`` is final here). ``deps``:
-    indices of earlier entries of the same block it waits for (a compute
-    run on collectives, a collective on the run producing its input); None
-    in ``deps`` means "an input from before the block"."""
-
-    kind: str
-    time_s: float = 0.0
-    deps: Tuple[Optional[int], ...] = ()
-    param: str = ""
-    #: part of the recomputation the block's backward starts with (reads
-    #: only what the forward kept: it need not wait for the task's input)
-    lead: bool = False
-    #: ZeRO-3: the position (in the block's ``b_gather``) of the last
-    #: gathered parameter read at or before this entry (the reshape of the
-    #: gathered value): it waits for the block's gathers up to that one,
-    #: which run in that order; -1 before the first read (no wait), None
-    #: when the reads are not known (all of the block's gathers)
-    gate: Optional[int] = None
 
 
 @dataclass
@@ -419,13 +396,13 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         scales = sum(times[o.name][1] - times[o.name][0] for o in groups.get(("B", 1, name), [])
                      if o.op_type == "scale" and id(o.outputs[0]) in final_last)
         blk.b_mid, blk.b_mid_busy = blk.b_last - scales, blk.b_last_busy - scales
-        gates = _gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
-        blk.last = _segments(groups.get(("B", 1, name), []), times, final_last, gates)
-        blk.only = _segments(groups.get(("B", 0, name), []), times, final_only, gates)
+        gates = gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
+        blk.last = compress_segments(groups.get(("B", 1, name), []), times, final_last, gates)
+        blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates)
         if ("B", 0, name) in groups:
-            _lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
-        blk.f_pre, blk.f_post = _edges(_segments(groups.get(("F", 0, name), []), times, {}))
-        blk.b_pre, blk.b_post = _edges(blk.only)
+            fill_lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
+        blk.f_pre, blk.f_post = edges(compress_segments(groups.get(("F", 0, name), []), times, {}))
+        blk.b_pre, blk.b_post = edges(blk.only)
     # The embedding's tensor-parallel collective (its all-reduce, or reduce-
     # scatter with sp) ends its forward, and the first layer's compute waits
     # for it: the template's first layer carries that wait, the
@@ -438,8 +415,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         blk.f_gather = list(dict.fromkeys(first_reader.get(f"F{name}", [])))
         blk.b_gather = list(dict.fromkeys(first_reader.get(f"B{name}", [])))
         if template_zero == 3:
-            blk.f_gates = _gates(groups.get(("F", 0, name), []), times, params, blk.f_gather)
-            blk.b_gates = _gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
+            blk.f_gates = read_gates(groups.get(("F", 0, name), []), times, params, blk.f_gather)
+            blk.b_gates = read_gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
     for op in step.ops:
         blk = _block_of(op.meta.get("layer"), layers)
         if blk in blocks:
@@ -487,127 +464,3 @@ def _optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> No
             else:
                 continue
             break
-
-
-def _leading_recompute(ops: List[Op]) -> List[Op]:
-    """The recompute ops a block's backward starts with (program order)."""
-    out = []
-    for op in ops:
-        if not op.meta.get("recompute"):
-            break
-        out.append(op)
-    return out
-
-
-def _lead(blk: Block, ops: List[Op], times: Dict[str, tuple], start: float) -> None:
-    """Fill ``blk``'s ``b_lead*`` and ``b_rest_pre`` from its first
-    backward's ops (``start``: where the compute stream finished the block
-    before)."""
-    lead = _leading_recompute(ops)
-    compute = [o for o in lead if not is_communication(o)]
-    if not compute:
-        return
-    blk.b_lead = max(times[o.name][1] for o in compute) - start
-    blk.b_lead_busy = sum(times[o.name][1] - times[o.name][0] for o in compute)
-    blk.b_lead_comm = any(is_communication(o) for o in lead)
-    rest = ops[len(lead):]
-    if any(is_communication(o) for o in rest):
-        first = next(i for i, o in enumerate(rest) if is_communication(o))
-        blk.b_rest_pre = sum(times[o.name][1] - times[o.name][0] for o in rest[:first])
-
-
-def _edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
-    """Compute time before the first collective and after the last one."""
-    kinds = [s.kind for s in segments]
-    if "t" not in kinds:
-        return None, None
-    first, last = kinds.index("t"), len(kinds) - 1 - kinds[::-1].index("t")
-    return (sum(s.time_s for s in segments[:first] if s.kind == "c"),
-            sum(s.time_s for s in segments[last + 1:] if s.kind == "c"))
-
-
-def _gathered_uses(rank0: List[Op], params: Dict[str, List[Param]],
-                   gathered: List[Tuple[str, int]], zero: int) -> Optional[Dict[int, int]]:
-    """ZeRO-3: the ops of rank 0 that first read a parameter of
-    ``gathered`` (a block's gathers) where it is used, the reshapes
-    :meth:`~distsim.transforms.zero3.ParamGathers.param_for_use` names
-    ``{param}_use_m{mb}``: id -> the parameter's position in ``gathered``;
-    None without ZeRO-3 (every entry waits for the block's gathers, which
-    are then none)."""
-    if zero != 3:
-        return None
-    position = {params[blk][i].name: j for j, (blk, i) in enumerate(gathered)}
-    return {id(op): position[name] for op in rank0
-            for name in [used_param_name(op)] if name in position}
-
-
-def _gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Param]],
-           gathered: List[Tuple[str, int]]) -> List[Tuple[float, int]]:
-    """:attr:`Block.f_gates` / ``b_gates`` from a block's ops (rank 0,
-    program order): at each first read (the ``{param}_use_m{mb}``
-    reshape) of a parameter of ``gathered``, the compute time before it.
-    A block's first reads attributed to the block before (the reshapes
-    LowerSPMD emits ahead of the block's first op) count at its start."""
-    position = {params[b][i].name: j for j, (b, i) in enumerate(gathered)}
-    out: List[Tuple[float, int]] = []
-    before = 0.0
-    for op in ops:
-        if is_communication(op):
-            continue
-        used = used_param_name(op)
-        if used is not None:
-            j = position.get(used)
-            if j is not None and (not out or j > out[-1][1]):
-                out.append((before, j))
-        t0, t1, _ = times[op.name]
-        before += t1 - t0
-    if out and out[0][1] > 0:
-        out.insert(0, (0.0, out[0][1] - 1))
-    return out
-
-
-def _segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str],
-              gates: Optional[Dict[int, int]] = None) -> List[Segment]:
-    """Compress a block's ops (rank 0, program order) into compute runs,
-    tensor-parallel collectives and gradient-final marks. A run ends at a
-    collective (which waits for the run) and at a final gradient (where
-    data-parallel sync is emitted); a compute op that reads a collective's
-    output starts a new run waiting for it. ``gates``: ZeRO-3's first
-    reads of the block's gathered parameters (:func:`_gathered_uses`):
-    each entry's :attr:`Segment.gate` (a run ends where it changes)."""
-    out: List[Segment] = []
-    gate = None if gates is None else -1
-    made: Dict[int, int] = {}          # id(value) -> entry producing it
-    to_comm = {id(v) for op in ops if is_communication(op) for v in op.inputs}
-    lead = {id(op) for op in _leading_recompute(ops)}
-    open_run: Optional[int] = None
-    for op in ops:
-        t0, t1, _ = times[op.name]
-        srcs = [made.get(id(v)) for v in op.inputs]
-        is_lead = id(op) in lead
-        if gates is not None and gates.get(id(op), -1) > gate:
-            gate = gates[id(op)]
-        if open_run is not None and (out[open_run].lead != is_lead
-                                     or out[open_run].gate != gate):
-            open_run = None            # the recomputation ends: a run of its own
-        if is_communication(op):
-            dep = next((s for s in srcs if s is not None), None)
-            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead, gate=gate))
-            open_run = None
-            idx = len(out) - 1
-        else:
-            waits = tuple(sorted({s for s in srcs if s is not None and out[s].kind == "t"}))
-            if open_run is None or waits:
-                out.append(Segment("c", 0.0, waits, lead=is_lead, gate=gate))
-                open_run = len(out) - 1
-            out[open_run].time_s += t1 - t0
-            idx = open_run
-        for v in op.outputs:
-            made[id(v)] = idx
-        for v in op.outputs:
-            if id(v) in finals:
-                out.append(Segment("g", deps=(idx,), param=finals[id(v)]))
-                open_run = None
-            elif id(v) in to_comm:     # the collective reading it may start here
-                open_run = None
-    return out

@@ -178,7 +178,7 @@ def _optimizer_memory(params: Dict[str, List[Param]], rank0: List[Op], times,
     of the gradient (``{p}_gflat_r0``, ZeRO >= 1) is live until its last
     reader ends: its bytes are taken off the samples before then, as the
     ZeRO shard that replaces it differs in size (see
-    :func:`.estimate.optimizer_excess`)."""
+    :func:`.estimate_memory.optimizer_excess`)."""
     by_name = {p.name: p for ps in params.values() for p in ps}
     update: Dict[str, List[Op]] = {}
     flat: Dict[str, Value] = {}

@@ -1,5 +1,5 @@
 """ZeRO-3 by layer (``zero3_unit: layer``) in the estimator's memory walk
-(:func:`.estimate.estimate_memory`): what LowerSPMD's units hold beyond
+(:func:`.estimate_memory.estimate_memory`): what LowerSPMD's units hold beyond
 what the per-parameter accounting counts.
 
 - The copy-out: at a block's first read of its unit, the gathered buffer
