@@ -117,3 +117,38 @@ def test_cli_flag_and_bad_value(tmp_path, capsys):
     assert '"zero3_unit": "layer"' in captured.out
     with pytest.raises(ConfigError, match="--zero3-unit: must be one of param, layer, got .block."):
         distsim.simulate(model="tiny", zero=3, dp=8, zero3_unit="block")
+
+
+def test_a_units_shards_are_settled_at_the_next_unit_not_after_its_reduce_scatter():
+    """The split of a unit's reduce-scatter result is a compute op: right
+    after the reduce-scatter it would hold the compute stream until the
+    reduce-scatter ends (per parameter nothing reads the first
+    micro-batch's result). So it comes once the next layer's backward
+    has made the stage's next unit, just before that unit's copy-in
+    (FSDP2 waits for a unit's reduce-scatter at the next unit's
+    post-backward), or at the step's end for the last one."""
+    result = distsim.simulate(model="tiny", topology="dgx-a100", dp=8, zero=3,
+                              zero3_unit="layer", global_batch=8, network_mode="analytical")
+    ops = [op for op in result.program.ops
+           if (op.outputs[0].type.device if op.outputs else None) == 0 or
+           (op.op_type.startswith("comm.") and any(v.type.device == 0 for v in op.outputs))]
+    position = {id(op): i for i, op in enumerate(ops)}
+    reader = {}
+    for op in ops:
+        for v in op.inputs:
+            reader.setdefault(id(v), op)
+    copy_ins = [position[id(op)] for op in ops if op.op_type == "chunk_cat"]
+    scatters = [op for op in ops if op.op_type == "comm.reducescatter"]
+    assert len(scatters) == len(copy_ins) == 6          # 4 layers, embedding, final norm
+    for rs in scatters:
+        split = reader[id(rs.outputs[0])]
+        assert split.op_type == "split"
+        at, settled = position[id(rs)], position[id(split)]
+        later = [c for c in copy_ins if c > at]
+        if later:       # the next layer's backward in between, then the next copy-in
+            assert any(not op.op_type.startswith("comm.") and "phase" in op.meta
+                       for op in ops[at + 1:settled])
+            assert later[0] == settled + 1
+        else:           # the last unit: settled at the step's end, not in the backward
+            assert settled > max(copy_ins)
+            assert ops[settled + 1].meta.get("phase") == "optimizer"
