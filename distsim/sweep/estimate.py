@@ -63,6 +63,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..api import check_max_ops, check_max_trace_records, check_network_mode
 from ..errors import ConfigError, PassPreconditionError
+from ..ir.core import gc_paused
 from ..ir.types import DType
 from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, resolve_batch, validate
@@ -231,7 +232,10 @@ def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
     """:func:`_figures` of the timeline of ``case`` (``memo``: shared with
     the other timelines of the configuration)."""
     b = Builder(case, profile, memo)
-    return _figures(b, b.build())
+    try:
+        return _figures(b, b.build())
+    finally:
+        b.close()
 
 
 def _with_microbatches(case: Case, m: int) -> Case:
@@ -276,11 +280,15 @@ def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = N
     memo = Memo() if memo is None else memo
     short = Builder(_with_microbatches(case, m1), profile, memo)
     long = Builder(_with_microbatches(case, m2), profile, memo)
-    w1, w2 = short.walk(), long.walk()
-    short.advance(w1, shared_prefix(w1, w2, m1 - 1))
-    w2 = long.resume(short, w1, w2)
-    a = _figures(short, short.complete(w1))
-    b = _figures(long, long.complete(w2))
+    try:
+        w1, w2 = short.walk(), long.walk()
+        short.advance(w1, shared_prefix(w1, w2, m1 - 1))
+        w2 = long.resume(short, w1, w2)
+        a = _figures(short, short.complete(w1))
+        b = _figures(long, long.complete(w2))
+    finally:
+        short.close()
+        long.close()
     return {k: a[k] + (m - m1) * (b[k] - a[k]) / (m2 - m1) for k in a}
 
 
@@ -295,6 +303,13 @@ def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     ``idle_s``, ``num_devices``, ``total_flops``, and the resolved
     ``dp``, ``global_batch``, ``micro_batch``, ``microbatches``. Invalid
     options raise :class:`ConfigError`, as :func:`distsim.simulate` does."""
+    # the cyclic collector's passes walk the profiles kept between points;
+    # an estimate leaves no cycles (Builder.close), so nothing waits for it
+    with gc_paused():
+        return _estimate(config)
+
+
+def _estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     case = resolve(config)
     check_zero_shards(case)
     profile = _profile_for(case)
@@ -302,7 +317,11 @@ def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     fig = timeline_figures(case, profile, memo)
     step = fig["step_time_s"]
     S = case.strategy
-    memory = estimate_memory(Builder(case, profile, memo))
+    builder = Builder(case, profile, memo)
+    try:
+        memory = estimate_memory(builder)
+    finally:
+        builder.close()
     capacity = float(case.topology.device_spec.memory_bytes)
     peak = float(max(memory))
     n = S.num_devices
