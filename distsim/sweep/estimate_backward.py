@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
+from ..transforms.zero3 import unit_indices
 
 from .estimate_gates import gather_plan
 
@@ -143,6 +144,7 @@ class OpByOpBackward:
                             at_end[upto] = at_end[None] = tl.comm_on(stage, t, start)
                 ends = gathered[k]
             local: Dict[int, float] = {}
+            unit = self._grad_unit(name)
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
                     self._segment_plan(name, only)):
                 # ZeRO-3: an entry waits for the block's gathers up to the
@@ -172,7 +174,6 @@ class OpByOpBackward:
                         held = sum(nbytes for nbytes, _ in flats)
                         if held > inside.get((k, param), 0):
                             inside[(k, param)] = held
-                    unit = self._grad_unit(name)
                     if unit is not None and param in unit:
                         # by layer: reduce-scattered with the rest of the
                         # block's unit once all are made
@@ -331,16 +332,20 @@ class OpByOpBackward:
         divides, when more than one), or None."""
         if not (self.by_layer and self.scatter_each):
             return None
-        hit = self.memo.grad_units.get(name, False)
-        if hit is False:
-            members = tuple(i for i, p in enumerate(self.prof.params[name])
-                            if p.numel % self.S.dp == 0)
-            hit = self.memo.grad_units[name] = members if len(members) > 1 else None
-        return hit
+        return self._grad_unit_of(name)[0]
 
     def _unit_bytes(self, name: str) -> int:
-        params = self.prof.params[name]
-        return sum(params[i].numel * params[i].dtype.itemsize for i in self._grad_unit(name))
+        """The bytes of the block's unit of gradients (its parameters whole)."""
+        return self._grad_unit_of(name)[1]
+
+    def _grad_unit_of(self, name: str) -> Tuple[Optional[Tuple[int, ...]], int]:
+        hit = self.memo.grad_units.get(name)
+        if hit is None:
+            params = self.prof.params[name]
+            members = unit_indices([p.numel for p in params], self.S.dp)
+            hit = self.memo.grad_units[name] = (
+                members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
+        return hit
 
     def _scatter_unit(self, stage: int, name: str, layer, unit: Tuple[int, ...], made: float,
                       mb: int) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
+from ..transforms.zero3 import unit_indices
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from .estimate_timeline import Builder
@@ -37,22 +38,25 @@ class GatherPlan(NamedTuple):
     the last item a read there waits for (the reads so far are a prefix of
     those positions, which are in the order of first reads); by layer,
     ``copy_in``, the concatenation of the unit's shards on the compute
-    stream before its gather, ``copy_out``, the split of the gathered unit
-    at its first read less the reshapes of the unit's parameters it
-    replaces (the template's), ``first``, the position of the unit's first
+    stream before its gather, ``first``, the position of the unit's first
     parameter (None: no unit)."""
 
     items: List[float]
     upto: List[int]
     copy_in: float = 0.0
-    copy_out: float = 0.0
     first: Optional[int] = None
-    #: by layer, the split alone, and per position the template's reshape
-    #: it replaces (0 for a parameter gathered alone)
+    #: by layer, the split of the gathered unit at its first read, and per
+    #: position the template's reshape it replaces (0 for a parameter
+    #: gathered alone)
     split_s: float = 0.0
     reshape_s: Tuple[float, ...] = ()
     #: by layer, the unit's gathered bytes (its parameters whole)
     unit_bytes: int = 0
+
+    @property
+    def copy_out(self) -> float:
+        """The split less the reshapes it replaces (0: no unit)."""
+        return self.split_s - sum(self.reshape_s)
 
 
 def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
@@ -64,14 +68,15 @@ def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
     params = [b.prof.params[owner][i] for owner, i in
               (blk.f_gather if kind == "F" else blk.b_gather)]
     dp = b.dp
-    unit = [j for j, p in enumerate(params) if p.numel % dp == 0] if b.by_layer else []
-    if len(unit) < 2:
+    unit = unit_indices([p.numel for p in params], dp) if b.by_layer else ()
+    if not unit:
         hit = GatherPlan([b.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize)
                           for p in params], list(range(len(params))))
     else:
         ps = [params[j] for j in unit]
         d = ps[0].dtype
-        items = [b.dp_time(CollectiveType.ALL_GATHER, sum(p.numel * p.dtype.itemsize for p in ps))]
+        unit_bytes = sum(p.numel * p.dtype.itemsize for p in ps)
+        items = [b.dp_time(CollectiveType.ALL_GATHER, unit_bytes)]
         item_of = []
         for j, p in enumerate(params):
             if j in unit:
@@ -90,8 +95,7 @@ def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
                        [(p.numel, d) for p in ps])[0]
         reshape_s = tuple(cost("reshape", [(p.numel, d)], [(p.numel, d)])[0] if j in unit
                           else 0.0 for j, p in enumerate(params))
-        hit = GatherPlan(items, upto, copy_in, split_s - sum(reshape_s), unit[0], split_s,
-                         reshape_s, sum(p.numel * p.dtype.itemsize for p in ps))
+        hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes)
     b.memo.gather_plans[(kind, block)] = hit
     return hit
 

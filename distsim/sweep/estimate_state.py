@@ -56,8 +56,8 @@ class Memo:
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
         #: ZeRO-3 by layer: per block, the parameters whose gradients are
-        #: reduce-scattered as one (None: none)
-        self.grad_units: Dict[str, Optional[Tuple[int, ...]]] = {}
+        #: reduce-scattered as one (None: none) and their bytes
+        self.grad_units: Dict[str, Tuple[Optional[Tuple[int, ...]], int]] = {}
         #: ZeRO-3 by layer: per block, its backward's memory with the
         #: unit's gradients held (:func:`.estimate_units.unit_backward_excess`)
         self.unit_excess: Dict[str, Tuple[float, Dict[int, float]]] = {}

@@ -203,9 +203,10 @@ class Topology:
         group of a mesh order that spreads it, e.g. ``dp-tp-pp``, so)."""
         for r in ranks:
             self.check_rank(r)
-        if len(set(ranks)) != len(ranks):
+        first = set(ranks)
+        if len(first) != len(ranks):
             raise TopologyError(f"{self.source}: ranks {list(ranks)} repeat a device")
-        order = list(ranks) + [r for r in range(self.num_devices) if r not in set(ranks)]
+        order = list(ranks) + [r for r in range(self.num_devices) if r not in first]
         graph = self.graph.copy()
         for new, old in enumerate(order):
             graph.nodes[self._device_nodes[old]]["rank"] = new

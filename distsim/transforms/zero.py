@@ -313,19 +313,16 @@ class GradientSync(ParamGathers):
                         fresh: Mapping[int, Value]) -> Dict[int, Value]:
         """Average one micro-batch's gradient of ``p`` over the dp ranks,
         each keeping its flat shard (ZeRO 2/3)."""
-        em, S = self.L.em, self.S
         meta = {"stage": stage, "microbatch": mb, "role": "grad_sync", "category": "gradients"}
-        out: Dict[int, Value] = {}
-        for t in self.L.tp_indices():
-            ranks = [S.rank(d, stage, t) for d in range(S.dp)]
-            flat = [em.one("reshape", [fresh[r]], {"shape": [p.type.numel]},
-                           f"{p.name}_gflat_r{r}", dict(meta)) if r in fresh else None
-                    for r in ranks]
-            outs = em.collective(CollectiveType.REDUCE_SCATTER, flat, ranks,
-                                 [f"{p.name}_gshard_r{r}" for r in ranks], dict(meta),
-                                 dim=0, reduce_op="avg")
-            out.update({r: o for r, o in zip(ranks, outs) if o is not None})
-        return out
+        return self._dp_collective(
+            CollectiveType.REDUCE_SCATTER, stage, f"{p.name}_gshard",
+            lambda r: self._flat_grad(p, fresh[r], r, meta) if r in fresh else None,
+            dict(meta), dim=0, reduce_op="avg")
+
+    def _flat_grad(self, p: Value, grad: Value, r: int, meta: Dict[str, Any]) -> Value:
+        """``p``'s gradient ``grad`` on ``r`` flattened for its reduce-scatter."""
+        return self.L.em.one("reshape", [grad], {"shape": [p.type.numel]}, f"{p.name}_gflat_r{r}",
+                             dict(meta))
 
     def _ready(self, p: Value, stage: int) -> None:
         route = sync_route(self.zero, self.S.dp, self.bucket_bytes)
@@ -345,27 +342,21 @@ class GradientSync(ParamGathers):
             self._flush(stage)
 
     def _sync_one(self, p: Value, stage: int) -> None:
-        em, S = self.L.em, self.S
         meta = {"stage": stage, "role": "grad_sync", "category": "gradients"}
-        for t in self.L.tp_indices():
-            ranks = [S.rank(d, stage, t) for d in range(S.dp)]
-            ins = [self.acc.get((p, r)) for r in ranks]  # None: not in a reduced program
-            if self.zero >= 2:
-                flat = [em.one("reshape", [x], {"shape": [p.type.numel]}, f"{p.name}_gflat_r{r}",
-                               dict(meta)) if x is not None else None for x, r in zip(ins, ranks)]
-                outs = em.collective(CollectiveType.REDUCE_SCATTER, flat, ranks,
-                                     [f"{p.name}_gshard_r{r}" for r in ranks], dict(meta),
-                                     dim=0, reduce_op="avg")
-            else:
-                outs = em.collective(CollectiveType.ALL_REDUCE, ins, ranks,
-                                     [f"{p.name}_gavg_r{r}" for r in ranks], dict(meta),
-                                     reduce_op="avg")
-                for x, o in zip(ins, outs):  # NCCL all-reduces in place
-                    if o is not None:
-                        self.note_update(x, o)
-            for r, o in zip(ranks, outs):
-                if o is not None:
-                    self.synced[(p, r)] = o
+        acc = self.acc
+        if self.zero >= 2:
+            outs = self._dp_collective(
+                CollectiveType.REDUCE_SCATTER, stage, f"{p.name}_gshard",
+                lambda r: self._flat_grad(p, acc[(p, r)], r, meta) if (p, r) in acc else None,
+                dict(meta), dim=0, reduce_op="avg")
+        else:
+            # None: not in a reduced program
+            outs = self._dp_collective(CollectiveType.ALL_REDUCE, stage, f"{p.name}_gavg",
+                                       lambda r: acc.get((p, r)), dict(meta), reduce_op="avg")
+            for r, o in outs.items():  # NCCL all-reduces in place
+                self.note_update(acc[(p, r)], o)
+        for r, o in outs.items():
+            self.synced[(p, r)] = o
 
     def _flush(self, stage: int) -> None:
         """All-reduce the pending bucket of ``stage`` as one flat buffer."""

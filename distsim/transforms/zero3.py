@@ -5,7 +5,7 @@ all-gathered before each use, prefetched, by parameter or by layer (see
 reads (``param_in``, ``gathered``, ``last_out``, ...)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..ir.comm import CollectiveType
 from ..ir.core import Op, Value
@@ -27,6 +27,19 @@ def used_param_name(op: Op) -> Optional[str]:
     if op.op_type != "reshape" or USE_MARK not in op.name:
         return None
     return op.name.split(USE_MARK)[0]
+
+
+def unit_indices(numels: Sequence[int], dp: int) -> Tuple[int, ...]:
+    """ZeRO-3 by layer: which of a layer's parameters (``numels``: their
+    elements, in order) travel as one unit: those ``dp`` divides (their
+    shards are equal, so the gathered buffer is a ``dp x m`` matrix whose
+    column blocks are the parameters, as FSDP2 pads shards to equal size),
+    when there are two or more; none without data parallelism. The
+    lowering and the sweep estimator both ask this."""
+    if dp <= 1:
+        return ()
+    members = tuple(i for i, n in enumerate(numels) if n % dp == 0)
+    return members if len(members) > 1 else ()
 
 
 class ParamGathers:
@@ -54,20 +67,15 @@ class ParamGathers:
             self._received = self._task_inputs(stage, mb, kind, chunk)
         for ahead, params in order[i:i + 1 + self.S.prefetch]:
             todo = [p for p in params if (p, kind, mb, stage) not in self.gathered]
-            together = [p for p in todo if self._in_unit(p)]
-            if len(together) > 1:
-                self._gather_unit(together, stage, mb, kind, ahead)
-                todo = [p for p in todo if p not in together]
+            if self.S.zero3_unit == "layer":
+                together = [todo[i] for i in unit_indices([p.type.numel for p in todo],
+                                                          self.S.dp)]
+                if together:
+                    self._gather_unit(together, stage, mb, kind, ahead)
+                    todo = [p for p in todo if p not in together]
             for p in todo:
                 self._gather(p, stage, mb, kind, ahead)
         self._received = {}
-
-    def _in_unit(self, p: Value) -> bool:
-        """Whether ``p`` travels with its layer's other parameters
-        (``zero3_unit: layer``): its flat shards must be equal, so that the
-        gathered buffer is a ``dp x m`` matrix whose column blocks are the
-        parameters (as FSDP2 pads shards to equal size)."""
-        return self.S.zero3_unit == "layer" and self.S.dp > 1 and p.type.numel % self.S.dp == 0
 
     def _gates(self, shard: Value, r: int, name: str, meta: Dict[str, Any]) -> Value:
         """``shard`` gated on the compute emitted so far on ``r`` and on the
@@ -85,35 +93,48 @@ class ParamGathers:
                            dict(meta, detail="zero3 prefetch gate"))
         return shard
 
+    def _dp_collective(self, kind: CollectiveType, stage: int, name: str,
+                       local: Callable[[int], Optional[Value]], meta: Dict[str, Any],
+                       **attrs: Any) -> Dict[int, Value]:
+        """One ``kind`` collective over the dp ranks of each tensor-parallel
+        rank of ``stage`` (``local(rank)``: its input, None where the rank
+        is not simulated), results named ``{name}_r{rank}``; per rank, its
+        result (its input unchanged with dp 1). The ZeRO gathers and
+        reduce-scatters all go through here."""
+        S, out = self.S, {}
+        for t in self.L.tp_indices():
+            ranks = [S.rank(d, stage, t) for d in range(S.dp)]
+            ins = [local(r) for r in ranks]
+            if S.dp > 1:
+                ins = self.L.em.collective(kind, ins, ranks, [f"{name}_r{r}" for r in ranks],
+                                           meta, **attrs)
+            out.update({r: x for r, x in zip(ranks, ins) if x is not None})
+        return out
+
     def _gather_unit(self, params: Sequence[Value], stage: int, mb: int, kind: str,
                      layer: Any) -> None:
         """All-gather a layer's parameters in one collective (FSDP's unit):
         each rank concatenates its shards (FSDP2's copy-in), the ranks
         all-gather the buffer, and the first use of any of them splits it
         into the parameters (the copy-out, :meth:`param_for_use`)."""
-        em, S = self.L.em, self.S
+        em = self.L.em
         meta = {"stage": stage, "microbatch": mb, "category": "weights", "layer": layer}
         unit = f"{params[0].name}_unit{len(params)}"
         for p in params:
             self.gathered.add((p, kind, mb, stage))
-        for t in self.L.tp_indices():
-            ranks = [S.rank(dd, stage, t) for dd in range(S.dp)]
-            packed: List[Optional[Value]] = []
-            for r in ranks:
-                if not self.L.present(r):
-                    packed.append(None)
-                    continue
-                buf = em.one("concat", [self.param_in[(p, r)] for p in params], {"axis": 0},
-                             f"{unit}_in_m{mb}_r{r}", dict(meta, detail="zero3 copy-in"))
-                packed.append(self._gates(buf, r, unit, meta))
-            full = em.collective(CollectiveType.ALL_GATHER, packed, ranks,
-                                 [f"{unit}_full_m{mb}_r{r}" for r in ranks],
-                                 dict(meta, role="zero_gather"), dim=0)
-            for r, x in zip(ranks, full):
-                if x is not None:
-                    env = self.L.menv.setdefault((r, mb), {})
-                    for p in params:
-                        env[("zero3_unit", p, kind)] = (x, params)
+
+        def packed(r: int) -> Optional[Value]:
+            if not self.L.present(r):
+                return None
+            buf = em.one("concat", [self.param_in[(p, r)] for p in params], {"axis": 0},
+                         f"{unit}_in_m{mb}_r{r}", dict(meta, detail="zero3 copy-in"))
+            return self._gates(buf, r, unit, meta)
+        full = self._dp_collective(CollectiveType.ALL_GATHER, stage, f"{unit}_full_m{mb}",
+                                   packed, dict(meta, role="zero_gather"), dim=0)
+        for r, x in full.items():
+            env = self.L.menv.setdefault((r, mb), {})
+            for p in params:
+                env[("zero3_unit", p, kind)] = (x, params)
 
     def _task_inputs(self, stage: int, mb: int, kind: str, chunk: int) -> Dict[int, List[Value]]:
         """Per rank of ``stage``, the values the task ``(kind, mb, chunk)``
@@ -148,26 +169,14 @@ class ParamGathers:
     def _gather(self, p: Value, stage: int, mb: int, kind: str, layer: Any) -> None:
         """All-gather the shards of ``p`` over the dp ranks of every tensor-
         parallel rank of ``stage``, gated on the compute emitted so far."""
-        em, S = self.L.em, self.S
         self.gathered.add((p, kind, mb, stage))
         meta = {"stage": stage, "microbatch": mb, "category": "weights", "layer": layer}
-        for t in self.L.tp_indices():
-            ranks = [S.rank(dd, stage, t) for dd in range(S.dp)]
-            shards: List[Optional[Value]] = []
-            for r in ranks:
-                if not self.L.present(r):
-                    shards.append(None)
-                    continue
-                shards.append(self._gates(self.param_in[(p, r)], r, p.name, meta))
-            if S.dp > 1:
-                full = em.collective(CollectiveType.ALL_GATHER, shards, ranks,
-                                     [f"{p.name}_full_m{mb}_r{r}" for r in ranks],
-                                     dict(meta, role="zero_gather"), dim=0)
-            else:
-                full = shards
-            for r, x in zip(ranks, full):
-                if x is not None:
-                    self.L.menv.setdefault((r, mb), {})[("zero3_flat", p, kind)] = x
+        full = self._dp_collective(
+            CollectiveType.ALL_GATHER, stage, f"{p.name}_full_m{mb}",
+            lambda r: self._gates(self.param_in[(p, r)], r, p.name, meta)
+            if self.L.present(r) else None, dict(meta, role="zero_gather"), dim=0)
+        for r, x in full.items():
+            self.L.menv.setdefault((r, mb), {})[("zero3_flat", p, kind)] = x
 
     def param_for_use(self, p: Value, rank: int, d: int, t: int, stage: int, mb: int,
                       layer: Any) -> Value:
@@ -224,15 +233,14 @@ class ParamGathers:
                     continue
                 for o in op.outputs:
                     p = L.grad_of.get(o)
-                    if p is not None and self._in_unit(p):
-                        members = by_layer.setdefault((chunk, layer), [])
-                        if p not in members:
-                            members.append(p)
-        for members in by_layer.values():
-            if len(members) > 1:
-                unit = tuple(members)
-                for p in members:
-                    self._units[p] = unit
+                    if p is not None:
+                        made = by_layer.setdefault((chunk, layer), [])
+                        if p not in made:
+                            made.append(p)
+        for made in by_layer.values():
+            unit = tuple(made[i] for i in unit_indices([p.type.numel for p in made], self.S.dp))
+            for p in unit:
+                self._units[p] = unit
         return self._units
 
     def _reduce_scatter_unit(self, unit: Sequence[Value], stage: int, mb: int,
@@ -242,24 +250,14 @@ class ParamGathers:
         by row (``chunk_cat``: row ``d`` holds each one's ``d``-th shard,
         FSDP2's copy-in) and reduce-scattered; per rank, the result (the
         unit's shards, split by :meth:`_settle_units`)."""
-        em, S = self.L.em, self.S
+        em = self.L.em
         meta = {"stage": stage, "microbatch": mb, "role": "grad_sync", "category": "gradients"}
         name = f"{unit[0].name}_gunit{len(unit)}"
-        out: Dict[int, Value] = {}
-        for t in self.L.tp_indices():
-            ranks = [S.rank(d, stage, t) for d in range(S.dp)]
-            flats: List[Optional[Value]] = []
-            for r in ranks:
-                if r not in fresh[unit[0]]:
-                    flats.append(None)
-                    continue
-                flats.append(em.one("chunk_cat", [fresh[p][r] for p in unit], {"rows": S.dp},
-                                    f"{name}_in_r{r}", dict(meta, detail="zero3 copy-in")))
-            outs = em.collective(CollectiveType.REDUCE_SCATTER, flats, ranks,
-                                 [f"{name}_shard_r{r}" for r in ranks], dict(meta),
-                                 dim=0, reduce_op="avg")
-            out.update({r: o for r, o in zip(ranks, outs) if o is not None})
-        return out
+        return self._dp_collective(
+            CollectiveType.REDUCE_SCATTER, stage, f"{name}_shard",
+            lambda r: em.one("chunk_cat", [fresh[p][r] for p in unit], {"rows": self.S.dp},
+                             f"{name}_in_r{r}", dict(meta, detail="zero3 copy-in"))
+            if r in fresh[unit[0]] else None, dict(meta), dim=0, reduce_op="avg")
 
     def _settle_units(self, stage: int) -> None:
         """The units of ``stage`` reduce-scattered and not settled yet: each
