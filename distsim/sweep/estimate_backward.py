@@ -238,52 +238,25 @@ class OpByOpBackward:
         record = self.replays.get(key) if clean else None
         if record is not None:
             return self._replay(record, stage, order, origin)
-        marks = (len(tl.compute_starts[stage]), len(tl.comm_starts[stage]), tl.busy[stage],
-                 tl.waits[stage], tl.comm_s[stage], tl.tp_items[stage], tl.sync_waits[stage],
-                 self.flops[stage])
+        mark, flops = tl.mark(stage), self.flops[stage]
         last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True,
                                        accumulating=mb)
-        if clean and last is not None:
-            nc, nm = marks[0], marks[1]
+        items = tl.since(stage, mark, origin) if clean and last is not None else None
+        if items is not None:
             final = []       # by position in the chunk's blocks: chunks differ in layers
             if mb == self.M - 1:
                 final = [(k, i, self.sync.final[(name, layer, i)] - origin)
                          for k, (name, layer) in enumerate(order)
                          for i in range(len(self.prof.params[name]))]
-            back = (-origin).__add__
-            self.replays[key] = (
-                tuple(map(back, tl.compute_starts[stage][nc:])),
-                tuple(map(back, tl.compute_ends[stage][nc:])),
-                tuple(map(back, tl.comm_starts[stage][nm:])),
-                tuple(map(back, tl.comm_ends[stage][nm:])),
-                (tl.busy[stage] - marks[2], tl.waits[stage] - marks[3],
-                 tl.comm_s[stage] - marks[4], tl.tp_items[stage] - marks[5],
-                 tl.sync_waits[stage] - marks[6], self.flops[stage] - marks[7]),
-                (tl.free[s] - origin, tl.free[s + 1] - origin, last - origin), final)
+            self.replays[key] = (items, self.flops[stage] - flops, last - origin, final)
         return last
 
     def _replay(self, record, stage: int, order, origin: float) -> float:
         """A recorded task (:meth:`_accumulating_backward`) of a chunk whose
         blocks are ``order``, from ``origin``."""
-        tl = self.tl
-        c_starts, c_ends, m_starts, m_ends, sums, (free_c, free_m, last), final = record
-        at = origin.__add__
-        tl.compute_starts[stage].extend(map(at, c_starts))
-        tl.compute_ends[stage].extend(map(at, c_ends))
-        tl.comm_starts[stage].extend(map(at, m_starts))
-        tl.comm_ends[stage].extend(map(at, m_ends))
-        busy, waits, comm_s, tp_items, sync_waits, flops = sums
-        tl.busy[stage] += busy
-        tl.waits[stage] += waits
-        tl.comm_s[stage] += comm_s
-        tl.tp_items[stage] += tp_items
-        tl.sync_waits[stage] += sync_waits
+        items, flops, last, final = record
+        self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
-        s = 2 * stage
-        tl.free[s], tl.free[s + 1] = origin + free_c, origin + free_m
-        end = max(tl.free[s], tl.free[s + 1])     # each stream's last item ends last
-        if end > tl.end:
-            tl.end = end
         sync = self.sync
         for k, i, at in final:
             key = (order[k][0], order[k][1], i)

@@ -66,6 +66,11 @@ class Timeline:
         self.p2p_free: Dict[Tuple[int, int], float] = {}
         self.p2p_starts: List[List[float]] = [[] for _ in range(stages)]
         self.p2p_ends: List[List[float]] = [[] for _ in range(stages)]
+        # runs of spans added whole as arrays (:meth:`add_runs`: a replayed
+        # task's), per stage and stream: (starts, ends) each, in stream
+        # order, before the spans in the lists above
+        self.compute_runs: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(stages)]
+        self.comm_runs: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(stages)]
 
     def copy(self) -> "Timeline":
         """An independent copy (to continue two walks from a shared prefix)."""
@@ -81,6 +86,8 @@ class Timeline:
         t.p2p_free = dict(self.p2p_free)
         t.p2p_starts = [list(x) for x in self.p2p_starts]
         t.p2p_ends = [list(x) for x in self.p2p_ends]
+        t.compute_runs = [list(x) for x in self.compute_runs]     # arrays shared: never changed
+        t.comm_runs = [list(x) for x in self.comm_runs]
         return t
 
     def compute(self, stage: int, time_s: float, ready: float = 0.0,
@@ -234,6 +241,63 @@ class Timeline:
         """The step time: the last end."""
         return self.end
 
+    def add_runs(self, stage: int, compute: Tuple[np.ndarray, np.ndarray],
+                 comm: Tuple[np.ndarray, np.ndarray]) -> None:
+        """Spans of ``stage``'s compute and communication streams given
+        whole, as arrays of starts and ends, after its spans so far (a
+        replayed task's: a replay adds hundreds of spans, which as arrays
+        cost neither a Python float each nor a conversion in
+        :meth:`stage_breakdown`). The sums (``busy``, ``comm_s``, ...) and
+        the streams' ends are the caller's to update."""
+        self.compute_starts[stage], self.compute_ends[stage] = _add_run(
+            self.compute_runs[stage], self.compute_starts[stage], self.compute_ends[stage],
+            *compute)
+        self.comm_starts[stage], self.comm_ends[stage] = _add_run(
+            self.comm_runs[stage], self.comm_starts[stage], self.comm_ends[stage], *comm)
+
+    # -- recorded tasks ------------------------------------------------------
+    def mark(self, stage: int) -> tuple:
+        """Where ``stage``'s streams stand now, for :meth:`since`."""
+        return (self.compute_starts[stage], self.comm_starts[stage],
+                len(self.compute_starts[stage]), len(self.comm_starts[stage]),
+                self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
+                self.sync_waits[stage])
+
+    def since(self, stage: int, mark: tuple, origin: float) -> Optional[tuple]:
+        """What ``stage``'s streams gained since ``mark`` (one task's items),
+        relative to ``origin``, for :meth:`replay`; None where a run was
+        added in between (the items are not at the ends of its lists)."""
+        starts, comm_starts, nc, nm, busy, waits, comm_s, tp_items, sync_waits = mark
+        if starts is not self.compute_starts[stage] or comm_starts is not self.comm_starts[stage]:
+            return None
+        s = 2 * stage
+        return (np.asarray(starts[nc:], dtype=float) - origin,
+                np.asarray(self.compute_ends[stage][nc:], dtype=float) - origin,
+                np.asarray(comm_starts[nm:], dtype=float) - origin,
+                np.asarray(self.comm_ends[stage][nm:], dtype=float) - origin,
+                (self.busy[stage] - busy, self.waits[stage] - waits, self.comm_s[stage] - comm_s,
+                 self.tp_items[stage] - tp_items, self.sync_waits[stage] - sync_waits),
+                (self.free[s] - origin, self.free[s + 1] - origin))
+
+    def replay(self, stage: int, record: tuple, origin: float) -> None:
+        """The items of a :meth:`since` record again on ``stage``, from
+        ``origin``: the same items shifted (to rounding), for a task whose
+        items depend only on where it starts."""
+        c_starts, c_ends, m_starts, m_ends, sums, (free_c, free_m) = record
+        self.add_runs(stage, (c_starts + origin, c_ends + origin),
+                      (m_starts + origin, m_ends + origin))
+        busy, waits, comm_s, tp_items, sync_waits = sums
+        self.busy[stage] += busy
+        self.waits[stage] += waits
+        self.comm_s[stage] += comm_s
+        self.tp_items[stage] += tp_items
+        self.sync_waits[stage] += sync_waits
+        s = 2 * stage
+        self.free[s], self.free[s + 1] = origin + free_c, origin + free_m
+        end = max(self.free[s], self.free[s + 1])     # each stream's last item ends last
+        if end > self.end:
+            self.end = end
+
     # -- accounting ----------------------------------------------------------
     def stage_breakdown(self, stage: int, step_s: float) -> Dict[str, float]:
         """Per rank of ``stage``, as the simulator's summary counts it:
@@ -245,27 +309,28 @@ class Timeline:
         waits = self.waits[stage]
         busy = self.busy[stage]
         comm_s = self.comm_s[stage]
-        starts, ends = self.comm_starts[stage], self.comm_ends[stage]
+        starts, ends = _spans(self.comm_runs[stage], self.comm_starts[stage],
+                              self.comm_ends[stage])
         if self.p2p_starts[stage]:
             # the union of the collectives' and the transfers' spans, as the
             # simulator's summary counts communication
-            starts, ends = _union(starts + self.p2p_starts[stage],
-                                  ends + self.p2p_ends[stage])
+            starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage])),
+                                  np.concatenate((ends, self.p2p_ends[stage])))
             comm_s = sum(e - s for s, e in zip(starts, ends))
-        hidden = span_overlap(self.compute_starts[stage], self.compute_ends[stage],
-                              starts, ends)
+        hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
+                                      self.compute_ends[stage]), starts, ends)
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,
                 "idle_s": max(0.0, step_s - busy - exposed)}
 
 
-def _union(starts: List[float], ends: List[float]) -> Tuple[List[float], List[float]]:
+def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[List[float], List[float]]:
     """Spans ``(starts[i], ends[i])`` merged into disjoint ones in time order
     (a span starting at or before the latest end so far joins it): with
     numpy, sorted by start then end as Python sorts the pairs; a merged
     span ends at the latest end of its members, exactly."""
-    if not starts:
+    if not len(starts):
         return [], []
     s = np.asarray(starts, dtype=float)
     e = np.asarray(ends, dtype=float)
@@ -278,3 +343,30 @@ def _union(starts: List[float], ends: List[float]) -> Tuple[List[float], List[fl
     first = np.flatnonzero(new)
     last = np.append(first[1:] - 1, len(s) - 1)
     return s[first].tolist(), reach[last].tolist()
+
+
+def _add_run(runs: List[Tuple[np.ndarray, np.ndarray]], starts: List[float], ends: List[float],
+             run_starts: np.ndarray, run_ends: np.ndarray) -> Tuple[List[float], List[float]]:
+    """:meth:`Timeline.add_runs` on one stream: its spans in lists so far
+    become a run, then the given run; returns the lists to go on with
+    (new ones where the old became a run)."""
+    if starts:
+        runs.append((np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)))
+        starts, ends = [], []
+    if len(run_starts):
+        runs.append((run_starts, run_ends))
+    return starts, ends
+
+
+def _spans(runs: List[Tuple[np.ndarray, np.ndarray]], starts: List[float], ends: List[float]
+           ) -> Tuple[Sequence[float], Sequence[float]]:
+    """A stream's spans in stream order: its runs, then its lists (the
+    lists themselves where it has no runs)."""
+    if not runs:
+        return starts, ends
+    parts_s = [r[0] for r in runs]
+    parts_e = [r[1] for r in runs]
+    if starts:
+        parts_s.append(np.asarray(starts, dtype=float))
+        parts_e.append(np.asarray(ends, dtype=float))
+    return np.concatenate(parts_s), np.concatenate(parts_e)

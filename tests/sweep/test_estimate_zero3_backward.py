@@ -23,7 +23,7 @@ import random
 import pytest
 
 from distsim.sweep import estimate as est
-from distsim.sweep import estimate_timeline
+from distsim.sweep import estimate_engine, estimate_timeline
 from distsim.sweep.estimate_engine import _union
 
 from estimate_pairs import assert_within_bounds
@@ -42,6 +42,19 @@ CASES = [
 ]
 
 
+
+def _count_calls(monkeypatch, cls, name):
+    """A list that gains an entry at each call of ``cls.name`` (patched)."""
+    calls = []
+    method = getattr(cls, name)
+
+    def counted(self, *args):
+        calls.append(1)
+        return method(self, *args)
+
+    monkeypatch.setattr(cls, name, counted)
+    return calls
+
 @pytest.mark.parametrize("options,before", CASES, ids=["fsdp-h100", "pcie-dp4", "pcie-prefetch0"])
 def test_zero3_step_time_with_several_microbatches(options, before):
     assert_within_bounds(options, memory=False, note=f"{before} before")
@@ -51,14 +64,7 @@ def test_a_replayed_backward_is_the_backward_emitted_again(monkeypatch):
     # GPT-3 175B, ZeRO 3 over 16 stages: most backward tasks are replays
     options = {"model": "gpt3-175b", "topology": "dgx-a100-x128", "tp": 8, "pp": 16,
                "micro_batch": 1, "global_batch": 1536, "zero": 3, "recompute": "selective"}
-    replays = []
-    replay = estimate_timeline.Builder._replay
-
-    def counted(self, *args):
-        replays.append(1)
-        return replay(self, *args)
-
-    monkeypatch.setattr(estimate_timeline.Builder, "_replay", counted)
+    replays = _count_calls(monkeypatch, estimate_timeline.Builder, "_replay")
     replayed = est.estimate(options)
     assert len(replays) > 100
 
@@ -71,6 +77,30 @@ def test_a_replayed_backward_is_the_backward_emitted_again(monkeypatch):
     for key in ("step_time_s", "compute_s", "exposed_communication_s", "idle_s",
                 "communication_s", "max_peak_memory_bytes"):
         assert replayed[key] == pytest.approx(emitted[key], rel=1e-12, abs=1e-15), key
+
+
+
+# by layer fewer forwards find the communication stream idle: the unit a
+# backward reduce-scattered last is still on it
+@pytest.mark.parametrize("unit,prefetch,share", [("param", 1, 5), ("layer", 2, 1.5)])
+def test_a_replayed_gathered_task_is_the_task_emitted_again(monkeypatch, unit, prefetch, share):
+    # ZeRO-3's forward tasks (their gathers, and the compute waiting for
+    # them) that start with the communication stream idle are replayed
+    # from the first of their plan: the same figures as emitting each one
+    options = {"model": "gpt3-175b", "topology": "dgx-a100-x128", "tp": 8, "pp": 16,
+               "micro_batch": 1, "global_batch": 1536, "zero": 3, "recompute": "selective",
+               "zero3_unit": unit, "prefetch": prefetch}
+    emitted = _count_calls(monkeypatch, estimate_timeline.Builder, "_emit_gathered")
+    replayed = est.estimate(options)
+    with_replays = len(emitted)
+    emitted.clear()
+    # nothing recorded: every task emitted
+    monkeypatch.setattr(estimate_engine.Timeline, "since", lambda self, *args: None)
+    direct = est.estimate(options)
+    assert len(emitted) > share * with_replays
+    for key in ("step_time_s", "compute_s", "exposed_communication_s", "idle_s",
+                "communication_s", "max_peak_memory_bytes", "total_flops"):
+        assert replayed[key] == pytest.approx(direct[key], rel=1e-12, abs=1e-15), key
 
 
 def _merged(starts, ends):
