@@ -340,8 +340,10 @@ def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[List[float],
     new = np.empty(len(s), dtype=bool)
     new[0] = True
     new[1:] = s[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, len(s) - 1)
+    first = new.nonzero()[0]
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1] = len(s) - 1
     return s[first].tolist(), reach[last].tolist()
 
 

@@ -41,12 +41,15 @@ def span_overlap(a_starts: List[float], a_ends: List[float], b_starts: List[floa
         return merged_overlap(list(zip(a_starts, a_ends)), list(zip(b_starts, b_ends)))
     # the walk moves past a's span i when a's end is below b's (strictly):
     # in the merged order, a_i follows every b_j with eb_j <= ea_i
+    # (the arrays' methods, not numpy's functions: a sweep makes tens of
+    # thousands of these calls, and the functions' dispatch costs more than
+    # the work on short arrays)
     is_a = np.zeros(na + nb, dtype=bool)
-    is_a[np.arange(na) + np.searchsorted(eb, ea, side="right")] = True
-    a_before = np.cumsum(is_a) - is_a          # a's spans passed before each step
+    is_a[np.arange(na) + eb.searchsorted(ea, side="right")] = True
+    a_before = is_a.cumsum() - is_a            # a's spans passed before each step
     b_before = np.arange(na + nb) - a_before
     # it stops when either list is passed (by the last step, one is)
-    steps = int(np.argmax((a_before >= na) | (b_before >= nb)))
+    steps = int(((a_before >= na) | (b_before >= nb)).argmax())
     i, j = a_before[:steps], b_before[:steps]
     part = np.minimum(ea[i], eb[j]) - np.maximum(sa[i], sb[j])
-    return float(np.cumsum(np.where(part > 0.0, part, 0.0))[-1])
+    return float(np.where(part > 0.0, part, 0.0).cumsum()[-1])
