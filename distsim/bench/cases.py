@@ -240,18 +240,27 @@ def sweep_rate(quick: bool) -> Dict[str, Any]:
     processes: estimated (``fidelity: estimate``, the sweep's fast tier,
     within a few percent of the simulator) and, on a sample of points,
     simulated in full (symmetry and coarsening). Only the points evaluated
-    count (not those skipped as invalid)."""
+    count (not those skipped as invalid). Beside the rate, the bare SimPy
+    event rate of this process (:func:`bare_simpy_rate`) and the sweep's
+    rate per million of those events per second
+    (``sweep_configs_per_bare_mevent``): the rate with this machine's
+    Python speed divided out, to compare runs on different machines."""
     base = {"model": "gpt3-175b", "topology": "dgx-a100-x128", "network_mode": "analytical"}
     grid = SWEEP_GRID_QUICK if quick else SWEEP_GRID
     start = time.perf_counter()
     df = sweep(dict(base, fidelity="estimate"), grid, workers=2, progress=False)
     wall = time.perf_counter() - start
     evaluated = int((df["status"] == "ok").sum())
+    # this machine's speed beside it: a rate here is only comparable with
+    # another machine's run over the bare SimPy rate of each
+    bare = bare_simpy_rate(200_000 if quick else 400_000)
     sample = {"tp": [8], "pp": [16], "micro_batch": [1, 2]}
     start = time.perf_counter()
     full = sweep(dict(base, symmetry=True, coarsen=True), sample, workers=2, progress=False)
     full_wall = time.perf_counter() - start
     return {"sweep_configs_per_s": evaluated / wall, "sweep_configs": evaluated,
+            "sweep_bare_simpy_events_per_s": bare,
+            "sweep_configs_per_bare_mevent": evaluated / wall / (bare / 1e6),
             "sweep_points": len(df), "sweep_wall_s": wall,
             "sweep_simulated_configs_per_s": len(full) / full_wall,
             "sweep_simulated_configs": len(full),

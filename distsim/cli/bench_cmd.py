@@ -20,6 +20,8 @@ TABLE = [
      ">= 50"),
     ("sweep_simulated_configs_per_s", "  ... simulated in full (analytical network): configs/s",
      ""),
+    ("sweep_configs_per_bare_mevent",
+     "  ... per 1e6 bare SimPy events/s (the machine's speed divided out)", ""),
     ("growth_exponent", "GPT-3 at 64/256/1024 GPUs and 2x layers: wall ~ ops^k, k (median rounds)",
      "<= 1"),
     ("growth_exponent_best", "  ... fitted to each point's best round instead of its median", ""),

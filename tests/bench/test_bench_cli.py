@@ -95,3 +95,22 @@ def test_ready_free_memory_touches_the_bytes_asked_for_in_a_child():
     assert ready_free_memory(64 << 20) == 64 << 20
     assert peak_rss_bytes() - before < 32 << 20
     assert ready_free_memory(0) == 0
+
+
+def test_sweep_rate_is_given_with_the_machine_speed_divided_out(monkeypatch):
+    """The sweep's rate over this process's bare SimPy rate (per million
+    events per second): three points evaluated of four, one of them
+    invalid, bare SimPy at 2 million events per second."""
+    import pandas as pd
+    import pytest
+
+    from distsim.bench import cases
+
+    def fake_sweep(base, grid, workers, progress):
+        return pd.DataFrame({"status": ["ok", "ok", "error", "ok"]})
+    monkeypatch.setattr(cases, "sweep", fake_sweep)
+    monkeypatch.setattr(cases, "bare_simpy_rate", lambda events: 2e6)
+    out = cases.sweep_rate(quick=True)
+    assert out["sweep_configs"] == 3
+    assert out["sweep_bare_simpy_events_per_s"] == 2e6
+    assert out["sweep_configs_per_bare_mevent"] == pytest.approx(out["sweep_configs_per_s"] / 2)
