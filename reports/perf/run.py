@@ -10,7 +10,9 @@ in ``README.md`` between the markers.
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +80,43 @@ def _counted_plot(ax, figures: dict, points: list) -> None:
     _plain_ticks(ax)
 
 
+#: the figures of benchmark 6 (counted work), kept from the last run that
+#: counted them when a run does not
+COUNTED = ("growth_exponent_instructions", "growth_exponent_ll_misses",
+           "growth_exponent_d1_misses", "growth_count_points", "growth_count_caches",
+           "growth_instructions_per_op", "growth_ll_misses_per_op",
+           "growth_counts_benchmark_wall_s", "growth_counts_commit")
+
+
+def carried_counts(previous: Path, quick: bool) -> dict:
+    """The counted figures of the last run that counted (``previous``, its
+    bench.json, of the same size), with a note saying so: counts take a
+    quarter of an hour and do not move with the machine, only with the
+    code, so a run without ``--counts`` shows the last ones, marked, rather
+    than none."""
+    try:
+        old = json.loads(previous.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if old.get("quick") != quick or "growth_exponent_instructions" not in old:
+        return {}
+    carried = {k: old[k] for k in COUNTED if k in old}
+    commit = old.get("growth_counts_commit", "an earlier commit")
+    carried["growth_counts_note"] = (f"the counted figures are carried over from the last "
+                                     f"run with --counts (on {commit}), not measured in this run")
+    return carried
+
+
+def _commit() -> str:
+    """The checked-out commit (short), or "unknown" outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
+                             capture_output=True, text=True, check=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 def table(figures: dict) -> str:
     rows = ["| figure | value | target |", "|---|---|---|"]
     for key, label, target in TABLE:
@@ -86,6 +125,9 @@ def table(figures: dict) -> str:
         rows.append(f"| {label.strip()} (`{key}`) | {text} | {target} |")
     m = figures["machine"]
     rows.append("")
+    for key in sorted(k for k in figures if k.endswith("_note")):
+        rows.append(f"Note ({key}): {figures[key]}.")
+        rows.append("")
     rows.append(f"Machine: {m['processor']}, {m['cpus']} CPUs, Python {m['python']}, "
                 f"{m['platform']}; quick={figures['quick']}.")
     return "\n".join(rows)
@@ -101,6 +143,10 @@ def main() -> None:
     names = [*BENCHMARKS, *OPTIONAL] if args.counts else None
     figures = run_suite(names, quick=args.quick,
                         progress=lambda n: print("running", n, flush=True))
+    if args.counts:
+        figures["growth_counts_commit"] = _commit()
+    else:
+        figures.update(carried_counts(HERE / "bench.json", args.quick))
     write_json_atomic(HERE / "bench.json", figures)
     growth_plot(figures, HERE / "growth.png")
     readme = HERE / "README.md"
