@@ -232,12 +232,16 @@ class OpByOpBackward:
         origin = free if lead else max(ready, free)
         clean = ready <= origin and tl.free[s + 1] <= origin
         key = (self.shapes[c], mb == self.M - 1)
-        # by layer a task settles the unit the stage's previous one left:
-        # not a function of its start alone
-        clean = clean and not self.by_layer
+        if self.by_layer:
+            # by layer a task first settles the unit the stage's previous
+            # backward left (its reduce-scatter long done when the task is
+            # clean): part of what the task's items depend on
+            left = self._left_unit(stage, origin)
+            clean = clean and left is not False
+            key = key + (left,)
         record = self.replays.get(key) if clean else None
         if record is not None:
-            return self._replay(record, stage, order, origin)
+            return self._replay(record, stage, order, origin, mb)
         mark, flops = tl.mark(stage), self.flops[stage]
         last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True,
                                        accumulating=mb)
@@ -247,20 +251,52 @@ class OpByOpBackward:
             if mb == self.M - 1:
                 final = [(k, i, self.sync.final[(name, layer, i)] - origin)
                          for k, (name, layer) in enumerate(order)
-                         for i in range(len(self.prof.params[name]))]
-            self.replays[key] = (items, self.flops[stage] - flops, last - origin, final)
+                         for i in range(len(self.prof.params[name]))
+                         if (name, layer, i) in self.sync.final]
+            leaves = None
+            if self.by_layer:
+                pending = self.unit_pending.get(stage, [])
+                if len(pending) != 1:
+                    return last
+                name, layer, unit, _, rs_end = pending[0]
+                leaves = (order.index((name, layer)), unit, rs_end - origin)
+            self.replays[key] = (items, self.flops[stage] - flops, last - origin, final, leaves)
         return last
 
-    def _replay(self, record, stage: int, order, origin: float) -> float:
+    def _left_unit(self, stage: int, origin: float):
+        """By layer, what a backward starting at ``origin`` finds pending on
+        ``stage``: None (nothing), the unit's (block, members, whether its
+        micro-batch was the first), or False where a replay cannot stand
+        for the task (more than one unit, one whose reduce-scatter ends
+        after ``origin``, or the last micro-batch's, whose settling makes
+        its gradients final). A unit done by ``origin`` is settled where the
+        task's compute stream is (past ``origin`` by then), whenever it
+        ended."""
+        pending = self.unit_pending.get(stage)
+        if not pending:
+            return None
+        if len(pending) > 1:
+            return False
+        name, _, unit, mb, rs_end = pending[0]
+        if rs_end > origin or mb == self.M - 1:
+            return False
+        return (name, unit, mb == 0)
+
+    def _replay(self, record, stage: int, order, origin: float, mb: int) -> float:
         """A recorded task (:meth:`_accumulating_backward`) of a chunk whose
-        blocks are ``order``, from ``origin``."""
-        items, flops, last, final = record
+        blocks are ``order``, micro-batch ``mb``, from ``origin``."""
+        items, flops, last, final, leaves = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
         sync = self.sync
         for k, i, at in final:
             key = (order[k][0], order[k][1], i)
             sync.final[key] = sync.synced[key] = origin + at
+        if leaves is not None:
+            # by layer: the unit found pending was settled in the items;
+            # the task's own last unit is left pending
+            k, unit, rs_end = leaves
+            self.unit_pending[stage] = [(order[k][0], order[k][1], unit, mb, origin + rs_end)]
         return origin + last
 
     def _gather_groups(self, name: str, only: bool) -> List[Tuple[float, int]]:

@@ -60,10 +60,14 @@ def test_zero3_step_time_with_several_microbatches(options, before):
     assert_within_bounds(options, memory=False, note=f"{before} before")
 
 
-def test_a_replayed_backward_is_the_backward_emitted_again(monkeypatch):
+@pytest.mark.parametrize("unit", ["param", "layer"])
+def test_a_replayed_backward_is_the_backward_emitted_again(monkeypatch, unit):
     # GPT-3 175B, ZeRO 3 over 16 stages: most backward tasks are replays
+    # (by layer too: a task first settles the unit the one before left,
+    # whose reduce-scatter is done when the task starts clean)
     options = {"model": "gpt3-175b", "topology": "dgx-a100-x128", "tp": 8, "pp": 16,
-               "micro_batch": 1, "global_batch": 1536, "zero": 3, "recompute": "selective"}
+               "micro_batch": 1, "global_batch": 1536, "zero": 3, "recompute": "selective",
+               "zero3_unit": unit}
     replays = _count_calls(monkeypatch, estimate_timeline.Builder, "_replay")
     replayed = est.estimate(options)
     assert len(replays) > 100
