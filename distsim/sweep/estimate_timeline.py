@@ -355,10 +355,20 @@ class Builder(MemoryNotes, OpByOpBackward):
         prev = max(ready, tl.free[2 * stage])
         issued: List[float] = []
         end = ready
+        #: the block before's trailing wait for a tensor-parallel collective
+        #: (nothing computed after it), emitted after the next copy-ins
+        wait: Optional[List[tuple]] = None
         for i, (gathers, fl, lead, pieces, reads) in enumerate(plan):
-            for copy_in, t in gathers:
-                # by layer, the unit's shards concatenated first (compute)
-                start = tl.compute(stage, copy_in, prev) if copy_in else prev
+            # by layer, the unit's shards concatenated first (compute), where
+            # the gate is: after the compute before, not after a collective
+            # that ends the block before (the embedding's forward), which
+            # the gather queues behind on the communication stream
+            starts = [tl.compute(stage, copy_in, prev) if copy_in else prev
+                      for copy_in, _ in gathers]
+            if wait is not None:
+                tl.compute_pieces(stage, wait, prev)
+                wait = None
+            for start, (_, t) in zip(starts, gathers):
                 issued.append(tl.comm_on(stage, t, start))
             flops[stage] += fl
             if reads is not None:
@@ -370,6 +380,8 @@ class Builder(MemoryNotes, OpByOpBackward):
                 if lead:     # the first block's recomputation: no wait for the input
                     tl.compute_pieces(stage, lead, issued[0])
                 end = max(issued[0], ready)
+            if i + 1 < len(plan) and any(copy_in for copy_in, _ in plan[i + 1][0]):
+                pieces, wait = _trailing_wait(pieces)
             end = prev = tl.compute_pieces(stage, pieces, end)
         return end
 
@@ -554,3 +566,16 @@ class Builder(MemoryNotes, OpByOpBackward):
         mine.pos, mine.seq = w.pos, w.seq
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)
         return mine
+
+
+def _trailing_wait(pieces: List[tuple]) -> Tuple[List[tuple], Optional[List[tuple]]]:
+    """A block's compute pieces split before a trailing wait for a
+    tensor-parallel collective (a piece holding the communication stream
+    with nothing busy in it, and nothing computed after it): (the pieces
+    before, the wait), or (the pieces, None)."""
+    k = len(pieces)
+    while k and pieces[k - 1][0] == 0.0:
+        k -= 1
+    if k and pieces[k - 1][2] and pieces[k - 1][1] == 0.0:
+        return pieces[:k - 1], pieces[k - 1:]
+    return pieces, None
