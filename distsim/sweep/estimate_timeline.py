@@ -413,12 +413,16 @@ class Builder(MemoryNotes, OpByOpBackward):
                 issued = max(issued, upto)
                 t, busy, fl = self._block_time(blocks[name], kind, mb)
                 shift = self._accumulation_shift(name, kind, mb)
-                if self.by_layer:     # the unit's copy-out instead of its reshapes
-                    shift += gather_plan(self, kind, name).copy_out
+                # by layer the unit's copy-out instead of its reshapes, at
+                # its first read: in the compute before the first
+                # tensor-parallel collective
+                copy_out = gather_plan(self, kind, name).copy_out if self.by_layer else 0.0
                 cut = split and i == 0
                 if cut:
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
-                pieces = self._pieces(kind, order[i:i + 1], t + shift, busy + shift, rest=cut)
+                pieces = self._pieces(kind, order[i:i + 1], t + shift + copy_out,
+                                      busy + shift + copy_out, rest=cut,
+                                      pre_shift=copy_out if kind == "B" else 0.0)
                 reads = None if cut or kind == "B" else chain(self, kind, name, pieces[0])
                 plan.append((gathers, fl, lead if cut else [],
                              pieces if reads is None else pieces[1:], reads))
@@ -434,8 +438,8 @@ class Builder(MemoryNotes, OpByOpBackward):
             total, busy = total - head.b_lead, busy - head.b_lead_busy
         return fl, lead, self._pieces(kind, order, total, busy, rest=split)
 
-    def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False
-                ) -> List[tuple]:
+    def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
+                pre_shift: float = 0.0) -> List[tuple]:
         """The compute items of a task over the blocks ``order``: one, or with
         tensor-parallel collectives, which hold the communication stream from
         the first to the last of them, the compute before and after alone
@@ -443,10 +447,14 @@ class Builder(MemoryNotes, OpByOpBackward):
         no compute between its collectives (the embedding's forward: one
         reduce-scatter) is split too: its compute before the collective runs
         while the communication stream is still busy (ZeRO-3's prefetched
-        gathers), as in the simulator."""
+        gathers), as in the simulator. ``pre_shift``: a change of the
+        compute before the first collective (ZeRO-3 by layer: the unit's
+        copy-out in place of the template's reshapes)."""
         blocks = self.prof.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
+        if pre is not None and pre_shift:
+            pre = max(0.0, pre + pre_shift)
         post = last.f_post if kind == "F" else last.b_post
         holds = self.tp > 1
         if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
