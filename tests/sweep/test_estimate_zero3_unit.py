@@ -63,6 +63,26 @@ def test_the_gather_plan_puts_the_unit_first():
         assert plan.copy_in > 0 and plan.split_s > 0
 
 
+
+def _gather_starts(**extra):
+    """llama2-7b on the PCIe workstation, dp 2 tp 2, two layers, by layer:
+    rank 0's all-gather starts in the estimator's timeline (stage 0's
+    communication items: gathers only, without a pipeline and where the
+    tensor-parallel collectives sit inside compute items) and in the
+    simulation, sorted, with both step times."""
+    import distsim
+    from distsim.sweep.estimate_engine import _spans
+
+    options = dict(model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, tp=2, layers=2,
+                   seq=512, micro_batch=1, recompute="none", **LAYER, **extra)
+    run = distsim.simulate(**options)
+    simulated = sorted(r.start_s for r in run.trace.ops
+                       if r.rank == 0 and r.op_type == "comm.allgather")
+    case = est.resolve(options)
+    tl = Builder(case, est._profile_for(case)).build()
+    starts, _ = _spans(tl.comm_runs[0], tl.comm_starts[0], tl.comm_ends[0])
+    return list(starts), simulated, tl.run(), run.step_time_s
+
 def test_a_units_copy_in_runs_before_the_collective_that_ends_the_block_before():
     """The embedding's forward ends with its tensor-parallel all-reduce
     (nothing computed after it). LowerSPMD gates the prefetched unit's
@@ -72,17 +92,7 @@ def test_a_units_copy_in_runs_before_the_collective_that_ends_the_block_before()
     all-reduce had ended, so that gather (the forward's third) started
     2.3 % late (5.47 ms against 5.35 ms); it now starts within 0.1 % (the
     template times the all-reduce 5 us shorter)."""
-    import distsim
-    from distsim.sweep.estimate_engine import _spans
-
-    options = dict(model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, tp=2, layers=2,
-                   seq=512, micro_batch=1, global_batch=2, recompute="none", **LAYER)
-    run = distsim.simulate(**options)
-    simulated = sorted(r.start_s for r in run.trace.ops
-                       if r.rank == 0 and r.op_type == "comm.allgather")
-    case = est.resolve(options)
-    tl = Builder(case, est._profile_for(case)).build()
-    starts, _ = _spans(tl.comm_runs[0], tl.comm_starts[0], tl.comm_ends[0])
+    starts, simulated, _, _ = _gather_starts(global_batch=2)
     # the embedding's table, layer 0's unit, layer 1's unit (prefetched)
     assert list(starts[:2]) == pytest.approx(simulated[:2], abs=1e-12)
     assert starts[2] == pytest.approx(simulated[2], rel=1e-3)
@@ -99,19 +109,8 @@ def test_a_backward_block_computes_under_the_next_units_gather():
     started 6.8 % late, the step 2.6 % long. The copy-out now belongs to
     the compute before the block's first collective, where the unit is
     first read: layer 0's gather within 1 %, the step within 0.8 %."""
-    import distsim
-    from distsim.sweep.estimate_engine import _spans
-
-    options = dict(model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, tp=2, layers=2,
-                   seq=512, micro_batch=1, global_batch=4, recompute="none", bucket_mb=0,
-                   **LAYER)
-    run = distsim.simulate(**options)
-    simulated = sorted(r.start_s for r in run.trace.ops
-                       if r.rank == 0 and r.op_type == "comm.allgather")
-    case = est.resolve(options)
-    tl = Builder(case, est._profile_for(case)).build()
-    starts, _ = _spans(tl.comm_runs[0], tl.comm_starts[0], tl.comm_ends[0])
+    starts, simulated, step, sim_step = _gather_starts(global_batch=4, bucket_mb=0)
     # the forward's four gathers (table, layer 0, layer 1, head), then the
     # backward's: head, layer 1, layer 0
     assert starts[6] == pytest.approx(simulated[6], rel=0.01)
-    assert tl.run() == pytest.approx(run.step_time_s, rel=0.008)
+    assert step == pytest.approx(sim_step, rel=0.008)
