@@ -355,10 +355,9 @@ class Builder(MemoryNotes, OpByOpBackward):
         prev = max(ready, tl.free[2 * stage])
         issued: List[float] = []
         end = ready
-        #: the block before's trailing wait for a tensor-parallel collective
-        #: (nothing computed after it), emitted after the next copy-ins
+        #: the block before's trailing wait (the plan's), not yet emitted
         wait: Optional[List[tuple]] = None
-        for i, (gathers, fl, lead, pieces, reads) in enumerate(plan):
+        for i, (gathers, fl, lead, pieces, reads, tail) in enumerate(plan):
             # by layer, the unit's shards concatenated first (compute), where
             # the gate is: after the compute before, not after a collective
             # that ends the block before (the embedding's forward), which
@@ -367,7 +366,6 @@ class Builder(MemoryNotes, OpByOpBackward):
                       for copy_in, _ in gathers]
             if wait is not None:
                 tl.compute_pieces(stage, wait, prev)
-                wait = None
             for start, (_, t) in zip(starts, gathers):
                 issued.append(tl.comm_on(stage, t, start))
             flops[stage] += fl
@@ -380,9 +378,8 @@ class Builder(MemoryNotes, OpByOpBackward):
                 if lead:     # the first block's recomputation: no wait for the input
                     tl.compute_pieces(stage, lead, issued[0])
                 end = max(issued[0], ready)
-            if i + 1 < len(plan) and any(copy_in for copy_in, _ in plan[i + 1][0]):
-                pieces, wait = _trailing_wait(pieces)
             end = prev = tl.compute_pieces(stage, pieces, end)
+            wait = tail
         return end
 
     def _task_plan(self, kind: str, c: int, mb: int) -> Any:
@@ -392,7 +389,8 @@ class Builder(MemoryNotes, OpByOpBackward):
         ``(FLOPs, pieces)``, or with ZeRO-3 one ``(gathers issued, FLOPs,
         leading recomputation, pieces, the forward's first piece cut at its
         reads of gathered parameters (:func:`.estimate_gates.chain`) or
-        None)`` per block; a piece is a compute item ``(time, busy time,
+        None, the block's trailing wait emitted after the next block's
+        copy-ins or None)`` per block; a piece is a compute item ``(time, busy time,
         holds the communication stream)``."""
         blocks = self.prof.blocks
         order = self.blocks_of(kind, c)
@@ -420,13 +418,20 @@ class Builder(MemoryNotes, OpByOpBackward):
                 cut = split and i == 0
                 if cut:
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
+                # (the forward's first piece is cut at its reads, which
+                # place the copy-out: :func:`.estimate_gates.chain`)
                 pieces = self._pieces(kind, order[i:i + 1], t + shift + copy_out,
                                       busy + shift + copy_out, rest=cut,
                                       pre_shift=copy_out if kind == "B" else 0.0)
                 reads = None if cut or kind == "B" else chain(self, kind, name, pieces[0])
-                plan.append((gathers, fl, lead if cut else [],
-                             pieces if reads is None else pieces[1:], reads))
-            return plan
+                plan.append([gathers, fl, lead if cut else [],
+                             pieces if reads is None else pieces[1:], reads, None])
+            # a block that ends waiting for a collective before a block with
+            # copy-ins: that wait goes after those copy-ins (:meth:`_emit_gathered`)
+            for block, after in zip(plan, plan[1:]):
+                if any(copy_in for copy_in, _ in after[0]):
+                    block[3], block[5] = _trailing_wait(block[3])
+            return [tuple(block) for block in plan]
         total = busy = fl = 0.0
         for name, _ in order:
             t, b, f = self._block_time(blocks[name], kind, mb)
