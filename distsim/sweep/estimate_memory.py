@@ -127,39 +127,52 @@ def estimate_memory(b: Builder) -> List[int]:
 
     per_param = _param_optimizer_excess(b)
     opt = optimizer_excess(b, per_param)
+    saved_by_chunk = np.array([chunk_saved[c] for c in range(b.C)])
+    chunks_of: Dict[int, List[int]] = {}
+    for c in range(b.C):
+        chunks_of.setdefault(b.stage_of(c), []).append(c)
+    # what the timeline walks noted, by stage (in the order noted)
+    pending_of: Dict[int, list] = {}
+    for (s, kind, mb, c), pending in b.memo.flat_pending.items():
+        pending_of.setdefault(s, []).append((kind, mb, c, pending))
+    inside_of: Dict[int, list] = {}
+    for (s, c), inside in b.memo.flat_inside.items():
+        inside_of.setdefault(s, []).append((c, inside))
     out = []
     for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.M, S.chunks)):
         base = static[stage] + grads[stage]
         best = base + max(_after_backward(b, stage, per_param, opt[stage]),
                           b.memo.flat_queued.get(stage, 0))
         # the bytes in flight before each task: saved activations are whole
-        # numbers, so the running sum is exact in any order (numpy's too),
-        # and a steady schedule meets the same (task, bytes in flight) again
-        # and again: each distinct one is costed once
-        saved = np.array([chunk_saved[c] for c in range(b.C)])[chunk]
+        # numbers, so the running sum is exact in any order (numpy's too).
+        # A task's peak only grows with the bytes in flight before it (each
+        # candidate adds them, and rounding is monotone), so of the tasks of
+        # one kind, chunk and first-backward-or-not only the one starting
+        # with the most in flight is costed
+        saved = saved_by_chunk[chunk]
         delta = np.where(forward, saved, -saved)
         flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
         # each chunk's first backward task (micro-batch 0: tasks of a chunk
         # run in micro-batch order), by chunk
         first_back = {}
-        for c in range(b.C):
+        for c in chunks_of[stage]:
             at = np.flatnonzero(~forward & (chunk == c))
             if len(at):
                 first_back[c] = int(at[0])
         first_b = np.zeros(len(forward), dtype=bool)
         first_b[list(first_back.values())] = True
-        for is_f, c, held, first in set(zip(forward.tolist(), chunk.tolist(), flight.tolist(),
-                                            first_b.tolist())):
-            best = max(best, task_peak(base, "F" if is_f else "B", c, held, first=first))
+        kinds = chunk * 4 + forward * 2 + first_b
+        for key in np.unique(kinds).tolist():
+            held = float(flight[kinds == key].max())
+            c, is_f, first = key // 4, key & 2, key & 1
+            best = max(best, task_peak(base, "F" if is_f else "B", c, held, first=bool(first)))
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where
         # they peak) and when later forwards end (likewise); ZeRO 0/1, the
         # buckets flushed before each block of a chunk's last backward
         # ("last": held until they are unpacked)
-        for (s, kind, mb, c), pending in b.memo.flat_pending.items():
-            if s != stage:
-                continue
+        for kind, mb, c, pending in pending_of.get(stage, ()):
             if kind == "end":
                 best = max(best, base + pending)
                 continue
@@ -175,8 +188,8 @@ def estimate_memory(b: Builder) -> List[int]:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))
         # and inside that first backward, the copies of its earlier
         # gradients still waiting when each block makes its own
-        for (s, c), inside in b.memo.flat_inside.items():
-            if s == stage and c in first_back:
+        for c, inside in inside_of.get(stage, ()):
+            if c in first_back:
                 best = max(best, task_peak(base, "B", c, float(flight[first_back[c]]), inside,
                                            first=True))
         out.append(int(best))
