@@ -232,10 +232,39 @@ class Timeline:
         self.p2p_free[pair] = end
         if end > self.end:
             self.end = end
-        for stage in dict.fromkeys(stages):
-            self.p2p_starts[stage].append(start)
-            self.p2p_ends[stage].append(end)
+        self.p2p_starts[a].append(start)
+        self.p2p_ends[a].append(end)
+        if b != a:
+            self.p2p_starts[b].append(start)
+            self.p2p_ends[b].append(end)
         return end
+
+    def p2p_chain(self, a: int, b: int, times: Sequence[float], ready: float,
+                  arrived: float) -> float:
+        """:meth:`p2p` between stages ``a != b`` of each of ``times`` in turn,
+        all from ``ready`` (a task's outputs sent one after another); returns
+        the latest of ``arrived`` and their ends (the same floats as a call
+        each)."""
+        pair = (a, b) if a < b else (b, a)
+        p2p_free = self.p2p_free
+        start = p2p_free.get(pair, 0.0)
+        starts_a, ends_a = self.p2p_starts[a], self.p2p_ends[a]
+        starts_b, ends_b = self.p2p_starts[b], self.p2p_ends[b]
+        for time_s in times:
+            if ready > start:
+                start = ready
+            end = start + time_s
+            p2p_free[pair] = end
+            if end > self.end:
+                self.end = end
+            starts_a.append(start)
+            ends_a.append(end)
+            starts_b.append(start)
+            ends_b.append(end)
+            if end > arrived:
+                arrived = end
+            start = end
+        return arrived
 
     def run(self) -> float:
         """The step time: the last end."""

@@ -511,44 +511,42 @@ class Builder(MemoryNotes, OpByOpBackward):
         program order (:meth:`advance`, :meth:`complete`)."""
         S, C, M = self.S, self.C, self.M
         work = tuple((k, c, self.task_work(k, c)) for k in ("F", "B") for c in range(C))
-        self._routes = {(k, c): self.sends(k, c) for k in ("F", "B") for c in range(C)}
+        self._routes = {k: [self.sends(k, c) for c in range(C)] for k in ("F", "B")}
         return Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
 
-    def _send(self, w: "Walk", stage: int, kind: str, mb: int, c: int) -> None:
-        """The sends of a task's outputs to the next stage, gated on its end."""
-        route = self._routes[(kind, c)]
+    def _send(self, w: "Walk", stage: int, task: Tuple[str, int, int]) -> None:
+        """The sends of a task's outputs (``task``: kind, micro-batch, chunk)
+        to the next stage, gated on its end."""
+        kind, mb, c = task
+        route = self._routes[kind][c]
         if route is None:
             return
-        dst_c, stages, times = route
+        dst_c, (src, dst), times = route
         key = (kind, mb, dst_c)
-        recv = w.recv
-        arrived = recv.get(key, 0.0)
-        done = w.ends[(kind, mb, c)] or 0.0
-        p2p = self.tl.p2p
-        for t in times:
-            end = p2p(stages, t, done)
-            if end > arrived:
-                arrived = end
-        recv[key] = arrived
+        w.recv[key] = self.tl.p2p_chain(src, dst, times, w.ends[task] or 0.0,
+                                        w.recv.get(key, 0.0))
 
     def advance(self, w: "Walk", stop: int) -> None:
         """Emit the tasks of the program order up to position ``stop``
         (sends flushed when the schedule's clock passes their task's end,
         as LowerSPMD flushes them)."""
-        ends, recv, pending, send = w.ends, w.recv, w.pending, self._send
+        ends, recv, pending, send, emit = w.ends, w.recv, w.pending, self._send, self.emit_task
+        order, seq = w.order, w.seq
+        heappush, heappop = heapq.heappush, heapq.heappop
         for i in range(w.pos, stop):
-            stage, (kind, mb, c), start, end = w.order[i]
+            stage, task, start, end = order[i]
             while pending and pending[0][0] <= start:
-                send(w, *heapq.heappop(pending)[2])
-            ready = recv.get((kind, mb, c), 0.0)
+                send(w, *heappop(pending)[2])
+            kind, mb, c = task
+            ready = recv.get(task, 0.0)
             if kind == "B":
                 f_end = ends[("F", mb, c)] or 0.0
                 if f_end > ready:
                     ready = f_end
-            ends[(kind, mb, c)] = self.emit_task(stage, kind, mb, c, ready)
-            w.seq += 1
-            heapq.heappush(pending, (end, w.seq, (stage, kind, mb, c)))
-        w.pos = stop
+            ends[task] = emit(stage, kind, mb, c, ready)
+            seq += 1
+            heappush(pending, (end, seq, (stage, task)))
+        w.pos, w.seq = stop, seq
 
     def complete(self, w: "Walk") -> Timeline:
         """The rest of the walk, the last sends, the gradient sync and the
