@@ -11,7 +11,10 @@ those recorded once and replayed (:meth:`OpByOpBackward._replay`).
 """
 from __future__ import annotations
 
+from itertools import islice
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from ..ir.comm import CollectiveType
 from ..transforms.zero3 import unit_indices
@@ -24,6 +27,24 @@ if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from .estimate_profile import LayerProfile
     from .estimate_state import Memo
     from .estimate_sync import StepSync
+
+
+def _relative(entries: List[Tuple[tuple, Optional[float]]], origin: float
+              ) -> Optional[Tuple[tuple, np.ndarray]]:
+    """``(key, time)`` pairs as (the keys, their times less ``origin``), or
+    None where a time is None."""
+    if not entries:
+        return (), np.zeros(0)
+    keys, times = zip(*entries)
+    if None in times:
+        return None
+    return keys, np.array(times, dtype=float) - origin
+
+
+#: The fewest blocks a last backward has for :meth:`OpByOpBackward._last_backward`
+#: to record and replay it: recording and replaying one costs about what
+#: emitting three blocks does.
+_MIN_BLOCKS = 4
 
 
 class OpByOpBackward:
@@ -210,6 +231,82 @@ class OpByOpBackward:
                 self._note_flats(stage, "end", 0, c, flats)
                 self.flats[stage] = self.flats.get(stage, []) + flats
         return last
+
+    def _last_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
+        """:meth:`emit_last_backward` of chunk ``c``'s last micro-batch
+        without a reduce-scatter per micro-batch (ZeRO 0/1), replayed where
+        it can be. The two timelines an estimate extrapolates from end
+        with the same last backwards, one micro-batch apart: a task that
+        starts with the stage's communication stream idle and no gradient
+        of the stage waiting for a bucket depends only on where it starts
+        (and on the buckets the stage flushed before it, part of the key),
+        so the first timeline records it relative to its start
+        (:attr:`.estimate_state.Memo.last_backwards`) and the second
+        replays it: the same items and gradient syncs, shifted (to
+        rounding). Its memory notes are the first's (the same bytes)."""
+        order = self.blocks_of("B", c)
+        sync = self.sync
+        if self.zero3 or sync.pending.get(stage) or not order or len(order) < _MIN_BLOCKS:
+            return self.emit_last_backward(stage, c, order, ready)
+        tl = self.tl
+        s = 2 * stage
+        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
+        plan = self._segment_plan(order[0][0], self.M == 1)
+        lead = bool(plan) and plan[0][6]
+        origin = free if lead else max(ready, free)
+        # (a task opening with a collective would start it from its input
+        # or the stream's end, not from ``origin``)
+        if not plan or plan[0][0] != "c" or ready > origin or tl.free[s + 1] > origin:
+            return self.emit_last_backward(stage, c, order, ready)
+        key = (stage, c, tuple(sync.buckets.get(stage, ())))
+        record = self.memo.last_backwards.get(key)
+        if record is not None:
+            return self._replay_last(record, stage, origin)
+        mark, flops = tl.mark(stage), self.flops[stage]
+        sizes = (len(sync.final), len(sync.synced), len(sync.buckets.get(stage, ())),
+                 len(sync.unpack), len(sync.deferred.get(stage, ())))
+        last = self.emit_last_backward(stage, c, order, ready)
+        items = tl.since(stage, mark, origin)
+        # the task's gradients became final (and some synchronised): new
+        # entries of those tables, in the order they were made
+        final = list(islice(sync.final.items(), sizes[0], None))
+        synced = list(islice(sync.synced.items(), sizes[1], None))
+        if (items is None or last is None
+                or len(final) != sum(len(self.prof.params[name]) for name, _ in order)):
+            return last
+        made = [_relative(entries, origin) for entries in (final, synced)]
+        if None in made:
+            return last
+        self.memo.last_backwards[key] = (
+            items, self.flops[stage] - flops, last - origin, made[0], made[1],
+            tuple(sync.pending.get(stage, ())), sync.pending_bytes.get(stage),
+            tuple(sync.buckets.get(stage, ())[sizes[2]:]),
+            [(bucket, ar - origin, total, dtype)
+             for bucket, _, ar, total, dtype in sync.unpack[sizes[3]:]],
+            tuple(sync.deferred.get(stage, ())[sizes[4]:]))
+        return last
+
+    def _replay_last(self, record: tuple, stage: int, origin: float) -> float:
+        """A recorded last backward (:meth:`_last_backward`) on ``stage``
+        from ``origin``."""
+        (items, flops, last, final, synced, pending, pending_bytes, buckets, unpack,
+         deferred) = record
+        self.tl.replay(stage, items, origin)
+        self.flops[stage] += flops
+        sync = self.sync
+        for table, (keys, at) in ((sync.final, final), (sync.synced, synced)):
+            if keys:
+                table.update(zip(keys, (at + origin).tolist()))
+        if pending:
+            sync.pending[stage] = list(pending)
+            sync.pending_bytes[stage] = pending_bytes
+        if buckets:
+            sync.buckets.setdefault(stage, []).extend(buckets)
+        sync.unpack.extend((bucket, stage, origin + ar, total, dtype)
+                           for bucket, ar, total, dtype in unpack)
+        if deferred:
+            sync.deferred.setdefault(stage, []).extend(deferred)
+        return origin + last
 
     def _accumulating_backward(self, stage: int, c: int, mb: int, ready: float) -> float:
         """:meth:`emit_last_backward` of a ZeRO-3 backward past the first

@@ -290,13 +290,16 @@ class Timeline:
         return (self.compute_starts[stage], self.comm_starts[stage],
                 len(self.compute_starts[stage]), len(self.comm_starts[stage]),
                 self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
-                self.sync_waits[stage])
+                self.sync_waits[stage], self.free[2 * stage], self.free[2 * stage + 1])
 
     def since(self, stage: int, mark: tuple, origin: float) -> Optional[tuple]:
         """What ``stage``'s streams gained since ``mark`` (one task's items),
         relative to ``origin``, for :meth:`replay`; None where a run was
-        added in between (the items are not at the ends of its lists)."""
-        starts, comm_starts, nc, nm, busy, waits, comm_s, tp_items, sync_waits = mark
+        added in between (the items are not at the ends of its lists). A
+        stream the task did not touch keeps its end where it is replayed
+        (None in the record)."""
+        (starts, comm_starts, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
+         free_c, free_m) = mark
         if starts is not self.compute_starts[stage] or comm_starts is not self.comm_starts[stage]:
             return None
         s = 2 * stage
@@ -306,7 +309,8 @@ class Timeline:
                 np.asarray(self.comm_ends[stage][nm:], dtype=float) - origin,
                 (self.busy[stage] - busy, self.waits[stage] - waits, self.comm_s[stage] - comm_s,
                  self.tp_items[stage] - tp_items, self.sync_waits[stage] - sync_waits),
-                (self.free[s] - origin, self.free[s + 1] - origin))
+                (None if self.free[s] == free_c else self.free[s] - origin,
+                 None if self.free[s + 1] == free_m else self.free[s + 1] - origin))
 
     def replay(self, stage: int, record: tuple, origin: float) -> None:
         """The items of a :meth:`since` record again on ``stage``, from
@@ -322,7 +326,10 @@ class Timeline:
         self.tp_items[stage] += tp_items
         self.sync_waits[stage] += sync_waits
         s = 2 * stage
-        self.free[s], self.free[s + 1] = origin + free_c, origin + free_m
+        if free_c is not None:
+            self.free[s] = origin + free_c
+        if free_m is not None:
+            self.free[s + 1] = origin + free_m
         end = max(self.free[s], self.free[s + 1])     # each stream's last item ends last
         if end > self.end:
             self.end = end

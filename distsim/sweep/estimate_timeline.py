@@ -286,7 +286,7 @@ class Builder(MemoryNotes, OpByOpBackward):
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         last_b = kind == "B" and mb == self.M - 1
         if last_b and not self.scatter_each:
-            return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready)
+            return self._last_backward(stage, c, ready)
         if kind == "B" and mb == 0 and self.scatter_each:
             # ZeRO 2/3 reduce-scatter each gradient of the first micro-batch
             # as it is produced (flattened right after it): op by op, as the

@@ -1,11 +1,13 @@
 """The estimator's two extrapolation timelines share their common start
 (one walk, forked: Builder.resume), and give what two separate walks give,
-to the bit; no timeline item has a negative duration."""
+to the bit (to rounding where the second replays the first's last
+backwards); no timeline item has a negative duration."""
 from __future__ import annotations
 
 import pytest
 
 from distsim.sweep import estimate as est
+from distsim.sweep import estimate_backward
 from distsim.sweep.estimate_timeline import Builder, shared_prefix
 
 GPT2 = {"model": "gpt2", "layers": 4, "global_batch": 64, "micro_batch": 1,
@@ -17,7 +19,7 @@ STRATEGIES = [dict(dp=2, tp=2, pp=2), dict(dp=2, pp=4, zero=1, bucket_mb=1),
 
 @pytest.mark.parametrize("strategy", STRATEGIES,
                          ids=[",".join(f"{k}={v}" for k, v in s.items()) for s in STRATEGIES])
-def test_the_forked_walk_is_two_walks(strategy):
+def test_the_forked_walk_is_two_walks(monkeypatch, strategy):
     case = est.resolve({**GPT2, **strategy})
     profile = est._profile_for(case)
     m1, m2 = est.extrapolation_lengths(case.strategy)
@@ -26,6 +28,10 @@ def test_the_forked_walk_is_two_walks(strategy):
     a = est._run_timeline(est._with_microbatches(case, m1), profile)
     b = est._run_timeline(est._with_microbatches(case, m2), profile)
     expected = {k: a[k] + (m - m1) * (b[k] - a[k]) / (m2 - m1) for k in a}
+    # the second timeline replays the first's last backwards (shifted)
+    assert est.timeline_figures(case, profile) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    # each emitted: to the bit
+    monkeypatch.setattr(estimate_backward, "_MIN_BLOCKS", 10 ** 9)
     assert est.timeline_figures(case, profile) == expected
 
 

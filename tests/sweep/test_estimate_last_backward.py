@@ -1,0 +1,98 @@
+"""The last backward of a chunk, recorded by one timeline and replayed by
+the next (ZeRO 0/1, and ZeRO 2 with ``bucket_mb 0``).
+
+An estimate of a long schedule walks two timelines, one micro-batch apart
+(:func:`distsim.sweep.estimate.timeline_figures`), and both end with each
+chunk's last backward emitted op by op with its gradient syncs. Where that
+task starts with the stage's communication stream idle and no gradient of
+the stage waiting for a bucket, it depends only on where it starts (and on
+the buckets the stage flushed before it): the second timeline replays the
+first's record, shifted. The figures must be those of emitting it again,
+to rounding, for every way a gradient is synchronised.
+"""
+from __future__ import annotations
+
+import pytest
+
+from distsim.sweep import estimate as est
+from distsim.sweep import estimate_backward
+
+BASE = {"model": "gpt3-1.3b", "topology": "dgx-a100-x2", "layers": 16, "seq": 512,
+        "micro_batch": 1, "recompute": "none"}
+
+# (options, how each gradient is synchronised, the last backwards replayed)
+CASES = [
+    ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 0}, "each", 4),
+    ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 1, "bucket_mb": 60}, "bucket", 4),
+    ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 2, "bucket_mb": 0}, "deferred",
+     4),
+    ({"dp": 1, "tp": 4, "pp": 4, "global_batch": 24, "zero": 0}, "local", 4),
+    # a stage's second chunk finds the first's all-reduces still running:
+    # emitted
+    ({"dp": 4, "tp": 2, "pp": 2, "global_batch": 48, "zero": 0, "bucket_mb": 60,
+      "schedule": "interleaved", "virtual_stages": 2}, "bucket, two chunks a stage", 2),
+    ({"dp": 4, "tp": 4, "pp": 1, "global_batch": 48, "zero": 1, "recompute": "full"},
+     "each, no pipeline, recomputation first", 1),
+]
+
+FIGURES = ("step_time_s", "compute_s", "communication_s", "exposed_communication_s",
+           "idle_s", "total_flops", "max_peak_memory_bytes")
+
+
+def _calls(monkeypatch, cls, name):
+    """A list that gains an entry at each call of ``cls.name`` (patched)."""
+    calls = []
+    method = getattr(cls, name)
+
+    def counted(self, *args):
+        calls.append(args)
+        return method(self, *args)
+
+    monkeypatch.setattr(cls, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("options,route,replayed", CASES, ids=[c[1] for c in CASES])
+def test_a_replayed_last_backward_is_the_last_backward_emitted_again(monkeypatch, options,
+                                                                     route, replayed):
+    options = dict(BASE, **options)
+    replays = _calls(monkeypatch, estimate_backward.OpByOpBackward, "_replay_last")
+    with_replays = est.estimate(options)
+    # a chunk's last backward is recorded by the first timeline and
+    # replayed by the second (the chunks here are long enough)
+    assert len(replays) == replayed, route
+    # nothing replayed: each emitted again
+    monkeypatch.setattr(estimate_backward, "_MIN_BLOCKS", 10 ** 9)
+    emitted = est.estimate(options)
+    assert len(replays) == replayed
+    for key in FIGURES:
+        assert with_replays[key] == pytest.approx(emitted[key], rel=1e-12, abs=1e-12), key
+
+
+def test_a_task_that_finds_the_communication_stream_busy_is_emitted(monkeypatch):
+    # with the stage's communication stream still busy at the start, the
+    # record would not stand for the task: nothing is recorded
+    options = dict(BASE, dp=2, tp=2, pp=4, global_batch=48, zero=0)
+    replays = _calls(monkeypatch, estimate_backward.OpByOpBackward, "_replay_last")
+    last_backward = estimate_backward.OpByOpBackward._last_backward
+
+    def busy_first(self, stage, c, ready):
+        # the stage's communication stream runs past the task's start
+        start = max(ready, self.tl.free[2 * stage])
+        self.tl.free[2 * stage + 1] = start + 1e-3
+        return last_backward(self, stage, c, ready)
+
+    monkeypatch.setattr(estimate_backward.OpByOpBackward, "_last_backward", busy_first)
+    est.estimate(options)
+    assert replays == []
+
+
+def test_short_last_backwards_are_emitted_not_replayed(monkeypatch):
+    # recording and replaying costs about what emitting three blocks does:
+    # a chunk of fewer blocks is emitted in both timelines
+    options = dict(BASE, dp=1, tp=2, pp=8, global_batch=24, zero=0)   # 2 layers a stage
+    replays = _calls(monkeypatch, estimate_backward.OpByOpBackward, "_replay_last")
+    est.estimate(options)
+    # the first stage's chunk has the embedding too, the last's the head
+    assert len(replays) == 0
+    assert estimate_backward._MIN_BLOCKS == 4
