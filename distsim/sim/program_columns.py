@@ -184,6 +184,30 @@ def cut(items: List[Any], counts: List[int]) -> List[tuple]:
     return list(map(tuple, map(islice, repeat(rest), counts)))
 
 
+def kinds_of(col: ProgramColumns, at: np.ndarray) -> Tuple[List[Op], np.ndarray]:
+    """The kinds of the ops at positions ``at`` (an op standing for each)
+    and, for each of those ops, its kind's place in that list."""
+    kind = col.kind[at]
+    used = np.flatnonzero(np.bincount(kind, minlength=len(col.kinds)))
+    place = np.empty(len(col.kinds), np.int64)
+    place[used] = np.arange(len(used))
+    return pick(col.kinds, used), place[kind]
+
+
+def groups(keys: np.ndarray) -> List[Tuple[int, np.ndarray]]:
+    """Each distinct key with the positions that hold it (ascending), the
+    keys in the order they first appear."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    firsts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(keys) \
+        else np.zeros(0, np.int64)
+    ends = np.r_[firsts[1:], len(keys)].astype(np.int64)
+    out = [(key, order[a:b]) for key, a, b in
+           zip(ordered[firsts].tolist(), firsts.tolist(), ends.tolist())]
+    out.sort(key=lambda group: int(group[1][0]))
+    return out
+
+
 def _defined_twice(f: Function) -> str:
     seen: Set[int] = set()
     for v in chain(f.inputs, chain.from_iterable(op.outputs for op in f.ops)):

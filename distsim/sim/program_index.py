@@ -31,7 +31,9 @@ from ..errors import SimulationError, TopologyError
 from ..ir.core import Function, Op, Value
 from ..ir.types import Type
 from ..ir.value_table import ValueTable, identity_numbers
-from .program_columns import ProgramColumns, codes as _codes, cut, pick, spans
+from .op_costs import program_costs
+from .program_columns import (ProgramColumns, cut, groups as _groups, kinds_of as _kinds_of,
+                              pick, spans)
 
 # Memory category of a function input, by its role in ``meta["roles"]``.
 INPUT_CATEGORY = {"param": "weights", "data": "activations", "optimizer": "optimizer",
@@ -186,30 +188,6 @@ _RANKS, _PRESENT = itemgetter("ranks"), methodcaller("get", "present")
 _FIRST = itemgetter(0)
 
 
-def _kinds_of(col: ProgramColumns, at: np.ndarray) -> Tuple[List[Op], np.ndarray]:
-    """The kinds of the ops at positions ``at`` (an op standing for each)
-    and, for each of those ops, its kind's place in that list."""
-    kind = col.kind[at]
-    used = np.flatnonzero(np.bincount(kind, minlength=len(col.kinds)))
-    place = np.empty(len(col.kinds), np.int64)
-    place[used] = np.arange(len(used))
-    return pick(col.kinds, used), place[kind]
-
-
-def _groups(keys: np.ndarray) -> List[Tuple[int, np.ndarray]]:
-    """Each distinct key with the positions that hold it (ascending), the
-    keys in the order they first appear."""
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    firsts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(keys) \
-        else _no_ints()
-    ends = np.r_[firsts[1:], len(keys)].astype(np.int64)
-    groups = [(key, order[a:b]) for key, a, b in
-              zip(ordered[firsts].tolist(), firsts.tolist(), ends.tolist())]
-    groups.sort(key=lambda group: int(group[1][0]))
-    return groups
-
-
 def _type_table(types: List[Type], values: List[Value], known: Set[int], topology,
                 numbered: Optional[Tuple[np.ndarray, np.ndarray]] = None
                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -312,7 +290,8 @@ def index_program(function: Function, topology, cost: CostModel,
     ix.compute = pick(ops, computes)
     c_dev = op_dev[computes]
     ix.compute_rank = c_dev
-    ix.compute_time, ix.compute_flops, ix.compute_bytes = _costs(col, computes, shape_of, cost)
+    ix.compute_time, ix.compute_flops, ix.compute_bytes = program_costs(col, computes, shape_of,
+                                                                        cost)
     entry_compute = op_producer[col.reader] >= 0     # read by a simulated compute op
     ix.compute_reads = col.reads[entry_compute]
     ix.compute_read_counts = col.n_in[computes]
@@ -420,69 +399,6 @@ def _finish_values(ix: ProgramIndex, f: Function, col: ProgramColumns, size: np.
     old, new = old[both], new[both]
     order = np.lexsort((new, old))
     ix.in_place = np.stack([old[order], new[order]], axis=1)
-
-
-def _costs(col: ProgramColumns, computes: np.ndarray, shape_of: np.ndarray, cost: CostModel
-           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(time, flops, bytes) of each compute op in ``computes``, costed once
-    per distinct (op type, attributes, sub-functions, operand and result
-    shape classes). Attributes are told apart by their ``repr`` (equal
-    reprs of normalized attributes are equal attributes; equal attributes
-    spelled differently are only costed twice)."""
-    nc = len(computes)
-    out = (np.zeros(nc), np.zeros(nc), np.zeros(nc))
-    if nc == 0:
-        return out
-    # op type, attributes and sub-functions are a kind's: coded once per kind
-    kinds, at = _kinds_of(col, computes)
-    nk = len(kinds)
-    # sub-functions by identity (0: none): a fused op holds one
-    subs = list(map(_SUBS, kinds))
-    sub_count = np.fromiter(map(len, subs), np.int64, nk)
-    sub_code = np.zeros(nk, np.int64)
-    one = np.flatnonzero(sub_count == 1)
-    if len(one):
-        sub_code[one] = _codes(map(id, map(_FIRST, pick(subs, one))), len(one)) + 1
-    sub_ids: Dict[tuple, int] = {}
-    for i in np.flatnonzero(sub_count > 1).tolist():
-        sub_code[i] = -1 - sub_ids.setdefault(tuple(map(id, subs[i])), len(sub_ids))
-    type_code = _codes(map(_OP_TYPE, kinds), nk)
-    attr_code = _codes(map(repr, map(_ATTRS, kinds)), nk)
-    # what an op's cost depends on besides its shapes, per kind, then per op
-    content = _codes(zip(type_code.tolist(), attr_code.tolist(), sub_code.tolist()), nk)[at]
-    n_in, n_out = col.n_in[computes], col.n_out[computes]
-    # ops of one content and arity share a row width: each group is one table
-    # (content, arity) as one integer (arities below 2**16: one op reads
-    # or makes no more values than that here; else told apart as tuples)
-    if len(n_in) and max(int(n_in.max()), int(n_out.max())) < 1 << 16:
-        shape_key = (content << 32) | (n_in << 16) | n_out
-    else:
-        shape_key = _codes(zip(content.tolist(), n_in.tolist(), n_out.tolist()), nc)
-    for _, group in _groups(shape_key):
-        taken = computes[group]
-        k_in, k_out = int(n_in[group[0]]), int(n_out[group[0]])
-        shapes = np.concatenate([
-            shape_of[col.reads[col.in_start[taken][:, None] + np.arange(k_in)]],
-            shape_of[col.out_start[taken][:, None] + np.arange(k_out)]], axis=1)
-        # rows coded by their shapes; the copies of a template usually have
-        # its shapes, so each kind's first op is coded and its copies are
-        # checked against it with numpy (those that differ are coded too)
-        _, first_of_kind, of_kind = np.unique(at[group], return_index=True,
-                                              return_inverse=True)
-        of_kind = of_kind.reshape(-1)
-        table: Dict[tuple, int] = {}
-        row = np.fromiter(map(table.setdefault, zip(*shapes[first_of_kind].T.tolist()),
-                              count()), np.int64, len(first_of_kind))[of_kind]
-        odd = np.flatnonzero((shapes != shapes[first_of_kind][of_kind]).any(axis=1))
-        if len(odd):
-            row[odd] = np.fromiter(map(table.setdefault, zip(*shapes[odd].T.tolist()),
-                                       count(len(first_of_kind))), np.int64, len(odd))
-        _, firsts, inverse = np.unique(row, return_index=True, return_inverse=True)
-        costed = [cost.op_cost(col.ops[i]) for i in taken[firsts].tolist()]
-        for column, name in zip(out, ("time_s", "flops", "bytes")):
-            column[group] = np.array([getattr(c, name) for c in costed],
-                                     dtype=float)[inverse.reshape(-1)]
-    return out
 
 
 def _build_streams(ix: ProgramIndex, col: ProgramColumns, computes: np.ndarray, c_dev: np.ndarray,

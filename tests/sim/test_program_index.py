@@ -10,6 +10,7 @@ from distsim.cost import CostModel
 from distsim.errors import SimulationError
 from distsim.ir import DType, FunctionBuilder, Op, TensorType, Value
 from distsim.ir.comm import is_communication, members
+from distsim.sim import op_costs
 from distsim.sim.program_index import index_program, value_category
 from distsim.sim.simulator import simulate_function
 from distsim.topology import load_topology
@@ -41,16 +42,26 @@ def odd_program():
     return b.function
 
 
-@pytest.fixture(scope="module", params=sorted(PROGRAMS) + ["hand-built"])
+# each program costed op by op (small programs) and by numpy tables (large
+# ones: distsim.sim.op_costs.SMALL set to 0 forces that path)
+@pytest.fixture(scope="module", params=[(name, path) for name in sorted(PROGRAMS) + ["hand-built"]
+                                        for path in ("op-by-op", "tables")],
+                ids=lambda p: "-".join(p))
 def indexed(request):
-    if request.param == "hand-built":
+    name, path = request.param
+    if name == "hand-built":
         program, topo = odd_program(), load_topology("dgx-a100")
         cost = CostModel(topo.device_spec, profile={"scale": lambda op: op.attrs["factor"]})
     else:
-        model, topology, strategy = PROGRAMS[request.param]
+        model, topology, strategy = PROGRAMS[name]
         program, _, topo = build_program(model, topology, **strategy)
         cost = CostModel(topo.device_spec)
-    return program, cost, index_program(program, topo, cost, lambda r: True)
+    small = op_costs.SMALL
+    op_costs.SMALL = small if path == "op-by-op" else 0
+    try:
+        return program, cost, index_program(program, topo, cost, lambda r: True)
+    finally:
+        op_costs.SMALL = small
 
 
 def test_values_are_numbered_inputs_first_then_results_in_program_order(indexed):
