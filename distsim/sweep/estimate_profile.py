@@ -197,8 +197,7 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               ) -> Tuple[Function, Function, LowerSPMD]:
     c = replace(config, layers=_TEMPLATE_LAYERS, micro_batch=micro_batch,
                 global_batch=2 * micro_batch)
-    step = build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
-                                      recompute=recompute), micro_batch)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
@@ -207,6 +206,17 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
                                prefetch=0, microbatches=2, optimizer=optimizer), 2,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
     return step, lower(step), lower
+
+
+@lru_cache(maxsize=8)
+def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
+                   untie: bool) -> Function:
+    """The template's one-device step (forward, backward, no optimizer),
+    the same for every ZeRO stage: the profiles of one layout and its ZeRO
+    kinds, built one after another in a sweep, lower the same step (kept:
+    lowering reads it, nothing changes it)."""
+    return build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
+                                      recompute=recompute), micro_batch)
 
 
 def _crossing(step: Function, tp: int, sp: bool, recompute: str
