@@ -22,6 +22,7 @@ is the latest end among their dependencies (``ready``, 0.0 for none).
 """
 from __future__ import annotations
 
+from operator import itemgetter, sub
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -29,6 +30,9 @@ import numpy as np
 from .estimate_overlap import span_overlap
 
 COMPUTE, COMM = 0, 1
+#: A replayed run of one stream's spans (see :attr:`Timeline.compute_runs`).
+Run = Tuple[int, np.ndarray, np.ndarray, float]
+_AT, _ORIGIN = itemgetter(0), itemgetter(3)
 
 
 class Timeline:
@@ -66,11 +70,13 @@ class Timeline:
         self.p2p_free: Dict[Tuple[int, int], float] = {}
         self.p2p_starts: List[List[float]] = [[] for _ in range(stages)]
         self.p2p_ends: List[List[float]] = [[] for _ in range(stages)]
-        # runs of spans added whole as arrays (:meth:`add_runs`: a replayed
-        # task's), per stage and stream: (starts, ends) each, in stream
-        # order, before the spans in the lists above
-        self.compute_runs: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(stages)]
-        self.comm_runs: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(stages)]
+        # runs of spans replayed whole (:meth:`replay`), per stage and
+        # stream, in stream order: each run's place among the spans in the
+        # lists above (how many were there before it), its record's starts
+        # and ends relative to its origin, and the origin; the spans are
+        # made when asked for (:func:`_spans`), a numpy call per record
+        self.compute_runs: List[List[Run]] = [[] for _ in range(stages)]
+        self.comm_runs: List[List[Run]] = [[] for _ in range(stages)]
 
     def copy(self) -> "Timeline":
         """An independent copy (to continue two walks from a shared prefix)."""
@@ -86,7 +92,7 @@ class Timeline:
         t.p2p_free = dict(self.p2p_free)
         t.p2p_starts = [list(x) for x in self.p2p_starts]
         t.p2p_ends = [list(x) for x in self.p2p_ends]
-        t.compute_runs = [list(x) for x in self.compute_runs]     # arrays shared: never changed
+        t.compute_runs = [list(x) for x in self.compute_runs]     # records shared: never changed
         t.comm_runs = [list(x) for x in self.comm_runs]
         return t
 
@@ -270,24 +276,10 @@ class Timeline:
         """The step time: the last end."""
         return self.end
 
-    def add_runs(self, stage: int, compute: Tuple[np.ndarray, np.ndarray],
-                 comm: Tuple[np.ndarray, np.ndarray]) -> None:
-        """Spans of ``stage``'s compute and communication streams given
-        whole, as arrays of starts and ends, after its spans so far (a
-        replayed task's: a replay adds hundreds of spans, which as arrays
-        cost neither a Python float each nor a conversion in
-        :meth:`stage_breakdown`). The sums (``busy``, ``comm_s``, ...) and
-        the streams' ends are the caller's to update."""
-        self.compute_starts[stage], self.compute_ends[stage] = _add_run(
-            self.compute_runs[stage], self.compute_starts[stage], self.compute_ends[stage],
-            *compute)
-        self.comm_starts[stage], self.comm_ends[stage] = _add_run(
-            self.comm_runs[stage], self.comm_starts[stage], self.comm_ends[stage], *comm)
-
     # -- recorded tasks ------------------------------------------------------
     def mark(self, stage: int) -> tuple:
         """Where ``stage``'s streams stand now, for :meth:`since`."""
-        return (self.compute_starts[stage], self.comm_starts[stage],
+        return (len(self.compute_runs[stage]), len(self.comm_runs[stage]),
                 len(self.compute_starts[stage]), len(self.comm_starts[stage]),
                 self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
                 self.sync_waits[stage], self.free[2 * stage], self.free[2 * stage + 1])
@@ -295,17 +287,18 @@ class Timeline:
     def since(self, stage: int, mark: tuple, origin: float) -> Optional[tuple]:
         """What ``stage``'s streams gained since ``mark`` (one task's items),
         relative to ``origin``, for :meth:`replay`; None where a run was
-        added in between (the items are not at the ends of its lists). A
+        replayed in between (the items are not all at the ends of its
+        lists). A
         stream the task did not touch keeps its end where it is replayed
         (None in the record)."""
-        (starts, comm_starts, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
+        (runs, comm_runs, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
          free_c, free_m) = mark
-        if starts is not self.compute_starts[stage] or comm_starts is not self.comm_starts[stage]:
+        if runs != len(self.compute_runs[stage]) or comm_runs != len(self.comm_runs[stage]):
             return None
         s = 2 * stage
-        return (np.asarray(starts[nc:], dtype=float) - origin,
+        return (np.asarray(self.compute_starts[stage][nc:], dtype=float) - origin,
                 np.asarray(self.compute_ends[stage][nc:], dtype=float) - origin,
-                np.asarray(comm_starts[nm:], dtype=float) - origin,
+                np.asarray(self.comm_starts[stage][nm:], dtype=float) - origin,
                 np.asarray(self.comm_ends[stage][nm:], dtype=float) - origin,
                 (self.busy[stage] - busy, self.waits[stage] - waits, self.comm_s[stage] - comm_s,
                  self.tp_items[stage] - tp_items, self.sync_waits[stage] - sync_waits),
@@ -317,8 +310,14 @@ class Timeline:
         ``origin``: the same items shifted (to rounding), for a task whose
         items depend only on where it starts."""
         c_starts, c_ends, m_starts, m_ends, sums, (free_c, free_m) = record
-        self.add_runs(stage, (c_starts + origin, c_ends + origin),
-                      (m_starts + origin, m_ends + origin))
+        # after the stream's spans so far; made when asked for (a replay
+        # adds hundreds of spans: neither a Python float each nor a numpy
+        # call per replay)
+        if len(c_starts):
+            self.compute_runs[stage].append((len(self.compute_starts[stage]), c_starts, c_ends,
+                                             origin))
+        if len(m_starts):
+            self.comm_runs[stage].append((len(self.comm_starts[stage]), m_starts, m_ends, origin))
         busy, waits, comm_s, tp_items, sync_waits = sums
         self.busy[stage] += busy
         self.waits[stage] += waits
@@ -352,7 +351,7 @@ class Timeline:
             # simulator's summary counts communication
             starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage])),
                                   np.concatenate((ends, self.p2p_ends[stage])))
-            comm_s = sum(e - s for s, e in zip(starts, ends))
+            comm_s = sum(map(sub, ends, starts))      # in order, as a loop adds them
         hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
                                       self.compute_ends[stage]), starts, ends)
         exposed = waits + comm_s - hidden
@@ -383,28 +382,34 @@ def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[List[float],
     return s[first].tolist(), reach[last].tolist()
 
 
-def _add_run(runs: List[Tuple[np.ndarray, np.ndarray]], starts: List[float], ends: List[float],
-             run_starts: np.ndarray, run_ends: np.ndarray) -> Tuple[List[float], List[float]]:
-    """:meth:`Timeline.add_runs` on one stream: its spans in lists so far
-    become a run, then the given run; returns the lists to go on with
-    (new ones where the old became a run)."""
-    if starts:
-        runs.append((np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)))
-        starts, ends = [], []
-    if len(run_starts):
-        runs.append((run_starts, run_ends))
-    return starts, ends
-
-
-def _spans(runs: List[Tuple[np.ndarray, np.ndarray]], starts: List[float], ends: List[float]
+def _spans(runs: List[Run], starts: List[float], ends: List[float]
            ) -> Tuple[Sequence[float], Sequence[float]]:
-    """A stream's spans in stream order: its runs, then its lists (the
-    lists themselves where it has no runs)."""
+    """A stream's spans in stream order: its lists with its runs in their
+    places (the lists themselves where it has no runs). Each run's spans
+    are its record's plus its origin (the same floats as adding them at
+    the replay), made with one numpy call per record, however often it was
+    replayed."""
     if not runs:
         return starts, ends
-    parts_s = [r[0] for r in runs]
-    parts_e = [r[1] for r in runs]
-    if starts:
-        parts_s.append(np.asarray(starts, dtype=float))
-        parts_e.append(np.asarray(ends, dtype=float))
-    return np.concatenate(parts_s), np.concatenate(parts_e)
+    k = len(runs)
+    at = np.fromiter(map(_AT, runs), np.int64, k)
+    lens = np.fromiter((len(r[1]) for r in runs), np.int64, k)
+    first = at + np.cumsum(lens) - lens           # where each run begins among all spans
+    n = len(starts) + int(lens.sum())
+    out_s, out_e = np.empty(n), np.empty(n)
+    listed = np.ones(n, dtype=bool)
+    listed[np.repeat(at, lens) + np.arange(n - len(starts))] = False
+    out_s[listed] = starts
+    out_e[listed] = ends
+    origins = np.fromiter(map(_ORIGIN, runs), float, k)
+    by_record: Dict[int, List[int]] = {}
+    for i, run in enumerate(runs):
+        by_record.setdefault(id(run[1]), []).append(i)
+    for which in by_record.values():
+        _, rel_s, rel_e, _ = runs[which[0]]
+        pick = np.array(which)
+        at_out = first[pick][:, None] + np.arange(len(rel_s))
+        shift = origins[pick][:, None]
+        out_s[at_out] = rel_s + shift
+        out_e[at_out] = rel_e + shift
+    return out_s, out_e
