@@ -533,6 +533,12 @@ class Builder(MemoryNotes, OpByOpBackward):
         ends, recv, pending, send, emit = w.ends, w.recv, w.pending, self._send, self.emit_task
         order, seq = w.order, w.seq
         heappush, heappop = heapq.heappush, heapq.heappop
+        # most tasks (ZeRO 0/1 but each chunk's last backward) are their
+        # plan's compute pieces: :meth:`_emit_task`'s last branch, inlined
+        # (a 32-stage pipeline's timeline walks thousands)
+        plain = not (self.zero3 or self.scatter_each)
+        plans, shapes, flops, last_mb = self.memo.plans, self.shapes, self.flops, self.M - 1
+        pieces_on = self.tl.compute_pieces
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             while pending and pending[0][0] <= start:
@@ -543,7 +549,18 @@ class Builder(MemoryNotes, OpByOpBackward):
                 f_end = ends[("F", mb, c)] or 0.0
                 if f_end > ready:
                     ready = f_end
-            ends[task] = emit(stage, kind, mb, c, ready)
+                plan = plans.get(("B", shapes[c], 0 if mb == 0 else 2)) \
+                    if plain and mb != last_mb else None
+            else:
+                plan = plans.get(("F", shapes[c], 0)) if plain else None
+            if plan is None:
+                ends[task] = emit(stage, kind, mb, c, ready)
+            else:
+                fl, lead, pieces = plan
+                flops[stage] += fl
+                if lead:             # the recomputation the task starts with: no wait
+                    pieces_on(stage, lead, 0.0)
+                ends[task] = pieces_on(stage, pieces, ready)
             seq += 1
             heappush(pending, (end, seq, (stage, task)))
         w.pos, w.seq = stop, seq
