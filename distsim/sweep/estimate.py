@@ -278,6 +278,7 @@ def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = N
     if m <= 2 * m2 - m1:
         return _run_timeline(case, profile, memo)
     memo = Memo() if memo is None else memo
+    memo.record_last_backwards = True       # the long timeline replays the short's
     short = Builder(_with_microbatches(case, m1), profile, memo)
     long = Builder(_with_microbatches(case, m2), profile, memo)
     try:

@@ -262,6 +262,8 @@ class OpByOpBackward:
         record = self.memo.last_backwards.get(key)
         if record is not None:
             return self._replay_last(record, stage, origin)
+        if not self.memo.record_last_backwards:
+            return self.emit_last_backward(stage, c, order, ready)
         mark, flops = tl.mark(stage), self.flops[stage]
         sizes = (len(sync.final), len(sync.synced), len(sync.buckets.get(stage, ())),
                  len(sync.unpack), len(sync.deferred.get(stage, ())))

@@ -103,6 +103,9 @@ class Memo:
         #: two timelines of :func:`~distsim.sweep.estimate.timeline_figures`
         #: end with the same last backwards, later
         self.last_backwards: Dict[tuple, tuple] = {}
+        #: whether a later timeline will replay those records (an estimate
+        #: of a short schedule walks one timeline: nothing to record for)
+        self.record_last_backwards = False
 
 
 class Walk:

@@ -16,6 +16,7 @@ import pytest
 
 from distsim.sweep import estimate as est
 from distsim.sweep import estimate_backward
+from distsim.sweep.estimate_state import Memo
 
 BASE = {"model": "gpt3-1.3b", "topology": "dgx-a100-x2", "layers": 16, "seq": 512,
         "micro_batch": 1, "recompute": "none"}
@@ -96,3 +97,13 @@ def test_short_last_backwards_are_emitted_not_replayed(monkeypatch):
     # the first stage's chunk has the embedding too, the last's the head
     assert len(replays) == 0
     assert estimate_backward._MIN_BLOCKS == 4
+
+
+@pytest.mark.parametrize("global_batch,recorded", [(8, 0), (48, 1)])
+def test_only_an_extrapolated_estimate_records_its_last_backwards(global_batch, recorded):
+    # 2 micro-batches: one timeline, walked directly, nothing to replay
+    # into; 12: two timelines, the second replays the first's record
+    case = est.resolve(dict(BASE, dp=4, tp=4, pp=1, global_batch=global_batch, zero=0))
+    memo = Memo()
+    est.timeline_figures(case, est._profile_for(case), memo)
+    assert len(memo.last_backwards) == recorded
