@@ -22,7 +22,7 @@ is the latest end among their dependencies (``ready``, 0.0 for none).
 """
 from __future__ import annotations
 
-from operator import itemgetter, sub
+from operator import itemgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -351,7 +351,7 @@ class Timeline:
             # simulator's summary counts communication
             starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage])),
                                   np.concatenate((ends, self.p2p_ends[stage])))
-            comm_s = sum(map(sub, ends, starts))      # in order, as a loop adds them
+            comm_s = sum((ends - starts).tolist())    # in order, as a loop adds them
         hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
                                       self.compute_ends[stage]), starts, ends)
         exposed = waits + comm_s - hidden
@@ -360,15 +360,15 @@ class Timeline:
                 "idle_s": max(0.0, step_s - busy - exposed)}
 
 
-def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[List[float], List[float]]:
+def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
     """Spans ``(starts[i], ends[i])`` merged into disjoint ones in time order
     (a span starting at or before the latest end so far joins it): with
     numpy, sorted by start then end as Python sorts the pairs; a merged
     span ends at the latest end of its members, exactly."""
-    if not len(starts):
-        return [], []
     s = np.asarray(starts, dtype=float)
     e = np.asarray(ends, dtype=float)
+    if not len(s):
+        return s, e
     order = np.lexsort((e, s))
     s, e = s[order], e[order]
     reach = np.maximum.accumulate(e)
@@ -379,7 +379,7 @@ def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[List[float],
     last = np.empty_like(first)
     last[:-1] = first[1:] - 1
     last[-1] = len(s) - 1
-    return s[first].tolist(), reach[last].tolist()
+    return s[first], reach[last]
 
 
 def _spans(runs: List[Run], starts: List[float], ends: List[float]
