@@ -216,9 +216,7 @@ class OpByOpBackward:
                                 key = (name, layer, param)
                                 self.sync.final[key] = self.sync.synced[key] = end
                     else:
-                        key = (name, layer, param)
-                        self.sync.ready(key, stage, made)
-                        end = self.sync.synced.get(key) or 0.0
+                        end = self.sync.ready_and_synced((name, layer, param), stage, made)
                     if flats is not None:
                         flats.append((self.sync.cost(name, param).nbytes, end))
         if inside:

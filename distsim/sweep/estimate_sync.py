@@ -105,6 +105,9 @@ class StepSync:
         self.unpack: List[tuple] = []
         self.buckets: Dict[int, List[int]] = {}     # stage -> bytes of each flat bucket
         self._costs: Dict[Tuple[str, int], ParamCost] = b.memo.param_costs
+        #: each gradient all-reduced on its own (ZeRO 0/1, no buckets): the
+        #: op-by-op backward's common case (:meth:`ready_and_synced`)
+        self._each_all_reduce = b.route == "each" and self.zero < 2
 
     def cost(self, block: str, index: int) -> ParamCost:
         hit = self._costs.get((block, index))
@@ -131,6 +134,21 @@ class StepSync:
         self.pending_bytes[stage] = held
         if held >= self.b.bucket:
             self.flush(stage)
+
+    def ready_and_synced(self, key: ParamKey, stage: int, end: Optional[float]) -> float:
+        """:meth:`ready`, then the gradient's synchronised end (0.0 while it
+        waits for a bucket or the backward pass's end). Each gradient
+        all-reduced on its own, once its collective is timed, takes the
+        same steps as :meth:`scatter` without the calls between (an
+        estimate syncs every gradient of the model this way)."""
+        if self._each_all_reduce:
+            pc = self._costs.get((key[0], key[2]))
+            if pc is not None and pc.sync is not None:
+                self.final[key] = end
+                synced = self.synced[key] = self.tl.comm_on(stage, pc.sync, end or 0.0)
+                return synced
+        self.ready(key, stage, end)
+        return self.synced.get(key) or 0.0
 
     def sync_one(self, key: ParamKey, stage: int) -> None:
         self.synced[key] = self.scatter((key[0], key[2]), stage, self.final[key])
