@@ -72,12 +72,12 @@ def _costs_op_by_op(col: ProgramColumns, computes: np.ndarray, shape_of: np.ndar
     """:func:`program_costs` of a small program, one op after another."""
     shapes = shape_of.tolist()
     reads = col.reads.tolist()
-    at = computes.tolist()
+    ops_at = computes.tolist()
     in_start, n_in = col.in_start[computes].tolist(), col.n_in[computes].tolist()
     out_start, n_out = col.out_start[computes].tolist(), col.n_out[computes].tolist()
     seen: Dict[tuple, tuple] = {}
     rows = []
-    for k, i in enumerate(at):
+    for k, i in enumerate(ops_at):
         a, b = in_start[k], out_start[k]
         key = (content[k], tuple([shapes[v] for v in reads[a:a + n_in[k]]]),
                tuple(shapes[b:b + n_out[k]]))

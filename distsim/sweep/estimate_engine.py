@@ -225,32 +225,13 @@ class Timeline:
             self.tp_items[stage] += end - start
         return end
 
-    def p2p(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:
-        """A pipeline send/receive between the two ``stages`` on their
-        pair's point-to-point queue (not behind the collectives, as in the
-        simulator) that may start at ``ready``; returns its end."""
-        a, b = stages
-        pair = (a, b) if a < b else (b, a)
-        start = self.p2p_free.get(pair, 0.0)
-        if ready > start:
-            start = ready
-        end = start + time_s
-        self.p2p_free[pair] = end
-        if end > self.end:
-            self.end = end
-        self.p2p_starts[a].append(start)
-        self.p2p_ends[a].append(end)
-        if b != a:
-            self.p2p_starts[b].append(start)
-            self.p2p_ends[b].append(end)
-        return end
-
     def p2p_chain(self, a: int, b: int, times: Sequence[float], ready: float,
                   arrived: float) -> float:
-        """:meth:`p2p` between stages ``a != b`` of each of ``times`` in turn,
-        all from ``ready`` (a task's outputs sent one after another); returns
-        the latest of ``arrived`` and their ends (the same floats as a call
-        each)."""
+        """Pipeline sends/receives between stages ``a != b``, one of each of
+        ``times`` after another (a task's outputs), on the pair's
+        point-to-point queue (not behind the collectives, as in the
+        simulator), the first from ``ready``; returns the latest of
+        ``arrived`` and their ends."""
         pair = (a, b) if a < b else (b, a)
         p2p_free = self.p2p_free
         start = p2p_free.get(pair, 0.0)
@@ -288,9 +269,8 @@ class Timeline:
         """What ``stage``'s streams gained since ``mark`` (one task's items),
         relative to ``origin``, for :meth:`replay`; None where a run was
         replayed in between (the items are not all at the ends of its
-        lists). A
-        stream the task did not touch keeps its end where it is replayed
-        (None in the record)."""
+        lists). A stream the task did not touch keeps its end where it is
+        replayed (None in the record)."""
         (runs, comm_runs, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
          free_c, free_m) = mark
         if runs != len(self.compute_runs[stage]) or comm_runs != len(self.comm_runs[stage]):

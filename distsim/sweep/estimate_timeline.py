@@ -514,7 +514,7 @@ class Builder(MemoryNotes, OpByOpBackward):
         self._routes = {k: [self.sends(k, c) for c in range(C)] for k in ("F", "B")}
         return Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
 
-    def _send(self, w: "Walk", stage: int, task: Tuple[str, int, int]) -> None:
+    def _send(self, w: "Walk", task: Tuple[str, int, int]) -> None:
         """The sends of a task's outputs (``task``: kind, micro-batch, chunk)
         to the next stage, gated on its end."""
         kind, mb, c = task
@@ -542,7 +542,7 @@ class Builder(MemoryNotes, OpByOpBackward):
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             while pending and pending[0][0] <= start:
-                send(w, *heappop(pending)[2])
+                send(w, heappop(pending)[2])
             kind, mb, c = task
             ready = recv.get(task, 0.0)
             if kind == "B":
@@ -562,7 +562,7 @@ class Builder(MemoryNotes, OpByOpBackward):
                     pieces_on(stage, lead, 0.0)
                 ends[task] = pieces_on(stage, pieces, ready)
             seq += 1
-            heappush(pending, (end, seq, (stage, task)))
+            heappush(pending, (end, seq, task))
         w.pos, w.seq = stop, seq
 
     def complete(self, w: "Walk") -> Timeline:
@@ -570,7 +570,7 @@ class Builder(MemoryNotes, OpByOpBackward):
         optimizer: the whole step's timeline."""
         self.advance(w, len(w.order))
         while w.pending:
-            self._send(w, *heapq.heappop(w.pending)[2])
+            self._send(w, heapq.heappop(w.pending)[2])
         self.sync.finish()
         return self.tl
 
