@@ -9,9 +9,12 @@ closed at the end.
 """
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import re
+import signal
+import sys
 import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -119,15 +122,41 @@ class InProcessRunner:
         pass
 
 
+#: What a worker process needs imported before it runs a point.
+_WORKER_MODULES = ("distsim.api", "distsim.sweep.point")
+
+
 def _context():
     """Worker processes fork from a server process that has imported distsim
-    once (``forkserver``: fast to start, and no state inherited from this
-    process); ``spawn`` where there is no forkserver."""
+    once (``forkserver``: no state inherited from this process, safe
+    whatever threads it runs); ``spawn`` where there is no forkserver."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["distsim.api", "distsim.sweep.point"])
+        ctx.set_forkserver_preload(list(_WORKER_MODULES))
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def _fork_context():
+    """``fork`` where forking this process now is safe: on Linux, with no
+    thread but this one (a child forked while another thread holds a lock
+    would find it held forever); else None. A forked worker starts at once
+    with everything this process has imported, where a forkserver first
+    starts an interpreter and imports distsim again (about a second, most
+    of a small sweep)."""
+    if (not sys.platform.startswith("linux") or threading.active_count() != 1
+            or "fork" not in multiprocessing.get_all_start_methods()):
+        return None
+    for name in _WORKER_MODULES:        # imported once here, not in each worker
+        importlib.import_module(name)
+    return multiprocessing.get_context("fork")
+
+
+def _worker_signals() -> None:
+    """A forked worker's signals as a forkserver's worker has them: SIGTERM
+    ends it (this process's handler, which raises
+    :class:`~.interrupt.Terminated`, is inherited by a fork)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class LocalProcessRunner:
@@ -140,19 +169,33 @@ class LocalProcessRunner:
     worker again is recorded as failed. No finished point is lost or run
     twice. If the pool breaks before any point has finished and not even a
     trivial task can run in a fresh worker, the sweep stops with a
-    :class:`ConfigError` (:data:`WORKERS_CANNOT_START`) instead."""
+    :class:`ConfigError` (:data:`WORKERS_CANNOT_START`) instead.
+
+    :meth:`open` starts the first pool's workers by forking this process
+    where that is safe (:func:`_fork_context`: before the progress line's
+    thread starts); every other pool (after a worker died, a retried point,
+    a run without :meth:`open`) forks from a forkserver."""
 
     def __init__(self, workers: int, simulate: Optional[SimulateFn] = None) -> None:
         self.workers = workers
         self.simulate = simulate
         self.description = f"{workers} local processes"
         self._ctx = _context()
+        self._started: Optional[ProcessPoolExecutor] = None   # opened, not yet run
         self.running = 0
 
     def open(self) -> None:
-        pass
+        ctx = _fork_context()
+        if ctx is not None and self._started is None:
+            pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                       initializer=_worker_signals)
+            pool.submit(os.getpid)      # a fork pool starts all its workers at its first task
+            self._started = pool
 
     def _pool(self, n: int) -> ProcessPoolExecutor:
+        if self._started is not None and n == self.workers:
+            pool, self._started = self._started, None
+            return pool
         return ProcessPoolExecutor(max_workers=n, mp_context=self._ctx)
 
     def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
@@ -229,7 +272,9 @@ class LocalProcessRunner:
             close_pool(pool)
 
     def close(self) -> None:
-        pass
+        if self._started is not None:          # opened but never run
+            pool, self._started = self._started, None
+            close_pool(pool)
 
 
 class DaskRunner:

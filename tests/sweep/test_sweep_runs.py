@@ -18,6 +18,7 @@ import pytest
 import distsim
 from distsim.errors import ConfigError
 from distsim.sweep.point import metrics_of
+from distsim.sweep.runners import LocalProcessRunner, close_pool
 from sweep_fakes import TINY
 
 HERE = Path(__file__).resolve().parent
@@ -107,32 +108,68 @@ def test_points_that_kill_every_worker_are_failed_rows_not_a_start_error(tmp_pat
 
 
 UNGUARDED = """
+import threading, time
 import distsim
+if THREAD:          # forking is unsafe with another thread: workers come from a forkserver
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
 df = distsim.sweep({"model": "mlp", "network_mode": "analytical", "layers": 2, "batch": 64},
                    {"dp": [1, 2]}, workers=2, progress=False)
 print("ROWS", list(df["status"]))
 """
 
 
+def _run_script(path: Path, body: str, thread: bool) -> subprocess.CompletedProcess:
+    path.write_text(f"THREAD = {thread}\n" + body)
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=300, cwd=path.parent)
+
+
 def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path):
-    """Each worker imports the script again and starts the sweep again in
-    its start-up, so no worker ever runs a point: the sweep says so and
-    how to fix it, instead of recording every point as failed."""
-    script = tmp_path / "unguarded.py"
-    script.write_text(UNGUARDED)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    """Workers that start from a forkserver (here: the script runs a second
+    thread, so it is not forked) each import the script again and start the
+    sweep again in their start-up, so no worker ever runs a point: the
+    sweep says so and how to fix it, instead of recording every point as
+    failed."""
+    done = _run_script(tmp_path / "unguarded.py", UNGUARDED, thread=True)
     assert done.returncode != 0
     assert "ROWS" not in done.stdout
     last = done.stderr.strip().splitlines()
     error = [line for line in last if line.startswith("distsim.errors.ConfigError")]
     assert error and 'if __name__ == "__main__":' in error[-1]
-    guarded = tmp_path / "guarded.py"
-    guarded.write_text("if __name__ == '__main__':\n" +
-                       "".join("    " + line + "\n" for line in UNGUARDED.strip().splitlines()))
-    done = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    guarded = "if __name__ == '__main__':\n" + "".join(
+        "    " + line + "\n" for line in UNGUARDED.strip().splitlines())
+    done = _run_script(tmp_path / "guarded.py", guarded, thread=True)
     assert done.returncode == 0 and "ROWS ['ok', 'ok']" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
+def test_a_single_threaded_script_forks_its_workers_guard_or_not(tmp_path):
+    """With no other thread, the first pool's workers are forks of the
+    script (nothing imported again), so even an unguarded script runs."""
+    done = _run_script(tmp_path / "unguarded.py", UNGUARDED, thread=False)
+    assert done.returncode == 0 and "ROWS ['ok', 'ok']" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_first_pool_forks_and_later_pools_use_the_forkserver():
+    """open() starts the first pool by fork where safe (Linux, this thread
+    alone); run() uses it once; a pool after it comes from the runner's own
+    (forkserver) context."""
+    import threading
+    runner = LocalProcessRunner(2)
+    alone = threading.active_count() == 1
+    runner.open()
+    try:
+        if not sys.platform.startswith("linux") or not alone:
+            assert runner._started is None
+            return
+        first = runner._pool(2)
+        assert first._mp_context.get_start_method() == "fork"
+        close_pool(first)
+        second = runner._pool(2)
+        assert second._mp_context.get_start_method() == runner._ctx.get_start_method()
+        close_pool(second)
+    finally:
+        runner.close()
 
 
 def test_missing_summary_fields_are_nan_not_errors():
