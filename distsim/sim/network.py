@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 import weakref
+from operator import itemgetter
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 import simpy
@@ -47,6 +48,10 @@ from ..topology import Topology
 from .collective_algos.schedule import StepShape, shape_time, step_shape, step_time_estimate
 from .network_steps import StepRunner
 from .trace import LinkRecord, LinkSample
+
+#: A flow's (source, destination) and its bytes (flows are (src, dst, bytes)).
+_PAIR = itemgetter(0, 1)
+_BYTES = itemgetter(2)
 
 _new_tuple = tuple.__new__
 
@@ -216,10 +221,10 @@ class Network:
         """:func:`~.collective_algos.schedule.step_time_estimate` of one
         step on this network; a step whose flows carry equal bytes is
         routed once per topology (:func:`step_shape`), whatever its size."""
-        sizes = {nbytes for _, _, nbytes in flows}
+        sizes = set(map(_BYTES, flows))
         if len(sizes) != 1:
             return step_time_estimate(flows, self.route_info)
-        pairs = tuple([(src, dst) for src, dst, _ in flows])
+        pairs = tuple(map(_PAIR, flows))
         shape = self._step_shapes.get(pairs)
         if shape is None:
             shape = self._step_shapes[pairs] = step_shape(pairs, self.route_info)
@@ -230,9 +235,9 @@ class Network:
         ``latency + bytes / bottleneck`` (no link totals). A step whose
         flows carry equal bytes is routed once per topology, whatever its
         size; its ranks are checked then."""
-        sizes = {nbytes for _, _, nbytes in flows}
+        sizes = set(map(_BYTES, flows))
         if len(sizes) == 1:
-            pairs = (tuple([(src, dst) for src, dst, _ in flows]), key)
+            pairs = (tuple(map(_PAIR, flows)), key)
             paths = self._analytical_shapes.get(pairs)
             if paths is None:
                 topo = self.topology

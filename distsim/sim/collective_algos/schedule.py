@@ -46,7 +46,7 @@ def parallel(schedules: Sequence[Schedule]) -> Schedule:
     out: Schedule = []
     while cursors:
         n = min(c[0][1] for c in cursors)
-        flows = tuple(f for c in cursors for f in c[0][0])
+        flows = tuple(chain.from_iterable([c[0][0] for c in cursors]))
         if out and out[-1].flows == flows:
             out[-1] = Phase(flows, out[-1].count + n)
         else:
@@ -150,10 +150,18 @@ def pipelined(groups: Sequence[Tuple[int, Sequence[FlowSpec]]], chunks: int) -> 
     active set form one phase, so the cost is O(groups), not O(steps)."""
     if not groups:
         return []
-    bounds = sorted({o for o, _ in groups} | {o + chunks for o, _ in groups})
+    # the groups of each offset, in group order: a step's active groups are
+    # those of the offsets in (lo - chunks, lo], put back in group order
+    # (a few offsets against thousands of groups for a large team's tree)
+    by_offset: Dict[int, List[int]] = {}
+    for i, (o, _) in enumerate(groups):
+        by_offset.setdefault(o, []).append(i)
+    bounds = sorted(set(by_offset) | {o + chunks for o in by_offset})
     out: Schedule = []
     for lo, hi in zip(bounds, bounds[1:]):
-        flows = tuple(f for o, fs in groups if o <= lo < o + chunks for f in fs)
+        active = sorted(chain.from_iterable(
+            [members for o, members in by_offset.items() if lo - chunks < o <= lo]))
+        flows = tuple(chain.from_iterable([groups[i][1] for i in active]))
         if flows:
             out = sequential(out, [Phase(flows, hi - lo)])
     return out
