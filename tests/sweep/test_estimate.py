@@ -75,7 +75,11 @@ def test_the_resolved_batch_is_reported():
 
 @pytest.mark.parametrize("strategy", [dict(dp=2, tp=2, pp=2), dict(dp=2, pp=4, zero=1),
                                       dict(dp=2, pp=2, tp=2, schedule="interleaved"),
-                                      dict(dp=4, pp=2, zero=3)])
+                                      dict(dp=4, pp=2, zero=3),
+                                      # no pipeline: from 2 and 3 micro-batches
+                                      dict(dp=4, tp=2), dict(dp=4, tp=2, zero=2),
+                                      dict(dp=4, tp=2, zero=3),
+                                      dict(dp=2, tp=4, zero=1, recompute="full")])
 def test_long_schedules_are_extrapolated_exactly(strategy):
     # past a full pipeline the estimate runs two short timelines and
     # extrapolates; it must give what the full timeline gives
