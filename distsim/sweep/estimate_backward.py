@@ -60,6 +60,9 @@ class OpByOpBackward:
     M: int
     flops: List[float]
     flats: Dict[int, List[Tuple[int, float]]]
+    #: what the last :meth:`emit_last_backward` noted: its flat copies' bytes
+    #: within the task (``inside``) and those it left waiting (for a recorder)
+    notes: Tuple[Dict[Tuple[int, int], int], Optional[List[Tuple[int, float]]]]
     replays: Dict[tuple, tuple]
     shapes: List[Tuple[bool, bool, int]]
     route: str
@@ -228,7 +231,60 @@ class OpByOpBackward:
             if flats:
                 self._note_flats(stage, "end", 0, c, flats)
                 self.flats[stage] = self.flats.get(stage, []) + flats
+        self.notes = (inside, flats)
         return last
+
+    def _first_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
+        """:meth:`emit_last_backward` of chunk ``c``'s first micro-batch with
+        ZeRO 2/3 (each gradient flattened and reduce-scattered where it is
+        made), replayed where it can be. Each stage runs one such task; one
+        that starts with the stage's communication stream idle (and the
+        task's input there, unless a recomputation leads) depends only on
+        where it starts, so the first of a chunk shape is recorded relative
+        to its start and the same shape's on the other stages replay it:
+        its items, FLOPs, memory notes (bytes, the same) and the flat
+        copies it leaves waiting for their reduce-scatters (shifted). Not
+        by layer (its units wait across tasks), nor with one micro-batch
+        (that backward is the last, which synchronises its gradients)."""
+        order = self.blocks_of("B", c)
+        if self.by_layer or self.M == 1 or self.route == "bucket" or not order:
+            return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+        tl = self.tl
+        s = 2 * stage
+        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
+        plan = self._segment_plan(order[0][0], True)
+        lead = bool(plan) and plan[0][6]
+        origin = free if lead else max(ready, free)
+        # (a task opening with a collective would start it from its input
+        # or the stream's end, not from ``origin``)
+        if not plan or plan[0][0] != "c" or ready > origin or tl.free[s + 1] > origin:
+            return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+        key = ("first", self.shapes[c])
+        record = self.replays.get(key)
+        if record is not None:
+            return self._replay_first(record, stage, c, origin)
+        mark, flops = tl.mark(stage), self.flops[stage]
+        last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+        items = tl.since(stage, mark, origin) if last is not None else None
+        if items is not None:
+            inside, flats = self.notes
+            self.replays[key] = (items, self.flops[stage] - flops, last - origin, dict(inside),
+                                 [(nbytes, end - origin) for nbytes, end in flats or ()])
+        return last
+
+    def _replay_first(self, record: tuple, stage: int, c: int, origin: float) -> float:
+        """A recorded first backward (:meth:`_first_backward`) of chunk ``c``
+        on ``stage`` from ``origin``."""
+        items, flops, last, inside, flats = record
+        self.tl.replay(stage, items, origin)
+        self.flops[stage] += flops
+        if inside:
+            self._note_inside(stage, c, inside)
+        if flats:
+            self._note_flats(stage, "end", 0, c, flats)
+            self.flats[stage] = self.flats.get(stage, []) + [
+                (nbytes, origin + end) for nbytes, end in flats]
+        return origin + last
 
     def _last_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
         """:meth:`emit_last_backward` of chunk ``c``'s last micro-batch

@@ -291,8 +291,7 @@ class Builder(MemoryNotes, OpByOpBackward):
             # ZeRO 2/3 reduce-scatter each gradient of the first micro-batch
             # as it is produced (flattened right after it): op by op, as the
             # last backward without a reduce-scatter per micro-batch
-            return self.emit_last_backward(stage, c, self.blocks_of(kind, c), ready,
-                                           first_microbatch=True)
+            return self._first_backward(stage, c, ready)
         if kind == "B" and self.scatter_each and self.zero3:
             # ZeRO-3 past the first micro-batch: the same, and each shard's
             # accumulation waits for its reduce-scatter, which waits on the
