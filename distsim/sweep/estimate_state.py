@@ -106,6 +106,9 @@ class Memo:
         #: whether a later timeline will replay those records (an estimate
         #: of a short schedule walks one timeline: nothing to record for)
         self.record_last_backwards = False
+        #: the optimizer step's parameters in the order it updates them, as
+        #: :meth:`.estimate_sync.StepSync.optimizer_steps` groups them
+        self.optimizer_steps: Optional[List[tuple]] = None
 
 
 class Walk:

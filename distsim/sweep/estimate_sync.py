@@ -14,6 +14,8 @@ layer, so it is worked out once per configuration (:class:`ParamCost`).
 """
 from __future__ import annotations
 
+from functools import reduce
+from operator import add
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
@@ -226,32 +228,17 @@ class StepSync:
         self.unpack = []
         self.tie()
         compute, comm, flops, synced = self.tl.compute, self.tl.comm_on, b.flops, self.synced
-        cost = self.cost
-        # a run of parameters of one stage whose optimizer is the update
-        # alone (ZeRO 0 and 3) goes to the timeline in one call
-        run_stage = -1
-        times: List[float] = []
-        readies: List[float] = []
-
-        def flush() -> None:
-            if times:
-                self.tl.compute_each(run_stage, times, readies)
-                times.clear()
-                readies.clear()
-
-        for key, stage in b.all_params():
-            pc = cost(key[0], key[2])
-            pre, cut, (t, fl), gather, post = pc.plan or self.update_plan(key, pc)
-            g = synced[key] or 0.0
-            if pre is None and post is None:
-                if stage != run_stage:
-                    flush()
-                    run_stage = stage
-                flops[stage] += fl
-                times.append(t)
-                readies.append(g)
+        compute_each = self.tl.compute_each
+        for step in self.optimizer_steps():
+            if step[0]:
+                # a run of one stage's parameters whose optimizer is the
+                # update alone: one call; FLOPs added one by one, in order
+                _, stage, keys, times, fls = step
+                flops[stage] = reduce(add, fls, flops[stage])
+                compute_each(stage, times, [synced[key] or 0.0 for key in keys])
                 continue
-            flush()
+            _, key, stage, (pre, cut, (t, fl), gather, post) = step
+            g = synced[key] or 0.0
             if pre is not None:
                 g = compute(stage, pre, g)
                 if cut is not None:
@@ -263,7 +250,36 @@ class StepSync:
                 if gather is not None:
                     new = comm(stage, gather, new)
                 compute(stage, post, new)
-        flush()
+
+    def optimizer_steps(self) -> List[tuple]:
+        """The parameters in the order the optimizer updates them
+        (:meth:`Builder.all_params`), consecutive ones of one stage whose
+        optimizer is the update alone (ZeRO 0 and 3) as one run
+        ``(True, stage, keys, update times, update FLOPs)``, each other as
+        ``(False, key, stage, its plan)`` (:meth:`update_plan`). The same
+        for every walk of a configuration: worked out once
+        (:attr:`.estimate_state.Memo.optimizer_steps`)."""
+        memo = self.b.memo
+        if memo.optimizer_steps is not None:
+            return memo.optimizer_steps
+        steps: List[tuple] = []
+        run: Optional[tuple] = None
+        for key, stage in self.b.all_params():
+            pc = self.cost(key[0], key[2])
+            plan = pc.plan or self.update_plan(key, pc)
+            pre, _, (t, fl), _, post = plan
+            if pre is None and post is None:
+                if run is None or run[1] != stage:
+                    run = (True, stage, [], [], [])
+                    steps.append(run)
+                run[2].append(key)
+                run[3].append(t)
+                run[4].append(fl)
+                continue
+            run = None
+            steps.append((False, key, stage, plan))
+        memo.optimizer_steps = steps
+        return steps
 
     def tie(self) -> None:
         b = self.b
