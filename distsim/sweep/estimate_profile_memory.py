@@ -11,10 +11,9 @@ import math
 from bisect import bisect_left, bisect_right
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
-from .estimate_profile import EMB, HEAD, LAYER, Block, LayerProfile, Param
+from .estimate_profile import EMB, HEAD, LAYER, Block, LayerProfile, Param, optimizer_ops
 
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
@@ -182,19 +181,11 @@ def _optimizer_memory(params: Dict[str, List[Param]], rank0: List[Op], times,
     by_name = {p.name: p for ps in params.values() for p in ps}
     update: Dict[str, List[Op]] = {}
     flat: Dict[str, Value] = {}
-    for op in rank0:
-        if op.meta.get("phase") != "optimizer" or is_communication(op):
-            continue
-        for name in by_name:
-            if op.name.startswith(f"{name}_gflat_r0"):
-                flat[name] = op.outputs[0]
-            elif op.name.startswith(f"{name}_new_r0"):
-                pass
-            elif op.name.startswith(f"{name}_r0"):
-                update.setdefault(name, []).append(op)
-            else:
-                continue
-            break
+    for op, p, role in optimizer_ops(params, rank0):
+        if role == "flat":
+            flat[p.name] = op.outputs[0]
+        elif role == "update":
+            update.setdefault(p.name, []).append(op)
     flat_of = {id(v): name for name, v in flat.items()}
     flat_free: Dict[str, float] = {}
     for op in rank0:
