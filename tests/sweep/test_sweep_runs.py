@@ -250,3 +250,29 @@ def test_a_broken_pool_is_waited_for_only_once_its_workers_are_dead():
     healthy = _Pool(False, [working])
     close_pool(healthy)
     assert not working.killed and healthy.alive_at_shutdown == [True]
+
+
+def test_pandas_is_imported_while_the_points_run_and_no_thread_is_left():
+    """A sweep on worker processes imports the table's pandas on a thread of
+    its own while they run (after they started: a fork must not copy a
+    thread midway through an import); the thread is joined by the end."""
+    code = ("import sys, threading, distsim\n"
+            "assert 'pandas' not in sys.modules\n"
+            "if __name__ == '__main__':\n"
+            "    df = distsim.sweep({'model': 'mlp', 'network_mode': 'analytical', 'layers': 2,"
+            " 'batch': 64}, {'dp': [1, 2]}, workers=2, progress=False)\n"
+            "    names = [t.name for t in threading.enumerate()]\n"
+            "    print('ROWS', list(df['status']), 'THREADS', names)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ROWS ['ok', 'ok'] THREADS ['MainThread']" in done.stdout
+
+
+def test_the_background_import_is_skipped_for_a_module_already_imported():
+    from distsim.sweep.driver import import_in_background
+    assert import_in_background("json") is None
+    thread = import_in_background("distsim_no_such_module_xyz")
+    assert thread is not None
+    thread.join(timeout=60)      # failed quietly: the table's own import says why
+    assert not thread.is_alive()
