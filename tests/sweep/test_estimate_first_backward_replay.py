@@ -15,6 +15,7 @@ import pytest
 
 from distsim.sweep import estimate as est
 from distsim.sweep import estimate_backward
+from estimate_hooks import busy_communication_at_start, calls
 
 BASE = {"model": "gpt3-1.3b", "topology": "dgx-a100-x2", "layers": 16, "seq": 512,
         "micro_batch": 1, "recompute": "none", "global_batch": 48}
@@ -35,18 +36,6 @@ CASES = [
 ]
 
 
-def _calls(monkeypatch, name):
-    calls = []
-    method = getattr(estimate_backward.OpByOpBackward, name)
-
-    def counted(self, *args):
-        calls.append(args)
-        return method(self, *args)
-
-    monkeypatch.setattr(estimate_backward.OpByOpBackward, name, counted)
-    return calls
-
-
 def _emit_every_first_backward(monkeypatch):
     def emitted(self, stage, c, ready):
         return self.emit_last_backward(stage, c, self.blocks_of("B", c), ready,
@@ -58,7 +47,7 @@ def _emit_every_first_backward(monkeypatch):
 def test_a_replayed_first_backward_is_the_first_backward_emitted_again(monkeypatch, options,
                                                                        what):
     options = dict(BASE, **options)
-    replays = _calls(monkeypatch, "_replay_first")
+    replays = calls(monkeypatch, "_replay_first")
     with_replays = est.estimate(options)
     assert replays, what          # the inner stages share one chunk shape
     _emit_every_first_backward(monkeypatch)
@@ -72,7 +61,7 @@ def test_the_record_stands_for_inner_stages_only(monkeypatch):
     # of their own); of the two inner ones, stage 2 runs its first backward
     # first (1F1B: the later stages turn to backwards sooner) and records
     # it, stage 1 replays it
-    replays = _calls(monkeypatch, "_replay_first")
+    replays = calls(monkeypatch, "_replay_first")
     est.estimate(dict(BASE, dp=2, tp=2, pp=4, zero=2))
     assert replays and {args[1] for args in replays} == {1}
 
@@ -81,22 +70,15 @@ def test_the_record_stands_for_inner_stages_only(monkeypatch):
                                      {"zero": 1}],
                          ids=["by layer", "one micro-batch", "no reduce-scatter per micro-batch"])
 def test_what_the_record_cannot_stand_for_is_emitted(monkeypatch, options):
-    replays = _calls(monkeypatch, "_replay_first")
+    replays = calls(monkeypatch, "_replay_first")
     batch = {"global_batch": 2} if options == {"zero": 2} else {}
     est.estimate(dict(BASE, dp=2, tp=2, pp=4, **dict(options, **batch)))
     assert replays == []
 
 
 def test_a_task_that_finds_the_communication_stream_busy_is_emitted(monkeypatch):
-    replays = _calls(monkeypatch, "_replay_first")
-    first_backward = estimate_backward.OpByOpBackward._first_backward
-
-    def busy_first(self, stage, c, ready):
-        start = max(ready, self.tl.free[2 * stage])
-        self.tl.free[2 * stage + 1] = start + 1e-3
-        return first_backward(self, stage, c, ready)
-
-    monkeypatch.setattr(estimate_backward.OpByOpBackward, "_first_backward", busy_first)
+    replays = calls(monkeypatch, "_replay_first")
+    busy_communication_at_start(monkeypatch, "_first_backward")
     est.estimate(dict(BASE, dp=2, tp=2, pp=4, zero=2))
     assert replays == []
 
@@ -124,7 +106,7 @@ def test_a_replay_leaves_the_state_emitting_leaves(monkeypatch):
         b.build()
         return b, after
 
-    replays = _calls(monkeypatch, "_replay_first")
+    replays = calls(monkeypatch, "_replay_first")
     replayed, after_replays = walk()
     assert replays and any(after_replays[args[1]][1] for args in replays)
     _emit_every_first_backward(monkeypatch)

@@ -17,6 +17,7 @@ import pytest
 from distsim.sweep import estimate as est
 from distsim.sweep import estimate_backward
 from distsim.sweep.estimate_state import Memo
+from estimate_hooks import busy_communication_at_start, calls
 
 BASE = {"model": "gpt3-1.3b", "topology": "dgx-a100-x2", "layers": 16, "seq": 512,
         "micro_batch": 1, "recompute": "none"}
@@ -40,24 +41,11 @@ FIGURES = ("step_time_s", "compute_s", "communication_s", "exposed_communication
            "idle_s", "total_flops", "max_peak_memory_bytes")
 
 
-def _calls(monkeypatch, cls, name):
-    """A list that gains an entry at each call of ``cls.name`` (patched)."""
-    calls = []
-    method = getattr(cls, name)
-
-    def counted(self, *args):
-        calls.append(args)
-        return method(self, *args)
-
-    monkeypatch.setattr(cls, name, counted)
-    return calls
-
-
 @pytest.mark.parametrize("options,route,replayed", CASES, ids=[c[1] for c in CASES])
 def test_a_replayed_last_backward_is_the_last_backward_emitted_again(monkeypatch, options,
                                                                      route, replayed):
     options = dict(BASE, **options)
-    replays = _calls(monkeypatch, estimate_backward.OpByOpBackward, "_replay_last")
+    replays = calls(monkeypatch, "_replay_last")
     with_replays = est.estimate(options)
     # a chunk's last backward is recorded by the first timeline and
     # replayed by the second (the chunks here are long enough)
@@ -74,16 +62,8 @@ def test_a_task_that_finds_the_communication_stream_busy_is_emitted(monkeypatch)
     # with the stage's communication stream still busy at the start, the
     # record would not stand for the task: nothing is recorded
     options = dict(BASE, dp=2, tp=2, pp=4, global_batch=48, zero=0)
-    replays = _calls(monkeypatch, estimate_backward.OpByOpBackward, "_replay_last")
-    last_backward = estimate_backward.OpByOpBackward._last_backward
-
-    def busy_first(self, stage, c, ready):
-        # the stage's communication stream runs past the task's start
-        start = max(ready, self.tl.free[2 * stage])
-        self.tl.free[2 * stage + 1] = start + 1e-3
-        return last_backward(self, stage, c, ready)
-
-    monkeypatch.setattr(estimate_backward.OpByOpBackward, "_last_backward", busy_first)
+    replays = calls(monkeypatch, "_replay_last")
+    busy_communication_at_start(monkeypatch, "_last_backward")
     est.estimate(options)
     assert replays == []
 
@@ -92,7 +72,7 @@ def test_short_last_backwards_are_emitted_not_replayed(monkeypatch):
     # recording and replaying costs about what emitting three blocks does:
     # a chunk of fewer blocks is emitted in both timelines
     options = dict(BASE, dp=1, tp=2, pp=8, global_batch=24, zero=0)   # 2 layers a stage
-    replays = _calls(monkeypatch, estimate_backward.OpByOpBackward, "_replay_last")
+    replays = calls(monkeypatch, "_replay_last")
     est.estimate(options)
     # the first stage's chunk has the embedding too, the last's the head
     assert len(replays) == 0
