@@ -192,6 +192,7 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
                 runner.close()
                 runner = make_runner(workers, None, simulate, connect_timeout_s,
                                      tasks=len(check_todo))
+                runner.open()
             elif check_todo and not runner_open:
                 runner.open()
             finished = len(checks) - len(check_todo)

@@ -38,6 +38,14 @@ def test_estimated_grid_and_a_simulated_check(tmp_path):
     assert (tmp_path / "results.jsonl").read_text().splitlines() == lines
 
 
+def test_the_check_on_worker_processes_gives_the_same_rows():
+    # the check's simulations run on a runner of their own (opened, so its
+    # workers fork where that is safe): the rows do not depend on it
+    one = distsim.sweep(BASE, GRID, workers=1, progress=False, check=2)
+    two = distsim.sweep(BASE, GRID, workers=2, progress=False, check=2)
+    pd.testing.assert_frame_equal(two, one)
+
+
 def test_a_yaml_check_needs_estimates(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text("base: {model: tiny, topology: dgx-a100, fidelity: estimate}\n"
