@@ -245,7 +245,9 @@ class OpByOpBackward:
         its items, FLOPs, memory notes (bytes, the same) and the flat
         copies it leaves waiting for their reduce-scatters (shifted). Not
         by layer (its units wait across tasks), nor with one micro-batch
-        (that backward is the last, which synchronises its gradients)."""
+        (that backward is the last, which synchronises its gradients), nor
+        with gradient buckets (what a task holds depends on the stage's
+        earlier flushes)."""
         order = self.blocks_of("B", c)
         if self.by_layer or self.M == 1 or self.route == "bucket" or not order:
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
