@@ -222,17 +222,48 @@ class OpByOpBackward:
                         end = self.sync.ready_and_synced((name, layer, param), stage, made)
                     if flats is not None:
                         flats.append((self.sync.cost(name, param).nbytes, end))
-        if inside:
-            self._note_inside(stage, c, inside)
         if in_buckets:
             self._note_buckets(stage, c, in_buckets)
-        if flats and last is not None:
+        if last is None:
+            flats = None
+        elif flats:
             flats = [(nbytes, end) for nbytes, end in flats if end > last]
-            if flats:
-                self._note_flats(stage, "end", 0, c, flats)
-                self.flats[stage] = self.flats.get(stage, []) + flats
+        self._leave_flats(stage, c, inside, flats)
         self.notes = (inside, flats)
         return last
+
+    def _leave_flats(self, stage: int, c: int, inside: Dict[Tuple[int, int], int],
+                     flats: Optional[List[Tuple[int, float]]]) -> None:
+        """What a backward that flattens its gradients leaves: the most
+        bytes of flat copies waiting at each gradient (``inside``) and the
+        copies still waiting for their reduce-scatters when it ends
+        (``flats``: bytes, end), noted for the memory walk and kept for the
+        stage's next tasks."""
+        if inside:
+            self._note_inside(stage, c, inside)
+        if flats:
+            self._note_flats(stage, "end", 0, c, flats)
+            self.flats[stage] = self.flats.get(stage, []) + flats
+
+    def _start(self, stage: int, name: str, only: bool, ready: float
+               ) -> Tuple[float, bool, bool]:
+        """Where an op-by-op backward whose first block is ``name``
+        (``only``: :meth:`_segment_plan`'s) starts if its items depend only
+        on that: ``(origin, clean, opens with compute)``. The origin is the
+        compute stream's end, or the task's input where it comes later and
+        no recomputation leads (a leading recomputation runs from the
+        stream's end, the rest from the input: emit_last_backward's
+        ``first``); clean when the input is there by then and the stage's
+        communication stream idle. (A task opening with a collective would
+        start it from its input or the stream's end, not from the origin.)"""
+        tl = self.tl
+        s = 2 * stage
+        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
+        plan = self._segment_plan(name, only)
+        lead = bool(plan) and plan[0][6]
+        origin = free if lead else max(ready, free)
+        return (origin, ready <= origin and tl.free[s + 1] <= origin,
+                bool(plan) and plan[0][0] == "c")
 
     def _first_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
         """:meth:`emit_last_backward` of chunk ``c``'s first micro-batch with
@@ -251,16 +282,10 @@ class OpByOpBackward:
         order = self.blocks_of("B", c)
         if self.by_layer or self.M == 1 or self.route == "bucket" or not order:
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
-        tl = self.tl
-        s = 2 * stage
-        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
-        plan = self._segment_plan(order[0][0], True)
-        lead = bool(plan) and plan[0][6]
-        origin = free if lead else max(ready, free)
-        # (a task opening with a collective would start it from its input
-        # or the stream's end, not from ``origin``)
-        if not plan or plan[0][0] != "c" or ready > origin or tl.free[s + 1] > origin:
+        origin, clean, compute_first = self._start(stage, order[0][0], True, ready)
+        if not (clean and compute_first):
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+        tl = self.tl
         key = ("first", self.shapes[c])
         record = self.replays.get(key)
         if record is not None:
@@ -280,12 +305,7 @@ class OpByOpBackward:
         items, flops, last, inside, flats = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
-        if inside:
-            self._note_inside(stage, c, inside)
-        if flats:
-            self._note_flats(stage, "end", 0, c, flats)
-            self.flats[stage] = self.flats.get(stage, []) + [
-                (nbytes, origin + end) for nbytes, end in flats]
+        self._leave_flats(stage, c, inside, [(nbytes, origin + end) for nbytes, end in flats])
         return origin + last
 
     def _last_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
@@ -304,16 +324,10 @@ class OpByOpBackward:
         sync = self.sync
         if self.zero3 or sync.pending.get(stage) or not order or len(order) < _MIN_BLOCKS:
             return self.emit_last_backward(stage, c, order, ready)
-        tl = self.tl
-        s = 2 * stage
-        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
-        plan = self._segment_plan(order[0][0], self.M == 1)
-        lead = bool(plan) and plan[0][6]
-        origin = free if lead else max(ready, free)
-        # (a task opening with a collective would start it from its input
-        # or the stream's end, not from ``origin``)
-        if not plan or plan[0][0] != "c" or ready > origin or tl.free[s + 1] > origin:
+        origin, clean, compute_first = self._start(stage, order[0][0], self.M == 1, ready)
+        if not (clean and compute_first):
             return self.emit_last_backward(stage, c, order, ready)
+        tl = self.tl
         key = (stage, c, tuple(sync.buckets.get(stage, ())))
         record = self.memo.last_backwards.get(key)
         if record is not None:
@@ -377,15 +391,8 @@ class OpByOpBackward:
         start, and the next ones are that record shifted (the same items,
         to rounding). Any other start is emitted op by op."""
         tl = self.tl
-        s = 2 * stage
-        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
         order = self.blocks_of("B", c)
-        # a leading recomputation runs from the compute stream's end, the
-        # rest from the task's input (emit_last_backward's ``first``)
-        plan = self._segment_plan(order[0][0], True)
-        lead = bool(plan) and plan[0][6]
-        origin = free if lead else max(ready, free)
-        clean = ready <= origin and tl.free[s + 1] <= origin
+        origin, clean, _ = self._start(stage, order[0][0], True, ready)
         key = (self.shapes[c], mb == self.M - 1)
         if self.by_layer:
             # by layer a task first settles the unit the stage's previous
