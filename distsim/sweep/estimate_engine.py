@@ -77,6 +77,13 @@ class Timeline:
         # made when asked for (:func:`_spans`), a numpy call per record
         self.compute_runs: List[List[Run]] = [[] for _ in range(stages)]
         self.comm_runs: List[List[Run]] = [[] for _ in range(stages)]
+        # a span that starts where the stream's last one ends extends it
+        # (most of a backward's compute runs back to back: a third of the
+        # spans to keep and to sweep in :meth:`stage_breakdown`), but not
+        # one listed before a :meth:`mark` (a record starts there) or a
+        # replayed run (its spans come after the lists' last): per stream,
+        # how many spans of its list are sealed so
+        self.sealed: List[int] = [0] * (2 * stages)
 
     def copy(self) -> "Timeline":
         """An independent copy (to continue two walks from a shared prefix)."""
@@ -94,6 +101,7 @@ class Timeline:
         t.p2p_ends = [list(x) for x in self.p2p_ends]
         t.compute_runs = [list(x) for x in self.compute_runs]     # records shared: never changed
         t.comm_runs = [list(x) for x in self.comm_runs]
+        t.sealed = list(self.sealed)
         return t
 
     def compute(self, stage: int, time_s: float, ready: float = 0.0,
@@ -117,8 +125,12 @@ class Timeline:
             self.end = end
         busy = time_s if busy_s is None else busy_s
         busy_end = start + busy
-        self.compute_starts[stage].append(start)
-        self.compute_ends[stage].append(busy_end)
+        ends = self.compute_ends[stage]
+        if len(ends) > self.sealed[s] and ends[-1] == start:
+            ends[-1] = busy_end
+        else:
+            self.compute_starts[stage].append(start)
+            ends.append(busy_end)
         self.busy[stage] += busy_end - start
         if holds_comm:
             self.waits[stage] += time_s - busy
@@ -137,6 +149,7 @@ class Timeline:
         s = 2 * stage
         starts, ends = self.compute_starts[stage], self.compute_ends[stage]
         busy_sum, waits, latest = self.busy[stage], self.waits[stage], self.end
+        sealed = self.sealed[s]
         end = ready
         for time_s, busy_s, holds_comm in pieces:
             start = free[s] if free[s] > 0.0 else 0.0
@@ -152,8 +165,11 @@ class Timeline:
                 latest = end
             busy = time_s if busy_s is None else busy_s
             busy_end = start + busy
-            starts.append(start)
-            ends.append(busy_end)
+            if len(ends) > sealed and ends[-1] == start:
+                ends[-1] = busy_end
+            else:
+                starts.append(start)
+                ends.append(busy_end)
             busy_sum += busy_end - start
             if holds_comm:
                 waits += time_s - busy
@@ -170,6 +186,7 @@ class Timeline:
         s = 2 * stage
         starts, ends = self.compute_starts[stage], self.compute_ends[stage]
         busy_sum, latest = self.busy[stage], self.end
+        sealed = self.sealed[s]
         for time_s, ready in zip(times, readies):
             start = free[s] if free[s] > 0.0 else 0.0
             if ready > start:
@@ -178,8 +195,11 @@ class Timeline:
             free[s] = end
             if end > latest:
                 latest = end
-            starts.append(start)
-            ends.append(end)
+            if len(ends) > sealed and ends[-1] == start:
+                ends[-1] = end
+            else:
+                starts.append(start)
+                ends.append(end)
             busy_sum += end - start
         self.end = latest
         self.busy[stage] = busy_sum
@@ -201,8 +221,12 @@ class Timeline:
             self.end = end
         for stage in dict.fromkeys(stages):
             free[2 * stage + 1] = end
-            self.comm_starts[stage].append(start)
-            self.comm_ends[stage].append(end)
+            ends = self.comm_ends[stage]
+            if len(ends) > self.sealed[2 * stage + 1] and ends[-1] == start:
+                ends[-1] = end
+            else:
+                self.comm_starts[stage].append(start)
+                ends.append(end)
             self.comm_s[stage] += end - start
         return end
 
@@ -218,8 +242,12 @@ class Timeline:
         if end > self.end:
             self.end = end
         free[s] = end
-        self.comm_starts[stage].append(start)
-        self.comm_ends[stage].append(end)
+        ends = self.comm_ends[stage]
+        if len(ends) > self.sealed[s] and ends[-1] == start:
+            ends[-1] = end
+        else:
+            self.comm_starts[stage].append(start)
+            ends.append(end)
         self.comm_s[stage] += end - start
         if tp:
             self.tp_items[stage] += end - start
@@ -259,7 +287,10 @@ class Timeline:
 
     # -- recorded tasks ------------------------------------------------------
     def mark(self, stage: int) -> tuple:
-        """Where ``stage``'s streams stand now, for :meth:`since`."""
+        """Where ``stage``'s streams stand now, for :meth:`since` (the spans
+        listed so far sealed: a record starts after them)."""
+        self.sealed[2 * stage] = len(self.compute_starts[stage])
+        self.sealed[2 * stage + 1] = len(self.comm_starts[stage])
         return (len(self.compute_runs[stage]), len(self.comm_runs[stage]),
                 len(self.compute_starts[stage]), len(self.comm_starts[stage]),
                 self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
@@ -294,10 +325,11 @@ class Timeline:
         # adds hundreds of spans: neither a Python float each nor a numpy
         # call per replay)
         if len(c_starts):
-            self.compute_runs[stage].append((len(self.compute_starts[stage]), c_starts, c_ends,
-                                             origin))
+            at = self.sealed[2 * stage] = len(self.compute_starts[stage])
+            self.compute_runs[stage].append((at, c_starts, c_ends, origin))
         if len(m_starts):
-            self.comm_runs[stage].append((len(self.comm_starts[stage]), m_starts, m_ends, origin))
+            at = self.sealed[2 * stage + 1] = len(self.comm_starts[stage])
+            self.comm_runs[stage].append((at, m_starts, m_ends, origin))
         busy, waits, comm_s, tp_items, sync_waits = sums
         self.busy[stage] += busy
         self.waits[stage] += waits

@@ -64,14 +64,26 @@ def test_the_gather_plan_puts_the_unit_first():
 
 
 
+class _AllSealed(list):
+    """A timeline's seals that seal every span: each item keeps a span of
+    its own (a timeline extends a span by the next item that starts where
+    it ends)."""
+
+    def __getitem__(self, i):
+        return 1 << 62
+
+    def __setitem__(self, i, value):
+        pass
+
+
 def _gather_starts(**extra):
     """llama2-7b on the PCIe workstation, dp 2 tp 2, two layers, by layer:
     rank 0's all-gather starts in the estimator's timeline (stage 0's
-    communication items: gathers only, without a pipeline and where the
-    tensor-parallel collectives sit inside compute items) and in the
-    simulation, sorted, with both step times."""
+    communication items, each its own span: gathers only, without a
+    pipeline and where the tensor-parallel collectives sit inside compute
+    items) and in the simulation, sorted, with both step times."""
     import distsim
-    from distsim.sweep.estimate_engine import _spans
+    from distsim.sweep.estimate_engine import Timeline, _spans
 
     options = dict(model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, tp=2, layers=2,
                    seq=512, micro_batch=1, recompute="none", **LAYER, **extra)
@@ -79,7 +91,15 @@ def _gather_starts(**extra):
     simulated = sorted(r.start_s for r in run.trace.ops
                        if r.rank == 0 and r.op_type == "comm.allgather")
     case = est.resolve(options)
-    tl = Builder(case, est._profile_for(case)).build()
+    init = Timeline.__init__
+
+    def unmerged(tl, stages):
+        init(tl, stages)
+        tl.sealed = _AllSealed(tl.sealed)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Timeline, "__init__", unmerged)
+        tl = Builder(case, est._profile_for(case)).build()
     starts, _ = _spans(tl.comm_runs[0], tl.comm_starts[0], tl.comm_ends[0])
     return list(starts), simulated, tl.run(), run.step_time_s
 
