@@ -29,16 +29,19 @@ if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from .estimate_sync import StepSync
 
 
-def _relative(entries: List[Tuple[tuple, Optional[float]]], origin: float
-              ) -> Optional[Tuple[tuple, np.ndarray]]:
-    """``(key, time)`` pairs as (the keys, their times less ``origin``), or
-    None where a time is None."""
+def _by_place(entries: List[Tuple[tuple, Optional[float]]],
+              place: Dict[Tuple[str, Optional[int]], int], origin: float
+              ) -> Optional[Tuple[List[Tuple[int, int]], np.ndarray]]:
+    """``((block, layer, index), time)`` pairs as (each one's (place of its
+    block in a chunk, index), their times less ``origin``), or None where a
+    time is None."""
     if not entries:
-        return (), np.zeros(0)
+        return [], np.zeros(0)
     keys, times = zip(*entries)
     if None in times:
         return None
-    return keys, np.array(times, dtype=float) - origin
+    return ([(place[key[:2]], key[2]) for key in keys],
+            np.array(times, dtype=float) - origin)
 
 
 #: The fewest blocks a last backward has for :meth:`OpByOpBackward._last_backward`
@@ -311,28 +314,42 @@ class OpByOpBackward:
     def _last_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
         """:meth:`emit_last_backward` of chunk ``c``'s last micro-batch
         without a reduce-scatter per micro-batch (ZeRO 0/1), replayed where
-        it can be. The two timelines an estimate extrapolates from end
-        with the same last backwards, one micro-batch apart: a task that
-        starts with the stage's communication stream idle and no gradient
-        of the stage waiting for a bucket depends only on where it starts
-        (and on the buckets the stage flushed before it, part of the key),
-        so the first timeline records it relative to its start
-        (:attr:`.estimate_state.Memo.last_backwards`) and the second
-        replays it: the same items and gradient syncs, shifted (to
-        rounding). Its memory notes are the first's (the same bytes)."""
+        it can be. A task that starts with the stage's communication stream
+        idle and no gradient of the stage waiting for a bucket depends only
+        on where it starts (and on the buckets the stage flushed before it,
+        part of the key), so it is recorded relative to its start and
+        replayed: the same items and gradient syncs, shifted (to rounding),
+        its gradients' times by their place in the chunk. Where each
+        gradient is synchronised on its own (or not at all), the syncs are
+        the same on every stage (one data-parallel team's times), so the
+        record stands for every chunk of its shape: the other stages
+        replay it. Otherwise (buckets, syncs deferred to the backward
+        pass's end) it stands for its own stage's chunk in a later
+        timeline: the two timelines an estimate extrapolates from
+        (:attr:`.estimate_state.Memo.last_backwards`) end with the same
+        last backwards, one micro-batch apart. Its memory notes are the
+        first's (the same bytes; each gradient synchronised on its own,
+        there are none)."""
         order = self.blocks_of("B", c)
         sync = self.sync
-        if self.zero3 or sync.pending.get(stage) or not order or len(order) < _MIN_BLOCKS:
+        if self.zero3 or sync.pending.get(stage) or not order:
             return self.emit_last_backward(stage, c, order, ready)
-        origin, clean, compute_first = self._start(stage, order[0][0], self.M == 1, ready)
+        only = self.M == 1
+        origin, clean, compute_first = self._start(stage, order[0][0], only, ready)
         if not (clean and compute_first):
             return self.emit_last_backward(stage, c, order, ready)
         tl = self.tl
-        key = (stage, c, tuple(sync.buckets.get(stage, ())))
+        shared = self.route in ("each", "local")
+        key = (("last", self.shapes[c], only) if shared
+               else (stage, c, tuple(sync.buckets.get(stage, ()))))
         record = self.memo.last_backwards.get(key)
         if record is not None:
-            return self._replay_last(record, stage, origin)
-        if not self.memo.record_last_backwards:
+            return self._replay_last(record, stage, order, origin)
+        # recording and replaying costs about what emitting three blocks
+        # does: worth it where the replays emit no fewer blocks
+        replays = ((self.shape_chunks[self.shapes[c]] - 1 if shared else 0)
+                   + (1 if self.memo.record_last_backwards else 0))
+        if replays * len(order) < _MIN_BLOCKS:
             return self.emit_last_backward(stage, c, order, ready)
         mark, flops = tl.mark(stage), self.flops[stage]
         sizes = (len(sync.final), len(sync.synced), len(sync.buckets.get(stage, ())),
@@ -346,7 +363,8 @@ class OpByOpBackward:
         if (items is None or last is None
                 or len(final) != sum(len(self.prof.params[name]) for name, _ in order)):
             return last
-        made = [_relative(entries, origin) for entries in (final, synced)]
+        place = {block: k for k, block in enumerate(order)}
+        made = [_by_place(entries, place, origin) for entries in (final, synced)]
         if None in made:
             return last
         self.memo.last_backwards[key] = (
@@ -358,17 +376,18 @@ class OpByOpBackward:
             tuple(sync.deferred.get(stage, ())[sizes[4]:]))
         return last
 
-    def _replay_last(self, record: tuple, stage: int, origin: float) -> float:
+    def _replay_last(self, record: tuple, stage: int, order: List[Tuple[str, Optional[int]]],
+                     origin: float) -> float:
         """A recorded last backward (:meth:`_last_backward`) on ``stage``
-        from ``origin``."""
+        from ``origin``, of a chunk whose blocks are ``order``."""
         (items, flops, last, final, synced, pending, pending_bytes, buckets, unpack,
          deferred) = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
         sync = self.sync
-        for table, (keys, at) in ((sync.final, final), (sync.synced, synced)):
-            if keys:
-                table.update(zip(keys, (at + origin).tolist()))
+        for table, (places, at) in ((sync.final, final), (sync.synced, synced)):
+            if places:
+                table.update(zip([order[k] + (i,) for k, i in places], (at + origin).tolist()))
         if pending:
             sync.pending[stage] = list(pending)
             sync.pending_bytes[stage] = pending_bytes

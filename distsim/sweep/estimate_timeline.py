@@ -16,6 +16,7 @@ a parameter's update) is computed once per configuration.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -110,6 +111,8 @@ class Builder(MemoryNotes, OpByOpBackward):
         #: embedding, the head, and how many layers (chunks alike cost alike).
         self.shapes = [(c == 0, c == self.C - 1, end - start)
                        for c, (start, end) in enumerate(self.ranges)]
+        #: how many chunks have each shape
+        self.shape_chunks = Counter(self.shapes)
         self.tl = Timeline(S.pp)
         self.colls = collectives(case.topology_name, case.collective_algo)
         self.costs = op_costs(case.topology_name)

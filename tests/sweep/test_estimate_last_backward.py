@@ -1,5 +1,5 @@
-"""The last backward of a chunk, recorded by one timeline and replayed by
-the next (ZeRO 0/1, and ZeRO 2 with ``bucket_mb 0``).
+"""The last backward of a chunk, recorded once and replayed (ZeRO 0/1, and
+ZeRO 2 with ``bucket_mb 0``).
 
 An estimate of a long schedule walks two timelines, one micro-batch apart
 (:func:`distsim.sweep.estimate.timeline_figures`), and both end with each
@@ -7,8 +7,11 @@ chunk's last backward emitted op by op with its gradient syncs. Where that
 task starts with the stage's communication stream idle and no gradient of
 the stage waiting for a bucket, it depends only on where it starts (and on
 the buckets the stage flushed before it): the second timeline replays the
-first's record, shifted. The figures must be those of emitting it again,
-to rounding, for every way a gradient is synchronised.
+first's record, shifted. Where each gradient is synchronised on its own
+(or not at all), the syncs are the same on every stage, so a record also
+stands for the chunks of the same shape on the other stages, in the same
+timeline. The figures must be those of emitting it again, to rounding, for
+every way a gradient is synchronised.
 """
 from __future__ import annotations
 
@@ -24,11 +27,15 @@ BASE = {"model": "gpt3-1.3b", "topology": "dgx-a100-x2", "layers": 16, "seq": 51
 
 # (options, how each gradient is synchronised, the last backwards replayed)
 CASES = [
-    ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 0}, "each", 4),
+    # four stages of four layers: the two middle chunks share a shape, so
+    # the first timeline replays one of them and the second all four
+    ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 0}, "each", 5),
+    # one timeline (4 micro-batches): the middle chunks' one replay
+    ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 8, "zero": 0}, "each, one timeline", 1),
     ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 1, "bucket_mb": 60}, "bucket", 4),
     ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 2, "bucket_mb": 0}, "deferred",
      4),
-    ({"dp": 1, "tp": 4, "pp": 4, "global_batch": 24, "zero": 0}, "local", 4),
+    ({"dp": 1, "tp": 4, "pp": 4, "global_batch": 24, "zero": 0}, "local", 5),
     # a stage's second chunk finds the first's all-reduces still running:
     # emitted
     ({"dp": 4, "tp": 2, "pp": 2, "global_batch": 48, "zero": 0, "bucket_mb": 60,
@@ -48,7 +55,8 @@ def test_a_replayed_last_backward_is_the_last_backward_emitted_again(monkeypatch
     replays = calls(monkeypatch, "_replay_last")
     with_replays = est.estimate(options)
     # a chunk's last backward is recorded by the first timeline and
-    # replayed by the second (the chunks here are long enough)
+    # replayed by the second, and by chunks of its shape (the chunks here
+    # are long enough)
     assert len(replays) == replayed, route
     # nothing replayed: each emitted again
     monkeypatch.setattr(estimate_backward, "_MIN_BLOCKS", 10 ** 9)
@@ -68,21 +76,28 @@ def test_a_task_that_finds_the_communication_stream_busy_is_emitted(monkeypatch)
     assert replays == []
 
 
-def test_short_last_backwards_are_emitted_not_replayed(monkeypatch):
+def test_short_last_backwards_are_replayed_only_where_replays_add_up(monkeypatch):
     # recording and replaying costs about what emitting three blocks does:
-    # a chunk of fewer blocks is emitted in both timelines
+    # a chunk whose replays would emit fewer blocks is emitted instead
     options = dict(BASE, dp=1, tp=2, pp=8, global_batch=24, zero=0)   # 2 layers a stage
     replays = calls(monkeypatch, "_replay_last")
     est.estimate(options)
-    # the first stage's chunk has the embedding too, the last's the head
-    assert len(replays) == 0
+    # the first stage's chunk has the embedding too (three blocks), the
+    # last's the head: a shape of their own, one replay each (by the second
+    # timeline) would save three blocks: emitted in both timelines. The
+    # six middle chunks of two layers share a shape: one records, the five
+    # others and the second timeline's six replay
+    assert len(replays) == 11
+    assert {args[1] for args in replays} == set(range(1, 7))
     assert estimate_backward._MIN_BLOCKS == 4
 
 
 @pytest.mark.parametrize("global_batch,recorded", [(8, 0), (48, 1)])
-def test_only_an_extrapolated_estimate_records_its_last_backwards(global_batch, recorded):
-    # 2 micro-batches: one timeline, walked directly, nothing to replay
-    # into; 12: two timelines, the second replays the first's record
+def test_a_chunk_of_its_own_shape_is_recorded_only_for_a_second_timeline(global_batch,
+                                                                         recorded):
+    # no pipeline, one chunk: 2 micro-batches, one timeline walked
+    # directly, nothing to replay into; 12: two timelines, the second
+    # replays the first's record
     case = est.resolve(dict(BASE, dp=4, tp=4, pp=1, global_batch=global_batch, zero=0))
     memo = Memo()
     est.timeline_figures(case, est._profile_for(case), memo)
