@@ -12,7 +12,7 @@ those recorded once and replayed (:meth:`OpByOpBackward._replay`).
 from __future__ import annotations
 
 from itertools import islice
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -121,7 +121,9 @@ class OpByOpBackward:
 
     def emit_last_backward(self, stage: int, c: int, order, ready: float,
                            first_microbatch: bool = False,
-                           accumulating: Optional[int] = None) -> Optional[float]:
+                           accumulating: Optional[int] = None,
+                           at_input: Optional[Callable[[str], None]] = None
+                           ) -> Optional[float]:
         """The last micro-batch's backward op by op, with the data-parallel
         sync of each gradient emitted where it becomes final
         (``first_microbatch``: ZeRO 2/3's first micro-batch, each gradient
@@ -131,7 +133,9 @@ class OpByOpBackward:
         by the accumulation (at the last micro-batch, and the average) of
         its shard, which the compute stream waits for, as LowerSPMD emits
         it; its memory is not noted here: no copy outlives its reduce-
-        scatter)."""
+        scatter). ``at_input`` is called once, with the entry's kind,
+        before the first entry that waits for the task's input (the first
+        past a leading recomputation)."""
         tl = self.tl
         only = first_microbatch or self.M == 1
         scatter = first_microbatch and self.M > 1
@@ -179,8 +183,12 @@ class OpByOpBackward:
                 # the first read, for none
                 extra = 0.0 if not ends or at == -1 else ends[at]
                 # the recomputation a task starts with need not wait for its input
-                if first and not lead and ready > extra:
-                    extra = ready
+                if first and not lead:
+                    if at_input is not None:     # the first entry that waits for the input
+                        at_input(kind)
+                        at_input = None
+                    if ready > extra:
+                        extra = ready
                 if kind == "c":
                     self.flops[stage] += fl
                     for d in waits:
@@ -319,7 +327,11 @@ class OpByOpBackward:
         on where it starts (and on the buckets the stage flushed before it,
         part of the key), so it is recorded relative to its start and
         replayed: the same items and gradient syncs, shifted (to rounding),
-        its gradients' times by their place in the chunk. Where each
+        its gradients' times by their place in the chunk. A task that opens
+        with a recomputation (which need not wait for the task's input)
+        and whose input comes later depends on two times instead: the
+        recomputation on where it starts, the rest, if the recomputation
+        is over by then, on the input: it is recorded in two parts. Where each
         gradient is synchronised on its own (or not at all), the syncs are
         the same on every stage (one data-parallel team's times), so the
         record stands for every chunk of its shape: the other stages
@@ -336,14 +348,23 @@ class OpByOpBackward:
             return self.emit_last_backward(stage, c, order, ready)
         only = self.M == 1
         origin, clean, compute_first = self._start(stage, order[0][0], only, ready)
-        if not (clean and compute_first):
-            return self.emit_last_backward(stage, c, order, ready)
         tl = self.tl
+        if not compute_first or tl.free[2 * stage + 1] > origin:
+            return self.emit_last_backward(stage, c, order, ready)
+        # not clean with the communication stream idle: a leading
+        # recomputation from ``origin``, the input later
+        split = not clean
         shared = self.route in ("each", "local")
-        key = (("last", self.shapes[c], only) if shared
-               else (stage, c, tuple(sync.buckets.get(stage, ()))))
+        key = (("last", self.shapes[c], only, split) if shared
+               else (stage, c, tuple(sync.buckets.get(stage, ())), split))
         record = self.memo.last_backwards.get(key)
         if record is not None:
+            if split:
+                lead, lead_end = record[10]
+                if origin + lead_end > ready:      # the recomputation runs past the input
+                    return self.emit_last_backward(stage, c, order, ready)
+                self.tl.replay(stage, lead, origin)
+                origin = ready
             return self._replay_last(record, stage, order, origin)
         # recording and replaying costs about what emitting three blocks
         # does: worth it where the replays emit no fewer blocks
@@ -354,7 +375,21 @@ class OpByOpBackward:
         mark, flops = tl.mark(stage), self.flops[stage]
         sizes = (len(sync.final), len(sync.synced), len(sync.buckets.get(stage, ())),
                  len(sync.unpack), len(sync.deferred.get(stage, ())))
-        last = self.emit_last_backward(stage, c, order, ready)
+        at_input: List[tuple] = []
+        if split:
+            def lead_over(kind: str) -> None:
+                # the recomputation's items, and the rest's start: the input
+                s = 2 * stage
+                if kind != "g" and max(tl.free[s], tl.free[s + 1]) <= ready:
+                    at_input.append((tl.since(stage, mark, origin),
+                                     max(tl.free[s], tl.free[s + 1]) - origin, tl.mark(stage)))
+            last = self.emit_last_backward(stage, c, order, ready, at_input=lead_over)
+            if not at_input or at_input[0][0] is None:
+                return last
+            lead, lead_end, mark = at_input[0]
+            origin = ready
+        else:
+            last = self.emit_last_backward(stage, c, order, ready)
         items = tl.since(stage, mark, origin)
         # the task's gradients became final (and some synchronised): new
         # entries of those tables, in the order they were made
@@ -373,7 +408,8 @@ class OpByOpBackward:
             tuple(sync.buckets.get(stage, ())[sizes[2]:]),
             [(bucket, ar - origin, total, dtype)
              for bucket, _, ar, total, dtype in sync.unpack[sizes[3]:]],
-            tuple(sync.deferred.get(stage, ())[sizes[4]:]))
+            tuple(sync.deferred.get(stage, ())[sizes[4]:]),
+            (lead, lead_end) if split else None)
         return last
 
     def _replay_last(self, record: tuple, stage: int, order: List[Tuple[str, Optional[int]]],
@@ -381,7 +417,7 @@ class OpByOpBackward:
         """A recorded last backward (:meth:`_last_backward`) on ``stage``
         from ``origin``, of a chunk whose blocks are ``order``."""
         (items, flops, last, final, synced, pending, pending_bytes, buckets, unpack,
-         deferred) = record
+         deferred, _) = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
         sync = self.sync

@@ -42,6 +42,13 @@ CASES = [
       "schedule": "interleaved", "virtual_stages": 2}, "bucket, two chunks a stage", 2),
     ({"dp": 4, "tp": 4, "pp": 1, "global_batch": 48, "zero": 1, "recompute": "full"},
      "each, no pipeline, recomputation first", 1),
+    # the stages before the last open with a recomputation and wait for
+    # their input after it: recorded in two parts (from the compute
+    # stream's end, from the input); the last stage's input is there
+    ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 0, "recompute": "full"},
+     "each, recomputation first, input later", 5),
+    ({"dp": 2, "tp": 2, "pp": 4, "global_batch": 48, "zero": 1, "recompute": "selective",
+      "bucket_mb": 60}, "bucket, recomputation first, input later", 4),
 ]
 
 FIGURES = ("step_time_s", "compute_s", "communication_s", "exposed_communication_s",
@@ -102,3 +109,28 @@ def test_a_chunk_of_its_own_shape_is_recorded_only_for_a_second_timeline(global_
     memo = Memo()
     est.timeline_figures(case, est._profile_for(case), memo)
     assert len(memo.last_backwards) == recorded
+
+
+@pytest.mark.parametrize("early,replayed", [(1, [0, 2, 3]), (2, [0, 1, 3])])
+def test_a_recomputation_that_would_run_past_the_input_is_emitted(monkeypatch, early, replayed):
+    # the input of stage ``early`` comes right after its compute stream's
+    # end, before its leading recomputation is over: stage 2's record of
+    # the middle chunks does not stand for stage 1's task (1), and stage 2
+    # records nothing (2: stage 1 records); in either timeline
+    options = dict(BASE, dp=2, tp=2, pp=4, global_batch=48, zero=0, recompute="full")
+    task = estimate_backward.OpByOpBackward._last_backward
+
+    def early_input(self, stage, c, ready):
+        if stage == early:
+            ready = self.tl.free[2 * stage] + 1e-9
+        return task(self, stage, c, ready)
+
+    monkeypatch.setattr(estimate_backward.OpByOpBackward, "_last_backward", early_input)
+    replays = calls(monkeypatch, "_replay_last")
+    with_replays = est.estimate(options)
+    assert sorted(args[1] for args in replays) == replayed
+    monkeypatch.setattr(estimate_backward, "_MIN_BLOCKS", 10 ** 9)
+    emitted = est.estimate(options)
+    assert len(replays) == 3
+    for key in FIGURES:
+        assert with_replays[key] == pytest.approx(emitted[key], rel=1e-12, abs=1e-12), key
