@@ -126,3 +126,29 @@ def test_the_time_split_is_that_of_one_span_per_item(seed):
     lone.busy[0], lone.comm_s[0], lone.waits[0] = apart.busy[0], apart.comm_s[0], apart.waits[0]
     assert lone.stage_breakdown(0, step)["exposed_communication_s"] == pytest.approx(
         apart.waits[0] + apart.comm_s[0] - hidden, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_streams_spans_are_its_lists_with_each_run_shifted_in_its_place(seed):
+    # runs of a few records replayed at random places and origins, some
+    # records several times: the spans, element by element, those of
+    # inserting each run's record plus its origin where it was replayed
+    import numpy as np
+
+    rng = random.Random(seed)
+    records = [(np.array(sorted(rng.random() for _ in range(n))),) for n in (1, 3, 7)]
+    records = [(r[0], r[0] + 0.5) for r in records]
+    starts, ends, runs, expected = [], [], [], []
+    for _ in range(60):
+        if rng.random() < 0.4:
+            rel_s, rel_e = rng.choice(records)
+            origin = rng.random() * 100
+            runs.append((len(starts), rel_s, rel_e, origin))
+            expected.extend(zip((rel_s + origin).tolist(), (rel_e + origin).tolist()))
+        else:
+            x = rng.random() * 100
+            starts.append(x)
+            ends.append(x + 1.0)
+            expected.append((x, x + 1.0))
+    s, e = _spans(runs, starts, ends)
+    assert list(zip(s.tolist(), e.tolist())) == expected
