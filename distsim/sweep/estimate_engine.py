@@ -33,6 +33,8 @@ COMPUTE, COMM = 0, 1
 #: A replayed run of one stream's spans (see :attr:`Timeline.compute_runs`).
 Run = Tuple[int, np.ndarray, np.ndarray, float]
 _AT, _ORIGIN = itemgetter(0), itemgetter(3)
+#: Up to this many runs, :func:`_spans` joins the pieces one by one.
+_FEW_RUNS = 8
 
 
 class Timeline:
@@ -365,7 +367,7 @@ class Timeline:
                                   np.concatenate((ends, self.p2p_ends[stage])))
             comm_s = sum((ends - starts).tolist())    # in order, as a loop adds them
         hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
-                                      self.compute_ends[stage]), starts, ends)
+                                      self.compute_ends[stage]), starts, ends, ordered=True)
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,
@@ -404,6 +406,23 @@ def _spans(runs: List[Run], starts: List[float], ends: List[float]
     if not runs:
         return starts, ends
     k = len(runs)
+    if k <= _FEW_RUNS:
+        # a few runs (a stage's replayed last backward): the lists' pieces
+        # and the runs' spans joined in order, fewer numpy calls
+        parts_s: List[Sequence[float]] = []
+        parts_e: List[Sequence[float]] = []
+        done = 0
+        for at, rel_s, rel_e, origin in runs:
+            if at > done:
+                parts_s.append(starts[done:at])
+                parts_e.append(ends[done:at])
+                done = at
+            parts_s.append(rel_s + origin)
+            parts_e.append(rel_e + origin)
+        if done < len(starts):
+            parts_s.append(starts[done:])
+            parts_e.append(ends[done:])
+        return np.concatenate(parts_s), np.concatenate(parts_e)
     at = np.fromiter(map(_AT, runs), np.int64, k)
     lens = np.fromiter((len(r[1]) for r in runs), np.int64, k)
     first = at + np.cumsum(lens) - lens           # where each run begins among all spans

@@ -28,8 +28,10 @@ SMALL = 64
 
 
 def span_overlap(a_starts: List[float], a_ends: List[float], b_starts: List[float],
-                 b_ends: List[float]) -> float:
-    """``merged_overlap(zip(a_starts, a_ends), zip(b_starts, b_ends))``."""
+                 b_ends: List[float], ordered: bool = False) -> float:
+    """``merged_overlap(zip(a_starts, a_ends), zip(b_starts, b_ends))``
+    (``ordered``: the caller knows each list's ends are in order, as a
+    stream's spans are: not checked)."""
     na, nb = len(a_ends), len(b_ends)
     if not na or not nb:
         return 0.0
@@ -37,7 +39,8 @@ def span_overlap(a_starts: List[float], a_ends: List[float], b_starts: List[floa
         return merged_overlap(list(zip(a_starts, a_ends)), list(zip(b_starts, b_ends)))
     sa, ea = np.asarray(a_starts, dtype=float), np.asarray(a_ends, dtype=float)
     sb, eb = np.asarray(b_starts, dtype=float), np.asarray(b_ends, dtype=float)
-    if (na > 1 and (ea[1:] < ea[:-1]).any()) or (nb > 1 and (eb[1:] < eb[:-1]).any()):
+    if not ordered and ((na > 1 and (ea[1:] < ea[:-1]).any())
+                        or (nb > 1 and (eb[1:] < eb[:-1]).any())):
         return merged_overlap(list(zip(a_starts, a_ends)), list(zip(b_starts, b_ends)))
     # the walk moves past a's span i when a's end is below b's (strictly):
     # in the merged order, a_i follows every b_j with eb_j <= ea_i

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from distsim.sweep import estimate_engine
 from distsim.sweep.estimate_engine import Timeline, _spans
 from distsim.report.intervals import merged_overlap
 
@@ -113,6 +114,11 @@ def test_the_time_split_is_that_of_one_span_per_item(seed):
     assert len(merged.comm_starts[0]) < len(apart.comm_starts[0])
     step = apart.run()
     assert merged.run() == step
+    # a stream's spans end in order (the time split relies on it)
+    for tl in (merged, apart):
+        for comm in (False, True):
+            ends = [e for _, e in _spans_of(tl, comm=comm)]
+            assert ends == sorted(ends)
     a, b = merged.stage_breakdown(0, step), apart.stage_breakdown(0, step)
     assert a == pytest.approx(b, rel=1e-12, abs=1e-12)
     # and, without transfers, what merged_overlap makes of one span per item
@@ -128,18 +134,19 @@ def test_the_time_split_is_that_of_one_span_per_item(seed):
         apart.waits[0] + apart.comm_s[0] - hidden, rel=1e-12)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_a_streams_spans_are_its_lists_with_each_run_shifted_in_its_place(seed):
+@pytest.mark.parametrize("seed,items", [(0, 12), (1, 12), (0, 60), (1, 60), (2, 60)])
+def test_a_streams_spans_are_its_lists_with_each_run_shifted_in_its_place(seed, items):
     # runs of a few records replayed at random places and origins, some
     # records several times: the spans, element by element, those of
     # inserting each run's record plus its origin where it was replayed
+    # (a few runs and many: joined piece by piece, or by record)
     import numpy as np
 
     rng = random.Random(seed)
     records = [(np.array(sorted(rng.random() for _ in range(n))),) for n in (1, 3, 7)]
     records = [(r[0], r[0] + 0.5) for r in records]
     starts, ends, runs, expected = [], [], [], []
-    for _ in range(60):
+    for _ in range(items):
         if rng.random() < 0.4:
             rel_s, rel_e = rng.choice(records)
             origin = rng.random() * 100
@@ -152,3 +159,4 @@ def test_a_streams_spans_are_its_lists_with_each_run_shifted_in_its_place(seed):
             expected.append((x, x + 1.0))
     s, e = _spans(runs, starts, ends)
     assert list(zip(s.tolist(), e.tolist())) == expected
+    assert (len(runs) <= estimate_engine._FEW_RUNS) == (items == 12)
