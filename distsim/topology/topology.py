@@ -242,11 +242,18 @@ class Topology:
         total = to_dst.reach(s)
         path: List[Tuple[str, str]] = []
         node, spent = s, 0
+        # a node on a least-cost path is ``total - spent`` from ``dst``, so
+        # its next hops that keep the least cost depend on the node and
+        # ``dst`` only: routes to one destination share them
+        hops = self._next_hops
         while node != t:
-            choices = self._wide_choices(node, to_dst, total - spent) \
-                if len(adj[node]) >= WIDE_NODE else None
+            choices = hops.get((node, t))
             if choices is None:
-                choices = [(v, c) for v, c in adj[node] if spent + c + to_dst(v) == total]
+                choices = self._wide_choices(node, to_dst, total - spent) \
+                    if len(adj[node]) >= WIDE_NODE else None
+                if choices is None:
+                    choices = [(v, c) for v, c in adj[node] if spent + c + to_dst(v) == total]
+                hops[(node, t)] = choices
             v, c = choices[stable_hash(src, dst, key, names[node]) % len(choices)] \
                 if len(choices) > 1 else choices[0]
             spent += c
@@ -298,6 +305,9 @@ class Topology:
         self._oracle = SeparatorOracle(radj, self._iadj, seps)
         self._routes.clear()
         self._wide: Dict[int, Tuple[np.ndarray, np.ndarray, Dict[int, int]]] = {}
+        #: (node, destination) -> the next hops from the node that keep the
+        #: least cost to the destination (:meth:`_ecmp_route`)
+        self._next_hops: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}
         return self._oracle
 
     def path_latency_s(self, route: Sequence[Tuple[str, str]]) -> float:

@@ -185,3 +185,19 @@ def test_wide_core_switches_route_as_before():
     t = _fresh(build_dgx({"nodes": 80, "nodes_per_leaf": 1, "spines": 2}))
     assert max(len(hops) for hops in t._adj.values()) >= WIDE_NODE
     _assert_same(t, _pairs(t, limit=150, seed=3), keys=(0, 1))
+
+
+def test_routes_to_one_destination_share_their_next_hops():
+    """A node's least-cost next hops toward a destination do not depend on
+    where the route started: they are worked out once per (node,
+    destination) and shared, and every route, ECMP choice included, is
+    still the reference's."""
+    t = _fresh(build_dgx({"nodes": 8, "nodes_per_leaf": 2, "spines": 4}))
+    n = t.num_devices
+    routes = [t.route(a, 0, k) for a in range(1, n) for k in (0, 3)]
+    assert routes == [reference_route(t, a, 0, k) for a in range(1, n) for k in (0, 3)]
+    hops_walked = {(u, v) for route in routes for u, v in route}
+    # each node on those routes worked its choices out once, for device 0
+    assert {t._names[node] for node, dst in t._next_hops} == {u for u, _ in hops_walked}
+    assert len(t._next_hops) == len({u for u, _ in hops_walked})
+    assert sum(map(len, routes)) > 2 * len(t._next_hops)
