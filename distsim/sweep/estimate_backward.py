@@ -12,7 +12,7 @@ those recorded once and replayed (:meth:`OpByOpBackward._replay`).
 from __future__ import annotations
 
 from itertools import islice
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -283,8 +283,9 @@ class OpByOpBackward:
         that starts with the stage's communication stream idle (and the
         task's input there, unless a recomputation leads) depends only on
         where it starts, so the first of a chunk shape is recorded relative
-        to its start and the same shape's on the other stages replay it:
-        its items, FLOPs, memory notes (bytes, the same) and the flat
+        to its start and the same shape's on the other stages replay it
+        (one whose leading recomputation is over before its input comes,
+        in two parts: :meth:`_emit_from`): its items, FLOPs, memory notes (bytes, the same) and the flat
         copies it leaves waiting for their reduce-scatters (shifted). Not
         by layer (its units wait across tasks), nor with one micro-batch
         (that backward is the last, which synchronises its gradients), nor
@@ -294,26 +295,72 @@ class OpByOpBackward:
         if self.by_layer or self.M == 1 or self.route == "bucket" or not order:
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
         origin, clean, compute_first = self._start(stage, order[0][0], True, ready)
-        if not (clean and compute_first):
-            return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
         tl = self.tl
-        key = ("first", self.shapes[c])
+        if not compute_first or tl.free[2 * stage + 1] > origin:
+            return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+        split = not clean          # a leading recomputation, the input later
+        key = ("first", self.shapes[c], split)
         record = self.replays.get(key)
         if record is not None:
-            return self._replay_first(record, stage, c, origin)
+            start = self._replay_lead(stage, record[5], origin, ready) if split else origin
+            if start is None:
+                return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+            return self._replay_first(record, stage, c, start)
         mark, flops = tl.mark(stage), self.flops[stage]
-        last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
-        items = tl.since(stage, mark, origin) if last is not None else None
-        if items is not None:
-            inside, flats = self.notes
-            self.replays[key] = (items, self.flops[stage] - flops, last - origin, dict(inside),
-                                 [(nbytes, end - origin) for nbytes, end in flats or ()])
+        last, lead, mark = self._emit_from(stage, c, order, ready, origin, mark, split,
+                                           first_microbatch=True)
+        if lead is not False:
+            start = ready if split else origin
+            items = tl.since(stage, mark, start) if last is not None else None
+            if items is not None:
+                inside, flats = self.notes
+                self.replays[key] = (items, self.flops[stage] - flops, last - start, dict(inside),
+                                     [(nbytes, end - start) for nbytes, end in flats or ()], lead)
         return last
+
+    def _emit_from(self, stage: int, c: int, order, ready: float, origin: float, mark: tuple,
+                   split: bool, **kinds) -> Tuple[Optional[float], Any, tuple]:
+        """:meth:`emit_last_backward` of a task being recorded from ``mark``
+        (``kinds``: its keywords): ``(its end, the lead, the mark the rest
+        is recorded from)``. With ``split`` (a leading recomputation from
+        ``origin``, the input later at ``ready``) the lead is the
+        recomputation's record and where its streams end, relative to
+        ``origin``, and the rest is recorded from the mark taken when the
+        first entry that waits for the input comes, if the recomputation
+        is over by then; False where it is not (nothing to record).
+        Without, the lead is None and the mark ``mark``."""
+        if not split:
+            return self.emit_last_backward(stage, c, order, ready, **kinds), None, mark
+        tl = self.tl
+        found: List[tuple] = []
+
+        def lead_over(kind: str) -> None:
+            # the recomputation's items, and the rest's start: the input
+            s = 2 * stage
+            if kind != "g" and max(tl.free[s], tl.free[s + 1]) <= ready:
+                found.append(((tl.since(stage, mark, origin),
+                               max(tl.free[s], tl.free[s + 1]) - origin), tl.mark(stage)))
+
+        last = self.emit_last_backward(stage, c, order, ready, at_input=lead_over, **kinds)
+        if not found or found[0][0][0] is None:
+            return last, False, mark
+        return last, found[0][0], found[0][1]
+
+    def _replay_lead(self, stage: int, lead: tuple, origin: float, ready: float
+                     ) -> Optional[float]:
+        """The recorded recomputation ``lead`` (:meth:`_emit_from`) replayed
+        from ``origin``, where it is over by the input at ``ready``; returns
+        where the rest starts (``ready``), or None (nothing replayed)."""
+        items, end = lead
+        if origin + end > ready:
+            return None
+        self.tl.replay(stage, items, origin)
+        return ready
 
     def _replay_first(self, record: tuple, stage: int, c: int, origin: float) -> float:
         """A recorded first backward (:meth:`_first_backward`) of chunk ``c``
         on ``stage`` from ``origin``."""
-        items, flops, last, inside, flats = record
+        items, flops, last, inside, flats, _ = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
         self._leave_flats(stage, c, inside, [(nbytes, origin + end) for nbytes, end in flats])
@@ -359,13 +406,10 @@ class OpByOpBackward:
                else (stage, c, tuple(sync.buckets.get(stage, ())), split))
         record = self.memo.last_backwards.get(key)
         if record is not None:
-            if split:
-                lead, lead_end = record[10]
-                if origin + lead_end > ready:      # the recomputation runs past the input
-                    return self.emit_last_backward(stage, c, order, ready)
-                self.tl.replay(stage, lead, origin)
-                origin = ready
-            return self._replay_last(record, stage, order, origin)
+            start = self._replay_lead(stage, record[10], origin, ready) if split else origin
+            if start is None:
+                return self.emit_last_backward(stage, c, order, ready)
+            return self._replay_last(record, stage, order, start)
         # recording and replaying costs about what emitting three blocks
         # does: worth it where the replays emit no fewer blocks
         replays = ((self.shape_chunks[self.shapes[c]] - 1 if shared else 0)
@@ -375,21 +419,11 @@ class OpByOpBackward:
         mark, flops = tl.mark(stage), self.flops[stage]
         sizes = (len(sync.final), len(sync.synced), len(sync.buckets.get(stage, ())),
                  len(sync.unpack), len(sync.deferred.get(stage, ())))
-        at_input: List[tuple] = []
+        last, lead, mark = self._emit_from(stage, c, order, ready, origin, mark, split)
+        if lead is False:
+            return last
         if split:
-            def lead_over(kind: str) -> None:
-                # the recomputation's items, and the rest's start: the input
-                s = 2 * stage
-                if kind != "g" and max(tl.free[s], tl.free[s + 1]) <= ready:
-                    at_input.append((tl.since(stage, mark, origin),
-                                     max(tl.free[s], tl.free[s + 1]) - origin, tl.mark(stage)))
-            last = self.emit_last_backward(stage, c, order, ready, at_input=lead_over)
-            if not at_input or at_input[0][0] is None:
-                return last
-            lead, lead_end, mark = at_input[0]
             origin = ready
-        else:
-            last = self.emit_last_backward(stage, c, order, ready)
         items = tl.since(stage, mark, origin)
         # the task's gradients became final (and some synchronised): new
         # entries of those tables, in the order they were made
@@ -408,8 +442,7 @@ class OpByOpBackward:
             tuple(sync.buckets.get(stage, ())[sizes[2]:]),
             [(bucket, ar - origin, total, dtype)
              for bucket, _, ar, total, dtype in sync.unpack[sizes[3]:]],
-            tuple(sync.deferred.get(stage, ())[sizes[4]:]),
-            (lead, lead_end) if split else None)
+            tuple(sync.deferred.get(stage, ())[sizes[4]:]), lead)
         return last
 
     def _replay_last(self, record: tuple, stage: int, order: List[Tuple[str, Optional[int]]],

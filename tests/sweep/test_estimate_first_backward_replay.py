@@ -33,6 +33,8 @@ CASES = [
      "zero 3, recomputation first"),
     ({"dp": 4, "tp": 2, "pp": 2, "zero": 2, "schedule": "interleaved", "virtual_stages": 2},
      "zero 2, two chunks a stage"),
+    ({"dp": 2, "tp": 2, "pp": 4, "zero": 2, "recompute": "full"},
+     "zero 2, recomputation first, input later"),
 ]
 
 
@@ -120,3 +122,42 @@ def test_a_replay_leaves_the_state_emitting_leaves(monkeypatch):
         assert [n for n, _ in after_replays[stage][1]] == [n for n, _ in flats]
         assert [t for _, t in after_replays[stage][1]] == pytest.approx(
             [t for _, t in flats], rel=1e-12)
+
+
+def test_a_recomputation_over_before_the_input_is_recorded_in_two_parts(monkeypatch):
+    # with full recomputation stage 2's first backward opens with a layer's
+    # recomputation and its input (stage 3's gradient) comes after it: the
+    # record is the recomputation from the compute stream's end and the
+    # rest from the input; stage 1 replays both parts
+    leads = calls(monkeypatch, "_replay_lead")
+    replays = calls(monkeypatch, "_replay_first")
+    est.estimate(dict(BASE, dp=2, tp=2, pp=4, zero=2, recompute="full"))
+    assert {args[0] for args in leads} == {1}
+    assert {args[1] for args in replays} == {1}
+
+
+def test_a_recomputation_that_would_run_past_the_input_is_emitted(monkeypatch):
+    # stage 1's input comes right after its compute stream's end, before
+    # the recomputation stage 2's record ran is over: emitted
+    options = dict(BASE, dp=2, tp=2, pp=4, zero=2, recompute="full")
+
+    def early_input(task):
+        def first_backward(self, stage, c, ready):
+            if stage == 1:
+                ready = self.tl.free[2 * stage] + 1e-9
+            return task(self, stage, c, ready)
+        return first_backward
+
+    def emitted(self, stage, c, ready):
+        return self.emit_last_backward(stage, c, self.blocks_of("B", c), ready,
+                                       first_microbatch=True)
+
+    OpByOp = estimate_backward.OpByOpBackward
+    monkeypatch.setattr(OpByOp, "_first_backward", early_input(OpByOp._first_backward))
+    replays = calls(monkeypatch, "_replay_first")
+    with_replays = est.estimate(options)
+    assert replays == []
+    monkeypatch.setattr(OpByOp, "_first_backward", early_input(emitted))
+    every_emitted = est.estimate(options)
+    for key in FIGURES:
+        assert with_replays[key] == pytest.approx(every_emitted[key], rel=1e-12, abs=1e-12), key
