@@ -99,7 +99,7 @@ class Memo:
         #: ZeRO 0/1: each stage's last backward of a chunk (op by op, with
         #: its gradient syncs) recorded relative to its start by the first
         #: timeline that emits it cleanly, replayed by the next
-        #: (:meth:`.estimate_backward.OpByOpBackward._last_backward`): the
+        #: (:meth:`.estimate_replay.ReplayedBackward._last_backward`): the
         #: two timelines of :func:`~distsim.sweep.estimate.timeline_figures`
         #: end with the same last backwards, later
         self.last_backwards: Dict[tuple, tuple] = {}

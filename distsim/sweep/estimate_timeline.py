@@ -31,7 +31,7 @@ from ..transforms.strategy import Strategy
 from ..transforms.zero import scatters_each_microbatch, sync_route
 from .estimate_costs import collectives, op_costs
 from .estimate_engine import Timeline
-from .estimate_backward import OpByOpBackward
+from .estimate_replay import ReplayedBackward
 from .estimate_gates import chain, emit_chain, gather_plan, gather_time
 from .estimate_notes import MemoryNotes
 from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
@@ -84,7 +84,7 @@ def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, .
     return tuple(out)
 
 
-class Builder(MemoryNotes, OpByOpBackward):
+class Builder(MemoryNotes, ReplayedBackward):
     """Emits the items of one configuration in LowerSPMD's program order
     on a :class:`~.estimate_engine.Timeline`, which settles each as it
     comes: an item is its end time here, and ``ready`` (the latest end

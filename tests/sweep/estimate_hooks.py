@@ -1,14 +1,14 @@
 """Hooks the estimator's record-and-replay tests put on
-:class:`~distsim.sweep.estimate_backward.OpByOpBackward`: count a method's
+:class:`~distsim.sweep.estimate_replay.ReplayedBackward`: count a method's
 calls, or start a task with the stage's communication stream busy (where a
 record would not stand for the task)."""
 from __future__ import annotations
 
 from typing import Any, List
 
-from distsim.sweep import estimate_backward
+from distsim.sweep import estimate_replay
 
-OpByOp = estimate_backward.OpByOpBackward
+OpByOp = estimate_replay.ReplayedBackward
 
 
 def calls(monkeypatch: Any, name: str) -> List[tuple]:

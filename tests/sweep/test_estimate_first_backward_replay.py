@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from distsim.sweep import estimate as est
-from distsim.sweep import estimate_backward
+from distsim.sweep import estimate_replay
 from estimate_hooks import busy_communication_at_start, calls
 
 BASE = {"model": "gpt3-1.3b", "topology": "dgx-a100-x2", "layers": 16, "seq": 512,
@@ -42,7 +42,7 @@ def _emit_every_first_backward(monkeypatch):
     def emitted(self, stage, c, ready):
         return self.emit_last_backward(stage, c, self.blocks_of("B", c), ready,
                                        first_microbatch=True)
-    monkeypatch.setattr(estimate_backward.OpByOpBackward, "_first_backward", emitted)
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_first_backward", emitted)
 
 
 @pytest.mark.parametrize("options,what", CASES, ids=[c[1] for c in CASES])
@@ -92,7 +92,7 @@ def test_a_replay_leaves_the_state_emitting_leaves(monkeypatch):
     # notes
     from distsim.sweep.estimate_timeline import Builder
     options = dict(BASE, topology="dgx-a100-x8", dp=16, tp=1, pp=4, zero=3, global_batch=192)
-    first_backward = estimate_backward.OpByOpBackward._first_backward
+    first_backward = estimate_replay.ReplayedBackward._first_backward
 
     def walk():
         after = {}
@@ -102,7 +102,7 @@ def test_a_replay_leaves_the_state_emitting_leaves(monkeypatch):
             after[stage] = (end, list(self.flats.get(stage, [])))
             return end
 
-        monkeypatch.setattr(estimate_backward.OpByOpBackward, "_first_backward", noted)
+        monkeypatch.setattr(estimate_replay.ReplayedBackward, "_first_backward", noted)
         case = est.resolve(options)
         b = Builder(case, est._profile_for(case))
         b.build()
@@ -112,7 +112,7 @@ def test_a_replay_leaves_the_state_emitting_leaves(monkeypatch):
     replayed, after_replays = walk()
     assert replays and any(after_replays[args[1]][1] for args in replays)
     _emit_every_first_backward(monkeypatch)
-    first_backward = estimate_backward.OpByOpBackward._first_backward
+    first_backward = estimate_replay.ReplayedBackward._first_backward
     emitted, after_emitting = walk()
     assert replayed.memo.flat_inside == emitted.memo.flat_inside
     assert replayed.memo.flat_pending == emitted.memo.flat_pending
@@ -152,7 +152,7 @@ def test_a_recomputation_that_would_run_past_the_input_is_emitted(monkeypatch):
         return self.emit_last_backward(stage, c, self.blocks_of("B", c), ready,
                                        first_microbatch=True)
 
-    OpByOp = estimate_backward.OpByOpBackward
+    OpByOp = estimate_replay.ReplayedBackward
     monkeypatch.setattr(OpByOp, "_first_backward", early_input(OpByOp._first_backward))
     replays = calls(monkeypatch, "_replay_first")
     with_replays = est.estimate(options)

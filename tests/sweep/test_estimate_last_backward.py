@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from distsim.sweep import estimate as est
-from distsim.sweep import estimate_backward
+from distsim.sweep import estimate_replay
 from distsim.sweep.estimate_state import Memo
 from estimate_hooks import busy_communication_at_start, calls
 
@@ -66,7 +66,7 @@ def test_a_replayed_last_backward_is_the_last_backward_emitted_again(monkeypatch
     # are long enough)
     assert len(replays) == replayed, route
     # nothing replayed: each emitted again
-    monkeypatch.setattr(estimate_backward, "_MIN_BLOCKS", 10 ** 9)
+    monkeypatch.setattr(estimate_replay, "_MIN_BLOCKS", 10 ** 9)
     emitted = est.estimate(options)
     assert len(replays) == replayed
     for key in FIGURES:
@@ -96,7 +96,7 @@ def test_short_last_backwards_are_replayed_only_where_replays_add_up(monkeypatch
     # others and the second timeline's six replay
     assert len(replays) == 11
     assert {args[1] for args in replays} == set(range(1, 7))
-    assert estimate_backward._MIN_BLOCKS == 4
+    assert estimate_replay._MIN_BLOCKS == 4
 
 
 @pytest.mark.parametrize("global_batch,recorded", [(8, 0), (48, 1)])
@@ -118,18 +118,18 @@ def test_a_recomputation_that_would_run_past_the_input_is_emitted(monkeypatch, e
     # the middle chunks does not stand for stage 1's task (1), and stage 2
     # records nothing (2: stage 1 records); in either timeline
     options = dict(BASE, dp=2, tp=2, pp=4, global_batch=48, zero=0, recompute="full")
-    task = estimate_backward.OpByOpBackward._last_backward
+    task = estimate_replay.ReplayedBackward._last_backward
 
     def early_input(self, stage, c, ready):
         if stage == early:
             ready = self.tl.free[2 * stage] + 1e-9
         return task(self, stage, c, ready)
 
-    monkeypatch.setattr(estimate_backward.OpByOpBackward, "_last_backward", early_input)
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_last_backward", early_input)
     replays = calls(monkeypatch, "_replay_last")
     with_replays = est.estimate(options)
     assert sorted(args[1] for args in replays) == replayed
-    monkeypatch.setattr(estimate_backward, "_MIN_BLOCKS", 10 ** 9)
+    monkeypatch.setattr(estimate_replay, "_MIN_BLOCKS", 10 ** 9)
     emitted = est.estimate(options)
     assert len(replays) == 3
     for key in FIGURES:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from distsim.sweep import estimate as est
-from distsim.sweep import estimate_backward
+from distsim.sweep import estimate_replay
 from distsim.sweep.estimate_timeline import Builder, shared_prefix
 
 GPT2 = {"model": "gpt2", "layers": 4, "global_batch": 64, "micro_batch": 1,
@@ -31,7 +31,7 @@ def test_the_forked_walk_is_two_walks(monkeypatch, strategy):
     # the second timeline replays the first's last backwards (shifted)
     assert est.timeline_figures(case, profile) == pytest.approx(expected, rel=1e-12, abs=1e-15)
     # each emitted: to the bit
-    monkeypatch.setattr(estimate_backward, "_MIN_BLOCKS", 10 ** 9)
+    monkeypatch.setattr(estimate_replay, "_MIN_BLOCKS", 10 ** 9)
     assert est.timeline_figures(case, profile) == expected
 
 
