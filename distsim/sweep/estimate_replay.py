@@ -39,9 +39,10 @@ def _by_place(entries: List[Tuple[tuple, Optional[float]]],
             np.array(times, dtype=float) - origin)
 
 
-#: The fewest blocks a last backward has for :meth:`ReplayedBackward._last_backward`
-#: to record and replay it: recording and replaying one costs about what
-#: emitting three blocks does.
+#: The fewest blocks the replays of a last backward's record must stand
+#: for in all (the replays expected times the chunk's blocks) for
+#: :meth:`ReplayedBackward._last_backward` to record it: recording one and
+#: replaying it once cost about what emitting three blocks does.
 _MIN_BLOCKS = 4
 
 
