@@ -136,10 +136,10 @@ class ReplayedBackward(OpByOpBackward):
 
         def lead_over(kind: str) -> None:
             # the recomputation's items, and the rest's start: the input
-            s = 2 * stage
-            if kind != "g" and max(tl.free[s], tl.free[s + 1]) <= ready:
-                found.append(((tl.since(stage, mark, origin),
-                               max(tl.free[s], tl.free[s + 1]) - origin), tl.mark(stage)))
+            # (not a gradient made here: none is made by a recomputation)
+            over = max(tl.free[2 * stage], tl.free[2 * stage + 1])
+            if kind != "g" and over <= ready:
+                found.append(((tl.since(stage, mark, origin), over - origin), tl.mark(stage)))
 
         last = self.emit_last_backward(stage, c, order, ready, at_input=lead_over, **kinds)
         if not found or found[0][0][0] is None:
