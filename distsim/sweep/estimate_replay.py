@@ -56,23 +56,25 @@ class ReplayedBackward(OpByOpBackward):
     shape_chunks: Dict[Tuple[bool, bool, int], int]
 
     def _start(self, stage: int, name: str, only: bool, ready: float
-               ) -> Tuple[float, bool, bool]:
+               ) -> Tuple[float, bool, bool, bool]:
         """Where an op-by-op backward whose first block is ``name``
         (``only``: :meth:`_segment_plan`'s) starts if its items depend only
-        on that: ``(origin, clean, opens with compute)``. The origin is the
-        compute stream's end, or the task's input where it comes later and
-        no recomputation leads (a leading recomputation runs from the
-        stream's end, the rest from the input: emit_last_backward's
-        ``first``); clean when the input is there by then and the stage's
-        communication stream idle. (A task opening with a collective would
-        start it from its input or the stream's end, not from the origin.)"""
+        on that: ``(origin, input there, communication idle, opens with
+        compute)``. The origin is the compute stream's end, or the task's
+        input where it comes later and no recomputation leads (a leading
+        recomputation runs from the stream's end, the rest from the input:
+        emit_last_backward's ``first``); the task is clean when its input is
+        there by then and the stage's communication stream idle (where only
+        the input comes later, a recomputation leads: :meth:`_emit_from`).
+        (A task opening with a collective would start it from its input or
+        the stream's end, not from the origin.)"""
         tl = self.tl
         s = 2 * stage
         free = tl.free[s] if tl.free[s] > 0.0 else 0.0
         plan = self._segment_plan(name, only)
         lead = bool(plan) and plan[0][6]
         origin = free if lead else max(ready, free)
-        return (origin, ready <= origin and tl.free[s + 1] <= origin,
+        return (origin, ready <= origin, tl.free[s + 1] <= origin,
                 bool(plan) and plan[0][0] == "c")
 
     def _first_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
@@ -94,11 +96,11 @@ class ReplayedBackward(OpByOpBackward):
         order = self.blocks_of("B", c)
         if self.by_layer or self.M == 1 or self.route == "bucket" or not order:
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
-        origin, clean, compute_first = self._start(stage, order[0][0], True, ready)
-        tl = self.tl
-        if not compute_first or tl.free[2 * stage + 1] > origin:
+        origin, input_there, idle, compute_first = self._start(stage, order[0][0], True, ready)
+        if not (compute_first and idle):
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
-        split = not clean          # a leading recomputation, the input later
+        tl = self.tl
+        split = not input_there    # a leading recomputation, the input later
         key = ("first", self.shapes[c], split)
         record = self.replays.get(key)
         if record is not None:
@@ -194,13 +196,11 @@ class ReplayedBackward(OpByOpBackward):
         if self.zero3 or sync.pending.get(stage) or not order:
             return self.emit_last_backward(stage, c, order, ready)
         only = self.M == 1
-        origin, clean, compute_first = self._start(stage, order[0][0], only, ready)
-        tl = self.tl
-        if not compute_first or tl.free[2 * stage + 1] > origin:
+        origin, input_there, idle, compute_first = self._start(stage, order[0][0], only, ready)
+        if not (compute_first and idle):
             return self.emit_last_backward(stage, c, order, ready)
-        # not clean with the communication stream idle: a leading
-        # recomputation from ``origin``, the input later
-        split = not clean
+        tl = self.tl
+        split = not input_there    # a leading recomputation from ``origin``, the input later
         shared = self.route in ("each", "local")
         key = (("last", self.shapes[c], only, split) if shared
                else (stage, c, tuple(sync.buckets.get(stage, ())), split))
@@ -280,7 +280,8 @@ class ReplayedBackward(OpByOpBackward):
         to rounding). Any other start is emitted op by op."""
         tl = self.tl
         order = self.blocks_of("B", c)
-        origin, clean, _ = self._start(stage, order[0][0], True, ready)
+        origin, input_there, idle, _ = self._start(stage, order[0][0], True, ready)
+        clean = input_there and idle
         key = (self.shapes[c], mb == self.M - 1)
         if self.by_layer:
             # by layer a task first settles the unit the stage's previous
