@@ -208,6 +208,52 @@ class Timeline:
         self.end = latest
         self.busy[stage] = busy_sum
 
+    def chain(self, stage: int, items: Sequence[Sequence[Tuple[bool, float]]],
+              readies: Sequence[float]) -> None:
+        """Chains of items on ``stage``, chain ``i`` from ``readies[i]``,
+        each item ``(on the communication stream, time)`` from the end of
+        the one before it: :meth:`compute` (no waits inside) or
+        :meth:`comm_on` of each item in turn (the optimizer of ZeRO 1/2,
+        a parameter's chain: its update, the all-gather of the new
+        parameter, the reshape after it; thousands per step, so the two
+        methods' bodies inlined: the same operations in the same order)."""
+        free = self.free
+        s, m = 2 * stage, 2 * stage + 1
+        c_starts, c_ends = self.compute_starts[stage], self.compute_ends[stage]
+        m_starts, m_ends = self.comm_starts[stage], self.comm_ends[stage]
+        c_sealed, m_sealed = self.sealed[s], self.sealed[m]
+        busy, comm_s, latest = self.busy[stage], self.comm_s[stage], self.end
+        for chain, end in zip(items, readies):
+            for on_comm, time_s in chain:
+                if on_comm:
+                    start = free[m] if free[m] > 0.0 else 0.0
+                    if end > start:
+                        start = end
+                    end = start + time_s
+                    free[m] = end
+                    if len(m_ends) > m_sealed and m_ends[-1] == start:
+                        m_ends[-1] = end
+                    else:
+                        m_starts.append(start)
+                        m_ends.append(end)
+                    comm_s += end - start
+                else:
+                    start = free[s] if free[s] > 0.0 else 0.0
+                    if end > start:
+                        start = end
+                    end = start + time_s
+                    free[s] = end
+                    if len(c_ends) > c_sealed and c_ends[-1] == start:
+                        c_ends[-1] = end
+                    else:
+                        c_starts.append(start)
+                        c_ends.append(end)
+                    busy += end - start
+                if end > latest:
+                    latest = end
+        self.end = latest
+        self.busy[stage], self.comm_s[stage] = busy, comm_s
+
     def comm(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:
         """A collective on the communication streams of ``stages`` that may
         start at ``ready``; returns its end."""

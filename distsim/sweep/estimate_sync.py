@@ -227,38 +227,30 @@ class StepSync:
                                          [(p.numel, p.dtype)], split)
         self.unpack = []
         self.tie()
-        compute, comm, flops, synced = self.tl.compute, self.tl.comm_on, b.flops, self.synced
-        compute_each = self.tl.compute_each
-        for step in self.optimizer_steps():
-            if step[0]:
-                # a run of one stage's parameters whose optimizer is the
-                # update alone: one call; FLOPs added one by one, in order
-                _, stage, keys, times, fls = step
-                flops[stage] = reduce(add, fls, flops[stage])
-                compute_each(stage, times, [synced[key] or 0.0 for key in keys])
-                continue
-            _, key, stage, (pre, cut, (t, fl), gather, post) = step
-            g = synced[key] or 0.0
-            if pre is not None:
-                g = compute(stage, pre, g)
-                if cut is not None:
-                    flops[stage] += cut[1]
-                    g = compute(stage, cut[0], g)
-            flops[stage] += fl
-            new = compute(stage, t, g)
-            if post is not None:
-                if gather is not None:
-                    new = comm(stage, gather, new)
-                compute(stage, post, new)
+        flops, synced = b.flops, self.synced
+        compute_each, chain = self.tl.compute_each, self.tl.chain
+        for update_alone, stage, keys, items, fls in self.optimizer_steps():
+            # a run of one stage's parameters: one call; FLOPs added one by
+            # one, in order
+            flops[stage] = reduce(add, fls, flops[stage])
+            readies = [synced[key] or 0.0 for key in keys]
+            if update_alone:
+                compute_each(stage, items, readies)
+            else:
+                chain(stage, items, readies)
 
     def optimizer_steps(self) -> List[tuple]:
         """The parameters in the order the optimizer updates them
-        (:meth:`Builder.all_params`), consecutive ones of one stage whose
-        optimizer is the update alone (ZeRO 0 and 3) as one run
-        ``(True, stage, keys, update times, update FLOPs)``, each other as
-        ``(False, key, stage, its plan)`` (:meth:`update_plan`). The same
-        for every walk of a configuration: worked out once
-        (:attr:`.estimate_state.Memo.optimizer_steps`)."""
+        (:meth:`Builder.all_params`) as runs of consecutive ones of one
+        stage, ``(update alone, stage, keys, items, FLOPs in the order they
+        are added)``: where a parameter's optimizer is the update alone
+        (ZeRO 0 and 3), ``items`` are the update times
+        (:meth:`.estimate_engine.Timeline.compute_each`); else, per
+        parameter, its items in order (:meth:`update_plan`: the template's
+        ops before the update, the shard's slice, the update, the
+        all-gather, the ops after) as :meth:`.estimate_engine.Timeline.chain`
+        takes them. The same for every walk of a configuration: worked out
+        once (:attr:`.estimate_state.Memo.optimizer_steps`)."""
         memo = self.b.memo
         if memo.optimizer_steps is not None:
             return memo.optimizer_steps
@@ -266,18 +258,29 @@ class StepSync:
         run: Optional[tuple] = None
         for key, stage in self.b.all_params():
             pc = self.cost(key[0], key[2])
-            plan = pc.plan or self.update_plan(key, pc)
-            pre, _, (t, fl), _, post = plan
-            if pre is None and post is None:
-                if run is None or run[1] != stage:
-                    run = (True, stage, [], [], [])
-                    steps.append(run)
-                run[2].append(key)
+            pre, cut, (t, fl), gather, post = pc.plan or self.update_plan(key, pc)
+            alone = pre is None and post is None
+            if run is None or run[0] != alone or run[1] != stage:
+                run = (alone, stage, [], [], [])
+                steps.append(run)
+            run[2].append(key)
+            if alone:
                 run[3].append(t)
                 run[4].append(fl)
                 continue
-            run = None
-            steps.append((False, key, stage, plan))
+            items: List[Tuple[bool, float]] = []
+            if pre is not None:
+                items.append((False, pre))
+                if cut is not None:
+                    items.append((False, cut[0]))
+                    run[4].append(cut[1])
+            items.append((False, t))
+            run[4].append(fl)
+            if post is not None:
+                if gather is not None:
+                    items.append((True, gather))
+                items.append((False, post))
+            run[3].append(tuple(items))
         memo.optimizer_steps = steps
         return steps
 
