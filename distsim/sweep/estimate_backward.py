@@ -116,6 +116,9 @@ class OpByOpBackward:
         only = first_microbatch or self.M == 1
         scatter = first_microbatch and self.M > 1
         shard_ops = self._shard_ops(accumulating) if accumulating else None
+        #: the parameters' costs, for the sync of each gradient here
+        #: (reduce-scatters: ZeRO 2/3 only)
+        timed_costs = self.memo.param_costs if scatter and self.sync.zero >= 2 else {}
         last: Optional[float] = None
         first = True
         #: ZeRO-3, per block position: where its gathers end, by the
@@ -197,7 +200,15 @@ class OpByOpBackward:
                                 flats.append((self._unit_bytes(name), end))
                         continue
                     if scatter:
-                        end = self.sync.scatter((name, param), stage, made)
+                        pc = timed_costs.get((name, param))
+                        if pc is not None and pc.sync is not None:
+                            # StepSync.scatter's steps, its collective timed
+                            # (ZeRO 2/3: thousands of gradients a step)
+                            t, fl = pc.flat
+                            self.flops[stage] += fl
+                            end = tl.comm_on(stage, pc.sync, tl.compute(stage, t, made or 0.0))
+                        else:
+                            end = self.sync.scatter((name, param), stage, made)
                         if shard_ops is not None:
                             t, fl = shard_ops[(name, param)]
                             self.flops[stage] += fl

@@ -532,7 +532,7 @@ class Builder(MemoryNotes, ReplayedBackward):
         """Emit the tasks of the program order up to position ``stop``
         (sends flushed when the schedule's clock passes their task's end,
         as LowerSPMD flushes them)."""
-        ends, recv, pending, send, emit = w.ends, w.recv, w.pending, self._send, self.emit_task
+        ends, recv, pending, emit = w.ends, w.recv, w.pending, self.emit_task
         order, seq = w.order, w.seq
         heappush, heappop = heapq.heappush, heapq.heappop
         # most tasks (ZeRO 0/1 but each chunk's last backward) are their
@@ -540,11 +540,17 @@ class Builder(MemoryNotes, ReplayedBackward):
         # (a 32-stage pipeline's timeline walks thousands)
         plain = not (self.zero3 or self.scatter_each)
         plans, shapes, flops, last_mb = self.memo.plans, self.shapes, self.flops, self.M - 1
-        pieces_on = self.tl.compute_pieces
+        pieces_on, p2p, routes = self.tl.compute_pieces, self.tl.p2p_chain, self._routes
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             while pending and pending[0][0] <= start:
-                send(w, heappop(pending)[2])
+                # :meth:`_send`, inlined (a 32-stage pipeline sends thousands)
+                sent = heappop(pending)[2]
+                route = routes[sent[0]][sent[2]]
+                if route is not None:
+                    dst_c, (src, dst), times = route
+                    key = (sent[0], sent[1], dst_c)
+                    recv[key] = p2p(src, dst, times, ends[sent] or 0.0, recv.get(key, 0.0))
             kind, mb, c = task
             ready = recv.get(task, 0.0)
             if kind == "B":
