@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import abc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
 
@@ -105,9 +106,11 @@ class Journal:
 
 
 def _json_safe(value: Any) -> Any:
+    # (collections.abc's Mapping: typing's costs several times more per
+    # check, and a row has dozens of values)
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if isinstance(value, Mapping):
+    if isinstance(value, abc.Mapping):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
