@@ -122,6 +122,12 @@ class InProcessRunner:
         pass
 
 
+#: Batches in flight per local worker: the one it runs and one queued
+#: behind it, so that it starts its next batch as soon as it finishes one
+#: instead of waiting for this process to hear of it and send another (a
+#: few milliseconds a batch on a busy machine: a few percent of a sweep).
+BATCHES_PER_WORKER = 2
+
 #: What a worker process needs imported before it runs a point.
 _WORKER_MODULES = ("distsim.api", "distsim.sweep.point")
 
@@ -162,8 +168,9 @@ def _worker_signals() -> None:
 class LocalProcessRunner:
     """Runs points in ``workers`` local processes, in batches
     (:func:`.batches.batch_tasks`: estimated points that share a per-layer
-    profile together, other points one by one). At most ``workers`` batches
-    are in flight. If a worker dies (killed, out of memory, a crash in
+    profile together, other points one by one). At most
+    :data:`BATCHES_PER_WORKER` batches per worker are in flight (one it
+    runs, one queued behind it). If a worker dies (killed, out of memory, a crash in
     native code), the pool is restarted and the points that were in flight
     are retried one at a time in a pool of their own; a point that kills its
     worker again is recorded as failed. No finished point is lost or run
@@ -207,7 +214,12 @@ class LocalProcessRunner:
             # (lane, batch) of each batch in flight; a finished batch's lane
             # goes next to the worker it freed
             inflight: Dict[Future, Tuple[int, List[Task]]] = {}
-            free: Deque[int] = deque(range(self.workers))
+            # a slot per batch a lane may have in flight (lanes in turn)
+            free: Deque[int] = deque(lane for _ in range(BATCHES_PER_WORKER)
+                                     for lane in range(self.workers))
+            # each lane's batches in flight, in the order they were sent:
+            # the first is the one running (for the progress line)
+            sent: Dict[int, Deque[Future]] = {lane: deque() for lane in range(self.workers)}
             try:
                 broken = False
                 while (queue or inflight) and not broken:
@@ -222,13 +234,14 @@ class LocalProcessRunner:
                             broken = True
                         else:
                             inflight[fut] = (lane, batch)
+                            sent[lane].append(fut)
                     if not inflight:
                         break
-                    self.running = sum(len(b) for _, b in inflight.values())
+                    self.running = sum(len(inflight[q[0]][1]) for q in sent.values() if q)
                     done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                    self.running -= sum(len(inflight[f][1]) for f in done)
                     for fut in sorted(done, key=lambda f: inflight[f][1][0][0]):
                         lane, batch = inflight.pop(fut)
+                        sent[lane].remove(fut)
                         free.append(lane)
                         try:
                             rows = fut.result()
@@ -242,6 +255,7 @@ class LocalProcessRunner:
                     for _, batch in inflight.values():
                         suspects.extend(batch)
                     inflight.clear()
+                    self.running = 0
                     if not finished_any and not _workers_start(self._ctx):
                         raise ConfigError(WORKERS_CANNOT_START)
                     finished_any = True   # workers do start: check once
