@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from distsim.bench import BENCHMARKS, OPTIONAL, run_suite
-from distsim.cli.bench_cmd import TABLE
+from distsim.cli.bench_cmd import TABLE, format_value
 from distsim.fileio import atomic_path, write_json_atomic, write_text_atomic
 
 HERE = Path(__file__).resolve().parent
@@ -120,9 +120,7 @@ def _commit() -> str:
 def table(figures: dict) -> str:
     rows = ["| figure | value | target |", "|---|---|---|"]
     for key, label, target in TABLE:
-        value = figures.get(key)
-        text = "n/a" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
-        rows.append(f"| {label.strip()} (`{key}`) | {text} | {target} |")
+        rows.append(f"| {label.strip()} (`{key}`) | {format_value(figures.get(key))} | {target} |")
     m = figures["machine"]
     rows.append("")
     for key in sorted(k for k in figures if k.endswith("_note")):

@@ -114,3 +114,37 @@ def test_sweep_rate_is_given_with_the_machine_speed_divided_out(monkeypatch):
     assert out["sweep_configs"] == 3
     assert out["sweep_bare_simpy_events_per_s"] == 2e6
     assert out["sweep_configs_per_bare_mevent"] == pytest.approx(out["sweep_configs_per_s"] / 2)
+
+
+def test_sweep_rate_reports_the_median_round(monkeypatch):
+    """Three rounds of 2, 1 and 3 seconds for three evaluated points (1.5,
+    3 and 1 configs/s; bare SimPy at 4, 1 and 2 million events/s, so
+    0.375, 3 and 0.5 configs per Mevent/s): the figures are the first
+    round's (the median rate, neither the best, the last nor the middle
+    one run), the per-Mevent figure the median ratio (the third round's),
+    each round's rate listed in order."""
+    import pandas as pd
+    import pytest
+
+    from distsim.bench import cases
+
+    class Clock:                       # scripted perf_counter: round starts and ends
+        def __init__(self, ticks):
+            self.ticks = list(ticks)
+
+        def perf_counter(self):
+            return self.ticks.pop(0)
+
+    monkeypatch.setattr(cases, "time", Clock([0.0, 2.0, 10.0, 11.0, 20.0, 23.0, 30.0, 31.0]))
+    monkeypatch.setattr(cases, "sweep",
+                        lambda base, grid, workers, progress:
+                        pd.DataFrame({"status": ["ok", "ok", "invalid", "ok"]}))
+    bares = iter([4e6, 1e6, 2e6])
+    monkeypatch.setattr(cases, "bare_simpy_rate", lambda events: next(bares))
+    out = cases.sweep_rate(quick=False)
+    assert out["sweep_configs_per_s_rounds"] == pytest.approx([1.5, 3.0, 1.0])
+    assert out["sweep_configs_per_s"] == pytest.approx(1.5)
+    assert out["sweep_wall_s"] == pytest.approx(2.0)
+    assert out["sweep_bare_simpy_events_per_s"] == 4e6
+    assert out["sweep_configs_per_bare_mevent"] == pytest.approx(0.5)
+    assert out["sweep_configs"] == 3
