@@ -46,10 +46,11 @@ def estimate_memory(b: Builder) -> List[int]:
                                (shard if b.scatter_each else n) * size)
     static_bytes = [0] * S.pp
     grad_bytes = [0] * S.pp
-    for (block, _, i), stage in b.all_params():
-        weights, grad = per[(block, i)]
-        static_bytes[stage] += weights
-        grad_bytes[stage] += grad
+    for stage, counts in enumerate(b.param_counts()):
+        for key, n in counts.items():
+            weights, grad = per[key]
+            static_bytes[stage] += n * weights
+            grad_bytes[stage] += n * grad
     static = [float(x) for x in static_bytes]
     grads = [float(x) for x in grad_bytes]
     blocks = prof.blocks
@@ -203,9 +204,10 @@ def optimizer_excess(b: Builder, per: Optional[Dict[Tuple[str, int], float]] = N
     (:func:`_param_optimizer_excess`, or ``per`` when given)."""
     per = _param_optimizer_excess(b) if per is None else per
     out = [0.0] * b.S.pp
-    for (block, _, i), stage in b.all_params():
-        if per[(block, i)] > out[stage]:
-            out[stage] = per[(block, i)]
+    for stage, counts in enumerate(b.param_counts()):
+        for key in counts:
+            if per[key] > out[stage]:
+                out[stage] = per[key]
     return out
 
 

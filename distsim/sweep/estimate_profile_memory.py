@@ -226,9 +226,12 @@ def prefetched_bytes(prof: LayerProfile, order: Sequence[Tuple[str, Optional[int
     ``prefetch`` is 0 (pass 0 without ZeRO-3)."""
     if prefetch <= 0:
         return [0.0] * len(order)
-    own = []
+    by_name: Dict[str, float] = {}      # a layer's blocks all have the same
     for name, _ in order:
-        blk = prof.blocks[name]
-        own.append(float(sum(prof.params[owner][i].numel * prof.params[owner][i].dtype.itemsize
-                             for owner, i in (blk.f_gather if kind == "F" else blk.b_gather))))
+        if name not in by_name:
+            blk = prof.blocks[name]
+            by_name[name] = float(sum(
+                prof.params[owner][i].numel * prof.params[owner][i].dtype.itemsize
+                for owner, i in (blk.f_gather if kind == "F" else blk.b_gather)))
+    own = [by_name[name] for name, _ in order]
     return [sum(own[k + 1:k + 1 + prefetch]) for k in range(len(order))]

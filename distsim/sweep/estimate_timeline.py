@@ -84,6 +84,17 @@ def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, .
     return tuple(out)
 
 
+@lru_cache(maxsize=256)
+def _param_counts(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
+                  head: Tuple[int, ...], last_stage: int) -> Tuple[Dict[Tuple[str, int], int], ...]:
+    """:meth:`Builder.param_counts` of a layout."""
+    counts: List[Dict[Tuple[str, int], int]] = [{} for _ in range(1 + max((0, last_stage,
+                                                                         *layer_stages)))]
+    for (block, _, i), stage in _all_params(emb, per_layer, layer_stages, head, last_stage):
+        counts[stage][(block, i)] = counts[stage].get((block, i), 0) + 1
+    return tuple(counts)
+
+
 class Builder(MemoryNotes, ReplayedBackward):
     """Emits the items of one configuration in LowerSPMD's program order
     on a :class:`~.estimate_engine.Timeline`, which settles each as it
@@ -484,11 +495,18 @@ class Builder(MemoryNotes, ReplayedBackward):
 
     def all_params(self) -> Sequence[Tuple[tuple, int]]:
         """Every parameter with its stage, in the step's parameter order."""
+        return _all_params(*self._params_layout())
+
+    def param_counts(self) -> Sequence[Dict[Tuple[str, int], int]]:
+        """Per stage, how many of its parameters are each (block, index in
+        the block) (a layer's parameters once per layer of the stage)."""
+        return _param_counts(*self._params_layout())
+
+    def _params_layout(self) -> tuple:
         order = self.prof.param_order
-        return _all_params(tuple(i for block, i in order if block == EMB),
-                           len(self.prof.params[LAYER]),
-                           tuple(self.stage_of(c) for c in self.chunk_of_layer),
-                           tuple(i for block, i in order if block == HEAD), self.stage_of(self.C - 1))
+        return (tuple(i for block, i in order if block == EMB), len(self.prof.params[LAYER]),
+                tuple(self.stage_of(c) for c in self.chunk_of_layer),
+                tuple(i for block, i in order if block == HEAD), self.stage_of(self.C - 1))
 
     # -- the whole step ----------------------------------------------------------
     def sends(self, kind: str, c: int) -> Optional[Tuple[int, Tuple[int, int], List[float]]]:
