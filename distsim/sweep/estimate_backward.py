@@ -98,8 +98,8 @@ class OpByOpBackward:
     def emit_last_backward(self, stage: int, c: int, order, ready: float,
                            first_microbatch: bool = False,
                            accumulating: Optional[int] = None,
-                           at_input: Optional[Callable[[str], None]] = None
-                           ) -> Optional[float]:
+                           at_input: Optional[Callable[[str], None]] = None,
+                           block_replays: bool = False) -> Optional[float]:
         """The last micro-batch's backward op by op, with the data-parallel
         sync of each gradient emitted where it becomes final
         (``first_microbatch``: ZeRO 2/3's first micro-batch, each gradient
@@ -111,7 +111,9 @@ class OpByOpBackward:
         it; its memory is not noted here: no copy outlives its reduce-
         scatter). ``at_input`` is called once, with the entry's kind,
         before the first entry that waits for the task's input (the first
-        past a leading recomputation)."""
+        past a leading recomputation). ``block_replays`` (``accumulating``
+        only): a block may be a recorded block's items again
+        (:meth:`_block_replay`)."""
         tl = self.tl
         only = first_microbatch or self.M == 1
         scatter = first_microbatch and self.M > 1
@@ -139,9 +141,18 @@ class OpByOpBackward:
         by_stage = self.sync.buckets if self.route == "bucket" else {}
         #: by layer: per block position, its unit's gradients made so far
         unit_made: Dict[int, Dict[int, float]] = {}
+        block_replays = block_replays and accumulating is not None and self.zero3 \
+            and not self.by_layer and not by_stage
         for k, (name, layer) in enumerate(order):
             if by_stage.get(stage):       # flushed so far, this task's too
                 in_buckets[k] = sum(by_stage[stage])
+            recording = None
+            if block_replays and not first and last is not None:
+                done, recording = self._block_replay(stage, order, k, last, gathered,
+                                                     accumulating == self.M - 1)
+                if done is not None:
+                    last = done
+                    continue
             ends: Dict[Optional[int], float] = {}
             if self.zero3:
                 gate = last if last is not None else max(ready, tl.free[2 * stage])
@@ -220,6 +231,8 @@ class OpByOpBackward:
                         end = self.sync.ready_and_synced((name, layer, param), stage, made)
                     if flats is not None:
                         flats.append((self.sync.cost(name, param).nbytes, end))
+            if recording is not None:
+                self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:
             self._note_buckets(stage, c, in_buckets)
         if last is None:
@@ -229,6 +242,20 @@ class OpByOpBackward:
         self._leave_flats(stage, c, inside, flats)
         self.notes = (inside, flats)
         return last
+
+    def _block_replay(self, stage: int, order, k: int, origin: float,
+                      gathered: Dict[int, Dict[Optional[int], float]], last_mb: bool
+                      ) -> Tuple[Optional[float], Optional[tuple]]:
+        """Block ``k`` of ``order``, whose entries come after the compute
+        end ``origin`` (the block before's last): (its last compute end if
+        it was replayed from a record, else None; what :meth:`_block_record`
+        needs to record it once emitted, or None). Here: never replayed nor
+        recorded (see :class:`.estimate_replay.ReplayedBackward`)."""
+        return None, None
+
+    def _block_record(self, recording: tuple, stage: int, order, k: int, last: float,
+                      gathered: Dict[int, Dict[Optional[int], float]]) -> None:
+        """Record block ``k`` just emitted (see :meth:`_block_replay`)."""
 
     def _leave_flats(self, stage: int, c: int, inside: Dict[Tuple[int, int], int],
                      flats: Optional[List[Tuple[int, float]]]) -> None:

@@ -12,7 +12,10 @@ stage in the next timeline of an extrapolated estimate.
 * :meth:`ReplayedBackward._first_backward`: ZeRO 2/3's first micro-batch,
   each gradient flattened and reduce-scattered where it is made;
 * :meth:`ReplayedBackward._accumulating_backward`: ZeRO-3's backwards past
-  the first, each shard then accumulated.
+  the first, each shard then accumulated; where the whole task's record
+  would not be replayed (a pipeline of one to four stages), block by block
+  inside it (:meth:`ReplayedBackward._block_replay`: a block that starts
+  with both streams free depends only on where it starts).
 """
 from __future__ import annotations
 
@@ -293,9 +296,15 @@ class ReplayedBackward(OpByOpBackward):
         record = self.replays.get(key) if clean else None
         if record is not None:
             return self._replay(record, stage, order, origin, mb)
+        # its blocks replayed one by one where a replay of the whole task
+        # is not expected (its items would not be one record): a pipeline's
+        # only chunk of its shape, past which no other micro-batch of the
+        # class comes (a stage of one to four, whose backward has tens of
+        # identical blocks)
+        wanted = clean and (self.shape_chunks[self.shapes[c]] > 1 or mb < self.M - 2)
         mark, flops = tl.mark(stage), self.flops[stage]
         last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True,
-                                       accumulating=mb)
+                                       accumulating=mb, block_replays=not wanted)
         items = tl.since(stage, mark, origin) if clean and last is not None else None
         if items is not None:
             final = []       # by position in the chunk's blocks: chunks differ in layers
@@ -313,6 +322,55 @@ class ReplayedBackward(OpByOpBackward):
                 leaves = (order.index((name, layer)), unit, rs_end - origin)
             self.replays[key] = (items, self.flops[stage] - flops, last - origin, final, leaves)
         return last
+
+    def _block_replay(self, stage: int, order, k: int, origin: float,
+                      gathered: Dict[int, Dict[Optional[int], float]], last_mb: bool
+                      ) -> Tuple[Optional[float], Optional[tuple]]:
+        """A block of ZeRO-3's accumulating backward that starts with both
+        streams of its stage free (the compute stream's end is ``origin``,
+        the communication stream done by then: the gathers issued before it
+        are over) depends only on ``origin``, its name, whether its
+        micro-batch is the last, and which blocks' gathers it issues
+        (prefetch: none near the task's end): the first such block is
+        recorded, the next ones replay it (the same items shifted, to
+        rounding), with its gathers' ends and its gradients' final times."""
+        free = self.tl.free
+        if free[2 * stage] != origin or free[2 * stage + 1] > origin:
+            return None, None
+        stop = min(len(order), k + 1 + self.S.prefetch)
+        issued = tuple(j - k for j in range(k, stop) if j not in gathered)
+        key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
+        record = self.memo.block_records.get(key)
+        if record is None:
+            return None, (key, issued, self.tl.mark(stage), self.flops[stage], origin)
+        items, flops, last, ends, final = record
+        self.tl.replay(stage, items, origin)
+        self.flops[stage] += flops
+        for j, at in zip(issued, ends):
+            gathered[k + j] = {upto: origin + t for upto, t in at}
+        if final:
+            name, layer = order[k]
+            sync = self.sync
+            for i, t in final:
+                sync.final[(name, layer, i)] = sync.synced[(name, layer, i)] = origin + t
+        return origin + last, None
+
+    def _block_record(self, recording: tuple, stage: int, order, k: int, last: float,
+                      gathered: Dict[int, Dict[Optional[int], float]]) -> None:
+        """Record block ``k``, just emitted (:meth:`_block_replay`)."""
+        key, issued, mark, flops, origin = recording
+        items = self.tl.since(stage, mark, origin)
+        if items is None:
+            return
+        name, layer = order[k]
+        final = []
+        if key[1]:
+            table = self.sync.final
+            final = [(i, table[(name, layer, i)] - origin)
+                     for i in range(len(self.prof.params[name])) if (name, layer, i) in table]
+        ends = [[(upto, t - origin) for upto, t in gathered[k + j].items()] for j in issued]
+        self.memo.block_records[key] = (items, self.flops[stage] - flops, last - origin, ends,
+                                        final)
 
     def _left_unit(self, stage: int, origin: float):
         """By layer, what a backward starting at ``origin`` finds pending on

@@ -40,6 +40,10 @@ class Memo:
 
     def __init__(self) -> None:
         self.dp_times: Dict[Tuple[CollectiveType, float], float] = {}
+        #: ZeRO-3's accumulating backwards, blocks recorded to be replayed:
+        #: (block, last micro-batch, the blocks whose gathers it issues) ->
+        #: record (:meth:`.estimate_replay.ReplayedBackward._block_record`)
+        self.block_records: Dict[tuple, tuple] = {}
         self.blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
         self.plans: Dict[tuple, Any] = {}
         self.gathers: Dict[Tuple[str, str], float] = {}

@@ -1,0 +1,97 @@
+"""ZeRO-3's accumulating backwards (micro-batches past the first),
+replayed block by block.
+
+Where a whole task's record will not be replayed (a pipeline's only chunk
+of its shape, no later micro-batch of its class), each block that starts
+with both streams of its stage free depends only on where it starts: the
+first one of its kind is recorded and the next ones replay it, shifted,
+with their gathers' ends and their gradients' final times. The figures
+(memory included) must be those of emitting every block, to rounding.
+"""
+from __future__ import annotations
+
+import pytest
+
+from distsim.sweep import estimate as est
+from distsim.sweep import estimate_replay
+from estimate_hooks import calls
+
+BASE = {"model": "gpt3-1.3b", "topology": "dgx-a100-x2", "layers": 16, "seq": 512,
+        "micro_batch": 1, "recompute": "none", "global_batch": 48, "zero": 3}
+
+FIGURES = ("step_time_s", "compute_s", "communication_s", "exposed_communication_s",
+           "idle_s", "bubble_fraction", "total_flops", "max_peak_memory_bytes")
+
+CASES = [
+    ({"dp": 8, "tp": 2, "pp": 1}, "one stage"),
+    ({"dp": 4, "tp": 2, "pp": 2}, "two stages"),
+    ({"dp": 4, "tp": 2, "pp": 2, "prefetch": 2}, "two stages, prefetch 2"),
+    ({"dp": 8, "tp": 2, "pp": 1, "prefetch": 0}, "no prefetch"),
+    ({"dp": 4, "tp": 1, "pp": 4, "recompute": "full"}, "four stages, recomputation"),
+    ({"dp": 8, "tp": 2, "pp": 1, "recompute": "selective", "micro_batch": 2},
+     "one stage, selective recomputation"),
+]
+
+
+@pytest.mark.parametrize("options,what", CASES, ids=[c[1] for c in CASES])
+def test_a_replayed_block_is_the_block_emitted_again(monkeypatch, options, what):
+    options = dict(BASE, **options)
+    replays = []
+    replay = estimate_replay.ReplayedBackward._block_replay
+
+    def counted(self, *args):
+        done, recording = replay(self, *args)
+        if done is not None:
+            replays.append(args[2])
+        return done, recording
+
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_block_replay", counted)
+    with_replays = est.estimate(options)
+    assert replays, what
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_block_replay",
+                        lambda self, *args: (None, None))
+    emitted = est.estimate(options)
+    for key in FIGURES:
+        assert with_replays[key] == pytest.approx(emitted[key], rel=1e-12, abs=1e-12), key
+
+
+def test_blocks_are_not_replayed_inside_a_task_whose_whole_record_is_wanted(monkeypatch):
+    """Four stages: the two inner ones share a chunk shape, so their
+    accumulating backwards are recorded whole (and replayed whole); a
+    block replay inside would break that record. Only the outer stages'
+    tasks replay blocks."""
+    seen = calls(monkeypatch, "_block_replay")
+    est.estimate(dict(BASE, dp=2, tp=2, pp=4, global_batch=32))
+    assert {args[0] for args in seen} <= {0, 3}
+    assert seen
+
+
+@pytest.mark.parametrize("field", ["communication", "compute"])
+def test_a_block_starting_with_a_stream_busy_is_emitted(monkeypatch, field):
+    """Every other block finds its stage's communication stream still
+    running (or its compute stream past the block before's end): its
+    items then depend on more than where it starts, so it is emitted op by
+    op, never replayed; the figures are those of emitting every block with
+    the same streams."""
+    options = dict(BASE, dp=8, tp=2, pp=1)
+    replay = estimate_replay.ReplayedBackward._block_replay
+    at = 1 if field == "communication" else 0
+    late = 1e-2            # past the slack a block's compute has here
+
+    def busy(self, stage, order, k, origin, *rest):
+        if k % 2:
+            self.tl.free[2 * stage + at] = origin + late
+        return replay(self, stage, order, k, origin, *rest)
+
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_block_replay", busy)
+    with_replays = est.estimate(options)
+
+    def busy_emitted(self, stage, order, k, origin, *rest):
+        if k % 2:
+            self.tl.free[2 * stage + at] = origin + late
+        return None, None
+
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_block_replay", busy_emitted)
+    emitted = est.estimate(options)
+    for key in FIGURES:
+        assert with_replays[key] == pytest.approx(emitted[key], rel=1e-12, abs=1e-12), key
