@@ -346,21 +346,28 @@ class Timeline:
                 self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
                 self.sync_waits[stage], self.free[2 * stage], self.free[2 * stage + 1])
 
-    def since(self, stage: int, mark: tuple, origin: float) -> Optional[tuple]:
+    def since(self, stage: int, mark: tuple, origin: float, with_runs: bool = False
+              ) -> Optional[tuple]:
         """What ``stage``'s streams gained since ``mark`` (one task's items),
-        relative to ``origin``, for :meth:`replay`; None where a run was
+        relative to ``origin``, for :meth:`replay`; where a run was
         replayed in between (the items are not all at the ends of its
-        lists). A stream the task did not touch keeps its end where it is
-        replayed (None in the record)."""
+        lists), None, or with ``with_runs`` the spans of the lists and the
+        runs in stream order (:func:`_spans`: the floats the time split
+        would read). A stream the task did not touch keeps its end where it
+        is replayed (None in the record)."""
         (runs, comm_runs, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
          free_c, free_m) = mark
-        if runs != len(self.compute_runs[stage]) or comm_runs != len(self.comm_runs[stage]):
-            return None
+        c_runs, m_runs = self.compute_runs[stage], self.comm_runs[stage]
+        cs, ce = self.compute_starts[stage][nc:], self.compute_ends[stage][nc:]
+        ms, me = self.comm_starts[stage][nm:], self.comm_ends[stage][nm:]
+        if runs != len(c_runs) or comm_runs != len(m_runs):
+            if not with_runs:
+                return None
+            cs, ce = _spans([(at - nc, *rest) for at, *rest in c_runs[runs:]], cs, ce)
+            ms, me = _spans([(at - nm, *rest) for at, *rest in m_runs[comm_runs:]], ms, me)
         s = 2 * stage
-        return (np.asarray(self.compute_starts[stage][nc:], dtype=float) - origin,
-                np.asarray(self.compute_ends[stage][nc:], dtype=float) - origin,
-                np.asarray(self.comm_starts[stage][nm:], dtype=float) - origin,
-                np.asarray(self.comm_ends[stage][nm:], dtype=float) - origin,
+        return (np.asarray(cs, dtype=float) - origin, np.asarray(ce, dtype=float) - origin,
+                np.asarray(ms, dtype=float) - origin, np.asarray(me, dtype=float) - origin,
                 (self.busy[stage] - busy, self.waits[stage] - waits, self.comm_s[stage] - comm_s,
                  self.tp_items[stage] - tp_items, self.sync_waits[stage] - sync_waits),
                 (None if self.free[s] == free_c else self.free[s] - origin,

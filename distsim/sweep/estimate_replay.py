@@ -12,10 +12,9 @@ stage in the next timeline of an extrapolated estimate.
 * :meth:`ReplayedBackward._first_backward`: ZeRO 2/3's first micro-batch,
   each gradient flattened and reduce-scattered where it is made;
 * :meth:`ReplayedBackward._accumulating_backward`: ZeRO-3's backwards past
-  the first, each shard then accumulated; where the whole task's record
-  would not be replayed (a pipeline of one to four stages), block by block
-  inside it (:meth:`ReplayedBackward._block_replay`: a block that starts
-  with both streams free depends only on where it starts).
+  the first, each shard then accumulated; inside one emitted, block by
+  block (:meth:`ReplayedBackward._block_replay`: a block that starts with
+  both streams free depends only on where it starts).
 """
 from __future__ import annotations
 
@@ -296,16 +295,14 @@ class ReplayedBackward(OpByOpBackward):
         record = self.replays.get(key) if clean else None
         if record is not None:
             return self._replay(record, stage, order, origin, mb)
-        # its blocks replayed one by one where a replay of the whole task
-        # is not expected (its items would not be one record): a pipeline's
-        # only chunk of its shape, past which no other micro-batch of the
-        # class comes (a stage of one to four, whose backward has tens of
-        # identical blocks)
-        wanted = clean and (self.shape_chunks[self.shapes[c]] > 1 or mb < self.M - 2)
+        # emitted with its blocks replayed where they can be (a stage of
+        # one to four has tens of identical blocks), and recorded whole with
+        # them (their runs' spans in the record)
         mark, flops = tl.mark(stage), self.flops[stage]
         last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True,
-                                       accumulating=mb, block_replays=not wanted)
-        items = tl.since(stage, mark, origin) if clean and last is not None else None
+                                       accumulating=mb, block_replays=True)
+        items = tl.since(stage, mark, origin, with_runs=True) \
+            if clean and last is not None else None
         if items is not None:
             final = []       # by position in the chunk's blocks: chunks differ in layers
             if mb == self.M - 1:

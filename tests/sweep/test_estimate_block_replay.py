@@ -1,12 +1,13 @@
 """ZeRO-3's accumulating backwards (micro-batches past the first),
 replayed block by block.
 
-Where a whole task's record will not be replayed (a pipeline's only chunk
-of its shape, no later micro-batch of its class), each block that starts
+Inside an accumulating backward that is emitted, each block that starts
 with both streams of its stage free depends only on where it starts: the
 first one of its kind is recorded and the next ones replay it, shifted,
-with their gathers' ends and their gradients' final times. The figures
-(memory included) must be those of emitting every block, to rounding.
+with their gathers' ends and their gradients' final times (a task so
+emitted is still recorded whole, its blocks' runs in the record). The
+figures (memory included) must be those of emitting every block, to
+rounding.
 """
 from __future__ import annotations
 
@@ -55,15 +56,28 @@ def test_a_replayed_block_is_the_block_emitted_again(monkeypatch, options, what)
         assert with_replays[key] == pytest.approx(emitted[key], rel=1e-12, abs=1e-12), key
 
 
-def test_blocks_are_not_replayed_inside_a_task_whose_whole_record_is_wanted(monkeypatch):
-    """Four stages: the two inner ones share a chunk shape, so their
-    accumulating backwards are recorded whole (and replayed whole); a
-    block replay inside would break that record. Only the outer stages'
-    tasks replay blocks."""
-    seen = calls(monkeypatch, "_block_replay")
-    est.estimate(dict(BASE, dp=2, tp=2, pp=4, global_batch=32))
-    assert {args[0] for args in seen} <= {0, 3}
-    assert seen
+def test_a_task_recorded_with_replayed_blocks_is_replayed_whole(monkeypatch):
+    """Four stages: the two inner ones share a chunk shape, so an inner
+    stage's accumulating backward, emitted with its blocks replayed, is
+    recorded whole (the blocks' runs in the record) and replayed whole by
+    the other; the figures are those of emitting every task, every block."""
+    options = dict(BASE, dp=2, tp=2, pp=4, global_batch=32)
+    blocks = calls(monkeypatch, "_block_replay")
+    tasks = calls(monkeypatch, "_replay")
+    with_replays = est.estimate(options)
+    # the inner stage that runs its backwards first (the later one in the
+    # pipeline) replays blocks in the task it records; the other replays it
+    assert 2 in {args[0] for args in blocks}
+    assert 1 in {args[1] for args in tasks}
+
+    def emitted(self, stage, c, mb, ready):
+        return self.emit_last_backward(stage, c, self.blocks_of("B", c), ready,
+                                       first_microbatch=True, accumulating=mb)
+
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_accumulating_backward", emitted)
+    emitted_all = est.estimate(options)
+    for key in FIGURES:
+        assert with_replays[key] == pytest.approx(emitted_all[key], rel=1e-12, abs=1e-12), key
 
 
 @pytest.mark.parametrize("field", ["communication", "compute"])

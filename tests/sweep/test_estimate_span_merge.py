@@ -160,3 +160,27 @@ def test_a_streams_spans_are_its_lists_with_each_run_shifted_in_its_place(seed, 
     s, e = _spans(runs, starts, ends)
     assert list(zip(s.tolist(), e.tolist())) == expected
     assert (len(runs) <= estimate_engine._FEW_RUNS) == (items == 12)
+
+
+def test_since_with_runs_keeps_the_runs_spans_in_stream_order():
+    """Items, a replayed run, more items after a mark: ``since`` gives None,
+    or with ``with_runs`` every span since the mark in stream order (the
+    run's at its place), relative to the origin."""
+    from distsim.sweep.estimate_engine import Timeline
+    src = Timeline(1)
+    m = src.mark(0)
+    src.compute(0, 1.0, 0.0)                     # 0-1
+    src.comm_on(0, 0.5, 1.0)                     # 1-1.5
+    record = src.since(0, m, 0.0)
+    tl = Timeline(1)
+    tl.compute(0, 2.0, 0.0)                      # 0-2, before the mark
+    mark = tl.mark(0)
+    tl.compute(0, 1.0, 3.0)                      # 3-4
+    tl.replay(0, record, 4.0)                    # 4-5 compute, 5-5.5 comm
+    tl.compute(0, 0.25, 6.0)                     # 6-6.25
+    tl.comm_on(0, 1.0, 7.0)                      # 7-8
+    assert tl.since(0, mark, 3.0) is None
+    c_s, c_e, m_s, m_e, sums, ends = tl.since(0, mark, 3.0, with_runs=True)
+    assert c_s.tolist() == [0.0, 1.0, 3.0] and c_e.tolist() == [1.0, 2.0, 3.25]
+    assert m_s.tolist() == [2.0, 4.0] and m_e.tolist() == [2.5, 5.0]
+    assert sums[0] == 2.25 and sums[2] == 1.5 and ends == (3.25, 5.0)

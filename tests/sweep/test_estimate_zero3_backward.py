@@ -99,7 +99,7 @@ def test_a_replayed_gathered_task_is_the_task_emitted_again(monkeypatch, unit, p
     with_replays = len(emitted)
     emitted.clear()
     # nothing recorded: every task emitted
-    monkeypatch.setattr(estimate_engine.Timeline, "since", lambda self, *args: None)
+    monkeypatch.setattr(estimate_engine.Timeline, "since", lambda self, *args, **kwargs: None)
     direct = est.estimate(options)
     assert len(emitted) > share * with_replays
     for key in ("step_time_s", "compute_s", "exposed_communication_s", "idle_s",
