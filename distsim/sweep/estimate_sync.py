@@ -256,33 +256,43 @@ class StepSync:
             return memo.optimizer_steps
         steps: List[tuple] = []
         run: Optional[tuple] = None
+        entries: Dict[Tuple[str, int], tuple] = {}      # the same in every layer
         for key, stage in self.b.all_params():
-            pc = self.cost(key[0], key[2])
-            pre, cut, (t, fl), gather, post = pc.plan or self.update_plan(key, pc)
-            alone = pre is None and post is None
+            entry = entries.get((key[0], key[2]))
+            if entry is None:
+                entry = entries[(key[0], key[2])] = self._optimizer_entry(key)
+            alone, item, fls = entry
             if run is None or run[0] != alone or run[1] != stage:
                 run = (alone, stage, [], [], [])
                 steps.append(run)
             run[2].append(key)
-            if alone:
-                run[3].append(t)
-                run[4].append(fl)
-                continue
-            items: List[Tuple[bool, float]] = []
-            if pre is not None:
-                items.append((False, pre))
-                if cut is not None:
-                    items.append((False, cut[0]))
-                    run[4].append(cut[1])
-            items.append((False, t))
-            run[4].append(fl)
-            if post is not None:
-                if gather is not None:
-                    items.append((True, gather))
-                items.append((False, post))
-            run[3].append(tuple(items))
+            run[3].append(item)
+            run[4].extend(fls)
         memo.optimizer_steps = steps
         return steps
+
+    def _optimizer_entry(self, key: ParamKey) -> tuple:
+        """A parameter's part of :meth:`optimizer_steps`: (its optimizer is
+        the update alone, the update's time or its items, its FLOPs in the
+        order they are added)."""
+        pc = self.cost(key[0], key[2])
+        pre, cut, (t, fl), gather, post = pc.plan or self.update_plan(key, pc)
+        if pre is None and post is None:
+            return True, t, (fl,)
+        items: List[Tuple[bool, float]] = []
+        fls = []
+        if pre is not None:
+            items.append((False, pre))
+            if cut is not None:
+                items.append((False, cut[0]))
+                fls.append(cut[1])
+        items.append((False, t))
+        fls.append(fl)
+        if post is not None:
+            if gather is not None:
+                items.append((True, gather))
+            items.append((False, post))
+        return False, tuple(items), tuple(fls)
 
     def tie(self) -> None:
         b = self.b
