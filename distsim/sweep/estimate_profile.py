@@ -195,8 +195,7 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True
               ) -> Tuple[Function, Function, LowerSPMD]:
-    c = replace(config, layers=_TEMPLATE_LAYERS, micro_batch=micro_batch,
-                global_batch=2 * micro_batch)
+    c = _template_config(config, micro_batch)
     step = _template_step(c, tp, sp, recompute, micro_batch, untie)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
@@ -206,6 +205,45 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
                                prefetch=0, microbatches=2, optimizer=optimizer), 2,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
     return step, lower(step), lower
+
+
+def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
+    """The template's model: two layers, two micro-batches."""
+    return replace(config, layers=_TEMPLATE_LAYERS, micro_batch=micro_batch,
+                   global_batch=2 * micro_batch)
+
+
+@lru_cache(maxsize=8)
+def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
+                untie: bool) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
+                                      Tuple[List[int], List[int], int], Dict[str, float]]:
+    """What a profile reads from the template's one-device step alone (the
+    same for its ZeRO kinds, built one after another: worked out once):
+    per block its forward and backward FLOPs as LowerSPMD's task ordering
+    counts them, its saved activation bytes, and its cost as the balanced
+    partition estimates it (each summed in op order); the values crossing
+    a stage boundary (:func:`_crossing`). Kept: do not modify."""
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie)
+    names = (EMB, LAYER, HEAD)
+    flops: Dict[str, List[float]] = {}
+    partition: Dict[str, float] = {}
+    model = CostModel(PARTITION_DEVICE)
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), _TEMPLATE_LAYERS)
+        if blk in names:
+            f = flops.setdefault(blk, [0.0, 0.0])
+            f[1 if "phase" in op.meta else 0] += op_flops(op)
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), _TEMPLATE_LAYERS)
+        if blk in names:
+            partition[blk] = partition.get(blk, 0.0) + model.op_cost(op).time_s
+    saved: Dict[str, int] = {}
+    for layer, nbytes in saved_activation_bytes(step).items():
+        blk = _block_of(layer, _TEMPLATE_LAYERS)
+        if blk in names:
+            saved[blk] = saved.get(blk, 0) + nbytes
+    return ({k: (f, b) for k, (f, b) in flops.items()}, saved,
+            _crossing(step, tp, sp, recompute), partition)
 
 
 @lru_cache(maxsize=8)
@@ -427,32 +465,19 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         if template_zero == 3:
             blk.f_gates = read_gates(groups.get(("F", 0, name), []), times, params, blk.f_gather)
             blk.b_gates = read_gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
-    for op in step.ops:
-        blk = _block_of(op.meta.get("layer"), layers)
-        if blk in blocks:
-            if "phase" in op.meta:
-                blocks[blk].step_b_flops += op_flops(op)
-            else:
-                blocks[blk].step_f_flops += op_flops(op)
-    saved = saved_activation_bytes(step)
-    for layer, nbytes in saved.items():
-        blk = _block_of(layer, layers)
-        if blk in blocks:
-            blocks[blk].saved_bytes += nbytes
-    fwd, bwd, kept = _crossing(step, tp, sp, recompute)
+    step_flops, saved, (fwd, bwd, kept), partition = _step_facts(
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie)
+    for blk, (f, b) in step_flops.items():
+        blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
+    for blk, nbytes in saved.items():
+        blocks[blk].saved_bytes = nbytes
     peaks = trace.peak_memory()
     cats = dict(trace.meta.get("peak_memory_by_category", {}).get(0, {}))
     from .estimate_profile_memory import memory_excess   # it reads this module's blocks
     opt_excess = memory_excess(blocks, groups, times, trace, program, params, rank0, final_only)
-    model = CostModel(PARTITION_DEVICE)
-    partition: Dict[str, float] = {}
-    for op in step.ops:
-        blk = _block_of(op.meta.get("layer"), layers)
-        if blk in blocks:
-            partition[blk] = partition.get(blk, 0.0) + model.op_cost(op).time_s
-    return LayerProfile(blocks, params, order, fwd, bwd, bool(step.meta.get("tied")),
+    return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
                         int(peaks.get(0, 0)), cats, lower.master_dtype, opt_excess,
-                        partition, time.perf_counter() - started, kept)
+                        dict(partition), time.perf_counter() - started, kept)
 
 
 #: The optimizer ops of a parameter ``p`` on rank 0 of the template, by the
