@@ -262,6 +262,10 @@ def sweep_rate(quick: bool) -> Dict[str, Any]:
     round."""
     base = {"model": "gpt3-175b", "topology": "dgx-a100-x128", "network_mode": "analytical"}
     grid = SWEEP_GRID_QUICK if quick else SWEEP_GRID
+    # the results table's pandas, imported once a process (a sweep imports
+    # it on a thread while its workers run: half a second of CPU taken from
+    # them): here before the first round, so that every round is alike
+    import pandas  # noqa: F401
     rounds = []           # (configs per second, wall, bare SimPy rate) of each round
     for _ in range(1 if quick else SWEEP_REPEATS):
         start = time.perf_counter()
