@@ -19,7 +19,7 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..ir.types import DType
@@ -34,7 +34,8 @@ from .estimate_engine import Timeline
 from .estimate_replay import ReplayedBackward
 from .estimate_gates import chain, emit_chain, gather_plan, gather_time
 from .estimate_notes import MemoryNotes
-from .estimate_profile import EMB, HEAD, LAYER, LayerProfile, Param
+from .estimate_params import ParamLayout
+from .estimate_profile import EMB, HEAD, LAYER, LayerProfile
 from .estimate_state import Memo, ScatterTerms, Walk, shared_prefix
 from .estimate_sync import StepSync
 
@@ -73,29 +74,7 @@ def program_order(schedule: str, pp: int, microbatches: int, chunks: int,
                        lambda task: cost.get((task[0], task[2]), 1.0))
 
 
-@lru_cache(maxsize=256)
-def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
-                head: Tuple[int, ...], last_stage: int) -> Tuple[Tuple[tuple, int], ...]:
-    """:meth:`Builder.all_params` of a layout (the same for many points)."""
-    out = [((EMB, None, i), 0) for i in emb]
-    for layer, stage in enumerate(layer_stages):
-        out.extend(((LAYER, layer, i), stage) for i in range(per_layer))
-    out.extend(((HEAD, None, i), last_stage) for i in head)
-    return tuple(out)
-
-
-@lru_cache(maxsize=256)
-def _param_counts(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
-                  head: Tuple[int, ...], last_stage: int) -> Tuple[Dict[Tuple[str, int], int], ...]:
-    """:meth:`Builder.param_counts` of a layout."""
-    counts: List[Dict[Tuple[str, int], int]] = [{} for _ in range(1 + max((0, last_stage,
-                                                                         *layer_stages)))]
-    for (block, _, i), stage in _all_params(emb, per_layer, layer_stages, head, last_stage):
-        counts[stage][(block, i)] = counts[stage].get((block, i), 0) + 1
-    return tuple(counts)
-
-
-class Builder(MemoryNotes, ReplayedBackward):
+class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
     """Emits the items of one configuration in LowerSPMD's program order
     on a :class:`~.estimate_engine.Timeline`, which settles each as it
     comes: an item is its end time here, and ``ready`` (the latest end
@@ -488,25 +467,6 @@ class Builder(MemoryNotes, ReplayedBackward):
         if mb == self.M - 1:
             return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
-
-    # -- parameters ------------------------------------------------------------
-    def param(self, key: tuple) -> Param:
-        return self.prof.params[key[0]][key[2]]
-
-    def all_params(self) -> Sequence[Tuple[tuple, int]]:
-        """Every parameter with its stage, in the step's parameter order."""
-        return _all_params(*self._params_layout())
-
-    def param_counts(self) -> Sequence[Dict[Tuple[str, int], int]]:
-        """Per stage, how many of its parameters are each (block, index in
-        the block) (a layer's parameters once per layer of the stage)."""
-        return _param_counts(*self._params_layout())
-
-    def _params_layout(self) -> tuple:
-        order = self.prof.param_order
-        return (tuple(i for block, i in order if block == EMB), len(self.prof.params[LAYER]),
-                tuple(self.stage_of(c) for c in self.chunk_of_layer),
-                tuple(i for block, i in order if block == HEAD), self.stage_of(self.C - 1))
 
     # -- the whole step ----------------------------------------------------------
     def sends(self, kind: str, c: int) -> Optional[Tuple[int, Tuple[int, int], List[float]]]:
