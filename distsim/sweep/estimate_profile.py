@@ -233,9 +233,6 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
         if blk in names:
             f = flops.setdefault(blk, [0.0, 0.0])
             f[1 if "phase" in op.meta else 0] += op_flops(op)
-    for op in step.ops:
-        blk = _block_of(op.meta.get("layer"), _TEMPLATE_LAYERS)
-        if blk in names:
             partition[blk] = partition.get(blk, 0.0) + model.op_cost(op).time_s
     saved: Dict[str, int] = {}
     for layer, nbytes in saved_activation_bytes(step).items():

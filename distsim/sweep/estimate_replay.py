@@ -304,12 +304,7 @@ class ReplayedBackward(OpByOpBackward):
         items = tl.since(stage, mark, origin, with_runs=True) \
             if clean and last is not None else None
         if items is not None:
-            final = []       # by position in the chunk's blocks: chunks differ in layers
-            if mb == self.M - 1:
-                final = [(k, i, self.sync.final[(name, layer, i)] - origin)
-                         for k, (name, layer) in enumerate(order)
-                         for i in range(len(self.prof.params[name]))
-                         if (name, layer, i) in self.sync.final]
+            final = self._finals_of(order, origin) if mb == self.M - 1 else []
             leaves = None
             if self.by_layer:
                 pending = self.unit_pending.get(stage, [])
@@ -345,11 +340,7 @@ class ReplayedBackward(OpByOpBackward):
         self.flops[stage] += flops
         for j, at in zip(issued, ends):
             gathered[k + j] = {upto: origin + t for upto, t in at}
-        if final:
-            name, layer = order[k]
-            sync = self.sync
-            for i, t in final:
-                sync.final[(name, layer, i)] = sync.synced[(name, layer, i)] = origin + t
+        self._set_finals(order[k:k + 1], final, origin)
         return origin + last, None
 
     def _block_record(self, recording: tuple, stage: int, order, k: int, last: float,
@@ -359,15 +350,31 @@ class ReplayedBackward(OpByOpBackward):
         items = self.tl.since(stage, mark, origin)
         if items is None:
             return
-        name, layer = order[k]
-        final = []
-        if key[1]:
-            table = self.sync.final
-            final = [(i, table[(name, layer, i)] - origin)
-                     for i in range(len(self.prof.params[name])) if (name, layer, i) in table]
+        final = self._finals_of(order[k:k + 1], origin) if key[1] else []
         ends = [[(upto, t - origin) for upto, t in gathered[k + j].items()] for j in issued]
         self.memo.block_records[key] = (items, self.flops[stage] - flops, last - origin, ends,
                                         final)
+
+    def _finals_of(self, order: List[Tuple[str, Optional[int]]], origin: float
+                   ) -> List[Tuple[int, int, float]]:
+        """The gradients of the blocks ``order`` made final so far, as (the
+        block's place in ``order``, the parameter's index, the time less
+        ``origin``): by place, so that a record stands for blocks of other
+        layers (:meth:`_set_finals`)."""
+        table = self.sync.final
+        return [(k, i, table[(name, layer, i)] - origin)
+                for k, (name, layer) in enumerate(order)
+                for i in range(len(self.prof.params[name])) if (name, layer, i) in table]
+
+    def _set_finals(self, order: List[Tuple[str, Optional[int]]],
+                    final: List[Tuple[int, int, float]], origin: float) -> None:
+        """A record's final gradients (:meth:`_finals_of`) for the blocks
+        ``order``, from ``origin``: final and synchronised then (ZeRO-3's
+        last micro-batch: its shard accumulated and averaged)."""
+        sync = self.sync
+        for k, i, at in final:
+            key = (order[k][0], order[k][1], i)
+            sync.final[key] = sync.synced[key] = origin + at
 
     def _left_unit(self, stage: int, origin: float):
         """By layer, what a backward starting at ``origin`` finds pending on
@@ -394,10 +401,7 @@ class ReplayedBackward(OpByOpBackward):
         items, flops, last, final, leaves = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
-        sync = self.sync
-        for k, i, at in final:
-            key = (order[k][0], order[k][1], i)
-            sync.final[key] = sync.synced[key] = origin + at
+        self._set_finals(order, final, origin)
         if leaves is not None:
             # by layer: the unit found pending was settled in the items;
             # the task's own last unit is left pending
