@@ -22,7 +22,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .batches import Lanes, Task, batch_tasks
+from .batches import Lanes, Task, batch_tasks, estimated
 from .point import SimulateFn, empty_metrics, run_batch, run_point
 
 Result = Tuple[str, Dict[str, Any]]        # (point key, row fields)
@@ -168,17 +168,23 @@ def _worker_signals() -> None:
 class LocalProcessRunner:
     """Runs points in ``workers`` local processes, in batches
     (:func:`.batches.batch_tasks`: estimated points that share a per-layer
-    profile together, other points one by one). At most
-    :data:`BATCHES_PER_WORKER` batches per worker are in flight (one it
-    runs, one queued behind it). If a worker dies (killed, out of memory, a crash in
-    native code), the pool is restarted and the points that were in flight
-    are retried one at a time in a pool of their own; a point that kills its
-    worker again is recorded as failed. No finished point is lost or run
-    twice. If the pool breaks before any point has finished and not even a
-    trivial task can run in a fresh worker, the sweep stops with a
-    :class:`ConfigError` (:data:`WORKERS_CANNOT_START`) instead.
+    profile together, other points one by one), each process a pool of its
+    own that runs one lane of batches (:class:`.batches.Lanes`): a process
+    keeps to one part of the grid, so what it computes once (profiles, the
+    collectives' times of its data-parallel teams) serves the points after
+    it; a shared pool would hand each batch to whichever process is free,
+    and every process would time every team's collectives. At most
+    :data:`BATCHES_PER_WORKER` batches per process are in flight (one it
+    runs, one queued behind it). If a worker dies (killed, out of memory, a
+    crash in native code), its pool is restarted and the points that were
+    in flight there are retried one at a time in a pool of their own; a
+    point that kills its worker again is recorded as failed. No finished
+    point is lost or run twice. If a worker dies before any point has
+    finished and not even a trivial task can run in a fresh worker, the
+    sweep stops with a :class:`ConfigError` (:data:`WORKERS_CANNOT_START`)
+    instead.
 
-    :meth:`open` starts the first pool's workers by forking this process
+    :meth:`open` starts the first pools' workers by forking this process
     where that is safe (:func:`_fork_context`: before the progress line's
     thread starts); every other pool (after a worker died, a retried point,
     a run without :meth:`open`) forks from a forkserver."""
@@ -188,83 +194,104 @@ class LocalProcessRunner:
         self.simulate = simulate
         self.description = f"{workers} local processes"
         self._ctx = _context()
-        self._started: Optional[ProcessPoolExecutor] = None   # opened, not yet run
+        self._started: Optional[List[ProcessPoolExecutor]] = None   # opened, not yet run
         self.running = 0
 
     def open(self) -> None:
         ctx = _fork_context()
         if ctx is not None and self._started is None:
-            pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
-                                       initializer=_worker_signals)
-            pool.submit(os.getpid)      # a fork pool starts all its workers at its first task
-            self._started = pool
+            self._started = []
+            for _ in range(self.workers):
+                pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx,
+                                           initializer=_worker_signals)
+                pool.submit(os.getpid)   # a fork pool starts its worker at its first task
+                self._started.append(pool)
 
-    def _pool(self, n: int) -> ProcessPoolExecutor:
+    def _pools(self, n: int) -> List[ProcessPoolExecutor]:
+        """``n`` one-process pools: the ones :meth:`open` started (once, when
+        ``n`` is their number), else new ones from the forkserver."""
         if self._started is not None and n == self.workers:
-            pool, self._started = self._started, None
-            return pool
-        return ProcessPoolExecutor(max_workers=n, mp_context=self._ctx)
+            pools, self._started = self._started, None
+            return pools
+        return [self._pool() for _ in range(n)]
+
+    def _pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=1, mp_context=self._ctx)
 
     def run(self, tasks: Sequence[Task]) -> Iterator[Result]:
         queue = Lanes(batch_tasks(tasks), self.workers)
         suspects: List[Task] = []
         finished_any = False
-        while queue:
-            pool = self._pool(min(self.workers, sum(len(lane) for lane in queue.lanes)))
-            # (lane, batch) of each batch in flight; a finished batch's lane
-            # goes next to the worker it freed
-            inflight: Dict[Future, Tuple[int, List[Task]]] = {}
-            # a slot per batch a lane may have in flight (lanes in turn)
-            free: Deque[int] = deque(lane for _ in range(BATCHES_PER_WORKER)
-                                     for lane in range(self.workers))
-            # each lane's batches in flight, in the order they were sent:
-            # the first is the one running (for the progress line)
-            sent: Dict[int, Deque[Future]] = {lane: deque() for lane in range(self.workers)}
+        pools = self._pools(min(self.workers, sum(len(lane) for lane in queue.lanes)))
+        # (lane, batch) of each batch in flight
+        inflight: Dict[Future, Tuple[int, List[Task]]] = {}
+        # each lane's batches in flight, in the order they were sent: the
+        # first is the one running (for the progress line)
+        sent: Dict[int, Deque[Future]] = {lane: deque() for lane in range(len(pools))}
+
+        def fill(lane: int) -> bool:
+            """Send ``lane``'s worker its next batch if it may take one now:
+            when idle, or behind estimated batches when the next is one too
+            (a long simulated point must not hold a batch that an idle
+            worker could run)."""
+            if not queue or len(sent[lane]) >= BATCHES_PER_WORKER:
+                return False
+            if sent[lane] and not (estimated(queue.peek(lane)) and
+                                   all(estimated(inflight[f][1]) for f in sent[lane])):
+                return False
+            batch = queue.take(lane)
             try:
-                broken = False
-                while (queue or inflight) and not broken:
-                    while queue and free and not broken:
-                        lane = free.popleft()
-                        batch = queue.take(lane)
-                        try:
-                            fut = pool.submit(run_batch, [t[1] for t in batch], self.simulate)
-                        except BrokenProcessPool:   # a worker died since the last wait
-                            queue.put_back(lane, batch)
-                            free.appendleft(lane)
-                            broken = True
-                        else:
-                            inflight[fut] = (lane, batch)
-                            sent[lane].append(fut)
-                    if not inflight:
-                        break
-                    self.running = sum(len(inflight[q[0]][1]) for q in sent.values() if q)
-                    done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                    for fut in sorted(done, key=lambda f: inflight[f][1][0][0]):
-                        lane, batch = inflight.pop(fut)
-                        sent[lane].remove(fut)
-                        free.append(lane)
-                        try:
-                            rows = fut.result()
-                        except BrokenProcessPool:
-                            suspects.extend(batch)
-                            broken = True
-                        else:
-                            finished_any = True
-                            yield from ((task[0], row) for task, row in zip(batch, rows))
-                if broken:
-                    for _, batch in inflight.values():
-                        suspects.extend(batch)
-                    inflight.clear()
-                    self.running = 0
-                    if not finished_any and not _workers_start(self._ctx):
-                        raise ConfigError(WORKERS_CANNOT_START)
-                    finished_any = True   # workers do start: check once
-            except BaseException:
-                # interrupted (Ctrl-C, SIGTERM) or closed early: the points in
-                # flight are not waited for (not journalled: a rerun runs them)
+                fut = pools[lane].submit(run_batch, [t[1] for t in batch], self.simulate)
+            except BrokenProcessPool:   # its worker died since the last wait
+                queue.put_back(lane, batch)
+                restart(lane)
+                return True
+            inflight[fut] = (lane, batch)
+            sent[lane].append(fut)
+            return True
+
+        def restart(lane: int) -> None:
+            """Lane ``lane``'s worker died: its batches in flight become
+            suspects and the lane gets a fresh pool."""
+            nonlocal finished_any
+            while sent[lane]:
+                suspects.extend(inflight.pop(sent[lane].popleft())[1])
+            close_pool(pools[lane])
+            if not finished_any and not _workers_start(self._ctx):
+                raise ConfigError(WORKERS_CANNOT_START)
+            finished_any = True       # workers do start: check once
+            pools[lane] = self._pool()
+
+        try:
+            while queue or inflight:
+                while any([fill(lane) for lane in range(len(pools))]):
+                    pass                      # lanes in turn, one batch each a round
+                if not inflight:
+                    continue
+                self.running = sum(len(inflight[q[0]][1]) for q in sent.values() if q)
+                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                broken = set()
+                for fut in sorted(done, key=lambda f: inflight[f][1][0][0]):
+                    lane, batch = inflight[fut]
+                    try:
+                        rows = fut.result()
+                    except BrokenProcessPool:
+                        broken.add(lane)
+                        continue
+                    del inflight[fut]
+                    sent[lane].remove(fut)
+                    finished_any = True
+                    yield from ((task[0], row) for task, row in zip(batch, rows))
+                for lane in sorted(broken):
+                    restart(lane)
+        except BaseException:
+            # interrupted (Ctrl-C, SIGTERM) or closed early: the points in
+            # flight are not waited for (not journalled: a rerun runs them)
+            for pool in pools:
                 stop_workers(pool)
-                raise
-            finally:
+            raise
+        finally:
+            for pool in pools:
                 close_pool(pool)
         self.running = 0
         for task in suspects:
@@ -274,7 +301,7 @@ class LocalProcessRunner:
             yield task[0], row
 
     def _isolated(self, task: Task) -> Dict[str, Any]:
-        pool = self._pool(1)
+        pool = self._pool()
         try:
             return pool.submit(run_point, task[1], self.simulate).result()
         except BrokenProcessPool as e:
@@ -287,8 +314,9 @@ class LocalProcessRunner:
 
     def close(self) -> None:
         if self._started is not None:          # opened but never run
-            pool, self._started = self._started, None
-            close_pool(pool)
+            pools, self._started = self._started, None
+            for pool in pools:
+                close_pool(pool)
 
 
 class DaskRunner:

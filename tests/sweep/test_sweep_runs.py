@@ -151,9 +151,9 @@ def test_a_single_threaded_script_forks_its_workers_guard_or_not(tmp_path):
 
 
 def test_the_first_pool_forks_and_later_pools_use_the_forkserver():
-    """open() starts the first pool by fork where safe (Linux, this thread
-    alone); run() uses it once; a pool after it comes from the runner's own
-    (forkserver) context."""
+    """open() starts the first pools (one worker each) by fork where safe
+    (Linux, this thread alone); run() uses them once; pools after them come
+    from the runner's own (forkserver) context."""
     import threading
     runner = LocalProcessRunner(2)
     alone = threading.active_count() == 1
@@ -162,12 +162,17 @@ def test_the_first_pool_forks_and_later_pools_use_the_forkserver():
         if not sys.platform.startswith("linux") or not alone:
             assert runner._started is None
             return
-        first = runner._pool(2)
-        assert first._mp_context.get_start_method() == "fork"
-        close_pool(first)
-        second = runner._pool(2)
-        assert second._mp_context.get_start_method() == runner._ctx.get_start_method()
-        close_pool(second)
+        first = runner._pools(2)
+        assert len(first) == 2
+        assert all(p._mp_context.get_start_method() == "fork" for p in first)
+        assert all(p._max_workers == 1 for p in first)
+        for pool in first:
+            close_pool(pool)
+        second = runner._pools(2)
+        assert all(p._mp_context.get_start_method() == runner._ctx.get_start_method()
+                   for p in second)
+        for pool in second:
+            close_pool(pool)
     finally:
         runner.close()
 
