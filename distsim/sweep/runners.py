@@ -128,8 +128,9 @@ class InProcessRunner:
 #: few milliseconds a batch on a busy machine: a few percent of a sweep).
 BATCHES_PER_WORKER = 2
 
-#: What a worker process needs imported before it runs a point.
-_WORKER_MODULES = ("distsim.api", "distsim.sweep.point")
+#: What a worker process needs imported before it runs a point (the estimator:
+#: the points of most sweeps).
+_WORKER_MODULES = ("distsim.api", "distsim.sweep.point", "distsim.sweep.estimate")
 
 
 def _context():
