@@ -32,7 +32,7 @@ Task = Tuple[str, Dict[str, Any]]          # (point key, options)
 #: worker dies, and the progress counts finished batches).
 MAX_BATCH = 16
 #: Options that do not change an estimate's per-layer profile (beyond
-#: ``pp > 1`` and the ZeRO kind, which :func:`profile_group` keeps).
+#: ``pp > 1`` and whether ZeRO is 3, which :func:`profile_group` keeps).
 _NOT_IN_PROFILE = frozenset({"pp", "dp", "zero", "bucket_mb", "schedule", "virtual_stages",
                              "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
                              "network_mode", "max_trace_records", "max_ops"})
@@ -41,12 +41,13 @@ _NOT_IN_PROFILE = frozenset({"pp", "dp", "zero", "bucket_mb", "schedule", "virtu
 def profile_group(options: Mapping[str, Any]) -> Optional[tuple]:
     """The points whose estimates share a per-layer profile have the same
     group (a heuristic from the options alone: points it puts apart that
-    could share a profile only cost time); None for a simulated point."""
+    could share a profile only cost time); None for a simulated point.
+    ZeRO 0, 1 and 2 share one: ZeRO 0's profile is derived from ZeRO 1's
+    (:func:`~.estimate_profile.without_zero`), which ZeRO 2 uses too."""
     if options.get("fidelity") != "estimate":
         return None
-    zero = options.get("zero") or 0
     rest = tuple(sorted((k, repr(v)) for k, v in options.items() if k not in _NOT_IN_PROFILE))
-    return (rest, options.get("pp") not in (None, 1), 3 if zero == 3 else (1 if zero else 0))
+    return (rest, options.get("pp") not in (None, 1), options.get("zero") == 3)
 
 
 def estimated(batch: Sequence[Task]) -> bool:

@@ -171,10 +171,7 @@ class LayerProfile:
     forward_crossing: List[int]             # bytes of each value sent forward between stages
     backward_crossing: List[int]
     tied: bool                              # the head reuses the embedding weight (pp > 1: a copy)
-    peak_bytes: int                         # the template's peak on rank 0, and its split
-    peak_by_category: Dict[str, int]
     master_dtype: Any
-    opt_excess: float = 0.0                 # above weights, optimizer state and gradients
     # each block's cost as LowerSPMD's balanced partition estimates it
     partition_costs: Dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -302,9 +299,37 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices of the tensor-parallel
-    group the template runs on (None: ranks ``0..tp-1``)."""
+    group the template runs on (None: ranks ``0..tp-1``). ZeRO 0's is ZeRO
+    1's less its optimizer's ZeRO-1 parts (:func:`without_zero`): one
+    template lowered and simulated for both."""
+    if zero == 0:
+        return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
+                                          topology, collective_algo, optimizer, tp_ranks))
     return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
                          collective_algo, optimizer, tp_ranks=tp_ranks)
+
+
+def without_zero(profile: LayerProfile) -> LayerProfile:
+    """The profile of ZeRO 0 from ZeRO 1's (``profile``, kept unchanged).
+    The template runs at ``dp = 1``, where the two differ only in the
+    optimizer: ZeRO 1 flattens each gradient before its update and
+    reshapes the new parameter after it (``opt_pre``, ``opt_post``), and
+    the flat copy is live while the update ops run (``opt_flat``); the
+    update ops themselves are the same ops on as many elements. So ZeRO 0
+    has no flat copy nor the two reshapes, and its update's transient is
+    ZeRO 1's with the flat copy taken off (``opt_with``), all of it counted
+    as after the copy (``opt_after``, as :func:`~.estimate_profile_memory.
+    _optimizer_memory` counts a parameter without one). Every block's
+    figures are the forward and backward's, shared. Checked against a
+    ZeRO-0 template lowered and simulated on its own
+    (tests/sweep/test_estimate_profile_kinds.py): the same but for the
+    update ops' times, measured there at other absolute times (the last
+    bit of a difference of two clock readings)."""
+    params = {blk: [replace(p, opt_pre=0.0, opt_post=0.0, opt_with=0.0, opt_flat=0,
+                            opt_after=p.opt_with, opt_update=list(p.opt_update))
+                    for p in ps]
+              for blk, ps in profile.params.items()}
+    return replace(profile, params=params, wall_s=0.0)
 
 
 def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
@@ -468,13 +493,10 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
-    peaks = trace.peak_memory()
-    cats = dict(trace.meta.get("peak_memory_by_category", {}).get(0, {}))
     from .estimate_profile_memory import memory_excess   # it reads this module's blocks
-    opt_excess = memory_excess(blocks, groups, times, trace, program, params, rank0, final_only)
+    memory_excess(blocks, groups, times, trace, program, params, rank0, final_only)
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
-                        int(peaks.get(0, 0)), cats, lower.master_dtype, opt_excess,
-                        dict(partition), time.perf_counter() - started, kept)
+                        lower.master_dtype, dict(partition), time.perf_counter() - started, kept)
 
 
 #: The optimizer ops of a parameter ``p`` on rank 0 of the template, by the

@@ -8,7 +8,7 @@ gradient buffers, saved activations).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..ir.core import Function, Op, Value
@@ -18,13 +18,12 @@ from .estimate_profile import EMB, HEAD, LAYER, Block, LayerProfile, Param, opti
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
                    params: Dict[str, List[Param]], rank0: List[Op],
-                   final_only: Dict[int, str]) -> float:
+                   final_only: Dict[int, str]) -> None:
     """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
     curve: the peak inside the block's time window minus what is known to
     be live then (weights and optimizer state, gradient buffers after the
     first backward, saved activations of the blocks before it), and each
-    parameter's update memory (:func:`_optimizer_memory`). Returns the
-    optimizer phase's excess over weights, optimizer state and gradients."""
+    parameter's update memory (:func:`_optimizer_memory`)."""
     roles = program.meta.get("roles", {})
     zero3 = program.meta.get("strategy", {}).get("zero") == 3
     static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
@@ -37,14 +36,14 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
     stamps = [t for t, _ in samples]
 
-    def peak(t0: float, t1: float, upto: bool = False) -> float:
-        """The most live bytes from ``t0`` to ``t1``; the samples at ``t1``
-        itself only ``upto`` it: at the instant a block's last op ends
-        the next op allocates its results (the optimizer's fp32 copy of a
-        gradient, right after the backward's last all-reduce), and those
-        are not the block's."""
+    def peak(t0: float, t1: float) -> float:
+        """The most live bytes from ``t0`` to ``t1``, not the samples at
+        ``t1`` itself: at the instant a block's last op ends the next op
+        allocates its results (the optimizer's fp32 copy of a gradient,
+        right after the backward's last all-reduce), and those are not the
+        block's."""
         lo = bisect_left(stamps, t0)
-        hi = bisect_right(stamps, t1) if upto else bisect_left(stamps, t1)
+        hi = bisect_left(stamps, t1)
         values = [b for _, b in samples[lo:hi]]
         if lo > 0:
             values.append(samples[lo - 1][1])
@@ -91,10 +90,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                                     for names, during, after, nbytes in made]
             blocks[name].bs_excess = max([blocks[name].b0_excess,
                                           *blocks[name].bs_grads.values()])
-    last_b = max(window(k)[1] for k in groups if k[0] == "B")
-    end = max(stamps) if stamps else last_b
     _optimizer_memory(params, rank0, times, samples, static + grads)
-    return max(0.0, peak(last_b, end, upto=True) - static - grads)
 
 
 def _read_excess(ops: List[Op], times, peak, base: float) -> Dict[str, float]:
