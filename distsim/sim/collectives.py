@@ -11,7 +11,8 @@ step repeats the same few thousand times).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+import weakref
+from typing import Dict, Optional, Sequence, Set, Tuple
 
 import simpy
 
@@ -61,10 +62,28 @@ def resolve_algorithm(kind: CollectiveType, requested: str, per_run: bool = Fals
                       f"(known: auto, {', '.join(table)})")
 
 
+#: per topology, the (kind, team, root) already checked (a sweep plans each
+#: team's collectives at dozens of sizes)
+_CHECKED: "weakref.WeakKeyDictionary[object, Set[tuple]]" = weakref.WeakKeyDictionary()
+
+
 def check_team(network: Network, kind: CollectiveType, ranks: Sequence[int],
                root: Optional[int]) -> None:
     """One-line errors for a team the topology cannot run."""
     topo = network.topology
+    # kept only for plain ints (a bool rank equals and hashes as an int,
+    # and an unhashable one is for the check to name)
+    plain = all(type(r) is int for r in ranks) and (root is None or type(root) is int)
+    checked = _CHECKED.setdefault(topo, set())
+    key = (kind, tuple(ranks), root)
+    if plain and key in checked:
+        return
+    _check_team(topo, kind, ranks, root)
+    if plain:
+        checked.add(key)
+
+
+def _check_team(topo, kind: CollectiveType, ranks: Sequence[int], root: Optional[int]) -> None:
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < topo.num_devices:
             raise TopologyError(f"{kind.value}: team rank {r!r} is not a device of topology "

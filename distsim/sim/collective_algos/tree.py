@@ -31,7 +31,9 @@ tests/sim/test_collectives_validation.py checks these times to 1%.
 from __future__ import annotations
 
 import math
-from typing import List, Sequence, Tuple
+import weakref
+from functools import lru_cache
+from typing import Dict, List, Sequence, Tuple
 
 from .ring import chain_order
 from .schedule import FlowSpec, Schedule, parallel, pipeline_chunks, pipelined
@@ -41,17 +43,36 @@ def depth(i: int) -> int:
     return int(math.log2(i + 1))
 
 
-def tree_edges(order: Sequence[int]) -> List[Tuple[int, int, int]]:
+def tree_edges(order: Sequence[int]) -> Tuple[Tuple[int, int, int], ...]:
     """(parent rank, child rank, child depth) of the heap tree over ``order``."""
-    return [(order[(i - 1) // 2], order[i], depth(i)) for i in range(1, len(order))]
+    return _tree_edges(tuple(order))
+
+
+@lru_cache(maxsize=512)
+def _tree_edges(order: Tuple[int, ...]) -> Tuple[Tuple[int, int, int], ...]:
+    # a team's trees are built again for every size it is timed at (a
+    # sweep times each team at dozens of sizes)
+    return tuple((order[(i - 1) // 2], order[i], depth(i)) for i in range(1, len(order)))
+
+
+#: per topology, per tree order: (the longest path latency, the narrowest
+#: link) over the tree's edges, which the chunk count of every size needs
+_BOUNDS: "weakref.WeakKeyDictionary[object, Dict[Tuple[int, ...], Tuple[float, float]]]" = \
+    weakref.WeakKeyDictionary()
 
 
 def _chunks(order: Sequence[int], nbytes: float, hops: int, network, share: int) -> int:
     """Pipeline chunks for ``hops`` steps of depth where ``share`` flows
     cross the busiest link of a step."""
-    pairs = [(a, b) for a, b, _ in tree_edges(order)]
-    alpha = max(network.route_info(a, b)[1] for a, b in pairs)
-    bw = min(min(network.route_info(a, b)[2] or (math.inf,)) for a, b in pairs)
+    key = tuple(order)
+    bounds = _BOUNDS.setdefault(network.topology, {})
+    hit = bounds.get(key)
+    if hit is None:
+        pairs = [(a, b) for a, b, _ in tree_edges(key)]
+        alpha = max(network.route_info(a, b)[1] for a, b in pairs)
+        bw = min(min(network.route_info(a, b)[2] or (math.inf,)) for a, b in pairs)
+        hit = bounds[key] = (alpha, bw)
+    alpha, bw = hit
     return pipeline_chunks(hops + 1, nbytes, alpha, bw / share)
 
 
