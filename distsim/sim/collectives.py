@@ -11,8 +11,7 @@ step repeats the same few thousand times).
 """
 from __future__ import annotations
 
-import weakref
-from typing import Dict, Optional, Sequence, Set, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import simpy
 
@@ -62,25 +61,19 @@ def resolve_algorithm(kind: CollectiveType, requested: str, per_run: bool = Fals
                       f"(known: auto, {', '.join(table)})")
 
 
-#: per topology, the (kind, team, root) already checked (a sweep plans each
-#: team's collectives at dozens of sizes)
-_CHECKED: "weakref.WeakKeyDictionary[object, Set[tuple]]" = weakref.WeakKeyDictionary()
-
-
 def check_team(network: Network, kind: CollectiveType, ranks: Sequence[int],
                root: Optional[int]) -> None:
-    """One-line errors for a team the topology cannot run."""
-    topo = network.topology
-    # kept only for plain ints (a bool rank equals and hashes as an int,
-    # and an unhashable one is for the check to name)
+    """One-line errors for a team the topology cannot run; a team found
+    good is remembered per topology (:attr:`Network.team_plans`), only with
+    plain int ranks (a bool rank equals and hashes as an int, and an
+    unhashable one is for the check to name)."""
     plain = all(type(r) is int for r in ranks) and (root is None or type(root) is int)
-    checked = _CHECKED.setdefault(topo, set())
-    key = (kind, tuple(ranks), root)
-    if plain and key in checked:
+    key = ("checked", kind, tuple(ranks), root)
+    if plain and key in network.team_plans:
         return
-    _check_team(topo, kind, ranks, root)
+    _check_team(network.topology, kind, ranks, root)
     if plain:
-        checked.add(key)
+        network.team_plans[key] = True
 
 
 def _check_team(topo, kind: CollectiveType, ranks: Sequence[int], root: Optional[int]) -> None:

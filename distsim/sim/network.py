@@ -39,7 +39,7 @@ import heapq
 import math
 import weakref
 from operator import itemgetter
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import simpy
 
@@ -67,7 +67,7 @@ class RouteTable:
     each on a network of its own; each used to route its flows again)."""
 
     __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos", "step_shapes",
-                 "analytical_shapes", "__weakref__")
+                 "analytical_shapes", "team_plans", "__weakref__")
 
     def __init__(self) -> None:
         self.edges: List[Tuple[str, str]] = []
@@ -83,6 +83,10 @@ class RouteTable:
         #: ((src, dst) pairs of a step, route key) -> each distinct
         #: (path latency, bottleneck bandwidth) of its flows
         self.analytical_shapes: Dict[tuple, Tuple[Tuple[float, float], ...]] = {}
+        #: what a collective's plan works out for a team whatever its size
+        #: (its check, its server groups, a tree's bounds), by (what, team...):
+        #: each team is planned at many sizes (:mod:`.collectives`)
+        self.team_plans: Dict[tuple, Any] = {}
 
 
 _ROUTE_TABLES: "weakref.WeakKeyDictionary[Topology, RouteTable]" = weakref.WeakKeyDictionary()
@@ -164,6 +168,7 @@ class Network:
         self._route_infos = table.route_infos
         self._step_shapes = table.step_shapes
         self._analytical_shapes = table.analytical_shapes
+        self.team_plans = table.team_plans
         self._stats: Dict[int, _LinkStats] = {}
         self._link_flows: Dict[int, Dict[Flow, None]] = {}
         self._heap: List[Tuple[float, int, int, Flow]] = []

@@ -18,8 +18,8 @@ Each lane has a process of its own (a one-worker pool per lane, see
 went to whichever process was free, and every process came to time every
 team's collectives (measured on the GPT-3 benchmark grid: 916 first
 timings in each of the two processes, 2.5 s each; 756 and 632 with a
-process per lane). How the points are batched changes nothing in their rows, only where they
-run.
+process per lane). How the points are batched changes nothing in their
+rows, only where they run.
 """
 from __future__ import annotations
 

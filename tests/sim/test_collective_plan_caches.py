@@ -11,7 +11,7 @@ from distsim.errors import ConfigError, TopologyError
 from distsim.ir.comm import CollectiveType
 from distsim.sim import collectives as coll
 from distsim.sim.collective_algos import hierarchical, tree
-from distsim.sim.network import Network
+from distsim.sim.network import _ROUTE_TABLES, Network
 from distsim.topology import load_topology
 
 AR, AG = CollectiveType.ALL_REDUCE, CollectiveType.ALL_GATHER
@@ -22,8 +22,7 @@ def _network(topo) -> Network:
 
 
 def _forget(topo) -> None:
-    for table in (coll._CHECKED, hierarchical._LEVELS, tree._BOUNDS):
-        table.pop(topo, None)
+    _ROUTE_TABLES.pop(topo, None)        # the topology's routes and team plans
     tree._tree_edges.cache_clear()
 
 

@@ -11,7 +11,6 @@ groups, are not hierarchical: the functions return None.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .ring import ring_allgather, ring_allreduce, ring_reducescatter
@@ -34,18 +33,13 @@ def _each(algo, teams, nbytes, network) -> Schedule:
     return parallel([algo(t, nbytes, None, network) for t in teams])
 
 
-#: per topology, per team: :func:`_levels` (a sweep times each team at
-#: dozens of sizes; the levels do not depend on the size)
-_LEVELS: "weakref.WeakKeyDictionary[object, Dict[tuple, Optional[tuple]]]" = \
-    weakref.WeakKeyDictionary()
-
-
 def _levels(team, network) -> Optional[Tuple[List[List[int]], List[List[int]], int]]:
     """(server groups, rails, group size g), or None where a two-level
     algorithm does not apply (see :func:`node_groups`); kept per topology
-    and team (do not modify the lists)."""
-    known = _LEVELS.setdefault(network.topology, {})
-    key = tuple(team)
+    and team (:attr:`~distsim.sim.network.Network.team_plans`: the same at
+    every size; do not modify the lists)."""
+    known = network.team_plans
+    key = ("levels", tuple(team))
     if key in known:
         return known[key]
     groups = node_groups(team, network.topology)

@@ -31,9 +31,8 @@ tests/sim/test_collectives_validation.py checks these times to 1%.
 from __future__ import annotations
 
 import math
-import weakref
 from functools import lru_cache
-from typing import Dict, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from .ring import chain_order
 from .schedule import FlowSpec, Schedule, parallel, pipeline_chunks, pipelined
@@ -55,23 +54,19 @@ def _tree_edges(order: Tuple[int, ...]) -> Tuple[Tuple[int, int, int], ...]:
     return tuple((order[(i - 1) // 2], order[i], depth(i)) for i in range(1, len(order)))
 
 
-#: per topology, per tree order: (the longest path latency, the narrowest
-#: link) over the tree's edges, which the chunk count of every size needs
-_BOUNDS: "weakref.WeakKeyDictionary[object, Dict[Tuple[int, ...], Tuple[float, float]]]" = \
-    weakref.WeakKeyDictionary()
-
-
 def _chunks(order: Sequence[int], nbytes: float, hops: int, network, share: int) -> int:
     """Pipeline chunks for ``hops`` steps of depth where ``share`` flows
-    cross the busiest link of a step."""
-    key = tuple(order)
-    bounds = _BOUNDS.setdefault(network.topology, {})
-    hit = bounds.get(key)
+    cross the busiest link of a step. The tree's longest path latency and
+    narrowest link, which every size needs, are kept per topology and tree
+    (:attr:`~distsim.sim.network.Network.team_plans`)."""
+    order = tuple(order)
+    key = ("tree bounds", order)
+    hit = network.team_plans.get(key)
     if hit is None:
-        pairs = [(a, b) for a, b, _ in tree_edges(key)]
+        pairs = [(a, b) for a, b, _ in tree_edges(order)]
         alpha = max(network.route_info(a, b)[1] for a, b in pairs)
         bw = min(min(network.route_info(a, b)[2] or (math.inf,)) for a, b in pairs)
-        hit = bounds[key] = (alpha, bw)
+        hit = network.team_plans[key] = (alpha, bw)
     alpha, bw = hit
     return pipeline_chunks(hops + 1, nbytes, alpha, bw / share)
 
