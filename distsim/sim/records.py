@@ -3,7 +3,7 @@ with numpy from what the simulator already holds.
 
 A large run has hundreds of thousands of op records; making one tuple per
 record, reading every op's name and detail from its Op object and sorting
-them all took a good part of a run's time (issue 8), although most callers
+them all would take a good part of a run's time, although most callers
 only ask for the summary. Here the numeric fields become arrays (the compute
 ops' times, ranks, flops and bytes are arrays already; a collective's
 members, times and bytes are repeated with ``np.repeat``), and names, op

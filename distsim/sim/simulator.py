@@ -79,7 +79,7 @@ class SimulationOptions:
     without events (see :mod:`.solo`; False runs every collective through
     the network, the reference the tests compare with).
 
-    Liveness bounds (issue 9): a run that cannot finish stops with a
+    Liveness bounds: a run that cannot finish stops with a
     :class:`SimulationError` listing every blocked op per device, either
     when no event is left (a deadlock, always detected) or when one of
     these bounds is passed: ``stall_events``: that many SimPy events in a

@@ -8,8 +8,8 @@ Op records are kept as columns (:class:`OpColumns`: one numpy array per
 numeric field, the names, op types and details behind a label number) and
 made into :class:`OpRecord` tuples only when ``Trace.ops`` is first read: a
 large run has hundreds of thousands of records, and the summary, the usual
-thing asked of a run, needs none of them as tuples (issue 8: keep the trace
-cheap). The memory curve likewise (:class:`MemoryColumns`, made into
+thing asked of a run, needs none of them as tuples, so the trace stays
+cheap. The memory curve likewise (:class:`MemoryColumns`, made into
 :class:`MemorySample` tuples when ``Trace.memory`` is first read).
 """
 from __future__ import annotations
