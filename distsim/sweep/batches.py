@@ -1,7 +1,7 @@
 """How the points of a sweep are handed to local worker processes.
 
 Each worker process keeps what the estimator computes once and reuses
-(:func:`~distsim.sweep.estimate_profile.layer_profile`, the collectives'
+(:func:`~distsim.estimate.profile.layer_profile`, the collectives'
 times): a point sent to a process that has not seen its per-layer profile
 pays for building it (tens of milliseconds, as much as estimating a point).
 So estimated points that share a profile go to a worker together, as one
@@ -26,28 +26,22 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..estimate import cache_key
+
 Task = Tuple[str, Dict[str, Any]]          # (point key, options)
 
 #: The most points in one batch (a batch is retried point by point when its
 #: worker dies, and the progress counts finished batches).
 MAX_BATCH = 16
-#: Options that do not change an estimate's per-layer profile (beyond
-#: ``pp > 1`` and whether ZeRO is 3, which :func:`profile_group` keeps).
-_NOT_IN_PROFILE = frozenset({"pp", "dp", "zero", "bucket_mb", "schedule", "virtual_stages",
-                             "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
-                             "network_mode", "max_trace_records", "max_ops"})
-
-
 def profile_group(options: Mapping[str, Any]) -> Optional[tuple]:
     """The points whose estimates share a per-layer profile have the same
-    group (a heuristic from the options alone: points it puts apart that
-    could share a profile only cost time); None for a simulated point.
-    ZeRO 0, 1 and 2 share one: ZeRO 0's profile is derived from ZeRO 1's
-    (:func:`~.estimate_profile.without_zero`), which ZeRO 2 uses too."""
+    group: the estimator's own :func:`~distsim.estimate.cache_key` (the
+    points it refuses, which build nothing, share one); None for a
+    simulated point."""
     if options.get("fidelity") != "estimate":
         return None
-    rest = tuple(sorted((k, repr(v)) for k, v in options.items() if k not in _NOT_IN_PROFILE))
-    return (rest, options.get("pp") not in (None, 1), options.get("zero") == 3)
+    key = cache_key({k: v for k, v in options.items() if k != "fidelity"})
+    return ("refused",) if key is None else key
 
 
 def estimated(batch: Sequence[Task]) -> bool:

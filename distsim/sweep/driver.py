@@ -227,7 +227,7 @@ def check_points(spec: SweepSpec, points: List[SweepPoint], df: pd.DataFrame
     numbered after the grid."""
     from ..models import load_model_config
     from ..report.sweep_charts import ranked
-    from .estimate import symmetry_applies
+    from ..estimate import symmetry_applies
     estimated = df[df["fidelity"] == "estimate"]
     best = ranked(estimated)
     best = best[~best["oom"].fillna(False).astype(bool)].head(spec.check)

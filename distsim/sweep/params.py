@@ -175,7 +175,7 @@ def simulate_parameters() -> Dict[str, Param]:
     """Every option of ``distsim simulate`` a sweep may set, by name (the
     Python keyword; on the command line ``_`` reads ``-``), and
     ``fidelity``: how a point is run (``simulate``, the default, or
-    ``estimate``: :func:`distsim.sweep.estimate.estimate`)."""
+    ``estimate``: :func:`distsim.estimate.estimate`)."""
     out = _run_params()
     out["fidelity"] = Param("fidelity", "str", "sweep", False, FIDELITIES, "simulate")
     for name in model_override_names():

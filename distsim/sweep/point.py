@@ -4,7 +4,7 @@ one flat row.
 :func:`run_point` is what every runner (in-process, local processes, Dask)
 calls, so a row does not depend on what ran it. The option ``fidelity``
 chooses how: ``simulate`` (the default: build the program and simulate it)
-or ``estimate`` (:func:`distsim.sweep.estimate.estimate`, milliseconds, GPT
+or ``estimate`` (:func:`distsim.estimate.estimate`, milliseconds, GPT
 models only). Every row records the batch layout the step ran with
 (:data:`RESOLVED`: data-parallel degree, global batch, micro-batch size and
 count), so rows compare at equal work. It never raises for a bad
@@ -58,7 +58,7 @@ def run_point(params: Mapping[str, Any], simulate: Optional[SimulateFn] = None) 
                            **empty_metrics()}
     try:
         if fidelity == "estimate":
-            from .estimate import estimate
+            from ..estimate import estimate
             row.update(estimated_row(estimate(options)))
         elif fidelity == "simulate":
             if simulate is None:

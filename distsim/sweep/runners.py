@@ -130,7 +130,7 @@ BATCHES_PER_WORKER = 2
 
 #: What a worker process needs imported before it runs a point (the estimator:
 #: the points of most sweeps).
-_WORKER_MODULES = ("distsim.api", "distsim.sweep.point", "distsim.sweep.estimate")
+_WORKER_MODULES = ("distsim.api", "distsim.sweep.point", "distsim.estimate")
 
 
 def _context():

@@ -348,7 +348,7 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     if is_gpt:
         # symmetry, unless the point's ZeRO shards differ between ranks (the
         # simulator refuses that reduced program; the estimate did not use it)
-        from .estimate import symmetry_applies
+        from ..estimate import symmetry_applies
         chosen_points = [{**p, "symmetry": symmetry_applies({**fixed, **p})}
                          for p in chosen_points]
     log(f"{len(ok)} of {len(kept)} fit in memory; simulating the {len(chosen_points)} fastest "

@@ -18,7 +18,7 @@ import traceback
 
 import distsim
 from distsim.errors import DistsimError
-from distsim.sweep.estimate import estimate
+from distsim.estimate import estimate
 
 SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 1234
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 150

@@ -396,7 +396,7 @@ def test_llama_like_model_simulates_faster_and_smaller_with_fused_attention():
 
 
 def test_sweep_estimate_agrees_with_the_simulation_on_fused_attention():
-    from distsim.sweep import estimate as est
+    from distsim.estimate import point as est
     options = {"model": "gpt2", "layers": 4, "global_batch": 32, "network_mode": "analytical",
                "topology": "dgx-a100", "dp": 2, "tp": 2, "pp": 2, "attention": "fused"}
     sim = distsim.simulate(**options).summary()

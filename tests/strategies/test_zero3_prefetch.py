@@ -62,7 +62,7 @@ def test_prefetched_gathers_precede_the_layer_before_in_program_order():
 def test_a_backward_gathers_when_its_gradient_arrives_from_the_next_stage():
     """With pipeline stages, a backward task's first gathers are gated on
     its start: the gradient it receives from the next stage, as the
-    estimator (sweep/estimate_timeline) times them. Gated only on the
+    estimator (estimate/timeline) times them. Gated only on the
     compute before, they would run right after the stage's forward and
     hold the gathered parameters through the next stage's work. (A shared
     comm stream used to give this gate by accident: the receive sat there

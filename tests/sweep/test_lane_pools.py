@@ -68,8 +68,8 @@ def _tasks(params: List[dict]):
 
 
 def test_each_worker_runs_its_own_lane_then_takes_from_the_longest(monkeypatch):
-    # 8 estimated batches of one point each (a profile group per tp value)
-    tasks = _tasks([{**EST, "tp": tp, "key": f"k{tp}"} for tp in range(1, 9)])
+    # 8 estimated batches of one point each (a profile group per sequence length)
+    tasks = _tasks([{**EST, "seq": 64 * k, "key": f"k{k}"} for k in range(1, 9)])
     runner, pools = _runner(monkeypatch, 2)
     rows = dict(runner.run(tasks))
     assert sorted(rows) == [f"k{i}" for i in range(1, 9)]

@@ -1,0 +1,49 @@
+"""The fast tier: a training step's time and memory in milliseconds,
+without building or simulating the whole program. A peer of
+:mod:`distsim.sim` that sweeps and search use (``fidelity: estimate``).
+
+    from distsim.estimate import estimate
+    row = estimate({"model": "gpt3-175b", "topology": "dgx-a100-x128",
+                    "tp": 8, "pp": 16, "micro_batch": 1})
+    row["step_time_s"], row["max_peak_memory_bytes"], row["oom"]
+
+**Contract.**
+
+- *Covers*: the ``gpt`` family (GPT / Llama shapes, fused attention)
+  under every strategy :class:`~distsim.transforms.strategy.Strategy`
+  describes: dp x tp x pp in any mesh order, sequence parallelism, the
+  GPipe / 1F1B / interleaved schedules, even or balanced partitions,
+  micro-batches, ZeRO 0-3 (prefetch, by parameter or by layer),
+  gradient buckets, recomputation, AdamW / SGD; on any topology.
+- *Refuses*, with the :class:`~distsim.errors.ConfigError` (or
+  :class:`~distsim.errors.PassPreconditionError`) that
+  :func:`distsim.simulate` raises for the same options: invalid options,
+  and models of other families (MLP, ONNX imports) with a ConfigError
+  naming the family. It never falls back to a simulation by itself.
+- *Models*: what the lowering decides, from the same decision
+  functions (:mod:`distsim.transforms.sync_policy`, the pipeline
+  schedules and task order), timed by the cost model and the
+  simulator's analytical network (each collective alone, as
+  ``network_mode: analytical``): under ``network_mode: flow`` teams that
+  share links at once run slower in the simulation than here.
+- *Error bound*: against :func:`distsim.simulate` with the analytical
+  network, step time and peak memory agree within the tolerance that
+  ``tests/estimate/test_agreement_corpus.py`` asserts on random
+  configurations (:data:`AGREEMENT_TOLERANCE`); the README's "The
+  estimator" lists where it comes closest to it.
+- *Cache key*: :func:`cache_key` (options -> the key of the per-layer
+  profile an estimate builds once per process and reuses): sweeps group
+  the points that share one.
+
+How it works: :mod:`.point` resolves the options and combines the parts;
+:mod:`.profile` lowers and simulates a two-layer template once per model
+shape and tensor-parallel layout (per-block times and memory);
+:mod:`.timeline` walks the pipeline's program order on an
+:class:`~.engine.Timeline` (one rank per stage, compute and communication
+streams); :mod:`.memory` walks the same schedule for the peak bytes.
+"""
+from .point import (AGREEMENT_TOLERANCE, Case, cache_key, check_zero_shards, estimate,
+                    profile_key, resolve, symmetry_applies)
+
+__all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "estimate",
+           "profile_key", "resolve", "symmetry_applies"]

@@ -1,0 +1,368 @@
+"""The op-by-op backward of the estimator's :class:`~.timeline.Builder`
+(a mixin): a backward task emitted entry by entry from the template's
+segments (:attr:`.profile.Block.only` / ``last``: compute runs,
+tensor-parallel collectives, gradients becoming final) with the
+data-parallel sync of each gradient where LowerSPMD emits it. Used for
+each chunk's last backward (without a reduce-scatter per micro-batch), the
+first micro-batch's backward with ZeRO 2/3 (each gradient flattened and
+reduce-scattered where it is made), and ZeRO-3's backwards past the first
+(the same, each shard then accumulated, the compute waiting for it).
+Which of those are recorded once and replayed: :mod:`.replay`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+from ..ir.comm import CollectiveType
+from ..transforms.zero3 import unit_indices
+
+from .gates import gather_plan
+
+if TYPE_CHECKING:     # pragma: no cover - for the annotations only
+    from ..transforms.strategy import Strategy
+    from .engine import Timeline
+    from .profile import LayerProfile
+    from .state import Memo
+    from .sync import StepSync
+
+
+class OpByOpBackward:
+    """The op-by-op backward of :class:`~.timeline.Builder` (a
+    mixin: it uses the builder's timeline, sync, profile, memo, FLOPs,
+    ``blocks_of`` and ``_block_scatter``)."""
+
+    tl: "Timeline"
+    sync: "StepSync"
+    prof: "LayerProfile"
+    memo: "Memo"
+    S: "Strategy"
+    M: int
+    flops: List[float]
+    flats: Dict[int, List[Tuple[int, float]]]
+    #: what the last :meth:`emit_last_backward` noted: its flat copies' bytes
+    #: within the task (``inside``) and those it left waiting (for a recorder)
+    notes: Tuple[Dict[Tuple[int, int], int], Optional[List[Tuple[int, float]]]]
+    replays: Dict[tuple, tuple]
+    shapes: List[Tuple[bool, bool, int]]
+    route: str
+    scatter_each: bool
+    zero3: bool
+    by_layer: bool
+    unit_pending: Dict[int, list]
+
+    def _segment_plan(self, name: str, only: bool) -> list:
+        """A block's op-level last backward (``only``: the first micro-batch's,
+        which does not accumulate) as (kind, time, FLOPs, the
+        entries it waits for, the entry a collective reads (-1: the last
+        compute run before it), the parameter index of a final gradient,
+        a leading recomputation, whether it waits for the block's ZeRO-3
+        gathers up to: :attr:`.profile.Segment.gate`)."""
+        plan = self.memo.segments.get((name, only))
+        if plan is None:
+            blk = self.prof.blocks[name]
+            segs = blk.only if only else blk.last
+            ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
+            index = {p.name: i for i, p in enumerate(self.prof.params[name])}
+            gp = gather_plan(self, "B", name) if self.zero3 else None
+            # by layer: the unit's copy-out in the run where the unit is
+            # first read, each reshape it replaces off the run that read
+            # its parameter first (the reads so far: positions up to the gate)
+            by_layer = gp is not None and gp.first is not None
+            read, split = -1, False
+            plan = []
+            for seg in segs:
+                gate = seg.gate
+                if gp is not None and gate is not None and gate >= 0:
+                    gate = gp.upto[gate]          # the gathers issued up to that read
+                if seg.kind == "c":
+                    t = seg.time_s
+                    if by_layer and seg.gate is not None and seg.gate > read:
+                        t -= sum(gp.reshape_s[read + 1:seg.gate + 1])
+                        read = seg.gate
+                        if not split and read >= gp.first:
+                            t, split = t + gp.split_s, True
+                        t = max(0.0, t)
+                    plan.append(("c", t, blk.b_flops * seg.time_s / ctime,
+                                 tuple(d for d in seg.deps if d is not None), None, None,
+                                 seg.lead, gate))
+                elif seg.kind == "t":
+                    d = seg.deps[0] if seg.deps else None
+                    plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None,
+                                 seg.lead, gate))
+                else:
+                    plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
+                                 index[seg.param], False, gate))
+            self.memo.segments[(name, only)] = plan
+        return plan
+
+    def emit_last_backward(self, stage: int, c: int, order, ready: float,
+                           first_microbatch: bool = False,
+                           accumulating: Optional[int] = None,
+                           at_input: Optional[Callable[[str], None]] = None,
+                           block_replays: bool = False) -> Optional[float]:
+        """The last micro-batch's backward op by op, with the data-parallel
+        sync of each gradient emitted where it becomes final
+        (``first_microbatch``: ZeRO 2/3's first micro-batch, each gradient
+        flattened and reduce-scattered where it is produced; with one
+        micro-batch that is its sync; ``accumulating``: ZeRO-3's
+        micro-batch past the first, likewise, each reduce-scatter followed
+        by the accumulation (at the last micro-batch, and the average) of
+        its shard, which the compute stream waits for, as LowerSPMD emits
+        it; its memory is not noted here: no copy outlives its reduce-
+        scatter). ``at_input`` is called once, with the entry's kind,
+        before the first entry that waits for the task's input (the first
+        past a leading recomputation). ``block_replays`` (``accumulating``
+        only): a block may be a recorded block's items again
+        (:meth:`_block_replay`)."""
+        tl = self.tl
+        only = first_microbatch or self.M == 1
+        scatter = first_microbatch and self.M > 1
+        shard_ops = self._shard_ops(accumulating) if accumulating else None
+        #: the parameters' costs, for the sync of each gradient here
+        #: (reduce-scatters: ZeRO 2/3 only)
+        timed_costs = self.memo.param_costs if scatter and self.sync.zero >= 2 else {}
+        last: Optional[float] = None
+        first = True
+        #: ZeRO-3, per block position: where its gathers end, by the
+        #: position of the last parameter gathered (None: all of them)
+        gathered: Dict[int, Dict[Optional[int], float]] = {}
+        n = len(order)
+        # ZeRO 2/3 reduce-scattering here: each flat copy's (bytes, the end
+        # of its reduce-scatter)
+        flats: Optional[List[Tuple[int, float]]] = [] if (self.scatter_each and only
+                                                          and not accumulating) else None
+        #: per gradient (its block's position in ``order``, its index in
+        #: the block), the bytes of the task's earlier flat copies still
+        #: waiting when it is made
+        inside: Dict[Tuple[int, int], int] = {}
+        #: ZeRO 0/1 buckets: per block, the bytes of the stage's buckets
+        #: flushed before it starts (held until they are unpacked)
+        in_buckets: Dict[int, int] = {}
+        by_stage = self.sync.buckets if self.route == "bucket" else {}
+        #: by layer: per block position, its unit's gradients made so far
+        unit_made: Dict[int, Dict[int, float]] = {}
+        block_replays = block_replays and accumulating is not None and self.zero3 \
+            and not self.by_layer and not by_stage
+        for k, (name, layer) in enumerate(order):
+            if by_stage.get(stage):       # flushed so far, this task's too
+                in_buckets[k] = sum(by_stage[stage])
+            recording = None
+            if block_replays and not first and last is not None:
+                done, recording = self._block_replay(stage, order, k, last, gathered,
+                                                     accumulating == self.M - 1)
+                if done is not None:
+                    last = done
+                    continue
+            ends: Dict[Optional[int], float] = {}
+            if self.zero3:
+                gate = last if last is not None else max(ready, tl.free[2 * stage])
+                for j in range(k, min(n, k + 1 + self.S.prefetch)):
+                    if j not in gathered:
+                        gathered[j] = at_end = {}
+                        copy_in = gather_plan(self, "B", order[j][0]).copy_in
+                        start = tl.compute(stage, copy_in, gate) if copy_in else gate
+                        for t, upto in self._gather_groups(order[j][0], only):
+                            at_end[upto] = at_end[None] = tl.comm_on(stage, t, start)
+                ends = gathered[k]
+            local: Dict[int, float] = {}
+            unit = self._grad_unit(name)
+            for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
+                    self._segment_plan(name, only)):
+                # ZeRO-3: an entry waits for the block's gathers up to the
+                # last parameter it (or an entry before it) reads; before
+                # the first read, for none
+                extra = 0.0 if not ends or at == -1 else ends[at]
+                # the recomputation a task starts with need not wait for its input
+                if first and not lead:
+                    if at_input is not None:     # the first entry that waits for the input
+                        at_input(kind)
+                        at_input = None
+                    if ready > extra:
+                        extra = ready
+                if kind == "c":
+                    self.flops[stage] += fl
+                    for d in waits:
+                        if local[d] > extra:
+                            extra = local[d]
+                    local[i] = last = tl.compute(stage, time_s, extra)
+                    first = first and lead
+                elif kind == "t":
+                    dep = local.get(src, 0.0) if src >= 0 else last
+                    if dep is not None and dep > extra:
+                        extra = dep
+                    local[i] = tl.comm_on(stage, time_s, extra, tp=True)
+                    first = first and lead
+                else:
+                    made = local.get(src) if src >= 0 else last
+                    if flats:
+                        flats = [x for x in flats if x[1] > (made or 0.0)]
+                        held = sum(nbytes for nbytes, _ in flats)
+                        if held > inside.get((k, param), 0):
+                            inside[(k, param)] = held
+                    if unit is not None and param in unit:
+                        # by layer: reduce-scattered with the rest of the
+                        # block's unit once all are made
+                        got = unit_made.setdefault(k, {})
+                        got[param] = made or 0.0
+                        if len(got) == len(unit):
+                            end = self._scatter_unit(stage, name, layer, unit,
+                                                     max(got.values()), accumulating or 0)
+                            if flats is not None:
+                                flats.append((self._unit_bytes(name), end))
+                        continue
+                    if scatter:
+                        pc = timed_costs.get((name, param))
+                        if pc is not None and pc.sync is not None:
+                            # StepSync.scatter's steps, its collective timed
+                            # (ZeRO 2/3: thousands of gradients a step)
+                            t, fl = pc.flat
+                            self.flops[stage] += fl
+                            end = tl.comm_on(stage, pc.sync, tl.compute(stage, t, made or 0.0))
+                        else:
+                            end = self.sync.scatter((name, param), stage, made)
+                        if shard_ops is not None:
+                            t, fl = shard_ops[(name, param)]
+                            self.flops[stage] += fl
+                            end = last = tl.compute(stage, t, end)
+                            if accumulating == self.M - 1:
+                                key = (name, layer, param)
+                                self.sync.final[key] = self.sync.synced[key] = end
+                    else:
+                        end = self.sync.ready_and_synced((name, layer, param), stage, made)
+                    if flats is not None:
+                        flats.append((self.sync.cost(name, param).nbytes, end))
+            if recording is not None:
+                self._block_record(recording, stage, order, k, last, gathered)
+        if in_buckets:
+            self._note_buckets(stage, c, in_buckets)
+        if last is None:
+            flats = None
+        elif flats:
+            flats = [(nbytes, end) for nbytes, end in flats if end > last]
+        self._leave_flats(stage, c, inside, flats)
+        self.notes = (inside, flats)
+        return last
+
+    def _block_replay(self, stage: int, order, k: int, origin: float,
+                      gathered: Dict[int, Dict[Optional[int], float]], last_mb: bool
+                      ) -> Tuple[Optional[float], Optional[tuple]]:
+        """Block ``k`` of ``order``, whose entries come after the compute
+        end ``origin`` (the block before's last): (its last compute end if
+        it was replayed from a record, else None; what :meth:`_block_record`
+        needs to record it once emitted, or None). Here: never replayed nor
+        recorded (see :class:`.replay.ReplayedBackward`)."""
+        return None, None
+
+    def _block_record(self, recording: tuple, stage: int, order, k: int, last: float,
+                      gathered: Dict[int, Dict[Optional[int], float]]) -> None:
+        """Record block ``k`` just emitted (see :meth:`_block_replay`)."""
+
+    def _leave_flats(self, stage: int, c: int, inside: Dict[Tuple[int, int], int],
+                     flats: Optional[List[Tuple[int, float]]]) -> None:
+        """What a backward that flattens its gradients leaves: the most
+        bytes of flat copies waiting at each gradient (``inside``) and the
+        copies still waiting for their reduce-scatters when it ends
+        (``flats``: bytes, end), noted for the memory walk and kept for the
+        stage's next tasks."""
+        if inside:
+            self._note_inside(stage, c, inside)
+        if flats:
+            self._note_flats(stage, "end", 0, c, flats)
+            self.flats[stage] = self.flats.get(stage, []) + flats
+
+    def _gather_groups(self, name: str, only: bool) -> List[Tuple[float, int]]:
+        """ZeRO-3, a block's op-by-op backward: its all-gathers (which run
+        back to back) as the fewest items its entries can wait for: (summed
+        time, position of the group's last parameter) each, cut after each
+        position an entry of :meth:`_segment_plan` waits up to."""
+        hit = self.memo.gather_groups.get((name, only))
+        if hit is None:
+            times = gather_plan(self, "B", name).items
+            cuts = sorted({entry[7] for entry in self._segment_plan(name, only)
+                           if entry[7] is not None and entry[7] >= 0})
+            hit, start = [], 0
+            for upto in cuts + [len(times) - 1]:
+                if upto >= start:
+                    hit.append((sum(times[start:upto + 1]), upto))
+                    start = upto + 1
+            self.memo.gather_groups[(name, only)] = hit
+        return hit
+
+    def _shard_ops(self, mb: int) -> Dict[Tuple[str, int], Tuple[float, float]]:
+        """ZeRO-3's backward of micro-batch ``mb`` (past the first) op by op:
+        per parameter (block, index), the time and FLOPs of the ops on its
+        shard after its reduce-scatter (accumulate; at the last micro-batch
+        average too)."""
+        final = mb == self.M - 1
+        hit = self.memo.shard_ops.get(final)
+        if hit is None:
+            hit = self.memo.shard_ops[final] = {}
+            per = 2 if final else 1          # ops per parameter in the terms
+            for name, params in self.prof.params.items():
+                terms = self._block_scatter(name, True, final)
+                for i in range(len(params)):
+                    at = slice(i * per, (i + 1) * per)
+                    hit[(name, i)] = (sum(terms.on_shard[at]), sum(terms.shard_flops[at]))
+        return hit
+
+    # -- ZeRO-3 by layer: a block's gradients reduce-scattered as one --------
+    def _grad_unit(self, name: str) -> Optional[Tuple[int, ...]]:
+        """By layer with a reduce-scatter per micro-batch: the indices of
+        the block's parameters whose gradients travel as one (those dp
+        divides, when more than one), or None."""
+        if not (self.by_layer and self.scatter_each):
+            return None
+        return self._grad_unit_of(name)[0]
+
+    def _unit_bytes(self, name: str) -> int:
+        """The bytes of the block's unit of gradients (its parameters whole)."""
+        return self._grad_unit_of(name)[1]
+
+    def _grad_unit_of(self, name: str) -> Tuple[Optional[Tuple[int, ...]], int]:
+        hit = self.memo.grad_units.get(name)
+        if hit is None:
+            params = self.prof.params[name]
+            members = unit_indices([p.numel for p in params], self.S.dp)
+            hit = self.memo.grad_units[name] = (
+                members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
+        return hit
+
+    def _scatter_unit(self, stage: int, name: str, layer, unit: Tuple[int, ...], made: float,
+                      mb: int) -> float:
+        """A block's unit of gradients, all made by ``made``: the stage's
+        previous unit settled first (:meth:`settle_units`), then the
+        gradients concatenated row by row (compute) and reduce-scattered
+        (its end returned); settled at the stage's next unit."""
+        self.settle_units(stage)
+        params = self.prof.params[name]
+        d = params[unit[0]].dtype
+        t_cat = self.costs.cost("chunk_cat", [(params[i].numel, d) for i in unit],
+                                [(sum(params[i].numel for i in unit), d)])[0]
+        end = self.tl.compute(stage, t_cat, made)
+        end = self.tl.comm_on(stage, self.dp_time(CollectiveType.REDUCE_SCATTER,
+                                                  self._unit_bytes(name)), end)
+        self.unit_pending.setdefault(stage, []).append((name, layer, unit, mb, end))
+        return end
+
+    def settle_units(self, stage: int) -> None:
+        """The units of ``stage`` reduce-scattered and not settled: each
+        result split into the shards (compute, after its reduce-scatter),
+        then, past the first micro-batch, each shard's accumulation (and at
+        the last, its average); a gradient is synchronised where its shard
+        is settled at the last micro-batch (as GradientSync._settle_units)."""
+        tl, sync = self.tl, self.sync
+        for name, layer, unit, mb, rs_end in self.unit_pending.pop(stage, []):
+            params = self.prof.params[name]
+            d = params[unit[0]].dtype
+            shards = [params[i].numel // self.S.dp for i in unit]
+            t_split = self.costs.cost("split", [(sum(shards), d)], [(n, d) for n in shards])[0]
+            end = tl.compute(stage, t_split, rs_end)
+            ops = self._shard_ops(mb) if mb else None
+            for i in unit:
+                if ops is not None:
+                    t, fl = ops[(name, i)]
+                    self.flops[stage] += fl
+                    end = tl.compute(stage, t, end)
+                if mb == self.M - 1:
+                    key = (name, layer, i)
+                    sync.final[key] = sync.synced[key] = end

@@ -1,0 +1,501 @@
+"""The estimator's timeline: work items on the streams of pipeline stages.
+
+Each pipeline stage is represented by one rank with the simulator's
+streams: compute, communication, and a point-to-point queue per pair of
+stages. An item is a piece of work in program order on one or more
+streams: a run of compute (one stream), a collective (the communication
+streams of every stage in its team), a pipeline send/receive (the queue of
+its pair of stages), or a forward/backward task with tensor-parallel
+collectives inside (both streams of its stage: its collectives hold the
+communication stream while it runs). An item starts when every stream it
+is on has finished the items before it and the items it depends on have
+ended -- the simulator's rule (a stream takes its ops in program order; a
+collective starts when every member has reached it) with no network
+contention, as in the analytical mode.
+
+Items are added in program order, and an item can only depend on items
+added before it, so the order of addition is an order in which every item
+can be settled: :class:`Timeline` gives each item its start and end as it
+is added (no graph is kept, no event queue is needed, and nothing can
+deadlock). An item is then just its end time: what later items depend on
+is the latest end among their dependencies (``ready``, 0.0 for none).
+"""
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .overlap import span_overlap
+
+COMPUTE, COMM = 0, 1
+#: A replayed run of one stream's spans (see :attr:`Timeline.compute_runs`).
+Run = Tuple[int, np.ndarray, np.ndarray, float]
+_AT, _ORIGIN = itemgetter(0), itemgetter(3)
+#: Up to this many runs, :func:`_spans` joins the pieces one by one.
+_FEW_RUNS = 8
+
+
+class Timeline:
+    """Two streams per stage (``2 * stage + COMPUTE`` and ``+ COMM``),
+    settled as items are added, with what :meth:`stage_breakdown` needs
+    kept per stage."""
+
+    def __init__(self, stages: int) -> None:
+        self.stages = stages
+        self.free: List[float] = [0.0] * (2 * stages)   # end of each stream's last item
+        self.end = 0.0                                  # the latest end of any item
+        # per stage: the spans (start, start + busy) of its compute items, the
+        # tensor-parallel waits inside them, and the spans of its
+        # communication-only items, each in stream order (starts and ends
+        # apart)
+        self.compute_starts: List[List[float]] = [[] for _ in range(stages)]
+        self.compute_ends: List[List[float]] = [[] for _ in range(stages)]
+        self.waits: List[float] = [0.0] * stages
+        self.comm_starts: List[List[float]] = [[] for _ in range(stages)]
+        self.comm_ends: List[List[float]] = [[] for _ in range(stages)]
+        # the lengths of those spans, summed as they come (as a sum over the
+        # list would, in the same order)
+        self.busy: List[float] = [0.0] * stages
+        self.comm_s: List[float] = [0.0] * stages
+        # of comm_s, the tensor-parallel collectives emitted as items of
+        # their own (the op-by-op backward's), not as waits in compute; of
+        # waits, those of single items holding the communication stream
+        # (:meth:`compute`: ZeRO 2/3's reduce-scatters that a micro-batch's
+        # accumulation waits for), not of a task's tensor-parallel pieces
+        self.tp_items: List[float] = [0.0] * stages
+        self.sync_waits: List[float] = [0.0] * stages
+        # point-to-point queues: the end of each pair of stages' last
+        # transfer, and per stage the spans of its transfers (those with
+        # its two neighbours may overlap each other and the collectives)
+        self.p2p_free: Dict[Tuple[int, int], float] = {}
+        self.p2p_starts: List[List[float]] = [[] for _ in range(stages)]
+        self.p2p_ends: List[List[float]] = [[] for _ in range(stages)]
+        # runs of spans replayed whole (:meth:`replay`), per stage and
+        # stream, in stream order: each run's place among the spans in the
+        # lists above (how many were there before it), its record's starts
+        # and ends relative to its origin, and the origin; the spans are
+        # made when asked for (:func:`_spans`), a numpy call per record
+        self.compute_runs: List[List[Run]] = [[] for _ in range(stages)]
+        self.comm_runs: List[List[Run]] = [[] for _ in range(stages)]
+        # a span that starts where the stream's last one ends extends it
+        # (most of a backward's compute runs back to back: a third of the
+        # spans to keep and to sweep in :meth:`stage_breakdown`), but not
+        # one listed before a :meth:`mark` (a record starts there) or a
+        # replayed run (its spans come after the lists' last): per stream,
+        # how many spans of its list are sealed so. (Each method that adds
+        # spans applies this rule inline: four lines, on the hottest path,
+        # where a call per item would cost more than the rule.)
+        self.sealed: List[int] = [0] * (2 * stages)
+
+    def copy(self) -> "Timeline":
+        """An independent copy (to continue two walks from a shared prefix)."""
+        t = Timeline.__new__(Timeline)
+        t.stages, t.free, t.end = self.stages, list(self.free), self.end
+        t.compute_starts = [list(x) for x in self.compute_starts]
+        t.compute_ends = [list(x) for x in self.compute_ends]
+        t.waits = list(self.waits)
+        t.comm_starts = [list(x) for x in self.comm_starts]
+        t.comm_ends = [list(x) for x in self.comm_ends]
+        t.busy, t.comm_s = list(self.busy), list(self.comm_s)
+        t.tp_items, t.sync_waits = list(self.tp_items), list(self.sync_waits)
+        t.p2p_free = dict(self.p2p_free)
+        t.p2p_starts = [list(x) for x in self.p2p_starts]
+        t.p2p_ends = [list(x) for x in self.p2p_ends]
+        t.compute_runs = [list(x) for x in self.compute_runs]     # records shared: never changed
+        t.comm_runs = [list(x) for x in self.comm_runs]
+        t.sealed = list(self.sealed)
+        return t
+
+    def compute(self, stage: int, time_s: float, ready: float = 0.0,
+                busy_s: Optional[float] = None, holds_comm: bool = False) -> float:
+        """A run of compute on ``stage`` (``holds_comm``: with
+        tensor-parallel collectives inside, holding the communication stream
+        too; ``busy_s`` of its ``time_s`` computes, the rest waits) that may
+        start at ``ready``; returns its end."""
+        free = self.free
+        s = 2 * stage
+        start = free[s] if free[s] > 0.0 else 0.0
+        if holds_comm and free[s + 1] > start:
+            start = free[s + 1]
+        if ready > start:
+            start = ready
+        end = start + time_s
+        free[s] = end
+        if holds_comm:
+            free[s + 1] = end
+        if end > self.end:
+            self.end = end
+        busy = time_s if busy_s is None else busy_s
+        busy_end = start + busy
+        ends = self.compute_ends[stage]
+        if len(ends) > self.sealed[s] and ends[-1] == start:
+            ends[-1] = busy_end
+        else:
+            self.compute_starts[stage].append(start)
+            ends.append(busy_end)
+        self.busy[stage] += busy_end - start
+        if holds_comm:
+            self.waits[stage] += time_s - busy
+            self.sync_waits[stage] += time_s - busy
+        return end
+
+    def compute_pieces(self, stage: int, pieces: Sequence[Tuple[float, Optional[float], bool]],
+                       ready: float) -> float:
+        """:meth:`compute` of each piece ``(time, busy time, holds the
+        communication stream)`` in turn, the first from ``ready``, each
+        from the end of the one before (a task's compute items); returns
+        the last end."""
+        # compute()'s body, inlined (the hottest loop of a sweep): the same
+        # operations in the same order, so the same sums to the bit
+        free = self.free
+        s = 2 * stage
+        starts, ends = self.compute_starts[stage], self.compute_ends[stage]
+        busy_sum, waits, latest = self.busy[stage], self.waits[stage], self.end
+        sealed = self.sealed[s]
+        end = ready
+        for time_s, busy_s, holds_comm in pieces:
+            start = free[s] if free[s] > 0.0 else 0.0
+            if holds_comm and free[s + 1] > start:
+                start = free[s + 1]
+            if end > start:
+                start = end
+            end = start + time_s
+            free[s] = end
+            if holds_comm:
+                free[s + 1] = end
+            if end > latest:
+                latest = end
+            busy = time_s if busy_s is None else busy_s
+            busy_end = start + busy
+            if len(ends) > sealed and ends[-1] == start:
+                ends[-1] = busy_end
+            else:
+                starts.append(start)
+                ends.append(busy_end)
+            busy_sum += busy_end - start
+            if holds_comm:
+                waits += time_s - busy
+        self.end = latest
+        self.busy[stage], self.waits[stage] = busy_sum, waits
+        return end
+
+    def compute_each(self, stage: int, times: Sequence[float], readies: Sequence[float]
+                     ) -> None:
+        """:meth:`compute` of ``times[i]`` from ``readies[i]``, for each i in
+        turn, on the compute stream alone (the optimizer's updates of a
+        stage's parameters, each from when its gradient is synchronised)."""
+        free = self.free
+        s = 2 * stage
+        starts, ends = self.compute_starts[stage], self.compute_ends[stage]
+        busy_sum, latest = self.busy[stage], self.end
+        sealed = self.sealed[s]
+        for time_s, ready in zip(times, readies):
+            start = free[s] if free[s] > 0.0 else 0.0
+            if ready > start:
+                start = ready
+            end = start + time_s
+            free[s] = end
+            if end > latest:
+                latest = end
+            if len(ends) > sealed and ends[-1] == start:
+                ends[-1] = end
+            else:
+                starts.append(start)
+                ends.append(end)
+            busy_sum += end - start
+        self.end = latest
+        self.busy[stage] = busy_sum
+
+    def chain(self, stage: int, items: Sequence[Sequence[Tuple[bool, float]]],
+              readies: Sequence[float]) -> None:
+        """Chains of items on ``stage``, chain ``i`` from ``readies[i]``,
+        each item ``(on the communication stream, time)`` from the end of
+        the one before it: :meth:`compute` (no waits inside) or
+        :meth:`comm_on` of each item in turn (the optimizer of ZeRO 1/2,
+        a parameter's chain: its update, the all-gather of the new
+        parameter, the reshape after it; thousands per step, so the two
+        methods' bodies inlined: the same operations in the same order)."""
+        free = self.free
+        s, m = 2 * stage, 2 * stage + 1
+        c_starts, c_ends = self.compute_starts[stage], self.compute_ends[stage]
+        m_starts, m_ends = self.comm_starts[stage], self.comm_ends[stage]
+        c_sealed, m_sealed = self.sealed[s], self.sealed[m]
+        busy, comm_s, latest = self.busy[stage], self.comm_s[stage], self.end
+        for chain, end in zip(items, readies):
+            for on_comm, time_s in chain:
+                if on_comm:
+                    start = free[m] if free[m] > 0.0 else 0.0
+                    if end > start:
+                        start = end
+                    end = start + time_s
+                    free[m] = end
+                    if len(m_ends) > m_sealed and m_ends[-1] == start:
+                        m_ends[-1] = end
+                    else:
+                        m_starts.append(start)
+                        m_ends.append(end)
+                    comm_s += end - start
+                else:
+                    start = free[s] if free[s] > 0.0 else 0.0
+                    if end > start:
+                        start = end
+                    end = start + time_s
+                    free[s] = end
+                    if len(c_ends) > c_sealed and c_ends[-1] == start:
+                        c_ends[-1] = end
+                    else:
+                        c_starts.append(start)
+                        c_ends.append(end)
+                    busy += end - start
+                if end > latest:
+                    latest = end
+        self.end = latest
+        self.busy[stage], self.comm_s[stage] = busy, comm_s
+
+    def comm(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:
+        """A collective on the communication streams of ``stages`` that may
+        start at ``ready``; returns its end."""
+        if len(stages) == 1:
+            return self.comm_on(stages[0], time_s, ready)
+        free = self.free
+        start = 0.0
+        for stage in stages:
+            if free[2 * stage + 1] > start:
+                start = free[2 * stage + 1]
+        if ready > start:
+            start = ready
+        end = start + time_s
+        if end > self.end:
+            self.end = end
+        for stage in dict.fromkeys(stages):
+            free[2 * stage + 1] = end
+            ends = self.comm_ends[stage]
+            if len(ends) > self.sealed[2 * stage + 1] and ends[-1] == start:
+                ends[-1] = end
+            else:
+                self.comm_starts[stage].append(start)
+                ends.append(end)
+            self.comm_s[stage] += end - start
+        return end
+
+    def comm_on(self, stage: int, time_s: float, ready: float = 0.0, tp: bool = False) -> float:
+        """:meth:`comm` on one stage's communication stream (most of them:
+        gradient syncs, ZeRO gathers, tensor-parallel collectives: ``tp``)."""
+        free = self.free
+        s = 2 * stage + 1
+        start = free[s] if free[s] > 0.0 else 0.0
+        if ready > start:
+            start = ready
+        end = start + time_s
+        if end > self.end:
+            self.end = end
+        free[s] = end
+        ends = self.comm_ends[stage]
+        if len(ends) > self.sealed[s] and ends[-1] == start:
+            ends[-1] = end
+        else:
+            self.comm_starts[stage].append(start)
+            ends.append(end)
+        self.comm_s[stage] += end - start
+        if tp:
+            self.tp_items[stage] += end - start
+        return end
+
+    def p2p_chain(self, a: int, b: int, times: Sequence[float], ready: float,
+                  arrived: float) -> float:
+        """Pipeline sends/receives between stages ``a != b``, one of each of
+        ``times`` after another (a task's outputs), on the pair's
+        point-to-point queue (not behind the collectives, as in the
+        simulator), the first from ``ready``; returns the latest of
+        ``arrived`` and their ends."""
+        pair = (a, b) if a < b else (b, a)
+        p2p_free = self.p2p_free
+        start = p2p_free.get(pair, 0.0)
+        starts_a, ends_a = self.p2p_starts[a], self.p2p_ends[a]
+        starts_b, ends_b = self.p2p_starts[b], self.p2p_ends[b]
+        for time_s in times:
+            if ready > start:
+                start = ready
+            end = start + time_s
+            p2p_free[pair] = end
+            if end > self.end:
+                self.end = end
+            starts_a.append(start)
+            ends_a.append(end)
+            starts_b.append(start)
+            ends_b.append(end)
+            if end > arrived:
+                arrived = end
+            start = end
+        return arrived
+
+    def run(self) -> float:
+        """The step time: the last end."""
+        return self.end
+
+    # -- recorded tasks ------------------------------------------------------
+    def mark(self, stage: int) -> tuple:
+        """Where ``stage``'s streams stand now, for :meth:`since` (the spans
+        listed so far sealed: a record starts after them)."""
+        self.sealed[2 * stage] = len(self.compute_starts[stage])
+        self.sealed[2 * stage + 1] = len(self.comm_starts[stage])
+        return (len(self.compute_runs[stage]), len(self.comm_runs[stage]),
+                len(self.compute_starts[stage]), len(self.comm_starts[stage]),
+                self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
+                self.sync_waits[stage], self.free[2 * stage], self.free[2 * stage + 1])
+
+    def since(self, stage: int, mark: tuple, origin: float, with_runs: bool = False
+              ) -> Optional[tuple]:
+        """What ``stage``'s streams gained since ``mark`` (one task's items),
+        relative to ``origin``, for :meth:`replay`; where a run was
+        replayed in between (the items are not all at the ends of its
+        lists), None, or with ``with_runs`` the spans of the lists and the
+        runs in stream order (:func:`_spans`: the floats the time split
+        would read). A stream the task did not touch keeps its end where it
+        is replayed (None in the record)."""
+        (runs, comm_runs, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
+         free_c, free_m) = mark
+        c_runs, m_runs = self.compute_runs[stage], self.comm_runs[stage]
+        cs, ce = self.compute_starts[stage][nc:], self.compute_ends[stage][nc:]
+        ms, me = self.comm_starts[stage][nm:], self.comm_ends[stage][nm:]
+        if runs != len(c_runs) or comm_runs != len(m_runs):
+            if not with_runs:
+                return None
+            cs, ce = _spans([(at - nc, *rest) for at, *rest in c_runs[runs:]], cs, ce)
+            ms, me = _spans([(at - nm, *rest) for at, *rest in m_runs[comm_runs:]], ms, me)
+        s = 2 * stage
+        return (np.asarray(cs, dtype=float) - origin, np.asarray(ce, dtype=float) - origin,
+                np.asarray(ms, dtype=float) - origin, np.asarray(me, dtype=float) - origin,
+                (self.busy[stage] - busy, self.waits[stage] - waits, self.comm_s[stage] - comm_s,
+                 self.tp_items[stage] - tp_items, self.sync_waits[stage] - sync_waits),
+                (None if self.free[s] == free_c else self.free[s] - origin,
+                 None if self.free[s + 1] == free_m else self.free[s + 1] - origin))
+
+    def replay(self, stage: int, record: tuple, origin: float) -> None:
+        """The items of a :meth:`since` record again on ``stage``, from
+        ``origin``: the same items shifted (to rounding), for a task whose
+        items depend only on where it starts."""
+        c_starts, c_ends, m_starts, m_ends, sums, (free_c, free_m) = record
+        # after the stream's spans so far; made when asked for (a replay
+        # adds hundreds of spans: neither a Python float each nor a numpy
+        # call per replay)
+        if len(c_starts):
+            at = self.sealed[2 * stage] = len(self.compute_starts[stage])
+            self.compute_runs[stage].append((at, c_starts, c_ends, origin))
+        if len(m_starts):
+            at = self.sealed[2 * stage + 1] = len(self.comm_starts[stage])
+            self.comm_runs[stage].append((at, m_starts, m_ends, origin))
+        busy, waits, comm_s, tp_items, sync_waits = sums
+        self.busy[stage] += busy
+        self.waits[stage] += waits
+        self.comm_s[stage] += comm_s
+        self.tp_items[stage] += tp_items
+        self.sync_waits[stage] += sync_waits
+        s = 2 * stage
+        if free_c is not None:
+            self.free[s] = origin + free_c
+        if free_m is not None:
+            self.free[s + 1] = origin + free_m
+        end = max(self.free[s], self.free[s + 1])     # each stream's last item ends last
+        if end > self.end:
+            self.end = end
+
+    # -- accounting ----------------------------------------------------------
+    def stage_breakdown(self, stage: int, step_s: float) -> Dict[str, float]:
+        """Per rank of ``stage``, as the simulator's summary counts it:
+        compute (the busy part of its compute items), communication (its
+        communication-only items and the tensor-parallel waits inside
+        compute items), exposed communication (communication while nothing
+        computes), idle (the rest of the step). Items on one stream are
+        disjoint and in time order, so this is a linear sweep."""
+        waits = self.waits[stage]
+        busy = self.busy[stage]
+        comm_s = self.comm_s[stage]
+        starts, ends = _spans(self.comm_runs[stage], self.comm_starts[stage],
+                              self.comm_ends[stage])
+        if self.p2p_starts[stage]:
+            # the union of the collectives' and the transfers' spans, as the
+            # simulator's summary counts communication
+            starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage])),
+                                  np.concatenate((ends, self.p2p_ends[stage])))
+            comm_s = sum((ends - starts).tolist())    # in order, as a loop adds them
+        hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
+                                      self.compute_ends[stage]), starts, ends, ordered=True)
+        exposed = waits + comm_s - hidden
+        return {"compute_s": busy, "communication_s": comm_s + waits,
+                "exposed_communication_s": exposed,
+                "idle_s": max(0.0, step_s - busy - exposed)}
+
+
+def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
+    """Spans ``(starts[i], ends[i])`` merged into disjoint ones in time order
+    (a span starting at or before the latest end so far joins it): with
+    numpy, sorted by start then end as Python sorts the pairs; a merged
+    span ends at the latest end of its members, exactly."""
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    if not len(s):
+        return s, e
+    order = np.lexsort((e, s))
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = new.nonzero()[0]
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1] = len(s) - 1
+    return s[first], reach[last]
+
+
+def _spans(runs: List[Run], starts: List[float], ends: List[float]
+           ) -> Tuple[Sequence[float], Sequence[float]]:
+    """A stream's spans in stream order: its lists with its runs in their
+    places (the lists themselves where it has no runs). Each run's spans
+    are its record's plus its origin (the same floats as adding them at
+    the replay), made with one numpy call per record, however often it was
+    replayed."""
+    if not runs:
+        return starts, ends
+    k = len(runs)
+    if k <= _FEW_RUNS:
+        # a few runs (a stage's replayed last backward): the lists' pieces
+        # and the runs' spans joined in order, fewer numpy calls
+        parts_s: List[Sequence[float]] = []
+        parts_e: List[Sequence[float]] = []
+        done = 0
+        for at, rel_s, rel_e, origin in runs:
+            if at > done:
+                parts_s.append(starts[done:at])
+                parts_e.append(ends[done:at])
+                done = at
+            parts_s.append(rel_s + origin)
+            parts_e.append(rel_e + origin)
+        if done < len(starts):
+            parts_s.append(starts[done:])
+            parts_e.append(ends[done:])
+        return np.concatenate(parts_s), np.concatenate(parts_e)
+    at = np.fromiter(map(_AT, runs), np.int64, k)
+    lens = np.fromiter((len(r[1]) for r in runs), np.int64, k)
+    first = at + np.cumsum(lens) - lens           # where each run begins among all spans
+    n = len(starts) + int(lens.sum())
+    out_s, out_e = np.empty(n), np.empty(n)
+    listed = np.ones(n, dtype=bool)
+    listed[np.repeat(at, lens) + np.arange(n - len(starts))] = False
+    out_s[listed] = starts
+    out_e[listed] = ends
+    origins = np.fromiter(map(_ORIGIN, runs), float, k)
+    by_record: Dict[int, List[int]] = {}
+    for i, run in enumerate(runs):
+        by_record.setdefault(id(run[1]), []).append(i)
+    for which in by_record.values():
+        _, rel_s, rel_e, _ = runs[which[0]]
+        pick = np.array(which)
+        at_out = first[pick][:, None] + np.arange(len(rel_s))
+        shift = origins[pick][:, None]
+        out_s[at_out] = rel_s + shift
+        out_e[at_out] = rel_e + shift
+    return out_s, out_e

@@ -1,0 +1,168 @@
+"""ZeRO-3 in the estimator's block-level tasks: a block's compute waits for
+the gather of each parameter where it first reads it, not for all of the
+block's gathers at its start (see :mod:`.timeline`).
+
+LowerSPMD issues a block's gathers (and the next ``prefetch`` blocks')
+back to back on the communication stream when it enters the block, in the
+order the block first reads the parameters; each read goes through a
+reshape of the gathered value (``{param}_use_m{mb}``), the only op that
+waits for the gather. So the compute before the block's first read runs
+under the gathers, and the compute between two reads waits for no gather
+past the first of them (:attr:`.profile.Block.f_gates`). A
+block's compute that holds the communication stream (tensor-parallel
+collectives) waits for every gather anyway: the stream takes them in
+order.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Tuple
+
+from ..ir.comm import CollectiveType
+from ..transforms.zero3 import unit_indices
+
+if TYPE_CHECKING:     # pragma: no cover - for the annotations only
+    from .timeline import Builder
+
+#: A block's first compute piece cut at its reads of gathered parameters:
+#: (time, busy time or None, how long before the end of the block's gathers
+#: the parameter read there is gathered, or None: waits for none)
+Chain = List[Tuple[float, Optional[float], Optional[float]]]
+
+
+class GatherPlan(NamedTuple):
+    """A block's all-gathers in a forward / backward task, as LowerSPMD
+    issues them: ``items``, their times in the order issued (per
+    parameter; with ``zero3_unit: layer`` the unit of the parameters dp
+    divides first, as one, then the others); ``upto``, per position of the
+    block's gathered parameters (:attr:`.profile.Block.f_gather`),
+    the last item a read there waits for (the reads so far are a prefix of
+    those positions, which are in the order of first reads); by layer,
+    ``copy_in``, the concatenation of the unit's shards on the compute
+    stream before its gather, ``first``, the position of the unit's first
+    parameter (None: no unit)."""
+
+    items: List[float]
+    upto: List[int]
+    copy_in: float = 0.0
+    first: Optional[int] = None
+    #: by layer, the split of the gathered unit at its first read, and per
+    #: position the template's reshape it replaces (0 for a parameter
+    #: gathered alone)
+    split_s: float = 0.0
+    reshape_s: Tuple[float, ...] = ()
+    #: by layer, the unit's gathered bytes (its parameters whole)
+    unit_bytes: int = 0
+
+    @property
+    def copy_out(self) -> float:
+        """The split less the reshapes it replaces (0: no unit)."""
+        return self.split_s - sum(self.reshape_s)
+
+
+def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
+    """:class:`GatherPlan` of ``block``'s gathers in a ``kind`` task."""
+    hit = b.memo.gather_plans.get((kind, block))
+    if hit is not None:
+        return hit
+    blk = b.prof.blocks[block]
+    params = [b.prof.params[owner][i] for owner, i in
+              (blk.f_gather if kind == "F" else blk.b_gather)]
+    dp = b.dp
+    unit = unit_indices([p.numel for p in params], dp) if b.by_layer else ()
+    if not unit:
+        hit = GatherPlan([b.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize)
+                          for p in params], list(range(len(params))))
+    else:
+        ps = [params[j] for j in unit]
+        d = ps[0].dtype
+        unit_bytes = sum(p.numel * p.dtype.itemsize for p in ps)
+        items = [b.dp_time(CollectiveType.ALL_GATHER, unit_bytes)]
+        item_of = []
+        for j, p in enumerate(params):
+            if j in unit:
+                item_of.append(0)
+            else:
+                items.append(b.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize))
+                item_of.append(len(items) - 1)
+        upto, most = [], 0
+        for i in item_of:
+            most = max(most, i)
+            upto.append(most)
+        cost = b.costs.cost
+        copy_in = cost("concat", [(p.numel // dp, d) for p in ps],
+                       [(sum(p.numel for p in ps) // dp, d)])[0]
+        split_s = cost("chunk_split", [(sum(p.numel for p in ps), d)],
+                       [(p.numel, d) for p in ps])[0]
+        reshape_s = tuple(cost("reshape", [(p.numel, d)], [(p.numel, d)])[0] if j in unit
+                          else 0.0 for j, p in enumerate(params))
+        hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes)
+    b.memo.gather_plans[(kind, block)] = hit
+    return hit
+
+
+def gather_time(b: "Builder", kind: str, block: str) -> float:
+    """ZeRO-3: the all-gathers of the parameters a block reads first in a
+    forward / backward task (one item: they run back to back)."""
+    t = b.memo.gathers.get((kind, block))
+    if t is None:
+        t = sum(gather_plan(b, kind, block).items)
+        b.memo.gathers[(kind, block)] = t
+    return t
+
+
+def chain(b: "Builder", kind: str, block: str, piece: Tuple[float, Optional[float], bool]
+          ) -> Optional[Chain]:
+    """The first compute piece of a block's task cut at its reads of
+    gathered parameters (:data:`Chain`), or None where it waits for all of
+    them (it holds the communication stream, or the block reads none).
+    By layer, the piece (which includes :attr:`GatherPlan.copy_out`) has
+    that change where the unit is first read, not at its end."""
+    time_s, busy_s, holds = piece
+    blk = b.prof.blocks[block]
+    gates = blk.f_gates if kind == "F" else blk.b_gates
+    if holds or not gates:
+        return None
+    plan = gather_plan(b, kind, block)
+    times, upto = plan.items, plan.upto
+    total = sum(times)
+    ends: List[float] = []
+    done = 0.0
+    for t in times:
+        done += t
+        ends.append(total - done)
+    # by layer: template offsets past the unit's first read move by the
+    # copy-out's change (kept in order)
+    shift = plan.copy_out
+    first_read = None
+    if plan.first is not None and shift:
+        first_read = next((before for before, j in gates if j >= plan.first), None)
+    out: Chain = []
+    at, wait = 0.0, None
+    for before, j in gates:
+        if first_read is not None and before > first_read:
+            before = max(first_read, before + shift)
+        cut = min(before, time_s)
+        if cut > at:
+            out.append((cut - at, _part(busy_s, cut - at, time_s), wait))
+            at = cut
+        wait = ends[upto[j]]
+    out.append((time_s - at, _part(busy_s, time_s - at, time_s), wait))
+    return out
+
+
+def _part(busy_s: Optional[float], length: float, time_s: float) -> Optional[float]:
+    return None if busy_s is None or time_s <= 0.0 else busy_s * length / time_s
+
+
+def emit_chain(b: "Builder", stage: int, pieces: Chain, gathered: float, ready: float
+               ) -> float:
+    """Emit a :data:`Chain` on ``stage``: each piece from ``ready`` and the
+    gather it waits for (``gathered``: the end of the block's gathers);
+    returns the last end."""
+    compute = b.tl.compute
+    end = ready
+    for time_s, busy_s, before in pieces:
+        at = ready if before is None else max(ready, gathered - before)
+        end = compute(stage, time_s, at, busy_s)
+    return end
+

@@ -1,0 +1,313 @@
+"""The sweep estimator's memory (:mod:`.point`): the peak bytes per
+rank of each pipeline stage, walking each stage's schedule over the
+per-layer profile's memory (:mod:`.profile_memory`) and what the
+timeline walks noted (:class:`~.state.Memo`), the simulator's
+accounting (a value lives from its op's start to its last reader's end).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..models.gpt_family import hyper_of
+from ..transforms.pipeline import schedule_tasks
+from .profile_memory import prefetched_bytes
+from .sync import shard_size
+from .timeline import Builder
+from .units import copy_out_excess, pending_shard_bytes, unit_backward_excess
+
+def estimate_memory(b: Builder) -> List[int]:
+    """Peak bytes per rank of each stage, the simulator's accounting
+    (a value lives from its op's start to its last reader's end):
+    weights and optimizer state (sharded as the ZeRO stage says) and the
+    resident gradient buffers (the whole parameter, or the 1/dp shard when
+    ZeRO 2/3 reduce-scatter every micro-batch), plus the saved activations
+    (:func:`~distsim.transforms.memory_model.saved_activation_bytes`) of the
+    chunks in flight, walking the stage's schedule, plus each block's
+    transient excess measured on the template. The largest candidate over
+    the forward and backward blocks and the optimizer is the peak."""
+    prof, S = b.prof, b.S
+    dp, zero = S.dp, S.zero
+    master = b.master.itemsize
+    # fp32 master weights and the optimizer's moments: AdamW m, v; SGD momentum
+    hyper = hyper_of(b.case.config, S.optimizer)
+    states = 1 + len(hyper.states)
+    # bytes per parameter of each block (whole numbers, summed exactly)
+    per: Dict[Tuple[str, int], Tuple[int, int]] = {}
+    for block, params in prof.params.items():
+        for i, p in enumerate(params):
+            n, size = p.numel, p.dtype.itemsize
+            shard = shard_size(n, dp)
+            per[(block, i)] = ((shard if zero == 3 else n) * size
+                               + states * (shard if zero >= 1 else n) * master,
+                               (shard if b.scatter_each else n) * size)
+    static_bytes = [0] * S.pp
+    grad_bytes = [0] * S.pp
+    for stage, counts in enumerate(b.param_counts()):
+        for key, n in counts.items():
+            weights, grad = per[key]
+            static_bytes[stage] += n * weights
+            grad_bytes[stage] += n * grad
+    static = [float(x) for x in static_bytes]
+    grads = [float(x) for x in grad_bytes]
+    blocks = prof.blocks
+    chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.C)}
+    chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))
+                   for c in range(b.C)}
+    # a chunk after another stage's holds the activation it received (the
+    # residual stream its first layer's backward reads) until its backward;
+    # the chunk that sent it, counted in its last layer's saved bytes,
+    # freed its copy once sent
+    kept = float(prof.forward_crossing_saved)
+    for c in range(b.C):
+        if c > 0 and (c - 1) % S.pp != c % S.pp:
+            chunk_saved[c] += kept
+        if c < b.C - 1 and (c + 1) % S.pp != c % S.pp:
+            chunk_saved[c] -= kept
+    prefetch = S.prefetch if zero == 3 else 0
+    units = b.by_layer
+    ahead = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, prefetch)
+             for c in range(b.C) for kind in "FB"}
+    # by layer, at a block's copy-out (its own gather just ended) only the
+    # next block's gather has started on the communication stream
+    next_one = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, min(prefetch, 1))
+                for c in range(b.C) for kind in "FB"} if units else ahead
+
+    def task_peak(base: float, kind: str, c: int, flight: float,
+                  inside: Optional[Dict[Tuple[int, int], int]] = None,
+                  by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:
+        """The largest candidate of one task, with ``flight`` bytes of saved
+        activations held when it starts (``inside``: bytes added at the
+        backward's gradients, :attr:`Memo.flat_inside`; ``by_block``: to
+        its blocks by position, a backward's :attr:`Memo.flat_pending`;
+        ``first``: the chunk's first backward, micro-batch 0, whose bare
+        gradients become the buffers (``b0_excess``) where the later ones
+        make a gradient beside the buffer and add it in (``b_excess``))."""
+        peak = -math.inf
+        backward = b.blocks_of("B", c)
+        if kind == "F":
+            before = 0.0
+            # by layer: the stage's last backward's last unit of shards
+            pending = pending_shard_bytes(b, backward, len(backward)) if units else 0.0
+            for (name, _), gathered, started in zip(chunk_blocks[c], ahead[("F", c)],
+                                                    next_one[("F", c)]):
+                now = base + flight + before + pending
+                peak = max(peak, now + gathered + blocks[name].f_excess)
+                split = copy_out_excess(b, "F", name) if units else None
+                if split is not None:
+                    peak = max(peak, now + started + split)
+                before += blocks[name].saved_bytes
+        else:
+            held = flight
+            for k, ((name, _), gathered) in enumerate(zip(backward, ahead[("B", c)])):
+                grads_at = blocks[name].bs_grads
+                if units and b.scatter_each:
+                    excess, grads_at = unit_backward_excess(b, name)
+                else:
+                    excess = (blocks[name].bs_excess if b.scatter_each else
+                              blocks[name].b0_excess if first or b.M == 1 else
+                              blocks[name].b_excess)
+                if by_block is not None:
+                    excess += by_block.get(k, 0)
+                now = base + held + gathered
+                if units:     # the previous unit's shards, and this one's copy-out
+                    pending = pending_shard_bytes(b, backward, k)
+                    now += pending
+                    split = copy_out_excess(b, "B", name)
+                    if split is not None:
+                        peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
+                peak = max(peak, now + excess)
+                if inside:
+                    for i, at in grads_at.items():
+                        peak = max(peak, now + at + inside.get((k, i), 0))
+                held -= blocks[name].saved_bytes
+        return peak
+
+    per_param = _param_optimizer_excess(b)
+    opt = optimizer_excess(b, per_param)
+    saved_by_chunk = np.array([chunk_saved[c] for c in range(b.C)])
+    chunks_of: Dict[int, List[int]] = {}
+    for c in range(b.C):
+        chunks_of.setdefault(b.stage_of(c), []).append(c)
+    # what the timeline walks noted, by stage (in the order noted)
+    pending_of: Dict[int, list] = {}
+    for (s, kind, mb, c), pending in b.memo.flat_pending.items():
+        pending_of.setdefault(s, []).append((kind, mb, c, pending))
+    inside_of: Dict[int, list] = {}
+    for (s, c), inside in b.memo.flat_inside.items():
+        inside_of.setdefault(s, []).append((c, inside))
+    out = []
+    for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.M, S.chunks)):
+        base = static[stage] + grads[stage]
+        best = base + max(_after_backward(b, stage, per_param, opt[stage]),
+                          b.memo.flat_queued.get(stage, 0))
+        # the bytes in flight before each task: saved activations are whole
+        # numbers, so the running sum is exact in any order (numpy's too).
+        # A task's peak only grows with the bytes in flight before it (each
+        # candidate adds them, and rounding is monotone), so of the tasks of
+        # one kind, chunk and first-backward-or-not only the one starting
+        # with the most in flight is costed
+        saved = saved_by_chunk[chunk]
+        delta = np.where(forward, saved, -saved)
+        flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
+        # each chunk's first backward task (micro-batch 0: tasks of a chunk
+        # run in micro-batch order), by chunk
+        first_back = {}
+        for c in chunks_of[stage]:
+            at = np.flatnonzero(~forward & (chunk == c))
+            if len(at):
+                first_back[c] = int(at[0])
+        first_b = np.zeros(len(forward), dtype=bool)
+        first_b[list(first_back.values())] = True
+        kinds = chunk * 4 + forward * 2 + first_b
+        for key in np.unique(kinds).tolist():
+            held = float(flight[kinds == key].max())
+            c, is_f, first = key // 4, key & 2, key & 1
+            best = max(best, task_peak(base, "F" if is_f else "B", c, held, first=bool(first)))
+        # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
+        # copies of a chunk's first backward still waiting for their
+        # reduce-scatters when it ends, when later backwards start (where
+        # they peak) and when later forwards end (likewise); ZeRO 0/1, the
+        # buckets flushed before each block of a chunk's last backward
+        # ("last": held until they are unpacked)
+        for kind, mb, c, pending in pending_of.get(stage, ()):
+            if kind == "end":
+                best = max(best, base + pending)
+                continue
+            at = np.flatnonzero((forward == (kind == "F")) & (chunk == c))
+            if kind == "last":        # ZeRO 0/1 buckets: the chunk's last backward
+                mb = len(at) - 1
+            if mb >= len(at) or mb < 0:
+                continue
+            if kind != "F":
+                best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
+                                           by_block=pending, first=mb == 0))
+            else:
+                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))
+        # and inside that first backward, the copies of its earlier
+        # gradients still waiting when each block makes its own
+        for c, inside in inside_of.get(stage, ()):
+            if c in first_back:
+                best = max(best, task_peak(base, "B", c, float(flight[first_back[c]]), inside,
+                                           first=True))
+        out.append(int(best))
+    return out
+
+
+def optimizer_excess(b: Builder, per: Optional[Dict[Tuple[str, int], float]] = None
+                     ) -> List[float]:
+    """Per stage, the optimizer's transient above weights, optimizer state
+    and gradient buffers, the most over the stage's parameters
+    (:func:`_param_optimizer_excess`, or ``per`` when given)."""
+    per = _param_optimizer_excess(b) if per is None else per
+    out = [0.0] * b.S.pp
+    for stage, counts in enumerate(b.param_counts()):
+        for key in counts:
+            if per[key] > out[stage]:
+                out[stage] = per[key]
+    return out
+
+
+def _param_optimizer_excess(b: Builder) -> Dict[Tuple[str, int], float]:
+    """Per parameter (block, index), the optimizer's transient above
+    weights, optimizer state and gradient buffers, as GradientSync._update
+    emits it (the update ops run one parameter after another). The
+    template (dp 1) updates whole parameters: with
+    ZeRO and dp > 1 the update ops work on the 1/dp shard, so their memory
+    (:attr:`~.profile.Param.opt_with`, ``opt_after``) shrinks by
+    shard / whole, and around them:
+
+    * ZeRO 1: the flat copy of the whole gradient and the shard sliced
+      from it (both live at the slice), the shard read by the update in
+      place of the template's flat copy;
+    * ZeRO 2/3: the gradient is already a shard: the resident buffer
+      (a reduce-scatter per micro-batch), or the reduce-scatter's output
+      (``bucket_mb 0``), live until the update;
+    * ZeRO 1/2: the new shard (the update's cast) and the whole parameter
+      all-gathered from it, both live during the all-gather.
+
+    Without ZeRO or data parallelism the template's own measure stands."""
+    prof, S = b.prof, b.S
+    dp, zero = S.dp, S.zero
+    per: Dict[Tuple[str, int], float] = {}
+    for block, params in prof.params.items():
+        for i, p in enumerate(params):
+            if zero == 0 or dp == 1:
+                per[(block, i)] = max(p.opt_flat + p.opt_with, p.opt_after)
+                continue
+            n, size = p.numel, p.dtype.itemsize
+            shard = shard_size(n, dp)
+            ratio = shard / n if n else 1.0
+            if zero == 1:
+                grad, pre = shard * size, (n + shard) * size
+            else:
+                grad, pre = (0 if b.scatter_each else shard * size), 0
+            worst = max(pre, grad + p.opt_with * ratio, p.opt_after * ratio)
+            if zero in (1, 2):
+                worst = max(worst, (n + shard) * size)
+            per[(block, i)] = worst
+    return per
+
+
+def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
+                    opt_excess: float) -> float:
+    """A stage's peak after its backward pass, above its weights, optimizer
+    state and gradient buffers: the optimizer's transient measured on the
+    template (``per``: by parameter; ``opt_excess``: the stage's most),
+    and, when gradients are all-reduced in flat buckets of several (ZeRO
+    0/1 with ``bucket_mb``: :attr:`Memo.buckets`, their bytes, and
+    :attr:`Memo.bucketed`, the gradients in them, as :meth:`.StepSync.flush`
+    records them), the buckets' copies. Every flushed bucket lives until
+    its all-reduce ends; a bucket's ``concat`` holds the bucket and the
+    reshaped gradients it copies, and its unpacking ``split``, after the
+    all-reduce, the reduced bucket and its pieces, with the other buckets
+    still held or unpacked: all the buckets' bytes and one bucket more.
+    Each unpacked gradient is a copy that lives until its parameter's
+    update; the optimizer runs after the stage's buckets are unpacked (its
+    first parameter's gradient is the backward's last), one parameter after
+    another, so a parameter's transient is on top of the unpacked copies
+    of the parameters not yet updated (its own among them), not of the
+    buckets. ZeRO 1 first flattens the gradient into a copy (the template
+    measures it), which frees the unpacked one: both live during that
+    copy, then the template's measure less the unpacked copy. The buckets
+    flushed during the backward pass, held while activations still are,
+    are counted at the blocks of the backward tasks after them
+    (:meth:`.notes.MemoryNotes._note_buckets`); ZeRO 2/3 with
+    ``bucket_mb 0``, the flat copies queued for their reduce-scatters
+    after the backward pass, by the caller (:attr:`Memo.flat_queued`)."""
+    buckets = b.memo.buckets.get(stage, ())
+    if not buckets:
+        return opt_excess
+    bucketed = b.memo.bucketed.get(stage, {})
+    held = float(sum(buckets))
+    best = held + float(max(buckets))
+    flat_first = b.S.zero >= 1 and b.S.dp > 1
+    for key, s in b.all_params():
+        if s != stage:
+            continue
+        excess = per[(key[0], key[2])]
+        nbytes = bucketed.get(key)
+        if nbytes is None:
+            best = max(best, held + excess)
+            continue
+        best = max(best, held + (max(nbytes, excess - nbytes) if flat_first else excess))
+        held -= nbytes
+    return best
+
+
+@lru_cache(maxsize=256)
+def _stage_tasks(schedule: str, pp: int, microbatches: int, chunks: int
+                 ) -> Tuple[Tuple[np.ndarray, np.ndarray], ...]:
+    """Per stage, its tasks in schedule order as (is a forward, chunk)
+    arrays (the same for every point with the same schedule; kept: do not
+    modify)."""
+    out = []
+    for tasks in schedule_tasks(schedule, pp, microbatches, chunks):
+        out.append((np.array([kind == "F" for kind, _, _ in tasks], dtype=bool),
+                    np.array([c for _, _, c in tasks], dtype=np.int64)))
+    return tuple(out)
+
+

@@ -1,0 +1,68 @@
+"""What the estimator's :class:`~.timeline.Builder` notes for
+the memory estimate as it walks the step (kept in its
+:class:`~.state.Memo`, read by :func:`.memory.estimate_memory`):
+the flat gradient copies of ZeRO 2/3 still waiting for their
+reduce-scatters when later tasks run or inside the backward that made them,
+and the flat buckets of ZeRO 0/1 (``bucket_mb``) flushed during a backward,
+held until they are unpacked after the backward pass.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Tuple
+
+if TYPE_CHECKING:     # pragma: no cover - for the annotations only
+    from .state import Memo
+
+
+class MemoryNotes:
+    """The memory notes of :class:`~.timeline.Builder` (a mixin:
+    it uses the builder's ``memo``, ``prof`` and ``blocks_of`` /
+    ``_block_time``)."""
+
+    memo: "Memo"
+
+    def _note_blocks(self, stage: int, mb: int, c: int, start: float,
+                     flats: List[Tuple[int, float]]) -> None:
+        """The flat copies still waiting as each block of a backward task
+        starting at ``start`` begins (the blocks' times summed up to it:
+        a copy whose reduce-scatter ends during the first block is not
+        held through the last), kept per block position as
+        :attr:`Memo.flat_pending` keeps a scalar."""
+        key = (stage, "B", mb, c)
+        held = self.memo.flat_pending.setdefault(key, {})
+        blocks = self.prof.blocks
+        t = start
+        for k, (name, _) in enumerate(self.blocks_of("B", c)):
+            pending = sum(nbytes for nbytes, end in flats if end > t)
+            if not pending:
+                break
+            if pending > held.get(k, 0):
+                held[k] = pending
+            t += self._block_time(blocks[name], "B", mb)[0]
+
+    def _note_inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
+        """Keep the most of :meth:`emit_last_backward`'s ``inside`` over the
+        walks (:attr:`Memo.flat_inside`)."""
+        held = self.memo.flat_inside.setdefault((stage, c), {})
+        for k, nbytes in inside.items():
+            if nbytes > held.get(k, 0):
+                held[k] = nbytes
+
+    def _note_flats(self, stage: int, kind: str, mb: int, c: int,
+                    flats: List[Tuple[int, float]]) -> None:
+        key = (stage, kind, mb, c)
+        pending = sum(nbytes for nbytes, _ in flats)
+        if pending and pending > self.memo.flat_pending.get(key, 0):
+            self.memo.flat_pending[key] = pending
+
+    def _note_buckets(self, stage: int, c: int, held: Dict[int, int]) -> None:
+        """ZeRO 0/1 with ``bucket_mb``: the bytes of the stage's flat buckets
+        (:meth:`.StepSync.flush`) held as each block of chunk ``c``'s last
+        backward starts (by position; those flushed by the chunk's earlier
+        blocks and by earlier tasks), live until they are unpacked after
+        the backward pass: :attr:`Memo.flat_pending` keyed
+        ``(stage, "last", 0, c)``, the most over the walks."""
+        pending = self.memo.flat_pending.setdefault((stage, "last", 0, c), {})
+        for k, nbytes in held.items():
+            if nbytes > pending.get(k, 0):
+                pending[k] = nbytes

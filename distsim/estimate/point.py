@@ -1,0 +1,382 @@
+"""A fast estimate of a GPT training step: tens of milliseconds instead of a build
+and a simulation (about 30 ms for a GPT-3 175B point on 1024 GPUs once its
+layer profile is built).
+
+    from distsim.estimate import estimate
+    row = estimate({"model": "gpt3-175b", "topology": "dgx-a100-x128",
+                    "tp": 8, "pp": 16, "micro_batch": 1})
+    row["step_time_s"], row["max_peak_memory_bytes"], row["oom"]
+
+:func:`estimate` takes the options of ``distsim simulate`` and returns the
+columns of a sweep row (:data:`distsim.sweep.point.METRICS` and the
+resolved batch sizes). It never builds the whole program:
+
+1. **Per-layer times** (:mod:`.profile`): a two-layer copy of the
+   model on one tensor-parallel group, lowered and simulated for real
+   (cost model, tensor-parallel collectives on the topology, analytical
+   network), cached per model shape / tp / sp / recompute / micro-batch.
+2. **The pipeline** (:mod:`.timeline` on :mod:`.engine`):
+   one rank per stage, its
+   compute and communication streams, and the items :class:`LowerSPMD`
+   would emit, in the same program order (the same
+   :func:`~distsim.transforms.pipeline.schedule_tasks`, the order of
+   :func:`~distsim.transforms.pipeline.merge_tasks`,
+   sends flushed the same way): each forward / backward task as one item (holding the
+   communication stream when it has tensor-parallel collectives), the last
+   backward of each chunk op by op with the data-parallel gradient sync
+   emitted where LowerSPMD emits it (per gradient, in buckets, or after the
+   backward; all-reduce or ZeRO reduce-scatter), the tied-embedding
+   all-reduce, the optimizer per parameter (ZeRO shards, the all-gather
+   after the update), ZeRO-3 parameter gathers per layer and task (by
+   parameter, or with ``zero3_unit: layer`` a layer's as one, its
+   gradients reduce-scattered as one: :mod:`.units`), and
+   pipeline send/receives. Collective times are the simulator's
+   analytical ones on the real teams (:func:`run_collective` on an
+   analytical :class:`~distsim.sim.network.Network`).
+3. **Memory** (:func:`estimate_memory`): weights, gradients and optimizer
+   state per rank from the parameter shapes and the ZeRO stage, plus the
+   saved activations of the micro-batches in flight on each stage
+   (:func:`~distsim.transforms.memory_model.saved_activation_bytes` of the
+   template) and the template's transient peak.
+
+How close it comes to the full simulation is measured by
+``tests/estimate/test_estimate.py`` and ``tests/estimate/test_estimate_qa.py``
+(see the README's "Sweeps and search"). Where the 3 % (step) / 2 % (memory)
+bounds do not hold, as an adversarial sample of 225 small GPT / Llama
+configurations found (``reports/estimator/``): ZeRO 3 memory (6 of 41
+points past 2 %, up to 3.5 %: its gathered parameters are placed by
+block, the prefetched ones whole from the block's start, not by each
+all-gather's start; see
+:func:`.profile_memory.prefetched_bytes`). Collectives are the
+analytical network's, one team alone: under ``network_mode: flow``,
+teams that share links at once (a PCIe workstation's dp x tp) run
+slower in the simulation.
+Only the ``gpt`` family is supported; other models are a ConfigError.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from functools import lru_cache
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from ..api import check_max_ops, check_max_trace_records, check_network_mode
+from ..errors import ConfigError, DistsimError, PassPreconditionError
+from ..ir.core import gc_paused
+from ..ir.types import DType
+from ..models import check_batch_options, load_model_config
+from ..models.gpt_family import gpt_config, resolve_batch, validate
+from ..report.training_metrics import model_flops_per_step
+from ..topology import load_topology
+from ..transforms.strategy import Strategy, check_field
+from ..transforms.zero import check_shardable
+from .profile import LayerProfile, layer_profile, param_sizes
+from .engine import Timeline
+from .memory import estimate_memory
+from .timeline import Builder, Case, Memo, shared_prefix
+
+__all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "estimate", "estimate_memory", "extrapolation_lengths",
+           "profile_key", "resolve", "symmetry_applies", "timeline_figures"]
+
+#: The estimate's error bound against :func:`distsim.simulate` (analytical
+#: network), relative, on step time and on peak memory: what every test
+#: that compares the two asserts (the agreement corpus among them).
+AGREEMENT_TOLERANCE = 0.01
+
+#: Options the estimate ignores (they change how a simulation is run, not
+#: what it computes).
+#: ``symmetry`` is not among them: it changes which ZeRO points the
+#: simulator accepts (:func:`check_zero_shards`).
+IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
+_MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab",
+                 "attention")
+
+
+# -- resolving the options ---------------------------------------------------------
+@lru_cache(maxsize=64)
+def _model_config_once(model: str) -> Dict[str, Any]:
+    return load_model_config(model)
+
+
+def _model_config(model: str) -> Dict[str, Any]:
+    """:func:`load_model_config` of a model name or file, read once per
+    process (a sweep resolves the same model for every point); a copy."""
+    return dict(_model_config_once(model))
+
+
+def check_ignored(options: Mapping[str, Any]) -> None:
+    """The options the estimator does not use (:data:`IGNORED`) checked as
+    :func:`distsim.simulate` checks them: a value simulate refuses is not
+    silently estimated."""
+    if "network_mode" in options:
+        check_network_mode(options["network_mode"])
+    if options.get("max_ops") is not None:
+        check_max_ops(options["max_ops"])
+    if options.get("max_trace_records") is not None:
+        check_max_trace_records(options["max_trace_records"])
+    if options.get("coarsen") is not None:
+        check_field("coarsen", options["coarsen"])
+
+
+def resolve(options: Mapping[str, Any]) -> Case:
+    """Resolve ``distsim simulate`` options as :func:`distsim.api.build_program`
+    does, and check them as the GPT family does (a ConfigError otherwise)."""
+    check_ignored(options)
+    opts = {k: v for k, v in options.items() if k not in IGNORED}
+    model = opts.pop("model", "gpt")
+    topology = opts.pop("topology", "dgx-a100")
+    algo = str(opts.pop("collective_algo", "auto") or "auto")
+    config = _model_config(model) if isinstance(model, str) else load_model_config(model)
+    if config.get("family") != "gpt":
+        raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
+                          f"'{config.get('family')}' family; the estimator covers GPT models "
+                          "(use fidelity: simulate)")
+    check_batch_options(opts.get("batch"), opts.get("global_batch"))
+    for key in _MODEL_FIELDS:
+        value = opts.pop(key, None)
+        if value is not None:
+            if key == "batch":
+                key = "global_batch"
+            elif key == "dtype":
+                value = DType.parse(str(value)).value
+            config[key] = value
+    for key in ("train", "input_shapes"):
+        opts.pop(key, None)
+    unknown = set(opts) - set(Strategy.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"estimate: unknown option(s) {', '.join(sorted(unknown))}")
+    if not isinstance(topology, str):
+        raise ConfigError("estimate: topology must be a name or a .yaml path")
+    topo = load_topology(topology)
+    strategy = Strategy.from_mapping(opts).resolved(topo.num_devices)
+    if strategy.num_devices != topo.num_devices:
+        raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
+                          f"{strategy.num_devices} does not match the {topo.num_devices} devices "
+                          f"of topology '{topo.name}'")
+    c = gpt_config(config)
+    m = validate(c, strategy)
+    c, _ = resolve_batch(c, strategy)
+    return Case(config, c, strategy, m, topo, topology, algo)
+
+
+def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
+    """Refuse, as the simulator's lowering does (the same
+    :func:`~distsim.transforms.zero.check_shardable`, a
+    PassPreconditionError), a ZeRO point whose parameters do not shard
+    over dp: ZeRO 2/3 with a parameter smaller than dp, or (``symmetric``,
+    default the strategy's ``symmetry``) one that does not split evenly."""
+    S, c = case.strategy, case.config
+    if S.zero == 0 or S.dp == 1:
+        return
+    check_shardable(S.zero, S.dp, param_sizes(_one_microbatch(c), S.tp, S.sp, S.pp > 1),
+                    S.symmetry if symmetric is None else symmetric)
+
+
+def symmetry_applies(options: Mapping[str, Any]) -> bool:
+    """Whether a full simulation of these (valid) GPT options may use
+    ``symmetry``: False when its ZeRO shards would differ between ranks
+    (the simulator refuses that program; simulate it without symmetry)."""
+    try:
+        check_zero_shards(resolve(options), symmetric=True)
+    except PassPreconditionError:
+        return False
+    return True
+
+
+# -- the public function ---------------------------------------------------------
+def _one_microbatch(c: Any) -> Tuple[Tuple[str, Any], ...]:
+    """The model config of one micro-batch as a hashable key of the
+    cached per-layer work (:func:`layer_profile`, :func:`param_sizes`)."""
+    return tuple(sorted(replace(c, global_batch=c.micro_batch).to_dict().items()))
+
+
+def profile_key(case: Case) -> Tuple[Any, ...]:
+    """The arguments of :func:`layer_profile` for ``case``: the key of the
+    per-layer profile its estimate uses (model shape of one micro-batch,
+    tp, sp, recomputation, ZeRO kind, micro-batch, whether a pipeline
+    unties the head, topology, collective algorithm, optimizer, and the
+    first tensor-parallel group's devices where the mesh order spreads
+    them)."""
+    c, S = case.config, case.strategy
+    zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
+    # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
+    # order that spreads it (dp-tp-pp, ...), and its collectives cross
+    # what those devices' links cross
+    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(0, 0, t) for t in range(S.tp))
+    if tp_ranks == tuple(range(S.tp)):
+        tp_ranks = None
+    return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
+            case.topology_name, case.collective_algo, S.optimizer, tp_ranks)
+
+
+def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:
+    """The key of what :func:`estimate` of ``options`` builds once and
+    keeps (the per-layer profile): estimates with equal keys share it, so
+    a sweep hands them to one worker together. ZeRO 0 and ZeRO 1 / 2
+    share one (ZeRO 0's profile is derived from ZeRO 1's template:
+    :func:`.profile.without_zero`). None for options the estimator
+    refuses (they build nothing)."""
+    try:
+        key = profile_key(resolve(options))
+    except DistsimError:
+        return None
+    return key[:4] + (key[4] or 1,) + key[5:]
+
+
+def _profile_for(case: Case) -> LayerProfile:
+    return layer_profile(*profile_key(case))
+
+
+_PARTS = ("compute_s", "communication_s", "exposed_communication_s", "idle_s")
+
+
+def _figures(b: Builder, tl: Timeline) -> Dict[str, float]:
+    """Step time, the per-device means of the time split, and FLOPs per
+    step of every device, from ``b``'s timeline ``tl``."""
+    step = tl.run()
+    S = b.S
+    parts = [tl.stage_breakdown(s, step) for s in range(S.pp)]
+    # communication counts each tensor-parallel collective's whole time, as
+    # the simulator's summary does, not only the wait it causes inside its
+    # compute item (the part under compute, e.g. the input gradient's
+    # all-reduce under the weight gradient's GEMM, is hidden, not absent);
+    # those of the op-by-op backward are communication items already
+    blocks = b.prof.blocks
+    for stage, part in enumerate(parts):
+        tp_s = b.M * sum(blocks[name].tp_comm_f if kind == "F" else blocks[name].tp_comm_b
+                         for c in range(stage, b.C, S.pp) for kind in ("F", "B")
+                         for name, _ in b.blocks_of(kind, c))
+        part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
+                                    - (tl.waits[stage] - tl.sync_waits[stage]))
+    out = {k: sum(p[k] for p in parts) / len(parts) for k in _PARTS}
+    out["step_time_s"] = step
+    out["total_flops"] = float(sum(b.flops) * S.dp * S.tp)
+    return out
+
+
+def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
+                  ) -> Dict[str, float]:
+    """:func:`_figures` of the timeline of ``case`` (``memo``: shared with
+    the other timelines of the configuration)."""
+    b = Builder(case, profile, memo)
+    try:
+        return _figures(b, b.build())
+    finally:
+        b.close()
+
+
+def _with_microbatches(case: Case, m: int) -> Case:
+    c = replace(case.config, global_batch=case.strategy.dp * m * case.config.micro_batch)
+    return replace(case, config=c, microbatches=m,
+                   strategy=replace(case.strategy, microbatches=m, global_batch=c.global_batch))
+
+
+def extrapolation_lengths(strategy: Strategy) -> Tuple[int, int]:
+    """The micro-batch counts of the two timelines :func:`timeline_figures`
+    extrapolates from: ``pp + 1`` and ``pp + 2``, two rounds and three of
+    ``pp`` when interleaved. Without a pipeline 2 and 3: one stage runs its
+    tasks one after the other, so the first micro-batch and the last
+    already frame the periodic part (checked on the GPT-3 space's 72
+    points with pp 1, every figure as from 3 and 4 to 7e-13; with a
+    pipeline, ``pp`` and ``pp + 1`` are not yet periodic: step times off by
+    up to 2e-3)."""
+    if strategy.schedule == "interleaved":
+        return 2 * strategy.pp, 3 * strategy.pp
+    m1 = strategy.pp + 1 if strategy.pp > 1 else 2
+    return m1, m1 + 1
+
+
+def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
+                     ) -> Dict[str, float]:
+    """:func:`_run_timeline`, for long schedules by extrapolation. Once the
+    1F1B pipeline is full (past ``pp`` micro-batches; interleaved: past a
+    round of ``pp``) it is periodic: every figure grows by the same amount
+    per micro-batch, so ``M`` micro-batches cost two timelines of the
+    :func:`extrapolation_lengths` instead of one of ``M``. Checked against
+    the full timeline on the 744 valid points of the GPT-3 175B benchmark
+    space: the same step time to 1e-9 but for three ZeRO-3 points with 32
+    stages (7e-5), as with the longer timelines used before; tests check it
+    on GPT-2 configurations. The two timelines emit the same items until
+    the shorter one's pipeline drains (about three quarters of its tasks):
+    that part is emitted once and the walk forked
+    (:meth:`Builder.resume`), with the same figures as two walks. GPipe's
+    all-forward then all-backward order is not periodic in that sense:
+    always direct. ``memo``: what the timelines share
+    (:class:`.timeline.Memo`)."""
+    S, m = case.strategy, case.microbatches
+    if S.schedule == "gpipe":
+        return _run_timeline(case, profile, memo)
+    m1, m2 = extrapolation_lengths(S)
+    if m <= 2 * m2 - m1:
+        return _run_timeline(case, profile, memo)
+    memo = Memo() if memo is None else memo
+    memo.record_last_backwards = True       # the long timeline replays the short's
+    short = Builder(_with_microbatches(case, m1), profile, memo)
+    long = Builder(_with_microbatches(case, m2), profile, memo)
+    try:
+        w1, w2 = short.walk(), long.walk()
+        short.advance(w1, shared_prefix(w1, w2, m1 - 1))
+        w2 = long.resume(short, w1, w2)
+        a = _figures(short, short.complete(w1))
+        b = _figures(long, long.complete(w2))
+    finally:
+        short.close()
+        long.close()
+    return {k: a[k] + (m - m1) * (b[k] - a[k]) / (m2 - m1) for k in a}
+
+
+def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """Estimate one configuration (``distsim simulate`` options, e.g.
+    ``{"model": "gpt3-175b", "topology": "dgx-a100-x128", "tp": 8, "pp": 16}``).
+
+    Returns the columns of a sweep row: ``step_time_s``, ``samples_per_s``,
+    ``tokens_per_s``, ``mfu``, ``max_peak_memory_bytes``,
+    ``memory_capacity_bytes``, ``oom``, ``bubble_fraction``, ``bubble_s``,
+    ``compute_s``, ``communication_s``, ``exposed_communication_s``,
+    ``idle_s``, ``num_devices``, ``total_flops``, and the resolved
+    ``dp``, ``global_batch``, ``micro_batch``, ``microbatches``. Invalid
+    options raise :class:`ConfigError`, as :func:`distsim.simulate` does."""
+    # the cyclic collector's passes walk the profiles kept between points;
+    # an estimate leaves no cycles (Builder.close), so nothing waits for it
+    with gc_paused():
+        return _estimate(config)
+
+
+def _estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
+    case = resolve(config)
+    check_zero_shards(case)
+    profile = _profile_for(case)
+    memo = Memo()       # what the timelines and the memory walk share
+    fig = timeline_figures(case, profile, memo)
+    step = fig["step_time_s"]
+    S = case.strategy
+    builder = Builder(case, profile, memo)
+    try:
+        memory = estimate_memory(builder)
+    finally:
+        builder.close()
+    capacity = float(case.topology.device_spec.memory_bytes)
+    peak = float(max(memory))
+    n = S.num_devices
+    gb, seq = case.config.global_batch, case.config.seq
+    dtype = DType.parse(str(case.config.dtype))
+    peak_flops = case.topology.device_spec.peak_flops_for(dtype)
+    mflops = model_flops_per_step({**case.config.to_dict()})
+    bubble = fig["idle_s"] / step if S.pp > 1 and step > 0 else 0.0
+    return {
+        "step_time_s": step,
+        "samples_per_s": gb / step if step > 0 else math.nan,
+        "tokens_per_s": gb * seq / step if step > 0 else math.nan,
+        "mfu": mflops / (step * n * peak_flops) if mflops and step > 0 else math.nan,
+        "max_peak_memory_bytes": peak,
+        "memory_capacity_bytes": capacity,
+        "oom": bool(peak > capacity),
+        "bubble_fraction": bubble,
+        "bubble_s": bubble * step,
+        **{k: fig[k] for k in _PARTS},
+        "num_devices": float(n),
+        "total_flops": fig["total_flops"],
+        "dp": S.dp, "global_batch": gb, "micro_batch": case.config.micro_batch,
+        "microbatches": case.microbatches,
+    }

@@ -1,0 +1,554 @@
+"""Per-layer profiles for the estimator (:mod:`.point`), from a template.
+
+A GPT training step is the same transformer layer over and over. Instead of
+building the whole program, :func:`layer_profile` builds the step of a
+**two-layer** copy of the model for one tensor-parallel group (``dp = pp =
+1``, two micro-batches), lowers it with the real
+:class:`~distsim.transforms.spmd.LowerSPMD` (``representatives``: the ops of
+tensor-parallel rank 0 only, whose peers run the same ops at the same
+times; rank 0's timeline is the same as in the full program, at a 1/tp of
+the cost) and simulates it with the real simulator in the analytical
+network mode (so compute times come from the
+:class:`~distsim.cost.model.CostModel` and tensor-parallel collectives from
+the alpha-beta model of the topology). From rank 0's timeline it reads,
+per *block* (the embedding, one transformer layer, the head with the loss):
+
+* forward and backward times, as the compute stream sees them (op times plus
+  waits on tensor-parallel collectives), their busy part, and their FLOPs;
+* the backward of the first micro-batch (no accumulation), of a middle one
+  (gradients added to the buffer) and of the last (added and averaged);
+* the last backward op by op, compressed into compute segments and
+  tensor-parallel collectives with their dependencies, and where each
+  parameter's gradient becomes final (where data-parallel sync starts);
+* the parameters of each block, the values that cross a pipeline stage
+  boundary, and the activation bytes saved per micro-batch
+  (:func:`~distsim.transforms.memory_model.saved_activation_bytes`).
+
+Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
+micro-batch, untied head, topology, collective algorithm, the tensor-parallel
+group's devices).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..cost.flops import op_flops
+from ..cost.model import CostModel
+from ..ir.comm import is_communication, members
+from ..ir.core import Function, Op
+from ..models.gpt import GPTConfig, gpt_forward
+from ..models.gpt_family import build_gpt_step, hyper_of
+from ..sim.simulator import SimulationOptions, simulate_function
+from ..topology import load_topology
+from ..transforms.memory_model import saved_activation_bytes
+from ..transforms.recompute import is_forward
+from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
+from ..transforms.strategy import Strategy
+from ..transforms.zero3 import used_param_name
+from .segments import Segment, edges, read_gates, gathered_uses, fill_lead, compress_segments
+
+#: Block names: the embedding, one transformer layer, the head (final norm,
+#: output layer and loss).
+EMB, LAYER, HEAD = "emb", "layer", "head"
+#: The template's layer whose numbers stand for every layer.
+_TEMPLATE_LAYERS = 2
+_REPRESENTATIVE_LAYER = 1
+
+
+@dataclass
+class Block:
+    """Times of one block (seconds). ``f``: forward; ``b_first``,
+    ``b_mid``, ``b_last``: backward of the first, a middle and the last
+    micro-batch; ``*_busy``: the part spent computing (the rest waits on
+    tensor-parallel collectives); ``f_flops`` / ``b_flops``: FLOPs executed
+    per micro-batch (recomputation included); ``last`` / ``only``: the op
+    level backward of the last micro-batch when there are several / one."""
+
+    f: float = 0.0
+    f_busy: float = 0.0
+    f_flops: float = 0.0
+    b_first: float = 0.0
+    b_mid: float = 0.0
+    b_last: float = 0.0
+    b_first_busy: float = 0.0
+    b_mid_busy: float = 0.0
+    b_last_busy: float = 0.0
+    b_flops: float = 0.0
+    step_f_flops: float = 0.0       # FLOPs LowerSPMD's task ordering counts
+    step_b_flops: float = 0.0
+    last: List[Segment] = field(default_factory=list)
+    only: List[Segment] = field(default_factory=list)
+    saved_bytes: int = 0            # activations kept from forward to backward
+    tp_comm_f: float = 0.0          # tensor-parallel collective time, forward
+    tp_comm_b: float = 0.0          # ... backward (its recomputation's included)
+    # compute before the first / after the last tensor-parallel collective
+    # (forward, backward); None: the block has none
+    f_pre: Optional[float] = None
+    f_post: Optional[float] = None
+    b_pre: Optional[float] = None
+    b_post: Optional[float] = None
+    # activation recomputation: the recompute ops the backward starts with
+    # (they read what the forward kept, not the incoming gradient, so they
+    # run before it arrives): their time as the compute stream sees them,
+    # busy part, whether they include tensor-parallel collectives, and the
+    # compute of the rest of the backward before its first collective
+    b_lead: float = 0.0
+    b_lead_busy: float = 0.0
+    b_lead_comm: bool = False
+    b_rest_pre: Optional[float] = None
+    # memory above the steady baseline while the block runs (bytes): the
+    # forward over weights, optimizer state and the saved activations of
+    # the blocks before it; the backward (a later micro-batch) over those,
+    # the gradient buffers and the saved activations up to this block
+    f_excess: float = 0.0
+    b_excess: float = 0.0
+    b0_excess: float = 0.0          # the backward of a single micro-batch (no buffers before)
+    #: a backward of ZeRO 2/3 with a reduce-scatter per micro-batch: each
+    #: gradient a value of its own (not added into a whole buffer), and
+    #: flattened for its reduce-scatter right after the op that makes it
+    #: (:func:`_scatter_excess`)
+    bs_excess: float = 0.0
+    #: the same at each gradient of the block: its parameter's index in
+    #: the block -> bytes (what copies still waiting add to)
+    bs_grads: Dict[int, float] = field(default_factory=dict)
+    #: the same backward's ops that make final gradients, in order: (the
+    #: indices of the parameters, the bytes above the baseline while the op
+    #: runs and once it has ended, the gradients' bytes)
+    bs_made: List[Tuple[Tuple[int, ...], float, float, int]] = field(default_factory=list)
+    # ZeRO-3: the parameters gathered in this block's forward / backward (the
+    # first reader of each), as (owner block, index in its parameter list)
+    f_gather: List[Tuple[str, int]] = field(default_factory=list)
+    b_gather: List[Tuple[str, int]] = field(default_factory=list)
+    #: ZeRO-3: where the forward / backward (first micro-batch) first reads
+    #: each gathered parameter, as (compute time of the block before that
+    #: read, the parameter's position in ``f_gather`` / ``b_gather``), in
+    #: program order: the compute before a read waits for no later gather
+    f_gates: List[Tuple[float, int]] = field(default_factory=list)
+    b_gates: List[Tuple[float, int]] = field(default_factory=list)
+    #: ZeRO-3: per parameter first read in the forward / backward, the
+    #: bytes above the block's baseline (as ``f_excess`` / ``b0_excess``)
+    #: while the reshape of its gathered value runs
+    f_reads: Dict[str, float] = field(default_factory=dict)
+    b_reads: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Param:
+    """A parameter of a block as one tensor-parallel rank holds it, and
+    its optimizer ops on the template (one rank, no sharding): ``opt_pre``
+    (flattening the gradient, ZeRO >= 1), ``opt_update`` (the update ops
+    on the master weights: they shrink with the ZeRO shard; (time, flops)
+    each), ``opt_post`` (reshaping the new parameter, ZeRO 1/2), and the
+    memory of the update ops (``opt_with``, ``opt_after``, ``opt_flat``:
+    :func:`_optimizer_memory`)."""
+
+    name: str
+    block: str
+    numel: int
+    shape: Tuple[int, ...]
+    dtype: Any                      # the IR DType
+    opt_pre: float = 0.0
+    opt_update: List[Tuple[float, float]] = field(default_factory=list)
+    opt_post: float = 0.0
+    #: memory of its update ops on the template (bytes above weights,
+    #: optimizer state and gradient buffers; every value they make is the
+    #: size of the parameter, or a scalar, so they scale with a ZeRO
+    #: shard): the most while the template's flat copy of the gradient
+    #: (ZeRO >= 1, ``opt_flat`` bytes) is still live, less that copy,
+    #: and the most after it is freed (ZeRO 0: everything)
+    opt_with: float = 0.0
+    opt_after: float = 0.0
+    opt_flat: int = 0
+
+
+@dataclass
+class LayerProfile:
+    blocks: Dict[str, Block]
+    params: Dict[str, List[Param]]          # block -> its parameters, in step order
+    param_order: List[Tuple[str, int]]      # (block, index) in the step's parameter order
+    forward_crossing: List[int]             # bytes of each value sent forward between stages
+    backward_crossing: List[int]
+    tied: bool                              # the head reuses the embedding weight (pp > 1: a copy)
+    master_dtype: Any
+    # each block's cost as LowerSPMD's balanced partition estimates it
+    partition_costs: Dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    #: of ``forward_crossing``, the bytes a backward op reads (see _crossing)
+    forward_crossing_saved: int = 0
+
+
+def _block_of(layer: Any, layers: int) -> Optional[str]:
+    if not isinstance(layer, int):
+        return None
+    if layer < 0:
+        return EMB
+    if layer >= layers:
+        return HEAD
+    return LAYER if layer == _REPRESENTATIVE_LAYER else f"{LAYER}{layer}"
+
+
+def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
+              micro_batch: int, untie: bool, optimizer: str, representatives: bool = True
+              ) -> Tuple[Function, Function, LowerSPMD]:
+    c = _template_config(config, micro_batch)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie)
+    # ZeRO-3 without prefetch: each block's memory holds its own gathered
+    # parameters only; the estimate adds those of the blocks a real
+    # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
+    # depend on the chunk's blocks, not the template's
+    lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
+                               prefetch=0, microbatches=2, optimizer=optimizer), 2,
+                      hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
+    return step, lower(step), lower
+
+
+def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
+    """The template's model: two layers, two micro-batches."""
+    return replace(config, layers=_TEMPLATE_LAYERS, micro_batch=micro_batch,
+                   global_batch=2 * micro_batch)
+
+
+@lru_cache(maxsize=8)
+def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
+                untie: bool) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
+                                      Tuple[List[int], List[int], int], Dict[str, float]]:
+    """What a profile reads from the template's one-device step alone (the
+    same for its ZeRO kinds, built one after another: worked out once):
+    per block its forward and backward FLOPs as LowerSPMD's task ordering
+    counts them, its saved activation bytes, and its cost as the balanced
+    partition estimates it (each summed in op order); the values crossing
+    a stage boundary (:func:`_crossing`). Kept: do not modify."""
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie)
+    names = (EMB, LAYER, HEAD)
+    flops: Dict[str, List[float]] = {}
+    partition: Dict[str, float] = {}
+    model = CostModel(PARTITION_DEVICE)
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), _TEMPLATE_LAYERS)
+        if blk in names:
+            f = flops.setdefault(blk, [0.0, 0.0])
+            f[1 if "phase" in op.meta else 0] += op_flops(op)
+            partition[blk] = partition.get(blk, 0.0) + model.op_cost(op).time_s
+    saved: Dict[str, int] = {}
+    for layer, nbytes in saved_activation_bytes(step).items():
+        blk = _block_of(layer, _TEMPLATE_LAYERS)
+        if blk in names:
+            saved[blk] = saved.get(blk, 0) + nbytes
+    return ({k: (f, b) for k, (f, b) in flops.items()}, saved,
+            _crossing(step, tp, sp, recompute), partition)
+
+
+@lru_cache(maxsize=8)
+def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
+                   untie: bool) -> Function:
+    """The template's one-device step (forward, backward, no optimizer),
+    the same for every ZeRO stage: the profiles of one layout and its ZeRO
+    kinds, built one after another in a sweep, lower the same step (kept:
+    lowering reads it, nothing changes it)."""
+    return build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
+                                      recompute=recompute), micro_batch)
+
+
+def _crossing(step: Function, tp: int, sp: bool, recompute: str
+              ) -> Tuple[List[int], List[int], int]:
+    """Bytes of the values LowerSPMD sends between two pipeline stages that
+    split the template between its layers (forward, backward), and the
+    bytes of the forward ones that a backward op reads: the receiving
+    stage holds its copy of those until its backward (the residual stream
+    a layer's first layernorm backward reads), while the sender's, counted
+    in the saved activations of the layer that made it, is freed once
+    sent."""
+    probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute), 2)
+    probe._analyse(step)
+    fwd, bwd = [], []
+    kept = 0
+    for v, chunks in probe.crossing.items():
+        src = probe.value_chunk[v]
+        for c in chunks:
+            if src == 0 and c == 1:
+                fwd.append(v.type.size_bytes)
+                if any(not is_forward(op) for op in probe.consumers.get(v, ())):
+                    kept += v.type.size_bytes
+            elif src == 1 and c == 0:
+                bwd.append(v.type.size_bytes)
+    return sorted(fwd), sorted(bwd), kept
+
+
+@lru_cache(maxsize=256)
+def param_sizes(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, untie: bool
+                ) -> Tuple[Tuple[str, int], ...]:
+    """``(name, elements)`` of the parameters a tensor-parallel rank holds,
+    in the step's order, as :func:`~distsim.transforms.zero.check_shardable`
+    reads them: those of the embedding, the first layer (every layer has
+    the same sizes, so the first one refused is always the first layer's)
+    and the head. From a one-layer forward pass: nothing lowered or
+    simulated."""
+    config = replace(GPTConfig(**dict(config_items)), layers=1)
+    fwd = gpt_forward(config, tp=tp, sp=sp, micro_batch=1, untie=untie)
+    by_name = {v.name: v for v in fwd.inputs}
+    return tuple((name, by_name[name].type.numel) for name in fwd.meta["params"])
+
+
+@lru_cache(maxsize=256)
+def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
+                  zero: int, micro_batch: int, untie: bool, topology: str,
+                  collective_algo: str = "auto", optimizer: str = "adamw",
+                  tp_ranks: Optional[Tuple[int, ...]] = None) -> LayerProfile:
+    """The profile of a model (``config_items``: a GPTConfig's fields as
+    sorted pairs) under a tensor-parallel layout (see the module docstring),
+    cached per process. ``tp_ranks``: the devices of the tensor-parallel
+    group the template runs on (None: ranks ``0..tp-1``). ZeRO 0's is ZeRO
+    1's less its optimizer's ZeRO-1 parts (:func:`without_zero`): one
+    template lowered and simulated for both."""
+    if zero == 0:
+        return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
+                                          topology, collective_algo, optimizer, tp_ranks))
+    return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
+                         collective_algo, optimizer, tp_ranks=tp_ranks)
+
+
+def without_zero(profile: LayerProfile) -> LayerProfile:
+    """The profile of ZeRO 0 from ZeRO 1's (``profile``, kept unchanged).
+    The template runs at ``dp = 1``, where the two differ only in the
+    optimizer: ZeRO 1 flattens each gradient before its update and
+    reshapes the new parameter after it (``opt_pre``, ``opt_post``), and
+    the flat copy is live while the update ops run (``opt_flat``); the
+    update ops themselves are the same ops on as many elements. So ZeRO 0
+    has no flat copy nor the two reshapes, and its update's transient is
+    ZeRO 1's with the flat copy taken off (``opt_with``), all of it counted
+    as after the copy (``opt_after``, as :func:`~.profile_memory.
+    _optimizer_memory` counts a parameter without one). Every block's
+    figures are the forward and backward's, shared. Checked against a
+    ZeRO-0 template lowered and simulated on its own
+    (tests/estimate/test_estimate_profile_kinds.py): the same but for the
+    update ops' times, measured there at other absolute times (the last
+    bit of a difference of two clock readings)."""
+    params = {blk: [replace(p, opt_pre=0.0, opt_post=0.0, opt_with=0.0, opt_flat=0,
+                            opt_after=p.opt_with, opt_update=list(p.opt_update))
+                    for p in ps]
+              for blk, ps in profile.params.items()}
+    return replace(profile, params=params, wall_s=0.0)
+
+
+def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
+                  zero: int, micro_batch: int, untie: bool, topology: str,
+                  collective_algo: str = "auto", optimizer: str = "adamw",
+                  representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None
+                  ) -> LayerProfile:
+    """:func:`layer_profile`, uncached; ``representatives=False`` lowers
+    every tensor-parallel rank of the template (the same profile, slower:
+    a test checks they agree). ``tp_ranks``: the template's ranks
+    ``0..tp-1`` run on these devices (a mesh order that spreads the
+    tensor-parallel group, e.g. ``dp-tp-pp``: its collectives cross the
+    links they really cross)."""
+    import time
+    started = time.perf_counter()
+    config = GPTConfig(**dict(config_items))
+    template_zero = 3 if zero == 3 else (1 if zero else 0)
+    step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
+                                     untie, optimizer, representatives)
+    topo = load_topology(topology)
+    if tp_ranks is not None:
+        topo = topo.with_ranks_first(tp_ranks)
+    trace = simulate_function(program, topo, CostModel(topo.device_spec),
+                              SimulationOptions(network_mode="analytical",
+                                                collective_algorithm=collective_algo))
+    layers = _TEMPLATE_LAYERS
+    times = {}
+    for rec in trace.ops:
+        if rec.rank == 0:
+            times[rec.name] = (rec.start_s, rec.end_s, rec.flops)
+    rank0 = [op for op in program.ops
+             if (0 in members(op) if is_communication(op) else
+                 (op.outputs[0].type.device if op.outputs else op.inputs[0].type.device) == 0)]
+
+    # -- parameters and where their gradients become final ----------------------
+    by_name = {v.name: v for v in step.values()}
+    param_block: Dict[str, str] = {}
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), layers)
+        for v in op.inputs:
+            if v.name in step.meta["params"] and v.name not in param_block and blk:
+                param_block[v.name] = blk
+    params: Dict[str, List[Param]] = {EMB: [], LAYER: [], HEAD: []}
+    order: List[Tuple[str, int]] = []
+    for name in step.meta["params"]:
+        blk = param_block[name]
+        if blk not in params:          # the other template layer: same as LAYER
+            continue
+        p = by_name[name]
+        params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype))
+        order.append((blk, len(params[blk]) - 1))
+    _optimizer_ops(params, rank0, times)
+    index = {p.name: (blk, i) for blk, ps in params.items() for i, p in enumerate(ps)}
+    gathered: set = set()
+    first_reader: Dict[str, List[Tuple[str, int]]] = {}
+    for op in step.ops:
+        blk = _block_of(op.meta.get("layer"), layers)
+        kind = "B" if "phase" in op.meta else "F"
+        for v in op.inputs:
+            if v.name in index and blk in params and (kind, v.name) not in gathered:
+                gathered.add((kind, v.name))
+                first_reader.setdefault(f"{kind}{blk}", []).append(index[v.name])
+    final_last = {id(lower.sync.acc[(p, 0)]): p.name for p in lower.params}
+    final_only = {id(lower.menv[(0, 0)][g]): p.name for g, p in lower.grad_of.items()}
+
+    # -- blocks from rank 0's program order and timeline ------------------------
+    blocks = {name: Block() for name in (EMB, LAYER, HEAD)}
+    current: Optional[Tuple[str, int, str]] = None
+    groups: Dict[Tuple[str, int, str], List[Op]] = {}
+    #: ops of no block before any block (ZeRO-3's reshape of the first
+    #: gathered parameter, the embedding's table): the block after them
+    orphans: List[Op] = []
+    for op in rank0:
+        meta = op.meta
+        mb = meta.get("microbatch")
+        blk = _block_of(meta.get("layer"), layers)
+        if meta.get("phase") == "optimizer" or mb is None:
+            current = None
+            orphans = []
+            continue
+        kind = "B" if "phase" in meta else "F"
+        if op.op_type == "depend" or meta.get("role") == "zero_gather":
+            blk = None             # ZeRO-3 gathers name the layer they prefetch for
+        if blk is None and (op.op_type == "depend" or used_param_name(op) is not None):
+            # ZeRO-3 (the template has no prefetch): a block's gates and the
+            # reshapes of its gathered parameters come before or inside it,
+            # never after: the block after them (a task's first gathers are
+            # not the task before's)
+            if not is_communication(op):
+                orphans.append(op)
+            continue
+        if blk is None:            # accumulation: the block before
+            if current is None:
+                if not is_communication(op):
+                    orphans.append(op)
+                continue
+            key = current
+        else:
+            key = (kind, mb, blk)
+        group = groups.setdefault(key, [])
+        if orphans:
+            group.extend(orphans)
+            orphans = []
+        group.append(op)
+        current = key
+    compute_end: Dict[Tuple[str, int, str], float] = {}
+    ordered = sorted(groups, key=lambda k: max(times[o.name][1] for o in groups[k]
+                                               if not is_communication(o)))
+    group_start: Dict[Tuple[str, int, str], float] = {}
+    prev_end = 0.0
+    for key in ordered:
+        ops = [o for o in groups[key] if not is_communication(o)]
+        end = max(times[o.name][1] for o in ops)
+        compute_end[key] = end - prev_end
+        group_start[key] = prev_end
+        prev_end = end
+
+    def stats(key):
+        ops = groups.get(key, [])
+        comp = [o for o in ops if not is_communication(o)]
+        comm = [o for o in ops if is_communication(o)]
+        busy = sum(times[o.name][1] - times[o.name][0] for o in comp)
+        flops = sum(times[o.name][2] for o in comp)
+        # the tensor-parallel collectives (no role: not ZeRO-3's gathers,
+        # the data-parallel sync or a pipeline transfer)
+        tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm
+                    if o.meta.get("role") is None)
+        return compute_end.get(key, 0.0), busy, flops, tcomm
+
+    for name, blk in blocks.items():
+        blk.f, blk.f_busy, blk.f_flops, blk.tp_comm_f = stats(("F", 0, name))
+        blk.b_first, blk.b_first_busy, blk.b_flops, blk.tp_comm_b = stats(("B", 0, name))
+        blk.b_last, blk.b_last_busy, _, _ = stats(("B", 1, name))
+        scales = sum(times[o.name][1] - times[o.name][0] for o in groups.get(("B", 1, name), [])
+                     if o.op_type == "scale" and id(o.outputs[0]) in final_last)
+        blk.b_mid, blk.b_mid_busy = blk.b_last - scales, blk.b_last_busy - scales
+        gates = gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
+        blk.last = compress_segments(groups.get(("B", 1, name), []), times, final_last, gates)
+        blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates)
+        if ("B", 0, name) in groups:
+            fill_lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
+        blk.f_pre, blk.f_post = edges(compress_segments(groups.get(("F", 0, name), []), times, {}))
+        blk.b_pre, blk.b_post = edges(blk.only)
+    # The embedding's tensor-parallel collective (its all-reduce, or reduce-
+    # scatter with sp) ends its forward, and the first layer's compute waits
+    # for it: the template's first layer carries that wait, the
+    # representative layer every layer is timed by does not. It belongs to
+    # the embedding's forward.
+    first = ("F", 0, f"{LAYER}0")
+    if first in compute_end and ("F", 0, EMB) in groups:
+        blocks[EMB].f += max(0.0, compute_end[first] - blocks[LAYER].f)
+    for name, blk in blocks.items():
+        blk.f_gather = list(dict.fromkeys(first_reader.get(f"F{name}", [])))
+        blk.b_gather = list(dict.fromkeys(first_reader.get(f"B{name}", [])))
+        if template_zero == 3:
+            blk.f_gates = read_gates(groups.get(("F", 0, name), []), times, params, blk.f_gather)
+            blk.b_gates = read_gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
+    step_flops, saved, (fwd, bwd, kept), partition = _step_facts(
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie)
+    for blk, (f, b) in step_flops.items():
+        blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
+    for blk, nbytes in saved.items():
+        blocks[blk].saved_bytes = nbytes
+    from .profile_memory import memory_excess   # it reads this module's blocks
+    memory_excess(blocks, groups, times, trace, program, params, rank0, final_only)
+    return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
+                        lower.master_dtype, dict(partition), time.perf_counter() - started, kept)
+
+
+#: The optimizer ops of a parameter ``p`` on rank 0 of the template, by the
+#: name that follows ``p``: ``_gflat_r0`` flattens the gradient, ``_new_r0``
+#: reshapes the new parameter, ``_r0`` (the rest) update the master weights
+#: and moments.
+_OPTIMIZER_ROLES = (("_gflat_r0", "flat"), ("_new_r0", "new"), ("_r0", "update"))
+
+
+def optimizer_role(op_name: str, order: Dict[str, int]) -> Optional[Tuple[str, str]]:
+    """(parameter, role: flat / new / update) of a template optimizer op
+    named ``op_name``, or None; ``order`` numbers the parameter names. The
+    first parameter in that order whose name the op's starts with, followed
+    by a role's suffix (at most one role follows a given name)."""
+    best: Optional[Tuple[int, str, str]] = None
+    at = op_name.find("_", 1)
+    while at != -1:
+        rank = order.get(op_name[:at])
+        if rank is not None and (best is None or rank < best[0]):
+            for suffix, role in _OPTIMIZER_ROLES:
+                if op_name.startswith(suffix, at):
+                    best = (rank, op_name[:at], role)
+                    break
+        at = op_name.find("_", at + 1)
+    return None if best is None else (best[1], best[2])
+
+
+def optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op]
+                  ) -> List[Tuple[Op, Param, str]]:
+    """Rank 0's optimizer ops of the template (not its collectives) with
+    their parameter and role (:func:`optimizer_role`), in program order."""
+    by_name = {p.name: p for ps in params.values() for p in ps}
+    order = {name: i for i, name in enumerate(by_name)}
+    out = []
+    for op in rank0:
+        if op.meta.get("phase") != "optimizer" or is_communication(op):
+            continue
+        hit = optimizer_role(op.name, order)
+        if hit is not None:
+            out.append((op, by_name[hit[0]], hit[1]))
+    return out
+
+
+def _optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> None:
+    """Each parameter's optimizer times on rank 0 of the template
+    (:func:`optimizer_ops`): flattening its gradient, its update ops, the
+    reshape of the new parameter."""
+    for op, p, role in optimizer_ops(params, rank0):
+        t0, t1, flops = times[op.name]
+        if role == "flat":
+            p.opt_pre += t1 - t0
+        elif role == "new":
+            p.opt_post += t1 - t0
+        else:
+            p.opt_update.append((t1 - t0, flops))

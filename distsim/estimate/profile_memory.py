@@ -1,0 +1,233 @@
+"""The memory side of the estimator's per-layer profiles
+(:mod:`.profile`): from the template's memory curve on rank 0, each
+block's transient excess (forward, backward, the backward of ZeRO 2/3 with a
+reduce-scatter per micro-batch) and each parameter's optimizer transient,
+above what the estimate counts on its own (weights, optimizer state,
+gradient buffers, saved activations).
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..ir.core import Function, Op, Value
+from ..transforms.zero3 import used_param_name
+from .profile import EMB, HEAD, LAYER, Block, LayerProfile, Param, optimizer_ops
+
+
+def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
+                   params: Dict[str, List[Param]], rank0: List[Op],
+                   final_only: Dict[int, str]) -> None:
+    """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
+    curve: the peak inside the block's time window minus what is known to
+    be live then (weights and optimizer state, gradient buffers after the
+    first backward, saved activations of the blocks before it), and each
+    parameter's update memory (:func:`_optimizer_memory`)."""
+    roles = program.meta.get("roles", {})
+    zero3 = program.meta.get("strategy", {}).get("zero") == 3
+    static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
+                 and roles.get(v.name) in ("param", "master", "optimizer"))
+    # gradient buffers: resident inputs (role grad_buffer), or, in a program
+    # without them, the first micro-batch's gradients, kept to the update
+    grads = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
+                and roles.get(v.name) == (
+                    "grad_buffer" if "grad_buffer" in roles.values() else "param"))
+    samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
+    stamps = [t for t, _ in samples]
+
+    def peak(t0: float, t1: float) -> float:
+        """The most live bytes from ``t0`` to ``t1``, not the samples at
+        ``t1`` itself: at the instant a block's last op ends the next op
+        allocates its results (the optimizer's fp32 copy of a gradient,
+        right after the backward's last all-reduce), and those are not the
+        block's."""
+        lo = bisect_left(stamps, t0)
+        hi = bisect_left(stamps, t1)
+        values = [b for _, b in samples[lo:hi]]
+        if lo > 0:
+            values.append(samples[lo - 1][1])
+        return float(max(values)) if values else 0.0
+
+    def window(key) -> Tuple[float, float]:
+        ops = groups.get(key, [])
+        return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
+
+    allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
+    f_order = [EMB, "layer0", LAYER, HEAD]
+    saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
+             LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
+    for i, name in enumerate(f_order):
+        if name not in blocks:
+            continue
+        before = sum(saved[n] for n in f_order[:i])
+        if ("F", 0, name) in groups:
+            # ZeRO-3: the program's first block gathers with nothing before it
+            # to gate on (no gate, the gathered value alone), every later
+            # task's first block gates its gathers (the gate as well): the
+            # embedding's second forward is the one the other tasks repeat
+            key = ("F", 1, name) if (name == EMB and zero3 and ("F", 1, name) in groups) \
+                else ("F", 0, name)
+            blocks[name].f_excess = max(0.0, peak(*window(key)) - static - grads - before)
+            blocks[name].f_reads = _read_excess(groups[key], times, peak,
+                                                static + grads + before)
+        if ("B", 1, name) in groups:
+            blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
+                                        - before - saved[name])
+        if ("B", 0, name) in groups:
+            base = static + grads + before + saved[name]
+            blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
+            blocks[name].b_reads = _read_excess(groups[("B", 0, name)], times, peak, base)
+            index = {p.name: i for i, p in enumerate(params.get(name, []))}
+            if allocated is None:
+                allocated = _allocations(rank0, times, program)
+            at, made = _scatter_excess(groups[("B", 0, name)], times, samples, stamps,
+                                       allocated, final_only)
+            blocks[name].bs_grads = {index[p]: live - base for p, live in at.items()
+                                     if p in index}
+            blocks[name].bs_made = [(tuple(index[p] for p in names if p in index),
+                                     during - base, after - base, nbytes)
+                                    for names, during, after, nbytes in made]
+            blocks[name].bs_excess = max([blocks[name].b0_excess,
+                                          *blocks[name].bs_grads.values()])
+    _optimizer_memory(params, rank0, times, samples, static + grads)
+
+
+def _read_excess(ops: List[Op], times, peak, base: float) -> Dict[str, float]:
+    """ZeRO-3: per parameter a block first reads, the bytes above ``base``
+    while the reshape of its gathered value runs (that reshape's result
+    included): where ZeRO-3 by layer splits the whole unit out of its
+    gathered buffer instead (:func:`.units.copy_out_bytes`)."""
+    out: Dict[str, float] = {}
+    for op in ops:
+        name = used_param_name(op)
+        if name is not None and name not in out:
+            out[name] = peak(times[op.name][0], times[op.name][1]) - base
+    return out
+
+
+def _allocations(rank0: List[Op], times, program: Function) -> Dict[float, int]:
+    """The bytes rank 0 allocates at each op start time (its ops' results
+    that do not update a value in place)."""
+    in_place = set(program.meta.get("updates", {}).values())
+    starts: Dict[float, int] = {}
+    for op in rank0:
+        if op.name not in times:
+            continue
+        t0 = times[op.name][0]
+        for v in op.outputs:
+            if v.name not in in_place and v.type.device == 0:
+                starts[t0] = starts.get(t0, 0) + v.type.size_bytes
+    return starts
+
+
+def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
+                    stamps: List[float], starts: Dict[float, int],
+                    final_only: Dict[int, str]
+                    ) -> Tuple[Dict[str, float], List[Tuple[List[str], float, float, int]]]:
+    """The most live bytes (rank 0) that a block's backward reaches with ZeRO
+    2/3 reducing-scattering each micro-batch's gradients, from the
+    template's first backward (``ops``, program order), where each final
+    gradient (``final_only``) is written into its whole buffer in place. In
+    the lowered program the buffer is a 1/dp shard, so the gradient is a
+    value of its own while the op making it runs (its bytes added to that
+    op's window), then is flattened into a copy of the same size right
+    after it (both live: the live bytes once that op has ended and freed
+    its inputs, before the next op allocates, plus twice the gradient);
+    the copy lives on until its reduce-scatter (counted elsewhere).
+    Per parameter name, the most of the two; and per op making final
+    gradients, in order, (their names, the live bytes while it runs and
+    once it has ended, the gradients' bytes), from which ZeRO-3 by layer
+    (its gradients held to the block's end) is worked out at estimate
+    time (:func:`.point.unit_excess`). ``starts``: every allocation of
+    rank 0 by time (:func:`_allocations`); those at an op's end (the next
+    op's, of this block or the next task's) are not counted as live after
+    it. ``stamps``: the samples' times."""
+    best: Dict[str, float] = {}
+    made_at: List[Tuple[List[str], float, float, int]] = []
+    for op in ops:
+        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
+        if not names:
+            continue
+        made = sum(v.type.size_bytes for v in op.outputs if id(v) in final_only)
+        t0, t1, _ = times[op.name]
+        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
+        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
+        at = bisect_left(stamps, t1)
+        after = samples[at][1] if at < len(samples) and stamps[at] == t1 else during
+        for name in names:
+            best[name] = max(best.get(name, -math.inf), during + made,
+                             after - starts.get(t1, 0) + 2 * made)
+        made_at.append((names, float(during), float(after - starts.get(t1, 0)), made))
+    return best, made_at
+
+
+def _optimizer_memory(params: Dict[str, List[Param]], rank0: List[Op], times,
+                      samples: List[Tuple[float, int]], base: float) -> None:
+    """Fill each parameter's ``opt_with`` / ``opt_after`` / ``opt_flat``
+    from rank 0's memory curve (``samples``: (time, live bytes), sorted)
+    over the window of its update ops (``{p}_r0...``, which run one after
+    another on the compute stream: the sample at a time is the live bytes
+    after its frees and allocations, the most at that time), less
+    ``base`` (weights, optimizer state, gradient buffers). The flat copy
+    of the gradient (``{p}_gflat_r0``, ZeRO >= 1) is live until its last
+    reader ends: its bytes are taken off the samples before then, as the
+    ZeRO shard that replaces it differs in size (see
+    :func:`.memory.optimizer_excess`)."""
+    by_name = {p.name: p for ps in params.values() for p in ps}
+    update: Dict[str, List[Op]] = {}
+    flat: Dict[str, Value] = {}
+    for op, p, role in optimizer_ops(params, rank0):
+        if role == "flat":
+            flat[p.name] = op.outputs[0]
+        elif role == "update":
+            update.setdefault(p.name, []).append(op)
+    flat_of = {id(v): name for name, v in flat.items()}
+    flat_free: Dict[str, float] = {}
+    for op in rank0:
+        for v in op.inputs:
+            name = flat_of.get(id(v))
+            if name is not None:
+                flat_free[name] = max(flat_free.get(name, 0.0), times[op.name][1])
+    stamps = [t for t, _ in samples]
+    for name, ops in update.items():
+        p = by_name[name]
+        t0 = min(times[o.name][0] for o in ops)
+        t1 = max(times[o.name][1] for o in ops)
+        nbytes = flat[name].type.size_bytes if name in flat else 0
+        freed = flat_free.get(name, -1.0)
+        with_, after = -math.inf, -math.inf
+        for t, live in samples[bisect_left(stamps, t0):bisect_left(stamps, t1)]:
+            if t < freed:
+                with_ = max(with_, live - base - nbytes)
+            else:
+                after = max(after, live - base)
+        p.opt_flat = nbytes
+        p.opt_with = max(0.0, with_) if nbytes else 0.0
+        p.opt_after = max(0.0, after, with_ if not nbytes else 0.0)
+
+
+def prefetched_bytes(prof: LayerProfile, order: Sequence[Tuple[str, Optional[int]]], kind: str,
+                     prefetch: int) -> List[float]:
+    """ZeRO-3: per block of a forward / backward task (``order``: its
+    blocks in task order, ``kind`` "F" or "B"), the bytes of the
+    parameters gathered ahead for the next ``prefetch`` blocks of the task
+    (the parameters each block reads first, at their whole tensor-parallel
+    size): LowerSPMD issues their all-gathers when the block starts, and
+    each result lives until its block reads it. The template runs without
+    prefetch (its blocks hold only their own gathered parameters), and the
+    blocks ahead are the chunk's, not the template's. Whole from the
+    block's start is an upper bound: the gathers run one after another,
+    and at the block's peak the last may not have started. Zeros when
+    ``prefetch`` is 0 (pass 0 without ZeRO-3)."""
+    if prefetch <= 0:
+        return [0.0] * len(order)
+    by_name: Dict[str, float] = {}      # a layer's blocks all have the same
+    for name, _ in order:
+        if name not in by_name:
+            blk = prof.blocks[name]
+            by_name[name] = float(sum(
+                prof.params[owner][i].numel * prof.params[owner][i].dtype.itemsize
+                for owner, i in (blk.f_gather if kind == "F" else blk.b_gather)))
+    own = [by_name[name] for name, _ in order]
+    return [sum(own[k + 1:k + 1 + prefetch]) for k in range(len(order))]

@@ -1,0 +1,410 @@
+"""Which op-by-op backwards (:mod:`.backward`) the estimator
+records once and replays, and how: a task that starts with its stage's
+communication stream idle depends only on where it starts (or, where a
+recomputation leads and the input comes after it, on where the
+recomputation starts and where the input comes), so its items are
+recorded relative to that start and replayed, shifted, by the next task
+of the same kind: the same chunk shape on another stage, or the same
+stage in the next timeline of an extrapolated estimate.
+
+* :meth:`ReplayedBackward._last_backward`: each chunk's last backward
+  (ZeRO 0/1), with its gradient syncs;
+* :meth:`ReplayedBackward._first_backward`: ZeRO 2/3's first micro-batch,
+  each gradient flattened and reduce-scattered where it is made;
+* :meth:`ReplayedBackward._accumulating_backward`: ZeRO-3's backwards past
+  the first, each shard then accumulated; inside one emitted, block by
+  block (:meth:`ReplayedBackward._block_replay`: a block that starts with
+  both streams free depends only on where it starts).
+"""
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .backward import OpByOpBackward
+
+
+def _by_place(entries: List[Tuple[tuple, Optional[float]]],
+              place: Dict[Tuple[str, Optional[int]], int], origin: float
+              ) -> Optional[Tuple[List[Tuple[int, int]], np.ndarray]]:
+    """``((block, layer, index), time)`` pairs as (each one's (place of its
+    block in a chunk, index), their times less ``origin``), or None where a
+    time is None."""
+    if not entries:
+        return [], np.zeros(0)
+    keys, times = zip(*entries)
+    if None in times:
+        return None
+    return ([(place[key[:2]], key[2]) for key in keys],
+            np.array(times, dtype=float) - origin)
+
+
+#: The fewest blocks the replays of a last backward's record must stand
+#: for in all (the replays expected times the chunk's blocks) for
+#: :meth:`ReplayedBackward._last_backward` to record it: recording one and
+#: replaying it once cost about what emitting three blocks does.
+_MIN_BLOCKS = 4
+
+
+class ReplayedBackward(OpByOpBackward):
+    """The backward tasks of :class:`~.timeline.Builder` that are
+    recorded and replayed where they can be, emitted op by op
+    (:class:`~.backward.OpByOpBackward`) where not (a mixin: it
+    uses the builder's timeline, sync, profile, memo, FLOPs, shapes and
+    ``blocks_of``)."""
+
+    shape_chunks: Dict[Tuple[bool, bool, int], int]
+
+    def _start(self, stage: int, name: str, only: bool, ready: float
+               ) -> Tuple[float, bool, bool, bool]:
+        """Where an op-by-op backward whose first block is ``name``
+        (``only``: :meth:`_segment_plan`'s) starts if its items depend only
+        on that: ``(origin, input there, communication idle, opens with
+        compute)``. The origin is the compute stream's end, or the task's
+        input where it comes later and no recomputation leads (a leading
+        recomputation runs from the stream's end, the rest from the input:
+        emit_last_backward's ``first``); the task is clean when its input is
+        there by then and the stage's communication stream idle (where only
+        the input comes later, a recomputation leads: :meth:`_emit_from`).
+        (A task opening with a collective would start it from its input or
+        the stream's end, not from the origin.)"""
+        tl = self.tl
+        s = 2 * stage
+        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
+        plan = self._segment_plan(name, only)
+        lead = bool(plan) and plan[0][6]
+        origin = free if lead else max(ready, free)
+        return (origin, ready <= origin, tl.free[s + 1] <= origin,
+                bool(plan) and plan[0][0] == "c")
+
+    def _first_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
+        """:meth:`emit_last_backward` of chunk ``c``'s first micro-batch with
+        ZeRO 2/3 (each gradient flattened and reduce-scattered where it is
+        made), replayed where it can be. Each stage runs one such task; one
+        that starts with the stage's communication stream idle (and the
+        task's input there, unless a recomputation leads) depends only on
+        where it starts, so the first of a chunk shape is recorded relative
+        to its start and the same shape's on the other stages replay it
+        (one whose leading recomputation is over before its input comes,
+        in two parts: :meth:`_emit_from`): its items, FLOPs, memory notes
+        (bytes, the same) and the flat copies it leaves waiting for their
+        reduce-scatters (shifted). Not
+        by layer (its units wait across tasks), nor with one micro-batch
+        (that backward is the last, which synchronises its gradients), nor
+        with gradient buckets (what a task holds depends on the stage's
+        earlier flushes)."""
+        order = self.blocks_of("B", c)
+        if self.by_layer or self.M == 1 or self.route == "bucket" or not order:
+            return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+        origin, input_there, idle, compute_first = self._start(stage, order[0][0], True, ready)
+        if not (compute_first and idle):
+            return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+        tl = self.tl
+        split = not input_there    # a leading recomputation, the input later
+        key = ("first", self.shapes[c], split)
+        record = self.replays.get(key)
+        if record is not None:
+            start = self._replay_lead(stage, record[5], origin, ready) if split else origin
+            if start is None:
+                return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
+            return self._replay_first(record, stage, c, start)
+        mark, flops = tl.mark(stage), self.flops[stage]
+        last, lead, mark = self._emit_from(stage, c, order, ready, origin, mark, split,
+                                           first_microbatch=True)
+        if lead is not False:
+            start = ready if split else origin
+            items = tl.since(stage, mark, start) if last is not None else None
+            if items is not None:
+                inside, flats = self.notes
+                self.replays[key] = (items, self.flops[stage] - flops, last - start, dict(inside),
+                                     [(nbytes, end - start) for nbytes, end in flats or ()], lead)
+        return last
+
+    def _emit_from(self, stage: int, c: int, order, ready: float, origin: float, mark: tuple,
+                   split: bool, **kinds) -> Tuple[Optional[float], Any, tuple]:
+        """:meth:`emit_last_backward` of a task being recorded from ``mark``
+        (``kinds``: its keywords): ``(its end, the lead, the mark the rest
+        is recorded from)``. With ``split`` (a leading recomputation from
+        ``origin``, the input later at ``ready``) the lead is the
+        recomputation's record and where its streams end, relative to
+        ``origin``, and the rest is recorded from the mark taken when the
+        first entry that waits for the input comes, if the recomputation
+        is over by then; False where it is not (nothing to record).
+        Without, the lead is None and the mark ``mark``."""
+        if not split:
+            return self.emit_last_backward(stage, c, order, ready, **kinds), None, mark
+        tl = self.tl
+        found: List[tuple] = []
+
+        def lead_over(kind: str) -> None:
+            # the recomputation's items, and the rest's start: the input
+            # (not a gradient made here: none is made by a recomputation)
+            over = max(tl.free[2 * stage], tl.free[2 * stage + 1])
+            if kind != "g" and over <= ready:
+                found.append(((tl.since(stage, mark, origin), over - origin), tl.mark(stage)))
+
+        last = self.emit_last_backward(stage, c, order, ready, at_input=lead_over, **kinds)
+        if not found or found[0][0][0] is None:
+            return last, False, mark
+        return last, found[0][0], found[0][1]
+
+    def _replay_lead(self, stage: int, lead: tuple, origin: float, ready: float
+                     ) -> Optional[float]:
+        """The recorded recomputation ``lead`` (:meth:`_emit_from`) replayed
+        from ``origin``, where it is over by the input at ``ready``; returns
+        where the rest starts (``ready``), or None (nothing replayed)."""
+        items, end = lead
+        if origin + end > ready:
+            return None
+        self.tl.replay(stage, items, origin)
+        return ready
+
+    def _replay_first(self, record: tuple, stage: int, c: int, origin: float) -> float:
+        """A recorded first backward (:meth:`_first_backward`) of chunk ``c``
+        on ``stage`` from ``origin``."""
+        items, flops, last, inside, flats, _ = record
+        self.tl.replay(stage, items, origin)
+        self.flops[stage] += flops
+        self._leave_flats(stage, c, inside, [(nbytes, origin + end) for nbytes, end in flats])
+        return origin + last
+
+    def _last_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
+        """:meth:`emit_last_backward` of chunk ``c``'s last micro-batch
+        without a reduce-scatter per micro-batch (ZeRO 0/1), replayed where
+        it can be. A task that starts with the stage's communication stream
+        idle and no gradient of the stage waiting for a bucket depends only
+        on where it starts (and on the buckets the stage flushed before it,
+        part of the key), so it is recorded relative to its start and
+        replayed: the same items and gradient syncs, shifted (to rounding),
+        its gradients' times by their place in the chunk. A task that opens
+        with a recomputation (which need not wait for the task's input)
+        and whose input comes later depends on two times instead: the
+        recomputation on where it starts, the rest, if the recomputation
+        is over by then, on the input: it is recorded in two parts. Where each
+        gradient is synchronised on its own (or not at all), the syncs are
+        the same on every stage (one data-parallel team's times), so the
+        record stands for every chunk of its shape: the other stages
+        replay it. Otherwise (buckets, syncs deferred to the backward
+        pass's end) it stands for its own stage's chunk in a later
+        timeline: the two timelines an estimate extrapolates from
+        (:attr:`.state.Memo.last_backwards`) end with the same
+        last backwards, one micro-batch apart. Its memory notes are the
+        first's (the same bytes; each gradient synchronised on its own,
+        there are none)."""
+        order = self.blocks_of("B", c)
+        sync = self.sync
+        if self.zero3 or sync.pending.get(stage) or not order:
+            return self.emit_last_backward(stage, c, order, ready)
+        only = self.M == 1
+        origin, input_there, idle, compute_first = self._start(stage, order[0][0], only, ready)
+        if not (compute_first and idle):
+            return self.emit_last_backward(stage, c, order, ready)
+        tl = self.tl
+        split = not input_there    # a leading recomputation from ``origin``, the input later
+        shared = self.route in ("each", "local")
+        key = (("last", self.shapes[c], only, split) if shared
+               else (stage, c, tuple(sync.buckets.get(stage, ())), split))
+        record = self.memo.last_backwards.get(key)
+        if record is not None:
+            start = self._replay_lead(stage, record[10], origin, ready) if split else origin
+            if start is None:
+                return self.emit_last_backward(stage, c, order, ready)
+            return self._replay_last(record, stage, order, start)
+        # recording and replaying costs about what emitting three blocks
+        # does: worth it where the replays emit no fewer blocks
+        replays = ((self.shape_chunks[self.shapes[c]] - 1 if shared else 0)
+                   + (1 if self.memo.record_last_backwards else 0))
+        if replays * len(order) < _MIN_BLOCKS:
+            return self.emit_last_backward(stage, c, order, ready)
+        mark, flops = tl.mark(stage), self.flops[stage]
+        sizes = (len(sync.final), len(sync.synced), len(sync.buckets.get(stage, ())),
+                 len(sync.unpack), len(sync.deferred.get(stage, ())))
+        last, lead, mark = self._emit_from(stage, c, order, ready, origin, mark, split)
+        if lead is False:
+            return last
+        if split:
+            origin = ready
+        items = tl.since(stage, mark, origin)
+        # the task's gradients became final (and some synchronised): new
+        # entries of those tables, in the order they were made
+        final = list(islice(sync.final.items(), sizes[0], None))
+        synced = list(islice(sync.synced.items(), sizes[1], None))
+        if (items is None or last is None
+                or len(final) != sum(len(self.prof.params[name]) for name, _ in order)):
+            return last
+        place = {block: k for k, block in enumerate(order)}
+        made = [_by_place(entries, place, origin) for entries in (final, synced)]
+        if None in made:
+            return last
+        self.memo.last_backwards[key] = (
+            items, self.flops[stage] - flops, last - origin, made[0], made[1],
+            tuple(sync.pending.get(stage, ())), sync.pending_bytes.get(stage),
+            tuple(sync.buckets.get(stage, ())[sizes[2]:]),
+            [(bucket, ar - origin, total, dtype)
+             for bucket, _, ar, total, dtype in sync.unpack[sizes[3]:]],
+            tuple(sync.deferred.get(stage, ())[sizes[4]:]), lead)
+        return last
+
+    def _replay_last(self, record: tuple, stage: int, order: List[Tuple[str, Optional[int]]],
+                     origin: float) -> float:
+        """A recorded last backward (:meth:`_last_backward`) on ``stage``
+        from ``origin``, of a chunk whose blocks are ``order``."""
+        (items, flops, last, final, synced, pending, pending_bytes, buckets, unpack,
+         deferred, _) = record
+        self.tl.replay(stage, items, origin)
+        self.flops[stage] += flops
+        sync = self.sync
+        for table, (places, at) in ((sync.final, final), (sync.synced, synced)):
+            if places:
+                table.update(zip([order[k] + (i,) for k, i in places], (at + origin).tolist()))
+        if pending:
+            sync.pending[stage] = list(pending)
+            sync.pending_bytes[stage] = pending_bytes
+        if buckets:
+            sync.buckets.setdefault(stage, []).extend(buckets)
+        sync.unpack.extend((bucket, stage, origin + ar, total, dtype)
+                           for bucket, ar, total, dtype in unpack)
+        if deferred:
+            sync.deferred.setdefault(stage, []).extend(deferred)
+        return origin + last
+
+    def _accumulating_backward(self, stage: int, c: int, mb: int, ready: float) -> float:
+        """:meth:`emit_last_backward` of a ZeRO-3 backward past the first
+        micro-batch, replayed where it can be. Once the pipeline is steady
+        most such tasks start with the stage's communication stream idle:
+        their items then depend only on where they start (the compute
+        stream's end, or the task's input where it comes later and no
+        recomputation leads), so the first such task of a chunk shape and
+        micro-batch class is emitted op by op and recorded relative to its
+        start, and the next ones are that record shifted (the same items,
+        to rounding). Any other start is emitted op by op."""
+        tl = self.tl
+        order = self.blocks_of("B", c)
+        origin, input_there, idle, _ = self._start(stage, order[0][0], True, ready)
+        clean = input_there and idle
+        key = (self.shapes[c], mb == self.M - 1)
+        if self.by_layer:
+            # by layer a task first settles the unit the stage's previous
+            # backward left (its reduce-scatter long done when the task is
+            # clean): part of what the task's items depend on
+            left = self._left_unit(stage, origin)
+            clean = clean and left is not False
+            key = key + (left,)
+        record = self.replays.get(key) if clean else None
+        if record is not None:
+            return self._replay(record, stage, order, origin, mb)
+        # emitted with its blocks replayed where they can be (a stage of
+        # one to four has tens of identical blocks), and recorded whole with
+        # them (their runs' spans in the record)
+        mark, flops = tl.mark(stage), self.flops[stage]
+        last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True,
+                                       accumulating=mb, block_replays=True)
+        items = tl.since(stage, mark, origin, with_runs=True) \
+            if clean and last is not None else None
+        if items is not None:
+            final = self._finals_of(order, origin) if mb == self.M - 1 else []
+            leaves = None
+            if self.by_layer:
+                pending = self.unit_pending.get(stage, [])
+                if len(pending) != 1:
+                    return last
+                name, layer, unit, _, rs_end = pending[0]
+                leaves = (order.index((name, layer)), unit, rs_end - origin)
+            self.replays[key] = (items, self.flops[stage] - flops, last - origin, final, leaves)
+        return last
+
+    def _block_replay(self, stage: int, order, k: int, origin: float,
+                      gathered: Dict[int, Dict[Optional[int], float]], last_mb: bool
+                      ) -> Tuple[Optional[float], Optional[tuple]]:
+        """A block of ZeRO-3's accumulating backward that starts with both
+        streams of its stage free (the compute stream's end is ``origin``,
+        the communication stream done by then: the gathers issued before it
+        are over) depends only on ``origin``, its name, whether its
+        micro-batch is the last, and which blocks' gathers it issues
+        (prefetch: none near the task's end): the first such block is
+        recorded, the next ones replay it (the same items shifted, to
+        rounding), with its gathers' ends and its gradients' final times."""
+        free = self.tl.free
+        if free[2 * stage] != origin or free[2 * stage + 1] > origin:
+            return None, None
+        stop = min(len(order), k + 1 + self.S.prefetch)
+        issued = tuple(j - k for j in range(k, stop) if j not in gathered)
+        key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
+        record = self.memo.block_records.get(key)
+        if record is None:
+            return None, (key, issued, self.tl.mark(stage), self.flops[stage], origin)
+        items, flops, last, ends, final = record
+        self.tl.replay(stage, items, origin)
+        self.flops[stage] += flops
+        for j, at in zip(issued, ends):
+            gathered[k + j] = {upto: origin + t for upto, t in at}
+        self._set_finals(order[k:k + 1], final, origin)
+        return origin + last, None
+
+    def _block_record(self, recording: tuple, stage: int, order, k: int, last: float,
+                      gathered: Dict[int, Dict[Optional[int], float]]) -> None:
+        """Record block ``k``, just emitted (:meth:`_block_replay`)."""
+        key, issued, mark, flops, origin = recording
+        items = self.tl.since(stage, mark, origin)
+        if items is None:
+            return
+        final = self._finals_of(order[k:k + 1], origin) if key[1] else []
+        ends = [[(upto, t - origin) for upto, t in gathered[k + j].items()] for j in issued]
+        self.memo.block_records[key] = (items, self.flops[stage] - flops, last - origin, ends,
+                                        final)
+
+    def _finals_of(self, order: List[Tuple[str, Optional[int]]], origin: float
+                   ) -> List[Tuple[int, int, float]]:
+        """The gradients of the blocks ``order`` made final so far, as (the
+        block's place in ``order``, the parameter's index, the time less
+        ``origin``): by place, so that a record stands for blocks of other
+        layers (:meth:`_set_finals`)."""
+        table = self.sync.final
+        return [(k, i, table[(name, layer, i)] - origin)
+                for k, (name, layer) in enumerate(order)
+                for i in range(len(self.prof.params[name])) if (name, layer, i) in table]
+
+    def _set_finals(self, order: List[Tuple[str, Optional[int]]],
+                    final: List[Tuple[int, int, float]], origin: float) -> None:
+        """A record's final gradients (:meth:`_finals_of`) for the blocks
+        ``order``, from ``origin``: final and synchronised then (ZeRO-3's
+        last micro-batch: its shard accumulated and averaged)."""
+        sync = self.sync
+        for k, i, at in final:
+            key = (order[k][0], order[k][1], i)
+            sync.final[key] = sync.synced[key] = origin + at
+
+    def _left_unit(self, stage: int, origin: float):
+        """By layer, what a backward starting at ``origin`` finds pending on
+        ``stage``: None (nothing), the unit's (block, members, whether its
+        micro-batch was the first), or False where a replay cannot stand
+        for the task (more than one unit, one whose reduce-scatter ends
+        after ``origin``, or the last micro-batch's, whose settling makes
+        its gradients final). A unit done by ``origin`` is settled where the
+        task's compute stream is (past ``origin`` by then), whenever it
+        ended."""
+        pending = self.unit_pending.get(stage)
+        if not pending:
+            return None
+        if len(pending) > 1:
+            return False
+        name, _, unit, mb, rs_end = pending[0]
+        if rs_end > origin or mb == self.M - 1:
+            return False
+        return (name, unit, mb == 0)
+
+    def _replay(self, record, stage: int, order, origin: float, mb: int) -> float:
+        """A recorded task (:meth:`_accumulating_backward`) of a chunk whose
+        blocks are ``order``, micro-batch ``mb``, from ``origin``."""
+        items, flops, last, final, leaves = record
+        self.tl.replay(stage, items, origin)
+        self.flops[stage] += flops
+        self._set_finals(order, final, origin)
+        if leaves is not None:
+            # by layer: the unit found pending was settled in the items;
+            # the task's own last unit is left pending
+            k, unit, rs_end = leaves
+            self.unit_pending[stage] = [(order[k][0], order[k][1], unit, mb, origin + rs_end)]
+        return origin + last

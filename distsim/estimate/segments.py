@@ -1,0 +1,168 @@
+"""A template block's op-level backward for the estimator's per-layer
+profiles (:mod:`.profile`): rank 0's ops of one block compressed
+into :class:`Segment` entries (compute runs, tensor-parallel collectives,
+gradients becoming final), with ZeRO-3's reads of gathered parameters
+(where each entry waits for the block's gathers), the recomputation a
+backward starts with, and the compute before the first / after the last
+collective.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from ..ir.comm import is_communication
+from ..ir.core import Op
+from ..transforms.zero3 import used_param_name
+
+if TYPE_CHECKING:     # pragma: no cover - for the annotations only
+    from .profile import Block, Param
+
+
+@dataclass
+class Segment:
+    """One entry of a block's op-level last backward: ``kind`` "c" (a run
+    of compute ops: ``time_s``), "t" (a tensor-parallel collective:
+    ``time_s``) or "g" (the gradient of ``param`` is final here). ``deps``:
+    indices of earlier entries of the same block it waits for (a compute
+    run on collectives, a collective on the run producing its input); None
+    in ``deps`` means "an input from before the block"."""
+
+    kind: str
+    time_s: float = 0.0
+    deps: Tuple[Optional[int], ...] = ()
+    param: str = ""
+    #: part of the recomputation the block's backward starts with (reads
+    #: only what the forward kept: it need not wait for the task's input)
+    lead: bool = False
+    #: ZeRO-3: the position (in the block's ``b_gather``) of the last
+    #: gathered parameter read at or before this entry (the reshape of the
+    #: gathered value): it waits for the block's gathers up to that one,
+    #: which run in that order; -1 before the first read (no wait), None
+    #: when the reads are not known (all of the block's gathers)
+    gate: Optional[int] = None
+
+
+
+def leading_recompute(ops: List[Op]) -> List[Op]:
+    """The recompute ops a block's backward starts with (program order)."""
+    out = []
+    for op in ops:
+        if not op.meta.get("recompute"):
+            break
+        out.append(op)
+    return out
+
+
+def fill_lead(blk: Block, ops: List[Op], times: Dict[str, tuple], start: float) -> None:
+    """Fill ``blk``'s ``b_lead*`` and ``b_rest_pre`` from its first
+    backward's ops (``start``: where the compute stream finished the block
+    before)."""
+    lead = leading_recompute(ops)
+    compute = [o for o in lead if not is_communication(o)]
+    if not compute:
+        return
+    blk.b_lead = max(times[o.name][1] for o in compute) - start
+    blk.b_lead_busy = sum(times[o.name][1] - times[o.name][0] for o in compute)
+    blk.b_lead_comm = any(is_communication(o) for o in lead)
+    rest = ops[len(lead):]
+    if any(is_communication(o) for o in rest):
+        first = next(i for i, o in enumerate(rest) if is_communication(o))
+        blk.b_rest_pre = sum(times[o.name][1] - times[o.name][0] for o in rest[:first])
+
+
+def edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
+    """Compute time before the first collective and after the last one."""
+    kinds = [s.kind for s in segments]
+    if "t" not in kinds:
+        return None, None
+    first, last = kinds.index("t"), len(kinds) - 1 - kinds[::-1].index("t")
+    return (sum(s.time_s for s in segments[:first] if s.kind == "c"),
+            sum(s.time_s for s in segments[last + 1:] if s.kind == "c"))
+
+
+def gathered_uses(rank0: List[Op], params: Dict[str, List[Param]],
+                   gathered: List[Tuple[str, int]], zero: int) -> Optional[Dict[int, int]]:
+    """ZeRO-3: the ops of rank 0 that first read a parameter of
+    ``gathered`` (a block's gathers) where it is used, the reshapes
+    :meth:`~distsim.transforms.zero3.ParamGathers.param_for_use` names
+    ``{param}_use_m{mb}``: id -> the parameter's position in ``gathered``;
+    None without ZeRO-3 (every entry waits for the block's gathers, which
+    are then none)."""
+    if zero != 3:
+        return None
+    position = {params[blk][i].name: j for j, (blk, i) in enumerate(gathered)}
+    return {id(op): position[name] for op in rank0
+            for name in [used_param_name(op)] if name in position}
+
+
+def read_gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Param]],
+           gathered: List[Tuple[str, int]]) -> List[Tuple[float, int]]:
+    """:attr:`Block.f_gates` / ``b_gates`` from a block's ops (rank 0,
+    program order): at each first read (the ``{param}_use_m{mb}``
+    reshape) of a parameter of ``gathered``, the compute time before it.
+    A block's first reads attributed to the block before (the reshapes
+    LowerSPMD emits ahead of the block's first op) count at its start."""
+    position = {params[b][i].name: j for j, (b, i) in enumerate(gathered)}
+    out: List[Tuple[float, int]] = []
+    before = 0.0
+    for op in ops:
+        if is_communication(op):
+            continue
+        used = used_param_name(op)
+        if used is not None:
+            j = position.get(used)
+            if j is not None and (not out or j > out[-1][1]):
+                out.append((before, j))
+        t0, t1, _ = times[op.name]
+        before += t1 - t0
+    if out and out[0][1] > 0:
+        out.insert(0, (0.0, out[0][1] - 1))
+    return out
+
+
+def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str],
+              gates: Optional[Dict[int, int]] = None) -> List[Segment]:
+    """Compress a block's ops (rank 0, program order) into compute runs,
+    tensor-parallel collectives and gradient-final marks. A run ends at a
+    collective (which waits for the run) and at a final gradient (where
+    data-parallel sync is emitted); a compute op that reads a collective's
+    output starts a new run waiting for it. ``gates``: ZeRO-3's first
+    reads of the block's gathered parameters (:func:`gathered_uses`):
+    each entry's :attr:`Segment.gate` (a run ends where it changes)."""
+    out: List[Segment] = []
+    gate = None if gates is None else -1
+    made: Dict[int, int] = {}          # id(value) -> entry producing it
+    to_comm = {id(v) for op in ops if is_communication(op) for v in op.inputs}
+    lead = {id(op) for op in leading_recompute(ops)}
+    open_run: Optional[int] = None
+    for op in ops:
+        t0, t1, _ = times[op.name]
+        srcs = [made.get(id(v)) for v in op.inputs]
+        is_lead = id(op) in lead
+        if gates is not None and gates.get(id(op), -1) > gate:
+            gate = gates[id(op)]
+        if open_run is not None and (out[open_run].lead != is_lead
+                                     or out[open_run].gate != gate):
+            open_run = None            # the recomputation ends: a run of its own
+        if is_communication(op):
+            dep = next((s for s in srcs if s is not None), None)
+            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead, gate=gate))
+            open_run = None
+            idx = len(out) - 1
+        else:
+            waits = tuple(sorted({s for s in srcs if s is not None and out[s].kind == "t"}))
+            if open_run is None or waits:
+                out.append(Segment("c", 0.0, waits, lead=is_lead, gate=gate))
+                open_run = len(out) - 1
+            out[open_run].time_s += t1 - t0
+            idx = open_run
+        for v in op.outputs:
+            made[id(v)] = idx
+        for v in op.outputs:
+            if id(v) in finals:
+                out.append(Segment("g", deps=(idx,), param=finals[id(v)]))
+                open_run = None
+            elif id(v) in to_comm:     # the collective reading it may start here
+                open_run = None
+    return out

@@ -1,0 +1,145 @@
+"""What the estimator's :class:`~.timeline.Builder` keeps beyond
+one walk: :class:`Memo` (what the builders of one configuration work out
+once and share, and what the walks note for the memory estimate),
+:class:`ScatterTerms`, and :class:`Walk` (where a builder is in its program
+order) with :func:`shared_prefix` (how much of two walks is the same).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..ir.comm import CollectiveType
+
+
+class ScatterTerms:
+    """One block's per-parameter terms of ZeRO 2/3's reduce-scatter per
+    micro-batch (:meth:`Builder._block_scatter`), each list in parameter
+    order: ``flat`` flattening the gradient, ``whole`` / ``on_shard`` the
+    accumulate / average ops on the whole gradient and on the shard
+    (``shard_flops``: the FLOPs of the latter), ``flops`` what the lowering
+    adds, ``rs`` the reduce-scatters."""
+
+    __slots__ = ("flat", "whole", "on_shard", "shard_flops", "flops", "rs")
+
+    def __init__(self) -> None:
+        self.flat: List[float] = []
+        self.whole: List[float] = []
+        self.on_shard: List[float] = []
+        self.shard_flops: List[float] = []
+        self.flops: List[float] = []
+        self.rs: List[float] = []
+
+
+class Memo:
+    """What a :class:`Builder` works out once (the dp team's collective
+    times, chunk blocks, task plans, ZeRO-3 gathers, reduce-scatter terms,
+    last-backward plans, parameter costs), kept apart so that the builders
+    of one configuration that differ only in the number of micro-batches
+    (:func:`~distsim.estimate.timeline_figures`) share it: none of it
+    depends on that number beyond the classes its keys name."""
+
+    def __init__(self) -> None:
+        self.dp_times: Dict[Tuple[CollectiveType, float], float] = {}
+        #: ZeRO-3's accumulating backwards, blocks recorded to be replayed:
+        #: (block, last micro-batch, the blocks whose gathers it issues) ->
+        #: record (:meth:`.replay.ReplayedBackward._block_record`)
+        self.block_records: Dict[tuple, tuple] = {}
+        self.blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
+        self.plans: Dict[tuple, Any] = {}
+        self.gathers: Dict[Tuple[str, str], float] = {}
+        #: ZeRO-3: per (task kind, block), its gathers as issued
+        #: (:class:`.gates.GatherPlan`)
+        self.gather_plans: Dict[Tuple[str, str], Any] = {}
+        self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
+        self.scatter_terms: Dict[tuple, ScatterTerms] = {}
+        #: ZeRO-3's backward past the first micro-batch: per last-or-not,
+        #: each parameter's (time, FLOPs) of its shard's ops
+        self.shard_ops: Dict[bool, Dict[Tuple[str, int], Tuple[float, float]]] = {}
+        #: ZeRO-3's op-by-op backward: per (block, first micro-batch's plan
+        #: or not), its gathers grouped (:meth:`Builder._gather_groups`)
+        self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
+        self.segments: Dict[Tuple[str, bool], list] = {}
+        #: ZeRO-3 by layer: per block, the parameters whose gradients are
+        #: reduce-scattered as one (None: none) and their bytes
+        self.grad_units: Dict[str, Tuple[Optional[Tuple[int, ...]], int]] = {}
+        #: ZeRO-3 by layer: per block, its backward's memory with the
+        #: unit's gradients held (:func:`.units.unit_backward_excess`)
+        self.unit_excess: Dict[str, Tuple[float, Dict[int, float]]] = {}
+        self.param_costs: Dict[Tuple[str, int], Any] = {}
+        #: per stage, the bytes of each bucket of several gradients the
+        #: walk all-reduced as one flat copy (:meth:`.StepSync.flush`): the
+        #: memory estimate adds those copies (the same in every walk of a
+        #: configuration)
+        self.buckets: Dict[int, Tuple[int, ...]] = {}
+        #: per stage, the bytes of each gradient all-reduced in one of those
+        #: buckets, by its parameter key: unpacked after the backward pass
+        #: into a copy that lives until the parameter's update
+        self.bucketed: Dict[int, Dict[tuple, int]] = {}
+        #: ZeRO 2/3 with a reduce-scatter per micro-batch: the bytes of
+        #: flat gradient copies of a chunk's first backward (emitted op by
+        #: op) still waiting for their reduce-scatters, each live until its
+        #: reduce-scatter ends (that backward accumulates nothing, so the
+        #: compute does not wait for them): at the start of each later
+        #: backward of the stage and the end of each later forward (where
+        #: they peak), keyed ``(stage, kind, micro-batch, chunk)``,
+        #: and at that backward's end, keyed ``(stage, "end", 0, chunk)``
+        #: (the most over the walks; the memory estimate adds them); a
+        #: backward's, per block (its position in the task's order), as
+        #: each block starts; and ZeRO 0/1's buckets of several gradients
+        #: flushed before each block of a chunk's last backward (keyed
+        #: ``(stage, "last", 0, chunk)``, per block: they live until they
+        #: are unpacked after the backward pass)
+        self.flat_pending: Dict[Tuple[int, str, int, int], Any] = {}
+        #: the same copies inside that first backward: per (stage, chunk),
+        #: per gradient (its block's position in the backward's order, its
+        #: index in the block), the bytes of the task's earlier copies
+        #: still waiting when it is made (the most over the walks)
+        self.flat_inside: Dict[Tuple[int, int], Dict[Tuple[int, int], int]] = {}
+        #: ZeRO 2/3 with ``bucket_mb 0``: per stage, the most bytes of flat
+        #: gradient copies and reduce-scatter outputs held after the
+        #: backward pass (:func:`.sync.queued_peak`; the most over
+        #: the walks)
+        self.flat_queued: Dict[int, int] = {}
+        #: ZeRO 0/1: each stage's last backward of a chunk (op by op, with
+        #: its gradient syncs) recorded relative to its start by the first
+        #: timeline that emits it cleanly, replayed by the next
+        #: (:meth:`.replay.ReplayedBackward._last_backward`): the
+        #: two timelines of :func:`~distsim.estimate.timeline_figures`
+        #: end with the same last backwards, later
+        self.last_backwards: Dict[tuple, tuple] = {}
+        #: whether a later timeline will replay those records (an estimate
+        #: of a short schedule walks one timeline: nothing to record for)
+        self.record_last_backwards = False
+        #: the optimizer step's parameters in the order it updates them, as
+        #: :meth:`.sync.StepSync.optimizer_steps` groups them
+        self.optimizer_steps: Optional[List[tuple]] = None
+
+
+class Walk:
+    """Where a :class:`Builder` is in its program order: the position, each
+    task's end, the latest arrival of each task's inputs, the sends waiting
+    for the schedule's clock (a heap by their task's scheduled end)."""
+
+    __slots__ = ("order", "pos", "ends", "recv", "pending", "seq")
+
+    def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]]) -> None:
+        self.order = order
+        self.pos = 0
+        self.ends: Dict[tuple, Optional[float]] = {}
+        self.recv: Dict[tuple, float] = {}
+        self.pending: List[tuple] = []
+        self.seq = 0
+
+
+def shared_prefix(a: Walk, b: Walk, last_a: int) -> int:
+    """How many tasks at the start of two walks of one configuration with
+    different numbers of micro-batches (``a``'s last being ``last_a``) emit
+    the same items: the same task at the same scheduled times, and not a
+    backward of ``a``'s last micro-batch (emitted op by op, with the
+    gradient sync)."""
+    n = 0
+    for x, y in zip(a.order, b.order):
+        if x != y or (x[1][0] == "B" and x[1][1] == last_a):
+            break
+        n += 1
+    return n
