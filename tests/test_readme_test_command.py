@@ -1,6 +1,6 @@
-"""CI runs exactly the test command the README gives a user (issue 2: "The
-README states these commands exactly; .ci/run installs the project the same
-way on a clean machine and runs that same test command")."""
+"""CI runs exactly the test command the README gives a user: the README
+states these commands exactly, and .ci/run installs the project the same
+way on a clean machine and runs that same test command."""
 from __future__ import annotations
 
 import re

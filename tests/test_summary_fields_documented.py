@@ -1,9 +1,8 @@
 """Every key of a real summary.json is documented in README.md's
-``summary.json`` section (issue 2: "the README documents every field with
-its unit"). Real runs of three families write the files: the default MLP,
-a tiny transformer with pipeline, tensor and data parallelism under
---symmetry (tokens, MFU, bubble, ``represents``), and an imported ONNX
-model trained (``path``, ``train``)."""
+``summary.json`` section, with its unit. Real runs of three families write
+the files: the default MLP, a tiny transformer with pipeline, tensor and
+data parallelism under --symmetry (tokens, MFU, bubble, ``represents``),
+and an imported ONNX model trained (``path``, ``train``)."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 8: a simulation of a program of 10 million ops (here through the
+"""A simulation of a program of 10 million ops (here through the
 reductions, which are exact in step time: one representative device per
 pipeline stage and coarsened compute runs) completes without exceeding
 4 GB of memory. GPT-3 175B on 1024 A100s (TP 8, PP 16, DP 8, 1F1B, 24

@@ -1,5 +1,5 @@
 """The imported GPT-2 tiny and the built-in GPT of the same config: the same
-parameter count and the same forward FLOP count (issue 6).
+parameter count and the same forward FLOP count.
 
 The model is ``models/gpt2-tiny.onnx`` (``models/export_hf.py``: Hugging
 Face's GPT2LMHeadModel, 2 layers, hidden 32, 4 heads, vocab 128, 64

@@ -1,4 +1,4 @@
-"""Liveness bounds (issue 9): besides a deadlock (no event left, always
+"""Liveness bounds: besides a deadlock (no event left, always
 detected), a run stops with a SimulationError listing every blocked op per
 device when it passes a bound of SimulationOptions: ``max_events`` (events
 in all), ``stall_events`` (events in a row without an op finishing) or

@@ -101,9 +101,9 @@ def test_oom_reports_the_dominating_category():
     assert "OOM" in r.summary_table() and "optimizer" in r.summary_table()
 
 
-# -- GPT-3 175B, TP 8 / PP 8, simulated (issue 5: "the simulated per-GPU
-# memory of weights, gradients and optimizer state equals the standard
-# mixed-precision Adam accounting") ------------------------------------------
+# -- GPT-3 175B, TP 8 / PP 8, simulated: the simulated per-GPU memory of
+# weights, gradients and optimizer state equals the standard mixed-precision
+# Adam accounting ------------------------------------------------------------
 H = GPT3.hidden
 #: parameters of one transformer layer on one TP rank of 8: the split
 #: matrices and biases, (12 h^2 + 7 h) / 8, and the replicated layernorms

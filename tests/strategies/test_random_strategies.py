@@ -1,4 +1,4 @@
-"""Random valid strategies on the tiny GPT (issue 9): hypothesis draws
+"""Random valid strategies on the tiny GPT: hypothesis draws
 combinations of data, tensor and pipeline parallelism, sequence
 parallelism, ZeRO stage, recomputation, pipeline schedule, micro-batch
 count and DDP buckets; each lowered program simulates to the end on a
