@@ -1,6 +1,7 @@
-"""The estimator against the full simulation where an adversarial sample
-(/tmp/qa/estimator.md) found it outside the README's bounds (3 % on step
-time, 2 % on memory): each case failed before its fix.
+"""The estimator against the full simulation on the cases where an
+adversarial sample found it outside the README's bounds (3 % on step time,
+2 % on memory); each bullet says what the estimate missed there and by how
+much.
 
 * Activation recomputation under a pipeline: a backward task starts with
   the recomputation of its first layer, which reads only what the forward
