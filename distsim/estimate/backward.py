@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.zero3 import unit_indices
+from ..transforms.sync_policy import unit_indices
 
 from .gates import gather_plan
 

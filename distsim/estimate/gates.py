@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.zero3 import unit_indices
+from ..transforms.sync_policy import unit_indices
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from .timeline import Builder

@@ -28,7 +28,7 @@ from ..topology import Topology
 from ..transforms.pipeline import (merge_tasks, partition_balanced, partition_layers,
                                   schedule_tasks)
 from ..transforms.strategy import Strategy
-from ..transforms.zero import scatters_each_microbatch, sync_route
+from ..transforms.sync_policy import scatters_each_microbatch, sync_route
 from .costs import collectives, op_costs
 from .engine import Timeline
 from .replay import ReplayedBackward
