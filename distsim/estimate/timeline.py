@@ -28,7 +28,6 @@ from ..topology import Topology
 from ..transforms.pipeline import (merge_tasks, partition_balanced, partition_layers,
                                   schedule_tasks)
 from ..transforms.strategy import Strategy
-from ..transforms.sync_policy import scatters_each_microbatch, sync_route
 from .costs import collectives, op_costs
 from .engine import Timeline
 from .replay import ReplayedBackward
@@ -113,15 +112,16 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         #: ZeRO-3 by layer (``zero3_unit: layer``): a block's gathers, and
         #: with a reduce-scatter per micro-batch its gradients', as one
         self.by_layer = self.zero3 and S.zero3_unit == "layer"
-        self.bucket = None if S.bucket_mb is None else float(S.bucket_mb) * MB
-        self.route = sync_route(self.zero, self.dp, self.bucket)   # as GradientSync._ready
-        #: As GradientSync: see :func:`scatters_each_microbatch`.
-        self.scatter_each = scatters_each_microbatch(self.zero, self.dp, self.bucket)
         self.master = DType.parse(str(case.config.master_dtype))
         self.flops = [0.0] * S.pp
         # memos: what is the same for every task / layer of the step
         self.memo = Memo() if memo is None else memo
         self.sync = StepSync(self)
+        #: the lowering's decisions (:class:`~distsim.transforms.sync_policy.SyncPolicy`):
+        #: how a final gradient is synchronised, and whether ZeRO 2/3
+        #: reduce-scatter every micro-batch's gradients as they are made
+        self.route = self.sync.policy.route
+        self.scatter_each = self.sync.policy.scatter_each
         #: per stage, the flat gradient copies (bytes, end of their
         #: reduce-scatter) that may outlive the backward that made them
         self.flats: Dict[int, List[Tuple[int, float]]] = {}
@@ -133,14 +133,24 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         #: walks to the bit)
         self.replays: Dict[tuple, tuple] = {}
         #: ZeRO-3 by layer: per stage, the units reduce-scattered and not
-        #: yet settled (:meth:`settle_units`)
+        #: yet settled (:meth:`settle_units`); when each unit gradient was
+        #: made, until its unit is reduce-scattered; each unit's
+        #: reduce-scatter end, in order (:meth:`scatter_unit`)
         self.unit_pending: Dict[int, list] = {}
+        self.unit_made_at: Dict[tuple, float] = {}
+        self.unit_ends: List[float] = []
 
     def close(self) -> None:
-        """Drop the step sync, which refers back to this builder: without
-        it every estimate's builders are a reference cycle left to the
-        cyclic collector (about a quarter of a sweep's time went to its
-        passes). The builder is not used after."""
+        """Drop the step sync, which refers back to this builder, and its
+        policy, which refers back to it (its sink): without this every
+        estimate's builders are reference cycles left to the cyclic
+        collector (about a quarter of a sweep's time went to its passes).
+        The builder is not used after."""
+        self._drop_sync()
+
+    def _drop_sync(self) -> None:
+        if self.sync is not None:
+            self.sync.policy = None
         self.sync = None
 
     # -- helpers ---------------------------------------------------------
@@ -570,12 +580,15 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         configurations emitted the same items up to there, which
         :func:`shared_prefix` finds; no gradient has been synchronised yet."""
         sync = other.sync
-        if sync.final or sync.deferred or sync.pending or sync.unpack:
+        if sync.final or sync.policy.deferred or sync.policy.pending or sync.unpack:
             raise ValueError("resume: the walk being copied has synchronised gradients")
         self.tl = other.tl.copy()
         self.flops = list(other.flops)
         self.replays = dict(other.replays)
         self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
+        self.unit_made_at = dict(other.unit_made_at)
+        self.unit_ends = list(other.unit_ends)
+        self._drop_sync()
         self.sync = StepSync(self)
         mine.pos, mine.seq = w.pos, w.seq
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)
