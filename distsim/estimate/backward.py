@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.sync_policy import unit_indices
+from ..transforms.sync_policy import accumulation_ops, prefetch_window, unit_indices
 
 from .gates import gather_plan
 
@@ -156,7 +156,7 @@ class OpByOpBackward:
             ends: Dict[Optional[int], float] = {}
             if self.zero3:
                 gate = last if last is not None else max(ready, tl.free[2 * stage])
-                for j in range(k, min(n, k + 1 + self.S.prefetch)):
+                for j in prefetch_window(k, n, self.S.prefetch):
                     if j not in gathered:
                         gathered[j] = at_end = {}
                         copy_in = gather_plan(self, "B", order[j][0]).copy_in
@@ -294,13 +294,13 @@ class OpByOpBackward:
         per parameter (block, index), the time and FLOPs of the ops on its
         shard after its reduce-scatter (accumulate; at the last micro-batch
         average too)."""
-        final = mb == self.M - 1
-        hit = self.memo.shard_ops.get(final)
+        ops = accumulation_ops(mb, self.M)
+        hit = self.memo.shard_ops.get(ops)
         if hit is None:
-            hit = self.memo.shard_ops[final] = {}
-            per = 2 if final else 1          # ops per parameter in the terms
+            hit = self.memo.shard_ops[ops] = {}
+            per = len(ops)                   # ops per parameter in the terms
             for name, params in self.prof.params.items():
-                terms = self._block_scatter(name, True, final)
+                terms = self._block_scatter(name, ops)
                 for i in range(len(params)):
                     at = slice(i * per, (i + 1) * per)
                     hit[(name, i)] = (sum(terms.on_shard[at]), sum(terms.shard_flops[at]))

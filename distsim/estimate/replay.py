@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..transforms.sync_policy import prefetch_window
 from .backward import OpByOpBackward
 
 
@@ -330,8 +331,8 @@ class ReplayedBackward(OpByOpBackward):
         free = self.tl.free
         if free[2 * stage] != origin or free[2 * stage + 1] > origin:
             return None, None
-        stop = min(len(order), k + 1 + self.S.prefetch)
-        issued = tuple(j - k for j in range(k, stop) if j not in gathered)
+        issued = tuple(j - k for j in prefetch_window(k, len(order), self.S.prefetch)
+                       if j not in gathered)
         key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
         record = self.memo.block_records.get(key)
         if record is None:

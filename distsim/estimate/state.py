@@ -52,9 +52,10 @@ class Memo:
         self.gather_plans: Dict[Tuple[str, str], Any] = {}
         self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
         self.scatter_terms: Dict[tuple, ScatterTerms] = {}
-        #: ZeRO-3's backward past the first micro-batch: per last-or-not,
-        #: each parameter's (time, FLOPs) of its shard's ops
-        self.shard_ops: Dict[bool, Dict[Tuple[str, int], Tuple[float, float]]] = {}
+        #: ZeRO-3's backward past the first micro-batch: per accumulation
+        #: ops of its micro-batch, each parameter's (time, FLOPs) of its
+        #: shard's ops
+        self.shard_ops: Dict[Tuple[str, ...], Dict[Tuple[str, int], Tuple[float, float]]] = {}
         #: ZeRO-3's op-by-op backward: per (block, first micro-batch's plan
         #: or not), its gathers grouped (:meth:`Builder._gather_groups`)
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}

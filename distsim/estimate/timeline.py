@@ -28,6 +28,7 @@ from ..topology import Topology
 from ..transforms.pipeline import (merge_tasks, partition_balanced, partition_layers,
                                   schedule_tasks)
 from ..transforms.strategy import Strategy
+from ..transforms.sync_policy import accumulation_ops, prefetch_window
 from .costs import collectives, op_costs
 from .engine import Timeline
 from .replay import ReplayedBackward
@@ -205,14 +206,14 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         it; reduce-scatter time; the FLOPs the lowering adds or saves).
         The same for every task over the same blocks in the same class of
         micro-batch (the first, a middle one, the last): computed once."""
-        final = mb == self.M - 1 and self.M > 1
-        memo = (self.shapes[c], mb > 0, final)
+        ops = accumulation_ops(mb, self.M)
+        memo = (self.shapes[c], mb > 0, ops)
         hit = self.memo.scatter.get(memo)
         if hit is not None:
             return hit
         after = flops = rs = 0.0
         for name, _ in order:
-            terms = self._block_scatter(name, mb > 0, final)
+            terms = self._block_scatter(name, ops)
             for x in (terms.flat if mb == 0 else terms.on_shard):
                 after += x
             for x in terms.flops:
@@ -222,18 +223,18 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         hit = self.memo.scatter[memo] = (after, rs, flops)
         return hit
 
-    def _block_scatter(self, name: str, accumulates: bool, final: bool) -> "ScatterTerms":
+    def _block_scatter(self, name: str, ops: Tuple[str, ...]) -> "ScatterTerms":
         """:meth:`scatter_costs`' terms of one block, in the order they are
-        added, per parameter: flattening its gradient; accumulating
-        (``accumulates``) and averaging (``final``) on the shard, and the
-        same on the whole gradient, which the template does and the
-        lowered program does not; FLOPs; its reduce-scatter."""
-        memo = (name, accumulates, final)
+        added, per parameter: flattening its gradient; the accumulation
+        ``ops`` of its micro-batch
+        (:func:`~distsim.transforms.sync_policy.accumulation_ops`) on the
+        shard, and the same on the whole gradient, which the template does
+        and the lowered program does not; FLOPs; its reduce-scatter."""
+        memo = (name, ops)
         hit = self.memo.scatter_terms.get(memo)
         if hit is not None:
             return hit
         terms = ScatterTerms()
-        ops = (["add"] if accumulates else []) + (["scale"] if final else [])
         for i in range(len(self.prof.params[name])):
             pc = self.sync.cost(name, i)
             n, d, shard = pc.numel, pc.dtype, pc.shard
@@ -262,7 +263,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         (:meth:`scatter_costs`)."""
         if kind != "B" or mb == 0 or not self.scatter_each:
             return 0.0
-        terms = self._block_scatter(name, True, mb == self.M - 1 and self.M > 1)
+        terms = self._block_scatter(name, accumulation_ops(mb, self.M))
         shift = 0.0
         for x in terms.flat:
             shift += x
@@ -407,7 +408,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             plan = []
             issued = 0
             for i, (name, _) in enumerate(order):
-                upto = min(len(order), i + 1 + self.S.prefetch)
+                upto = prefetch_window(i, len(order), self.S.prefetch).stop
                 gathers = [(gather_plan(self, kind, order[j][0]).copy_in,
                             gather_time(self, kind, order[j][0])) for j in range(issued, upto)]
                 issued = max(issued, upto)
