@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
+from ..transforms.pipeline import PendingSends
 
 
 class ScatterTerms:
@@ -119,17 +120,17 @@ class Memo:
 class Walk:
     """Where a :class:`Builder` is in its program order: the position, each
     task's end, the latest arrival of each task's inputs, the sends waiting
-    for the schedule's clock (a heap by their task's scheduled end)."""
+    for the schedule's clock (:class:`~distsim.transforms.pipeline.PendingSends`,
+    as the lowering keeps them)."""
 
-    __slots__ = ("order", "pos", "ends", "recv", "pending", "seq")
+    __slots__ = ("order", "pos", "ends", "recv", "pending")
 
     def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]]) -> None:
         self.order = order
         self.pos = 0
         self.ends: Dict[tuple, Optional[float]] = {}
         self.recv: Dict[tuple, float] = {}
-        self.pending: List[tuple] = []
-        self.seq = 0
+        self.pending = PendingSends()
 
 
 def shared_prefix(a: Walk, b: Walk, last_a: int) -> int:

@@ -15,7 +15,6 @@ a parameter's update) is computed once per configuration.
 """
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -522,8 +521,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         (sends flushed when the schedule's clock passes their task's end,
         as LowerSPMD flushes them)."""
         ends, recv, pending, emit = w.ends, w.recv, w.pending, self.emit_task
-        order, seq = w.order, w.seq
-        heappush, heappop = heapq.heappush, heapq.heappop
+        order = w.order
         # most tasks (ZeRO 0/1 but each chunk's last backward) are their
         # plan's compute pieces: :meth:`_emit_task`'s last branch, inlined
         # (a 32-stage pipeline's timeline walks thousands)
@@ -532,9 +530,8 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         pieces_on, p2p, routes = self.tl.compute_pieces, self.tl.p2p_chain, self._routes
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
-            while pending and pending[0][0] <= start:
+            for sent in pending.due(start):
                 # :meth:`_send`, inlined (a 32-stage pipeline sends thousands)
-                sent = heappop(pending)[2]
                 route = routes[sent[0]][sent[2]]
                 if route is not None:
                     dst_c, (src, dst), times = route
@@ -558,16 +555,15 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 if lead:             # the recomputation the task starts with: no wait
                     pieces_on(stage, lead, 0.0)
                 ends[task] = pieces_on(stage, pieces, ready)
-            seq += 1
-            heappush(pending, (end, seq, task))
-        w.pos, w.seq = stop, seq
+            pending.add(end, task)
+        w.pos = stop
 
     def complete(self, w: "Walk") -> Timeline:
         """The rest of the walk, the last sends, the gradient sync and the
         optimizer: the whole step's timeline."""
         self.advance(w, len(w.order))
-        while w.pending:
-            self._send(w, heapq.heappop(w.pending)[2])
+        for sent in w.pending.rest():
+            self._send(w, sent)
         self.sync.finish()
         return self.tl
 
@@ -591,8 +587,8 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         self.unit_ends = list(other.unit_ends)
         self._drop_sync()
         self.sync = StepSync(self)
-        mine.pos, mine.seq = w.pos, w.seq
-        mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)
+        mine.pos = w.pos
+        mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
         return mine
 
 

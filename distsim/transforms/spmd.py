@@ -46,7 +46,6 @@ same segments read travel as one bundle (:mod:`.coarsen`).
 """
 from __future__ import annotations
 
-import heapq
 from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
                     Union)
 
@@ -63,8 +62,8 @@ from .coarsen import Coarsening, Segment
 from .emitter import Emitter
 from .lowering_context import LoweringContext, RankPlacement, StepTasks
 from .optimizer import SGDHyper
-from .pipeline import (chunk_of_layer, merge_tasks, partition_balanced, partition_layers,
-                       schedule_tasks)
+from .pipeline import (PendingSends, chunk_of_layer, merge_tasks, partition_balanced,
+                       partition_layers, schedule_tasks)
 from .strategy import Strategy
 from .zero import GradientSync
 
@@ -246,11 +245,6 @@ class LowerSPMD(Coarsening):
                                     f"{rank} (micro-batch {mb})")
 
     # -- tasks -------------------------------------------------------------
-    def _flush_sends(self, until: float) -> None:
-        while self.pending_sends and self.pending_sends[0][0] <= until:
-            _, _, args = heapq.heappop(self.pending_sends)
-            self._send(*args)
-
     def emit_task(self, stage: int, kind: str, mb: int, c: int, end: float = 0.0) -> None:
         em = self.em
         ops = self.task_ops.get((kind, c), [])
@@ -329,7 +323,7 @@ class LowerSPMD(Coarsening):
                 self.gathers.note_layer_output(r, outs[0])
             if grads:
                 self.sync.after_backward(stage, mb, grads)
-        heapq.heappush(self.pending_sends, (end, len(self.em.function.ops), (stage, mb, c, ops)))
+        self.pending_sends.add(end, (stage, mb, c, ops))
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
         grads = [o for o in op.outputs if o in self.grad_of]
@@ -429,11 +423,13 @@ class LowerSPMD(Coarsening):
         order = merge_tasks(per_rank, self.chunks, lambda task: work.get((task[0], task[2]), 1.0))
         # Sends are emitted in the order of their producers' estimated end
         # (each comm stream takes its ops in program order).
-        self.pending_sends: List[Tuple[float, int, tuple]] = []
+        self.pending_sends = PendingSends()
         for stage, (kind, mb, c), start, end in order:
-            self._flush_sends(start)
+            for sent in self.pending_sends.due(start):
+                self._send(*sent)
             self.emit_task(stage, kind, mb, c, end)
-        self._flush_sends(float("inf"))
+        for sent in self.pending_sends.rest():
+            self._send(*sent)
         self.sync.finish()
         f = self.em.function
         losses = self._loss_outputs(step)
