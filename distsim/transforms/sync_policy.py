@@ -113,6 +113,27 @@ def update_plan(zero: int, dp: int) -> UpdatePlan:
                       gather=zero in (1, 2) and dp > 1, reshape=zero in (1, 2))
 
 
+@dataclass(frozen=True)
+class ResidentLayout:
+    """Which of a parameter's resident tensors each rank holds as its 1/dp
+    flat shard rather than whole: the parameter itself (ZeRO 3: gathered
+    at use), its gradient buffer (ZeRO 2/3 reduce-scattering every
+    micro-batch's gradient), its fp32 master copy and optimizer state
+    (ZeRO >= 1)."""
+
+    param: bool
+    grad: bool
+    state: bool
+
+
+def resident_layout(zero: int, dp: int, bucket_bytes: Optional[float]) -> ResidentLayout:
+    """The :class:`ResidentLayout` of a ZeRO stage (what the lowering makes
+    the step's inputs, and what the fast tier counts in memory)."""
+    return ResidentLayout(param=zero == 3,
+                          grad=scatters_each_microbatch(zero, dp, bucket_bytes),
+                          state=zero >= 1)
+
+
 def prefetch_window(position: int, count: int, prefetch: int) -> range:
     """ZeRO-3: the layers (positions among a task's ``count`` layers) whose
     parameters are gathered when the task enters layer ``position``: it

@@ -77,7 +77,8 @@ from .coarsen import Segment
 from .emitter import em_builder
 from .lowering_context import LoweringContext
 from .optimizer import SGDHyper, sgd_update
-from .sync_policy import SyncPolicy, accumulation_ops, unit_indices, update_plan
+from .sync_policy import (SyncPolicy, accumulation_ops, resident_layout, unit_indices,
+                          update_plan)
 from .zero3 import ParamGathers
 
 
@@ -164,6 +165,7 @@ class GradientSync:
         em, S = self.ctx.emitter, self.strategy
         master = self.master_dtype
         states = self.hyper.states
+        layout = resident_layout(self.zero, S.dp, self.policy.bucket_bytes)
         for p in self.ctx.params:
             s = self.stage(p)
             numel = p.type.numel
@@ -172,17 +174,16 @@ class GradientSync:
                 info = dict(name=p.name, dp_rank=d, tp_rank=t, stage=s)
                 flat = TensorType((hi - lo,), p.type.dtype, r)
                 whole = p.type.with_device(r)
-                if self.zero == 3:
+                if layout.param:
                     self.param_in[(p, r)] = em.input(f"{p.name}_r{r}", flat, "param", flat=[lo, hi],
                                                      **info)
                 else:
                     self.param_in[(p, r)] = em.input(f"{p.name}_r{r}", whole, "param", **info)
-                shard_grads = self.scatter_each
                 self.grad_in[(p, r)] = em.input(
-                    f"{p.name}.grad_r{r}", flat if shard_grads else whole, "grad_buffer",
-                    state="grad", **({"flat": [lo, hi]} if shard_grads else {}), **info)
-                st = (flat if self.zero >= 1 else whole).with_dtype(master)
-                bounds = {"flat": [lo, hi]} if self.zero >= 1 else {}
+                    f"{p.name}.grad_r{r}", flat if layout.grad else whole, "grad_buffer",
+                    state="grad", **({"flat": [lo, hi]} if layout.grad else {}), **info)
+                st = (flat if layout.state else whole).with_dtype(master)
+                bounds = {"flat": [lo, hi]} if layout.state else {}
                 role = {"master": "master"}
                 self.state_in[(p, r)] = tuple(
                     em.input(f"{p.name}.{k}_r{r}", st, role.get(k, "optimizer"), state=k,
