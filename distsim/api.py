@@ -24,7 +24,9 @@ from .pages import small_pages
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
 from .ir.types import DType
-from .report.chrome_trace import (DEFAULT_MAX_TRACE_RECORDS, TracePlan, check_max_trace_records,
+from .run_options import (DEFAULT_MAX_OPS, DEFAULT_MAX_TRACE_RECORDS, check_max_ops,  # noqa: F401
+                          check_max_trace_records, check_network_mode)
+from .report.chrome_trace import (TracePlan,
                                   plan_trace)
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
@@ -205,29 +207,9 @@ def _remove_outputs(out: Path, paths: Any, made: Path) -> None:
             break
 
 
-#: The most ops :func:`build_program` builds (estimated before building;
-#: ``max_ops=`` / ``--max-ops``, 0: no limit). A program of this size
-#: already needs tens of GB; past it a typo such as ``--layers 10000000`` is
-#: one clear error instead of minutes of building that exhaust memory.
-DEFAULT_MAX_OPS = 50_000_000
 #: Ops per layer, micro-batch and simulated device, roughly (forward,
 #: backward, optimizer and communication), for the op-count estimate.
 _OPS_PER_LAYER = {"mlp": 8, "gpt": 40}
-
-
-def check_max_ops(value: Any) -> int:
-    """``max_ops`` as an int >= 0 (0: no limit); None is the default."""
-    if value is None:
-        return DEFAULT_MAX_OPS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"--max-ops: must be an integer >= 0 (0: no limit), got {value!r}")
-    return value
-
-
-def check_network_mode(value: Any) -> None:
-    """``network_mode`` (``--network-mode``): ``flow`` or ``analytical``."""
-    if value not in ("flow", "analytical"):
-        raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {value!r}")
 
 
 def check_max_wall_s(value: Any) -> Optional[float]:

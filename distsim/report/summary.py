@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from distsim.fileio import PathLike, write_text_atomic
-from distsim.report.intervals import union_length_of
+from distsim.intervals import union_length_of
 from distsim.report.jsonsafe import json_safe
 from distsim.sim.trace import OpColumns, Trace
 
