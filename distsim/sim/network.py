@@ -45,7 +45,8 @@ import simpy
 
 from ..errors import ConfigError
 from ..topology import Topology
-from .collective_algos.schedule import StepShape, shape_time, step_shape, step_time_estimate
+from .collective_algos.schedule import (FlowSpec, StepShape, shape_time, step_shape,
+                                        step_time_estimate)
 from .network_steps import StepRunner
 from .trace import LinkRecord, LinkSample
 
@@ -91,7 +92,9 @@ class RouteTable:
 
 _ROUTE_TABLES: "weakref.WeakKeyDictionary[Topology, RouteTable]" = weakref.WeakKeyDictionary()
 _SETTLE_PRIORITY = 2      # after SimPy's NORMAL (1): every same-time start is in
-FlowSpec = Tuple[int, int, float]
+
+#: (link ids, path latency, bottleneck bandwidth) of a route
+Route = Tuple[Tuple[int, ...], float, float]
 
 
 class Flow:
@@ -191,8 +194,9 @@ class Network:
         self._reserved = self._steps.reserved     # link -> phantom holding it
 
     # ------------------------------------------------------------------ routes
-    def _route(self, src: int, dst: int, key: int) -> Tuple[Tuple[int, ...], float, float]:
-        """(link indices, path latency, bottleneck bandwidth), cached."""
+    def route(self, src: int, dst: int, key: int = 0) -> Route:
+        """(link ids, path latency, bottleneck bandwidth) of the route from
+        ``src`` to ``dst`` (ranks not checked), cached per topology."""
         hit = self._routes.get((src, dst, key))
         if hit is not None:
             return hit
@@ -217,7 +221,7 @@ class Network:
         """(link ids, path latency, link capacities) of the route (cached)."""
         hit = self._route_infos.get((src, dst, key))
         if hit is None:
-            links, latency, _ = self._route(src, dst, key)
+            links, latency, _ = self.route(src, dst, key)
             hit = self._route_infos[(src, dst, key)] = \
                 (links, latency, tuple(self._capacity[i] for i in links))
         return hit
@@ -250,7 +254,7 @@ class Network:
                     topo.check_rank(src)
                     topo.check_rank(dst)
                 paths = self._analytical_shapes[pairs] = tuple(dict.fromkeys(
-                    self._route(src, dst, key)[1:] for src, dst in pairs[0] if src != dst))
+                    self.route(src, dst, key)[1:] for src, dst in pairs[0] if src != dst))
             nbytes = sizes.pop()
             step = 0.0
             for latency, bottleneck in paths:
@@ -263,7 +267,7 @@ class Network:
             self.topology.check_rank(src)
             self.topology.check_rank(dst)
             if src != dst:
-                _, latency, bottleneck = self._route(src, dst, key)
+                _, latency, bottleneck = self.route(src, dst, key)
                 step = max(step, latency + nbytes / bottleneck)
         return step
 
@@ -271,7 +275,7 @@ class Network:
         """The time one flow takes on an otherwise idle network."""
         if src == dst:
             return 0.0
-        _, latency, bottleneck = self._route(src, dst, key)
+        _, latency, bottleneck = self.route(src, dst, key)
         return latency + nbytes / bottleneck
 
     # ------------------------------------------------------------------ API
@@ -283,7 +287,7 @@ class Network:
         if nbytes < 0 or not math.isfinite(nbytes):
             raise ConfigError(f"transfer {src_rank} -> {dst_rank}: bytes must be >= 0, got {nbytes!r}")
         event = self.env.event()
-        self._start(src_rank, dst_rank, float(nbytes), key, event)
+        self.start_flow(src_rank, dst_rank, float(nbytes), key, event)
         return event
 
     def transfer_all(self, flows: Sequence[FlowSpec], key: int = 0) -> simpy.Event:
@@ -298,8 +302,8 @@ class Network:
 
     def start_group(self, flows: Sequence[FlowSpec], key: int = 0
                     ) -> Tuple[simpy.Event, List[Flow | None]]:
-        """Start checked flows now (internal to the step runner): an event
-        for the delivery of all of them, and their Flow objects."""
+        """Start flows of checked ranks and bytes now: an event for the
+        delivery of all of them, and what :meth:`start_flow` gave each."""
         done = self.env.event()
         left = [len(flows)]
 
@@ -314,7 +318,7 @@ class Network:
         for src, dst, nbytes in flows:
             event = self.env.event()
             event.callbacks.append(one_done)
-            started.append(self._start(src, dst, float(nbytes), key, event))
+            started.append(self.start_flow(src, dst, float(nbytes), key, event))
         return done, started
 
     def run_steps(self, flows: Sequence[FlowSpec], count: int, key: int = 0):
@@ -325,15 +329,16 @@ class Network:
     def is_idle(self) -> bool:
         return self.active_flows == 0 and not self._pending
 
-    # ------------------------------------------------------------------ internals
-    def _start(self, src: int, dst: int, nbytes: float, key: int, event: simpy.Event
-               ) -> Flow | None:
-        """Start one flow now (the flow, or None where nothing is sent)."""
+    def start_flow(self, src: int, dst: int, nbytes: float, key: int, event: simpy.Event
+                   ) -> Flow | None:
+        """Start one flow of checked ranks and bytes now; ``event``
+        succeeds on its delivery. The flow, or None where nothing is sent
+        (``src == dst``, or analytical mode)."""
         env = self.env
         if src == dst:
             event.succeed()
             return None
-        links, latency, bottleneck = self._route(src, dst, key)
+        links, latency, bottleneck = self.route(src, dst, key)
         if self._reserved:
             reserved = self._reserved
             for i in links:
@@ -370,6 +375,27 @@ class Network:
             env.schedule(ev, _SETTLE_PRIORITY)
         return flow
 
+    # ------------------------------------------------------------------ link state
+    def links_idle(self, links: Iterable[int]) -> bool:
+        """No flow transmits on any of ``links`` now."""
+        stats = self._stats
+        for i in links:
+            s = stats.get(i)
+            if s is not None and s.active:
+                return False
+        return True
+
+    def starts_on(self, links: Iterable[int]) -> int:
+        """Flows ever started on ``links``, each counted once per link of
+        them it crosses."""
+        stats = self._stats
+        return sum(stats[i].starts for i in links if i in stats)
+
+    def link_capacity(self, link: int) -> float:
+        """The bandwidth of link ``link`` (an id of :meth:`route`), bytes/s."""
+        return self._capacity[link]
+
+    # ------------------------------------------------------------------ internals
     def _count_links(self, links: Iterable[int], nbytes: float, delta: int) -> None:
         now = self.env.now
         stats = self._stats
