@@ -45,8 +45,7 @@ import simpy
 
 from ..errors import ConfigError
 from ..topology import Topology
-from .collective_algos.schedule import (FlowSpec, StepShape, shape_time, step_shape,
-                                        step_time_estimate)
+from .collective_algos.schedule import FlowSpec
 from .network_steps import StepRunner
 from .trace import LinkRecord, LinkSample
 
@@ -57,18 +56,21 @@ _BYTES = itemgetter(2)
 _new_tuple = tuple.__new__
 
 MODES = ("flow", "analytical")
-_ALGORITHM_CHOICES: "weakref.WeakKeyDictionary[Topology, Dict[tuple, str]]" = \
-    weakref.WeakKeyDictionary()
+
+#: (link ids, path latency, bottleneck bandwidth) of a route
+Route = Tuple[Tuple[int, ...], float, float]
 
 
 class RouteTable:
-    """The links of a topology numbered on first use, and the routes found
-    over them: what depends on the topology alone, so every network over
-    one topology shares one table (a sweep times thousands of collectives,
-    each on a network of its own; each used to route its flows again)."""
+    """The links of a topology numbered on first use, the routes found
+    over them, and what collectives work out on it: what depends on the
+    topology alone, so every network over one topology shares one table
+    (a sweep times thousands of collectives, each on a network of its own;
+    each used to route its flows again)."""
 
-    __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos", "step_shapes",
-                 "analytical_shapes", "team_plans", "__weakref__")
+    __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos",
+                 "analytical_shapes", "step_loads", "team_plans", "solo_times",
+                 "algorithm_choices", "__weakref__")
 
     def __init__(self) -> None:
         self.edges: List[Tuple[str, str]] = []
@@ -79,22 +81,33 @@ class RouteTable:
         #: (src, dst, key) -> (link ids, path latency, link capacities)
         self.route_infos: Dict[Tuple[int, int, int],
                                Tuple[Tuple[int, ...], float, Tuple[float, ...]]] = {}
-        #: the (src, dst) pairs of a step -> its :func:`step_shape`
-        self.step_shapes: Dict[Tuple[Tuple[int, int], ...], StepShape] = {}
         #: ((src, dst) pairs of a step, route key) -> each distinct
         #: (path latency, bottleneck bandwidth) of its flows
         self.analytical_shapes: Dict[tuple, Tuple[Tuple[float, float], ...]] = {}
+        #: the (src, dst) pairs of a step -> its load on the links, for the
+        #: bounds of :mod:`.solo_bounds`
+        self.step_loads: Dict[Tuple[Tuple[int, int], ...], tuple] = {}
         #: what a collective's plan works out for a team whatever its size
         #: (its check, its server groups, a tree's bounds), by (what, team...):
         #: each team is planned at many sizes (:mod:`.collectives`)
         self.team_plans: Dict[tuple, Any] = {}
+        #: (mode, kind, team, bytes, root, algorithm) -> (seconds, algorithm
+        #: that ran) of a collective run alone (:mod:`.solo_time`)
+        self.solo_times: Dict[tuple, Tuple[float, str]] = {}
+        #: (kind, team, bytes, root) -> the algorithm ``auto`` runs
+        self.algorithm_choices: Dict[tuple, str] = {}
 
 
 _ROUTE_TABLES: "weakref.WeakKeyDictionary[Topology, RouteTable]" = weakref.WeakKeyDictionary()
 _SETTLE_PRIORITY = 2      # after SimPy's NORMAL (1): every same-time start is in
 
-#: (link ids, path latency, bottleneck bandwidth) of a route
-Route = Tuple[Tuple[int, ...], float, float]
+
+def route_table(topology: Topology) -> RouteTable:
+    """The :class:`RouteTable` every network over ``topology`` shares."""
+    table = _ROUTE_TABLES.get(topology)
+    if table is None:
+        table = _ROUTE_TABLES[topology] = RouteTable()
+    return table
 
 
 class Flow:
@@ -149,6 +162,12 @@ class Network:
     it costs time and memory on big runs. ``fast_steps=False``
     simulates every step of :meth:`run_steps` flow by flow (the reference
     for the fast path's tests).
+
+    Other modules use only its public methods: routes (:meth:`route`,
+    :meth:`route_info`), flows (:meth:`start_flow`, :meth:`start_group`),
+    link state (:meth:`links_idle`, :meth:`starts_on`,
+    :meth:`link_capacity`) and statistics; the step runner names what it
+    uses in :class:`~.network_steps.StepNetwork`.
     """
 
     def __init__(self, env: simpy.Environment, topology: Topology, mode: str = "flow",
@@ -161,15 +180,12 @@ class Network:
         self.mode = mode
         self.record_samples = record_samples
         self.link_stats = link_stats
-        table = _ROUTE_TABLES.get(topology)
-        if table is None:
-            table = _ROUTE_TABLES[topology] = RouteTable()
+        table = route_table(topology)
         self._edges = table.edges
         self._edge_index = table.edge_index
         self._capacity = table.capacity
         self._routes = table.routes
         self._route_infos = table.route_infos
-        self._step_shapes = table.step_shapes
         self._analytical_shapes = table.analytical_shapes
         self.team_plans = table.team_plans
         self._stats: Dict[int, _LinkStats] = {}
@@ -187,7 +203,7 @@ class Network:
         self._levels: Dict[int, List[float]] = {}
         # collectives' "auto" decisions depend on the topology only: shared
         # by every network over it (a sweep estimates each collective once)
-        self.algorithm_choices: Dict[tuple, str] = _ALGORITHM_CHOICES.setdefault(topology, {})
+        self.algorithm_choices = table.algorithm_choices
         #: (kind, team, bytes, root, algorithm) -> (name, schedule), by run_collective
         self.schedules: Dict[tuple, tuple] = {}
         self._steps = StepRunner(self, enabled=fast_steps)
@@ -225,19 +241,6 @@ class Network:
             hit = self._route_infos[(src, dst, key)] = \
                 (links, latency, tuple(self._capacity[i] for i in links))
         return hit
-
-    def step_time_estimate(self, flows: Sequence[FlowSpec]) -> float:
-        """:func:`~.collective_algos.schedule.step_time_estimate` of one
-        step on this network; a step whose flows carry equal bytes is
-        routed once per topology (:func:`step_shape`), whatever its size."""
-        sizes = set(map(_BYTES, flows))
-        if len(sizes) != 1:
-            return step_time_estimate(flows, self.route_info)
-        pairs = tuple(map(_PAIR, flows))
-        shape = self._step_shapes.get(pairs)
-        if shape is None:
-            shape = self._step_shapes[pairs] = step_shape(pairs, self.route_info)
-        return shape_time(shape, sizes.pop())
 
     def analytical_step_s(self, flows: Sequence[FlowSpec], key: int = 0) -> float:
         """Analytical mode: one step's time, the slowest flow's
