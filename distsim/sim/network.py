@@ -89,7 +89,7 @@ class RouteTable:
         self.step_loads: Dict[Tuple[Tuple[int, int], ...], tuple] = {}
         #: what a collective's plan works out for a team whatever its size
         #: (its check, its server groups, a tree's bounds), by (what, team...):
-        #: each team is planned at many sizes (:mod:`.collectives`)
+        #: each team is planned at many sizes (:mod:`.collective_plan`)
         self.team_plans: Dict[tuple, Any] = {}
         #: (mode, kind, team, bytes, root, algorithm) -> (seconds, algorithm
         #: that ran) of a collective run alone (:mod:`.solo_time`)

@@ -10,10 +10,10 @@ ranks can run at once, and share links. When no other team's collective
 uses any link that a team's collectives use, each of them therefore runs on
 links nobody else touches while it runs: it takes exactly the time it
 takes alone, every time. The simulator then needs no events for it: when
-its last member arrives, its end is that time plus its solo duration (:func:`solo_run`:
-the collective run alone by :func:`.solo_time.run_alone`, the run whose
-time :func:`.solo_time.collective_time` gives, once per distinct
-collective), its outputs are announced with that end time, and its link
+its last member arrives, its end is that time plus its solo duration
+(:func:`solo_run`, once per distinct collective: the run alone of
+:func:`.solo_time.run_alone`, whose time :func:`.solo_time.collective_time`
+gives), its outputs are announced with that end time, and its link
 statistics are added in bulk at the end of the run.
 
 In a training step that is most collectives: a tensor-parallel group's

@@ -30,11 +30,10 @@ other together, so :func:`can_beat` compares them with that slack.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from itertools import chain
 from operator import itemgetter
 from typing import Dict, Sequence, Tuple
-
-import numpy as np
 
 from .collective_algos.schedule import Schedule
 from .network import Network, route_table
@@ -57,22 +56,19 @@ _EARLY = 1e-12
 
 def step_load(pairs: Sequence[Tuple[int, int]], network: Network) -> StepLoad:
     """The :data:`StepLoad` of a step whose flows join ``pairs`` (one entry
-    per flow); the same for every size, so it is kept per topology.
-    Counted with numpy: a 512-rank tree step is ~1000 flows of ~6 links."""
+    per flow); the same for every size, so it is kept per topology."""
     routes = [network.route(src, dst) for src, dst in pairs if src != dst]
-    if not routes:
-        return (), (), ()
-    links = [route[0] for route in routes]
-    lengths = np.fromiter(map(len, links), np.int64, len(links))
-    ids, at, flows_on = np.unique(np.fromiter(chain.from_iterable(links), np.int64),
-                                  return_inverse=True, return_counts=True)
-    per_byte = flows_on / np.array([network.link_capacity(i) for i in ids.tolist()])
-    latency = np.array([route[1] for route in routes])
-    worst = np.maximum.reduceat(per_byte[at], np.cumsum(lengths) - lengths)
-    least = np.full(len(ids), math.inf)
-    np.minimum.at(least, at, np.repeat(latency, lengths))
-    return (tuple(dict.fromkeys(zip(per_byte.tolist(), least.tolist()))),
-            tuple(dict.fromkeys(zip(latency.tolist(), worst.tolist()))),
+    count = Counter(chain.from_iterable([route[0] for route in routes]))
+    cap = network.link_capacity
+    per_byte = {i: n / cap(i) for i, n in count.items()}
+    least: Dict[int, float] = {}
+    flows: Dict[Tuple[float, float], None] = {}
+    for links, latency, _ in routes:
+        flows[(latency, max(map(per_byte.__getitem__, links)))] = None
+        for i in links:
+            if latency < least.get(i, math.inf):
+                least[i] = latency
+    return (tuple(dict.fromkeys((per_byte[i], least[i]) for i in count)), tuple(flows),
             tuple(dict.fromkeys(route[1:] for route in routes)))
 
 
