@@ -36,7 +36,8 @@ from operator import itemgetter
 from typing import Dict, Sequence, Tuple
 
 from .collective_algos.schedule import Schedule
-from .network import Network, route_table
+from .network import Network
+from .route_table import route_table
 
 _PAIR = itemgetter(0, 1)
 _BYTES = itemgetter(2)

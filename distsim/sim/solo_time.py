@@ -32,7 +32,8 @@ import simpy
 from ..ir.comm import CollectiveType
 from .collective_algos import ALGORITHMS, Phase, Schedule
 from .collective_plan import moves_data, named_schedule, resolve_algorithm
-from .network import Network, route_table
+from .network import Network
+from .route_table import route_table
 from .solo_bounds import can_beat, schedule_bounds
 
 #: Times this close (relative) are a tie, which goes to the kind's first
