@@ -30,7 +30,7 @@ from ...errors import PassPreconditionError, VerifyError
 from ...ir.builder import NameScope
 from ...ir.core import Function, Module, Op, Value
 from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, check_placements
-from ...ir.ops_call import callee_of, is_call, link_calls
+from ...ir.ops_call import callee_of, is_call, verify_calls
 from ...ir.types import TensorType
 from .rules import OpContext, strategies_for
 from .conflicts import MAX_CANDIDATES, ConflictResolver
@@ -129,7 +129,7 @@ class Propagator:
     """Propagates shardings through a module, specialising callees."""
 
     def __init__(self, module: Module) -> None:
-        self.module = link_calls(module)
+        self.module = verify_calls(module, exact=False)
         self.out = Module(meshes=dict(module.meshes))
         self._specs: Dict[Tuple[str, Tuple], Function] = {}
         self._names = NameScope()
