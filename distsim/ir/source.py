@@ -58,12 +58,13 @@ def op_text(op: Op) -> str:
 
 def describe(function: str, op: Op) -> str:
     """``[source:line: ]function 'f', op %y = type`` for the user's op
-    behind ``op``, and what ``op`` is when a transform made it."""
+    behind ``op``, and what ``op`` is where that differs (an op a transform
+    made, a copy in a specialised function)."""
     user = origin_of(function, op)
     loc = loc_of(user.op)
     text = f"{loc}: " if loc is not None else ""
     text += f"function '{user.function}', op {op_text(user.op)}"
-    if user.op is not op:
+    if (user.function, op_text(user.op)) != (function, op_text(op)):
         text += f" (as {op_text(op)} in @{function})"
     return text
 

@@ -16,21 +16,28 @@ every value of every function, interprocedurally.
    :mod:`.conflicts`), and the cheapest is realised with ``redistribute``
    ops. A value annotated with other placements than its op produces gets
    a ``redistribute`` after the op.
-3. *Calls*: a callee is specialised per placement signature of its
-   arguments (``mlp``, ``mlp.1``, ...): its parameters take the argument
-   types and its results' placements flow back to the caller. The entry
-   function's results are never partial: a ``P`` is reduced to ``R``.
+3. *Calls*: every call is first checked against its callee's signature
+   (counts, shapes, dtypes). A callee is specialised per placement
+   signature of its arguments (``mlp``, ``mlp.1``, ...): its parameters
+   take the argument types and its results' placements flow back to the
+   caller. The entry function's results are never partial: a ``P`` is
+   reduced to ``R``.
+
+Every op made records the user's op it was made for (``meta["origin"]``,
+:mod:`distsim.ir.source`), and an error raised while placing an op names
+that op, its file and line, and the calls that reached it.
 """
 from __future__ import annotations
 
 from itertools import product
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...errors import PassPreconditionError, VerifyError
+from ...errors import DistsimError, PassPreconditionError, VerifyError
 from ...ir.builder import NameScope
 from ...ir.core import Function, Module, Op, Value
 from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, check_placements
 from ...ir.ops_call import callee_of, is_call, verify_calls
+from ...ir.source import at_op, made_for
 from ...ir.types import TensorType
 from .rules import OpContext, strategies_for
 from .conflicts import MAX_CANDIDATES, ConflictResolver
@@ -143,10 +150,12 @@ class Propagator:
                 state[v] = t
         for _ in range(2 * len(f.ops) + 2):
             before = dict(state)
-            for op in f.ops:
-                self._sweep(op, state, forward=True)
-            for op in reversed(f.ops):
-                self._sweep(op, state, forward=False)
+            for forward, ops in ((True, f.ops), (False, reversed(f.ops))):
+                for op in ops:
+                    try:
+                        self._sweep(op, state, forward)
+                    except DistsimError as e:
+                        raise at_op(e, f.name, op) from None
             if before == state:
                 break
         return state
@@ -192,10 +201,10 @@ class Propagator:
                    entry: bool = False) -> Function:
         state = self.decide(f, arg_types)
         meshes = [t.mesh for t in state.values() if t is not None]
-        if not meshes:
+        if not meshes and state:   # (a function without values has nothing to place)
             raise PassPreconditionError(f"sharding: no value of @{f.name} has a placement "
                                         "(annotate an input with a DTensor type)")
-        default_mesh = meshes[0]
+        default_mesh = meshes[0] if meshes else None
         params = []
         for v in f.inputs:
             t = state[v]
@@ -218,13 +227,18 @@ class Propagator:
             env[v] = self._convert(new, names, nv, _annotation(v), v.name)
         build = _Build(f, new, names, env, state)
         for op in f.ops:
-            self._build_op(build, op)
+            try:
+                self._build_op(build, op)
+            except DistsimError as e:
+                raise at_op(e, f.name, op) from None
+        producers = f.producers()
         outs = []
         for v in f.outputs:
             nv = env[v]
             if entry and any(isinstance(p, Partial) for p in nv.type.placements):
                 pl = [Replicate() if isinstance(p, Partial) else p for p in nv.type.placements]
-                nv = self._convert(new, names, nv, nv.type.with_placements(pl), v.name)
+                meta = made_for(f.name, producers[v]) if v in producers else None
+                nv = self._convert(new, names, nv, nv.type.with_placements(pl), v.name, meta)
             outs.append(nv)
         new.outputs = outs
         new.meta = {k: (dict(x) if isinstance(x, dict) else x) for k, x in f.meta.items()}
@@ -237,21 +251,26 @@ class Propagator:
         return f"{base}.{k}"
 
     def _convert(self, new: Function, names: NameScope, v: Value, want: Optional[DTensorType],
-                 hint: str) -> Value:
-        """``v`` as type ``want`` (a redistribute op when they differ)."""
+                 hint: str, meta: Optional[dict] = None) -> Value:
+        """``v`` as type ``want`` (a redistribute op, with ``meta``, when they
+        differ)."""
         if want is None or want == v.type:
             return v
         out = Value(names.fresh(hint + "_rd"), want)
-        new.ops.append(Op(REDISTRIBUTE, [v], [out]))
+        new.ops.append(Op(REDISTRIBUTE, [v], [out], meta=meta))
         return out
 
     def _build_op(self, build: "_Build", op: Op) -> None:
+        """The sharded form of ``op``: every op made for it (its copy, the
+        redistributes around it) records it as their origin."""
         new, names, env, state = build.new, build.names, build.env, build.state
+        meta = made_for(build.name, op)
         ins = [env[v] for v in op.inputs]
         if is_call(op):
             callee = self.specialise(callee_of(op), [v.type for v in ins])
             outs = [Value(names.fresh(v.name), r.type) for v, r in zip(op.outputs, callee.outputs)]
-            new.ops.append(Op("call", ins, outs, {"callee": callee.name}, (callee,), op.meta))
+            new.ops.append(Op("call", ins, outs, {"callee": callee.name}, (callee,),
+                              {**op.meta, **meta}))
         else:
             if op.op_type == REDISTRIBUTE:
                 want = _annotation(op.outputs[0]) or state[op.outputs[0]] or ins[0].type
@@ -259,19 +278,19 @@ class Propagator:
                 if want == ins[0].type:
                     env[op.outputs[0]] = ins[0]
                     return
-                new.ops.append(Op(REDISTRIBUTE, ins, outs, meta=op.meta))
+                new.ops.append(Op(REDISTRIBUTE, ins, outs, meta={**op.meta, **meta}))
             else:
                 mesh = ins[0].type.mesh if ins else (state[op.outputs[0]] or _first(state)).mesh
-                ins, res = self._place(build, op, ins, mesh)
+                ins, res = self._place(build, op, ins, mesh, meta)
                 outs = [Value(names.fresh(v.name), t) for v, t in zip(op.outputs, res)]
-                new_op = Op(op.op_type, ins, outs, op.attrs, op.subfunctions, op.meta)
+                new_op = Op(op.op_type, ins, outs, op.attrs, op.subfunctions, {**op.meta, **meta})
                 new.ops.append(new_op)
                 if build.may_move(op):
                     build.movable[outs[0]] = new_op
         for old, nv in zip(op.outputs, outs):
-            env[old] = self._convert(new, names, nv, _annotation(old), old.name)
+            env[old] = self._convert(new, names, nv, _annotation(old), old.name, meta)
 
-    def _place(self, build: "_Build", op: Op, ins: List[Value], mesh: DeviceMesh
+    def _place(self, build: "_Build", op: Op, ins: List[Value], mesh: DeviceMesh, meta: dict
                ) -> Tuple[List[Value], List[DTensorType]]:
         """Pick the op's placements and bring its inputs to them.
 
@@ -286,7 +305,7 @@ class Propagator:
                                        [_annotation(v) for v in op.outputs], mesh)
         if not candidates:
             req, res = replicated_types(op, mesh)
-            return [build.resolver.realise(v, build.resolver.plan(v, t, 0), v.name)
+            return [build.resolver.realise(v, build.resolver.plan(v, t, 0), v.name, meta)
                     for v, t in zip(ins, req)], res
         best = None
         for req, res in candidates:
@@ -297,7 +316,7 @@ class Propagator:
             if cost == 0.0:
                 break
         _, plans, res = best
-        return [build.resolver.realise(v, p, v.name) for v, p in zip(ins, plans)], res
+        return [build.resolver.realise(v, p, v.name, meta) for v, p in zip(ins, plans)], res
 
 
 class _Build:
@@ -308,6 +327,7 @@ class _Build:
     def __init__(self, f: Function, new: Function, names: NameScope, env: Dict[Value, Value],
                  state) -> None:
         self.new, self.names, self.env, self.state = new, names, env, state
+        self.name = f.name   # the user's function, which the ops made name as their origin
         self.users = f.users()
         self.returned = set(f.outputs)
         self.movable: Dict[Value, Op] = {}

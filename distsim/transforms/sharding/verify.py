@@ -36,6 +36,10 @@ def _plain(t) -> TensorType:
     return TensorType(t.shape, t.dtype, getattr(t, "device", None))
 
 
+def _tensor_text(t) -> str:
+    return f"{t.dtype.value}[{','.join(map(str, t.shape))}]"
+
+
 def verify_sharded(module: Module, propagated: bool = False) -> Module:
     link_calls(module)
     for f in module:
@@ -72,8 +76,10 @@ def _verify_op(f: Function, op: Op, propagated: bool) -> None:
             raise VerifyError(f"{where}: {error} (rule: call signature)")
         return
     if op.op_type == REDISTRIBUTE:
-        if op.inputs[0].type.shape != op.outputs[0].type.shape:
-            raise VerifyError(f"{where}: changes the shape (rule: redistribute keeps the tensor)")
+        x, y = op.inputs[0].type, op.outputs[0].type
+        if (x.shape, x.dtype) != (y.shape, y.dtype):
+            raise VerifyError(f"{where}: turns {_tensor_text(x)} into {_tensor_text(y)}: only "
+                              "placements may change (rule: redistribute keeps the tensor)")
         return
     try:
         expected = infer_types(op.op_type, [_plain(v.type) for v in op.inputs], op.attrs)
