@@ -6,7 +6,9 @@ every value of every function, interprocedurally.
    and gives its unknown inputs and its outputs their placements) and
    backward (an op with known outputs gives its unknown inputs the
    placements that produce them), until nothing changes; what is still
-   unknown is replicated.
+   unknown is replicated. The entry function's unannotated inputs then
+   take the cheapest placement the planner finds for the whole program
+   (:mod:`.entry_inputs`).
 2. *Build* the sharded program: every op takes the cheapest valid
    combination of per-axis strategies (ranked by the planner's table, then
    checked by :mod:`.validity`). Where an input must change -- a conflict
@@ -42,6 +44,7 @@ from ...ir.types import TensorType
 from .rules import OpContext, strategies_for
 from .conflicts import MAX_CANDIDATES, ConflictResolver
 from .costs import _CHANGE, axis_cost, type_cost  # noqa: F401  (re-exported)
+from .entry_inputs import place_entry_inputs
 from .validity import combination_error
 
 REDISTRIBUTE = "redistribute"
@@ -136,7 +139,7 @@ class Propagator:
     """Propagates shardings through a module, specialising callees."""
 
     def __init__(self, module: Module) -> None:
-        self.module = verify_calls(module, exact=False)
+        self.module = module
         self.out = Module(meshes=dict(module.meshes))
         self._specs: Dict[Tuple[str, Tuple], Function] = {}
         self._names = NameScope()
@@ -367,17 +370,22 @@ def _first(state) -> DTensorType:
 
 def propagate(module: Module, entry: str = "main") -> Module:
     """A new module whose functions have a DTensor type on every value:
-    the entry function and one specialisation per callee signature."""
+    the entry function (first) and one specialisation per callee signature.
+    The entry's unannotated inputs take the cheapest placement the planner
+    finds (:mod:`.entry_inputs`)."""
     if entry not in module.functions:
         raise PassPreconditionError(f"sharding: module has no function @{entry}")
-    prop = Propagator(module)
+    verify_calls(module, exact=False)
     f = module.functions[entry]
-    prop.specialise(f, [_annotation(v) for v in f.inputs], entry=True)
-    out = prop.out
-    # the entry function first, as written
-    ordered = Module(meshes=out.meshes)
-    ordered.add(out.functions[entry])
-    for name, fn in out.functions.items():
-        if name != entry:
-            ordered.add(fn)
-    return ordered
+
+    def build(arg_types: Sequence[Optional[DTensorType]]) -> Module:
+        prop = Propagator(module)
+        prop.specialise(f, arg_types, entry=True)
+        ordered = Module(meshes=prop.out.meshes)
+        ordered.add(prop.out.functions[entry])
+        for name, fn in prop.out.functions.items():
+            if name != entry:
+                ordered.add(fn)
+        return ordered
+
+    return place_entry_inputs([_annotation(v) for v in f.inputs], build)
