@@ -166,9 +166,7 @@ class Propagator:
     def _sweep(self, op: Op, state, forward: bool) -> None:
         ins = [state[v] for v in op.inputs]
         outs = [state[v] for v in op.outputs]
-        if is_call(op):
-            if all(t is None for t in ins) and all(t is None for t in outs):
-                return
+        if is_call(op):   # (the callee's own annotations count, even where the call knows nothing)
             callee = callee_of(op)
             sub = self.decide(callee, ins)
             for v, p in zip(op.inputs, callee.inputs):
