@@ -84,9 +84,8 @@ def _tensor(t: Type) -> object:
 
 
 def _shown(t: Type) -> str:
-    if not isinstance(t, TensorType):
-        return str(t)
-    return f"{t.dtype.value}[{','.join(map(str, t.shape))}]"
+    """The tensor a global-view type describes (no placements)."""
+    return str(TensorType(t.shape, t.dtype)) if isinstance(t, TensorType) else str(t)
 
 
 def signature_error(op: Op, exact: bool = True) -> Optional[str]:

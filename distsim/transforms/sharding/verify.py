@@ -36,10 +36,6 @@ def _plain(t) -> TensorType:
     return TensorType(t.shape, t.dtype, getattr(t, "device", None))
 
 
-def _tensor_text(t) -> str:
-    return f"{t.dtype.value}[{','.join(map(str, t.shape))}]"
-
-
 def verify_sharded(module: Module, propagated: bool = False) -> Module:
     link_calls(module)
     for f in module:
@@ -78,7 +74,7 @@ def _verify_op(f: Function, op: Op, propagated: bool) -> None:
     if op.op_type == REDISTRIBUTE:
         x, y = op.inputs[0].type, op.outputs[0].type
         if (x.shape, x.dtype) != (y.shape, y.dtype):
-            raise VerifyError(f"{where}: turns {_tensor_text(x)} into {_tensor_text(y)}: only "
+            raise VerifyError(f"{where}: turns {_plain(x)} into {_plain(y)}: only "
                               "placements may change (rule: redistribute keeps the tensor)")
         return
     try:
