@@ -1,23 +1,21 @@
 """Pieces of the self-contained HTML pages: the page, tables, inlined
 images and number formats.
 
-Numbers in a table column share one format (:func:`column_formatter`):
-thousands separated, and as many decimals as three significant digits of
-the column's largest value need, so that ``9,355`` sits above ``10,270``
-and not above ``1.027e+04``.
+Numbers in a table column share one format
+(:func:`~distsim.report.numbers.column_formatter`).
 """
 from __future__ import annotations
 
 import base64
 import html
 import io
-import math
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 from matplotlib.figure import Figure
 
 from distsim.report.figures import DPI
+from distsim.report.numbers import column_formatter, is_missing, is_number  # noqa: F401
 
 ImageLike = Union[Figure, bytes, str, Path]
 
@@ -61,45 +59,9 @@ def page(title: str, body: str) -> str:
             f"<h1>{html.escape(title)}</h1>\n{body}\n</body>\n</html>\n")
 
 
-def _missing(v: Any) -> bool:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return True
-    try:
-        import pandas as pd
-        return v is pd.NA
-    except ImportError:     # pragma: no cover - pandas is a dependency
-        return False
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and not _missing(v)
-
-
-def column_formatter(values: Sequence[Any]) -> Callable[[Any], str]:
-    """One format for the numbers of a column (see the module docstring);
-    text stays text, a missing value is empty."""
-    numbers = [abs(float(v)) for v in values if _number(v) and math.isfinite(float(v))]
-    if numbers and all(float(v).is_integer() for v in values if _number(v)):
-        decimals = 0
-    else:
-        top = max(numbers, default=0.0)
-        digits = int(math.floor(math.log10(top))) + 1 if top > 0 else 1
-        decimals = max(0, 3 - digits)
-
-    def fmt(v: Any) -> str:
-        if _missing(v):
-            return ""
-        if _number(v):
-            if not math.isfinite(float(v)):
-                return str(v)
-            return f"{float(v):,.{decimals}f}"
-        return str(v)
-    return fmt
-
-
 def fixed_formatter(decimals: int) -> Callable[[Any], str]:
     """Numbers with ``decimals`` decimals and thousands separated."""
-    return lambda v: "" if _missing(v) else (f"{float(v):,.{decimals}f}" if _number(v)
+    return lambda v: "" if is_missing(v) else (f"{float(v):,.{decimals}f}" if is_number(v)
                                              else str(v))
 
 
@@ -127,7 +89,7 @@ def table_html(rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
 
 
 def _text(v: Any) -> str:
-    return "" if _missing(v) else str(v)
+    return "" if is_missing(v) else str(v)
 
 
 def key_value_table(items: Sequence[tuple], caption: str = "") -> str:
