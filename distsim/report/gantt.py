@@ -135,7 +135,9 @@ def _draw_panel(ax: "Axes", chart: GanttChart, panel: Panel,
     top, height = _BAND_Y[0]
     for task in panel.tasks:
         text = str(task.microbatch)
-        lo, hi = max(task.start_ms, panel.window[0]), min(task.end_ms, panel.window[1])
+        half = task.label_width_ms / 2
+        lo = max(task.label_ms - half, panel.window[0])
+        hi = min(task.label_ms + half, panel.window[1])
         if (hi - lo) * px_per_ms >= CHAR_PX * len(text) + 3:
             ax.text((lo + hi) / 2, task.lane + top + height / 2, text, ha="center",
                     va="center", fontsize=7, color="white", clip_on=True)

@@ -28,6 +28,8 @@ from distsim.sim.trace import COMPUTE_STREAM, P2P_STREAM, Trace
 
 #: bands of a lane: compute, collectives, point-to-point
 BANDS: Tuple[str, ...] = ("compute", "collectives", "p2p")
+#: a gap inside a task longer than this share of it splits the stretches its number may sit on
+GAP_SHARE = 0.2
 _FORWARD, _BACKWARD, _RECOMPUTE = (KEYS.index(k) for k in ("forward", "backward", "recompute"))
 
 
@@ -66,13 +68,18 @@ class Bars:
 @dataclass(frozen=True)
 class Task:
     """A micro-batch's forward (``backward`` False) or backward block on a
-    lane, in ms."""
+    lane, in ms; ``label_ms``: where its number goes, the middle of its
+    longest stretch without a gap longer than :data:`GAP_SHARE` of the
+    block (a block that waits halfway, for the next stage's gradient, is
+    mostly empty in its middle)."""
 
     lane: int
     start_ms: float
     end_ms: float
     microbatch: int
     backward: bool
+    label_ms: float = 0.0
+    label_width_ms: float = 0.0
 
 
 def _prefix(name: str) -> str:
@@ -218,8 +225,24 @@ def lane_tasks(trace: Trace, phases: RecordPhases, lanes: Sequence[Lane],
     new[1:] = (lane[1:] != lane[:-1]) | (mb[1:] != mb[:-1]) | (backward[1:] != backward[:-1])
     first = np.flatnonzero(new)
     task_end = np.maximum.reduceat(end, first)
-    return [Task(int(lane[f]), float(start[f]), float(e), int(mb[f]), bool(backward[f]))
-            for f, e in zip(first.tolist(), task_end.tolist())]
+    task_of = np.cumsum(new) - 1
+    # stretches without a long gap: a new one where a record starts more than
+    # GAP_SHARE of its task's span after the task's ops so far ended (the
+    # short waits for tensor-parallel collectives do not count)
+    shift = lane * (float(end.max()) + 1.0)           # each lane's running end on its own
+    reach = np.maximum.accumulate(end + shift) - shift
+    span = (task_end - start[first])[task_of]
+    cut = new.copy()
+    cut[1:] |= start[1:] - reach[:-1] > GAP_SHARE * span[1:]
+    seg = np.flatnonzero(cut)
+    seg_lo, seg_hi = start[seg], np.maximum.reduceat(end, seg)
+    seg_task = task_of[seg]
+    # per task, its longest stretch (the first of equal ones)
+    order = np.lexsort((-(seg_hi - seg_lo), seg_task))
+    best = order[np.r_[True, seg_task[order][1:] != seg_task[order][:-1]]]
+    return [Task(int(lane[f]), float(start[f]), float(e), int(mb[f]), bool(backward[f]),
+                 float((seg_lo[b] + seg_hi[b]) / 2), float(seg_hi[b] - seg_lo[b]))
+            for f, e, b in zip(first.tolist(), task_end.tolist(), best.tolist())]
 
 
 def zoom_window(tasks: Sequence[Task], step_ms: float, axis_px: float,

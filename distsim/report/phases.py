@@ -170,10 +170,11 @@ def rank_stages(trace: Trace, phases: RecordPhases) -> Dict[int, int]:
     out: Dict[int, int] = {}
     if not keep.any():
         return out
-    pairs, counts = np.unique(np.stack([columns.rank[keep], stage[keep]]), axis=1,
-                              return_counts=True)
+    width = int(stage[keep].max()) + 1
+    codes, counts = np.unique(columns.rank[keep] * width + stage[keep], return_counts=True)
     best: Dict[int, Tuple[int, int]] = {}
-    for (rank, s), c in zip(pairs.T.tolist(), counts.tolist()):
+    for code, c in zip(codes.tolist(), counts.tolist()):
+        rank, s = divmod(code, width)
         if rank not in best or c > best[rank][0]:
             best[rank] = (c, s)
     out = {rank: s for rank, (_, s) in best.items()}

@@ -172,3 +172,27 @@ def test_failed_write_leaves_no_file(trace, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         write_gantt(trace, tmp_path / "gantt.png")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_number_sits_on_its_blocks_longest_stretch():
+    """A backward that starts with one op and then waits for the next
+    stage's gradient carries its number where its ops run, not in the gap."""
+    from distsim.report.gantt_layout import Lane
+    from distsim.report.phases import RecordPhases
+    from distsim.sim.trace import DeviceInfo, OpRecord, Trace
+    ops = [OpRecord(0, "compute", "a", "T", "compute", 0.0, 0.001),        # B0: a lone op,
+           OpRecord(0, "compute", "b", "T", "compute", 0.005, 0.008),      # a wait, then 3 ms
+           OpRecord(0, "compute", "c", "T", "compute", 0.008, 0.009),
+           OpRecord(1, "compute", "d", "T", "compute", 0.0, 0.010)]        # another lane
+    trace = Trace([DeviceInfo(0, "gpu0", 1), DeviceInfo(1, "gpu1", 1)], ops=ops,
+                  step_time_s=0.01)
+    labels = trace.op_columns.label
+    n = int(labels.max()) + 1
+    phases = RecordPhases(np.full(n, KEYS.index("backward")), np.zeros(n, np.int64),
+                          np.zeros(n, np.int64), True)
+    tasks = lane_tasks(trace, phases, [Lane(0, "gpu0", (0,)), Lane(1, "gpu1", (1,))],
+                       (0.0, 10.0))
+    assert [(t.lane, t.start_ms, t.end_ms) for t in tasks] == [(0, 0.0, 9.0), (1, 0.0, 10.0)]
+    assert tasks[0].label_ms == pytest.approx(7.0) and tasks[0].label_width_ms == \
+        pytest.approx(4.0)
+    assert tasks[1].label_ms == pytest.approx(5.0)
