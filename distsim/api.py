@@ -109,6 +109,12 @@ class SimulationResult:
     def memory_plot(self, path: Union[str, Path]) -> None:
         write_memory_plot(self.trace, path)
 
+    def chart(self, name: str = "gantt") -> Any:
+        """A chart, shown inline in a notebook (``.save(path)`` writes it):
+        ``gantt``, ``pipeline``, ``memory`` or ``links``."""
+        from .report.run_charts import run_chart   # matplotlib: when drawn
+        return run_chart(self, name)
+
     def html_report(self, path: Union[str, Path]) -> Path:
         """One self-contained ``report.html``: summary, config, every chart."""
         from .report.html import write_run_report   # matplotlib and pandas: when drawn

@@ -216,6 +216,11 @@ class Comparison:
         from distsim.report.compare_chart import comparison_figure
         return comparison_figure(self)
 
+    def chart(self):
+        """The chart, shown inline in a notebook (:class:`~distsim.report.figures.Chart`)."""
+        from distsim.report.figures import Chart
+        return Chart(self.figure())
+
     def write_chart(self, path: Union[str, Path]) -> Path:
         """Write the chart as a PNG (atomically)."""
         from distsim.report.figures import save_png

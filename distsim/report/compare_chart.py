@@ -43,6 +43,14 @@ def _time(ax: "Axes", comparison, labels: List[str]) -> None:
     ax.margins(x=0.18)
 
 
+def _compact(x: float) -> str:
+    """``1.25M``, ``750k``: a tick label that stays short."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:g}{unit}"
+    return f"{x:g}"
+
+
 def _throughput(ax: "Axes", comparison) -> None:
     key = "tokens_per_s" if any("tokens_per_s" in r.summary for r in comparison.runs) else None
     for i, run in enumerate(comparison.runs):
@@ -55,7 +63,7 @@ def _throughput(ax: "Axes", comparison) -> None:
         ax.text(value, i, text, va="center", fontsize=8)
     ax.set_xlabel("tokens / s" if key else "steps / s")
     from matplotlib.ticker import FuncFormatter
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _compact(x)))
     ax.set_title("Throughput", loc="left", fontsize=10)
     ax.margins(x=0.35)
 

@@ -10,15 +10,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Dict
 
-from distsim.report.figures import save_png
+from distsim.errors import ConfigError
+from distsim.report.figures import Chart, save_png
 from distsim.report.gantt import chart_figure, gantt_chart, has_stages
-from distsim.report.links import plot_links
-from distsim.report.memory_plot import write_memory_plot
+from distsim.report.links import link_chart, link_figure, plot_links
+from distsim.report.memory_plot import memory_figure, write_memory_plot
 from distsim.report.phases import record_phases
 
 #: the chart files, in the order they are drawn (pipeline.png: pipeline runs only)
 CHART_FILES = {"gantt": "gantt.png", "pipeline": "pipeline.png", "memory": "memory.png",
                "links": "links.png"}
+
+
+def run_chart(result: Any, name: str) -> Chart:
+    """One chart of ``result`` (``gantt``, ``pipeline``, ``memory`` or
+    ``links``), shown inline in a notebook."""
+    trace, program = result.trace, result.program
+    if name in ("gantt", "pipeline"):
+        fig = chart_figure(gantt_chart(trace, program, "devices" if name == "gantt"
+                                       else "stages"))
+    elif name == "memory":
+        fig = memory_figure(trace)
+    elif name == "links":
+        fig = link_figure(link_chart(trace.links, trace.link_samples, trace.step_time_s))
+    else:
+        raise ConfigError(f"chart: unknown chart {name!r} (known: {', '.join(CHART_FILES)})")
+    return Chart(fig)
 
 
 def write_run_charts(result: Any, out: Path, paths: Dict[str, Path],

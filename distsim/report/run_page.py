@@ -244,6 +244,19 @@ def write_run_report(result: Any, path: PathLike, title: Optional[str] = None,
     return Path(path)
 
 
+#: the page's styles a notebook needs, scoped to the result's block
+NOTEBOOK_CSS = """
+.distsim-result .cards { display: flex; flex-wrap: wrap; gap: 0.6em; margin: 0.8em 0; }
+.distsim-result .card { border: 1px solid #ddd; border-radius: 6px; padding: 0.4em 0.8em;
+                        min-width: 8em; }
+.distsim-result .card b { display: block; font-size: 1.25em; }
+.distsim-result .card span { color: #666; font-size: 0.85em; }
+.distsim-result td.text, .distsim-result th.text { text-align: left; }
+.distsim-result caption { caption-side: top; text-align: left; color: #555; }
+.distsim-result img { max-width: 100%; }
+"""
+
+
 def result_html(result: Any) -> str:
     """A result in a notebook: headline figures, the summary and the
     per-device tables, and the Gantt chart inline."""
@@ -253,7 +266,8 @@ def result_html(result: Any) -> str:
     head = (f"<b>{html.escape(str(config.get('model', 'model')))}</b> on "
             f"<b>{html.escape(str(config.get('topology', 'topology')))}</b>: "
             f"{html.escape(strategy_line(config))}")
-    return "\n".join([f"<div>{head}</div>", cards(headline(summary)), figures_table(summary),
+    return "\n".join([f'<div class="distsim-result"><style>{NOTEBOOK_CSS}</style>',
+                      f"<div>{head}</div>", cards(headline(summary)), figures_table(summary),
                       device_table(summary),
                       img_tag(gantt_figure(result.trace, getattr(result, "program", None)),
-                              "Gantt chart")])
+                              "Gantt chart"), "</div>"])
