@@ -26,6 +26,8 @@ def run_chart(result: Any, name: str) -> Chart:
     """One chart of ``result`` (``gantt``, ``pipeline``, ``memory`` or
     ``links``), shown inline in a notebook."""
     trace, program = result.trace, result.program
+    if name == "pipeline" and not has_stages(trace, record_phases(trace, program)):
+        raise ConfigError("chart: pipeline: this run has no pipeline stages (pp 1)")
     if name in ("gantt", "pipeline"):
         fig = chart_figure(gantt_chart(trace, program, "devices" if name == "gantt"
                                        else "stages"))

@@ -80,3 +80,15 @@ def test_the_notebook_view_is_html_tables_and_the_gantt_chart(pipeline_page):
     assert "<table>" in view and "<pre>" not in view
     assert view.count("data:image/png;base64,") == 1
     assert "gpu0-3" in _cells(view)
+
+
+def test_each_chart_draws_inline(pipeline_page):
+    result, paths, _ = pipeline_page
+    for name in ("gantt", "pipeline", "memory", "links"):
+        assert result.chart(name)._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+    from distsim.errors import ConfigError
+    with pytest.raises(ConfigError, match="unknown chart 'pie'"):
+        result.chart("pie")
+    flat = distsim.simulate(layers=2, hidden=64, batch=16, dp=2)
+    with pytest.raises(ConfigError, match="no pipeline stages"):
+        flat.chart("pipeline")
