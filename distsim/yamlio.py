@@ -22,12 +22,14 @@ def yaml_number(value: Any) -> Any:
     return value
 
 
-def load_yaml_file(path: Path | str, what: str = "file") -> Any:
+def load_yaml_file(path: Path | str, what: str = "file", missing_hint: str = "") -> Any:
+    """The YAML document of ``path``; any problem is one ConfigError naming
+    the file (``missing_hint`` ends the message of a file not found)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{p}: {what} not found") from None
+        raise ConfigError(f"{p}: {what} not found{missing_hint}") from None
     except IsADirectoryError:
         raise ConfigError(f"{p}: is a directory, expected a YAML {what}") from None
     except (OSError, UnicodeDecodeError) as e:

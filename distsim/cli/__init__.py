@@ -15,6 +15,7 @@ import traceback
 import warnings
 from typing import List, Optional
 
+from .. import __version__
 from ..errors import DistsimError
 from . import bench_cmd, check_cmd, collective, lower_cmd, print_cmd, simulate_cmd, sweep_cmd, topology
 from . import import_cmd
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "or `search` finds no strategy that fits; 2 bad input (one line "
                             "on stderr); 3 an internal error (a bug in distsim); 130 Ctrl-C; "
                             "143 `sweep` or `search` stopped by SIGTERM.")
-    parser.add_argument("--version", action="version", version="distsim 0.1.0")
+    parser.add_argument("--version", action="version", version=f"distsim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for module in COMMANDS:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping
 
 from ..errors import ConfigError
 from ..ir.core import Function
-from ..paths import models_dir
+from ..paths import models_dir, not_found_hint
 from ..yamlio import load_yaml_file, yaml_number
 
 
@@ -60,7 +60,7 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
         path = Path(text)
         if text.endswith((".yaml", ".yml")):
             where = text
-            config = load_yaml_file(path, "model file")
+            config = load_yaml_file(path, "model file", not_found_hint("models", text, ".yaml"))
         elif text.endswith(".onnx"):
             where = text
             config = {"family": "onnx", "path": text}

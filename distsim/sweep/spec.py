@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError, DistsimError
+from ..paths import not_found_hint, resolve
 from ..yamlio import load_yaml_file
 from .constraints import Constraint, ConstraintLike, make_constraints
 from .params import Param, check_value, simulate_parameters
@@ -255,10 +256,11 @@ def _devices(topology: Any, cache: Dict[Any, int]) -> int:
 
 
 def load_spec(path: str | Path, max_points: Optional[int] = None) -> SweepSpec:
-    """Read and validate a YAML sweep spec (at most ``max_points`` grid
-    points; None: :data:`DEFAULT_MAX_POINTS`, 0: no limit)."""
-    p = Path(path)
-    data = load_yaml_file(p, "sweep spec")
+    """Read and validate a YAML sweep spec: a path, or the name of an
+    example in ``reports/sweeps/`` (``"mlp-scaling"``); at most
+    ``max_points`` grid points (None: :data:`DEFAULT_MAX_POINTS`, 0: no limit)."""
+    p = resolve("sweeps", str(path), ".yaml")    # a path, or an example's name
+    data = load_yaml_file(p, "sweep spec", not_found_hint("sweeps", str(path), ".yaml"))
     if not isinstance(data, Mapping):
         raise ConfigError(f"{p}: a sweep spec must be a mapping with base: and grid:")
     unknown = set(data) - set(SPEC_KEYS)

@@ -28,7 +28,7 @@ import networkx as nx
 
 from ..cost.device import device_spec_from_dict, finite_float
 from ..errors import ConfigError, TopologyError
-from ..paths import topologies_dir
+from ..paths import not_found_hint, topologies_dir
 from ..yamlio import load_yaml_file, yaml_number
 from .builders import BUILDERS, GB, MAX_DEVICES, MAX_NODES, US, add_duplex, check_device_count
 from .topology import Topology
@@ -75,7 +75,8 @@ def load_topology(name_or_path: str) -> Topology:
     nodes: int | None = None
     if text.endswith((".yaml", ".yml")) or _is_file(path):
         if not _is_file(path):
-            raise ConfigError(f"{_short(text, 200)}: topology file not found")
+            raise ConfigError(f"{_short(text, 200)}: topology file not found"
+                              f"{not_found_hint('topologies', text, '.yaml')}")
     else:
         folder = topologies_dir()
         path = folder / f"{text}.yaml"
