@@ -1,11 +1,13 @@
 """distsim: a discrete-event cluster simulator for distributed deep-learning
-training. See README.md; the public API is :func:`simulate` and
-:class:`SimulationResult` (:mod:`distsim.api`)."""
-from .api import SimulationResult, build_program, simulate
-from .errors import DistsimError
-from .sweep import sweep  # the function; its package stays importable as distsim.sweep
+training. See README.md; the public API is :func:`simulate`,
+:func:`build_program`, :class:`SimulationResult` (:mod:`distsim.api`) and
+:func:`sweep` (the package :mod:`distsim.sweep`, which can be called)."""
 
 __version__ = "0.1.0"
+
+from . import sweep  # noqa: E402  (the package; distsim.sweep(...) runs a sweep)
+from .api import SimulationResult, build_program, simulate  # noqa: E402
+from .errors import DistsimError  # noqa: E402
 
 __all__ = ["DistsimError", "SimulationResult", "build_program", "simulate", "sweep",
            "__version__"]

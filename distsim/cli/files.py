@@ -4,7 +4,6 @@ or calls get the sharding verifier; local-view programs the plain one)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import ConfigError, PassPreconditionError, VerifyError
 from ..ir.core import Module
