@@ -168,6 +168,8 @@ def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
                 raise ConfigError(f"{where}.{key}: missing required field")
             continue
         raw = data[key]
+        if kind is str and (isinstance(raw, bool) or not isinstance(raw, (str, int, float))):
+            raise ConfigError(f"{where}.{key}: must be a name, got a {type(raw).__name__}")
         values[key] = check_figure(where, key, raw) if kind is float else str(raw)
     flops = data.get("peak_flops")
     if not isinstance(flops, Mapping) or not flops:

@@ -222,6 +222,9 @@ def _explicit_graph(data: Mapping[str, Any], where: str) -> nx.DiGraph:
         names = [pattern.replace("{i}", str(i)) for i in range(count)]
     else:
         names = expand_names(devices, f"{where}: devices")
+        if not names:
+            raise ConfigError(f"{where}: devices: is empty (a topology needs at least one "
+                              "device)")
         check_device_count(len(names), f"{where}: devices")
         per_node = len(names)
     for rank, n in enumerate(names):

@@ -12,8 +12,11 @@ Each :class:`Case` has
   (a scratch folder holding generated files) and ``{out}`` (an output folder
   that must not appear), or None for Python-only inputs (programs built in
   memory: the simulator has no CLI for unverified programs);
-- ``error``: the exact class (``None``: an argparse usage error, exit 2);
-- ``message``: a substring of ``str(error)`` and of the CLI's stderr line.
+- ``error``: the exact class (``None``: an argparse usage error, exit 2;
+  ``OSError``: the system refused a write, which the CLI reports);
+- ``message``: a substring of ``str(error)`` and of the CLI's stderr line;
+- ``stdout``: where the CLI's stdout goes: ``None`` (captured) or
+  ``"full"`` (a device that refuses every write, as ``> /dev/full``).
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ class Case:
     cli: Optional[Sequence[str]]
     error: Optional[type]
     message: str
+    stdout: Optional[str] = None
 
 
 # -- Python entry points -------------------------------------------------
@@ -280,8 +284,9 @@ OUT = "{out}"
 S = ["simulate", "--no-plots", "--network-mode", "analytical", "--out", OUT]
 
 
-def _c(id, entry, what, python, cli, error, message):
-    return Case(id, entry, what, python, tuple(cli) if cli is not None else None, error, message)
+def _c(id, entry, what, python, cli, error, message, stdout=None):
+    return Case(id, entry, what, python, tuple(cli) if cli is not None else None, error, message,
+                stdout)
 
 
 CASES: List[Case] = [
@@ -722,6 +727,55 @@ CASES.extend([
     _c("input-shape-twice", "CLI flags", "`import --input-shape x=2x3 --input-shape x=4x3`", None,
        ["import", "{tmp}/negative_dims.onnx", "--input-shape", "x=2x3", "--input-shape", "x=4x3"],
        ConfigError, "--input-shape: input 'x' is given twice (x=2x3 and x=4x3): give it once"),
+])
+
+
+CASES.extend([
+    # YAML that expands or nests past what a loader should walk, and values quoted in errors
+    *[_c(f"topology-{name}", "topology YAML", what, _load_topology(f"topo_{file}.yaml"),
+         S + ["--topology", f"{{cases}}/topo_{file}.yaml"], ConfigError, message)
+      for name, file, what, message in [
+          ("alias-bomb", "alias_bomb",
+           "an alias bomb: 8 levels of 9 aliases (43 million strings in 12 lines)",
+           "topo_alias_bomb.yaml: its aliases expand to more than 100,000 nodes"),
+          ("alias-cycle", "alias_cycle", "an alias inside the list it names (`&a [1, *a]`)",
+           "topo_alias_cycle.yaml: an alias refers to a node that contains it"),
+          ("deep-nesting", "deep_nesting", "lists nested 400 deep",
+           "topo_deep_nesting.yaml: nested deeper than 100 levels"),
+          ("long-value", "long_value", "2,916 strings (by aliases) where a peak belongs",
+           "device.peak_flops.f16: must be a positive number, got [[[['a-long-string'"),
+          ("device-name-list", "device_name_list", "`device: {name: [a, b]}`",
+           "device.name: must be a name, got a list"),
+          ("no-devices", "no_devices", "`devices: []`",
+           "topo_no_devices.yaml: devices: is empty (a topology needs at least one device)"),
+      ]],
+    _c("topology-no-peak-for-dtype", "topology YAML",
+       "`peak_flops: {f32: ...}` only, for the MLP (f16)",
+       _simulate_file("topology", "topo_f32_peak_only.yaml"),
+       S + ["--topology", "{cases}/topo_f32_peak_only.yaml"], ConfigError,
+       "device.peak_flops: no entry for f16, the compute dtype of model 'mlp' (it lists f32)"),
+    _c("model-layers-true", "model YAML", "`layers: true`",
+       _simulate_file("model", "model_layers_true.yaml"),
+       S + ["--model", "{cases}/model_layers_true.yaml"], ConfigError,
+       "model_layers_true.yaml: mlp.layers: must be a positive integer, got True"),
+    _c("draw-missing-folder", "CLI flags", "`topology dgx-a100 --draw nowhere/dir/g.png`", None,
+       ["topology", "dgx-a100", "--draw", "nowhere/dir/g.png"], ConfigError,
+       "--draw nowhere/dir/g.png: the folder nowhere/dir does not exist"),
+    _c("draw-not-png", "CLI flags", "`topology dgx-a100 --draw g.txt`", None,
+       ["topology", "dgx-a100", "--draw", "g.txt"], ConfigError,
+       "--draw g.txt: the drawing is a PNG image; name a .png file"),
+    _c("max-wall-s-shorter-than-the-build", "CLI flags", "`simulate --model gpt2 --max-wall-s 0.01`",
+       _simulate(model="gpt2", max_wall_s=0.01),
+       S + ["--model", "gpt2", "--max-wall-s", "0.01"], SimulationError,
+       "stopped while building the program"),
+    _c("collective-nodes-zero", "CLI flags", "`collective allreduce --nodes 0`", None,
+       ["collective", "allreduce", "--nodes", "0"], ConfigError,
+       "--nodes: must be a positive integer, got 0"),
+    _c("stdout-full", "CLI flags", "`simulate --json --no-plots > /dev/full`", None,
+       ["simulate", "--json", "--no-plots", "--layers", "1", "--hidden", "64", "--batch", "64",
+        "--out", OUT], OSError,
+       "cannot write <stdout>: No space left on device (the output files were removed)",
+       stdout="full"),
 ])
 
 
