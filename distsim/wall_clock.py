@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from typing import Iterator, Optional
 
 from .errors import SimulationError
+
+
+#: Seconds after which the timer fires again when its first exception was
+#: dropped (raised inside a finalizer).
+_RETRY_S = 0.01
 
 
 class _Expired(BaseException):
@@ -87,9 +93,14 @@ class WallClock:
 
         def expire(signum, frame):
             if state["armed"]:
+                # again shortly, in case this one lands in a finalizer (a __del__, a
+                # weakref callback), where Python reports and drops the exception
+                signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
                 raise _Expired()
 
         previous = signal.signal(signal.SIGALRM, expire)
+        hook = sys.unraisablehook
+        sys.unraisablehook = _quiet_about_expiry(hook)
         try:
             try:
                 signal.setitimer(signal.ITIMER_REAL, left)
@@ -98,5 +109,15 @@ class WallClock:
                 state["armed"] = False
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
+                sys.unraisablehook = hook
         except _Expired:
             raise self._error(phase) from None
+
+
+def _quiet_about_expiry(hook):
+    """``sys.unraisablehook`` that drops the timer's exception when it lands
+    in a finalizer (the timer fires again; stderr stays one line)."""
+    def quiet(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, _Expired):
+            hook(unraisable)
+    return quiet
