@@ -16,7 +16,8 @@ from typing import List, Optional
 
 from .. import __version__
 from ..errors import DistsimError
-from . import bench_cmd, check_cmd, collective, lower_cmd, print_cmd, simulate_cmd, sweep_cmd, topology
+from . import (bench_cmd, check_cmd, collective, lower_cmd, print_cmd, simulate_cmd, sweep_cmd,
+               topology)
 from . import import_cmd
 from .stdout import named_stdout, silence_stdout
 from . import models_cmd

@@ -12,8 +12,8 @@ import json
 
 from ..errors import ConfigError
 from ..ir.comm import CollectiveType
-from ..sim.collective_bench import (MAX_SWEEP_SIZES, format_table, parse_bytes, parse_kind, parse_ranks,
-                                    parse_sweep, sweep_collective)
+from ..sim.collective_bench import (MAX_SWEEP_SIZES, format_table, parse_bytes, parse_kind,
+                                    parse_ranks, parse_sweep, sweep_collective)
 from ..sim.network import MODES
 
 

@@ -31,7 +31,8 @@ def describe_text(info: dict) -> str:
     lines = [f"topology {info['name']} ({info['source']})",
              f"  devices: {info['num_devices']} x {info['device']} "
              f"({info['num_nodes']} node(s), {info['devices_per_node']} per node)",
-             "  nodes by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(info['node_kinds'].items())),
+             "  nodes by kind: "
+             + ", ".join(f"{k} {v}" for k, v in sorted(info['node_kinds'].items())),
              f"  directed links: {info['num_links']}"]
     for c in info["link_classes"]:
         lines.append(f"    {c['count']:>6} x {c['from']:>6} -> {c['to']:<6} "

@@ -213,7 +213,8 @@ class OnnxImporter(ShapeHints):
         for node in g.node:
             for name in node.input:
                 if name and name not in known and name not in producer:
-                    raise ParseError(f"node '{node.name or (list(node.output) or ['?'])[0]}' ({node.op_type}): "
+                    raise ParseError(f"node '{node.name or (list(node.output) or ['?'])[0]}' "
+                                     f"({node.op_type}): "
                                      f"input '{name}' is dangling (no node, graph input or "
                                      "initializer defines it)", source=self.source)
         self.producer = {name: g.node[k] for name, k in producer.items()}

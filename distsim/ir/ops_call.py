@@ -81,7 +81,8 @@ def call_result_types(op: Op, input_types: Sequence[Type]) -> List[Type]:
     """The callee's result types, after checking the argument types."""
     callee = callee_of(op)
     if len(input_types) != len(callee.inputs):
-        raise ShapeError(f"@{callee.name} takes {len(callee.inputs)} arguments, got {len(input_types)}")
+        raise ShapeError(f"@{callee.name} takes {len(callee.inputs)} arguments, got "
+                         f"{len(input_types)}")
     for i, (t, p) in enumerate(zip(input_types, callee.inputs)):
         if t != p.type:
             raise ShapeError(f"argument {i} of @{callee.name} is {t}, its parameter %{p.name} "

@@ -52,7 +52,8 @@ def link_grid(links: List[LinkRecord], samples: Sequence[LinkSample], end_s: flo
         starts = (lo < hi)
         np.maximum.at(best, lo[starts], u[starts])
         k = np.arange(bins)
-        holder = np.searchsorted(t, edges[:-1], "right") - 1   # last sample started at or before the edge
+        # the last sample started at or before the edge
+        holder = np.searchsorted(t, edges[:-1], "right") - 1
         has = holder >= 0
         covered = has & (hi[np.clip(holder, 0, None)] > k)
         best[covered] = np.maximum(best[covered], u[holder[covered]])

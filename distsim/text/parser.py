@@ -54,7 +54,8 @@ def tokenize(text: str, source: str = "<string>") -> List[Token]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None:
-            raise ParseError(f"unexpected character {text[pos]!r}", source, line, pos - line_start + 1)
+            raise ParseError(f"unexpected character {text[pos]!r}", source, line,
+                             pos - line_start + 1)
         kind = m.lastgroup
         if kind == "nl":
             line += 1

@@ -137,7 +137,8 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
         raise ConfigError(f"{where}: a topology file must be a mapping")
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: {unknown[0]}: unknown field (allowed: {', '.join(sorted(_TOP_KEYS))})")
+        raise ConfigError(f"{where}: {unknown[0]}: unknown field (allowed: "
+                          f"{', '.join(sorted(_TOP_KEYS))})")
     if "device" not in data:
         raise ConfigError(f"{where}: device: missing required field")
     if data.get("name") is not None and not isinstance(data["name"], str):
@@ -275,7 +276,8 @@ def _add_links(g: nx.DiGraph, link: Any, where: str,
         raise ConfigError(f"{where}: expected a mapping with src, dst, bandwidth, latency")
     unknown = sorted(set(link) - _LINK_KEYS)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown field (allowed: {', '.join(sorted(_LINK_KEYS))})")
+        raise ConfigError(f"{where}.{unknown[0]}: unknown field (allowed: "
+                          f"{', '.join(sorted(_LINK_KEYS))})")
     for key in ("src", "dst"):
         if key not in link:
             raise ConfigError(f"{where}.{key}: missing required field")

@@ -59,7 +59,8 @@ def test_json_flag_prints_summary(tmp_path, capsys):
 def test_more_devices_is_faster_per_step(tmp_path, capsys, dtype):
     times = {}
     for dp in (4, 8):
-        code, stdout, _ = run_cli(["simulate", "--layers", "4", "--hidden", "2048", "--batch", "4096",
+        code, stdout, _ = run_cli(["simulate", "--layers", "4", "--hidden", "2048",
+                                   "--batch", "4096",
                                    "--dp", str(dp), "--dtype", dtype, "--json", "--no-plots",
                                    "--out", str(tmp_path / str(dp))], capsys)
         assert code == 0
@@ -78,7 +79,8 @@ def test_topology_path(tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--model", "nosuchmodel"], "unknown model 'nosuchmodel'"),
     (["--topology", "/nonexistent/topo.yaml"], "/nonexistent/topo.yaml"),
-    (["--batch", "6", "--dp", "4"], "batch size 6 of input %x is not divisible by the data-parallel degree 4"),
+    (["--batch", "6", "--dp", "4"],
+     "batch size 6 of input %x is not divisible by the data-parallel degree 4"),
     (["--dp", "16"], "16 devices"),
     (["--layers", "0"], "layers"),
 ])
@@ -94,7 +96,8 @@ def test_bad_input_one_line_exit_2_no_files(tmp_path, capsys, args, message):
 def test_malformed_yaml_topology(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndevice: [unclosed\n")
-    code, _, err = run_cli(["simulate", "--topology", str(bad), "--out", str(tmp_path / "o")], capsys)
+    code, _, err = run_cli(["simulate", "--topology", str(bad), "--out", str(tmp_path / "o")],
+                           capsys)
     assert code == 2 and str(bad) in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]

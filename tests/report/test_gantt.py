@@ -117,7 +117,8 @@ def column_traces(draw):
     """Time-ordered columns, as the simulator makes them: not in record order."""
     from distsim.sim.records import CATEGORIES, STREAMS
     n = draw(st.integers(0, 30))
-    ints = lambda lo, hi: draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))
+    def ints(lo, hi):
+        return draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))
     rank, stream, category = ints(0, 3), ints(0, 1), ints(0, 1)
     start, length = ints(0, 5), ints(0, 2)
     cols = OpColumns(rank, stream, category, [float(s) for s in start],

@@ -32,7 +32,8 @@ def test_envelope_exact():
 def test_lines_capacity_and_labels(trace):
     ax = memory_figure(trace).axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["gpu0", "gpu1", f"capacity {4 * GiB / 1e9:.2f} GB", f"capacity {10 * GiB / 1e9:.2f} GB"]
+    assert labels == ["gpu0", "gpu1", f"capacity {4 * GiB / 1e9:.2f} GB",
+                      f"capacity {10 * GiB / 1e9:.2f} GB"]
     caps = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert sorted(line.get_ydata()[0] for line in caps) == [4 * GiB / 1e9, 10 * GiB / 1e9]
     assert ax.get_xlabel() == "time (ms)" and ax.get_ylabel() == "live memory (GB)"
