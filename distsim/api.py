@@ -3,7 +3,7 @@
     import distsim
     result = distsim.simulate(model="mlp", topology="dgx-a100", dp=8)
     result.step_time_s, print(result.summary_table())
-    result.write_outputs("distsim-out")     # trace.json, gantt.png, memory.png, summary.json
+    result.write_outputs("distsim-out")     # summary.json, trace.json, the charts, report.html
 """
 from __future__ import annotations
 
@@ -45,6 +45,8 @@ DEFAULT_MODEL = "mlp"
 DEFAULT_TOPOLOGY = "dgx-a100"
 OUTPUT_FILES = ("summary.json", "trace.json", "gantt.png", "memory.png", "links.png",
                 "report.html")
+#: written as well by a pipeline run (pp > 1): a lane per pipeline stage
+PIPELINE_FILE = "pipeline.png"
 
 
 @dataclass
@@ -101,27 +103,39 @@ class SimulationResult:
         plan = self.trace_plan(max_trace_records)
         write_chrome_trace(self.trace, path, max_trace_records=plan.max_records, plan=plan)
 
-    def gantt(self, path: Union[str, Path]) -> None:
-        write_gantt(self.trace, path)
+    def gantt(self, path: Union[str, Path], view: str = "devices") -> None:
+        """The Gantt chart: a lane per device (``view="stages"``: per pipeline stage)."""
+        write_gantt(self.trace, path, program=self.program, view=view)
+
+    def pipeline_chart(self, path: Union[str, Path]) -> None:
+        """The Gantt chart with a lane per pipeline stage (pipeline.png)."""
+        self.gantt(path, view="stages")
 
     def memory_plot(self, path: Union[str, Path]) -> None:
         write_memory_plot(self.trace, path)
 
+    def chart(self, name: str = "gantt") -> Any:
+        """A chart, shown inline in a notebook (``.save(path)`` writes it):
+        ``gantt``, ``pipeline``, ``memory`` or ``links``."""
+        from .report.run_charts import run_chart   # matplotlib: when drawn
+        return run_chart(self, name)
+
     def html_report(self, path: Union[str, Path]) -> Path:
-        """One self-contained ``report.html``: summary, config, Gantt, memory."""
+        """One self-contained ``report.html``: summary, config, every chart."""
         from .report.html import write_run_report   # matplotlib and pandas: when drawn
         return write_run_report(self, path)
 
     def links_plot(self, path: Union[str, Path]) -> None:
-        """The busiest network links: utilisation over time or busy share."""
+        """The busiest network links: mean utilisation over time, or per link."""
         plot_links(self.trace.links, path, samples=self.trace.link_samples,
                    end_s=self.trace.step_time_s)
 
     def write_outputs(self, out_dir: Union[str, Path], plots: bool = True,
                       max_trace_records: Optional[int] = None,
                       progress: Optional[Callable[[str], None]] = None) -> Dict[str, Path]:
-        """Write summary.json and trace.json (and with ``plots`` the PNGs and
-        report.html, the page that shows them with the summary) into ``out_dir``;
+        """Write summary.json and trace.json (and with ``plots`` the PNGs,
+        pipeline.png for a pipeline run, and report.html, the page that
+        shows them with the summary) into ``out_dir``;
         each file atomically. trace.json holds at most ``max_trace_records``
         timed records (None: this result's setting, default
         :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); past it the trace is
@@ -152,22 +166,9 @@ class SimulationResult:
             write_summary(summary, paths["summary"])
             say("writing trace.json")
             self.write_trace(paths["trace"])
-            if plots:
-                paths["gantt"] = out / "gantt.png"
-                paths["memory"] = out / "memory.png"
-                paths["links"] = out / "links.png"
-                paths["report"] = out / "report.html"
-                say("drawing gantt.png")
-                self.gantt(paths["gantt"])
-                say("drawing memory.png")
-                self.memory_plot(paths["memory"])
-                say("drawing links.png")
-                self.links_plot(paths["links"])
-                # the page inlines the charts just drawn (each drawn once)
-                say("writing report.html")
-                from .report.html import write_run_report
-                write_run_report(self, paths["report"], gantt=paths["gantt"],
-                                 memory=paths["memory"])
+            if plots:     # the charts, then the page that inlines them (each drawn once)
+                from .report.run_charts import write_run_charts
+                write_run_charts(self, out, paths, say)
         except BaseException:
             if made is not None:   # folders of this run only: no partial set of outputs left
                 remove_outputs(out, paths.values(), made)
@@ -178,8 +179,9 @@ class SimulationResult:
         return self.summary_table()
 
     def _repr_html_(self) -> str:
-        import html
-        return "<pre>" + html.escape(self.summary_table()) + "</pre>"
+        """The summary as HTML tables and the Gantt chart inline (notebooks)."""
+        from .report.html import result_html   # matplotlib and pandas: when drawn
+        return result_html(self)
 
 
 #: How long past the deadline the timer waits while the simulator runs:

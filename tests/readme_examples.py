@@ -3,7 +3,9 @@ as their run times are measured.
 
 An example is every ``distsim`` command of a ``bash`` block (commands
 joined by ``;`` or ``&&`` are one each; a ``console`` block's commands
-are its ``$ `` lines) and every ``python`` block. A ``text`` block is a
+are its ``$ `` lines) and every ``python`` block. The commands of one
+block run in one folder, in order, as a user would type them (a
+``distsim compare`` reads the runs written before it). A ``text`` block is a
 synopsis, and the ``pip`` and ``python -m pytest`` steps are the install
 and test commands (``.ci/run`` runs those). A README block with a
 ``distsim`` line and no tag is an error: it must say which it is.
@@ -46,6 +48,7 @@ class Example:
     text: str                  # the command's words joined, or the block
     line: int                  # its line in README.md
     comment: str               # the README's comments on it
+    block: int = 0             # the line of its block: a block's commands share a folder
 
     @property
     def argv(self) -> List[str]:
@@ -109,7 +112,7 @@ def examples(text: Optional[str] = None) -> List[Example]:
     for tag, start, body in code_blocks(text):
         if tag == "python":
             comment = " ".join(line.split("#", 1)[1] for line in body if "#" in line)
-            found.append(Example("python", "\n".join(body), start, comment))
+            found.append(Example("python", "\n".join(body), start, comment, start))
             continue
         if tag in _NOT_RUN:
             continue
@@ -133,7 +136,7 @@ def examples(text: Optional[str] = None) -> List[Example]:
                                  f"tagged bash, console or text, not {tag!r}")
             for words, comment in _commands(line):
                 if words.split()[0] == "distsim":
-                    found.append(Example("shell", words, number, comment))
+                    found.append(Example("shell", words, number, comment, start))
     return found
 
 
@@ -146,24 +149,26 @@ _PROBE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
           "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
 
 
-def measure(example: Example) -> Tuple[int, float, float]:
+def measure(example: Example, folder: str) -> Tuple[int, float, float]:
     """(exit status, wall seconds, peak resident MB of its largest process)
-    of one example run on its own from a fresh temporary folder."""
+    of one example run in its own process from ``folder``."""
     if example.kind == "shell":
         command = [sys.executable, "-m", "distsim", *example.argv]
     else:
         command = [sys.executable, "-c", example.text]
-    with tempfile.TemporaryDirectory() as folder:
-        out = subprocess.run([sys.executable, "-c", _PROBE, *command], cwd=folder,
-                             capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", _PROBE, *command], cwd=folder,
+                         capture_output=True, text=True, check=True)
     rc, wall, kib = out.stdout.split()
     return int(rc), float(wall), int(kib) / 1024
 
 
 def main() -> int:
     print(f"{'line':>5} {'wall s':>8} {'peak MB':>8} {'stated':>7} rc  example")
+    folders = {}
     for example in examples():
-        rc, wall, mb = measure(example)
+        if example.block not in folders:      # one temporary folder per block
+            folders[example.block] = tempfile.TemporaryDirectory()
+        rc, wall, mb = measure(example, folders[example.block].name)
         stated = f"{example.stated_s:g}" if example.stated_s is not None else "-"
         print(f"{example.line:>5} {wall:8.1f} {mb:8.0f} {stated:>7} {rc:>2}  "
               f"{example.text.splitlines()[0][:70]}", flush=True)

@@ -1,6 +1,7 @@
 """Every command and Python example of README.md runs as written, from a
-temporary folder (so names, not paths into the repository, must do), and
-the README states the run time of the slow ones.
+temporary folder (so names, not paths into the repository, must do; the
+commands of one block share the folder, in order), and the README states
+the run time of the slow ones.
 
 The examples are read from the README (``readme_examples.py``); those the
 README states at 10 s or more run when ``DISTSIM_SLOW_EXAMPLES=1``, as
@@ -35,8 +36,22 @@ def test_the_readme_has_its_examples():
     assert any(e.text == "distsim simulate" for e in shell)
 
 
+@pytest.fixture(scope="module")
+def block_folders(tmp_path_factory):
+    """A temporary folder per README block, made on first use."""
+    folders = {}
+
+    def folder(block: int):
+        if block not in folders:
+            folders[block] = tmp_path_factory.mktemp(f"readme-L{block}")
+        return folders[block]
+    return folder
+
+
 @pytest.mark.parametrize("example", [_maybe_slow(e) for e in EXAMPLES if e.kind == "shell"])
-def test_readme_command_runs_from_a_temporary_folder(example, tmp_path, monkeypatch, capsys):
+def test_readme_command_runs_from_a_temporary_folder(example, block_folders, monkeypatch,
+                                                     capsys):
+    tmp_path = block_folders(example.block)
     monkeypatch.chdir(tmp_path)
     try:
         code = main(example.argv)

@@ -153,8 +153,7 @@ def summarize(trace: Trace) -> Dict[str, Any]:
         "communication_s": _mean(devices, "communication_s"),
         "exposed_communication_s": _mean(devices, "exposed_communication_s"),
         "idle_s": _mean(devices, "idle_s"),
-        "max_exposed_communication_s": max((d["exposed_communication_s"] for d in devices),
-                                           default=0.0),
+        "max_exposed_communication_s": max((d["exposed_communication_s"] for d in devices), default=0.0),
         "min_idle_s": min((d["idle_s"] for d in devices), default=0.0),
         "max_peak_memory_bytes": peak_dev["peak_memory_bytes"] if peak_dev else 0,
         "max_peak_memory_rank": peak_dev["rank"] if peak_dev else None,
@@ -168,15 +167,24 @@ def summarize(trace: Trace) -> Dict[str, Any]:
     }
 
 
-def link_summary(trace: Trace, top: int = 16) -> List[Dict[str, Any]]:
+#: how many links summary.json lists (and links.png draws)
+TOP_LINKS = 16
+
+
+def ranked_links(links: Sequence[Any]) -> List[Any]:
+    """Link records busiest first: by busy time, then bytes carried, then name."""
+    return sorted(links, key=lambda l: (-l.busy_s, -l.bytes_carried, l.src, l.dst))
+
+
+def link_summary(trace: Trace, top: int = TOP_LINKS) -> List[Dict[str, Any]]:
     """The ``top`` busiest directed links: bytes carried, busy time, peak
     concurrent flows, and utilisation = bytes / (bandwidth x step time)."""
     step = step_time_of(trace)
-    ranked = sorted(trace.links, key=lambda k: (-k.busy_s, -k.bytes_carried, k.src, k.dst))
-    return [{"src": k.src, "dst": k.dst, "bandwidth_Bps": k.bandwidth_Bps,
-             "bytes_carried": k.bytes_carried, "busy_s": k.busy_s, "peak_flows": k.peak_flows,
-             "utilisation": k.bytes_carried / (k.bandwidth_Bps * step) if step > 0 else 0.0}
-            for k in ranked[:top]]
+    ranked = ranked_links(trace.links)
+    return [{"src": l.src, "dst": l.dst, "bandwidth_Bps": l.bandwidth_Bps,
+             "bytes_carried": l.bytes_carried, "busy_s": l.busy_s, "peak_flows": l.peak_flows,
+             "utilisation": l.bytes_carried / (l.bandwidth_Bps * step) if step > 0 else 0.0}
+            for l in ranked[:top]]
 
 
 def summary_dataframe(summary: Dict[str, Any]) -> pd.DataFrame:
@@ -241,6 +249,21 @@ def group_label(names: Sequence[str], ranks: Sequence[int]) -> str:
     return f"{names[0]}..{names[-1]}"
 
 
+def device_groups(summary: Dict[str, Any]) -> List[Tuple[str, List[int], Dict[str, Any]]]:
+    """Consecutive ranks whose table cells are all equal, as ``(label,
+    ranks, first device's entry)``: the rows of the summary table."""
+    step = summary["step_time_s"]
+    groups: List[Tuple[List[str], List[int], Tuple[str, ...], Dict[str, Any]]] = []
+    for d in summary["devices"]:
+        cells = _row_cells(d, step)
+        if groups and groups[-1][2] == cells and groups[-1][1][-1] == d["rank"] - 1:
+            groups[-1][0].append(d["name"])
+            groups[-1][1].append(d["rank"])
+        else:
+            groups.append(([d["name"]], [d["rank"]], cells, d))
+    return [(group_label(names, ranks), ranks, d) for names, ranks, _, d in groups]
+
+
 _HEADER = ("device", "peak GB", "cap GB", "compute ms", "%", "comm ms", "%",
            "exposed ms", "%", "idle ms", "%", "")
 
@@ -252,21 +275,12 @@ def format_summary_table(summary: Dict[str, Any], max_rows: int = 64) -> str:
     labelled ``gpu0-7``; past ``max_rows`` rows the middle is elided.
     """
     step = summary["step_time_s"]
-    groups: List[Tuple[List[str], List[int], Tuple[str, ...]]] = []
-    for d in summary["devices"]:
-        cells = _row_cells(d, step)
-        if groups and groups[-1][2] == cells and groups[-1][1][-1] == d["rank"] - 1:
-            groups[-1][0].append(d["name"])
-            groups[-1][1].append(d["rank"])
-        else:
-            groups.append(([d["name"]], [d["rank"]], cells))
-    rows = [(group_label(names, ranks),) + cells for names, ranks, cells in groups]
+    rows = [(label,) + _row_cells(d, step) for label, _, d in device_groups(summary)]
     elided = 0
     if len(rows) > max_rows:
         head = max_rows // 2
         elided = len(rows) - max_rows
-        gap = ("...",) + ("",) * (len(_HEADER) - 1)
-        rows = rows[:head] + [gap] + rows[len(rows) - (max_rows - head):]
+        rows = rows[:head] + [("...",) + ("",) * (len(_HEADER) - 1)] + rows[len(rows) - (max_rows - head):]
     table = [_HEADER] + rows
     widths = [max(len(r[i]) for r in table) for i in range(len(_HEADER))]
 
@@ -278,10 +292,8 @@ def format_summary_table(summary: Dict[str, Any], max_rows: int = 64) -> str:
         f"step time: {step * MS:.3f} ms   devices: {summary['num_devices']}   "
         f"max peak memory: {summary['max_peak_memory_bytes'] / GB:.2f} GB"
         + ("   OOM on ranks " + rank_ranges(summary["oom_ranks"]) if summary["oom"] else ""),
-        f"mean per device: compute {summary['compute_s'] * MS:.3f} ms "
-        f"({_pct(summary['compute_s'], step)}), "
-        f"communication {summary['communication_s'] * MS:.3f} ms "
-        f"({_pct(summary['communication_s'], step)}), "
+        f"mean per device: compute {summary['compute_s'] * MS:.3f} ms ({_pct(summary['compute_s'], step)}), "
+        f"communication {summary['communication_s'] * MS:.3f} ms ({_pct(summary['communication_s'], step)}), "
         f"exposed {summary['exposed_communication_s'] * MS:.3f} ms "
         f"({_pct(summary['exposed_communication_s'], step)}), "
         f"idle {summary['idle_s'] * MS:.3f} ms ({_pct(summary['idle_s'], step)})",
@@ -310,7 +322,6 @@ def write_summary(trace_or_summary: "Trace | Dict[str, Any]", path: PathLike) ->
 
     Accepts a trace (summarised first) or an already built summary dict.
     """
-    summary = trace_or_summary if isinstance(trace_or_summary, dict) else \
-        summarize(trace_or_summary)
+    summary = trace_or_summary if isinstance(trace_or_summary, dict) else summarize(trace_or_summary)
     write_text_atomic(path, summary_json(summary))
     return summary

@@ -8,7 +8,6 @@ tensors on device meshes".
     local = lower(sharded)                # per-device ops + comm.* ops
     local = simplify_comms(local)
 """
-from . import kernels as _kernels  # noqa: F401  (numpy kernels of shard_slice, redistribute)
 from .annotate import annotate_sharding, placements_of
 from .arrays import assemble, distribute, local_inputs
 from .check import CheckResult, check_lowering
