@@ -314,7 +314,8 @@ class Parser:
             v = Value(name, t)
             env[name] = v
             outputs.append(v)
-        op = Op(type_tok.text, inputs, outputs, attrs, meta={LOC: SourceLoc(self.source, start.line)})
+        op = Op(type_tok.text, inputs, outputs, attrs,
+                meta={LOC: SourceLoc(self.source, start.line)})
         if op.op_type == FUSED:   # its segment is linked once the module is read
             self._fused.append((op, type_tok))
         return op
