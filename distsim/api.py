@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
+from .cost.device import check_compute_dtype
 from .cost.model import CostModel
 from .errors import ConfigError
 from .fileio import first_missing, refuse_file_as_folder, remove_outputs
@@ -210,25 +211,6 @@ def _positive_int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def check_compute_dtype(topo: Topology, dtype: Any, model_name: Any) -> None:
-    """The device of ``topo`` must give a peak for the model's compute
-    ``dtype``: the cost model would otherwise time the model's matmuls at
-    another dtype's peak (f16's for bf16, f32's for either), a silently
-    wrong step time. None (an ONNX model in its file's types) is not checked
-    here; a dtype the cost model finds no peak for at all stops it."""
-    if dtype is None:
-        return
-    try:
-        name = DType.parse(str(dtype)).value
-    except Exception:   # the family reports a bad dtype in its own words
-        return
-    peaks = topo.device_spec.peak_flops
-    if name not in peaks:
-        raise ConfigError(f"{topo.source}: device.peak_flops: no entry for {name}, the compute "
-                          f"dtype of model '{model_name}' (it lists {', '.join(sorted(peaks))}); "
-                          f"add {name}: FLOP/s, or run the model in one of those (--dtype)")
-
-
 def estimate_ops(config: Mapping[str, Any], strategy: Strategy) -> Optional[Dict[str, int]]:
     """A rough count of the ops the family would build (None: no estimate,
     e.g. an ONNX model, whose size is its file's): ops per layer x layers x
@@ -349,7 +331,8 @@ def _build_program(model: Union[str, Mapping[str, Any]], topology: Union[str, To
         else:
             options.pop(key, None)
     model_name = config.get("name") or config.get("family")
-    check_compute_dtype(topo, config.get("dtype"), model_name)
+    check_compute_dtype(topo.device_spec, config.get("dtype") or
+                        family_of(config).defaults.get("dtype"), model_name, topo.source)
     requested_optimizer = options.get("optimizer")
     strategy = Strategy.from_mapping(options).resolved(topo.num_devices)
     if strategy.num_devices > topo.num_devices:

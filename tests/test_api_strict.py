@@ -185,3 +185,32 @@ def test_the_sweep_package_imports_and_calls():
 def test_a_sweep_runs_a_named_example_spec(tmp_path):
     df = distsim.sweep(spec="mlp-scaling", workers=1, progress=False, max_points=100)
     assert len(df) == 36 and "dp" in df.columns
+
+
+# -- the estimator takes the same options, as a dict ------------------------
+
+def test_estimate_refuses_an_unknown_option_as_simulate_does():
+    from distsim.estimate import estimate
+    with pytest.raises(ConfigError, match=r"^estimate: unknown option 'micro_batches' "
+                                          r"\(did you mean 'microbatches'\?\)$"):
+        estimate({"model": "tiny", "micro_batches": 2})
+
+
+def test_estimate_takes_numpy_numbers():
+    from distsim.estimate import estimate
+    plain_row = estimate({"model": "tiny", "tp": 2, "pp": 2})
+    numpy_row = estimate({"model": "tiny", "tp": np.int64(2), "pp": np.int32(2)})
+    assert numpy_row["step_time_s"] == plain_row["step_time_s"]
+
+
+def test_estimate_and_simulate_refuse_a_device_without_the_models_dtype(tmp_path):
+    from distsim.estimate import estimate
+    topo = tmp_path / "f32.yaml"
+    topo.write_text("name: f32\ndevice: {name: t, peak_flops: {f32: 1.0e+12}, "
+                    "memory_bandwidth_Bps: 1.0e+12, memory_bytes: 1.0e+9}\n"
+                    "builder: star\nparams: {devices: 8}\n")
+    for run in (lambda: estimate({"model": "tiny", "topology": str(topo)}),
+                lambda: distsim.simulate("tiny", str(topo))):
+        with pytest.raises(ConfigError, match="device.peak_flops: no entry for bf16, the "
+                                              "compute dtype of model 'tiny'"):
+            run()
