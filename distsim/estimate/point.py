@@ -77,8 +77,9 @@ from .engine import Timeline
 from .memory import estimate_memory
 from .timeline import Builder, Case, Memo, shared_prefix
 
-__all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "estimate", "estimate_memory", "extrapolation_lengths",
-           "profile_key", "resolve", "symmetry_applies", "timeline_figures"]
+__all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "estimate",
+           "estimate_memory", "extrapolation_lengths", "profile_key", "resolve",
+           "symmetry_applies", "timeline_figures"]
 
 #: The estimate's error bound against :func:`distsim.simulate` (analytical
 #: network), relative, on step time and on peak memory: what every test
