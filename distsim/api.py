@@ -23,9 +23,8 @@ from .ir.verifier import verify
 from .ir.value_table import ValueTable
 from . import option_docs
 from .keywords import strict_keywords
-from .wall_clock import WallClock
-from .option_docs import option_names, with_option_docs
 from .models import check_batch_options, family_of, load_model_config
+from .option_docs import option_names, with_option_docs
 from .pages import small_pages
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
@@ -41,6 +40,7 @@ from .sim.simulator import SimulationOptions, simulate_function
 from .sim.trace import Trace
 from .topology import Topology, load_topology
 from .transforms.strategy import Strategy
+from .wall_clock import WallClock
 
 DEFAULT_MODEL = "mlp"
 DEFAULT_TOPOLOGY = "dgx-a100"
