@@ -1,6 +1,7 @@
-"""Atomic output files: write to a temporary file beside the target, then
-rename, so that an interrupted run never leaves a truncated file under the
-final name."""
+"""Files in and out: atomic output files (written to a temporary file
+beside the target, then renamed, so that an interrupted run never leaves
+a truncated file under the final name) and JSON inputs read with one
+clear error naming the file."""
 from __future__ import annotations
 
 import contextlib
@@ -96,3 +97,21 @@ def remove_outputs(out: Path, paths: Any, made: Optional[Path]) -> None:
             break
         if folder == made:
             break
+
+
+def load_json_file(path: Path, where: Optional[str] = None) -> Any:
+    """The JSON document in ``path``; any problem reading or parsing it is
+    one :class:`~distsim.errors.ConfigError` naming the file (``where``:
+    how to name it, default the path) and, for bad JSON, the line and column."""
+    where = str(path) if where is None else where
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: cannot read the file ({e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: "
+                          f"{e.msg})") from None

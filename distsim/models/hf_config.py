@@ -25,12 +25,12 @@ type or one that contradicts another (heads not dividing the hidden size).
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
+from ..fileio import load_json_file
 
 #: the longest sequence taken from a config's context length
 MAX_SEQ = 8192
@@ -305,16 +305,6 @@ def load_hf_config(text: str) -> Dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     where = str(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{where}: cannot read the file ({e})") from None
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: "
-                          f"{e.msg})") from None
+    data = load_json_file(path, where)
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return hf_to_gpt(data, where, name=name or None)

@@ -11,13 +11,13 @@ as a chart (:mod:`distsim.report.compare_chart`).
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from distsim.errors import ConfigError
+from distsim.fileio import load_json_file
 from distsim.report.summary import GB, MS
 
 RunLike = Union[str, Path, Mapping[str, Any], Any]
@@ -95,18 +95,7 @@ class Run:
 
 
 def _read_summary(path: Path) -> Dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the file ({e})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: "
-                          f"{e.msg})") from None
-    return _checked(data, str(path))
+    return _checked(load_json_file(path), str(path))
 
 
 _REQUIRED = ("step_time_s", "exposed_communication_s", "max_peak_memory_bytes", "num_devices")
