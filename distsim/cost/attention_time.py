@@ -56,13 +56,22 @@ class AttentionModel:
         eff = self.efficiency_of(op.op_type) if efficiency is None else efficiency
         q = op.inputs[0 if op.op_type == "fused_attention" else 1].type.shape
         heads, sq = prod(q[:-2]), q[-2]
-        pairs = attention_pairs(op)[0]
-        keys = pairs / (heads * sq) if heads * sq else 0.0
-        t = flops / (peak_flops * eff)
-        if keys > 0:
-            t *= (keys + self.key_overhead) / keys
-        if sms:
-            w = heads * -(-sq // self.block_q) / sms
-            if w > 0:
-                t *= (w + wave_quantization * (math.ceil(w) - w)) / w
-        return t
+        keys = attention_pairs(op)[0] / (heads * sq) if heads * sq else 0.0
+        return attention_seconds(flops / (peak_flops * eff), heads, sq, keys, self.key_overhead,
+                                 self.block_q, sms, wave_quantization)
+
+
+def attention_seconds(flop_time: float, heads: int, seq_q: int, keys: float,
+                      key_overhead: float, block_q: int, sms: Optional[int],
+                      wave_quantization: float) -> float:
+    """``flop_time`` (FLOPs over the achieved rate) stretched by the blocks'
+    overhead (``keys`` visited per query row) and the idle tail of the
+    last wave of ``heads * ceil(seq_q / block_q)`` blocks on ``sms``."""
+    t = flop_time
+    if keys > 0:
+        t *= (keys + key_overhead) / keys
+    if sms:
+        w = heads * -(-seq_q // block_q) / sms
+        if w > 0:
+            t *= (w + wave_quantization * (math.ceil(w) - w)) / w
+    return t
