@@ -97,7 +97,7 @@ def calibrate(measurements, topology: Optional[str] = None,
     base_gemm = base_spec.gemm if base_spec else None
     tiles = base_gemm.tiles if base_gemm else DEFAULT_TILES
     gemm = fit_gemm(rows, sms=sms, tiles=tiles, peak=peak, bandwidth=bandwidth * stream_eff,
-                    launch=launch, base=base_gemm, reference=reference)
+                    launch=launch, base=base_gemm, reference=reference or m.reference_series)
     device["matmul_efficiency"] = round(_flat(gemm, peak, launch), 3)
     notes["matmul_efficiency"] = (f"FLOP-weighted over the {gemm.reference} GEMMs: products "
                                   "the gemm block does not time (convolutions, other dtypes)")

@@ -191,8 +191,8 @@ class _Reader:
 
     def rows(self, key: str) -> List[Tuple[str, Mapping[str, Any]]]:
         rows = self.data.get(key)
-        if rows is None:
-            return []
+        if rows is None or (isinstance(rows, Mapping) and "error" in rows):
+            return []                      # not measured, or the section failed
         if not isinstance(rows, list):
             raise ConfigError(f"{self.name}: {key}: expected a list of measurements")
         out = []

@@ -204,3 +204,20 @@ def test_the_committed_measurements_calibrate():
     root = Path(__file__).resolve().parents[2] / "reports" / "calibration"
     cal = distsim.calibrate(root / "a100-public.json", topology="dgx-a100")
     assert cal.gemm.rms() < 0.05 and math.isfinite(cal.gemm.model.efficiency["bf16"])
+
+
+def test_measure_gpu_output_sets_the_level_at_its_layer_loop(tmp_path):
+    # measure_gpu.py's sections: a layer loop (GEMMs with M, N, K among
+    # element-wise ops) is the reference; a failed section is no section
+    slower = 1.05
+    layer = [{"label": "gelu", "median_s": 1e-4}]
+    layer += [{"label": f"gemm {m}", "M": m, "N": n, "K": k, "dtype": "bf16", "flops": 1.0,
+               "median_s": LAUNCH + (gemm_seconds(1, m, n, k) - LAUNCH) * slower}
+              for _, m, n, k in SHAPES[5:8]]
+    data = measurements(gemm_cycles={"layer": {"ops": layer, "tokens": 4096}},
+                        vector={"error": "RuntimeError('jiterator unavailable')"})
+    cal = distsim.calibrate(write(tmp_path, data))
+    assert cal.gemm.reference == "layer"
+    assert cal.gemm.model.efficiency["bf16"] == pytest.approx(0.6 / slower, rel=1e-6)
+    assert cal.gemm.levels["sweep"] == pytest.approx(slower, rel=1e-6)
+    assert "vector_efficiency" not in cal.device
