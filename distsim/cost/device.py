@@ -21,21 +21,16 @@ from .kernel_classes import kernel_class
 
 #: On a device without an ``attention`` block (measured FlashAttention
 #: figures, :class:`~distsim.cost.attention_time.AttentionModel`), the fused
-#: attention kernels (``fused_attention`` and its backward) run on
-#: the tensor cores like a GEMM but reach less of the peak: their FLOPs are
+#: attention kernels (``fused_attention`` and its backward) run on the
+#: tensor cores like a GEMM but reach less of the peak: their FLOPs are
 #: timed at ``matmul_efficiency`` times this share. Source: FlashAttention-2
 #: (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism
 #: and Work Partitioning", arXiv:2307.08691, abstract and Sec. 4.1): on A100
 #: it reaches 50-73 % of the 312 TFLOP/s bf16 peak, the forward pass at the
-#: top of that range (up to ~230 TFLOP/s at head dim 128 and long
-#: sequences), the backward pass lower (its 5 matmuls have more
+#: top of that range, the backward pass lower (its 5 matmuls have more
 #: dependencies), while optimised GEMMs reach 80-90 % (Sec. 1). So the
 #: forward runs at about 0.85 of a GEMM's efficiency and the backward at
-#: about 0.75 (with the topologies' matmul_efficiency of 0.7: 60 % and 53 %
-#: of peak). On H100, FlashAttention-2 is further below the GEMMs,
-#: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) about as close as
-#: FA2 on A100 (up to 75 % of peak forward); the same shares are used for
-#: every device. A measured kernel time
+#: about 0.75. A measured kernel time
 #: (``CostModel(profile={"fused_attention": ...})``) overrides them.
 ATTENTION_VS_MATMUL: Dict[str, float] = {"fused_attention": 0.85,
                                          "fused_attention_grad": 0.75}

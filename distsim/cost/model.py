@@ -42,7 +42,7 @@ class OpCost(NamedTuple):
 
 @dataclass
 class CostModel:
-    """Roofline costs on ``device``; ``profile`` overrides by op type."""
+    """Op costs on ``device`` (module docstring); ``profile`` overrides by op type."""
 
     device: DeviceSpec
     profile: Mapping[str, ProfileEntry] = field(default_factory=dict)

@@ -221,3 +221,19 @@ def test_measure_gpu_output_sets_the_level_at_its_layer_loop(tmp_path):
     assert cal.gemm.model.efficiency["bf16"] == pytest.approx(0.6 / slower, rel=1e-6)
     assert cal.gemm.levels["sweep"] == pytest.approx(slower, rel=1e-6)
     assert "vector_efficiency" not in cal.device
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--out", "x.txt"], "--out x.txt: the output is a topology file; name a .yaml file"),
+    (["--update", "missing.yaml"], "--update missing.yaml: topology file not found"),
+    (["--out", "no/such/folder/x.yaml"], "--out no/such/folder/x.yaml: the folder no/such/folder "
+                                         "does not exist"),
+    (["--reference", "burst"], "--reference burst: no such GEMM series (the measurements have "
+                               "sweep)"),
+])
+def test_bad_flags_are_one_line(tmp_path, capsys, monkeypatch, flags, message):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, measurements())
+    assert main(["calibrate", str(path), *flags]) == 2
+    assert capsys.readouterr().err == f"distsim: error: {message}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
