@@ -23,6 +23,7 @@ from ..cost.device import DeviceSpec
 from ..cost.gemm import DEFAULT_TILES
 from ..errors import ConfigError
 from ..ir.types import DType
+from ..keywords import strict_keywords
 from .attention_fit import AttentionFit, fit_attention
 from .gemm_fit import GemmFit, fit_gemm
 from .measurements import Measurements, read_measurements
@@ -60,11 +61,27 @@ class Calibration:
         return write_calibration(self, Path(path), update)
 
 
+@strict_keywords
 def calibrate(measurements, topology: Optional[str] = None,
               dtypes: Optional[Sequence[str]] = None,
               reference: Optional[str] = None) -> Calibration:
-    """Fit a device's figures to ``measurements`` (a JSON path or several,
-    :mod:`.measurements`); module docstring."""
+    """Fit a device's figures to microbenchmark measurements.
+
+    measurements: a JSON file of them (what reports/calibration/measure_gpu.py
+        writes), or a list of files fitted together (each series keeps its
+        own clock level).
+    ``topology``: a topology name or .yaml file giving what the measurements
+        lack (peaks, bandwidth, SM count, GEMM tiles, shape parameters the
+        data cannot tell); the ``--topology`` flag.
+    ``dtypes``: fit only the GEMMs of these dtypes (``--dtype``); a dtype
+        without measurements is an error.
+    ``reference``: the GEMM series whose clock the efficiencies are given at
+        (``--reference``; default: a layer loop, GEMMs back to back, or the
+        first series).
+
+    Returns a :class:`Calibration`: ``.device`` (the figures),
+    ``.report()``, ``.write(path, update=...)``. Bad measurements raise one
+    ConfigError naming the file and the field."""
     m = read_measurements(measurements)
     base_spec = _base(topology)
     peak = {d: v for d, (v, _) in m.peak_flops.items()}

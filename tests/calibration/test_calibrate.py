@@ -237,3 +237,12 @@ def test_bad_flags_are_one_line(tmp_path, capsys, monkeypatch, flags, message):
     assert main(["calibrate", str(path), *flags]) == 2
     assert capsys.readouterr().err == f"distsim: error: {message}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
+def test_the_api_is_strict_and_documents_every_parameter():
+    import inspect
+    from distsim.errors import ConfigError
+    with pytest.raises(ConfigError, match="unknown keyword 'topolgy' \\(did you mean 'topology'"):
+        distsim.calibrate("m.json", topolgy="dgx-h100")
+    doc = inspect.getdoc(distsim.calibrate)
+    assert all(f"``{name}``" in doc for name in inspect.signature(distsim.calibrate).parameters)
