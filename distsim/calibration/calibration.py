@@ -67,7 +67,7 @@ def calibrate(measurements, topology: Optional[str] = None,
               reference: Optional[str] = None) -> Calibration:
     """Fit a device's figures to microbenchmark measurements.
 
-    measurements: a JSON file of them (what reports/calibration/measure_gpu.py
+    ``measurements``: a JSON file of them (what reports/calibration/measure_gpu.py
         writes), or a list of files fitted together (each series keeps its
         own clock level).
     ``topology``: a topology name or .yaml file giving what the measurements
