@@ -1,16 +1,20 @@
-"""The roofline cost model: how long one compute op takes on one device.
+"""The cost model: how long one compute op takes on one device.
 
-    time = launch_overhead + max(flops / (peak(dtype) * efficiency),
+    time = launch_overhead + max(compute time,
                                  bytes / (memory_bandwidth * memory_efficiency))
 
-Matrix products use the device's ``matmul_efficiency``, the fused attention
-kernels a share of it (:data:`~distsim.cost.device.ATTENTION_VS_MATMUL`),
-everything else its ``vector_efficiency``; memory traffic runs at
-``memory_efficiency`` of the bandwidth, or at the op type's own figure where
-the device lists one (``memory_efficiency_by_op``). A measured profile (op
-type -> seconds, or a callable) overrides the formula for the ops it lists.
-An op holding a function (a fused segment, a call) costs the sum of that
-function's ops.
+The compute time of a matrix product is the device's GEMM model
+(:mod:`~distsim.cost.gemm`: tiles in waves over the SMs) where the device
+file gives one (``gemm``), else ``flops / (peak(dtype) * matmul_efficiency)``;
+of the fused attention kernels, FlashAttention's measured figures
+(:mod:`~distsim.cost.attention_time`, ``attention``), else a share of
+``matmul_efficiency`` (:data:`~distsim.cost.device.ATTENTION_VS_MATMUL`);
+of everything else ``flops / (peak(dtype) * vector_efficiency)``. Memory
+traffic runs at the op type's own figure (``memory_efficiency_by_op``), its
+kernel class's (``memory_efficiency_by_class``), or ``memory_efficiency``.
+A measured profile (op type -> seconds, or a callable) overrides the
+formula for the ops it lists. An op holding a function (a fused segment, a
+call) costs the sum of that function's ops.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from ..ir.core import Op
 from ..ir.ops_bundle import BOOKKEEPING_OPS
 from .device import DeviceSpec
 from .flops import op_flops, op_memory_bytes
+from .gemm import gemm_shape
 
 MATMUL_OPS = frozenset({"matmul", "batch_matmul", "conv", "conv_grad_input", "conv_grad_weight",
                         "linear"})
@@ -37,7 +42,7 @@ class OpCost(NamedTuple):
 
 @dataclass
 class CostModel:
-    """Roofline costs on ``device``; ``profile`` overrides by op type."""
+    """Op costs on ``device`` (module docstring); ``profile`` overrides by op type."""
 
     device: DeviceSpec
     profile: Mapping[str, ProfileEntry] = field(default_factory=dict)
@@ -80,7 +85,21 @@ class CostModel:
         dtype = op.outputs[0].type.dtype if op.outputs else None
         compute_s = 0.0
         if flops > 0 and dtype is not None:
-            eff = d.compute_efficiency_of(op.op_type, op.op_type in MATMUL_OPS)
-            compute_s = flops / (d.peak_flops_for(dtype) * eff)
+            compute_s = self.compute_time(op, flops, dtype)
         memory_s = nbytes / (d.memory_bandwidth_Bps * d.memory_efficiency_of(op.op_type))
         return d.launch_overhead_s + max(compute_s, memory_s)
+
+    def compute_time(self, op: Op, flops: float, dtype) -> float:
+        """Seconds of arithmetic of ``op`` (``flops`` of it, in ``dtype``)."""
+        d = self.device
+        peak = d.peak_flops_for(dtype)
+        if op.op_type == "matmul" and d.gemm is not None \
+                and d.gemm.efficiency_for(dtype) is not None:
+            return d.gemm.time(gemm_shape(op), dtype, peak,
+                              d.memory_bandwidth_Bps * d.memory_efficiency)
+        if d.attention is not None and op.op_type in ("fused_attention", "fused_attention_grad"):
+            gemm = d.gemm
+            return d.attention.time(op, flops, peak, gemm.sms if gemm else None,
+                                    gemm.wave_quantization if gemm else 1.0)
+        eff = d.compute_efficiency_of(op.op_type, op.op_type in MATMUL_OPS)
+        return flops / (peak * eff)
