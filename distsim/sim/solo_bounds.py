@@ -80,7 +80,11 @@ def schedule_bounds(network: Network, schedule: Schedule) -> Tuple[float, float,
     loads: Dict[tuple, StepLoad] = route_table(network.topology).step_loads
     lower = upper = 0.0
     steps = 0
-    for flows, count in schedule:
+    for flows, count, latency in schedule:
+        if not flows:
+            lower += count * (latency or 0.0)
+            upper += count * (latency or 0.0)
+            continue
         sizes = set(map(_BYTES, flows))
         if len(sizes) == 1:
             pairs = tuple(map(_PAIR, flows))
@@ -89,11 +93,15 @@ def schedule_bounds(network: Network, schedule: Schedule) -> Tuple[float, float,
                 load = loads[pairs] = step_load(pairs, network)
             nbytes = sizes.pop()
             per_link, per_flow, paths = load
-            low = max(chain((latency + nbytes / bottleneck for latency, bottleneck in paths),
-                            (nbytes * t + latency for t, latency in per_link)), default=0.0)
-            high = max((latency + nbytes * t for latency, t in per_flow), default=0.0)
+            if latency is not None:             # the step's own latency for every flow
+                per_link = [(t, latency) for t, _ in per_link]
+                per_flow = [(latency, t) for _, t in per_flow]
+                paths = [(latency, bottleneck) for _, bottleneck in paths]
+            low = max(chain((lat + nbytes / bottleneck for lat, bottleneck in paths),
+                            (nbytes * t + lat for t, lat in per_link)), default=0.0)
+            high = max((lat + nbytes * t for lat, t in per_flow), default=0.0)
         else:
-            low, high = network.analytical_step_s(flows), math.inf
+            low, high = network.analytical_step_s(flows, 0, latency), math.inf
         lower += count * low
         upper += count * high
         steps += count
