@@ -17,7 +17,7 @@ class RouteTable:
 
     __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos",
                  "analytical_shapes", "step_loads", "team_plans", "solo_times",
-                 "algorithm_choices", "__weakref__")
+                 "algorithm_choices", "flow_links", "protocol_choices", "__weakref__")
 
     def __init__(self) -> None:
         self.edges: List[Tuple[str, str]] = []
@@ -43,6 +43,11 @@ class RouteTable:
         self.solo_times: Dict[tuple, Tuple[float, str]] = {}
         #: (kind, team, bytes, root) -> the algorithm ``auto`` runs
         self.algorithm_choices: Dict[tuple, str] = {}
+        #: (src, dst) -> (transport, bandwidth) of the route's slowest link
+        #: (:func:`.protocols.flow_link`)
+        self.flow_links: Dict[Tuple[int, int], Tuple[str, float]] = {}
+        #: (kind, team, bytes, root, algorithm) -> the protocol it runs with
+        self.protocol_choices: Dict[tuple, str] = {}
 
 
 _ROUTE_TABLES: "weakref.WeakKeyDictionary[Topology, RouteTable]" = weakref.WeakKeyDictionary()
