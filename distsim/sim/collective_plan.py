@@ -121,10 +121,11 @@ def algorithm_schedule(network: Network, kind: CollectiveType, algorithm: str,
     schedule = ALGORITHMS[kind][algorithm](ranks, nbytes, root, network)
     if schedule is None:
         return None
-    protocol, schedule = choose_protocol(network, kind, algorithm, schedule)
+    known = route_table(network.topology).protocol_choices
+    key = (kind, tuple(ranks), float(nbytes), root, algorithm)
+    protocol, schedule = choose_protocol(network, kind, algorithm, schedule, known.get(key))
     if protocol is not None:
-        key = (kind, tuple(ranks), float(nbytes), root, algorithm)
-        route_table(network.topology).protocol_choices[key] = protocol
+        known[key] = protocol
     return schedule
 
 
