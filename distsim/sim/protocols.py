@@ -21,12 +21,12 @@ network runs:
   inter-server steps; the step's flows all get its slowest rank's;
 - *pipeline fill and base latency*: once per collective, before the first
   step, the protocol's ``base_latency`` and the time a rank takes to send
-  ``min(its bytes, pipeline)`` (NCCL's buffers fill before data streams
-  at full rate).
+  its bytes, up to ``pipeline`` (NCCL's pipeline fills before data
+  streams at full rate).
 
 For a ring all-reduce of S bytes over p ranks on one kind of link, each
 rank sending ``B = 2(p-1)/p S`` at ``rate``, this is
-``base + min(B, pipeline) / rate + 2(p-1) (path latency + hop) + B / rate``.
+``base + min(B / rate, pipeline) + 2(p-1) (path latency + hop) + B / rate``.
 
 :func:`choose_protocol` takes, as NCCL's tuner does from its own cost
 model, the protocol whose schedule is fastest alone in the analytical
@@ -179,7 +179,7 @@ def estimates_s(network: Network, kind: CollectiveType, schedule: Schedule,
             sent[k] += count * most
             if rate < slowest[k]:
                 slowest[k] = rate
-    return [t + p.base_latency_s + (min(b, p.pipeline_bytes) / r if b > 0 else 0.0)
+    return [t + p.base_latency_s + (min(b / r, p.pipeline_s) if b > 0 else 0.0)
             for t, p, b, r in zip(totals, protocols, sent, slowest)]
 
 
@@ -210,7 +210,7 @@ def with_protocol(network: Network, kind: CollectiveType, schedule: Schedule,
             src, dst, nbytes = flows[i]
             wire[i] = (src, dst, nbytes * bandwidth / rates[i])
         steps.append(Phase(tuple(wire), phase.count, latency))
-    first = protocol.base_latency_s + (min(sent, protocol.pipeline_bytes) / slowest
+    first = protocol.base_latency_s + (min(sent / slowest, protocol.pipeline_s)
                                        if sent > 0 else 0.0)
     return ([Phase((), 1, first)] if first > 0 else []) + steps
 

@@ -13,9 +13,9 @@ three protocols, each a trade of latency for bandwidth:
 Each protocol has a wire ``efficiency`` (payload over bytes sent), a
 ``base_latency_us`` paid once per collective, a ``hop_latency_us`` per
 step by the kind of link the step crosses (``nvlink``, ``pcie``,
-``network``), an optional ``pipeline_MB`` (NCCL's buffers fill before
+``network``), an optional ``pipeline_us`` (NCCL's pipeline fills before
 data streams at full rate: a collective waits, once, the time a GPU takes
-to send that many of its bytes, or all of them if fewer) and an optional
+to send its bytes, up to that long) and an optional
 ``max_busbw_GBps`` (the most a GPU's kernels move with it, whatever the
 links). ``link_efficiency`` is the
 fraction of each kind of link's bandwidth NCCL's copies reach;
@@ -39,7 +39,7 @@ from ..errors import ConfigError
 TRANSPORTS = ("nvlink", "pcie", "network")
 #: Protocol names in the file, and as NCCL writes them.
 PROTOCOLS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
-_PROTOCOL_KEYS = {"efficiency", "base_latency_us", "hop_latency_us", "pipeline_MB",
+_PROTOCOL_KEYS = {"efficiency", "base_latency_us", "hop_latency_us", "pipeline_us",
                   "max_busbw_GBps"}
 _TOP_KEYS = {"link_efficiency", "reduce_busbw_GBps", "protocols", "nvls"}
 
@@ -52,7 +52,7 @@ class ProtocolSpec:
     efficiency: float = 1.0
     base_latency_s: float = 0.0
     hop_latency_s: Mapping[str, float] = field(default_factory=dict)
-    pipeline_bytes: float = 0.0
+    pipeline_s: float = 0.0
     max_busbw_Bps: float = math.inf
 
     def hop_latency(self, transport: str) -> float:
@@ -109,7 +109,7 @@ def _protocol(name: str, value: Any, where: str) -> ProtocolSpec:
         base_latency_s=_number(data.get("base_latency_us", 0.0), f"{where}.base_latency_us") * 1e-6,
         hop_latency_s=_per_transport(data.get("hop_latency_us", {}), f"{where}.hop_latency_us",
                                      1e-6, efficiency=False),
-        pipeline_bytes=_number(data.get("pipeline_MB", 0.0), f"{where}.pipeline_MB") * 1e6,
+        pipeline_s=_number(data.get("pipeline_us", 0.0), f"{where}.pipeline_us") * 1e-6,
         max_busbw_Bps=math.inf if cap is None else
         _number(cap, f"{where}.max_busbw_GBps", open_low=True) * 1e9)
 

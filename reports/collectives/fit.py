@@ -73,11 +73,11 @@ def main() -> None:
     def simple(hop, fill):
         def setter(c):
             c["protocols"]["simple"]["hop_latency_us"]["nvlink"] = hop
-            c["protocols"]["simple"]["pipeline_MB"] = fill
+            c["protocols"]["simple"]["pipeline_us"] = fill
         return setter
 
-    (hop, fill), err = fit(a100, simple, [[0.5, 1.0, 2.0, 3.0], [20, 40, 60, 80]])
-    print(f"dgx-a100 simple: hop_latency_us.nvlink {hop:.2f}, pipeline_MB {fill:.0f} "
+    (hop, fill), err = fit(a100, simple, [[0.5, 1.0, 2.0, 3.0], [100, 200, 300]])
+    print(f"dgx-a100 simple: hop_latency_us.nvlink {hop:.2f}, pipeline_us {fill:.0f} "
           f"(worst error {100 * err:.1f} % over {len(a100)} points)")
 
     h100 = _select("dgx-h100", "allreduce", "nvls", 2 ** 20, 2 ** 33)
@@ -85,11 +85,11 @@ def main() -> None:
     def nvls(hop, fill):
         def setter(c):
             c["nvls"]["hop_latency_us"]["nvlink"] = hop
-            c["nvls"]["pipeline_MB"] = fill
+            c["nvls"]["pipeline_us"] = fill
         return setter
 
-    (hop, fill), err = fit(h100, nvls, [[2.0, 5.0, 10.0, 15.0], [5, 10, 15, 20]])
-    print(f"dgx-h100 nvls: hop_latency_us.nvlink {hop:.2f}, pipeline_MB {fill:.1f} "
+    (hop, fill), err = fit(h100, nvls, [[2.0, 5.0, 10.0, 15.0], [20, 40, 60]])
+    print(f"dgx-h100 nvls: hop_latency_us.nvlink {hop:.2f}, pipeline_us {fill:.1f} "
           f"(worst error {100 * err:.1f} % over {len(h100)} points)")
 
 

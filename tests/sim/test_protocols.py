@@ -20,16 +20,17 @@ DEVICE = {"name": "toy", "peak_flops": {"f32": 1e12}, "memory_bandwidth_Bps": 1e
 MB = 1e6
 
 #: 100 GB/s NVLink of which NCCL reaches 80 %; Simple (10 us once, 3 us a
-#: step, the first 8 MB a GPU sends once more) and LL (half the wire, 5 us
-#: once, 0.5 us a step); NVLS at half the links' rate, 20 us once, 4 us a step
+#: step, the pipeline's fill: the time a GPU takes to send its bytes, up to
+#: 100 us) and LL (half the wire, 5 us once, 0.5 us a step); NVLS at half the
+#: links' rate, 20 us once, 4 us a step, up to 250 us of fill
 COLLECTIVES = {
     "link_efficiency": {"nvlink": 0.8},
     "protocols": {
         "simple": {"efficiency": 1.0, "base_latency_us": 10, "hop_latency_us": {"nvlink": 3},
-                   "pipeline_MB": 8},
+                   "pipeline_us": 100},
         "ll": {"efficiency": 0.5, "base_latency_us": 5, "hop_latency_us": {"nvlink": 0.5}}},
     "nvls": {"efficiency": 0.5, "base_latency_us": 20, "hop_latency_us": {"nvlink": 4},
-             "pipeline_MB": 10},
+             "pipeline_us": 250},
 }
 
 
@@ -49,11 +50,11 @@ def run(kind, nbytes, topo, algorithm="auto", mode="flow"):
 
 # Ring all-reduce of S over 8 ranks: each rank sends 1.75 S in 14 steps of
 # S/8, each step 2 us of path latency.
-#   Simple: 80 GB/s; 10 + 14 (2 + 3) = 80 us, + min(1.75 S, 8 MB) / 80 GB/s
+#   Simple: 80 GB/s; 10 + 14 (2 + 3) = 80 us, + min(1.75 S / 80 GB/s, 100 us)
 #           once (the pipeline's fill), + 1.75 S / 80 GB/s
 #   LL:     40 GB/s;  5 + 14 (2 + 0.5) = 40 us, + 1.75 S / 40 GB/s
-# Below 8 MB / 1.75 the fill doubles Simple's transfer term, so LL is faster
-# by 40 us; past it Simple's fill stops at 100 us and the two meet at
+# Until the fill reaches 100 us (1.75 S = 8 MB) it doubles Simple's transfer
+# term, so LL is faster by 40 us; past it the two meet at
 # 140 us = 1.75 S / 80 GB/s, S = 6.4 MB.
 
 
@@ -79,8 +80,8 @@ def test_a_small_message_is_latency_bound():
 
 def test_nvls_allreduce_formula():
     # each GPU's link carries S (1 + 1/p) = 72 MB each way at 100 x 0.8 x
-    # 0.5 = 40 GB/s: 20 us once, 10 MB once more (the fill: 250 us), one
-    # step of 2 + 4 us, and 72 MB / 40 GB/s = 1800 us: 2076 us
+    # 0.5 = 40 GB/s: 20 us once, the fill (1800 us, up to 250), one step of
+    # 2 + 4 us, and 72 MB / 40 GB/s = 1800 us: 2076 us
     for mode in ("flow", "analytical"):
         t, proto = run(C.ALL_REDUCE, 64 * MB, switch8(), "nvls", mode)
         assert proto == "NVLS" and t == pytest.approx(2076e-6, rel=1e-9)
@@ -99,13 +100,13 @@ def test_nvls_needs_its_figures_and_one_server():
 def test_adding_ranks_are_held_to_the_reduce_cap():
     # reduce_busbw 60 GB/s: an all-reduce's ranks send at 60, an all-gather's
     # (no adding) at the links' 80; the all-gather: 7 steps of S/8, each rank
-    # sending 0.875 S. At 64 MB both are past the fill (8 MB).
+    # sending 0.875 S. At 64 MB both fill for the full 100 us.
     topo = switch8({**COLLECTIVES, "reduce_busbw_GBps": 60})
     S = 64 * MB
     t, _ = run(C.ALL_REDUCE, S, topo, "ring")
-    assert t == pytest.approx(80e-6 + 8e6 / 60e9 + 1.75 * S / 60e9, rel=1e-9)
+    assert t == pytest.approx(80e-6 + 100e-6 + 1.75 * S / 60e9, rel=1e-9)
     t, _ = run(C.ALL_GATHER, S, topo, "ring")
-    assert t == pytest.approx(10e-6 + 7 * 5e-6 + 8e6 / 80e9 + 0.875 * S / 80e9, rel=1e-9)
+    assert t == pytest.approx(10e-6 + 7 * 5e-6 + 100e-6 + 0.875 * S / 80e9, rel=1e-9)
 
 
 def test_a_rank_crossing_two_kinds_of_link_waits_their_mean():

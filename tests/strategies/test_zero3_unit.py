@@ -19,7 +19,7 @@ from distsim.errors import ConfigError
 DP, NVLINK_BPS, PATH_S = 8, 300e9, 1e-6
 PROTOCOLS = {"LL": (0.5, 40e9, 6.6e-6, 0.6e-6, 0.0),
              "LL128": (0.9375, 110e9, 14e-6, 1.9e-6, 0.0),
-             "Simple": (1.0, float("inf"), 8.4e-6, 1.26e-6, 46e6)}
+             "Simple": (1.0, float("inf"), 8.4e-6, 1.0e-6, 200e-6)}
 CASE = dict(model="gpt3-1.3b", topology="dgx-a100", dp=DP, layers=4, global_batch=8, zero=3,
             network_mode="analytical", collective_algo="ring")
 
@@ -32,7 +32,7 @@ def ring_all_gather_s(nbytes: float) -> float:
     times = []
     for efficiency, most, base, hop, fill in PROTOCOLS.values():
         rate = min(NVLINK_BPS * 0.86 * efficiency, most)
-        times.append(base + min(sent, fill) / rate + (DP - 1) * (PATH_S + hop) + sent / rate)
+        times.append(base + min(sent / rate, fill) + (DP - 1) * (PATH_S + hop) + sent / rate)
     return min(times)
 
 
