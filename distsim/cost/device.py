@@ -43,7 +43,12 @@ class DeviceSpec:
     ``peak_flops`` maps a dtype name (``f16``, ``bf16``, ``f32``, ...) to
     dense peak FLOP/s; ``matmul_efficiency`` and ``memory_efficiency`` are
     the achieved fractions of peak for large GEMMs and for streaming memory
-    traffic; ``launch_overhead_s`` is added once per kernel.
+    traffic; ``launch_overhead_s`` is added once per kernel (a cost on the
+    device's timeline). ``host_launch_s``, when above 0, is the host's time
+    to issue one kernel: the host queues kernels ahead of the device, one
+    every ``host_launch_s``, and a kernel starts no earlier than it was
+    issued (the simulator's launch queue; 0, the default, issues every
+    kernel at once).
     ``memory_efficiency_by_class`` gives a kernel class its own figure
     (:mod:`~distsim.cost.kernel_classes`: copies, element-wise kernels,
     norms, softmax, reductions) and ``memory_efficiency_by_op`` one op
@@ -58,6 +63,7 @@ class DeviceSpec:
     memory_bandwidth_Bps: float
     memory_bytes: int
     launch_overhead_s: float = 0.0
+    host_launch_s: float = 0.0
     matmul_efficiency: float = 1.0
     vector_efficiency: float = 1.0
     memory_efficiency: float = 1.0
@@ -102,8 +108,8 @@ _BLOCKS = ("memory_efficiency_by_op", "memory_efficiency_by_class", "gemm", "att
 
 _FIELDS = {
     "name": str, "memory_bandwidth_Bps": float, "memory_bytes": float,
-    "launch_overhead_s": float, "matmul_efficiency": float, "vector_efficiency": float,
-    "memory_efficiency": float,
+    "launch_overhead_s": float, "host_launch_s": float, "matmul_efficiency": float,
+    "vector_efficiency": float, "memory_efficiency": float,
 }
 
 #: The closed range each figure must lie in (a lower bound of 0 for an
@@ -119,6 +125,7 @@ FIGURE_RANGES: Dict[str, Tuple[float, float]] = {
     "memory_bandwidth_Bps": (1.0, math.inf),
     "memory_bytes": (1.0, 1e18),
     "launch_overhead_s": (0.0, 1.0),
+    "host_launch_s": (0.0, 1.0),
     "matmul_efficiency": (0.0, 1.0),
     "vector_efficiency": (0.0, 1.0),
     "memory_efficiency": (0.0, 1.0),

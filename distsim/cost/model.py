@@ -15,11 +15,17 @@ kernel class's (``memory_efficiency_by_class``), or ``memory_efficiency``.
 A measured profile (op type -> seconds, or a callable) overrides the
 formula for the ops it lists. An op holding a function (a fused segment, a
 call) costs the sum of that function's ops.
+
+With a host launch time (``host_launch_s``), :meth:`CostModel.host_lead`
+says how many kernels an op launches and how far its last kernel can be
+held back by the host's launch queue (the simulator's
+:mod:`~distsim.sim.launch_queue`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, NamedTuple, Union
+from typing import Callable, Dict, Mapping, NamedTuple, Tuple, Union
 
 from ..ir.comm import is_communication
 from ..ir.core import Op
@@ -47,6 +53,7 @@ class CostModel:
     device: DeviceSpec
     profile: Mapping[str, ProfileEntry] = field(default_factory=dict)
     _function_costs: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
+    _function_leads: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
 
     def op_cost(self, op: Op) -> OpCost:
         if op.op_type == "depend" or op.op_type in BOOKKEEPING_OPS:
@@ -78,6 +85,39 @@ class CostModel:
                 flops += c.flops
                 nbytes += c.bytes
             hit = self._function_costs[key] = (function, OpCost(time_s, flops, nbytes))
+        return hit[1]
+
+    def host_lead(self, op: Op) -> Tuple[int, float]:
+        """(kernels, lead) of a compute op under the host's launch queue,
+        ``H = host_launch_s``: the kernels it launches and ``lead``, the
+        largest ``j H - P(j)`` over its kernels j = 1..k, P(j) the summed
+        time of its kernels before the j-th. If the host issued the op's
+        first kernel at ``h + H`` and the next ones every H after, the op
+        ends at ``max(start + time, h + lead + time)``: an op of one kernel
+        has lead H, a fused segment adds the host's lag over its own
+        kernels. An op that launches nothing (an event wait, a regrouping
+        of values) has no kernels and lead ``-inf``."""
+        if op.op_type == "depend" or op.op_type in BOOKKEEPING_OPS:
+            return 0, -math.inf
+        if op.subfunctions and not is_communication(op):
+            return self.function_lead(op.subfunctions[0])
+        return 1, self.device.host_launch_s
+
+    def function_lead(self, function) -> Tuple[int, float]:
+        """:meth:`host_lead` of the ops of ``function`` run back to back,
+        computed once per function object."""
+        key = id(function)
+        hit = self._function_leads.get(key)
+        if hit is None or hit[0] is not function:
+            h = self.device.host_launch_s
+            kernels, lead, before = 0, -math.inf, 0.0
+            for op in function.ops:
+                k, a = self.host_lead(op)
+                if k:
+                    lead = max(lead, kernels * h + a - before)
+                    kernels += k
+                before += self.op_cost(op).time_s
+            hit = self._function_leads[key] = (function, (kernels, lead))
         return hit[1]
 
     def roofline_time(self, op: Op, flops: float, nbytes: float) -> float:
