@@ -5,8 +5,8 @@ tensor-parallel collectives, gradients becoming final) with the
 data-parallel sync of each gradient where LowerSPMD emits it. Used for
 each chunk's last backward (without a reduce-scatter per micro-batch), the
 first micro-batch's backward with ZeRO 2/3 (each gradient flattened and
-reduce-scattered where it is made), and ZeRO-3's backwards past the first
-(the same, each shard then accumulated, the compute waiting for it).
+reduce-scattered where it is made), and ZeRO 2/3's backwards past the
+first (the same, each shard then accumulated, the compute waiting for it).
 Which of those are recorded once and replayed: :mod:`.replay`.
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ class OpByOpBackward:
         sync of each gradient emitted where it becomes final
         (``first_microbatch``: ZeRO 2/3's first micro-batch, each gradient
         flattened and reduce-scattered where it is produced; with one
-        micro-batch that is its sync; ``accumulating``: ZeRO-3's
+        micro-batch that is its sync; ``accumulating``: ZeRO 2/3's
         micro-batch past the first, likewise, each reduce-scatter followed
         by the accumulation (at the last micro-batch, and the average) of
         its shard, which the compute stream waits for, as LowerSPMD emits
@@ -141,7 +141,7 @@ class OpByOpBackward:
         by_stage = self.sync.buckets if self.route == "bucket" else {}
         #: by layer: per block position, its unit's gradients made so far
         unit_made: Dict[int, Dict[int, float]] = {}
-        block_replays = block_replays and accumulating is not None and self.zero3 \
+        block_replays = block_replays and accumulating is not None \
             and not self.by_layer and not by_stage
         for k, (name, layer) in enumerate(order):
             if by_stage.get(stage):       # flushed so far, this task's too
@@ -289,7 +289,7 @@ class OpByOpBackward:
         return hit
 
     def _shard_ops(self, mb: int) -> Dict[Tuple[str, int], Tuple[float, float]]:
-        """ZeRO-3's backward of micro-batch ``mb`` (past the first) op by op:
+        """ZeRO 2/3's backward of micro-batch ``mb`` (past the first) op by op:
         per parameter (block, index), the time and FLOPs of the ops on its
         shard after its reduce-scatter (accumulate; at the last micro-batch
         average too)."""

@@ -11,8 +11,8 @@ stage in the next timeline of an extrapolated estimate.
   (ZeRO 0/1), with its gradient syncs;
 * :meth:`ReplayedBackward._first_backward`: ZeRO 2/3's first micro-batch,
   each gradient flattened and reduce-scattered where it is made;
-* :meth:`ReplayedBackward._accumulating_backward`: ZeRO-3's backwards past
-  the first, each shard then accumulated; inside one emitted, block by
+* :meth:`ReplayedBackward._accumulating_backward`: ZeRO 2/3's backwards
+  past the first, each shard then accumulated; inside one emitted, block by
   block (:meth:`ReplayedBackward._block_replay`: a block that starts with
   both streams free depends only on where it starts).
 """
@@ -271,20 +271,25 @@ class ReplayedBackward(OpByOpBackward):
         return origin + last
 
     def _accumulating_backward(self, stage: int, c: int, mb: int, ready: float) -> float:
-        """:meth:`emit_last_backward` of a ZeRO-3 backward past the first
+        """:meth:`emit_last_backward` of a ZeRO 2/3 backward past the first
         micro-batch, replayed where it can be. Once the pipeline is steady
         most such tasks start with the stage's communication stream idle:
         their items then depend only on where they start (the compute
         stream's end, or the task's input where it comes later and no
-        recomputation leads), so the first such task of a chunk shape and
-        micro-batch class is emitted op by op and recorded relative to its
-        start, and the next ones are that record shifted (the same items,
-        to rounding). Any other start is emitted op by op."""
+        recomputation leads; where one leads and the input comes after it,
+        on both: recorded in two parts, :meth:`_emit_from`), so the first
+        such task of a chunk shape and micro-batch class is emitted op by
+        op and recorded relative to its start, and the next ones are that
+        record shifted (the same items, to rounding). Any other start is
+        emitted op by op."""
         tl = self.tl
         order = self.blocks_of("B", c)
-        origin, input_there, idle, _ = self._start(stage, order[0][0], True, ready)
-        clean = input_there and idle
-        key = (self.shapes[c], mb == self.M - 1)
+        origin, input_there, idle, compute_first = self._start(stage, order[0][0], True, ready)
+        # a leading recomputation from ``origin``, the input later (not by
+        # layer: there the unit the task finds pending depends on both)
+        split = not input_there and compute_first and not self.by_layer
+        clean = idle and (input_there or split)
+        key = (self.shapes[c], mb == self.M - 1, split)
         if self.by_layer:
             # by layer a task first settles the unit the stage's previous
             # backward left (its reduce-scatter long done when the task is
@@ -294,31 +299,43 @@ class ReplayedBackward(OpByOpBackward):
             key = key + (left,)
         record = self.replays.get(key) if clean else None
         if record is not None:
-            return self._replay(record, stage, order, origin, mb)
+            start = self._replay_lead(stage, record[5], origin, ready) if split else origin
+            if start is not None:
+                return self._replay(record, stage, order, start, mb)
+            clean = False
         # emitted with its blocks replayed where they can be (a stage of
         # one to four has tens of identical blocks), and recorded whole with
         # them (their runs' spans in the record)
         mark, flops = tl.mark(stage), self.flops[stage]
-        last = self.emit_last_backward(stage, c, order, ready, first_microbatch=True,
-                                       accumulating=mb, block_replays=True)
-        items = tl.since(stage, mark, origin, with_runs=True) \
+        kinds = dict(first_microbatch=True, accumulating=mb, block_replays=True)
+        if clean and split:
+            last, lead, mark = self._emit_from(stage, c, order, ready, origin, mark, True,
+                                               **kinds)
+            if lead is False:
+                return last
+            start = ready
+        else:
+            last, lead = self.emit_last_backward(stage, c, order, ready, **kinds), None
+            start = origin
+        items = tl.since(stage, mark, start, with_runs=True) \
             if clean and last is not None else None
         if items is not None:
-            final = self._finals_of(order, origin) if mb == self.M - 1 else []
+            final = self._finals_of(order, start) if mb == self.M - 1 else []
             leaves = None
             if self.by_layer:
                 pending = self.unit_pending.get(stage, [])
                 if len(pending) != 1:
                     return last
                 name, layer, unit, _, rs_end = pending[0]
-                leaves = (order.index((name, layer)), unit, rs_end - origin)
-            self.replays[key] = (items, self.flops[stage] - flops, last - origin, final, leaves)
+                leaves = (order.index((name, layer)), unit, rs_end - start)
+            self.replays[key] = (items, self.flops[stage] - flops, last - start, final, leaves,
+                                 lead)
         return last
 
     def _block_replay(self, stage: int, order, k: int, origin: float,
                       gathered: Dict[int, Dict[Optional[int], float]], last_mb: bool
                       ) -> Tuple[Optional[float], Optional[tuple]]:
-        """A block of ZeRO-3's accumulating backward that starts with both
+        """A block of ZeRO 2/3's accumulating backward that starts with both
         streams of its stage free (the compute stream's end is ``origin``,
         the communication stream done by then: the gathers issued before it
         are over) depends only on ``origin``, its name, whether its
@@ -329,7 +346,7 @@ class ReplayedBackward(OpByOpBackward):
         free = self.tl.free
         if free[2 * stage] != origin or free[2 * stage + 1] > origin:
             return None, None
-        stop = min(len(order), k + 1 + self.S.prefetch)
+        stop = min(len(order), k + 1 + self.S.prefetch) if self.zero3 else k
         issued = tuple(j - k for j in range(k, stop) if j not in gathered)
         key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
         record = self.memo.block_records.get(key)
@@ -398,7 +415,7 @@ class ReplayedBackward(OpByOpBackward):
     def _replay(self, record, stage: int, order, origin: float, mb: int) -> float:
         """A recorded task (:meth:`_accumulating_backward`) of a chunk whose
         blocks are ``order``, micro-batch ``mb``, from ``origin``."""
-        items, flops, last, final, leaves = record
+        items, flops, last, final, leaves, _ = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
         self._set_finals(order, final, origin)

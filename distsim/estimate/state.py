@@ -40,7 +40,7 @@ class Memo:
 
     def __init__(self) -> None:
         self.dp_times: Dict[Tuple[CollectiveType, float], float] = {}
-        #: ZeRO-3's accumulating backwards, blocks recorded to be replayed:
+        #: ZeRO 2/3's accumulating backwards, blocks recorded to be replayed:
         #: (block, last micro-batch, the blocks whose gathers it issues) ->
         #: record (:meth:`.replay.ReplayedBackward._block_record`)
         self.block_records: Dict[tuple, tuple] = {}
@@ -50,9 +50,8 @@ class Memo:
         #: ZeRO-3: per (task kind, block), its gathers as issued
         #: (:class:`.gates.GatherPlan`)
         self.gather_plans: Dict[Tuple[str, str], Any] = {}
-        self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
         self.scatter_terms: Dict[tuple, ScatterTerms] = {}
-        #: ZeRO-3's backward past the first micro-batch: per last-or-not,
+        #: ZeRO 2/3's backward past the first micro-batch: per last-or-not,
         #: each parameter's (time, FLOPs) of its shard's ops
         self.shard_ops: Dict[bool, Dict[Tuple[str, int], Tuple[float, float]]] = {}
         #: ZeRO-3's op-by-op backward: per (block, first micro-batch's plan

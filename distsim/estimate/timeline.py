@@ -188,36 +188,13 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
         return total
 
-    def scatter_costs(self, c: int, order, mb: int) -> Tuple[float, float, float]:
-        """ZeRO 2/3 with a reduce-scatter per micro-batch: per task, (compute
-        after the task: flattening each gradient for the first micro-batch,
-        accumulating (and at the last, averaging) on the 1/dp shard past
-        it; reduce-scatter time; the FLOPs the lowering adds or saves).
-        The same for every task over the same blocks in the same class of
-        micro-batch (the first, a middle one, the last): computed once."""
-        final = mb == self.M - 1 and self.M > 1
-        memo = (self.shapes[c], mb > 0, final)
-        hit = self.memo.scatter.get(memo)
-        if hit is not None:
-            return hit
-        after = flops = rs = 0.0
-        for name, _ in order:
-            terms = self._block_scatter(name, mb > 0, final)
-            for x in (terms.flat if mb == 0 else terms.on_shard):
-                after += x
-            for x in terms.flops:
-                flops += x
-            for x in terms.rs:
-                rs += x
-        hit = self.memo.scatter[memo] = (after, rs, flops)
-        return hit
-
     def _block_scatter(self, name: str, accumulates: bool, final: bool) -> "ScatterTerms":
-        """:meth:`scatter_costs`' terms of one block, in the order they are
-        added, per parameter: flattening its gradient; accumulating
-        (``accumulates``) and averaging (``final``) on the shard, and the
-        same on the whole gradient, which the template does and the
-        lowered program does not; FLOPs; its reduce-scatter."""
+        """ZeRO 2/3 with a reduce-scatter per micro-batch: one block's terms,
+        in the order they are added, per parameter: flattening its
+        gradient; accumulating (``accumulates``) and averaging (``final``)
+        on the shard (:meth:`_shard_ops`), and the same on the whole
+        gradient, which the template does and the lowered program does
+        not; FLOPs; its reduce-scatter."""
         memo = (name, accumulates, final)
         hit = self.memo.scatter_terms.get(memo)
         if hit is not None:
@@ -240,25 +217,6 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 terms.flops.append(part[1] - full[1])
         hit = self.memo.scatter_terms[memo] = terms
         return hit
-
-    def _accumulation_shift(self, name: str, kind: str, mb: int) -> float:
-        """ZeRO 2/3 with a reduce-scatter per micro-batch, the backward of a
-        micro-batch past the first: the template accumulates (and at the
-        last, averages) each whole gradient inside the backward, the
-        lowered program flattens it there and reduce-scatters it, then
-        accumulates the shard that arrives. So a block's time gains the
-        flattening and loses the whole-gradient ops (it stays positive:
-        they are part of it); the shard ops come after the reduce-scatter
-        (:meth:`scatter_costs`)."""
-        if kind != "B" or mb == 0 or not self.scatter_each:
-            return 0.0
-        terms = self._block_scatter(name, True, mb == self.M - 1 and self.M > 1)
-        shift = 0.0
-        for x in terms.flat:
-            shift += x
-        for x in terms.whole:
-            shift -= x
-        return shift
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         flats = self.flats.get(stage)
@@ -285,10 +243,11 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             # as it is produced (flattened right after it): op by op, as the
             # last backward without a reduce-scatter per micro-batch
             return self._first_backward(stage, c, ready)
-        if kind == "B" and self.scatter_each and self.zero3:
-            # ZeRO-3 past the first micro-batch: the same, and each shard's
-            # accumulation waits for its reduce-scatter, which waits on the
-            # comm stream behind the gathers issued before it
+        if kind == "B" and self.scatter_each:
+            # ZeRO 2/3 past the first micro-batch: the same, and each shard's
+            # accumulation (an op of the backward, in its program order)
+            # waits for its reduce-scatter, which waits on the comm stream
+            # behind the reduce-scatters (and ZeRO-3's gathers) before it
             return self._accumulating_backward(stage, c, mb, ready)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
         plan = self.memo.plans.get((kind, self.shapes[c], cls))
@@ -323,18 +282,6 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             if lead:             # the recomputation the task starts with: no wait
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
-        if kind == "B" and self.scatter_each:
-            order = self.blocks_of(kind, c)
-            extra, rs, extra_flops = self.scatter_costs(c, order, mb)
-            self.flops[stage] += extra_flops
-            # a micro-batch past the first (the first: op by op, above): each
-            # accumulation reads its reduce-scatter, so the compute waits
-            end = synced = self.tl.compute(stage, rs + extra, end, extra, holds_comm=True)
-            if last_b:
-                final, synced_at = self.sync.final, self.sync.synced
-                for name, layer in order:
-                    for i in range(len(self.prof.params[name])):
-                        final[(name, layer, i)] = synced_at[(name, layer, i)] = synced
         return end
 
     def _emit_gathered(self, stage: int, plan: list, ready: float) -> float:
@@ -402,7 +349,6 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                             gather_time(self, kind, order[j][0])) for j in range(issued, upto)]
                 issued = max(issued, upto)
                 t, busy, fl = self._block_time(blocks[name], kind, mb)
-                shift = self._accumulation_shift(name, kind, mb)
                 # by layer the unit's copy-out instead of its reshapes, at
                 # its first read: in the compute before the first
                 # tensor-parallel collective
@@ -412,8 +358,8 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
                 # (the forward's first piece is cut at its reads, which
                 # place the copy-out: :func:`.gates.chain`)
-                pieces = self._pieces(kind, order[i:i + 1], t + shift + copy_out,
-                                      busy + shift + copy_out, rest=cut,
+                pieces = self._pieces(kind, order[i:i + 1], t + copy_out,
+                                      busy + copy_out, rest=cut,
                                       pre_shift=copy_out if kind == "B" else 0.0)
                 reads = None if cut or kind == "B" else chain(self, kind, name, pieces[0])
                 plan.append([gathers, fl, lead if cut else [],
@@ -427,9 +373,8 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         total = busy = fl = 0.0
         for name, _ in order:
             t, b, f = self._block_time(blocks[name], kind, mb)
-            shift = self._accumulation_shift(name, kind, mb)
-            total += t + shift
-            busy += b + shift
+            total += t
+            busy += b
             fl += f
         if split:
             total, busy = total - head.b_lead, busy - head.b_lead_busy
