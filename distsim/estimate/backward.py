@@ -49,12 +49,17 @@ class OpByOpBackward:
     zero3: bool
     by_layer: bool
     unit_pending: Dict[int, list]
+    #: where the backward task being emitted made the input gradient it
+    #: sends to the stage before (None: not yet; the walk takes it and
+    #: clears it after each backward task)
+    out_at: Optional[float] = None
 
     def _segment_plan(self, name: str, only: bool) -> list:
         """A block's op-level last backward (``only``: the first micro-batch's,
         which does not accumulate) as (kind, time, FLOPs, the
         entries it waits for, the entry a collective reads (-1: the last
-        compute run before it), the parameter index of a final gradient,
+        compute run before it; -2: none, it reads what the forward kept),
+        the parameter index of a final gradient,
         a leading recomputation, whether it waits for the block's ZeRO-3
         gathers up to: :attr:`.profile.Segment.gate`)."""
         plan = self.memo.segments.get((name, only))
@@ -86,9 +91,14 @@ class OpByOpBackward:
                                  tuple(d for d in seg.deps if d is not None), None, None,
                                  seg.lead, gate))
                 elif seg.kind == "t":
+                    # -1: waits for the compute before it; -2: for none
                     d = seg.deps[0] if seg.deps else None
-                    plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None,
+                    plan.append(("t", seg.time_s, 0.0, (),
+                                 -2 if not seg.deps else -1 if d is None else d, None,
                                  seg.lead, gate))
+                elif seg.kind == "o":
+                    plan.append(("o", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1, None,
+                                 False, None))
                 else:
                     plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
                                  index[seg.param], False, gate))
@@ -187,11 +197,13 @@ class OpByOpBackward:
                     local[i] = last = tl.compute(stage, time_s, extra)
                     first = first and lead
                 elif kind == "t":
-                    dep = local.get(src, 0.0) if src >= 0 else last
+                    dep = local.get(src, 0.0) if src >= 0 else last if src == -1 else None
                     if dep is not None and dep > extra:
                         extra = dep
                     local[i] = tl.comm_on(stage, time_s, extra, tp=True)
                     first = first and lead
+                elif kind == "o":     # the block's input gradient: sent from here
+                    self.out_at = local.get(src) if src >= 0 else last
                 else:
                     made = local.get(src) if src >= 0 else last
                     if flats:

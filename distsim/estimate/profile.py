@@ -132,6 +132,11 @@ class Block:
     #: while the reshape of its gathered value runs
     f_reads: Dict[str, float] = field(default_factory=dict)
     b_reads: Dict[str, float] = field(default_factory=dict)
+    #: a layer's backward (the first micro-batch's, a middle one's): the
+    #: compute after it makes its input gradient, which the stage before
+    #: receives from then on (sent before the task ends)
+    out_tail_first: float = 0.0
+    out_tail_mid: float = 0.0
 
 
 @dataclass
@@ -213,7 +218,8 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
                 untie: bool) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
-                                      Tuple[List[int], List[int], int], Dict[str, float]]:
+                                      Tuple[List[int], List[int], int, Tuple[str, ...]],
+                                      Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
     same for its ZeRO kinds, built one after another: worked out once):
     per block its forward and backward FLOPs as LowerSPMD's task ordering
@@ -252,18 +258,20 @@ def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch:
 
 
 def _crossing(step: Function, tp: int, sp: bool, recompute: str
-              ) -> Tuple[List[int], List[int], int]:
+              ) -> Tuple[List[int], List[int], int, Tuple[str, ...]]:
     """Bytes of the values LowerSPMD sends between two pipeline stages that
-    split the template between its layers (forward, backward), and the
-    bytes of the forward ones that a backward op reads: the receiving
-    stage holds its copy of those until its backward (the residual stream
-    a layer's first layernorm backward reads), while the sender's, counted
+    split the template between its layers (forward, backward), the
+    bytes of the forward ones that a backward op reads (the receiving
+    stage holds its copy of those until its backward: the residual stream
+    a layer's first layernorm backward reads, while the sender's, counted
     in the saved activations of the layer that made it, is freed once
-    sent."""
+    sent), and the names of the backward ones (a layer's input gradient,
+    which its backward makes before its last ops: sent from there)."""
     probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute), 2)
     probe._analyse(step)
     fwd, bwd = [], []
     kept = 0
+    names = []
     for v, chunks in probe.crossing.items():
         src = probe.value_chunk[v]
         for c in chunks:
@@ -273,7 +281,8 @@ def _crossing(step: Function, tp: int, sp: bool, recompute: str
                     kept += v.type.size_bytes
             elif src == 1 and c == 0:
                 bwd.append(v.type.size_bytes)
-    return sorted(fwd), sorted(bwd), kept
+                names.append(v.name)
+    return sorted(fwd), sorted(bwd), kept, tuple(sorted(names))
 
 
 @lru_cache(maxsize=256)
@@ -459,6 +468,18 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                     if o.meta.get("role") is None)
         return compute_end.get(key, 0.0), busy, flops, tcomm
 
+    step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie)
+    # the values a layer's backward sends to the stage before (its input
+    # gradient), per micro-batch of the template: where each is made
+    sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1)}
+    outs = {mb: {id(v) for op in groups.get(("B", mb, LAYER), []) for v in op.outputs
+                 if v.name in sent[mb]} for mb in (0, 1)}
+    # what the forward made (and the program's inputs): a backward's
+    # collective reading only those waits for none of the backward's compute
+    forward_made = {id(v) for v in program.inputs}
+    forward_made.update(id(v) for op in program.ops if "phase" not in op.meta
+                        for v in op.outputs)
     for name, blk in blocks.items():
         blk.f, blk.f_busy, blk.f_flops, blk.tp_comm_f = stats(("F", 0, name))
         blk.b_first, blk.b_first_busy, blk.b_flops, blk.tp_comm_b = stats(("B", 0, name))
@@ -467,8 +488,10 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                      if o.op_type == "scale" and id(o.outputs[0]) in final_last)
         blk.b_mid, blk.b_mid_busy = blk.b_last - scales, blk.b_last_busy - scales
         gates = gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
-        blk.last = compress_segments(groups.get(("B", 1, name), []), times, final_last, gates)
-        blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates)
+        blk.last = compress_segments(groups.get(("B", 1, name), []), times, final_last, gates,
+                                     outs[1], forward_made)
+        blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates,
+                                     outs[0], forward_made)
         if ("B", 0, name) in groups:
             fill_lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
         blk.f_pre, blk.f_post = edges(compress_segments(groups.get(("F", 0, name), []), times, {}))
@@ -487,8 +510,10 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         if template_zero == 3:
             blk.f_gates = read_gates(groups.get(("F", 0, name), []), times, params, blk.f_gather)
             blk.b_gates = read_gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
-    step_flops, saved, (fwd, bwd, kept), partition = _step_facts(
-        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie)
+    layer = blocks[LAYER]
+    layer.out_tail_first = _out_tail(groups.get(("B", 0, LAYER), []), times, outs[0])
+    layer.out_tail_mid = _out_tail(groups.get(("B", 1, LAYER), []), times, outs[1],
+                                   final_last)
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     for blk, nbytes in saved.items():
@@ -497,6 +522,26 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     memory_excess(blocks, groups, times, trace, program, params, rank0, final_only)
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
                         lower.master_dtype, dict(partition), time.perf_counter() - started, kept)
+
+
+def _out_tail(ops: List[Op], times, outs: set, final: Optional[Dict[int, str]] = None
+              ) -> float:
+    """The compute of a template block's backward (``ops``) after the op
+    that makes its input gradient (``outs``: its id), which a pipeline
+    stage sends as soon as it is made; ``final``: the final gradients of
+    the template's last micro-batch, whose averaging (``scale``) a middle
+    micro-batch does not run. 0 where the block makes none."""
+    compute = [o for o in ops if not is_communication(o)]
+    made = [times[o.name][1] for o in compute if any(id(v) in outs for v in o.outputs)]
+    if not made:
+        return 0.0
+    at = max(made)
+    tail = max(times[o.name][1] for o in compute) - at
+    if final is not None:
+        tail -= sum(times[o.name][1] - times[o.name][0] for o in compute
+                    if times[o.name][0] >= at and o.op_type == "scale"
+                    and id(o.outputs[0]) in final)
+    return max(0.0, tail)
 
 
 #: The optimizer ops of a parameter ``p`` on rank 0 of the template, by the

@@ -48,6 +48,11 @@ def _by_place(entries: List[Tuple[tuple, Optional[float]]],
 _MIN_BLOCKS = 4
 
 
+def _offset(at: Optional[float], origin: float) -> Optional[float]:
+    """``at`` relative to ``origin`` (None stays None)."""
+    return None if at is None else at - origin
+
+
 class ReplayedBackward(OpByOpBackward):
     """The backward tasks of :class:`~.timeline.Builder` that are
     recorded and replayed where they can be, emitted op by op
@@ -119,7 +124,8 @@ class ReplayedBackward(OpByOpBackward):
             if items is not None:
                 inside, flats = self.notes
                 self.replays[key] = (items, self.flops[stage] - flops, last - start, dict(inside),
-                                     [(nbytes, end - start) for nbytes, end in flats or ()], lead)
+                                     [(nbytes, end - start) for nbytes, end in flats or ()], lead,
+                                     _offset(self.out_at, start))
         return last
 
     def _emit_from(self, stage: int, c: int, order, ready: float, origin: float, mark: tuple,
@@ -164,9 +170,10 @@ class ReplayedBackward(OpByOpBackward):
     def _replay_first(self, record: tuple, stage: int, c: int, origin: float) -> float:
         """A recorded first backward (:meth:`_first_backward`) of chunk ``c``
         on ``stage`` from ``origin``."""
-        items, flops, last, inside, flats, _ = record
+        items, flops, last, inside, flats, _, out = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
+        self._replay_out(out, origin)
         self._leave_flats(stage, c, inside, [(nbytes, origin + end) for nbytes, end in flats])
         return origin + last
 
@@ -244,7 +251,7 @@ class ReplayedBackward(OpByOpBackward):
             tuple(sync.buckets.get(stage, ())[sizes[2]:]),
             [(bucket, ar - origin, total, dtype)
              for bucket, _, ar, total, dtype in sync.unpack[sizes[3]:]],
-            tuple(sync.deferred.get(stage, ())[sizes[4]:]), lead)
+            tuple(sync.deferred.get(stage, ())[sizes[4]:]), lead, _offset(self.out_at, origin))
         return last
 
     def _replay_last(self, record: tuple, stage: int, order: List[Tuple[str, Optional[int]]],
@@ -252,9 +259,10 @@ class ReplayedBackward(OpByOpBackward):
         """A recorded last backward (:meth:`_last_backward`) on ``stage``
         from ``origin``, of a chunk whose blocks are ``order``."""
         (items, flops, last, final, synced, pending, pending_bytes, buckets, unpack,
-         deferred, _) = record
+         deferred, _, out) = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
+        self._replay_out(out, origin)
         sync = self.sync
         for table, (places, at) in ((sync.final, final), (sync.synced, synced)):
             if places:
@@ -329,7 +337,7 @@ class ReplayedBackward(OpByOpBackward):
                 name, layer, unit, _, rs_end = pending[0]
                 leaves = (order.index((name, layer)), unit, rs_end - start)
             self.replays[key] = (items, self.flops[stage] - flops, last - start, final, leaves,
-                                 lead)
+                                 lead, _offset(self.out_at, start))
         return last
 
     def _block_replay(self, stage: int, order, k: int, origin: float,
@@ -352,9 +360,10 @@ class ReplayedBackward(OpByOpBackward):
         record = self.memo.block_records.get(key)
         if record is None:
             return None, (key, issued, self.tl.mark(stage), self.flops[stage], origin)
-        items, flops, last, ends, final = record
+        items, flops, last, ends, final, out = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
+        self._replay_out(out, origin)
         for j, at in zip(issued, ends):
             gathered[k + j] = {upto: origin + t for upto, t in at}
         self._set_finals(order[k:k + 1], final, origin)
@@ -369,8 +378,17 @@ class ReplayedBackward(OpByOpBackward):
             return
         final = self._finals_of(order[k:k + 1], origin) if key[1] else []
         ends = [[(upto, t - origin) for upto, t in gathered[k + j].items()] for j in issued]
+        # a layer makes its input gradient (sent where it is the chunk's first)
+        out = self.out_at if any(entry[0] == "o" for entry in
+                                 self._segment_plan(key[0], True)) else None
         self.memo.block_records[key] = (items, self.flops[stage] - flops, last - origin, ends,
-                                        final)
+                                        final, _offset(out, origin))
+
+    def _replay_out(self, out: Optional[float], origin: float) -> None:
+        """A record's input gradient made ``out`` after ``origin`` (None: the
+        record made none)."""
+        if out is not None:
+            self.out_at = origin + out
 
     def _finals_of(self, order: List[Tuple[str, Optional[int]]], origin: float
                    ) -> List[Tuple[int, int, float]]:
@@ -415,9 +433,10 @@ class ReplayedBackward(OpByOpBackward):
     def _replay(self, record, stage: int, order, origin: float, mb: int) -> float:
         """A recorded task (:meth:`_accumulating_backward`) of a chunk whose
         blocks are ``order``, micro-batch ``mb``, from ``origin``."""
-        items, flops, last, final, leaves, _ = record
+        items, flops, last, final, leaves, _, out = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
+        self._replay_out(out, origin)
         self._set_finals(order, final, origin)
         if leaves is not None:
             # by layer: the unit found pending was settled in the items;

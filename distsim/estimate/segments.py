@@ -23,10 +23,12 @@ if TYPE_CHECKING:     # pragma: no cover - for the annotations only
 class Segment:
     """One entry of a block's op-level last backward: ``kind`` "c" (a run
     of compute ops: ``time_s``), "t" (a tensor-parallel collective:
-    ``time_s``) or "g" (the gradient of ``param`` is final here). ``deps``:
+    ``time_s``), "g" (the gradient of ``param`` is final here) or "o" (the
+    block's input gradient, sent to the stage before, is made). ``deps``:
     indices of earlier entries of the same block it waits for (a compute
     run on collectives, a collective on the run producing its input); None
-    in ``deps`` means "an input from before the block"."""
+    in ``deps`` means "an input from before the block" (a collective with
+    no deps reads only what the forward kept)."""
 
     kind: str
     time_s: float = 0.0
@@ -122,14 +124,23 @@ def read_gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Pa
 
 
 def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str],
-              gates: Optional[Dict[int, int]] = None) -> List[Segment]:
+              gates: Optional[Dict[int, int]] = None, outs: Optional[set] = None,
+              kept: Optional[set] = None) -> List[Segment]:
     """Compress a block's ops (rank 0, program order) into compute runs,
     tensor-parallel collectives and gradient-final marks. A run ends at a
     collective (which waits for the run) and at a final gradient (where
     data-parallel sync is emitted); a compute op that reads a collective's
     output starts a new run waiting for it. ``gates``: ZeRO-3's first
     reads of the block's gathered parameters (:func:`gathered_uses`):
-    each entry's :attr:`Segment.gate` (a run ends where it changes)."""
+    each entry's :attr:`Segment.gate` (a run ends where it changes).
+    ``outs``: ids of the values a stage sends to the stage before (a
+    layer's input gradient): a run ends at the op making one, followed by
+    an "o" mark (sent from there). ``kept``: ids of the values the
+    forward made (and the program's inputs): a collective that reads only
+    those (sequence parallelism's all-gathers of saved activations in the
+    backward) waits for no compute of the backward (no deps); one that
+    reads a value from before the block otherwise waits for the compute
+    before it (``deps`` ``(None,)``)."""
     out: List[Segment] = []
     gate = None if gates is None else -1
     made: Dict[int, int] = {}          # id(value) -> entry producing it
@@ -147,7 +158,10 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             open_run = None            # the recomputation ends: a run of its own
         if is_communication(op):
             dep = next((s for s in srcs if s is not None), None)
-            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead, gate=gate))
+            forward = (dep is None and kept is not None
+                       and all(id(v) in kept for v in op.inputs))
+            out.append(Segment("t", t1 - t0, () if forward else (dep,), lead=is_lead,
+                               gate=gate))
             open_run = None
             idx = len(out) - 1
         else:
@@ -164,5 +178,8 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
                 out.append(Segment("g", deps=(idx,), param=finals[id(v)]))
                 open_run = None
             elif id(v) in to_comm:     # the collective reading it may start here
+                open_run = None
+            elif outs and id(v) in outs:
+                out.append(Segment("o", deps=(idx,)))
                 open_run = None
     return out

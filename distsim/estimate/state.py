@@ -116,15 +116,18 @@ class Memo:
 
 class Walk:
     """Where a :class:`Builder` is in its program order: the position, each
-    task's end, the latest arrival of each task's inputs, the sends waiting
-    for the schedule's clock (a heap by their task's scheduled end)."""
+    task's end, where each backward task made what it sends to the stage
+    before (its input gradient, before its last ops), the latest arrival
+    of each task's inputs, the sends waiting for the schedule's clock (a
+    heap by their task's scheduled end)."""
 
-    __slots__ = ("order", "pos", "ends", "recv", "pending", "seq")
+    __slots__ = ("order", "pos", "ends", "outs", "recv", "pending", "seq")
 
     def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]]) -> None:
         self.order = order
         self.pos = 0
         self.ends: Dict[tuple, Optional[float]] = {}
+        self.outs: Dict[tuple, Optional[float]] = {}
         self.recv: Dict[tuple, float] = {}
         self.pending: List[tuple] = []
         self.seq = 0

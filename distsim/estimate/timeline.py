@@ -282,6 +282,8 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             if lead:             # the recomputation the task starts with: no wait
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
+        if kind == "B":          # block by block: the input gradient before its tail
+            self.out_at = end - self.out_tail(c, mb)
         return end
 
     def _emit_gathered(self, stage: int, plan: list, ready: float) -> float:
@@ -441,21 +443,31 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
 
     def _send(self, w: "Walk", task: Tuple[str, int, int]) -> None:
         """The sends of a task's outputs (``task``: kind, micro-batch, chunk)
-        to the next stage, gated on its end."""
+        to the next stage, gated on where they are made: a forward's end, a
+        backward's input gradient (:attr:`Walk.outs`)."""
         kind, mb, c = task
         route = self._routes[kind][c]
         if route is None:
             return
         dst_c, (src, dst), times = route
         key = (kind, mb, dst_c)
-        w.recv[key] = self.tl.p2p_chain(src, dst, times, w.ends[task] or 0.0,
+        at = w.outs.get(task)
+        w.recv[key] = self.tl.p2p_chain(src, dst, times, w.ends[task] or 0.0 if at is None else at,
                                         w.recv.get(key, 0.0))
+
+    def out_tail(self, c: int, mb: int) -> float:
+        """A block-level backward task of chunk ``c`` (micro-batch ``mb``:
+        the first, or a middle one): its compute after it makes the input
+        gradient it sends to the stage before (that of its last block, the
+        chunk's first layer)."""
+        blk = self.prof.blocks[self.blocks_of("B", c)[-1][0]]
+        return blk.out_tail_first if mb == 0 else blk.out_tail_mid
 
     def advance(self, w: "Walk", stop: int) -> None:
         """Emit the tasks of the program order up to position ``stop``
         (sends flushed when the schedule's clock passes their task's end,
         as LowerSPMD flushes them)."""
-        ends, recv, pending, emit = w.ends, w.recv, w.pending, self.emit_task
+        ends, outs, recv, pending, emit = w.ends, w.outs, w.recv, w.pending, self.emit_task
         order, seq = w.order, w.seq
         heappush, heappop = heapq.heappush, heapq.heappop
         # most tasks (ZeRO 0/1 but each chunk's last backward) are their
@@ -473,7 +485,9 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 if route is not None:
                     dst_c, (src, dst), times = route
                     key = (sent[0], sent[1], dst_c)
-                    recv[key] = p2p(src, dst, times, ends[sent] or 0.0, recv.get(key, 0.0))
+                    at = outs.get(sent)
+                    recv[key] = p2p(src, dst, times, ends[sent] or 0.0 if at is None else at,
+                                    recv.get(key, 0.0))
             kind, mb, c = task
             ready = recv.get(task, 0.0)
             if kind == "B":
@@ -486,12 +500,16 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 plan = plans.get(("F", shapes[c], 0)) if plain else None
             if plan is None:
                 ends[task] = emit(stage, kind, mb, c, ready)
+                if kind == "B":      # where it made its input gradient
+                    outs[task], self.out_at = self.out_at, None
             else:
                 fl, lead, pieces = plan
                 flops[stage] += fl
                 if lead:             # the recomputation the task starts with: no wait
                     pieces_on(stage, lead, 0.0)
-                ends[task] = pieces_on(stage, pieces, ready)
+                ends[task] = end_at = pieces_on(stage, pieces, ready)
+                if kind == "B":
+                    outs[task] = end_at - self.out_tail(c, mb)
             seq += 1
             heappush(pending, (end, seq, task))
         w.pos, w.seq = stop, seq
@@ -524,6 +542,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         self.sync = StepSync(self)
         mine.pos, mine.seq = w.pos, w.seq
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)
+        mine.outs = dict(w.outs)
         return mine
 
 
