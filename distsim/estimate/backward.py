@@ -145,6 +145,11 @@ class OpByOpBackward:
         #: the block), the bytes of the task's earlier flat copies still
         #: waiting when it is made
         inside: Dict[Tuple[int, int], int] = {}
+        #: a backward past the first: the flat copies earlier tasks of the
+        #: stage left waiting for their reduce-scatters (bytes, end), and
+        #: per gradient the bytes of them still waiting when it is made
+        earlier = self.flats.get(stage) if accumulating else None
+        later: Dict[Tuple[int, int], int] = {}
         #: ZeRO 0/1 buckets: per block, the bytes of the stage's buckets
         #: flushed before it starts (held until they are unpacked)
         in_buckets: Dict[int, int] = {}
@@ -206,6 +211,10 @@ class OpByOpBackward:
                     self.out_at = local.get(src) if src >= 0 else last
                 else:
                     made = local.get(src) if src >= 0 else last
+                    if earlier:
+                        held = sum(nbytes for nbytes, end in earlier if end > (made or 0.0))
+                        if held > later.get((k, param), 0):
+                            later[(k, param)] = held
                     if flats:
                         flats = [x for x in flats if x[1] > (made or 0.0)]
                         held = sum(nbytes for nbytes, _ in flats)
@@ -247,6 +256,8 @@ class OpByOpBackward:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:
             self._note_buckets(stage, c, in_buckets)
+        if later:
+            self._note_later(stage, accumulating, c, later)
         if last is None:
             flats = None
         elif flats:

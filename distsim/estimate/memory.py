@@ -81,8 +81,10 @@ def estimate_memory(b: Builder) -> List[int]:
                   by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
-        backward's gradients, :attr:`Memo.flat_inside`; ``by_block``: to
-        its blocks by position, a backward's :attr:`Memo.flat_pending`;
+        backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
+        ``by_block``: to its blocks by position, a backward's
+        :attr:`Memo.flat_pending` (with ZeRO 2/3 reduce-scattering each
+        gradient, to the block's peak apart from its gradients);
         ``first``: the chunk's first backward, micro-batch 0, whose bare
         gradients become the buffers (``b0_excess``) where the later ones
         make a gradient beside the buffer and add it in (``b_excess``))."""
@@ -104,12 +106,15 @@ def estimate_memory(b: Builder) -> List[int]:
             held = flight
             for k, ((name, _), gathered) in enumerate(zip(backward, ahead[("B", c)])):
                 grads_at = blocks[name].bs_grads
+                each = b.scatter_each and not units
                 if units and b.scatter_each:
                     excess, grads_at = unit_backward_excess(b, name)
                 else:
-                    excess = (blocks[name].bs_excess if b.scatter_each else
-                              blocks[name].b0_excess if first or b.M == 1 else
-                              blocks[name].b_excess)
+                    # ZeRO 2/3 reduce-scattering each gradient: the block's
+                    # peak apart from its gradients, and at each gradient
+                    # (its op, then it and its flat copy) below
+                    excess = (blocks[name].b0_excess if b.scatter_each or first or b.M == 1
+                              else blocks[name].b_excess)
                 if by_block is not None:
                     excess += by_block.get(k, 0)
                 now = base + held + gathered
@@ -120,9 +125,9 @@ def estimate_memory(b: Builder) -> List[int]:
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
-                if inside:
+                if each or inside:
                     for i, at in grads_at.items():
-                        peak = max(peak, now + at + inside.get((k, i), 0))
+                        peak = max(peak, now + at + (inside.get((k, i), 0) if inside else 0))
                 held -= blocks[name].saved_bytes
         return peak
 
@@ -184,6 +189,7 @@ def estimate_memory(b: Builder) -> List[int]:
                 continue
             if kind != "F":
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
+                                           b.memo.flat_later.get((stage, mb, c)),
                                            by_block=pending, first=mb == 0))
             else:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))

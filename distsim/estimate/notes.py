@@ -40,6 +40,17 @@ class MemoryNotes:
                 held[k] = pending
             t += self._block_time(blocks[name], "B", mb)[0]
 
+    def _note_later(self, stage: int, mb: int, c: int, later: Dict[Tuple[int, int], int]
+                    ) -> None:
+        """A backward past the first (micro-batch ``mb``): per gradient, the
+        bytes of the flat copies earlier tasks left waiting that are still
+        waiting when it is made (:attr:`Memo.flat_later`, the most over the
+        walks)."""
+        held = self.memo.flat_later.setdefault((stage, mb, c), {})
+        for k, nbytes in later.items():
+            if nbytes > held.get(k, 0):
+                held[k] = nbytes
+
     def _note_inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
         """Keep the most of :meth:`emit_last_backward`'s ``inside`` over the
         walks (:attr:`Memo.flat_inside`)."""

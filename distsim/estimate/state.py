@@ -94,6 +94,11 @@ class Memo:
         #: index in the block), the bytes of the task's earlier copies
         #: still waiting when it is made (the most over the walks)
         self.flat_inside: Dict[Tuple[int, int], Dict[Tuple[int, int], int]] = {}
+        #: and in a later backward of the stage (op by op): per (stage,
+        #: micro-batch, chunk), per gradient, the bytes of those copies
+        #: still waiting when it is made (:meth:`.notes.MemoryNotes._note_later`;
+        #: the flat_pending of its blocks bound the rest of each block)
+        self.flat_later: Dict[Tuple[int, int, int], Dict[Tuple[int, int], int]] = {}
         #: ZeRO 2/3 with ``bucket_mb 0``: per stage, the most bytes of flat
         #: gradient copies and reduce-scatter outputs held after the
         #: backward pass (:func:`.sync.queued_peak`; the most over
