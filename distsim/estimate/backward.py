@@ -17,6 +17,7 @@ from ..ir.comm import CollectiveType
 from ..transforms.zero3 import unit_indices
 
 from .gates import gather_plan
+from .gathered import entries_of, note_again, note_peak
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from ..transforms.strategy import Strategy
@@ -53,6 +54,10 @@ class OpByOpBackward:
     #: sends to the stage before (None: not yet; the walk takes it and
     #: clears it after each backward task)
     out_at: Optional[float] = None
+    #: ZeRO-3 by parameter: the task being emitted's key of the memory
+    #: notes, and what its last block noted (a block record keeps it)
+    peak_key: Optional[tuple] = None
+    block_got: Optional[tuple] = None
 
     def _segment_plan(self, name: str, only: bool) -> list:
         """A block's op-level last backward (``only``: the first micro-batch's,
@@ -158,15 +163,34 @@ class OpByOpBackward:
         unit_made: Dict[int, Dict[int, float]] = {}
         block_replays = block_replays and accumulating is not None \
             and not self.by_layer and not by_stage
+        # ZeRO-3 by parameter: each block's memory with its gathered
+        # parameters placed in time, noted for the memory estimate
+        entries: Optional[List[tuple]] = None
+        if self.zero3 and not self.by_layer:
+            entries = []
+            self.peak_key = ("B", self.shapes[c],
+                             (first_microbatch and not accumulating) or self.M == 1)
         for k, (name, layer) in enumerate(order):
             if by_stage.get(stage):       # flushed so far, this task's too
                 in_buckets[k] = sum(by_stage[stage])
             recording = None
             if block_replays and not first and last is not None:
+                origin_of_replay = last
                 done, recording = self._block_replay(stage, order, k, last, gathered,
                                                      accumulating == self.M - 1)
                 if done is not None:
                     last = done
+                    if entries is not None:
+                        note_again(self, self.peak_key, k, self.block_got)
+                        # the gathers the replayed block issued, and its own read
+                        for j in range(k + 1, min(n, k + 1 + self.S.prefetch)):
+                            if j in gathered and not any(e[0] == j for e in entries):
+                                groups = self._gather_groups(order[j][0], only)
+                                entries.extend(entries_of(
+                                    self, "B", j, order[j][0], origin_of_replay,
+                                    [(t, upto, gathered[j][upto]) for t, upto in groups]))
+                        while entries and entries[0][0] <= k:
+                            del entries[0]
                     continue
             ends: Dict[Optional[int], float] = {}
             if self.zero3:
@@ -176,8 +200,12 @@ class OpByOpBackward:
                         gathered[j] = at_end = {}
                         copy_in = gather_plan(self, "B", order[j][0]).copy_in
                         start = tl.compute(stage, copy_in, gate) if copy_in else gate
+                        groups = []
                         for t, upto in self._gather_groups(order[j][0], only):
                             at_end[upto] = at_end[None] = tl.comm_on(stage, t, start)
+                            groups.append((t, upto, at_end[upto]))
+                        if entries is not None:
+                            entries.extend(entries_of(self, "B", j, order[j][0], start, groups))
                 ends = gathered[k]
             local: Dict[int, float] = {}
             unit = self._grad_unit(name)
@@ -252,6 +280,11 @@ class OpByOpBackward:
                         end = self.sync.ready_and_synced((name, layer, param), stage, made)
                     if flats is not None:
                         flats.append((self.sync.cost(name, param).nbytes, end))
+            if entries is not None:
+                blk = self.prof.blocks[name]
+                self.block_got = note_peak(self, self.peak_key, k,
+                                           blk.b_curve if only else blk.b_curve_later, gate,
+                                           entries)
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:

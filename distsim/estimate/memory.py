@@ -94,21 +94,32 @@ def estimate_memory(b: Builder) -> List[int]:
             before = 0.0
             # by layer: the stage's last backward's last unit of shards
             pending = pending_shard_bytes(b, backward, len(backward)) if units else 0.0
-            for (name, _), gathered, started in zip(chunk_blocks[c], ahead[("F", c)],
-                                                    next_one[("F", c)]):
+            # ZeRO-3 by parameter: each block with its gathers placed in time
+            placed = b.memo.gather_peaks.get(("F", b.shapes[c], False), {})
+            for k, ((name, _), gathered, started) in enumerate(zip(
+                    chunk_blocks[c], ahead[("F", c)], next_one[("F", c)])):
                 now = base + flight + before + pending
-                peak = max(peak, now + gathered + blocks[name].f_excess)
+                at = placed.get(k)
+                peak = max(peak, now + (gathered + blocks[name].f_excess if at is None
+                                        else at[0]))
                 split = copy_out_excess(b, "F", name) if units else None
                 if split is not None:
                     peak = max(peak, now + started + split)
                 before += blocks[name].saved_bytes
         else:
             held = flight
+            placed = b.memo.gather_peaks.get(("B", b.shapes[c], first or b.M == 1), {})
             for k, ((name, _), gathered) in enumerate(zip(backward, ahead[("B", c)])):
                 grads_at = blocks[name].bs_grads
                 each = b.scatter_each and not units
+                at = placed.get(k)
                 if units and b.scatter_each:
                     excess, grads_at = unit_backward_excess(b, name)
+                elif at is not None:
+                    # ZeRO-3 by parameter, its gathers placed in time
+                    excess, gathered = at[0], 0.0
+                    if b.scatter_each:
+                        grads_at = at[1]
                 else:
                     # ZeRO 2/3 reduce-scattering each gradient: the block's
                     # peak apart from its gradients, and at each gradient

@@ -132,6 +132,12 @@ class Block:
     #: while the reshape of its gathered value runs
     f_reads: Dict[str, float] = field(default_factory=dict)
     b_reads: Dict[str, float] = field(default_factory=dict)
+    #: ZeRO-3: the memory curves of the forward, the first micro-batch's
+    #: backward and a later one's, their gathered parameters taken out
+    #: (:class:`.gathered.GatherCurve`): placed in time by the estimate
+    f_curve: Any = None
+    b_curve: Any = None
+    b_curve_later: Any = None
     #: a layer's backward (the first micro-batch's, a middle one's): the
     #: compute after it makes its input gradient, which the stage before
     #: receives from then on (sent before the task ends)

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
+from .gathered import gather_curve
 from .profile import EMB, HEAD, LAYER, Block, LayerProfile, Param, optimizer_ops
 
 
@@ -54,6 +55,8 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
 
     allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
+    # ZeRO-3: what makes each value (a gathered parameter's gate)
+    producer = {id(v): op for op in rank0 for v in op.outputs} if zero3 else {}
     f_order = [EMB, "layer0", LAYER, HEAD]
     saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
              LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
@@ -71,9 +74,18 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             blocks[name].f_excess = max(0.0, peak(*window(key)) - static - grads - before)
             blocks[name].f_reads = _read_excess(groups[key], times, peak,
                                                 static + grads + before)
+            if zero3:
+                blocks[name].f_curve = gather_curve(
+                    groups[key], times, samples, stamps, static + grads + before,
+                    blocks[name].f_gather, params, producer)
         if ("B", 1, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
                                         - before - saved[name])
+            if zero3:
+                blocks[name].b_curve_later = gather_curve(
+                    groups[("B", 1, name)], times, samples, stamps,
+                    static + grads + before + saved[name], blocks[name].b_gather, params,
+                    producer)
         if ("B", 0, name) in groups:
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
@@ -90,6 +102,11 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                                     for names, during, after, nbytes in made]
             blocks[name].bs_excess = max([blocks[name].b0_excess,
                                           *blocks[name].bs_grads.values()])
+            if zero3:
+                blocks[name].b_curve = gather_curve(
+                    groups[("B", 0, name)], times, samples, stamps, base, blocks[name].b_gather,
+                    params, producer, _grad_points(groups[("B", 0, name)], times, samples,
+                                                   stamps, allocated, final_only, index))
     _optimizer_memory(params, rank0, times, samples, static + grads)
 
 
@@ -160,6 +177,32 @@ def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
                              after - starts.get(t1, 0) + 2 * made)
         made_at.append((names, float(during), float(after - starts.get(t1, 0)), made))
     return best, made_at
+
+
+def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
+                 stamps: List[float], starts: Dict[float, int], final_only: Dict[int, str],
+                 index: Dict[str, int]) -> List[Tuple[int, float, float]]:
+    """The candidates :func:`_scatter_excess` takes per gradient, in time
+    (for :class:`.gathered.GatherCurve`): (the parameter's index in the
+    block, the op's start, the live bytes while it runs plus the
+    gradients it makes) and (its index, the op's end, the live bytes then,
+    less the next op's allocations, plus twice the gradients: each and its
+    flat copy)."""
+    out: List[Tuple[int, float, float]] = []
+    for op in ops:
+        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
+        if not names:
+            continue
+        made = sum(v.type.size_bytes for v in op.outputs if id(v) in final_only)
+        t0, t1, _ = times[op.name]
+        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
+        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
+        after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
+        for name in names:
+            if name in index:
+                out.append((index[name], t0, float(during + made)))
+                out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made)))
+    return out
 
 
 def _optimizer_memory(params: Dict[str, List[Param]], rank0: List[Op], times,

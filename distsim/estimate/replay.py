@@ -360,7 +360,7 @@ class ReplayedBackward(OpByOpBackward):
         record = self.memo.block_records.get(key)
         if record is None:
             return None, (key, issued, self.tl.mark(stage), self.flops[stage], origin)
-        items, flops, last, ends, final, out = record
+        items, flops, last, ends, final, out, self.block_got = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
         self._replay_out(out, origin)
@@ -382,7 +382,7 @@ class ReplayedBackward(OpByOpBackward):
         out = self.out_at if any(entry[0] == "o" for entry in
                                  self._segment_plan(key[0], True)) else None
         self.memo.block_records[key] = (items, self.flops[stage] - flops, last - origin, ends,
-                                        final, _offset(out, origin))
+                                        final, _offset(out, origin), self.block_got)
 
     def _replay_out(self, out: Optional[float], origin: float) -> None:
         """A record's input gradient made ``out`` after ``origin`` (None: the

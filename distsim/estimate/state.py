@@ -99,6 +99,18 @@ class Memo:
         #: still waiting when it is made (:meth:`.notes.MemoryNotes._note_later`;
         #: the flat_pending of its blocks bound the rest of each block)
         self.flat_later: Dict[Tuple[int, int, int], Dict[Tuple[int, int], int]] = {}
+        #: ZeRO-3 by parameter: per (task kind, chunk shape, first backward
+        #: or not), per block position, the most bytes above the block's
+        #: baseline with its gathered parameters placed in time, and per
+        #: gradient of the block the same at the op making it (the most
+        #: over the walks: :func:`.gathered.block_peak`)
+        self.gather_peaks: Dict[tuple, Dict[int, Tuple[float, Dict[int, float]]]] = {}
+        #: ZeRO-3: per (task kind, block), its gathered parameters' shard and
+        #: whole bytes (:func:`.gathered.param_bytes`)
+        self.gathered_bytes: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}
+        #: :func:`.gathered.block_peak` by the block's curve and its
+        #: gathers' times from its start (the same place, the same result)
+        self.block_peaks: Dict[tuple, tuple] = {}
         #: ZeRO 2/3 with ``bucket_mb 0``: per stage, the most bytes of flat
         #: gradient copies and reduce-scatter outputs held after the
         #: backward pass (:func:`.sync.queued_peak`; the most over

@@ -33,6 +33,7 @@ from .costs import collectives, op_costs
 from .engine import Timeline
 from .replay import ReplayedBackward
 from .gates import chain, emit_chain, gather_plan, gather_time
+from .gathered import entries_of, note_peak, param_bytes
 from .notes import MemoryNotes
 from .params import ParamLayout
 from .profile import EMB, HEAD, LAYER, LayerProfile
@@ -272,7 +273,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 end = origin + last
             else:
                 mark = tl.mark(stage) if clean else None
-                end = self._emit_gathered(stage, plan, ready)
+                end = self._emit_gathered(stage, plan, ready, kind, c, mb)
                 items = tl.since(stage, mark, origin) if mark is not None else None
                 if items is not None:
                     self.replays[key] = (items, tuple(block[1] for block in plan), end - origin)
@@ -286,16 +287,26 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             self.out_at = end - self.out_tail(c, mb)
         return end
 
-    def _emit_gathered(self, stage: int, plan: list, ready: float) -> float:
+    def _emit_gathered(self, stage: int, plan: list, ready: float, kind: str = "F", c: int = 0,
+                       mb: int = 0) -> float:
         """A ZeRO-3 task of :meth:`_task_plan`'s ``plan`` from ``ready``: per
         block, its compute waits for its gathers; entering a block issues
         the gathers of it and of the next ``prefetch`` blocks not issued
         yet, gated on the compute before (the first block's: on the
-        stage's compute so far too, the previous task's). Returns its end."""
+        stage's compute so far too, the previous task's). Returns its end.
+        By parameter, each block's memory with its gathered parameters
+        placed in time is noted for the memory estimate
+        (:func:`.gathered.note_peak`; ``kind``, ``c``, ``mb``: the task)."""
         tl, flops = self.tl, self.flops
         prev = max(ready, tl.free[2 * stage])
         issued: List[float] = []
         end = ready
+        order = self.blocks_of(kind, c)
+        # by parameter: each gathered parameter's gate, gather start and end
+        entries: Optional[List[tuple]] = None if self.by_layer else []
+        first = kind == "B" and mb == 0
+        key = (kind, self.shapes[c], first)
+        blocks = self.prof.blocks
         #: the block before's trailing wait (the plan's), not yet emitted
         wait: Optional[List[tuple]] = None
         for i, (gathers, fl, lead, pieces, reads, tail) in enumerate(plan):
@@ -308,8 +319,15 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             if wait is not None:
                 tl.compute_pieces(stage, wait, prev)
             for start, (_, t) in zip(starts, gathers):
+                j = len(issued)
                 issued.append(tl.comm_on(stage, t, start))
+                if entries is not None:
+                    entries.extend(entries_of(self, kind, j, order[j][0], start,
+                                              [(t, len(param_bytes(self, kind,
+                                                                   order[j][0])) - 1,
+                                                issued[j])]))
             flops[stage] += fl
+            t0 = prev
             if reads is not None:
                 # its first piece waits for each gather where it reads it
                 end = emit_chain(self, stage, reads, issued[i], ready if i == 0 else 0.0)
@@ -321,6 +339,11 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 end = max(issued[0], ready)
             end = prev = tl.compute_pieces(stage, pieces, end)
             wait = tail
+            if entries is not None:
+                blk = blocks[order[i][0]]
+                curve = blk.f_curve if kind == "F" else blk.b_curve if first \
+                    else blk.b_curve_later
+                note_peak(self, key, i, curve, t0, entries, wait_all=reads is None)
         return end
 
     def _task_plan(self, kind: str, c: int, mb: int) -> Any:

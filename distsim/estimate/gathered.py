@@ -1,0 +1,279 @@
+"""ZeRO-3's gathered parameters in the estimator's memory, placed in time.
+
+LowerSPMD gates each gathered parameter on the compute before the block
+that issues its all-gather (a ``depend`` whose result, the shard, lives
+until the gather ends), all-gathers it on the communication stream (the
+whole parameter lives from the gather's start until the reshape of its
+first use ends) and reshapes it where a block first reads it. Gathers run
+one after another, so at a block's peak some may not have started (only
+their gates are live), one may be running (its gate and its result) and
+the rest done; the reads wait for theirs.
+
+The template (dp 1, no prefetch) holds each of a block's parameters whole
+from the block's start (its gate is the parameter) until its reshape
+ends. :func:`gather_curves` takes each block's memory curve on the
+template (above the baseline its peak is measured on) less those
+parameters, with where the block reads each; :func:`block_peak` puts the
+parameters back as the step's timeline has them (the gates, the gathers'
+starts and ends of the block's own parameters and of those issued ahead
+for the next ones) and returns the block's most bytes above the
+baseline.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..ir.comm import is_communication
+from ..ir.core import Op
+from ..transforms.zero3 import used_param_name
+
+
+class GatherCurve(NamedTuple):
+    """A block's memory on the template, for :func:`block_peak`: ``taus``
+    (offsets from the block's compute start, ascending, up to ``end``) and
+    ``vals`` (the bytes above the block's baseline from each offset on,
+    less the block's gathered parameters until their reshapes end);
+    ``reads``, per position
+    of the block's gathered parameters, the offsets of its reshape's start
+    and end (``inf``: not read); ``points``, extra candidates (the index of
+    a parameter of the block, an offset, bytes): with ZeRO 2/3 reducing
+    each gradient, the op making it and its flat copy right after."""
+
+    taus: Tuple[float, ...]
+    vals: Tuple[float, ...]
+    reads: Tuple[Tuple[float, float], ...]
+    points: Tuple[Tuple[int, float, float], ...]
+    #: the offset where the block ends (its last op, a collective too)
+    end: float
+    #: ``taus`` and ``vals`` as arrays (made once: :meth:`array_taus`)
+    arrays: list
+
+    def array_taus(self) -> np.ndarray:
+        if not self.arrays:
+            self.arrays.extend((np.asarray(self.taus), np.asarray(self.vals)))
+        return self.arrays[0]
+
+    def array_vals(self) -> np.ndarray:
+        self.array_taus()
+        return self.arrays[1]
+
+
+def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
+                 stamps: Sequence[float], base: float, gathered: Sequence[Tuple[str, int]],
+                 params, producer: Dict[int, Op],
+                 points: Sequence[Tuple[int, float, float]] = ()) -> Optional[GatherCurve]:
+    """The :class:`GatherCurve` of a template block's ``ops`` (rank 0, its
+    group), over ``base`` bytes; ``gathered``: the block's gathered
+    parameters (owner block, index); ``producer``: id(value) -> the op
+    making it; ``points``: (parameter index, template time, live bytes)
+    extra candidates. None: no compute op."""
+    compute = [o for o in ops if not is_communication(o)]
+    if not compute:
+        return None
+    t_c0 = min(times[o.name][0] for o in compute)
+    t_end = max(times[o.name][1] for o in ops)
+    # each gathered parameter: whole from its gate until its reshape ends
+    by_name = {params[owner][i].name: j for j, (owner, i) in enumerate(gathered)}
+    reads: List[Tuple[float, float]] = [(math.inf, math.inf)] * len(gathered)
+    held: List[Tuple[float, float, int]] = []
+    for op in compute:
+        name = used_param_name(op)
+        j = by_name.get(name) if name is not None else None
+        if j is None or reads[j][0] != math.inf:
+            continue
+        r0, r1, _ = times[op.name]
+        reads[j] = (r0 - t_c0, r1 - t_c0)
+        gate = producer.get(id(op.inputs[0]))
+        g0 = times[gate.name][0] if gate is not None and gate.name in times else t_c0
+        owner, i = gathered[j]
+        p = params[owner][i]
+        held.append((min(g0, t_c0), r1, p.numel * p.dtype.itemsize))
+
+    def own(t: float) -> int:
+        return sum(nbytes for g0, r1, nbytes in held if g0 <= t < r1)
+
+    lo = bisect_right(stamps, t_c0)
+    hi = bisect_left(stamps, t_end)
+    taus: List[float] = [0.0]
+    vals: List[float] = [(samples[lo - 1][1] if lo else 0) - base - own(t_c0)]
+    for t, live in samples[lo:hi]:
+        v = live - base - own(t)
+        if v != vals[-1]:
+            taus.append(t - t_c0)
+            vals.append(v)
+    extra = tuple((i, t - t_c0, live - base - own(t)) for i, t, live in points)
+    return GatherCurve(tuple(taus), tuple(float(v) for v in vals), tuple(reads), extra,
+                       t_end - t_c0, [])
+
+
+#: a gathered parameter in a task (see :func:`block_peak`): (the position
+#: of the block that reads it in the task, its position in that block's
+#: gathered parameters, its shard's bytes, its whole bytes, its gate's time,
+#: its gather's start and end)
+Entry = Tuple[int, int, int, int, float, float, float]
+
+
+def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
+               wait_all: bool = False) -> Tuple[float, Dict[int, float]]:
+    """Block ``k`` of a task, its compute starting at ``t0``: the most
+    bytes above its baseline with the task's gathered parameters
+    (``entries``: those issued so far) placed in time, and per extra point
+    of the curve (a parameter's gradient) the bytes there. The block's
+    compute runs as on the template from ``t0``, each read waiting for its
+    parameter's gather (``wait_all``: every read for all of them at the
+    start, where the compute holds the communication stream); a parameter
+    of a later block is live (its gate, its gather) past the block's end,
+    one of an earlier block is gone. At one time every change counts
+    (the simulator frees before it allocates, and its peak is after)."""
+    reads = curve.reads
+    own = [e for e in entries if e[0] == k]
+    # the block's timeline: offset -> time, with the waits at its reads
+    cut_at: List[float] = []
+    cut_wait: List[float] = []
+    if wait_all:
+        done = max((e[6] for e in own), default=t0)
+        if done > t0:
+            cut_at.append(0.0)
+            cut_wait.append(done - t0)
+    else:
+        waited = 0.0
+        for e in sorted(own, key=lambda e: reads[e[1]][0]):
+            at = reads[e[1]][0]
+            if at == math.inf:
+                continue
+            late = e[6] - (t0 + at + waited)
+            if late > 0.0:
+                waited += late
+                cut_at.append(at)
+                cut_wait.append(waited)
+
+    def when(tau: float) -> float:
+        i = bisect_right(cut_at, tau)
+        return t0 + tau + (cut_wait[i - 1] if i else 0.0)
+
+    # the gathered bytes as events in time
+    ev_t: List[float] = []
+    ev_d: List[int] = []
+    for owner, j, shard, whole, gate, start, end in entries:
+        if owner < k:
+            continue
+        ev_t += (gate, end, start)
+        ev_d += (shard, -shard, whole)
+        if owner == k:
+            ev_t.append(when(reads[j][1]))
+            ev_d.append(-whole)
+    taus = curve.array_taus()
+    vals = curve.array_vals()
+    pts = taus + t0
+    if cut_at:
+        pts = pts + np.concatenate(([0.0], cut_wait))[
+            np.searchsorted(np.asarray(cut_at), taus, side="right")]
+    if not ev_t:
+        return float(vals.max()), {i: v for i, _, v in curve.points}
+    order = np.argsort(np.asarray(ev_t), kind="stable")
+    times = np.asarray(ev_t)[order]
+    held = np.cumsum(np.asarray(ev_d, dtype=float)[order])
+    # at each point of the curve, and at each event (the curve's value then)
+    at_pts = np.searchsorted(times, pts, side="right") - 1
+    g_pts = np.where(at_pts >= 0, held[np.maximum(at_pts, 0)], 0.0)
+    last = np.searchsorted(times, times, side="right") - 1     # every change at a time
+    v_ev = np.searchsorted(pts, times, side="right") - 1
+    inside = (v_ev >= 0) & (times < when(curve.end))
+    best = float(max((vals + g_pts).max(),
+                     (vals[v_ev[inside]] + held[last[inside]]).max() if inside.any()
+                     else -math.inf))
+    extra: Dict[int, float] = {}
+    for i, tau, v in curve.points:
+        at = bisect_right(times.tolist(), when(tau)) - 1 if len(times) else -1
+        value = v + (float(held[at]) if at >= 0 else 0.0)
+        if value > extra.get(i, -math.inf):
+            extra[i] = value
+    return best, extra
+
+
+def param_bytes(b, kind: str, block: str) -> List[Tuple[int, int]]:
+    """Per position of ``block``'s gathered parameters in a ``kind`` task
+    (of builder ``b``), (its shard's bytes, its whole bytes)."""
+    hit = b.memo.gathered_bytes.get((kind, block))
+    if hit is None:
+        from .sync import shard_size
+        blk = b.prof.blocks[block]
+        hit = []
+        for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
+            p = b.prof.params[owner][i]
+            size = p.dtype.itemsize
+            hit.append((shard_size(p.numel, b.dp) * size, p.numel * size))
+        b.memo.gathered_bytes[(kind, block)] = hit
+    return hit
+
+
+def entries_of(b, kind: str, k: int, block: str, gate: float,
+               groups: Sequence[Tuple[float, int, float]]) -> List[Entry]:
+    """The :data:`Entry` of each gathered parameter of ``block`` (at
+    position ``k`` of a ``kind`` task), gated at ``gate`` and gathered in
+    ``groups`` (each: its time, the position of its last parameter, its
+    end) that run one after another, each parameter's all-gather after the
+    one before (:attr:`.gates.GatherPlan.items`)."""
+    from .gates import gather_plan
+    items = gather_plan(b, kind, block).items
+    sizes = param_bytes(b, kind, block)
+    out: List[Entry] = []
+    first = 0
+    for time_s, upto, end in groups:
+        at = end - time_s
+        for j in range(first, upto + 1):
+            shard, whole = sizes[j]
+            out.append((k, j, shard, whole, gate, at, at + items[j]))
+            at += items[j]
+        first = upto + 1
+    return out
+
+
+def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
+              entries: List[Entry], wait_all: bool = False) -> Optional[tuple]:
+    """:func:`block_peak` of block ``k`` noted for the memory estimate, the
+    most over the walks (:attr:`.state.Memo.gather_peaks`, ``key``: the
+    task's kind, chunk shape, first backward or not); returns what it
+    noted (a replay notes it again with :func:`note_again`). The block's
+    own entries are dropped from ``entries`` (read: gone from the next
+    blocks)."""
+    got = None
+    if curve is not None:
+        # the same block in the same place among its gathers (a steady
+        # pipeline's tasks) worked out once; times to a tenth of a
+        # picosecond (a replayed task's are its record's shifted, to rounding)
+        sig = (id(curve), wait_all) + tuple(
+            [x for e in entries
+             for x in (e[0] - k, e[1], e[3], int((e[4] - t0) * 1e13),
+                       int((e[5] - t0) * 1e13), int((e[6] - t0) * 1e13))])
+        got = b.memo.block_peaks.get(sig)
+        if got is None:
+            got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all)
+        note_again(b, key, k, got)
+    drop = 0
+    while drop < len(entries) and entries[drop][0] <= k:
+        drop += 1
+    del entries[:drop]
+    return got
+
+
+def note_again(b, key: tuple, k: int, got: Optional[tuple]) -> None:
+    """Note ``got`` (:func:`block_peak`'s) for block ``k`` of ``key``."""
+    if got is None:
+        return
+    held = b.memo.gather_peaks.setdefault(key, {})
+    peak, extra = got
+    old = held.get(k)
+    if old is None:
+        held[k] = (peak, dict(extra))
+        return
+    best = old[1]
+    for i, v in extra.items():
+        if v > best.get(i, -math.inf):
+            best[i] = v
+    if peak > old[0]:
+        held[k] = (peak, best)
