@@ -62,11 +62,17 @@ def estimate_memory(b: Builder) -> List[int]:
     # the chunk that sent it, counted in its last layer's saved bytes,
     # freed its copy once sent
     kept = float(prof.forward_crossing_saved)
+    #: per chunk, the bytes of its output sent to the next stage and freed
+    #: there: its last layer's backward (the first in a backward task)
+    #: counts them back, as the template's measure of that layer takes
+    #: them off (the template's layer output is gone by its backward too)
+    sent = {}
     for c in range(b.C):
         if c > 0 and (c - 1) % S.pp != c % S.pp:
             chunk_saved[c] += kept
         if c < b.C - 1 and (c + 1) % S.pp != c % S.pp:
             chunk_saved[c] -= kept
+            sent[c] = kept
     prefetch = S.prefetch if zero == 3 else 0
     units = b.by_layer
     ahead = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, prefetch)
@@ -128,7 +134,7 @@ def estimate_memory(b: Builder) -> List[int]:
                               else blocks[name].b_excess)
                 if by_block is not None:
                     excess += by_block.get(k, 0)
-                now = base + held + gathered
+                now = base + held + gathered + (sent.get(c, 0.0) if k == 0 else 0.0)
                 if units:     # the previous unit's shards, and this one's copy-out
                     pending = pending_shard_bytes(b, backward, k)
                     now += pending
@@ -169,6 +175,13 @@ def estimate_memory(b: Builder) -> List[int]:
         saved = saved_by_chunk[chunk]
         delta = np.where(forward, saved, -saved)
         flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
+        # each micro-batch's data (token ids on the embedding's stage,
+        # labels on the head's), live from the step's start until the
+        # backward that reads them ends
+        for c_data, per in ((0, prof.data_emb), (b.C - 1, prof.data_head)):
+            if per and b.stage_of(c_data) == stage:
+                read = ~forward & (chunk == c_data)
+                flight = flight + per * (b.M - np.concatenate(([0], np.cumsum(read)[:-1])))
         # each chunk's first backward task (micro-batch 0: tasks of a chunk
         # run in micro-batch order), by chunk
         first_back = {}

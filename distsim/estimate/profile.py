@@ -188,6 +188,10 @@ class LayerProfile:
     wall_s: float = 0.0
     #: of ``forward_crossing``, the bytes a backward op reads (see _crossing)
     forward_crossing_saved: int = 0
+    #: a micro-batch's data inputs (token ids, labels): live from the
+    #: step's start until the embedding's / the loss's backward reads them
+    data_emb: int = 0
+    data_head: int = 0
 
 
 def _block_of(layer: Any, layers: int) -> Optional[str]:
@@ -525,9 +529,11 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
     from .profile_memory import memory_excess   # it reads this module's blocks
-    memory_excess(blocks, groups, times, trace, program, params, rank0, final_only)
+    data_emb, data_head = memory_excess(blocks, groups, times, trace, program, params, rank0,
+                                        final_only)
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
-                        lower.master_dtype, dict(partition), time.perf_counter() - started, kept)
+                        lower.master_dtype, dict(partition), time.perf_counter() - started, kept,
+                        data_emb, data_head)
 
 
 def _out_tail(ops: List[Op], times, outs: set, final: Optional[Dict[int, str]] = None

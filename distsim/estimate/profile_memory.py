@@ -19,12 +19,16 @@ from .profile import EMB, HEAD, LAYER, Block, LayerProfile, Param, optimizer_ops
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
                    params: Dict[str, List[Param]], rank0: List[Op],
-                   final_only: Dict[int, str]) -> None:
+                   final_only: Dict[int, str]) -> Tuple[int, int]:
     """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
     curve: the peak inside the block's time window minus what is known to
     be live then (weights and optimizer state, gradient buffers after the
     first backward, saved activations of the blocks before it), and each
-    parameter's update memory (:func:`_optimizer_memory`)."""
+    parameter's update memory (:func:`_optimizer_memory`). The step's data
+    (each micro-batch's token ids and labels, inputs live from the step's
+    start until the embedding's or the loss's backward reads them) are
+    taken off the curve: the estimate counts them per micro-batch. Returns
+    a micro-batch's bytes of them read by the embedding and by the head."""
     roles = program.meta.get("roles", {})
     zero3 = program.meta.get("strategy", {}).get("zero") == 3
     static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
@@ -34,7 +38,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     grads = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
                 and roles.get(v.name) == (
                     "grad_buffer" if "grad_buffer" in roles.values() else "param"))
-    samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
+    samples, data_emb, data_head = _without_data(
+        sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0),
+        program, roles, rank0, times)
     stamps = [t for t, _ in samples]
 
     def peak(t0: float, t1: float) -> float:
@@ -108,6 +114,45 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                     params, producer, _grad_points(groups[("B", 0, name)], times, samples,
                                                    stamps, allocated, final_only, index))
     _optimizer_memory(params, rank0, times, samples, static + grads)
+    return data_emb, data_head
+
+
+def _without_data(samples: List[Tuple[float, int]], program: Function, roles, rank0: List[Op],
+                  times) -> Tuple[List[Tuple[float, int]], int, int]:
+    """Rank 0's memory samples less its data inputs (role ``data``: live
+    from the start until their last reader ends), and the bytes of the
+    first micro-batch's read by the embedding and by the head."""
+    data = {id(v): v for v in program.inputs
+            if v.type.device == 0 and roles.get(v.name) == "data"}
+    if not data:
+        return samples, 0, 0
+    free: Dict[int, float] = {}
+    reader: Dict[int, Op] = {}
+    for op in rank0:
+        for v in op.inputs:
+            if id(v) in data and op.name in times:
+                free[id(v)] = max(free.get(id(v), 0.0), times[op.name][1])
+                reader.setdefault(id(v), op)
+    ends = sorted((free.get(k, 0.0), v.type.size_bytes) for k, v in data.items())
+    held = sum(n for _, n in ends)
+    out: List[Tuple[float, int]] = []
+    i = 0
+    for t, live in samples:
+        while i < len(ends) and ends[i][0] <= t:
+            held -= ends[i][1]
+            i += 1
+        out.append((t, live - held))
+    emb = head = 0
+    for k, v in data.items():
+        op = reader.get(k)
+        if op is None or op.meta.get("microbatch") != 0:
+            continue
+        layer = op.meta.get("layer")
+        if isinstance(layer, int) and layer < 0:
+            emb += v.type.size_bytes
+        else:
+            head += v.type.size_bytes
+    return out, emb, head
 
 
 def _read_excess(ops: List[Op], times, peak, base: float) -> Dict[str, float]:
