@@ -17,7 +17,7 @@ from ..ir.comm import CollectiveType
 from ..transforms.zero3 import unit_indices
 
 from .gates import gather_plan
-from .gathered import entries_of, note_again, note_peak
+from .gathered import note_again, note_peak
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from ..transforms.strategy import Strategy
@@ -186,9 +186,8 @@ class OpByOpBackward:
                         for j in range(k + 1, min(n, k + 1 + self.S.prefetch)):
                             if j in gathered and not any(e[0] == j for e in entries):
                                 groups = self._gather_groups(order[j][0], only)
-                                entries.extend(entries_of(
-                                    self, "B", j, order[j][0], origin_of_replay,
-                                    [(t, upto, gathered[j][upto]) for t, upto in groups]))
+                                entries.append((j, order[j][0], origin_of_replay, tuple(
+                                    (t, upto, gathered[j][upto]) for t, upto in groups)))
                         while entries and entries[0][0] <= k:
                             del entries[0]
                     continue
@@ -205,7 +204,7 @@ class OpByOpBackward:
                             at_end[upto] = at_end[None] = tl.comm_on(stage, t, start)
                             groups.append((t, upto, at_end[upto]))
                         if entries is not None:
-                            entries.extend(entries_of(self, "B", j, order[j][0], start, groups))
+                            entries.append((j, order[j][0], start, tuple(groups)))
                 ends = gathered[k]
             local: Dict[int, float] = {}
             unit = self._grad_unit(name)
@@ -259,7 +258,27 @@ class OpByOpBackward:
                             if flats is not None:
                                 flats.append((self._unit_bytes(name), end))
                         continue
-                    if scatter:
+                    if scatter and shard_ops is not None and not self.zero3:
+                        # ZeRO 2 past the first micro-batch: flattened, then
+                        # the shard's accumulation, which waits for the
+                        # reduce-scatter: one item holding the communication
+                        # stream from the reduce-scatter's start (its time
+                        # a wait; the same times as the two items, half the
+                        # spans for the time split)
+                        pc = self.sync.cost(name, param)
+                        if pc.sync is None:
+                            pc.sync = self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)
+                        t, fl = pc.flat
+                        ts, fls = shard_ops[(name, param)]
+                        self.flops[stage] += fl
+                        self.flops[stage] += fls
+                        end = last = tl.compute(stage, pc.sync + ts,
+                                                tl.compute(stage, t, made or 0.0), ts,
+                                                holds_comm=True)
+                        if accumulating == self.M - 1:
+                            key = (name, layer, param)
+                            self.sync.final[key] = self.sync.synced[key] = end
+                    elif scatter:
                         pc = timed_costs.get((name, param))
                         if pc is not None and pc.sync is not None:
                             # StepSync.scatter's steps, its collective timed
@@ -284,7 +303,7 @@ class OpByOpBackward:
                 blk = self.prof.blocks[name]
                 self.block_got = note_peak(self, self.peak_key, k,
                                            blk.b_curve if only else blk.b_curve_later, gate,
-                                           entries)
+                                           entries, "B")
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:

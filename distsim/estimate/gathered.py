@@ -61,6 +61,14 @@ class GatherCurve(NamedTuple):
         self.array_taus()
         return self.arrays[1]
 
+    def array_points(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``points`` as arrays: indices, offsets, bytes."""
+        self.array_taus()
+        if len(self.arrays) == 2:
+            index, at, value = zip(*self.points)
+            self.arrays.extend((np.asarray(index), np.asarray(at), np.asarray(value)))
+        return self.arrays[2], self.arrays[3], self.arrays[4]
+
 
 def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
                  stamps: Sequence[float], base: float, gathered: Sequence[Tuple[str, int]],
@@ -168,30 +176,37 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
             ev_d.append(-whole)
     taus = curve.array_taus()
     vals = curve.array_vals()
-    pts = taus + t0
     if cut_at:
-        pts = pts + np.concatenate(([0.0], cut_wait))[
-            np.searchsorted(np.asarray(cut_at), taus, side="right")]
+        shift = np.concatenate(([0.0], cut_wait))
+        cuts = np.asarray(cut_at)
+
+        def when_all(x: np.ndarray) -> np.ndarray:
+            return x + t0 + shift[np.searchsorted(cuts, x, side="right")]
+    else:
+        def when_all(x: np.ndarray) -> np.ndarray:
+            return x + t0
+    pts = when_all(taus)
     if not ev_t:
         return float(vals.max()), {i: v for i, _, v in curve.points}
     order = np.argsort(np.asarray(ev_t), kind="stable")
     times = np.asarray(ev_t)[order]
-    held = np.cumsum(np.asarray(ev_d, dtype=float)[order])
-    # at each point of the curve, and at each event (the curve's value then)
-    at_pts = np.searchsorted(times, pts, side="right") - 1
-    g_pts = np.where(at_pts >= 0, held[np.maximum(at_pts, 0)], 0.0)
-    last = np.searchsorted(times, times, side="right") - 1     # every change at a time
+    held = np.concatenate(([0.0], np.cumsum(np.asarray(ev_d, dtype=float)[order])))
+    # at each point of the curve (every change at or before it counted), and
+    # at each event (the curve's value then, every change at that time)
+    g_pts = held[np.searchsorted(times, pts, side="right")]
+    last = np.searchsorted(times, times, side="right")
     v_ev = np.searchsorted(pts, times, side="right") - 1
     inside = (v_ev >= 0) & (times < when(curve.end))
-    best = float(max((vals + g_pts).max(),
-                     (vals[v_ev[inside]] + held[last[inside]]).max() if inside.any()
-                     else -math.inf))
+    best = float((vals + g_pts).max())
+    if inside.any():
+        best = max(best, float((vals[v_ev[inside]] + held[last[inside]]).max()))
     extra: Dict[int, float] = {}
-    for i, tau, v in curve.points:
-        at = bisect_right(times.tolist(), when(tau)) - 1 if len(times) else -1
-        value = v + (float(held[at]) if at >= 0 else 0.0)
-        if value > extra.get(i, -math.inf):
-            extra[i] = value
+    if curve.points:
+        index, at, value = curve.array_points()
+        got = value + held[np.searchsorted(times, when_all(at), side="right")]
+        for i, v in zip(index.tolist(), got.tolist()):
+            if v > extra.get(i, -math.inf):
+                extra[i] = v
     return best, extra
 
 
@@ -233,31 +248,40 @@ def entries_of(b, kind: str, k: int, block: str, gate: float,
     return out
 
 
+#: a block's gathers in a task (see :func:`note_peak`): (the position of
+#: the block that reads them, the block's name, their gate's time, and
+#: their groups: each (its time, the position of its last parameter, its
+#: end), run one after another)
+Issued = Tuple[int, str, float, Tuple[Tuple[float, int, float], ...]]
+
+
 def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
-              entries: List[Entry], wait_all: bool = False) -> Optional[tuple]:
-    """:func:`block_peak` of block ``k`` noted for the memory estimate, the
-    most over the walks (:attr:`.state.Memo.gather_peaks`, ``key``: the
-    task's kind, chunk shape, first backward or not); returns what it
-    noted (a replay notes it again with :func:`note_again`). The block's
-    own entries are dropped from ``entries`` (read: gone from the next
-    blocks)."""
+              issued: List[Issued], kind: str, wait_all: bool = False) -> Optional[tuple]:
+    """:func:`block_peak` of block ``k`` of a ``kind`` task, the
+    gathers ``issued`` so far, noted for the memory estimate, the most
+    over the walks (:attr:`.state.Memo.gather_peaks`, ``key``: the task's
+    kind, chunk shape, first backward or not); returns what it noted (a
+    replay notes it again with :func:`note_again`). The block's own
+    gathers are dropped from ``issued`` (read: gone from the next blocks)."""
     got = None
     if curve is not None:
         # the same block in the same place among its gathers (a steady
         # pipeline's tasks) worked out once; times to a tenth of a
         # picosecond (a replayed task's are its record's shifted, to rounding)
-        sig = (id(curve), wait_all) + tuple(
-            [x for e in entries
-             for x in (e[0] - k, e[1], e[3], int((e[4] - t0) * 1e13),
-                       int((e[5] - t0) * 1e13), int((e[6] - t0) * 1e13))])
+        sig = (id(curve), wait_all, kind) + tuple(
+            [(owner - k, block, int((gate - t0) * 1e13),
+              tuple([int((end - t0) * 1e13) for _, _, end in groups]))
+             for owner, block, gate, groups in issued])
         got = b.memo.block_peaks.get(sig)
         if got is None:
+            entries = [e for owner, block, gate, groups in issued
+                       for e in entries_of(b, kind, owner, block, gate, groups)]
             got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all)
         note_again(b, key, k, got)
     drop = 0
-    while drop < len(entries) and entries[drop][0] <= k:
+    while drop < len(issued) and issued[drop][0] <= k:
         drop += 1
-    del entries[:drop]
+    del issued[:drop]
     return got
 
 

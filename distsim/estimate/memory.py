@@ -82,6 +82,10 @@ def estimate_memory(b: Builder) -> List[int]:
     next_one = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, min(prefetch, 1))
                 for c in range(b.C) for kind in "FB"} if units else ahead
 
+    #: the most of a block's gradient candidates (by the dict's id: the
+    #: profile's and the notes' dicts live through the walk)
+    grads_top: Dict[int, float] = {}
+
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:
@@ -142,9 +146,14 @@ def estimate_memory(b: Builder) -> List[int]:
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
-                if each or inside:
+                if inside:
                     for i, at in grads_at.items():
-                        peak = max(peak, now + at + (inside.get((k, i), 0) if inside else 0))
+                        peak = max(peak, now + at + inside.get((k, i), 0))
+                elif each and grads_at:
+                    top = grads_top.get(id(grads_at))
+                    if top is None:
+                        top = grads_top[id(grads_at)] = max(grads_at.values())
+                    peak = max(peak, now + top)
                 held -= blocks[name].saved_bytes
         return peak
 

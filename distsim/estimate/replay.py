@@ -84,6 +84,17 @@ class ReplayedBackward(OpByOpBackward):
         return (origin, ready <= origin, tl.free[s + 1] <= origin,
                 bool(plan) and plan[0][0] == "c")
 
+    def _opens(self, name: str) -> Tuple[bool, bool]:
+        """Whether the first micro-batch's op-by-op plan of block ``name``
+        opens with a leading recomputation, and with compute (see
+        :meth:`_start`)."""
+        hit = self.memo.opens.get(name)
+        if hit is None:
+            plan = self._segment_plan(name, True)
+            hit = self.memo.opens[name] = (bool(plan) and plan[0][6],
+                                           bool(plan) and plan[0][0] == "c")
+        return hit
+
     def _first_backward(self, stage: int, c: int, ready: float) -> Optional[float]:
         """:meth:`emit_last_backward` of chunk ``c``'s first micro-batch with
         ZeRO 2/3 (each gradient flattened and reduce-scattered where it is
@@ -292,11 +303,16 @@ class ReplayedBackward(OpByOpBackward):
         emitted op by op."""
         tl = self.tl
         order = self.blocks_of("B", c)
-        origin, input_there, idle, compute_first = self._start(stage, order[0][0], True, ready)
+        # :meth:`_start`, inlined (a steady pipeline replays thousands)
+        lead, compute_first = self._opens(order[0][0])
+        s = 2 * stage
+        free = tl.free[s] if tl.free[s] > 0.0 else 0.0
+        origin = free if lead or free > ready else ready
+        input_there = ready <= origin
         # a leading recomputation from ``origin``, the input later (not by
         # layer: there the unit the task finds pending depends on both)
         split = not input_there and compute_first and not self.by_layer
-        clean = idle and (input_there or split)
+        clean = tl.free[s + 1] <= origin and (input_there or split)
         key = (self.shapes[c], mb == self.M - 1, split)
         if self.by_layer:
             # by layer a task first settles the unit the stage's previous
@@ -436,8 +452,10 @@ class ReplayedBackward(OpByOpBackward):
         items, flops, last, final, leaves, _, out = record
         self.tl.replay(stage, items, origin)
         self.flops[stage] += flops
-        self._replay_out(out, origin)
-        self._set_finals(order, final, origin)
+        if out is not None:
+            self.out_at = origin + out
+        if final:
+            self._set_finals(order, final, origin)
         if leaves is not None:
             # by layer: the unit found pending was settled in the items;
             # the task's own last unit is left pending

@@ -58,6 +58,10 @@ class Memo:
         #: or not), its gathers grouped (:meth:`Builder._gather_groups`)
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
+        #: per block, whether its first micro-batch's op-by-op plan opens
+        #: with a leading recomputation, and with compute
+        #: (:meth:`.replay.ReplayedBackward._opens`)
+        self.opens: Dict[str, Tuple[bool, bool]] = {}
         #: ZeRO-3 by layer: per block, the parameters whose gradients are
         #: reduce-scattered as one (None: none) and their bytes
         self.grad_units: Dict[str, Tuple[Optional[Tuple[int, ...]], int]] = {}

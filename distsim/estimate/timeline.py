@@ -33,7 +33,7 @@ from .costs import collectives, op_costs
 from .engine import Timeline
 from .replay import ReplayedBackward
 from .gates import chain, emit_chain, gather_plan, gather_time
-from .gathered import entries_of, note_peak, param_bytes
+from .gathered import note_peak, param_bytes
 from .notes import MemoryNotes
 from .params import ParamLayout
 from .profile import EMB, HEAD, LAYER, LayerProfile
@@ -303,7 +303,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         end = ready
         order = self.blocks_of(kind, c)
         # by parameter: each gathered parameter's gate, gather start and end
-        entries: Optional[List[tuple]] = None if self.by_layer else []
+        entries: Optional[List[tuple]] = None if self.by_layer else []   # Issued
         first = kind == "B" and mb == 0
         key = (kind, self.shapes[c], first)
         blocks = self.prof.blocks
@@ -322,10 +322,9 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 j = len(issued)
                 issued.append(tl.comm_on(stage, t, start))
                 if entries is not None:
-                    entries.extend(entries_of(self, kind, j, order[j][0], start,
-                                              [(t, len(param_bytes(self, kind,
-                                                                   order[j][0])) - 1,
-                                                issued[j])]))
+                    entries.append((j, order[j][0], start,
+                                    ((t, len(param_bytes(self, kind, order[j][0])) - 1,
+                                      issued[j]),)))
             flops[stage] += fl
             t0 = prev
             if reads is not None:
@@ -343,7 +342,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 blk = blocks[order[i][0]]
                 curve = blk.f_curve if kind == "F" else blk.b_curve if first \
                     else blk.b_curve_later
-                note_peak(self, key, i, curve, t0, entries, wait_all=reads is None)
+                note_peak(self, key, i, curve, t0, entries, kind, wait_all=reads is None)
         return end
 
     def _task_plan(self, kind: str, c: int, mb: int) -> Any:
@@ -499,6 +498,9 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         plain = not (self.zero3 or self.scatter_each)
         plans, shapes, flops, last_mb = self.memo.plans, self.shapes, self.flops, self.M - 1
         pieces_on, p2p, routes = self.tl.compute_pieces, self.tl.p2p_chain, self._routes
+        # a backward's compute after its input gradient, per chunk (first
+        # micro-batch, a middle one)
+        tails = [(self.out_tail(c, 0), self.out_tail(c, 1)) for c in range(self.C)]
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             while pending and pending[0][0] <= start:
@@ -532,7 +534,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                     pieces_on(stage, lead, 0.0)
                 ends[task] = end_at = pieces_on(stage, pieces, ready)
                 if kind == "B":
-                    outs[task] = end_at - self.out_tail(c, mb)
+                    outs[task] = end_at - tails[c][mb != 0]
             seq += 1
             heappush(pending, (end, seq, task))
         w.pos, w.seq = stop, seq
