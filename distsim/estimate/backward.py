@@ -258,13 +258,15 @@ class OpByOpBackward:
                             if flats is not None:
                                 flats.append((self._unit_bytes(name), end))
                         continue
-                    if scatter and shard_ops is not None and not self.zero3:
-                        # ZeRO 2 past the first micro-batch: flattened, then
-                        # the shard's accumulation, which waits for the
-                        # reduce-scatter: one item holding the communication
-                        # stream from the reduce-scatter's start (its time
-                        # a wait; the same times as the two items, half the
-                        # spans for the time split)
+                    if scatter and shard_ops is not None and not self.zero3 and self.tp == 1:
+                        # ZeRO 2 past the first micro-batch, without
+                        # tensor-parallel collectives (nothing else on the
+                        # communication stream): flattened, then the
+                        # shard's accumulation, which waits for the
+                        # reduce-scatter, as one item holding the
+                        # communication stream from the reduce-scatter's
+                        # start (its time a wait; the same times as the two
+                        # items, half the spans for the time split)
                         pc = self.sync.cost(name, param)
                         if pc.sync is None:
                             pc.sync = self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)

@@ -201,10 +201,14 @@ def estimate_memory(b: Builder) -> List[int]:
         first_b = np.zeros(len(forward), dtype=bool)
         first_b[list(first_back.values())] = True
         kinds = chunk * 4 + forward * 2 + first_b
+        received = b.memo.recv_ahead
         for key in np.unique(kinds).tolist():
             held = float(flight[kinds == key].max())
             c, is_f, first = key // 4, key & 2, key & 1
-            best = max(best, task_peak(base, "F" if is_f else "B", c, held, first=bool(first)))
+            kind = "F" if is_f else "B"
+            # a pipeline's values received for later tasks (and a forward's input)
+            held += received.get((stage, kind, c, bool(first)), 0)
+            best = max(best, task_peak(base, kind, c, held, first=bool(first)))
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where

@@ -8,10 +8,11 @@ held until they are unpacked after the backward pass.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import TYPE_CHECKING, Dict, List, Tuple
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from .state import Memo
+    from .state import Memo, Walk
 
 
 class MemoryNotes:
@@ -50,6 +51,57 @@ class MemoryNotes:
         for k, nbytes in later.items():
             if nbytes > held.get(k, 0):
                 held[k] = nbytes
+
+    def _note_received(self, w: "Walk") -> None:
+        """A pipeline's received values, for the memory estimate: each lives
+        from its transfer's start, while the receiving stage may still run
+        earlier tasks (1F1B's next input arrives during a backward), until
+        the task reading it starts (a forward's input: through that task,
+        after which its chunk keeps it; a backward's gradient: the
+        template's backward holds it). Per stage and class of task (kind,
+        chunk, first backward or not) the most such bytes while a task
+        runs (:attr:`Memo.recv_ahead`, the most over the walks)."""
+        prof = self.prof
+        sizes = {"F": sum(prof.forward_crossing), "B": sum(prof.backward_crossing)}
+        by_stage: Dict[int, List[tuple]] = {}
+        ends = w.ends
+        for task, arrived in w.recv.items():
+            kind, _, c = task
+            src_c = c - 1 if kind == "F" else c + 1
+            route = self._routes[kind][src_c]
+            if route is None or not sizes[kind]:
+                continue
+            _, (_, dst), times = route
+            by_stage.setdefault(dst, []).append((arrived - sum(times), task, sizes[kind]))
+        if not by_stage:
+            return
+        tasks: Dict[int, List[tuple]] = {stage: [] for stage in by_stage}
+        for s, task, _, _ in w.order:
+            if s in tasks:
+                tasks[s].append(task)
+        held = self.memo.recv_ahead
+        for stage, received in by_stage.items():
+            order = tasks[stage]
+            place = {task: j for j, task in enumerate(order)}
+            t1 = [ends[task] or 0.0 for task in order]
+            # each value: from the first task ending after its transfer
+            # starts, to the last starting before its reader does (a
+            # forward's input: its reader too)
+            change = [0] * (len(order) + 1)
+            for begin, task, nbytes in received:
+                hi = place[task] + (1 if task[0] == "F" else 0)
+                lo = bisect_right(t1, begin)
+                if lo < hi:
+                    change[lo] += nbytes
+                    change[hi] -= nbytes
+            live = 0
+            for j, task in enumerate(order):
+                live += change[j]
+                if live:
+                    kind, mb, c = task
+                    key = (stage, kind, c, kind == "B" and mb == 0)
+                    if live > held.get(key, 0):
+                        held[key] = live
 
     def _note_inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
         """Keep the most of :meth:`emit_last_backward`'s ``inside`` over the

@@ -313,6 +313,7 @@ def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = N
     memo = Memo() if memo is None else memo
     memo.record_last_backwards = True       # the long timeline replays the short's
     short = Builder(_with_microbatches(case, m1), profile, memo)
+    short.note_received = False
     long = Builder(_with_microbatches(case, m2), profile, memo)
     try:
         w1, w2 = short.walk(), long.walk()

@@ -109,6 +109,12 @@ class Memo:
         #: gradient of the block the same at the op making it (the most
         #: over the walks: :func:`.gathered.block_peak`)
         self.gather_peaks: Dict[tuple, Dict[int, Tuple[float, Dict[int, float]]]] = {}
+        #: pipelines: per (stage, task kind, chunk, first backward or not),
+        #: the most bytes received from another stage for a later task
+        #: (or, a forward's input, for the task itself) while a task runs:
+        #: a received value lives from its transfer's start
+        #: (:meth:`.notes.MemoryNotes._note_received`)
+        self.recv_ahead: Dict[Tuple[int, str, int, bool], int] = {}
         #: ZeRO-3: per (task kind, block), its gathered parameters' shard and
         #: whole bytes (:func:`.gathered.param_bytes`)
         self.gathered_bytes: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}

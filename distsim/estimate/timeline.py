@@ -81,6 +81,11 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
     comes: an item is its end time here, and ``ready`` (the latest end
     among an item's dependencies) is what the next one waits for."""
 
+    #: whether :meth:`complete` notes the values a pipeline stage receives
+    #: ahead of the tasks reading them (the shorter of two extrapolation
+    #: walks need not: the longer has the same tasks, one micro-batch more)
+    note_received = True
+
     def __init__(self, case: Case, profile: LayerProfile, memo: Optional["Memo"] = None
                  ) -> None:
         self.case = case
@@ -545,6 +550,8 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         self.advance(w, len(w.order))
         while w.pending:
             self._send(w, heapq.heappop(w.pending)[2])
+        if self.pp > 1 and self.note_received:
+            self._note_received(w)
         self.sync.finish()
         return self.tl
 

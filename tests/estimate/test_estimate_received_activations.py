@@ -59,3 +59,20 @@ STAGES = [
 def test_a_stage_holds_its_sent_output_and_its_data_as_the_simulator_does(strategy):
     row, sim = estimated_and_simulated({**TINY, **strategy})
     assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"], abs=16)
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_a_received_value_lives_from_its_transfer(zero):
+    # 1F1B's last stage receives the next micro-batch's input while it runs
+    # the backward before (the transfer starts as the stage before ends its
+    # forward): held from then on, not from the forward that reads it. The
+    # head's backward peaks with it (gpt3-1.3b over 4 stages: -1.5 %; with
+    # ZeRO 3 at dp 1 -1.4 %); now within 0.01 %
+    options = {"model": "gpt3-1.3b", "topology": "dgx-a100-x2", "dp": 1, "tp": 4, "pp": 4,
+               "layers": 4, "seq": 1024, "micro_batch": 4, "global_batch": 12,
+               "schedule": "1f1b", "zero": zero, "recompute": "full",
+               "network_mode": "analytical"}
+    if zero == 3:
+        options.update(prefetch=2, bucket_mb=0)
+    row, sim = estimated_and_simulated(options)
+    assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"], rel=1e-4)
