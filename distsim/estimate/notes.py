@@ -63,16 +63,17 @@ class MemoryNotes:
         runs (:attr:`Memo.recv_ahead`, the most over the walks)."""
         prof = self.prof
         sizes = {"F": sum(prof.forward_crossing), "B": sum(prof.backward_crossing)}
+        # per sending chunk and kind: the receiving stage, the transfer's time
+        routes = {}
+        for kind in ("F", "B"):
+            for c, route in enumerate(self._routes[kind]):
+                if route is not None and sizes[kind]:
+                    routes[(kind, route[0])] = (route[1][1], sum(route[2]), sizes[kind])
         by_stage: Dict[int, List[tuple]] = {}
-        ends = w.ends
         for task, arrived in w.recv.items():
-            kind, _, c = task
-            src_c = c - 1 if kind == "F" else c + 1
-            route = self._routes[kind][src_c]
-            if route is None or not sizes[kind]:
-                continue
-            _, (_, dst), times = route
-            by_stage.setdefault(dst, []).append((arrived - sum(times), task, sizes[kind]))
+            hit = routes.get((task[0], task[2]))
+            if hit is not None:
+                by_stage.setdefault(hit[0], []).append((arrived - hit[1], task, hit[2]))
         if not by_stage:
             return
         tasks: Dict[int, List[tuple]] = {stage: [] for stage in by_stage}
@@ -80,6 +81,7 @@ class MemoryNotes:
             if s in tasks:
                 tasks[s].append(task)
         held = self.memo.recv_ahead
+        ends = w.ends
         for stage, received in by_stage.items():
             order = tasks[stage]
             place = {task: j for j, task in enumerate(order)}
@@ -89,19 +91,23 @@ class MemoryNotes:
             # forward's input: its reader too)
             change = [0] * (len(order) + 1)
             for begin, task, nbytes in received:
-                hi = place[task] + (1 if task[0] == "F" else 0)
+                hi = place[task] + (task[0] == "F")
                 lo = bisect_right(t1, begin)
                 if lo < hi:
                     change[lo] += nbytes
                     change[hi] -= nbytes
             live = 0
-            for j, task in enumerate(order):
-                live += change[j]
+            best: Dict[tuple, int] = {}
+            for task, step in zip(order, change):
+                live += step
                 if live:
-                    kind, mb, c = task
-                    key = (stage, kind, c, kind == "B" and mb == 0)
-                    if live > held.get(key, 0):
-                        held[key] = live
+                    key = (task[0], task[2], task[0] == "B" and task[1] == 0)
+                    if live > best.get(key, 0):
+                        best[key] = live
+            for (kind, c, first), nbytes in best.items():
+                key = (stage, kind, c, first)
+                if nbytes > held.get(key, 0):
+                    held[key] = nbytes
 
     def _note_inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
         """Keep the most of :meth:`emit_last_backward`'s ``inside`` over the
