@@ -19,7 +19,8 @@ setup(
         "pandas>=2.0",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "pyarrow>=12", "dask>=2023.1", "distributed>=2023.1"],
+        "test": ["pytest>=7", "hypothesis>=6", "pyarrow>=12", "dask>=2023.1", "distributed>=2023.1",
+                 "nbclient>=0.7", "nbformat>=5", "ipykernel>=6"],
         "dask": ["distributed>=2023.1", "dask>=2023.1"],
         "parquet": ["pyarrow>=12"],
         "export": ["torch", "transformers", "onnxscript"],

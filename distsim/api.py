@@ -3,7 +3,7 @@
     import distsim
     result = distsim.simulate(model="mlp", topology="dgx-a100", dp=8)
     result.step_time_s, print(result.summary_table())
-    result.write_outputs("distsim-out")     # trace.json, gantt.png, memory.png, summary.json
+    result.write_outputs("distsim-out")     # summary.json, trace.json, the charts, report.html
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from .pages import small_pages
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
 from .ir.types import DType
-from .report.chrome_trace import (DEFAULT_MAX_TRACE_RECORDS, TracePlan, check_max_trace_records,
+from .run_options import (DEFAULT_MAX_OPS, DEFAULT_MAX_TRACE_RECORDS, check_max_ops,  # noqa: F401
+                          check_max_trace_records, check_network_mode)
+from .report.chrome_trace import (TracePlan,
                                   plan_trace)
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
@@ -38,6 +40,8 @@ DEFAULT_MODEL = "mlp"
 DEFAULT_TOPOLOGY = "dgx-a100"
 OUTPUT_FILES = ("summary.json", "trace.json", "gantt.png", "memory.png", "links.png",
                 "report.html")
+#: written as well by a pipeline run (pp > 1): a lane per pipeline stage
+PIPELINE_FILE = "pipeline.png"
 
 
 @dataclass
@@ -94,27 +98,39 @@ class SimulationResult:
         plan = self.trace_plan(max_trace_records)
         write_chrome_trace(self.trace, path, max_trace_records=plan.max_records, plan=plan)
 
-    def gantt(self, path: Union[str, Path]) -> None:
-        write_gantt(self.trace, path)
+    def gantt(self, path: Union[str, Path], view: str = "devices") -> None:
+        """The Gantt chart: a lane per device (``view="stages"``: per pipeline stage)."""
+        write_gantt(self.trace, path, program=self.program, view=view)
+
+    def pipeline_chart(self, path: Union[str, Path]) -> None:
+        """The Gantt chart with a lane per pipeline stage (pipeline.png)."""
+        self.gantt(path, view="stages")
 
     def memory_plot(self, path: Union[str, Path]) -> None:
         write_memory_plot(self.trace, path)
 
+    def chart(self, name: str = "gantt") -> Any:
+        """A chart, shown inline in a notebook (``.save(path)`` writes it):
+        ``gantt``, ``pipeline``, ``memory`` or ``links``."""
+        from .report.run_charts import run_chart   # matplotlib: when drawn
+        return run_chart(self, name)
+
     def html_report(self, path: Union[str, Path]) -> Path:
-        """One self-contained ``report.html``: summary, config, Gantt, memory."""
+        """One self-contained ``report.html``: summary, config, every chart."""
         from .report.html import write_run_report   # matplotlib and pandas: when drawn
         return write_run_report(self, path)
 
     def links_plot(self, path: Union[str, Path]) -> None:
-        """The busiest network links: utilisation over time or busy share."""
+        """The busiest network links: mean utilisation over time, or per link."""
         plot_links(self.trace.links, path, samples=self.trace.link_samples,
                    end_s=self.trace.step_time_s)
 
     def write_outputs(self, out_dir: Union[str, Path], plots: bool = True,
                       max_trace_records: Optional[int] = None,
                       progress: Optional[Callable[[str], None]] = None) -> Dict[str, Path]:
-        """Write summary.json and trace.json (and with ``plots`` the PNGs and
-        report.html, the page that shows them with the summary) into ``out_dir``;
+        """Write summary.json and trace.json (and with ``plots`` the PNGs,
+        pipeline.png for a pipeline run, and report.html, the page that
+        shows them with the summary) into ``out_dir``;
         each file atomically. trace.json holds at most ``max_trace_records``
         timed records (None: this result's setting, default
         :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); past it the trace is
@@ -145,22 +161,9 @@ class SimulationResult:
             write_summary(summary, paths["summary"])
             say("writing trace.json")
             self.write_trace(paths["trace"])
-            if plots:
-                paths["gantt"] = out / "gantt.png"
-                paths["memory"] = out / "memory.png"
-                paths["links"] = out / "links.png"
-                paths["report"] = out / "report.html"
-                say("drawing gantt.png")
-                self.gantt(paths["gantt"])
-                say("drawing memory.png")
-                self.memory_plot(paths["memory"])
-                say("drawing links.png")
-                self.links_plot(paths["links"])
-                # the page inlines the charts just drawn (each drawn once)
-                say("writing report.html")
-                from .report.html import write_run_report
-                write_run_report(self, paths["report"], gantt=paths["gantt"],
-                                 memory=paths["memory"])
+            if plots:     # the charts, then the page that inlines them (each drawn once)
+                from .report.run_charts import write_run_charts
+                write_run_charts(self, out, paths, say)
         except BaseException:
             if made is not None:   # folders of this run only: no partial set of outputs left
                 _remove_outputs(out, paths.values(), made)
@@ -171,8 +174,9 @@ class SimulationResult:
         return self.summary_table()
 
     def _repr_html_(self) -> str:
-        import html
-        return "<pre>" + html.escape(self.summary_table()) + "</pre>"
+        """The summary as HTML tables and the Gantt chart inline (notebooks)."""
+        from .report.html import result_html   # matplotlib and pandas: when drawn
+        return result_html(self)
 
 
 def _first_missing(folder: Path) -> Optional[Path]:
@@ -205,29 +209,9 @@ def _remove_outputs(out: Path, paths: Any, made: Path) -> None:
             break
 
 
-#: The most ops :func:`build_program` builds (estimated before building;
-#: ``max_ops=`` / ``--max-ops``, 0: no limit). A program of this size
-#: already needs tens of GB; past it a typo such as ``--layers 10000000`` is
-#: one clear error instead of minutes of building that exhaust memory.
-DEFAULT_MAX_OPS = 50_000_000
 #: Ops per layer, micro-batch and simulated device, roughly (forward,
 #: backward, optimizer and communication), for the op-count estimate.
 _OPS_PER_LAYER = {"mlp": 8, "gpt": 40}
-
-
-def check_max_ops(value: Any) -> int:
-    """``max_ops`` as an int >= 0 (0: no limit); None is the default."""
-    if value is None:
-        return DEFAULT_MAX_OPS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"--max-ops: must be an integer >= 0 (0: no limit), got {value!r}")
-    return value
-
-
-def check_network_mode(value: Any) -> None:
-    """``network_mode`` (``--network-mode``): ``flow`` or ``analytical``."""
-    if value not in ("flow", "analytical"):
-        raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {value!r}")
 
 
 def check_max_wall_s(value: Any) -> Optional[float]:

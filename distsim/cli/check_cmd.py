@@ -7,7 +7,7 @@ import argparse
 
 from ..ir.verifier import verify
 from ..transforms.sharding import check_lowering, shard_program
-from .files import check_entry, read_program, seed_option
+from .files import about_file, check_entry, read_program, seed_option
 
 
 def add_parser(sub) -> None:
@@ -25,8 +25,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     module = read_program(args.file)
     check_entry(module, args.file, args.entry)
-    _, local = shard_program(module, args.entry)
-    verify(local)
-    result = check_lowering(module, local, args.entry, seed=args.seed)
+    with about_file(args.file):
+        _, local = shard_program(module, args.entry)
+        verify(local)
+        result = check_lowering(module, local, args.entry, seed=args.seed)
     print(f"{args.file}: {result}")
     return 0 if result.ok else 1

@@ -1,12 +1,15 @@
 """Reading DistIR text files for the CLI: one place for the file errors and
 for choosing the verifier (global-view programs with meshes, sharded types
-or calls get the sharding verifier; local-view programs the plain one)."""
+or calls get the sharding verifier; local-view programs the plain one).
+Every error about a file's program names the file (:func:`about_file`)."""
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
-from ..errors import ConfigError, PassPreconditionError, VerifyError
+from ..errors import ConfigError, DistsimError, ParseError
 from ..ir.core import Module
 from ..ir.mesh import DTensorType
 from ..ir.verifier import verify_module
@@ -37,17 +40,27 @@ def is_global_view(module: Module) -> bool:
     return False
 
 
-def read_program(path_text: str) -> Module:
-    """Parse and verify a DistIR text file. Verifier errors (which name the
-    function and op) get the file name in front, as parse errors have it."""
-    module = parse_module(read_text(path_text), source=str(path_text))
+@contextmanager
+def about_file(path_text: str) -> Iterator[None]:
+    """Errors raised inside name the file: an error about an op read from
+    it starts with ``path:line:`` already (see :mod:`distsim.ir.source`),
+    any other gets ``path:`` in front."""
     try:
-        return verify_sharded(module) if is_global_view(module) else verify_module(module)
-    except (VerifyError, PassPreconditionError) as e:
+        yield
+    except ParseError:
+        raise
+    except DistsimError as e:
         message = str(e)
-        if not message.startswith(f"{path_text}:"):
-            message = f"{path_text}: {message}"
-        raise type(e)(message) from None
+        if message.startswith(f"{path_text}:"):
+            raise
+        raise type(e)(f"{path_text}: {message}") from None
+
+
+def read_program(path_text: str) -> Module:
+    """Parse and verify a DistIR text file; errors name the file."""
+    module = parse_module(read_text(path_text), source=str(path_text))
+    with about_file(path_text):
+        return verify_sharded(module) if is_global_view(module) else verify_module(module)
 
 
 def check_entry(module: Module, path_text: str, entry: str) -> None:

@@ -8,7 +8,7 @@ import sys
 from ..ir.verifier import verify
 from ..text import print_function, print_module
 from ..transforms.sharding import shard_program
-from .files import check_entry, read_program
+from .files import about_file, check_entry, read_program
 
 
 def add_parser(sub) -> None:
@@ -26,9 +26,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     module = read_program(args.file)
     check_entry(module, args.file, args.entry)
-    sharded, local = shard_program(module, args.entry)
-    if args.show_global:
-        sys.stdout.write(print_module(sharded))
-    else:
-        sys.stdout.write(print_function(verify(local)))
+    with about_file(args.file):
+        sharded, local = shard_program(module, args.entry)
+        text = print_module(sharded) if args.show_global else print_function(verify(local))
+    sys.stdout.write(text)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ..errors import DistsimError
 from ..models import available_models, family_of, load_model_config
@@ -13,21 +13,27 @@ from ..models import available_models, family_of, load_model_config
 def add_parser(sub) -> None:
     p = sub.add_parser("models", help="list the model configs (models/*.yaml) and their sizes",
                        description="List every named model (models/*.yaml and built-in "
-                                   "families) with its family and parameter count.")
+                                   "families) with its family and parameter count, or the "
+                                   "models given (names, .yaml files, Hugging Face "
+                                   "config.json files or their folders).")
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help="models to describe (default: every named model)")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=run)
 
 
-def model_rows() -> List[Dict[str, Any]]:
-    """One row per named model: name, family and what the family describes."""
+def model_rows(names: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """One row per model (``names``, default every named model): name,
+    family and what the family describes."""
     rows = []
-    for name in available_models():
+    for name in names or available_models():
         config = load_model_config(name)
         try:
             info = family_of(config).describe(config)
         except DistsimError as e:  # e.g. an ONNX file that needs input shapes
             info = {"note": str(e)}
-        rows.append({"name": name, "family": config["family"], **info})
+        rows.append({"name": config.get("name", name) if names else name,
+                     "family": config["family"], **info})
     return rows
 
 
@@ -41,7 +47,7 @@ def _count(n: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = model_rows()
+    rows = model_rows(args.models)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")

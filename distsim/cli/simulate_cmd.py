@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..api import OUTPUT_FILES, simulate
+from ..api import OUTPUT_FILES, PIPELINE_FILE, simulate
 from ..errors import ConfigError
 from ..fileio import refuse_file_as_folder
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
         "simulate", help="simulate one training step (default: an MLP, data-parallel on dgx-a100)",
         description="Simulate one training step of a model under a parallel strategy on a "
                     "topology. Prints a summary table (or JSON with --json) and writes "
-                    + ", ".join(OUTPUT_FILES) + " into the output folder.")
+                    + ", ".join(OUTPUT_FILES) + f" (and {PIPELINE_FILE} for a pipeline run) "
+                    "into the output folder.")
     add_model_options(p)
     add_onnx_options(p)
     add_strategy_options(p)
@@ -43,7 +44,7 @@ def add_parser(sub) -> None:
     o.add_argument("--json", action="store_true",
                    help="print the summary as JSON on stdout instead of the table")
     o.add_argument("--no-plots", action="store_true",
-                   help="skip gantt.png, memory.png, links.png and report.html")
+                   help="skip gantt.png, pipeline.png, memory.png, links.png and report.html")
     o.add_argument("--no-link-samples", action="store_true",
                    help="do not record link utilisation over time (links.png then shows "
                         "busy time per link, trace.json has no link counters; saves memory "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.zero3 import unit_indices
+from ..transforms.sync_policy import accumulation_ops, prefetch_window, unit_indices
 
 from .gates import gather_plan
 from .gathered import note_again, note_peak
@@ -58,6 +58,8 @@ class OpByOpBackward:
     #: notes, and what its last block noted (a block record keeps it)
     peak_key: Optional[tuple] = None
     block_got: Optional[tuple] = None
+    unit_made_at: Dict[tuple, float]
+    unit_ends: List[float]
 
     def _segment_plan(self, name: str, only: bool) -> list:
         """A block's op-level last backward (``only``: the first micro-batch's,
@@ -159,8 +161,6 @@ class OpByOpBackward:
         #: flushed before it starts (held until they are unpacked)
         in_buckets: Dict[int, int] = {}
         by_stage = self.sync.buckets if self.route == "bucket" else {}
-        #: by layer: per block position, its unit's gradients made so far
-        unit_made: Dict[int, Dict[int, float]] = {}
         block_replays = block_replays and accumulating is not None \
             and not self.by_layer and not by_stage
         # ZeRO-3 by parameter: each block's memory with its gathered
@@ -194,7 +194,7 @@ class OpByOpBackward:
             ends: Dict[Optional[int], float] = {}
             if self.zero3:
                 gate = last if last is not None else max(ready, tl.free[2 * stage])
-                for j in range(k, min(n, k + 1 + self.S.prefetch)):
+                for j in prefetch_window(k, n, self.S.prefetch):
                     if j not in gathered:
                         gathered[j] = at_end = {}
                         copy_in = gather_plan(self, "B", order[j][0]).copy_in
@@ -249,14 +249,14 @@ class OpByOpBackward:
                             inside[(k, param)] = held
                     if unit is not None and param in unit:
                         # by layer: reduce-scattered with the rest of the
-                        # block's unit once all are made
-                        got = unit_made.setdefault(k, {})
-                        got[param] = made or 0.0
-                        if len(got) == len(unit):
-                            end = self._scatter_unit(stage, name, layer, unit,
-                                                     max(got.values()), accumulating or 0)
-                            if flats is not None:
-                                flats.append((self._unit_bytes(name), end))
+                        # block's unit once all are made (the policy's rule)
+                        key = (name, layer, param)
+                        self.unit_made_at[key] = made or 0.0
+                        scattered = len(self.unit_ends)
+                        self.sync.policy.unit_gradient(tuple((name, layer, i) for i in unit),
+                                                       key, stage, accumulating or 0)
+                        if flats is not None and len(self.unit_ends) > scattered:
+                            flats.append((self._unit_bytes(name), self.unit_ends[-1]))
                         continue
                     if scatter and shard_ops is not None and not self.zero3 and self.tp == 1:
                         # ZeRO 2 past the first micro-batch, without
@@ -289,7 +289,8 @@ class OpByOpBackward:
                             self.flops[stage] += fl
                             end = tl.comm_on(stage, pc.sync, tl.compute(stage, t, made or 0.0))
                         else:
-                            end = self.sync.scatter((name, param), stage, made)
+                            end = self.sync.scatter((name, param), stage, made,
+                                                    CollectiveType.REDUCE_SCATTER)
                         if shard_ops is not None:
                             t, fl = shard_ops[(name, param)]
                             self.flops[stage] += fl
@@ -370,13 +371,13 @@ class OpByOpBackward:
         per parameter (block, index), the time and FLOPs of the ops on its
         shard after its reduce-scatter (accumulate; at the last micro-batch
         average too)."""
-        final = mb == self.M - 1
-        hit = self.memo.shard_ops.get(final)
+        ops = accumulation_ops(mb, self.M)
+        hit = self.memo.shard_ops.get(ops)
         if hit is None:
-            hit = self.memo.shard_ops[final] = {}
-            per = 2 if final else 1          # ops per parameter in the terms
+            hit = self.memo.shard_ops[ops] = {}
+            per = len(ops)                   # ops per parameter in the terms
             for name, params in self.prof.params.items():
-                terms = self._block_scatter(name, True, final)
+                terms = self._block_scatter(name, ops)
                 for i in range(len(params)):
                     at = slice(i * per, (i + 1) * per)
                     hit[(name, i)] = (sum(terms.on_shard[at]), sum(terms.shard_flops[at]))
@@ -404,22 +405,24 @@ class OpByOpBackward:
                 members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
         return hit
 
-    def _scatter_unit(self, stage: int, name: str, layer, unit: Tuple[int, ...], made: float,
-                      mb: int) -> float:
-        """A block's unit of gradients, all made by ``made``: the stage's
-        previous unit settled first (:meth:`settle_units`), then the
-        gradients concatenated row by row (compute) and reduce-scattered
-        (its end returned); settled at the stage's next unit."""
-        self.settle_units(stage)
+    def scatter_unit(self, unit: Tuple[tuple, ...], stage: int, mb: int) -> None:
+        """A block's unit of gradients (``unit``: their parameter keys), all
+        made (:attr:`unit_made_at`): concatenated row by row (compute) and
+        reduce-scattered (its end noted in :attr:`unit_ends`); settled at
+        the stage's next unit. (The policy settles the stage's previous
+        unit first: :meth:`~distsim.transforms.sync_policy.SyncPolicy.unit_gradient`.)"""
+        name, layer = unit[0][0], unit[0][1]
+        indices = tuple(key[2] for key in unit)
+        made = max(self.unit_made_at.pop(key) for key in unit)
         params = self.prof.params[name]
-        d = params[unit[0]].dtype
-        t_cat = self.costs.cost("chunk_cat", [(params[i].numel, d) for i in unit],
-                                [(sum(params[i].numel for i in unit), d)])[0]
+        d = params[indices[0]].dtype
+        t_cat = self.costs.cost("chunk_cat", [(params[i].numel, d) for i in indices],
+                                [(sum(params[i].numel for i in indices), d)])[0]
         end = self.tl.compute(stage, t_cat, made)
         end = self.tl.comm_on(stage, self.dp_time(CollectiveType.REDUCE_SCATTER,
                                                   self._unit_bytes(name)), end)
-        self.unit_pending.setdefault(stage, []).append((name, layer, unit, mb, end))
-        return end
+        self.unit_pending.setdefault(stage, []).append((name, layer, indices, mb, end))
+        self.unit_ends.append(end)
 
     def settle_units(self, stage: int) -> None:
         """The units of ``stage`` reduce-scattered and not settled: each

@@ -11,23 +11,19 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-import simpy
-
 from ..cost.model import CostModel
 from ..ir.comm import CollectiveType
 from ..ir.core import Op, Value
 from ..ir.types import DType, TensorType
-from ..sim.collectives import run_collective
-from ..sim.network import Network
+from ..sim.solo_time import collective_time
 from ..topology import Topology, load_topology
 
 
 class Collectives:
     """Analytical collective times on one topology, the simulator's own:
-    each collective runs alone on an analytical network (no contention),
-    from time 0 in an environment of its own, so that its time is the same
-    whatever was timed before it (a shared clock would round it by how far
-    it had run)."""
+    each collective's :func:`~distsim.sim.solo_time.collective_time` alone
+    on an analytical network (no contention), from time 0, so that its time
+    is the same whatever was timed before it."""
 
     def __init__(self, topology: Topology, algorithm: str) -> None:
         self.topology = topology
@@ -40,13 +36,9 @@ class Collectives:
         key = (kind, ranks, float(nbytes))
         hit = self.cache.get(key)
         if hit is None:
-            env = simpy.Environment()
-            network = Network(env, self.topology, mode="analytical", link_stats=False)
             root = ranks[0] if kind is CollectiveType.SEND_RECV else None
-            env.process(run_collective(env, network, kind, ranks, nbytes, root=root,
-                                       algorithm=self.algorithm))
-            env.run()
-            hit = self.cache[key] = float(env.now)
+            hit = self.cache[key] = collective_time(self.topology, "analytical", kind, ranks,
+                                                    nbytes, root, self.algorithm)[0]
         return hit
 
 

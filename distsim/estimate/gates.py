@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.zero3 import unit_indices
+from ..transforms.sync_policy import gather_groups
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from .timeline import Builder
@@ -68,26 +68,23 @@ def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
     params = [b.prof.params[owner][i] for owner, i in
               (blk.f_gather if kind == "F" else blk.b_gather)]
     dp = b.dp
-    unit = unit_indices([p.numel for p in params], dp) if b.by_layer else ()
+    # the lowering's groups (the unit, then each other parameter alone)
+    groups = gather_groups([p.numel for p in params], dp, b.by_layer)
+    items = [b.dp_time(CollectiveType.ALL_GATHER,
+                       sum(params[j].numel * params[j].dtype.itemsize for j in group))
+             for group in groups]
+    item_of = {j: g for g, group in enumerate(groups) for j in group}
+    upto, most = [], 0
+    for j in range(len(params)):
+        most = max(most, item_of[j])
+        upto.append(most)
+    unit = groups[0] if groups and len(groups[0]) > 1 else ()
     if not unit:
-        hit = GatherPlan([b.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize)
-                          for p in params], list(range(len(params))))
+        hit = GatherPlan(items, upto)
     else:
         ps = [params[j] for j in unit]
         d = ps[0].dtype
         unit_bytes = sum(p.numel * p.dtype.itemsize for p in ps)
-        items = [b.dp_time(CollectiveType.ALL_GATHER, unit_bytes)]
-        item_of = []
-        for j, p in enumerate(params):
-            if j in unit:
-                item_of.append(0)
-            else:
-                items.append(b.dp_time(CollectiveType.ALL_GATHER, p.numel * p.dtype.itemsize))
-                item_of.append(len(items) - 1)
-        upto, most = [], 0
-        for i in item_of:
-            most = max(most, i)
-            upto.append(most)
         cost = b.costs.cost
         copy_in = cost("concat", [(p.numel // dp, d) for p in ps],
                        [(sum(p.numel for p in ps) // dp, d)])[0]

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..models.gpt_family import hyper_of
 from ..transforms.pipeline import schedule_tasks
+from ..transforms.sync_policy import resident_layout
 from .profile_memory import prefetched_bytes
 from .sync import shard_size
 from .timeline import Builder
@@ -36,14 +37,16 @@ def estimate_memory(b: Builder) -> List[int]:
     hyper = hyper_of(b.case.config, S.optimizer)
     states = 1 + len(hyper.states)
     # bytes per parameter of each block (whole numbers, summed exactly)
+    # as the lowering makes them (:func:`~distsim.transforms.sync_policy.resident_layout`)
+    layout = resident_layout(zero, dp, b.sync.policy.bucket_bytes)
     per: Dict[Tuple[str, int], Tuple[int, int]] = {}
     for block, params in prof.params.items():
         for i, p in enumerate(params):
             n, size = p.numel, p.dtype.itemsize
             shard = shard_size(n, dp)
-            per[(block, i)] = ((shard if zero == 3 else n) * size
-                               + states * (shard if zero >= 1 else n) * master,
-                               (shard if b.scatter_each else n) * size)
+            per[(block, i)] = ((shard if layout.param else n) * size
+                               + states * (shard if layout.state else n) * master,
+                               (shard if layout.grad else n) * size)
     static_bytes = [0] * S.pp
     grad_bytes = [0] * S.pp
     for stage, counts in enumerate(b.param_counts()):

@@ -1,6 +1,6 @@
 """The overlap of a stage's compute and communication spans, for the
 estimator's time split (:meth:`.engine.Timeline.stage_breakdown`):
-:func:`distsim.report.intervals.merged_overlap`'s walk with numpy.
+:func:`distsim.intervals.merged_overlap`'s walk with numpy.
 
 ``merged_overlap`` walks two sorted lists of spans pair by pair, adding
 each positive overlap as it goes. A stage of a long pipeline has thousands
@@ -20,7 +20,7 @@ from typing import List
 
 import numpy as np
 
-from ..report.intervals import merged_overlap
+from ..intervals import merged_overlap
 
 
 #: Below this many spans the walk in Python is faster than numpy's calls.

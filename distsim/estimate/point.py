@@ -59,13 +59,12 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..api import check_max_ops, check_max_trace_records, check_network_mode
 from ..errors import ConfigError, DistsimError, PassPreconditionError
 from ..ir.core import gc_paused
 from ..ir.types import DType
 from ..models import check_batch_options, load_model_config
-from ..models.gpt_family import gpt_config, resolve_batch, validate
-from ..report.training_metrics import model_flops_per_step
+from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
+from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
 from ..transforms.strategy import Strategy, check_field
 from ..transforms.zero import check_shardable

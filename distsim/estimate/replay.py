@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..transforms.sync_policy import prefetch_window
 from .backward import OpByOpBackward
 
 
@@ -213,7 +214,7 @@ class ReplayedBackward(OpByOpBackward):
         there are none)."""
         order = self.blocks_of("B", c)
         sync = self.sync
-        if self.zero3 or sync.pending.get(stage) or not order:
+        if self.zero3 or sync.policy.pending.get(stage) or not order:
             return self.emit_last_backward(stage, c, order, ready)
         only = self.M == 1
         origin, input_there, idle, compute_first = self._start(stage, order[0][0], only, ready)
@@ -237,8 +238,9 @@ class ReplayedBackward(OpByOpBackward):
         if replays * len(order) < _MIN_BLOCKS:
             return self.emit_last_backward(stage, c, order, ready)
         mark, flops = tl.mark(stage), self.flops[stage]
+        policy = sync.policy
         sizes = (len(sync.final), len(sync.synced), len(sync.buckets.get(stage, ())),
-                 len(sync.unpack), len(sync.deferred.get(stage, ())))
+                 len(sync.unpack), len(policy.deferred.get(stage, ())))
         last, lead, mark = self._emit_from(stage, c, order, ready, origin, mark, split)
         if lead is False:
             return last
@@ -258,11 +260,11 @@ class ReplayedBackward(OpByOpBackward):
             return last
         self.memo.last_backwards[key] = (
             items, self.flops[stage] - flops, last - origin, made[0], made[1],
-            tuple(sync.pending.get(stage, ())), sync.pending_bytes.get(stage),
+            tuple(policy.pending.get(stage, ())), policy.pending_bytes.get(stage),
             tuple(sync.buckets.get(stage, ())[sizes[2]:]),
             [(bucket, ar - origin, total, dtype)
              for bucket, _, ar, total, dtype in sync.unpack[sizes[3]:]],
-            tuple(sync.deferred.get(stage, ())[sizes[4]:]), lead, _offset(self.out_at, origin))
+            tuple(policy.deferred.get(stage, ())[sizes[4]:]), lead, _offset(self.out_at, origin))
         return last
 
     def _replay_last(self, record: tuple, stage: int, order: List[Tuple[str, Optional[int]]],
@@ -279,14 +281,14 @@ class ReplayedBackward(OpByOpBackward):
             if places:
                 table.update(zip([order[k] + (i,) for k, i in places], (at + origin).tolist()))
         if pending:
-            sync.pending[stage] = list(pending)
-            sync.pending_bytes[stage] = pending_bytes
+            sync.policy.pending[stage] = list(pending)
+            sync.policy.pending_bytes[stage] = pending_bytes
         if buckets:
             sync.buckets.setdefault(stage, []).extend(buckets)
         sync.unpack.extend((bucket, stage, origin + ar, total, dtype)
                            for bucket, ar, total, dtype in unpack)
         if deferred:
-            sync.deferred.setdefault(stage, []).extend(deferred)
+            sync.policy.deferred.setdefault(stage, []).extend(deferred)
         return origin + last
 
     def _accumulating_backward(self, stage: int, c: int, mb: int, ready: float) -> float:
@@ -370,8 +372,8 @@ class ReplayedBackward(OpByOpBackward):
         free = self.tl.free
         if free[2 * stage] != origin or free[2 * stage + 1] > origin:
             return None, None
-        stop = min(len(order), k + 1 + self.S.prefetch) if self.zero3 else k
-        issued = tuple(j - k for j in range(k, stop) if j not in gathered)
+        window = prefetch_window(k, len(order), self.S.prefetch) if self.zero3 else ()
+        issued = tuple(j - k for j in window if j not in gathered)
         key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
         record = self.memo.block_records.get(key)
         if record is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
+from ..transforms.pipeline import PendingSends
 
 
 class ScatterTerms:
@@ -51,9 +52,10 @@ class Memo:
         #: (:class:`.gates.GatherPlan`)
         self.gather_plans: Dict[Tuple[str, str], Any] = {}
         self.scatter_terms: Dict[tuple, ScatterTerms] = {}
-        #: ZeRO 2/3's backward past the first micro-batch: per last-or-not,
-        #: each parameter's (time, FLOPs) of its shard's ops
-        self.shard_ops: Dict[bool, Dict[Tuple[str, int], Tuple[float, float]]] = {}
+        #: ZeRO 2/3's backward past the first micro-batch: per accumulation
+        #: ops of its micro-batch, each parameter's (time, FLOPs) of its
+        #: shard's ops
+        self.shard_ops: Dict[Tuple[str, ...], Dict[Tuple[str, int], Tuple[float, float]]] = {}
         #: ZeRO-3's op-by-op backward: per (block, first micro-batch's plan
         #: or not), its gathers grouped (:meth:`Builder._gather_groups`)
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
@@ -145,10 +147,11 @@ class Walk:
     """Where a :class:`Builder` is in its program order: the position, each
     task's end, where each backward task made what it sends to the stage
     before (its input gradient, before its last ops), the latest arrival
-    of each task's inputs, the sends waiting for the schedule's clock (a
-    heap by their task's scheduled end)."""
+    of each task's inputs, the sends waiting for the schedule's clock
+    (:class:`~distsim.transforms.pipeline.PendingSends`, as the lowering
+    keeps them)."""
 
-    __slots__ = ("order", "pos", "ends", "outs", "recv", "pending", "seq")
+    __slots__ = ("order", "pos", "ends", "outs", "recv", "pending")
 
     def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]]) -> None:
         self.order = order
@@ -156,8 +159,7 @@ class Walk:
         self.ends: Dict[tuple, Optional[float]] = {}
         self.outs: Dict[tuple, Optional[float]] = {}
         self.recv: Dict[tuple, float] = {}
-        self.pending: List[tuple] = []
-        self.seq = 0
+        self.pending = PendingSends()
 
 
 def shared_prefix(a: Walk, b: Walk, last_a: int) -> int:

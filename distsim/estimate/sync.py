@@ -1,16 +1,19 @@
-"""The estimator's gradient synchronisation and optimizer step, as
-:class:`~distsim.transforms.zero.GradientSync` emits them (see
+"""The estimator's gradient synchronisation and optimizer step: the
+timeline sink of the lowering's own decisions
+(:class:`~distsim.transforms.sync_policy.SyncPolicy`, whose other sink,
+:class:`~distsim.transforms.zero.GradientSync`, emits them as ops). See
 :mod:`.timeline`, whose :class:`~.timeline.Builder` owns a
-:class:`StepSync`).
+:class:`StepSync`.
 
 As each parameter's last gradient becomes final (:meth:`StepSync.ready`),
-it is synchronised over the data-parallel team as
-:func:`~distsim.transforms.zero.sync_route` says (all-reduce, ZeRO 2/3
-reduce-scatter, in buckets, or after the backward pass); after the backward
-pass come the tied-embedding all-reduce and, per parameter, the optimizer
-(the ZeRO shard sliced out, the update, the new parameter all-gathered).
-What the step charges a parameter is the same for that parameter in every
-layer, so it is worked out once per configuration (:class:`ParamCost`).
+the policy decides how it is synchronised over the data-parallel team
+(all-reduce, ZeRO 2/3 reduce-scatter, in buckets, or after the backward
+pass) and what the end of the step does (the tied-embedding all-reduce,
+per parameter the optimizer as :func:`~distsim.transforms.sync_policy.update_plan`
+says); :class:`StepSync` advances the timeline by what each of those
+costs. What the step charges a parameter is the same for that parameter
+in every layer, so it is worked out once per configuration
+(:class:`ParamCost`).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from operator import add
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
+from ..transforms.sync_policy import SyncPolicy, update_plan
 from .profile import EMB, HEAD
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
@@ -73,7 +77,8 @@ class ParamCost:
         n, d = p.numel, p.dtype
         self.numel, self.dtype = n, d
         self.nbytes = n * d.itemsize
-        self.shard = shard_size(n, b.dp) if b.zero >= 1 else n
+        plan = update_plan(b.zero, b.dp)
+        self.shard = shard_size(n, b.dp) if plan.on_shard else n
         self.flat = b.costs.cost("reshape", [(n, d)], [(n, d)])
         # the update ops shrink to the shard: their time beyond the launch
         # overhead scales with the elements
@@ -85,15 +90,17 @@ class ParamCost:
             fl += flops * ratio
         self.update = (t, fl)
         self.slice = b.costs.cost("slice", [(n, d)], [(self.shard, d)]) \
-            if b.zero >= 1 and b.dp > 1 else (0.0, 0.0)
+            if plan.slice else (0.0, 0.0)
         self.sync: Optional[float] = None
         self.plan: Optional[tuple] = None
 
 
 class StepSync:
-    """Gradient sync state of one step (as GradientSync): each gradient's
-    end time when final and when synchronised, the buckets pending per
-    stage, the syncs deferred to after the backward pass."""
+    """Gradient sync state of one step: each gradient's end time when
+    final and when synchronised, the buckets all-reduced and waiting to be
+    unpacked; what waits in which bucket and what is deferred is the
+    policy's (:attr:`policy`). The timeline sink of a
+    :class:`~distsim.transforms.sync_policy.SyncPolicy`."""
 
     def __init__(self, b: "Builder") -> None:
         self.b = b
@@ -101,15 +108,18 @@ class StepSync:
         self.zero, self.dp = b.zero, b.dp
         self.final: Dict[ParamKey, Optional[float]] = {}
         self.synced: Dict[ParamKey, Optional[float]] = {}
-        self.pending: Dict[int, List[ParamKey]] = {}
-        self.pending_bytes: Dict[int, int] = {}
-        self.deferred: Dict[int, List[ParamKey]] = {}
         self.unpack: List[tuple] = []
         self.buckets: Dict[int, List[int]] = {}     # stage -> bytes of each flat bucket
         self._costs: Dict[Tuple[str, int], ParamCost] = b.memo.param_costs
+        self.policy: SyncPolicy[ParamKey] = SyncPolicy(
+            b.S, self, lambda key: self.cost(key[0], key[2]).nbytes)
         #: each gradient all-reduced on its own (ZeRO 0/1, no buckets): the
         #: op-by-op backward's common case (:meth:`ready_and_synced`)
-        self._each_all_reduce = b.route == "each" and self.zero < 2
+        self._each_all_reduce = (self.policy.route == "each"
+                                 and self.policy.kind is CollectiveType.ALL_REDUCE)
+        #: ZeRO 2/3 with ``bucket_mb 0``: per stage, what each deferred
+        #: sync holds (:func:`queued_peak`)
+        self._queued: Dict[int, List[Tuple[float, float, float, int, int]]] = {}
 
     def cost(self, block: str, index: int) -> ParamCost:
         hit = self._costs.get((block, index))
@@ -118,31 +128,17 @@ class StepSync:
         return hit
 
     def ready(self, key: ParamKey, stage: int, end: Optional[float]) -> None:
-        """The gradient ``key`` is final at ``end``: synchronise it as
-        GradientSync._ready routes it."""
+        """The gradient ``key`` is final at ``end``: the policy synchronises it."""
         self.final[key] = end
-        route = self.b.route
-        if route == "local":
-            self.synced[key] = end
-            return
-        if route == "deferred":
-            self.deferred.setdefault(stage, []).append(key)
-            return
-        if route == "each":
-            self.sync_one(key, stage)
-            return
-        self.pending.setdefault(stage, []).append(key)
-        held = self.pending_bytes.get(stage, 0) + self.cost(key[0], key[2]).nbytes
-        self.pending_bytes[stage] = held
-        if held >= self.b.bucket:
-            self.flush(stage)
+        self.policy.final(key, stage)
 
     def ready_and_synced(self, key: ParamKey, stage: int, end: Optional[float]) -> float:
         """:meth:`ready`, then the gradient's synchronised end (0.0 while it
-        waits for a bucket or the backward pass's end). Each gradient
-        all-reduced on its own, once its collective is timed, takes the
-        same steps as :meth:`scatter` without the calls between (an
-        estimate syncs every gradient of the model this way)."""
+        waits for a bucket or the backward pass's end). Where the policy
+        all-reduces each gradient on its own at once, a gradient whose
+        collective is timed takes :meth:`sync_one`'s steps without the
+        calls between (an estimate syncs every gradient of the model this
+        way)."""
         if self._each_all_reduce:
             pc = self._costs.get((key[0], key[2]))
             if pc is not None and pc.sync is not None:
@@ -152,32 +148,38 @@ class StepSync:
         self.ready(key, stage, end)
         return self.synced.get(key) or 0.0
 
-    def sync_one(self, key: ParamKey, stage: int) -> None:
-        self.synced[key] = self.scatter((key[0], key[2]), stage, self.final[key])
+    # -- the sink of the sync policy ---------------------------------------------
+    def keep_local(self, key: ParamKey, stage: int) -> None:
+        self.synced[key] = self.final[key]
 
-    def scatter(self, param: Tuple[str, int], stage: int, end: Optional[float]) -> float:
+    def sync_one(self, key: ParamKey, stage: int,
+                 kind: CollectiveType = CollectiveType.ALL_REDUCE) -> None:
+        end = self.synced[key] = self.scatter((key[0], key[2]), stage, self.final[key], kind)
+        if self.policy.route == "deferred":
+            # after the backward pass: the flat copies made one after another
+            # on the compute stream while their reduce-scatters queue
+            pc = self.cost(key[0], key[2])
+            flat_end = self.tl.free[2 * stage]
+            self._queued.setdefault(stage, []).append(
+                (flat_end - pc.flat[0], end - pc.sync, end, pc.nbytes,
+                 pc.shard * pc.dtype.itemsize))
+
+    def scatter(self, param: Tuple[str, int], stage: int, end: Optional[float],
+                kind: CollectiveType) -> float:
         """The data-parallel sync of one gradient produced at ``end``
-        (``param``: block, index): ZeRO 2/3 flatten it and reduce-scatter
-        it, the others all-reduce it; returns the sync's end."""
+        (``param``: block, index) by ``kind``: a reduce-scatter of its
+        flattened copy, or an all-reduce; returns the sync's end."""
         pc = self.cost(*param)
         final = end or 0.0
         if pc.sync is None:
-            kind = CollectiveType.REDUCE_SCATTER if self.zero >= 2 else CollectiveType.ALL_REDUCE
             pc.sync = self.b.dp_time(kind, pc.nbytes)
-        if self.zero >= 2:
+        if kind is CollectiveType.REDUCE_SCATTER:
             t, f = pc.flat
             self.b.flops[stage] += f
             final = self.tl.compute(stage, t, final)
         return self.tl.comm_on(stage, pc.sync, final)
 
-    def flush(self, stage: int) -> None:
-        bucket = self.pending.pop(stage, [])
-        self.pending_bytes.pop(stage, None)
-        if not bucket:
-            return
-        if len(bucket) == 1:
-            self.sync_one(bucket[0], stage)
-            return
+    def sync_bucket(self, bucket: List[ParamKey], stage: int) -> None:
         b = self.b
         costs = [self.cost(k[0], k[2]) for k in bucket]
         flats = [b.small(stage, "reshape", [(pc.numel, pc.dtype)], [(pc.numel, pc.dtype)],
@@ -191,28 +193,21 @@ class StepSync:
         self.buckets.setdefault(stage, []).append(total * dtype.itemsize)
         self.unpack.append((bucket, stage, ar, total, dtype))
 
-    def finish(self) -> None:
-        """After the backward pass: the deferred syncs, the last buckets,
-        unpacking the buckets, the tied embedding, the optimizer."""
+    def settle_units(self, stage: int) -> None:
+        self.b.settle_units(stage)
+
+    def reduce_scatter_unit(self, unit: Tuple[ParamKey, ...], stage: int,
+                            microbatch: int) -> None:
+        self.b.scatter_unit(unit, stage, microbatch)
+
+    def unpack_buckets(self) -> None:
+        """After the backward pass: the buckets unpacked (the memory walk's
+        notes of what they and the deferred syncs held)."""
         b = self.b
-        for stage in range(b.pp):
-            b.settle_units(stage)
-            queued: List[Tuple[float, float, float, int, int]] = []
-            for key in self.deferred.pop(stage, []):
-                if self.zero >= 2:
-                    self.sync_one(key, stage)
-                    pc = self.cost(key[0], key[2])
-                    end = self.synced[key] or 0.0
-                    flat_end = self.tl.free[2 * stage]
-                    queued.append((flat_end - pc.flat[0], end - pc.sync, end, pc.nbytes,
-                                   pc.shard * pc.dtype.itemsize))
-                else:
-                    self.pending.setdefault(stage, []).append(key)
-            if queued:
-                held = queued_peak(queued)
-                if held > b.memo.flat_queued.get(stage, 0):
-                    b.memo.flat_queued[stage] = held
-            self.flush(stage)
+        for stage, queued in self._queued.items():
+            held = queued_peak(queued)
+            if held > b.memo.flat_queued.get(stage, 0):
+                b.memo.flat_queued[stage] = held
         b.memo.buckets = {s: tuple(v) for s, v in self.buckets.items()}
         b.memo.bucketed = bucketed = {}
         for bucket, stage, ar, total, dtype in self.unpack:
@@ -226,8 +221,22 @@ class StepSync:
                 self.synced[k] = b.small(stage, "reshape", [(p.numel, p.dtype)],
                                          [(p.numel, p.dtype)], split)
         self.unpack = []
-        self.tie()
-        flops, synced = b.flops, self.synced
+
+    def tie(self, emb: ParamKey, head: ParamKey) -> None:
+        b = self.b
+        s0, s1 = b.stage_of(0), b.stage_of(b.C - 1)
+        p = b.param(emb)
+        n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
+        t = b.colls.time(CollectiveType.ALL_REDUCE, (b.rank0(s0), b.rank0(s1)),
+                         n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
+        end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
+        self.synced[emb] = self.synced[head] = end
+
+    def update(self, params) -> None:
+        """The optimizer step of every parameter (``params``: the builder's
+        :meth:`~.timeline.Builder.all_params`, in order), as runs of one
+        stage's parameters (:meth:`optimizer_steps`)."""
+        flops, synced = self.b.flops, self.synced
         compute_each, chain = self.tl.compute_each, self.tl.chain
         for update_alone, stage, keys, items, fls in self.optimizer_steps():
             # a run of one stage's parameters: one call; FLOPs added one by
@@ -238,6 +247,29 @@ class StepSync:
                 compute_each(stage, items, readies)
             else:
                 chain(stage, items, readies)
+
+    def finish(self) -> None:
+        """After the backward pass: the policy's end of the step (the
+        deferred syncs, the last buckets, unpacking them, the tied
+        embedding, the optimizer)."""
+        b = self.b
+        self.policy.finish(b.pp, b.all_params(), self.tied_pairs())
+
+    def tied_pairs(self) -> List[Tuple[ParamKey, int, ParamKey, int]]:
+        """The tied embedding and head, each with its stage (none if the
+        model unties them)."""
+        b = self.b
+        prof = b.prof
+        if not prof.tied:
+            return []
+        emb = next(((EMB, None, i) for i, p in enumerate(prof.params[EMB])
+                    if p.name == "wte"), None)
+        head = next(((HEAD, None, i) for i, p in enumerate(prof.params[HEAD])
+                     if p.name != "lnf_g" and p.name != "lnf_b" and
+                     p.numel == prof.params[EMB][emb[2]].numel), None) if emb else None
+        if emb is None or head is None:
+            return []
+        return [(emb, b.stage_of(0), head, b.stage_of(b.C - 1))]
 
     def optimizer_steps(self) -> List[tuple]:
         """The parameters in the order the optimizer updates them
@@ -294,45 +326,21 @@ class StepSync:
             items.append((False, post))
         return False, tuple(items), tuple(fls)
 
-    def tie(self) -> None:
-        b = self.b
-        prof = b.prof
-        if not prof.tied or b.pp == 1:
-            return
-        emb = next(((EMB, None, i) for i, p in enumerate(prof.params[EMB])
-                    if p.name == "wte"), None)
-        head = next(((HEAD, None, i) for i, p in enumerate(prof.params[HEAD])
-                     if p.name != "lnf_g" and p.name != "lnf_b" and
-                     p.numel == prof.params[EMB][emb[2]].numel), None) if emb else None
-        if emb is None or head is None:
-            return
-        s0, s1 = b.stage_of(0), b.stage_of(b.C - 1)
-        p = b.param(emb)
-        n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
-        t = b.colls.time(CollectiveType.ALL_REDUCE, (b.rank0(s0), b.rank0(s1)),
-                         n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
-        end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
-        self.synced[emb] = self.synced[head] = end
-
     def update_plan(self, key: ParamKey, pc: ParamCost) -> tuple:
-        """The optimizer of one parameter, as GradientSync._update emits it:
-        ``(the template's ops before the update, or None (ZeRO-1, or ZeRO 2/3
-        without data parallelism); slicing the shard out of the gradient
-        (time, FLOPs), or None; the update ops shrunk to the ZeRO shard
-        (time, FLOPs); the all-gather of the new parameter, or None; the
-        template's ops after it, or None (ZeRO 0 and 3))``. The same for a
-        parameter in every layer: kept in its :class:`ParamCost` (``pc``)."""
+        """The optimizer of one parameter, as
+        :func:`~distsim.transforms.sync_policy.update_plan` says:
+        ``(the template's ops before the update (flattening), or None;
+        slicing the shard out of the gradient (time, FLOPs), or None; the
+        update ops on the ZeRO shard or the whole parameter (time, FLOPs);
+        the all-gather of the new parameter, or None; the template's ops
+        after it (the reshape back), or None)``. The same for a parameter
+        in every layer: kept in its :class:`ParamCost` (``pc``)."""
         b = self.b
         p = b.param(key)
-        dp, zero = self.dp, self.zero
-        pre = cut = gather = post = None
-        if zero >= 1 and not (zero >= 2 and dp > 1):
-            pre = p.opt_pre
-            if dp > 1:
-                cut = pc.slice
-        if zero in (1, 2):
-            if dp > 1:
-                gather = b.dp_time(CollectiveType.ALL_GATHER, pc.nbytes)
-            post = p.opt_post
+        plan = update_plan(self.zero, self.dp)
+        pre = p.opt_pre if plan.flatten else None
+        cut = pc.slice if plan.slice else None
+        gather = b.dp_time(CollectiveType.ALL_GATHER, pc.nbytes) if plan.gather else None
+        post = p.opt_post if plan.reshape else None
         pc.plan = (pre, cut, pc.update, gather, post)
         return pc.plan

@@ -15,7 +15,6 @@ a parameter's update) is computed once per configuration.
 """
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,7 +27,7 @@ from ..topology import Topology
 from ..transforms.pipeline import (merge_tasks, partition_balanced, partition_layers,
                                   schedule_tasks)
 from ..transforms.strategy import Strategy
-from ..transforms.zero import scatters_each_microbatch, sync_route
+from ..transforms.sync_policy import prefetch_window
 from .costs import collectives, op_costs
 from .engine import Timeline
 from .replay import ReplayedBackward
@@ -119,15 +118,16 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         #: ZeRO-3 by layer (``zero3_unit: layer``): a block's gathers, and
         #: with a reduce-scatter per micro-batch its gradients', as one
         self.by_layer = self.zero3 and S.zero3_unit == "layer"
-        self.bucket = None if S.bucket_mb is None else float(S.bucket_mb) * MB
-        self.route = sync_route(self.zero, self.dp, self.bucket)   # as GradientSync._ready
-        #: As GradientSync: see :func:`scatters_each_microbatch`.
-        self.scatter_each = scatters_each_microbatch(self.zero, self.dp, self.bucket)
         self.master = DType.parse(str(case.config.master_dtype))
         self.flops = [0.0] * S.pp
         # memos: what is the same for every task / layer of the step
         self.memo = Memo() if memo is None else memo
         self.sync = StepSync(self)
+        #: the lowering's decisions (:class:`~distsim.transforms.sync_policy.SyncPolicy`):
+        #: how a final gradient is synchronised, and whether ZeRO 2/3
+        #: reduce-scatter every micro-batch's gradients as they are made
+        self.route = self.sync.policy.route
+        self.scatter_each = self.sync.policy.scatter_each
         #: per stage, the flat gradient copies (bytes, end of their
         #: reduce-scatter) that may outlive the backward that made them
         self.flats: Dict[int, List[Tuple[int, float]]] = {}
@@ -139,14 +139,24 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         #: walks to the bit)
         self.replays: Dict[tuple, tuple] = {}
         #: ZeRO-3 by layer: per stage, the units reduce-scattered and not
-        #: yet settled (:meth:`settle_units`)
+        #: yet settled (:meth:`settle_units`); when each unit gradient was
+        #: made, until its unit is reduce-scattered; each unit's
+        #: reduce-scatter end, in order (:meth:`scatter_unit`)
         self.unit_pending: Dict[int, list] = {}
+        self.unit_made_at: Dict[tuple, float] = {}
+        self.unit_ends: List[float] = []
 
     def close(self) -> None:
-        """Drop the step sync, which refers back to this builder: without
-        it every estimate's builders are a reference cycle left to the
-        cyclic collector (about a quarter of a sweep's time went to its
-        passes). The builder is not used after."""
+        """Drop the step sync, which refers back to this builder, and its
+        policy, which refers back to it (its sink): without this every
+        estimate's builders are reference cycles left to the cyclic
+        collector (about a quarter of a sweep's time went to its passes).
+        The builder is not used after."""
+        self._drop_sync()
+
+    def _drop_sync(self) -> None:
+        if self.sync is not None:
+            self.sync.policy = None
         self.sync = None
 
     # -- helpers ---------------------------------------------------------
@@ -194,19 +204,19 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
         return total
 
-    def _block_scatter(self, name: str, accumulates: bool, final: bool) -> "ScatterTerms":
+    def _block_scatter(self, name: str, ops: Tuple[str, ...]) -> "ScatterTerms":
         """ZeRO 2/3 with a reduce-scatter per micro-batch: one block's terms,
         in the order they are added, per parameter: flattening its
-        gradient; accumulating (``accumulates``) and averaging (``final``)
-        on the shard (:meth:`_shard_ops`), and the same on the whole
-        gradient, which the template does and the lowered program does
-        not; FLOPs; its reduce-scatter."""
-        memo = (name, accumulates, final)
+        gradient; the accumulation ``ops`` of its micro-batch
+        (:func:`~distsim.transforms.sync_policy.accumulation_ops`) on the
+        shard (:meth:`_shard_ops`), and the same on the whole gradient,
+        which the template does and the lowered program does not; FLOPs;
+        its reduce-scatter."""
+        memo = (name, ops)
         hit = self.memo.scatter_terms.get(memo)
         if hit is not None:
             return hit
         terms = ScatterTerms()
-        ops = (["add"] if accumulates else []) + (["scale"] if final else [])
         for i in range(len(self.prof.params[name])):
             pc = self.sync.cost(name, i)
             n, d, shard = pc.numel, pc.dtype, pc.shard
@@ -373,7 +383,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             plan = []
             issued = 0
             for i, (name, _) in enumerate(order):
-                upto = min(len(order), i + 1 + self.S.prefetch)
+                upto = prefetch_window(i, len(order), self.S.prefetch).stop
                 gathers = [(gather_plan(self, kind, order[j][0]).copy_in,
                             gather_time(self, kind, order[j][0])) for j in range(issued, upto)]
                 issued = max(issued, upto)
@@ -495,8 +505,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         (sends flushed when the schedule's clock passes their task's end,
         as LowerSPMD flushes them)."""
         ends, outs, recv, pending, emit = w.ends, w.outs, w.recv, w.pending, self.emit_task
-        order, seq = w.order, w.seq
-        heappush, heappop = heapq.heappush, heapq.heappop
+        order = w.order
         # most tasks (ZeRO 0/1 but each chunk's last backward) are their
         # plan's compute pieces: :meth:`_emit_task`'s last branch, inlined
         # (a 32-stage pipeline's timeline walks thousands)
@@ -508,9 +517,8 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         tails = [(self.out_tail(c, 0), self.out_tail(c, 1)) for c in range(self.C)]
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
-            while pending and pending[0][0] <= start:
+            for sent in pending.due(start):
                 # :meth:`_send`, inlined (a 32-stage pipeline sends thousands)
-                sent = heappop(pending)[2]
                 route = routes[sent[0]][sent[2]]
                 if route is not None:
                     dst_c, (src, dst), times = route
@@ -540,16 +548,15 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 ends[task] = end_at = pieces_on(stage, pieces, ready)
                 if kind == "B":
                     outs[task] = end_at - tails[c][mb != 0]
-            seq += 1
-            heappush(pending, (end, seq, task))
-        w.pos, w.seq = stop, seq
+            pending.add(end, task)
+        w.pos = stop
 
     def complete(self, w: "Walk") -> Timeline:
         """The rest of the walk, the last sends, the gradient sync and the
         optimizer: the whole step's timeline."""
         self.advance(w, len(w.order))
-        while w.pending:
-            self._send(w, heapq.heappop(w.pending)[2])
+        for sent in w.pending.rest():
+            self._send(w, sent)
         if self.pp > 1 and self.note_received:
             self._note_received(w)
         self.sync.finish()
@@ -565,15 +572,18 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         configurations emitted the same items up to there, which
         :func:`shared_prefix` finds; no gradient has been synchronised yet."""
         sync = other.sync
-        if sync.final or sync.deferred or sync.pending or sync.unpack:
+        if sync.final or sync.policy.deferred or sync.policy.pending or sync.unpack:
             raise ValueError("resume: the walk being copied has synchronised gradients")
         self.tl = other.tl.copy()
         self.flops = list(other.flops)
         self.replays = dict(other.replays)
         self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
+        self.unit_made_at = dict(other.unit_made_at)
+        self.unit_ends = list(other.unit_ends)
+        self._drop_sync()
         self.sync = StepSync(self)
-        mine.pos, mine.seq = w.pos, w.seq
-        mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), list(w.pending)
+        mine.pos = w.pos
+        mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
         mine.outs = dict(w.outs)
         return mine
 

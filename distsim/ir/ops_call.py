@@ -5,17 +5,19 @@
 The callee is named by the ``callee`` attribute (so the text form is plain
 op syntax) and, once linked (:func:`link_calls`), held as the op's single
 sub-function. A call's result types are its callee's: the registry's shape
-rule only sees attributes, so it cannot give them; use
-:func:`call_result_types` (the sharding verifier and lowering do).
+rule only sees attributes, so it cannot give them: :func:`verify_calls`
+checks every call against its callee's signature (the sharding verifier
+and propagation do).
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from ..errors import VerifyError
 from .core import Function, Module, Op
 from .registry import REQUIRED, OpSpec, ShapeError, register
-from .types import Type
+from .source import describe
+from .types import TensorType, Type
 
 CALL = "call"
 
@@ -52,8 +54,7 @@ def link_calls(module: Module) -> Module:
             if is_call(op):
                 name = op.attrs.get("callee")
                 if name not in module.functions:
-                    raise VerifyError(f"function '{f.name}', op %{op.name}: call to unknown "
-                                      f"function @{name}")
+                    raise VerifyError(f"{describe(f.name, op)}: call to unknown function @{name}")
                 op.subfunctions = (module.functions[name],)
     _check_acyclic(module)
     return module
@@ -77,30 +78,51 @@ def _check_acyclic(module: Module) -> None:
         visit(f, [])
 
 
-def call_result_types(op: Op, input_types: Sequence[Type]) -> List[Type]:
-    """The callee's result types, after checking the argument types."""
+def _tensor(t: Type) -> object:
+    """What the global view says of a type: its shape and dtype."""
+    return (t.shape, t.dtype) if isinstance(t, TensorType) else t
+
+
+def _shown(t: Type) -> str:
+    """The tensor a global-view type describes (no placements)."""
+    return str(TensorType(t.shape, t.dtype)) if isinstance(t, TensorType) else str(t)
+
+
+def signature_error(op: Op, exact: bool = True) -> Optional[str]:
+    """What makes a (linked) call disagree with its callee's signature, or
+    None: the number of arguments, each argument's type against its
+    parameter's, the number of results, each declared result type against
+    the callee's. ``exact=False`` compares shapes and dtypes only (the
+    global view before propagation: placements may differ, a redistribute
+    reconciles them)."""
     callee = callee_of(op)
-    if len(input_types) != len(callee.inputs):
-        raise ShapeError(f"@{callee.name} takes {len(callee.inputs)} arguments, got {len(input_types)}")
-    for i, (t, p) in enumerate(zip(input_types, callee.inputs)):
-        if t != p.type:
-            raise ShapeError(f"argument {i} of @{callee.name} is {t}, its parameter %{p.name} "
-                             f"is {p.type}")
-    return [v.type for v in callee.outputs]
+    same = (lambda a, b: a == b) if exact else (lambda a, b: _tensor(a) == _tensor(b))
+    show = str if exact else _shown
+    if len(op.inputs) != len(callee.inputs):
+        return (f"@{callee.name} takes {len(callee.inputs)} arguments, the call passes "
+                f"{len(op.inputs)}")
+    for i, (a, p) in enumerate(zip(op.inputs, callee.inputs)):
+        if not same(a.type, p.type):
+            return (f"argument {i} %{a.name} is {show(a.type)}, but @{callee.name} takes "
+                    f"{show(p.type)} (parameter %{p.name})")
+    if len(op.outputs) != len(callee.outputs):
+        return (f"@{callee.name} returns {len(callee.outputs)} values, the call declares "
+                f"{len(op.outputs)} results")
+    for i, (v, r) in enumerate(zip(op.outputs, callee.outputs)):
+        if not same(v.type, r.type):
+            return (f"result {i} %{v.name} is declared {show(v.type)}, but @{callee.name} "
+                    f"returns {show(r.type)}")
+    return None
 
 
-def verify_calls(module: Module) -> Module:
-    """Check every call against its callee's signature (link first)."""
+def verify_calls(module: Module, exact: bool = True) -> Module:
+    """Link the calls and check each against its callee's signature
+    (:func:`signature_error`); VerifyError naming the call op."""
     link_calls(module)
     for f in module:
         for op in f.ops:
             if is_call(op):
-                try:
-                    expected = call_result_types(op, [v.type for v in op.inputs])
-                except ShapeError as e:
-                    raise VerifyError(f"function '{f.name}', op %{op.name} = call: {e}") from None
-                if [v.type for v in op.outputs] != expected:
-                    raise VerifyError(f"function '{f.name}', op %{op.name} = call: results "
-                                      f"declared {[str(v.type) for v in op.outputs]}, "
-                                      f"@{op.attrs['callee']} returns {[str(t) for t in expected]}")
+                error = signature_error(op, exact)
+                if error is not None:
+                    raise VerifyError(f"{describe(f.name, op)}: {error} (rule: call signature)")
     return module

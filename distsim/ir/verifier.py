@@ -7,7 +7,8 @@
 - outputs: the function's outputs are defined;
 - sizes: no value takes more than 2^60 bytes (a malformed dimension).
 
-Every error is a :class:`VerifyError` that names the function and the op.
+Every error is a :class:`VerifyError` that names the function and the op
+(and, for an op read from text, the file and line: :mod:`.source`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .build_log import BuildLog
 from .core import Function, Module, Op, gc_paused
 from .ops_fused import FUSED, fused_result_types
 from .registry import ShapeError, infer_types, is_registered
+from .source import describe
 from .value_table import ValueTable
 
 _NAME = attrgetter("name")
@@ -34,8 +36,7 @@ MAX_VALUE_BYTES = 2 ** 60
 
 
 def _label(function: Function, op: Op) -> str:
-    outs = ", ".join("%" + v.name for v in op.outputs) or "(no results)"
-    return f"function '{function.name}', op {outs} = {op.op_type}"
+    return describe(function.name, op)
 
 
 def verify(function: Function, known_devices: Iterable[int] | None = None,

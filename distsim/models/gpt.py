@@ -52,7 +52,7 @@ from ..ir.core import Function, Value
 from ..ir.types import DType, TensorType, parse_float_dtype
 
 NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = ("gelu", "swiglu")
+ACTIVATIONS = ("gelu", "swiglu", "relu")
 POSITIONS = ("learned", "rope", "none")
 ATTENTIONS = ("explicit", "fused")
 
@@ -62,7 +62,10 @@ class GPTConfig:
     """Shape of a decoder-only transformer and of its training batch.
 
     ``ffn`` defaults to ``4 * hidden``; ``kv_heads`` to ``heads``;
-    ``head_dim`` to ``hidden // heads``. ``published_params`` is the count
+    ``head_dim`` to ``hidden // heads``. ``bias``: biases on every linear
+    layer; ``qkv_bias`` (default: as ``bias``) on the query, key and value
+    projections, which some models keep alone (Qwen2). ``activation``:
+    ``gelu`` or ``relu`` in a plain MLP, ``swiglu`` gated. ``published_params`` is the count
     the model's authors give (only compared against, never used).
     Learned position embeddings (``position: learned``) are a table of
     ``positions`` rows (GPT-2's ``n_positions``; default ``seq``) of which a
@@ -88,6 +91,7 @@ class GPTConfig:
     norm: str = "layernorm"
     activation: str = "gelu"
     bias: bool = True
+    qkv_bias: Optional[bool] = None
     tied_embeddings: bool = True
     position: str = "learned"
     positions: Optional[int] = None
@@ -136,6 +140,8 @@ class GPTConfig:
         _number("norm_eps", self.norm_eps, positive=True)
         if self.published_params is not None:
             _number("published_params", self.published_params, positive=True)
+        if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
+            raise ConfigError(f"qkv_bias: must be true or false, got {self.qkv_bias!r}")
         for name in ("bias", "tied_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: must be true or false, got {getattr(self, name)!r}")
@@ -157,6 +163,11 @@ class GPTConfig:
         return self.head_dim or self.hidden // self.heads
 
     @property
+    def has_qkv_bias(self) -> bool:
+        """Whether the query, key and value projections have biases."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
 
@@ -174,9 +185,10 @@ class GPTConfig:
         mlp_out = self.ffn_size * h
         norm = 2 * h if self.norm == "layernorm" else h
         per_layer = qkv + out + mlp_in + mlp_out + 2 * norm
+        if self.has_qkv_bias:
+            per_layer += (self.heads + 2 * self.num_kv_heads) * d
         if self.bias:
-            per_layer += (self.heads + 2 * self.num_kv_heads) * d + h
-            per_layer += self.ffn_size * (2 if self.activation == "swiglu" else 1) + h
+            per_layer += h + self.ffn_size * (2 if self.activation == "swiglu" else 1) + h
         total = self.layers * per_layer + norm + self.vocab * h
         if not self.tied_embeddings:
             total += self.vocab * h
@@ -357,7 +369,8 @@ class _GPTBuilder:
         p = f"l{i}"
         blocks = (c.heads * d, c.num_kv_heads * d, c.num_kv_heads * d)
         wqkv = self.param(f"{p}_wqkv", (c.hidden, sum(blocks)), dim=1, blocks=blocks)
-        bqkv = self.param(f"{p}_bqkv", (sum(blocks),), dim=0, blocks=blocks) if c.bias else None
+        bqkv = (self.param(f"{p}_bqkv", (sum(blocks),), dim=0, blocks=blocks)
+                if c.has_qkv_bias else None)
         wo = self.param(f"{p}_wo", (c.heads * d, c.hidden), dim=0)
         bo = self.param(f"{p}_bo", (c.hidden,)) if c.bias else None
         h = self.norm(x, f"{p}_ln1")
@@ -411,7 +424,7 @@ class _GPTBuilder:
                                name=[f"{p}_gate", f"{p}_up"])
             h = self.op("mul", [self.op("silu", [gate], name=f"{p}_act"), up], name=f"{p}_glu")
         else:
-            h = self.op("gelu", [h], name=f"{p}_act")
+            h = self.op(c.activation, [h], name=f"{p}_act")
         out = self.op("matmul", [h, w2], name=f"{p}_fc2")
         out = self.leave_parallel(out, f"{p}_fc2_sum")
         if b2 is not None:

@@ -11,7 +11,7 @@ reference every strategy is checked against.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, Mapping, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from ..errors import ConfigError
 from ..ir.core import Function
@@ -134,3 +134,21 @@ def describe_gpt(config: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 GPT_FAMILY = register_family(ModelFamily("gpt", build_gpt, GPTConfig().to_dict(), describe_gpt))
+
+
+def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
+    """Model FLOPs of one training step of a ``gpt`` family config (None for
+    other families)."""
+    needed = ("layers", "hidden", "heads", "vocab", "seq", "global_batch")
+    if any(k not in model for k in needed):
+        return None
+    h, layers, heads = model["hidden"], model["layers"], model["heads"]
+    d = model.get("head_dim") or h // heads
+    kv = model.get("kv_heads") or heads
+    ffn = model.get("ffn") or 4 * h
+    glu = 2 if model.get("activation") == "swiglu" else 1
+    per_layer = h * (heads + 2 * kv) * d + heads * d * h + h * ffn * glu + ffn * h
+    forward_per_token = 2.0 * (layers * per_layer + model["vocab"] * h)
+    forward_per_token += 2.0 * 2.0 * model["seq"] * heads * d * layers
+    tokens = model["global_batch"] * model["seq"]
+    return 3.0 * forward_per_token * tokens

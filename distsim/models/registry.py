@@ -4,7 +4,9 @@ A model config is a mapping with a ``family`` (``mlp``, ...) and that
 family's fields. ``load_model_config("mlp")`` reads ``models/mlp.yaml``
 (or the embedded default when the file is absent); a path to a ``.yaml``
 file is read as is; a path to an ``.onnx`` file (or the stem of one in
-``models/``) is the ``onnx`` family on that file. Families register a
+``models/``) is the ``onnx`` family on that file; a Hugging Face
+``config.json`` (a path to it or its folder, or its fields as a mapping)
+is read into the ``gpt`` family (:mod:`.hf_config`). Families register a
 :class:`ModelFamily` that turns a
 config and a parallel strategy into a local-view program.
 """
@@ -18,6 +20,7 @@ from ..errors import ConfigError
 from ..ir.core import Function
 from ..paths import models_dir
 from ..yamlio import load_yaml_file, yaml_number
+from .hf_config import hf_to_gpt, is_hf_config, load_hf_config
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,15 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
     if isinstance(model, Mapping):
         config = dict(model)
         where = "model"
+        if "family" not in config and ("model_type" in config or "architectures" in config):
+            config = hf_to_gpt(config, where)      # a Hugging Face config, as a mapping
     else:
         text = str(model)
         path = Path(text)
-        if text.endswith((".yaml", ".yml")):
+        if is_hf_config(text):
+            where = text
+            config = load_hf_config(text)
+        elif text.endswith((".yaml", ".yml")):
             where = text
             config = load_yaml_file(path, "model file")
         elif text.endswith(".onnx"):
@@ -75,7 +83,8 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
             config = {"family": text, **FAMILIES[text].defaults}
         else:
             raise ConfigError(f"unknown model '{text}' (known: {', '.join(available_models())}; "
-                              "or give a path to a .yaml or .onnx file)")
+                              "or give a path to a .yaml, .onnx or Hugging Face config.json "
+                              "file)")
         if not isinstance(config, Mapping):
             raise ConfigError(f"{where}: a model file must be a mapping of fields")
         config = _numbers(config)

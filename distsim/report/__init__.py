@@ -3,8 +3,10 @@
 * :func:`write_chrome_trace` / :func:`chrome_trace`: Chrome/Perfetto trace JSON,
   written streaming and summarised past ``max_trace_records`` timed records
   (:data:`~distsim.report.chrome_trace.DEFAULT_MAX_TRACE_RECORDS`);
-* :func:`write_gantt`: Gantt chart PNG, one row per device stream;
-* :func:`write_memory_plot`: live memory per device PNG, capacity drawn;
+* :func:`write_gantt`: Gantt chart PNG, a lane per device (or per pipeline
+  stage), ops coloured by phase and kind of communication;
+* :func:`write_memory_plot`: live memory per device PNG, capacity drawn, and
+  the memory categories at each device's peak;
 * :func:`summarize`, :func:`format_summary_table`, :func:`summary_dataframe`:
   the numbers (``summary.json``), a text table, a DataFrame.
 

@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import numpy as np
 
-from distsim.errors import ConfigError
+from distsim.run_options import DEFAULT_MAX_TRACE_RECORDS, check_max_trace_records  # noqa: F401
 from distsim.ir.comm import SEND_RECV_OP
 from distsim.fileio import PathLike, atomic_path
 from distsim.report.jsonsafe import json_safe
@@ -60,9 +60,6 @@ from distsim.sim.trace import (COMM_STREAM, COMPUTE_STREAM, LinkSample, MemorySa
 US = 1e6  #: microseconds per second (Chrome trace time unit)
 FIXED_TIDS: Dict[str, int] = {COMPUTE_STREAM: 0, COMM_STREAM: 1}
 
-#: Default bound on the timed records of trace.json (op slices + counter
-#: samples): about 150 MB of JSON, which Perfetto's UI opens comfortably.
-DEFAULT_MAX_TRACE_RECORDS = 1_000_000
 
 TRUNCATED_CATEGORY = "truncated"  #: ``cat`` of the per-stream slices that summarise dropped ops
 _CHUNK = 20_000  #: events per write
@@ -99,16 +96,6 @@ def _str(x: Any) -> str:
     if isinstance(x, str):
         return _quote(x)
     return json.dumps(json_safe(x), separators=(",", ":"), allow_nan=False)
-
-
-def check_max_trace_records(value: Any) -> int:
-    """``max_trace_records`` as an int >= 0 (0 = no limit); None is the default."""
-    if value is None:
-        return DEFAULT_MAX_TRACE_RECORDS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"--max-trace-records: must be an integer >= 0 (0: no limit), "
-                          f"got {value!r}")
-    return value
 
 
 def stream_tids(trace: Trace) -> Dict[str, int]:

@@ -19,6 +19,27 @@ OTHER_COLOUR = "#9c9c9c"
 DPI = 100
 
 
+class Chart:
+    """A drawn chart that a notebook shows inline (as PNG) and that can be
+    saved: ``chart.figure`` is the matplotlib ``Figure``."""
+
+    def __init__(self, figure: "Figure") -> None:
+        self.figure = figure
+
+    def png(self) -> bytes:
+        import io
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=DPI)
+        return buf.getvalue()
+
+    def _repr_png_(self) -> bytes:
+        return self.png()
+
+    def save(self, path: PathLike) -> None:
+        """Write the PNG to ``path`` (atomically)."""
+        save_png(self.figure, path)
+
+
 def save_png(fig: Figure, path: PathLike) -> None:
     """Render ``fig`` as PNG into ``path`` atomically (a failed render leaves
     no file, and an existing file untouched)."""

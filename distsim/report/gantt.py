@@ -1,149 +1,206 @@
-"""A Gantt chart of a simulated step: one row per device stream.
+"""Gantt charts of a simulated step: ``gantt.png`` (a lane per device) and
+``pipeline.png`` (a lane per pipeline stage).
 
-Rows are ``gpu3 compute`` / ``gpu3 comm`` (every device gets its compute and
-comm rows, busy or not, plus any other stream it used), ordered by rank
-then stream; bars are coloured by op category. Each row is drawn with one
-``broken_barh`` per category, so a million-op trace stays fast. Past
-``max_rows`` rows only the first ``max_rows`` are drawn, and the title says so.
+Each lane has a tall compute band, coloured by phase (forward, backward,
+recomputation, optimizer), and two thin bands below it: the collectives,
+coloured by kind (TP, SP, DP, ZeRO), and the pipeline sends/receives. The
+layout is data (:mod:`distsim.report.gantt_layout`; :func:`gantt_chart`
+returns it), drawn here with one ``broken_barh`` per (lane, band, key), so
+a 250,000-op trace draws in about a second.
 
-Bars closer than a fraction of a pixel (``step / resolution``) are merged
-before drawing (:func:`merge_spans`), each merged bar drawn with an opacity
-equal to the share of it that ops cover (as anti-aliasing would draw the
-separate slivers): the picture is the same at the saved size, but a row of
-50,000 ops draws as a few thousand bars. The spans are read from the
-trace's op columns (one sort groups them by row and category, each group
-in record order), not from a record tuple per op.
+The first panel shows the whole step; every op is drawn at least
+:data:`MIN_PX` pixels wide (ops closer than that merge), which the title
+says. When the micro-batch blocks are too narrow there to carry their
+numbers, a second panel zooms on the step's first milliseconds, at true
+width, numbered (the pipeline warm-up and steady state: the classic 1F1B
+picture); the first panel shades that window and both titles give it.
+Lanes of devices that stand for others (``--symmetry``) say which.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from distsim.fileio import PathLike
-from distsim.report.chrome_trace import stream_tids
-from distsim.report.figures import CATEGORY_COLOURS, OTHER_COLOUR, save_png
+from distsim.report.figures import save_png
+from distsim.report.gantt_layout import (Bars, Lane, Task, device_lanes, full_window, lane_bars,
+                                         lane_tasks, min_width_ms, stage_lanes, zoom_window)
+from distsim.report.phases import (COMM_KEYS, COMPUTE_KEYS, KEY_COLOURS, RecordPhases,
+                                   record_phases)
 from distsim.report.summary import MS, step_time_of
-from distsim.sim.trace import COMM_STREAM, COMPUTE_STREAM, OpColumns, Trace
+from distsim.sim.trace import Trace
 
 if TYPE_CHECKING:     # matplotlib is imported when a chart is drawn (``import distsim`` stays fast)
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-Row = Tuple[int, str]  # (rank, stream)
+#: the narrowest bar, in pixels: shorter ops are widened to it
+MIN_PX = 2.0
+#: the faintest bar: a merged bar is as opaque as the share of it that ops cover, at least this
+MIN_ALPHA = 0.35
+#: pixels a micro-batch block needs per character of its number
+CHAR_PX = 7.0
+FIG_WIDTH_IN = 14.0
+DPI = 100
+_LEFT, _RIGHT = 0.13, 0.80
+AXIS_PX = FIG_WIDTH_IN * DPI * (_RIGHT - _LEFT)
+#: band extents in a lane [y, y + 1): (top, height)
+_BAND_Y = ((0.06, 0.50), (0.60, 0.15), (0.78, 0.15))
 
 
-def gantt_rows(trace: Trace) -> List[Row]:
-    """Every ``(rank, stream)`` row of the chart, in display order."""
-    tids = stream_tids(trace)
-    rows = {(d.rank, s) for d in trace.devices for s in (COMPUTE_STREAM, COMM_STREAM)}
-    columns = trace.op_columns
-    n = len(columns.streams)
-    used = np.unique(columns.rank * n + columns.stream).tolist()   # (rank, stream code), coded
-    rows |= {(k // n, columns.streams[k % n]) for k in used}
-    return sorted(rows, key=lambda r: (r[0], tids[r[1]]))
+@dataclass
+class Panel:
+    """One panel: its window (ms), bars, tasks and minimum bar width (ms)."""
+
+    window: Tuple[float, float]
+    bars: List[Bars]
+    tasks: List[Task]
+    min_width_ms: float
+    title: str
 
 
-def _spans(columns: OpColumns, rows: List[Row]
-           ) -> Dict[Tuple[int, str], Tuple[np.ndarray, np.ndarray]]:
-    """``(row number, category) -> (starts, ends)`` of the ops on ``rows``,
-    each in record order (the merged bars' opacities sum in that order)."""
-    n = len(columns.streams)
-    code = {s: c for c, s in enumerate(columns.streams)}
-    row_of = {rank * n + code[stream]: i for i, (rank, stream) in enumerate(rows)
-              if stream in code}
-    if not row_of or not len(columns):
-        return {}
-    keys = np.array(sorted(row_of), dtype=np.int64)
-    number = np.array([row_of[k] for k in keys.tolist()], dtype=np.int64)
-    order = columns.order()
-    key = columns.rank[order] * n + columns.stream[order]
-    at = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
-    shown = keys[at] == key
-    if not shown.any():
-        return {}
-    positions, row = order[shown], number[at[shown]]
-    category = columns.category[positions]
-    group = np.lexsort((category, row))           # by row, then category; record order kept
-    positions, row, category = positions[group], row[group], category[group]
-    cut = np.flatnonzero((np.diff(row) != 0) | (np.diff(category) != 0)) + 1
-    firsts = [0] + cut.tolist()
-    return {(int(row[f]), columns.categories[category[f]]): (starts, ends)
-            for f, starts, ends in zip(firsts, np.split(columns.start_s[positions], cut),
-                                       np.split(columns.end_s[positions], cut))}
+@dataclass
+class GanttChart:
+    """What a Gantt chart draws: the lanes shown (of ``total_lanes``) and
+    one or two panels (the whole step, then the zoom if any)."""
+
+    view: str
+    lanes: List[Lane]
+    total_lanes: int
+    panels: List[Panel]
+    step_ms: float
 
 
-def merge_spans(starts: np.ndarray, ends: np.ndarray,
-                gap: float) -> Tuple[List[Tuple[float, float]], np.ndarray]:
-    """Bars ``(start, width)`` covering the spans ``[starts, ends]``, where
-    spans that overlap or lie less than ``gap`` apart become one bar, and
-    for each bar the share of it the spans cover (0..1)."""
-    if len(starts) == 0:
-        return [], np.zeros(0)
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1] + gap
-    first = np.flatnonzero(new)
-    last = np.r_[first[1:], len(s)] - 1
-    lo, hi = s[first], reach[last]
-    width = hi - lo
-    covered = np.add.reduceat(np.maximum(e - s, 0.0), first)
-    fill = np.where(width > 0, np.minimum(covered / np.where(width > 0, width, 1.0), 1.0), 1.0)
-    return list(zip(lo.tolist(), width.tolist())), fill
+def _lanes(trace: Trace, phases: RecordPhases, view: str) -> List[Lane]:
+    if view == "devices":
+        return device_lanes(trace)
+    if view == "stages":
+        return stage_lanes(trace, phases)
+    raise ValueError(f"view: must be 'devices' or 'stages', got {view!r}")
 
 
-def gantt_figure(trace: Trace, max_rows: int = 64, resolution: int = 8000) -> Figure:
-    """The Gantt chart as a matplotlib ``Figure`` (not saved); bars less
-    than ``step / resolution`` apart are drawn as one."""
-    from matplotlib.colors import to_rgba
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
-    names = {d.rank: d.name for d in trace.devices}
-    all_rows = gantt_rows(trace)
-    rows = all_rows[:max_rows]
-    spans = _spans(trace.op_columns, rows)
-    gap = step_time_of(trace) * MS / resolution if resolution else 0.0
-    bars: Dict[Tuple[int, str], Tuple[List[Tuple[float, float]], Optional[np.ndarray]]] = {}
-    for key, (starts, ends) in spans.items():
-        if len(starts) > 1 and gap > 0:
-            bars[key] = merge_spans(starts * MS, ends * MS, gap)
-        else:
-            bars[key] = (sorted((a * MS, (b - a) * MS)
-                                for a, b in zip(starts.tolist(), ends.tolist())), None)
-
-    fig = Figure(figsize=(12, max(2.5, 1.5 + 0.3 * len(rows))))
-    ax = fig.add_subplot()
-    categories = set()
-    for (i, category), (row_bars, fill) in sorted(bars.items(), key=lambda kv: kv[0]):
-        categories.add(category)
-        colour = CATEGORY_COLOURS.get(category, OTHER_COLOUR)
-        if fill is not None and len(fill) and fill.min() < 1.0:
-            colours = np.tile(to_rgba(colour), (len(fill), 1))
-            colours[:, 3] = fill
-            ax.broken_barh(row_bars, (i - 0.4, 0.8), facecolors=colours, linewidth=0)
-        else:
-            ax.broken_barh(row_bars, (i - 0.4, 0.8), facecolors=colour, linewidth=0)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{names.get(r, f'gpu{r}')} {s}" for r, s in rows], fontsize=8)
-    ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top
+def gantt_chart(trace: Trace, program: Any = None, view: str = "devices",
+                max_lanes: int = 32, phases: Optional[RecordPhases] = None) -> GanttChart:
+    """The layout of a Gantt chart of ``trace`` (``program``: the simulated
+    program, whose op metadata gives phases, kinds and micro-batches)."""
+    phases = phases if phases is not None else record_phases(trace, program)
+    every = _lanes(trace, phases, view)
+    lanes = every[:max_lanes]
     step_ms = step_time_of(trace) * MS
-    ax.set_xlim(0, step_ms if step_ms > 0 else 1.0)
+    whole = full_window(trace)
+    tasks = lane_tasks(trace, phases, lanes, whole)
+    zoom = zoom_window(tasks, whole[1], AXIS_PX)
+    what = "a lane per device" if view == "devices" else "a lane per pipeline stage"
+    shown = (f"; first {len(lanes)} of {len(every)} "
+             f"{'devices' if view == 'devices' else 'stages'}" if len(lanes) < len(every) else "")
+    title = (f"Step time {step_ms:,.3f} ms: {what}{shown}; ops shorter than {MIN_PX:g} px "
+             "drawn that wide; merged runs of sparse ops fainter")
+    if zoom:
+        title += f"; zoom below: {zoom[0]:,.1f}-{zoom[1]:,.1f} ms"
+    panels = [_panel(trace, phases, lanes, whole, tasks, title)]
+    if zoom:
+        panels.append(_panel(trace, phases, lanes, zoom, None,
+                             f"Zoom: {zoom[0]:,.1f}-{zoom[1]:,.1f} ms of {step_ms:,.1f} ms, "
+                             "micro-batch numbers on forward and backward blocks"))
+    return GanttChart(view, lanes, len(every), panels, step_ms)
+
+
+def _panel(trace: Trace, phases: RecordPhases, lanes: Sequence[Lane],
+           window: Tuple[float, float], tasks: Optional[List[Task]], title: str) -> Panel:
+    width = min_width_ms(window, AXIS_PX, MIN_PX)
+    if tasks is None:
+        tasks = lane_tasks(trace, phases, lanes, window)
+    return Panel(window, lane_bars(trace, phases, lanes, window, width), tasks, width, title)
+
+
+def _colours(bars: Bars) -> np.ndarray:
+    """RGBA per bar: the key's colour, as opaque as the share of the bar's
+    span that its ops cover (at least :data:`MIN_ALPHA`, so that none
+    vanishes): a lone op is opaque however short, merged sparse ops faint."""
+    from matplotlib.colors import to_rgba
+    colours = np.tile(to_rgba(KEY_COLOURS[bars.key]), (len(bars.starts), 1))
+    colours[:, 3] = np.clip(bars.share(), MIN_ALPHA, 1.0)
+    return colours
+
+
+def _draw_panel(ax: "Axes", chart: GanttChart, panel: Panel,
+                zoom: Optional[Tuple[float, float]]) -> None:
+    for bars in panel.bars:
+        top, height = _BAND_Y[bars.band]
+        ax.broken_barh(list(zip(bars.starts.tolist(), bars.widths.tolist())),
+                       (bars.lane + top, height), facecolors=_colours(bars), linewidth=0)
+    px_per_ms = AXIS_PX / max(panel.window[1] - panel.window[0], 1e-12)
+    top, height = _BAND_Y[0]
+    for task in panel.tasks:
+        text = str(task.microbatch)
+        half = task.label_width_ms / 2
+        lo = max(task.label_ms - half, panel.window[0])
+        hi = min(task.label_ms + half, panel.window[1])
+        if (hi - lo) * px_per_ms >= CHAR_PX * len(text) + 3:
+            ax.text((lo + hi) / 2, task.lane + top + height / 2, text, ha="center",
+                    va="center", fontsize=7, color="white", clip_on=True)
+    n = len(chart.lanes)
+    ax.set_yticks([i + _BAND_Y[0][0] + _BAND_Y[0][1] / 2 for i in range(n)])
+    ax.set_yticklabels([lane.label for lane in chart.lanes], fontsize=7)
+    ax.set_ylim(n, 0)
+    for i in range(1, n):
+        ax.axhline(i, color="#dddddd", linewidth=0.6)
+    ax.set_xlim(*panel.window)
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", alpha=0.3)
-    title = f"Step time {step_ms:.3f} ms"
-    if len(all_rows) > len(rows):
-        title += f" (first {len(rows)} of {len(all_rows)} rows shown)"
-    ax.set_title(title)
-    shown = [c for c in CATEGORY_COLOURS] + sorted(categories - set(CATEGORY_COLOURS))
-    ax.legend(handles=[Patch(color=CATEGORY_COLOURS.get(c, OTHER_COLOUR), label=c) for c in shown],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
+    ax.set_title(panel.title, fontsize=9, loc="left")
+    if zoom is not None:
+        ax.axvspan(zoom[0], zoom[1], color="#000000", alpha=0.06, linewidth=0)
+
+
+def _legend(ax: "Axes", chart: GanttChart) -> None:
+    """One legend: the compute phases, then the communication kinds drawn."""
+    from matplotlib.patches import Patch
+    keys = {b.key for p in chart.panels for b in p.bars}
+    handles = []
+    for header, group in (("compute (tall bars)", COMPUTE_KEYS),
+                          ("communication (thin bars:\ncollectives, then p2p)", COMM_KEYS)):
+        shown = [k for k in group if k in keys]
+        if shown:
+            handles.append(Patch(visible=False, label=header))
+            handles += [Patch(color=KEY_COLOURS[k], label=k) for k in shown]
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+
+
+def chart_figure(chart: GanttChart) -> "Figure":
+    """Draw a :class:`GanttChart`: its panels one above the other."""
+    from matplotlib.figure import Figure
+    n = max(len(chart.lanes), 1)
+    lane_in = 0.5 if n <= 4 else 0.42 if n <= 16 else 0.3
+    top_in, bottom_in = 0.35, 0.6          # a panel's title; its time axis
+    panel_in = lane_in * n + top_in + bottom_in
+    height = panel_in * len(chart.panels) + 0.1
+    fig = Figure(figsize=(FIG_WIDTH_IN, height), dpi=DPI)
+    zoom = chart.panels[1].window if len(chart.panels) > 1 else None
+    for i, panel in enumerate(chart.panels):
+        bottom = height - 0.05 - panel_in * (i + 1) + bottom_in
+        ax = fig.add_axes((_LEFT, bottom / height, _RIGHT - _LEFT, lane_in * n / height))
+        _draw_panel(ax, chart, panel, zoom if i == 0 else None)
+        if i == 0:
+            _legend(ax, chart)
     return fig
 
 
-def write_gantt(trace: Trace, path: PathLike, max_rows: int = 64) -> None:
-    """Write the Gantt chart of ``trace`` as a PNG to ``path`` (atomically)."""
-    save_png(gantt_figure(trace, max_rows), path)
+def gantt_figure(trace: Trace, program: Any = None, view: str = "devices",
+                 max_lanes: int = 32) -> "Figure":
+    """The Gantt chart as a matplotlib ``Figure`` (not saved)."""
+    return chart_figure(gantt_chart(trace, program, view, max_lanes))
+
+
+def write_gantt(trace: Trace, path: PathLike, program: Any = None, view: str = "devices",
+                max_lanes: int = 32) -> None:
+    """Write a Gantt chart of ``trace`` as a PNG to ``path`` (atomically)."""
+    save_png(gantt_figure(trace, program, view, max_lanes), path)
+
+
+def has_stages(trace: Trace, phases: RecordPhases) -> bool:
+    """Whether the trace's records belong to more than one pipeline stage."""
+    return len(set(np.unique(phases.stage[phases.stage >= 0]).tolist())) > 1

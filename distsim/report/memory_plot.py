@@ -21,13 +21,14 @@ curve draws as a few thousand points.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 import numpy as np
 
 from distsim.fileio import PathLike
 from distsim.report.figures import save_png
-from distsim.report.summary import GB, MS, step_time_of
+from distsim.report.memory_categories import draw_peak_bars, oom_line, peak_bars
+from distsim.report.summary import GB, MS, group_label, step_time_of
 from distsim.sim.trace import Trace
 
 if TYPE_CHECKING:     # matplotlib is imported when a plot is drawn
@@ -119,7 +120,9 @@ def envelope(curves: Dict[int, Curve]) -> Tuple[np.ndarray, np.ndarray, np.ndarr
 
 def memory_figure(trace: Trace, max_lines: int = 16, max_points: int = 4000) -> Figure:
     """The memory plot as a matplotlib ``Figure`` (not saved); curves of
-    more than ``max_points`` points are binned (:func:`downsample_max`)."""
+    more than ``max_points`` points are binned (:func:`downsample_max`).
+    ``axes[0]``: live memory over time; ``axes[1]`` (when the trace has
+    them): the categories at each device's peak."""
     from matplotlib.figure import Figure
 
     names = {d.rank: d.name for d in trace.devices}
@@ -128,22 +131,33 @@ def memory_figure(trace: Trace, max_lines: int = 16, max_points: int = 4000) -> 
     capacities: List[int] = sorted({d.capacity_bytes for d in trace.devices if d.capacity_bytes > 0})
     drawn = [c for c in capacities if c <= OFF_SCALE * peak]
     unit, unit_name = axis_unit(max([peak] + drawn))
-    fig = Figure(figsize=(10, 5))
-    ax = fig.add_subplot()
+    bars, total_bars = peak_bars(trace)
+    bars = bars if any(b.by_category for b in bars) else []
+    fig = Figure(figsize=(14 if bars else 10, 5.5 if bars else 5))
+    if bars:
+        ax, bar_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.1, 1]})
+    else:
+        ax, bar_ax = fig.add_subplot(), None
     title = "Live memory per device"
+    top = max(curves, key=lambda r: (curves[r][1].max(), -r)) if curves else None
     if curves and len(curves) > max_lines:
         grid, lo, hi = envelope(curves)
         ax.fill_between(grid * MS, lo / unit, hi / unit, step="post", alpha=0.3,
                         color="#4e79a7", label=f"min-max over {len(curves)} devices")
-        top = max(curves, key=lambda r: (curves[r][1].max(), -r))
         t, v = curves[top]
         ax.step(t * MS, v / unit, where="post", color="#4e79a7", linewidth=1.2,
                 label=f"{names.get(top, f'gpu{top}')} (highest peak)")
         title += f" (envelope of {len(curves)} devices)"
     else:
-        for rank, (t, v) in curves.items():
-            ax.step(t * MS, v / unit, where="post", linewidth=1.2,
-                    label=names.get(rank, f"gpu{rank}"))
+        groups = same_curves(curves)
+        colours = _line_colours(len(groups))
+        for k, ranks in enumerate(groups):
+            t, v = curves[ranks[0]]
+            highest = top in ranks and len(groups) > 1
+            label = group_label([names.get(r, f"gpu{r}") for r in ranks], ranks)
+            ax.step(t * MS, v / unit, where="post", color=colours[k],
+                    linewidth=1.8 if highest else 1.0, zorder=3 if highest else 2,
+                    label=label + (" (highest peak)" if highest else ""))
     for cap in capacities:
         if cap in drawn:
             ax.axhline(cap / unit, linestyle="--", color="#e15759", linewidth=1.0,
@@ -161,9 +175,37 @@ def memory_figure(trace: Trace, max_lines: int = 16, max_points: int = 4000) -> 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0) if bar_ax is None else (0.0, -0.12),
+                  fontsize=7, ncol=1 if bar_ax is None else 4, frameon=bar_ax is None)
+    if bar_ax is not None:
+        draw_peak_bars(bar_ax, bars, total_bars, unit, unit_name, drawn)
+        bar_ax.set_xlim(0, max([b.peak for b in bars] + drawn) / unit * 1.05)
+    oom = oom_line(peak_bars(trace)[0])
+    if oom:
+        fig.suptitle(oom, color="#c0392b", fontsize=11, fontweight="bold")
     fig.tight_layout()
     return fig
+
+
+def same_curves(curves: Dict[int, Curve]) -> List[List[int]]:
+    """Consecutive ranks whose curves are equal, grouped (one line each)."""
+    groups: List[List[int]] = []
+    for rank, (t, v) in curves.items():
+        if groups and groups[-1][-1] == rank - 1:
+            t0, v0 = curves[groups[-1][0]]
+            if np.array_equal(t0, t) and np.array_equal(v0, v):
+                groups[-1].append(rank)
+                continue
+        groups.append([rank])
+    return groups
+
+
+def _line_colours(n: int) -> List[Any]:
+    """Distinct colours for up to 10 curves, a sequence (by rank) past that."""
+    from matplotlib import colormaps
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    return [colormaps["viridis"](i / max(n - 1, 1)) for i in range(n)]
 
 
 def write_memory_plot(trace: Trace, path: PathLike, max_lines: int = 16) -> None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from distsim.fileio import PathLike, write_text_atomic
-from distsim.report.intervals import union_length_of
+from distsim.intervals import union_length_of
 from distsim.report.jsonsafe import json_safe
 from distsim.sim.trace import OpColumns, Trace
 
@@ -167,11 +167,20 @@ def summarize(trace: Trace) -> Dict[str, Any]:
     }
 
 
-def link_summary(trace: Trace, top: int = 16) -> List[Dict[str, Any]]:
+#: how many links summary.json lists (and links.png draws)
+TOP_LINKS = 16
+
+
+def ranked_links(links: Sequence[Any]) -> List[Any]:
+    """Link records busiest first: by busy time, then bytes carried, then name."""
+    return sorted(links, key=lambda l: (-l.busy_s, -l.bytes_carried, l.src, l.dst))
+
+
+def link_summary(trace: Trace, top: int = TOP_LINKS) -> List[Dict[str, Any]]:
     """The ``top`` busiest directed links: bytes carried, busy time, peak
     concurrent flows, and utilisation = bytes / (bandwidth x step time)."""
     step = step_time_of(trace)
-    ranked = sorted(trace.links, key=lambda l: (-l.busy_s, -l.bytes_carried, l.src, l.dst))
+    ranked = ranked_links(trace.links)
     return [{"src": l.src, "dst": l.dst, "bandwidth_Bps": l.bandwidth_Bps,
              "bytes_carried": l.bytes_carried, "busy_s": l.busy_s, "peak_flows": l.peak_flows,
              "utilisation": l.bytes_carried / (l.bandwidth_Bps * step) if step > 0 else 0.0}
@@ -240,6 +249,21 @@ def group_label(names: Sequence[str], ranks: Sequence[int]) -> str:
     return f"{names[0]}..{names[-1]}"
 
 
+def device_groups(summary: Dict[str, Any]) -> List[Tuple[str, List[int], Dict[str, Any]]]:
+    """Consecutive ranks whose table cells are all equal, as ``(label,
+    ranks, first device's entry)``: the rows of the summary table."""
+    step = summary["step_time_s"]
+    groups: List[Tuple[List[str], List[int], Tuple[str, ...], Dict[str, Any]]] = []
+    for d in summary["devices"]:
+        cells = _row_cells(d, step)
+        if groups and groups[-1][2] == cells and groups[-1][1][-1] == d["rank"] - 1:
+            groups[-1][0].append(d["name"])
+            groups[-1][1].append(d["rank"])
+        else:
+            groups.append(([d["name"]], [d["rank"]], cells, d))
+    return [(group_label(names, ranks), ranks, d) for names, ranks, _, d in groups]
+
+
 _HEADER = ("device", "peak GB", "cap GB", "compute ms", "%", "comm ms", "%",
            "exposed ms", "%", "idle ms", "%", "")
 
@@ -251,15 +275,7 @@ def format_summary_table(summary: Dict[str, Any], max_rows: int = 64) -> str:
     labelled ``gpu0-7``; past ``max_rows`` rows the middle is elided.
     """
     step = summary["step_time_s"]
-    groups: List[Tuple[List[str], List[int], Tuple[str, ...]]] = []
-    for d in summary["devices"]:
-        cells = _row_cells(d, step)
-        if groups and groups[-1][2] == cells and groups[-1][1][-1] == d["rank"] - 1:
-            groups[-1][0].append(d["name"])
-            groups[-1][1].append(d["rank"])
-        else:
-            groups.append(([d["name"]], [d["rank"]], cells))
-    rows = [(group_label(names, ranks),) + cells for names, ranks, cells in groups]
+    rows = [(label,) + _row_cells(d, step) for label, _, d in device_groups(summary)]
     elided = 0
     if len(rows) > max_rows:
         head = max_rows // 2

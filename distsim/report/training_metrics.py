@@ -21,29 +21,12 @@ pipeline bubble and memory by category.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping
 
 from ..errors import DistsimError
 from ..ir.types import DType
+from ..models.gpt_family import model_flops_per_step  # noqa: F401  (re-exported)
 from ..transforms.strategy import Strategy
-
-
-def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
-    """Model FLOPs of one training step of a ``gpt`` family config (None for
-    other families)."""
-    needed = ("layers", "hidden", "heads", "vocab", "seq", "global_batch")
-    if any(k not in model for k in needed):
-        return None
-    h, layers, heads = model["hidden"], model["layers"], model["heads"]
-    d = model.get("head_dim") or h // heads
-    kv = model.get("kv_heads") or heads
-    ffn = model.get("ffn") or 4 * h
-    glu = 2 if model.get("activation") == "swiglu" else 1
-    per_layer = h * (heads + 2 * kv) * d + heads * d * h + h * ffn * glu + ffn * h
-    forward_per_token = 2.0 * (layers * per_layer + model["vocab"] * h)
-    forward_per_token += 2.0 * 2.0 * model["seq"] * heads * d * layers
-    tokens = model["global_batch"] * model["seq"]
-    return 3.0 * forward_per_token * tokens
 
 
 def layout_notes(strategy: Mapping[str, Any], topology: Any) -> List[str]:

@@ -37,16 +37,16 @@ from __future__ import annotations
 
 import heapq
 import math
-import weakref
 from operator import itemgetter
-from typing import Any, Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 import simpy
 
 from ..errors import ConfigError
 from ..topology import Topology
-from .collective_algos.schedule import StepShape, shape_time, step_shape, step_time_estimate
+from .collective_algos.schedule import FlowSpec
 from .network_steps import StepRunner
+from .route_table import route_table
 from .trace import LinkRecord, LinkSample
 
 #: A flow's (source, destination) and its bytes (flows are (src, dst, bytes)).
@@ -56,42 +56,11 @@ _BYTES = itemgetter(2)
 _new_tuple = tuple.__new__
 
 MODES = ("flow", "analytical")
-_ALGORITHM_CHOICES: "weakref.WeakKeyDictionary[Topology, Dict[tuple, str]]" = \
-    weakref.WeakKeyDictionary()
 
+#: (link ids, path latency, bottleneck bandwidth) of a route
+Route = Tuple[Tuple[int, ...], float, float]
 
-class RouteTable:
-    """The links of a topology numbered on first use, and the routes found
-    over them: what depends on the topology alone, so every network over
-    one topology shares one table (a sweep times thousands of collectives,
-    each on a network of its own; each used to route its flows again)."""
-
-    __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos", "step_shapes",
-                 "analytical_shapes", "team_plans", "__weakref__")
-
-    def __init__(self) -> None:
-        self.edges: List[Tuple[str, str]] = []
-        self.edge_index: Dict[Tuple[str, str], int] = {}
-        self.capacity: List[float] = []
-        #: (src, dst, key) -> (link ids, path latency, bottleneck bandwidth)
-        self.routes: Dict[Tuple[int, int, int], Tuple[Tuple[int, ...], float, float]] = {}
-        #: (src, dst, key) -> (link ids, path latency, link capacities)
-        self.route_infos: Dict[Tuple[int, int, int],
-                               Tuple[Tuple[int, ...], float, Tuple[float, ...]]] = {}
-        #: the (src, dst) pairs of a step -> its :func:`step_shape`
-        self.step_shapes: Dict[Tuple[Tuple[int, int], ...], StepShape] = {}
-        #: ((src, dst) pairs of a step, route key) -> each distinct
-        #: (path latency, bottleneck bandwidth) of its flows
-        self.analytical_shapes: Dict[tuple, Tuple[Tuple[float, float], ...]] = {}
-        #: what a collective's plan works out for a team whatever its size
-        #: (its check, its server groups, a tree's bounds), by (what, team...):
-        #: each team is planned at many sizes (:mod:`.collectives`)
-        self.team_plans: Dict[tuple, Any] = {}
-
-
-_ROUTE_TABLES: "weakref.WeakKeyDictionary[Topology, RouteTable]" = weakref.WeakKeyDictionary()
 _SETTLE_PRIORITY = 2      # after SimPy's NORMAL (1): every same-time start is in
-FlowSpec = Tuple[int, int, float]
 
 
 class Flow:
@@ -146,6 +115,12 @@ class Network:
     it costs time and memory on big runs. ``fast_steps=False``
     simulates every step of :meth:`run_steps` flow by flow (the reference
     for the fast path's tests).
+
+    Other modules use only its public methods: routes (:meth:`route`,
+    :meth:`route_info`), flows (:meth:`start_flow`, :meth:`start_group`),
+    link state (:meth:`links_idle`, :meth:`starts_on`,
+    :meth:`link_capacity`) and statistics; the step runner names what it
+    uses in :class:`~.network_steps.StepNetwork`.
     """
 
     def __init__(self, env: simpy.Environment, topology: Topology, mode: str = "flow",
@@ -158,15 +133,12 @@ class Network:
         self.mode = mode
         self.record_samples = record_samples
         self.link_stats = link_stats
-        table = _ROUTE_TABLES.get(topology)
-        if table is None:
-            table = _ROUTE_TABLES[topology] = RouteTable()
+        table = route_table(topology)
         self._edges = table.edges
         self._edge_index = table.edge_index
         self._capacity = table.capacity
         self._routes = table.routes
         self._route_infos = table.route_infos
-        self._step_shapes = table.step_shapes
         self._analytical_shapes = table.analytical_shapes
         self.team_plans = table.team_plans
         self._stats: Dict[int, _LinkStats] = {}
@@ -184,15 +156,16 @@ class Network:
         self._levels: Dict[int, List[float]] = {}
         # collectives' "auto" decisions depend on the topology only: shared
         # by every network over it (a sweep estimates each collective once)
-        self.algorithm_choices: Dict[tuple, str] = _ALGORITHM_CHOICES.setdefault(topology, {})
+        self.algorithm_choices = table.algorithm_choices
         #: (kind, team, bytes, root, algorithm) -> (name, schedule), by run_collective
         self.schedules: Dict[tuple, tuple] = {}
         self._steps = StepRunner(self, enabled=fast_steps)
         self._reserved = self._steps.reserved     # link -> phantom holding it
 
     # ------------------------------------------------------------------ routes
-    def _route(self, src: int, dst: int, key: int) -> Tuple[Tuple[int, ...], float, float]:
-        """(link indices, path latency, bottleneck bandwidth), cached."""
+    def route(self, src: int, dst: int, key: int = 0) -> Route:
+        """(link ids, path latency, bottleneck bandwidth) of the route from
+        ``src`` to ``dst`` (ranks not checked), cached per topology."""
         hit = self._routes.get((src, dst, key))
         if hit is not None:
             return hit
@@ -217,23 +190,10 @@ class Network:
         """(link ids, path latency, link capacities) of the route (cached)."""
         hit = self._route_infos.get((src, dst, key))
         if hit is None:
-            links, latency, _ = self._route(src, dst, key)
+            links, latency, _ = self.route(src, dst, key)
             hit = self._route_infos[(src, dst, key)] = \
                 (links, latency, tuple(self._capacity[i] for i in links))
         return hit
-
-    def step_time_estimate(self, flows: Sequence[FlowSpec]) -> float:
-        """:func:`~.collective_algos.schedule.step_time_estimate` of one
-        step on this network; a step whose flows carry equal bytes is
-        routed once per topology (:func:`step_shape`), whatever its size."""
-        sizes = set(map(_BYTES, flows))
-        if len(sizes) != 1:
-            return step_time_estimate(flows, self.route_info)
-        pairs = tuple(map(_PAIR, flows))
-        shape = self._step_shapes.get(pairs)
-        if shape is None:
-            shape = self._step_shapes[pairs] = step_shape(pairs, self.route_info)
-        return shape_time(shape, sizes.pop())
 
     def analytical_step_s(self, flows: Sequence[FlowSpec], key: int = 0) -> float:
         """Analytical mode: one step's time, the slowest flow's
@@ -250,7 +210,7 @@ class Network:
                     topo.check_rank(src)
                     topo.check_rank(dst)
                 paths = self._analytical_shapes[pairs] = tuple(dict.fromkeys(
-                    self._route(src, dst, key)[1:] for src, dst in pairs[0] if src != dst))
+                    self.route(src, dst, key)[1:] for src, dst in pairs[0] if src != dst))
             nbytes = sizes.pop()
             step = 0.0
             for latency, bottleneck in paths:
@@ -263,7 +223,7 @@ class Network:
             self.topology.check_rank(src)
             self.topology.check_rank(dst)
             if src != dst:
-                _, latency, bottleneck = self._route(src, dst, key)
+                _, latency, bottleneck = self.route(src, dst, key)
                 step = max(step, latency + nbytes / bottleneck)
         return step
 
@@ -271,7 +231,7 @@ class Network:
         """The time one flow takes on an otherwise idle network."""
         if src == dst:
             return 0.0
-        _, latency, bottleneck = self._route(src, dst, key)
+        _, latency, bottleneck = self.route(src, dst, key)
         return latency + nbytes / bottleneck
 
     # ------------------------------------------------------------------ API
@@ -283,7 +243,7 @@ class Network:
         if nbytes < 0 or not math.isfinite(nbytes):
             raise ConfigError(f"transfer {src_rank} -> {dst_rank}: bytes must be >= 0, got {nbytes!r}")
         event = self.env.event()
-        self._start(src_rank, dst_rank, float(nbytes), key, event)
+        self.start_flow(src_rank, dst_rank, float(nbytes), key, event)
         return event
 
     def transfer_all(self, flows: Sequence[FlowSpec], key: int = 0) -> simpy.Event:
@@ -298,8 +258,8 @@ class Network:
 
     def start_group(self, flows: Sequence[FlowSpec], key: int = 0
                     ) -> Tuple[simpy.Event, List[Flow | None]]:
-        """Start checked flows now (internal to the step runner): an event
-        for the delivery of all of them, and their Flow objects."""
+        """Start flows of checked ranks and bytes now: an event for the
+        delivery of all of them, and what :meth:`start_flow` gave each."""
         done = self.env.event()
         left = [len(flows)]
 
@@ -314,7 +274,7 @@ class Network:
         for src, dst, nbytes in flows:
             event = self.env.event()
             event.callbacks.append(one_done)
-            started.append(self._start(src, dst, float(nbytes), key, event))
+            started.append(self.start_flow(src, dst, float(nbytes), key, event))
         return done, started
 
     def run_steps(self, flows: Sequence[FlowSpec], count: int, key: int = 0):
@@ -325,15 +285,16 @@ class Network:
     def is_idle(self) -> bool:
         return self.active_flows == 0 and not self._pending
 
-    # ------------------------------------------------------------------ internals
-    def _start(self, src: int, dst: int, nbytes: float, key: int, event: simpy.Event
-               ) -> Flow | None:
-        """Start one flow now (the flow, or None where nothing is sent)."""
+    def start_flow(self, src: int, dst: int, nbytes: float, key: int, event: simpy.Event
+                   ) -> Flow | None:
+        """Start one flow of checked ranks and bytes now; ``event``
+        succeeds on its delivery. The flow, or None where nothing is sent
+        (``src == dst``, or analytical mode)."""
         env = self.env
         if src == dst:
             event.succeed()
             return None
-        links, latency, bottleneck = self._route(src, dst, key)
+        links, latency, bottleneck = self.route(src, dst, key)
         if self._reserved:
             reserved = self._reserved
             for i in links:
@@ -370,6 +331,27 @@ class Network:
             env.schedule(ev, _SETTLE_PRIORITY)
         return flow
 
+    # ------------------------------------------------------------------ link state
+    def links_idle(self, links: Iterable[int]) -> bool:
+        """No flow transmits on any of ``links`` now."""
+        stats = self._stats
+        for i in links:
+            s = stats.get(i)
+            if s is not None and s.active:
+                return False
+        return True
+
+    def starts_on(self, links: Iterable[int]) -> int:
+        """Flows ever started on ``links``, each counted once per link of
+        them it crosses."""
+        stats = self._stats
+        return sum(stats[i].starts for i in links if i in stats)
+
+    def link_capacity(self, link: int) -> float:
+        """The bandwidth of link ``link`` (an id of :meth:`route`), bytes/s."""
+        return self._capacity[link]
+
+    # ------------------------------------------------------------------ internals
     def _count_links(self, links: Iterable[int], nbytes: float, delta: int) -> None:
         now = self.env.now
         stats = self._stats

@@ -39,14 +39,40 @@ that each link's samples still integrate to the bytes it carried.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple
 
 import simpy
 
-if TYPE_CHECKING:   # pragma: no cover - typing only
-    from .network import FlowSpec, Network
+from .collective_algos.schedule import FlowSpec
 
-Signature = Tuple[Tuple["FlowSpec", ...], int]
+Signature = Tuple[Tuple[FlowSpec, ...], int]
+
+
+class StepNetwork(Protocol):
+    """What the step runner uses of its network: the public interface of
+    :class:`~distsim.sim.network.Network` (which imports this module, so
+    it is named here, not imported)."""
+
+    env: simpy.Environment
+    topology: Any
+    mode: str
+    link_stats: bool
+    record_samples: bool
+    samples: List[Any]
+
+    def route(self, src: int, dst: int, key: int = 0) -> Tuple[Tuple[int, ...], float, float]: ...
+    def start_flow(self, src: int, dst: int, nbytes: float, key: int,
+                   event: simpy.Event) -> Any: ...
+    def start_group(self, flows: Sequence[FlowSpec], key: int = 0) -> Tuple[simpy.Event, list]: ...
+    def analytical_step_s(self, flows: Sequence[FlowSpec], key: int = 0) -> float: ...
+    def links_idle(self, links: Iterable[int]) -> bool: ...
+    def starts_on(self, links: Iterable[int]) -> int: ...
+    def link_capacity(self, link: int) -> float: ...
+    def add_link_stats(self, link: int, nbytes: float, busy_s: float, peak: int) -> None: ...
+    def mean_uses(self, link_bytes: Iterable[Tuple[int, float]],
+                  duration_s: float) -> Dict[int, float]: ...
+    def add_use(self, uses: Dict[int, float], sign: int) -> None: ...
+    def sample(self, link: int, utilisation: float) -> None: ...
 
 
 class StepProfile:
@@ -89,19 +115,19 @@ class StepRunner:
     simulates every step flow by flow (the reference the fast path is
     tested against)."""
 
-    def __init__(self, network: "Network", enabled: bool = True) -> None:
+    def __init__(self, network: StepNetwork, enabled: bool = True) -> None:
         self.net = network
         self.enabled = enabled
         self.cache: Dict[Signature, StepProfile] = {}
         self.uncacheable: Set[Signature] = set()
-        self._checked: Set[Tuple["FlowSpec", ...]] = set()  # steps whose ranks are known good
+        self._checked: Set[Tuple[FlowSpec, ...]] = set()  # steps whose ranks are known good
         self._step_links: Dict[Signature, Tuple[Tuple[int, ...], int]] = {}
         #: link index -> the phantom holding it
         self.reserved: Dict[int, _Phantom] = {}
         self._owing: List[StepProfile] = []
 
     # ------------------------------------------------------------------ run
-    def run(self, specs: Tuple["FlowSpec", ...], count: int, key: int):
+    def run(self, specs: Tuple[FlowSpec, ...], count: int, key: int):
         net, env = self.net, self.net.env
         if count <= 0 or not specs:
             return
@@ -151,12 +177,12 @@ class StepRunner:
             if watch:
                 links, own = self._links_of(sig)
                 watch = self._free(links, reserved_ok=True)
-                before = self._starts(links) if watch else 0
+                before = net.starts_on(links) if watch else 0
             start = env.now
             event, flows = net.start_group(specs, key)
             yield event
             done += 1
-            if watch and self._starts(links) - before == own and sig not in self.cache:
+            if watch and net.starts_on(links) - before == own and sig not in self.cache:
                 self._remember(sig, flows, env.now - start)
 
     def _links_of(self, sig: Signature) -> Tuple[Tuple[int, ...], int]:
@@ -169,7 +195,7 @@ class StepRunner:
             for src, dst, _ in specs:
                 if src == dst:
                     continue
-                links = self.net._route(src, dst, key)[0]
+                links = self.net.route(src, dst, key)[0]
                 own += len(links)
                 for i in links:
                     seen[i] = None
@@ -179,26 +205,18 @@ class StepRunner:
     def _free(self, links, reserved_ok: bool = False) -> bool:
         """No flow transmits on any of ``links`` (and, unless
         ``reserved_ok``, no phantom holds one)."""
-        stats = self.net._stats
-        reserved = self.reserved
-        for i in links:
-            if not reserved_ok and i in reserved:
+        if not reserved_ok:
+            reserved = self.reserved
+            if reserved and any(i in reserved for i in links):
                 return False
-            s = stats.get(i)
-            if s is not None and s.active:
-                return False
-        return True
-
-    def _starts(self, links) -> int:
-        stats = self.net._stats
-        return sum(stats[i].starts for i in links if i in stats)
+        return self.net.links_idle(links)
 
     def _analytical(self, specs, count: int, key: int,
                     uses: Optional[Dict[int, float]] = None) -> float:
         """The time of ``count`` steps in analytical mode (link statistics
         added); with samples on, fills ``uses`` with each link's mean use."""
         net = self.net
-        route = net._route
+        route = net.route
         step = 0.0
         per_link: Dict[int, float] = {}
         busy: Dict[int, float] = {}
@@ -309,11 +327,11 @@ class StepRunner:
         elapsed = net.env.now - phantom.start_s
         if elapsed <= 0:
             return                      # no time between the start and the 0 sample
-        samples, cap = net.samples, net._capacity
+        samples, cap = net.samples, net.link_capacity
         for k, (i, (nbytes, _, _)) in enumerate(phantom.profile.links.items()):
             at = phantom.first_sample + k
             carried = finished * nbytes + sent_on.get(i, 0.0)
-            samples[at] = samples[at]._replace(utilisation=carried / (cap[i] * elapsed))
+            samples[at] = samples[at]._replace(utilisation=carried / (cap(i) * elapsed))
 
     def _resume_step(self, phantom: _Phantom, finished: int, into: float) -> simpy.Event:
         """Real flows for the step ``into`` seconds in (after ``finished``
@@ -337,7 +355,7 @@ class StepRunner:
                 one_done()
                 continue
             rate, tx, latency = prof
-            links = net._route(src, dst, phantom.key)[0]
+            links = net.route(src, dst, phantom.key)[0]
             sent = min(nbytes, rate * into)
             for i in links:
                 sent_on[i] = sent_on.get(i, 0.0) + sent
@@ -356,7 +374,7 @@ class StepRunner:
         for src, dst, nbytes in restart:
             event = env.event()
             event.callbacks.append(one_done)
-            net._start(src, dst, nbytes, phantom.key, event)
+            net.start_flow(src, dst, nbytes, phantom.key, event)
         if left[0] == 0 and not done.triggered:
             done.succeed()
         return done

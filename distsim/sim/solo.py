@@ -10,10 +10,11 @@ ranks can run at once, and share links. When no other team's collective
 uses any link that a team's collectives use, each of them therefore runs on
 links nobody else touches while it runs: it takes exactly the time it
 takes alone, every time. The simulator then needs no events for it: when
-its last member arrives, its end is that time plus its solo duration (:func:`solo_run`,
-worked out once per distinct collective in a scratch network), its outputs
-are announced with that end time, and its link statistics are added in bulk
-at the end of the run.
+its last member arrives, its end is that time plus its solo duration
+(:func:`solo_run`, once per distinct collective: the run alone of
+:func:`.solo_time.run_alone`, whose time :func:`.solo_time.collective_time`
+gives), its outputs are announced with that end time, and its link
+statistics are added in bulk at the end of the run.
 
 In a training step that is most collectives: a tensor-parallel group's
 all-reduces inside one server, a data-parallel group's gradient all-reduces
@@ -24,11 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
-import simpy
-
 from ..ir.comm import CollectiveType
-from .collectives import planned_schedule, run_collective
+from .collectives import planned_schedule
 from .network import Network
+from .solo_time import run_alone
 
 #: (kind, team, root, bytes, algorithm) of one collective
 Plan = Tuple[CollectiveType, Tuple[int, ...], Optional[int], float, str]
@@ -88,17 +88,15 @@ def solo_teams(network: Network, plans: Iterable[Plan]) -> Set[TeamKey]:
 
 
 def solo_run(topology, mode: str, plan: Plan, record_samples: bool = False) -> SoloRun:
-    """Simulate one collective alone in a scratch network."""
+    """One collective run alone (:func:`.solo_time.run_alone`) and what it
+    did to each link."""
     kind, ranks, root, nbytes, algorithm = plan
-    env = simpy.Environment()
-    net = Network(env, topology, mode=mode, record_samples=record_samples)
-    proc = env.process(run_collective(env, net, kind, ranks, nbytes, root=root,
-                                      algorithm=algorithm))
-    env.run()
+    net, duration_s, used = run_alone(topology, mode, kind, ranks, nbytes, root, algorithm,
+                                      record_samples)
     links = tuple((r.src, r.dst, r.bytes_carried, r.busy_s, r.peak_flows)
                   for r in net.link_records())
     samples = tuple((x.src, x.dst, x.time_s, x.utilisation) for x in net.link_samples())
-    return SoloRun(float(env.now), str(proc.value or algorithm), links, samples)
+    return SoloRun(duration_s, used, links, samples)
 
 
 class SoloLedger:

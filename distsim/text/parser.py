@@ -3,7 +3,9 @@
 Errors are :class:`ParseError` with the source name, line and column. The
 parser builds the program as written (declared result types); run the
 verifier to check it. A fused op (a coarsened program) holds the function
-of the input that its ``segment`` attribute names.
+of the input that its ``segment`` attribute names. Each op records where
+it was written (``op.meta["loc"]``, see :mod:`distsim.ir.source`), so that
+errors found later name the file and line.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..errors import ConfigError, ParseError, quoted_short
 from ..ir.core import Function, Module, Op, Value
 from ..ir.ops_fused import FUSED
+from ..ir.source import LOC, SourceLoc
 from ..ir.types import DType, TensorType, Type
 
 _TOKEN = re.compile(r"""
@@ -310,7 +313,7 @@ class Parser:
             v = Value(name, t)
             env[name] = v
             outputs.append(v)
-        op = Op(type_tok.text, inputs, outputs, attrs)
+        op = Op(type_tok.text, inputs, outputs, attrs, meta={LOC: SourceLoc(self.source, start.line)})
         if op.op_type == FUSED:   # its segment is linked once the module is read
             self._fused.append((op, type_tok))
         return op

@@ -24,14 +24,12 @@ other results the other buffers.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
 from ..ir.core import Value
 from ..ir.ops_bundle import PACK, UNPACK, unpack_attrs
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .coarsen import Segment
-    from .zero import GradientSync
+from .coarsen import Segment
+from .lowering_context import LoweringContext
 
 
 class _Chain:
@@ -47,54 +45,56 @@ class _Chain:
 
 
 class BufferBundles:
-    """The bundled gradient buffers of a :class:`GradientSync`: which
-    (parameter, rank) buffers are inside a bundle, and the bundles."""
+    """The bundled gradient buffers of a lowered step: which (parameter,
+    rank) buffers are inside a bundle, and the bundles. ``acc``: each
+    buffer's current value per (parameter, rank), as
+    :class:`~distsim.transforms.zero.GradientSync` keeps them (a buffer
+    inside a bundle is out of it meanwhile)."""
 
-    def __init__(self, sync: "GradientSync") -> None:
-        self.sync = sync
+    def __init__(self, ctx: LoweringContext, acc: Dict[Tuple[Value, int], Value]) -> None:
+        self.ctx = ctx
+        self.acc = acc
         self._chains: Dict[Tuple[int, int], _Chain] = {}     # (id(segment), rank)
         self._inside: Dict[Tuple[Value, int], _Chain] = {}   # (parameter, rank)
 
-    def current(self, seg: "Segment", rank: int, stage: int, mb: int) -> Value:
+    def current(self, seg: Segment, rank: int, stage: int, mb: int) -> Value:
         """The bundle that ``seg`` on ``rank`` takes as its ``acc_in``:
         the one its previous micro-batch made, or on the first accumulating
         micro-batch a ``pack`` of the buffers as they are now."""
         chain = self._chains.get((id(seg), rank))
         if chain is not None:
             return chain.bundle
-        sync = self.sync
         params = seg.acc_params
-        packed = [sync.acc[(p, rank)] for p in params]
-        bundle = sync.L.em.one(PACK, packed, None, f"{seg.function.name}.acc_m{mb}_r{rank}",
-                               accumulation_meta(stage, mb))
-        sync.note_update(packed[0], bundle)
+        packed = [self.acc[(p, rank)] for p in params]
+        bundle = self.ctx.emitter.one(PACK, packed, None, f"{seg.function.name}.acc_m{mb}_r{rank}",
+                                      accumulation_meta(stage, mb))
+        self.ctx.note_update(packed[0], bundle)
         chain = self._chains[(id(seg), rank)] = _Chain(bundle, params, packed)
         for p in params:
-            del sync.acc[(p, rank)]
+            del self.acc[(p, rank)]
             self._inside[(p, rank)] = chain
         return bundle
 
-    def advanced(self, seg: "Segment", rank: int, bundle: Value) -> None:
+    def advanced(self, seg: Segment, rank: int, bundle: Value) -> None:
         """``seg`` on ``rank`` has made ``bundle``, its buffers' new value."""
         chain = self._chains[(id(seg), rank)]
-        self.sync.note_update(chain.bundle, bundle)
+        self.ctx.note_update(chain.bundle, bundle)
         chain.bundle = bundle
 
     def release(self, p: Value, rank: int, stage: int, mb: int) -> None:
         """If the buffer of ``p`` on ``rank`` is inside a bundle, ``unpack``
         that bundle: each of its buffers is a value of its own again (in
-        ``GradientSync.acc``)."""
+        ``acc``)."""
         chain = self._inside.get((p, rank))
         if chain is None:
             return
-        sync = self.sync
         types = [v.type for v in chain.packed]
-        outs = sync.L.em.op(UNPACK, [chain.bundle], unpack_attrs(types),
-                            [f"{q.name}_gbuf_m{mb}_r{rank}" for q in chain.params],
-                            accumulation_meta(stage, mb))
+        outs = self.ctx.emitter.op(UNPACK, [chain.bundle], unpack_attrs(types),
+                                   [f"{q.name}_gbuf_m{mb}_r{rank}" for q in chain.params],
+                                   accumulation_meta(stage, mb))
         for i, (q, packed, out) in enumerate(zip(chain.params, chain.packed, outs)):
-            sync.note_update(chain.bundle if i == 0 else packed, out)
-            sync.acc[(q, rank)] = out
+            self.ctx.note_update(chain.bundle if i == 0 else packed, out)
+            self.acc[(q, rank)] = out
             del self._inside[(q, rank)]
 
 

@@ -109,7 +109,7 @@ class Segment:
         # an unpack of every buffer: bundled where that is fewer values
         # than one per buffer and accumulating micro-batch (M - 2 of them)
         self.bundled = (self.accumulate and lower.bundle_buffers
-                        and (len(self.grads) - 1) * (lower.M - 3) > 2)
+                        and (len(self.grads) - 1) * (lower.microbatches - 3) > 2)
         if self.bundled:
             if len(set(self.acc_params)) != len(self.acc_params):
                 raise AssertionError(f"segment {name}: two gradients of one parameter")
@@ -239,7 +239,7 @@ class Coarsening:
             return True
         if v in self.value_chunk:
             return self.value_chunk[v] != chunk
-        return v in self.param_chunk and self.S.zero == 3
+        return v in self.param_chunk and self.strategy.zero == 3
 
     def _grad_params(self, key: TaskKey) -> List[Value]:
         params = self._task_grad_params.get(key)
@@ -253,7 +253,7 @@ class Coarsening:
         """Whether every task of ``chunk`` runs in ``"plain"`` mode (see
         :meth:`_grad_mode`): no gradients, one micro-batch, or ZeRO 2/3
         reduce-scattering every micro-batch's."""
-        return not self._grad_params(("B", chunk)) or self.M == 1 or self.sync.scatter_each
+        return not self._grad_params(("B", chunk)) or self.microbatches == 1 or self.sync.scatter_each
 
     def _grad_mode(self, key: TaskKey, mb: int) -> str:
         """How the instance of a task for micro-batch ``mb`` fuses the
@@ -272,7 +272,7 @@ class Coarsening:
         together (see :meth:`_plan_bundles`)."""
         if self._plain_only(key[1]):
             return "plain"
-        mode = "first" if mb == 0 else "accumulate" if mb + 1 < self.M else "plain"
+        mode = "first" if mb == 0 else "accumulate" if mb + 1 < self.microbatches else "plain"
         params = self._grad_params(key)
         if params and self.sync.count.get(params[0], 0) != mb:
             raise AssertionError(f"LowerSPMD: task {key} of micro-batch {mb} after "
@@ -408,8 +408,8 @@ class Coarsening:
         ops = em.function.ops
         add_kind = em.log.add
         trusted = Op.trusted
-        mb_part = f"_m{mb}" if self.M > 1 else ""
-        for d, t, r in self.group(stage):
+        mb_part = f"_m{mb}" if self.microbatches > 1 else ""
+        for d, t, r in self.placement.group(stage):
             env = self.menv.get((r, mb))
             if env is None:
                 env = self.menv[(r, mb)] = {}
@@ -442,7 +442,7 @@ class Coarsening:
             for v, o in zip(seg.outputs, outs):
                 env[v] = o
             if outs:
-                sync.note_layer_output(r, seg.layer, outs[0])
+                self.gathers.note_layer_output(r, outs[0])
         if seg.accumulate:
             sync.accumulated(stage, mb, seg)
         elif seg.grads:

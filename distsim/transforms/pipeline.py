@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from itertools import accumulate
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 from ..errors import ConfigError
 
@@ -235,3 +235,42 @@ def merge_tasks(per_rank: List[List[Task]], chunks: int,
     if any(pos[r] < len(tasks) for r, tasks in enumerate(per_rank)):
         raise ConfigError("pipeline schedule deadlocks (a task waits for one that never runs)")
     return out
+
+
+class PendingSends:
+    """The tasks whose outputs wait to be sent to the next pipeline stage,
+    in the program order of :func:`merge_tasks`: a finished task's sends
+    are emitted once the schedule's clock (the estimated start of the task
+    being emitted) passes the task's estimated end, in the order of those
+    ends, ties in the order the tasks were emitted (each communication
+    queue takes its ops in program order). The lowering emits sends this
+    way and the fast tier walks the same order."""
+
+    __slots__ = ("heap", "count")
+
+    def __init__(self) -> None:
+        self.heap: List[Tuple[float, int, Any]] = []
+        self.count = 0
+
+    def add(self, end: float, task: Any) -> None:
+        """``task`` (whatever the caller sends by) was emitted, estimated to end at ``end``."""
+        self.count += 1
+        heapq.heappush(self.heap, (end, self.count, task))
+
+    def due(self, clock: float) -> Iterator[Any]:
+        """The tasks whose sends are due at ``clock``, in order (taken out)."""
+        heap = self.heap
+        while heap and heap[0][0] <= clock:
+            yield heapq.heappop(heap)[2]
+
+    def rest(self) -> Iterator[Any]:
+        """Every task still waiting, in order (at the end of the program)."""
+        return self.due(float("inf"))
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def copy(self) -> "PendingSends":
+        other = PendingSends()
+        other.heap, other.count = list(self.heap), self.count
+        return other

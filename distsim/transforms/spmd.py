@@ -46,141 +46,30 @@ same segments read travel as one bundle (:mod:`.coarsen`).
 """
 from __future__ import annotations
 
-import heapq
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple,
+from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
                     Union)
 
 from ..cost.device import DeviceSpec
 from ..cost.flops import op_flops
 from ..cost.model import CostModel
 from ..errors import PassPreconditionError
-from ..ir.builder import NameScope
-from ..ir.build_log import BuildLog
-from ..ir.comm import CollectiveType, io_ranks
+from ..ir.comm import CollectiveType
 from ..ir.core import Function, Op, Value, gc_paused, normalize_attr
 from ..ir.registry import infer_types, lookup, with_defaults
-from ..ir.types import DType, TensorType
+from ..ir.types import DType
 from .adam import AdamHyper
 from .coarsen import Coarsening, Segment
+from .emitter import Emitter
+from .lowering_context import LoweringContext, RankPlacement, StepTasks
 from .optimizer import SGDHyper
-from .pipeline import (chunk_of_layer, merge_tasks, partition_balanced, partition_layers,
-                       schedule_tasks)
+from .pipeline import (PendingSends, chunk_of_layer, merge_tasks, partition_balanced,
+                       partition_layers, schedule_tasks)
 from .strategy import Strategy
 from .zero import GradientSync
 
 SPMD_TO_COMM = {"spmd.allreduce": CollectiveType.ALL_REDUCE,
                 "spmd.allgather": CollectiveType.ALL_GATHER,
                 "spmd.reducescatter": CollectiveType.REDUCE_SCATTER}
-
-
-class Emitter:
-    """Appends ops with inferred types to a new local-view function."""
-
-    def __init__(self, name: str, present: Optional[Set[int]] = None) -> None:
-        self.function = Function(name)
-        # which ops are copies of one another (the simulator reads the
-        # facts they share once per kind)
-        self.log = self.function.build_log = BuildLog(self.function)
-        # kinds of op (BuildLog tokens) by (completed attributes and result
-        # types, the meta entries a kind shares)
-        self._kind_tokens: Dict[tuple, tuple] = {}
-        self.present = present  # None: every rank is in the program
-        self.names = NameScope()
-        self.roles: Dict[str, str] = {}
-        self.io: Dict[str, Dict[str, Any]] = {}
-        self._memo: Dict[tuple, tuple] = {}
-        # (kind, team, root) -> (present members, input and output positions
-        # of present members, outputs): a reduced program's teams repeat
-        self._team_plans: Dict[tuple, tuple] = {}
-
-    def input(self, value_name: str, type: TensorType, role: str, **info: Any) -> Value:
-        v = Value(self.names.fresh(value_name), type)
-        self.function.inputs.append(v)
-        self.roles[v.name] = role
-        self.io[v.name] = dict(info, role=role)
-        return v
-
-    def op(self, op_type: str, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]],
-           names: Sequence[str], meta: Optional[Dict[str, Any]] = None) -> List[Value]:
-        # Repeats (the same op type and attributes on the same type objects,
-        # e.g. each micro-batch's gradient accumulation) reuse the completed
-        # attributes and result types. Type objects are keyed by identity: the
-        # values of the function being built hold them for as long as the
-        # emitter lives.
-        try:
-            key = (op_type, tuple([id(v.type) for v in inputs]),
-                   tuple(attrs.items()) if attrs else ())
-            hit = self._memo.get(key)
-        except TypeError:  # an unhashable attribute (a list): no memo
-            key, hit = None, None
-        if hit is None:
-            # normalized first (lists as tuples, as Op keeps them): hashable, so
-            # the registry's shape-rule cache serves every repeat of the op
-            norm = {k: normalize_attr(v) for k, v in with_defaults(op_type, attrs or {}).items()}
-            hit = (norm, infer_types(op_type, [v.type for v in inputs], norm))
-            if key is not None:
-                self._memo[key] = hit
-        kind = None
-        if key is not None:   # the memo entry and the meta a kind shares
-            m = meta or {}
-            kind = (id(hit), m.get("category"), m.get("role"), m.get("phase"), m.get("detail"))
-            kind = self._kind_tokens.setdefault(kind, kind)
-        return self.emit(op_type, inputs, hit[0], hit[1], names, meta, kind)
-
-    def emit(self, op_type: str, inputs: Sequence[Value], attrs: Dict[str, Any],
-             types: Sequence[TensorType], names: Sequence[str],
-             meta: Optional[Dict[str, Any]], kind: Any = None) -> List[Value]:
-        """Append an op whose attributes are complete and normalized and
-        whose result types are known. ``attrs`` is kept, not copied: the
-        ops emitted from one memo entry share it (attributes are never
-        changed in place). ``kind``: its
-        :class:`~distsim.ir.build_log.BuildLog` token (None: a kind of its
-        own)."""
-        if len(names) != len(types):
-            names = [f"{names[0]}.{i}" for i in range(len(types))]
-        fresh = self.names.fresh
-        outs = [Value(fresh(n), t) for n, t in zip(names, types)]
-        op = Op.trusted(op_type, tuple(inputs), tuple(outs), attrs, (),
-                        dict(meta) if meta else {})
-        self.function.ops.append(op)
-        self.log.add(op, kind)
-        return outs
-
-    def one(self, op_type: str, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]],
-            name: str, meta: Optional[Dict[str, Any]] = None) -> Value:
-        return self.op(op_type, inputs, attrs, [name], meta)[0]
-
-    def collective(self, kind: CollectiveType, inputs: Sequence[Optional[Value]],
-                   ranks: Sequence[int], names: Sequence[str],
-                   meta: Optional[Dict[str, Any]] = None, **attrs: Any) -> List[Optional[Value]]:
-        """Inputs and names follow the team's providing and receiving ranks
-        (an absent member's name may be None);
-        in a reduced program absent members' inputs are None, and so are
-        their outputs."""
-        # teams as tuples (what Op keeps anyway): hashable, so the emitter's
-        # memo of attributes and result types serves every repeat
-        team = tuple(ranks)
-        if self.present is None:
-            return self.op(kind.op_type, inputs, dict(attrs, ranks=team), names, meta)
-        root = team[0] if kind is CollectiveType.SEND_RECV else attrs.get("root")
-        plan = self._team_plans.get((kind, team, root))
-        if plan is None:   # once per team: which members are present, where
-            in_ranks, out_ranks = io_ranks(kind, team, root)
-            plan = self._team_plans[(kind, team, root)] = (
-                tuple(r for r in team if r in self.present),
-                [i for i, r in enumerate(in_ranks) if r in self.present],
-                [i for i, r in enumerate(out_ranks) if r in self.present], len(out_ranks))
-        here, in_at, out_at, n_out = plan
-        result: List[Optional[Value]] = [None] * n_out
-        if not here:
-            return result
-        if len(here) < len(team):
-            attrs = dict(attrs, present=here)
-        made = self.op(kind.op_type, [inputs[i] for i in in_at], dict(attrs, ranks=team),
-                       [names[i] for i in out_at], meta)
-        for i, v in zip(out_at, made):
-            result[i] = v
-        return result
 
 
 #: The device whose roofline times estimate each layer's cost for
@@ -205,26 +94,23 @@ class LowerSPMD(Coarsening):
                  partition_cost: Optional[Callable[[Op], float]] = None) -> None:
         if strategy.dp is None:
             raise PassPreconditionError("LowerSPMD: the strategy's dp must be resolved")
-        self.S = strategy
-        self.M = microbatches
+        self.strategy = strategy
+        self.microbatches = microbatches
         self.hyper = hyper
         self.master_dtype = DType.parse(master_dtype)
         self.representatives = representatives
+        self.placement = RankPlacement(strategy, representatives)
         self.coarsen = coarsen
         self.partition_cost = partition_cost
         self._init_coarsening()
-        self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
-        self._tp_teams: Dict[Tuple[int, int], tuple] = {}
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
         self._crossing_cache: Dict[int, Any] = {}
         self._op_info: Dict[int, tuple] = {}  # id(op) -> (op, its gradients, its layer)
-        S = strategy
-        self.reps: Set[int] = {S.rank(0, s, 0) for s in range(S.pp)}
 
     # -- analysis of the step ----------------------------------------------
     def _analyse(self, step: Function) -> None:
-        S = self.S
-        self.C = S.pp * S.chunks
+        S = self.strategy
+        self.chunks = S.pp * S.chunks
         layers = int(step.meta.get("model", {}).get("layers", 1))
         if S.partition == "balanced":
             # estimated time of each layer: its forward, backward and
@@ -235,11 +121,11 @@ class LowerSPMD(Coarsening):
                 layer = op.meta.get("layer")
                 if isinstance(layer, int):
                     cost[layer] = cost.get(layer, 0.0) + op_time(op)
-            self.ranges = partition_balanced([cost.get(i, 0.0) for i in range(layers)], self.C,
+            self.ranges = partition_balanced([cost.get(i, 0.0) for i in range(layers)], self.chunks,
                                              first=cost.get(-1, 0.0),
                                              last=cost.get(layers, 0.0))
         else:
-            self.ranges = partition_layers(layers, self.C)
+            self.ranges = partition_layers(layers, self.chunks)
         producer = self.producer_of = step.producers()
         self.chunk_of_op: Dict[int, int] = {}
         #: id(op) -> its task, (kind "F" or "B", chunk)
@@ -251,7 +137,7 @@ class LowerSPMD(Coarsening):
                 c = chunk_of_layer(layer, self.ranges)
             else:
                 c = max((self.chunk_of_op[id(producer[v])] for v in op.inputs if v in producer),
-                        default=self.C - 1)
+                        default=self.chunks - 1)
             self.chunk_of_op[id(op)] = c
             task = self.task_of_op[id(op)] = ("F" if "phase" not in op.meta else "B", c)
             self.task_ops.setdefault(task, []).append(op)
@@ -319,41 +205,11 @@ class LowerSPMD(Coarsening):
                              for v in op.outputs}
 
     def stage_of_chunk(self, c: int) -> int:
-        return c % self.S.pp
-
-    def group(self, stage: int) -> List[Tuple[int, int, int]]:
-        """(dp rank, tp rank, global rank) of a pipeline stage's ranks in the
-        program (only the representative in a reduced program)."""
-        g = self._groups.get(stage)
-        if g is None:
-            g = self._groups[stage] = [(d, t, self.S.rank(d, stage, t))
-                                       for d in self.dp_indices() for t in self.tp_indices()]
-        return g
-
-    def _tp_team(self, d: int, stage: int) -> Tuple[Tuple[int, ...], Tuple[Tuple[int, bool], ...]]:
-        """The tensor-parallel team of data-parallel rank ``d`` on ``stage``,
-        and each member with whether it is in the program (once per team)."""
-        team = self._tp_teams.get((d, stage))
-        if team is None:
-            ranks = tuple(self.S.rank(d, stage, t) for t in range(self.S.tp))
-            team = self._tp_teams[(d, stage)] = (ranks,
-                                                 tuple((r, self.present(r)) for r in ranks))
-        return team
-
-    def present(self, rank: int) -> bool:
-        return not self.representatives or rank in self.reps
-
-    def dp_indices(self) -> range:
-        """Data-parallel ranks whose ops are in the program."""
-        return range(1) if self.representatives else range(self.S.dp)
-
-    def tp_indices(self) -> range:
-        """Tensor-parallel ranks whose ops are in the program."""
-        return range(1) if self.representatives else range(self.S.tp)
+        return c % self.strategy.pp
 
     # -- values ------------------------------------------------------------
     def local_name(self, v: Value, rank: int, mb: int) -> str:
-        return f"{v.name}_m{mb}_r{rank}" if self.M > 1 else f"{v.name}_r{rank}"
+        return f"{v.name}_m{mb}_r{rank}" if self.microbatches > 1 else f"{v.name}_r{rank}"
 
     def env(self, rank: int, mb: int) -> Dict[Value, Value]:
         """The values of micro-batch ``mb`` on ``rank`` (template value ->
@@ -371,7 +227,7 @@ class LowerSPMD(Coarsening):
         if found is not None:
             return found
         if v in self.param_chunk:
-            return self.sync.param_for_use(v, rank, d, t, stage, mb, layer)
+            return self.gathers.param_for_use(v, rank, d, t, stage, mb, layer)
         if v in self.data_inputs:
             nv = self.em.input(self.local_name(v, rank, mb), v.type.with_device(rank), "data",
                                name=v.name, dp_rank=d, tp_rank=t, microbatch=mb)
@@ -389,15 +245,10 @@ class LowerSPMD(Coarsening):
                                     f"{rank} (micro-batch {mb})")
 
     # -- tasks -------------------------------------------------------------
-    def _flush_sends(self, until: float) -> None:
-        while self.pending_sends and self.pending_sends[0][0] <= until:
-            _, _, args = heapq.heappop(self.pending_sends)
-            self._send(*args)
-
     def emit_task(self, stage: int, kind: str, mb: int, c: int, end: float = 0.0) -> None:
         em = self.em
         ops = self.task_ops.get((kind, c), [])
-        self.current_kind = kind
+        self.ctx.kind = kind
         base = {"stage": stage, "microbatch": mb, "chunk": c}
         entered = None
         items = self._segments((kind, c), self._grad_mode((kind, c), mb)) if self.coarsen else ops
@@ -405,7 +256,7 @@ class LowerSPMD(Coarsening):
             layer_now = op.layer if isinstance(op, Segment) else op.meta.get("layer")
             if isinstance(layer_now, int) and layer_now != entered:
                 entered = layer_now
-                self.sync.enter_layer(stage, mb, kind, c, layer_now)  # ZeRO-3 gathers
+                self.gathers.enter_layer(stage, mb, kind, c, layer_now)  # ZeRO-3 gathers
             if isinstance(op, Segment):
                 self._emit_segment(op, stage, mb, base)
                 continue
@@ -418,8 +269,8 @@ class LowerSPMD(Coarsening):
             if grads:
                 meta["category"] = "gradients"
             if op.op_type.startswith("spmd."):
-                for d in self.dp_indices():
-                    ranks, here = self._tp_team(d, stage)
+                for d in self.placement.dp_indices():
+                    ranks, here = self.placement.tp_team(d, stage)
                     ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer)
                            if present else None for t, (r, present) in enumerate(here)]
                     if op.op_type == "spmd.copy":
@@ -443,7 +294,7 @@ class LowerSPMD(Coarsening):
                 if grads:
                     self.sync.after_backward(stage, mb, grads)
                 continue
-            for d, t, r in self.group(stage):
+            for d, t, r in self.placement.group(stage):
                 ins = [self.get(v, r, d, t, mb, stage, layer) for v in op.inputs]
                 # attributes and result types computed once per template op and
                 # tensor-parallel rank (and input types): the micro-batches and
@@ -469,10 +320,10 @@ class LowerSPMD(Coarsening):
                 env = self.menv[(r, mb)]
                 for v, o in zip(op.outputs, outs):
                     env[v] = o
-                self.sync.note_layer_output(r, layer, outs[0])
+                self.gathers.note_layer_output(r, outs[0])
             if grads:
                 self.sync.after_backward(stage, mb, grads)
-        heapq.heappush(self.pending_sends, (end, len(self.em.function.ops), (stage, mb, c, ops)))
+        self.pending_sends.add(end, (stage, mb, c, ops))
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
         grads = [o for o in op.outputs if o in self.grad_of]
@@ -492,13 +343,13 @@ class LowerSPMD(Coarsening):
         return found[1]
 
     def _send(self, stage: int, mb: int, c: int, ops: Sequence[Op]) -> None:
-        S = self.S
+        S = self.strategy
         for op, v, chunks in self._crossing_outputs(ops):
             for c2 in chunks:
                 dst_stage = self.stage_of_chunk(c2)
                 if dst_stage == stage:
                     continue
-                for d, t, r in self.group(stage):
+                for d, t, r in self.placement.group(stage):
                     dst = S.rank(d, dst_stage, t)
                     env = self.env(dst, mb)
                     if v in env:
@@ -530,14 +381,14 @@ class LowerSPMD(Coarsening):
         chunk = self.value_chunk.get(loss)
         if chunk is not None:
             last = self.stage_of_chunk(chunk)
-            return [self.menv[(r, mb)][loss] for mb in range(self.M)
-                    for _, _, r in self.group(last)]
-        c = self.C - 1   # where ops with no layer and no producer go (_analyse)
+            return [self.menv[(r, mb)][loss] for mb in range(self.microbatches)
+                    for _, _, r in self.placement.group(last)]
+        c = self.chunks - 1   # where ops with no layer and no producer go (_analyse)
         last = self.stage_of_chunk(c)
         out = []
-        for mb in range(self.M):
+        for mb in range(self.microbatches):
             meta = {"stage": last, "microbatch": mb, "chunk": c}
-            for d, t, r in self.group(last):
+            for d, t, r in self.placement.group(last):
                 x = self.get(loss, r, d, t, mb, last, None)
                 out.append(self.em.one("identity", [x], None,
                                        f"{self.local_name(loss, r, mb)}_out", meta))
@@ -549,25 +400,36 @@ class LowerSPMD(Coarsening):
             return self._lower(step)
 
     def _lower(self, step: Function) -> Function:
-        S = self.S
+        S = self.strategy
         self._analyse(step)
-        self.em = Emitter(step.name, self.reps if self.representatives else None)
-        self.menv: Dict[Tuple[int, int], Dict[Value, Value]] = {}
+        placement = self.placement
+        self.em = Emitter(step.name, placement.reps if self.representatives else None)
+        self.ctx = LoweringContext(
+            S, self.microbatches, placement, self.em, self.params,
+            {p: self.stage_of_chunk(c) for p, c in self.param_chunk.items()}, self.grad_of,
+            StepTasks(self.task_ops, self.producer_of, self.task_of_op, self.crossing,
+                      self.task_layer_params),
+            self.stage_of_chunk)
+        #: the values of each (rank, micro-batch) so far: the context's
+        self.menv: Dict[Tuple[int, int], Dict[Value, Value]] = self.ctx.values
         self.consts: Dict[Tuple[Value, int], Value] = {}
-        self.sync = GradientSync(self, step)
+        self.sync = GradientSync(self.ctx, step, self.hyper, self.master_dtype)
+        self.gathers = self.sync.gathers
         self.sync.create_inputs()
-        per_rank = schedule_tasks(S.schedule, S.pp, self.M, S.chunks)
+        per_rank = schedule_tasks(S.schedule, S.pp, self.microbatches, S.chunks)
         recompute = step.meta.get("recompute", "none")
         # Estimated task times (FLOPs) order the program like the time line.
         work = {key: 1.0 + sum(op_flops(op) for op in ops) for key, ops in self.task_ops.items()}
-        order = merge_tasks(per_rank, self.C, lambda task: work.get((task[0], task[2]), 1.0))
+        order = merge_tasks(per_rank, self.chunks, lambda task: work.get((task[0], task[2]), 1.0))
         # Sends are emitted in the order of their producers' estimated end
         # (each comm stream takes its ops in program order).
-        self.pending_sends: List[Tuple[float, int, tuple]] = []
+        self.pending_sends = PendingSends()
         for stage, (kind, mb, c), start, end in order:
-            self._flush_sends(start)
+            for sent in self.pending_sends.due(start):
+                self._send(*sent)
             self.emit_task(stage, kind, mb, c, end)
-        self._flush_sends(float("inf"))
+        for sent in self.pending_sends.rest():
+            self._send(*sent)
         self.sync.finish()
         f = self.em.function
         losses = self._loss_outputs(step)
@@ -575,9 +437,9 @@ class LowerSPMD(Coarsening):
             self.em.io.setdefault(v.name, {})["role"] = "loss"
         f.outputs = losses + self.sync.outputs
         f.meta = {
-            "roles": self.em.roles, "updates": self.sync.updates, "io": self.em.io,
+            "roles": self.em.roles, "updates": self.ctx.updates, "io": self.em.io,
             "model": step.meta.get("model", {}), "strategy": S.to_dict(),
-            "microbatches": self.M, "loss": step.meta["loss"], "params": step.meta["params"],
+            "microbatches": self.microbatches, "loss": step.meta["loss"], "params": step.meta["params"],
             "param_shards": step.meta.get("param_shards", {}),
             "param_global_shapes": step.meta.get("param_global_shapes", {}),
             "param_unpadded": step.meta.get("param_unpadded", {}),
@@ -585,13 +447,13 @@ class LowerSPMD(Coarsening):
             "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp,
             "optimizer": self.hyper.name, "recompute": recompute,
         }
-        self.em.log.updated = (self.sync.updates, self.sync.updated)
+        self.em.log.updated = (self.ctx.updates, self.ctx.updated)
         if self.representatives:
             # which devices each present rank stands for (its stage's ranks),
             # and how many
             stands_for = {S.rank(0, s, 0): sorted(S.rank(d, s, t) for d in range(S.dp)
                                                   for t in range(S.tp))
                           for s in range(S.pp)}
-            f.meta["represents"] = {r: len(stands_for[r]) for r in sorted(self.reps)}
+            f.meta["represents"] = {r: len(stands_for[r]) for r in sorted(placement.reps)}
             f.meta["represented_ranks"] = stands_for
         return f

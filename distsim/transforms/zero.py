@@ -55,59 +55,37 @@ every rank that holds it:
   divide travels alone; with ``bucket_mb`` 0 the one deferred
   reduce-scatter per parameter stays per parameter.
 
-ZeRO-3's gathers and by-layer units live in :mod:`.zero3`;
-:mod:`.zero_numbers` moves numbers between the global (single-device)
-parameters and a lowered program.
+What happens when (routes, buckets, the order of the step's end, what an
+update consists of) is decided by :class:`~.sync_policy.SyncPolicy`, which
+the sweep's fast tier shares; :class:`GradientSync` carries the decisions
+out as ops (a :class:`~.sync_policy.SyncSink`). ZeRO-3's gathers live in
+:mod:`.zero3`; :mod:`.zero_numbers` moves numbers between the global
+(single-device) parameters and a lowered program.
 """
 from __future__ import annotations
 
-from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence,
-                    Tuple)
-
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import PassPreconditionError
 from ..ir.comm import CollectiveType
 from ..ir.core import Function, Value
 from ..ir.ops_comm import split_sizes
-from ..ir.types import TensorType
-from .adam import adamw_update
+from ..ir.types import DType, TensorType
+from .adam import AdamHyper, adamw_update
 from .buffer_bundles import BufferBundles, accumulation_meta
+from .coarsen import Segment
+from .emitter import em_builder
+from .lowering_context import LoweringContext
 from .optimizer import SGDHyper, sgd_update
+from .sync_policy import (SyncPolicy, accumulation_ops, resident_layout, unit_indices,
+                          update_plan)
 from .zero3 import ParamGathers
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .coarsen import Segment
-    from .spmd import LowerSPMD
-
-MB = 1 << 20
 
 
 def shard_bounds(numel: int, n: int, i: int) -> Tuple[int, int]:
     sizes = split_sizes(numel, n)
     start = sum(sizes[:i])
     return start, start + sizes[i]
-
-
-def scatters_each_microbatch(zero: int, dp: int, bucket_bytes: Optional[float]) -> bool:
-    """ZeRO 2/3 reduce-scatter every micro-batch's gradients as they are
-    produced (bucket 0: once, after the backward pass, from a whole local
-    accumulation)."""
-    return zero >= 2 and dp > 1 and bucket_bytes != 0
-
-
-def sync_route(zero: int, dp: int, bucket_bytes: Optional[float]) -> str:
-    """How a parameter's last gradient is synchronised once ready:
-    ``"local"`` (no data parallelism), ``"deferred"`` (bucket 0: after the
-    backward pass), ``"each"`` (on its own: ZeRO 2/3 or no buckets) or
-    ``"bucket"`` (into the stage's pending bucket, flushed when it holds
-    ``bucket_bytes``)."""
-    if dp == 1:
-        return "local"
-    if bucket_bytes == 0:
-        return "deferred"
-    if zero >= 2 or bucket_bytes is None:
-        return "each"
-    return "bucket"
 
 
 def check_shardable(zero: int, dp: int, params: Iterable[Tuple[str, int]],
@@ -134,106 +112,92 @@ def check_shardable(zero: int, dp: int, params: Iterable[Tuple[str, int]],
                 f"(simulate without --symmetry)")
 
 
-class GradientSync(ParamGathers):
+class GradientSync:
     """Per-parameter gradient buffers, accumulation, data-parallel sync,
-    ZeRO sharding and the optimizer of a step lowered by LowerSPMD (see
-    the module docstring)."""
+    ZeRO sharding and the optimizer of a step lowered by LowerSPMD, as ops
+    (see the module docstring): the DistIR sink of a
+    :class:`~.sync_policy.SyncPolicy`."""
 
-    def __init__(self, lower: "LowerSPMD", step: Function) -> None:
-        self.L = lower
-        self.S = lower.S
+    def __init__(self, ctx: LoweringContext, step: Function,
+                 hyper: Union[AdamHyper, SGDHyper], master_dtype: DType) -> None:
+        self.ctx = ctx
+        self.strategy = ctx.strategy
         self.step = step
-        self.zero = self.S.zero
-        self.hyper = lower.hyper
+        self.zero = self.strategy.zero
+        self.hyper = hyper
+        self.master_dtype = master_dtype
         self.param_in: Dict[Tuple[Value, int], Value] = {}
         self.grad_in: Dict[Tuple[Value, int], Value] = {}
         self.state_in: Dict[Tuple[Value, int], Tuple[Value, ...]] = {}
+        #: each gradient buffer's current value, per (parameter, rank)
         self.acc: Dict[Tuple[Value, int], Value] = {}
         #: buffers that fused segments carry as one bundle (out of ``acc`` meanwhile)
-        self.bundles = BufferBundles(self)
+        self.bundles = BufferBundles(ctx, self.acc)
+        self.policy: SyncPolicy[Value] = SyncPolicy(self.strategy, self,
+                                                    lambda p: p.type.size_bytes)
+        self.scatter_each = self.policy.scatter_each
+        #: ZeRO-3's gathers of the parameters before their use
+        self.gathers = ParamGathers(ctx, self.param_in)
         self.count: Dict[Value, int] = {}
         self.synced: Dict[Tuple[Value, int], Value] = {}
-        self.pending: Dict[int, List[Value]] = {}
-        self.deferred: Dict[int, List[Value]] = {}
-        self.last_out: Dict[int, Value] = {}
-        self.gathered: set = set()
-        # ZeRO-3: the task whose gathers are being issued, and per rank the
-        # inputs it received from another stage (gates of its first gathers)
-        self._task: Optional[Tuple[str, int, int, int]] = None
-        self._received: Dict[int, List[Value]] = {}
-        self._crossing_in: Dict[Tuple[str, int, int], List[Value]] = {}
-        # ZeRO-3 by layer: each parameter's unit, and the gradients of a
-        # unit's micro-batch that wait for the rest of it
-        self._units: Optional[Dict[Value, Tuple[Value, ...]]] = None
-        self._unit_grads: Dict[Tuple[Tuple[Value, ...], int, int], Dict[Value, Dict[int, Value]]] = {}
-        #: per stage, the units reduce-scattered whose shards are not yet in
-        #: their buffers: (unit, micro-batch, per rank its reduce-scatter's result)
-        self._unsettled: Dict[int, List[Tuple[Tuple[Value, ...], int, Dict[int, Value]]]] = {}
-        self.updates: Dict[str, str] = {}
-        #: the same updates as (old, new) values, in the order made (for the
-        #: build log: the simulator numbers them without reading every name)
-        self.updated: List[Tuple[Value, Value]] = []
         self.outputs: List[Value] = []
         self.unpack: List[tuple] = []
-        bucket = self.S.bucket_mb
-        self.bucket_bytes = None if bucket is None else float(bucket) * MB
         self.tied = dict(step.meta.get("tied", {}))
-        self.scatter_each = scatters_each_microbatch(self.zero, self.S.dp, self.bucket_bytes)
-
-    def note_update(self, old: Value, new: Value) -> None:
-        """``new`` is ``old`` updated in place (``meta["updates"]``)."""
-        self.updates[old.name] = new.name
-        self.updated.append((old, new))
+        # ZeRO-3 by layer: each parameter's unit of gradients, the fresh
+        # gradients of a unit's micro-batch waiting for the rest of it, and
+        # per stage the units reduce-scattered whose shards are not yet in
+        # their buffers: (unit, micro-batch, per rank its reduce-scatter's result)
+        self._units: Optional[Dict[Value, Tuple[Value, ...]]] = None
+        self._unit_fresh: Dict[Tuple[Value, int], Dict[int, Value]] = {}
+        self._unsettled: Dict[int, List[Tuple[Tuple[Value, ...], int, Dict[int, Value]]]] = {}
 
     # -- inputs ------------------------------------------------------------
     def stage(self, p: Value) -> int:
-        return self.L.stage_of_chunk(self.L.param_chunk[p])
+        return self.ctx.param_stage[p]
 
     def _check_shardable(self) -> None:
-        check_shardable(self.zero, self.S.dp,
-                        ((p.name, p.type.numel) for p in self.L.params),
-                        self.L.representatives)
+        check_shardable(self.zero, self.strategy.dp,
+                        ((p.name, p.type.numel) for p in self.ctx.params),
+                        self.ctx.placement.representatives)
 
     def create_inputs(self) -> None:
         self._check_shardable()
-        em, S = self.L.em, self.S
-        master = self.L.master_dtype
+        em, S = self.ctx.emitter, self.strategy
+        master = self.master_dtype
         states = self.hyper.states
-        for p in self.L.params:
+        layout = resident_layout(self.zero, S.dp, self.policy.bucket_bytes)
+        for p in self.ctx.params:
             s = self.stage(p)
             numel = p.type.numel
-            for d, t, r in self.L.group(s):
+            for d, t, r in self.ctx.placement.group(s):
                 lo, hi = shard_bounds(numel, S.dp, d)
                 info = dict(name=p.name, dp_rank=d, tp_rank=t, stage=s)
                 flat = TensorType((hi - lo,), p.type.dtype, r)
                 whole = p.type.with_device(r)
-                if self.zero == 3:
+                if layout.param:
                     self.param_in[(p, r)] = em.input(f"{p.name}_r{r}", flat, "param", flat=[lo, hi],
                                                      **info)
                 else:
                     self.param_in[(p, r)] = em.input(f"{p.name}_r{r}", whole, "param", **info)
-                shard_grads = self.scatter_each
                 self.grad_in[(p, r)] = em.input(
-                    f"{p.name}.grad_r{r}", flat if shard_grads else whole, "grad_buffer",
-                    state="grad", **({"flat": [lo, hi]} if shard_grads else {}), **info)
-                st = (flat if self.zero >= 1 else whole).with_dtype(master)
-                bounds = {"flat": [lo, hi]} if self.zero >= 1 else {}
+                    f"{p.name}.grad_r{r}", flat if layout.grad else whole, "grad_buffer",
+                    state="grad", **({"flat": [lo, hi]} if layout.grad else {}), **info)
+                st = (flat if layout.state else whole).with_dtype(master)
+                bounds = {"flat": [lo, hi]} if layout.state else {}
                 role = {"master": "master"}
                 self.state_in[(p, r)] = tuple(
                     em.input(f"{p.name}.{k}_r{r}", st, role.get(k, "optimizer"), state=k,
                              **bounds, **info)
                     for k in ("master",) + states)
 
-    def note_layer_output(self, rank: int, layer: Any, value: Value) -> None:
-        """``value`` is the latest compute result emitted on ``rank``."""
-        self.last_out[rank] = value
-
     # -- gradients ---------------------------------------------------------
     def after_backward(self, stage: int, mb: int, grads: Sequence[Value]) -> None:
+        ctx = self.ctx
+        units = self._grad_units() if self.scatter_each else {}
         for g in grads:
-            p = self.L.grad_of[g]
-            fresh = {r: self.L.menv[(r, mb)][g] for _, _, r in self.L.group(stage)}
-            unit = self._grad_units().get(p) if self.scatter_each else None
+            p = ctx.grad_of[g]
+            fresh = {r: ctx.values[(r, mb)][g] for _, _, r in ctx.placement.group(stage)}
+            unit = units.get(p)
             if unit is None:
                 if self.scatter_each:
                     fresh = self._reduce_scatter(p, stage, mb, fresh)
@@ -241,72 +205,66 @@ class GradientSync(ParamGathers):
                 continue
             # the layer's gradients wait for each other (FSDP reduce-scatters
             # a unit's gradients when its backward has made them all)
-            waiting = self._unit_grads.setdefault((unit, stage, mb), {})
-            waiting[p] = fresh
-            if len(waiting) == len(unit):
-                del self._unit_grads[(unit, stage, mb)]
-                # the stage's previous unit first (FSDP2 waits for a unit's
-                # reduce-scatter at the next unit's): its shards into their
-                # buffers, before this one's copy-in
-                self._settle_units(stage)
-                outs = self._reduce_scatter_unit(unit, stage, mb, waiting)
-                self._unsettled.setdefault(stage, []).append((unit, mb, outs))
+            self._unit_fresh[(p, mb)] = fresh
+            self.policy.unit_gradient(unit, p, stage, mb)
 
     def _settle(self, p: Value, stage: int, mb: int, fresh: Mapping[int, Value]) -> None:
         """Micro-batch ``mb``'s gradient of ``p`` (synchronised where ZeRO
         2/3 reduce-scatter each) into its buffer, and its sync once final."""
         n = self.count.get(p, 0) + 1
-        final = n == self.L.M
+        final = n == self.ctx.microbatches
         for r, local in fresh.items():
-            self._accumulate(p, r, local, final, stage, mb)
+            self._accumulate(p, r, local, stage, mb)
         self.count[p] = n
         if final:
             if self.scatter_each:
                 for r in fresh:
                     self.synced[(p, r)] = self.acc[(p, r)]
             else:
-                self._ready(p, stage)
+                self.policy.final(p, stage)
 
-    def accumulated(self, stage: int, mb: int, seg: "Segment") -> None:
+    def accumulated(self, stage: int, mb: int, seg: Segment) -> None:
         """The fused segment ``seg`` (LowerSPMD with ``coarsen``) has added
         micro-batch ``mb``'s gradients into the buffers of its parameters,
         taken and given as one bundle (:mod:`.buffer_bundles`) or one value
         per buffer; never the last micro-batch, whose gradients feed the sync (see
         ``Coarsening._grad_mode``)."""
-        L, count = self.L, self.count
+        ctx, count = self.ctx, self.count
         for p in seg.acc_params:
             n = count.get(p, 0) + 1
-            if n >= L.M:
+            if n >= ctx.microbatches:
                 raise AssertionError(f"fused accumulation of %{p.name} at the last micro-batch")
             count[p] = n
-        for _, _, r in L.group(stage):
-            env = L.menv[(r, mb)]
+        for _, _, r in ctx.placement.group(stage):
+            env = ctx.values[(r, mb)]
             if seg.bundled:
                 self.bundles.advanced(seg, r, env[seg.acc_out])
                 continue
             for p, (_, out) in zip(seg.acc_params, seg.acc_each.values()):
                 new = env[out]
-                self.note_update(self.acc[(p, r)], new)
+                ctx.note_update(self.acc[(p, r)], new)
                 self.acc[(p, r)] = new
 
-    def _accumulate(self, p: Value, r: int, local: Value, final: bool, stage: int,
-                    mb: int) -> None:
-        """Add ``local`` into the gradient buffer of ``p`` on ``r``, in place
-        (the first micro-batch's gradient is written into the buffer)."""
-        em = self.L.em
+    def _accumulate(self, p: Value, r: int, local: Value, stage: int, mb: int) -> None:
+        """Add ``local`` into the gradient buffer of ``p`` on ``r``, in place,
+        with :func:`~.sync_policy.accumulation_ops` (the first micro-batch's
+        gradient is written into the buffer)."""
+        ctx = self.ctx
+        em = ctx.emitter
         meta = accumulation_meta(stage, mb)
         self.bundles.release(p, r, stage, mb)
-        if (p, r) in self.acc:
+        ops = accumulation_ops(mb, ctx.microbatches)
+        if "add" in ops:
             old = self.acc[(p, r)]
             local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)
-            self.note_update(old, local)
+            ctx.note_update(old, local)
         else:
-            self.note_update(self.grad_in[(p, r)], local)
-        if final and self.L.M > 1:
+            ctx.note_update(self.grad_in[(p, r)], local)
+        if "scale" in ops:
             old = local
-            local = em.one("scale", [local], {"factor": 1.0 / self.L.M},
+            local = em.one("scale", [local], {"factor": 1.0 / ctx.microbatches},
                            f"{p.name}_gmean_r{r}", meta)
-            self.note_update(old, local)
+            ctx.note_update(old, local)
         self.acc[(p, r)] = local
 
     def _reduce_scatter(self, p: Value, stage: int, mb: int,
@@ -314,66 +272,49 @@ class GradientSync(ParamGathers):
         """Average one micro-batch's gradient of ``p`` over the dp ranks,
         each keeping its flat shard (ZeRO 2/3)."""
         meta = {"stage": stage, "microbatch": mb, "role": "grad_sync", "category": "gradients"}
-        return self._dp_collective(
+        return self.ctx.dp_collective(
             CollectiveType.REDUCE_SCATTER, stage, f"{p.name}_gshard",
             lambda r: self._flat_grad(p, fresh[r], r, meta) if r in fresh else None,
             dict(meta), dim=0, reduce_op="avg")
 
     def _flat_grad(self, p: Value, grad: Value, r: int, meta: Dict[str, Any]) -> Value:
         """``p``'s gradient ``grad`` on ``r`` flattened for its reduce-scatter."""
-        return self.L.em.one("reshape", [grad], {"shape": [p.type.numel]}, f"{p.name}_gflat_r{r}",
-                             dict(meta))
+        return self.ctx.emitter.one("reshape", [grad], {"shape": [p.type.numel]},
+                                    f"{p.name}_gflat_r{r}", dict(meta))
 
-    def _ready(self, p: Value, stage: int) -> None:
-        route = sync_route(self.zero, self.S.dp, self.bucket_bytes)
-        if route == "local":
-            for _, _, r in self.L.group(stage):
-                self.synced[(p, r)] = self.acc[(p, r)]
-            return
-        if route == "deferred":
-            self.deferred.setdefault(stage, []).append(p)
-            return
-        if route == "each":
-            self._sync_one(p, stage)
-            return
-        bucket = self.pending.setdefault(stage, [])
-        bucket.append(p)
-        if sum(q.type.size_bytes for q in bucket) >= self.bucket_bytes:
-            self._flush(stage)
+    # -- the sink of the sync policy ---------------------------------------------
+    def keep_local(self, p: Value, stage: int) -> None:
+        for _, _, r in self.ctx.placement.group(stage):
+            self.synced[(p, r)] = self.acc[(p, r)]
 
-    def _sync_one(self, p: Value, stage: int) -> None:
+    def sync_one(self, p: Value, stage: int, kind: CollectiveType) -> None:
         meta = {"stage": stage, "role": "grad_sync", "category": "gradients"}
         acc = self.acc
-        if self.zero >= 2:
-            outs = self._dp_collective(
-                CollectiveType.REDUCE_SCATTER, stage, f"{p.name}_gshard",
+        if kind is CollectiveType.REDUCE_SCATTER:
+            outs = self.ctx.dp_collective(
+                kind, stage, f"{p.name}_gshard",
                 lambda r: self._flat_grad(p, acc[(p, r)], r, meta) if (p, r) in acc else None,
                 dict(meta), dim=0, reduce_op="avg")
         else:
             # None: not in a reduced program
-            outs = self._dp_collective(CollectiveType.ALL_REDUCE, stage, f"{p.name}_gavg",
-                                       lambda r: acc.get((p, r)), dict(meta), reduce_op="avg")
+            outs = self.ctx.dp_collective(kind, stage, f"{p.name}_gavg",
+                                          lambda r: acc.get((p, r)), dict(meta), reduce_op="avg")
             for r, o in outs.items():  # NCCL all-reduces in place
-                self.note_update(acc[(p, r)], o)
+                self.ctx.note_update(acc[(p, r)], o)
         for r, o in outs.items():
             self.synced[(p, r)] = o
 
-    def _flush(self, stage: int) -> None:
-        """All-reduce the pending bucket of ``stage`` as one flat buffer."""
-        bucket = self.pending.pop(stage, [])
-        if not bucket:
-            return
-        if len(bucket) == 1:
-            self._sync_one(bucket[0], stage)
-            return
-        em, S = self.L.em, self.S
+    def sync_bucket(self, bucket: List[Value], stage: int) -> None:
+        """All-reduce a bucket of final gradients as one flat buffer."""
+        ctx = self.ctx
+        em, placement = ctx.emitter, ctx.placement
         meta = {"stage": stage, "role": "grad_sync", "category": "gradients", "detail": "bucket"}
         sizes = [p.type.numel for p in bucket]
-        for t in self.L.tp_indices():
-            ranks = [S.rank(d, stage, t) for d in range(S.dp)]
+        for t in placement.tp_indices():
+            ranks = placement.dp_team(stage, t)
             flats = []
             for r in ranks:
-                if not self.L.present(r):
+                if not placement.present(r):
                     flats.append(None)
                     continue
                 parts = [em.one("reshape", [self.acc[(p, r)]], {"shape": [p.type.numel]},
@@ -383,13 +324,13 @@ class GradientSync(ParamGathers):
                                  [f"bucket_avg_r{r}" for r in ranks], dict(meta), reduce_op="avg")
             for x, o in zip(flats, outs):  # NCCL all-reduces in place
                 if o is not None:
-                    self.note_update(x, o)
+                    ctx.note_update(x, o)
             # Unpacked at the end of the step: a compute op reading the
             # result now would stall the backward pass behind the all-reduce.
             self.unpack.append((bucket, sizes, ranks, outs, meta))
 
-    def _unpack(self) -> None:
-        em = self.L.em
+    def unpack_buckets(self) -> None:
+        em = self.ctx.emitter
         for bucket, sizes, ranks, outs, meta in self.unpack:
             for r, o in zip(ranks, outs):
                 if o is None:
@@ -402,56 +343,42 @@ class GradientSync(ParamGathers):
                                                  f"{p.name}_gavg_r{r}", dict(meta))
         self.unpack = []
 
-    # -- the end of the step -------------------------------------------------
-    def finish(self) -> None:
-        S = self.S
-        for stage in range(S.pp):
-            self._settle_units(stage)
-            for p in self.deferred.pop(stage, []):
-                if self.zero >= 2:
-                    self._sync_one(p, stage)
-                else:
-                    self.pending.setdefault(stage, []).append(p)
-            # bucket_mb 0: no overlap, all of the stage's gradients in one
-            # bucket, which fills only when the backward pass has ended
-            self._flush(stage)
-        self._unpack()
-        self._tie()
-        for p in self.L.params:
-            self._update(p)
+    def tie(self, pe: Value, ph: Value) -> None:
+        """All-reduce the synchronised gradients of the tied embedding
+        ``pe`` (first stage) and head ``ph`` (last stage)."""
+        ctx = self.ctx
+        em, S = ctx.emitter, self.strategy
+        se, sh = self.stage(pe), self.stage(ph)
+        for d in ctx.placement.dp_indices():
+            for t in ctx.placement.tp_indices():
+                re_, rh = S.rank(d, se, t), S.rank(d, sh, t)
+                ins = [self.synced[(pe, re_)], self.synced[(ph, rh)]]
+                outs = em.collective(CollectiveType.ALL_REDUCE, ins,
+                                     [re_, rh], [f"{pe.name}_gtied_r{re_}", f"{ph.name}_gtied_r{rh}"],
+                                     {"role": "grad_sync", "category": "gradients",
+                                      "detail": "tied embedding"})
+                for x, o in zip(ins, outs):  # NCCL all-reduces in place
+                    ctx.note_update(x, o)
+                self.synced[(pe, re_)], self.synced[(ph, rh)] = outs
 
-    def _tie(self) -> None:
-        em, S = self.L.em, self.S
-        by_name = {p.name: p for p in self.L.params}
-        for head, emb in self.tied.items():
-            ph, pe = by_name[head], by_name[emb]
-            sh, se = self.stage(ph), self.stage(pe)
-            if sh == se:
-                continue
-            for d in self.L.dp_indices():
-                for t in self.L.tp_indices():
-                    re_, rh = S.rank(d, se, t), S.rank(d, sh, t)
-                    ins = [self.synced[(pe, re_)], self.synced[(ph, rh)]]
-                    outs = em.collective(CollectiveType.ALL_REDUCE, ins,
-                                         [re_, rh], [f"{emb}_gtied_r{re_}", f"{head}_gtied_r{rh}"],
-                                         {"role": "grad_sync", "category": "gradients",
-                                          "detail": "tied embedding"})
-                    for x, o in zip(ins, outs):  # NCCL all-reduces in place
-                        self.note_update(x, o)
-                    self.synced[(pe, re_)], self.synced[(ph, rh)] = outs
+    def update(self, params: Sequence[Value]) -> None:
+        plan = update_plan(self.zero, self.strategy.dp)
+        for p in params:
+            self._update(p, plan)
 
-    def _update(self, p: Value) -> None:
-        em, S = self.L.em, self.S
+    def _update(self, p: Value, plan) -> None:
+        ctx = self.ctx
+        em, S = ctx.emitter, self.strategy
         stage = self.stage(p)
         numel = p.type.numel
         meta = {"stage": stage}
         new_params: Dict[int, Value] = {}
-        for d, t, r in self.L.group(stage):
+        for d, t, r in ctx.placement.group(stage):
             g = self.synced[(p, r)]
-            if self.zero >= 1 and not (self.zero >= 2 and S.dp > 1):
+            if plan.flatten:
                 g = em.one("reshape", [g], {"shape": [numel]}, f"{p.name}_gflat_r{r}",
                            dict(meta, phase="optimizer", category="gradients"))
-                if S.dp > 1:
+                if plan.slice:
                     lo, hi = shard_bounds(numel, S.dp, d)
                     g = em.one("slice", [g], {"axis": 0, "start": lo, "stop": hi},
                                f"{p.name}_gshard_r{r}",
@@ -466,14 +393,14 @@ class GradientSync(ParamGathers):
                                     states[2], self.hyper, p.type.dtype, meta)
             new_params[r] = outs[0]
             for old, new in zip(states, outs[1:]):
-                self.note_update(old, new)
+                ctx.note_update(old, new)
                 em.io[new.name] = dict(em.io[old.name], role="updated")
                 self.outputs.append(new)
-        if self.zero in (1, 2):
-            for t in self.L.tp_indices():
-                ranks = [S.rank(d, stage, t) for d in range(S.dp)]
+        if plan.reshape:
+            for t in ctx.placement.tp_indices():
+                ranks = ctx.placement.dp_team(stage, t)
                 shards = [new_params.get(r) for r in ranks]  # None: not in a reduced program
-                if S.dp > 1:
+                if plan.gather:
                     full = em.collective(CollectiveType.ALL_GATHER, shards, ranks,
                                          [f"{p.name}_gathered_r{r}" for r in ranks],
                                          {"stage": stage, "phase": "optimizer",
@@ -485,26 +412,85 @@ class GradientSync(ParamGathers):
                         continue
                     new_params[r] = em.one("reshape", [x], {"shape": list(p.type.shape)},
                                            f"{p.name}_new_r{r}", dict(meta, phase="optimizer"))
-        for d, t, r in self.L.group(stage):
+        for d, t, r in ctx.placement.group(stage):
             old = self.param_in[(p, r)]
             new = new_params[r]
-            self.note_update(old, new)
+            ctx.note_update(old, new)
             em.io[new.name] = dict(em.io[old.name], role="updated")
             self.outputs.append(new)
 
+    # -- ZeRO-3 by layer: a layer's gradients reduce-scattered as one ---------
+    def _grad_units(self) -> Dict[Value, Tuple[Value, ...]]:
+        """ZeRO 2/3 with ``zero3_unit: layer``: per parameter, the
+        parameters whose gradients the same layer of the same backward task
+        makes (reduce-scattered together); a parameter alone is in none."""
+        if self._units is not None:
+            return self._units
+        self._units = {}
+        if self.zero != 3 or self.strategy.zero3_unit != "layer":
+            return self._units
+        ctx = self.ctx
+        by_layer: Dict[Tuple[Any, Any], List[Value]] = {}
+        for (kind, chunk), ops in ctx.tasks.task_ops.items():
+            for op in ops:
+                layer = op.meta.get("layer")
+                if not isinstance(layer, int):
+                    continue
+                for o in op.outputs:
+                    p = ctx.grad_of.get(o)
+                    if p is not None:
+                        made = by_layer.setdefault((chunk, layer), [])
+                        if p not in made:
+                            made.append(p)
+        for made in by_layer.values():
+            unit = tuple(made[i] for i in unit_indices([p.type.numel for p in made],
+                                                       self.strategy.dp))
+            for p in unit:
+                self._units[p] = unit
+        return self._units
 
-class _BuilderShim:
-    """The small FunctionBuilder surface :func:`adamw_update` and
-    :func:`sgd_update` need."""
+    def reduce_scatter_unit(self, unit: Tuple[Value, ...], stage: int, mb: int) -> None:
+        """Average one micro-batch's gradients of a layer's parameters over
+        the dp ranks in one reduce-scatter: the gradients concatenated row
+        by row (``chunk_cat``: row ``d`` holds each one's ``d``-th shard,
+        FSDP2's copy-in) and reduce-scattered; per rank, the result (the
+        unit's shards, split by :meth:`settle_units`)."""
+        fresh = {p: self._unit_fresh.pop((p, mb)) for p in unit}
+        em = self.ctx.emitter
+        meta = {"stage": stage, "microbatch": mb, "role": "grad_sync", "category": "gradients"}
+        name = f"{unit[0].name}_gunit{len(unit)}"
+        outs = self.ctx.dp_collective(
+            CollectiveType.REDUCE_SCATTER, stage, f"{name}_shard",
+            lambda r: em.one("chunk_cat", [fresh[p][r] for p in unit], {"rows": self.strategy.dp},
+                             f"{name}_in_r{r}", dict(meta, detail="zero3 copy-in"))
+            if r in fresh[unit[0]] else None, dict(meta), dim=0, reduce_op="avg")
+        self._unsettled.setdefault(stage, []).append((unit, mb, outs))
 
-    def __init__(self, em) -> None:
-        self.em = em
+    def settle_units(self, stage: int) -> None:
+        """The units of ``stage`` reduce-scattered and not settled yet: each
+        result split into its parameters' shards, which go into their
+        buffers (:meth:`_settle`). Emitted at the stage's next unit (or the
+        step's end), not right after the reduce-scatter: the compute
+        stream would wait for it there, where FSDP2 waits for a unit's
+        reduce-scatter at the next unit's post-backward."""
+        for unit, mb, outs in self._unsettled.pop(stage, []):
+            widths = [p.type.numel // self.strategy.dp for p in unit]
+            shards: Dict[Value, Dict[int, Value]] = {p: {} for p in unit}
+            for r, o in outs.items():
+                pieces = self.ctx.emitter.op("split", [o], {"axis": 0, "sizes": widths},
+                                             [f"{p.name}_gshard_r{r}" for p in unit],
+                                             {"stage": stage, "microbatch": mb,
+                                              "role": "grad_sync", "category": "gradients"})
+                for p, piece in zip(unit, pieces):
+                    shards[p][r] = piece
+            for p in unit:
+                self._settle(p, stage, mb, shards[p])
 
-    def op(self, op_type, inputs, attrs=None, name=None, meta=None):
-        names = [name] if isinstance(name, str) else list(name)
-        outs = self.em.op(op_type, inputs, attrs, names, meta)
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-def em_builder(em) -> _BuilderShim:
-    return _BuilderShim(em)
+    # -- the end of the step -------------------------------------------------
+    def finish(self) -> None:
+        """After the last task: the policy's end of the step (deferred syncs,
+        last buckets, tied embeddings, the optimizer)."""
+        by_name = {p.name: p for p in self.ctx.params}
+        tied = [(by_name[emb], self.stage(by_name[emb]), by_name[head], self.stage(by_name[head]))
+                for head, emb in self.tied.items()]
+        self.policy.finish(self.strategy.pp, self.ctx.params, tied)

@@ -1,6 +1,6 @@
 """Errors about a DistIR text file name the file, whichever stage finds
-them: parse errors (file:line:column) and verifier errors (file, then the
-function and op) alike, for ``distsim print``, ``check`` and ``lower``."""
+them: parse errors (file:line:column) and verifier errors (file:line of
+the op, then the function and op) alike, for ``distsim print``, ``check`` and ``lower``."""
 from __future__ import annotations
 
 import pytest
@@ -25,7 +25,7 @@ def test_verifier_errors_name_the_file(tmp_path, capsys, command, content, messa
     path.write_text(content)
     assert main([command, str(path)]) == 2
     err = capsys.readouterr().err
-    assert err == f"distsim: error: {path}: {message}\n"
+    assert err == f"distsim: error: {path}:2: {message}\n"
 
 
 def test_parse_errors_keep_their_line_and_column(tmp_path, capsys):

@@ -54,7 +54,7 @@ def test_a_collective_takes_the_same_time_whatever_was_timed_before():
 
 def test_the_overlap_with_numpy_is_merged_overlap_to_the_bit():
     import random
-    from distsim.report.intervals import merged_overlap
+    from distsim.intervals import merged_overlap
     from distsim.estimate.overlap import span_overlap
     rng = random.Random(3)
 

@@ -10,7 +10,7 @@ import pytest
 
 from distsim.estimate import engine as estimate_engine
 from distsim.estimate.engine import Timeline, _spans
-from distsim.report.intervals import merged_overlap
+from distsim.intervals import merged_overlap
 
 
 class _AllSealed(list):

@@ -1,4 +1,4 @@
-from distsim.report.intervals import (difference_length, intersection_length, merge_intervals,
+from distsim.intervals import (difference_length, intersection_length, merge_intervals,
                                       union_length)
 
 
@@ -30,7 +30,7 @@ def test_numpy_union_equals_the_interval_merge():
     """union_length_of (numpy, used by the summary) against the merge, on
     random spans including empty, reversed, touching and nested ones."""
     import numpy as np
-    from distsim.report.intervals import union_length_of
+    from distsim.intervals import union_length_of
     rng = np.random.default_rng(7)
     assert union_length_of(np.array([]), np.array([])) == 0.0
     assert union_length_of(np.array([0.0, 4.0, 6.0]), np.array([4.0, 6.0, 7.0])) == 7.0

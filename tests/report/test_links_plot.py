@@ -23,57 +23,83 @@ def test_links_png_with_and_without_samples(tmp_path):
         assert bool(net.link_samples()) == samples
 
 
-def _reference_grid(links, samples, end_s, bins):
-    """The per-sample loop link_grid replaced (same semantics, slow)."""
+def _reference_means(links, samples, end_s, bins, steps=4000):
+    """Per-bin means by brute force: the step function sampled at the
+    midpoints of ``steps`` equal slices of each bin."""
     import numpy as np
-    by_link = {}
-    for s in samples:
-        by_link.setdefault((s.src, s.dst), []).append(s)
     grid = np.zeros((len(links), bins))
-    edges = np.linspace(0.0, end_s, bins + 1)
+    width = end_s / bins
     for row, rec in enumerate(links):
-        series = sorted(by_link.get((rec.src, rec.dst), []), key=lambda s: s.time_s)
-        for k, s in enumerate(series):
-            stop = series[k + 1].time_s if k + 1 < len(series) else end_s
-            lo = np.searchsorted(edges, s.time_s, "right") - 1
-            hi = np.searchsorted(edges, stop, "left")
-            cells = grid[row, max(lo, 0):max(hi, lo + 1)]
-            cells[:] = np.maximum(cells, s.utilisation)
+        series = sorted((s for s in samples if (s.src, s.dst) == (rec.src, rec.dst)),
+                        key=lambda s: s.time_s)
+        times = np.array([s.time_s for s in series])
+        values = np.array([s.utilisation for s in series])
+        for b in range(bins):
+            t = b * width + (np.arange(steps) + 0.5) * width / steps
+            k = np.searchsorted(times, t, side="right") - 1
+            grid[row, b] = np.where(k >= 0, values[np.clip(k, 0, None)], 0.0).mean() \
+                if len(times) else 0.0
     return grid
 
 
-def test_link_grid_matches_the_per_sample_reference():
+def test_link_utilisation_is_the_mean_of_each_bin():
     import random
 
     import numpy as np
 
-    from distsim.report.links import link_grid
+    from distsim.report.links import link_utilisation
     from distsim.sim.trace import LinkRecord, LinkSample
     rng = random.Random(3)
     links = [LinkRecord(f"a{i}", f"b{i}", 1.0, 1.0, 1.0, 1) for i in range(3)]
-    for _ in range(60):
-        end = rng.choice([1.0, 0.001])
-        samples = [LinkSample(f"a{i}", f"b{i}",
-                              rng.choice([rng.uniform(-0.1, 1.1), round(rng.random() * 50) / 50,
-                                          0.0, 1.0]) * end, rng.random())
-                   for i in range(4) for _ in range(rng.choice([0, 1, 3, 40, 300]))]
+    for _ in range(20):
+        # times on a grid of 1/50 of the step, so the midpoint sums are exact
+        samples = [LinkSample(f"a{i}", f"b{i}", rng.randrange(0, 50) / 50, rng.random())
+                   for i in range(4) for _ in range(rng.choice([0, 1, 3, 40]))]
         rng.shuffle(samples)
-        bins = rng.choice([1, 7, 200])
-        assert np.array_equal(link_grid(links, samples, end, bins),
-                              _reference_grid(links, samples, end, bins))
+        bins = rng.choice([1, 5, 10])
+        got = link_utilisation(links, samples, 1.0, bins)
+        assert np.allclose(got, _reference_means(links, samples, 1.0, bins, steps=200),
+                           atol=1e-12)
+
+
+def test_the_plotted_means_are_the_summary_utilisation():
+    """links.png draws the links summary.json lists, in its order, and the
+    mean of each plotted row (equal bins) is the summary's utilisation."""
+    import numpy as np
+
+    import distsim
+    from distsim.report.links import link_chart
+    result = distsim.simulate(model="tiny", topology="dgx-a100", dp=2, tp=2, pp=2,
+                              record_links=True)
+    summary = result.summary()
+    chart = link_chart(result.trace.links, result.trace.link_samples, result.step_time_s)
+    assert [(l.src, l.dst) for l in chart.links] == \
+        [(l["src"], l["dst"]) for l in summary["links"]]
+    assert len(chart.links) == len(summary["links"]) > 0
+    utilisation = np.array([l["utilisation"] for l in summary["links"]])
+    assert np.allclose(chart.grid.mean(axis=1), utilisation, rtol=1e-9, atol=0)
+    assert np.allclose(chart.mean, utilisation, rtol=1e-12, atol=0)
+    # a mean, not a maximum: the busiest bin is below 1 for links that are
+    # saturated only in short bursts
+    assert chart.grid.max() <= 1.0 + 1e-9
 
 
 def _run_cli(tmp_path, monkeypatch, *extra):
-    """``distsim simulate`` (MLP, dp 4, one node) with a spy on the two ways
-    links.png can be drawn; returns (trace.json events, which way was drawn)."""
+    """``distsim simulate`` (MLP, dp 4, one node) with a spy on what
+    links.png was drawn from; returns (trace.json events, "heatmap" when
+    drawn over time)."""
     import json
 
     import distsim.report.links as links_mod
     from distsim.cli import main
     drawn = []
-    heatmap = links_mod._heatmap
-    monkeypatch.setattr(links_mod, "_heatmap",
-                        lambda *a, **k: (drawn.append("heatmap"), heatmap(*a, **k)))
+    figure = links_mod.link_figure
+
+    def spy(chart):
+        if chart.grid is not None:
+            drawn.append("heatmap")
+        return figure(chart)
+    monkeypatch.setattr(links_mod, "link_figure", spy)
     out = tmp_path / "out"
     code = main(["simulate", "--layers", "2", "--hidden", "256", "--batch", "64", "--dp", "4",
                  "--out", str(out), *extra])

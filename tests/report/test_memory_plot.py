@@ -32,7 +32,9 @@ def test_envelope_exact():
 def test_lines_capacity_and_labels(trace):
     ax = memory_figure(trace).axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["gpu0", "gpu1", f"capacity {4 * GiB / 1e9:.2f} GB", f"capacity {10 * GiB / 1e9:.2f} GB"]
+    # gpu1 peaks highest (5 GiB): its line is drawn thicker and named so
+    assert labels == ["gpu0", "gpu1 (highest peak)", f"capacity {4 * GiB / 1e9:.2f} GB",
+                      f"capacity {10 * GiB / 1e9:.2f} GB"]
     caps = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert sorted(line.get_ydata()[0] for line in caps) == [4 * GiB / 1e9, 10 * GiB / 1e9]
     assert ax.get_xlabel() == "time (ms)" and ax.get_ylabel() == "live memory (GB)"
@@ -109,3 +111,32 @@ def test_an_empty_device_names_its_capacity_as_off_scale():
     ax = memory_figure(_small_model_trace(0, 80 * 10**9)).axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "capacity 80.00 GB (off scale: nothing is live)" in labels
+
+
+def test_the_bars_are_the_summary_categories_and_an_overflow_is_named():
+    """The category panel draws each device's memory_by_category (summary.json),
+    and an out-of-memory run names the device and the summary's oom_category."""
+    import distsim
+    from distsim.report.memory_categories import oom_line, peak_bars
+    result = distsim.simulate(model="tiny", topology="dgx-a100", dp=2, tp=2, pp=2,
+                              microbatches=2)
+    summary = result.summary()
+    bars, total = peak_bars(result.trace)
+    assert [b.ranks for b in bars] == [(0, 1, 2, 3), (4, 5, 6, 7)] and total == 2
+    for b in bars:
+        assert b.by_category == summary["memory_by_category"][str(b.ranks[0])]
+        assert sum(b.by_category.values()) == b.peak
+    assert oom_line(bars) is None
+    fig = memory_figure(result.trace)
+    assert fig.axes[1].get_title(loc="left") == "By category at each device's peak"
+    assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["gpu0-3 (highest)",
+                                                                     "gpu4-7"]
+    small = distsim.simulate(model="tiny", topology="dgx-a100", dp=8,
+                             global_batch=8, micro_batch=1)
+    for d in small.trace.devices:          # a device too small for its peak
+        small.trace.devices[d.rank] = d._replace(capacity_bytes=1000)
+    line = oom_line(peak_bars(small.trace)[0])
+    worst = max(small.summary()["memory_by_category"]["0"].items(), key=lambda kv: kv[1])
+    assert line.startswith("OUT OF MEMORY: gpu0-7 peaks at ") and "over its 0.00 GB" in line
+    assert f"largest: {worst[0]}" in line
+    assert memory_figure(small.trace)._suptitle.get_text() == line

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from distsim.api import build_program
 from distsim.bench.cases import _mlp_dp
 from distsim.report.chrome_trace import plan_trace, stream_tids
-from distsim.report.intervals import union_length_of
+from distsim.intervals import union_length_of
 from distsim.report.summary import summarize
 from distsim.sim.simulator import SimulationOptions, simulate_function
 from distsim.sim.records import CATEGORIES as SIM_CATEGORIES, STREAMS as SIM_STREAMS

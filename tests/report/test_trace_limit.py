@@ -18,7 +18,7 @@ import pytest
 
 import distsim
 from distsim.errors import ConfigError
-from distsim.report.gantt import merge_spans
+from distsim.report.gantt_layout import merge_spans
 from distsim.report.memory_plot import downsample_max
 
 ct = importlib.import_module("distsim.report.chrome_trace")

@@ -102,3 +102,30 @@ func @main(%x: f32[8,16]<@m, [S(0)]>, %w1: f32[16,32]<@m, [S(1)]>, %w2: f32[32,1
     assert first.outputs[0].type.placements == (Partial("sum"),)
     text_out = print_module(sharded)
     assert print_module(parse_module(text_out)) == text_out
+
+
+def test_a_callees_annotations_reach_its_callers():
+    # only the MLP says how its weights lie; main and block annotate nothing
+    # (the sweeps skipped a call that knew nothing: "no value of @main has a placement")
+    text = '''mesh @m = [2] ("tp")
+
+func @mlp(%x: f32[8,16], %w1: f32[16,32]<@m, [S(1)]>, %w2: f32[32,16]<@m, [S(0)]>) -> (f32[8,16]) {
+  %h = matmul(%x, %w1) : f32[8,32]
+  %y = matmul(%h, %w2) : f32[8,16]
+  return %y
+}
+
+func @block(%x: f32[8,16], %w1: f32[16,32], %w2: f32[32,16]) -> (f32[8,16]) {
+  %y = call(%x, %w1, %w2) {callee = "mlp"} : f32[8,16]
+  return %y
+}
+
+func @main(%x: f32[8,16], %w1: f32[16,32], %w2: f32[32,16]) -> (f32[8,16]) {
+  %y = call(%x, %w1, %w2) {callee = "block"} : f32[8,16]
+  return %y
+}
+'''
+    sharded, local = run_sharded(text)
+    main = sharded.functions["main"]
+    assert [v.type.placements for v in main.inputs] == [(Replicate(),), (Shard(1),), (Shard(0),)]
+    assert [op.op_type for op in comm_ops(local)] == ["comm.allreduce"]

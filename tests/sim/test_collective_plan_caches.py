@@ -11,7 +11,8 @@ from distsim.errors import ConfigError, TopologyError
 from distsim.ir.comm import CollectiveType
 from distsim.sim import collectives as coll
 from distsim.sim.collective_algos import hierarchical, tree
-from distsim.sim.network import _ROUTE_TABLES, Network
+from distsim.sim.network import Network
+from distsim.sim.route_table import _ROUTE_TABLES
 from distsim.topology import load_topology
 
 AR, AG = CollectiveType.ALL_REDUCE, CollectiveType.ALL_GATHER

@@ -1,12 +1,10 @@
-"""Networks over one topology share its routes (RouteTable), and a step's
-uncontended estimate is routed once per flow pattern, whatever its size:
-the same numbers as routing every flow of every step again."""
+"""Networks over one topology share its routes (RouteTable), and an
+analytical step is routed once per flow pattern, whatever its size: the
+same numbers as routing every flow of every step again."""
 import pytest
 import simpy
 
 from distsim.ir.comm import CollectiveType as C
-from distsim.sim.collective_algos.schedule import step_time_estimate
-from distsim.sim.collectives import ALGORITHMS
 from distsim.sim.network import Network
 from distsim.topology import Topology, load_topology, topology_from_dict
 
@@ -26,20 +24,6 @@ def _fresh(topo):
     return Topology(topo.name, topo.graph.copy(), topo.device_spec)
 
 
-def test_step_estimate_by_hand():
-    net = Network(simpy.Environment(), _line(), mode="analytical")
-    # one flow 0 -> 2: the slower link carries 1 GB at 5 GB/s, latency 5 us
-    assert net.step_time_estimate([(0, 2, GB)]) == pytest.approx(5e-6 + 0.2, rel=1e-15)
-    # with 0 -> 1 beside it, the first link carries 2 GB at 10 GB/s (0.2 s),
-    # the second 1 GB at 5 GB/s (0.2 s): 0.2 s plus the longest latency
-    assert net.step_time_estimate([(0, 2, GB), (0, 1, GB)]) == pytest.approx(5e-6 + 0.2)
-    # 3 GB each: the first link takes 0.6 s, the second 0.6 s; a flow to itself is free
-    assert net.step_time_estimate([(0, 2, 3 * GB), (0, 1, 3 * GB), (1, 1, GB)]) == \
-        pytest.approx(5e-6 + 0.6)
-    # unequal sizes (not a shared pattern): 1 GB + 4 GB on the first link (0.5 s)
-    assert net.step_time_estimate([(0, 2, GB), (0, 1, 4 * GB)]) == pytest.approx(5e-6 + 0.5)
-
-
 def test_networks_over_one_topology_share_routes_not_traffic():
     topo = _fresh(load_topology("dgx-a100-x2"))
     a = Network(simpy.Environment(), topo)
@@ -50,22 +34,6 @@ def test_networks_over_one_topology_share_routes_not_traffic():
     env.process((lambda: (yield b.transfer(0, 9, GB)))())
     env.run()
     assert b.link_records() and not a.link_records()
-
-
-@pytest.mark.parametrize("kind", [C.ALL_REDUCE, C.ALL_GATHER, C.REDUCE_SCATTER])
-def test_shared_pattern_estimate_is_the_flow_by_flow_one_to_the_bit(kind):
-    topo = _fresh(load_topology("dgx-a100-x4"))
-    net = Network(simpy.Environment(), topo, mode="analytical")
-    ranks = tuple(topo.ranks)
-    seen = 0
-    for nbytes in (1e3, 3.3e6, 1e9, 7.77e9):
-        for name, algo in ALGORITHMS[kind].items():
-            schedule = algo(ranks, nbytes, None, net)
-            for phase in schedule or ():
-                assert net.step_time_estimate(phase.flows) == \
-                    step_time_estimate(phase.flows, net.route_info), (name, nbytes)
-                seen += 1
-    assert seen > 10
 
 
 def _collective_time(topo, kind, ranks, nbytes, **kw):

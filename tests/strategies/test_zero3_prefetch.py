@@ -6,7 +6,7 @@ compute waits for them."""
 import pytest
 
 import distsim
-from distsim.report.intervals import difference_length, merge_intervals, total_length
+from distsim.intervals import difference_length, merge_intervals, total_length
 
 CASE = dict(model="gpt3-1.3b", topology="dgx-a100", dp=8, layers=4, global_batch=8, zero=3,
             network_mode="analytical")

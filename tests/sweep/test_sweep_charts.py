@@ -67,7 +67,9 @@ def test_sweep_report_is_self_contained(tiny_frame, tmp_path):
 def test_run_report(tmp_path):
     result = distsim.simulate(**TINY, hidden=64)
     text = write_run_report(result, tmp_path / "run.html").read_text()
-    assert text.count("data:image/png;base64,") == 2 and "Step time" in text
+    # the Gantt chart, memory and links (no pipeline: no pipeline.png)
+    assert text.count("data:image/png;base64,") == 3 and "step time" in text
+    assert "(gantt.png)" in text and "(memory.png)" in text and "(links.png)" in text
     assert result.html_report(tmp_path / "again.html").read_text() == text
 
 
@@ -140,4 +142,7 @@ def test_html_report_says_what_it_ranks_by():
     assert "Fastest" not in text
     common = frame([64, 64, 64, 64], [1.0, 4.0, 0.5, 2.0]).assign(mfu=0.5)
     text = sweep_report_html(common, charts={})
-    assert "Fastest configuration that fits in memory: <b>dp=2, batch=64</b>: 500 ms" in text
+    # the options every point shares are said once; the best names the rest
+    assert "<p>Every configuration: batch=64.</p>" in text
+    assert "Fastest configuration that fits in memory: <b>dp=2</b>: 500.0 ms per step " \
+        "(simulated)" in text

@@ -9,7 +9,6 @@ phase so that the network can fast-forward them
 from __future__ import annotations
 
 import math
-from collections import Counter
 from itertools import chain
 from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple
 
@@ -85,62 +84,6 @@ def pipeline_chunks(p: int, nbytes: float, alpha_s: float, bandwidth_Bps: float,
     ideal = math.sqrt((p - 2) * nbytes / max(alpha_s * bandwidth_Bps, 1e-30))
     cap = max(1, min(max_chunks, int(nbytes // min_chunk_bytes)))
     return max(1, min(cap, round(ideal)))
-
-
-def step_time_estimate(flows: Sequence[FlowSpec], route_info) -> float:
-    """Lower-bound time of one step on an idle network: the busiest link's
-    bytes over its bandwidth plus the longest path latency.
-    ``route_info(src, dst) -> (links, latency_s, capacities)``."""
-    load: Dict[object, float] = {}
-    cap: Dict[object, float] = {}
-    latency = 0.0
-    for src, dst, nbytes in flows:
-        if src == dst:
-            continue
-        links, lat, caps = route_info(src, dst)
-        latency = max(latency, lat)
-        for link, c in zip(links, caps):
-            load[link] = load.get(link, 0.0) + nbytes
-            cap[link] = c
-    return latency + max((load[k] / cap[k] for k in load), default=0.0)
-
-
-StepShape = Tuple[float, Tuple[Tuple[int, float], ...]]
-
-
-def step_shape(pairs: Sequence[Tuple[int, int]], route_info) -> StepShape:
-    """What :func:`step_time_estimate` needs of a step whose flows all carry
-    the same bytes: the longest path latency and, per link, (how many of
-    the flows cross it, its capacity), each distinct pair once. The same
-    for every size, so a collective timed at many sizes routes its steps
-    once (:func:`shape_time`)."""
-    infos = [route_info(src, dst) for src, dst in pairs if src != dst]
-    if not infos:
-        return 0.0, ()
-    # counted in C (a 256-rank tree step has ~1000 flows of ~6 links):
-    # each link in first-use order, as a flow-by-flow loop would number them
-    links = [info[0] for info in infos]
-    count = Counter(chain.from_iterable(links))
-    cap = dict(zip(chain.from_iterable(links), chain.from_iterable(info[2] for info in infos)))
-    latency = max(info[1] for info in infos)
-    return latency, tuple(dict.fromkeys(zip(count.values(), map(cap.__getitem__, count))))
-
-
-def shape_time(shape: StepShape, nbytes: float) -> float:
-    """:func:`step_time_estimate` of a step of :func:`step_shape` whose
-    flows carry ``nbytes`` each, to the last bit: a link's load is summed
-    flow by flow there, so here too (``n`` additions, not ``n * nbytes``)."""
-    latency, groups = shape
-    worst = 0.0
-    first = True
-    for n, c in groups:
-        load = 0.0
-        for _ in range(n):
-            load += nbytes
-        t = load / c
-        if first or t > worst:
-            worst, first = t, False
-    return latency + worst
 
 
 def pipelined(groups: Sequence[Tuple[int, Sequence[FlowSpec]]], chunks: int) -> Schedule:

@@ -8,7 +8,6 @@ tensors on device meshes".
     local = lower(sharded)                # per-device ops + comm.* ops
     local = simplify_comms(local)
 """
-from . import kernels as _kernels  # noqa: F401  (numpy kernels of shard_slice, redistribute)
 from .annotate import annotate_sharding, placements_of
 from .arrays import assemble, distribute, local_inputs
 from .check import CheckResult, check_lowering
@@ -17,6 +16,7 @@ from .planner import Step, plan_redistribute, step_bytes
 from .propagate import propagate
 from .rewrites import simplify_comms
 from .rules import RULES, strategies_for
+from . import rules_cnn as _rules_cnn  # noqa: F401,E402  (registers the CNN and backward rules)
 from .verify import verify_sharded, verify_teams
 
 

@@ -86,13 +86,14 @@ class ConflictResolver:
         return best
 
     # -- realising ---------------------------------------------------------
-    def realise(self, v: Value, plan: Plan, hint: str, before: Optional[Op] = None) -> Value:
+    def realise(self, v: Value, plan: Plan, hint: str, meta: Optional[dict] = None,
+                before: Optional[Op] = None) -> Value:
         """``v`` as ``plan.want``: re-place producers as planned, then a
-        ``redistribute`` where the type still differs, inserted before
-        ``before`` (appended when None)."""
+        ``redistribute`` (with ``meta``: whose op it is made for) where the
+        type still differs, inserted before ``before`` (appended when None)."""
         if plan.move is not None:
             op, types_in, type_out, subs = plan.move
-            op.inputs = tuple(self.realise(u, p, u.name, before=op)
+            op.inputs = tuple(self.realise(u, p, u.name, meta, before=op)
                               for u, p in zip(op.inputs, subs))
             op.outputs[0].type = type_out
             self.movable.pop(v, None)  # re-placed once; its only reader is being built
@@ -100,7 +101,7 @@ class ConflictResolver:
         if plan.want == v.type:
             return v
         out = Value(self.names.fresh(hint + "_rd"), plan.want)
-        rd = Op(REDISTRIBUTE, [v], [out])
+        rd = Op(REDISTRIBUTE, [v], [out], meta=meta)
         if before is None:
             self.function.ops.append(rd)
         else:

@@ -5,6 +5,9 @@
 - :func:`convert_cost`: a whole type, by the redistribution planner itself
   (the bytes of its cheapest plan, see :mod:`.planner`); what a conflict is
   resolved by (:mod:`.conflicts`).
+- :func:`convert_charge`: the same plan as the planner weighs it, each
+  collective's latency counted too; what whole programs are compared by
+  (:mod:`.entry_inputs`).
 
 Both add ``_CHANGE`` per change so that, among equal byte counts, keeping
 placements as they are wins (a local slice costs no bytes but is a change).
@@ -18,7 +21,7 @@ from ...errors import PassPreconditionError
 from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
 from ...ir.types import DType, TensorType
 from .cross_mesh import cross_mesh_cost
-from .planner import plan_redistribute
+from .planner import COLLECTIVE_BYTES, plan_redistribute
 
 _CHANGE = 1e-3  # a tie-break: among equal costs, keep placements as they are
 
@@ -75,3 +78,27 @@ def convert_cost(src: DTensorType, dst: DTensorType) -> float:
         return cross_mesh_cost(src, dst) + _CHANGE
     return _plan_cost(tuple(src.shape), src.dtype, src.mesh, tuple(src.placements),
                       tuple(dst.placements))
+
+
+@lru_cache(maxsize=4096)
+def _plan_charge(shape: Tuple[int, ...], dtype: DType, mesh: DeviceMesh,
+                 src: Tuple[Placement, ...], dst: Tuple[Placement, ...]) -> float:
+    try:
+        steps = plan_redistribute(shape, dtype, mesh, src, dst)
+    except PassPreconditionError:
+        return float("inf")
+    return sum(s.bytes_per_device + (COLLECTIVE_BYTES if s.collective is not None else 0.0)
+               + _CHANGE for s in steps)
+
+
+def convert_charge(src: DTensorType, dst: DTensorType) -> float:
+    """What the planner minimises to redistribute ``src`` as ``dst``: bytes
+    per device plus :data:`.planner.COLLECTIVE_BYTES` per collective (and
+    ``_CHANGE`` per step); across meshes, the cheapest recipe's bytes plus
+    one collective."""
+    if src == dst:
+        return 0.0
+    if src.mesh != dst.mesh:
+        return cross_mesh_cost(src, dst) + COLLECTIVE_BYTES + _CHANGE
+    return _plan_charge(tuple(src.shape), src.dtype, src.mesh, tuple(src.placements),
+                        tuple(dst.placements))

@@ -17,10 +17,11 @@ from __future__ import annotations
 from math import prod
 from typing import Callable, Dict, List, Tuple
 
-from ...errors import PassPreconditionError
+from ...errors import DistsimError, PassPreconditionError
 from ...ir.core import Function, Module, Op, Value
 from ...ir.mesh import DTensorType, shard_range
 from ...ir.ops_call import callee_of, is_call
+from ...ir.source import at_op
 from .cross_mesh import cross_mesh
 from .local_builder import (Coords, LocalBuilder, Locals, apply_step,  # noqa: F401  (re-exported)
                             local_name, redistribute_on_mesh)
@@ -136,39 +137,45 @@ class Lowering:
         self.record[v.name] = (v.type, [x.name for x in vals.values()])
 
     def _lower_ops(self, f: Function, env: Dict[Value, Locals], prefix: str) -> None:
-        """Lower ``f``'s ops; an inlined callee's values are named ``<prefix><name>``."""
-        top = not prefix
+        """Lower ``f``'s ops; an inlined callee's values are named ``<prefix><name>``.
+        An error names the user's op the failing op was made for."""
         for op in f.ops:
-            for v in op.inputs + op.outputs:
-                _dtensor(v, f)
-            if is_call(op):
-                callee = callee_of(op)
-                sub = {p: env[a] for p, a in zip(callee.inputs, op.inputs)}
-                self._lower_ops(callee, sub, f"{prefix}{callee.name}.")
-                for v, r in zip(op.outputs, callee.outputs):
-                    env[v] = sub[r]
-            elif op.op_type == REDISTRIBUTE:
-                x, y = op.inputs[0], op.outputs[0]
-                env[y] = redistribute_locals(self.lb, env[x], x.type, y.type, prefix + y.name)
-            else:
-                mesh = op.outputs[0].type.mesh if op.outputs else op.inputs[0].type.mesh
-                for v in op.inputs:
-                    if v.type.mesh != mesh:
-                        raise PassPreconditionError(f"lowering: op %{op.name} ({op.op_type}) reads "
-                                                    f"%{v.name} on another mesh; propagate first")
-                results: List[Locals] = [{} for _ in op.outputs]
-                rule = LOCAL_RULES.get(op.op_type, _same)
-                for c in mesh.all_coords():
-                    rank = mesh.rank_at(c)
-                    outs = rule(self.lb, op, c, [env[v][c] for v in op.inputs],
-                                [local_name(prefix + v.name, rank) for v in op.outputs])
-                    for i, v in enumerate(outs):
-                        results[i][c] = v
-                for v, vals in zip(op.outputs, results):
-                    env[v] = vals
-            if top:
+            try:
+                self._lower_op(f, op, env, prefix)
+            except DistsimError as e:
+                raise at_op(e, f.name, op) from None
+            if not prefix:
                 for v in op.outputs:
                     self._note(v, env[v])
+
+    def _lower_op(self, f: Function, op: Op, env: Dict[Value, Locals], prefix: str) -> None:
+        for v in op.inputs + op.outputs:
+            _dtensor(v, f)
+        if is_call(op):
+            callee = callee_of(op)
+            sub = {p: env[a] for p, a in zip(callee.inputs, op.inputs)}
+            self._lower_ops(callee, sub, f"{prefix}{callee.name}.")
+            for v, r in zip(op.outputs, callee.outputs):
+                env[v] = sub[r]
+        elif op.op_type == REDISTRIBUTE:
+            x, y = op.inputs[0], op.outputs[0]
+            env[y] = redistribute_locals(self.lb, env[x], x.type, y.type, prefix + y.name)
+        else:
+            mesh = op.outputs[0].type.mesh if op.outputs else op.inputs[0].type.mesh
+            for v in op.inputs:
+                if v.type.mesh != mesh:
+                    raise PassPreconditionError(f"lowering: reads %{v.name} on another mesh; "
+                                                "propagate first")
+            results: List[Locals] = [{} for _ in op.outputs]
+            rule = LOCAL_RULES.get(op.op_type, _same)
+            for c in mesh.all_coords():
+                rank = mesh.rank_at(c)
+                outs = rule(self.lb, op, c, [env[v][c] for v in op.inputs],
+                            [local_name(prefix + v.name, rank) for v in op.outputs])
+                for i, v in enumerate(outs):
+                    results[i][c] = v
+            for v, vals in zip(op.outputs, results):
+                env[v] = vals
 
 
 def _dtensor(v: Value, f: Function) -> DTensorType:

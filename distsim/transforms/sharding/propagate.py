@@ -6,7 +6,9 @@ every value of every function, interprocedurally.
    and gives its unknown inputs and its outputs their placements) and
    backward (an op with known outputs gives its unknown inputs the
    placements that produce them), until nothing changes; what is still
-   unknown is replicated.
+   unknown is replicated. The entry function's unannotated inputs then
+   take the cheapest placement the planner finds for the whole program
+   (:mod:`.entry_inputs`).
 2. *Build* the sharded program: every op takes the cheapest valid
    combination of per-axis strategies (ranked by the planner's table, then
    checked by :mod:`.validity`). Where an input must change -- a conflict
@@ -16,25 +18,33 @@ every value of every function, interprocedurally.
    :mod:`.conflicts`), and the cheapest is realised with ``redistribute``
    ops. A value annotated with other placements than its op produces gets
    a ``redistribute`` after the op.
-3. *Calls*: a callee is specialised per placement signature of its
-   arguments (``mlp``, ``mlp.1``, ...): its parameters take the argument
-   types and its results' placements flow back to the caller. The entry
-   function's results are never partial: a ``P`` is reduced to ``R``.
+3. *Calls*: every call is first checked against its callee's signature
+   (counts, shapes, dtypes). A callee is specialised per placement
+   signature of its arguments (``mlp``, ``mlp.1``, ...): its parameters
+   take the argument types and its results' placements flow back to the
+   caller. The entry function's results are never partial: a ``P`` is
+   reduced to ``R``.
+
+Every op made records the user's op it was made for (``meta["origin"]``,
+:mod:`distsim.ir.source`), and an error raised while placing an op names
+that op, its file and line, and the calls that reached it.
 """
 from __future__ import annotations
 
 from itertools import product
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...errors import PassPreconditionError, VerifyError
+from ...errors import DistsimError, PassPreconditionError, VerifyError
 from ...ir.builder import NameScope
 from ...ir.core import Function, Module, Op, Value
 from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, check_placements
-from ...ir.ops_call import callee_of, is_call, link_calls
+from ...ir.ops_call import callee_of, is_call, verify_calls
+from ...ir.source import at_op, made_for
 from ...ir.types import TensorType
 from .rules import OpContext, strategies_for
 from .conflicts import MAX_CANDIDATES, ConflictResolver
 from .costs import _CHANGE, axis_cost, type_cost  # noqa: F401  (re-exported)
+from .entry_inputs import place_entry_inputs
 from .validity import combination_error
 
 REDISTRIBUTE = "redistribute"
@@ -129,7 +139,7 @@ class Propagator:
     """Propagates shardings through a module, specialising callees."""
 
     def __init__(self, module: Module) -> None:
-        self.module = link_calls(module)
+        self.module = module
         self.out = Module(meshes=dict(module.meshes))
         self._specs: Dict[Tuple[str, Tuple], Function] = {}
         self._names = NameScope()
@@ -143,10 +153,12 @@ class Propagator:
                 state[v] = t
         for _ in range(2 * len(f.ops) + 2):
             before = dict(state)
-            for op in f.ops:
-                self._sweep(op, state, forward=True)
-            for op in reversed(f.ops):
-                self._sweep(op, state, forward=False)
+            for forward, ops in ((True, f.ops), (False, reversed(f.ops))):
+                for op in ops:
+                    try:
+                        self._sweep(op, state, forward)
+                    except DistsimError as e:
+                        raise at_op(e, f.name, op) from None
             if before == state:
                 break
         return state
@@ -154,9 +166,7 @@ class Propagator:
     def _sweep(self, op: Op, state, forward: bool) -> None:
         ins = [state[v] for v in op.inputs]
         outs = [state[v] for v in op.outputs]
-        if is_call(op):
-            if all(t is None for t in ins) and all(t is None for t in outs):
-                return
+        if is_call(op):   # (the callee's own annotations count, even where the call knows nothing)
             callee = callee_of(op)
             sub = self.decide(callee, ins)
             for v, p in zip(op.inputs, callee.inputs):
@@ -192,10 +202,10 @@ class Propagator:
                    entry: bool = False) -> Function:
         state = self.decide(f, arg_types)
         meshes = [t.mesh for t in state.values() if t is not None]
-        if not meshes:
+        if not meshes and state:   # (a function without values has nothing to place)
             raise PassPreconditionError(f"sharding: no value of @{f.name} has a placement "
                                         "(annotate an input with a DTensor type)")
-        default_mesh = meshes[0]
+        default_mesh = meshes[0] if meshes else None
         params = []
         for v in f.inputs:
             t = state[v]
@@ -218,13 +228,18 @@ class Propagator:
             env[v] = self._convert(new, names, nv, _annotation(v), v.name)
         build = _Build(f, new, names, env, state)
         for op in f.ops:
-            self._build_op(build, op)
+            try:
+                self._build_op(build, op)
+            except DistsimError as e:
+                raise at_op(e, f.name, op) from None
+        producers = f.producers()
         outs = []
         for v in f.outputs:
             nv = env[v]
             if entry and any(isinstance(p, Partial) for p in nv.type.placements):
                 pl = [Replicate() if isinstance(p, Partial) else p for p in nv.type.placements]
-                nv = self._convert(new, names, nv, nv.type.with_placements(pl), v.name)
+                meta = made_for(f.name, producers[v]) if v in producers else None
+                nv = self._convert(new, names, nv, nv.type.with_placements(pl), v.name, meta)
             outs.append(nv)
         new.outputs = outs
         new.meta = {k: (dict(x) if isinstance(x, dict) else x) for k, x in f.meta.items()}
@@ -237,21 +252,26 @@ class Propagator:
         return f"{base}.{k}"
 
     def _convert(self, new: Function, names: NameScope, v: Value, want: Optional[DTensorType],
-                 hint: str) -> Value:
-        """``v`` as type ``want`` (a redistribute op when they differ)."""
+                 hint: str, meta: Optional[dict] = None) -> Value:
+        """``v`` as type ``want`` (a redistribute op, with ``meta``, when they
+        differ)."""
         if want is None or want == v.type:
             return v
         out = Value(names.fresh(hint + "_rd"), want)
-        new.ops.append(Op(REDISTRIBUTE, [v], [out]))
+        new.ops.append(Op(REDISTRIBUTE, [v], [out], meta=meta))
         return out
 
     def _build_op(self, build: "_Build", op: Op) -> None:
+        """The sharded form of ``op``: every op made for it (its copy, the
+        redistributes around it) records it as their origin."""
         new, names, env, state = build.new, build.names, build.env, build.state
+        meta = made_for(build.name, op)
         ins = [env[v] for v in op.inputs]
         if is_call(op):
             callee = self.specialise(callee_of(op), [v.type for v in ins])
             outs = [Value(names.fresh(v.name), r.type) for v, r in zip(op.outputs, callee.outputs)]
-            new.ops.append(Op("call", ins, outs, {"callee": callee.name}, (callee,), op.meta))
+            new.ops.append(Op("call", ins, outs, {"callee": callee.name}, (callee,),
+                              {**op.meta, **meta}))
         else:
             if op.op_type == REDISTRIBUTE:
                 want = _annotation(op.outputs[0]) or state[op.outputs[0]] or ins[0].type
@@ -259,19 +279,19 @@ class Propagator:
                 if want == ins[0].type:
                     env[op.outputs[0]] = ins[0]
                     return
-                new.ops.append(Op(REDISTRIBUTE, ins, outs, meta=op.meta))
+                new.ops.append(Op(REDISTRIBUTE, ins, outs, meta={**op.meta, **meta}))
             else:
                 mesh = ins[0].type.mesh if ins else (state[op.outputs[0]] or _first(state)).mesh
-                ins, res = self._place(build, op, ins, mesh)
+                ins, res = self._place(build, op, ins, mesh, meta)
                 outs = [Value(names.fresh(v.name), t) for v, t in zip(op.outputs, res)]
-                new_op = Op(op.op_type, ins, outs, op.attrs, op.subfunctions, op.meta)
+                new_op = Op(op.op_type, ins, outs, op.attrs, op.subfunctions, {**op.meta, **meta})
                 new.ops.append(new_op)
                 if build.may_move(op):
                     build.movable[outs[0]] = new_op
         for old, nv in zip(op.outputs, outs):
-            env[old] = self._convert(new, names, nv, _annotation(old), old.name)
+            env[old] = self._convert(new, names, nv, _annotation(old), old.name, meta)
 
-    def _place(self, build: "_Build", op: Op, ins: List[Value], mesh: DeviceMesh
+    def _place(self, build: "_Build", op: Op, ins: List[Value], mesh: DeviceMesh, meta: dict
                ) -> Tuple[List[Value], List[DTensorType]]:
         """Pick the op's placements and bring its inputs to them.
 
@@ -286,7 +306,7 @@ class Propagator:
                                        [_annotation(v) for v in op.outputs], mesh)
         if not candidates:
             req, res = replicated_types(op, mesh)
-            return [build.resolver.realise(v, build.resolver.plan(v, t, 0), v.name)
+            return [build.resolver.realise(v, build.resolver.plan(v, t, 0), v.name, meta)
                     for v, t in zip(ins, req)], res
         best = None
         for req, res in candidates:
@@ -297,7 +317,7 @@ class Propagator:
             if cost == 0.0:
                 break
         _, plans, res = best
-        return [build.resolver.realise(v, p, v.name) for v, p in zip(ins, plans)], res
+        return [build.resolver.realise(v, p, v.name, meta) for v, p in zip(ins, plans)], res
 
 
 class _Build:
@@ -308,6 +328,7 @@ class _Build:
     def __init__(self, f: Function, new: Function, names: NameScope, env: Dict[Value, Value],
                  state) -> None:
         self.new, self.names, self.env, self.state = new, names, env, state
+        self.name = f.name   # the user's function, which the ops made name as their origin
         self.users = f.users()
         self.returned = set(f.outputs)
         self.movable: Dict[Value, Op] = {}
@@ -347,17 +368,22 @@ def _first(state) -> DTensorType:
 
 def propagate(module: Module, entry: str = "main") -> Module:
     """A new module whose functions have a DTensor type on every value:
-    the entry function and one specialisation per callee signature."""
+    the entry function (first) and one specialisation per callee signature.
+    The entry's unannotated inputs take the cheapest placement the planner
+    finds (:mod:`.entry_inputs`)."""
     if entry not in module.functions:
         raise PassPreconditionError(f"sharding: module has no function @{entry}")
-    prop = Propagator(module)
+    verify_calls(module, exact=False)
     f = module.functions[entry]
-    prop.specialise(f, [_annotation(v) for v in f.inputs], entry=True)
-    out = prop.out
-    # the entry function first, as written
-    ordered = Module(meshes=out.meshes)
-    ordered.add(out.functions[entry])
-    for name, fn in out.functions.items():
-        if name != entry:
-            ordered.add(fn)
-    return ordered
+
+    def build(arg_types: Sequence[Optional[DTensorType]]) -> Module:
+        prop = Propagator(module)
+        prop.specialise(f, arg_types, entry=True)
+        ordered = Module(meshes=prop.out.meshes)
+        ordered.add(prop.out.functions[entry])
+        for name, fn in prop.out.functions.items():
+            if name != entry:
+                ordered.add(fn)
+        return ordered
+
+    return place_entry_inputs([_annotation(v) for v in f.inputs], build)

@@ -435,5 +435,3 @@ def strategies_for(ctx: OpContext) -> List[Strategy]:
         found = list(found) + [replicated]
     return found
 
-
-from . import rules_cnn as _rules_cnn  # noqa: E402,F401  (registers the CNN and backward rules)

@@ -5,11 +5,15 @@
   module's, each op's global shapes follow its shape rule, and -- once
   propagated -- each op's placements on every mesh axis are a strategy of
   its sharding rule, and together they lower to per-device ops whose
-  pieces line up (:mod:`.validity`); calls match their callee's signature.
+  pieces line up (:mod:`.validity`); every call matches its callee's
+  signature (argument and result counts, shapes and dtypes; once
+  propagated, placements too).
 - :func:`verify_teams` (local view): every collective's team lies inside
   the mesh it names and is a group along the axes it names.
 
-Errors are VerifyErrors naming the function, the value or op, and the rule.
+Errors are VerifyErrors naming the function, the value or op (the user's
+op, and the file and line it was read from: :mod:`distsim.ir.source`),
+and the rule.
 """
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ from ...errors import VerifyError
 from ...ir.comm import is_communication
 from ...ir.core import Function, Module, Op
 from ...ir.mesh import DeviceMesh, DTensorType, check_placements
-from ...ir.ops_call import callee_of, is_call, link_calls
+from ...ir.ops_call import is_call, link_calls, signature_error
 from ...ir.registry import ShapeError, infer_types
+from ...ir.source import describe
 from ...ir.types import TensorType
 from .propagate import REDISTRIBUTE
 from .rules import OpContext, strategies_for
@@ -58,19 +63,19 @@ def _verify_function(f: Function, meshes: Mapping[str, DeviceMesh], propagated: 
 
 
 def _verify_op(f: Function, op: Op, propagated: bool) -> None:
-    where = f"function '{f.name}', op %{op.name} = {op.op_type}"
+    where = describe(f.name, op)
     if is_call(op):
-        callee = callee_of(op)
-        for a, p in zip(op.inputs, callee.inputs):
-            if propagated and a.type != p.type:
-                raise VerifyError(f"{where}: argument %{a.name} is {a.type} but @{callee.name} "
-                                  f"takes {p.type} (rule: call signature)")
-        if len(op.inputs) != len(callee.inputs) or len(op.outputs) != len(callee.outputs):
-            raise VerifyError(f"{where}: arity differs from @{callee.name} (rule: call signature)")
+        # before propagation an argument's (or result's) placements may differ
+        # from the callee's: a redistribute reconciles them; its tensor may not
+        error = signature_error(op, exact=propagated)
+        if error is not None:
+            raise VerifyError(f"{where}: {error} (rule: call signature)")
         return
     if op.op_type == REDISTRIBUTE:
-        if op.inputs[0].type.shape != op.outputs[0].type.shape:
-            raise VerifyError(f"{where}: changes the shape (rule: redistribute keeps the tensor)")
+        x, y = op.inputs[0].type, op.outputs[0].type
+        if (x.shape, x.dtype) != (y.shape, y.dtype):
+            raise VerifyError(f"{where}: turns {_plain(x)} into {_plain(y)}: only "
+                              "placements may change (rule: redistribute keeps the tensor)")
         return
     try:
         expected = infer_types(op.op_type, [_plain(v.type) for v in op.inputs], op.attrs)
@@ -110,7 +115,7 @@ def verify_teams(function: Function, meshes: Mapping[str, DeviceMesh]) -> Functi
     for op in function.ops:
         if not is_communication(op) or op.attrs.get("mesh") is None:
             continue
-        where = f"function '{function.name}', op %{op.name} = {op.op_type}"
+        where = describe(function.name, op)
         mesh = meshes.get(op.attrs["mesh"])
         if mesh is None:
             raise VerifyError(f"{where}: names unknown mesh @{op.attrs['mesh']} (rule: team in mesh)")

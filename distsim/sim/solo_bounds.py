@@ -1,0 +1,108 @@
+"""Bounds on a schedule's time alone in the flow model, from its routes.
+
+``auto`` takes the algorithm whose collective, run alone in the flow model,
+is fastest (:func:`.solo_time.choose_algorithm`). Simulating every
+candidate would cost far more than the choice is worth (a 256-rank double
+tree takes ~0.3 s, and a sweep chooses for hundreds of teams and sizes), so
+each candidate's time is first bracketed from its routes, and only those
+whose lower bound reaches the smallest upper bound are simulated.
+
+In a solo run every step starts on idle links and ends when its last flow
+is delivered. For a step whose flows carry equal bytes ``b``, where link
+``L`` of capacity ``c_L`` carries ``n_L`` of them:
+
+- *lower*: no flow beats its route alone (``latency + b / bottleneck``,
+  the analytical step), and a link needs ``n_L b / c_L`` to carry its
+  flows, after which the last of them still has its path latency to go
+  (at least the smallest of the flows crossing ``L``);
+- *upper*: progressive filling fixes each flow's rate at a link it
+  saturates, at a fair share of at least ``c_L / n_L`` there; with equal
+  bytes no flow's rate changes before it ends (the flows that end first
+  are the faster ones, and none of them crosses a link that limits a
+  slower one). So each is delivered by its latency plus ``b n_L / c_L``
+  for the most loaded link of its route.
+
+A step of unequal flows gets only the lower bound (a flow that ends early
+can lower another's share). The bounds hold in exact arithmetic; the
+simulation's clock rounds and finishes flows due within ``1e-12`` of each
+other together, so :func:`can_beat` compares them with that slack.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from itertools import chain
+from operator import itemgetter
+from typing import Dict, Sequence, Tuple
+
+from .collective_algos.schedule import Schedule
+from .network import Network
+from .route_table import route_table
+
+_PAIR = itemgetter(0, 1)
+_BYTES = itemgetter(2)
+
+#: What the bounds need of a step's routes, each entry distinct: per link
+#: (``n_L / c_L``, the smallest latency of a flow crossing it); per flow
+#: (its latency, the largest ``n_L / c_L`` on its route); per flow (its
+#: latency, its bottleneck bandwidth)
+StepLoad = Tuple[Tuple[Tuple[float, float], ...], Tuple[Tuple[float, float], ...],
+                 Tuple[Tuple[float, float], ...]]
+
+#: relative slack for the clock's rounding
+_REL = 1e-9
+#: the network finishes flows due within this much of ``max(1, now)`` together
+_EARLY = 1e-12
+
+
+def step_load(pairs: Sequence[Tuple[int, int]], network: Network) -> StepLoad:
+    """The :data:`StepLoad` of a step whose flows join ``pairs`` (one entry
+    per flow); the same for every size, so it is kept per topology."""
+    routes = [network.route(src, dst) for src, dst in pairs if src != dst]
+    count = Counter(chain.from_iterable([route[0] for route in routes]))
+    cap = network.link_capacity
+    per_byte = {i: n / cap(i) for i, n in count.items()}
+    least: Dict[int, float] = {}
+    flows: Dict[Tuple[float, float], None] = {}
+    for links, latency, _ in routes:
+        flows[(latency, max(map(per_byte.__getitem__, links)))] = None
+        for i in links:
+            if latency < least.get(i, math.inf):
+                least[i] = latency
+    return (tuple(dict.fromkeys((per_byte[i], least[i]) for i in count)), tuple(flows),
+            tuple(dict.fromkeys(route[1:] for route in routes)))
+
+
+def schedule_bounds(network: Network, schedule: Schedule) -> Tuple[float, float, int]:
+    """(lower, upper) bounds on ``schedule``'s time alone in the flow
+    model (upper ``inf`` where a step's flows are unequal), and its number
+    of steps."""
+    loads: Dict[tuple, StepLoad] = route_table(network.topology).step_loads
+    lower = upper = 0.0
+    steps = 0
+    for flows, count in schedule:
+        sizes = set(map(_BYTES, flows))
+        if len(sizes) == 1:
+            pairs = tuple(map(_PAIR, flows))
+            load = loads.get(pairs)
+            if load is None:
+                load = loads[pairs] = step_load(pairs, network)
+            nbytes = sizes.pop()
+            per_link, per_flow, paths = load
+            low = max(chain((latency + nbytes / bottleneck for latency, bottleneck in paths),
+                            (nbytes * t + latency for t, latency in per_link)), default=0.0)
+            high = max((latency + nbytes * t for latency, t in per_flow), default=0.0)
+        else:
+            low, high = network.analytical_step_s(flows), math.inf
+        lower += count * low
+        upper += count * high
+        steps += count
+    return lower, upper, steps
+
+
+def can_beat(lower: float, steps: int, best_upper: float) -> bool:
+    """Whether a schedule of ``steps`` steps and lower bound ``lower`` may
+    be as fast as one whose time is at most ``best_upper`` (with the
+    clock's slack on both sides)."""
+    slack = _REL * max(lower, best_upper) + 2 * _EARLY * steps * max(1.0, best_upper)
+    return lower - slack <= best_upper

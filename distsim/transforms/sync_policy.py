@@ -1,0 +1,291 @@
+"""The decisions of a step's gradient synchronisation and optimizer,
+written once for both places that carry them out: the lowering, which
+emits DistIR ops (:class:`~distsim.transforms.zero.GradientSync`), and the
+fast tier, which advances a timeline from measured block costs
+(:class:`distsim.estimate.sync.StepSync`). Each is a :class:`SyncSink`;
+:class:`SyncPolicy` decides what happens when, and the sink makes it
+happen (ops, or times).
+
+The decisions (see :mod:`.zero` for the protocol they implement):
+
+- whether ZeRO 2/3 reduce-scatter every micro-batch's gradient as it is
+  made (:func:`scatters_each_microbatch`), and how the gradients of the
+  micro-batches are accumulated (:func:`accumulation_ops`);
+- how a parameter's final gradient is synchronised over the
+  data-parallel team (:func:`sync_route`): not at all, on its own at once
+  (an all-reduce, or ZeRO 2/3's reduce-scatter), in a bucket flushed when
+  it holds ``bucket_mb`` (PyTorch DDP), or after the backward pass;
+- ZeRO-3 by layer: a layer's gradients reduce-scattered together once
+  all are made, the stage's previous unit settled first
+  (:meth:`SyncPolicy.unit_gradient`);
+- the end of the step, in order (:meth:`SyncPolicy.finish`): per stage
+  its unsettled units, its deferred syncs, its last bucket; the buckets
+  unpacked; tied parameters on two stages all-reduced between them; every
+  parameter updated (:func:`update_plan`: what the update of one
+  parameter consists of under a ZeRO stage);
+- ZeRO-3's gathers: which layers' parameters a task gathers as it enters
+  a layer (:func:`prefetch_window`), and in which groups
+  (:func:`gather_groups`).
+
+Parameters are whatever the sink names them by (template values in the
+lowering, (block, layer, index) keys in the fast tier).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import (Callable, Dict, Generic, Hashable, Iterable, List, Optional, Protocol,
+                    Sequence, Set, Tuple, TypeVar)
+
+from ..ir.comm import CollectiveType
+from .strategy import Strategy
+
+MB = 1 << 20
+
+P = TypeVar("P", bound=Hashable)
+
+
+def bucket_bytes_of(bucket_mb: Optional[float]) -> Optional[float]:
+    """``Strategy.bucket_mb`` in bytes (None: no buckets)."""
+    return None if bucket_mb is None else float(bucket_mb) * MB
+
+
+def scatters_each_microbatch(zero: int, dp: int, bucket_bytes: Optional[float]) -> bool:
+    """ZeRO 2/3 reduce-scatter every micro-batch's gradients as they are
+    produced (bucket 0: once, after the backward pass, from a whole local
+    accumulation)."""
+    return zero >= 2 and dp > 1 and bucket_bytes != 0
+
+
+def sync_route(zero: int, dp: int, bucket_bytes: Optional[float]) -> str:
+    """How a parameter's last gradient is synchronised once ready:
+    ``"local"`` (no data parallelism), ``"deferred"`` (bucket 0: after the
+    backward pass), ``"each"`` (on its own: ZeRO 2/3 or no buckets) or
+    ``"bucket"`` (into the stage's pending bucket, flushed when it holds
+    ``bucket_bytes``)."""
+    if dp == 1:
+        return "local"
+    if bucket_bytes == 0:
+        return "deferred"
+    if zero >= 2 or bucket_bytes is None:
+        return "each"
+    return "bucket"
+
+
+def sync_kind(zero: int) -> CollectiveType:
+    """The collective that synchronises one gradient on its own: ZeRO 2/3
+    reduce-scatter it (each rank keeps its shard), the others all-reduce it."""
+    return CollectiveType.REDUCE_SCATTER if zero >= 2 else CollectiveType.ALL_REDUCE
+
+
+def accumulation_ops(microbatch: int, microbatches: int) -> Tuple[str, ...]:
+    """The ops that put micro-batch ``microbatch``'s gradient into its
+    buffer: the first is written into the buffer itself (no op), the later
+    ones are added to it (``add``), and the last is divided by the number
+    of micro-batches (``scale``, when there are several)."""
+    adds = ("add",) if microbatch > 0 else ()
+    if microbatches > 1 and microbatch == microbatches - 1:
+        return adds + ("scale",)
+    return adds
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """What the optimizer step of one parameter consists of: ``flatten``
+    its synchronised gradient (and ``slice`` this rank's 1/dp shard out of
+    it) before the update; the update on the shard (``on_shard``) or the
+    whole parameter; ``gather`` the new parameter's shards over the
+    data-parallel team after it, and ``reshape`` it back to its shape."""
+
+    flatten: bool
+    slice: bool
+    on_shard: bool
+    gather: bool
+    reshape: bool
+
+
+def update_plan(zero: int, dp: int) -> UpdatePlan:
+    """ZeRO 0 updates the whole parameter; ZeRO >= 1 the rank's flat shard
+    (ZeRO 2/3 with data parallelism already hold it: their gradient is a
+    reduce-scattered shard); ZeRO 1/2 then all-gather the new parameter
+    (ZeRO 3 keeps only the shard: it gathers at use)."""
+    flatten = zero >= 1 and not (zero >= 2 and dp > 1)
+    return UpdatePlan(flatten=flatten, slice=flatten and dp > 1, on_shard=zero >= 1,
+                      gather=zero in (1, 2) and dp > 1, reshape=zero in (1, 2))
+
+
+@dataclass(frozen=True)
+class ResidentLayout:
+    """Which of a parameter's resident tensors each rank holds as its 1/dp
+    flat shard rather than whole: the parameter itself (ZeRO 3: gathered
+    at use), its gradient buffer (ZeRO 2/3 reduce-scattering every
+    micro-batch's gradient), its fp32 master copy and optimizer state
+    (ZeRO >= 1)."""
+
+    param: bool
+    grad: bool
+    state: bool
+
+
+def resident_layout(zero: int, dp: int, bucket_bytes: Optional[float]) -> ResidentLayout:
+    """The :class:`ResidentLayout` of a ZeRO stage (what the lowering makes
+    the step's inputs, and what the fast tier counts in memory)."""
+    return ResidentLayout(param=zero == 3,
+                          grad=scatters_each_microbatch(zero, dp, bucket_bytes),
+                          state=zero >= 1)
+
+
+def prefetch_window(position: int, count: int, prefetch: int) -> range:
+    """ZeRO-3: the layers (positions among a task's ``count`` layers) whose
+    parameters are gathered when the task enters layer ``position``: it
+    and the next ``prefetch`` (those gathered already are not again)."""
+    return range(position, min(count, position + 1 + prefetch))
+
+
+def gather_groups(numels: Sequence[int], dp: int, by_layer: bool) -> List[Tuple[int, ...]]:
+    """ZeRO-3: a layer's parameters (``numels``: their elements, in the
+    order the layer first reads them) as the all-gathers that fetch them,
+    in the order issued: by layer, the unit of those ``dp`` divides
+    (:func:`~distsim.transforms.zero3.unit_indices`) first, as one; then
+    each other parameter alone."""
+    unit = unit_indices(numels, dp) if by_layer else ()
+    rest = [(i,) for i in range(len(numels)) if i not in unit]
+    return ([unit] if unit else []) + rest
+
+
+def unit_indices(numels: Sequence[int], dp: int) -> Tuple[int, ...]:
+    """ZeRO-3 by layer: which of a layer's parameters (``numels``: their
+    elements, in order) travel as one unit: those ``dp`` divides (their
+    shards are equal, so the gathered buffer is a ``dp x m`` matrix whose
+    column blocks are the parameters, as FSDP2 pads shards to equal size),
+    when there are two or more; none without data parallelism."""
+    if dp <= 1:
+        return ()
+    members = tuple(i for i, n in enumerate(numels) if n % dp == 0)
+    return members if len(members) > 1 else ()
+
+
+class SyncSink(Protocol[P]):
+    """What :class:`SyncPolicy` asks of the step it is written into."""
+
+    def keep_local(self, param: P, stage: int) -> None:
+        """No data parallelism: the accumulated gradient is the synchronised one."""
+
+    def sync_one(self, param: P, stage: int, kind: CollectiveType) -> None:
+        """Synchronise one final gradient on its own (``kind``: all-reduce,
+        or reduce-scatter of its flattened copy)."""
+
+    def sync_bucket(self, params: List[P], stage: int) -> None:
+        """All-reduce several final gradients as one flat buffer (each
+        flattened, then concatenated), unpacked at :meth:`unpack_buckets`."""
+
+    def unpack_buckets(self) -> None:
+        """After the backward pass: the buckets' results back into the
+        gradients."""
+
+    def settle_units(self, stage: int) -> None:
+        """ZeRO-3 by layer: the stage's reduce-scattered units split into
+        their shards, which go into their buffers."""
+
+    def reduce_scatter_unit(self, unit: Tuple[P, ...], stage: int, microbatch: int) -> None:
+        """ZeRO-3 by layer: a micro-batch's gradients of a layer's unit,
+        concatenated and reduce-scattered as one (settled later)."""
+
+    def tie(self, first: P, last: P) -> None:
+        """All-reduce the synchronised gradients of two tied parameters
+        that live on different stages."""
+
+    def update(self, params: Sequence[P]) -> None:
+        """The optimizer step of every parameter, in order (each as
+        :func:`update_plan` says)."""
+
+
+class SyncPolicy(Generic[P]):
+    """The gradient-sync decisions of one step (see the module
+    docstring), carried out by ``sink``. ``nbytes(param)``: the bytes of a
+    parameter's gradient (what fills a bucket)."""
+
+    def __init__(self, strategy: Strategy, sink: SyncSink[P],
+                 nbytes: Callable[[P], int]) -> None:
+        self.sink = sink
+        self.nbytes = nbytes
+        self.zero, self.dp = strategy.zero, strategy.dp or 1
+        self.bucket_bytes = bucket_bytes_of(strategy.bucket_mb)
+        self.route = sync_route(self.zero, self.dp, self.bucket_bytes)
+        self.scatter_each = scatters_each_microbatch(self.zero, self.dp, self.bucket_bytes)
+        #: the collective of a gradient synchronised on its own
+        self.kind = sync_kind(self.zero)
+        #: per stage, the gradients waiting in its bucket, and their bytes
+        self.pending: Dict[int, List[P]] = {}
+        self.pending_bytes: Dict[int, int] = {}
+        #: per stage, the gradients synchronised after the backward pass
+        self.deferred: Dict[int, List[P]] = {}
+        #: ZeRO-3 by layer: the members of a unit made so far, per (unit,
+        #: stage, micro-batch)
+        self._unit_made: Dict[Tuple[Tuple[P, ...], int, int], Set[P]] = {}
+
+    def final(self, param: P, stage: int) -> None:
+        """The gradient of ``param`` (on ``stage``) is final: every
+        micro-batch's is in its buffer. Synchronise it as :func:`sync_route`
+        says."""
+        route = self.route
+        if route == "each":
+            self.sink.sync_one(param, stage, self.kind)
+        elif route == "local":
+            self.sink.keep_local(param, stage)
+        elif route == "deferred":
+            self.deferred.setdefault(stage, []).append(param)
+        else:
+            self.pending.setdefault(stage, []).append(param)
+            held = self.pending_bytes.get(stage, 0) + self.nbytes(param)
+            self.pending_bytes[stage] = held
+            if held >= self.bucket_bytes:
+                self.flush(stage)
+
+    def flush(self, stage: int) -> None:
+        """All-reduce the stage's pending bucket (one gradient: on its own)."""
+        bucket = self.pending.pop(stage, [])
+        self.pending_bytes.pop(stage, None)
+        if not bucket:
+            return
+        if len(bucket) == 1:
+            self.sink.sync_one(bucket[0], stage, self.kind)
+        else:
+            self.sink.sync_bucket(bucket, stage)
+
+    def unit_gradient(self, unit: Tuple[P, ...], member: P, stage: int, microbatch: int) -> None:
+        """ZeRO-3 by layer: micro-batch ``microbatch``'s gradient of
+        ``member`` of ``unit`` is made. Once all of the unit's are, the
+        stage's previous units are settled (FSDP2 waits for a unit's
+        reduce-scatter at the next unit's) and the unit is reduce-scattered."""
+        key = (unit, stage, microbatch)
+        made = self._unit_made.setdefault(key, set())
+        made.add(member)
+        if len(made) == len(unit):
+            del self._unit_made[key]
+            self.sink.settle_units(stage)
+            self.sink.reduce_scatter_unit(unit, stage, microbatch)
+
+    def finish(self, stages: int, params: Sequence[P],
+               tied: Iterable[Tuple[P, int, P, int]] = ()) -> None:
+        """The end of the step: per stage, its units settled, its deferred
+        gradients synchronised (ZeRO 2/3: each on its own; else into one
+        bucket of all of them) and its last bucket flushed; the buckets
+        unpacked; each tied pair ``(first, its stage, last, its stage)`` on
+        two stages all-reduced between them; every parameter of ``params``
+        updated, in order."""
+        sink = self.sink
+        for stage in range(stages):
+            sink.settle_units(stage)
+            for param in self.deferred.pop(stage, []):
+                if self.zero >= 2:
+                    sink.sync_one(param, stage, self.kind)
+                else:
+                    # bucket_mb 0: no overlap, all of the stage's gradients in
+                    # one bucket, which fills only when the backward pass has ended
+                    self.pending.setdefault(stage, []).append(param)
+            self.flush(stage)
+        sink.unpack_buckets()
+        for first, first_stage, last, last_stage in tied:
+            if first_stage != last_stage:
+                sink.tie(first, last)
+        sink.update(params)
