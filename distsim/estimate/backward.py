@@ -34,10 +34,10 @@ class OpByOpBackward:
 
     tl: "Timeline"
     sync: "StepSync"
-    prof: "LayerProfile"
+    profile: "LayerProfile"
     memo: "Memo"
-    S: "Strategy"
-    M: int
+    strategy: "Strategy"
+    microbatches: int
     flops: List[float]
     flats: Dict[int, List[Tuple[int, float]]]
     #: what the last :meth:`emit_last_backward` noted: its flat copies' bytes
@@ -71,10 +71,10 @@ class OpByOpBackward:
         gathers up to: :attr:`.profile.Segment.gate`)."""
         plan = self.memo.segments.get((name, only))
         if plan is None:
-            blk = self.prof.blocks[name]
+            blk = self.profile.blocks[name]
             segs = blk.only if only else blk.last
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
-            index = {p.name: i for i, p in enumerate(self.prof.params[name])}
+            index = {p.name: i for i, p in enumerate(self.profile.params[name])}
             gp = gather_plan(self, "B", name) if self.zero3 else None
             # by layer: the unit's copy-out in the run where the unit is
             # first read, each reshape it replaces off the run that read
@@ -132,8 +132,8 @@ class OpByOpBackward:
         only): a block may be a recorded block's items again
         (:meth:`_block_replay`)."""
         tl = self.tl
-        only = first_microbatch or self.M == 1
-        scatter = first_microbatch and self.M > 1
+        only = first_microbatch or self.microbatches == 1
+        scatter = first_microbatch and self.microbatches > 1
         shard_ops = self._shard_ops(accumulating) if accumulating else None
         #: the parameters' costs, for the sync of each gradient here
         #: (reduce-scatters: ZeRO 2/3 only)
@@ -169,7 +169,7 @@ class OpByOpBackward:
         if self.zero3 and not self.by_layer:
             entries = []
             self.peak_key = ("B", self.shapes[c],
-                             (first_microbatch and not accumulating) or self.M == 1)
+                             (first_microbatch and not accumulating) or self.microbatches == 1)
         for k, (name, layer) in enumerate(order):
             if by_stage.get(stage):       # flushed so far, this task's too
                 in_buckets[k] = sum(by_stage[stage])
@@ -177,13 +177,13 @@ class OpByOpBackward:
             if block_replays and not first and last is not None:
                 origin_of_replay = last
                 done, recording = self._block_replay(stage, order, k, last, gathered,
-                                                     accumulating == self.M - 1)
+                                                     accumulating == self.microbatches - 1)
                 if done is not None:
                     last = done
                     if entries is not None:
                         note_again(self, self.peak_key, k, self.block_got)
                         # the gathers the replayed block issued, and its own read
-                        for j in range(k + 1, min(n, k + 1 + self.S.prefetch)):
+                        for j in range(k + 1, min(n, k + 1 + self.strategy.prefetch)):
                             if j in gathered and not any(e[0] == j for e in entries):
                                 groups = self._gather_groups(order[j][0], only)
                                 entries.append((j, order[j][0], origin_of_replay, tuple(
@@ -194,7 +194,7 @@ class OpByOpBackward:
             ends: Dict[Optional[int], float] = {}
             if self.zero3:
                 gate = last if last is not None else max(ready, tl.free[2 * stage])
-                for j in prefetch_window(k, n, self.S.prefetch):
+                for j in prefetch_window(k, n, self.strategy.prefetch):
                     if j not in gathered:
                         gathered[j] = at_end = {}
                         copy_in = gather_plan(self, "B", order[j][0]).copy_in
@@ -277,7 +277,7 @@ class OpByOpBackward:
                         end = last = tl.compute(stage, pc.sync + ts,
                                                 tl.compute(stage, t, made or 0.0), ts,
                                                 holds_comm=True)
-                        if accumulating == self.M - 1:
+                        if accumulating == self.microbatches - 1:
                             key = (name, layer, param)
                             self.sync.final[key] = self.sync.synced[key] = end
                     elif scatter:
@@ -295,7 +295,7 @@ class OpByOpBackward:
                             t, fl = shard_ops[(name, param)]
                             self.flops[stage] += fl
                             end = last = tl.compute(stage, t, end)
-                            if accumulating == self.M - 1:
+                            if accumulating == self.microbatches - 1:
                                 key = (name, layer, param)
                                 self.sync.final[key] = self.sync.synced[key] = end
                     else:
@@ -303,7 +303,7 @@ class OpByOpBackward:
                     if flats is not None:
                         flats.append((self.sync.cost(name, param).nbytes, end))
             if entries is not None:
-                blk = self.prof.blocks[name]
+                blk = self.profile.blocks[name]
                 self.block_got = note_peak(self, self.peak_key, k,
                                            blk.b_curve if only else blk.b_curve_later, gate,
                                            entries, "B")
@@ -371,12 +371,12 @@ class OpByOpBackward:
         per parameter (block, index), the time and FLOPs of the ops on its
         shard after its reduce-scatter (accumulate; at the last micro-batch
         average too)."""
-        ops = accumulation_ops(mb, self.M)
+        ops = accumulation_ops(mb, self.microbatches)
         hit = self.memo.shard_ops.get(ops)
         if hit is None:
             hit = self.memo.shard_ops[ops] = {}
             per = len(ops)                   # ops per parameter in the terms
-            for name, params in self.prof.params.items():
+            for name, params in self.profile.params.items():
                 terms = self._block_scatter(name, ops)
                 for i in range(len(params)):
                     at = slice(i * per, (i + 1) * per)
@@ -399,8 +399,8 @@ class OpByOpBackward:
     def _grad_unit_of(self, name: str) -> Tuple[Optional[Tuple[int, ...]], int]:
         hit = self.memo.grad_units.get(name)
         if hit is None:
-            params = self.prof.params[name]
-            members = unit_indices([p.numel for p in params], self.S.dp)
+            params = self.profile.params[name]
+            members = unit_indices([p.numel for p in params], self.strategy.dp)
             hit = self.memo.grad_units[name] = (
                 members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
         return hit
@@ -414,7 +414,7 @@ class OpByOpBackward:
         name, layer = unit[0][0], unit[0][1]
         indices = tuple(key[2] for key in unit)
         made = max(self.unit_made_at.pop(key) for key in unit)
-        params = self.prof.params[name]
+        params = self.profile.params[name]
         d = params[indices[0]].dtype
         t_cat = self.costs.cost("chunk_cat", [(params[i].numel, d) for i in indices],
                                 [(sum(params[i].numel for i in indices), d)])[0]
@@ -432,9 +432,9 @@ class OpByOpBackward:
         is settled at the last micro-batch (as GradientSync._settle_units)."""
         tl, sync = self.tl, self.sync
         for name, layer, unit, mb, rs_end in self.unit_pending.pop(stage, []):
-            params = self.prof.params[name]
+            params = self.profile.params[name]
             d = params[unit[0]].dtype
-            shards = [params[i].numel // self.S.dp for i in unit]
+            shards = [params[i].numel // self.strategy.dp for i in unit]
             t_split = self.costs.cost("split", [(sum(shards), d)], [(n, d) for n in shards])[0]
             end = tl.compute(stage, t_split, rs_end)
             ops = self._shard_ops(mb) if mb else None
@@ -443,6 +443,6 @@ class OpByOpBackward:
                     t, fl = ops[(name, i)]
                     self.flops[stage] += fl
                     end = tl.compute(stage, t, end)
-                if mb == self.M - 1:
+                if mb == self.microbatches - 1:
                     key = (name, layer, i)
                     sync.final[key] = sync.synced[key] = end

@@ -64,8 +64,8 @@ def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
     hit = b.memo.gather_plans.get((kind, block))
     if hit is not None:
         return hit
-    blk = b.prof.blocks[block]
-    params = [b.prof.params[owner][i] for owner, i in
+    blk = b.profile.blocks[block]
+    params = [b.profile.params[owner][i] for owner, i in
               (blk.f_gather if kind == "F" else blk.b_gather)]
     dp = b.dp
     # the lowering's groups (the unit, then each other parameter alone)
@@ -115,7 +115,7 @@ def chain(b: "Builder", kind: str, block: str, piece: Tuple[float, Optional[floa
     By layer, the piece (which includes :attr:`GatherPlan.copy_out`) has
     that change where the unit is first read, not at its end."""
     time_s, busy_s, holds = piece
-    blk = b.prof.blocks[block]
+    blk = b.profile.blocks[block]
     gates = blk.f_gates if kind == "F" else blk.b_gates
     if holds or not gates:
         return None

@@ -216,10 +216,10 @@ def param_bytes(b, kind: str, block: str) -> List[Tuple[int, int]]:
     hit = b.memo.gathered_bytes.get((kind, block))
     if hit is None:
         from .sync import shard_size
-        blk = b.prof.blocks[block]
+        blk = b.profile.blocks[block]
         hit = []
         for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
-            p = b.prof.params[owner][i]
+            p = b.profile.params[owner][i]
             size = p.dtype.itemsize
             hit.append((shard_size(p.numel, b.dp) * size, p.numel * size))
         b.memo.gathered_bytes[(kind, block)] = hit

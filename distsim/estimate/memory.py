@@ -30,7 +30,7 @@ def estimate_memory(b: Builder) -> List[int]:
     chunks in flight, walking the stage's schedule, plus each block's
     transient excess measured on the template. The largest candidate over
     the forward and backward blocks and the optimizer is the peak."""
-    prof, S = b.prof, b.S
+    prof, S = b.profile, b.strategy
     dp, zero = S.dp, S.zero
     master = b.master.itemsize
     # fp32 master weights and the optimizer's moments: AdamW m, v; SGD momentum
@@ -57,9 +57,9 @@ def estimate_memory(b: Builder) -> List[int]:
     static = [float(x) for x in static_bytes]
     grads = [float(x) for x in grad_bytes]
     blocks = prof.blocks
-    chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.C)}
+    chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.chunks)}
     chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))
-                   for c in range(b.C)}
+                   for c in range(b.chunks)}
     # a chunk after another stage's holds the activation it received (the
     # residual stream its first layer's backward reads) until its backward;
     # the chunk that sent it, counted in its last layer's saved bytes,
@@ -70,20 +70,20 @@ def estimate_memory(b: Builder) -> List[int]:
     #: counts them back, as the template's measure of that layer takes
     #: them off (the template's layer output is gone by its backward too)
     sent = {}
-    for c in range(b.C):
+    for c in range(b.chunks):
         if c > 0 and (c - 1) % S.pp != c % S.pp:
             chunk_saved[c] += kept
-        if c < b.C - 1 and (c + 1) % S.pp != c % S.pp:
+        if c < b.chunks - 1 and (c + 1) % S.pp != c % S.pp:
             chunk_saved[c] -= kept
             sent[c] = kept
     prefetch = S.prefetch if zero == 3 else 0
     units = b.by_layer
     ahead = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, prefetch)
-             for c in range(b.C) for kind in "FB"}
+             for c in range(b.chunks) for kind in "FB"}
     # by layer, at a block's copy-out (its own gather just ended) only the
     # next block's gather has started on the communication stream
     next_one = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, min(prefetch, 1))
-                for c in range(b.C) for kind in "FB"} if units else ahead
+                for c in range(b.chunks) for kind in "FB"} if units else ahead
 
     #: the most of a block's gradient candidates (by the dict's id: the
     #: profile's and the notes' dicts live through the walk)
@@ -121,7 +121,7 @@ def estimate_memory(b: Builder) -> List[int]:
                 before += blocks[name].saved_bytes
         else:
             held = flight
-            placed = b.memo.gather_peaks.get(("B", b.shapes[c], first or b.M == 1), {})
+            placed = b.memo.gather_peaks.get(("B", b.shapes[c], first or b.microbatches == 1), {})
             for k, ((name, _), gathered) in enumerate(zip(backward, ahead[("B", c)])):
                 grads_at = blocks[name].bs_grads
                 each = b.scatter_each and not units
@@ -137,7 +137,7 @@ def estimate_memory(b: Builder) -> List[int]:
                     # ZeRO 2/3 reduce-scattering each gradient: the block's
                     # peak apart from its gradients, and at each gradient
                     # (its op, then it and its flat copy) below
-                    excess = (blocks[name].b0_excess if b.scatter_each or first or b.M == 1
+                    excess = (blocks[name].b0_excess if b.scatter_each or first or b.microbatches == 1
                               else blocks[name].b_excess)
                 if by_block is not None:
                     excess += by_block.get(k, 0)
@@ -162,9 +162,9 @@ def estimate_memory(b: Builder) -> List[int]:
 
     per_param = _param_optimizer_excess(b)
     opt = optimizer_excess(b, per_param)
-    saved_by_chunk = np.array([chunk_saved[c] for c in range(b.C)])
+    saved_by_chunk = np.array([chunk_saved[c] for c in range(b.chunks)])
     chunks_of: Dict[int, List[int]] = {}
-    for c in range(b.C):
+    for c in range(b.chunks):
         chunks_of.setdefault(b.stage_of(c), []).append(c)
     # what the timeline walks noted, by stage (in the order noted)
     pending_of: Dict[int, list] = {}
@@ -174,7 +174,7 @@ def estimate_memory(b: Builder) -> List[int]:
     for (s, c), inside in b.memo.flat_inside.items():
         inside_of.setdefault(s, []).append((c, inside))
     out = []
-    for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.M, S.chunks)):
+    for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.microbatches, S.chunks)):
         base = static[stage] + grads[stage]
         best = base + max(_after_backward(b, stage, per_param, opt[stage]),
                           b.memo.flat_queued.get(stage, 0))
@@ -190,10 +190,10 @@ def estimate_memory(b: Builder) -> List[int]:
         # each micro-batch's data (token ids on the embedding's stage,
         # labels on the head's), live from the step's start until the
         # backward that reads them ends
-        for c_data, per in ((0, prof.data_emb), (b.C - 1, prof.data_head)):
+        for c_data, per in ((0, prof.data_emb), (b.chunks - 1, prof.data_head)):
             if per and b.stage_of(c_data) == stage:
                 read = ~forward & (chunk == c_data)
-                flight = flight + per * (b.M - np.concatenate(([0], np.cumsum(read)[:-1])))
+                flight = flight + per * (b.microbatches - np.concatenate(([0], np.cumsum(read)[:-1])))
         # each chunk's first backward task (micro-batch 0: tasks of a chunk
         # run in micro-batch order), by chunk
         first_back = {}
@@ -249,7 +249,7 @@ def optimizer_excess(b: Builder, per: Optional[Dict[Tuple[str, int], float]] = N
     and gradient buffers, the most over the stage's parameters
     (:func:`_param_optimizer_excess`, or ``per`` when given)."""
     per = _param_optimizer_excess(b) if per is None else per
-    out = [0.0] * b.S.pp
+    out = [0.0] * b.strategy.pp
     for stage, counts in enumerate(b.param_counts()):
         for key in counts:
             if per[key] > out[stage]:
@@ -276,7 +276,7 @@ def _param_optimizer_excess(b: Builder) -> Dict[Tuple[str, int], float]:
       all-gathered from it, both live during the all-gather.
 
     Without ZeRO or data parallelism the template's own measure stands."""
-    prof, S = b.prof, b.S
+    prof, S = b.profile, b.strategy
     dp, zero = S.dp, S.zero
     per: Dict[Tuple[str, int], float] = {}
     for block, params in prof.params.items():
@@ -330,7 +330,7 @@ def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
     bucketed = b.memo.bucketed.get(stage, {})
     held = float(sum(buckets))
     best = held + float(max(buckets))
-    flat_first = b.S.zero >= 1 and b.S.dp > 1
+    flat_first = b.strategy.zero >= 1 and b.strategy.dp > 1
     for key, s in b.all_params():
         if s != stage:
             continue

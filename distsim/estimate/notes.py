@@ -31,7 +31,7 @@ class MemoryNotes:
         :attr:`Memo.flat_pending` keeps a scalar."""
         key = (stage, "B", mb, c)
         held = self.memo.flat_pending.setdefault(key, {})
-        blocks = self.prof.blocks
+        blocks = self.profile.blocks
         t = start
         for k, (name, _) in enumerate(self.blocks_of("B", c)):
             pending = sum(nbytes for nbytes, end in flats if end > t)
@@ -61,7 +61,7 @@ class MemoryNotes:
         template's backward holds it). Per stage and class of task (kind,
         chunk, first backward or not) the most such bytes while a task
         runs (:attr:`Memo.recv_ahead`, the most over the walks)."""
-        prof = self.prof
+        prof = self.profile
         sizes = {"F": sum(prof.forward_crossing), "B": sum(prof.backward_crossing)}
         # per sending chunk and kind: the receiving stage, the transfer's time
         routes = {}

@@ -42,12 +42,12 @@ class ParamLayout:
     """The parameters of :class:`~.timeline.Builder` (a mixin: it
     uses the builder's profile, chunks and ``stage_of``)."""
 
-    prof: "LayerProfile"
-    C: int
+    profile: "LayerProfile"
+    chunks: int
     chunk_of_layer: Sequence[int]
 
     def param(self, key: tuple) -> "Param":
-        return self.prof.params[key[0]][key[2]]
+        return self.profile.params[key[0]][key[2]]
 
     def all_params(self) -> Sequence[Tuple[tuple, int]]:
         """Every parameter with its stage, in the step's parameter order."""
@@ -59,7 +59,7 @@ class ParamLayout:
         return _param_counts(*self._params_layout())
 
     def _params_layout(self) -> tuple:
-        order = self.prof.param_order
-        return (tuple(i for block, i in order if block == EMB), len(self.prof.params[LAYER]),
+        order = self.profile.param_order
+        return (tuple(i for block, i in order if block == EMB), len(self.profile.params[LAYER]),
                 tuple(self.stage_of(c) for c in self.chunk_of_layer),
-                tuple(i for block, i in order if block == HEAD), self.stage_of(self.C - 1))
+                tuple(i for block, i in order if block == HEAD), self.stage_of(self.chunks - 1))

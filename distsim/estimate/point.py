@@ -232,17 +232,17 @@ def _figures(b: Builder, tl: Timeline) -> Dict[str, float]:
     """Step time, the per-device means of the time split, and FLOPs per
     step of every device, from ``b``'s timeline ``tl``."""
     step = tl.run()
-    S = b.S
+    S = b.strategy
     parts = [tl.stage_breakdown(s, step) for s in range(S.pp)]
     # communication counts each tensor-parallel collective's whole time, as
     # the simulator's summary does, not only the wait it causes inside its
     # compute item (the part under compute, e.g. the input gradient's
     # all-reduce under the weight gradient's GEMM, is hidden, not absent);
     # those of the op-by-op backward are communication items already
-    blocks = b.prof.blocks
+    blocks = b.profile.blocks
     for stage, part in enumerate(parts):
-        tp_s = b.M * sum(blocks[name].tp_comm_f if kind == "F" else blocks[name].tp_comm_b
-                         for c in range(stage, b.C, S.pp) for kind in ("F", "B")
+        tp_s = b.microbatches * sum(blocks[name].tp_comm_f if kind == "F" else blocks[name].tp_comm_b
+                         for c in range(stage, b.chunks, S.pp) for kind in ("F", "B")
                          for name, _ in b.blocks_of(kind, c))
         part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
                                     - (tl.waits[stage] - tl.sync_waits[stage]))

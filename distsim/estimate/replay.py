@@ -113,7 +113,7 @@ class ReplayedBackward(OpByOpBackward):
         with gradient buckets (what a task holds depends on the stage's
         earlier flushes)."""
         order = self.blocks_of("B", c)
-        if self.by_layer or self.M == 1 or self.route == "bucket" or not order:
+        if self.by_layer or self.microbatches == 1 or self.route == "bucket" or not order:
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
         origin, input_there, idle, compute_first = self._start(stage, order[0][0], True, ready)
         if not (compute_first and idle):
@@ -216,7 +216,7 @@ class ReplayedBackward(OpByOpBackward):
         sync = self.sync
         if self.zero3 or sync.policy.pending.get(stage) or not order:
             return self.emit_last_backward(stage, c, order, ready)
-        only = self.M == 1
+        only = self.microbatches == 1
         origin, input_there, idle, compute_first = self._start(stage, order[0][0], only, ready)
         if not (compute_first and idle):
             return self.emit_last_backward(stage, c, order, ready)
@@ -252,7 +252,7 @@ class ReplayedBackward(OpByOpBackward):
         final = list(islice(sync.final.items(), sizes[0], None))
         synced = list(islice(sync.synced.items(), sizes[1], None))
         if (items is None or last is None
-                or len(final) != sum(len(self.prof.params[name]) for name, _ in order)):
+                or len(final) != sum(len(self.profile.params[name]) for name, _ in order)):
             return last
         place = {block: k for k, block in enumerate(order)}
         made = [_by_place(entries, place, origin) for entries in (final, synced)]
@@ -315,7 +315,7 @@ class ReplayedBackward(OpByOpBackward):
         # layer: there the unit the task finds pending depends on both)
         split = not input_there and compute_first and not self.by_layer
         clean = tl.free[s + 1] <= origin and (input_there or split)
-        key = (self.shapes[c], mb == self.M - 1, split)
+        key = (self.shapes[c], mb == self.microbatches - 1, split)
         if self.by_layer:
             # by layer a task first settles the unit the stage's previous
             # backward left (its reduce-scatter long done when the task is
@@ -346,7 +346,7 @@ class ReplayedBackward(OpByOpBackward):
         items = tl.since(stage, mark, start, with_runs=True) \
             if clean and last is not None else None
         if items is not None:
-            final = self._finals_of(order, start) if mb == self.M - 1 else []
+            final = self._finals_of(order, start) if mb == self.microbatches - 1 else []
             leaves = None
             if self.by_layer:
                 pending = self.unit_pending.get(stage, [])
@@ -372,7 +372,7 @@ class ReplayedBackward(OpByOpBackward):
         free = self.tl.free
         if free[2 * stage] != origin or free[2 * stage + 1] > origin:
             return None, None
-        window = prefetch_window(k, len(order), self.S.prefetch) if self.zero3 else ()
+        window = prefetch_window(k, len(order), self.strategy.prefetch) if self.zero3 else ()
         issued = tuple(j - k for j in window if j not in gathered)
         key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
         record = self.memo.block_records.get(key)
@@ -417,7 +417,7 @@ class ReplayedBackward(OpByOpBackward):
         table = self.sync.final
         return [(k, i, table[(name, layer, i)] - origin)
                 for k, (name, layer) in enumerate(order)
-                for i in range(len(self.prof.params[name])) if (name, layer, i) in table]
+                for i in range(len(self.profile.params[name])) if (name, layer, i) in table]
 
     def _set_finals(self, order: List[Tuple[str, Optional[int]]],
                     final: List[Tuple[int, int, float]], origin: float) -> None:
@@ -444,7 +444,7 @@ class ReplayedBackward(OpByOpBackward):
         if len(pending) > 1:
             return False
         name, _, unit, mb, rs_end = pending[0]
-        if rs_end > origin or mb == self.M - 1:
+        if rs_end > origin or mb == self.microbatches - 1:
             return False
         return (name, unit, mb == 0)
 

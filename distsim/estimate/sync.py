@@ -73,7 +73,7 @@ class ParamCost:
                  "plan")
 
     def __init__(self, b: "Builder", block: str, index: int) -> None:
-        p = b.prof.params[block][index]
+        p = b.profile.params[block][index]
         n, d = p.numel, p.dtype
         self.numel, self.dtype = n, d
         self.nbytes = n * d.itemsize
@@ -112,7 +112,7 @@ class StepSync:
         self.buckets: Dict[int, List[int]] = {}     # stage -> bytes of each flat bucket
         self._costs: Dict[Tuple[str, int], ParamCost] = b.memo.param_costs
         self.policy: SyncPolicy[ParamKey] = SyncPolicy(
-            b.S, self, lambda key: self.cost(key[0], key[2]).nbytes)
+            b.strategy, self, lambda key: self.cost(key[0], key[2]).nbytes)
         #: each gradient all-reduced on its own (ZeRO 0/1, no buckets): the
         #: op-by-op backward's common case (:meth:`ready_and_synced`)
         self._each_all_reduce = (self.policy.route == "each"
@@ -224,7 +224,7 @@ class StepSync:
 
     def tie(self, emb: ParamKey, head: ParamKey) -> None:
         b = self.b
-        s0, s1 = b.stage_of(0), b.stage_of(b.C - 1)
+        s0, s1 = b.stage_of(0), b.stage_of(b.chunks - 1)
         p = b.param(emb)
         n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
         t = b.colls.time(CollectiveType.ALL_REDUCE, (b.rank0(s0), b.rank0(s1)),
@@ -259,7 +259,7 @@ class StepSync:
         """The tied embedding and head, each with its stage (none if the
         model unties them)."""
         b = self.b
-        prof = b.prof
+        prof = b.profile
         if not prof.tied:
             return []
         emb = next(((EMB, None, i) for i, p in enumerate(prof.params[EMB])
@@ -269,7 +269,7 @@ class StepSync:
                      p.numel == prof.params[EMB][emb[2]].numel), None) if emb else None
         if emb is None or head is None:
             return []
-        return [(emb, b.stage_of(0), head, b.stage_of(b.C - 1))]
+        return [(emb, b.stage_of(0), head, b.stage_of(b.chunks - 1))]
 
     def optimizer_steps(self) -> List[tuple]:
         """The parameters in the order the optimizer updates them

@@ -88,23 +88,23 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
     def __init__(self, case: Case, profile: LayerProfile, memo: Optional["Memo"] = None
                  ) -> None:
         self.case = case
-        self.prof = profile
-        S = self.S = case.strategy
+        self.profile = profile
+        S = self.strategy = case.strategy
         self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
-        self.M = case.microbatches
-        self.C = S.pp * S.chunks
+        self.microbatches = case.microbatches
+        self.chunks = S.pp * S.chunks
         if S.partition == "balanced":     # as LowerSPMD balances (by roofline time)
             costs = profile.partition_costs
             self.ranges = partition_balanced([costs.get(LAYER, 0.0)] * case.config.layers,
-                                             self.C, first=costs.get(EMB, 0.0),
+                                             self.chunks, first=costs.get(EMB, 0.0),
                                              last=costs.get(HEAD, 0.0))
         else:
-            self.ranges = partition_layers(case.config.layers, self.C)
+            self.ranges = partition_layers(case.config.layers, self.chunks)
         self.chunk_of_layer = [c for c, (start, end) in enumerate(self.ranges)
                                for _ in range(start, end)]
         #: What a task's costs depend on in each chunk: whether it holds the
         #: embedding, the head, and how many layers (chunks alike cost alike).
-        self.shapes = [(c == 0, c == self.C - 1, end - start)
+        self.shapes = [(c == 0, c == self.chunks - 1, end - start)
                        for c, (start, end) in enumerate(self.ranges)]
         #: how many chunks have each shape
         self.shape_chunks = Counter(self.shapes)
@@ -173,7 +173,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         return hit
 
     def rank0(self, stage: int) -> int:
-        return self.S.rank(0, stage, 0)
+        return self.strategy.rank(0, stage, 0)
 
     def blocks_of(self, kind: str, c: int) -> List[Tuple[str, Optional[int]]]:
         """The blocks of chunk ``c`` in a forward / backward task's order
@@ -186,7 +186,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         if c == 0:
             out.append((EMB, None))
         out.extend((LAYER, layer) for layer in range(start, end))
-        if c == self.C - 1:
+        if c == self.chunks - 1:
             out.append((HEAD, None))
         out = self.memo.blocks[(kind, c)] = out if kind == "F" else out[::-1]
         return out
@@ -198,7 +198,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
 
     # -- tasks -------------------------------------------------------------
     def task_work(self, kind: str, c: int) -> float:
-        blocks = self.prof.blocks
+        blocks = self.profile.blocks
         total = 1.0
         for name, _ in self.blocks_of(kind, c):
             total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
@@ -217,7 +217,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         if hit is not None:
             return hit
         terms = ScatterTerms()
-        for i in range(len(self.prof.params[name])):
+        for i in range(len(self.profile.params[name])):
             pc = self.sync.cost(name, i)
             n, d, shard = pc.numel, pc.dtype, pc.shard
             terms.flat.append(pc.flat[0])
@@ -251,7 +251,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         return self._emit_task(stage, kind, mb, c, ready)
 
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
-        last_b = kind == "B" and mb == self.M - 1
+        last_b = kind == "B" and mb == self.microbatches - 1
         if last_b and not self.scatter_each:
             return self._last_backward(stage, c, ready)
         if kind == "B" and mb == 0 and self.scatter_each:
@@ -321,7 +321,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         entries: Optional[List[tuple]] = None if self.by_layer else []   # Issued
         first = kind == "B" and mb == 0
         key = (kind, self.shapes[c], first)
-        blocks = self.prof.blocks
+        blocks = self.profile.blocks
         #: the block before's trailing wait (the plan's), not yet emitted
         wait: Optional[List[tuple]] = None
         for i, (gathers, fl, lead, pieces, reads, tail) in enumerate(plan):
@@ -370,7 +370,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         None, the block's trailing wait emitted after the next block's
         copy-ins or None)`` per block; a piece is a compute item ``(time, busy time,
         holds the communication stream)``."""
-        blocks = self.prof.blocks
+        blocks = self.profile.blocks
         order = self.blocks_of(kind, c)
         head = blocks[order[0][0]]
         # a backward starting with recomputation: that part is an item of its
@@ -383,7 +383,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             plan = []
             issued = 0
             for i, (name, _) in enumerate(order):
-                upto = prefetch_window(i, len(order), self.S.prefetch).stop
+                upto = prefetch_window(i, len(order), self.strategy.prefetch).stop
                 gathers = [(gather_plan(self, kind, order[j][0]).copy_in,
                             gather_time(self, kind, order[j][0])) for j in range(issued, upto)]
                 issued = max(issued, upto)
@@ -431,7 +431,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         gathers), as in the simulator. ``pre_shift``: a change of the
         compute before the first collective (ZeRO-3 by layer: the unit's
         copy-out in place of the template's reshapes)."""
-        blocks = self.prof.blocks
+        blocks = self.profile.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
         if pre is not None and pre_shift:
@@ -448,7 +448,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             return blk.f, blk.f_busy, blk.f_flops
         if mb == 0:
             return blk.b_first, blk.b_first_busy, blk.b_flops
-        if mb == self.M - 1:
+        if mb == self.microbatches - 1:
             return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
@@ -457,10 +457,10 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         """Where a task of chunk ``c`` sends its outputs: ``(the chunk that
         reads them, (this stage, its stage), the time of each send)``, or
         None (the first / last chunk, or the reader on the same stage)."""
-        if kind == "F" and c < self.C - 1:
-            dst_c, sizes = c + 1, self.prof.forward_crossing
+        if kind == "F" and c < self.chunks - 1:
+            dst_c, sizes = c + 1, self.profile.forward_crossing
         elif kind == "B" and c > 0:
-            dst_c, sizes = c - 1, self.prof.backward_crossing
+            dst_c, sizes = c - 1, self.profile.backward_crossing
         else:
             return None
         src, dst = self.stage_of(c), self.stage_of(dst_c)
@@ -473,7 +473,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
     def walk(self) -> "Walk":
         """The start of this configuration's walk through LowerSPMD's
         program order (:meth:`advance`, :meth:`complete`)."""
-        S, C, M = self.S, self.C, self.M
+        S, C, M = self.strategy, self.chunks, self.microbatches
         work = tuple((k, c, self.task_work(k, c)) for k in ("F", "B") for c in range(C))
         self._routes = {k: [self.sends(k, c) for c in range(C)] for k in ("F", "B")}
         return Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
@@ -497,7 +497,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         the first, or a middle one): its compute after it makes the input
         gradient it sends to the stage before (that of its last block, the
         chunk's first layer)."""
-        blk = self.prof.blocks[self.blocks_of("B", c)[-1][0]]
+        blk = self.profile.blocks[self.blocks_of("B", c)[-1][0]]
         return blk.out_tail_first if mb == 0 else blk.out_tail_mid
 
     def advance(self, w: "Walk", stop: int) -> None:
@@ -510,11 +510,11 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         # plan's compute pieces: :meth:`_emit_task`'s last branch, inlined
         # (a 32-stage pipeline's timeline walks thousands)
         plain = not (self.zero3 or self.scatter_each)
-        plans, shapes, flops, last_mb = self.memo.plans, self.shapes, self.flops, self.M - 1
+        plans, shapes, flops, last_mb = self.memo.plans, self.shapes, self.flops, self.microbatches - 1
         pieces_on, p2p, routes = self.tl.compute_pieces, self.tl.p2p_chain, self._routes
         # a backward's compute after its input gradient, per chunk (first
         # micro-batch, a middle one)
-        tails = [(self.out_tail(c, 0), self.out_tail(c, 1)) for c in range(self.C)]
+        tails = [(self.out_tail(c, 0), self.out_tail(c, 1)) for c in range(self.chunks)]
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             for sent in pending.due(start):

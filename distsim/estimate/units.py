@@ -36,9 +36,9 @@ def copy_out_excess(b: "Builder", kind: str, block: str) -> Optional[float]:
     plan = gather_plan(b, kind, block)
     if plan.first is None:
         return None
-    blk = b.prof.blocks[block]
+    blk = b.profile.blocks[block]
     owner, i = (blk.f_gather if kind == "F" else blk.b_gather)[plan.first]
-    p = b.prof.params[owner][i]
+    p = b.profile.params[owner][i]
     at = (blk.f_reads if kind == "F" else blk.b_reads).get(p.name)
     if at is None:
         return None
@@ -54,7 +54,7 @@ def pending_shard_bytes(b: "Builder", backward: Sequence[Tuple[str, Any]], k: in
     is settled (0: none)."""
     for name, _ in list(backward[:k])[::-1] + list(backward)[::-1]:
         if b._grad_unit(name) is not None:
-            return float(b._unit_bytes(name) // b.S.dp)
+            return float(b._unit_bytes(name) // b.strategy.dp)
     return 0.0
 
 
@@ -72,8 +72,8 @@ def unit_backward_excess(b: "Builder", block: str) -> Tuple[float, Dict[int, flo
     hit = b.memo.unit_excess.get(block)
     if hit is not None:
         return hit
-    blk = b.prof.blocks[block]
-    params = b.prof.params[block]
+    blk = b.profile.blocks[block]
+    params = b.profile.params[block]
     unit = set(b._grad_unit(block) or ())
     total = b._unit_bytes(block) if unit else 0
     best = blk.b0_excess

@@ -61,7 +61,7 @@ def test_the_gather_plan_puts_the_unit_first():
         b = Builder(case, est._profile_for(case))
         plan = gather_plan(b, "F", "layer")
         assert len(plan.items) == 1 + singles
-        params = b.prof.params["layer"]
+        params = b.profile.params["layer"]
         unit = sum(p.numel * p.dtype.itemsize for p in params if p.numel % 8 == 0)
         assert plan.unit_bytes == unit
         assert plan.upto == sorted(plan.upto) and plan.upto[-1] == singles
