@@ -15,13 +15,12 @@ order.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..transforms.sync_policy import gather_groups
+from .context import StepContext
 
-if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from .timeline import Builder
 
 #: A block's first compute piece cut at its reads of gathered parameters:
 #: (time, busy time or None, how long before the end of the block's gathers
@@ -59,7 +58,7 @@ class GatherPlan(NamedTuple):
         return self.split_s - sum(self.reshape_s)
 
 
-def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
+def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
     """:class:`GatherPlan` of ``block``'s gathers in a ``kind`` task."""
     hit = b.memo.gather_plans.get((kind, block))
     if hit is not None:
@@ -97,7 +96,7 @@ def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
     return hit
 
 
-def gather_time(b: "Builder", kind: str, block: str) -> float:
+def gather_time(b: StepContext, kind: str, block: str) -> float:
     """ZeRO-3: the all-gathers of the parameters a block reads first in a
     forward / backward task (one item: they run back to back)."""
     t = b.memo.gathers.get((kind, block))
@@ -107,7 +106,7 @@ def gather_time(b: "Builder", kind: str, block: str) -> float:
     return t
 
 
-def chain(b: "Builder", kind: str, block: str, piece: Tuple[float, Optional[float], bool]
+def chain(b: StepContext, kind: str, block: str, piece: Tuple[float, Optional[float], bool]
           ) -> Optional[Chain]:
     """The first compute piece of a block's task cut at its reads of
     gathered parameters (:data:`Chain`), or None where it waits for all of
@@ -151,7 +150,7 @@ def _part(busy_s: Optional[float], length: float, time_s: float) -> Optional[flo
     return None if busy_s is None or time_s <= 0.0 else busy_s * length / time_s
 
 
-def emit_chain(b: "Builder", stage: int, pieces: Chain, gathered: float, ready: float
+def emit_chain(b: StepContext, stage: int, pieces: Chain, gathered: float, ready: float
                ) -> float:
     """Emit a :data:`Chain` on ``stage``: each piece from ``ready`` and the
     gather it waits for (``gathered``: the end of the block's gathers);

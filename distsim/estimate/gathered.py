@@ -30,6 +30,9 @@ import numpy as np
 from ..ir.comm import is_communication
 from ..ir.core import Op
 from ..transforms.zero3 import used_param_name
+from .context import StepContext
+from .costs import shard_size
+from .gates import gather_plan
 
 
 class GatherCurve(NamedTuple):
@@ -210,12 +213,11 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     return best, extra
 
 
-def param_bytes(b, kind: str, block: str) -> List[Tuple[int, int]]:
+def param_bytes(b: StepContext, kind: str, block: str) -> List[Tuple[int, int]]:
     """Per position of ``block``'s gathered parameters in a ``kind`` task
     (of builder ``b``), (its shard's bytes, its whole bytes)."""
     hit = b.memo.gathered_bytes.get((kind, block))
     if hit is None:
-        from .sync import shard_size
         blk = b.profile.blocks[block]
         hit = []
         for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
@@ -226,14 +228,13 @@ def param_bytes(b, kind: str, block: str) -> List[Tuple[int, int]]:
     return hit
 
 
-def entries_of(b, kind: str, k: int, block: str, gate: float,
+def entries_of(b: StepContext, kind: str, k: int, block: str, gate: float,
                groups: Sequence[Tuple[float, int, float]]) -> List[Entry]:
     """The :data:`Entry` of each gathered parameter of ``block`` (at
     position ``k`` of a ``kind`` task), gated at ``gate`` and gathered in
     ``groups`` (each: its time, the position of its last parameter, its
     end) that run one after another, each parameter's all-gather after the
     one before (:attr:`.gates.GatherPlan.items`)."""
-    from .gates import gather_plan
     items = gather_plan(b, kind, block).items
     sizes = param_bytes(b, kind, block)
     out: List[Entry] = []
@@ -255,7 +256,7 @@ def entries_of(b, kind: str, k: int, block: str, gate: float,
 Issued = Tuple[int, str, float, Tuple[Tuple[float, int, float], ...]]
 
 
-def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
+def note_peak(b: StepContext, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
               issued: List[Issued], kind: str, wait_all: bool = False) -> Optional[tuple]:
     """:func:`block_peak` of block ``k`` of a ``kind`` task, the
     gathers ``issued`` so far, noted for the memory estimate, the most
@@ -285,7 +286,7 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
     return got
 
 
-def note_again(b, key: tuple, k: int, got: Optional[tuple]) -> None:
+def note_again(b: StepContext, key: tuple, k: int, got: Optional[tuple]) -> None:
     """Note ``got`` (:func:`block_peak`'s) for block ``k`` of ``key``."""
     if got is None:
         return

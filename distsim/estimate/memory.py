@@ -16,11 +16,11 @@ from ..models.gpt_family import hyper_of
 from ..transforms.pipeline import schedule_tasks
 from ..transforms.sync_policy import resident_layout
 from .profile_memory import prefetched_bytes
-from .sync import shard_size
-from .timeline import Builder
+from .costs import shard_size
+from .context import StepContext
 from .units import copy_out_excess, pending_shard_bytes, unit_backward_excess
 
-def estimate_memory(b: Builder) -> List[int]:
+def estimate_memory(b: StepContext) -> List[int]:
     """Peak bytes per rank of each stage, the simulator's accounting
     (a value lives from its op's start to its last reader's end):
     weights and optimizer state (sharded as the ZeRO stage says) and the
@@ -38,7 +38,7 @@ def estimate_memory(b: Builder) -> List[int]:
     states = 1 + len(hyper.states)
     # bytes per parameter of each block (whole numbers, summed exactly)
     # as the lowering makes them (:func:`~distsim.transforms.sync_policy.resident_layout`)
-    layout = resident_layout(zero, dp, b.sync.policy.bucket_bytes)
+    layout = resident_layout(zero, dp, b.bucket_bytes)
     per: Dict[Tuple[str, int], Tuple[int, int]] = {}
     for block, params in prof.params.items():
         for i, p in enumerate(params):
@@ -243,7 +243,7 @@ def estimate_memory(b: Builder) -> List[int]:
     return out
 
 
-def optimizer_excess(b: Builder, per: Optional[Dict[Tuple[str, int], float]] = None
+def optimizer_excess(b: StepContext, per: Optional[Dict[Tuple[str, int], float]] = None
                      ) -> List[float]:
     """Per stage, the optimizer's transient above weights, optimizer state
     and gradient buffers, the most over the stage's parameters
@@ -257,7 +257,7 @@ def optimizer_excess(b: Builder, per: Optional[Dict[Tuple[str, int], float]] = N
     return out
 
 
-def _param_optimizer_excess(b: Builder) -> Dict[Tuple[str, int], float]:
+def _param_optimizer_excess(b: StepContext) -> Dict[Tuple[str, int], float]:
     """Per parameter (block, index), the optimizer's transient above
     weights, optimizer state and gradient buffers, as GradientSync._update
     emits it (the update ops run one parameter after another). The
@@ -298,7 +298,7 @@ def _param_optimizer_excess(b: Builder) -> Dict[Tuple[str, int], float]:
     return per
 
 
-def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
+def _after_backward(b: StepContext, stage: int, per: Dict[Tuple[str, int], float],
                     opt_excess: float) -> float:
     """A stage's peak after its backward pass, above its weights, optimizer
     state and gradient buffers: the optimizer's transient measured on the
@@ -321,7 +321,7 @@ def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
     copy, then the template's measure less the unpacked copy. The buckets
     flushed during the backward pass, held while activations still are,
     are counted at the blocks of the backward tasks after them
-    (:meth:`.notes.MemoryNotes._note_buckets`); ZeRO 2/3 with
+    (:meth:`.notes.MemoryNotes.buckets`); ZeRO 2/3 with
     ``bucket_mb 0``, the flat copies queued for their reduce-scatters
     after the backward pass, by the caller (:attr:`Memo.flat_queued`)."""
     buckets = b.memo.buckets.get(stage, ())

@@ -68,10 +68,12 @@ from ..run_options import check_max_ops, check_max_trace_records, check_network_
 from ..topology import load_topology
 from ..transforms.strategy import Strategy, check_field
 from ..transforms.zero import check_shardable
-from .profile import LayerProfile, layer_profile, param_sizes
+from .blocks import LayerProfile
+from .profile import layer_profile, param_sizes
 from .engine import Timeline
 from .memory import estimate_memory
-from .timeline import Builder, Case, Memo, shared_prefix
+from .context import Case, StepContext
+from .timeline import Builder, Memo, shared_prefix
 
 __all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "estimate", "estimate_memory", "extrapolation_lengths",
            "profile_key", "resolve", "symmetry_applies", "timeline_figures"]
@@ -228,9 +230,10 @@ def _profile_for(case: Case) -> LayerProfile:
 _PARTS = ("compute_s", "communication_s", "exposed_communication_s", "idle_s")
 
 
-def _figures(b: Builder, tl: Timeline) -> Dict[str, float]:
+def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
     """Step time, the per-device means of the time split, and FLOPs per
-    step of every device, from ``b``'s timeline ``tl``."""
+    step of every device, from ``builder``'s timeline ``tl``."""
+    b = builder.ctx
     step = tl.run()
     S = b.strategy
     parts = [tl.stage_breakdown(s, step) for s in range(S.pp)]
@@ -256,11 +259,8 @@ def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
                   ) -> Dict[str, float]:
     """:func:`_figures` of the timeline of ``case`` (``memo``: shared with
     the other timelines of the configuration)."""
-    b = Builder(case, profile, memo)
-    try:
-        return _figures(b, b.build())
-    finally:
-        b.close()
+    builder = Builder(case, profile, memo)
+    return _figures(builder, builder.build())
 
 
 def _with_microbatches(case: Case, m: int) -> Case:
@@ -312,15 +312,11 @@ def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = N
     short = Builder(_with_microbatches(case, m1), profile, memo)
     short.note_received = False
     long = Builder(_with_microbatches(case, m2), profile, memo)
-    try:
-        w1, w2 = short.walk(), long.walk()
-        short.advance(w1, shared_prefix(w1, w2, m1 - 1))
-        w2 = long.resume(short, w1, w2)
-        a = _figures(short, short.complete(w1))
-        b = _figures(long, long.complete(w2))
-    finally:
-        short.close()
-        long.close()
+    w1, w2 = short.walk(), long.walk()
+    short.advance(w1, shared_prefix(w1, w2, m1 - 1))
+    w2 = long.resume(short, w1, w2)
+    a = _figures(short, short.complete(w1))
+    b = _figures(long, long.complete(w2))
     return {k: a[k] + (m - m1) * (b[k] - a[k]) / (m2 - m1) for k in a}
 
 
@@ -336,7 +332,8 @@ def estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     ``dp``, ``global_batch``, ``micro_batch``, ``microbatches``. Invalid
     options raise :class:`ConfigError`, as :func:`distsim.simulate` does."""
     # the cyclic collector's passes walk the profiles kept between points;
-    # an estimate leaves no cycles (Builder.close), so nothing waits for it
+    # an estimate leaves no cycles (its parts share a context and none
+    # refers back to another), so nothing waits for it
     with gc_paused():
         return _estimate(config)
 
@@ -349,11 +346,7 @@ def _estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     fig = timeline_figures(case, profile, memo)
     step = fig["step_time_s"]
     S = case.strategy
-    builder = Builder(case, profile, memo)
-    try:
-        memory = estimate_memory(builder)
-    finally:
-        builder.close()
+    memory = estimate_memory(StepContext(case, profile, memo))
     capacity = float(case.topology.device_spec.memory_bytes)
     peak = float(max(memory))
     n = S.num_devices

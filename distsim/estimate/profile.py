@@ -30,7 +30,7 @@ group's devices).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -47,151 +47,13 @@ from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
-from .segments import Segment, edges, read_gates, gathered_uses, fill_lead, compress_segments
+from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
+from .profile_memory import fill_optimizer_ops, memory_excess
+from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
 
-#: Block names: the embedding, one transformer layer, the head (final norm,
-#: output layer and loss).
-EMB, LAYER, HEAD = "emb", "layer", "head"
 #: The template's layer whose numbers stand for every layer.
 _TEMPLATE_LAYERS = 2
 _REPRESENTATIVE_LAYER = 1
-
-
-@dataclass
-class Block:
-    """Times of one block (seconds). ``f``: forward; ``b_first``,
-    ``b_mid``, ``b_last``: backward of the first, a middle and the last
-    micro-batch; ``*_busy``: the part spent computing (the rest waits on
-    tensor-parallel collectives); ``f_flops`` / ``b_flops``: FLOPs executed
-    per micro-batch (recomputation included); ``last`` / ``only``: the op
-    level backward of the last micro-batch when there are several / one."""
-
-    f: float = 0.0
-    f_busy: float = 0.0
-    f_flops: float = 0.0
-    b_first: float = 0.0
-    b_mid: float = 0.0
-    b_last: float = 0.0
-    b_first_busy: float = 0.0
-    b_mid_busy: float = 0.0
-    b_last_busy: float = 0.0
-    b_flops: float = 0.0
-    step_f_flops: float = 0.0       # FLOPs LowerSPMD's task ordering counts
-    step_b_flops: float = 0.0
-    last: List[Segment] = field(default_factory=list)
-    only: List[Segment] = field(default_factory=list)
-    saved_bytes: int = 0            # activations kept from forward to backward
-    tp_comm_f: float = 0.0          # tensor-parallel collective time, forward
-    tp_comm_b: float = 0.0          # ... backward (its recomputation's included)
-    # compute before the first / after the last tensor-parallel collective
-    # (forward, backward); None: the block has none
-    f_pre: Optional[float] = None
-    f_post: Optional[float] = None
-    b_pre: Optional[float] = None
-    b_post: Optional[float] = None
-    # activation recomputation: the recompute ops the backward starts with
-    # (they read what the forward kept, not the incoming gradient, so they
-    # run before it arrives): their time as the compute stream sees them,
-    # busy part, whether they include tensor-parallel collectives, and the
-    # compute of the rest of the backward before its first collective
-    b_lead: float = 0.0
-    b_lead_busy: float = 0.0
-    b_lead_comm: bool = False
-    b_rest_pre: Optional[float] = None
-    # memory above the steady baseline while the block runs (bytes): the
-    # forward over weights, optimizer state and the saved activations of
-    # the blocks before it; the backward (a later micro-batch) over those,
-    # the gradient buffers and the saved activations up to this block
-    f_excess: float = 0.0
-    b_excess: float = 0.0
-    b0_excess: float = 0.0          # the backward of a single micro-batch (no buffers before)
-    #: a backward of ZeRO 2/3 with a reduce-scatter per micro-batch: each
-    #: gradient a value of its own (not added into a whole buffer), and
-    #: flattened for its reduce-scatter right after the op that makes it
-    #: (:func:`_scatter_excess`)
-    bs_excess: float = 0.0
-    #: the same at each gradient of the block: its parameter's index in
-    #: the block -> bytes (what copies still waiting add to)
-    bs_grads: Dict[int, float] = field(default_factory=dict)
-    #: the same backward's ops that make final gradients, in order: (the
-    #: indices of the parameters, the bytes above the baseline while the op
-    #: runs and once it has ended, the gradients' bytes)
-    bs_made: List[Tuple[Tuple[int, ...], float, float, int]] = field(default_factory=list)
-    # ZeRO-3: the parameters gathered in this block's forward / backward (the
-    # first reader of each), as (owner block, index in its parameter list)
-    f_gather: List[Tuple[str, int]] = field(default_factory=list)
-    b_gather: List[Tuple[str, int]] = field(default_factory=list)
-    #: ZeRO-3: where the forward / backward (first micro-batch) first reads
-    #: each gathered parameter, as (compute time of the block before that
-    #: read, the parameter's position in ``f_gather`` / ``b_gather``), in
-    #: program order: the compute before a read waits for no later gather
-    f_gates: List[Tuple[float, int]] = field(default_factory=list)
-    b_gates: List[Tuple[float, int]] = field(default_factory=list)
-    #: ZeRO-3: per parameter first read in the forward / backward, the
-    #: bytes above the block's baseline (as ``f_excess`` / ``b0_excess``)
-    #: while the reshape of its gathered value runs
-    f_reads: Dict[str, float] = field(default_factory=dict)
-    b_reads: Dict[str, float] = field(default_factory=dict)
-    #: ZeRO-3: the memory curves of the forward, the first micro-batch's
-    #: backward and a later one's, their gathered parameters taken out
-    #: (:class:`.gathered.GatherCurve`): placed in time by the estimate
-    f_curve: Any = None
-    b_curve: Any = None
-    b_curve_later: Any = None
-    #: a layer's backward (the first micro-batch's, a middle one's): the
-    #: compute after it makes its input gradient, which the stage before
-    #: receives from then on (sent before the task ends)
-    out_tail_first: float = 0.0
-    out_tail_mid: float = 0.0
-
-
-@dataclass
-class Param:
-    """A parameter of a block as one tensor-parallel rank holds it, and
-    its optimizer ops on the template (one rank, no sharding): ``opt_pre``
-    (flattening the gradient, ZeRO >= 1), ``opt_update`` (the update ops
-    on the master weights: they shrink with the ZeRO shard; (time, flops)
-    each), ``opt_post`` (reshaping the new parameter, ZeRO 1/2), and the
-    memory of the update ops (``opt_with``, ``opt_after``, ``opt_flat``:
-    :func:`_optimizer_memory`)."""
-
-    name: str
-    block: str
-    numel: int
-    shape: Tuple[int, ...]
-    dtype: Any                      # the IR DType
-    opt_pre: float = 0.0
-    opt_update: List[Tuple[float, float]] = field(default_factory=list)
-    opt_post: float = 0.0
-    #: memory of its update ops on the template (bytes above weights,
-    #: optimizer state and gradient buffers; every value they make is the
-    #: size of the parameter, or a scalar, so they scale with a ZeRO
-    #: shard): the most while the template's flat copy of the gradient
-    #: (ZeRO >= 1, ``opt_flat`` bytes) is still live, less that copy,
-    #: and the most after it is freed (ZeRO 0: everything)
-    opt_with: float = 0.0
-    opt_after: float = 0.0
-    opt_flat: int = 0
-
-
-@dataclass
-class LayerProfile:
-    blocks: Dict[str, Block]
-    params: Dict[str, List[Param]]          # block -> its parameters, in step order
-    param_order: List[Tuple[str, int]]      # (block, index) in the step's parameter order
-    forward_crossing: List[int]             # bytes of each value sent forward between stages
-    backward_crossing: List[int]
-    tied: bool                              # the head reuses the embedding weight (pp > 1: a copy)
-    master_dtype: Any
-    # each block's cost as LowerSPMD's balanced partition estimates it
-    partition_costs: Dict[str, float] = field(default_factory=dict)
-    wall_s: float = 0.0
-    #: of ``forward_crossing``, the bytes a backward op reads (see _crossing)
-    forward_crossing_saved: int = 0
-    #: a micro-batch's data inputs (token ids, labels): live from the
-    #: step's start until the embedding's / the loss's backward reads them
-    data_emb: int = 0
-    data_head: int = 0
 
 
 def _block_of(layer: Any, layers: int) -> Optional[str]:
@@ -400,7 +262,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         p = by_name[name]
         params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype))
         order.append((blk, len(params[blk]) - 1))
-    _optimizer_ops(params, rank0, times)
+    fill_optimizer_ops(params, rank0, times)
     index = {p.name: (blk, i) for blk, ps in params.items() for i, p in enumerate(ps)}
     gathered: set = set()
     first_reader: Dict[str, List[Tuple[str, int]]] = {}
@@ -528,7 +390,6 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
-    from .profile_memory import memory_excess   # it reads this module's blocks
     data_emb, data_head = memory_excess(blocks, groups, times, trace, program, params, rank0,
                                         final_only)
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
@@ -560,52 +421,3 @@ def _out_tail(ops: List[Op], times, outs: set, final: Optional[Dict[int, str]] =
 #: name that follows ``p``: ``_gflat_r0`` flattens the gradient, ``_new_r0``
 #: reshapes the new parameter, ``_r0`` (the rest) update the master weights
 #: and moments.
-_OPTIMIZER_ROLES = (("_gflat_r0", "flat"), ("_new_r0", "new"), ("_r0", "update"))
-
-
-def optimizer_role(op_name: str, order: Dict[str, int]) -> Optional[Tuple[str, str]]:
-    """(parameter, role: flat / new / update) of a template optimizer op
-    named ``op_name``, or None; ``order`` numbers the parameter names. The
-    first parameter in that order whose name the op's starts with, followed
-    by a role's suffix (at most one role follows a given name)."""
-    best: Optional[Tuple[int, str, str]] = None
-    at = op_name.find("_", 1)
-    while at != -1:
-        rank = order.get(op_name[:at])
-        if rank is not None and (best is None or rank < best[0]):
-            for suffix, role in _OPTIMIZER_ROLES:
-                if op_name.startswith(suffix, at):
-                    best = (rank, op_name[:at], role)
-                    break
-        at = op_name.find("_", at + 1)
-    return None if best is None else (best[1], best[2])
-
-
-def optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op]
-                  ) -> List[Tuple[Op, Param, str]]:
-    """Rank 0's optimizer ops of the template (not its collectives) with
-    their parameter and role (:func:`optimizer_role`), in program order."""
-    by_name = {p.name: p for ps in params.values() for p in ps}
-    order = {name: i for i, name in enumerate(by_name)}
-    out = []
-    for op in rank0:
-        if op.meta.get("phase") != "optimizer" or is_communication(op):
-            continue
-        hit = optimizer_role(op.name, order)
-        if hit is not None:
-            out.append((op, by_name[hit[0]], hit[1]))
-    return out
-
-
-def _optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> None:
-    """Each parameter's optimizer times on rank 0 of the template
-    (:func:`optimizer_ops`): flattening its gradient, its update ops, the
-    reshape of the new parameter."""
-    for op, p, role in optimizer_ops(params, rank0):
-        t0, t1, flops = times[op.name]
-        if role == "flat":
-            p.opt_pre += t1 - t0
-        elif role == "new":
-            p.opt_post += t1 - t0
-        else:
-            p.opt_update.append((t1 - t0, flops))

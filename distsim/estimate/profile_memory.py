@@ -11,10 +11,11 @@ import math
 from bisect import bisect_left
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
 from .gathered import gather_curve
-from .profile import EMB, HEAD, LAYER, Block, LayerProfile, Param, optimizer_ops
+from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
 
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
@@ -319,3 +320,54 @@ def prefetched_bytes(prof: LayerProfile, order: Sequence[Tuple[str, Optional[int
                 for owner, i in (blk.f_gather if kind == "F" else blk.b_gather)))
     own = [by_name[name] for name, _ in order]
     return [sum(own[k + 1:k + 1 + prefetch]) for k in range(len(order))]
+
+
+_OPTIMIZER_ROLES = (("_gflat_r0", "flat"), ("_new_r0", "new"), ("_r0", "update"))
+
+
+def optimizer_role(op_name: str, order: Dict[str, int]) -> Optional[Tuple[str, str]]:
+    """(parameter, role: flat / new / update) of a template optimizer op
+    named ``op_name``, or None; ``order`` numbers the parameter names. The
+    first parameter in that order whose name the op's starts with, followed
+    by a role's suffix (at most one role follows a given name)."""
+    best: Optional[Tuple[int, str, str]] = None
+    at = op_name.find("_", 1)
+    while at != -1:
+        rank = order.get(op_name[:at])
+        if rank is not None and (best is None or rank < best[0]):
+            for suffix, role in _OPTIMIZER_ROLES:
+                if op_name.startswith(suffix, at):
+                    best = (rank, op_name[:at], role)
+                    break
+        at = op_name.find("_", at + 1)
+    return None if best is None else (best[1], best[2])
+
+
+def optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op]
+                  ) -> List[Tuple[Op, Param, str]]:
+    """Rank 0's optimizer ops of the template (not its collectives) with
+    their parameter and role (:func:`optimizer_role`), in program order."""
+    by_name = {p.name: p for ps in params.values() for p in ps}
+    order = {name: i for i, name in enumerate(by_name)}
+    out = []
+    for op in rank0:
+        if op.meta.get("phase") != "optimizer" or is_communication(op):
+            continue
+        hit = optimizer_role(op.name, order)
+        if hit is not None:
+            out.append((op, by_name[hit[0]], hit[1]))
+    return out
+
+
+def fill_optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> None:
+    """Each parameter's optimizer times on rank 0 of the template
+    (:func:`optimizer_ops`): flattening its gradient, its update ops, the
+    reshape of the new parameter."""
+    for op, p, role in optimizer_ops(params, rank0):
+        t0, t1, flops = times[op.name]
+        if role == "flat":
+            p.opt_pre += t1 - t0
+        elif role == "new":
+            p.opt_post += t1 - t0
+        else:
+            p.opt_update.append((t1 - t0, flops))

@@ -1,6 +1,6 @@
 """A template block's op-level backward for the estimator's per-layer
 profiles (:mod:`.profile`): rank 0's ops of one block compressed
-into :class:`Segment` entries (compute runs, tensor-parallel collectives,
+into :class:`~.blocks.Segment` entries (compute runs, tensor-parallel collectives,
 gradients becoming final), with ZeRO-3's reads of gathered parameters
 (where each entry waits for the block's gathers), the recomputation a
 backward starts with, and the compute before the first / after the last
@@ -8,42 +8,12 @@ collective.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..ir.comm import is_communication
 from ..ir.core import Op
 from ..transforms.zero3 import used_param_name
-
-if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from .profile import Block, Param
-
-
-@dataclass
-class Segment:
-    """One entry of a block's op-level last backward: ``kind`` "c" (a run
-    of compute ops: ``time_s``), "t" (a tensor-parallel collective:
-    ``time_s``), "g" (the gradient of ``param`` is final here) or "o" (the
-    block's input gradient, sent to the stage before, is made). ``deps``:
-    indices of earlier entries of the same block it waits for (a compute
-    run on collectives, a collective on the run producing its input); None
-    in ``deps`` means "an input from before the block" (a collective with
-    no deps reads only what the forward kept)."""
-
-    kind: str
-    time_s: float = 0.0
-    deps: Tuple[Optional[int], ...] = ()
-    param: str = ""
-    #: part of the recomputation the block's backward starts with (reads
-    #: only what the forward kept: it need not wait for the task's input)
-    lead: bool = False
-    #: ZeRO-3: the position (in the block's ``b_gather``) of the last
-    #: gathered parameter read at or before this entry (the reshape of the
-    #: gathered value): it waits for the block's gathers up to that one,
-    #: which run in that order; -1 before the first read (no wait), None
-    #: when the reads are not known (all of the block's gathers)
-    gate: Optional[int] = None
-
+from .blocks import Block, Param, Segment
 
 
 def leading_recompute(ops: List[Op]) -> List[Op]:

@@ -6,7 +6,7 @@ order) with :func:`shared_prefix` (how much of two walks is the same).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..transforms.pipeline import PendingSends
@@ -14,7 +14,7 @@ from ..transforms.pipeline import PendingSends
 
 class ScatterTerms:
     """One block's per-parameter terms of ZeRO 2/3's reduce-scatter per
-    micro-batch (:meth:`Builder._block_scatter`), each list in parameter
+    micro-batch (:meth:`.context.StepContext.block_scatter`), each list in parameter
     order: ``flat`` flattening the gradient, ``whole`` / ``on_shard`` the
     accumulate / average ops on the whole gradient and on the shard
     (``shard_flops``: the FLOPs of the latter), ``flops`` what the lowering
@@ -57,7 +57,7 @@ class Memo:
         #: shard's ops
         self.shard_ops: Dict[Tuple[str, ...], Dict[Tuple[str, int], Tuple[float, float]]] = {}
         #: ZeRO-3's op-by-op backward: per (block, first micro-batch's plan
-        #: or not), its gathers grouped (:meth:`Builder._gather_groups`)
+        #: or not), its gathers grouped (:meth:`.backward.OpByOpBackward._gather_groups`)
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
         #: per block, whether its first micro-batch's op-by-op plan opens
@@ -102,7 +102,7 @@ class Memo:
         self.flat_inside: Dict[Tuple[int, int], Dict[Tuple[int, int], int]] = {}
         #: and in a later backward of the stage (op by op): per (stage,
         #: micro-batch, chunk), per gradient, the bytes of those copies
-        #: still waiting when it is made (:meth:`.notes.MemoryNotes._note_later`;
+        #: still waiting when it is made (:meth:`.notes.MemoryNotes.later`;
         #: the flat_pending of its blocks bound the rest of each block)
         self.flat_later: Dict[Tuple[int, int, int], Dict[Tuple[int, int], int]] = {}
         #: ZeRO-3 by parameter: per (task kind, chunk shape, first backward
@@ -115,7 +115,7 @@ class Memo:
         #: the most bytes received from another stage for a later task
         #: (or, a forward's input, for the task itself) while a task runs:
         #: a received value lives from its transfer's start
-        #: (:meth:`.notes.MemoryNotes._note_received`)
+        #: (:meth:`.notes.MemoryNotes.received`)
         self.recv_ahead: Dict[Tuple[int, str, int, bool], int] = {}
         #: ZeRO-3: per (task kind, block), its gathered parameters' shard and
         #: whole bytes (:func:`.gathered.param_bytes`)
@@ -131,7 +131,7 @@ class Memo:
         #: ZeRO 0/1: each stage's last backward of a chunk (op by op, with
         #: its gradient syncs) recorded relative to its start by the first
         #: timeline that emits it cleanly, replayed by the next
-        #: (:meth:`.replay.ReplayedBackward._last_backward`): the
+        #: (:meth:`.replay.ReplayedBackward.last_backward`): the
         #: two timelines of :func:`~distsim.estimate.timeline_figures`
         #: end with the same last backwards, later
         self.last_backwards: Dict[tuple, tuple] = {}
@@ -141,6 +141,95 @@ class Memo:
         #: the optimizer step's parameters in the order it updates them, as
         #: :meth:`.sync.StepSync.optimizer_steps` groups them
         self.optimizer_steps: Optional[List[tuple]] = None
+
+
+#: A recorded run of a stage's items (:meth:`.engine.Timeline.since`),
+#: replayed from another origin (:meth:`.engine.Timeline.replay`)
+Items = tuple
+#: A leading recomputation recorded on its own: its items and where its
+#: streams end, relative to its origin (:meth:`.replay.ReplayedBackward._emit_from`)
+Lead = Tuple[Items, float]
+
+
+class TaskRecord(NamedTuple):
+    """A block-level task (ZeRO-3) recorded relative to its start
+    (:meth:`.timeline.Builder._emit_task`): its items, the FLOPs of its
+    blocks in order, its end."""
+
+    items: Items
+    flops: Tuple[float, ...]
+    last: float
+
+
+class FirstBackwardRecord(NamedTuple):
+    """A chunk's first backward with ZeRO 2/3, recorded relative to its
+    start (:meth:`.replay.ReplayedBackward.first_backward`): its items,
+    FLOPs, end, the flat copies' bytes at each gradient (``inside``), the
+    copies it leaves waiting (bytes, end), its lead (or None), where it
+    made its input gradient (None: not here)."""
+
+    items: Items
+    flops: float
+    last: float
+    inside: Dict[Tuple[int, int], int]
+    flats: List[Tuple[int, float]]
+    lead: Optional[Lead]
+    out: Optional[float]
+
+
+class LastBackwardRecord(NamedTuple):
+    """A chunk's last backward (ZeRO 0/1) with its gradient syncs,
+    recorded relative to its start (:meth:`.replay.ReplayedBackward.last_backward`):
+    its items, FLOPs and end; the gradients made final and synchronised
+    (by place in the chunk, times); what it left in the sync policy (the
+    stage's pending bucket and its bytes, the gradients it deferred) and
+    the sink (the buckets' bytes, those to unpack: bucket, all-reduce end,
+    elements, dtype); its lead; where it made its input gradient."""
+
+    items: Items
+    flops: float
+    last: float
+    final: Any
+    synced: Any
+    pending: Tuple[Any, ...]
+    pending_bytes: Optional[int]
+    buckets: Tuple[int, ...]
+    unpack: List[tuple]
+    deferred: Tuple[Any, ...]
+    lead: Optional[Lead]
+    out: Optional[float]
+
+
+class AccumulatingRecord(NamedTuple):
+    """A ZeRO 2/3 backward past the first micro-batch, recorded relative
+    to its start (:meth:`.replay.ReplayedBackward.accumulating_backward`):
+    its items, FLOPs, end, the gradients it made final (last micro-batch),
+    by layer the unit it leaves pending (its block's place, members,
+    reduce-scatter end) or None, its lead, where it made its input gradient."""
+
+    items: Items
+    flops: float
+    last: float
+    final: List[Tuple[int, int, float]]
+    leaves: Optional[Tuple[int, Tuple[int, ...], float]]
+    lead: Optional[Lead]
+    out: Optional[float]
+
+
+class BlockRecord(NamedTuple):
+    """One block of an accumulating backward recorded relative to its
+    start (:meth:`.replay.ReplayedBackward._block_record`): its items,
+    FLOPs, end, its gathers' ends (per block it issued, per last parameter
+    position), its final gradients, its input gradient, and its ZeRO-3
+    memory note (:func:`.gathered.note_peak`)."""
+
+    items: Items
+    flops: float
+    last: float
+    ends: List[List[Tuple[Optional[int], float]]]
+    final: List[Tuple[int, int, float]]
+    out: Optional[float]
+    got: Optional[tuple]
 
 
 class Walk:

@@ -16,15 +16,14 @@ what the per-parameter accounting counts.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
+from .context import StepContext
 from .gates import gather_plan
 
-if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from .timeline import Builder
 
 
-def copy_out_excess(b: "Builder", kind: str, block: str) -> Optional[float]:
+def copy_out_excess(b: StepContext, kind: str, block: str) -> Optional[float]:
     """Bytes above the block's baseline (as its ``f_excess`` /
     ``b0_excess``) while its unit is split out of the gathered buffer:
     what the template holds at its reshape of the unit's first parameter
@@ -45,7 +44,7 @@ def copy_out_excess(b: "Builder", kind: str, block: str) -> Optional[float]:
     return at - p.numel * p.dtype.itemsize + float(plan.unit_bytes)
 
 
-def pending_shard_bytes(b: "Builder", backward: Sequence[Tuple[str, Any]], k: int) -> float:
+def pending_shard_bytes(b: StepContext, backward: Sequence[Tuple[str, Any]], k: int) -> float:
     """The bytes of the unit of gradient shards held while the block at
     position ``k`` of a backward task (``backward``: its blocks; ``k =
     len(backward)``: after the task) runs: the reduce-scatter's result of
@@ -53,12 +52,12 @@ def pending_shard_bytes(b: "Builder", backward: Sequence[Tuple[str, Any]], k: in
     backward (taken as one like this), held until the stage's next unit
     is settled (0: none)."""
     for name, _ in list(backward[:k])[::-1] + list(backward)[::-1]:
-        if b._grad_unit(name) is not None:
-            return float(b._unit_bytes(name) // b.strategy.dp)
+        if b.grad_unit(name) is not None:
+            return float(b.unit_bytes(name) // b.strategy.dp)
     return 0.0
 
 
-def unit_backward_excess(b: "Builder", block: str) -> Tuple[float, Dict[int, float]]:
+def unit_backward_excess(b: StepContext, block: str) -> Tuple[float, Dict[int, float]]:
     """A block's backward with its unit's gradients held to the end: the
     most bytes above the baseline (and the template's ``b0_excess``), and
     per parameter the bytes at the op that makes its gradient (as
@@ -74,8 +73,8 @@ def unit_backward_excess(b: "Builder", block: str) -> Tuple[float, Dict[int, flo
         return hit
     blk = b.profile.blocks[block]
     params = b.profile.params[block]
-    unit = set(b._grad_unit(block) or ())
-    total = b._unit_bytes(block) if unit else 0
+    unit = set(b.grad_unit(block) or ())
+    total = b.unit_bytes(block) if unit else 0
     best = blk.b0_excess
     per: Dict[int, float] = {}
     held = 0

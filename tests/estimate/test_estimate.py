@@ -122,13 +122,17 @@ def test_an_estimate_leaves_no_reference_cycles():
     """estimate() pauses the cyclic garbage collector (its passes walk the
     per-layer profiles kept between a sweep's points): that is only safe
     if an estimate leaves no cycles of its own for it to find (a cache
-    evicting an older entry may; not the estimate's work). The builders'
-    step sync refers back to its builder, so each builder is closed after
-    use: none of the estimate's objects is left to the collector."""
+    evicting an older entry may; not the estimate's work). A walk's parts
+    share its context and none refers back to another (the sync policy
+    holds its sink, the sink not the policy), so none of the estimate's
+    objects is left to the collector."""
     import gc
+    from distsim.estimate.backward import OpByOpBackward
+    from distsim.estimate.context import StepContext
     from distsim.estimate.engine import Timeline
     from distsim.estimate.sync import StepSync
     from distsim.estimate.timeline import Builder, Memo
+    from distsim.transforms.sync_policy import SyncPolicy
     options = {**GPT2, "topology": "dgx-a100", "dp": 2, "tp": 2, "pp": 2, "zero": 3,
                "global_batch": 64, "micro_batch": 1}
     est.estimate(options)                 # profiles and caches made once
@@ -140,7 +144,8 @@ def test_an_estimate_leaves_no_reference_cycles():
         est.estimate(options)
         gc.collect()
         left = [type(x).__name__ for x in gc.garbage
-                if isinstance(x, (Builder, StepSync, Timeline, Memo))]
+                if isinstance(x, (Builder, StepContext, StepSync, SyncPolicy,
+                                  OpByOpBackward, Timeline, Memo))]
         assert left == []
     finally:
         gc.set_debug(0)

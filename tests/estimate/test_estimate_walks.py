@@ -60,7 +60,7 @@ def test_zero_accumulation_items_never_run_backwards(zero):
     case = est.resolve({**GPT2, "dp": 8, "zero": zero, "global_batch": 32})
     profile = est._profile_for(case)
     b = Builder(case, profile)
-    assert b.scatter_each and case.microbatches > 2
+    assert b.ctx.scatter_each and case.microbatches > 2
     tl = b.build()
     for stage in range(case.strategy.pp):
         starts, ends = tl.compute_starts[stage], tl.compute_ends[stage]

@@ -19,7 +19,7 @@ import pytest
 
 import distsim
 from distsim.estimate import point as est
-from distsim.estimate import timeline as estimate_timeline
+from distsim.estimate import replay as estimate_replay, timeline as estimate_timeline
 
 from estimate_hooks import calls
 
@@ -51,10 +51,10 @@ def test_a_replayed_backward_is_the_backward_emitted_again(monkeypatch, recomput
     assert (len(leads) > 100) == (recompute == "full")
 
     def direct(self, stage, c, mb, ready):
-        return self.emit_last_backward(stage, c, self.blocks_of("B", c), ready,
+        return self.emit_last_backward(stage, c, self.ctx.blocks_of("B", c), ready,
                                        first_microbatch=True, accumulating=mb)
 
-    monkeypatch.setattr(estimate_timeline.Builder, "_accumulating_backward", direct)
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "accumulating_backward", direct)
     emitted = est.estimate(options)
     for key in ("step_time_s", "compute_s", "exposed_communication_s", "idle_s",
                 "communication_s", "total_flops", "max_peak_memory_bytes"):

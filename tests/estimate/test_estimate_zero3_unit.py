@@ -9,6 +9,7 @@ import pytest
 from distsim.estimate import AGREEMENT_TOLERANCE
 from distsim.estimate import point as est
 from distsim.estimate.gates import gather_plan
+from distsim.estimate.context import StepContext
 from distsim.estimate.timeline import Builder
 
 from estimate_pairs import assert_within_bounds, estimated_and_simulated
@@ -58,7 +59,7 @@ def test_the_gather_plan_puts_the_unit_first():
     for hidden, singles in ((768, 0), (36, 7)):
         case = est.resolve(dict(model="gpt2", topology="dgx-a100", dp=8, layers=2, hidden=hidden,
                                 heads=4, global_batch=8, micro_batch=1, **LAYER))
-        b = Builder(case, est._profile_for(case))
+        b = StepContext(case, est._profile_for(case))
         plan = gather_plan(b, "F", "layer")
         assert len(plan.items) == 1 + singles
         params = b.profile.params["layer"]
