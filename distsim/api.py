@@ -7,19 +7,24 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
+from .cost.device import check_compute_dtype
 from .cost.model import CostModel
 from .errors import ConfigError
-from .fileio import refuse_file_as_folder
+from .fileio import first_missing, refuse_file_as_folder, remove_outputs
 from .ir.core import Function
 from .ir.verifier import verify
 from .ir.value_table import ValueTable
+from . import option_docs
+from .keywords import strict_keywords
 from .models import check_batch_options, family_of, load_model_config
+from .option_docs import option_names, with_option_docs
 from .pages import small_pages
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
@@ -35,6 +40,7 @@ from .sim.simulator import SimulationOptions, simulate_function
 from .sim.trace import Trace
 from .topology import Topology, load_topology
 from .transforms.strategy import Strategy
+from .wall_clock import WallClock
 
 DEFAULT_MODEL = "mlp"
 DEFAULT_TOPOLOGY = "dgx-a100"
@@ -149,7 +155,7 @@ class SimulationResult:
         out = refuse_file_as_folder(out_dir)
         summary = self.summary()    # before the folder: a failure here leaves nothing
         # the highest folder this call makes (None: out exists), removed again on failure
-        made = _first_missing(out)
+        made = first_missing(out)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:     # /proc/nope, a read-only disk, no permission
@@ -166,7 +172,7 @@ class SimulationResult:
                 write_run_charts(self, out, paths, say)
         except BaseException:
             if made is not None:   # folders of this run only: no partial set of outputs left
-                _remove_outputs(out, paths.values(), made)
+                remove_outputs(out, paths.values(), made)
             raise
         return paths
 
@@ -179,35 +185,10 @@ class SimulationResult:
         return result_html(self)
 
 
-def _first_missing(folder: Path) -> Optional[Path]:
-    """The highest of ``folder`` and its parents that does not exist (what
-    ``mkdir(parents=True)`` will make first), or None if ``folder`` exists."""
-    missing = None
-    for path in (folder, *folder.parents):
-        if path.exists():
-            break
-        missing = path
-    return missing
-
-
-def _remove_outputs(out: Path, paths: Any, made: Path) -> None:
-    """Remove the output files ``paths``, then the folder ``out`` and its
-    parents up to ``made`` (each only if empty by then): the clean-up of a
-    :meth:`SimulationResult.write_outputs` that failed in folders it made.
-    Best effort: the original error is the one to report."""
-    for path in paths:
-        try:
-            Path(path).unlink()
-        except OSError:
-            pass
-    for folder in (out, *out.parents):
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-        if folder == made:
-            break
-
+#: How long past the deadline the timer waits while the simulator runs:
+#: its event loop checks the deadline every 256 events, and its own error
+#: names the blocked ops.
+_SIMULATION_GRACE_S = 0.2
 
 #: Ops per layer, micro-batch and simulated device, roughly (forward,
 #: backward, optimizer and communication), for the op-count estimate.
@@ -280,21 +261,61 @@ def _optimizer_of(program: Function) -> Optional[str]:
     return str(optimizer) if optimizer is not None else None
 
 
-MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "train", "input_shapes", "frozen", "seq",
-                "heads", "kv_heads", "ffn", "vocab", "attention")
-_MODEL_FIELDS = MODEL_FIELDS  # the name sweeps looked for first
+#: The model fields the options override (``layers=`` ... ``frozen=``).
+MODEL_FIELDS = option_names(option_docs.MODEL)
+#: The parallel strategy's options: the fields of :class:`Strategy`.
+STRATEGY_OPTIONS = tuple(f.name for f in dataclasses.fields(Strategy))
+#: What :func:`build_program` builds from: the model overrides and the strategy.
+PROGRAM_OPTIONS = MODEL_FIELDS + STRATEGY_OPTIONS
 
 
+def _given(arguments: Mapping[str, Any]) -> Dict[str, Any]:
+    """The program options among a call's ``arguments`` that are set (not None)."""
+    return {name: arguments[name] for name in PROGRAM_OPTIONS if arguments[name] is not None}
+
+
+@strict_keywords
+@with_option_docs(option_docs.MODEL, option_docs.STRATEGY, option_docs.BUILD)
 def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
-                  topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
-                  max_ops: Optional[int] = None, verify_program: bool = True,
-                  **options: Any) -> tuple:
+                  topology: Union[str, Topology] = DEFAULT_TOPOLOGY, *,
+                  layers: Optional[int] = None, hidden: Optional[int] = None,
+                  batch: Optional[int] = None, dtype: Optional[str] = None,
+                  seq: Optional[int] = None, heads: Optional[int] = None,
+                  kv_heads: Optional[int] = None, ffn: Optional[int] = None,
+                  vocab: Optional[int] = None, attention: Optional[str] = None,
+                  train: Optional[bool] = None,
+                  input_shapes: Optional[Mapping[str, Any]] = None,
+                  frozen: Optional[Sequence[str]] = None,
+                  dp: Optional[int] = None, tp: Optional[int] = None, pp: Optional[int] = None,
+                  sp: Optional[bool] = None, zero: Optional[int] = None,
+                  recompute: Optional[str] = None, global_batch: Optional[int] = None,
+                  microbatches: Optional[int] = None, micro_batch: Optional[int] = None,
+                  schedule: Optional[str] = None, virtual_stages: Optional[int] = None,
+                  bucket_mb: Optional[float] = None, optimizer: Optional[str] = None,
+                  partition: Optional[str] = None, prefetch: Optional[int] = None,
+                  zero3_unit: Optional[str] = None, order: Optional[str] = None,
+                  symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
+                  max_ops: Optional[int] = None, verify_program: bool = True) -> tuple:
     """Resolve the model config, topology and strategy and build the
-    local-view program. Returns ``(program, config, topology)``. A program
-    estimated at more than ``max_ops`` ops (None: :data:`DEFAULT_MAX_OPS`,
-    0: no limit) is refused before anything is built. The program is
-    verified unless ``verify_program`` is False (the caller's job then:
-    :func:`simulate` verifies it with the value table the simulator reads)."""
+    local-view program. Returns ``(program, config, topology)``: the
+    program, the resolved configuration (``summary.json``'s ``config``)
+    and the :class:`Topology`.
+
+    ``model`` and ``topology`` are as for :func:`simulate`; the other
+    options are keyword-only and named as the ``distsim print`` and
+    ``distsim simulate`` flags (``kv_heads`` is ``--kv-heads``). An unknown
+    name is a ConfigError naming the closest one.
+
+    @options
+    """
+    options = _given(locals())
+    return _build_program(model, topology, max_ops, verify_program, options)
+
+
+def _build_program(model: Union[str, Mapping[str, Any]], topology: Union[str, Topology],
+                   max_ops: Optional[int], verify_program: bool,
+                   options: Dict[str, Any]) -> tuple:
+    """:func:`build_program` on the program options that are set."""
     op_limit = check_max_ops(max_ops)
     topo = topology if isinstance(topology, Topology) else load_topology(str(topology))
     config = load_model_config(model)
@@ -310,6 +331,8 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
         else:
             options.pop(key, None)
     model_name = config.get("name") or config.get("family")
+    check_compute_dtype(topo.device_spec, config.get("dtype") or
+                        family_of(config).defaults.get("dtype"), model_name, topo.source)
     requested_optimizer = options.get("optimizer")
     strategy = Strategy.from_mapping(options).resolved(topo.num_devices)
     if strategy.num_devices > topo.num_devices:
@@ -367,46 +390,76 @@ def _verified(program: Function, topo: Topology) -> ValueTable:
     return values
 
 
+@strict_keywords
+@with_option_docs(option_docs.MODEL, option_docs.STRATEGY, option_docs.RUN)
 def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
-             topology: Union[str, Topology] = DEFAULT_TOPOLOGY,
+             topology: Union[str, Topology] = DEFAULT_TOPOLOGY, *,
+             layers: Optional[int] = None, hidden: Optional[int] = None,
+             batch: Optional[int] = None, dtype: Optional[str] = None,
+             seq: Optional[int] = None, heads: Optional[int] = None,
+             kv_heads: Optional[int] = None, ffn: Optional[int] = None,
+             vocab: Optional[int] = None, attention: Optional[str] = None,
+             train: Optional[bool] = None, input_shapes: Optional[Mapping[str, Any]] = None,
+             frozen: Optional[Sequence[str]] = None,
+             dp: Optional[int] = None, tp: Optional[int] = None, pp: Optional[int] = None,
+             sp: Optional[bool] = None, zero: Optional[int] = None,
+             recompute: Optional[str] = None, global_batch: Optional[int] = None,
+             microbatches: Optional[int] = None, micro_batch: Optional[int] = None,
+             schedule: Optional[str] = None, virtual_stages: Optional[int] = None,
+             bucket_mb: Optional[float] = None, optimizer: Optional[str] = None,
+             partition: Optional[str] = None, prefetch: Optional[int] = None,
+             zero3_unit: Optional[str] = None, order: Optional[str] = None,
+             symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
              network_mode: str = "flow", collective_algo: str = "auto",
-             max_trace_records: Optional[int] = None, max_ops: Optional[int] = None,
-             max_wall_s: Optional[float] = None,
-             record_links: bool = False, progress: Optional[Callable[[str], None]] = None,
-             **options: Any) -> SimulationResult:
-    """Build the training step of ``model`` with the given strategy
-    (``dp=``, model overrides ``layers=``, ``hidden=``, ``batch=``,
-    ``dtype=``) and simulate it on ``topology``. ``max_trace_records``
-    bounds trace.json when the result is written (None: the default,
-    :data:`DEFAULT_MAX_TRACE_RECORDS`; 0: no limit); ``max_ops`` the
-    program's estimated op count (None: :data:`DEFAULT_MAX_OPS`; 0: no limit).
-    ``collective_algo`` applies to every collective that has that algorithm
-    (the others use ``auto``). ``record_links`` keeps each link's
-    utilisation over time (links.png over time, trace.json link counters;
-    the samples cost memory on big runs: sweeps leave it off, ``distsim
-    simulate`` turns it on).
-    ``max_wall_s`` bounds the simulation's wall-clock time (None or 0: no
-    bound): past it the run stops with a SimulationError listing the
-    blocked ops. ``progress``, if given, is called with a short message as
-    each phase starts (building, simulating), for a caller that shows them."""
+             max_ops: Optional[int] = None, max_wall_s: Optional[float] = None,
+             max_trace_records: Optional[int] = None, record_links: bool = False,
+             progress: Optional[Callable[[str], None]] = None) -> SimulationResult:
+    """Build the training step of ``model`` under a parallel strategy and
+    simulate it on ``topology``; returns a :class:`SimulationResult`.
+
+    ``model``: a name (``distsim models``: ``mlp``, ``gpt3-175b``,
+    ``gpt2-tiny``, ...), a path to a model ``.yaml`` or ``.onnx`` file, or
+    a mapping of a model's fields. ``topology``: a name (``distsim
+    topology``: ``dgx-a100``, clusters ``dgx-a100-x16``), a path to a
+    ``.yaml`` file, or a :class:`Topology`. Every other option is
+    keyword-only and named as the ``distsim simulate`` flag (``kv_heads``
+    is ``--kv-heads``); an unknown name is a ConfigError naming the closest
+    one, and numpy numbers count as Python's.
+
+    @options
+    """
+    options = _given(locals())
     trace_limit = check_max_trace_records(max_trace_records)
     wall = check_max_wall_s(max_wall_s)
     check_network_mode(network_mode)
     check_algorithm_name(collective_algo)
+    if not isinstance(record_links, bool):
+        raise ConfigError(f"distsim.simulate: record_links: must be True or False, "
+                          f"got {record_links!r}")
+    if progress is not None and not callable(progress):
+        raise ConfigError(f"distsim.simulate: progress: must be a function of one message, "
+                          f"got {progress!r}")
     say = progress or (lambda message: None)
-    with small_pages():   # hundreds of big short-lived arrays: see distsim.pages
-        say("building the program")
-        program, config, topo = build_program(model, topology, max_ops=max_ops,
-                                              verify_program=False, **options)
+    # small pages: hundreds of big short-lived arrays (see distsim.pages)
+    with small_pages(), WallClock(wall) as clock:
+        with clock.phase("building the program"):
+            say("building the program")
+            program, config, topo = _build_program(model, topology, max_ops, False, options)
+        with clock.phase("verifying the program"):
+            # held in a list the call empties: no frame here keeps the table
+            # once the simulator lets go of it (see _verified)
+            verified = [_verified(program, topo)]
         say(f"simulating {len(program.ops):,} ops on {topo.num_devices:,} devices")
         config.update(network_mode=network_mode, collective_algo=collective_algo)
         # Symmetry: a family that built a reduced program (meta "represents")
         # has applied it already; otherwise the simulator finds the classes.
         symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
-        trace = simulate_function(program, topo, CostModel(topo.device_spec),
-                                  SimulationOptions(network_mode=network_mode,
-                                                    collective_algorithm=collective_algo,
-                                                    symmetry=symmetry, max_wall_s=wall,
-                                                    record_links=bool(record_links)),
-                                  values=_verified(program, topo))
+        options_ = SimulationOptions(network_mode=network_mode,
+                                     collective_algorithm=collective_algo, symmetry=symmetry,
+                                     max_wall_s=clock.remaining(), record_links=record_links)
+        # the event loop stops itself at the deadline, naming the blocked
+        # ops; the timer (a moment later) bounds what comes before and after it
+        with clock.phase("simulating", grace_s=_SIMULATION_GRACE_S):
+            trace = simulate_function(program, topo, CostModel(topo.device_spec), options_,
+                                      values=verified.pop())
     return SimulationResult(trace, program, config, topo, max_trace_records=trace_limit)

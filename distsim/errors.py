@@ -14,18 +14,42 @@ def quoted_short(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
+#: The longest message an error shows: a value from the user's input
+#: quoted in it (a huge YAML list, a long name) is cut in the middle.
+MAX_MESSAGE = 800
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text``, or its start and end with the middle cut out: at most ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    mark = f" ... ({len(text):,} characters, the middle cut) ... "
+    head = (limit - len(mark)) * 2 // 3
+    tail = limit - len(mark) - head
+    return f"{text[:head]}{mark}{text[len(text) - tail:]}"
+
+
 class DistsimError(Exception):
     """Base class of every error distsim raises on purpose.
 
     Its text is always one line: a name taken from the user's file (an ONNX
     node, a YAML key) may hold a newline or other control characters, which
-    are shown escaped (``\\n``) so that the CLI prints exactly one line."""
+    are shown escaped (``\\n``) so that the CLI prints exactly one line.
+    It is at most :data:`MAX_MESSAGE` characters (``max_message``; None: no
+    bound), cut in the middle."""
+
+    max_message: "int | None" = MAX_MESSAGE
 
     def __str__(self) -> str:
         text = super().__str__()
-        if text.isprintable():
-            return text
-        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+        limit = self.max_message
+        if limit is not None:
+            text = _cut(text, limit)
+        if not text.isprintable():
+            text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+            if limit is not None:
+                text = _cut(text, limit)
+        return text
 
 
 class ParseError(DistsimError):
@@ -78,4 +102,7 @@ class TopologyError(DistsimError):
 
 class SimulationError(DistsimError):
     """A simulation that cannot finish: a deadlock, a collective some member
-    never reaches, a receive with no send. The message names the blocked ops."""
+    never reaches, a receive with no send. The message names every blocked
+    op (as long as the program makes it: not cut)."""
+
+    max_message = None

@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Iterator, Optional, Union
 
 from .errors import ConfigError
 
@@ -62,3 +62,37 @@ def refuse_file_as_folder(out: PathLike) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out {path}: exists and is not a directory")
     return path
+
+
+def first_missing(folder: Path) -> Optional[Path]:
+    """The highest of ``folder`` and its parents that does not exist (what
+    ``mkdir(parents=True)`` will make first), or None if ``folder`` exists."""
+    missing = None
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing = path
+    return missing
+
+
+def remove_outputs(out: Path, paths: Any, made: Optional[Path]) -> None:
+    """Remove the output files ``paths``, then the folder ``out`` and its
+    parents up to ``made`` (each only if empty by then; None: the folder
+    was there before, and stays): the clean-up of a
+    run whose outputs must not stay (a :meth:`SimulationResult.write_outputs`
+    that failed in folders it made, a printout that could not be written).
+    Best effort: the original error is the one to report."""
+    for path in paths:
+        try:
+            Path(path).unlink()
+        except OSError:
+            pass
+    if made is None:
+        return
+    for folder in (out, *out.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+        if folder == made:
+            break

@@ -11,7 +11,8 @@ LOGGED_PROGRAMS = {
     "gpt-tp-pp": ("tiny", "dgx-a100", dict(dp=2, tp=2, pp=2, dtype="f32")),
     "gpt-zero3-coarsened": ("tiny", "dgx-a100-x2", dict(dp=4, tp=2, pp=2, zero=3,
                                                         coarsen=True)),
-    "gpt-interleaved-symmetry": ("tiny", "dgx-a100-x2", dict(tp=2, pp=2, chunks=2,
-                                                             symmetry=True, coarsen=True,
+    "gpt-interleaved-symmetry": ("tiny", "dgx-a100-x2", dict(tp=2, pp=2, schedule="interleaved",
+                                                             virtual_stages=2, symmetry=True,
+                                                             coarsen=True,
                                                              global_batch=16, micro_batch=2)),
 }

@@ -58,12 +58,12 @@ def test_simulate_runs_with_small_pages(setter, monkeypatch):
     import distsim
     from distsim import api
     seen = []
-    real = api.build_program
+    real = api._build_program
 
     def spy(*args, **kwargs):
         seen.append(_current(setter))
         return real(*args, **kwargs)
-    monkeypatch.setattr(api, "build_program", spy)
+    monkeypatch.setattr(api, "_build_program", spy)
     distsim.simulate(model="tiny", topology="dgx-a100", dp=8)
     assert seen == [False]
     assert _current(setter) is True

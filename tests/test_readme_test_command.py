@@ -29,3 +29,17 @@ def test_ci_runs_the_readme_test_command_exactly():
     commands = [line for line in ci_lines if line and not line.startswith("#")]
     assert commands[-1] == steps[-1]
     assert not any("pytest" in line for line in commands[:-1])
+
+
+def test_ci_runs_a_wheel_from_elsewhere_and_lints_first():
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = [line.strip() for line in ci.splitlines()]
+    # a wheel built and installed in a venv of its own, the main job run from a temporary folder
+    wheel = next(i for i, line in enumerate(lines) if " wheel " in line and "-w" in line)
+    install = next(i for i, line in enumerate(lines) if "pip install" in line and ".whl" in line)
+    run = next(i for i, line in enumerate(lines) if "wheel-venv/bin/distsim\" simulate" in line)
+    assert wheel < install < run
+    assert lines[run - 1].startswith('cd "$work/')        # not the repository
+    # the lint runs on the code and the tests, before the test command
+    assert lines.index("ruff check distsim tests") < lines.index("python -m pytest -q")
+    assert "export DISTSIM_SLOW_EXAMPLES=1" in lines

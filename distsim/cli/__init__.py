@@ -9,15 +9,17 @@ apart from the 1 with which ``check`` and ``search`` report a finding).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 import warnings
 from typing import List, Optional
 
+from .. import __version__
 from ..errors import DistsimError
-from . import bench_cmd, check_cmd, collective, lower_cmd, print_cmd, simulate_cmd, sweep_cmd, topology
+from . import (bench_cmd, check_cmd, collective, lower_cmd, print_cmd, simulate_cmd, sweep_cmd,
+               topology)
 from . import import_cmd
+from .stdout import named_stdout, silence_stdout
 from . import models_cmd
 from . import search_cmd
 from . import compare_cmd
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "or `search` finds no strategy that fits; 2 bad input (one line "
                             "on stderr); 3 an internal error (a bug in distsim); 130 Ctrl-C; "
                             "143 `sweep` or `search` stopped by SIGTERM.")
-    parser.add_argument("--version", action="version", version="distsim 0.1.0")
+    parser.add_argument("--version", action="version", version=f"distsim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for module in COMMANDS:
@@ -74,8 +76,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        code = int(args.func(args) or 0)
-        sys.stdout.flush()   # a failing stdout (disk full) is reported here, not at exit
+        with named_stdout():
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()   # a failing stdout (disk full) is reported here, not at exit
         return code
     except DistsimError as e:
         print(f"distsim: error: {e}", file=sys.stderr)
@@ -84,11 +87,11 @@ def _run(args: argparse.Namespace) -> int:
         print("distsim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        _silence_stdout()
+        silence_stdout()
         return 0
     except OSError as e:  # the system refused a write (disk full, permissions): not a bug
-        _silence_stdout()
         where = f" {e.filename}" if e.filename else ""
+        silence_stdout()
         print(f"distsim: error: cannot write{where}: {e.strerror or e}", file=sys.stderr)
         return 2
     except Exception:  # an internal error: a bug in distsim, not the user's input
@@ -96,16 +99,6 @@ def _run(args: argparse.Namespace) -> int:
         print("distsim: internal error (a bug: please report it with the command above)",
               file=sys.stderr)
         return INTERNAL_ERROR
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so that the interpreter's final flush of
-    what could not be written does not print a second error."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout already closed or not a file
-        pass
 
 
 def entry() -> None:

@@ -15,10 +15,12 @@ TABLE = [
      ">= 0.5"),
     ("gpt3_1024_wall_s", "GPT-3 175B, 1024 GPUs, one step: wall s", "< 20"),
     ("gpt3_1024_peak_rss_bytes", "  ... peak resident memory, bytes", "< 4e9"),
-    ("allreduce_1024_wall_s", "1 GB all-reduce over 1024 GPUs, flow model: wall s (slower algo)", "< 5"),
+    ("allreduce_1024_wall_s", "1 GB all-reduce over 1024 GPUs, flow model: wall s (slower algo)",
+     "< 5"),
     ("sweep_configs_per_s", "GPT-3 175B space on 1024 GPUs, estimated, 2 workers: configs/s",
      ">= 50"),
-    ("sweep_configs_per_s_rounds", "  ... each round's, in the order run (above: their median)", ""),
+    ("sweep_configs_per_s_rounds", "  ... each round's, in the order run (above: their median)",
+     ""),
     ("sweep_simulated_configs_per_s", "  ... simulated in full (analytical network): configs/s",
      ""),
     ("sweep_configs_per_bare_mevent",
@@ -30,7 +32,8 @@ TABLE = [
     ("growth_exponent_values_alone", "  ... values ~ ops^k, k", ""),
     ("growth_exponent_round_min", "  ... k fitted to each round alone: lowest", ""),
     ("growth_exponent_round_max", "  ... k fitted to each round alone: highest", ""),
-    ("growth_exponent_instructions", "  ... counted (--only growth_counts): instructions ~ ops^k, k",
+    ("growth_exponent_instructions",
+     "  ... counted (--only growth_counts): instructions ~ ops^k, k",
      ""),
     ("growth_exponent_ll_misses", "  ... counted: last-level cache misses ~ ops^k, k", ""),
 ]
@@ -72,7 +75,8 @@ def format_table(figures: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.out and not args.out.endswith(".json"):
         raise ConfigError(f"--out {args.out}: expected a .json file name")
-    log = (lambda name: print(f"running {name} ...", file=sys.stderr, flush=True))
+    def log(name: str) -> None:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
     figures = run_suite(args.only, quick=args.quick, progress=log)
     if args.out:
         write_json_atomic(args.out, figures)

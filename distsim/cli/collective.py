@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..errors import ConfigError
 from ..ir.comm import CollectiveType
-from ..sim.collective_bench import (MAX_SWEEP_SIZES, format_table, parse_bytes, parse_kind, parse_ranks,
-                                    parse_sweep, sweep_collective)
+from ..sim.collective_bench import (MAX_SWEEP_SIZES, format_table, parse_bytes, parse_kind,
+                                    parse_ranks, parse_sweep, sweep_collective)
 from ..sim.network import MODES
 
 
@@ -50,6 +51,8 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     kind = parse_kind(args.kind)
+    if args.nodes is not None and args.nodes < 1:
+        raise ConfigError(f"--nodes: must be a positive integer, got {args.nodes}")
     sizes = parse_sweep(args.sweep_bytes) if args.sweep_bytes else [parse_bytes(args.bytes)]
     # an empty --devices is a mistake, not "every device"
     ranks = parse_ranks(args.devices) if args.devices is not None else None

@@ -6,23 +6,26 @@ from __future__ import annotations
 
 import argparse
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
 from ..errors import ConfigError, DistsimError, ParseError
 from ..ir.core import Module
 from ..ir.mesh import DTensorType
 from ..ir.verifier import verify_module
+from ..paths import not_found_hint, resolve
 from ..text import parse_module
 from ..transforms.sharding import verify_sharded
 
 
 def read_text(path_text: str) -> str:
-    path = Path(path_text)
+    """The text of a DistIR file: a path, or the name of an example
+    program in ``models/`` (``nested_mlp``)."""
+    path = resolve("models", path_text, ".dir")
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
+        raise ConfigError(f"{path}: file not found"
+                          f"{not_found_hint('models', path_text, '.dir')}") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a directory, expected a DistIR text file") from None
     except (OSError, UnicodeDecodeError) as e:

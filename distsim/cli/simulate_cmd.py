@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..api import OUTPUT_FILES, PIPELINE_FILE, simulate
 from ..errors import ConfigError
-from ..fileio import refuse_file_as_folder
+from ..fileio import first_missing, refuse_file_as_folder
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from ..report.summary import summary_json
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
 from .status_line import StatusLine
+from .stdout import printed_or_removed
 
 
 def add_parser(sub) -> None:
@@ -71,6 +73,8 @@ def check_out(out: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_out(args.out)
+    out = Path(args.out)
+    made = first_missing(out)    # what a failed printout removes again
     # on a terminal, which phase runs (cleared before anything is printed)
     with StatusLine() as status:
         result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
@@ -87,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"distsim: note: trace.json holds {info['records_written']} of {info['records']} "
               f"records (--max-trace-records {info['max_trace_records']}; 0: no limit)",
               file=sys.stderr)
-    if args.json:
-        sys.stdout.write(summary_json(result.summary()))
-    else:
-        print(result.summary_table())
-        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    with printed_or_removed(paths.values(), out, made):
+        if args.json:
+            sys.stdout.write(summary_json(result.summary()))
+        else:
+            print(result.summary_table())
+            print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

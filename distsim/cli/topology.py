@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..topology import known_topologies, load_topology
+from .stdout import printed_or_removed
 
 _BISECTION_LIMIT = 4096     # nodes; max-flow on bigger graphs takes a while
 
@@ -30,7 +31,8 @@ def describe_text(info: dict) -> str:
     lines = [f"topology {info['name']} ({info['source']})",
              f"  devices: {info['num_devices']} x {info['device']} "
              f"({info['num_nodes']} node(s), {info['devices_per_node']} per node)",
-             "  nodes by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(info['node_kinds'].items())),
+             "  nodes by kind: "
+             + ", ".join(f"{k} {v}" for k, v in sorted(info['node_kinds'].items())),
              f"  directed links: {info['num_links']}"]
     for c in info["link_classes"]:
         lines.append(f"    {c['count']:>6} x {c['from']:>6} -> {c['to']:<6} "
@@ -43,12 +45,21 @@ def describe_text(info: dict) -> str:
 
 def check_draw_path(path: str) -> None:
     """Refuse a ``--draw`` target that cannot be a PNG file before any work:
-    an empty name or an existing folder (whose error would otherwise name
-    the hidden temporary file the drawing is written to first)."""
+    an empty name, an existing folder (whose error would otherwise name
+    the hidden temporary file the drawing is written to first), a name
+    that does not end in ``.png`` (PNG bytes in a ``.txt``), or a folder
+    that does not exist (made unasked, a typo leaves a tree of folders)."""
     if not path.strip():
         raise ConfigError(f"--draw: must name a .png file, got {path!r}")
-    if Path(path).is_dir():
+    target = Path(path)
+    if target.is_dir():
         raise ConfigError(f"--draw {path}: is a directory, expected a .png file name")
+    if target.suffix.lower() != ".png":
+        raise ConfigError(f"--draw {path}: the drawing is a PNG image; name a .png file")
+    folder = target.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise ConfigError(f"--draw {path}: the folder {folder} {what}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,13 +73,16 @@ def run(args: argparse.Namespace) -> int:
         check_draw_path(args.draw)
     topo = load_topology(args.name)
     info = topo.describe(bisection=topo.graph.number_of_nodes() <= _BISECTION_LIMIT)
+    drawn = []
     if args.draw:
         from ..topology.draw import draw_topology   # matplotlib: only when drawing
         try:
             draw_topology(topo, args.draw)
         except OSError as e:    # the rename onto it failed: name --draw, not the temp file
             raise ConfigError(f"--draw {args.draw}: cannot write ({e.strerror or e})") from None
-    print(json.dumps(info, indent=2) if args.json else describe_text(info))
-    if args.draw:   # with --json, stdout stays one JSON document
-        print(f"wrote {args.draw}", file=sys.stderr if args.json else sys.stdout)
+        drawn.append(Path(args.draw))
+    with printed_or_removed(drawn, Path(args.draw or "."), None):
+        print(json.dumps(info, indent=2) if args.json else describe_text(info))
+        if args.draw:   # with --json, stdout stays one JSON document
+            print(f"wrote {args.draw}", file=sys.stderr if args.json else sys.stdout)
     return 0

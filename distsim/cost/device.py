@@ -168,6 +168,8 @@ def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
                 raise ConfigError(f"{where}.{key}: missing required field")
             continue
         raw = data[key]
+        if kind is str and (isinstance(raw, bool) or not isinstance(raw, (str, int, float))):
+            raise ConfigError(f"{where}.{key}: must be a name, got a {type(raw).__name__}")
         values[key] = check_figure(where, key, raw) if kind is float else str(raw)
     flops = data.get("peak_flops")
     if not isinstance(flops, Mapping) or not flops:
@@ -200,3 +202,23 @@ def _efficiency_by_op(raw: Any, where: str) -> Dict[str, float]:
             raise ConfigError(f"{where}.{key}.{op_type}: unknown op type")
         out[op_type] = check_figure(where, f"{key}.{op_type}", value)
     return out
+
+
+def check_compute_dtype(spec: DeviceSpec, dtype: Any, model_name: Any, where: str) -> None:
+    """The device must give a peak for the model's compute ``dtype``: the
+    cost model would otherwise time the model's matmuls at another dtype's
+    peak (f16's for bf16, f32's for either), a silently wrong step time.
+    ``where`` names the topology file. None (an ONNX model in its file's
+    types) is not checked here; a dtype the cost model finds no peak for at
+    all stops it."""
+    if dtype is None:
+        return
+    try:
+        name = DType.parse(str(dtype)).value
+    except ConfigError:     # the family reports a bad dtype in its own words
+        return
+    if name not in spec.peak_flops:
+        raise ConfigError(f"{where}: device.peak_flops: no entry for {name}, the compute dtype "
+                          f"of model '{model_name}' (it lists "
+                          f"{', '.join(sorted(spec.peak_flops))}); add {name}: FLOP/s, or run "
+                          "the model in one of those (--dtype)")

@@ -16,7 +16,8 @@ from ..ir.core import Op
 from .flops import FLOPS_PER_ELEMENT, flop_rule
 
 FLOPS_PER_ELEMENT.update({
-    "transpose": 0, "concat": 0, "split": 0, "chunk_cat": 0, "chunk_split": 0, "slice": 0, "pad": 0, "embedding": 0,
+    "transpose": 0, "concat": 0, "split": 0, "chunk_cat": 0, "chunk_split": 0, "slice": 0, "pad": 0,
+    "embedding": 0,
     "stop_gradient": 0, "depend": 0, "softmax": 5, "log_softmax": 5, "softmax_grad": 4,
     "log_softmax_grad": 4, "layernorm": 8, "rmsnorm": 5, "silu": 5, "silu_grad": 8,
     "gelu_grad": 16, "log": 1, "causal_mask": 1, "select_label": 1,

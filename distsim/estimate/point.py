@@ -59,9 +59,11 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from ..cost.device import check_compute_dtype
 from ..errors import ConfigError, DistsimError, PassPreconditionError
 from ..ir.core import gc_paused
 from ..ir.types import DType
+from ..keywords import plain, unknown_name
 from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
@@ -75,8 +77,9 @@ from .memory import estimate_memory
 from .context import Case, StepContext
 from .timeline import Builder, Memo, shared_prefix
 
-__all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "estimate", "estimate_memory", "extrapolation_lengths",
-           "profile_key", "resolve", "symmetry_applies", "timeline_figures"]
+__all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "estimate",
+           "estimate_memory", "extrapolation_lengths", "profile_key", "resolve",
+           "symmetry_applies", "timeline_figures"]
 
 #: The estimate's error bound against :func:`distsim.simulate` (analytical
 #: network), relative, on step time and on peak memory: what every test
@@ -90,6 +93,9 @@ AGREEMENT_TOLERANCE = 0.01
 IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
 _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab",
                  "attention")
+#: Every option an estimate takes (the names an unknown one is compared with).
+_KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
+          "collective_algo", "train", "input_shapes")
 
 
 # -- resolving the options ---------------------------------------------------------
@@ -121,6 +127,7 @@ def check_ignored(options: Mapping[str, Any]) -> None:
 def resolve(options: Mapping[str, Any]) -> Case:
     """Resolve ``distsim simulate`` options as :func:`distsim.api.build_program`
     does, and check them as the GPT family does (a ConfigError otherwise)."""
+    options = plain(options)        # numpy numbers as Python's, as distsim.simulate takes them
     check_ignored(options)
     opts = {k: v for k, v in options.items() if k not in IGNORED}
     model = opts.pop("model", "gpt")
@@ -142,9 +149,9 @@ def resolve(options: Mapping[str, Any]) -> Case:
             config[key] = value
     for key in ("train", "input_shapes"):
         opts.pop(key, None)
-    unknown = set(opts) - set(Strategy.__dataclass_fields__)
+    unknown = sorted(set(opts) - set(Strategy.__dataclass_fields__))
     if unknown:
-        raise ConfigError(f"estimate: unknown option(s) {', '.join(sorted(unknown))}")
+        raise unknown_name("estimate", unknown[0], _KNOWN, "option")
     if not isinstance(topology, str):
         raise ConfigError("estimate: topology must be a name or a .yaml path")
     topo = load_topology(topology)
@@ -154,6 +161,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
     c = gpt_config(config)
+    check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
     return Case(config, c, strategy, m, topo, topology, algo)

@@ -43,6 +43,7 @@ from ..ir.core import Function, Value
 from ..ir.registry import ShapeError, infer_types, with_defaults
 from ..ir.types import DType, TensorType
 from ..ir.verifier import verify
+from ..paths import not_found_hint, resolve
 from .onnx_explain import ShapeHints
 from .onnx_fold import fold_fits, fold_node
 from .onnx_ops import CHECKS, CONVERTERS, NO_FOLD, OnnxNode
@@ -90,12 +91,13 @@ def load_onnx_model(source: ModelSource) -> Tuple[onnx.ModelProto, str, Optional
     if isinstance(source, (bytes, bytearray)):
         data, name, base = bytes(source), "<bytes>", None
     else:
-        path = Path(source)
+        path = resolve("models", str(source), ".onnx")   # a path, or a name in models/
         name, base = str(path), str(path.parent)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise ConfigError(f"{path}: file not found") from None
+            raise ConfigError(f"{path}: file not found"
+                              f"{not_found_hint('models', str(source), '.onnx')}") from None
         except OSError as e:
             raise ConfigError(f"{path}: cannot read: {e}") from None
     model = onnx.ModelProto()
@@ -211,7 +213,8 @@ class OnnxImporter(ShapeHints):
         for node in g.node:
             for name in node.input:
                 if name and name not in known and name not in producer:
-                    raise ParseError(f"node '{node.name or (list(node.output) or ['?'])[0]}' ({node.op_type}): "
+                    raise ParseError(f"node '{node.name or (list(node.output) or ['?'])[0]}' "
+                                     f"({node.op_type}): "
                                      f"input '{name}' is dangling (no node, graph input or "
                                      "initializer defines it)", source=self.source)
         self.producer = {name: g.node[k] for name, k in producer.items()}
@@ -553,7 +556,8 @@ def import_onnx(model: ModelSource, input_shapes: Optional[Mapping[str, Sequence
                 batch: Optional[int] = None, seq: Optional[int] = None,
                 device: Optional[int] = 0, dtype: Union[str, DType, None] = None,
                 frozen: Optional[Sequence[str]] = None) -> Function:
-    """Import ``model`` (a path, bytes or ModelProto) as a typed function.
+    """Import ``model`` (a path, the name of an ONNX file in ``models/`` such
+    as ``"gpt2-tiny"``, bytes or a ModelProto) as a typed function.
 
     ``input_shapes`` maps graph input names to shapes; ``batch`` sets dim 0
     of every graph input (overriding a static one: the exported batch is

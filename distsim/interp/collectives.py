@@ -14,7 +14,8 @@ import numpy as np
 from ..errors import ExecutionError
 from ..ir.comm import CollectiveType
 
-_REDUCERS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+_REDUCERS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum,
+             "prod": np.multiply}
 
 
 def reduce_arrays(arrays: Sequence[np.ndarray], reduce_op: str) -> np.ndarray:

@@ -99,8 +99,8 @@ def _trilu(attrs, x):
 
 
 def _pad(x, attrs, value=0.0, extra=(0, 0)):
-    t, l, b, r = attrs.get("pads", (0, 0, 0, 0))
-    return np.pad(x, ((0, 0), (0, 0), (t, b + extra[0]), (l, r + extra[1])),
+    top, left, bottom, right = attrs.get("pads", (0, 0, 0, 0))
+    return np.pad(x, ((0, 0), (0, 0), (top, bottom + extra[0]), (left, right + extra[1])),
                   constant_values=value)
 
 
@@ -168,15 +168,16 @@ def _conv_grad_input(attrs, dy, w, like):
 
 def _from_windows(cols, like, attrs, kernel_hw):
     """Sum window contributions back into an array shaped like ``like``."""
-    t, l, b, r = attrs.get("pads", (0, 0, 0, 0))
+    top, left, bottom, right = attrs.get("pads", (0, 0, 0, 0))
     oh, ow = cols.shape[2:4]
     strides = attrs.get("strides", (1, 1))
     # room for windows that run past the end padding (ceil_mode pooling)
-    shape_p = like.shape[:2] + (max(like.shape[2] + t + b, (oh - 1) * strides[0] + kernel_hw[0]),
-                                max(like.shape[3] + l + r, (ow - 1) * strides[1] + kernel_hw[1]))
+    shape_p = like.shape[:2] + (
+        max(like.shape[2] + top + bottom, (oh - 1) * strides[0] + kernel_hw[0]),
+        max(like.shape[3] + left + right, (ow - 1) * strides[1] + kernel_hw[1]))
     xp = _scatter_windows(cols, shape_p, kernel_hw[0], kernel_hw[1], strides,
                           attrs.get("dilations", (1, 1)))
-    inner = xp[:, :, t:t + like.shape[2], l:l + like.shape[3]]
+    inner = xp[:, :, top:top + like.shape[2], left:left + like.shape[3]]
     return np.ascontiguousarray(inner).astype(like.dtype)
 
 
@@ -223,8 +224,9 @@ def _avg_counts(x, attrs):
     """Divisor of each window: its size, or its number of unpadded cells."""
     ones = np.ones((1, 1) + x.shape[2:], dtype=x.dtype)
     if attrs.get("count_include_pad"):
-        t, l, b, r = attrs.get("pads", (0, 0, 0, 0))
-        ones = np.ones((1, 1, x.shape[2] + t + b, x.shape[3] + l + r), dtype=x.dtype)
+        top, left, bottom, right = attrs.get("pads", (0, 0, 0, 0))
+        ones = np.ones((1, 1, x.shape[2] + top + bottom, x.shape[3] + left + right),
+                       dtype=x.dtype)
         attrs = dict(attrs, pads=(0, 0, 0, 0))
         win, _, _ = _pool_windows(ones, attrs, 0.0)
         return win.sum(axis=(4, 5))

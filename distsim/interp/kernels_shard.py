@@ -11,7 +11,8 @@ from .kernels import kernel
 
 @kernel("shard_slice")
 def _shard_slice(attrs, x):
-    return np.array_split(x, int(attrs["parts"]), axis=int(attrs["dim"]))[int(attrs["index"])].copy()
+    pieces = np.array_split(x, int(attrs["parts"]), axis=int(attrs["dim"]))
+    return pieces[int(attrs["index"])].copy()
 
 
 @kernel("redistribute")

@@ -35,15 +35,16 @@ class NumpyExecutor(Interpreter):
     def run_op(self, op: Op, args: List[Any]) -> List[Any]:
         if is_communication(op):
             if op.attrs.get("present") is not None:
-                raise ExecutionError(f"op %{op.name} ({op.op_type}) is from a reduced program (only "
-                                     f"ranks {list(op.attrs['present'])} present): it can be "
+                raise ExecutionError(f"op %{op.name} ({op.op_type}) is from a reduced program "
+                                     f"(only ranks {list(op.attrs['present'])} present): it can be "
                                      "simulated but not executed")
             return run_collective(CollectiveType.from_op_type(op.op_type), op.attrs, args)
         kernel = KERNELS.get(op.op_type)
         if kernel is None and op.subfunctions:  # an op holding a function (a call): run it
             return type(self)().run(op.subfunctions[0], args)
         if kernel is None:
-            raise UnsupportedOpError(f"op %{op.name}: NumpyExecutor has no kernel for '{op.op_type}'")
+            raise UnsupportedOpError(f"op %{op.name}: NumpyExecutor has no kernel for "
+                                     f"'{op.op_type}'")
         result = kernel(op.attrs, *args)
         results = [np.asarray(r) for r in (result if isinstance(result, tuple) else [result])]
         for value, r in zip(op.outputs, results):

@@ -95,7 +95,8 @@ class FunctionBuilder:
         if name is None:
             names = [op_type.split(".")[-1]] * len(out_types)
         elif isinstance(name, str):
-            names = [name] if len(out_types) == 1 else [f"{name}.{i}" for i in range(len(out_types))]
+            names = [name] if len(out_types) == 1 else \
+                [f"{name}.{i}" for i in range(len(out_types))]
         else:
             names = list(name)
         outputs = [Value(self.names.fresh(n), t) for n, t in zip(names, out_types)]

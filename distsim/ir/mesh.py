@@ -148,7 +148,8 @@ class DeviceMesh:
         """The mesh without ``axis``, at coordinate ``index`` along it."""
         i = self.axis_index(axis)
         if not 0 <= index < self.shape[i]:
-            raise VerifyError(f"mesh @{self.name}: index {index} out of axis '{self.axis_names[i]}' "
+            raise VerifyError(f"mesh @{self.name}: index {index} out of axis "
+                              f"'{self.axis_names[i]}' "
                               f"of size {self.shape[i]}")
         rest = [a for a in range(self.ndim) if a != i]
         return self.sub_mesh(rest, {i: index}, name)
@@ -190,7 +191,8 @@ class Partial(Placement):
 
     def __post_init__(self) -> None:
         if self.op not in REDUCE_OPS:
-            raise VerifyError(f"Partial({self.op!r}): reduce op must be one of {', '.join(REDUCE_OPS)}")
+            raise VerifyError(f"Partial({self.op!r}): reduce op must be one of "
+                              f"{', '.join(REDUCE_OPS)}")
 
     def print_text(self) -> str:
         return f"P({self.op})"
@@ -278,7 +280,8 @@ def check_placements(shape: Sequence[int], mesh: DeviceMesh, placements: Sequenc
             raise VerifyError(f"{what}: {p!r} is not a placement (rule: Shard, Replicate, Partial)")
         if isinstance(p, Shard) and not 0 <= p.dim < len(shape):
             raise VerifyError(f"{what}: Shard({p.dim}) on axis '{mesh.axis_names[axis]}' names a "
-                              f"dim the rank-{len(shape)} tensor does not have (rule: shard dim exists)")
+                              f"dim the rank-{len(shape)} tensor does not have "
+                              "(rule: shard dim exists)")
     for d, size in enumerate(shape):
         # every piece at every nesting level: with uneven splits the smallest
         # piece of one level is what the next axis must still cover

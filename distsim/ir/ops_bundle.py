@@ -32,7 +32,8 @@ def bundle_type(types: Sequence[TensorType]) -> TensorType:
     devices = {t.device for t in types}
     if len(devices) > 1:
         raise ShapeError(f"pack: inputs on different devices {sorted(devices, key=str)}")
-    return TensorType((sum(t.size_bytes for t in types),), DType.U8, devices.pop() if devices else None)
+    return TensorType((sum(t.size_bytes for t in types),), DType.U8,
+                      devices.pop() if devices else None)
 
 
 def unpack_attrs(types: Sequence[TensorType]) -> Dict[str, tuple]:

@@ -45,11 +45,13 @@ def _team(kind: CollectiveType, types: Sequence[TensorType], attrs):
         # A reduced program: only the ``present`` members' data is in it;
         # the others mirror a present member (see distsim.sim.symmetry).
         if not set(present) <= set(ranks) or not present:
-            raise ShapeError(f"present {tuple(present)} must be a non-empty subset of the team {ranks}")
+            raise ShapeError(f"present {tuple(present)} must be a non-empty subset of the team "
+                             f"{ranks}")
         in_ranks = tuple(r for r in in_ranks if r in present)
         out_ranks = tuple(r for r in out_ranks if r in present)
     if len(types) != len(in_ranks):
-        raise ShapeError(f"expects {len(in_ranks)} inputs (one per rank of {in_ranks}), got {len(types)}")
+        raise ShapeError(f"expects {len(in_ranks)} inputs (one per rank of {in_ranks}), got "
+                         f"{len(types)}")
     for t, r in zip(types, in_ranks):
         if t.device != r:
             raise ShapeError(f"input on device {t.device} where team rank {r} was expected")
@@ -60,7 +62,8 @@ def _all_same(types: Sequence[TensorType]) -> TensorType:
     first = types[0]
     for t in types[1:]:
         if (t.shape, t.dtype) != (first.shape, first.dtype):
-            raise ShapeError(f"team inputs differ: {first.shape} {first.dtype} vs {t.shape} {t.dtype}")
+            raise ShapeError(f"team inputs differ: {first.shape} {first.dtype} vs {t.shape} "
+                             f"{t.dtype}")
     return first
 
 
@@ -78,8 +81,10 @@ def _make(kind: CollectiveType):
             first = types[0]
             for t in types[1:]:
                 if (t.rank != first.rank or t.dtype != first.dtype or
-                        any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != dim)):
-                    raise ShapeError(f"team inputs differ outside dim {dim}: {first.shape} vs {t.shape}")
+                        any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape))
+                            if i != dim)):
+                    raise ShapeError(f"team inputs differ outside dim {dim}: {first.shape} vs "
+                                     f"{t.shape}")
             shape = list(first.shape)
             if attrs.get("present") is not None:  # absent members hold equal pieces
                 shape[dim] = first.shape[dim] * n
@@ -104,7 +109,8 @@ def _make(kind: CollectiveType):
             sdim = _check_dim(t, attrs["split_dim"], "split_dim")
             cdim = _check_dim(t, attrs["concat_dim"], "concat_dim")
             if t.shape[sdim] % n:
-                raise ShapeError(f"split_dim {sdim} of size {t.shape[sdim]} is not divisible by {n} ranks")
+                raise ShapeError(f"split_dim {sdim} of size {t.shape[sdim]} is not divisible by "
+                                 f"{n} ranks")
             shape = list(t.shape)
             shape[sdim] //= n
             shape[cdim] *= n

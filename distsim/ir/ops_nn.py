@@ -344,7 +344,8 @@ def _adamw(types, attrs) -> List[TensorType]:
         if t.shape != w.shape:
             raise ShapeError(f"{name} shape {t.shape} differs from weight shape {w.shape}")
     if m.dtype != w.dtype or v.dtype != w.dtype:
-        raise ShapeError(f"optimizer state dtypes {m.dtype}, {v.dtype} differ from weight {w.dtype}")
+        raise ShapeError(f"optimizer state dtypes {m.dtype}, {v.dtype} differ from weight "
+                         f"{w.dtype}")
     return [w, m, v]
 
 
@@ -364,7 +365,8 @@ register(OpSpec("embedding", 2, _embedding, {"offset": 0},
 register(OpSpec("embedding_grad", 2, _embedding_grad,
                 {"num_embeddings": REQUIRED, "offset": 0}, doc="(dy, ids) -> dtable"))
 register(OpSpec("cross_entropy", 2, _cross_entropy, doc="mean over tokens of -log softmax[label]"))
-register(OpSpec("cross_entropy_grad", 3, _cross_entropy_grad, doc="(dl, logits, labels) -> dlogits"))
+register(OpSpec("cross_entropy_grad", 3, _cross_entropy_grad,
+                doc="(dl, logits, labels) -> dlogits"))
 register(OpSpec("select_label", 2, _select_label, {"offset": 0},
                 doc="logits[..., label - offset], 0 where out of range"))
 register(OpSpec("select_label_grad", 3, _select_label_grad, {"offset": 0},

@@ -31,14 +31,16 @@ def _shard_slice(types, attrs):
     if not 0 <= dim < x.rank:
         raise ShapeError(f"dim {dim} out of range for shape {x.shape}")
     if not 0 <= index < parts or parts > x.shape[dim]:
-        raise ShapeError(f"piece {index} of {parts} does not exist for dim {dim} of size {x.shape[dim]}")
+        raise ShapeError(f"piece {index} of {parts} does not exist for dim {dim} of size "
+                         f"{x.shape[dim]}")
     shape = list(x.shape)
     shape[dim] = split_sizes(x.shape[dim], parts)[index]
     return [x.with_shape(tuple(shape))]
 
 
 register(OpSpec("redistribute", 1, _identity, doc="change placements (global view)"))
-register(OpSpec("shard_slice", 1, _shard_slice, {"dim": REQUIRED, "index": REQUIRED, "parts": REQUIRED},
+register(OpSpec("shard_slice", 1, _shard_slice,
+                {"dim": REQUIRED, "index": REQUIRED, "parts": REQUIRED},
                 doc="numpy.array_split(x, parts, dim)[index]"))
 
 

@@ -69,7 +69,8 @@ def with_defaults(op_type: str, attrs: Mapping[str, object]) -> Dict[str, object
     out = {}
     for key in attrs:
         if key not in spec.attrs:
-            raise ShapeError(f"unknown attribute '{key}' (allowed: {', '.join(spec.attrs) or 'none'})")
+            raise ShapeError(f"unknown attribute '{key}' (allowed: "
+                             f"{', '.join(spec.attrs) or 'none'})")
     for key, default in spec.attrs.items():
         if key in attrs:
             out[key] = attrs[key]

@@ -307,7 +307,8 @@ def _verify(function: Function, known_devices: Iterable[int] | None) -> Function
                 owner[v.name] = id(v)
     for v in function.outputs:
         if owner.get(v.name) != id(v):
-            raise VerifyError(f"function '{function.name}': returned value %{v.name} is not defined")
+            raise VerifyError(f"function '{function.name}': returned value %{v.name} is not "
+                              "defined")
     return function
 
 

@@ -133,7 +133,8 @@ def describe_gpt(config: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
-GPT_FAMILY = register_family(ModelFamily("gpt", build_gpt, GPTConfig().to_dict(), describe_gpt))
+GPT_FAMILY = register_family(ModelFamily("gpt", build_gpt, GPTConfig().to_dict(), describe_gpt,
+                                         check=gpt_config))
 
 
 def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:

@@ -50,7 +50,8 @@ class MLPConfig:
         allowed = {f.name for f in fields(cls)}
         for key in data:
             if key not in allowed:
-                raise ConfigError(f"{where}: unknown field '{key}' (allowed: {', '.join(sorted(allowed))})")
+                raise ConfigError(f"{where}: unknown field '{key}' (allowed: "
+                                  f"{', '.join(sorted(allowed))})")
         return cls(**dict(data))
 
     def to_dict(self) -> dict:

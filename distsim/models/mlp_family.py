@@ -54,4 +54,5 @@ def describe_mlp(config: Mapping[str, Any]) -> Dict[str, Any]:
             "dtype": c.dtype}
 
 
-MLP_FAMILY = register_family(ModelFamily("mlp", build_mlp, MLPConfig().to_dict(), describe_mlp))
+MLP_FAMILY = register_family(ModelFamily("mlp", build_mlp, MLPConfig().to_dict(), describe_mlp,
+                                         check=_config))

@@ -333,4 +333,5 @@ def config_for_file(path: str, name: Optional[str] = None) -> Dict[str, Any]:
     return {"family": "onnx", "name": name or Path(path).stem, "path": path}
 
 
-ONNX_FAMILY = register_family(ModelFamily("onnx", build_onnx, dict(DEFAULTS), describe_onnx))
+ONNX_FAMILY = register_family(ModelFamily("onnx", build_onnx, dict(DEFAULTS), describe_onnx,
+                                          check=_check))

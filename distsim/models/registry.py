@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..errors import ConfigError
 from ..ir.core import Function
-from ..paths import models_dir
+from ..paths import models_dir, not_found_hint
 from ..yamlio import load_yaml_file, yaml_number
 from .hf_config import hf_to_gpt, is_hf_config, load_hf_config
 
@@ -27,12 +27,15 @@ from .hf_config import hf_to_gpt, is_hf_config, load_hf_config
 class ModelFamily:
     """``build(config, strategy) -> Function`` (local view, ready to simulate);
     ``defaults``: the embedded config; ``describe(config) -> dict`` (e.g.
-    parameter count)."""
+    parameter count); ``check(config)``: the fields checked on their own,
+    without a strategy (a ConfigError naming the field), so that a model
+    file's error names the file."""
 
     name: str
     build: Callable[[Mapping[str, Any], Any], Function]
     defaults: Mapping[str, Any]
     describe: Callable[[Mapping[str, Any]], Dict[str, Any]]
+    check: Optional[Callable[[Mapping[str, Any]], Any]] = None
 
 
 FAMILIES: Dict[str, ModelFamily] = {}
@@ -68,7 +71,7 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
             config = load_hf_config(text)
         elif text.endswith((".yaml", ".yml")):
             where = text
-            config = load_yaml_file(path, "model file")
+            config = load_yaml_file(path, "model file", not_found_hint("models", text, ".yaml"))
         elif text.endswith(".onnx"):
             where = text
             config = {"family": "onnx", "path": text}
@@ -93,6 +96,17 @@ def load_model_config(model: str | Path | Mapping[str, Any]) -> Dict[str, Any]:
     if not isinstance(family, str) or family not in FAMILIES:
         raise ConfigError(f"{where}: family: unknown model family {family!r} "
                           f"(known: {', '.join(sorted(FAMILIES))})")
+    check = FAMILIES[family].check
+    if where != "model" and check is not None:     # a file: its errors name it
+        try:
+            check(config)
+        except ConfigError as e:
+            message = str(e)
+            own = f"{config.get('name')}: "     # the family's prefix, the file's stem
+            if message.startswith(own):
+                message = message[len(own):]
+            raise ConfigError(message if message.startswith(where) else
+                              f"{where}: {message}") from None
     return config
 
 

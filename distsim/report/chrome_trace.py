@@ -152,7 +152,8 @@ def plan_trace(trace: Trace, max_trace_records: Optional[int] = None,
     """Decide what trace.json keeps under ``max_trace_records`` (None: the
     default, 0: no limit): everything, or the records before a cutoff time."""
     limit = check_max_trace_records(max_trace_records)
-    total = trace.num_ops + trace.num_memory_samples + (len(trace.link_samples) if include_links else 0)
+    links = len(trace.link_samples) if include_links else 0
+    total = trace.num_ops + trace.num_memory_samples + links
     if limit == 0 or total <= limit:
         return TracePlan(total, total, limit, None)
     times = _times(trace, include_links)

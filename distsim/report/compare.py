@@ -62,7 +62,7 @@ def _busiest(s: Mapping[str, Any]) -> Optional[float]:
 
 def _mean_busiest(s: Mapping[str, Any]) -> Optional[float]:
     links = s.get("links") or []
-    return 100.0 * sum(l["utilisation"] for l in links) / len(links) if links else None
+    return 100.0 * sum(k["utilisation"] for k in links) / len(links) if links else None
 
 
 METRICS: Sequence[Metric] = (

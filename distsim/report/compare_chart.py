@@ -106,7 +106,7 @@ def _memory(ax: "Axes", comparison) -> None:
 def _links(ax: "Axes", comparison) -> None:
     for i, run in enumerate(comparison.runs):
         links = run.summary.get("links") or []
-        mean = 100 * sum(l["utilisation"] for l in links) / len(links) if links else 0.0
+        mean = 100 * sum(k["utilisation"] for k in links) / len(links) if links else 0.0
         top = 100 * links[0]["utilisation"] if links else 0.0
         ax.barh(i, mean, color="#f28e2b", height=0.6, label="16 busiest: mean" if i == 0 else None)
         ax.plot([top], [i], marker="|", markersize=14, color="#000000",

@@ -83,9 +83,9 @@ def sweep_report_html(df: pd.DataFrame, title: str = "distsim sweep",
                      if (hows == h).any())
     body.append(f"<h2>{best_word} configurations (top {len(shown)} of {len(ok)} that ran"
                 + (f"; {made}" if made else "") + ")</h2>")
-    body.append(table_html(rows, cols, text_columns=[*params, "how", "OOM"],
-                           formats={"peak GB": fixed_formatter(2), "MFU %": fixed_formatter(1)}) if rows
-                else '<p class="muted">none</p>')
+    formats = {"peak GB": fixed_formatter(2), "MFU %": fixed_formatter(1)}
+    body.append(table_html(rows, cols, text_columns=[*params, "how", "OOM"], formats=formats)
+                if rows else '<p class="muted">none</p>')
     for name, image in charts.items():
         body.append(f"<h2>{html.escape(name.capitalize())}</h2>")
         body.append(img_tag(image, name))

@@ -81,7 +81,8 @@ def table_html(rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
     body = []
     for row in rows:
         cells = "".join(
-            f"<td{cls(c)}>{html.escape(formats[c](row.get(c)) if c in formats else _text(row.get(c)))}"
+            f"<td{cls(c)}>"
+            f"{html.escape(formats[c](row.get(c)) if c in formats else _text(row.get(c)))}"
             "</td>" for c in columns)
         body.append(f"<tr>{cells}</tr>")
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""

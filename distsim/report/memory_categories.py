@@ -99,7 +99,8 @@ def draw_peak_bars(ax: "Axes", bars: List[PeakBar], total: int, unit: float,
             size = bar.by_category.get(cat, 0) / unit
             if size > 0:
                 ax.barh(i, size, left=left, color=CATEGORY_COLOURS.get(cat, "#9c9c9c"),
-                        height=0.7, label=None if cat in labelled else CATEGORY_LABELS.get(cat, cat))
+                        height=0.7,
+                        label=None if cat in labelled else CATEGORY_LABELS.get(cat, cat))
                 labelled.add(cat)
                 left += size
     for cap in drawn_capacities:

@@ -128,7 +128,8 @@ def memory_figure(trace: Trace, max_lines: int = 16, max_points: int = 4000) -> 
     names = {d.rank: d.name for d in trace.devices}
     curves = {r: downsample_max(c, max_points) for r, c in memory_curves(trace).items()}
     peak = max((float(v.max()) for _, v in curves.values() if len(v)), default=0.0)
-    capacities: List[int] = sorted({d.capacity_bytes for d in trace.devices if d.capacity_bytes > 0})
+    capacities: List[int] = sorted({d.capacity_bytes for d in trace.devices
+                                    if d.capacity_bytes > 0})
     drawn = [c for c in capacities if c <= OFF_SCALE * peak]
     unit, unit_name = axis_unit(max([peak] + drawn))
     bars, total_bars = peak_bars(trace)

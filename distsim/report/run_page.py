@@ -119,10 +119,10 @@ def memory_table(summary: Mapping[str, Any]) -> str:
 
 
 def links_table(summary: Mapping[str, Any]) -> str:
-    rows = [{"link": f"{l['src']} -> {l['dst']}", "GB/s": l["bandwidth_Bps"] / GB,
-             "GB carried": l["bytes_carried"] / GB, "busy ms": l["busy_s"] * MS,
-             "mean utilisation %": 100 * l["utilisation"], "most flows at once": l["peak_flows"]}
-            for l in summary.get("links") or ()]
+    rows = [{"link": f"{k['src']} -> {k['dst']}", "GB/s": k["bandwidth_Bps"] / GB,
+             "GB carried": k["bytes_carried"] / GB, "busy ms": k["busy_s"] * MS,
+             "mean utilisation %": 100 * k["utilisation"], "most flows at once": k["peak_flows"]}
+            for k in summary.get("links") or ()]
     if not rows:
         return '<p class="muted">No traffic crossed the network.</p>'
     return table_html(rows, ["link", "GB/s", "GB carried", "busy ms", "mean utilisation %",

@@ -153,7 +153,8 @@ def summarize(trace: Trace) -> Dict[str, Any]:
         "communication_s": _mean(devices, "communication_s"),
         "exposed_communication_s": _mean(devices, "exposed_communication_s"),
         "idle_s": _mean(devices, "idle_s"),
-        "max_exposed_communication_s": max((d["exposed_communication_s"] for d in devices), default=0.0),
+        "max_exposed_communication_s": max((d["exposed_communication_s"] for d in devices),
+                                           default=0.0),
         "min_idle_s": min((d["idle_s"] for d in devices), default=0.0),
         "max_peak_memory_bytes": peak_dev["peak_memory_bytes"] if peak_dev else 0,
         "max_peak_memory_rank": peak_dev["rank"] if peak_dev else None,
@@ -173,7 +174,7 @@ TOP_LINKS = 16
 
 def ranked_links(links: Sequence[Any]) -> List[Any]:
     """Link records busiest first: by busy time, then bytes carried, then name."""
-    return sorted(links, key=lambda l: (-l.busy_s, -l.bytes_carried, l.src, l.dst))
+    return sorted(links, key=lambda k: (-k.busy_s, -k.bytes_carried, k.src, k.dst))
 
 
 def link_summary(trace: Trace, top: int = TOP_LINKS) -> List[Dict[str, Any]]:
@@ -181,10 +182,10 @@ def link_summary(trace: Trace, top: int = TOP_LINKS) -> List[Dict[str, Any]]:
     concurrent flows, and utilisation = bytes / (bandwidth x step time)."""
     step = step_time_of(trace)
     ranked = ranked_links(trace.links)
-    return [{"src": l.src, "dst": l.dst, "bandwidth_Bps": l.bandwidth_Bps,
-             "bytes_carried": l.bytes_carried, "busy_s": l.busy_s, "peak_flows": l.peak_flows,
-             "utilisation": l.bytes_carried / (l.bandwidth_Bps * step) if step > 0 else 0.0}
-            for l in ranked[:top]]
+    return [{"src": k.src, "dst": k.dst, "bandwidth_Bps": k.bandwidth_Bps,
+             "bytes_carried": k.bytes_carried, "busy_s": k.busy_s, "peak_flows": k.peak_flows,
+             "utilisation": k.bytes_carried / (k.bandwidth_Bps * step) if step > 0 else 0.0}
+            for k in ranked[:top]]
 
 
 def summary_dataframe(summary: Dict[str, Any]) -> pd.DataFrame:
@@ -280,7 +281,8 @@ def format_summary_table(summary: Dict[str, Any], max_rows: int = 64) -> str:
     if len(rows) > max_rows:
         head = max_rows // 2
         elided = len(rows) - max_rows
-        rows = rows[:head] + [("...",) + ("",) * (len(_HEADER) - 1)] + rows[len(rows) - (max_rows - head):]
+        gap = ("...",) + ("",) * (len(_HEADER) - 1)
+        rows = rows[:head] + [gap] + rows[len(rows) - (max_rows - head):]
     table = [_HEADER] + rows
     widths = [max(len(r[i]) for r in table) for i in range(len(_HEADER))]
 
@@ -292,8 +294,10 @@ def format_summary_table(summary: Dict[str, Any], max_rows: int = 64) -> str:
         f"step time: {step * MS:.3f} ms   devices: {summary['num_devices']}   "
         f"max peak memory: {summary['max_peak_memory_bytes'] / GB:.2f} GB"
         + ("   OOM on ranks " + rank_ranges(summary["oom_ranks"]) if summary["oom"] else ""),
-        f"mean per device: compute {summary['compute_s'] * MS:.3f} ms ({_pct(summary['compute_s'], step)}), "
-        f"communication {summary['communication_s'] * MS:.3f} ms ({_pct(summary['communication_s'], step)}), "
+        f"mean per device: compute {summary['compute_s'] * MS:.3f} ms "
+        f"({_pct(summary['compute_s'], step)}), "
+        f"communication {summary['communication_s'] * MS:.3f} ms "
+        f"({_pct(summary['communication_s'], step)}), "
         f"exposed {summary['exposed_communication_s'] * MS:.3f} ms "
         f"({_pct(summary['exposed_communication_s'], step)}), "
         f"idle {summary['idle_s'] * MS:.3f} ms ({_pct(summary['idle_s'], step)})",
@@ -322,6 +326,7 @@ def write_summary(trace_or_summary: "Trace | Dict[str, Any]", path: PathLike) ->
 
     Accepts a trace (summarised first) or an already built summary dict.
     """
-    summary = trace_or_summary if isinstance(trace_or_summary, dict) else summarize(trace_or_summary)
+    summary = trace_or_summary if isinstance(trace_or_summary, dict) else \
+        summarize(trace_or_summary)
     write_text_atomic(path, summary_json(summary))
     return summary

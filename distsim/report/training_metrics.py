@@ -72,8 +72,8 @@ def training_metrics(summary: Mapping[str, Any], trace_meta: Mapping[str, Any],
         out["mfu"] = mflops / denom if denom > 0 else 0.0
     out["hfu"] = float(summary.get("total_flops", 0.0)) / denom if denom > 0 else 0.0
     pp = int(strategy.get("pp") or 1)
-    out["bubble_fraction"] = (sum(d["idle_s"] * d.get("represents", 1) for d in devices) / (n * step)
-                              if pp > 1 and n and step > 0 else 0.0)
+    idle = sum(d["idle_s"] * d.get("represents", 1) for d in devices)
+    out["bubble_fraction"] = idle / (n * step) if pp > 1 and n and step > 0 else 0.0
     by_cat = trace_meta.get("peak_memory_by_category", {}) or {}
     memory = {int(r): {k: int(v) for k, v in cats.items()} for r, cats in by_cat.items()}
     out["memory_by_category"] = {str(r): memory[r] for r in sorted(memory)}

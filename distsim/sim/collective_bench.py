@@ -243,7 +243,8 @@ def sweep_collective(kind: Union[str, CollectiveType], sizes: Sequence[Union[int
 
 def format_table(rows: Sequence[Dict[str, Any]]) -> str:
     """An nccl-tests style table: size, time (us), algbw and busbw (GB/s)."""
-    head = f"{'size (B)':>14} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  algorithm"
+    head = (f"{'size (B)':>14} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
+            "  algorithm")
     lines = [head]
     for r in rows:
         lines.append(f"{r['bytes']:>14d} {r['time_s'] * 1e6:>12.2f} {r['algbw_Bps'] / 1e9:>13.2f} "

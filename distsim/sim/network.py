@@ -241,7 +241,8 @@ class Network:
         self.topology.check_rank(src_rank)
         self.topology.check_rank(dst_rank)
         if nbytes < 0 or not math.isfinite(nbytes):
-            raise ConfigError(f"transfer {src_rank} -> {dst_rank}: bytes must be >= 0, got {nbytes!r}")
+            raise ConfigError(f"transfer {src_rank} -> {dst_rank}: bytes must be >= 0, "
+                              f"got {nbytes!r}")
         event = self.env.event()
         self.start_flow(src_rank, dst_rank, float(nbytes), key, event)
         return event

@@ -14,8 +14,10 @@ Expressions are parsed once and evaluated by a small whitelisting walker
 comparisons (also chained, ``in``, ``not in``), ``and``/``or``/``not``,
 ``x if c else y``, tuples/lists, and the functions ``min``, ``max``,
 ``abs``, ``int``, ``float``, ``len``. Names are option names (``tp``,
-``hidden``, ...; an option the point does not set has its default) and
-``devices``, the number of devices of the point's topology.
+``hidden``, ...; an option the point does not set has the value the run
+will use: the model's ``hidden``, the ``dp`` that ``tp x pp`` leave, ...;
+see :mod:`.unset`) and ``devices``, the number of devices of the point's
+topology.
 """
 from __future__ import annotations
 

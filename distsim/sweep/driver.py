@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 
 from ..errors import ConfigError
 from ..fileio import refuse_file_as_folder
+from ..keywords import strict_keywords
 from .constraints import ConstraintLike
 from .interrupt import stops_on_sigterm
 from .point import SimulateFn, empty_metrics
 from .progress import Progress
 from .runners import DEFAULT_CONNECT_TIMEOUT_S, InProcessRunner, make_runner
-from .spec import SweepPoint, SweepSpec, check_count, check_grid_size, config_key
+from .spec import (SweepPoint, SweepSpec, check_count, check_grid_size, config_key,
+                   load_spec)
 from .store import JOURNAL, Journal, normalise_row, rows_to_frame, write_tables
 
 if TYPE_CHECKING:     # pandas is imported where a table is made (``import distsim`` stays fast)
@@ -60,13 +62,14 @@ def _import_quietly(module: str) -> None:
         pass
 
 
+@strict_keywords
 @stops_on_sigterm
 def sweep(base_config: Optional[Mapping[str, Any]] = None,
           grid: Optional[Mapping[str, Any]] = None,
           constraints: Optional[Iterable[ConstraintLike]] = None,
           workers: Optional[int] = None, scheduler: Any = None,
           out_dir: Union[str, Path, None] = None, progress: Union[bool, str] = True, *,
-          spec: Optional[SweepSpec] = None, simulate: Optional[SimulateFn] = None,
+          spec: Union[SweepSpec, str, Path, None] = None, simulate: Optional[SimulateFn] = None,
           connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
           max_points: Optional[int] = None, check: Optional[int] = None) -> pd.DataFrame:
     """Simulate every point of ``grid`` over ``base_config``.
@@ -82,6 +85,11 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
     from it. ``progress``: a progress bar / lines on stderr (False: quiet).
     ``simulate``: the function to call (default :func:`distsim.simulate`;
     it must be picklable for process and Dask runners).
+    ``connect_timeout_s``: how long to wait for a Dask scheduler (seconds).
+
+    ``spec``: instead of ``base_config``, ``grid`` and ``constraints``, a
+    :class:`SweepSpec`, a path to a YAML spec, or the name of an example
+    in ``reports/sweeps/`` (``"mlp-scaling"``), as ``distsim sweep SPEC`` takes.
 
     ``max_points``: the most points the grid may expand to (None:
     :data:`~distsim.sweep.spec.DEFAULT_MAX_POINTS`, 100,000; 0: no limit).
@@ -103,6 +111,11 @@ def sweep(base_config: Optional[Mapping[str, Any]] = None,
         spec = SweepSpec.create(base_config, grid, constraints, max_points=max_points)
     elif base_config is not None or grid is not None or constraints is not None:
         raise ConfigError("sweep: give either spec= or base_config/grid/constraints")
+    elif isinstance(spec, (str, Path)):      # a YAML file, or an example's name
+        spec = load_spec(spec, max_points=max_points)
+    elif not isinstance(spec, SweepSpec):
+        raise ConfigError(f"sweep: spec: must be a SweepSpec, a path to a YAML spec or the "
+                          f"name of an example, got {type(spec).__name__}")
     elif max_points is not None:
         check_grid_size([len(v) for v in spec.grid.values()], max_points, spec.source)
     if check is not None:

@@ -2,8 +2,9 @@
 
 They are derived, never listed by hand, from three places that define them:
 
-* the keyword parameters of :func:`distsim.api.simulate` (``model``,
-  ``topology``, ``network_mode``, ``collective_algo``);
+* the keyword parameters of :func:`distsim.api.simulate` that are not
+  the model's or the strategy's (``model``, ``topology``,
+  ``network_mode``, ``collective_algo``, ``max_wall_s``, ...);
 * the fields of :class:`distsim.transforms.strategy.Strategy` (``dp``,
   ``tp``, ``pp``, and whatever the strategy grows: ``microbatches``,
   ``schedule``, ``zero``, ...), typed by their annotations;
@@ -25,6 +26,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import api
 from ..errors import ConfigError
+from ..keywords import unknown_name
 from ..transforms.strategy import Strategy, check_field
 from .point import FIDELITIES
 
@@ -121,8 +123,7 @@ def _literal_choices(annotation: Any) -> Optional[Tuple[Any, ...]]:
 
 def model_override_names() -> Tuple[str, ...]:
     """The model fields ``build_program`` lets options override."""
-    names = getattr(api, "MODEL_FIELDS", None) or getattr(api, "_MODEL_FIELDS", ())
-    return tuple(names)
+    return tuple(api.MODEL_FIELDS)
 
 
 def _model_override_kind(name: str) -> str:
@@ -147,6 +148,8 @@ def _run_params() -> Dict[str, Param]:
     for p in inspect.signature(api.simulate).parameters.values():
         if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD and \
                 p.kind is not inspect.Parameter.KEYWORD_ONLY:
+            continue
+        if p.name in api.PROGRAM_OPTIONS:     # the model's and the strategy's: typed below
             continue
         default = None if p.default is inspect.Parameter.empty else p.default
         kind = p.name if p.name in ("model", "topology") else \
@@ -189,6 +192,5 @@ def check_value(params: Mapping[str, Param], name: str, value: Any, where: str) 
     """Raise one clear :class:`ConfigError` if ``name`` is not an option or
     ``value`` does not fit it."""
     if name not in params:
-        raise ConfigError(f"{where}: unknown parameter {name!r} (known: "
-                          f"{', '.join(sorted(params))})")
+        raise unknown_name(where, name, params, "parameter")
     params[name].check(value, where)

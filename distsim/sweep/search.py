@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
+from ..keywords import strict_keywords
 from ..report.summary import GB, MS
 from .driver import sweep
 from .spec import SweepSpec
@@ -257,6 +258,7 @@ class _Log:
                 self.enabled = False
 
 
+@strict_keywords
 def search(model: Any, topology: str, gpus: Optional[int] = None, *,
            base: Optional[Mapping[str, Any]] = None,
            space: Optional[Mapping[str, Sequence[Any]]] = None, keep: Optional[int] = None,
@@ -266,9 +268,11 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     ``topology`` (see the module docstring). ``base``: other fixed options
     (``global_batch``, ``layers``, ...); ``space``: extra options to search
     over; ``keep``: how many estimates to simulate in full (default
-    :data:`DEFAULT_KEEP`); ``workers`` / ``scheduler``: what runs the
-    points (estimates of GPT models run in local processes, each keeping
-    its per-layer profiles)."""
+    :data:`DEFAULT_KEEP`); ``network_mode``: the network model of those
+    full simulations (``flow`` or ``analytical``); ``workers`` /
+    ``scheduler``: what runs the points (estimates of GPT models run in
+    local processes, each keeping its per-layer profiles); ``progress``:
+    print each stage and the sweeps' progress on stderr."""
     import pandas as pd
     from ..topology import load_topology
     log = _Log(progress)

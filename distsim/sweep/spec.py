@@ -42,8 +42,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError, DistsimError
+from ..keywords import plain
+from ..paths import not_found_hint, resolve
 from ..yamlio import load_yaml_file
 from .constraints import Constraint, ConstraintLike, make_constraints
+from .unset import Resolver
 from .params import Param, check_value, simulate_parameters
 
 SPEC_KEYS = ("name", "description", "base", "grid", "constraints", "charts", "check")
@@ -134,6 +137,7 @@ class SweepSpec:
         0: no limit) is a ConfigError."""
         check_max_points(max_points)
         params = simulate_parameters()
+        base, grid = plain(base), plain(grid)     # numpy numbers as Python's
         if base is None:
             base = {}
         if not isinstance(base, Mapping):
@@ -228,16 +232,14 @@ class SweepSpec:
         """Every grid point in grid order (the last option varies fastest),
         with the constraints evaluated."""
         params = simulate_parameters()
-        defaults = {k: p.default for k, p in params.items()}
+        resolver = Resolver({k: p.default for k, p in params.items()})
         names = list(self.grid)
         out: List[SweepPoint] = []
-        devices_cache: Dict[Any, int] = {}
         for index, combo in enumerate(itertools.product(*(self.grid[n] for n in names))):
             point = {**self.base, **dict(zip(names, combo))}
             reason = None
             if self.constraints:
-                env = {**defaults, **point}
-                env["devices"] = _devices(env.get("topology"), devices_cache)
+                env = resolver.values(point)   # unset options as the run will have them
                 for c in self.constraints:
                     if not c(env):
                         reason = c.reason
@@ -246,19 +248,13 @@ class SweepSpec:
         return out
 
 
-def _devices(topology: Any, cache: Dict[Any, int]) -> int:
-    from ..topology import load_topology
-    key = topology if isinstance(topology, str) else id(topology)
-    if key not in cache:
-        cache[key] = load_topology(topology).num_devices
-    return cache[key]
-
 
 def load_spec(path: str | Path, max_points: Optional[int] = None) -> SweepSpec:
-    """Read and validate a YAML sweep spec (at most ``max_points`` grid
-    points; None: :data:`DEFAULT_MAX_POINTS`, 0: no limit)."""
-    p = Path(path)
-    data = load_yaml_file(p, "sweep spec")
+    """Read and validate a YAML sweep spec: ``path`` is a file, or the name
+    of an example in ``reports/sweeps/`` (``"mlp-scaling"``); at most
+    ``max_points`` grid points (None: :data:`DEFAULT_MAX_POINTS`, 0: no limit)."""
+    p = resolve("sweeps", str(path), ".yaml")    # a path, or an example's name
+    data = load_yaml_file(p, "sweep spec", not_found_hint("sweeps", str(path), ".yaml"))
     if not isinstance(data, Mapping):
         raise ConfigError(f"{p}: a sweep spec must be a mapping with base: and grid:")
     unknown = set(data) - set(SPEC_KEYS)

@@ -57,7 +57,8 @@ def tokenize(text: str, source: str = "<string>") -> List[Token]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None:
-            raise ParseError(f"unexpected character {text[pos]!r}", source, line, pos - line_start + 1)
+            raise ParseError(f"unexpected character {text[pos]!r}", source, line,
+                             pos - line_start + 1)
         kind = m.lastgroup
         if kind == "nl":
             line += 1
@@ -313,7 +314,8 @@ class Parser:
             v = Value(name, t)
             env[name] = v
             outputs.append(v)
-        op = Op(type_tok.text, inputs, outputs, attrs, meta={LOC: SourceLoc(self.source, start.line)})
+        op = Op(type_tok.text, inputs, outputs, attrs,
+                meta={LOC: SourceLoc(self.source, start.line)})
         if op.op_type == FUSED:   # its segment is linked once the module is read
             self._fused.append((op, type_tok))
         return op

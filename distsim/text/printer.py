@@ -52,7 +52,8 @@ def print_op(op: Op) -> str:
     ins = ", ".join("%" + v.name for v in op.inputs)
     text = f"{outs} = {op.op_type}({ins})" if op.outputs else f"{op.op_type}({ins})"
     if op.attrs:
-        text += " {" + ", ".join(f"{k} = {print_attr(v)}" for k, v in sorted(op.attrs.items())) + "}"
+        attrs = ", ".join(f"{k} = {print_attr(v)}" for k, v in sorted(op.attrs.items()))
+        text += " {" + attrs + "}"
     if op.outputs:
         text += " : " + ", ".join(print_type(v.type) for v in op.outputs)
     return text

@@ -67,7 +67,8 @@ def parse_dtensor_suffix(p: Parser, base: TensorType,
     known = _meshes(p, meshes)
     mesh = known.get(tok.text[1:])
     if mesh is None:
-        raise p.error(f"unknown mesh {tok.text} (declare it first: mesh {tok.text} = [2] (\"x\"))", tok)
+        raise p.error(f"unknown mesh {tok.text} (declare it first: mesh {tok.text} = [2] (\"x\"))",
+                      tok)
     p.expect(",")
     placements = parse_placements(p)
     p.expect(">")

@@ -7,6 +7,7 @@ from .topology import NODE_KINDS, Route, Topology, link_cost, stable_hash
 
 __all__ = [
     "BUILDERS", "NODE_KINDS", "Route", "TOPOLOGY_DIR", "Topology", "build_dgx",
-    "build_pcie_tree", "build_star", "build_torus", "known_topologies", "link_cost", "load_topology",
+    "build_pcie_tree", "build_star", "build_torus", "known_topologies", "link_cost",
+    "load_topology",
     "stable_hash", "topology_from_dict",
 ]

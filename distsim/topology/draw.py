@@ -62,7 +62,8 @@ def draw_topology(topology: Topology, path: Union[str, Path]) -> None:
     n = g.number_of_nodes()
     size = min(40.0, max(6.0, math.sqrt(n) * 1.2))
     fig, ax = plt.subplots(figsize=(size * 1.6, size))
-    widths = [0.5 + math.log10(max(d["bandwidth_Bps"], 1e9) / 1e9) for _, _, d in g.edges(data=True)]
+    widths = [0.5 + math.log10(max(d["bandwidth_Bps"], 1e9) / 1e9)
+              for _, _, d in g.edges(data=True)]
     nx.draw_networkx_edges(g, pos, ax=ax, width=widths, alpha=0.4)
     for kind, colour in _COLOUR.items():
         nodes = [v for v, k in g.nodes(data="kind") if k == kind]

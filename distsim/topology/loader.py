@@ -28,7 +28,7 @@ import networkx as nx
 
 from ..cost.device import device_spec_from_dict, finite_float
 from ..errors import ConfigError, TopologyError
-from ..paths import topologies_dir
+from ..paths import not_found_hint, topologies_dir
 from ..yamlio import load_yaml_file, yaml_number
 from .builders import BUILDERS, GB, MAX_DEVICES, MAX_NODES, US, add_duplex, check_device_count
 from .topology import Topology
@@ -75,7 +75,8 @@ def load_topology(name_or_path: str) -> Topology:
     nodes: int | None = None
     if text.endswith((".yaml", ".yml")) or _is_file(path):
         if not _is_file(path):
-            raise ConfigError(f"{_short(text, 200)}: topology file not found")
+            raise ConfigError(f"{_short(text, 200)}: topology file not found"
+                              f"{not_found_hint('topologies', text, '.yaml')}")
     else:
         folder = topologies_dir()
         path = folder / f"{text}.yaml"
@@ -136,7 +137,8 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
         raise ConfigError(f"{where}: a topology file must be a mapping")
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: {unknown[0]}: unknown field (allowed: {', '.join(sorted(_TOP_KEYS))})")
+        raise ConfigError(f"{where}: {unknown[0]}: unknown field (allowed: "
+                          f"{', '.join(sorted(_TOP_KEYS))})")
     if "device" not in data:
         raise ConfigError(f"{where}: device: missing required field")
     if data.get("name") is not None and not isinstance(data["name"], str):
@@ -221,6 +223,9 @@ def _explicit_graph(data: Mapping[str, Any], where: str) -> nx.DiGraph:
         names = [pattern.replace("{i}", str(i)) for i in range(count)]
     else:
         names = expand_names(devices, f"{where}: devices")
+        if not names:
+            raise ConfigError(f"{where}: devices: is empty (a topology needs at least one "
+                              "device)")
         check_device_count(len(names), f"{where}: devices")
         per_node = len(names)
     for rank, n in enumerate(names):
@@ -271,7 +276,8 @@ def _add_links(g: nx.DiGraph, link: Any, where: str,
         raise ConfigError(f"{where}: expected a mapping with src, dst, bandwidth, latency")
     unknown = sorted(set(link) - _LINK_KEYS)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown field (allowed: {', '.join(sorted(_LINK_KEYS))})")
+        raise ConfigError(f"{where}.{unknown[0]}: unknown field (allowed: "
+                          f"{', '.join(sorted(_LINK_KEYS))})")
     for key in ("src", "dst"):
         if key not in link:
             raise ConfigError(f"{where}.{key}: missing required field")

@@ -34,7 +34,8 @@ class Autodiff:
         f = b.function
         by_name = {v.name: v for v in f.values()}
         if self.loss not in by_name:
-            raise PassPreconditionError(f"autodiff: loss value %{self.loss} not in '{function.name}'")
+            raise PassPreconditionError(f"autodiff: loss value %{self.loss} not in "
+                                        f"'{function.name}'")
         loss = by_name[self.loss]
         if loss.type.shape != ():
             raise PassPreconditionError(f"autodiff: loss %{self.loss} must be a scalar, "
@@ -80,7 +81,8 @@ class Autodiff:
         results: List[Value] = []
         for v in wrt:
             if v not in grads:
-                raise PassPreconditionError(f"autodiff: loss %{self.loss} does not depend on %{v.name}")
+                raise PassPreconditionError(f"autodiff: loss %{self.loss} does not depend on "
+                                            f"%{v.name}")
             results.append(grads[v])
         f.outputs = [mapping[v] for v in function.outputs] + results
         f.meta["grads"] = {v.name: g.name for v, g in zip(wrt, results)}

@@ -253,7 +253,8 @@ class Coarsening:
         """Whether every task of ``chunk`` runs in ``"plain"`` mode (see
         :meth:`_grad_mode`): no gradients, one micro-batch, or ZeRO 2/3
         reduce-scattering every micro-batch's."""
-        return not self._grad_params(("B", chunk)) or self.microbatches == 1 or self.sync.scatter_each
+        return (not self._grad_params(("B", chunk)) or self.microbatches == 1
+                or self.sync.scatter_each)
 
     def _grad_mode(self, key: TaskKey, mb: int) -> str:
         """How the instance of a task for micro-batch ``mb`` fuses the

@@ -36,7 +36,8 @@ class DataParallel:
     def __init__(self, n: int, ranks: Optional[Sequence[int]] = None,
                  reduce_op: str = "avg") -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise PassPreconditionError(f"DataParallel: degree must be a positive integer, got {n!r}")
+            raise PassPreconditionError(f"DataParallel: degree must be a positive integer, "
+                                        f"got {n!r}")
         self.ranks = list(ranks) if ranks is not None else list(range(n))
         if len(self.ranks) != n:
             raise PassPreconditionError(f"DataParallel: {n} ranks expected, got {self.ranks}")

@@ -206,29 +206,52 @@ def merge_tasks(per_rank: List[List[Task]], chunks: int,
     waiting: Dict[Task, List[int]] = {}
     heap: List[Tuple[float, int]] = []
     out: List[Tuple[int, Task, float, float]] = []
+    finished, push, pop = done.get, heapq.heappush, heapq.heappop
+    last_chunk = chunks - 1
 
     def offer(r: int) -> None:
-        if pos[r] == len(per_rank[r]):
+        # task_dependencies, inlined (a sweep merges millions of tasks): a
+        # rank waits on the first of them not done yet
+        tasks, i = per_rank[r], pos[r]
+        if i == len(tasks):
             return
-        kind, mb, c = per_rank[r][pos[r]]
+        kind, mb, c = tasks[i]
         start = free[r]
-        for d in task_dependencies(kind, mb, c, chunks):
-            end = done.get(d)
+        if kind == "F":
+            if c > 0:
+                d = ("F", mb, c - 1)
+                end = finished(d)
+                if end is None:
+                    waiting.setdefault(d, []).append(r)
+                    return
+                if end > start:
+                    start = end
+        else:
+            d = ("F", mb, c)
+            end = finished(d)
             if end is None:
                 waiting.setdefault(d, []).append(r)
                 return
             if end > start:
                 start = end
-        heapq.heappush(heap, (start, r))
+            if c < last_chunk:
+                d = ("B", mb, c + 1)
+                end = finished(d)
+                if end is None:
+                    waiting.setdefault(d, []).append(r)
+                    return
+                if end > start:
+                    start = end
+        push(heap, (start, r))
 
     for r in range(len(per_rank)):
         offer(r)
     while heap:
-        start, r = heapq.heappop(heap)
+        start, r = pop(heap)
         task = per_rank[r][pos[r]]
         pos[r] += 1
-        free[r] = done[task] = start + cost(task)
-        out.append((r, task, start, done[task]))
+        free[r] = done[task] = end = start + cost(task)
+        out.append((r, task, start, end))
         offer(r)
         for w in waiting.pop(task, ()):
             offer(w)

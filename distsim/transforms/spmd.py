@@ -115,7 +115,8 @@ class LowerSPMD(Coarsening):
         if S.partition == "balanced":
             # estimated time of each layer: its forward, backward and
             # recomputed ops; -1 is the embedding, `layers` the head
-            op_time = self.partition_cost or (lambda o, m=CostModel(PARTITION_DEVICE): m.op_cost(o).time_s)
+            op_time = self.partition_cost or \
+                (lambda o, m=CostModel(PARTITION_DEVICE): m.op_cost(o).time_s)
             cost: Dict[int, float] = {}
             for op in step.ops:
                 layer = op.meta.get("layer")
@@ -439,7 +440,8 @@ class LowerSPMD(Coarsening):
         f.meta = {
             "roles": self.em.roles, "updates": self.ctx.updates, "io": self.em.io,
             "model": step.meta.get("model", {}), "strategy": S.to_dict(),
-            "microbatches": self.microbatches, "loss": step.meta["loss"], "params": step.meta["params"],
+            "microbatches": self.microbatches, "loss": step.meta["loss"],
+            "params": step.meta["params"],
             "param_shards": step.meta.get("param_shards", {}),
             "param_global_shapes": step.meta.get("param_global_shapes", {}),
             "param_unpadded": step.meta.get("param_unpadded", {}),

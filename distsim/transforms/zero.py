@@ -354,7 +354,8 @@ class GradientSync:
                 re_, rh = S.rank(d, se, t), S.rank(d, sh, t)
                 ins = [self.synced[(pe, re_)], self.synced[(ph, rh)]]
                 outs = em.collective(CollectiveType.ALL_REDUCE, ins,
-                                     [re_, rh], [f"{pe.name}_gtied_r{re_}", f"{ph.name}_gtied_r{rh}"],
+                                     [re_, rh],
+                                     [f"{pe.name}_gtied_r{re_}", f"{ph.name}_gtied_r{rh}"],
                                      {"role": "grad_sync", "category": "gradients",
                                       "detail": "tied embedding"})
                 for x, o in zip(ins, outs):  # NCCL all-reduces in place

@@ -12,8 +12,11 @@ Each :class:`Case` has
   (a scratch folder holding generated files) and ``{out}`` (an output folder
   that must not appear), or None for Python-only inputs (programs built in
   memory: the simulator has no CLI for unverified programs);
-- ``error``: the exact class (``None``: an argparse usage error, exit 2);
-- ``message``: a substring of ``str(error)`` and of the CLI's stderr line.
+- ``error``: the exact class (``None``: an argparse usage error, exit 2;
+  ``OSError``: the system refused a write, which the CLI reports);
+- ``message``: a substring of ``str(error)`` and of the CLI's stderr line;
+- ``stdout``: where the CLI's stdout goes: ``None`` (captured) or
+  ``"full"`` (a device that refuses every write, as ``> /dev/full``).
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ class Case:
     cli: Optional[Sequence[str]]
     error: Optional[type]
     message: str
+    stdout: Optional[str] = None
 
 
 # -- Python entry points -------------------------------------------------
@@ -270,7 +274,8 @@ def team_rank_missing():
     x0, x9 = Value("x0", _t(0)), Value("x9", _t(9))
     y0, y9 = Value("y0", _t(0)), Value("y9", _t(9))
     return Function("team", [x0, x9],
-                    [Op("comm.allreduce", [x0, x9], [y0, y9], {"ranks": (0, 9), "reduce_op": "sum"})],
+                    [Op("comm.allreduce", [x0, x9], [y0, y9],
+                        {"ranks": (0, 9), "reduce_op": "sum"})],
                     [y0, y9])
 
 
@@ -280,8 +285,9 @@ OUT = "{out}"
 S = ["simulate", "--no-plots", "--network-mode", "analytical", "--out", OUT]
 
 
-def _c(id, entry, what, python, cli, error, message):
-    return Case(id, entry, what, python, tuple(cli) if cli is not None else None, error, message)
+def _c(id, entry, what, python, cli, error, message, stdout=None):
+    return Case(id, entry, what, python, tuple(cli) if cli is not None else None, error, message,
+                stdout)
 
 
 CASES: List[Case] = [
@@ -319,16 +325,19 @@ CASES: List[Case] = [
        ["simulate", "--no-plots", "--layers", "1", "--hidden", "64", "--batch", "64",
         "--out", "{cases}/model_not_mapping.yaml/out"],
        ConfigError, "model_not_mapping.yaml/out: cannot create the output folder"),
-    _c("max-wall-s-nan", "CLI flags", "`simulate --max-wall-s nan`", _simulate(max_wall_s=float("nan")),
+    _c("max-wall-s-nan", "CLI flags", "`simulate --max-wall-s nan`",
+       _simulate(max_wall_s=float("nan")),
        S + ["--max-wall-s", "nan"], ConfigError,
        "--max-wall-s: must be a finite number of seconds >= 0 (0: no limit), got nan"),
     _c("max-wall-s-negative", "CLI flags", "`simulate --max-wall-s -1`", _simulate(max_wall_s=-1.0),
        S + ["--max-wall-s", "-1"], ConfigError,
        "--max-wall-s: must be a finite number of seconds >= 0 (0: no limit), got -1.0"),
-    _c("bucket-mb-nan", "CLI flags", "`simulate --bucket-mb nan`", _simulate(bucket_mb=float("nan")),
+    _c("bucket-mb-nan", "CLI flags", "`simulate --bucket-mb nan`",
+       _simulate(bucket_mb=float("nan")),
        S + ["--bucket-mb", "nan"], ConfigError,
        "--bucket-mb: must be a finite non-negative number, got nan"),
-    _c("bucket-mb-inf", "CLI flags", "`simulate --bucket-mb inf`", _simulate(bucket_mb=float("inf")),
+    _c("bucket-mb-inf", "CLI flags", "`simulate --bucket-mb inf`",
+       _simulate(bucket_mb=float("inf")),
        S + ["--bucket-mb", "inf"], ConfigError,
        "--bucket-mb: must be a finite non-negative number, got inf"),
     _c("dp-not-an-int", "CLI flags", "`simulate --dp abc`", None, S + ["--dp", "abc"], None,
@@ -466,7 +475,8 @@ CASES: List[Case] = [
           ("gpt-kv-heads", "gpt_kv_heads", "GPT: 3 kv heads for 4 heads", {"dp": 8},
            ["--dp", "8"], ConfigError, "kv_heads: 3 must divide heads (4)"),
           ("gpt-micro-batch", "gpt_micro_batch", "GPT: global batch 8, micro batch 3",
-           {"dp": 8}, ["--dp", "8"], ConfigError, "global_batch: 8 is not a multiple of micro_batch 3"),
+           {"dp": 8}, ["--dp", "8"], ConfigError,
+           "global_batch: 8 is not a multiple of micro_batch 3"),
       ]],
 
     # sweep specs
@@ -521,7 +531,8 @@ CASES: List[Case] = [
            "op %y = comm.broadcast: malformed attributes {ranks = 5"),
           ("wrong-device", "wrong_device", "a matmul of values on devices 0 and 1", VerifyError,
            "op %y = matmul: inputs on different devices [0, 1]"),
-          ("mismatched-team", "mismatched_team", "an all-reduce over ranks [0, 1] fed from device 2",
+          ("mismatched-team", "mismatched_team",
+           "an all-reduce over ranks [0, 1] fed from device 2",
            VerifyError, "input on device 2 where team rank 1 was expected"),
           ("send-without-receive", "send_without_receive", "a sendrecv with only a sender",
            VerifyError, "sendrecv needs ranks [src, dst], got (0,)"),
@@ -553,7 +564,8 @@ CASES: List[Case] = [
           ("dtype_99", "element type 99", UnsupportedOpError, "element type 99 is not supported"),
           ("unsupported_op", "an op type `FooBar`", UnsupportedOpError,
            "unsupported op types: FooBar"),
-          ("old_opset", "opset 1", UnsupportedOpError, "opset 1 is older than the oldest supported"),
+          ("old_opset", "opset 1", UnsupportedOpError,
+           "opset 1 is older than the oldest supported"),
           ("bad_reshape", "Reshape to [-1, -1]", VerifyError, "has more than one -1"),
       ]],
 
@@ -604,7 +616,8 @@ CASES.extend([
        _simulate(model="gpt2-tiny", batch=8, seq=8, zero=1),
        S + ["--model", "gpt2-tiny", "--batch", "8", "--seq", "8", "--zero", "1"], ConfigError,
        "--zero 1: the imported ONNX model 'gpt2-tiny' is forward-only"),
-    _c("onnx-dp-not-all-devices", "CLI flags", "`simulate --model gpt2-tiny --train --dp 2` on 8 GPUs",
+    _c("onnx-dp-not-all-devices", "CLI flags",
+       "`simulate --model gpt2-tiny --train --dp 2` on 8 GPUs",
        _simulate(model="gpt2-tiny", train=True, batch=8, seq=8, dp=2),
        S + _ONNX_TRAIN + ["--dp", "2"], ConfigError,
        "dp x tp x pp = 2 x 1 x 1 = 2 does not match the 8 devices"),
@@ -636,8 +649,9 @@ def _shard_file(name: str):
 CASES.extend([
     _c("sharding-nested-uneven", "text format",
        "`f32[5,4]` as `[S(0), S(0)]` on a 2 x 3 mesh (the 2-row piece over 3 devices)",
-       _shard_file("shard_nested_uneven.dir"), ["check", "{cases}/shard_nested_uneven.dir"], VerifyError,
-       "value %y: dim 0 of size 5 has a piece of size 2 (after axes 'a') that is sharded over axis 'b'"),
+       _shard_file("shard_nested_uneven.dir"), ["check", "{cases}/shard_nested_uneven.dir"],
+       VerifyError, "value %y: dim 0 of size 5 has a piece of size 2 (after axes 'a') that is "
+                    "sharded over axis 'b'"),
 ])
 
 def _simulate_tiny_with(**fields):
@@ -716,12 +730,63 @@ CASES.extend([
        _sweep_bytes("1:1e30:1.0000001"),
        ["collective", "allreduce", "--sweep-bytes", "1:1e30:1.0000001"], ConfigError,
        "690,775,563 sizes, more than 1,000"),
-    _c("collective-sweep-nan-factor", "CLI flags", "`collective allreduce --sweep-bytes 1KB:1MB:nan`",
+    _c("collective-sweep-nan-factor", "CLI flags",
+       "`collective allreduce --sweep-bytes 1KB:1MB:nan`",
        _sweep_bytes("1KB:1MB:nan"), ["collective", "allreduce", "--sweep-bytes", "1KB:1MB:nan"],
        ConfigError, "the factor must be a finite number > 1, got 'nan'"),
     _c("input-shape-twice", "CLI flags", "`import --input-shape x=2x3 --input-shape x=4x3`", None,
        ["import", "{tmp}/negative_dims.onnx", "--input-shape", "x=2x3", "--input-shape", "x=4x3"],
        ConfigError, "--input-shape: input 'x' is given twice (x=2x3 and x=4x3): give it once"),
+])
+
+
+CASES.extend([
+    # YAML that expands or nests past what a loader should walk, and values quoted in errors
+    *[_c(f"topology-{name}", "topology YAML", what, _load_topology(f"topo_{file}.yaml"),
+         S + ["--topology", f"{{cases}}/topo_{file}.yaml"], ConfigError, message)
+      for name, file, what, message in [
+          ("alias-bomb", "alias_bomb",
+           "an alias bomb: 8 levels of 9 aliases (43 million strings in 12 lines)",
+           "topo_alias_bomb.yaml: its aliases expand to more than 100,000 nodes"),
+          ("alias-cycle", "alias_cycle", "an alias inside the list it names (`&a [1, *a]`)",
+           "topo_alias_cycle.yaml: an alias refers to a node that contains it"),
+          ("deep-nesting", "deep_nesting", "lists nested 400 deep",
+           "topo_deep_nesting.yaml: nested deeper than 100 levels"),
+          ("long-value", "long_value", "2,916 strings (by aliases) where a peak belongs",
+           "device.peak_flops.f16: must be a positive number, got [[[['a-long-string'"),
+          ("device-name-list", "device_name_list", "`device: {name: [a, b]}`",
+           "device.name: must be a name, got a list"),
+          ("no-devices", "no_devices", "`devices: []`",
+           "topo_no_devices.yaml: devices: is empty (a topology needs at least one device)"),
+      ]],
+    _c("topology-no-peak-for-dtype", "topology YAML",
+       "`peak_flops: {f32: ...}` only, for the MLP (f16)",
+       _simulate_file("topology", "topo_f32_peak_only.yaml"),
+       S + ["--topology", "{cases}/topo_f32_peak_only.yaml"], ConfigError,
+       "device.peak_flops: no entry for f16, the compute dtype of model 'mlp' (it lists f32)"),
+    _c("model-layers-true", "model YAML", "`layers: true`",
+       _simulate_file("model", "model_layers_true.yaml"),
+       S + ["--model", "{cases}/model_layers_true.yaml"], ConfigError,
+       "model_layers_true.yaml: mlp.layers: must be a positive integer, got True"),
+    _c("draw-missing-folder", "CLI flags", "`topology dgx-a100 --draw nowhere/dir/g.png`", None,
+       ["topology", "dgx-a100", "--draw", "nowhere/dir/g.png"], ConfigError,
+       "--draw nowhere/dir/g.png: the folder nowhere/dir does not exist"),
+    _c("draw-not-png", "CLI flags", "`topology dgx-a100 --draw g.txt`", None,
+       ["topology", "dgx-a100", "--draw", "g.txt"], ConfigError,
+       "--draw g.txt: the drawing is a PNG image; name a .png file"),
+    _c("max-wall-s-shorter-than-the-build", "CLI flags",
+       "`simulate --model gpt2 --max-wall-s 0.01`",
+       _simulate(model="gpt2", max_wall_s=0.01),
+       S + ["--model", "gpt2", "--max-wall-s", "0.01"], SimulationError,
+       "stopped while building the program"),
+    _c("collective-nodes-zero", "CLI flags", "`collective allreduce --nodes 0`", None,
+       ["collective", "allreduce", "--nodes", "0"], ConfigError,
+       "--nodes: must be a positive integer, got 0"),
+    _c("stdout-full", "CLI flags", "`simulate --json --no-plots > /dev/full`", None,
+       ["simulate", "--json", "--no-plots", "--layers", "1", "--hidden", "64", "--batch", "64",
+        "--out", OUT], OSError,
+       "cannot write <stdout>: No space left on device (the output files were removed)",
+       stdout="full"),
 ])
 
 

@@ -4,6 +4,8 @@ message; the CLI exits with status 2, prints exactly one line on stderr (no
 traceback), and leaves no output files behind."""
 from __future__ import annotations
 
+import errno
+import io
 import os
 import re
 import subprocess
@@ -59,11 +61,23 @@ def _args(case: Case, gen: Path, out: Path):
     return [a.format(cases=CASES_DIR, tmp=gen, out=out) for a in case.cli]
 
 
+class _FullStdout(io.TextIOBase):
+    """A stdout that refuses every write, as /dev/full does."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.cli is not None], ids=lambda c: c.id)
 def test_cli(case: Case, scratch, capsys, monkeypatch):
     gen, cwd = scratch
     out = cwd / "out"
     monkeypatch.chdir(cwd)
+    if case.stdout == "full":
+        monkeypatch.setattr(sys, "stdout", _FullStdout())
     try:
         code = main(_args(case, gen, out))
     except SystemExit as e:          # argparse usage errors
@@ -83,7 +97,8 @@ def test_cli(case: Case, scratch, capsys, monkeypatch):
 # A few rows through a real process too: the installed entry point, its exit
 # status and its stderr, not only main().
 SUBPROCESS_ROWS = ["dp-zero", "topology-builder-list", "text-deep-nesting", "onnx-truncated",
-                   "sweep-constraint-code", "dp-not-an-int"]
+                   "sweep-constraint-code", "dp-not-an-int", "topology-alias-bomb",
+                   "stdout-full"]
 
 
 @pytest.mark.parametrize("case_id", SUBPROCESS_ROWS)
@@ -91,12 +106,16 @@ def test_cli_in_a_process(case_id, scratch):
     case = next(c for c in CASES if c.id == case_id)
     gen, cwd = scratch
     out = cwd / "out"
-    proc = subprocess.run([sys.executable, "-m", "distsim", *_args(case, gen, out)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    if case.stdout == "full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    with open("/dev/full" if case.stdout == "full" else os.devnull, "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "distsim", *_args(case, gen, out)], cwd=cwd,
+                              stdout=full if case.stdout == "full" else subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert case.message in proc.stderr
-    assert proc.stdout == ""
+    assert not proc.stdout
     assert sorted(os.listdir(cwd)) == []
 
 

@@ -26,7 +26,8 @@ def test_readme_lists_every_exit_status():
     sentence = re.search(r"Exit status: (.*?resume\)\.)", text).group(1)
     for piece in ("0 success", "1 when `distsim check` finds a value that differs",
                   "`distsim search` finds no strategy that fits", "2 bad input",
-                  "3 a bug in distsim", "130 Ctrl-C", "143 when `distsim sweep` or `distsim search` is "
+                  "3 a bug in distsim", "130 Ctrl-C",
+                  "143 when `distsim sweep` or `distsim search` is "
                   "stopped by SIGTERM"):
         assert piece in sentence
 

@@ -38,7 +38,8 @@ def test_print_fused_op_without_its_segment(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content,message", [
-    ("func @f(%x: f32[4]@0) -> (f32[4]@0) {\n  %y = relu(%x) : f32[4]@0\n  return %x\n", "prog.dir:4:1"),
+    ("func @f(%x: f32[4]@0) -> (f32[4]@0) {\n  %y = relu(%x) : f32[4]@0\n  return %x\n",
+     "prog.dir:4:1"),
     ("func @f(%x: f32[4]@0, %w: f32[3,3]@0) -> (f32[4,3]@0) {\n"
      "  %y = matmul(%x, %w) : f32[4,3]@0\n  return %y\n}\n", "matmul needs rank >= 2"),
     ("func @f(%x: f32[4]@0) -> (f32[4]@0) {\n  %y = relu(%x) : f32[5]@0\n  return %x\n}\n",

@@ -60,7 +60,8 @@ def test_json_flag_prints_summary(tmp_path, capsys):
 def test_more_devices_is_faster_per_step(tmp_path, capsys, dtype):
     times = {}
     for dp in (4, 8):
-        code, stdout, _ = run_cli(["simulate", "--layers", "4", "--hidden", "2048", "--batch", "4096",
+        code, stdout, _ = run_cli(["simulate", "--layers", "4", "--hidden", "2048",
+                                   "--batch", "4096",
                                    "--dp", str(dp), "--dtype", dtype, "--json", "--no-plots",
                                    "--out", str(tmp_path / str(dp))], capsys)
         assert code == 0
@@ -79,7 +80,8 @@ def test_topology_path(tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--model", "nosuchmodel"], "unknown model 'nosuchmodel'"),
     (["--topology", "/nonexistent/topo.yaml"], "/nonexistent/topo.yaml"),
-    (["--batch", "6", "--dp", "4"], "batch size 6 of input %x is not divisible by the data-parallel degree 4"),
+    (["--batch", "6", "--dp", "4"],
+     "batch size 6 of input %x is not divisible by the data-parallel degree 4"),
     (["--dp", "16"], "16 devices"),
     (["--layers", "0"], "layers"),
 ])
@@ -95,7 +97,8 @@ def test_bad_input_one_line_exit_2_no_files(tmp_path, capsys, args, message):
 def test_malformed_yaml_topology(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndevice: [unclosed\n")
-    code, _, err = run_cli(["simulate", "--topology", str(bad), "--out", str(tmp_path / "o")], capsys)
+    code, _, err = run_cli(["simulate", "--topology", str(bad), "--out", str(tmp_path / "o")],
+                           capsys)
     assert code == 2 and str(bad) in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
@@ -123,17 +126,32 @@ def test_an_output_folder_that_cannot_be_written_is_a_config_error(capsys, out, 
     assert "Traceback" not in err and stdout == ""
 
 
-def test_max_wall_s_stops_a_run_and_lists_the_blocked_ops(tmp_path, capsys):
-    # a budget of 1 ns is spent by the first check (at the first event): the
-    # run stops with the streams blocked at that moment
+def test_max_wall_s_bounds_the_whole_run(tmp_path, capsys):
+    # a budget of 1 ns is spent before the program is built: the run stops
+    # there (the simulator's own bound, which names the blocked ops, is
+    # tested in tests/sim/test_liveness_bounds.py)
     out = tmp_path / "out"
     code, stdout, err = run_cli(["simulate", "--no-plots", "--max-wall-s", "1e-9",
                                  "--out", str(out)], capsys)
     assert code == 2
-    assert err.startswith("distsim: error: stopped (wall-clock budget of 1e-09 s spent "
-                          "(max_wall_s)) at t=")
-    assert " stream(s) blocked: device 0 " in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("distsim: error: stopped while building the program: the run took ")
+    assert err.endswith(" past --max-wall-s 1e-09\n") and len(err.strip().splitlines()) == 1
     assert not out.exists() and stdout == ""
+
+
+def test_the_simulation_gets_the_time_the_build_left(monkeypatch):
+    import distsim
+    from distsim import api
+    bounds = []
+    real = api.simulate_function
+
+    def spy(program, topo, cost, options, values=None):
+        bounds.append(options.max_wall_s)
+        return real(program, topo, cost, options, values=values)
+    monkeypatch.setattr(api, "simulate_function", spy)
+    distsim.simulate(layers=1, hidden=64, batch=64, max_wall_s=600)
+    distsim.simulate(layers=1, hidden=64, batch=64)
+    assert 0 < bounds[0] < 600 and bounds[1] is None
 
 
 def test_max_wall_s_zero_or_generous_changes_nothing(tmp_path, capsys):
@@ -166,7 +184,8 @@ def test_malformed_max_wall_s_in_python_is_a_config_error(value):
 def test_max_wall_s_in_python_stops_with_a_simulation_error():
     import distsim
     from distsim.errors import SimulationError
-    with pytest.raises(SimulationError, match=r"wall-clock budget of 1e-09 s spent"):
+    with pytest.raises(SimulationError, match=r"^stopped while building the program: .* "
+                                              r"past --max-wall-s 1e-09$"):
         distsim.simulate(max_wall_s=1e-9)
 
 

@@ -9,7 +9,8 @@ configuration's prefetch and whatever block really follows it (a middle
 layer was charged for the embedding table it prefetched in the template,
 the head's backward for one layer when two are prefetched). Now the
 template runs without prefetch and the estimate adds the gathered bytes
-of the chunk's own next ``prefetch`` blocks (:func:`~distsim.estimate.profile_memory.prefetched_bytes`).
+of the chunk's own next ``prefetch`` blocks
+(:func:`~distsim.estimate.profile_memory.prefetched_bytes`).
 
 Two more template artefacts went with it: ZeRO-3's gates and first-use
 reshapes of a task belong to the block that reads the parameters (they

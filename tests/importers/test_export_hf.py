@@ -17,18 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "models" / "export_hf.py"
 
 
-def setup_kwargs():
-    """The literal keyword arguments of setup() in setup.py."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call)
-                and getattr(n.func, "id", "") == "setup")
-    out = {}
-    for kw in call.keywords:
-        try:
-            out[kw.arg] = ast.literal_eval(kw.value)
-        except ValueError:  # not a literal (long_description=open(...))
-            pass
-    return out
+def project():
+    """The ``[project]`` table of pyproject.toml."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:      # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 
 
 def requirement_names(requirements):
@@ -37,9 +32,9 @@ def requirement_names(requirements):
 
 
 def test_export_extra_lists_every_package_the_script_imports():
-    kwargs = setup_kwargs()
-    available = (requirement_names(kwargs["extras_require"]["export"]) |
-                 requirement_names(kwargs["install_requires"]))
+    meta = project()
+    available = (requirement_names(meta["optional-dependencies"]["export"]) |
+                 requirement_names(meta["dependencies"]))
     imported = set()
     for node in ast.walk(ast.parse(SCRIPT.read_text())):
         if isinstance(node, ast.Import):

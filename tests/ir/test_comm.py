@@ -52,13 +52,15 @@ def test_structural_equality_covers_every_attribute():
     x0, x1 = Value("a", TensorType((4, 4), F32, 0)), Value("b", TensorType((4, 4), F32, 1))
 
     def gather(dim):
-        outs = [Value(f"o{i}", TensorType((8, 4) if dim == 0 else (4, 8), F32, i)) for i in range(2)]
+        shape = (8, 4) if dim == 0 else (4, 8)
+        outs = [Value(f"o{i}", TensorType(shape, F32, i)) for i in range(2)]
         return Op("comm.allgather", [x0, x1], outs, {"ranks": (0, 1), "dim": dim})
 
     assert gather(0).structurally_equal(gather(0))
     assert not gather(0).structurally_equal(gather(1))
     assert hash(gather(0).structural_key()) == hash(gather(0).structural_key())
-    ar = lambda op: Op("comm.allreduce", [x0, x1], [x0, x1], {"ranks": (0, 1), "reduce_op": op})
+    def ar(op):
+        return Op("comm.allreduce", [x0, x1], [x0, x1], {"ranks": (0, 1), "reduce_op": op})
     assert not ar("sum").structurally_equal(ar("max"))
     assert CollectiveType.from_op_type("comm.alltoall") is CollectiveType.ALL_TO_ALL
     assert len(CollectiveType) == 9

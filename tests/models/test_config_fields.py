@@ -60,5 +60,6 @@ def test_cli_infinite_rate_is_exit_2_and_no_output(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["simulate", "--model", str(path), "--dp", "1", "--no-plots",
                  "--out", str(out)]) == 2
-    assert capsys.readouterr().err == "distsim: error: mlp.lr: must be a positive number, got inf\n"
+    assert capsys.readouterr().err == (f"distsim: error: {path}: mlp.lr: must be a positive "
+                                       "number, got inf\n")
     assert not out.exists()

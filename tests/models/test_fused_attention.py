@@ -318,7 +318,8 @@ def test_cli_bad_attention_in_a_model_file_is_exit_2(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["simulate", "--model", str(path), "--no-plots", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err == "distsim: error: m: attention: must be one of explicit, fused, got 'flash'\n"
+    assert err == (f"distsim: error: {path}: attention: must be one of explicit, fused, "
+                   "got 'flash'\n")
     assert not out.exists()
 
 

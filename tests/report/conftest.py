@@ -40,8 +40,10 @@ def make_many(n_devices: int, ops_per_device: int = 3) -> Trace:
     ops, memory = [], []
     for r in range(n_devices):
         for i in range(ops_per_device):
-            ops.append(OpRecord(r, "compute", f"op{i}", "MatMul", "compute", 2.0 * i, 2.0 * i + 1.0))
-            ops.append(OpRecord(r, "comm", f"c{i}", "AllReduce", "communication", 2.0 * i + 0.5, 2.0 * i + 1.5))
+            ops.append(OpRecord(r, "compute", f"op{i}", "MatMul", "compute", 2.0 * i,
+                                2.0 * i + 1.0))
+            ops.append(OpRecord(r, "comm", f"c{i}", "AllReduce", "communication", 2.0 * i + 0.5,
+                                2.0 * i + 1.5))
         memory += [MemorySample(r, 0.0, (1 + r % 3) * GiB), MemorySample(r, 1.0, 2 * GiB)]
     return Trace(devices=devices, ops=ops, memory=memory, step_time_s=2.0 * ops_per_device)
 

@@ -29,7 +29,8 @@ def test_one_process_per_device_one_thread_per_stream(trace):
     assert procs == {0: "gpu0", 1: "gpu1"}
     sort = {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"}
     assert sort == {0: 0, 1: 1}
-    threads = sorted((e["pid"], e["tid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name")
+    threads = sorted((e["pid"], e["tid"], e["args"]["name"]) for e in meta
+                     if e["name"] == "thread_name")
     # gpu0's compute ops [0,4) and [3,6) overlap, as do gpu1's comm ops [2,3)
     # and [2.5,4): the second of each goes on an extra thread (the slices of
     # one thread must nest), tid 2, the first after compute 0 and comm 1
@@ -41,10 +42,12 @@ def test_complete_events_in_microseconds(trace):
     xs = _events(chrome_trace(trace), "X")
     assert len(xs) == len(trace.ops)
     mm1 = next(e for e in xs if e["name"] == "mm1")      # overlaps mm0: a second thread
-    assert mm1 == {"ph": "X", "pid": 0, "tid": 2, "name": "mm1", "cat": "compute", "ts": 3e6, "dur": 3e6,
+    assert mm1 == {"ph": "X", "pid": 0, "tid": 2, "name": "mm1", "cat": "compute", "ts": 3e6,
+                   "dur": 3e6,
                    "args": {"op_type": "MatMul", "flops": 2e12, "bytes": 2e6, "detail": ""}}
     ar1 = next(e for e in xs if e["name"] == "ar1")
-    assert (ar1["pid"], ar1["tid"], ar1["cat"], ar1["ts"], ar1["dur"]) == (1, 2, "communication", 2.5e6, 1.5e6)
+    assert (ar1["pid"], ar1["tid"], ar1["cat"], ar1["ts"], ar1["dur"]) == (1, 2, "communication",
+                                                                           2.5e6, 1.5e6)
     assert ar1["args"]["detail"] == "ring" and ar1["args"]["bytes"] == 300.0
     # sorted by (pid, tid, ts)
     keys = [(e["pid"], e["tid"], e["ts"]) for e in xs]
@@ -54,12 +57,14 @@ def test_complete_events_in_microseconds(trace):
 def test_memory_counters(trace):
     cs = [e for e in _events(chrome_trace(trace), "C") if e["name"] == "memory"]
     assert [(e["pid"], e["ts"], e["args"]["live_bytes"]) for e in cs] == [
-        (0, 0.0, 2**30), (0, 2e6, 3 * 2**30), (0, 7e6, 2 * 2**30), (1, 1e6, 5 * 2**30), (1, 3e6, 2**30)]
+        (0, 0.0, 2**30), (0, 2e6, 3 * 2**30), (0, 7e6, 2 * 2**30), (1, 1e6, 5 * 2**30),
+        (1, 3e6, 2**30)]
 
 
 def test_link_counters_in_network_process(trace):
     doc = chrome_trace(trace)
-    net = [e for e in _events(doc, "M") if e["name"] == "process_name" and e["args"]["name"] == "network"]
+    net = [e for e in _events(doc, "M")
+           if e["name"] == "process_name" and e["args"]["name"] == "network"]
     assert [e["pid"] for e in net] == [2]
     links = [e for e in _events(doc, "C") if e["pid"] == 2]
     assert [(e["name"], e["ts"], e["args"]["utilisation"]) for e in links] == [
@@ -94,7 +99,8 @@ def test_gzip_output_is_the_same_json_and_deterministic(trace, tmp_path):
 
 def test_non_finite_numbers_become_null():
     t = Trace(devices=[DeviceInfo(0, "gpu0", 1)],
-              ops=[OpRecord(0, "compute", "a", "X", "compute", 0.0, 1.0, float("inf"), float("nan"))])
+              ops=[OpRecord(0, "compute", "a", "X", "compute", 0.0, 1.0, float("inf"),
+                            float("nan"))])
     x = _events(json.loads(chrome_trace_json(t)), "X")[0]
     assert x["args"]["flops"] is None and x["args"]["bytes"] is None
 

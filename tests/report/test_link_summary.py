@@ -10,6 +10,6 @@ def test_links_ranked_by_busy_time_with_utilisation():
                          LinkRecord("b", "a", 10.0, 15.0, 1.5, 2)],
                   step_time_s=2.0)
     links = summarize(trace)["links"]
-    assert [(l["src"], l["dst"]) for l in links] == [("b", "a"), ("a", "b")]
+    assert [(k["src"], k["dst"]) for k in links] == [("b", "a"), ("a", "b")]
     assert links[0]["utilisation"] == 15.0 / (10.0 * 2.0)
     assert links[0]["peak_flows"] == 2 and links[1]["busy_s"] == 0.5

@@ -73,10 +73,10 @@ def test_the_plotted_means_are_the_summary_utilisation():
                               record_links=True)
     summary = result.summary()
     chart = link_chart(result.trace.links, result.trace.link_samples, result.step_time_s)
-    assert [(l.src, l.dst) for l in chart.links] == \
-        [(l["src"], l["dst"]) for l in summary["links"]]
+    assert [(k.src, k.dst) for k in chart.links] == \
+        [(k["src"], k["dst"]) for k in summary["links"]]
     assert len(chart.links) == len(summary["links"]) > 0
-    utilisation = np.array([l["utilisation"] for l in summary["links"]])
+    utilisation = np.array([k["utilisation"] for k in summary["links"]])
     assert np.allclose(chart.grid.mean(axis=1), utilisation, rtol=1e-9, atol=0)
     assert np.allclose(chart.mean, utilisation, rtol=1e-12, atol=0)
     # a mean, not a maximum: the busiest bin is below 1 for links that are

@@ -100,7 +100,8 @@ def column_traces(draw):
     """Traces whose records are time-ordered columns, as the simulator
     makes them, not in record order; sums whose floats depend on the order."""
     n = draw(st.integers(0, 40))
-    ints = lambda lo, hi: draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))
+    def ints(lo, hi):
+        return draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))
     rank, stream, start, length = ints(0, 3), ints(0, 1), ints(0, 6), ints(0, 3)
     big = st.lists(st.floats(0, 1e18), min_size=n, max_size=n)
     cols = OpColumns(rank, stream, [1 - s for s in stream], [s / 10 for s in start],

@@ -109,7 +109,8 @@ def test_truncated_gzip_is_the_same_document(tmp_path):
     trace = make_many(3, 20)
     ct.write_chrome_trace(trace, tmp_path / "t.json", max_trace_records=10)
     ct.write_chrome_trace(trace, tmp_path / "t.json.gz", max_trace_records=10)
-    assert gzip.decompress((tmp_path / "t.json.gz").read_bytes()) == (tmp_path / "t.json").read_bytes()
+    assert gzip.decompress((tmp_path / "t.json.gz").read_bytes()) == \
+        (tmp_path / "t.json").read_bytes()
 
 
 def test_streamed_in_chunks_is_the_same_text(monkeypatch):

@@ -10,7 +10,8 @@ from distsim.ir import Op, verify
 from distsim.ir.mesh import DeviceMesh, DTensorType, Partial, Replicate, Shard
 from distsim.ir.types import DType
 from distsim.text import parse_module
-from distsim.transforms.sharding import LOCAL_RULES, assemble, check_lowering, distribute, shard_program
+from distsim.transforms.sharding import (LOCAL_RULES, assemble, check_lowering, distribute,
+                                        shard_program)
 
 TANH = '''mesh @m = [2, 4] ("dp", "tp")
 
@@ -54,7 +55,8 @@ def test_a_lowering_that_reads_one_partial_term_is_reported():
     # a wrong lowering: rank 0's term broadcast instead of the terms summed
     (ar,) = local.ops
     assert ar.op_type == "comm.allreduce"
-    local.ops[0] = Op("comm.broadcast", ar.inputs[:1], ar.outputs, {"ranks": [0, 1, 2, 3], "root": 0})
+    local.ops[0] = Op("comm.broadcast", ar.inputs[:1], ar.outputs,
+                      {"ranks": [0, 1, 2, 3], "root": 0})
     verify(local)
     result = check_lowering(module, local)
     assert not result.ok and (result.first_difference, result.rank) == ("y", 0)
@@ -95,7 +97,7 @@ func @main(%x: f32[8,16]<@m, [P(sum), S(0)]>, %m: f32[8,16]<@m, [P(max), R]>, %v
   %y = mul(%s, %v) : f32[8,16]
   return %y
 }
-'''
+'''  # noqa: E501 (a function signature of the text format is one line)
     module = parse_module(text)
     _, local = shard_program(module)
     result = check_lowering(module, local, seed=seed)

@@ -22,19 +22,22 @@ def test_gathering_the_small_input_before_the_broadcast():
     sharded, local = run_sharded(BROADCAST.replace("RESULT", "").replace("EXTRA", ""))
     ops = _ops(sharded)
     # x is gathered (R), the broadcast makes each device's S(0) piece, the add runs on S(0)
-    assert ops["x_rd"].op_type == "redistribute" and ops["x_rd"].outputs[0].type.placements == (Replicate(),)
+    assert ops["x_rd"].op_type == "redistribute"
+    assert ops["x_rd"].outputs[0].type.placements == (Replicate(),)
     assert ops["b"].outputs[0].type.placements == (Shard(0),)
     assert ops["y"].inputs[0] is ops["b"].outputs[0]
     comms = comm_ops(local)
     assert [op.op_type for op in comms] == ["comm.allgather"]
-    # by hand: x is 8 x 4 B = 32 B; an all-gather over 4 devices sends (4-1)/4 * 32 = 24 B per device
+    # by hand: x is 8 x 4 B = 32 B; an all-gather over 4 devices sends (4-1)/4 * 32 = 24 B per
+    # device
     # (the all-to-all of b at the add would be (4-1)/4^2 * 1024*8*4 = 6144 B per device)
     assert comms[0].meta["bytes_per_device"] == 24.0
 
 
 def test_a_producer_read_elsewhere_is_not_re_placed():
     # b is also returned, so its placement stays; the conflict is resolved at the add
-    text = BROADCAST.replace("(f32[1024,8]RESULT)", "(f32[1024,8], f32[1024,8])").replace("EXTRA", ", %b")
+    text = BROADCAST.replace("(f32[1024,8]RESULT)", "(f32[1024,8], f32[1024,8])")
+    text = text.replace("EXTRA", ", %b")
     sharded, local = run_sharded(text)
     ops = _ops(sharded)
     assert ops["b"].outputs[0].type.placements == (Shard(1),)

@@ -27,38 +27,44 @@ def move(a, src_pl, b, dst_pl, seed=1):
     t_src = DTensorType(SHAPE, DType.F32, a, src_pl)
     t_dst = DTensorType(SHAPE, DType.F32, b, dst_pl)
     text = (f"{a.print_text()}\n{b.print_text()}\n\nfunc @main(%x: {t_src.print_text()}) -> "
-            f"({t_dst.print_text()}) {{\n  %y = redistribute(%x) : {t_dst.print_text()}\n  return %y\n}}\n")
+            f"({t_dst.print_text()}) {{\n  %y = redistribute(%x) : {t_dst.print_text()}\n"
+            "  return %y\n}\n")
     module = parse_module(text)
     assert print_module(module).count("mesh @") == 2
     local = verify(lower(module))
     x = np.random.default_rng(seed).uniform(-1, 1, SHAPE).astype(np.float32)
     # partial terms: the replicated piece times weights that sum to 1 along each partial axis
-    pieces = distribute(x, t_src.with_placements([R if isinstance(p, Partial) else p for p in src_pl]))
+    pieces = distribute(x,
+                        t_src.with_placements([R if isinstance(p, Partial) else p for p in src_pl]))
     for c in pieces:
         for axis, p in enumerate(src_pl):
             n = a.shape[axis]
             if isinstance(p, Partial):
                 pieces[c] = pieces[c] * np.float32((c[axis] + 1) / (n * (n + 1) / 2))
     outs = NumpyExecutor().run(local, [pieces[c] for c in a.all_coords()])
-    np.testing.assert_allclose(assemble(dict(zip(b.all_coords(), outs)), t_dst), x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(assemble(dict(zip(b.all_coords(), outs)), t_dst), x, rtol=1e-5,
+                               atol=1e-6)
     return local, recipe_costs(t_src, t_dst)
 
 
 def mesh(name, shape, devices):
-    return DeviceMesh(name, shape, tuple("xyz"[:len(shape)]) if name == "a" else tuple("uvw"[:len(shape)]),
+    return DeviceMesh(name, shape,
+                      tuple("xyz"[:len(shape)]) if name == "a" else tuple("uvw"[:len(shape)]),
                       tuple(devices))
 
 
 def test_overlapping_meshes_move_only_what_is_missing():
     # (0,1,2,3) S(0) -> (1,2) S(0): rank 1 needs rows 0-3 (it holds 2-3, gets 0-1 from rank 0),
     # rank 2 needs rows 4-7 (holds 4-5, gets 6-7 from rank 3): 2 rows x 16 x 4 B = 128 B each
-    local, costs = move(mesh("a", (4,), range(4)), (Shard(0),), mesh("b", (2,), (1, 2)), (Shard(0),))
+    local, costs = move(mesh("a", (4,), range(4)), (Shard(0),), mesh("b", (2,), (1, 2)),
+                        (Shard(0),))
     assert dict(costs) == {"p2p([S(0)] -> [S(0)])": 128.0,
-                           "p2p([R] -> [S(0)])": 3 / 4 * 512,          # all-gather, then nothing moves
-                           "root": 3 / 4 * 512 + 1 / 2 * 512}          # gather to 1, scatter over (1, 2)
+                           "p2p([R] -> [S(0)])": 3 / 4 * 512,   # all-gather, then nothing moves
+                           "root": 3 / 4 * 512 + 1 / 2 * 512}   # gather to 1, scatter over (1, 2)
     comms = comm_ops(local)
     assert sorted(tuple(op.attrs["ranks"]) for op in comms) == [(0, 1), (3, 2)]
-    assert all(op.op_type == "comm.sendrecv" and op.meta["bytes_per_device"] == 128.0 for op in comms)
+    assert all(op.op_type == "comm.sendrecv" and op.meta["bytes_per_device"] == 128.0
+               for op in comms)
 
 
 def test_matching_shards_are_one_send_recv_per_device():
@@ -68,8 +74,10 @@ def test_matching_shards_are_one_send_recv_per_device():
 
 
 def test_two_senders_spread_over_four_receivers():
-    # rank 0 holds rows 0-3, rank 1 rows 4-7; each of 2..5 needs 2 rows (128 B): each sender sends 256 B
-    local, costs = move(mesh("a", (2,), (0, 1)), (Shard(0),), mesh("b", (4,), (2, 3, 4, 5)), (Shard(0),))
+    # rank 0 holds rows 0-3, rank 1 rows 4-7; each of 2..5 needs 2 rows (128 B): each sender
+    # sends 256 B
+    local, costs = move(mesh("a", (2,), (0, 1)), (Shard(0),), mesh("b", (4,), (2, 3, 4, 5)),
+                        (Shard(0),))
     assert dict(costs)["p2p([S(0)] -> [S(0)])"] == 256.0
     assert dict(costs)["root"] == 1 / 2 * 512 + 512 + 3 / 4 * 512  # gather, send, scatter: 1152
     assert [op.op_type for op in comm_ops(local)] == ["comm.sendrecv"] * 4
@@ -79,7 +87,8 @@ def test_two_senders_spread_over_four_receivers():
 def test_2d_source_to_replicated_target():
     # 2x2 [S(0), S(1)] -> 4 devices replicated: each receives the 4 blocks of 128 B (512 B),
     # each source block goes to 4 receivers (512 B)
-    local, costs = move(mesh("a", (2, 2), range(4)), (Shard(0), Shard(1)), mesh("b", (4,), range(4, 8)), (R,))
+    local, costs = move(mesh("a", (2, 2), range(4)), (Shard(0), Shard(1)),
+                        mesh("b", (4,), range(4, 8)), (R,))
     assert dict(costs) == {"p2p([S(0), S(1)] -> [R])": 512.0,
                            # all-gathers on A (1/2 * 256 + 1/2 * 512), then 512
                            "p2p([R, R] -> [R])": 384.0 + 512.0,

@@ -32,7 +32,7 @@ func @main(%x: f32[8,16]XTYPE, %w1: f32[16,32]<@m, [S(1)]>, %w2: f32[32,16]<@m, 
   %y = call(%x, %w1, %w2) {callee = "block"} : f32[8,16]
   return %y
 }
-'''
+'''  # noqa: E501 (a function signature of the text format is one line)
 
 DP_TP = 'mesh @m = [2, 2] ("dp", "tp")\n' + BODY + '''
 func @main(%x: f32[8,16], %w1: f32[16,32]<@m, [R, S(1)]>, %w2: f32[32,16]<@m, [R, S(0)]>, %d: f32[8,16]<@m, [S(0), R]>) -> (f32[8,16]) {
@@ -40,7 +40,7 @@ func @main(%x: f32[8,16], %w1: f32[16,32]<@m, [R, S(1)]>, %w2: f32[32,16]<@m, [R
   %z = add(%y, %d) : f32[8,16]
   return %z
 }
-'''
+'''  # noqa: E501 (a function signature of the text format is one line)
 
 
 def _shard(text):

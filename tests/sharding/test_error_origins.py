@@ -30,7 +30,7 @@ func @main(%x: f32[8,16]<@m, [R]>, %w1: f32[16,32]<@m, [S(1)]>, %w2: f32[32,16]<
   %y = call(%x, %w1, %w2) {callee = "block"} : f32[8,16]
   return %y
 }
-'''
+'''  # noqa: E501 (a function signature of the text format is one line)
 
 GELU = "case.dir:5: function 'mlp', op %a = gelu"
 CALLS = ("(called from case.dir:11: function 'block', op %h = call) "

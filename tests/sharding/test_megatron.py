@@ -12,8 +12,10 @@ B, D, H = 8, 16, 64
 def global_mlp(mesh):
     b = FunctionBuilder("main")
     x = b.input("x", TensorType((B, D), DType.F32))
-    w1 = annotate_sharding(b.input("w1", TensorType((D, H), DType.F32)), mesh, ["R"] * (mesh.ndim - 1) + ["S(1)"])
-    w2 = annotate_sharding(b.input("w2", TensorType((H, D), DType.F32)), mesh, ["R"] * (mesh.ndim - 1) + ["S(0)"])
+    w1 = annotate_sharding(b.input("w1", TensorType((D, H), DType.F32)), mesh,
+                           ["R"] * (mesh.ndim - 1) + ["S(1)"])
+    w2 = annotate_sharding(b.input("w2", TensorType((H, D), DType.F32)), mesh,
+                           ["R"] * (mesh.ndim - 1) + ["S(0)"])
     h = b.op("matmul", [x, w1], name="h")
     a = b.op("gelu", [h], name="a")
     y = b.op("matmul", [a, w2], name="y")

@@ -30,7 +30,7 @@ func @main(%x: f32[8,16]XTYPE, %w1: f32[16,32], %w2: f32[32,16], %w3: f32[16,32]
   %y = call(%h, %w3, %w4) {callee = "mlp"} : f32[8,16]
   return %y
 }
-'''
+'''  # noqa: E501 (a function signature of the text format is one line)
 
 
 def unsharded_result(module, inputs):
@@ -46,7 +46,8 @@ def sharded_result(module, local, inputs):
     f = module.functions["main"]
     record = local.meta["sharding"]
     ex = NumpyExecutor()
-    outs = ex.run(local, local_inputs(local.inputs, record, {v.name: a for v, a in zip(f.inputs, inputs)}))
+    outs = ex.run(local,
+                  local_inputs(local.inputs, record, {v.name: a for v, a in zip(f.inputs, inputs)}))
     name, t = local.meta["outputs"][0]
     return assemble(dict(zip(t.mesh.all_coords(), outs)), t)
 
@@ -93,7 +94,7 @@ func @main(%x: f32[8,16]<@m, [S(0)]>, %w1: f32[16,32]<@m, [S(1)]>, %w2: f32[32,1
   %y = call(%h, %w3, %w4) {callee = "mlp"} : f32[8,16]
   return %y
 }
-'''
+'''  # noqa: E501 (a function signature of the text format is one line)
     sharded, local = run_sharded(text)
     assert set(sharded.functions) == {"main", "mlp", "mlp.1"}
     first, second = [op for op in sharded.functions["main"].ops if op.op_type == "call"]

@@ -41,20 +41,26 @@ CASES = {
     "conv/batch": (MESH1, [_x(NCHW, [Shard(0)]), _x((6, 4, 3, 3), None, "w")],
                    lambda b, v: b.op("conv", [v["x"], v["w"]], CONV, name="y"), [[Shard(0)]]),
     "conv/out-channels": (MESH1, [_x(NCHW), _x((6, 4, 3, 3), [Shard(0)], "w")],
-                          lambda b, v: b.op("conv", [v["x"], v["w"]], CONV, name="y"), [[Shard(1)]]),
+                          lambda b, v: b.op("conv", [v["x"], v["w"]], CONV, name="y"),
+                          [[Shard(1)]]),
     "conv/in-channels": (MESH1, [_x(NCHW, [Shard(1)]), _x((6, 4, 3, 3), [Shard(1)], "w")],
                          lambda b, v: b.op("conv", [v["x"], v["w"]], CONV, name="y"), [[P]]),
     "conv/2-D batch x out-channels": (
         MESH2, [_x(NCHW, [Shard(0), R]), _x((6, 4, 3, 3), [R, Shard(0)], "w")],
         lambda b, v: b.op("conv", [v["x"], v["w"]], CONV, name="y"), [[Shard(0), Shard(1)]]),
     "conv_grad_input/batch": (
-        MESH1, [_x((4, 6, 6, 6), [Shard(0)], "dy"), _x((6, 4, 3, 3), None, "w"), _x(NCHW, None, "like")],
-        lambda b, v: b.op("conv_grad_input", [v["dy"], v["w"], v["like"]], CONV, name="y"), [[Shard(0)]]),
+        MESH1,
+        [_x((4, 6, 6, 6), [Shard(0)], "dy"), _x((6, 4, 3, 3), None, "w"), _x(NCHW, None, "like")],
+        lambda b, v: b.op("conv_grad_input", [v["dy"], v["w"], v["like"]], CONV, name="y"),
+        [[Shard(0)]]),
     "conv_grad_input/out-channels": (
-        MESH1, [_x((4, 6, 6, 6), [Shard(1)], "dy"), _x((6, 4, 3, 3), [Shard(0)], "w"), _x(NCHW, None, "like")],
+        MESH1,
+        [_x((4, 6, 6, 6), [Shard(1)], "dy"), _x((6, 4, 3, 3), [Shard(0)], "w"),
+         _x(NCHW, None, "like")],
         lambda b, v: b.op("conv_grad_input", [v["dy"], v["w"], v["like"]], CONV, name="y"), [[P]]),
     "conv_grad_weight/batch": (
-        MESH1, [_x((4, 6, 6, 6), [Shard(0)], "dy"), _x(NCHW, [Shard(0)]), _x((6, 4, 3, 3), None, "like")],
+        MESH1,
+        [_x((4, 6, 6, 6), [Shard(0)], "dy"), _x(NCHW, [Shard(0)]), _x((6, 4, 3, 3), None, "like")],
         lambda b, v: b.op("conv_grad_weight", [v["dy"], v["x"], v["like"]], CONV, name="y"), [[P]]),
     "conv_grad_weight/out-channels": (
         MESH1, [_x((4, 6, 6, 6), [Shard(1)], "dy"), _x(NCHW), _x((6, 4, 3, 3), None, "like")],
@@ -86,12 +92,16 @@ CASES = {
         lambda b, v: b.op("batchnorm", [v[n] for n in ("x", "s", "bias", "mean", "var")], name="y"),
         [[Shard(1)]]),
     "batchnorm_grad/batch": (
-        MESH1, [_x(NCHW, [Shard(0)], "dy"), _x(NCHW)] + [_x((4,), None, n) for n in ("s", "mean", "var")],
-        lambda b, v: b.op("batchnorm_grad", [v[n] for n in ("dy", "x", "s", "mean", "var")], name="y"),
+        MESH1,
+        [_x(NCHW, [Shard(0)], "dy"), _x(NCHW)] + [_x((4,), None, n) for n in ("s", "mean", "var")],
+        lambda b, v: b.op("batchnorm_grad", [v[n] for n in ("dy", "x", "s", "mean", "var")],
+                          name="y"),
         [[Shard(0)], [P], [P]]),
     "batchnorm_grad/channels": (
-        MESH1, [_x(NCHW, [Shard(1)], "dy"), _x(NCHW)] + [_x((4,), None, n) for n in ("s", "mean", "var")],
-        lambda b, v: b.op("batchnorm_grad", [v[n] for n in ("dy", "x", "s", "mean", "var")], name="y"),
+        MESH1,
+        [_x(NCHW, [Shard(1)], "dy"), _x(NCHW)] + [_x((4,), None, n) for n in ("s", "mean", "var")],
+        lambda b, v: b.op("batchnorm_grad", [v[n] for n in ("dy", "x", "s", "mean", "var")],
+                          name="y"),
         [[Shard(1)], [Shard(0)], [Shard(0)]]),
     "trilu/batch": (MESH1, [_x((4, 5, 5), [Shard(0)])],
                     lambda b, v: b.op("trilu", [v["x"]], {"k": 1}, name="y"), [[Shard(0)]]),
@@ -121,10 +131,13 @@ CASES = {
         lambda b, v: b.op("embedding_grad", [v["dy"], v["ids"]], {"num_embeddings": 10}, name="y"),
         [[Shard(1)]]),
     "gather_grad/indices": (
-        MESH1, [_x((4, 3, 5), [Shard(1)], "dy"), _x((4, 3), None, "idx", I64), _x((10, 5), None, "like")],
-        lambda b, v: b.op("gather_grad", [v["dy"], v["idx"], v["like"]], {"axis": 0}, name="y"), [[P]]),
+        MESH1,
+        [_x((4, 3, 5), [Shard(1)], "dy"), _x((4, 3), None, "idx", I64), _x((10, 5), None, "like")],
+        lambda b, v: b.op("gather_grad", [v["dy"], v["idx"], v["like"]], {"axis": 0}, name="y"),
+        [[P]]),
     "gather_grad/data dim": (
-        MESH1, [_x((4, 3, 6), [Shard(2)], "dy"), _x((4, 3), None, "idx", I64), _x((10, 6), None, "like")],
+        MESH1,
+        [_x((4, 3, 6), [Shard(2)], "dy"), _x((4, 3), None, "idx", I64), _x((10, 6), None, "like")],
         lambda b, v: b.op("gather_grad", [v["dy"], v["idx"], v["like"]], {"axis": 0}, name="y"),
         [[Shard(1)]]),
     "select_label/batch": (
@@ -132,7 +145,8 @@ CASES = {
         lambda b, v: b.op("select_label", [v["x"], v["labels"]], name="y"), [[Shard(0)]]),
     "select_label_grad/batch": (
         MESH1, [_x((4,), [Shard(0)], "dy"), _x((4, 10)), _x((4,), None, "labels", I64)],
-        lambda b, v: b.op("select_label_grad", [v["dy"], v["x"], v["labels"]], name="y"), [[Shard(0)]]),
+        lambda b, v: b.op("select_label_grad", [v["dy"], v["x"], v["labels"]], name="y"),
+        [[Shard(0)]]),
     # vocabulary parallelism: each device holds some rows of the table (some
     # classes of the logits), looks up / picks the ids in its range, zeros
     # elsewhere: partial sums (random ids lie in [0, 8), so every piece of
@@ -150,7 +164,8 @@ CASES = {
         MESH1, [_x((4, 10), [Shard(1)]), _x((4,), None, "labels", I64)],
         lambda b, v: b.op("select_label", [v["x"], v["labels"]], name="y"), [[P]]),
     "select_label_grad/vocabulary": (
-        MESH2, [_x((4,), None, "dy"), _x((4, 10), [Shard(1), Shard(1)]), _x((4,), None, "labels", I64)],
+        MESH2,
+        [_x((4,), None, "dy"), _x((4, 10), [Shard(1), Shard(1)]), _x((4,), None, "labels", I64)],
         lambda b, v: b.op("select_label_grad", [v["dy"], v["x"], v["labels"]], name="y"),
         [[Shard(1), Shard(1)]]),
     # a weight's gradient from a batch of sequences: the batch is contracted

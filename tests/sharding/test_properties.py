@@ -112,7 +112,8 @@ tensor_shapes = st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple)
 
 def _placements(data, mesh, rank):
     choices = [Replicate(), Partial()] + [Shard(d) for d in range(rank)]
-    return tuple(data.draw(st.lists(st.sampled_from(choices), min_size=mesh.ndim, max_size=mesh.ndim)))
+    return tuple(data.draw(st.lists(st.sampled_from(choices), min_size=mesh.ndim,
+                                    max_size=mesh.ndim)))
 
 
 def _accepted(shape, mesh, pl) -> bool:
@@ -133,7 +134,8 @@ def _run_move(shape, t_src, t_dst):
     arr = np.random.default_rng(0).normal(size=shape)
     pieces = distribute(arr, t_src)
     outs = NumpyExecutor().run(local, [pieces[c] for c in t_src.mesh.all_coords()])
-    np.testing.assert_allclose(assemble(dict(zip(t_dst.mesh.all_coords(), outs)), t_dst), arr, atol=1e-12)
+    np.testing.assert_allclose(assemble(dict(zip(t_dst.mesh.all_coords(), outs)), t_dst), arr,
+                               atol=1e-12)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -142,7 +144,8 @@ def test_every_accepted_redistribution_returns_the_input(mesh_shape, shape, data
     mesh = _mesh(mesh_shape)
     src, dst = _placements(data, mesh, len(shape)), _placements(data, mesh, len(shape))
     assume(_accepted(shape, mesh, src) and _accepted(shape, mesh, dst))
-    _run_move(shape, DTensorType(shape, DType.F64, mesh, src), DTensorType(shape, DType.F64, mesh, dst))
+    _run_move(shape, DTensorType(shape, DType.F64, mesh, src),
+              DTensorType(shape, DType.F64, mesh, dst))
     steps = plan_redistribute(shape, DType.F64, mesh, src, dst)
     assert len(steps) <= 2 * mesh.ndim + 1
 
@@ -159,7 +162,8 @@ def test_the_audited_3d_redistributions_all_lower():
         src = tuple(choices[i] for i in rng.integers(0, 5, 3))
         dst = tuple(choices[i] for i in rng.integers(0, 5, 3))
         if _accepted(shape, mesh, src) and _accepted(shape, mesh, dst):
-            _run_move(shape, DTensorType(shape, DType.F64, mesh, src), DTensorType(shape, DType.F64, mesh, dst))
+            _run_move(shape, DTensorType(shape, DType.F64, mesh, src),
+                      DTensorType(shape, DType.F64, mesh, dst))
             done += 1
     assert not _accepted((5, 4), _mesh((2, 3)), (Shard(0), Shard(0)))
 

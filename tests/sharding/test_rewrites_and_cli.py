@@ -22,7 +22,8 @@ def inputs(n=2, shape=(4, 6)):
 
 def run(f, seed=0):
     rng = np.random.default_rng(seed)
-    return NumpyExecutor().run(f, [rng.normal(size=v.type.shape).astype(np.float32) for v in f.inputs])
+    return NumpyExecutor().run(f,
+                               [rng.normal(size=v.type.shape).astype(np.float32) for v in f.inputs])
 
 
 def test_identical_collectives_are_computed_once():
@@ -68,12 +69,15 @@ def test_all_reduce_before_an_element_wise_chain_is_split():
     before = run(f)
     split_all_reduce(f)
     kinds = [op.op_type for op in f.ops]
-    assert kinds == ["comm.reducescatter"] + ["relu"] * 4 + ["scale"] * 4 + ["comm.allgather"] + ["add"] * 4
+    assert kinds == (["comm.reducescatter"] + ["relu"] * 4 + ["scale"] * 4 + ["comm.allgather"]
+                     + ["add"] * 4)
     # the chain runs on each rank's piece: 8 rows over 4 ranks
-    assert all(op.outputs[0].type.shape == (2, 6) for op in f.ops if op.op_type in ("relu", "scale"))
+    assert all(op.outputs[0].type.shape == (2, 6) for op in f.ops
+               if op.op_type in ("relu", "scale"))
     rs, ag = f.ops[0], f.ops[9]
     assert rs.attrs["dim"] == 0 and rs.attrs["mesh"] == "m" and ag.attrs["axes"] == ("a",)
-    # bytes by the table: f32[8,6] = 192 B; (4-1)/4 * 192 = 144 each, 288 as the all-reduce's 2(4-1)/4 * 192
+    # bytes by the table: f32[8,6] = 192 B; (4-1)/4 * 192 = 144 each, 288 as the all-reduce's
+    # 2(4-1)/4 * 192
     assert rs.meta["bytes_per_device"] == 144.0 and ag.meta["bytes_per_device"] == 144.0
     for x, y in zip(run(verify(f)), before):
         np.testing.assert_allclose(x, y, rtol=1e-6)
@@ -81,7 +85,7 @@ def test_all_reduce_before_an_element_wise_chain_is_split():
 
 def test_all_reduce_is_kept_where_splitting_does_not_pay():
     for f in (_all_reduce_then([]),                                  # nothing to run on the piece
-              _all_reduce_then([("relu", None)], also_return=True),  # the full value is returned anyway
+              _all_reduce_then([("relu", None)], also_return=True),    # the full value is returned
               _all_reduce_then([("relu", None)], n=4, shape=(3, 2))):  # no dim with a row per rank
         split_all_reduce(f)
         assert [op.op_type for op in f.ops].count("comm.allreduce") == 1
@@ -128,7 +132,8 @@ def test_check_agrees_and_reports_the_first_difference(capsys, monkeypatch):
 
 def test_bad_file_is_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.dir"
-    bad.write_text('mesh @m = [4] ("a")\n\nfunc @main(%x: f32[2]<@m, [S(0)]>) -> (f32[2]<@m, [S(0)]>) {\n'
+    bad.write_text('mesh @m = [4] ("a")\n\n'
+                   'func @main(%x: f32[2]<@m, [S(0)]>) -> (f32[2]<@m, [S(0)]>) {\n'
                    '  return %x\n}\n')
     assert main(["check", str(bad)]) == 2
     err = capsys.readouterr().err

@@ -44,9 +44,11 @@ func @main(%x: f32[64,16]<@a, [S(0)]>) -> (f32[64,16]<@b, [S(0)]>) {
     _, local = shard_program(parse_module(text))
     trace = simulate_function(local, load_topology("dgx-a100"))
     sends = [r for r in trace.ops if r.op_type == "comm.sendrecv"]
-    # rows 0-15 move 0 -> 1 and rows 48-63 move 3 -> 2 (16 x 16 x 4 B = 1 KiB each); 1 and 2 keep theirs
+    # rows 0-15 move 0 -> 1 and rows 48-63 move 3 -> 2 (16 x 16 x 4 B = 1 KiB each); 1 and 2
+    # keep theirs
     assert sorted((r.rank, r.name) for r in sends) == [(0, "y_part_r1"), (1, "y_part_r1"),
                                                         (2, "y_part_r2"), (3, "y_part_r2")]
-    assert [op.inputs[0].type.shape for op in local.ops if op.op_type == "comm.sendrecv"] == [(16, 16)] * 2
+    moved = [op.inputs[0].type.shape for op in local.ops if op.op_type == "comm.sendrecv"]
+    assert moved == [(16, 16)] * 2
     assert trace.step_time_s > 0
     assert {r.rank for r in trace.ops if r.op_type == "relu"} == {1, 2}

@@ -6,7 +6,8 @@ from distsim.ir import DType, FunctionBuilder, TensorType
 from distsim.ir.mesh import DeviceMesh, DTensorType, Partial, Replicate, Shard
 from distsim.text import parse_module, print_module
 from distsim.text.sharding_syntax import parse_dtensor_type
-from distsim.transforms.sharding import annotate_sharding, lower, propagate, verify_sharded, verify_teams
+from distsim.transforms.sharding import (annotate_sharding, lower, propagate, verify_sharded,
+                                        verify_teams)
 
 TEXT = '''mesh @m = [2, 4] ("dp", "tp")
 
@@ -16,7 +17,7 @@ func @main(%x: f32[8,16]<@m, [S(0), S(0)]>, %w: f32[16,16]<@m, [R, P(max)]>, %z:
   %y = relu(%x) : f32[8,16]<@m, [S(0), S(0)]>
   return %y
 }
-'''
+'''  # noqa: E501 (a function signature of the text format is one line)
 
 
 def test_round_trip():
@@ -33,7 +34,8 @@ def test_round_trip():
 
 def test_unknown_mesh_is_a_parse_error():
     with pytest.raises(ParseError, match="3:25: unknown mesh @q"):
-        parse_module('mesh @m = [4] ("a")\n\nfunc @main(%x: f32[2,3]<@q, [R]>) -> (f32[2,3]) {\n  return %x\n}\n')
+        parse_module('mesh @m = [4] ("a")\n\nfunc @main(%x: f32[2,3]<@q, [R]>) -> (f32[2,3]) {\n  '
+                     'return %x\n}\n')
 
 
 def test_type_text_and_placement_spellings():
@@ -55,7 +57,8 @@ def test_mesh_geometry():
     ("<@m, [S(0)]>", ["%x", "dim 0 of size 2", "axis 'a' of size 4"]),  # shard larger than the dim
 ])
 def test_bad_placements_name_the_value_and_rule(annotation, words):
-    text = f'mesh @m = [4] ("a")\n\nfunc @main(%x: f32[2,3]{annotation}) -> (f32[2,3]{annotation}) {{\n  return %x\n}}\n'
+    text = (f'mesh @m = [4] ("a")\n\nfunc @main(%x: f32[2,3]{annotation}) -> '
+            f'(f32[2,3]{annotation}) {{\n  return %x\n}}\n')
     with pytest.raises(VerifyError) as info:
         verify_sharded(parse_module(text))
     for w in words:
@@ -117,7 +120,8 @@ func @main(%x: f32[4,4]<@m, [P(sum)]>) -> (f32[4,4]<@m, [P(sum)]>) {
 
 
 def test_lowering_an_unpropagated_program_is_refused():
-    text = 'mesh @m = [2] ("a")\n\nfunc @main(%x: f32[4]) -> (f32[4]) {\n  %y = relu(%x) : f32[4]\n  return %y\n}\n'
+    text = ('mesh @m = [2] ("a")\n\nfunc @main(%x: f32[4]) -> (f32[4]) {\n'
+            '  %y = relu(%x) : f32[4]\n  return %y\n}\n')
     from distsim.errors import PassPreconditionError
     with pytest.raises(PassPreconditionError, match="no placement"):
         lower(parse_module(text))

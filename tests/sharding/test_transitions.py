@@ -30,7 +30,8 @@ MESHES = [(4,), (2, 2), (2, 2, 2)]
 def redistribute_module(mesh, src, dst):
     t_src = DTensorType(SHAPE, DType.F32, mesh, src)
     t_dst = DTensorType(SHAPE, DType.F32, mesh, dst)
-    text = (f"{mesh.print_text()}\n\nfunc @main(%x: {t_src.print_text()}) -> ({t_dst.print_text()}) {{\n"
+    text = (f"{mesh.print_text()}\n\nfunc @main(%x: {t_src.print_text()}) -> "
+            f"({t_dst.print_text()}) {{\n"
             f"  %y = redistribute(%x) : {t_dst.print_text()}\n  return %y\n}}\n")
     return parse_module(text), t_src, t_dst
 
@@ -70,7 +71,8 @@ def test_every_transition_on_every_axis(shape, row):
             assert tuple(op.attrs["ranks"]) in mesh.groups([axis])
             assert op.meta["bytes_per_device"] == pytest.approx(fraction(n) * group_bytes)
         steps = plan_redistribute(SHAPE, DType.F32, mesh, src, dst)
-        assert len(steps) == 1 and steps[0].bytes_per_device == pytest.approx(fraction(n) * group_bytes)
+        assert len(steps) == 1
+        assert steps[0].bytes_per_device == pytest.approx(fraction(n) * group_bytes)
 
 
 def test_nested_sharding_gathers_the_inner_axis_first():

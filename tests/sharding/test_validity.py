@@ -6,7 +6,8 @@ import pytest
 from distsim.cli import main
 from distsim.errors import VerifyError
 from distsim.ir import DType
-from distsim.ir.mesh import DeviceMesh, DTensorType, Partial, Replicate, Shard, check_placements, dtensor
+from distsim.ir.mesh import (DeviceMesh, DTensorType, Partial, Replicate, Shard, check_placements,
+                             dtensor)
 from distsim.text import parse_module
 from distsim.transforms.sharding import verify_sharded
 from distsim.transforms.sharding.validity import reshape_error
@@ -22,7 +23,8 @@ def reshape_module(mesh_shape, src, dst, placements):
     return (f"mesh @m = [{', '.join(map(str, mesh_shape))}] ({names})\n\n"
             f"func @main(%x: f32[{','.join(map(str, src))}]<@m, [{pl}]>) -> "
             f"(f32[{','.join(map(str, dst))}]) {{\n"
-            f"  %y = reshape(%x) {{shape = [{', '.join(map(str, dst))}]}} : f32[{','.join(map(str, dst))}]\n"
+            f"  %y = reshape(%x) {{shape = [{', '.join(map(str, dst))}]}} : "
+            f"f32[{','.join(map(str, dst))}]\n"
             f"  return %y\n}}\n")
 
 
@@ -57,7 +59,8 @@ def test_reshape_that_lines_up_keeps_the_shard():
 
 
 def test_verifier_rejects_a_reshape_whose_pieces_do_not_line_up():
-    text = ('mesh @m = [2] ("a")\n\nfunc @main(%x: f32[6,4]<@m, [S(0)]>) -> (f32[3,8]<@m, [S(0)]>) {\n'
+    text = ('mesh @m = [2] ("a")\n\n'
+            'func @main(%x: f32[6,4]<@m, [S(0)]>) -> (f32[3,8]<@m, [S(0)]>) {\n'
             '  %y = reshape(%x) {shape = [3, 8]} : f32[3,8]<@m, [S(0)]>\n  return %y\n}\n')
     with pytest.raises(VerifyError, match=r"%y = reshape.*elements.*rule: pieces line up"):
         verify_sharded(parse_module(text), propagated=True)

@@ -156,7 +156,8 @@ def test_ops_and_columns_are_exclusive():
 def columns(draw, max_rank=5):
     """Time-ordered columns with many ties (small integer times)."""
     n = draw(st.integers(0, 40))
-    ints = lambda lo, hi: draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))
+    def ints(lo, hi):
+        return draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))
     rank, stream, start, length = ints(0, max_rank), ints(0, 1), ints(0, 4), ints(0, 2)
     flops, nbytes, label = ints(0, 3), ints(0, 3), ints(0, 2)
     labels = OpLabels(["a", "b", "c"], ["MatMul", "AllReduce", "Relu"], ["", "ring", "x"])

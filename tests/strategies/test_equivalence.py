@@ -33,7 +33,8 @@ STRATEGIES = [
 ]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("strategy", STRATEGIES,
+                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_strategy_matches_single_device(reference, strategy):
     reference.check(**strategy)
 

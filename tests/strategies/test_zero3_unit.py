@@ -89,11 +89,11 @@ def test_by_layer_fewer_kernels_and_latencies_but_coarser_waits(runs):
     all of its parameters (per parameter only the first one's gather), so
     on this compute-bound single node more of the gathering is exposed,
     and the layer's parameters are held whole at once."""
-    p, l = runs["param"].summary(), runs["layer"].summary()
-    assert l["compute_s"] < p["compute_s"]
-    assert l["communication_s"] < p["communication_s"]
-    assert l["exposed_communication_s"] > p["exposed_communication_s"]
-    assert l["max_peak_memory_bytes"] > p["max_peak_memory_bytes"]
+    p, layer = runs["param"].summary(), runs["layer"].summary()
+    assert layer["compute_s"] < p["compute_s"]
+    assert layer["communication_s"] < p["communication_s"]
+    assert layer["exposed_communication_s"] > p["exposed_communication_s"]
+    assert layer["max_peak_memory_bytes"] > p["max_peak_memory_bytes"]
 
 
 def test_parameters_that_do_not_split_evenly_travel_alone():

@@ -48,7 +48,8 @@ def test_constraint_error_shows_only_the_names_it_reads():
 
 # -- the spec file ------------------------------------------------------------------
 @pytest.mark.parametrize("extra, message", [
-    ("charts: {hue: nope}\n", "charts.hue: must be the name of a grid option"),   # not silently ignored
+    # not silently ignored
+    ("charts: {hue: nope}\n", "charts.hue: must be the name of a grid option"),
     ("charts: {hue: [1, 2]}\n", "charts.hue"),                                   # not a traceback
     ("name: [a, b]\n", "name: must be a string"),
     ("description: {a: 1}\n", "description: must be a string"),

@@ -59,7 +59,7 @@ def test_search_prints_progress(capsys):
 
 
 def test_memory_bound_is_the_weights():
-    # GPT-3 175B weights are 350 GB in bf16: with 8 x 80 GB GPUs only
+    # GPT-3 175B weights are 350 GB in bf16: with 8 x 80 GiB GPUs only
     # tp x pp >= 8 can hold them; the search prunes the rest unsimulated.
     bound = _weights_lower_bound("gpt3-175b", {})
     assert 340e9 < bound < 360e9
@@ -77,9 +77,9 @@ def test_search_checks_its_input(capsys):
 def test_zero3_points_are_not_pruned_by_the_weights_bound():
     """ZeRO 3 shards the weights over the data-parallel ranks too, so the
     weights bound is weights / (tp x pp x dp) there: GPT-3 175B (350 GB of
-    bf16 weights) on 8 x 80 GB at dp 8, tp 1, pp 1 holds 44 GB of them per
-    GPU, and is estimated, not pruned. Under ZeRO 1 (weights replicated over
-    dp) the same point is pruned: 350 GB > 80 GB."""
+    bf16 weights) on 8 x 80 GiB (85.9 GB) at dp 8, tp 1, pp 1 holds 44 GB of
+    them per GPU, and is estimated, not pruned. Under ZeRO 1 (weights
+    replicated over dp) the same point is pruned: 350 GB > 85.9 GB."""
     zero3 = search("gpt3-175b", "dgx-a100", 8, base={"zero": 3}, keep=1,
                    network_mode="analytical", workers=1)
     assert zero3.pruned.empty
@@ -87,7 +87,7 @@ def test_zero3_points_are_not_pruned_by_the_weights_bound():
     zero1 = search("gpt3-175b", "dgx-a100", 8, base={"zero": 1}, keep=1,
                    network_mode="analytical", workers=1)
     reasons = zero1.pruned.set_index(["tp", "pp"])["reason"]
-    assert reasons.loc[(1, 1)].iloc[0] == "weights alone need 349.2 GB per GPU > 80.0 GB"
+    assert reasons.loc[(1, 1)].iloc[0] == "weights alone need 349.2 GB per GPU > 85.9 GB"
     # searched over zero: only the points that are not ZeRO 3 are pruned
     both = search("gpt3-175b", "dgx-a100", 8, space={"zero": [1, 3]}, keep=1,
                   network_mode="analytical", workers=1)

@@ -10,7 +10,8 @@ from distsim.errors import ConfigError
 from distsim.topology import load_topology
 from distsim.topology.builders import MAX_DEVICES, build_star, check_device_count
 
-DEVICE = "device: {name: t, peak_flops: {f16: 1.0e+12}, memory_bandwidth_Bps: 1.0e+12, memory_bytes: 1.0e+9}"
+DEVICE = ("device: {name: t, peak_flops: {f16: 1.0e+12}, memory_bandwidth_Bps: 1.0e+12, "
+          "memory_bytes: 1.0e+9}")
 
 
 def _write(tmp_path, body: str):

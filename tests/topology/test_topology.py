@@ -74,7 +74,8 @@ links:
   - {src: b, dst: a, bandwidth_GBps: 10, latency_us: 1}
   - {src: a, dst: b, bandwidth_GBps: 0, latency_us: 1}
 """)
-    with pytest.raises(ConfigError, match=r"x\.yaml: links\[2\]\.bandwidth_GBps: must be positive, got 0$"):
+    with pytest.raises(ConfigError,
+                       match=r"x\.yaml: links\[2\]\.bandwidth_GBps: must be positive, got 0$"):
         load_topology(path)
 
 

@@ -60,7 +60,9 @@ def test_one_allreduce_per_gradient_right_after_it():
 
 def test_batch_not_divisible_is_rejected():
     step = mlp_training_step(MLPConfig(layers=2, hidden=4, batch=6, dtype="f32"))
-    with pytest.raises(PassPreconditionError, match="batch size 6 of input %x is not divisible by the data-parallel degree 4"):
+    with pytest.raises(PassPreconditionError,
+                       match="batch size 6 of input %x is not divisible by the data-parallel "
+                             "degree 4"):
         DataParallel(4)(step)
 
 

@@ -116,8 +116,10 @@ def test_transpose_concat_split_slice_pad_gradients():
     check(lambda b, x, y: b.op("concat", [x, y], {"axis": 1}),
           {"x": t(2, 3), "y": t(2, 2)}, ["x", "y"])
     check(lambda b, x: b.op("split", [x], {"axis": 0, "sizes": [1, 3]})[1], {"x": t(4, 2)}, ["x"])
-    check(lambda b, x: b.op("slice", [x], {"axis": 1, "start": 1, "stop": 3}), {"x": t(2, 4)}, ["x"])
-    check(lambda b, x: b.op("pad", [x], {"axis": 0, "before": 1, "after": 2}), {"x": t(2, 2)}, ["x"])
+    check(lambda b, x: b.op("slice", [x], {"axis": 1, "start": 1, "stop": 3}), {"x": t(2, 4)},
+          ["x"])
+    check(lambda b, x: b.op("pad", [x], {"axis": 0, "before": 1, "after": 2}), {"x": t(2, 2)},
+          ["x"])
 
 
 def test_dropout_is_deterministic_identity_with_a_byte_mask():

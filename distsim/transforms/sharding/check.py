@@ -83,5 +83,6 @@ def check_lowering(module: Module, local: Function, entry: str = "main", seed: i
     return CheckResult(True, compared)
 
 
-def global_outputs(module: Module, inputs: List[np.ndarray], entry: str = "main") -> List[np.ndarray]:
+def global_outputs(module: Module, inputs: List[np.ndarray],
+                   entry: str = "main") -> List[np.ndarray]:
     return NumpyExecutor().run(module.functions[entry], inputs)

@@ -49,7 +49,8 @@ class Plan:
 
 
 # ranks an op's candidate (input types, output types) from known input and output types
-Candidates = Callable[[Op, List[DTensorType], DTensorType], List[Tuple[List[DTensorType], List[DTensorType]]]]
+Candidates = Callable[[Op, List[DTensorType], DTensorType],
+                      List[Tuple[List[DTensorType], List[DTensorType]]]]
 
 
 class ConflictResolver:

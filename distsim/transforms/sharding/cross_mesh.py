@@ -36,8 +36,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ...errors import DistsimError, PassPreconditionError
 from ...ir.comm import CollectiveType
 from ...ir.core import Value
-from ...ir.mesh import (DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard, check_placements,
-                        shard_range)
+from ...ir.mesh import (DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard,
+                        check_placements, shard_range)
 from .local_builder import Coords, LocalBuilder, Locals, local_name, redistribute_on_mesh
 from .planner import plan_redistribute
 
@@ -60,7 +60,8 @@ def _on_mesh(src: DTensorType, dst: DTensorType, lb: LocalBuilder, vals: Locals,
 
 
 def _blocks(t: DTensorType) -> Dict[Coords, Tuple[Interval, ...]]:
-    return {c: tuple(shard_range(size, t.placements, t.mesh.shape, d, c) for d, size in enumerate(t.shape))
+    return {c: tuple(shard_range(size, t.placements, t.mesh.shape, d, c)
+                     for d, size in enumerate(t.shape))
             for c in t.mesh.all_coords()}
 
 
@@ -170,10 +171,12 @@ def through_root(lb: LocalBuilder, vals: Locals, src: DTensorType, dst: DTensorT
         ins = [vals[(i,)] for i in range(a.size)]
         team = {"ranks": list(a.devices), "root": root_a, "mesh": a.name, "axes": [a.axis_names[0]]}
         if isinstance(pl[0], Shard):
-            kind, attrs, cost = CollectiveType.GATHER, dict(team, dim=pl[0].dim), (a.size - 1) / a.size * size
+            kind, attrs = CollectiveType.GATHER, dict(team, dim=pl[0].dim)
+            cost = (a.size - 1) / a.size * size
         else:
             kind, attrs, cost = CollectiveType.REDUCE, dict(team, reduce_op=pl[0].op), size
-        whole = lb.emit(kind.op_type, ins, attrs, [local_name(hint, root_a)], {"bytes_per_device": cost})[0]
+        whole = lb.emit(kind.op_type, ins, attrs, [local_name(hint, root_a)],
+                        {"bytes_per_device": cost})[0]
     else:
         full = src.with_placements([Replicate()] * a.ndim)
         spread, cost = _on_mesh(src, full, lb, vals, hint)
@@ -186,7 +189,8 @@ def through_root(lb: LocalBuilder, vals: Locals, src: DTensorType, dst: DTensorT
     team = {"ranks": list(b.devices), "root": root_b, "mesh": b.name, "axes": list(b.axis_names)}
     if b.ndim == 1 and isinstance(dst.placements[0], Shard):
         step = (b.size - 1) / b.size * size
-        outs = lb.emit(CollectiveType.SCATTER.op_type, [whole], dict(team, dim=dst.placements[0].dim),
+        outs = lb.emit(CollectiveType.SCATTER.op_type, [whole],
+                       dict(team, dim=dst.placements[0].dim),
                        [local_name(hint, r) for r in b.devices], {"bytes_per_device": step})
         return {(i,): v for i, v in enumerate(outs)}, cost + step
     outs = lb.emit(CollectiveType.BROADCAST.op_type, [whole], team,
@@ -274,7 +278,8 @@ def cross_mesh_cost(src: DTensorType, dst: DTensorType) -> float:
     return min(c for _, c in costs) if costs else float("inf")
 
 
-def cross_mesh(lb: LocalBuilder, vals: Locals, src: DTensorType, dst: DTensorType, hint: str) -> Locals:
+def cross_mesh(lb: LocalBuilder, vals: Locals, src: DTensorType, dst: DTensorType,
+               hint: str) -> Locals:
     """Emit the cheapest recipe moving ``src``'s local values to ``dst``."""
     costs = dict(recipe_costs(src, dst))
     best = min(costs, key=lambda name: costs[name]) if costs else None

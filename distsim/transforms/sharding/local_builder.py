@@ -66,7 +66,8 @@ def apply_step(lb: LocalBuilder, vals: Locals, t: DTensorType, step: Step, hint:
         return dict(vals)
     if step.kind == "slice":
         for c, v in vals.items():
-            out[c] = lb.emit("shard_slice", [v], {"dim": step.dst.dim, "index": c[axis], "parts": n},
+            out[c] = lb.emit("shard_slice", [v],
+                             {"dim": step.dst.dim, "index": c[axis], "parts": n},
                              [local_name(hint, mesh.rank_at(c))])[0]
         return out
     if step.kind == "partial":

@@ -57,7 +57,8 @@ def _same(lb: LocalBuilder, op: Op, c: Coords, ins: List[Value], hints: List[str
 
 @local_rule("reshape", "broadcast_to")
 def _target_shape(lb, op, c, ins, hints):
-    return lb.emit(op.op_type, ins, dict(op.attrs, shape=list(op.outputs[0].type.local_shape(c))), hints)
+    return lb.emit(op.op_type, ins, dict(op.attrs, shape=list(op.outputs[0].type.local_shape(c))),
+                   hints)
 
 
 def _rescaled(lb: LocalBuilder, op: Op, ins: List[Value], hints: List[str], factor: float

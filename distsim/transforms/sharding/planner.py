@@ -35,7 +35,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...errors import PassPreconditionError, VerifyError
 from ...ir.comm import CollectiveType
-from ...ir.mesh import DeviceMesh, Partial, Placement, Replicate, Shard, check_placements, local_shape
+from ...ir.mesh import (DeviceMesh, Partial, Placement, Replicate, Shard, check_placements,
+                        local_shape)
 from ...ir.types import DType
 
 Placements = Tuple[Placement, ...]
@@ -98,7 +99,8 @@ def _transitions(shape, dtype: DType, mesh: DeviceMesh, pl: Placements, reduce_o
     for axis, cur in enumerate(pl):
         n = mesh.shape[axis]
         if n == 1:
-            targets = [Replicate()] + [Shard(d) for d in range(rank)] + [Partial(o) for o in reduce_ops]
+            targets = ([Replicate()] + [Shard(d) for d in range(rank)]
+                       + [Partial(o) for o in reduce_ops])
             for t in targets:
                 if t != cur:
                     yield Step("noop", axis, cur, t, 0.0)

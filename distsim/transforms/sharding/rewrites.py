@@ -204,7 +204,8 @@ def split_all_reduce(function: Function) -> Function:
             for chain_op, v in zip(step, pieces):
                 t = infer_types(chain_op.op_type, [v.type], chain_op.attrs)[0]
                 outs.append(Value(names.fresh(chain_op.outputs[0].name + "_piece"), t))
-                new_ops.append(Op(chain_op.op_type, [v], [outs[-1]], chain_op.attrs, meta=chain_op.meta))
+                new_ops.append(Op(chain_op.op_type, [v], [outs[-1]], chain_op.attrs,
+                                  meta=chain_op.meta))
                 dropped.add(id(chain_op))
             pieces = outs
         finals = [o.outputs[0] for o in steps[-1]]  # the gathered values keep the chain's names

@@ -300,7 +300,8 @@ def _fused_attention(ctx: OpContext) -> List[Strategy]:
     every key). A causal query shard would need its global offset, so it
     is not offered (context parallelism is not modelled)."""
     q, k, v = ctx.ins
-    maps = [([d, _broadcast_dim(q, k, d), _broadcast_dim(q, v, d)], [d, d]) for d in range(q.rank - 2)]
+    maps = [([d, _broadcast_dim(q, k, d), _broadcast_dim(q, v, d)], [d, d])
+            for d in range(q.rank - 2)]
     if not ctx.attrs.get("causal", True):
         maps.append(([q.rank - 2, None, None], [q.rank - 2, q.rank - 2]))
     return _shards(ctx, maps)

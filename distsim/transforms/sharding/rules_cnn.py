@@ -56,7 +56,8 @@ def _conv_grad_weight(ctx: OpContext) -> List[Strategy]:
     # (dy, x, like_w) -> dw
     strategies: List[Strategy] = [((Shard(0), Shard(0), R), (P,))]
     if _group1(ctx):
-        strategies += [((Shard(1), R, Shard(0)), (Shard(0),)), ((R, Shard(1), Shard(1)), (Shard(1),))]
+        strategies += [((Shard(1), R, Shard(0)), (Shard(0),)),
+                       ((R, Shard(1), Shard(1)), (Shard(1),))]
     return strategies + [((P, R, R), (P,)), ((R, P, R), (P,))]
 
 
@@ -89,7 +90,8 @@ def _lrn_grad(ctx: OpContext) -> List[Strategy]:
 def _batchnorm(ctx: OpContext) -> List[Strategy]:
     # (x, scale, bias, mean, var) -> y
     rank = ctx.ins[0].rank
-    strategies: List[Strategy] = [((Shard(d),) + (R,) * 4, (Shard(d),)) for d in range(rank) if d != 1]
+    strategies: List[Strategy] = [((Shard(d),) + (R,) * 4, (Shard(d),))
+                                  for d in range(rank) if d != 1]
     strategies.append(((Shard(1),) + (Shard(0),) * 4, (Shard(1),)))
     return strategies
 

@@ -57,7 +57,8 @@ def _verify_function(f: Function, meshes: Mapping[str, DeviceMesh], propagated: 
                                   "(rule: declared mesh)")
             check_placements(t.shape, t.mesh, t.placements, where)
         elif propagated:
-            raise VerifyError(f"{where}: has no placement after propagation (rule: every value placed)")
+            raise VerifyError(f"{where}: has no placement after propagation "
+                              "(rule: every value placed)")
     for op in f.ops:
         _verify_op(f, op, propagated)
 
@@ -118,7 +119,8 @@ def verify_teams(function: Function, meshes: Mapping[str, DeviceMesh]) -> Functi
         where = describe(function.name, op)
         mesh = meshes.get(op.attrs["mesh"])
         if mesh is None:
-            raise VerifyError(f"{where}: names unknown mesh @{op.attrs['mesh']} (rule: team in mesh)")
+            raise VerifyError(f"{where}: names unknown mesh @{op.attrs['mesh']} "
+                              "(rule: team in mesh)")
         ranks = tuple(op.attrs["ranks"])
         outside = [r for r in ranks if r not in mesh.devices]
         if outside:
@@ -128,7 +130,8 @@ def verify_teams(function: Function, meshes: Mapping[str, DeviceMesh]) -> Functi
         if axes:
             for a in axes:
                 if a not in mesh.axis_names:
-                    raise VerifyError(f"{where}: mesh @{mesh.name} has no axis '{a}' (rule: team in mesh)")
+                    raise VerifyError(f"{where}: mesh @{mesh.name} has no axis '{a}' "
+                                      "(rule: team in mesh)")
             if ranks not in mesh.groups(list(axes)) and len(ranks) != 2:
                 raise VerifyError(f"{where}: ranks {list(ranks)} are not a group along axes "
                                   f"{list(axes)} of mesh @{mesh.name} (rule: team along axes)")

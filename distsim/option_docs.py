@@ -1,0 +1,125 @@
+"""What each option of a run means, in one place: ``help(distsim.simulate)``
+and ``help(distsim.build_program)`` show these texts under the names the
+options have everywhere (the Python keyword; the ``distsim simulate`` flag
+is the same with ``-`` for ``_``: ``kv_heads`` is ``--kv-heads``).
+
+A test checks that every keyword of those functions is documented here
+and that the CLI's flags and the API's keywords are the same names.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence, Tuple, TypeVar
+
+Group = Tuple[str, Sequence[Tuple[str, str]]]
+
+MODEL: Group = ("Model options (each overrides the model's file; None keeps the file's value)", (
+    ("layers", "number of layers"),
+    ("hidden", "hidden size"),
+    ("batch", "global batch size (a GPT's global_batch; an ONNX model's batch)"),
+    ("dtype", "compute dtype: 'bf16', 'fp16' / 'f16' or 'fp32' / 'f32'"),
+    ("train", "ONNX models: append an MSE loss, the backward pass and the optimizer's update"),
+    ("input_shapes", "ONNX models: graph input name -> shape, e.g. {'input_ids': (8, 1024)} "
+                     "(on the command line: --input-shape input_ids=8x1024, repeatable)"),
+    ("frozen", "ONNX models: fnmatch patterns of initializers that are buffers, not trained "
+               "(default ['*inv_freq'])"),
+    ("seq", "sequence length (GPT models; ONNX models: the size of symbolic sequence dims)"),
+    ("heads", "attention heads (GPT models)"),
+    ("kv_heads", "key/value heads, for grouped-query attention (GPT models)"),
+    ("ffn", "feed-forward size (GPT models; default 4 x hidden)"),
+    ("vocab", "vocabulary size (GPT models)"),
+    ("attention", "'explicit' ops (scores, mask, softmax, dropout) or one 'fused' "
+                  "FlashAttention kernel (GPT models)"),
+))
+
+STRATEGY: Group = ("Parallel strategy (None: the default named)", (
+    ("dp", "data-parallel degree (default: the devices tp x pp leave)"),
+    ("tp", "tensor-parallel degree (default 1)"),
+    ("pp", "pipeline-parallel degree (default 1)"),
+    ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
+    ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
+             "sharded over the data-parallel ranks"),
+    ("recompute", "activation recomputation: 'none' (default), 'selective', 'full'"),
+    ("global_batch", "sequences per step, all data-parallel ranks together (GPT and ONNX "
+                     "models; default: the model's)"),
+    ("microbatches", "how many micro-batches each data-parallel rank runs per step (their "
+                     "size follows: global_batch / (dp x microbatches))"),
+    ("micro_batch", "how many sequences one micro-batch holds (their number follows: "
+                    "global_batch / (dp x micro_batch))"),
+    ("schedule", "pipeline schedule: '1f1b' (default), 'gpipe', 'interleaved'"),
+    ("virtual_stages", "model chunks per pipeline rank for the interleaved schedule "
+                       "(default 2)"),
+    ("bucket_mb", "DDP gradient bucket size in MB (default: one all-reduce per gradient as "
+                  "soon as it is ready; 0: all after the backward pass)"),
+    ("optimizer", "'adamw' (default) or 'sgd', both on fp32 master weights (the MLP's step "
+                  "is SGD)"),
+    ("partition", "pipeline stages 'even' by layers (default) or 'balanced' by estimated cost"),
+    ("prefetch", "ZeRO-3: all-gather parameters this many layers ahead (default 1; 0: none)"),
+    ("zero3_unit", "ZeRO-3: one all-gather and reduce-scatter per 'param' (default) or per "
+                   "'layer'"),
+    ("order", "mesh layout, the axes from fastest to slowest varying rank (default "
+              "'tp-dp-pp'; e.g. 'dp-tp-pp')"),
+    ("symmetry", "simulate one device per class of identical devices: the same results, "
+                 "much faster on large clusters"),
+    ("coarsen", "simulate each run of compute ops between communications as one op: the "
+                "same step time, far fewer ops (GPT and ONNX models)"),
+))
+
+RUN: Group = ("Simulation", (
+    ("network_mode", "'flow' (default: max-min fair sharing of links) or 'analytical' "
+                     "(each transfer alone on its route's bottleneck)"),
+    ("collective_algo", "algorithm for every collective kind that has it, 'auto' for the "
+                        "others: 'auto' (default), 'ring', 'tree', 'hierarchical', ..."),
+    ("max_ops", "refuse, before building it, a program estimated at more than this many "
+                "ops (None: 50,000,000; 0: no limit)"),
+    ("max_wall_s", "stop a run still going after this many seconds of wall-clock time, "
+                   "building and verifying the program included, with a SimulationError "
+                   "(None or 0: no limit)"),
+    ("max_trace_records", "at most this many timed records in trace.json when the result is "
+                          "written; past it the trace is summarised (None: 1,000,000; 0: no "
+                          "limit)"),
+    ("record_links", "keep each link's utilisation over time, for links.png and trace.json's "
+                     "link counters (default False; distsim simulate records them unless "
+                     "--no-link-samples)"),
+    ("progress", "a callable given a short message as each phase starts (building, "
+                 "simulating)"),
+))
+
+BUILD: Group = ("Building", (
+    ("max_ops", "refuse, before building it, a program estimated at more than this many "
+                "ops (None: 50,000,000; 0: no limit)"),
+    ("verify_program", "verify the built program (default True; distsim.simulate verifies it "
+                       "itself, with the table the simulator reads)"),
+))
+
+#: The line of a docstring that :func:`with_option_docs` replaces.
+MARKER = "@options"
+
+
+def option_names(*groups: Group) -> Tuple[str, ...]:
+    return tuple(name for _, entries in groups for name, _ in entries)
+
+
+def format_groups(*groups: Group, indent: str = "    ") -> str:
+    """The groups as docstring text: a heading, then one line per option."""
+    width = max(len(name) for _, entries in groups for name, _ in entries) + 2
+    lines = []
+    for heading, entries in groups:
+        lines += [f"{indent}{heading}:", ""]
+        for name, text in entries:
+            lines.append(f"{indent}  {name.ljust(width)}{text}")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+F = TypeVar("F", bound=Callable)
+
+
+def with_option_docs(*groups: Group) -> Callable[[F], F]:
+    """Put the groups' texts into the function's docstring, at the line
+    :data:`MARKER`."""
+    def apply(func: F) -> F:
+        doc = func.__doc__ or ""
+        assert f"    {MARKER}\n" in doc, f"{func.__name__}: no {MARKER} line in the docstring"
+        func.__doc__ = doc.replace(f"    {MARKER}\n", format_groups(*groups) + "\n")
+        return func
+    return apply
