@@ -67,13 +67,14 @@ class OpByOpBackward:
         the parameter index of a final gradient,
         a leading recomputation, whether it waits for the block's ZeRO-3
         gathers up to: :attr:`.profile.Segment.gate`)."""
-        plan = self.ctx.memo.segments.get((name, only))
+        ctx = self.ctx
+        plan = ctx.memo.segments.get((name, only))
         if plan is None:
-            blk = self.ctx.profile.blocks[name]
+            blk = ctx.profile.blocks[name]
             segs = blk.only if only else blk.last
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
-            index = {p.name: i for i, p in enumerate(self.ctx.profile.params[name])}
-            gp = gather_plan(self.ctx, "B", name) if self.ctx.zero3 else None
+            index = {p.name: i for i, p in enumerate(ctx.profile.params[name])}
+            gp = gather_plan(self.ctx, "B", name) if ctx.zero3 else None
             # by layer: the unit's copy-out in the run where the unit is
             # first read, each reshape it replaces off the run that read
             # its parameter first (the reads so far: positions up to the gate)
@@ -107,7 +108,7 @@ class OpByOpBackward:
                 else:
                     plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
                                  index[seg.param], False, gate))
-            self.ctx.memo.segments[(name, only)] = plan
+            ctx.memo.segments[(name, only)] = plan
         return plan
 
     def emit_last_backward(self, stage: int, c: int, order, ready: float,
@@ -341,18 +342,20 @@ class OpByOpBackward:
         copies still waiting for their reduce-scatters when it ends
         (``flats``: bytes, end), noted for the memory walk and kept for the
         stage's next tasks."""
+        ctx = self.ctx
         if inside:
             self.notes.inside(stage, c, inside)
         if flats:
             self.notes.flats(stage, "end", 0, c, flats)
-            self.ctx.flats[stage] = self.ctx.flats.get(stage, []) + flats
+            ctx.flats[stage] = ctx.flats.get(stage, []) + flats
 
     def _gather_groups(self, name: str, only: bool) -> List[Tuple[float, int]]:
         """ZeRO-3, a block's op-by-op backward: its all-gathers (which run
         back to back) as the fewest items its entries can wait for: (summed
         time, position of the group's last parameter) each, cut after each
         position an entry of :meth:`_segment_plan` waits up to."""
-        hit = self.ctx.memo.gather_groups.get((name, only))
+        ctx = self.ctx
+        hit = ctx.memo.gather_groups.get((name, only))
         if hit is None:
             times = gather_plan(self.ctx, "B", name).items
             cuts = sorted({entry[7] for entry in self._segment_plan(name, only)
@@ -362,5 +365,5 @@ class OpByOpBackward:
                 if upto >= start:
                     hit.append((sum(times[start:upto + 1]), upto))
                     start = upto + 1
-            self.ctx.memo.gather_groups[(name, only)] = hit
+            ctx.memo.gather_groups[(name, only)] = hit
         return hit

@@ -137,7 +137,8 @@ def estimate_memory(b: StepContext) -> List[int]:
                     # ZeRO 2/3 reduce-scattering each gradient: the block's
                     # peak apart from its gradients, and at each gradient
                     # (its op, then it and its flat copy) below
-                    excess = (blocks[name].b0_excess if b.scatter_each or first or b.microbatches == 1
+                    excess = (blocks[name].b0_excess
+                              if b.scatter_each or first or b.microbatches == 1
                               else blocks[name].b_excess)
                 if by_block is not None:
                     excess += by_block.get(k, 0)
@@ -174,7 +175,8 @@ def estimate_memory(b: StepContext) -> List[int]:
     for (s, c), inside in b.memo.flat_inside.items():
         inside_of.setdefault(s, []).append((c, inside))
     out = []
-    for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.microbatches, S.chunks)):
+    stage_tasks = _stage_tasks(S.schedule, S.pp, b.microbatches, S.chunks)
+    for stage, (forward, chunk) in enumerate(stage_tasks):
         base = static[stage] + grads[stage]
         best = base + max(_after_backward(b, stage, per_param, opt[stage]),
                           b.memo.flat_queued.get(stage, 0))
@@ -193,7 +195,8 @@ def estimate_memory(b: StepContext) -> List[int]:
         for c_data, per in ((0, prof.data_emb), (b.chunks - 1, prof.data_head)):
             if per and b.stage_of(c_data) == stage:
                 read = ~forward & (chunk == c_data)
-                flight = flight + per * (b.microbatches - np.concatenate(([0], np.cumsum(read)[:-1])))
+                flight = flight + per * (b.microbatches
+                                         - np.concatenate(([0], np.cumsum(read)[:-1])))
         # each chunk's first backward task (micro-batch 0: tasks of a chunk
         # run in micro-batch order), by chunk
         first_back = {}

@@ -252,9 +252,10 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
     # those of the op-by-op backward are communication items already
     blocks = b.profile.blocks
     for stage, part in enumerate(parts):
-        tp_s = b.microbatches * sum(blocks[name].tp_comm_f if kind == "F" else blocks[name].tp_comm_b
-                         for c in range(stage, b.chunks, S.pp) for kind in ("F", "B")
-                         for name, _ in b.blocks_of(kind, c))
+        tp_s = b.microbatches * sum(
+            blocks[name].tp_comm_f if kind == "F" else blocks[name].tp_comm_b
+            for c in range(stage, b.chunks, S.pp) for kind in ("F", "B")
+            for name, _ in b.blocks_of(kind, c))
         part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
                                     - (tl.waits[stage] - tl.sync_waits[stage]))
     out = {k: sum(p[k] for p in parts) / len(parts) for k in _PARTS}

@@ -88,10 +88,11 @@ class ReplayedBackward(OpByOpBackward):
         """Whether the first micro-batch's op-by-op plan of block ``name``
         opens with a leading recomputation, and with compute (see
         :meth:`_start`)."""
-        hit = self.ctx.memo.opens.get(name)
+        ctx = self.ctx
+        hit = ctx.memo.opens.get(name)
         if hit is None:
             plan = self._segment_plan(name, True)
-            hit = self.ctx.memo.opens[name] = (bool(plan) and plan[0][6],
+            hit = ctx.memo.opens[name] = (bool(plan) and plan[0][6],
                                            bool(plan) and plan[0][0] == "c")
         return hit
 
@@ -111,22 +112,23 @@ class ReplayedBackward(OpByOpBackward):
         (that backward is the last, which synchronises its gradients), nor
         with gradient buckets (what a task holds depends on the stage's
         earlier flushes)."""
-        order = self.ctx.blocks_of("B", c)
-        if self.ctx.by_layer or self.ctx.microbatches == 1 or self.ctx.route == "bucket" or not order:
+        ctx = self.ctx
+        order = ctx.blocks_of("B", c)
+        if ctx.by_layer or ctx.microbatches == 1 or ctx.route == "bucket" or not order:
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
         origin, input_there, idle, compute_first = self._start(stage, order[0][0], True, ready)
         if not (compute_first and idle):
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
-        tl = self.ctx.tl
+        tl = ctx.tl
         split = not input_there    # a leading recomputation, the input later
-        key = ("first", self.ctx.shapes[c], split)
-        record = self.ctx.replays.get(key)
+        key = ("first", ctx.shapes[c], split)
+        record = ctx.replays.get(key)
         if record is not None:
             start = self._replay_lead(stage, record.lead, origin, ready) if split else origin
             if start is None:
                 return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
             return self._replay_first(record, stage, c, start)
-        mark, flops = tl.mark(stage), self.ctx.flops[stage]
+        mark, flops = tl.mark(stage), ctx.flops[stage]
         last, lead, mark = self._emit_from(stage, c, order, ready, origin, mark, split,
                                            first_microbatch=True)
         if lead is not False:
@@ -134,10 +136,10 @@ class ReplayedBackward(OpByOpBackward):
             items = tl.since(stage, mark, start) if last is not None else None
             if items is not None:
                 inside, flats = self.last_notes
-                self.ctx.replays[key] = FirstBackwardRecord(
-                    items, self.ctx.flops[stage] - flops, last - start, dict(inside),
+                ctx.replays[key] = FirstBackwardRecord(
+                    items, ctx.flops[stage] - flops, last - start, dict(inside),
                     [(nbytes, end - start) for nbytes, end in flats or ()], lead,
-                    _offset(self.ctx.out_at, start))
+                    _offset(ctx.out_at, start))
         return last
 
     def _emit_from(self, stage: int, c: int, order, ready: float, origin: float, mark: tuple,
@@ -183,8 +185,9 @@ class ReplayedBackward(OpByOpBackward):
                       origin: float) -> float:
         """A recorded first backward (:meth:`first_backward`) of chunk ``c``
         on ``stage`` from ``origin``."""
-        self.ctx.tl.replay(stage, record.items, origin)
-        self.ctx.flops[stage] += record.flops
+        ctx = self.ctx
+        ctx.tl.replay(stage, record.items, origin)
+        ctx.flops[stage] += record.flops
         self._replay_out(record.out, origin)
         self._leave_flats(stage, c, record.inside,
                           [(nbytes, origin + end) for nbytes, end in record.flats])
@@ -213,20 +216,21 @@ class ReplayedBackward(OpByOpBackward):
         last backwards, one micro-batch apart. Its memory notes are the
         first's (the same bytes; each gradient synchronised on its own,
         there are none)."""
-        order = self.ctx.blocks_of("B", c)
+        ctx = self.ctx
+        order = ctx.blocks_of("B", c)
         sync = self.sync
-        if self.ctx.zero3 or self.policy.pending.get(stage) or not order:
+        if ctx.zero3 or self.policy.pending.get(stage) or not order:
             return self.emit_last_backward(stage, c, order, ready)
-        only = self.ctx.microbatches == 1
+        only = ctx.microbatches == 1
         origin, input_there, idle, compute_first = self._start(stage, order[0][0], only, ready)
         if not (compute_first and idle):
             return self.emit_last_backward(stage, c, order, ready)
-        tl = self.ctx.tl
+        tl = ctx.tl
         split = not input_there    # a leading recomputation from ``origin``, the input later
-        shared = self.ctx.route in ("each", "local")
-        key = (("last", self.ctx.shapes[c], only, split) if shared
+        shared = ctx.route in ("each", "local")
+        key = (("last", ctx.shapes[c], only, split) if shared
                else (stage, c, tuple(sync.buckets.get(stage, ())), split))
-        record = self.ctx.memo.last_backwards.get(key)
+        record = ctx.memo.last_backwards.get(key)
         if record is not None:
             start = self._replay_lead(stage, record.lead, origin, ready) if split else origin
             if start is None:
@@ -234,11 +238,11 @@ class ReplayedBackward(OpByOpBackward):
             return self._replay_last(record, stage, order, start)
         # recording and replaying costs about what emitting three blocks
         # does: worth it where the replays emit no fewer blocks
-        replays = ((self.ctx.shape_chunks[self.ctx.shapes[c]] - 1 if shared else 0)
-                   + (1 if self.ctx.memo.record_last_backwards else 0))
+        replays = ((ctx.shape_chunks[ctx.shapes[c]] - 1 if shared else 0)
+                   + (1 if ctx.memo.record_last_backwards else 0))
         if replays * len(order) < _MIN_BLOCKS:
             return self.emit_last_backward(stage, c, order, ready)
-        mark, flops = tl.mark(stage), self.ctx.flops[stage]
+        mark, flops = tl.mark(stage), ctx.flops[stage]
         policy = self.policy
         sizes = (len(sync.final), len(sync.synced), len(sync.buckets.get(stage, ())),
                  len(sync.unpack), len(policy.deferred.get(stage, ())))
@@ -253,27 +257,28 @@ class ReplayedBackward(OpByOpBackward):
         final = list(islice(sync.final.items(), sizes[0], None))
         synced = list(islice(sync.synced.items(), sizes[1], None))
         if (items is None or last is None
-                or len(final) != sum(len(self.ctx.profile.params[name]) for name, _ in order)):
+                or len(final) != sum(len(ctx.profile.params[name]) for name, _ in order)):
             return last
         place = {block: k for k, block in enumerate(order)}
         made = [_by_place(entries, place, origin) for entries in (final, synced)]
         if None in made:
             return last
-        self.ctx.memo.last_backwards[key] = LastBackwardRecord(
-            items, self.ctx.flops[stage] - flops, last - origin, made[0], made[1],
+        ctx.memo.last_backwards[key] = LastBackwardRecord(
+            items, ctx.flops[stage] - flops, last - origin, made[0], made[1],
             tuple(policy.pending.get(stage, ())), policy.pending_bytes.get(stage),
             tuple(sync.buckets.get(stage, ())[sizes[2]:]),
             [(bucket, ar - origin, total, dtype)
              for bucket, _, ar, total, dtype in sync.unpack[sizes[3]:]],
-            tuple(policy.deferred.get(stage, ())[sizes[4]:]), lead, _offset(self.ctx.out_at, origin))
+            tuple(policy.deferred.get(stage, ())[sizes[4]:]), lead, _offset(ctx.out_at, origin))
         return last
 
     def _replay_last(self, record: LastBackwardRecord, stage: int,
                      order: List[Tuple[str, Optional[int]]], origin: float) -> float:
         """A recorded last backward (:meth:`last_backward`) on ``stage``
         from ``origin``, of a chunk whose blocks are ``order``."""
-        self.ctx.tl.replay(stage, record.items, origin)
-        self.ctx.flops[stage] += record.flops
+        ctx = self.ctx
+        ctx.tl.replay(stage, record.items, origin)
+        ctx.flops[stage] += record.flops
         self._replay_out(record.out, origin)
         sync = self.sync
         for table, (places, at) in ((sync.final, record.final), (sync.synced, record.synced)):
@@ -302,8 +307,9 @@ class ReplayedBackward(OpByOpBackward):
         op and recorded relative to its start, and the next ones are that
         record shifted (the same items, to rounding). Any other start is
         emitted op by op."""
-        tl = self.ctx.tl
-        order = self.ctx.blocks_of("B", c)
+        ctx = self.ctx
+        tl = ctx.tl
+        order = ctx.blocks_of("B", c)
         # :meth:`_start`, inlined (a steady pipeline replays thousands)
         lead, compute_first = self._opens(order[0][0])
         s = 2 * stage
@@ -312,17 +318,17 @@ class ReplayedBackward(OpByOpBackward):
         input_there = ready <= origin
         # a leading recomputation from ``origin``, the input later (not by
         # layer: there the unit the task finds pending depends on both)
-        split = not input_there and compute_first and not self.ctx.by_layer
+        split = not input_there and compute_first and not ctx.by_layer
         clean = tl.free[s + 1] <= origin and (input_there or split)
-        key = (self.ctx.shapes[c], mb == self.ctx.microbatches - 1, split)
-        if self.ctx.by_layer:
+        key = (ctx.shapes[c], mb == ctx.microbatches - 1, split)
+        if ctx.by_layer:
             # by layer a task first settles the unit the stage's previous
             # backward left (its reduce-scatter long done when the task is
             # clean): part of what the task's items depend on
             left = self._left_unit(stage, origin)
             clean = clean and left is not False
             key = key + (left,)
-        record = self.ctx.replays.get(key) if clean else None
+        record = ctx.replays.get(key) if clean else None
         if record is not None:
             start = self._replay_lead(stage, record.lead, origin, ready) if split else origin
             if start is not None:
@@ -331,7 +337,7 @@ class ReplayedBackward(OpByOpBackward):
         # emitted with its blocks replayed where they can be (a stage of
         # one to four has tens of identical blocks), and recorded whole with
         # them (their runs' spans in the record)
-        mark, flops = tl.mark(stage), self.ctx.flops[stage]
+        mark, flops = tl.mark(stage), ctx.flops[stage]
         kinds = dict(first_microbatch=True, accumulating=mb, block_replays=True)
         if clean and split:
             last, lead, mark = self._emit_from(stage, c, order, ready, origin, mark, True,
@@ -345,17 +351,17 @@ class ReplayedBackward(OpByOpBackward):
         items = tl.since(stage, mark, start, with_runs=True) \
             if clean and last is not None else None
         if items is not None:
-            final = self._finals_of(order, start) if mb == self.ctx.microbatches - 1 else []
+            final = self._finals_of(order, start) if mb == ctx.microbatches - 1 else []
             leaves = None
-            if self.ctx.by_layer:
-                pending = self.ctx.unit_pending.get(stage, [])
+            if ctx.by_layer:
+                pending = ctx.unit_pending.get(stage, [])
                 if len(pending) != 1:
                     return last
                 name, layer, unit, _, rs_end = pending[0]
                 leaves = (order.index((name, layer)), unit, rs_end - start)
-            self.ctx.replays[key] = AccumulatingRecord(
-                items, self.ctx.flops[stage] - flops, last - start, final, leaves, lead,
-                _offset(self.ctx.out_at, start))
+            ctx.replays[key] = AccumulatingRecord(
+                items, ctx.flops[stage] - flops, last - start, final, leaves, lead,
+                _offset(ctx.out_at, start))
         return last
 
     def _block_replay(self, stage: int, order, k: int, origin: float,
@@ -369,18 +375,19 @@ class ReplayedBackward(OpByOpBackward):
         (prefetch: none near the task's end): the first such block is
         recorded, the next ones replay it (the same items shifted, to
         rounding), with its gathers' ends and its gradients' final times."""
-        free = self.ctx.tl.free
+        ctx = self.ctx
+        free = ctx.tl.free
         if free[2 * stage] != origin or free[2 * stage + 1] > origin:
             return None, None
-        window = prefetch_window(k, len(order), self.ctx.strategy.prefetch) if self.ctx.zero3 else ()
+        window = prefetch_window(k, len(order), ctx.strategy.prefetch) if ctx.zero3 else ()
         issued = tuple(j - k for j in window if j not in gathered)
         key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
-        record = self.ctx.memo.block_records.get(key)
+        record = ctx.memo.block_records.get(key)
         if record is None:
-            return None, (key, issued, self.ctx.tl.mark(stage), self.ctx.flops[stage], origin)
-        self.ctx.block_got = record.got
-        self.ctx.tl.replay(stage, record.items, origin)
-        self.ctx.flops[stage] += record.flops
+            return None, (key, issued, ctx.tl.mark(stage), ctx.flops[stage], origin)
+        ctx.block_got = record.got
+        ctx.tl.replay(stage, record.items, origin)
+        ctx.flops[stage] += record.flops
         self._replay_out(record.out, origin)
         for j, at in zip(issued, record.ends):
             gathered[k + j] = {upto: origin + t for upto, t in at}
@@ -390,18 +397,19 @@ class ReplayedBackward(OpByOpBackward):
     def _block_record(self, recording: tuple, stage: int, order, k: int, last: float,
                       gathered: Dict[int, Dict[Optional[int], float]]) -> None:
         """Record block ``k``, just emitted (:meth:`_block_replay`)."""
+        ctx = self.ctx
         key, issued, mark, flops, origin = recording
-        items = self.ctx.tl.since(stage, mark, origin)
+        items = ctx.tl.since(stage, mark, origin)
         if items is None:
             return
         final = self._finals_of(order[k:k + 1], origin) if key[1] else []
         ends = [[(upto, t - origin) for upto, t in gathered[k + j].items()] for j in issued]
         # a layer makes its input gradient (sent where it is the chunk's first)
-        out = self.ctx.out_at if any(entry[0] == "o" for entry in
+        out = ctx.out_at if any(entry[0] == "o" for entry in
                                  self._segment_plan(key[0], True)) else None
-        self.ctx.memo.block_records[key] = BlockRecord(
-            items, self.ctx.flops[stage] - flops, last - origin, ends, final,
-            _offset(out, origin), self.ctx.block_got)
+        ctx.memo.block_records[key] = BlockRecord(
+            items, ctx.flops[stage] - flops, last - origin, ends, final,
+            _offset(out, origin), ctx.block_got)
 
     def _replay_out(self, out: Optional[float], origin: float) -> None:
         """A record's input gradient made ``out`` after ``origin`` (None: the
@@ -439,13 +447,14 @@ class ReplayedBackward(OpByOpBackward):
         its gradients final). A unit done by ``origin`` is settled where the
         task's compute stream is (past ``origin`` by then), whenever it
         ended."""
-        pending = self.ctx.unit_pending.get(stage)
+        ctx = self.ctx
+        pending = ctx.unit_pending.get(stage)
         if not pending:
             return None
         if len(pending) > 1:
             return False
         name, _, unit, mb, rs_end = pending[0]
-        if rs_end > origin or mb == self.ctx.microbatches - 1:
+        if rs_end > origin or mb == ctx.microbatches - 1:
             return False
         return (name, unit, mb == 0)
 
@@ -453,8 +462,9 @@ class ReplayedBackward(OpByOpBackward):
                 mb: int) -> float:
         """A recorded task (:meth:`accumulating_backward`) of a chunk whose
         blocks are ``order``, micro-batch ``mb``, from ``origin``."""
-        self.ctx.tl.replay(stage, record.items, origin)
-        self.ctx.flops[stage] += record.flops
+        ctx = self.ctx
+        ctx.tl.replay(stage, record.items, origin)
+        ctx.flops[stage] += record.flops
         self._replay_out(record.out, origin)
         final, leaves, last = record.final, record.leaves, record.last
         if final:
@@ -463,5 +473,5 @@ class ReplayedBackward(OpByOpBackward):
             # by layer: the unit found pending was settled in the items;
             # the task's own last unit is left pending
             k, unit, rs_end = leaves
-            self.ctx.unit_pending[stage] = [(order[k][0], order[k][1], unit, mb, origin + rs_end)]
+            ctx.unit_pending[stage] = [(order[k][0], order[k][1], unit, mb, origin + rs_end)]
         return origin + last

@@ -5,9 +5,10 @@ timeline sink of the lowering's own decisions
 :mod:`.timeline`, whose :class:`~.timeline.Builder` owns a
 :class:`StepSync`.
 
-As each parameter's last gradient becomes final, the policy decides how it is synchronised over the data-parallel team
-(all-reduce, ZeRO 2/3 reduce-scatter, in buckets, or after the backward
-pass) and what the end of the step does (the tied-embedding all-reduce,
+As each parameter's last gradient becomes final, the policy decides how
+it is synchronised over the data-parallel team (all-reduce, ZeRO 2/3
+reduce-scatter, in buckets, or after the backward pass) and what the end
+of the step does (the tied-embedding all-reduce,
 per parameter the optimizer as :func:`~distsim.transforms.sync_policy.update_plan`
 says); :class:`StepSync` advances the timeline by what each of those
 costs. What the step charges a parameter is the same for that parameter

@@ -80,13 +80,14 @@ class Builder:
         self.backward = ReplayedBackward(ctx, self.sync, self.policy, self.notes)
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
-        flats = self.ctx.flats.get(stage)
+        ctx = self.ctx
+        flats = ctx.flats.get(stage)
         if flats:
             # the flat copies still waiting for their reduce-scatters when
             # the task peaks: a backward's start (its saved activations go
             # as it runs), a forward's end (they come)
-            start = max(ready, self.ctx.tl.free[2 * stage])
-            flats = self.ctx.flats[stage] = [x for x in flats if x[1] > start]
+            start = max(ready, ctx.tl.free[2 * stage])
+            flats = ctx.flats[stage] = [x for x in flats if x[1] > start]
             if flats and kind == "B":
                 self.notes.blocks(stage, mb, c, start, flats)
             elif flats:
@@ -96,35 +97,36 @@ class Builder:
         return self._emit_task(stage, kind, mb, c, ready)
 
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
-        last_b = kind == "B" and mb == self.ctx.microbatches - 1
-        if last_b and not self.ctx.scatter_each:
+        ctx = self.ctx
+        last_b = kind == "B" and mb == ctx.microbatches - 1
+        if last_b and not ctx.scatter_each:
             return self.backward.last_backward(stage, c, ready)
-        if kind == "B" and mb == 0 and self.ctx.scatter_each:
+        if kind == "B" and mb == 0 and ctx.scatter_each:
             # ZeRO 2/3 reduce-scatter each gradient of the first micro-batch
             # as it is produced (flattened right after it): op by op, as the
             # last backward without a reduce-scatter per micro-batch
             return self.backward.first_backward(stage, c, ready)
-        if kind == "B" and self.ctx.scatter_each:
+        if kind == "B" and ctx.scatter_each:
             # ZeRO 2/3 past the first micro-batch: the same, and each shard's
             # accumulation (an op of the backward, in its program order)
             # waits for its reduce-scatter, which waits on the comm stream
             # behind the reduce-scatters (and ZeRO-3's gathers) before it
             return self.backward.accumulating_backward(stage, c, mb, ready)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
-        plan = self.ctx.memo.plans.get((kind, self.ctx.shapes[c], cls))
+        plan = ctx.memo.plans.get((kind, ctx.shapes[c], cls))
         if plan is None:
-            plan = self.ctx.memo.plans[(kind, self.ctx.shapes[c], cls)] = self._task_plan(kind, c, mb)
-        tl, flops = self.ctx.tl, self.ctx.flops
-        if self.ctx.zero3:
+            plan = ctx.memo.plans[(kind, ctx.shapes[c], cls)] = self._task_plan(kind, c, mb)
+        tl, flops = ctx.tl, ctx.flops
+        if ctx.zero3:
             # A task whose start finds the stage's communication stream idle
             # depends only on that start (the later of its input and the
             # compute stream's end): the first such task of its plan is
             # recorded, the next ones replay it (:meth:`Timeline.replay`)
             s = 2 * stage
             origin = max(ready, tl.free[s], 0.0)
-            key = ("task", kind, self.ctx.shapes[c], cls)
+            key = ("task", kind, ctx.shapes[c], cls)
             clean = tl.free[s + 1] <= origin
-            record = self.ctx.replays.get(key) if clean else None
+            record = ctx.replays.get(key) if clean else None
             if record is not None:
                 tl.replay(stage, record.items, origin)
                 for fl in record.flops:
@@ -135,7 +137,7 @@ class Builder:
                 end = self._emit_gathered(stage, plan, ready, kind, c, mb)
                 items = tl.since(stage, mark, origin) if mark is not None else None
                 if items is not None:
-                    self.ctx.replays[key] = TaskRecord(items, tuple(block[1] for block in plan),
+                    ctx.replays[key] = TaskRecord(items, tuple(block[1] for block in plan),
                                                        end - origin)
         else:
             fl, lead, pieces = plan
@@ -144,7 +146,7 @@ class Builder:
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
         if kind == "B":          # block by block: the input gradient before its tail
-            self.ctx.out_at = end - self.ctx.out_tail(c, mb)
+            ctx.out_at = end - ctx.out_tail(c, mb)
         return end
 
     def _emit_gathered(self, stage: int, plan: list, ready: float, kind: str = "F", c: int = 0,
@@ -157,16 +159,17 @@ class Builder:
         By parameter, each block's memory with its gathered parameters
         placed in time is noted for the memory estimate
         (:func:`.gathered.note_peak`; ``kind``, ``c``, ``mb``: the task)."""
-        tl, flops = self.ctx.tl, self.ctx.flops
+        ctx = self.ctx
+        tl, flops = ctx.tl, ctx.flops
         prev = max(ready, tl.free[2 * stage])
         issued: List[float] = []
         end = ready
-        order = self.ctx.blocks_of(kind, c)
+        order = ctx.blocks_of(kind, c)
         # by parameter: each gathered parameter's gate, gather start and end
-        entries: Optional[List[tuple]] = None if self.ctx.by_layer else []   # Issued
+        entries: Optional[List[tuple]] = None if ctx.by_layer else []   # Issued
         first = kind == "B" and mb == 0
-        key = (kind, self.ctx.shapes[c], first)
-        blocks = self.ctx.profile.blocks
+        key = (kind, ctx.shapes[c], first)
+        blocks = ctx.profile.blocks
         #: the block before's trailing wait (the plan's), not yet emitted
         wait: Optional[List[tuple]] = None
         for i, (gathers, fl, lead, pieces, reads, tail) in enumerate(plan):
@@ -215,28 +218,29 @@ class Builder:
         None, the block's trailing wait emitted after the next block's
         copy-ins or None)`` per block; a piece is a compute item ``(time, busy time,
         holds the communication stream)``."""
-        blocks = self.ctx.profile.blocks
-        order = self.ctx.blocks_of(kind, c)
+        ctx = self.ctx
+        blocks = ctx.profile.blocks
+        order = ctx.blocks_of(kind, c)
         head = blocks[order[0][0]]
         # a backward starting with recomputation: that part is an item of its
         # own, which does not wait for the task's input (the gradient from
         # the next stage), as in the simulator
         split = kind == "B" and head.b_lead > 0.0
-        lead = [(head.b_lead, head.b_lead_busy, self.ctx.tp > 1 and head.b_lead_comm)] \
+        lead = [(head.b_lead, head.b_lead_busy, ctx.tp > 1 and head.b_lead_comm)] \
             if split else []
-        if self.ctx.zero3:
+        if ctx.zero3:
             plan = []
             issued = 0
             for i, (name, _) in enumerate(order):
-                upto = prefetch_window(i, len(order), self.ctx.strategy.prefetch).stop
+                upto = prefetch_window(i, len(order), ctx.strategy.prefetch).stop
                 gathers = [(gather_plan(self.ctx, kind, order[j][0]).copy_in,
                             gather_time(self.ctx, kind, order[j][0])) for j in range(issued, upto)]
                 issued = max(issued, upto)
-                t, busy, fl = self.ctx.block_time(blocks[name], kind, mb)
+                t, busy, fl = ctx.block_time(blocks[name], kind, mb)
                 # by layer the unit's copy-out instead of its reshapes, at
                 # its first read: in the compute before the first
                 # tensor-parallel collective
-                copy_out = gather_plan(self.ctx, kind, name).copy_out if self.ctx.by_layer else 0.0
+                copy_out = gather_plan(self.ctx, kind, name).copy_out if ctx.by_layer else 0.0
                 cut = split and i == 0
                 if cut:
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
@@ -256,7 +260,7 @@ class Builder:
             return [tuple(block) for block in plan]
         total = busy = fl = 0.0
         for name, _ in order:
-            t, b, f = self.ctx.block_time(blocks[name], kind, mb)
+            t, b, f = ctx.block_time(blocks[name], kind, mb)
             total += t
             busy += b
             fl += f
@@ -276,13 +280,14 @@ class Builder:
         gathers), as in the simulator. ``pre_shift``: a change of the
         compute before the first collective (ZeRO-3 by layer: the unit's
         copy-out in place of the template's reshapes)."""
-        blocks = self.ctx.profile.blocks
+        ctx = self.ctx
+        blocks = ctx.profile.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
         post = last.f_post if kind == "F" else last.b_post
-        holds = self.ctx.tp > 1
+        holds = ctx.tp > 1
         if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
             return [(total, busy, holds)]
         return [(pre, None, False), (total - pre - post, max(0.0, busy - pre - post), True),
@@ -293,24 +298,26 @@ class Builder:
         """Where a task of chunk ``c`` sends its outputs: ``(the chunk that
         reads them, (this stage, its stage), the time of each send)``, or
         None (the first / last chunk, or the reader on the same stage)."""
-        if kind == "F" and c < self.ctx.chunks - 1:
-            dst_c, sizes = c + 1, self.ctx.profile.forward_crossing
+        ctx = self.ctx
+        if kind == "F" and c < ctx.chunks - 1:
+            dst_c, sizes = c + 1, ctx.profile.forward_crossing
         elif kind == "B" and c > 0:
-            dst_c, sizes = c - 1, self.ctx.profile.backward_crossing
+            dst_c, sizes = c - 1, ctx.profile.backward_crossing
         else:
             return None
-        src, dst = self.ctx.stage_of(c), self.ctx.stage_of(dst_c)
+        src, dst = ctx.stage_of(c), ctx.stage_of(dst_c)
         if dst == src:
             return None
-        pair = (self.ctx.rank0(src), self.ctx.rank0(dst))
-        return dst_c, (src, dst), [self.ctx.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
+        pair = (ctx.rank0(src), ctx.rank0(dst))
+        return dst_c, (src, dst), [ctx.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
                                    for nbytes in sizes]
 
     def walk(self) -> "Walk":
         """The start of this configuration's walk through LowerSPMD's
         program order (:meth:`advance`, :meth:`complete`)."""
-        S, C, M = self.ctx.strategy, self.ctx.chunks, self.ctx.microbatches
-        work = tuple((k, c, self.ctx.task_work(k, c)) for k in ("F", "B") for c in range(C))
+        ctx = self.ctx
+        S, C, M = ctx.strategy, ctx.chunks, ctx.microbatches
+        work = tuple((k, c, ctx.task_work(k, c)) for k in ("F", "B") for c in range(C))
         self._routes = {k: [self.sends(k, c) for c in range(C)] for k in ("F", "B")}
         return Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
 
@@ -325,24 +332,25 @@ class Builder:
         dst_c, (src, dst), times = route
         key = (kind, mb, dst_c)
         at = w.outs.get(task)
-        w.recv[key] = self.ctx.tl.p2p_chain(src, dst, times, w.ends[task] or 0.0 if at is None else at,
-                                        w.recv.get(key, 0.0))
+        made = w.ends[task] or 0.0 if at is None else at
+        w.recv[key] = self.ctx.tl.p2p_chain(src, dst, times, made, w.recv.get(key, 0.0))
 
     def advance(self, w: "Walk", stop: int) -> None:
         """Emit the tasks of the program order up to position ``stop``
         (sends flushed when the schedule's clock passes their task's end,
         as LowerSPMD flushes them)."""
+        ctx = self.ctx
         ends, outs, recv, pending, emit = w.ends, w.outs, w.recv, w.pending, self.emit_task
         order = w.order
         # most tasks (ZeRO 0/1 but each chunk's last backward) are their
         # plan's compute pieces: :meth:`_emit_task`'s last branch, inlined
         # (a 32-stage pipeline's timeline walks thousands)
-        plain = not (self.ctx.zero3 or self.ctx.scatter_each)
-        plans, shapes, flops, last_mb = self.ctx.memo.plans, self.ctx.shapes, self.ctx.flops, self.ctx.microbatches - 1
-        pieces_on, p2p, routes = self.ctx.tl.compute_pieces, self.ctx.tl.p2p_chain, self._routes
+        plain = not (ctx.zero3 or ctx.scatter_each)
+        plans, shapes, flops, last_mb = ctx.memo.plans, ctx.shapes, ctx.flops, ctx.microbatches - 1
+        pieces_on, p2p, routes = ctx.tl.compute_pieces, ctx.tl.p2p_chain, self._routes
         # a backward's compute after its input gradient, per chunk (first
         # micro-batch, a middle one)
-        tails = [(self.ctx.out_tail(c, 0), self.ctx.out_tail(c, 1)) for c in range(self.ctx.chunks)]
+        tails = [(ctx.out_tail(c, 0), ctx.out_tail(c, 1)) for c in range(ctx.chunks)]
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             for sent in pending.due(start):
@@ -367,7 +375,7 @@ class Builder:
             if plan is None:
                 ends[task] = emit(stage, kind, mb, c, ready)
                 if kind == "B":      # where it made its input gradient
-                    outs[task], self.ctx.out_at = self.ctx.out_at, None
+                    outs[task], ctx.out_at = ctx.out_at, None
             else:
                 fl, lead, pieces = plan
                 flops[stage] += fl

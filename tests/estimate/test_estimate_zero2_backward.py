@@ -19,7 +19,7 @@ import pytest
 
 import distsim
 from distsim.estimate import point as est
-from distsim.estimate import replay as estimate_replay, timeline as estimate_timeline
+from distsim.estimate import replay as estimate_replay
 
 from estimate_hooks import calls
 

@@ -23,7 +23,8 @@ import random
 import pytest
 
 from distsim.estimate import point as est
-from distsim.estimate import engine as estimate_engine, replay as estimate_replay, timeline as estimate_timeline
+from distsim.estimate import engine as estimate_engine, replay as estimate_replay
+from distsim.estimate import timeline as estimate_timeline
 from distsim.estimate.engine import _union
 
 from estimate_pairs import assert_within_bounds
