@@ -130,8 +130,9 @@ class MemoryNotes:
         """ZeRO 0/1 with ``bucket_mb``: the bytes of the stage's flat buckets
         (:meth:`~distsim.transforms.sync_policy.SyncPolicy.flush`) held as
         each block of chunk ``c``'s last backward starts (by position; those
-        flushed by the chunk's earlier blocks and by earlier tasks), live until they are unpacked after
-        the backward pass: :attr:`Memo.flat_pending` keyed
+        flushed by the chunk's earlier blocks and by earlier tasks), live
+        until they are unpacked after the backward pass:
+        :attr:`Memo.flat_pending` keyed
         ``(stage, "last", 0, c)``, the most over the walks."""
         pending = self.memo.flat_pending.setdefault((stage, "last", 0, c), {})
         for k, nbytes in held.items():
