@@ -163,10 +163,10 @@ class OpByOpBackward:
         by_stage = self.sync.buckets if self.route == "bucket" else {}
         block_replays = block_replays and accumulating is not None \
             and not self.by_layer and not by_stage
-        # ZeRO-3 by parameter: each block's memory with its gathered
-        # parameters placed in time, noted for the memory estimate
+        # ZeRO-3: each block's memory with its gathered parameters placed
+        # in time, noted for the memory estimate
         entries: Optional[List[tuple]] = None
-        if self.zero3 and not self.by_layer:
+        if self.zero3:
             entries = []
             self.peak_key = ("B", self.shapes[c],
                              (first_microbatch and not accumulating) or self.microbatches == 1)
@@ -206,6 +206,7 @@ class OpByOpBackward:
                         if entries is not None:
                             entries.append((j, order[j][0], start, tuple(groups)))
                 ends = gathered[k]
+                gate = max(gate, tl.free[2 * stage])     # after its copy-ins (by layer)
             local: Dict[int, float] = {}
             unit = self._grad_unit(name)
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(

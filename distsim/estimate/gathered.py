@@ -18,6 +18,17 @@ parameters back as the step's timeline has them (the gates, the gathers'
 starts and ends of the block's own parameters and of those issued ahead
 for the next ones) and returns the block's most bytes above the
 baseline.
+
+By layer (``zero3_unit: layer``) a block's gathers are its unit's, as
+one, then each parameter dp does not divide alone
+(:func:`~distsim.transforms.sync_policy.gather_groups`): the unit's gate
+is the concatenation of its shards (the copy-in, on the compute stream
+before the gather), its gathered buffer lives from the gather's start
+until the split at the unit's first read ends, and the split makes every
+parameter of the unit there, ahead of the template's reshape of each
+(:func:`unit_shape`). With a reduce-scatter per micro-batch the
+backward's curve also holds the unit's gradients until the unit is
+complete (:func:`.units.unit_curve`).
 """
 from __future__ import annotations
 
@@ -51,6 +62,13 @@ class GatherCurve(NamedTuple):
     end: float
     #: ``taus`` and ``vals`` as arrays (made once: :meth:`array_taus`)
     arrays: list
+    #: the first micro-batch's backward: per op making final gradients,
+    #: in order, (the indices of their parameters in the block, the op's
+    #: start offset, the bytes above the baseline while it runs, its end
+    #: offset, the bytes once it has ended less the next op's results),
+    #: both less the gathered parameters then: ZeRO-3 by layer holds a
+    #: unit's gradients to the block's end (:func:`.units.unit_curve`)
+    made: Tuple[Tuple[Tuple[int, ...], float, float, float, float], ...] = ()
 
     def array_taus(self) -> np.ndarray:
         if not self.arrays:
@@ -73,12 +91,16 @@ class GatherCurve(NamedTuple):
 def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
                  stamps: Sequence[float], base: float, gathered: Sequence[Tuple[str, int]],
                  params, producer: Dict[int, Op],
-                 points: Sequence[Tuple[int, float, float]] = ()) -> Optional[GatherCurve]:
+                 points: Sequence[Tuple[int, float, float]] = (),
+                 made: Sequence[Tuple[Tuple[int, ...], float, float, float, float]] = ()
+                 ) -> Optional[GatherCurve]:
     """The :class:`GatherCurve` of a template block's ``ops`` (rank 0, its
     group), over ``base`` bytes; ``gathered``: the block's gathered
     parameters (owner block, index); ``producer``: id(value) -> the op
     making it; ``points``: (parameter index, template time, live bytes)
-    extra candidates. None: no compute op."""
+    extra candidates; ``made``: the ops making final gradients (indices,
+    start, live bytes while it runs, end, live bytes after it, in template
+    time: :attr:`GatherCurve.made`). None: no compute op."""
     compute = [o for o in ops if not is_communication(o)]
     if not compute:
         return None
@@ -114,8 +136,10 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
             taus.append(t - t_c0)
             vals.append(v)
     extra = tuple((i, t - t_c0, live - base - own(t)) for i, t, live in points)
+    ops_made = tuple((indices, t0 - t_c0, during - base - own(t0), t1 - t_c0,
+                      after - base - own(t1)) for indices, t0, during, t1, after in made)
     return GatherCurve(tuple(taus), tuple(float(v) for v in vals), tuple(reads), extra,
-                       t_end - t_c0, [])
+                       t_end - t_c0, [], ops_made)
 
 
 #: a gathered parameter in a task (see :func:`block_peak`): (the position
@@ -125,8 +149,24 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
 Entry = Tuple[int, int, int, int, float, float, float]
 
 
+class UnitShape(NamedTuple):
+    """ZeRO-3 by layer, a block's unit in its task (:func:`unit_shape`),
+    in the template's offsets: where the template's ops move (``moves``:
+    ascending offsets, and the total move from each on: the split of the
+    unit at its first read in place of that read's reshape, the later
+    reads' reshapes gone) and the unit's parameters split out ahead of
+    their template reshapes (``pieces``: from the split's start offset
+    to the offset of the reshape whose result the template holds from
+    then on, and the bytes)."""
+
+    move_at: Tuple[float, ...]
+    move_by: Tuple[float, ...]
+    pieces: Tuple[Tuple[float, float, int], ...]
+
+
 def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
-               wait_all: bool = False) -> Tuple[float, Dict[int, float]]:
+               wait_all: bool = False, unit: Optional[UnitShape] = None
+               ) -> Tuple[float, Dict[int, float]]:
     """Block ``k`` of a task, its compute starting at ``t0``: the most
     bytes above its baseline with the task's gathered parameters
     (``entries``: those issued so far) placed in time, and per extra point
@@ -135,10 +175,21 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     parameter's gather (``wait_all``: every read for all of them at the
     start, where the compute holds the communication stream); a parameter
     of a later block is live (its gate, its gather) past the block's end,
-    one of an earlier block is gone. At one time every change counts
-    (the simulator frees before it allocates, and its peak is after)."""
+    one of an earlier block is gone. By layer (``unit``: the block's
+    :class:`UnitShape`) an entry is a gather of the unit or of a
+    parameter alone, and the unit's split moves the template's later ops
+    and holds its parameters from its start. At one time every change
+    counts (the simulator frees before it allocates, and its peak is
+    after)."""
     reads = curve.reads
     own = [e for e in entries if e[0] == k]
+    move_at = unit.move_at if unit is not None else ()
+    move_by = unit.move_by if unit is not None else ()
+
+    def moved(tau: float) -> float:
+        i = bisect_right(move_at, tau)
+        return move_by[i - 1] if i else 0.0
+
     # the block's timeline: offset -> time, with the waits at its reads
     cut_at: List[float] = []
     cut_wait: List[float] = []
@@ -153,11 +204,19 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
             at = reads[e[1]][0]
             if at == math.inf:
                 continue
-            late = e[6] - (t0 + at + waited)
+            late = e[6] - (t0 + at + (moved(at) if move_at else 0.0) + waited)
             if late > 0.0:
                 waited += late
                 cut_at.append(at)
                 cut_wait.append(waited)
+    if move_at:
+        # the waits and the unit's moves together, as one table of offsets
+        at_all = sorted(set(cut_at) | set(move_at))
+        by_all = []
+        for tau in at_all:
+            i = bisect_right(cut_at, tau)
+            by_all.append((cut_wait[i - 1] if i else 0.0) + moved(tau))
+        cut_at, cut_wait = at_all, by_all
 
     def when(tau: float) -> float:
         i = bisect_right(cut_at, tau)
@@ -174,6 +233,10 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
         if owner == k:
             ev_t.append(when(reads[j][1]))
             ev_d.append(-whole)
+    if unit is not None:
+        for lo, hi, nbytes in unit.pieces:
+            ev_t += (when(lo), when(hi))
+            ev_d += (nbytes, -nbytes)
     taus = curve.array_taus()
     vals = curve.array_vals()
     if cut_at:
@@ -228,23 +291,103 @@ def param_bytes(b, kind: str, block: str) -> List[Tuple[int, int]]:
 
 def entries_of(b, kind: str, k: int, block: str, gate: float,
                groups: Sequence[Tuple[float, int, float]]) -> List[Entry]:
-    """The :data:`Entry` of each gathered parameter of ``block`` (at
-    position ``k`` of a ``kind`` task), gated at ``gate`` and gathered in
-    ``groups`` (each: its time, the position of its last parameter, its
-    end) that run one after another, each parameter's all-gather after the
-    one before (:attr:`.gates.GatherPlan.items`)."""
+    """The :data:`Entry` of each all-gather of ``block`` (at position
+    ``k`` of a ``kind`` task), gated at ``gate`` and gathered in
+    ``groups`` (each: its time, the position of its last all-gather, its
+    end) that run one after another (:attr:`.gates.GatherPlan.items`):
+    by parameter one per gathered parameter; by layer
+    (:func:`item_bytes`) the unit's first, its gate the concatenation of
+    its shards, which runs on the compute stream before ``gate``."""
     from .gates import gather_plan
-    items = gather_plan(b, kind, block).items
-    sizes = param_bytes(b, kind, block)
+    plan = gather_plan(b, kind, block)
+    items = plan.items
+    sizes = item_bytes(b, kind, block) if b.by_layer else param_bytes(b, kind, block)
     out: List[Entry] = []
     first = 0
     for time_s, upto, end in groups:
         at = end - time_s
         for j in range(first, upto + 1):
-            shard, whole = sizes[j]
-            out.append((k, j, shard, whole, gate, at, at + items[j]))
+            if b.by_layer:
+                read, shard, whole = sizes[j]
+                gated = gate - plan.copy_in if j == 0 and plan.first is not None else gate
+                out.append((k, read, shard, whole, gated, at, at + items[j]))
+            else:
+                shard, whole = sizes[j]
+                out.append((k, j, shard, whole, gate, at, at + items[j]))
             at += items[j]
         first = upto + 1
+    return out
+
+
+def item_bytes(b, kind: str, block: str) -> List[Tuple[int, int, int]]:
+    """ZeRO-3 by layer: per all-gather of ``block`` in a ``kind`` task,
+    the unit's first (:func:`~distsim.transforms.sync_policy.gather_groups`),
+    (the position of the gathered parameter read first, whose read waits
+    for it; its gate's bytes: the concatenated shards, or one shard; the
+    bytes gathered)."""
+    key = (kind, block, "items")
+    hit = b.memo.gathered_bytes.get(key)
+    if hit is None:
+        from ..transforms.sync_policy import gather_groups
+        blk = b.profile.blocks[block]
+        params = [b.profile.params[owner][i]
+                  for owner, i in (blk.f_gather if kind == "F" else blk.b_gather)]
+        sizes = param_bytes(b, kind, block)
+        hit = []
+        for group in gather_groups([p.numel for p in params], b.dp, True):
+            if len(group) > 1:
+                hit.append((group[0],
+                            sum(p.numel // b.dp * p.dtype.itemsize
+                                for p in (params[j] for j in group)),
+                            sum(sizes[j][1] for j in group)))
+            else:
+                hit.append((group[0],) + sizes[group[0]])
+        b.memo.gathered_bytes[key] = hit
+    return hit
+
+
+def unit_shape(b, kind: str, block: str, curve: GatherCurve) -> Optional[UnitShape]:
+    """ZeRO-3 by layer: the :class:`UnitShape` of ``block``'s unit in a
+    ``kind`` task on its template ``curve``, as LowerSPMD splits it: at
+    the unit's first read, one ``chunk_split`` (:attr:`.gates.GatherPlan.split_s`)
+    in place of that read's reshape makes every parameter of the unit,
+    and the unit's later reads have no reshape; a parameter split out and
+    never read is gone when the split ends. None: no unit, or it is not
+    read."""
+    key = (kind, block, id(curve))
+    memo = b.memo.unit_shapes
+    if key in memo:
+        return memo[key]
+    from ..transforms.sync_policy import gather_groups
+    from .gates import gather_plan
+    plan = gather_plan(b, kind, block)
+    out = None
+    if plan.first is not None and curve.reads[plan.first][0] != math.inf:
+        blk = b.profile.blocks[block]
+        gathered = blk.f_gather if kind == "F" else blk.b_gather
+        unit = gather_groups([b.profile.params[o][i].numel for o, i in gathered], b.dp, True)[0]
+        sizes = param_bytes(b, kind, block)
+        r0, r1 = curve.reads[plan.first]
+        moves = [(r1, plan.split_s - plan.reshape_s[plan.first])]
+        pieces = []
+        for j in unit[1:]:
+            at, end = curve.reads[j]
+            if at == math.inf:
+                pieces.append((r0, r1, sizes[j][1]))
+                continue
+            moves.append((end, -plan.reshape_s[j]))
+            pieces.append((r0, at, sizes[j][1]))
+        moves.sort()
+        move_at, move_by, total = [], [], 0.0
+        for at, by in moves:
+            total += by
+            if move_at and move_at[-1] == at:
+                move_by[-1] = total
+            else:
+                move_at.append(at)
+                move_by.append(total)
+        out = UnitShape(tuple(move_at), tuple(move_by), tuple(pieces))
+    memo[key] = out
     return out
 
 
@@ -276,7 +419,15 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
         if got is None:
             entries = [e for owner, block, gate, groups in issued
                        for e in entries_of(b, kind, owner, block, gate, groups)]
-            got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all)
+            unit = None
+            if b.by_layer:
+                name = next((block for owner, block, _, _ in issued if owner == k), None)
+                if name is not None:
+                    if kind == "B" and b.scatter_each:
+                        from .units import unit_curve
+                        curve = unit_curve(b, name, curve)
+                    unit = unit_shape(b, kind, name, curve)
+            got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all, unit)
         note_again(b, key, k, got)
     drop = 0
     while drop < len(issued) and issued[drop][0] <= k:

@@ -91,7 +91,8 @@ def estimate_memory(b: Builder) -> List[int]:
 
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
-                  by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:
+                  by_block: Optional[Dict[int, int]] = None, first: bool = False,
+                  after: bool = True) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
@@ -100,14 +101,17 @@ def estimate_memory(b: Builder) -> List[int]:
         gradient, to the block's peak apart from its gradients);
         ``first``: the chunk's first backward, micro-batch 0, whose bare
         gradients become the buffers (``b0_excess``) where the later ones
-        make a gradient beside the buffer and add it in (``b_excess``))."""
+        make a gradient beside the buffer and add it in (``b_excess``));
+        ``after``: a backward of the stage ran before the task (by layer,
+        the unit of shards it left pending)."""
         peak = -math.inf
         backward = b.blocks_of("B", c)
         if kind == "F":
             before = 0.0
             # by layer: the stage's last backward's last unit of shards
-            pending = pending_shard_bytes(b, backward, len(backward)) if units else 0.0
-            # ZeRO-3 by parameter: each block with its gathers placed in time
+            pending = pending_shard_bytes(b, backward, len(backward)) if units and after \
+                else 0.0
+            # ZeRO-3: each block with its gathers placed in time
             placed = b.memo.gather_peaks.get(("F", b.shapes[c], False), {})
             for k, ((name, _), gathered, started) in enumerate(zip(
                     chunk_blocks[c], ahead[("F", c)], next_one[("F", c)])):
@@ -115,7 +119,7 @@ def estimate_memory(b: Builder) -> List[int]:
                 at = placed.get(k)
                 peak = max(peak, now + (gathered + blocks[name].f_excess if at is None
                                         else at[0]))
-                split = copy_out_excess(b, "F", name) if units else None
+                split = copy_out_excess(b, "F", name) if units and at is None else None
                 if split is not None:
                     peak = max(peak, now + started + split)
                 before += blocks[name].saved_bytes
@@ -126,13 +130,20 @@ def estimate_memory(b: Builder) -> List[int]:
                 grads_at = blocks[name].bs_grads
                 each = b.scatter_each and not units
                 at = placed.get(k)
-                if units and b.scatter_each:
-                    excess, grads_at = unit_backward_excess(b, name)
-                elif at is not None:
-                    # ZeRO-3 by parameter, its gathers placed in time
+                if at is not None:
+                    # ZeRO-3, its gathers placed in time (by layer with a
+                    # reduce-scatter per micro-batch, its unit's gradients
+                    # held: :func:`.units.unit_curve`)
                     excess, gathered = at[0], 0.0
                     if b.scatter_each:
                         grads_at = at[1]
+                        if units and grads_at:
+                            top = grads_top.get(id(grads_at))
+                            if top is None:
+                                top = grads_top[id(grads_at)] = max(grads_at.values())
+                            excess = max(excess, top)
+                elif units and b.scatter_each:
+                    excess, grads_at = unit_backward_excess(b, name)
                 else:
                     # ZeRO 2/3 reduce-scattering each gradient: the block's
                     # peak apart from its gradients, and at each gradient
@@ -143,9 +154,9 @@ def estimate_memory(b: Builder) -> List[int]:
                     excess += by_block.get(k, 0)
                 now = base + held + gathered + (sent.get(c, 0.0) if k == 0 else 0.0)
                 if units:     # the previous unit's shards, and this one's copy-out
-                    pending = pending_shard_bytes(b, backward, k)
+                    pending = pending_shard_bytes(b, backward, k, after)
                     now += pending
-                    split = copy_out_excess(b, "B", name)
+                    split = copy_out_excess(b, "B", name) if at is None else None
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
@@ -204,14 +215,22 @@ def estimate_memory(b: Builder) -> List[int]:
         first_b = np.zeros(len(forward), dtype=bool)
         first_b[list(first_back.values())] = True
         kinds = chunk * 4 + forward * 2 + first_b
+        # by layer, whether a backward ran on the stage before each task
+        # (the unit of gradient shards it left pending until the next)
+        after_b = np.concatenate(([False], np.cumsum(~forward)[:-1] > 0)) if units \
+            else np.ones(len(forward), dtype=bool)
+        if units:
+            kinds = kinds + after_b * (4 * b.chunks)
         received = b.memo.recv_ahead
         for key in np.unique(kinds).tolist():
             held = float(flight[kinds == key].max())
+            after, key = key >= 4 * b.chunks, key % (4 * b.chunks)
             c, is_f, first = key // 4, key & 2, key & 1
             kind = "F" if is_f else "B"
             # a pipeline's values received for later tasks (and a forward's input)
             held += received.get((stage, kind, c, bool(first)), 0)
-            best = max(best, task_peak(base, kind, c, held, first=bool(first)))
+            best = max(best, task_peak(base, kind, c, held, first=bool(first),
+                                       after=bool(after)))
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where
@@ -230,14 +249,17 @@ def estimate_memory(b: Builder) -> List[int]:
             if kind != "F":
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
                                            b.memo.flat_later.get((stage, mb, c)),
-                                           by_block=pending, first=mb == 0))
+                                           by_block=pending, first=mb == 0,
+                                           after=bool(after_b[at[mb]])))
             else:
-                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))
+                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
+                                                     after=bool(after_b[at[mb]])))
         # and inside that first backward, the copies of its earlier
         # gradients still waiting when each block makes its own
         for c, inside in inside_of.get(stage, ()):
             if c in first_back:
                 best = max(best, task_peak(base, "B", c, float(flight[first_back[c]]), inside,
+                                           after=bool(after_b[first_back[c]]),
                                            first=True))
         out.append(int(best))
     return out

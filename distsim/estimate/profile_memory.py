@@ -112,7 +112,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                 blocks[name].b_curve = gather_curve(
                     groups[("B", 0, name)], times, samples, stamps, base, blocks[name].b_gather,
                     params, producer, _grad_points(groups[("B", 0, name)], times, samples,
-                                                   stamps, allocated, final_only, index))
+                                                   stamps, allocated, final_only, index),
+                    _grad_ops(groups[("B", 0, name)], times, samples, stamps, allocated,
+                              final_only, index))
     _optimizer_memory(params, rank0, times, samples, static + grads)
     return data_emb, data_head
 
@@ -247,6 +249,28 @@ def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
             if name in index:
                 out.append((index[name], t0, float(during + made)))
                 out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made)))
+    return out
+
+
+def _grad_ops(ops: List[Op], times, samples: List[Tuple[float, int]], stamps: List[float],
+              starts: Dict[float, int], final_only: Dict[int, str], index: Dict[str, int]
+              ) -> List[Tuple[Tuple[int, ...], float, float, float, float]]:
+    """The ops of a block's backward (``ops``) that make final gradients,
+    in order, as :func:`_scatter_excess` measures them, in template time:
+    (the indices of their parameters, the op's start, the most live bytes
+    while it runs, its end, the live bytes then less the next op's
+    allocations), for :attr:`.gathered.GatherCurve.made`."""
+    out = []
+    for op in ops:
+        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
+        if not names:
+            continue
+        t0, t1, _ = times[op.name]
+        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
+        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
+        after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
+        out.append((tuple(index[p] for p in names if p in index), t0, float(during), t1,
+                    float(after - starts.get(t1, 0))))
     return out
 
 

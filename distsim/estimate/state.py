@@ -120,6 +120,12 @@ class Memo:
         #: ZeRO-3: per (task kind, block), its gathered parameters' shard and
         #: whole bytes (:func:`.gathered.param_bytes`)
         self.gathered_bytes: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}
+        #: ZeRO-3 by layer: per (task kind, block, curve), the unit's split
+        #: in the template's offsets (:func:`.gathered.unit_shape`), and per
+        #: block the first backward's curve with its unit's gradients held
+        #: (:func:`.units.unit_curve`)
+        self.unit_shapes: Dict[tuple, Any] = {}
+        self.unit_curves: Dict[str, Any] = {}
         #: :func:`.gathered.block_peak` by the block's curve and its
         #: gathers' times from its start (the same place, the same result)
         self.block_peaks: Dict[tuple, tuple] = {}

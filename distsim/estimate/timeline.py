@@ -32,7 +32,7 @@ from .costs import collectives, op_costs
 from .engine import Timeline
 from .replay import ReplayedBackward
 from .gates import chain, emit_chain, gather_plan, gather_time
-from .gathered import note_peak, param_bytes
+from .gathered import note_peak
 from .notes import MemoryNotes
 from .params import ParamLayout
 from .profile import EMB, HEAD, LAYER, LayerProfile
@@ -317,8 +317,8 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         issued: List[float] = []
         end = ready
         order = self.blocks_of(kind, c)
-        # by parameter: each gathered parameter's gate, gather start and end
-        entries: Optional[List[tuple]] = None if self.by_layer else []   # Issued
+        # each all-gather's gate, start and end (:data:`.gathered.Issued`)
+        entries: List[tuple] = []
         first = kind == "B" and mb == 0
         key = (kind, self.shapes[c], first)
         blocks = self.profile.blocks
@@ -336,12 +336,12 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             for start, (_, t) in zip(starts, gathers):
                 j = len(issued)
                 issued.append(tl.comm_on(stage, t, start))
-                if entries is not None:
-                    entries.append((j, order[j][0], start,
-                                    ((t, len(param_bytes(self, kind, order[j][0])) - 1,
-                                      issued[j]),)))
+                entries.append((j, order[j][0], start,
+                                ((t, len(gather_plan(self, kind, order[j][0]).items) - 1,
+                                  issued[j]),)))
             flops[stage] += fl
-            t0 = prev
+            # the block's compute starts after its copy-ins (by layer)
+            t0 = max(prev, tl.free[2 * stage])
             if reads is not None:
                 # its first piece waits for each gather where it reads it
                 end = emit_chain(self, stage, reads, issued[i], ready if i == 0 else 0.0)
@@ -353,11 +353,9 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 end = max(issued[0], ready)
             end = prev = tl.compute_pieces(stage, pieces, end)
             wait = tail
-            if entries is not None:
-                blk = blocks[order[i][0]]
-                curve = blk.f_curve if kind == "F" else blk.b_curve if first \
-                    else blk.b_curve_later
-                note_peak(self, key, i, curve, t0, entries, kind, wait_all=reads is None)
+            blk = blocks[order[i][0]]
+            curve = blk.f_curve if kind == "F" else blk.b_curve if first else blk.b_curve_later
+            note_peak(self, key, i, curve, t0, entries, kind, wait_all=reads is None)
         return end
 
     def _task_plan(self, kind: str, c: int, mb: int) -> Any:
