@@ -250,7 +250,11 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
             return x + t0
     pts = when_all(taus)
     if not ev_t:
-        return float(vals.max()), {i: v for i, _, v in curve.points}
+        extra: Dict[int, float] = {}
+        for i, _, v in curve.points:
+            if v > extra.get(i, -math.inf):
+                extra[i] = v
+        return float(vals.max()), extra
     order = np.argsort(np.asarray(ev_t), kind="stable")
     times = np.asarray(ev_t)[order]
     held = np.concatenate(([0.0], np.cumsum(np.asarray(ev_d, dtype=float)[order])))
@@ -263,7 +267,7 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     best = float((vals + g_pts).max())
     if inside.any():
         best = max(best, float((vals[v_ev[inside]] + held[last[inside]]).max()))
-    extra: Dict[int, float] = {}
+    extra = {}
     if curve.points:
         index, at, value = curve.array_points()
         got = value + held[np.searchsorted(times, when_all(at), side="right")]

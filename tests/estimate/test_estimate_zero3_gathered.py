@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from distsim.estimate import AGREEMENT_TOLERANCE
-from distsim.estimate.gathered import GatherCurve, block_peak
+from distsim.estimate.gathered import GatherCurve, UnitShape, block_peak
 
 from estimate_pairs import estimated_and_simulated
 
@@ -40,12 +40,17 @@ CASES = [
       "order": "dp-tp-pp", "optimizer": "sgd"}, "+5.9 %"),
     ({"model": "llama3-8b", "topology": "dgx-a100-x2", "dp": 8, "tp": 2, "layers": 4,
       "seq": 512, "micro_batch": 4, "global_batch": 32, "sp": True, "zero": 3}, "+2.9 %"),
+    # one micro-batch, the tied embedding: its backward peaks making the
+    # final gradient (the head's and the embedding's parts and their sum),
+    # a point of the curve that is not its last
+    ({"model": "gpt2", "topology": "dgx-a100", "dp": 8, "layers": 2, "seq": 256,
+      "micro_batch": 1, "global_batch": 8, "zero": 3}, "-4.3 %"),
 ]
 
 
 @pytest.mark.parametrize("options,before", CASES, ids=["pcie-head", "pcie-full-recompute",
                                                        "pipeline", "gpipe-prefetch2",
-                                                       "prefetch2", "sp"])
+                                                       "prefetch2", "sp", "tied-one-microbatch"])
 def test_zero3_memory_agrees(options, before):
     row, sim = estimated_and_simulated(dict(options, network_mode="analytical"))
     assert row["max_peak_memory_bytes"] == pytest.approx(
@@ -82,3 +87,35 @@ def test_a_read_waits_for_its_gather():
     # at 5: 50, the next gather running (its gate 3 and its result 12); the
     # own parameter's reshape ended at 4.5
     assert peak == 50.0 + 3 + 12
+
+
+def test_each_gradient_takes_the_most_of_its_points():
+    # a block with no gathered parameter (the embedding's backward): per
+    # gradient, the most of its points, not the last one
+    curve = GatherCurve((0.0,), (10.0,), (), ((0, 1.0, 30.0), (0, 2.0, 20.0), (1, 3.0, 5.0)),
+                        4.0, [])
+    assert block_peak(curve, 0, 0.0, []) == (10.0, {0: 30.0, 1: 5.0})
+
+
+def test_a_unit_is_gathered_as_one_and_split_at_its_first_read():
+    """By layer: the block's unit (parameters 0 and 1, 8 and 12 bytes)
+    gathered as one from 0 to 1 (its gate, the concatenated shards, 4
+    bytes until then), parameter 2 alone (shard 2, whole 8) from 1 to 2.
+    The template reads them at 2, 5 and 7 (reshapes of 1 each). The split
+    (2 long) at the first read replaces that read's reshape: the template's
+    later offsets move by +1, and by 0 again past the second read, whose
+    reshape is gone; the buffer lives until the split ends (4) and
+    parameter 1 from the split's start (2) until the template would
+    reshape it (5, moved to 6). The next block's gather (shard 3, whole
+    50) starts at 4.5: the curve's 100 at 3.6 on the template comes at
+    4.6, with it."""
+    curve = _curve([0.0, 3.6, 3.8], [10.0, 100.0, 10.0], [(2.0, 3.0), (5.0, 6.0), (7.0, 8.0)],
+                   9.0)
+    unit = UnitShape((3.0, 6.0), (1.0, 0.0), ((2.0, 5.0, 12),))
+    entries = [(0, 0, 4, 20, 0.0, 0.0, 1.0), (0, 2, 2, 8, 0.0, 1.0, 2.0),
+               (1, 0, 3, 50, 0.0, 4.5, 5.0)]
+    peak, _ = block_peak(curve, 0, 0.0, entries, unit=unit)
+    # parameter 2 (8), parameter 1 split out (12), the next gate (3) and gather (50)
+    assert peak == 100.0 + 8 + 12 + 3 + 50
+    # without the split's move, the curve's 100 comes before the next gather
+    assert block_peak(curve, 0, 0.0, entries)[0] < peak
