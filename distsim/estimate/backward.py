@@ -18,6 +18,7 @@ from ..transforms.sync_policy import accumulation_ops, prefetch_window, unit_ind
 
 from .gates import gather_plan
 from .gathered import note_again, note_peak
+from .units import held_units
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
     from ..transforms.strategy import Strategy
@@ -207,6 +208,7 @@ class OpByOpBackward:
                             entries.append((j, order[j][0], start, tuple(groups)))
                 ends = gathered[k]
                 gate = max(gate, tl.free[2 * stage])     # after its copy-ins (by layer)
+                units_before = tuple(self.unit_pending.get(stage, ())) if self.by_layer else ()
             local: Dict[int, float] = {}
             unit = self._grad_unit(name)
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
@@ -307,7 +309,8 @@ class OpByOpBackward:
                 blk = self.profile.blocks[name]
                 self.block_got = note_peak(self, self.peak_key, k,
                                            blk.b_curve if only else blk.b_curve_later, gate,
-                                           entries, "B")
+                                           entries, "B", held=self.flats.get(stage),
+                                           units=held_units(self, stage, units_before, gate))
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:

@@ -145,7 +145,8 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
 #: a gathered parameter in a task (see :func:`block_peak`): (the position
 #: of the block that reads it in the task, its position in that block's
 #: gathered parameters, its shard's bytes, its whole bytes, its gate's time,
-#: its gather's start and end)
+#: its gather's start and end); position -1: a copy held (its whole bytes)
+#: from its start until its end, of no block
 Entry = Tuple[int, int, int, int, float, float, float]
 
 
@@ -226,6 +227,10 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     ev_t: List[float] = []
     ev_d: List[int] = []
     for owner, j, shard, whole, gate, start, end in entries:
+        if owner < 0:     # a copy held from before the block until ``end``
+            ev_t += (start, end)
+            ev_d += (whole, -whole)
+            continue
         if owner < k:
             continue
         ev_t += (gate, end, start)
@@ -403,19 +408,30 @@ Issued = Tuple[int, str, float, Tuple[Tuple[float, int, float], ...]]
 
 
 def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
-              issued: List[Issued], kind: str, wait_all: bool = False) -> Optional[tuple]:
+              issued: List[Issued], kind: str, wait_all: bool = False,
+              held: Optional[Sequence[Tuple[int, float]]] = None,
+              units: Sequence[Tuple[int, float, float, bool]] = ()) -> Optional[tuple]:
     """:func:`block_peak` of block ``k`` of a ``kind`` task, the
     gathers ``issued`` so far, noted for the memory estimate, the most
     over the walks (:attr:`.state.Memo.gather_peaks`, ``key``: the task's
     kind, chunk shape, first backward or not); returns what it noted (a
     replay notes it again with :func:`note_again`). The block's own
-    gathers are dropped from ``issued`` (read: gone from the next blocks)."""
+    gathers are dropped from ``issued`` (read: gone from the next blocks).
+    ``held``: the flat gradient copies earlier tasks left waiting for
+    their reduce-scatters (bytes, end), each live until it ends; by layer,
+    ``units``: the units of gradient shards the block meets
+    (:func:`.units.held_units`), those pending when it starts settled
+    where it completes its own unit (:func:`.units.unit_curve`)."""
     got = None
     if curve is not None:
+        waiting = tuple([(nbytes, int((end - t0) * 1e13)) for nbytes, end in held
+                         if end > t0]) if held else ()
+        met = tuple([(nbytes, int((start - t0) * 1e13), int((end - t0) * 1e13), before)
+                     for nbytes, start, end, before in units])
         # the same block in the same place among its gathers (a steady
         # pipeline's tasks) worked out once; times to a tenth of a
         # picosecond (a replayed task's are its record's shifted, to rounding)
-        sig = (id(curve), wait_all, kind) + tuple(
+        sig = (id(curve), wait_all, kind, waiting, met) + tuple(
             [(owner - k, block, int((gate - t0) * 1e13),
               tuple([int((end - t0) * 1e13) for _, _, end in groups]))
              for owner, block, gate, groups in issued])
@@ -423,13 +439,23 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
         if got is None:
             entries = [e for owner, block, gate, groups in issued
                        for e in entries_of(b, kind, owner, block, gate, groups)]
+            # a flat copy waiting: an entry of no block, whole until its end
+            entries += [(-1, 0, 0, nbytes, 0.0, -math.inf, end) for nbytes, end in held or ()
+                        if end > t0]
             unit = None
             if b.by_layer:
                 name = next((block for owner, block, _, _ in issued if owner == k), None)
                 if name is not None:
                     if kind == "B" and b.scatter_each:
                         from .units import unit_curve
-                        curve = unit_curve(b, name, curve)
+                        curve, settle = unit_curve(b, name, curve)
+                        for nbytes, start, end, before in units:
+                            if before and settle is not None:
+                                # pending: settled where the block completes
+                                # its unit, which waits for its reduce-scatter
+                                entries.append((k, settle, 0, nbytes, start, start, end))
+                            else:     # the block's own, or held through it
+                                entries.append((k + 1, 0, 0, nbytes, start, start, start))
                     unit = unit_shape(b, kind, name, curve)
             got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all, unit)
         note_again(b, key, k, got)

@@ -92,7 +92,7 @@ def estimate_memory(b: Builder) -> List[int]:
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False,
-                  after: bool = True) -> float:
+                  after: bool = True, later: bool = False) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
@@ -103,7 +103,11 @@ def estimate_memory(b: Builder) -> List[int]:
         gradients become the buffers (``b0_excess``) where the later ones
         make a gradient beside the buffer and add it in (``b_excess``));
         ``after``: a backward of the stage ran before the task (by layer,
-        the unit of shards it left pending)."""
+        the unit of shards it left pending); ``later``: ``inside`` and
+        ``by_block`` are the copies earlier tasks left waiting, which a
+        block whose gathers are placed in time places too (ZeRO-3:
+        :func:`.gathered.note_peak`), as the units of shards pending by
+        layer."""
         peak = -math.inf
         backward = b.blocks_of("B", c)
         if kind == "F":
@@ -150,17 +154,18 @@ def estimate_memory(b: Builder) -> List[int]:
                     # (its op, then it and its flat copy) below
                     excess = (blocks[name].b0_excess if b.scatter_each or first or b.microbatches == 1
                               else blocks[name].b_excess)
-                if by_block is not None:
+                if by_block is not None and at is None:
                     excess += by_block.get(k, 0)
                 now = base + held + gathered + (sent.get(c, 0.0) if k == 0 else 0.0)
                 if units:     # the previous unit's shards, and this one's copy-out
-                    pending = pending_shard_bytes(b, backward, k, after)
+                    pending = 0.0 if at is not None and b.scatter_each \
+                        else pending_shard_bytes(b, backward, k, after)
                     now += pending
                     split = copy_out_excess(b, "B", name) if at is None else None
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
-                if inside:
+                if inside and not (later and at is not None):
                     for i, at in grads_at.items():
                         peak = max(peak, now + at + inside.get((k, i), 0))
                 elif each and grads_at:
@@ -250,7 +255,7 @@ def estimate_memory(b: Builder) -> List[int]:
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
                                            b.memo.flat_later.get((stage, mb, c)),
                                            by_block=pending, first=mb == 0,
-                                           after=bool(after_b[at[mb]])))
+                                           after=bool(after_b[at[mb]]), later=True))
             else:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
                                                      after=bool(after_b[at[mb]])))

@@ -18,8 +18,9 @@ the copy-out are placed in time with the rest of ZeRO-3's gathers
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from ..ir.comm import CollectiveType
 from .gates import gather_plan
 
 if TYPE_CHECKING:     # pragma: no cover - for the annotations only
@@ -47,6 +48,30 @@ def copy_out_excess(b: "Builder", kind: str, block: str) -> Optional[float]:
     return at - p.numel * p.dtype.itemsize + float(plan.unit_bytes)
 
 
+def held_units(b: "Builder", stage: int, before: Sequence[tuple], t0: float
+               ) -> List[Tuple[int, float, float, bool]]:
+    """ZeRO-3 by layer: the units of gradient shards a backward block of
+    ``stage`` starting at ``t0`` meets, from :attr:`Builder.unit_pending`
+    (``before``: as the block started; now: as it ended): each one's
+    (bytes, its reduce-scatter's start, its end, whether it was pending
+    when the block started: settled where the block completes its own
+    unit, else the block's own, live from its reduce-scatter's start on).
+    Those settled long before ``t0`` are the same at any time before it.
+    None unless by layer with a reduce-scatter per micro-batch."""
+    if not (b.by_layer and b.scatter_each):
+        return []
+    out = []
+    now = b.unit_pending.get(stage, ())
+    for entry in list(before) + [e for e in now if e not in before]:
+        name = entry[0]
+        nbytes = b._unit_bytes(name)
+        rs_end = entry[-1]
+        rs_start = rs_end - b.dp_time(CollectiveType.REDUCE_SCATTER, nbytes)
+        out.append((nbytes // b.dp, max(rs_start, t0 - 1.0), max(rs_end, t0 - 1.0),
+                    entry in before))
+    return out
+
+
 def pending_shard_bytes(b: "Builder", backward: Sequence[Tuple[str, Any]], k: int,
                         earlier: bool = True) -> float:
     """The bytes of the unit of gradient shards held while the block at
@@ -61,7 +86,7 @@ def pending_shard_bytes(b: "Builder", backward: Sequence[Tuple[str, Any]], k: in
     return 0.0
 
 
-def unit_curve(b: "Builder", block: str, curve: Any) -> Any:
+def unit_curve(b: "Builder", block: str, curve: Any) -> Tuple[Any, Optional[int]]:
     """ZeRO-3 by layer with a reduce-scatter per micro-batch: a block's
     backward curve (:class:`.gathered.GatherCurve`, its gathered
     parameters taken out) with its unit's gradients held from the op that
@@ -70,8 +95,13 @@ def unit_curve(b: "Builder", block: str, curve: Any) -> Any:
     curve's ops making final gradients (:attr:`~.gathered.GatherCurve.made`):
     while an op runs, its gradients and the unit's made before it; once it
     ends, a unit gradient stays, any other is beside its flat copy; once
-    the unit is complete, its concatenated copy beside them. Placed in
-    time by :func:`.gathered.block_peak` like any other curve."""
+    the unit is complete, its concatenated copy beside them. Where the
+    unit is complete the stage's pending units of gradient shards are
+    settled (their split waits for their reduce-scatters): that offset is
+    one more read of the curve, whose position is returned with it (None:
+    the block has no unit). Placed in time by :func:`.gathered.block_peak`
+    like any other curve, the units of shards as entries
+    (:func:`held_units`)."""
     hit = b.memo.unit_curves.get(block)
     if hit is not None and hit[0] is curve:
         return hit[1]
@@ -80,22 +110,25 @@ def unit_curve(b: "Builder", block: str, curve: Any) -> Any:
     total = b._unit_bytes(block) if unit else 0
     points = []
     steps: Dict[float, float] = {}
-    held = 0
+    made_so_far = 0
+    settle = None
     for indices, t0, during, t1, after in curve.made:
         made_u = sum(params[i].numel * params[i].dtype.itemsize for i in indices if i in unit)
         made_n = sum(params[i].numel * params[i].dtype.itemsize for i in indices
                      if i not in unit)
         for i in indices:
-            points.append((i, t0, during + held + made_u + made_n))
-            points.append((i, t1, after + held + made_u + 2 * made_n))
+            points.append((i, t0, during + made_so_far + made_u + made_n))
+            points.append((i, t1, after + made_so_far + made_u + 2 * made_n))
         if made_u:
             steps[t0] = steps.get(t0, 0.0) + made_u
-        held += made_u
-        if unit and held == total:
-            for i in indices:     # the copy-in of the whole unit
-                points.append((i, t1, after + held + total))
-            steps[t1] = steps.get(t1, 0.0) - held
-            held = 0
+        made_so_far += made_u
+        if unit and made_so_far == total and settle is None:
+            # the stage's pending units settled, then the copy-in of the
+            # whole unit
+            for i in indices:
+                points.append((i, t1, after + made_so_far + total))
+            steps[t1] = steps.get(t1, 0.0) - made_so_far
+            settle = t1
     taus, vals = list(curve.taus), list(curve.vals)
     if steps:
         # the curve plus the held gradients, a step function too
@@ -108,7 +141,10 @@ def unit_curve(b: "Builder", block: str, curve: Any) -> Any:
             extra += steps.get(t, 0.0)
             out_v.append(vals[i] + extra)
         taus, vals = at, out_v
-    out = curve._replace(taus=tuple(taus), vals=tuple(vals), points=tuple(points), arrays=[])
+    reads = tuple(curve.reads) + (((settle, settle),) if settle is not None else ())
+    out = (curve._replace(taus=tuple(taus), vals=tuple(vals), points=tuple(points),
+                          reads=reads, arrays=[]),
+           len(curve.reads) if settle is not None else None)
     b.memo.unit_curves[block] = (curve, out)
     return out
 
