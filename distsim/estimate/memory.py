@@ -92,7 +92,7 @@ def estimate_memory(b: Builder) -> List[int]:
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False,
-                  after: bool = True, later: bool = False) -> float:
+                  after: bool = True, later: bool = False, hold: bool = False) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
@@ -107,7 +107,10 @@ def estimate_memory(b: Builder) -> List[int]:
         ``by_block`` are the copies earlier tasks left waiting, which a
         block whose gathers are placed in time places too (ZeRO-3:
         :func:`.gathered.note_peak`), as the units of shards pending by
-        layer."""
+        layer; ``hold``: a later task of the stage gates its ZeRO-3
+        gathers on this backward's last result (:attr:`.profile.Block.b_held`:
+        a backward past the first holds that gradient beside its flat copy
+        and the reduce-scatter's result)."""
         peak = -math.inf
         backward = b.blocks_of("B", c)
         if kind == "F":
@@ -165,6 +168,13 @@ def estimate_memory(b: Builder) -> List[int]:
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
+                i = blocks[name].b_held
+                if hold and i is not None and k == len(backward) - 1 and not first \
+                        and b.scatter_each and i in grads_at:
+                    # its gradient, its flat copy and the reduce-scatter's result
+                    p = prof.params[name][i]
+                    peak = max(peak, now + grads_at[i]
+                               + shard_size(p.numel, dp) * p.dtype.itemsize)
                 if inside and not (later and at is not None):
                     for i, at in grads_at.items():
                         peak = max(peak, now + at + inside.get((k, i), 0))
@@ -226,16 +236,23 @@ def estimate_memory(b: Builder) -> List[int]:
             else np.ones(len(forward), dtype=bool)
         if units:
             kinds = kinds + after_b * (4 * b.chunks)
+        # ZeRO-3 reducing each gradient: the stage's last task, whose last
+        # result gates no later gathers
+        holds = np.zeros(len(forward), dtype=bool)
+        if b.zero3 and b.scatter_each:
+            holds[:-1] = True
+            kinds = kinds + holds * (8 * b.chunks)
         received = b.memo.recv_ahead
         for key in np.unique(kinds).tolist():
             held = float(flight[kinds == key].max())
+            hold, key = key >= 8 * b.chunks, key % (8 * b.chunks)
             after, key = key >= 4 * b.chunks, key % (4 * b.chunks)
             c, is_f, first = key // 4, key & 2, key & 1
             kind = "F" if is_f else "B"
             # a pipeline's values received for later tasks (and a forward's input)
             held += received.get((stage, kind, c, bool(first)), 0)
             best = max(best, task_peak(base, kind, c, held, first=bool(first),
-                                       after=bool(after)))
+                                       after=bool(after), hold=bool(hold)))
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where
@@ -255,7 +272,8 @@ def estimate_memory(b: Builder) -> List[int]:
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
                                            b.memo.flat_later.get((stage, mb, c)),
                                            by_block=pending, first=mb == 0,
-                                           after=bool(after_b[at[mb]]), later=True))
+                                           after=bool(after_b[at[mb]]), later=True,
+                                           hold=bool(holds[at[mb]])))
             else:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
                                                      after=bool(after_b[at[mb]])))

@@ -143,6 +143,12 @@ class Block:
     #: receives from then on (sent before the task ends)
     out_tail_first: float = 0.0
     out_tail_mid: float = 0.0
+    #: the parameter (its index in the block) whose final gradient is the
+    #: first result of the block's last backward op (the embedding's),
+    #: or None: where the block ends a backward task, ZeRO-3 gates the
+    #: next task's gathers on that result, which holds the gradient
+    #: through its sync
+    b_held: Optional[int] = None
 
 
 @dataclass

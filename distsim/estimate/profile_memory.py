@@ -108,6 +108,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                                     for names, during, after, nbytes in made]
             blocks[name].bs_excess = max([blocks[name].b0_excess,
                                           *blocks[name].bs_grads.values()])
+            blocks[name].b_held = _held_gradient(groups[("B", 0, name)], final_only, index)
             if zero3:
                 blocks[name].b_curve = gather_curve(
                     groups[("B", 0, name)], times, samples, stamps, base, blocks[name].b_gather,
@@ -250,6 +251,21 @@ def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
                 out.append((index[name], t0, float(during + made)))
                 out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made)))
     return out
+
+
+def _held_gradient(ops: List[Op], final_only: Dict[int, str], index: Dict[str, int]
+                   ) -> Optional[int]:
+    """The index of the parameter whose final gradient is the first result
+    of the last backward op of a block (``ops``: its backward), or None.
+    LowerSPMD gates ZeRO-3's next gathers on the first result of the last
+    op it emitted (:meth:`~distsim.transforms.zero3.ParamGathers.note_layer_output`):
+    ending a task, such a gradient lives until the next task's gathers."""
+    model = [op for op in ops if isinstance(op.meta.get("layer"), int)
+             and op.meta.get("phase") == "backward" and op.outputs]
+    if not model:
+        return None
+    name = final_only.get(id(model[-1].outputs[0]))
+    return index.get(name) if name is not None else None
 
 
 def _grad_ops(ops: List[Op], times, samples: List[Tuple[float, int]], stamps: List[float],

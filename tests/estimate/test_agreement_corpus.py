@@ -111,10 +111,6 @@ def _relative(estimated: float, simulated: float) -> float:
 
 #: Where the estimate still departs from the simulation by more than the
 #: bound (each an example below, expected to fail until modelled):
-#: ZeRO-3 interleaved, the first stage's peak in its last backward while
-#: the embedding's flat gradient copy and reduce-scatter output are live
-#: (gpt2 pp 4 x 2 chunks: -1.5 % on memory)
-OPTIMIZER_TRANSIENT = "ZeRO-3, the embedding's reduce-scatter output: -1.5 % on memory"
 #: ZeRO-3 with ``bucket_mb 0`` under GPipe, prefetch 2, on PCIe: -1.7 % on memory
 GPIPE_ZERO3_DEFERRED = "ZeRO-3 bucket_mb 0 under GPipe with prefetch 2: -1.7 % on memory"
 #: interleaved tp 8 with sequence parallelism and 25 MB buckets: -1.4 % on memory
@@ -170,7 +166,7 @@ INTERLEAVED_BUCKETS = "interleaved tp 8, sp, 25 MB buckets: -1.4 % on memory"
 @example({'model': 'gpt2', 'topology': 'dgx-a100', 'dp': 2, 'tp': 1, 'pp': 4, 'layers': 8,
           'network_mode': 'analytical', 'seq': 512, 'micro_batch': 2, 'global_batch': 32,
           'schedule': 'interleaved', 'virtual_stages': 2, 'zero': 3, 'recompute': 'none',
-          'order': 'dp-tp-pp'}).xfail(raises=AssertionError, reason=OPTIMIZER_TRANSIENT)
+          'order': 'dp-tp-pp'})
 @example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 4, 'pp': 4,
           'layers': 4, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 4,
           'global_batch': 12, 'schedule': '1f1b', 'zero': 3, 'prefetch': 2, 'recompute': 'full',
