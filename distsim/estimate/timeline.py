@@ -398,7 +398,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 pieces = self._pieces(kind, order[i:i + 1], t + copy_out,
                                       busy + copy_out, rest=cut,
                                       pre_shift=copy_out if kind == "B" else 0.0)
-                reads = None if cut or kind == "B" else chain(self, kind, name, pieces[0])
+                reads = None if cut else chain(self, kind, name, pieces[0])
                 plan.append([gathers, fl, lead if cut else [],
                              pieces if reads is None else pieces[1:], reads, None])
             # a block that ends waiting for a collective before a block with
