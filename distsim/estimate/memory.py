@@ -92,7 +92,8 @@ def estimate_memory(b: Builder) -> List[int]:
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False,
-                  after: bool = True, later: bool = False, hold: bool = False) -> float:
+                  after: bool = True, later: bool = False, hold: bool = False,
+                  early: float = 0.0) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
@@ -110,7 +111,9 @@ def estimate_memory(b: Builder) -> List[int]:
         layer; ``hold``: a later task of the stage gates its ZeRO-3
         gathers on this backward's last result (:attr:`.profile.Block.b_held`:
         a backward past the first holds that gradient beside its flat copy
-        and the reduce-scatter's result)."""
+        and the reduce-scatter's result); ``early``: the bytes the next
+        task, a backward, makes from its leading collectives once this
+        one's last collective has ended (:attr:`.profile.Block.b_early`)."""
         peak = -math.inf
         backward = b.blocks_of("B", c)
         if kind == "F":
@@ -168,6 +171,11 @@ def estimate_memory(b: Builder) -> List[int]:
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
+                if early and k == len(backward) - 1:
+                    tail = (blocks[name].b0_tail if b.scatter_each or first or b.microbatches == 1
+                            else blocks[name].b_tail)
+                    if tail is not None:
+                        peak = max(peak, now + tail + early)
                 i = blocks[name].b_held
                 if hold and i is not None and k == len(backward) - 1 and not first \
                         and b.scatter_each and i in grads_at:
@@ -242,9 +250,19 @@ def estimate_memory(b: Builder) -> List[int]:
         if b.zero3 and b.scatter_each:
             holds[:-1] = True
             kinds = kinds + holds * (8 * b.chunks)
+        # a backward followed by a backward whose leading collectives need
+        # only what the forward made: those run once this one's have
+        # (without ZeRO-3's gathers, gated on the compute, nor gradient
+        # syncs on the communication stream: a backward of the chunk's
+        # last micro-batch with data parallelism synchronises)
+        early = _early_next(b, forward, chunk)
+        levels = np.unique(early).tolist() if early is not None else [0.0]
+        if len(levels) > 1:
+            kinds = kinds + np.searchsorted(levels, early) * (16 * b.chunks)
         received = b.memo.recv_ahead
         for key in np.unique(kinds).tolist():
             held = float(flight[kinds == key].max())
+            level, key = levels[key // (16 * b.chunks)], key % (16 * b.chunks)
             hold, key = key >= 8 * b.chunks, key % (8 * b.chunks)
             after, key = key >= 4 * b.chunks, key % (4 * b.chunks)
             c, is_f, first = key // 4, key & 2, key & 1
@@ -252,7 +270,7 @@ def estimate_memory(b: Builder) -> List[int]:
             # a pipeline's values received for later tasks (and a forward's input)
             held += received.get((stage, kind, c, bool(first)), 0)
             best = max(best, task_peak(base, kind, c, held, first=bool(first),
-                                       after=bool(after), hold=bool(hold)))
+                                       after=bool(after), hold=bool(hold), early=level))
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where
@@ -387,6 +405,31 @@ def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
         best = max(best, held + (max(nbytes, excess - nbytes) if flat_first else excess))
         held -= nbytes
     return best
+
+
+def _early_next(b: Builder, forward: np.ndarray, chunk: np.ndarray) -> Optional[np.ndarray]:
+    """Per task of a stage (``forward``, ``chunk``: its tasks in order),
+    the bytes the next task makes early (:attr:`.profile.Block.b_early`
+    of its first block) where both are backwards and this one's
+    communication stream runs nothing else (no ZeRO-3 gathers, gated on
+    the compute; no reduce-scatter per micro-batch; no gradient sync at
+    the chunk's last micro-batch, with data parallelism); None: none."""
+    if b.zero3 or b.scatter_each or len(forward) < 2:
+        return None
+    by_chunk = np.array([float(b.profile.blocks[b.blocks_of("B", c)[0][0]].b_early)
+                         for c in range(b.chunks)])
+    if not by_chunk.any():
+        return None
+    out = np.zeros(len(forward))
+    both = ~forward[:-1] & ~forward[1:]
+    out[:-1] = np.where(both, by_chunk[chunk[1:]], 0.0)
+    if b.dp > 1:
+        # each chunk's last backward synchronises its gradients
+        for c in np.unique(chunk).tolist():
+            at = np.flatnonzero(~forward & (chunk == c))
+            if len(at):
+                out[at[-1]] = 0.0
+    return out
 
 
 @lru_cache(maxsize=256)

@@ -149,6 +149,15 @@ class Block:
     #: next task's gathers on that result, which holds the gradient
     #: through its sync
     b_held: Optional[int] = None
+    #: the backward's leading tensor-parallel collectives that read only
+    #: what the forward made (with sp, the re-gathered layernorm outputs):
+    #: the bytes they make, which the simulator's communication stream
+    #: makes as soon as it is free, during the task before
+    b_early: int = 0
+    #: the backward's excess (as ``b_excess`` / ``b0_excess``) once its
+    #: last collective has ended (None: it has none)
+    b_tail: Optional[float] = None
+    b0_tail: Optional[float] = None
 
 
 @dataclass

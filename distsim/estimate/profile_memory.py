@@ -11,6 +11,7 @@ import math
 from bisect import bisect_left
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
 from .gathered import gather_curve
@@ -61,6 +62,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
 
     allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
+    forward_made: Optional[set] = None               # the forward's values, once
     # ZeRO-3: what makes each value (a gathered parameter's gate)
     producer = {id(v): op for op in rank0 for v in op.outputs} if zero3 else {}
     f_order = [EMB, "layer0", LAYER, HEAD]
@@ -87,6 +89,8 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         if ("B", 1, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
                                         - before - saved[name])
+            blocks[name].b_tail = _tail(groups[("B", 1, name)], times, peak,
+                                        static + grads + before + saved[name])
             if zero3:
                 blocks[name].b_curve_later = gather_curve(
                     groups[("B", 1, name)], times, samples, stamps,
@@ -95,6 +99,12 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         if ("B", 0, name) in groups:
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
+            blocks[name].b0_tail = _tail(groups[("B", 0, name)], times, peak, base)
+            if forward_made is None:
+                forward_made = {id(v) for v in program.inputs}
+                forward_made.update(id(v) for op in program.ops if "phase" not in op.meta
+                                    for v in op.outputs)
+            blocks[name].b_early = _early(groups[("B", 0, name)], forward_made)
             blocks[name].b_reads = _read_excess(groups[("B", 0, name)], times, peak, base)
             index = {p.name: i for i, p in enumerate(params.get(name, []))}
             if allocated is None:
@@ -251,6 +261,34 @@ def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
                 out.append((index[name], t0, float(during + made)))
                 out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made)))
     return out
+
+
+def _tail(ops: List[Op], times, peak, base: float) -> Optional[float]:
+    """The most bytes above ``base`` in a block's window (``ops``) once its
+    last collective has ended (``peak``: the window's most live bytes,
+    :func:`memory_excess`'s), or None: no collective, or none ends before
+    the block does."""
+    comm = [times[o.name][1] for o in ops if is_communication(o) and o.name in times]
+    if not comm:
+        return None
+    end = max(times[o.name][1] for o in ops if o.name in times)
+    free = max(comm)
+    return max(0.0, peak(free, end) - base) if free < end else None
+
+
+def _early(ops: List[Op], forward_made: set) -> int:
+    """The bytes rank 0 gets from a block's leading tensor-parallel
+    collectives (``ops``: its backward, in program order) that read only
+    what the forward made: the communication stream takes them as soon
+    as it is free, the block's compute not yet started."""
+    total = 0
+    for op in ops:
+        if not is_communication(op) or op.meta.get("role") is not None:
+            continue
+        if any(id(v) not in forward_made for v in op.inputs):
+            break
+        total += sum(v.type.size_bytes for v in op.outputs if v.type.device == 0)
+    return total
 
 
 def _held_gradient(ops: List[Op], final_only: Dict[int, str], index: Dict[str, int]
