@@ -69,6 +69,11 @@ class GatherCurve(NamedTuple):
     #: both less the gathered parameters then: ZeRO-3 by layer holds a
     #: unit's gradients to the block's end (:func:`.units.unit_curve`)
     made: Tuple[Tuple[Tuple[int, ...], float, float, float, float], ...] = ()
+    #: the block's first tensor-parallel collective, which the
+    #: communication stream takes after the gathers issued before it: the
+    #: offset of the first op reading its result (``inf``: none) and its
+    #: time
+    comm: Tuple[float, float] = (math.inf, 0.0)
 
     def array_taus(self) -> np.ndarray:
         if not self.arrays:
@@ -138,8 +143,17 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
     extra = tuple((i, t - t_c0, live - base - own(t)) for i, t, live in points)
     ops_made = tuple((indices, t0 - t_c0, during - base - own(t0), t1 - t_c0,
                       after - base - own(t1)) for indices, t0, during, t1, after in made)
+    comm = (math.inf, 0.0)
+    tp = [o for o in ops if is_communication(o) and o.meta.get("role") is None
+          and o.name in times]
+    if tp:
+        first = min(tp, key=lambda o: times[o.name][0])
+        made_by = {id(v) for v in first.outputs}
+        reader = next((o for o in compute if any(id(v) in made_by for v in o.inputs)), None)
+        if reader is not None:
+            comm = (times[reader.name][0] - t_c0, times[first.name][1] - times[first.name][0])
     return GatherCurve(tuple(taus), tuple(float(v) for v in vals), tuple(reads), extra,
-                       t_end - t_c0, [], ops_made)
+                       t_end - t_c0, [], ops_made, comm)
 
 
 #: a gathered parameter in a task (see :func:`block_peak`): (the position
@@ -166,8 +180,8 @@ class UnitShape(NamedTuple):
 
 
 def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
-               wait_all: bool = False, unit: Optional[UnitShape] = None
-               ) -> Tuple[float, Dict[int, float]]:
+               wait_all: bool = False, unit: Optional[UnitShape] = None,
+               comm_free: float = -math.inf) -> Tuple[float, Dict[int, float]]:
     """Block ``k`` of a task, its compute starting at ``t0``: the most
     bytes above its baseline with the task's gathered parameters
     (``entries``: those issued so far) placed in time, and per extra point
@@ -179,9 +193,13 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     one of an earlier block is gone. By layer (``unit``: the block's
     :class:`UnitShape`) an entry is a gather of the unit or of a
     parameter alone, and the unit's split moves the template's later ops
-    and holds its parameters from its start. At one time every change
-    counts (the simulator frees before it allocates, and its peak is
-    after)."""
+    and holds its parameters from its start. The block's first
+    tensor-parallel collective (:attr:`GatherCurve.comm`) starts no
+    earlier than the communication stream is through what was queued
+    before it (``comm_free``: the gathers issued so far, the reduce-scatters
+    before them), and the op reading its result waits for it. At one time
+    every change counts (the simulator frees before it allocates, and
+    its peak is after)."""
     reads = curve.reads
     own = [e for e in entries if e[0] == k]
     move_at = unit.move_at if unit is not None else ()
@@ -194,22 +212,23 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     # the block's timeline: offset -> time, with the waits at its reads
     cut_at: List[float] = []
     cut_wait: List[float] = []
+    # each wait: (the offset that waits, until when)
+    waits = [(reads[e[1]][0], e[6]) for e in own if reads[e[1]][0] != math.inf]
     if wait_all:
-        done = max((e[6] for e in own), default=t0)
-        if done > t0:
-            cut_at.append(0.0)
-            cut_wait.append(done - t0)
-    else:
+        waits = [(0.0, max((e[6] for e in own), default=t0))]
+    if curve.comm[0] != math.inf and comm_free > t0:
+        waits.append((curve.comm[0], comm_free + curve.comm[1]))
+    if waits:
         waited = 0.0
-        for e in sorted(own, key=lambda e: reads[e[1]][0]):
-            at = reads[e[1]][0]
-            if at == math.inf:
-                continue
-            late = e[6] - (t0 + at + (moved(at) if move_at else 0.0) + waited)
+        for at, end in sorted(waits):
+            late = end - (t0 + at + (moved(at) if move_at else 0.0) + waited)
             if late > 0.0:
                 waited += late
-                cut_at.append(at)
-                cut_wait.append(waited)
+                if cut_at and cut_at[-1] == at:
+                    cut_wait[-1] = waited
+                else:
+                    cut_at.append(at)
+                    cut_wait.append(waited)
     if move_at:
         # the waits and the unit's moves together, as one table of offsets
         at_all = sorted(set(cut_at) | set(move_at))
@@ -457,7 +476,12 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
                             else:     # the block's own, or held through it
                                 entries.append((k + 1, 0, 0, nbytes, start, start, start))
                     unit = unit_shape(b, kind, name, curve)
-            got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all, unit)
+            # what the communication stream takes before the block's collectives
+            comm_free = max([end for _, _, _, groups in issued for _, _, end in groups]
+                            + [end for nbytes, end in held or ()]
+                            + [end for _, _, end, before in units if before], default=-math.inf)
+            got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all, unit,
+                                                       comm_free)
         note_again(b, key, k, got)
     drop = 0
     while drop < len(issued) and issued[drop][0] <= k:

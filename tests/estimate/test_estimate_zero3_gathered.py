@@ -119,3 +119,17 @@ def test_a_unit_is_gathered_as_one_and_split_at_its_first_read():
     assert peak == 100.0 + 8 + 12 + 3 + 50
     # without the split's move, the curve's 100 comes before the next gather
     assert block_peak(curve, 0, 0.0, entries)[0] < peak
+
+
+def test_a_collective_queued_behind_the_gathers_delays_its_reader():
+    # the block's first tensor-parallel collective (0.5 long) is read by
+    # the op at 2, whose 100 bytes on the template come then; the next
+    # block's gather (its gate 3 from 0 until it ends at 4, whole 40 from
+    # 3) holds the communication stream until 4: the collective runs from
+    # 4 to 4.5 and the reader waits for it, under the gathered 40
+    curve = GatherCurve((0.0, 2.0, 2.5), (10.0, 100.0, 10.0), (), (), 3.0, [], (),
+                        (2.0, 0.5))
+    entries = [(1, 0, 3, 40, 0.0, 3.0, 4.0)]
+    assert block_peak(curve, 0, 0.0, entries, comm_free=4.0)[0] == 100.0 + 40
+    # the stream free: the reader as on the template, the gather not started
+    assert block_peak(curve, 0, 0.0, entries)[0] == 100.0 + 3
