@@ -80,6 +80,11 @@ class Block:
     step_b_flops: float = 0.0
     last: List[Segment] = field(default_factory=list)
     only: List[Segment] = field(default_factory=list)
+    #: ZeRO-3: the forward op by op, as ``only`` is the backward's (its
+    #: reads of gathered parameters in :attr:`Segment.gate`): by layer,
+    #: what taking the reshapes out and the unit's split in changes
+    #: (:func:`.gates.gather_plan`)
+    f_segs: List[Segment] = field(default_factory=list)
     saved_bytes: int = 0            # activations kept from forward to backward
     tp_comm_f: float = 0.0          # tensor-parallel collective time, forward
     tp_comm_b: float = 0.0          # ... backward (its recomputation's included)
@@ -520,6 +525,10 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         if ("B", 0, name) in groups:
             fill_lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
         blk.f_pre, blk.f_post = edges(compress_segments(groups.get(("F", 0, name), []), times, {}))
+        if template_zero == 3:
+            blk.f_segs = compress_segments(
+                groups.get(("F", 0, name), []), times, {},
+                gathered_uses(rank0, params, first_reader.get(f"F{name}", []), template_zero))
         blk.b_pre, blk.b_post = edges(blk.only)
     # The embedding's tensor-parallel collective (its all-reduce, or reduce-
     # scatter with sp) ends its forward, and the first layer's compute waits

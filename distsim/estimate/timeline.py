@@ -387,17 +387,19 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 issued = max(issued, upto)
                 t, busy, fl = self._block_time(blocks[name], kind, mb)
                 # by layer the unit's copy-out instead of its reshapes, at
-                # its first read: in the compute before the first
-                # tensor-parallel collective
-                copy_out = gather_plan(self, kind, name).copy_out if self.by_layer else 0.0
+                # its first read (:func:`.gates.split_change`)
+                unit = gather_plan(self, kind, name) if self.by_layer else None
+                copy_out = unit.copy_out if unit else 0.0
                 cut = split and i == 0
                 if cut:
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
-                # (the forward's first piece is cut at its reads, which
-                # place the copy-out: :func:`.gates.chain`)
-                pieces = self._pieces(kind, order[i:i + 1], t + copy_out,
+                # (the forward's first piece is cut at its reads:
+                # :func:`.gates.chain`)
+                pieces = self._pieces(kind, order[i:i + 1],
+                                      t + (unit.copy_out_time if unit else 0.0),
                                       busy + copy_out, rest=cut,
-                                      pre_shift=copy_out if kind == "B" else 0.0)
+                                      pre_shift=unit.copy_out_pre(kind) if unit else 0.0,
+                                      post_shift=unit.copy_out_post if unit else 0.0)
                 reads = None if cut else chain(self, kind, name, pieces[0])
                 plan.append([gathers, fl, lead if cut else [],
                              pieces if reads is None else pieces[1:], reads, None])
@@ -418,7 +420,7 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         return fl, lead, self._pieces(kind, order, total, busy, rest=split)
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
-                pre_shift: float = 0.0) -> List[tuple]:
+                pre_shift: float = 0.0, post_shift: float = 0.0) -> List[tuple]:
         """The compute items of a task over the blocks ``order``: one, or with
         tensor-parallel collectives, which hold the communication stream from
         the first to the last of them, the compute before and after alone
@@ -426,15 +428,18 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         no compute between its collectives (the embedding's forward: one
         reduce-scatter) is split too: its compute before the collective runs
         while the communication stream is still busy (ZeRO-3's prefetched
-        gathers), as in the simulator. ``pre_shift``: a change of the
-        compute before the first collective (ZeRO-3 by layer: the unit's
-        copy-out in place of the template's reshapes)."""
+        gathers), as in the simulator. ``pre_shift`` / ``post_shift``: a
+        change of the compute before the first collective / after the last
+        (ZeRO-3 by layer: the unit's copy-out in place of the template's
+        reshapes)."""
         blocks = self.profile.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
         post = last.f_post if kind == "F" else last.b_post
+        if post is not None and post_shift:
+            post = max(0.0, post + post_shift)
         holds = self.tp > 1
         if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
             return [(total, busy, holds)]
