@@ -310,7 +310,8 @@ class OpByOpBackward:
                 self.block_got = note_peak(self, self.peak_key, k,
                                            blk.b_curve if only else blk.b_curve_later, gate,
                                            entries, "B", held=self.flats.get(stage),
-                                           units=held_units(self, stage, units_before, gate))
+                                           units=held_units(self, stage, units_before, gate),
+                                           ran=(name, only, local))
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:

@@ -74,6 +74,8 @@ class GatherCurve(NamedTuple):
     #: offset of the first op reading its result (``inf``: none) and its
     #: time
     comm: Tuple[float, float] = (math.inf, 0.0)
+    #: where the offsets start on the template's timeline
+    start: float = 0.0
 
     def array_taus(self) -> np.ndarray:
         if not self.arrays:
@@ -153,7 +155,7 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
         if reader is not None:
             comm = (times[reader.name][0] - t_c0, times[first.name][1] - times[first.name][0])
     return GatherCurve(tuple(taus), tuple(float(v) for v in vals), tuple(reads), extra,
-                       t_end - t_c0, [], ops_made, comm)
+                       t_end - t_c0, [], ops_made, comm, t_c0)
 
 
 #: a gathered parameter in a task (see :func:`block_peak`): (the position
@@ -181,7 +183,9 @@ class UnitShape(NamedTuple):
 
 def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
                wait_all: bool = False, unit: Optional[UnitShape] = None,
-               comm_free: float = -math.inf) -> Tuple[float, Dict[int, float]]:
+               comm_free: float = -math.inf,
+               marks: Optional[Sequence[Tuple[float, float]]] = None
+               ) -> Tuple[float, Dict[int, float]]:
     """Block ``k`` of a task, its compute starting at ``t0``: the most
     bytes above its baseline with the task's gathered parameters
     (``entries``: those issued so far) placed in time, and per extra point
@@ -197,9 +201,12 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     tensor-parallel collective (:attr:`GatherCurve.comm`) starts no
     earlier than the communication stream is through what was queued
     before it (``comm_free``: the gathers issued so far, the reduce-scatters
-    before them), and the op reading its result waits for it. At one time
-    every change counts (the simulator frees before it allocates, and
-    its peak is after)."""
+    before them), and the op reading its result waits for it. ``marks``:
+    where the timeline ran the block's compute runs, (the template offset
+    of each run's start, its time), ascending: the block's times from
+    those instead (the op-by-op backward's, its waits all in them). At one
+    time every change counts (the simulator frees before it allocates,
+    and its peak is after)."""
     reads = curve.reads
     own = [e for e in entries if e[0] == k]
     move_at = unit.move_at if unit is not None else ()
@@ -214,9 +221,15 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     cut_wait: List[float] = []
     # each wait: (the offset that waits, until when)
     waits = [(reads[e[1]][0], e[6]) for e in own if reads[e[1]][0] != math.inf]
-    if wait_all:
+    if marks:
+        # the runs' starts as the timeline has them; inside a run, the
+        # unit's moves from its start on
+        waits = []
+        cut_at = [tau for tau, _ in marks]
+        cut_wait = [at - t0 - tau - (moved(tau) if move_at else 0.0) for tau, at in marks]
+    elif wait_all:
         waits = [(0.0, max((e[6] for e in own), default=t0))]
-    if curve.comm[0] != math.inf and comm_free > t0:
+    if curve.comm[0] != math.inf and comm_free > t0 and not marks:
         waits.append((curve.comm[0], comm_free + curve.comm[1]))
     if waits:
         waited = 0.0
@@ -279,8 +292,13 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
             if v > extra.get(i, -math.inf):
                 extra[i] = v
         return float(vals.max()), extra
-    order = np.argsort(np.asarray(ev_t), kind="stable")
-    times = np.asarray(ev_t)[order]
+    times = np.asarray(ev_t)
+    if marks:
+        # a run's start is its end less its time: to a picosecond, the
+        # gather it waited for ends there
+        times, pts = np.round(times, 12), np.round(pts, 12)
+    order = np.argsort(times, kind="stable")
+    times = times[order]
     held = np.concatenate(([0.0], np.cumsum(np.asarray(ev_d, dtype=float)[order])))
     # at each point of the curve (every change at or before it counted), and
     # at each event (the curve's value then, every change at that time)
@@ -294,7 +312,10 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     extra = {}
     if curve.points:
         index, at, value = curve.array_points()
-        got = value + held[np.searchsorted(times, when_all(at), side="right")]
+        at = when_all(at)
+        if marks:
+            at = np.round(at, 12)
+        got = value + held[np.searchsorted(times, at, side="right")]
         for i, v in zip(index.tolist(), got.tolist()):
             if v > extra.get(i, -math.inf):
                 extra[i] = v
@@ -429,7 +450,8 @@ Issued = Tuple[int, str, float, Tuple[Tuple[float, int, float], ...]]
 def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
               issued: List[Issued], kind: str, wait_all: bool = False,
               held: Optional[Sequence[Tuple[int, float]]] = None,
-              units: Sequence[Tuple[int, float, float, bool]] = ()) -> Optional[tuple]:
+              units: Sequence[Tuple[int, float, float, bool]] = (),
+              ran: Optional[tuple] = None) -> Optional[tuple]:
     """:func:`block_peak` of block ``k`` of a ``kind`` task, the
     gathers ``issued`` so far, noted for the memory estimate, the most
     over the walks (:attr:`.state.Memo.gather_peaks`, ``key``: the task's
@@ -440,17 +462,25 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
     their reduce-scatters (bytes, end), each live until it ends; by layer,
     ``units``: the units of gradient shards the block meets
     (:func:`.units.held_units`), those pending when it starts settled
-    where it completes its own unit (:func:`.units.unit_curve`)."""
+    where it completes its own unit (:func:`.units.unit_curve`); ``ran``:
+    the op-by-op backward's block as the timeline ran it (its name,
+    whether the first micro-batch's entries, and each entry's end:
+    :func:`run_offsets`)."""
     got = None
     if curve is not None:
+        runs = ends = None
+        ran_at = None
+        if ran is not None:
+            runs, ends = run_offsets(b, curve, ran), ran[2]
+            ran_at = tuple([int((ends[i] - time_s - t0) * 1e13) for i, _, time_s in runs])
         waiting = tuple([(nbytes, int((end - t0) * 1e13)) for nbytes, end in held
                          if end > t0]) if held else ()
         met = tuple([(nbytes, int((start - t0) * 1e13), int((end - t0) * 1e13), before)
-                     for nbytes, start, end, before in units])
+                     for nbytes, start, end, before in units]) if units else ()
         # the same block in the same place among its gathers (a steady
         # pipeline's tasks) worked out once; times to a tenth of a
         # picosecond (a replayed task's are its record's shifted, to rounding)
-        sig = (id(curve), wait_all, kind, waiting, met) + tuple(
+        sig = (id(curve), wait_all, kind, waiting, met, ran_at) + tuple(
             [(owner - k, block, int((gate - t0) * 1e13),
               tuple([int((end - t0) * 1e13) for _, _, end in groups]))
              for owner, block, gate, groups in issued])
@@ -480,14 +510,36 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
             comm_free = max([end for _, _, _, groups in issued for _, _, end in groups]
                             + [end for nbytes, end in held or ()]
                             + [end for _, _, end, before in units if before], default=-math.inf)
+            # the op-by-op backward: its compute runs where the timeline ran them
+            marks = [(tau, ends[i] - time_s) for i, tau, time_s in runs] if runs else None
             got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all, unit,
-                                                       comm_free)
+                                                       comm_free, marks)
         note_again(b, key, k, got)
     drop = 0
     while drop < len(issued) and issued[drop][0] <= k:
         drop += 1
     del issued[:drop]
     return got
+
+
+def run_offsets(b, curve: GatherCurve, ran: tuple) -> List[Tuple[int, float, float]]:
+    """The compute runs of a block's op-by-op backward (``ran``: the
+    block's name, whether its entries are the first micro-batch's
+    (:attr:`.profile.Block.only`) or the last's, ...): per run, its
+    position among the entries, its start's offset on ``curve`` and its
+    time; the timeline's end of each entry, by position, gives where it
+    ran (:func:`note_peak`; the runs of a block run one after another)."""
+    name, only = ran[0], ran[1]
+    key = (name, only, id(curve))
+    runs = b.memo.run_offsets.get(key)
+    if runs is None:
+        blk = b.profile.blocks[name]
+        plan = b._segment_plan(name, only)
+        runs = b.memo.run_offsets[key] = [
+            (i, seg.at - curve.start, entry[1])
+            for i, (seg, entry) in enumerate(zip(blk.only if only else blk.last, plan))
+            if entry[0] == "c"]
+    return runs
 
 
 def note_again(b, key: tuple, k: int, got: Optional[tuple]) -> None:

@@ -125,6 +125,10 @@ class Memo:
         #: block the first backward's curve with its unit's gradients held
         #: (:func:`.units.unit_curve`)
         self.unit_shapes: Dict[tuple, Any] = {}
+        #: ZeRO-3's op-by-op backward: per (block, first micro-batch's
+        #: entries or not, curve), each compute run's position, offset on
+        #: the curve and time (:func:`.gathered.run_offsets`)
+        self.run_offsets: Dict[tuple, list] = {}
         self.unit_curves: Dict[str, Any] = {}
         #: :func:`.gathered.block_peak` by the block's curve and its
         #: gathers' times from its start (the same place, the same result)
