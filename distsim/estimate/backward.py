@@ -167,6 +167,7 @@ class OpByOpBackward:
         # ZeRO-3: each block's memory with its gathered parameters placed
         # in time, noted for the memory estimate
         entries: Optional[List[tuple]] = None
+        own = None
         if self.zero3:
             entries = []
             self.peak_key = ("B", self.shapes[c],
@@ -209,6 +210,9 @@ class OpByOpBackward:
                 ends = gathered[k]
                 gate = max(gate, tl.free[2 * stage])     # after its copy-ins (by layer)
                 units_before = tuple(self.unit_pending.get(stage, ())) if self.by_layer else ()
+                # this task's flat copies: those waiting as the block starts,
+                # and the block's own (bytes, start, end of the reduce-scatter)
+                own = (list(flats), []) if flats is not None else None
             local: Dict[int, float] = {}
             unit = self._grad_unit(name)
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
@@ -260,6 +264,8 @@ class OpByOpBackward:
                                                        key, stage, accumulating or 0)
                         if flats is not None and len(self.unit_ends) > scattered:
                             flats.append((self._unit_bytes(name), self.unit_ends[-1]))
+                            if own is not None:     # from the concatenation's end
+                                own[1].append((flats[-1][0], tl.free[2 * stage], flats[-1][1]))
                         continue
                     if scatter and shard_ops is not None and not self.zero3 and self.tp == 1:
                         # ZeRO 2 past the first micro-batch, without
@@ -304,14 +310,17 @@ class OpByOpBackward:
                     else:
                         end = self.sync.ready_and_synced((name, layer, param), stage, made)
                     if flats is not None:
-                        flats.append((self.sync.cost(name, param).nbytes, end))
+                        pc = self.sync.cost(name, param)
+                        flats.append((pc.nbytes, end))
+                        if own is not None:         # from the flattening's end
+                            own[1].append((pc.nbytes, (made or 0.0) + pc.flat[0], end))
             if entries is not None:
                 blk = self.profile.blocks[name]
                 self.block_got = note_peak(self, self.peak_key, k,
                                            blk.b_curve if only else blk.b_curve_later, gate,
                                            entries, "B", held=self.flats.get(stage),
                                            units=held_units(self, stage, units_before, gate),
-                                           ran=(name, only, local))
+                                           ran=(name, only, local), own=own)
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:

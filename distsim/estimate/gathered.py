@@ -76,6 +76,10 @@ class GatherCurve(NamedTuple):
     comm: Tuple[float, float] = (math.inf, 0.0)
     #: where the offsets start on the template's timeline
     start: float = 0.0
+    #: per point, whether it is where an op ends (the gradient and its
+    #: flat copy once the op making it has ended): placed in time as the
+    #: end of what ran before it, not the start of what runs after
+    point_ends: Tuple[bool, ...] = ()
 
     def array_taus(self) -> np.ndarray:
         if not self.arrays:
@@ -86,26 +90,29 @@ class GatherCurve(NamedTuple):
         self.array_taus()
         return self.arrays[1]
 
-    def array_points(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``points`` as arrays: indices, offsets, bytes."""
+    def array_points(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``points`` as arrays: indices, offsets, bytes, and whether each
+        is where an op ends."""
         self.array_taus()
         if len(self.arrays) == 2:
             index, at, value = zip(*self.points)
-            self.arrays.extend((np.asarray(index), np.asarray(at), np.asarray(value)))
-        return self.arrays[2], self.arrays[3], self.arrays[4]
+            ends = self.point_ends or (False,) * len(self.points)
+            self.arrays.extend((np.asarray(index), np.asarray(at), np.asarray(value),
+                                np.asarray(ends, dtype=bool)))
+        return self.arrays[2], self.arrays[3], self.arrays[4], self.arrays[5]
 
 
 def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
                  stamps: Sequence[float], base: float, gathered: Sequence[Tuple[str, int]],
                  params, producer: Dict[int, Op],
-                 points: Sequence[Tuple[int, float, float]] = (),
+                 points: Sequence[Tuple[int, float, float, bool]] = (),
                  made: Sequence[Tuple[Tuple[int, ...], float, float, float, float]] = ()
                  ) -> Optional[GatherCurve]:
     """The :class:`GatherCurve` of a template block's ``ops`` (rank 0, its
     group), over ``base`` bytes; ``gathered``: the block's gathered
     parameters (owner block, index); ``producer``: id(value) -> the op
-    making it; ``points``: (parameter index, template time, live bytes)
-    extra candidates; ``made``: the ops making final gradients (indices,
+    making it; ``points``: (parameter index, template time, live bytes,
+    whether an op ends there) extra candidates; ``made``: the ops making final gradients (indices,
     start, live bytes while it runs, end, live bytes after it, in template
     time: :attr:`GatherCurve.made`). None: no compute op."""
     compute = [o for o in ops if not is_communication(o)]
@@ -142,7 +149,8 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
         if v != vals[-1]:
             taus.append(t - t_c0)
             vals.append(v)
-    extra = tuple((i, t - t_c0, live - base - own(t)) for i, t, live in points)
+    extra = tuple((i, t - t_c0, live - base - own(t)) for i, t, live, _ in points)
+    point_ends = tuple(end for _, _, _, end in points)
     ops_made = tuple((indices, t0 - t_c0, during - base - own(t0), t1 - t_c0,
                       after - base - own(t1)) for indices, t0, during, t1, after in made)
     comm = (math.inf, 0.0)
@@ -155,7 +163,7 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
         if reader is not None:
             comm = (times[reader.name][0] - t_c0, times[first.name][1] - times[first.name][0])
     return GatherCurve(tuple(taus), tuple(float(v) for v in vals), tuple(reads), extra,
-                       t_end - t_c0, [], ops_made, comm, t_c0)
+                       t_end - t_c0, [], ops_made, comm, t_c0, point_ends)
 
 
 #: a gathered parameter in a task (see :func:`block_peak`): (the position
@@ -184,8 +192,8 @@ class UnitShape(NamedTuple):
 def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
                wait_all: bool = False, unit: Optional[UnitShape] = None,
                comm_free: float = -math.inf,
-               marks: Optional[Sequence[Tuple[float, float]]] = None
-               ) -> Tuple[float, Dict[int, float]]:
+               marks: Optional[Sequence[Tuple[float, float]]] = None,
+               spans: Optional[np.ndarray] = None) -> Tuple[float, Dict[int, float]]:
     """Block ``k`` of a task, its compute starting at ``t0``: the most
     bytes above its baseline with the task's gathered parameters
     (``entries``: those issued so far) placed in time, and per extra point
@@ -204,9 +212,11 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     before them), and the op reading its result waits for it. ``marks``:
     where the timeline ran the block's compute runs, (the template offset
     of each run's start, its time), ascending: the block's times from
-    those instead (the op-by-op backward's, its waits all in them). At one
-    time every change counts (the simulator frees before it allocates,
-    and its peak is after)."""
+    those instead (the op-by-op backward's, its waits all in them);
+    ``spans``: per point where an op ends (:attr:`GatherCurve.point_ends`),
+    how long its bytes stay (the gradient's flattening into its copy):
+    what starts before that counts. At one time every change counts (the
+    simulator frees before it allocates, and its peak is after)."""
     reads = curve.reads
     own = [e for e in entries if e[0] == k]
     move_at = unit.move_at if unit is not None else ()
@@ -280,10 +290,10 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
         shift = np.concatenate(([0.0], cut_wait))
         cuts = np.asarray(cut_at)
 
-        def when_all(x: np.ndarray) -> np.ndarray:
-            return x + t0 + shift[np.searchsorted(cuts, x, side="right")]
+        def when_all(x: np.ndarray, side: str = "right") -> np.ndarray:
+            return x + t0 + shift[np.searchsorted(cuts, x, side=side)]
     else:
-        def when_all(x: np.ndarray) -> np.ndarray:
+        def when_all(x: np.ndarray, side: str = "right") -> np.ndarray:
             return x + t0
     pts = when_all(taus)
     if not ev_t:
@@ -311,11 +321,22 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
         best = max(best, float((vals[v_ev[inside]] + held[last[inside]]).max()))
     extra = {}
     if curve.points:
-        index, at, value = curve.array_points()
-        at = when_all(at)
-        if marks:
-            at = np.round(at, 12)
-        got = value + held[np.searchsorted(times, at, side="right")]
+        index, at, value, ends = curve.array_points()
+        if ends.any():
+            # a point where an op ends: from the end of what ran before it,
+            # for its span, what starts before its end counting
+            left = when_all(at, "left") + (spans if spans is not None else 0.0)
+            at = when_all(at)
+            if marks:
+                at, left = np.round(at, 12), np.round(left, 12)
+            pos = np.where(ends, np.searchsorted(times, left, side="left"),
+                           np.searchsorted(times, at, side="right"))
+        else:
+            at = when_all(at)
+            if marks:
+                at = np.round(at, 12)
+            pos = np.searchsorted(times, at, side="right")
+        got = value + held[pos]
         for i, v in zip(index.tolist(), got.tolist()):
             if v > extra.get(i, -math.inf):
                 extra[i] = v
@@ -451,7 +472,7 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
               issued: List[Issued], kind: str, wait_all: bool = False,
               held: Optional[Sequence[Tuple[int, float]]] = None,
               units: Sequence[Tuple[int, float, float, bool]] = (),
-              ran: Optional[tuple] = None) -> Optional[tuple]:
+              ran: Optional[tuple] = None, own: Optional[tuple] = None) -> Optional[tuple]:
     """:func:`block_peak` of block ``k`` of a ``kind`` task, the
     gathers ``issued`` so far, noted for the memory estimate, the most
     over the walks (:attr:`.state.Memo.gather_peaks`, ``key``: the task's
@@ -465,7 +486,9 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
     where it completes its own unit (:func:`.units.unit_curve`); ``ran``:
     the op-by-op backward's block as the timeline ran it (its name,
     whether the first micro-batch's entries, and each entry's end:
-    :func:`run_offsets`)."""
+    :func:`run_offsets`); ``own``: the task's flat gradient copies, those
+    waiting as the block starts (bytes, end) and the block's (bytes, from
+    when, end), each live until its reduce-scatter ends."""
     got = None
     if curve is not None:
         runs = ends = None
@@ -473,14 +496,18 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
         if ran is not None:
             runs, ends = run_offsets(b, curve, ran), ran[2]
             ran_at = tuple([int((ends[i] - time_s - t0) * 1e13) for i, _, time_s in runs])
+        if own is not None and own[0]:
+            held = list(held or ()) + own[0]
         waiting = tuple([(nbytes, int((end - t0) * 1e13)) for nbytes, end in held
                          if end > t0]) if held else ()
+        made_here = tuple([(nbytes, int((start - t0) * 1e13), int((end - t0) * 1e13))
+                           for nbytes, start, end in own[1]]) if own is not None else ()
         met = tuple([(nbytes, int((start - t0) * 1e13), int((end - t0) * 1e13), before)
                      for nbytes, start, end, before in units]) if units else ()
         # the same block in the same place among its gathers (a steady
         # pipeline's tasks) worked out once; times to a tenth of a
         # picosecond (a replayed task's are its record's shifted, to rounding)
-        sig = (id(curve), wait_all, kind, waiting, met, ran_at) + tuple(
+        sig = (id(curve), wait_all, kind, waiting, met, ran_at, made_here) + tuple(
             [(owner - k, block, int((gate - t0) * 1e13),
               tuple([int((end - t0) * 1e13) for _, _, end in groups]))
              for owner, block, gate, groups in issued])
@@ -491,6 +518,8 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
             # a flat copy waiting: an entry of no block, whole until its end
             entries += [(-1, 0, 0, nbytes, 0.0, -math.inf, end) for nbytes, end in held or ()
                         if end > t0]
+            if own is not None:
+                entries += [(-1, 0, 0, nbytes, 0.0, start, end) for nbytes, start, end in own[1]]
             unit = None
             if b.by_layer:
                 name = next((block for owner, block, _, _ in issued if owner == k), None)
@@ -512,14 +541,36 @@ def note_peak(b, key: tuple, k: int, curve: Optional[GatherCurve], t0: float,
                             + [end for _, _, end, before in units if before], default=-math.inf)
             # the op-by-op backward: its compute runs where the timeline ran them
             marks = [(tau, ends[i] - time_s) for i, tau, time_s in runs] if runs else None
+            spans = point_spans(b, curve, name_of(issued, k)) if curve.points else None
             got = b.memo.block_peaks[sig] = block_peak(curve, k, t0, entries, wait_all, unit,
-                                                       comm_free, marks)
+                                                       comm_free, marks, spans)
         note_again(b, key, k, got)
     drop = 0
     while drop < len(issued) and issued[drop][0] <= k:
         drop += 1
     del issued[:drop]
     return got
+
+
+def name_of(issued: List[Issued], k: int) -> Optional[str]:
+    """The name of block ``k`` among the gathers ``issued``."""
+    return next((block for owner, block, _, _ in issued if owner == k), None)
+
+
+def point_spans(b, curve: GatherCurve, block: Optional[str]) -> Optional[np.ndarray]:
+    """Per point of ``block``'s backward curve, how long what it counts
+    stays once its op ends (:func:`block_peak`): the flattening of its
+    parameter's gradient into the copy its reduce-scatter reads (0 for a
+    point where no op ends)."""
+    if block is None or not any(curve.point_ends):
+        return None
+    key = (block, id(curve))
+    hit = b.memo.point_spans.get(key)
+    if hit is None:
+        hit = b.memo.point_spans[key] = np.array(
+            [b.sync.cost(block, i).flat[0] if end else 0.0
+             for (i, _, _), end in zip(curve.points, curve.point_ends)])
+    return hit
 
 
 def run_offsets(b, curve: GatherCurve, ran: tuple) -> List[Tuple[int, float, float]]:

@@ -92,8 +92,7 @@ def estimate_memory(b: Builder) -> List[int]:
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False,
-                  after: bool = True, later: bool = False, hold: bool = False,
-                  early: float = 0.0) -> float:
+                  after: bool = True, hold: bool = False, early: float = 0.0) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
@@ -104,11 +103,10 @@ def estimate_memory(b: Builder) -> List[int]:
         gradients become the buffers (``b0_excess``) where the later ones
         make a gradient beside the buffer and add it in (``b_excess``));
         ``after``: a backward of the stage ran before the task (by layer,
-        the unit of shards it left pending); ``later``: ``inside`` and
-        ``by_block`` are the copies earlier tasks left waiting, which a
-        block whose gathers are placed in time places too (ZeRO-3:
-        :func:`.gathered.note_peak`), as the units of shards pending by
-        layer; ``hold``: a later task of the stage gates its ZeRO-3
+        the unit of shards it left pending). A block whose gathers are
+        placed in time (ZeRO-3: :func:`.gathered.note_peak`) has the flat
+        copies (``inside``, ``by_block``) and by layer the units of shards
+        pending placed in time too. ``hold``: a later task of the stage gates its ZeRO-3
         gathers on this backward's last result (:attr:`.profile.Block.b_held`:
         a backward past the first holds that gradient beside its flat copy
         and the reduce-scatter's result); ``early``: the bytes the next
@@ -183,7 +181,7 @@ def estimate_memory(b: Builder) -> List[int]:
                     p = prof.params[name][i]
                     peak = max(peak, now + grads_at[i]
                                + shard_size(p.numel, dp) * p.dtype.itemsize)
-                if inside and not (later and at is not None):
+                if inside and at is None:
                     for i, at in grads_at.items():
                         peak = max(peak, now + at + inside.get((k, i), 0))
                 elif each and grads_at:
@@ -290,7 +288,7 @@ def estimate_memory(b: Builder) -> List[int]:
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
                                            b.memo.flat_later.get((stage, mb, c)),
                                            by_block=pending, first=mb == 0,
-                                           after=bool(after_b[at[mb]]), later=True,
+                                           after=bool(after_b[at[mb]]),
                                            hold=bool(holds[at[mb]])))
             else:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),

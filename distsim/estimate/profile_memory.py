@@ -239,14 +239,14 @@ def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
 
 def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
                  stamps: List[float], starts: Dict[float, int], final_only: Dict[int, str],
-                 index: Dict[str, int]) -> List[Tuple[int, float, float]]:
+                 index: Dict[str, int]) -> List[Tuple[int, float, float, bool]]:
     """The candidates :func:`_scatter_excess` takes per gradient, in time
     (for :class:`.gathered.GatherCurve`): (the parameter's index in the
     block, the op's start, the live bytes while it runs plus the
     gradients it makes) and (its index, the op's end, the live bytes then,
     less the next op's allocations, plus twice the gradients: each and its
-    flat copy)."""
-    out: List[Tuple[int, float, float]] = []
+    flat copy; where the op ends, marked)."""
+    out: List[Tuple[int, float, float, bool]] = []
     for op in ops:
         names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
         if not names:
@@ -258,8 +258,8 @@ def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
         after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
         for name in names:
             if name in index:
-                out.append((index[name], t0, float(during + made)))
-                out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made)))
+                out.append((index[name], t0, float(during + made), False))
+                out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made), True))
     return out
 
 

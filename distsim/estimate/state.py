@@ -129,6 +129,9 @@ class Memo:
         #: entries or not, curve), each compute run's position, offset on
         #: the curve and time (:func:`.gathered.run_offsets`)
         self.run_offsets: Dict[tuple, list] = {}
+        #: per (block, curve), how long each point's bytes stay once its op
+        #: ends (:func:`.gathered.point_spans`)
+        self.point_spans: Dict[tuple, Any] = {}
         self.unit_curves: Dict[str, Any] = {}
         #: :func:`.gathered.block_peak` by the block's curve and its
         #: gathers' times from its start (the same place, the same result)

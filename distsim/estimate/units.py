@@ -109,6 +109,7 @@ def unit_curve(b: "Builder", block: str, curve: Any) -> Tuple[Any, Optional[int]
     unit = set(b._grad_unit(block) or ())
     total = b._unit_bytes(block) if unit else 0
     points = []
+    ends = []
     steps: Dict[float, float] = {}
     made_so_far = 0
     settle = None
@@ -119,6 +120,7 @@ def unit_curve(b: "Builder", block: str, curve: Any) -> Tuple[Any, Optional[int]
         for i in indices:
             points.append((i, t0, during + made_so_far + made_u + made_n))
             points.append((i, t1, after + made_so_far + made_u + 2 * made_n))
+            ends += (False, True)
         if made_u:
             steps[t0] = steps.get(t0, 0.0) + made_u
         made_so_far += made_u
@@ -127,6 +129,7 @@ def unit_curve(b: "Builder", block: str, curve: Any) -> Tuple[Any, Optional[int]
             # whole unit
             for i in indices:
                 points.append((i, t1, after + made_so_far + total))
+                ends.append(True)
             steps[t1] = steps.get(t1, 0.0) - made_so_far
             settle = t1
     taus, vals = list(curve.taus), list(curve.vals)
@@ -143,7 +146,7 @@ def unit_curve(b: "Builder", block: str, curve: Any) -> Tuple[Any, Optional[int]
         taus, vals = at, out_v
     reads = tuple(curve.reads) + (((settle, settle),) if settle is not None else ())
     out = (curve._replace(taus=tuple(taus), vals=tuple(vals), points=tuple(points),
-                          reads=reads, arrays=[]),
+                          point_ends=tuple(ends), reads=reads, arrays=[]),
            len(curve.reads) if settle is not None else None)
     b.memo.unit_curves[block] = (curve, out)
     return out
