@@ -303,16 +303,16 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
                 extra[i] = v
         return float(vals.max()), extra
     times = np.asarray(ev_t)
-    if marks:
-        # a run's start is its end less its time: to a picosecond, the
-        # gather it waited for ends there
-        times, pts = np.round(times, 12), np.round(pts, 12)
     order = np.argsort(times, kind="stable")
     times = times[order]
     held = np.concatenate(([0.0], np.cumsum(np.asarray(ev_d, dtype=float)[order])))
+    # with ``marks`` a run's start is its end less its time: what comes
+    # within a picosecond after a point counts at it (the gather it waited
+    # for ends there)
+    tol = 1e-12 if marks else 0.0
     # at each point of the curve (every change at or before it counted), and
     # at each event (the curve's value then, every change at that time)
-    g_pts = held[np.searchsorted(times, pts, side="right")]
+    g_pts = held[np.searchsorted(times, pts + tol if marks else pts, side="right")]
     last = np.searchsorted(times, times, side="right")
     v_ev = np.searchsorted(pts, times, side="right") - 1
     inside = (v_ev >= 0) & (times < when(curve.end))
@@ -322,20 +322,13 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     extra = {}
     if curve.points:
         index, at, value, ends = curve.array_points()
+        query = when_all(at) + tol
         if ends.any():
             # a point where an op ends: from the end of what ran before it,
-            # for its span, what starts before its end counting
-            left = when_all(at, "left") + (spans if spans is not None else 0.0)
-            at = when_all(at)
-            if marks:
-                at, left = np.round(at, 12), np.round(left, 12)
-            pos = np.where(ends, np.searchsorted(times, left, side="left"),
-                           np.searchsorted(times, at, side="right"))
-        else:
-            at = when_all(at)
-            if marks:
-                at = np.round(at, 12)
-            pos = np.searchsorted(times, at, side="right")
+            # for its span, what starts before its end (a picosecond) counting
+            query = np.where(ends, when_all(at, "left") + (spans if spans is not None else 0.0)
+                             - 1e-12, query)
+        pos = np.searchsorted(times, query, side="right")
         got = value + held[pos]
         for i, v in zip(index.tolist(), got.tolist()):
             if v > extra.get(i, -math.inf):
