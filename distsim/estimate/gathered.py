@@ -322,14 +322,19 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     extra = {}
     if curve.points:
         index, at, value, ends = curve.array_points()
-        query = when_all(at) + tol
+        got = value + held[np.searchsorted(times, when_all(at) + tol, side="right")]
         if ends.any():
-            # a point where an op ends: from the end of what ran before it,
-            # for its span, what starts before its end (a picosecond) counting
-            query = np.where(ends, when_all(at, "left") + (spans if spans is not None else 0.0)
-                             - 1e-12, query)
-        pos = np.searchsorted(times, query, side="right")
-        got = value + held[pos]
+            # a point where an op ends: from the end of what ran before it
+            # (its op's), the most over its span (to a picosecond before
+            # the flattening ends)
+            start = when_all(at, "left") + tol
+            first = np.searchsorted(times, start, side="right")
+            most = held[first]
+            if spans is not None:
+                upto = np.searchsorted(times, start + spans - 1e-12 - tol, side="right")
+                for i in np.flatnonzero(ends & (upto > first)).tolist():
+                    most[i] = held[first[i]:upto[i] + 1].max()
+            got = np.where(ends, value + most, got)
         for i, v in zip(index.tolist(), got.tolist()):
             if v > extra.get(i, -math.inf):
                 extra[i] = v
