@@ -137,11 +137,28 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
         p = params[owner][i]
         held.append((min(g0, t_c0), r1, p.numel * p.dtype.itemsize))
 
+    # the next block's, where its compute starts under this block's last
+    # collective: its gates (its parameters whole) until its reshapes end
+    mine = {id(o) for o in ops}
+    others = [o for o in {id(o): o for o in producer.values()}.values()
+              if id(o) not in mine and not is_communication(o) and o.name in times
+              and t_c0 <= times[o.name][0] < t_end]
+    readers = {id(o.inputs[0]): o for o in others if used_param_name(o) is not None}
+    for o in others:
+        if o.op_type == "depend" and o.meta.get("detail") == "zero3 prefetch gate":
+            reader = readers.get(id(o.outputs[0]))
+            held.append((times[o.name][0], times[reader.name][1] if reader is not None else t_end,
+                         o.outputs[0].type.size_bytes))
+
     def own(t: float) -> int:
         return sum(nbytes for g0, r1, nbytes in held if g0 <= t < r1)
 
     lo = bisect_right(stamps, t_c0)
-    hi = bisect_left(stamps, t_end)
+    # the block's window, but for where the next block's compute has
+    # started under its last collective
+    last = max(times[o.name][0] for o in compute)
+    cut = min((times[o.name][0] for o in others if last < times[o.name][0]), default=t_end)
+    hi = bisect_left(stamps, cut)
     taus: List[float] = [0.0]
     vals: List[float] = [(samples[lo - 1][1] if lo else 0) - base - own(t_c0)]
     for t, live in samples[lo:hi]:
