@@ -21,6 +21,7 @@ from .gates import gather_plan
 from .gathered import note_again, note_peak
 from .notes import MemoryNotes
 from .sync import ParamKey, StepSync
+from .units import held_units
 
 
 class OpByOpBackward:
@@ -163,10 +164,11 @@ class OpByOpBackward:
         by_stage = self.sync.buckets if ctx.route == "bucket" else {}
         block_replays = block_replays and accumulating is not None \
             and not ctx.by_layer and not by_stage
-        # ZeRO-3 by parameter: each block's memory with its gathered
-        # parameters placed in time, noted for the memory estimate
+        # ZeRO-3: each block's memory with its gathered parameters placed
+        # in time, noted for the memory estimate
         entries: Optional[List[tuple]] = None
-        if ctx.zero3 and not ctx.by_layer:
+        own = None
+        if ctx.zero3:
             entries = []
             ctx.peak_key = ("B", ctx.shapes[c],
                              (first_microbatch and not accumulating) or ctx.microbatches == 1)
@@ -206,6 +208,11 @@ class OpByOpBackward:
                         if entries is not None:
                             entries.append((j, order[j][0], start, tuple(groups)))
                 ends = gathered[k]
+                gate = max(gate, tl.free[2 * stage])     # after its copy-ins (by layer)
+                units_before = tuple(ctx.unit_pending.get(stage, ())) if ctx.by_layer else ()
+                # this task's flat copies: those waiting as the block starts,
+                # and the block's own (bytes, start, end of the reduce-scatter)
+                own = (list(flats), []) if flats is not None else None
             local: Dict[int, float] = {}
             unit = ctx.grad_unit(name)
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
@@ -257,6 +264,8 @@ class OpByOpBackward:
                                                        key, stage, accumulating or 0)
                         if flats is not None and len(ctx.unit_ends) > scattered:
                             flats.append((ctx.unit_bytes(name), ctx.unit_ends[-1]))
+                            if own is not None:     # from the concatenation's end
+                                own[1].append((flats[-1][0], tl.free[2 * stage], flats[-1][1]))
                         continue
                     if scatter and shard_ops is not None and not ctx.zero3 and ctx.tp == 1:
                         # ZeRO 2 past the first micro-batch, without
@@ -267,7 +276,7 @@ class OpByOpBackward:
                         # communication stream from the reduce-scatter's
                         # start (its time a wait; the same times as the two
                         # items, half the spans for the time split)
-                        pc = self.sync.cost(name, param)
+                        pc = ctx.param_cost(name, param)
                         if pc.sync is None:
                             pc.sync = ctx.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)
                         t, fl = pc.flat
@@ -301,12 +310,18 @@ class OpByOpBackward:
                     else:
                         end = self.synced_at((name, layer, param), stage, made)
                     if flats is not None:
-                        flats.append((self.sync.cost(name, param).nbytes, end))
+                        pc = ctx.param_cost(name, param)
+                        flats.append((pc.nbytes, end))
+                        if own is not None:         # from the flattening's end
+                            own[1].append((pc.nbytes, (made or 0.0) + pc.flat[0], end))
             if entries is not None:
                 blk = ctx.profile.blocks[name]
                 ctx.block_got = note_peak(self.ctx, ctx.peak_key, k,
-                                           blk.b_curve if only else blk.b_curve_later, gate,
-                                           entries, "B")
+                                          blk.b_curve if only else blk.b_curve_later, gate,
+                                          entries, "B", held=ctx.flats.get(stage),
+                                          units=held_units(ctx, stage, units_before, gate),
+                                          ran=(name, only, local, self._segment_plan(name, only)),
+                                          own=own)
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:

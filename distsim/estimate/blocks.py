@@ -35,6 +35,9 @@ class Segment:
     #: which run in that order; -1 before the first read (no wait), None
     #: when the reads are not known (all of the block's gathers)
     gate: Optional[int] = None
+    #: where its first op started on the template's timeline (a mark:
+    #: where it ended)
+    at: float = 0.0
 
 
 @dataclass
@@ -60,6 +63,11 @@ class Block:
     step_b_flops: float = 0.0
     last: List[Segment] = field(default_factory=list)
     only: List[Segment] = field(default_factory=list)
+    #: ZeRO-3: the forward op by op, as ``only`` is the backward's (its
+    #: reads of gathered parameters in :attr:`Segment.gate`): by layer,
+    #: what taking the reshapes out and the unit's split in changes
+    #: (:func:`.gates.gather_plan`)
+    f_segs: List[Segment] = field(default_factory=list)
     saved_bytes: int = 0            # activations kept from forward to backward
     tp_comm_f: float = 0.0          # tensor-parallel collective time, forward
     tp_comm_b: float = 0.0          # ... backward (its recomputation's included)
@@ -123,6 +131,21 @@ class Block:
     #: receives from then on (sent before the task ends)
     out_tail_first: float = 0.0
     out_tail_mid: float = 0.0
+    #: the parameter (its index in the block) whose final gradient is the
+    #: first result of the block's last backward op (the embedding's),
+    #: or None: where the block ends a backward task, ZeRO-3 gates the
+    #: next task's gathers on that result, which holds the gradient
+    #: through its sync
+    b_held: Optional[int] = None
+    #: the backward's leading tensor-parallel collectives that read only
+    #: what the forward made (with sp, the re-gathered layernorm outputs):
+    #: the bytes they make, which the simulator's communication stream
+    #: makes as soon as it is free, during the task before
+    b_early: int = 0
+    #: the backward's excess (as ``b_excess`` / ``b0_excess``) once its
+    #: last collective has ended (None: it has none)
+    b_tail: Optional[float] = None
+    b0_tail: Optional[float] = None
 
 
 @dataclass

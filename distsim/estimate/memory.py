@@ -91,7 +91,8 @@ def estimate_memory(b: StepContext) -> List[int]:
 
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
-                  by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:
+                  by_block: Optional[Dict[int, int]] = None, first: bool = False,
+                  after: bool = True, hold: bool = False, early: float = 0.0) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
@@ -100,14 +101,25 @@ def estimate_memory(b: StepContext) -> List[int]:
         gradient, to the block's peak apart from its gradients);
         ``first``: the chunk's first backward, micro-batch 0, whose bare
         gradients become the buffers (``b0_excess``) where the later ones
-        make a gradient beside the buffer and add it in (``b_excess``))."""
+        make a gradient beside the buffer and add it in (``b_excess``));
+        ``after``: a backward of the stage ran before the task (by layer,
+        the unit of shards it left pending). A block whose gathers are
+        placed in time (ZeRO-3: :func:`.gathered.note_peak`) has the flat
+        copies (``inside``, ``by_block``) and by layer the units of shards
+        pending placed in time too. ``hold``: a later task of the stage gates its ZeRO-3
+        gathers on this backward's last result (:attr:`.profile.Block.b_held`:
+        a backward past the first holds that gradient beside its flat copy
+        and the reduce-scatter's result); ``early``: the bytes the next
+        task, a backward, makes from its leading collectives once this
+        one's last collective has ended (:attr:`.profile.Block.b_early`)."""
         peak = -math.inf
         backward = b.blocks_of("B", c)
         if kind == "F":
             before = 0.0
             # by layer: the stage's last backward's last unit of shards
-            pending = pending_shard_bytes(b, backward, len(backward)) if units else 0.0
-            # ZeRO-3 by parameter: each block with its gathers placed in time
+            pending = pending_shard_bytes(b, backward, len(backward)) if units and after \
+                else 0.0
+            # ZeRO-3: each block with its gathers placed in time
             placed = b.memo.gather_peaks.get(("F", b.shapes[c], False), {})
             for k, ((name, _), gathered, started) in enumerate(zip(
                     chunk_blocks[c], ahead[("F", c)], next_one[("F", c)])):
@@ -115,7 +127,7 @@ def estimate_memory(b: StepContext) -> List[int]:
                 at = placed.get(k)
                 peak = max(peak, now + (gathered + blocks[name].f_excess if at is None
                                         else at[0]))
-                split = copy_out_excess(b, "F", name) if units else None
+                split = copy_out_excess(b, "F", name) if units and at is None else None
                 if split is not None:
                     peak = max(peak, now + started + split)
                 before += blocks[name].saved_bytes
@@ -126,13 +138,20 @@ def estimate_memory(b: StepContext) -> List[int]:
                 grads_at = blocks[name].bs_grads
                 each = b.scatter_each and not units
                 at = placed.get(k)
-                if units and b.scatter_each:
-                    excess, grads_at = unit_backward_excess(b, name)
-                elif at is not None:
-                    # ZeRO-3 by parameter, its gathers placed in time
+                if at is not None:
+                    # ZeRO-3, its gathers placed in time (by layer with a
+                    # reduce-scatter per micro-batch, its unit's gradients
+                    # held: :func:`.units.unit_curve`)
                     excess, gathered = at[0], 0.0
                     if b.scatter_each:
                         grads_at = at[1]
+                        if units and grads_at:
+                            top = grads_top.get(id(grads_at))
+                            if top is None:
+                                top = grads_top[id(grads_at)] = max(grads_at.values())
+                            excess = max(excess, top)
+                elif units and b.scatter_each:
+                    excess, grads_at = unit_backward_excess(b, name)
                 else:
                     # ZeRO 2/3 reduce-scattering each gradient: the block's
                     # peak apart from its gradients, and at each gradient
@@ -140,17 +159,30 @@ def estimate_memory(b: StepContext) -> List[int]:
                     excess = (blocks[name].b0_excess
                               if b.scatter_each or first or b.microbatches == 1
                               else blocks[name].b_excess)
-                if by_block is not None:
+                if by_block is not None and at is None:
                     excess += by_block.get(k, 0)
                 now = base + held + gathered + (sent.get(c, 0.0) if k == 0 else 0.0)
                 if units:     # the previous unit's shards, and this one's copy-out
-                    pending = pending_shard_bytes(b, backward, k)
+                    pending = 0.0 if at is not None and b.scatter_each \
+                        else pending_shard_bytes(b, backward, k, after)
                     now += pending
-                    split = copy_out_excess(b, "B", name)
+                    split = copy_out_excess(b, "B", name) if at is None else None
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
-                if inside:
+                if early and k == len(backward) - 1:
+                    tail = (blocks[name].b0_tail if b.scatter_each or first or b.microbatches == 1
+                            else blocks[name].b_tail)
+                    if tail is not None:
+                        peak = max(peak, now + tail + early)
+                i = blocks[name].b_held
+                if hold and i is not None and k == len(backward) - 1 and not first \
+                        and b.scatter_each and i in grads_at:
+                    # its gradient, its flat copy and the reduce-scatter's result
+                    p = prof.params[name][i]
+                    peak = max(peak, now + grads_at[i]
+                               + shard_size(p.numel, dp) * p.dtype.itemsize)
+                if inside and at is None:
                     for i, at in grads_at.items():
                         peak = max(peak, now + at + inside.get((k, i), 0))
                 elif each and grads_at:
@@ -207,14 +239,39 @@ def estimate_memory(b: StepContext) -> List[int]:
         first_b = np.zeros(len(forward), dtype=bool)
         first_b[list(first_back.values())] = True
         kinds = chunk * 4 + forward * 2 + first_b
+        # by layer, whether a backward ran on the stage before each task
+        # (the unit of gradient shards it left pending until the next)
+        after_b = np.concatenate(([False], np.cumsum(~forward)[:-1] > 0)) if units \
+            else np.ones(len(forward), dtype=bool)
+        if units:
+            kinds = kinds + after_b * (4 * b.chunks)
+        # ZeRO-3 reducing each gradient: the stage's last task, whose last
+        # result gates no later gathers
+        holds = np.zeros(len(forward), dtype=bool)
+        if b.zero3 and b.scatter_each:
+            holds[:-1] = True
+            kinds = kinds + holds * (8 * b.chunks)
+        # a backward followed by a backward whose leading collectives need
+        # only what the forward made: those run once this one's have
+        # (without ZeRO-3's gathers, gated on the compute, nor gradient
+        # syncs on the communication stream: a backward of the chunk's
+        # last micro-batch with data parallelism synchronises)
+        early = _early_next(b, forward, chunk)
+        levels = np.unique(early).tolist() if early is not None else [0.0]
+        if len(levels) > 1:
+            kinds = kinds + np.searchsorted(levels, early) * (16 * b.chunks)
         received = b.memo.recv_ahead
         for key in np.unique(kinds).tolist():
             held = float(flight[kinds == key].max())
+            level, key = levels[key // (16 * b.chunks)], key % (16 * b.chunks)
+            hold, key = key >= 8 * b.chunks, key % (8 * b.chunks)
+            after, key = key >= 4 * b.chunks, key % (4 * b.chunks)
             c, is_f, first = key // 4, key & 2, key & 1
             kind = "F" if is_f else "B"
             # a pipeline's values received for later tasks (and a forward's input)
             held += received.get((stage, kind, c, bool(first)), 0)
-            best = max(best, task_peak(base, kind, c, held, first=bool(first)))
+            best = max(best, task_peak(base, kind, c, held, first=bool(first),
+                                       after=bool(after), hold=bool(hold), early=level))
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where
@@ -233,14 +290,18 @@ def estimate_memory(b: StepContext) -> List[int]:
             if kind != "F":
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
                                            b.memo.flat_later.get((stage, mb, c)),
-                                           by_block=pending, first=mb == 0))
+                                           by_block=pending, first=mb == 0,
+                                           after=bool(after_b[at[mb]]),
+                                           hold=bool(holds[at[mb]])))
             else:
-                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))
+                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
+                                                     after=bool(after_b[at[mb]])))
         # and inside that first backward, the copies of its earlier
         # gradients still waiting when each block makes its own
         for c, inside in inside_of.get(stage, ()):
             if c in first_back:
                 best = max(best, task_peak(base, "B", c, float(flight[first_back[c]]), inside,
+                                           after=bool(after_b[first_back[c]]),
                                            first=True))
         out.append(int(best))
     return out
@@ -345,6 +406,31 @@ def _after_backward(b: StepContext, stage: int, per: Dict[Tuple[str, int], float
         best = max(best, held + (max(nbytes, excess - nbytes) if flat_first else excess))
         held -= nbytes
     return best
+
+
+def _early_next(b: StepContext, forward: np.ndarray, chunk: np.ndarray) -> Optional[np.ndarray]:
+    """Per task of a stage (``forward``, ``chunk``: its tasks in order),
+    the bytes the next task makes early (:attr:`.profile.Block.b_early`
+    of its first block) where both are backwards and this one's
+    communication stream runs nothing else (no ZeRO-3 gathers, gated on
+    the compute; no reduce-scatter per micro-batch; no gradient sync at
+    the chunk's last micro-batch, with data parallelism); None: none."""
+    if b.zero3 or b.scatter_each or len(forward) < 2:
+        return None
+    by_chunk = np.array([float(b.profile.blocks[b.blocks_of("B", c)[0][0]].b_early)
+                         for c in range(b.chunks)])
+    if not by_chunk.any():
+        return None
+    out = np.zeros(len(forward))
+    both = ~forward[:-1] & ~forward[1:]
+    out[:-1] = np.where(both, by_chunk[chunk[1:]], 0.0)
+    if b.dp > 1:
+        # each chunk's last backward synchronises its gradients
+        for c in np.unique(chunk).tolist():
+            at = np.flatnonzero(~forward & (chunk == c))
+            if len(at):
+                out[at[-1]] = 0.0
+    return out
 
 
 @lru_cache(maxsize=256)

@@ -367,6 +367,10 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         if ("B", 0, name) in groups:
             fill_lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
         blk.f_pre, blk.f_post = edges(compress_segments(groups.get(("F", 0, name), []), times, {}))
+        if template_zero == 3:
+            blk.f_segs = compress_segments(
+                groups.get(("F", 0, name), []), times, {},
+                gathered_uses(rank0, params, first_reader.get(f"F{name}", []), template_zero))
         blk.b_pre, blk.b_post = edges(blk.only)
     # The embedding's tensor-parallel collective (its all-reduce, or reduce-
     # scatter with sp) ends its forward, and the first layer's compute waits

@@ -62,6 +62,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
 
     allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
+    forward_made: Optional[set] = None               # the forward's values, once
     # ZeRO-3: what makes each value (a gathered parameter's gate)
     producer = {id(v): op for op in rank0 for v in op.outputs} if zero3 else {}
     f_order = [EMB, "layer0", LAYER, HEAD]
@@ -88,6 +89,8 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         if ("B", 1, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
                                         - before - saved[name])
+            blocks[name].b_tail = _tail(groups[("B", 1, name)], times, peak,
+                                        static + grads + before + saved[name])
             if zero3:
                 blocks[name].b_curve_later = gather_curve(
                     groups[("B", 1, name)], times, samples, stamps,
@@ -96,6 +99,12 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         if ("B", 0, name) in groups:
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
+            blocks[name].b0_tail = _tail(groups[("B", 0, name)], times, peak, base)
+            if forward_made is None:
+                forward_made = {id(v) for v in program.inputs}
+                forward_made.update(id(v) for op in program.ops if "phase" not in op.meta
+                                    for v in op.outputs)
+            blocks[name].b_early = _early(groups[("B", 0, name)], forward_made)
             blocks[name].b_reads = _read_excess(groups[("B", 0, name)], times, peak, base)
             index = {p.name: i for i, p in enumerate(params.get(name, []))}
             if allocated is None:
@@ -109,11 +118,14 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                                     for names, during, after, nbytes in made]
             blocks[name].bs_excess = max([blocks[name].b0_excess,
                                           *blocks[name].bs_grads.values()])
+            blocks[name].b_held = _held_gradient(groups[("B", 0, name)], final_only, index)
             if zero3:
                 blocks[name].b_curve = gather_curve(
                     groups[("B", 0, name)], times, samples, stamps, base, blocks[name].b_gather,
                     params, producer, _grad_points(groups[("B", 0, name)], times, samples,
-                                                   stamps, allocated, final_only, index))
+                                                   stamps, allocated, final_only, index),
+                    _grad_ops(groups[("B", 0, name)], times, samples, stamps, allocated,
+                              final_only, index))
     _optimizer_memory(params, rank0, times, samples, static + grads)
     return data_emb, data_head
 
@@ -227,14 +239,14 @@ def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
 
 def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
                  stamps: List[float], starts: Dict[float, int], final_only: Dict[int, str],
-                 index: Dict[str, int]) -> List[Tuple[int, float, float]]:
+                 index: Dict[str, int]) -> List[Tuple[int, float, float, bool]]:
     """The candidates :func:`_scatter_excess` takes per gradient, in time
     (for :class:`.gathered.GatherCurve`): (the parameter's index in the
     block, the op's start, the live bytes while it runs plus the
     gradients it makes) and (its index, the op's end, the live bytes then,
     less the next op's allocations, plus twice the gradients: each and its
-    flat copy)."""
-    out: List[Tuple[int, float, float]] = []
+    flat copy; where the op ends, marked)."""
+    out: List[Tuple[int, float, float, bool]] = []
     for op in ops:
         names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
         if not names:
@@ -246,8 +258,73 @@ def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
         after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
         for name in names:
             if name in index:
-                out.append((index[name], t0, float(during + made)))
-                out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made)))
+                out.append((index[name], t0, float(during + made), False))
+                out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made), True))
+    return out
+
+
+def _tail(ops: List[Op], times, peak, base: float) -> Optional[float]:
+    """The most bytes above ``base`` in a block's window (``ops``) once its
+    last collective has ended (``peak``: the window's most live bytes,
+    :func:`memory_excess`'s), or None: no collective, or none ends before
+    the block does."""
+    comm = [times[o.name][1] for o in ops if is_communication(o) and o.name in times]
+    if not comm:
+        return None
+    end = max(times[o.name][1] for o in ops if o.name in times)
+    free = max(comm)
+    return max(0.0, peak(free, end) - base) if free < end else None
+
+
+def _early(ops: List[Op], forward_made: set) -> int:
+    """The bytes rank 0 gets from a block's leading tensor-parallel
+    collectives (``ops``: its backward, in program order) that read only
+    what the forward made: the communication stream takes them as soon
+    as it is free, the block's compute not yet started."""
+    total = 0
+    for op in ops:
+        if not is_communication(op) or op.meta.get("role") is not None:
+            continue
+        if any(id(v) not in forward_made for v in op.inputs):
+            break
+        total += sum(v.type.size_bytes for v in op.outputs if v.type.device == 0)
+    return total
+
+
+def _held_gradient(ops: List[Op], final_only: Dict[int, str], index: Dict[str, int]
+                   ) -> Optional[int]:
+    """The index of the parameter whose final gradient is the first result
+    of the last backward op of a block (``ops``: its backward), or None.
+    LowerSPMD gates ZeRO-3's next gathers on the first result of the last
+    op it emitted (:meth:`~distsim.transforms.zero3.ParamGathers.note_layer_output`):
+    ending a task, such a gradient lives until the next task's gathers."""
+    model = [op for op in ops if isinstance(op.meta.get("layer"), int)
+             and op.meta.get("phase") == "backward" and op.outputs]
+    if not model:
+        return None
+    name = final_only.get(id(model[-1].outputs[0]))
+    return index.get(name) if name is not None else None
+
+
+def _grad_ops(ops: List[Op], times, samples: List[Tuple[float, int]], stamps: List[float],
+              starts: Dict[float, int], final_only: Dict[int, str], index: Dict[str, int]
+              ) -> List[Tuple[Tuple[int, ...], float, float, float, float]]:
+    """The ops of a block's backward (``ops``) that make final gradients,
+    in order, as :func:`_scatter_excess` measures them, in template time:
+    (the indices of their parameters, the op's start, the most live bytes
+    while it runs, its end, the live bytes then less the next op's
+    allocations), for :attr:`.gathered.GatherCurve.made`."""
+    out = []
+    for op in ops:
+        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
+        if not names:
+            continue
+        t0, t1, _ = times[op.name]
+        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
+        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
+        after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
+        out.append((tuple(index[p] for p in names if p in index), t0, float(during), t1,
+                    float(after - starts.get(t1, 0))))
     return out
 
 

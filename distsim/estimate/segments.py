@@ -131,13 +131,13 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             forward = (dep is None and kept is not None
                        and all(id(v) in kept for v in op.inputs))
             out.append(Segment("t", t1 - t0, () if forward else (dep,), lead=is_lead,
-                               gate=gate))
+                               gate=gate, at=t0))
             open_run = None
             idx = len(out) - 1
         else:
             waits = tuple(sorted({s for s in srcs if s is not None and out[s].kind == "t"}))
             if open_run is None or waits:
-                out.append(Segment("c", 0.0, waits, lead=is_lead, gate=gate))
+                out.append(Segment("c", 0.0, waits, lead=is_lead, gate=gate, at=t0))
                 open_run = len(out) - 1
             out[open_run].time_s += t1 - t0
             idx = open_run
@@ -145,11 +145,11 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             made[id(v)] = idx
         for v in op.outputs:
             if id(v) in finals:
-                out.append(Segment("g", deps=(idx,), param=finals[id(v)]))
+                out.append(Segment("g", deps=(idx,), param=finals[id(v)], at=t1))
                 open_run = None
             elif id(v) in to_comm:     # the collective reading it may start here
                 open_run = None
             elif outs and id(v) in outs:
-                out.append(Segment("o", deps=(idx,)))
+                out.append(Segment("o", deps=(idx,), at=t1))
                 open_run = None
     return out

@@ -120,6 +120,19 @@ class Memo:
         #: ZeRO-3: per (task kind, block), its gathered parameters' shard and
         #: whole bytes (:func:`.gathered.param_bytes`)
         self.gathered_bytes: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}
+        #: ZeRO-3 by layer: per (task kind, block, curve), the unit's split
+        #: in the template's offsets (:func:`.gathered.unit_shape`), and per
+        #: block the first backward's curve with its unit's gradients held
+        #: (:func:`.units.unit_curve`)
+        self.unit_shapes: Dict[tuple, Any] = {}
+        #: ZeRO-3's op-by-op backward: per (block, first micro-batch's
+        #: entries or not, curve), each compute run's position, offset on
+        #: the curve and time (:func:`.gathered.run_offsets`)
+        self.run_offsets: Dict[tuple, list] = {}
+        #: per (block, curve), how long each point's bytes stay once its op
+        #: ends (:func:`.gathered.point_spans`)
+        self.point_spans: Dict[tuple, Any] = {}
+        self.unit_curves: Dict[str, Any] = {}
         #: :func:`.gathered.block_peak` by the block's curve and its
         #: gathers' times from its start (the same place, the same result)
         self.block_peaks: Dict[tuple, tuple] = {}

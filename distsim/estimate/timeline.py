@@ -25,7 +25,7 @@ from .blocks import LayerProfile
 from .context import Case, StepContext
 from .engine import Timeline
 from .gates import chain, emit_chain, gather_plan, gather_time
-from .gathered import note_peak, param_bytes
+from .gathered import note_peak
 from .notes import MemoryNotes
 from .replay import ReplayedBackward
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
@@ -165,8 +165,8 @@ class Builder:
         issued: List[float] = []
         end = ready
         order = ctx.blocks_of(kind, c)
-        # by parameter: each gathered parameter's gate, gather start and end
-        entries: Optional[List[tuple]] = None if ctx.by_layer else []   # Issued
+        # each all-gather's gate, start and end (:data:`.gathered.Issued`)
+        entries: List[tuple] = []
         first = kind == "B" and mb == 0
         key = (kind, ctx.shapes[c], first)
         blocks = ctx.profile.blocks
@@ -184,12 +184,12 @@ class Builder:
             for start, (_, t) in zip(starts, gathers):
                 j = len(issued)
                 issued.append(tl.comm_on(stage, t, start))
-                if entries is not None:
-                    entries.append((j, order[j][0], start,
-                                    ((t, len(param_bytes(self.ctx, kind, order[j][0])) - 1,
-                                      issued[j]),)))
+                entries.append((j, order[j][0], start,
+                                ((t, len(gather_plan(self.ctx, kind, order[j][0]).items) - 1,
+                                  issued[j]),)))
             flops[stage] += fl
-            t0 = prev
+            # the block's compute starts after its copy-ins (by layer)
+            t0 = max(prev, tl.free[2 * stage])
             if reads is not None:
                 # its first piece waits for each gather where it reads it
                 end = emit_chain(self.ctx, stage, reads, issued[i], ready if i == 0 else 0.0)
@@ -201,11 +201,9 @@ class Builder:
                 end = max(issued[0], ready)
             end = prev = tl.compute_pieces(stage, pieces, end)
             wait = tail
-            if entries is not None:
-                blk = blocks[order[i][0]]
-                curve = blk.f_curve if kind == "F" else blk.b_curve if first \
-                    else blk.b_curve_later
-                note_peak(self.ctx, key, i, curve, t0, entries, kind, wait_all=reads is None)
+            blk = blocks[order[i][0]]
+            curve = blk.f_curve if kind == "F" else blk.b_curve if first else blk.b_curve_later
+            note_peak(self.ctx, key, i, curve, t0, entries, kind, wait_all=reads is None)
         return end
 
     def _task_plan(self, kind: str, c: int, mb: int) -> Any:
@@ -238,18 +236,20 @@ class Builder:
                 issued = max(issued, upto)
                 t, busy, fl = ctx.block_time(blocks[name], kind, mb)
                 # by layer the unit's copy-out instead of its reshapes, at
-                # its first read: in the compute before the first
-                # tensor-parallel collective
-                copy_out = gather_plan(self.ctx, kind, name).copy_out if ctx.by_layer else 0.0
+                # its first read (:func:`.gates.split_change`)
+                unit = gather_plan(self.ctx, kind, name) if ctx.by_layer else None
+                copy_out = unit.copy_out if unit else 0.0
                 cut = split and i == 0
                 if cut:
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
-                # (the forward's first piece is cut at its reads, which
-                # place the copy-out: :func:`.gates.chain`)
-                pieces = self._pieces(kind, order[i:i + 1], t + copy_out,
+                # (the forward's first piece is cut at its reads:
+                # :func:`.gates.chain`)
+                pieces = self._pieces(kind, order[i:i + 1],
+                                      t + (unit.copy_out_time if unit else 0.0),
                                       busy + copy_out, rest=cut,
-                                      pre_shift=copy_out if kind == "B" else 0.0)
-                reads = None if cut or kind == "B" else chain(self.ctx, kind, name, pieces[0])
+                                      pre_shift=unit.copy_out_pre(kind) if unit else 0.0,
+                                      post_shift=unit.copy_out_post if unit else 0.0)
+                reads = None if cut else chain(self.ctx, kind, name, pieces[0])
                 plan.append([gathers, fl, lead if cut else [],
                              pieces if reads is None else pieces[1:], reads, None])
             # a block that ends waiting for a collective before a block with
@@ -269,7 +269,7 @@ class Builder:
         return fl, lead, self._pieces(kind, order, total, busy, rest=split)
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
-                pre_shift: float = 0.0) -> List[tuple]:
+                pre_shift: float = 0.0, post_shift: float = 0.0) -> List[tuple]:
         """The compute items of a task over the blocks ``order``: one, or with
         tensor-parallel collectives, which hold the communication stream from
         the first to the last of them, the compute before and after alone
@@ -277,9 +277,10 @@ class Builder:
         no compute between its collectives (the embedding's forward: one
         reduce-scatter) is split too: its compute before the collective runs
         while the communication stream is still busy (ZeRO-3's prefetched
-        gathers), as in the simulator. ``pre_shift``: a change of the
-        compute before the first collective (ZeRO-3 by layer: the unit's
-        copy-out in place of the template's reshapes)."""
+        gathers), as in the simulator. ``pre_shift`` / ``post_shift``: a
+        change of the compute before the first collective / after the last
+        (ZeRO-3 by layer: the unit's copy-out in place of the template's
+        reshapes)."""
         ctx = self.ctx
         blocks = ctx.profile.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
@@ -287,6 +288,8 @@ class Builder:
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
         post = last.f_post if kind == "F" else last.b_post
+        if post is not None and post_shift:
+            post = max(0.0, post + post_shift)
         holds = ctx.tp > 1
         if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
             return [(total, busy, holds)]

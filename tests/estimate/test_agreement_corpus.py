@@ -14,13 +14,7 @@ invalid point must be refused by both, with the same error class.
 
 The draws are derandomized (the same points on every run); the
 ``@example`` points are where the random sample of
-``reports/estimator/sample.py`` found the two furthest apart, those the
-estimator still misses marked as expected failures with what they miss.
-ZeRO-3 by layer (``zero3_unit: layer``) is drawn too, though its memory
-is not yet within the bound: the gathered-memory model places ZeRO-3's
-gathers in time by parameter, not a layer's unit (its concatenated
-shards, gathered buffer and split), which keeps the whole-from-the-start
-bound (reports/estimator/README.md).
+``reports/estimator/sample.py`` found the two furthest apart.
 """
 from __future__ import annotations
 
@@ -109,18 +103,6 @@ def _relative(estimated: float, simulated: float) -> float:
     return abs(estimated - simulated) / simulated
 
 
-#: Where the estimate still departs from the simulation by more than the
-#: bound (each an example below, expected to fail until modelled):
-#: ZeRO-3 interleaved, the first stage's peak in its last backward while
-#: the embedding's flat gradient copy and reduce-scatter output are live
-#: (gpt2 pp 4 x 2 chunks: -1.5 % on memory)
-OPTIMIZER_TRANSIENT = "ZeRO-3, the embedding's reduce-scatter output: -1.5 % on memory"
-#: ZeRO-3 with ``bucket_mb 0`` under GPipe, prefetch 2, on PCIe: -1.7 % on memory
-GPIPE_ZERO3_DEFERRED = "ZeRO-3 bucket_mb 0 under GPipe with prefetch 2: -1.7 % on memory"
-#: interleaved tp 8 with sequence parallelism and 25 MB buckets: -1.4 % on memory
-INTERLEAVED_BUCKETS = "interleaved tp 8, sp, 25 MB buckets: -1.4 % on memory"
-
-
 # the points of reports/estimator/sample.py (seed 1234, 300 draws) past
 # the bound before the estimator modelled what they miss
 @example({'model': 'tiny', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 2, 'pp': 4, 'layers': 4,
@@ -170,7 +152,7 @@ INTERLEAVED_BUCKETS = "interleaved tp 8, sp, 25 MB buckets: -1.4 % on memory"
 @example({'model': 'gpt2', 'topology': 'dgx-a100', 'dp': 2, 'tp': 1, 'pp': 4, 'layers': 8,
           'network_mode': 'analytical', 'seq': 512, 'micro_batch': 2, 'global_batch': 32,
           'schedule': 'interleaved', 'virtual_stages': 2, 'zero': 3, 'recompute': 'none',
-          'order': 'dp-tp-pp'}).xfail(raises=AssertionError, reason=OPTIMIZER_TRANSIENT)
+          'order': 'dp-tp-pp'})
 @example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 4, 'pp': 4,
           'layers': 4, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 4,
           'global_batch': 12, 'schedule': '1f1b', 'zero': 3, 'prefetch': 2, 'recompute': 'full',
@@ -185,13 +167,12 @@ INTERLEAVED_BUCKETS = "interleaved tp 8, sp, 25 MB buckets: -1.4 % on memory"
 @example({'model': 'gpt3-1.3b', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'tp': 1, 'pp': 2,
           'layers': 2, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 2,
           'global_batch': 16, 'schedule': 'gpipe', 'partition': 'balanced', 'zero': 3,
-          'prefetch': 2, 'recompute': 'none', 'bucket_mb': 0}).xfail(
-    raises=AssertionError, reason=GPIPE_ZERO3_DEFERRED)
+          'prefetch': 2, 'recompute': 'none', 'bucket_mb': 0})
 @example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 8, 'pp': 2,
           'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
           'global_batch': 4, 'schedule': 'interleaved', 'virtual_stages': 2,
           'partition': 'balanced', 'sp': True, 'zero': 0, 'recompute': 'none', 'bucket_mb': 25,
-          'optimizer': 'sgd'}).xfail(raises=AssertionError, reason=INTERLEAVED_BUCKETS)
+          'optimizer': 'sgd'})
 @example({'model': 'tiny', 'topology': 'dgx-a100', 'dp': 4, 'tp': 1, 'pp': 2, 'layers': 4,
           'network_mode': 'analytical', 'micro_batch': 1, 'global_batch': 16, 'schedule': '1f1b',
           'zero': 3, 'prefetch': 0, 'recompute': 'none', 'bucket_mb': 25})
