@@ -65,7 +65,8 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
     ("symmetry", "simulate one device per class of identical devices: the same results, "
                  "much faster on large clusters"),
     ("coarsen", "simulate each run of compute ops between communications as one op: the "
-                "same step time, far fewer ops (GPT and ONNX models)"),
+                "same step time, far fewer ops (GPT and ONNX models; the MLP off plain data "
+                "parallelism)"),
 ))
 
 RUN: Group = ("Simulation", (

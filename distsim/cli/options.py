@@ -80,8 +80,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--coarsen", action="store_true", default=None,
                    help="simulate each run of compute ops between communications as one fused "
                         "op (same step time, far fewer ops; memory inside a run not tracked); "
-                        "GPT and ONNX models (the MLP's data-parallel step is simulated op by "
-                        "op)")
+                        "GPT and ONNX models, the MLP under any strategy but plain data "
+                        "parallelism (which is simulated op by op)")
     g.add_argument("--global-batch", type=int, dest="global_batch",
                    help="sequences per step, all data-parallel ranks together (GPT models)")
     g.add_argument("--micro-batch", type=int, dest="micro_batch",

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from ..errors import ConfigError
 from ..yamlio import load_yaml_file
@@ -134,12 +134,3 @@ def load_plan_file(path: str) -> Plan:
                                             f" (--plan takes {' or '.join(BUILTIN)} or a "
                                             "YAML file)"), str(path))
 
-
-def check_plan_option(value: Any, label: str = "--plan") -> Optional[str]:
-    """``plan`` (``--plan``): None, a built-in plan's name or a path."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{label}: must be {' or '.join(BUILTIN)} or the path of a plan "
-                          f"file, got {value!r}")
-    return value
