@@ -10,8 +10,10 @@ found in any forward program by its structure.
   layers pair up (0-1, 2-3, ...); a transformer block's query, key and
   value projections pair with its output projection, its first MLP
   projections (gate and up) with the second.
-- *Embeddings*: a table read by an ``embedding`` op is vocabulary-parallel
-  (with a tied head, the head multiplies by the vocabulary shard).
+- *Embeddings*: a table whose rows are looked up by the data's ids
+  (``embedding``, ``gather`` of rows; not positions), and that nothing else
+  reads but a head multiplying by it (``x @ table^T``), is
+  vocabulary-parallel.
 
 Everything else is left to propagation (biases follow their layers; a
 linear in no pair, such as an MLP's odd last layer, stays replicated).
@@ -53,6 +55,15 @@ class _Structure:
                 and w not in self.producer:
             return w
         return None
+
+    def data_dependent(self) -> Set[Value]:
+        """Values computed from the step's data (token ids, not positions)."""
+        roles = self.f.meta.get("roles", {})
+        found = {v for v in self.f.inputs if roles.get(v.name) == "data"}
+        for op in self.f.ops:
+            if any(v in found for v in op.inputs):
+                found.update(op.outputs)
+        return found
 
     def reached(self, op: Op) -> Optional[List[Op]]:
         """The linear layers ``op``'s result reaches through feature-keeping
@@ -110,14 +121,30 @@ class _Structure:
         return found
 
 
+def _lookup(op: Op) -> bool:
+    """An embedding lookup: ``embedding``, or ``gather`` of rows."""
+    return op.op_type == "embedding" or (op.op_type == "gather"
+                                         and int(op.attrs.get("axis", 0)) == 0)
+
+
+def _head(op: Op, table: Value) -> bool:
+    """A head multiplying by the (tied) table's rows: ``x @ table^T``."""
+    return (op.op_type == "matmul" and op.inputs[1] is table and op.inputs[0] is not table
+            and bool(op.attrs.get("trans_b")))
+
+
 def megatron_plan(f: Function) -> Plan:
     """The ``megatron`` plan of forward program ``f`` (see the module
     docstring): exact parameter names, in program order."""
     s = _Structure(f)
     styles: Dict[str, str] = {}
+    data = s.data_dependent()
     for op in f.ops:
-        if op.op_type == "embedding" and op.inputs[0].name in s.params:
-            styles.setdefault(op.inputs[0].name, "vocab")
+        table = op.inputs[0] if op.inputs else None
+        if table is not None and table.name in s.params and _lookup(op) \
+                and op.inputs[1] in data \
+                and all(_lookup(u) or _head(u, table) for u in s.users[table]):
+            styles.setdefault(table.name, "vocab")
     for op in f.ops:
         w = s.weight.get(id(op))
         if w is None or w.name in styles:

@@ -7,8 +7,9 @@ for any other program the layers come from
 
 - explicit cut points (:func:`layers_from_cuts`): the ops, by result name,
   at which a new layer starts (a plan's ``cuts``);
-- node-name prefixes (:func:`layers_from_prefixes`): an import's node names
-  such as ``/h.3/attn/...``, the number after a prefix being the layer.
+- an import's node scopes (:func:`layers_from_scopes`): the module path of
+  each node, such as ``inner.model.layers.3.mlp``, the number in it being
+  the layer.
 
 :func:`check_stages` refuses a pipeline with a stage that would be empty.
 """
@@ -51,28 +52,30 @@ def layers_from_cuts(f: Function, cuts: Sequence[str], where: str) -> int:
     return len(cuts) + 1
 
 
-_NUMBER = re.compile(r"(\d+)")
+#: the first path component that is a number: ``layers.3.`` or ``/h.3/``
+_LAYER = re.compile(r"(?:^|[./])(\d+)(?=$|[./])")
 
 
-def layers_from_prefixes(f: Function, prefix: str) -> Optional[int]:
-    """Tag ``f``'s ops with the number that follows ``prefix`` in their
-    result names (``/h.3/attn/MatMul`` with ``prefix="/h."`` -> layer 3);
-    ops without it follow their inputs (before the first numbered op:
-    layer -1, the embedding; after the last: ``layers``, the head).
-    Returns the number of layers, or None when no op is numbered."""
+def layers_from_scopes(f: Function) -> Optional[int]:
+    """Tag ``f``'s ops with the layer their ``meta["scope"]`` names (the
+    first number in the dotted or slashed path: ``inner.model.layers.3.mlp``
+    or ``/transformer/h.3/attn/MatMul`` -> layer 3, as an importer records
+    it). Before the first numbered op, ops are layer -1 (the embedding),
+    after the last ``layers`` (the head); between, an op without a number
+    takes the latest layer of its inputs' producers, or, reading inputs
+    only, the earliest of its readers'. Returns the number of layers, or
+    None when no op is numbered (then nothing is tagged)."""
     found: Dict[int, int] = {}
     for i, op in enumerate(f.ops):
-        for v in op.outputs:
-            k = v.name.find(prefix)
-            if k >= 0:
-                m = _NUMBER.match(v.name, k + len(prefix))
-                if m:
-                    found[i] = int(m.group(1))
-                    break
+        m = _LAYER.search(str(op.meta.get("scope", "")))
+        if m:
+            found[i] = int(m.group(1))
     if not found:
         return None
     layers = max(found.values()) + 1
     first, last = min(found), max(found)
+    producer = f.producers()
+    pending = []
     for i, op in enumerate(f.ops):
         if i in found:
             op.meta["layer"] = found[i]
@@ -80,6 +83,17 @@ def layers_from_prefixes(f: Function, prefix: str) -> Optional[int]:
             op.meta["layer"] = -1
         elif i > last:
             op.meta["layer"] = layers
+        else:
+            before = [producer[v].meta["layer"] for v in op.inputs if v in producer]
+            if before:
+                op.meta["layer"] = max(before)
+            else:
+                pending.append(op)
+    users = f.users()
+    for op in reversed(pending):
+        after = [u.meta["layer"] for v in op.outputs for u in users.get(v, [])
+                 if "layer" in u.meta]
+        op.meta["layer"] = min(after) if after else layers
     return layers
 
 

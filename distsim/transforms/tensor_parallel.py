@@ -31,7 +31,7 @@ naming the plan entry or the op.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ..errors import ConfigError
 from ..ir.builder import clone_function
@@ -163,6 +163,32 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
     return fixed
 
 
+def attached_params(f: Function, split: Set[Value]) -> Set[Value]:
+    """The parameters read together with the direct product of a ``split``
+    weight (a bias added to a planned layer's result): they take the
+    placement propagation derives from it."""
+    producer = f.producers()
+    products = {v for op in f.ops if any(x in split for x in op.inputs) for v in op.outputs}
+    found: Set[Value] = set()
+    for op in f.ops:
+        if any(v in products for v in op.inputs):
+            found.update(v for v in op.inputs if v not in producer)
+    return found
+
+
+def lookups_as_embeddings(f: Function, tables: Set[str]) -> None:
+    """Row lookups of the vocabulary-parallel ``tables`` written as
+    ``gather`` (an import's) become ``embedding`` ops, in place: the same
+    rows, and the op whose sharding rule looks up ids in a shard of the
+    rows (a gather has no such rule)."""
+    for i, op in enumerate(f.ops):
+        if op.op_type == "gather" and int(op.attrs.get("axis", 0)) == 0 \
+                and op.inputs[0].name in tables and op.inputs[0].type.rank == 2 \
+                and not op.inputs[1].type.dtype.is_float:
+            f.ops[i] = Op("embedding", op.inputs, op.outputs, {"offset": 0}, op.subfunctions,
+                          op.meta)
+
+
 def place(forward: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool) -> Module:
     """The forward on a mesh of ``tp`` devices, propagated from the placements
     the styles fix (plus replicated data, constants and loss). A parameter
@@ -171,12 +197,17 @@ def place(forward: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool) ->
     f, _ = clone_function(forward)
     for v in f.values():
         v.type = TensorType(v.type.shape, v.type.dtype)
+    lookups_as_embeddings(f, {p for p, e in styles.items() if e.style == "vocab"})
     mesh = DeviceMesh(AXIS, (tp,), (AXIS,))
     fixed = style_placements(f, styles, tp, sp)
     params = set(forward.meta["params"])
+    attached = attached_params(f, {v for v, pl in fixed.items()
+                                   if v.name in params and not isinstance(pl, Replicate)})
     for v in f.inputs:
-        if v.name not in params and v not in fixed:
-            fixed[v] = Replicate()     # data and constants: every rank reads the whole batch
+        if v not in fixed and (v.name not in params or v not in attached):
+            # data and constants: every rank reads the whole batch; a parameter
+            # the plan leaves out, away from its layers: whole on every rank
+            fixed[v] = Replicate()
     loss = forward.meta.get("loss")
     if loss is not None:
         fixed.setdefault(f.value_by_name(loss), Replicate())
