@@ -19,8 +19,11 @@ global one: the model is imported at the per-rank micro-batch ``batch /
 lowered by :class:`~distsim.transforms.spmd.LowerSPMD`, as the built-in
 transformers are, on one device too: gradients accumulated over the
 micro-batches, averaged by all-reduce (ZeRO 2/3: reduce-scattered), AdamW
-with fp32 master weights sharded as ``--zero`` says. ``--tp``, ``--pp``
-and ``--recompute`` (an imported graph has no layers) are refused with a
+with fp32 master weights sharded as ``--zero`` says. With ``--train``,
+``--tp``, ``--sp``, ``--pp``, ``--plan`` and ``--recompute`` take the
+generic path (:func:`parallel_step`): tensor parallelism from the plan
+(``megatron`` by default), pipeline layers from the nodes' module scopes
+(``...layers.3...``: layer 3). Without ``--train`` they are refused with a
 ConfigError naming the option and the model, never ignored.
 """
 from __future__ import annotations

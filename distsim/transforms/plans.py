@@ -16,8 +16,9 @@ entry wins) to a placement *style*:
   vocabulary-parallel too;
 - ``replicate``: every rank holds the whole tensor.
 
-A parameter no entry names gets the placement that propagation derives
-from its readers (a column-parallel layer's bias comes out split like the
+A parameter no entry names is replicated, unless it is read together with
+a planned layer's product (a bias): then it takes the placement that
+propagation derives (a column-wise layer's bias comes out split like the
 layer's output). Optional ``cuts``: the ops (by result name) at which a
 new pipeline layer starts, for programs whose ops carry no layer.
 

@@ -14,9 +14,11 @@ step and a plan in, the SPMD template of one tensor-parallel rank out.
    dropouts between the layers on sequence shards. Data, constants and
    the loss are replicated;
 2. the sharding layer propagates them (:func:`~.sharding.propagate`): every
-   other value, parameters the plan leaves out included, gets the placement
-   its ops' rules derive, and ``redistribute`` ops appear where placements
-   change;
+   other value gets the placement its ops' rules derive (a parameter the
+   plan leaves out too when it is read with a planned layer's product, a
+   bias; otherwise it is replicated), and ``redistribute`` ops appear where
+   placements change. Row lookups written as ``gather`` become
+   ``embedding`` ops first, whose rule knows vocabulary shards;
 3. :mod:`.spmd_template` writes the program of one rank: local shapes,
    SPMD collectives, per-rank attributes, ``spmd.copy`` where gradients
    are shares.
