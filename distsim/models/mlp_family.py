@@ -18,7 +18,6 @@ from ..ir.core import Function
 from ..ir.types import DType
 from ..transforms.data_parallel import DataParallel
 from ..transforms.optimizer import SGDHyper
-from ..transforms.parallelize import parallelize, resolve_plan
 from ..transforms.strategy import Strategy
 from .mlp import MLPConfig, mlp_forward, mlp_training_step
 from .registry import ModelFamily, register_family
@@ -79,6 +78,8 @@ def build_mlp(config: Mapping[str, Any], strategy: Strategy) -> Function:
     if is_plain_data_parallel(strategy):
         step = mlp_training_step(c, device=0)
         return DataParallel(strategy.dp or 1)(step)
+    # the generic path loads the sharding layer: only when it is taken
+    from ..transforms.parallelize import parallelize, resolve_plan
     strategy = strategy if strategy.dp is not None else replace(strategy, dp=1)
     batch = strategy.global_batch or c.batch
     m, mb = split_batch(batch, strategy)

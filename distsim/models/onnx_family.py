@@ -45,8 +45,6 @@ from ..transforms.autodiff import Autodiff
 from ..transforms.adam import AdamHyper, AdamW
 from ..transforms.grad_rules import NON_DIFFERENTIABLE
 from ..transforms.optimizer import SGDHyper
-from ..transforms.parallelize import parallelize, resolve_plan
-from ..transforms.pipeline_layers import layers_from_scopes
 from ..transforms.spmd import LowerSPMD
 from ..transforms.strategy import Strategy
 from .registry import ModelFamily, register_family
@@ -347,6 +345,9 @@ def parallel_step(forward: Function, strategy: Strategy, microbatches: int,
     pipeline stages read off the nodes' scopes (``layers.3``: layer 3), by
     the generic path (:func:`~distsim.transforms.parallelize.parallelize`).
     Constants travel as data, as in :func:`_lower`."""
+    # the generic path loads the sharding layer: only when it is taken
+    from ..transforms.parallelize import parallelize, resolve_plan
+    from ..transforms.pipeline_layers import layers_from_scopes
     name = str(model["name"])
     plan = resolve_plan(strategy.plan, forward)
     layers = layers_from_scopes(forward)
