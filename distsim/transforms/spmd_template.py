@@ -44,7 +44,7 @@ from ..ir.source import ORIGIN, Origin, describe
 from ..ir.types import TensorType
 from .grad_rules import NON_DIFFERENTIABLE
 from .sharding.local_builder import LocalBuilder
-from .sharding.lower import LOCAL_RULES, _same
+from .sharding.lower import LOCAL_RULES
 from .sharding.planner import plan_redistribute
 from .sharding.propagate import REDISTRIBUTE
 
@@ -55,6 +55,11 @@ R = Replicate()
 
 def _where(f: Function, op: Op) -> str:
     return describe(f.name, op)
+
+
+def _as_is(lb: LocalBuilder, op: Op, coords, ins: List[Value], hints: List[str]) -> List[Value]:
+    """The per-device form of an op that has no local rule: the op itself."""
+    return lb.emit(op.op_type, ins, op.attrs, hints)
 
 
 class TemplateBuilder:
@@ -122,7 +127,7 @@ class TemplateBuilder:
         """The op's per-device form, from the sharding layer's local rule,
         made on every rank and compared: the same ops and shapes everywhere,
         attributes that differ become rank attributes."""
-        rule = LOCAL_RULES.get(op.op_type, _same)
+        rule = LOCAL_RULES.get(op.op_type, _as_is)
         per_rank: List[Tuple[List[Op], List[Value], List[Value]]] = []
         for c in self.mesh.all_coords():
             lb = LocalBuilder(f"{op.op_type}_r{c[0]}")

@@ -3,6 +3,7 @@ the field or the op (exit status 2), before anything is simulated."""
 import pytest
 
 from distsim.cli import main
+from distsim.errors import ConfigError
 
 SMALL = ["simulate", "--layers", "4", "--hidden", "64", "--batch", "64", "--no-plots"]
 
@@ -62,3 +63,21 @@ def test_strategy_refusals(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_gpt_models_take_the_megatron_plan_only(tmp_path, capsys):
+    """Their builder writes Megatron's layout itself: --plan megatron is what
+    it does, a plan file would be ignored, so it is refused (the estimator
+    too: it checks the strategy with the same function)."""
+    from distsim.estimate import estimate
+
+    path = plan_file(tmp_path, 'parameters:\n  "l*_w1": colwise\n')
+    out = tmp_path / "out"
+    assert main(["simulate", "--model", "gpt2", "--layers", "1", "--tp", "2", "--plan", path,
+                 "--no-plots", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--plan {path}: GPT models take --plan megatron only" in err and not out.exists()
+    with pytest.raises(ConfigError, match="take --plan megatron only"):
+        estimate({"model": "gpt2", "topology": "dgx-a100", "tp": 2, "plan": path})
+    assert main(["simulate", "--model", "gpt2", "--layers", "1", "--tp", "2", "--plan",
+                 "megatron", "--no-plots", "--out", str(out)]) == 0
