@@ -62,7 +62,8 @@ class TensorParallel:
         params = list(forward.meta["params"])
         styles = self.plan.styles(params, f"model '{self.model}'" if self.model else "the model")
         shapes = {p: forward.value_by_name(p).type.shape for p in params}
-        if self.tp == 1:
+        if self.tp == 1:      # nothing to split, but a style that does not fit is refused
+            style_placements(forward, styles, 1, False)
             template, _ = clone_function(forward)
             shards: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
         else:

@@ -81,3 +81,10 @@ def test_gpt_models_take_the_megatron_plan_only(tmp_path, capsys):
         estimate({"model": "gpt2", "topology": "dgx-a100", "tp": 2, "plan": path})
     assert main(["simulate", "--model", "gpt2", "--layers", "1", "--tp", "2", "--plan",
                  "megatron", "--no-plots", "--out", str(out)]) == 0
+
+
+def test_a_plan_is_checked_on_one_device_too(tmp_path, capsys):
+    path = plan_file(tmp_path, 'parameters:\n  "b0": rowwise\n')
+    assert main(SMALL + ["--dp", "1", "--pp", "2", "--plan", path,
+                         "--out", str(tmp_path / "o")]) == 2
+    assert "rowwise needs %b0 to be a matmul's weight" in capsys.readouterr().err
