@@ -613,10 +613,11 @@ def _missing_external_data(tmp: Path):
 
 _ONNX_TRAIN = ["--model", "gpt2-tiny", "--train", "--batch", "8", "--seq", "8"]
 CASES.extend([
-    _c("onnx-recompute", "CLI flags", "`simulate --model gpt2-tiny --train --recompute full`",
-       _simulate(model="gpt2-tiny", train=True, batch=8, seq=8, recompute="full"),
-       S + _ONNX_TRAIN + ["--recompute", "full"], ConfigError,
-       "--recompute full: not supported for the imported ONNX model 'gpt2-tiny'"),
+    _c("onnx-recompute-without-train", "CLI flags",
+       "`simulate --model gpt2-tiny --recompute full` (no --train)",
+       _simulate(model="gpt2-tiny", batch=8, seq=8, recompute="full"),
+       S + ["--model", "gpt2-tiny", "--batch", "8", "--seq", "8", "--recompute", "full"],
+       ConfigError, "--recompute full: the imported ONNX model 'gpt2-tiny' is forward-only here"),
     _c("onnx-zero-without-train", "CLI flags", "`simulate --model gpt2-tiny --zero 1` (no --train)",
        _simulate(model="gpt2-tiny", batch=8, seq=8, zero=1),
        S + ["--model", "gpt2-tiny", "--batch", "8", "--seq", "8", "--zero", "1"], ConfigError,
