@@ -13,7 +13,8 @@ found in any forward program by its structure.
 - *Embeddings*: a table whose rows are looked up by the data's ids
   (``embedding``, ``gather`` of rows; not positions), and that nothing else
   reads but a head multiplying by it (``x @ table^T``), is
-  vocabulary-parallel.
+  vocabulary-parallel; so is the output layer's own copy of it where
+  pipeline stages untie the two (``meta["tied"]``).
 
 Everything else is left to propagation (biases follow their layers; a
 linear in no pair, such as an MLP's odd last layer, stays replicated).
@@ -145,6 +146,15 @@ def megatron_plan(f: Function) -> Plan:
                 and op.inputs[1] in data \
                 and all(_lookup(u) or _head(u, table) for u in s.users[table]):
             styles.setdefault(table.name, "vocab")
+    # the output layer's own copy of a tied table (pipeline stages untie
+    # them, ``meta["tied"]``: copy -> table): split as the table is, so that
+    # the two gradients summed between the stages have the same shards
+    by_name = {v.name: v for v in f.inputs}
+    for copy, table in (f.meta.get("tied") or {}).items():
+        v = by_name.get(copy)
+        if v is not None and styles.get(table) == "vocab" and s.users.get(v) \
+                and all(_head(u, v) for u in s.users[v]):
+            styles[copy] = "vocab"
     for op in f.ops:
         w = s.weight.get(id(op))
         if w is None or w.name in styles:
