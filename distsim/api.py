@@ -26,6 +26,7 @@ from .keywords import strict_keywords
 from .models import check_batch_options, family_of, load_model_config
 from .option_docs import option_names, with_option_docs
 from .pages import small_pages
+from .program_file import is_program_model, load_text_program
 from .report import (format_summary_table, summarize, write_chrome_trace, write_gantt,
                      write_memory_plot, write_summary)
 from .ir.types import DType
@@ -294,6 +295,7 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                   bucket_mb: Optional[float] = None, optimizer: Optional[str] = None,
                   partition: Optional[str] = None, prefetch: Optional[int] = None,
                   zero3_unit: Optional[str] = None, order: Optional[str] = None,
+                  plan: Optional[str] = None,
                   symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
                   max_ops: Optional[int] = None, verify_program: bool = True) -> tuple:
     """Resolve the model config, topology and strategy and build the
@@ -318,6 +320,12 @@ def _build_program(model: Union[str, Mapping[str, Any]], topology: Union[str, To
     """:func:`build_program` on the program options that are set."""
     op_limit = check_max_ops(max_ops)
     topo = topology if isinstance(topology, Topology) else load_topology(str(topology))
+    if is_program_model(model):      # a DistIR text program: its own shapes and placements
+        program, resolved = load_text_program(str(model), topo.ranks, topo.name, options)
+        if op_limit and len(program.ops) > op_limit:
+            raise ConfigError(f"{model}: {len(program.ops):,} ops, more than --max-ops "
+                              f"{op_limit:,} (0: no limit)")
+        return program, resolved, topo
     config = load_model_config(model)
     check_batch_options(options.get("batch"), options.get("global_batch"))
     for key in MODEL_FIELDS:
@@ -409,6 +417,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              bucket_mb: Optional[float] = None, optimizer: Optional[str] = None,
              partition: Optional[str] = None, prefetch: Optional[int] = None,
              zero3_unit: Optional[str] = None, order: Optional[str] = None,
+             plan: Optional[str] = None,
              symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
              network_mode: str = "flow", collective_algo: str = "auto",
              max_ops: Optional[int] = None, max_wall_s: Optional[float] = None,
@@ -418,8 +427,10 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     simulate it on ``topology``; returns a :class:`SimulationResult`.
 
     ``model``: a name (``distsim models``: ``mlp``, ``gpt3-175b``,
-    ``gpt2-tiny``, ...), a path to a model ``.yaml`` or ``.onnx`` file, or
-    a mapping of a model's fields. ``topology``: a name (``distsim
+    ``gpt2-tiny``, ...), a path to a model ``.yaml`` or ``.onnx`` file, a
+    mapping of a model's fields, or a DistIR text program (``FILE.dir``:
+    an annotated one is propagated and lowered first, a per-device one runs
+    as written; model and strategy options are refused for it). ``topology``: a name (``distsim
     topology``: ``dgx-a100``, clusters ``dgx-a100-x16``), a path to a
     ``.yaml`` file, or a :class:`Topology`. Every other option is
     keyword-only and named as the ``distsim simulate`` flag (``kv_heads``

@@ -58,10 +58,15 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
                    "'layer'"),
     ("order", "mesh layout, the axes from fastest to slowest varying rank (default "
               "'tp-dp-pp'; e.g. 'dp-tp-pp')"),
+    ("plan", "how tensor parallelism places the parameters: 'megatron' (default: column/row "
+             "pairs of linear layers, vocabulary-parallel embeddings, found in the program) or "
+             "the path of a plan file (parameter-name pattern -> colwise, rowwise, vocab, "
+             "replicate)"),
     ("symmetry", "simulate one device per class of identical devices: the same results, "
                  "much faster on large clusters"),
     ("coarsen", "simulate each run of compute ops between communications as one op: the "
-                "same step time, far fewer ops (GPT and ONNX models)"),
+                "same step time, far fewer ops (GPT and ONNX models; the MLP off plain data "
+                "parallelism)"),
 ))
 
 RUN: Group = ("Simulation", (

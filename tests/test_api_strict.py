@@ -137,7 +137,8 @@ def _flags(command: str) -> set:
 
 #: CLI flag -> API keyword where they differ, and why
 RENAMED = {"input_shape": "input_shapes",        # given once per input; the API takes the mapping
-           "no_link_samples": "record_links"}    # off on the CLI, on in the API: the same switch
+           "no_link_samples": "record_links",    # off on the CLI, on in the API: the same switch
+           "program": "model"}                   # `simulate FILE.dir`: the API takes it as model
 #: what only the CLI has: where the files go and how the summary prints
 #: (SimulationResult.write_outputs(out_dir, plots=...), summary() / summary_table())
 CLI_OUTPUT = {"out", "json", "no_plots"}

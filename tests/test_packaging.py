@@ -39,7 +39,8 @@ def test_the_data_files_are_the_named_things():
     assert {"dgx-a100.yaml", "torus-4x4.yaml"} <= names["topologies"]
     assert {"gpt2.yaml", "gpt2-tiny.onnx", "nested_mlp.dir"} <= names["models"]
     assert "export_hf.py" not in names["models"]          # a script, not data
-    assert names["sweeps"] == {"gpt3-1.3b.yaml", "gpt3-175b.yaml", "mlp-scaling.yaml"}
+    assert names["sweeps"] == {"gpt3-1.3b.yaml", "gpt3-175b.yaml", "mlp-dhpk.yaml",
+                               "mlp-scaling.yaml"}
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,11 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--order", metavar="AXES",
                    help="mesh layout, axes from fastest to slowest varying rank, e.g. "
                         "dp-tp-pp (default: tp-dp-pp, TP groups on adjacent GPUs)")
+    g.add_argument("--plan", metavar="FILE|megatron",
+                   help="how tensor parallelism places the parameters: megatron (default: "
+                        "column/row pairs of linear layers, vocabulary-parallel embeddings, "
+                        "found in the program) or a plan file (YAML: parameter-name pattern -> "
+                        "colwise, rowwise, vocab or replicate)")
     g.add_argument("--symmetry", action="store_true", default=None,
                    help="simulate one representative device per class of identical devices "
                         "(data- and tensor-parallel peers mirror it): same results, much faster "
@@ -75,8 +80,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--coarsen", action="store_true", default=None,
                    help="simulate each run of compute ops between communications as one fused "
                         "op (same step time, far fewer ops; memory inside a run not tracked); "
-                        "GPT and ONNX models (the MLP's data-parallel step is simulated op by "
-                        "op)")
+                        "GPT and ONNX models, the MLP under any strategy but plain data "
+                        "parallelism (which is simulated op by op)")
     g.add_argument("--global-batch", type=int, dest="global_batch",
                    help="sequences per step, all data-parallel ranks together (GPT models)")
     g.add_argument("--micro-batch", type=int, dest="micro_batch",
@@ -141,7 +146,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "kv_heads", "ffn", "vocab", "attention", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
-                "prefetch", "zero3_unit", "order"):
+                "prefetch", "zero3_unit", "order", "plan"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

@@ -5,9 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..api import OUTPUT_FILES, PIPELINE_FILE, simulate
+from ..api import DEFAULT_MODEL, OUTPUT_FILES, PIPELINE_FILE, simulate
 from ..errors import ConfigError
 from ..fileio import first_missing, refuse_file_as_folder
+from ..program_file import is_program_model
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from ..report.summary import summary_json
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
@@ -18,11 +19,17 @@ from .stdout import printed_or_removed
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "simulate", help="simulate one training step (default: an MLP, data-parallel on dgx-a100)",
+        "simulate", help="simulate one training step (default: an MLP, data-parallel on dgx-a100) "
+             "or a DistIR text program",
         description="Simulate one training step of a model under a parallel strategy on a "
                     "topology. Prints a summary table (or JSON with --json) and writes "
                     + ", ".join(OUTPUT_FILES) + f" (and {PIPELINE_FILE} for a pipeline run) "
                     "into the output folder.")
+    p.add_argument("program", nargs="?", metavar="FILE.dir",
+                   help="a DistIR text program (or an example's name: nested_mlp) to simulate "
+                        "instead of --model: an annotated "
+                        "one (meshes, placements, calls) is propagated and lowered first, a "
+                        "per-device one runs as written")
     add_model_options(p)
     add_onnx_options(p)
     add_strategy_options(p)
@@ -73,6 +80,14 @@ def check_out(out: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_out(args.out)
+    if args.program is not None:
+        if not is_program_model(args.program):
+            raise ConfigError(f"{args.program}: not a DistIR text program (a .dir file or an "
+                              "example's name, e.g. nested_mlp); a model is given with --model")
+        if args.model != DEFAULT_MODEL:
+            raise ConfigError(f"{args.program}: give a program file or --model {args.model}, "
+                              "not both")
+        args.model = args.program
     out = Path(args.out)
     made = first_missing(out)    # what a failed printout removes again
     # on a terminal, which phase runs (cleared before anything is printed)

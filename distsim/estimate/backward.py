@@ -1,71 +1,81 @@
-"""The op-by-op backward of the estimator's :class:`~.timeline.Builder`
-(a mixin): a backward task emitted entry by entry from the template's
+"""The op-by-op backward of the estimator's walk (:class:`~.timeline.Builder`):
+a backward task emitted entry by entry from the template's
 segments (:attr:`.profile.Block.only` / ``last``: compute runs,
 tensor-parallel collectives, gradients becoming final) with the
 data-parallel sync of each gradient where LowerSPMD emits it. Used for
 each chunk's last backward (without a reduce-scatter per micro-batch), the
 first micro-batch's backward with ZeRO 2/3 (each gradient flattened and
-reduce-scattered where it is made), and ZeRO-3's backwards past the first
-(the same, each shard then accumulated, the compute waiting for it).
+reduce-scattered where it is made), and ZeRO 2/3's backwards past the
+first (the same, each shard then accumulated, the compute waiting for it).
 Which of those are recorded once and replayed: :mod:`.replay`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.sync_policy import accumulation_ops, prefetch_window, unit_indices
+from ..transforms.sync_policy import SyncPolicy, prefetch_window
 
+from .context import StepContext
 from .gates import gather_plan
-
-if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from ..transforms.strategy import Strategy
-    from .engine import Timeline
-    from .profile import LayerProfile
-    from .state import Memo
-    from .sync import StepSync
+from .gathered import note_again, note_peak
+from .notes import MemoryNotes
+from .sync import ParamKey, StepSync
+from .units import held_units
 
 
 class OpByOpBackward:
-    """The op-by-op backward of :class:`~.timeline.Builder` (a
-    mixin: it uses the builder's timeline, sync, profile, memo, FLOPs,
-    ``blocks_of`` and ``_block_scatter``)."""
+    """The op-by-op backward tasks of one walk (see the module docstring),
+    on its context, with its gradient sync (``sync``, the timeline sink of
+    ``policy``) and memory notes."""
 
-    tl: "Timeline"
-    sync: "StepSync"
-    prof: "LayerProfile"
-    memo: "Memo"
-    S: "Strategy"
-    M: int
-    flops: List[float]
-    flats: Dict[int, List[Tuple[int, float]]]
-    #: what the last :meth:`emit_last_backward` noted: its flat copies' bytes
-    #: within the task (``inside``) and those it left waiting (for a recorder)
-    notes: Tuple[Dict[Tuple[int, int], int], Optional[List[Tuple[int, float]]]]
-    replays: Dict[tuple, tuple]
-    shapes: List[Tuple[bool, bool, int]]
-    route: str
-    scatter_each: bool
-    zero3: bool
-    by_layer: bool
-    unit_pending: Dict[int, list]
-    unit_made_at: Dict[tuple, float]
-    unit_ends: List[float]
+    def __init__(self, ctx: StepContext, sync: StepSync, policy: SyncPolicy,
+                 notes: MemoryNotes) -> None:
+        self.ctx = ctx
+        self.sync = sync
+        self.policy = policy
+        self.notes = notes
+        #: what the last :meth:`emit_last_backward` noted: its flat copies'
+        #: bytes within the task (``inside``) and those it left waiting (for
+        #: a recorder)
+        self.last_notes: Tuple[Dict[Tuple[int, int], int], Optional[List[Tuple[int, float]]]] = \
+            ({}, None)
+
+    def synced_at(self, key: ParamKey, stage: int, made: Optional[float]) -> float:
+        """The gradient ``key`` is final at ``made``: the policy synchronises
+        it (:meth:`~distsim.transforms.sync_policy.SyncPolicy.final`);
+        returns its synchronised end (0.0 while it waits for a bucket or
+        the backward pass's end). Where the policy all-reduces each
+        gradient on its own at once, a gradient whose collective is timed
+        takes :meth:`.sync.StepSync.sync_one`'s steps without the calls
+        between (an estimate syncs every gradient of the model this way)."""
+        sync = self.sync
+        if sync.each_all_reduce:
+            pc = sync._costs.get((key[0], key[2]))
+            if pc is not None and pc.sync is not None:
+                sync.final[key] = made
+                synced = sync.synced[key] = sync.tl.comm_on(stage, pc.sync, made or 0.0)
+                return synced
+        sync.final[key] = made
+        self.policy.final(key, stage)
+        return sync.synced.get(key) or 0.0
 
     def _segment_plan(self, name: str, only: bool) -> list:
         """A block's op-level last backward (``only``: the first micro-batch's,
         which does not accumulate) as (kind, time, FLOPs, the
         entries it waits for, the entry a collective reads (-1: the last
-        compute run before it), the parameter index of a final gradient,
+        compute run before it; -2: none, it reads what the forward kept),
+        the parameter index of a final gradient,
         a leading recomputation, whether it waits for the block's ZeRO-3
         gathers up to: :attr:`.profile.Segment.gate`)."""
-        plan = self.memo.segments.get((name, only))
+        ctx = self.ctx
+        plan = ctx.memo.segments.get((name, only))
         if plan is None:
-            blk = self.prof.blocks[name]
+            blk = ctx.profile.blocks[name]
             segs = blk.only if only else blk.last
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
-            index = {p.name: i for i, p in enumerate(self.prof.params[name])}
-            gp = gather_plan(self, "B", name) if self.zero3 else None
+            index = {p.name: i for i, p in enumerate(ctx.profile.params[name])}
+            gp = gather_plan(self.ctx, "B", name) if ctx.zero3 else None
             # by layer: the unit's copy-out in the run where the unit is
             # first read, each reshape it replaces off the run that read
             # its parameter first (the reads so far: positions up to the gate)
@@ -88,13 +98,18 @@ class OpByOpBackward:
                                  tuple(d for d in seg.deps if d is not None), None, None,
                                  seg.lead, gate))
                 elif seg.kind == "t":
+                    # -1: waits for the compute before it; -2: for none
                     d = seg.deps[0] if seg.deps else None
-                    plan.append(("t", seg.time_s, 0.0, (), -1 if d is None else d, None,
+                    plan.append(("t", seg.time_s, 0.0, (),
+                                 -2 if not seg.deps else -1 if d is None else d, None,
                                  seg.lead, gate))
+                elif seg.kind == "o":
+                    plan.append(("o", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1, None,
+                                 False, None))
                 else:
                     plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
                                  index[seg.param], False, gate))
-            self.memo.segments[(name, only)] = plan
+            ctx.memo.segments[(name, only)] = plan
         return plan
 
     def emit_last_backward(self, stage: int, c: int, order, ready: float,
@@ -106,7 +121,7 @@ class OpByOpBackward:
         sync of each gradient emitted where it becomes final
         (``first_microbatch``: ZeRO 2/3's first micro-batch, each gradient
         flattened and reduce-scattered where it is produced; with one
-        micro-batch that is its sync; ``accumulating``: ZeRO-3's
+        micro-batch that is its sync; ``accumulating``: ZeRO 2/3's
         micro-batch past the first, likewise, each reduce-scatter followed
         by the accumulation (at the last micro-batch, and the average) of
         its shard, which the compute stream waits for, as LowerSPMD emits
@@ -116,13 +131,14 @@ class OpByOpBackward:
         past a leading recomputation). ``block_replays`` (``accumulating``
         only): a block may be a recorded block's items again
         (:meth:`_block_replay`)."""
-        tl = self.tl
-        only = first_microbatch or self.M == 1
-        scatter = first_microbatch and self.M > 1
-        shard_ops = self._shard_ops(accumulating) if accumulating else None
+        ctx = self.ctx
+        tl, flops = ctx.tl, ctx.flops
+        only = first_microbatch or ctx.microbatches == 1
+        scatter = first_microbatch and ctx.microbatches > 1
+        shard_ops = ctx.shard_ops(accumulating) if accumulating else None
         #: the parameters' costs, for the sync of each gradient here
         #: (reduce-scatters: ZeRO 2/3 only)
-        timed_costs = self.memo.param_costs if scatter and self.sync.zero >= 2 else {}
+        timed_costs = ctx.memo.param_costs if scatter and self.sync.zero >= 2 else {}
         last: Optional[float] = None
         first = True
         #: ZeRO-3, per block position: where its gathers end, by the
@@ -131,41 +147,74 @@ class OpByOpBackward:
         n = len(order)
         # ZeRO 2/3 reduce-scattering here: each flat copy's (bytes, the end
         # of its reduce-scatter)
-        flats: Optional[List[Tuple[int, float]]] = [] if (self.scatter_each and only
+        flats: Optional[List[Tuple[int, float]]] = [] if (ctx.scatter_each and only
                                                           and not accumulating) else None
         #: per gradient (its block's position in ``order``, its index in
         #: the block), the bytes of the task's earlier flat copies still
         #: waiting when it is made
         inside: Dict[Tuple[int, int], int] = {}
+        #: a backward past the first: the flat copies earlier tasks of the
+        #: stage left waiting for their reduce-scatters (bytes, end), and
+        #: per gradient the bytes of them still waiting when it is made
+        earlier = ctx.flats.get(stage) if accumulating else None
+        later: Dict[Tuple[int, int], int] = {}
         #: ZeRO 0/1 buckets: per block, the bytes of the stage's buckets
         #: flushed before it starts (held until they are unpacked)
         in_buckets: Dict[int, int] = {}
-        by_stage = self.sync.buckets if self.route == "bucket" else {}
-        block_replays = block_replays and accumulating is not None and self.zero3 \
-            and not self.by_layer and not by_stage
+        by_stage = self.sync.buckets if ctx.route == "bucket" else {}
+        block_replays = block_replays and accumulating is not None \
+            and not ctx.by_layer and not by_stage
+        # ZeRO-3: each block's memory with its gathered parameters placed
+        # in time, noted for the memory estimate
+        entries: Optional[List[tuple]] = None
+        own = None
+        if ctx.zero3:
+            entries = []
+            ctx.peak_key = ("B", ctx.shapes[c],
+                             (first_microbatch and not accumulating) or ctx.microbatches == 1)
         for k, (name, layer) in enumerate(order):
             if by_stage.get(stage):       # flushed so far, this task's too
                 in_buckets[k] = sum(by_stage[stage])
             recording = None
             if block_replays and not first and last is not None:
+                origin_of_replay = last
                 done, recording = self._block_replay(stage, order, k, last, gathered,
-                                                     accumulating == self.M - 1)
+                                                     accumulating == ctx.microbatches - 1)
                 if done is not None:
                     last = done
+                    if entries is not None:
+                        note_again(self.ctx, ctx.peak_key, k, ctx.block_got)
+                        # the gathers the replayed block issued, and its own read
+                        for j in range(k + 1, min(n, k + 1 + ctx.strategy.prefetch)):
+                            if j in gathered and not any(e[0] == j for e in entries):
+                                groups = self._gather_groups(order[j][0], only)
+                                entries.append((j, order[j][0], origin_of_replay, tuple(
+                                    (t, upto, gathered[j][upto]) for t, upto in groups)))
+                        while entries and entries[0][0] <= k:
+                            del entries[0]
                     continue
             ends: Dict[Optional[int], float] = {}
-            if self.zero3:
+            if ctx.zero3:
                 gate = last if last is not None else max(ready, tl.free[2 * stage])
-                for j in prefetch_window(k, n, self.S.prefetch):
+                for j in prefetch_window(k, n, ctx.strategy.prefetch):
                     if j not in gathered:
                         gathered[j] = at_end = {}
-                        copy_in = gather_plan(self, "B", order[j][0]).copy_in
+                        copy_in = gather_plan(self.ctx, "B", order[j][0]).copy_in
                         start = tl.compute(stage, copy_in, gate) if copy_in else gate
+                        groups = []
                         for t, upto in self._gather_groups(order[j][0], only):
                             at_end[upto] = at_end[None] = tl.comm_on(stage, t, start)
+                            groups.append((t, upto, at_end[upto]))
+                        if entries is not None:
+                            entries.append((j, order[j][0], start, tuple(groups)))
                 ends = gathered[k]
+                gate = max(gate, tl.free[2 * stage])     # after its copy-ins (by layer)
+                units_before = tuple(ctx.unit_pending.get(stage, ())) if ctx.by_layer else ()
+                # this task's flat copies: those waiting as the block starts,
+                # and the block's own (bytes, start, end of the reduce-scatter)
+                own = (list(flats), []) if flats is not None else None
             local: Dict[int, float] = {}
-            unit = self._grad_unit(name)
+            unit = ctx.grad_unit(name)
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
                     self._segment_plan(name, only)):
                 # ZeRO-3: an entry waits for the block's gathers up to the
@@ -180,20 +229,26 @@ class OpByOpBackward:
                     if ready > extra:
                         extra = ready
                 if kind == "c":
-                    self.flops[stage] += fl
+                    flops[stage] += fl
                     for d in waits:
                         if local[d] > extra:
                             extra = local[d]
                     local[i] = last = tl.compute(stage, time_s, extra)
                     first = first and lead
                 elif kind == "t":
-                    dep = local.get(src, 0.0) if src >= 0 else last
+                    dep = local.get(src, 0.0) if src >= 0 else last if src == -1 else None
                     if dep is not None and dep > extra:
                         extra = dep
                     local[i] = tl.comm_on(stage, time_s, extra, tp=True)
                     first = first and lead
+                elif kind == "o":     # the block's input gradient: sent from here
+                    ctx.out_at = local.get(src) if src >= 0 else last
                 else:
                     made = local.get(src) if src >= 0 else last
+                    if earlier:
+                        held = sum(nbytes for nbytes, end in earlier if end > (made or 0.0))
+                        if held > later.get((k, param), 0):
+                            later[(k, param)] = held
                     if flats:
                         flats = [x for x in flats if x[1] > (made or 0.0)]
                         held = sum(nbytes for nbytes, _ in flats)
@@ -203,45 +258,82 @@ class OpByOpBackward:
                         # by layer: reduce-scattered with the rest of the
                         # block's unit once all are made (the policy's rule)
                         key = (name, layer, param)
-                        self.unit_made_at[key] = made or 0.0
-                        scattered = len(self.unit_ends)
-                        self.sync.policy.unit_gradient(tuple((name, layer, i) for i in unit),
+                        ctx.unit_made_at[key] = made or 0.0
+                        scattered = len(ctx.unit_ends)
+                        self.policy.unit_gradient(tuple((name, layer, i) for i in unit),
                                                        key, stage, accumulating or 0)
-                        if flats is not None and len(self.unit_ends) > scattered:
-                            flats.append((self._unit_bytes(name), self.unit_ends[-1]))
+                        if flats is not None and len(ctx.unit_ends) > scattered:
+                            flats.append((ctx.unit_bytes(name), ctx.unit_ends[-1]))
+                            if own is not None:     # from the concatenation's end
+                                own[1].append((flats[-1][0], tl.free[2 * stage], flats[-1][1]))
                         continue
-                    if scatter:
+                    if scatter and shard_ops is not None and not ctx.zero3 and ctx.tp == 1:
+                        # ZeRO 2 past the first micro-batch, without
+                        # tensor-parallel collectives (nothing else on the
+                        # communication stream): flattened, then the
+                        # shard's accumulation, which waits for the
+                        # reduce-scatter, as one item holding the
+                        # communication stream from the reduce-scatter's
+                        # start (its time a wait; the same times as the two
+                        # items, half the spans for the time split)
+                        pc = ctx.param_cost(name, param)
+                        if pc.sync is None:
+                            pc.sync = ctx.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)
+                        t, fl = pc.flat
+                        ts, fls = shard_ops[(name, param)]
+                        flops[stage] += fl
+                        flops[stage] += fls
+                        end = last = tl.compute(stage, pc.sync + ts,
+                                                tl.compute(stage, t, made or 0.0), ts,
+                                                holds_comm=True)
+                        if accumulating == ctx.microbatches - 1:
+                            key = (name, layer, param)
+                            self.sync.final[key] = self.sync.synced[key] = end
+                    elif scatter:
                         pc = timed_costs.get((name, param))
                         if pc is not None and pc.sync is not None:
                             # StepSync.scatter's steps, its collective timed
                             # (ZeRO 2/3: thousands of gradients a step)
                             t, fl = pc.flat
-                            self.flops[stage] += fl
+                            flops[stage] += fl
                             end = tl.comm_on(stage, pc.sync, tl.compute(stage, t, made or 0.0))
                         else:
                             end = self.sync.scatter((name, param), stage, made,
                                                     CollectiveType.REDUCE_SCATTER)
                         if shard_ops is not None:
                             t, fl = shard_ops[(name, param)]
-                            self.flops[stage] += fl
+                            flops[stage] += fl
                             end = last = tl.compute(stage, t, end)
-                            if accumulating == self.M - 1:
+                            if accumulating == ctx.microbatches - 1:
                                 key = (name, layer, param)
                                 self.sync.final[key] = self.sync.synced[key] = end
                     else:
-                        end = self.sync.ready_and_synced((name, layer, param), stage, made)
+                        end = self.synced_at((name, layer, param), stage, made)
                     if flats is not None:
-                        flats.append((self.sync.cost(name, param).nbytes, end))
+                        pc = ctx.param_cost(name, param)
+                        flats.append((pc.nbytes, end))
+                        if own is not None:         # from the flattening's end
+                            own[1].append((pc.nbytes, (made or 0.0) + pc.flat[0], end))
+            if entries is not None:
+                blk = ctx.profile.blocks[name]
+                ctx.block_got = note_peak(self.ctx, ctx.peak_key, k,
+                                          blk.b_curve if only else blk.b_curve_later, gate,
+                                          entries, "B", held=ctx.flats.get(stage),
+                                          units=held_units(ctx, stage, units_before, gate),
+                                          ran=(name, only, local, self._segment_plan(name, only)),
+                                          own=own)
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:
-            self._note_buckets(stage, c, in_buckets)
+            self.notes.buckets(stage, c, in_buckets)
+        if later:
+            self.notes.later(stage, accumulating, c, later)
         if last is None:
             flats = None
         elif flats:
             flats = [(nbytes, end) for nbytes, end in flats if end > last]
         self._leave_flats(stage, c, inside, flats)
-        self.notes = (inside, flats)
+        self.last_notes = (inside, flats)
         return last
 
     def _block_replay(self, stage: int, order, k: int, origin: float,
@@ -265,20 +357,22 @@ class OpByOpBackward:
         copies still waiting for their reduce-scatters when it ends
         (``flats``: bytes, end), noted for the memory walk and kept for the
         stage's next tasks."""
+        ctx = self.ctx
         if inside:
-            self._note_inside(stage, c, inside)
+            self.notes.inside(stage, c, inside)
         if flats:
-            self._note_flats(stage, "end", 0, c, flats)
-            self.flats[stage] = self.flats.get(stage, []) + flats
+            self.notes.flats(stage, "end", 0, c, flats)
+            ctx.flats[stage] = ctx.flats.get(stage, []) + flats
 
     def _gather_groups(self, name: str, only: bool) -> List[Tuple[float, int]]:
         """ZeRO-3, a block's op-by-op backward: its all-gathers (which run
         back to back) as the fewest items its entries can wait for: (summed
         time, position of the group's last parameter) each, cut after each
         position an entry of :meth:`_segment_plan` waits up to."""
-        hit = self.memo.gather_groups.get((name, only))
+        ctx = self.ctx
+        hit = ctx.memo.gather_groups.get((name, only))
         if hit is None:
-            times = gather_plan(self, "B", name).items
+            times = gather_plan(self.ctx, "B", name).items
             cuts = sorted({entry[7] for entry in self._segment_plan(name, only)
                            if entry[7] is not None and entry[7] >= 0})
             hit, start = [], 0
@@ -286,86 +380,5 @@ class OpByOpBackward:
                 if upto >= start:
                     hit.append((sum(times[start:upto + 1]), upto))
                     start = upto + 1
-            self.memo.gather_groups[(name, only)] = hit
+            ctx.memo.gather_groups[(name, only)] = hit
         return hit
-
-    def _shard_ops(self, mb: int) -> Dict[Tuple[str, int], Tuple[float, float]]:
-        """ZeRO-3's backward of micro-batch ``mb`` (past the first) op by op:
-        per parameter (block, index), the time and FLOPs of the ops on its
-        shard after its reduce-scatter (accumulate; at the last micro-batch
-        average too)."""
-        ops = accumulation_ops(mb, self.M)
-        hit = self.memo.shard_ops.get(ops)
-        if hit is None:
-            hit = self.memo.shard_ops[ops] = {}
-            per = len(ops)                   # ops per parameter in the terms
-            for name, params in self.prof.params.items():
-                terms = self._block_scatter(name, ops)
-                for i in range(len(params)):
-                    at = slice(i * per, (i + 1) * per)
-                    hit[(name, i)] = (sum(terms.on_shard[at]), sum(terms.shard_flops[at]))
-        return hit
-
-    # -- ZeRO-3 by layer: a block's gradients reduce-scattered as one --------
-    def _grad_unit(self, name: str) -> Optional[Tuple[int, ...]]:
-        """By layer with a reduce-scatter per micro-batch: the indices of
-        the block's parameters whose gradients travel as one (those dp
-        divides, when more than one), or None."""
-        if not (self.by_layer and self.scatter_each):
-            return None
-        return self._grad_unit_of(name)[0]
-
-    def _unit_bytes(self, name: str) -> int:
-        """The bytes of the block's unit of gradients (its parameters whole)."""
-        return self._grad_unit_of(name)[1]
-
-    def _grad_unit_of(self, name: str) -> Tuple[Optional[Tuple[int, ...]], int]:
-        hit = self.memo.grad_units.get(name)
-        if hit is None:
-            params = self.prof.params[name]
-            members = unit_indices([p.numel for p in params], self.S.dp)
-            hit = self.memo.grad_units[name] = (
-                members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
-        return hit
-
-    def scatter_unit(self, unit: Tuple[tuple, ...], stage: int, mb: int) -> None:
-        """A block's unit of gradients (``unit``: their parameter keys), all
-        made (:attr:`unit_made_at`): concatenated row by row (compute) and
-        reduce-scattered (its end noted in :attr:`unit_ends`); settled at
-        the stage's next unit. (The policy settles the stage's previous
-        unit first: :meth:`~distsim.transforms.sync_policy.SyncPolicy.unit_gradient`.)"""
-        name, layer = unit[0][0], unit[0][1]
-        indices = tuple(key[2] for key in unit)
-        made = max(self.unit_made_at.pop(key) for key in unit)
-        params = self.prof.params[name]
-        d = params[indices[0]].dtype
-        t_cat = self.costs.cost("chunk_cat", [(params[i].numel, d) for i in indices],
-                                [(sum(params[i].numel for i in indices), d)])[0]
-        end = self.tl.compute(stage, t_cat, made)
-        end = self.tl.comm_on(stage, self.dp_time(CollectiveType.REDUCE_SCATTER,
-                                                  self._unit_bytes(name)), end)
-        self.unit_pending.setdefault(stage, []).append((name, layer, indices, mb, end))
-        self.unit_ends.append(end)
-
-    def settle_units(self, stage: int) -> None:
-        """The units of ``stage`` reduce-scattered and not settled: each
-        result split into the shards (compute, after its reduce-scatter),
-        then, past the first micro-batch, each shard's accumulation (and at
-        the last, its average); a gradient is synchronised where its shard
-        is settled at the last micro-batch (as GradientSync._settle_units)."""
-        tl, sync = self.tl, self.sync
-        for name, layer, unit, mb, rs_end in self.unit_pending.pop(stage, []):
-            params = self.prof.params[name]
-            d = params[unit[0]].dtype
-            shards = [params[i].numel // self.S.dp for i in unit]
-            t_split = self.costs.cost("split", [(sum(shards), d)], [(n, d) for n in shards])[0]
-            end = tl.compute(stage, t_split, rs_end)
-            ops = self._shard_ops(mb) if mb else None
-            for i in unit:
-                if ops is not None:
-                    t, fl = ops[(name, i)]
-                    self.flops[stage] += fl
-                    end = tl.compute(stage, t, end)
-                if mb == self.M - 1:
-                    key = (name, layer, i)
-                    sync.final[key] = sync.synced[key] = end

@@ -4,7 +4,7 @@ simulator's own analytical network (:class:`Collectives`), and the small
 ops LowerSPMD adds (reshape, slice, concat, split, the optimizer's), by the
 cost model (:class:`OpCosts`). Both are kept per process and topology
 (:func:`collectives`, :func:`op_costs`), so the points of a sweep share
-them.
+them; and what the step charges each parameter (:class:`ParamCost`).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ..ir.core import Op, Value
 from ..ir.types import DType, TensorType
 from ..sim.solo_time import collective_time
 from ..topology import Topology, load_topology
+from ..transforms.sync_policy import update_plan
 
 
 class Collectives:
@@ -77,3 +78,43 @@ class OpCosts:
 def op_costs(topology: str) -> OpCosts:
     """The :class:`OpCosts` of a topology's device (by topology name)."""
     return OpCosts(CostModel(load_topology(topology).device_spec))
+
+
+def shard_size(n: int, parts: int) -> int:
+    """Rank 0's ZeRO shard of ``n`` elements over ``parts`` ranks: the first
+    (largest) of :func:`distsim.ir.ops_comm.split_sizes`."""
+    return -(-n // parts)
+
+
+class ParamCost:
+    """What the step charges one parameter ``p`` of a block (its
+    :class:`~.blocks.Param`; per rank, under data-parallel degree ``dp`` and
+    ZeRO stage ``zero``): its size, the ZeRO shard, flattening its gradient
+    (``flat``: time, FLOPs), the update ops on the shard (``update``),
+    slicing the shard out of the gradient (``slice``, ZeRO 1), its
+    data-parallel sync time and its optimizer's items
+    (:meth:`.sync.StepSync.update_plan`), both filled when first needed: a
+    collective not needed is not timed."""
+
+    __slots__ = ("numel", "dtype", "nbytes", "shard", "flat", "update", "slice", "sync",
+                 "plan")
+
+    def __init__(self, p: Any, dp: int, zero: int, costs: "OpCosts", launch: float) -> None:
+        n, d = p.numel, p.dtype
+        self.numel, self.dtype = n, d
+        self.nbytes = n * d.itemsize
+        plan = update_plan(zero, dp)
+        self.shard = shard_size(n, dp) if plan.on_shard else n
+        self.flat = costs.cost("reshape", [(n, d)], [(n, d)])
+        # the update ops shrink to the shard (``launch``: the device's launch
+        # overhead): their time beyond it scales with the elements
+        ratio = self.shard / n if n else 1.0
+        t = fl = 0.0
+        for time_s, flops in p.opt_update:
+            t += launch + max(0.0, time_s - launch) * ratio if time_s > 0 else 0.0
+            fl += flops * ratio
+        self.update = (t, fl)
+        self.slice = costs.cost("slice", [(n, d)], [(self.shard, d)]) \
+            if plan.slice else (0.0, 0.0)
+        self.sync: Optional[float] = None
+        self.plan: Optional[tuple] = None

@@ -15,13 +15,12 @@ order.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..transforms.sync_policy import gather_groups
+from .context import StepContext
 
-if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from .timeline import Builder
 
 #: A block's first compute piece cut at its reads of gathered parameters:
 #: (time, busy time or None, how long before the end of the block's gathers
@@ -52,20 +51,48 @@ class GatherPlan(NamedTuple):
     reshape_s: Tuple[float, ...] = ()
     #: by layer, the unit's gathered bytes (its parameters whole)
     unit_bytes: int = 0
+    #: by layer, what the split in place of the reshapes changes in the
+    #: block's time, and in its compute before its first tensor-parallel
+    #: collective (:func:`split_change`; None: not known)
+    change: Optional[float] = None
+    pre_change: Optional[float] = None
+    #: ... and after its last one
+    post_change: Optional[float] = None
 
     @property
     def copy_out(self) -> float:
-        """The split less the reshapes it replaces (0: no unit)."""
+        """The split less the reshapes it replaces: the change in the
+        block's compute (0: no unit)."""
         return self.split_s - sum(self.reshape_s)
 
+    @property
+    def copy_out_time(self) -> float:
+        """The change in the block's time (:func:`split_change`; 0: no
+        unit)."""
+        return self.copy_out if self.change is None else self.change
 
-def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
+    def copy_out_pre(self, kind: str) -> float:
+        """The change in the block's compute before its first
+        tensor-parallel collective (:func:`split_change`; not known: all
+        of :attr:`copy_out` in a backward, none in a forward)."""
+        if self.pre_change is not None:
+            return self.pre_change
+        return self.copy_out if kind == "B" else 0.0
+
+    @property
+    def copy_out_post(self) -> float:
+        """The change in the block's compute after its last
+        tensor-parallel collective (0: not known)."""
+        return self.post_change or 0.0
+
+
+def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
     """:class:`GatherPlan` of ``block``'s gathers in a ``kind`` task."""
     hit = b.memo.gather_plans.get((kind, block))
     if hit is not None:
         return hit
-    blk = b.prof.blocks[block]
-    params = [b.prof.params[owner][i] for owner, i in
+    blk = b.profile.blocks[block]
+    params = [b.profile.params[owner][i] for owner, i in
               (blk.f_gather if kind == "F" else blk.b_gather)]
     dp = b.dp
     # the lowering's groups (the unit, then each other parameter alone)
@@ -93,11 +120,72 @@ def gather_plan(b: "Builder", kind: str, block: str) -> GatherPlan:
         reshape_s = tuple(cost("reshape", [(p.numel, d)], [(p.numel, d)])[0] if j in unit
                           else 0.0 for j, p in enumerate(params))
         hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes)
+        blk = b.profile.blocks[block]
+        segs = blk.f_segs if kind == "F" else blk.only
+        if segs:
+            change, pre, post = split_change(segs, hit)
+            hit = hit._replace(change=change, pre_change=pre, post_change=post)
     b.memo.gather_plans[(kind, block)] = hit
     return hit
 
 
-def gather_time(b: "Builder", kind: str, block: str) -> float:
+def split_change(segments, plan: GatherPlan) -> Tuple[float, float, float]:
+    """By layer, what the unit's split at its first read, in place of the
+    reshapes of its parameters, changes in a block's time, and in its
+    compute before its first tensor-parallel collective and after its
+    last: the block's
+    op-level entries (:class:`~.segments.Segment`: compute runs and
+    tensor-parallel collectives, the communication stream taking those in
+    order) run with and without the change. A reshape the compute stream
+    runs while it would wait for a collective anyway (the bias's, under
+    the projection's all-reduce) takes nothing off the block; the split
+    before the first collective (the first layernorm reads its weight)
+    delays it."""
+    end, changed = _segments_end(segments, plan)
+    kinds = [seg.kind for seg in segments]
+    first = kinds.index("t") if "t" in kinds else len(kinds)
+    last = len(kinds) - 1 - kinds[::-1].index("t") if "t" in kinds else len(kinds)
+    return (end - _segments_end(segments, None)[0], sum(changed[:first]),
+            sum(changed[last + 1:]))
+
+
+def _segments_end(segments, plan: Optional[GatherPlan]) -> Tuple[float, List[float]]:
+    """Where a block's compute ends, its entries run from 0 with its
+    gathers done (``plan``: by layer, each run's reshapes of the unit's
+    parameters out and the split in at the unit's first read, as
+    :meth:`.backward.OpByOpBackward._segment_plan` does), and how much
+    that changed each entry's time."""
+    compute = comm = 0.0
+    ends: List[float] = []
+    changed: List[float] = []
+    read, split = -1, False
+    for seg in segments:
+        end = compute
+        change = 0.0
+        if seg.kind == "c":
+            t = seg.time_s
+            if plan is not None and seg.gate is not None and seg.gate > read:
+                t -= sum(plan.reshape_s[read + 1:seg.gate + 1])
+                read = seg.gate
+                if not split and read >= plan.first:
+                    t, split = t + plan.split_s, True
+                t = max(0.0, t)
+                change = t - seg.time_s
+            ready = max([compute] + [ends[d] for d in seg.deps if d is not None])
+            end = compute = ready + t
+        elif seg.kind == "t":
+            # no deps: it reads what the forward kept; None: from before the block
+            ready = 0.0 if not seg.deps else compute if seg.deps[0] is None \
+                else ends[seg.deps[0]]
+            end = comm = max(comm, ready) + seg.time_s
+        elif seg.deps and seg.deps[0] is not None:
+            end = ends[seg.deps[0]]
+        ends.append(end)
+        changed.append(change)
+    return compute, changed
+
+
+def gather_time(b: StepContext, kind: str, block: str) -> float:
     """ZeRO-3: the all-gathers of the parameters a block reads first in a
     forward / backward task (one item: they run back to back)."""
     t = b.memo.gathers.get((kind, block))
@@ -107,7 +195,7 @@ def gather_time(b: "Builder", kind: str, block: str) -> float:
     return t
 
 
-def chain(b: "Builder", kind: str, block: str, piece: Tuple[float, Optional[float], bool]
+def chain(b: StepContext, kind: str, block: str, piece: Tuple[float, Optional[float], bool]
           ) -> Optional[Chain]:
     """The first compute piece of a block's task cut at its reads of
     gathered parameters (:data:`Chain`), or None where it waits for all of
@@ -115,7 +203,7 @@ def chain(b: "Builder", kind: str, block: str, piece: Tuple[float, Optional[floa
     By layer, the piece (which includes :attr:`GatherPlan.copy_out`) has
     that change where the unit is first read, not at its end."""
     time_s, busy_s, holds = piece
-    blk = b.prof.blocks[block]
+    blk = b.profile.blocks[block]
     gates = blk.f_gates if kind == "F" else blk.b_gates
     if holds or not gates:
         return None
@@ -151,7 +239,7 @@ def _part(busy_s: Optional[float], length: float, time_s: float) -> Optional[flo
     return None if busy_s is None or time_s <= 0.0 else busy_s * length / time_s
 
 
-def emit_chain(b: "Builder", stage: int, pieces: Chain, gathered: float, ready: float
+def emit_chain(b: StepContext, stage: int, pieces: Chain, gathered: float, ready: float
                ) -> float:
     """Emit a :data:`Chain` on ``stage``: each piece from ``ready`` and the
     gather it waits for (``gathered``: the end of the block's gathers);

@@ -16,11 +16,11 @@ from ..models.gpt_family import hyper_of
 from ..transforms.pipeline import schedule_tasks
 from ..transforms.sync_policy import resident_layout
 from .profile_memory import prefetched_bytes
-from .sync import shard_size
-from .timeline import Builder
+from .costs import shard_size
+from .context import StepContext
 from .units import copy_out_excess, pending_shard_bytes, unit_backward_excess
 
-def estimate_memory(b: Builder) -> List[int]:
+def estimate_memory(b: StepContext) -> List[int]:
     """Peak bytes per rank of each stage, the simulator's accounting
     (a value lives from its op's start to its last reader's end):
     weights and optimizer state (sharded as the ZeRO stage says) and the
@@ -30,7 +30,7 @@ def estimate_memory(b: Builder) -> List[int]:
     chunks in flight, walking the stage's schedule, plus each block's
     transient excess measured on the template. The largest candidate over
     the forward and backward blocks and the optimizer is the peak."""
-    prof, S = b.prof, b.S
+    prof, S = b.profile, b.strategy
     dp, zero = S.dp, S.zero
     master = b.master.itemsize
     # fp32 master weights and the optimizer's moments: AdamW m, v; SGD momentum
@@ -38,7 +38,7 @@ def estimate_memory(b: Builder) -> List[int]:
     states = 1 + len(hyper.states)
     # bytes per parameter of each block (whole numbers, summed exactly)
     # as the lowering makes them (:func:`~distsim.transforms.sync_policy.resident_layout`)
-    layout = resident_layout(zero, dp, b.sync.policy.bucket_bytes)
+    layout = resident_layout(zero, dp, b.bucket_bytes)
     per: Dict[Tuple[str, int], Tuple[int, int]] = {}
     for block, params in prof.params.items():
         for i, p in enumerate(params):
@@ -57,83 +57,147 @@ def estimate_memory(b: Builder) -> List[int]:
     static = [float(x) for x in static_bytes]
     grads = [float(x) for x in grad_bytes]
     blocks = prof.blocks
-    chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.C)}
+    chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.chunks)}
     chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))
-                   for c in range(b.C)}
+                   for c in range(b.chunks)}
     # a chunk after another stage's holds the activation it received (the
     # residual stream its first layer's backward reads) until its backward;
     # the chunk that sent it, counted in its last layer's saved bytes,
     # freed its copy once sent
     kept = float(prof.forward_crossing_saved)
-    for c in range(b.C):
+    #: per chunk, the bytes of its output sent to the next stage and freed
+    #: there: its last layer's backward (the first in a backward task)
+    #: counts them back, as the template's measure of that layer takes
+    #: them off (the template's layer output is gone by its backward too)
+    sent = {}
+    for c in range(b.chunks):
         if c > 0 and (c - 1) % S.pp != c % S.pp:
             chunk_saved[c] += kept
-        if c < b.C - 1 and (c + 1) % S.pp != c % S.pp:
+        if c < b.chunks - 1 and (c + 1) % S.pp != c % S.pp:
             chunk_saved[c] -= kept
+            sent[c] = kept
     prefetch = S.prefetch if zero == 3 else 0
     units = b.by_layer
     ahead = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, prefetch)
-             for c in range(b.C) for kind in "FB"}
+             for c in range(b.chunks) for kind in "FB"}
     # by layer, at a block's copy-out (its own gather just ended) only the
     # next block's gather has started on the communication stream
     next_one = {(kind, c): prefetched_bytes(prof, b.blocks_of(kind, c), kind, min(prefetch, 1))
-                for c in range(b.C) for kind in "FB"} if units else ahead
+                for c in range(b.chunks) for kind in "FB"} if units else ahead
+
+    #: the most of a block's gradient candidates (by the dict's id: the
+    #: profile's and the notes' dicts live through the walk)
+    grads_top: Dict[int, float] = {}
 
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
-                  by_block: Optional[Dict[int, int]] = None, first: bool = False) -> float:
+                  by_block: Optional[Dict[int, int]] = None, first: bool = False,
+                  after: bool = True, hold: bool = False, early: float = 0.0) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
-        backward's gradients, :attr:`Memo.flat_inside`; ``by_block``: to
-        its blocks by position, a backward's :attr:`Memo.flat_pending`;
+        backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
+        ``by_block``: to its blocks by position, a backward's
+        :attr:`Memo.flat_pending` (with ZeRO 2/3 reduce-scattering each
+        gradient, to the block's peak apart from its gradients);
         ``first``: the chunk's first backward, micro-batch 0, whose bare
         gradients become the buffers (``b0_excess``) where the later ones
-        make a gradient beside the buffer and add it in (``b_excess``))."""
+        make a gradient beside the buffer and add it in (``b_excess``));
+        ``after``: a backward of the stage ran before the task (by layer,
+        the unit of shards it left pending). A block whose gathers are
+        placed in time (ZeRO-3: :func:`.gathered.note_peak`) has the flat
+        copies (``inside``, ``by_block``) and by layer the units of shards
+        pending placed in time too. ``hold``: a later task of the stage gates its ZeRO-3
+        gathers on this backward's last result (:attr:`.profile.Block.b_held`:
+        a backward past the first holds that gradient beside its flat copy
+        and the reduce-scatter's result); ``early``: the bytes the next
+        task, a backward, makes from its leading collectives once this
+        one's last collective has ended (:attr:`.profile.Block.b_early`)."""
         peak = -math.inf
         backward = b.blocks_of("B", c)
         if kind == "F":
             before = 0.0
             # by layer: the stage's last backward's last unit of shards
-            pending = pending_shard_bytes(b, backward, len(backward)) if units else 0.0
-            for (name, _), gathered, started in zip(chunk_blocks[c], ahead[("F", c)],
-                                                    next_one[("F", c)]):
+            pending = pending_shard_bytes(b, backward, len(backward)) if units and after \
+                else 0.0
+            # ZeRO-3: each block with its gathers placed in time
+            placed = b.memo.gather_peaks.get(("F", b.shapes[c], False), {})
+            for k, ((name, _), gathered, started) in enumerate(zip(
+                    chunk_blocks[c], ahead[("F", c)], next_one[("F", c)])):
                 now = base + flight + before + pending
-                peak = max(peak, now + gathered + blocks[name].f_excess)
-                split = copy_out_excess(b, "F", name) if units else None
+                at = placed.get(k)
+                peak = max(peak, now + (gathered + blocks[name].f_excess if at is None
+                                        else at[0]))
+                split = copy_out_excess(b, "F", name) if units and at is None else None
                 if split is not None:
                     peak = max(peak, now + started + split)
                 before += blocks[name].saved_bytes
         else:
             held = flight
+            placed = b.memo.gather_peaks.get(("B", b.shapes[c], first or b.microbatches == 1), {})
             for k, ((name, _), gathered) in enumerate(zip(backward, ahead[("B", c)])):
                 grads_at = blocks[name].bs_grads
-                if units and b.scatter_each:
+                each = b.scatter_each and not units
+                at = placed.get(k)
+                if at is not None:
+                    # ZeRO-3, its gathers placed in time (by layer with a
+                    # reduce-scatter per micro-batch, its unit's gradients
+                    # held: :func:`.units.unit_curve`)
+                    excess, gathered = at[0], 0.0
+                    if b.scatter_each:
+                        grads_at = at[1]
+                        if units and grads_at:
+                            top = grads_top.get(id(grads_at))
+                            if top is None:
+                                top = grads_top[id(grads_at)] = max(grads_at.values())
+                            excess = max(excess, top)
+                elif units and b.scatter_each:
                     excess, grads_at = unit_backward_excess(b, name)
                 else:
-                    excess = (blocks[name].bs_excess if b.scatter_each else
-                              blocks[name].b0_excess if first or b.M == 1 else
-                              blocks[name].b_excess)
-                if by_block is not None:
+                    # ZeRO 2/3 reduce-scattering each gradient: the block's
+                    # peak apart from its gradients, and at each gradient
+                    # (its op, then it and its flat copy) below
+                    excess = (blocks[name].b0_excess
+                              if b.scatter_each or first or b.microbatches == 1
+                              else blocks[name].b_excess)
+                if by_block is not None and at is None:
                     excess += by_block.get(k, 0)
-                now = base + held + gathered
+                now = base + held + gathered + (sent.get(c, 0.0) if k == 0 else 0.0)
                 if units:     # the previous unit's shards, and this one's copy-out
-                    pending = pending_shard_bytes(b, backward, k)
+                    pending = 0.0 if at is not None and b.scatter_each \
+                        else pending_shard_bytes(b, backward, k, after)
                     now += pending
-                    split = copy_out_excess(b, "B", name)
+                    split = copy_out_excess(b, "B", name) if at is None else None
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
-                if inside:
+                if early and k == len(backward) - 1:
+                    tail = (blocks[name].b0_tail if b.scatter_each or first or b.microbatches == 1
+                            else blocks[name].b_tail)
+                    if tail is not None:
+                        peak = max(peak, now + tail + early)
+                i = blocks[name].b_held
+                if hold and i is not None and k == len(backward) - 1 and not first \
+                        and b.scatter_each and i in grads_at:
+                    # its gradient, its flat copy and the reduce-scatter's result
+                    p = prof.params[name][i]
+                    peak = max(peak, now + grads_at[i]
+                               + shard_size(p.numel, dp) * p.dtype.itemsize)
+                if inside and at is None:
                     for i, at in grads_at.items():
                         peak = max(peak, now + at + inside.get((k, i), 0))
+                elif each and grads_at:
+                    top = grads_top.get(id(grads_at))
+                    if top is None:
+                        top = grads_top[id(grads_at)] = max(grads_at.values())
+                    peak = max(peak, now + top)
                 held -= blocks[name].saved_bytes
         return peak
 
     per_param = _param_optimizer_excess(b)
     opt = optimizer_excess(b, per_param)
-    saved_by_chunk = np.array([chunk_saved[c] for c in range(b.C)])
+    saved_by_chunk = np.array([chunk_saved[c] for c in range(b.chunks)])
     chunks_of: Dict[int, List[int]] = {}
-    for c in range(b.C):
+    for c in range(b.chunks):
         chunks_of.setdefault(b.stage_of(c), []).append(c)
     # what the timeline walks noted, by stage (in the order noted)
     pending_of: Dict[int, list] = {}
@@ -143,7 +207,8 @@ def estimate_memory(b: Builder) -> List[int]:
     for (s, c), inside in b.memo.flat_inside.items():
         inside_of.setdefault(s, []).append((c, inside))
     out = []
-    for stage, (forward, chunk) in enumerate(_stage_tasks(S.schedule, S.pp, b.M, S.chunks)):
+    stage_tasks = _stage_tasks(S.schedule, S.pp, b.microbatches, S.chunks)
+    for stage, (forward, chunk) in enumerate(stage_tasks):
         base = static[stage] + grads[stage]
         best = base + max(_after_backward(b, stage, per_param, opt[stage]),
                           b.memo.flat_queued.get(stage, 0))
@@ -156,6 +221,14 @@ def estimate_memory(b: Builder) -> List[int]:
         saved = saved_by_chunk[chunk]
         delta = np.where(forward, saved, -saved)
         flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
+        # each micro-batch's data (token ids on the embedding's stage,
+        # labels on the head's), live from the step's start until the
+        # backward that reads them ends
+        for c_data, per in ((0, prof.data_emb), (b.chunks - 1, prof.data_head)):
+            if per and b.stage_of(c_data) == stage:
+                read = ~forward & (chunk == c_data)
+                flight = flight + per * (b.microbatches
+                                         - np.concatenate(([0], np.cumsum(read)[:-1])))
         # each chunk's first backward task (micro-batch 0: tasks of a chunk
         # run in micro-batch order), by chunk
         first_back = {}
@@ -166,10 +239,39 @@ def estimate_memory(b: Builder) -> List[int]:
         first_b = np.zeros(len(forward), dtype=bool)
         first_b[list(first_back.values())] = True
         kinds = chunk * 4 + forward * 2 + first_b
+        # by layer, whether a backward ran on the stage before each task
+        # (the unit of gradient shards it left pending until the next)
+        after_b = np.concatenate(([False], np.cumsum(~forward)[:-1] > 0)) if units \
+            else np.ones(len(forward), dtype=bool)
+        if units:
+            kinds = kinds + after_b * (4 * b.chunks)
+        # ZeRO-3 reducing each gradient: the stage's last task, whose last
+        # result gates no later gathers
+        holds = np.zeros(len(forward), dtype=bool)
+        if b.zero3 and b.scatter_each:
+            holds[:-1] = True
+            kinds = kinds + holds * (8 * b.chunks)
+        # a backward followed by a backward whose leading collectives need
+        # only what the forward made: those run once this one's have
+        # (without ZeRO-3's gathers, gated on the compute, nor gradient
+        # syncs on the communication stream: a backward of the chunk's
+        # last micro-batch with data parallelism synchronises)
+        early = _early_next(b, forward, chunk)
+        levels = np.unique(early).tolist() if early is not None else [0.0]
+        if len(levels) > 1:
+            kinds = kinds + np.searchsorted(levels, early) * (16 * b.chunks)
+        received = b.memo.recv_ahead
         for key in np.unique(kinds).tolist():
             held = float(flight[kinds == key].max())
+            level, key = levels[key // (16 * b.chunks)], key % (16 * b.chunks)
+            hold, key = key >= 8 * b.chunks, key % (8 * b.chunks)
+            after, key = key >= 4 * b.chunks, key % (4 * b.chunks)
             c, is_f, first = key // 4, key & 2, key & 1
-            best = max(best, task_peak(base, "F" if is_f else "B", c, held, first=bool(first)))
+            kind = "F" if is_f else "B"
+            # a pipeline's values received for later tasks (and a forward's input)
+            held += received.get((stage, kind, c, bool(first)), 0)
+            best = max(best, task_peak(base, kind, c, held, first=bool(first),
+                                       after=bool(after), hold=bool(hold), early=level))
         # ZeRO 2/3, a reduce-scatter per micro-batch: the flat gradient
         # copies of a chunk's first backward still waiting for their
         # reduce-scatters when it ends, when later backwards start (where
@@ -187,26 +289,31 @@ def estimate_memory(b: Builder) -> List[int]:
                 continue
             if kind != "F":
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
-                                           by_block=pending, first=mb == 0))
+                                           b.memo.flat_later.get((stage, mb, c)),
+                                           by_block=pending, first=mb == 0,
+                                           after=bool(after_b[at[mb]]),
+                                           hold=bool(holds[at[mb]])))
             else:
-                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]])))
+                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
+                                                     after=bool(after_b[at[mb]])))
         # and inside that first backward, the copies of its earlier
         # gradients still waiting when each block makes its own
         for c, inside in inside_of.get(stage, ()):
             if c in first_back:
                 best = max(best, task_peak(base, "B", c, float(flight[first_back[c]]), inside,
+                                           after=bool(after_b[first_back[c]]),
                                            first=True))
         out.append(int(best))
     return out
 
 
-def optimizer_excess(b: Builder, per: Optional[Dict[Tuple[str, int], float]] = None
+def optimizer_excess(b: StepContext, per: Optional[Dict[Tuple[str, int], float]] = None
                      ) -> List[float]:
     """Per stage, the optimizer's transient above weights, optimizer state
     and gradient buffers, the most over the stage's parameters
     (:func:`_param_optimizer_excess`, or ``per`` when given)."""
     per = _param_optimizer_excess(b) if per is None else per
-    out = [0.0] * b.S.pp
+    out = [0.0] * b.strategy.pp
     for stage, counts in enumerate(b.param_counts()):
         for key in counts:
             if per[key] > out[stage]:
@@ -214,7 +321,7 @@ def optimizer_excess(b: Builder, per: Optional[Dict[Tuple[str, int], float]] = N
     return out
 
 
-def _param_optimizer_excess(b: Builder) -> Dict[Tuple[str, int], float]:
+def _param_optimizer_excess(b: StepContext) -> Dict[Tuple[str, int], float]:
     """Per parameter (block, index), the optimizer's transient above
     weights, optimizer state and gradient buffers, as GradientSync._update
     emits it (the update ops run one parameter after another). The
@@ -233,7 +340,7 @@ def _param_optimizer_excess(b: Builder) -> Dict[Tuple[str, int], float]:
       all-gathered from it, both live during the all-gather.
 
     Without ZeRO or data parallelism the template's own measure stands."""
-    prof, S = b.prof, b.S
+    prof, S = b.profile, b.strategy
     dp, zero = S.dp, S.zero
     per: Dict[Tuple[str, int], float] = {}
     for block, params in prof.params.items():
@@ -255,7 +362,7 @@ def _param_optimizer_excess(b: Builder) -> Dict[Tuple[str, int], float]:
     return per
 
 
-def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
+def _after_backward(b: StepContext, stage: int, per: Dict[Tuple[str, int], float],
                     opt_excess: float) -> float:
     """A stage's peak after its backward pass, above its weights, optimizer
     state and gradient buffers: the optimizer's transient measured on the
@@ -278,7 +385,7 @@ def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
     copy, then the template's measure less the unpacked copy. The buckets
     flushed during the backward pass, held while activations still are,
     are counted at the blocks of the backward tasks after them
-    (:meth:`.notes.MemoryNotes._note_buckets`); ZeRO 2/3 with
+    (:meth:`.notes.MemoryNotes.buckets`); ZeRO 2/3 with
     ``bucket_mb 0``, the flat copies queued for their reduce-scatters
     after the backward pass, by the caller (:attr:`Memo.flat_queued`)."""
     buckets = b.memo.buckets.get(stage, ())
@@ -287,7 +394,7 @@ def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
     bucketed = b.memo.bucketed.get(stage, {})
     held = float(sum(buckets))
     best = held + float(max(buckets))
-    flat_first = b.S.zero >= 1 and b.S.dp > 1
+    flat_first = b.strategy.zero >= 1 and b.strategy.dp > 1
     for key, s in b.all_params():
         if s != stage:
             continue
@@ -299,6 +406,31 @@ def _after_backward(b: Builder, stage: int, per: Dict[Tuple[str, int], float],
         best = max(best, held + (max(nbytes, excess - nbytes) if flat_first else excess))
         held -= nbytes
     return best
+
+
+def _early_next(b: StepContext, forward: np.ndarray, chunk: np.ndarray) -> Optional[np.ndarray]:
+    """Per task of a stage (``forward``, ``chunk``: its tasks in order),
+    the bytes the next task makes early (:attr:`.profile.Block.b_early`
+    of its first block) where both are backwards and this one's
+    communication stream runs nothing else (no ZeRO-3 gathers, gated on
+    the compute; no reduce-scatter per micro-batch; no gradient sync at
+    the chunk's last micro-batch, with data parallelism); None: none."""
+    if b.zero3 or b.scatter_each or len(forward) < 2:
+        return None
+    by_chunk = np.array([float(b.profile.blocks[b.blocks_of("B", c)[0][0]].b_early)
+                         for c in range(b.chunks)])
+    if not by_chunk.any():
+        return None
+    out = np.zeros(len(forward))
+    both = ~forward[:-1] & ~forward[1:]
+    out[:-1] = np.where(both, by_chunk[chunk[1:]], 0.0)
+    if b.dp > 1:
+        # each chunk's last backward synchronises its gradients
+        for c in np.unique(chunk).tolist():
+            at = np.flatnonzero(~forward & (chunk == c))
+            if len(at):
+                out[at[-1]] = 0.0
+    return out
 
 
 @lru_cache(maxsize=256)

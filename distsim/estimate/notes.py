@@ -1,5 +1,5 @@
-"""What the estimator's :class:`~.timeline.Builder` notes for
-the memory estimate as it walks the step (kept in its
+"""What the estimator's walk (:class:`~.timeline.Builder`) notes for
+the memory estimate as it goes (kept in its
 :class:`~.state.Memo`, read by :func:`.memory.estimate_memory`):
 the flat gradient copies of ZeRO 2/3 still waiting for their
 reduce-scatters when later tasks run or inside the backward that made them,
@@ -8,20 +8,22 @@ held until they are unpacked after the backward pass.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from bisect import bisect_right
+from typing import Dict, List, Optional, Tuple
 
-if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from .state import Memo
+from .context import StepContext
+from .state import Walk
 
 
 class MemoryNotes:
-    """The memory notes of :class:`~.timeline.Builder` (a mixin:
-    it uses the builder's ``memo``, ``prof`` and ``blocks_of`` /
-    ``_block_time``)."""
+    """The memory notes of one walk, kept in its context's memo (the most
+    over the walks of a configuration)."""
 
-    memo: "Memo"
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self.memo = ctx.memo
 
-    def _note_blocks(self, stage: int, mb: int, c: int, start: float,
+    def blocks(self, stage: int, mb: int, c: int, start: float,
                      flats: List[Tuple[int, float]]) -> None:
         """The flat copies still waiting as each block of a backward task
         starting at ``start`` begins (the blocks' times summed up to it:
@@ -30,17 +32,86 @@ class MemoryNotes:
         :attr:`Memo.flat_pending` keeps a scalar."""
         key = (stage, "B", mb, c)
         held = self.memo.flat_pending.setdefault(key, {})
-        blocks = self.prof.blocks
+        blocks = self.ctx.profile.blocks
         t = start
-        for k, (name, _) in enumerate(self.blocks_of("B", c)):
+        for k, (name, _) in enumerate(self.ctx.blocks_of("B", c)):
             pending = sum(nbytes for nbytes, end in flats if end > t)
             if not pending:
                 break
             if pending > held.get(k, 0):
                 held[k] = pending
-            t += self._block_time(blocks[name], "B", mb)[0]
+            t += self.ctx.block_time(blocks[name], "B", mb)[0]
 
-    def _note_inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
+    def later(self, stage: int, mb: int, c: int, later: Dict[Tuple[int, int], int]
+                    ) -> None:
+        """A backward past the first (micro-batch ``mb``): per gradient, the
+        bytes of the flat copies earlier tasks left waiting that are still
+        waiting when it is made (:attr:`Memo.flat_later`, the most over the
+        walks)."""
+        held = self.memo.flat_later.setdefault((stage, mb, c), {})
+        for k, nbytes in later.items():
+            if nbytes > held.get(k, 0):
+                held[k] = nbytes
+
+    def received(self, w: Walk, sends: Dict[str, List[Optional[tuple]]]) -> None:
+        """A pipeline's received values, for the memory estimate: each lives
+        from its transfer's start, while the receiving stage may still run
+        earlier tasks (1F1B's next input arrives during a backward), until
+        the task reading it starts (a forward's input: through that task,
+        after which its chunk keeps it; a backward's gradient: the
+        template's backward holds it). Per stage and class of task (kind,
+        chunk, first backward or not) the most such bytes while a task
+        runs (:attr:`Memo.recv_ahead`, the most over the walks); ``sends``:
+        per task kind and chunk, where it sends (:meth:`.timeline.Builder.sends`)."""
+        prof = self.ctx.profile
+        sizes = {"F": sum(prof.forward_crossing), "B": sum(prof.backward_crossing)}
+        # per sending chunk and kind: the receiving stage, the transfer's time
+        routes = {}
+        for kind in ("F", "B"):
+            for c, route in enumerate(sends[kind]):
+                if route is not None and sizes[kind]:
+                    routes[(kind, route[0])] = (route[1][1], sum(route[2]), sizes[kind])
+        by_stage: Dict[int, List[tuple]] = {}
+        for task, arrived in w.recv.items():
+            hit = routes.get((task[0], task[2]))
+            if hit is not None:
+                by_stage.setdefault(hit[0], []).append((arrived - hit[1], task, hit[2]))
+        if not by_stage:
+            return
+        tasks: Dict[int, List[tuple]] = {stage: [] for stage in by_stage}
+        for s, task, _, _ in w.order:
+            if s in tasks:
+                tasks[s].append(task)
+        held = self.memo.recv_ahead
+        ends = w.ends
+        for stage, received in by_stage.items():
+            order = tasks[stage]
+            place = {task: j for j, task in enumerate(order)}
+            t1 = [ends[task] or 0.0 for task in order]
+            # each value: from the first task ending after its transfer
+            # starts, to the last starting before its reader does (a
+            # forward's input: its reader too)
+            change = [0] * (len(order) + 1)
+            for begin, task, nbytes in received:
+                hi = place[task] + (task[0] == "F")
+                lo = bisect_right(t1, begin)
+                if lo < hi:
+                    change[lo] += nbytes
+                    change[hi] -= nbytes
+            live = 0
+            best: Dict[tuple, int] = {}
+            for task, step in zip(order, change):
+                live += step
+                if live:
+                    key = (task[0], task[2], task[0] == "B" and task[1] == 0)
+                    if live > best.get(key, 0):
+                        best[key] = live
+            for (kind, c, first), nbytes in best.items():
+                key = (stage, kind, c, first)
+                if nbytes > held.get(key, 0):
+                    held[key] = nbytes
+
+    def inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
         """Keep the most of :meth:`emit_last_backward`'s ``inside`` over the
         walks (:attr:`Memo.flat_inside`)."""
         held = self.memo.flat_inside.setdefault((stage, c), {})
@@ -48,19 +119,20 @@ class MemoryNotes:
             if nbytes > held.get(k, 0):
                 held[k] = nbytes
 
-    def _note_flats(self, stage: int, kind: str, mb: int, c: int,
+    def flats(self, stage: int, kind: str, mb: int, c: int,
                     flats: List[Tuple[int, float]]) -> None:
         key = (stage, kind, mb, c)
         pending = sum(nbytes for nbytes, _ in flats)
         if pending and pending > self.memo.flat_pending.get(key, 0):
             self.memo.flat_pending[key] = pending
 
-    def _note_buckets(self, stage: int, c: int, held: Dict[int, int]) -> None:
+    def buckets(self, stage: int, c: int, held: Dict[int, int]) -> None:
         """ZeRO 0/1 with ``bucket_mb``: the bytes of the stage's flat buckets
-        (:meth:`.StepSync.flush`) held as each block of chunk ``c``'s last
-        backward starts (by position; those flushed by the chunk's earlier
-        blocks and by earlier tasks), live until they are unpacked after
-        the backward pass: :attr:`Memo.flat_pending` keyed
+        (:meth:`~distsim.transforms.sync_policy.SyncPolicy.flush`) held as
+        each block of chunk ``c``'s last backward starts (by position; those
+        flushed by the chunk's earlier blocks and by earlier tasks), live
+        until they are unpacked after the backward pass:
+        :attr:`Memo.flat_pending` keyed
         ``(stage, "last", 0, c)``, the most over the walks."""
         pending = self.memo.flat_pending.setdefault((stage, "last", 0, c), {})
         for k, nbytes in held.items():

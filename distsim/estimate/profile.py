@@ -30,7 +30,7 @@ group's devices).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -47,136 +47,13 @@ from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
-from .segments import Segment, edges, read_gates, gathered_uses, fill_lead, compress_segments
+from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
+from .profile_memory import fill_optimizer_ops, memory_excess
+from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
 
-#: Block names: the embedding, one transformer layer, the head (final norm,
-#: output layer and loss).
-EMB, LAYER, HEAD = "emb", "layer", "head"
 #: The template's layer whose numbers stand for every layer.
 _TEMPLATE_LAYERS = 2
 _REPRESENTATIVE_LAYER = 1
-
-
-@dataclass
-class Block:
-    """Times of one block (seconds). ``f``: forward; ``b_first``,
-    ``b_mid``, ``b_last``: backward of the first, a middle and the last
-    micro-batch; ``*_busy``: the part spent computing (the rest waits on
-    tensor-parallel collectives); ``f_flops`` / ``b_flops``: FLOPs executed
-    per micro-batch (recomputation included); ``last`` / ``only``: the op
-    level backward of the last micro-batch when there are several / one."""
-
-    f: float = 0.0
-    f_busy: float = 0.0
-    f_flops: float = 0.0
-    b_first: float = 0.0
-    b_mid: float = 0.0
-    b_last: float = 0.0
-    b_first_busy: float = 0.0
-    b_mid_busy: float = 0.0
-    b_last_busy: float = 0.0
-    b_flops: float = 0.0
-    step_f_flops: float = 0.0       # FLOPs LowerSPMD's task ordering counts
-    step_b_flops: float = 0.0
-    last: List[Segment] = field(default_factory=list)
-    only: List[Segment] = field(default_factory=list)
-    saved_bytes: int = 0            # activations kept from forward to backward
-    tp_comm_f: float = 0.0          # tensor-parallel collective time, forward
-    tp_comm_b: float = 0.0          # ... backward (its recomputation's included)
-    # compute before the first / after the last tensor-parallel collective
-    # (forward, backward); None: the block has none
-    f_pre: Optional[float] = None
-    f_post: Optional[float] = None
-    b_pre: Optional[float] = None
-    b_post: Optional[float] = None
-    # activation recomputation: the recompute ops the backward starts with
-    # (they read what the forward kept, not the incoming gradient, so they
-    # run before it arrives): their time as the compute stream sees them,
-    # busy part, whether they include tensor-parallel collectives, and the
-    # compute of the rest of the backward before its first collective
-    b_lead: float = 0.0
-    b_lead_busy: float = 0.0
-    b_lead_comm: bool = False
-    b_rest_pre: Optional[float] = None
-    # memory above the steady baseline while the block runs (bytes): the
-    # forward over weights, optimizer state and the saved activations of
-    # the blocks before it; the backward (a later micro-batch) over those,
-    # the gradient buffers and the saved activations up to this block
-    f_excess: float = 0.0
-    b_excess: float = 0.0
-    b0_excess: float = 0.0          # the backward of a single micro-batch (no buffers before)
-    #: a backward of ZeRO 2/3 with a reduce-scatter per micro-batch: each
-    #: gradient a value of its own (not added into a whole buffer), and
-    #: flattened for its reduce-scatter right after the op that makes it
-    #: (:func:`_scatter_excess`)
-    bs_excess: float = 0.0
-    #: the same at each gradient of the block: its parameter's index in
-    #: the block -> bytes (what copies still waiting add to)
-    bs_grads: Dict[int, float] = field(default_factory=dict)
-    #: the same backward's ops that make final gradients, in order: (the
-    #: indices of the parameters, the bytes above the baseline while the op
-    #: runs and once it has ended, the gradients' bytes)
-    bs_made: List[Tuple[Tuple[int, ...], float, float, int]] = field(default_factory=list)
-    # ZeRO-3: the parameters gathered in this block's forward / backward (the
-    # first reader of each), as (owner block, index in its parameter list)
-    f_gather: List[Tuple[str, int]] = field(default_factory=list)
-    b_gather: List[Tuple[str, int]] = field(default_factory=list)
-    #: ZeRO-3: where the forward / backward (first micro-batch) first reads
-    #: each gathered parameter, as (compute time of the block before that
-    #: read, the parameter's position in ``f_gather`` / ``b_gather``), in
-    #: program order: the compute before a read waits for no later gather
-    f_gates: List[Tuple[float, int]] = field(default_factory=list)
-    b_gates: List[Tuple[float, int]] = field(default_factory=list)
-    #: ZeRO-3: per parameter first read in the forward / backward, the
-    #: bytes above the block's baseline (as ``f_excess`` / ``b0_excess``)
-    #: while the reshape of its gathered value runs
-    f_reads: Dict[str, float] = field(default_factory=dict)
-    b_reads: Dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Param:
-    """A parameter of a block as one tensor-parallel rank holds it, and
-    its optimizer ops on the template (one rank, no sharding): ``opt_pre``
-    (flattening the gradient, ZeRO >= 1), ``opt_update`` (the update ops
-    on the master weights: they shrink with the ZeRO shard; (time, flops)
-    each), ``opt_post`` (reshaping the new parameter, ZeRO 1/2), and the
-    memory of the update ops (``opt_with``, ``opt_after``, ``opt_flat``:
-    :func:`_optimizer_memory`)."""
-
-    name: str
-    block: str
-    numel: int
-    shape: Tuple[int, ...]
-    dtype: Any                      # the IR DType
-    opt_pre: float = 0.0
-    opt_update: List[Tuple[float, float]] = field(default_factory=list)
-    opt_post: float = 0.0
-    #: memory of its update ops on the template (bytes above weights,
-    #: optimizer state and gradient buffers; every value they make is the
-    #: size of the parameter, or a scalar, so they scale with a ZeRO
-    #: shard): the most while the template's flat copy of the gradient
-    #: (ZeRO >= 1, ``opt_flat`` bytes) is still live, less that copy,
-    #: and the most after it is freed (ZeRO 0: everything)
-    opt_with: float = 0.0
-    opt_after: float = 0.0
-    opt_flat: int = 0
-
-
-@dataclass
-class LayerProfile:
-    blocks: Dict[str, Block]
-    params: Dict[str, List[Param]]          # block -> its parameters, in step order
-    param_order: List[Tuple[str, int]]      # (block, index) in the step's parameter order
-    forward_crossing: List[int]             # bytes of each value sent forward between stages
-    backward_crossing: List[int]
-    tied: bool                              # the head reuses the embedding weight (pp > 1: a copy)
-    master_dtype: Any
-    # each block's cost as LowerSPMD's balanced partition estimates it
-    partition_costs: Dict[str, float] = field(default_factory=dict)
-    wall_s: float = 0.0
-    #: of ``forward_crossing``, the bytes a backward op reads (see _crossing)
-    forward_crossing_saved: int = 0
 
 
 def _block_of(layer: Any, layers: int) -> Optional[str]:
@@ -213,7 +90,8 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
                 untie: bool) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
-                                      Tuple[List[int], List[int], int], Dict[str, float]]:
+                                      Tuple[List[int], List[int], int, Tuple[str, ...]],
+                                      Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
     same for its ZeRO kinds, built one after another: worked out once):
     per block its forward and backward FLOPs as LowerSPMD's task ordering
@@ -252,18 +130,20 @@ def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch:
 
 
 def _crossing(step: Function, tp: int, sp: bool, recompute: str
-              ) -> Tuple[List[int], List[int], int]:
+              ) -> Tuple[List[int], List[int], int, Tuple[str, ...]]:
     """Bytes of the values LowerSPMD sends between two pipeline stages that
-    split the template between its layers (forward, backward), and the
-    bytes of the forward ones that a backward op reads: the receiving
-    stage holds its copy of those until its backward (the residual stream
-    a layer's first layernorm backward reads), while the sender's, counted
+    split the template between its layers (forward, backward), the
+    bytes of the forward ones that a backward op reads (the receiving
+    stage holds its copy of those until its backward: the residual stream
+    a layer's first layernorm backward reads, while the sender's, counted
     in the saved activations of the layer that made it, is freed once
-    sent."""
+    sent), and the names of the backward ones (a layer's input gradient,
+    which its backward makes before its last ops: sent from there)."""
     probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute), 2)
     probe._analyse(step)
     fwd, bwd = [], []
     kept = 0
+    names = []
     for v, chunks in probe.crossing.items():
         src = probe.value_chunk[v]
         for c in chunks:
@@ -273,7 +153,8 @@ def _crossing(step: Function, tp: int, sp: bool, recompute: str
                     kept += v.type.size_bytes
             elif src == 1 and c == 0:
                 bwd.append(v.type.size_bytes)
-    return sorted(fwd), sorted(bwd), kept
+                names.append(v.name)
+    return sorted(fwd), sorted(bwd), kept, tuple(sorted(names))
 
 
 @lru_cache(maxsize=256)
@@ -381,7 +262,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         p = by_name[name]
         params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype))
         order.append((blk, len(params[blk]) - 1))
-    _optimizer_ops(params, rank0, times)
+    fill_optimizer_ops(params, rank0, times)
     index = {p.name: (blk, i) for blk, ps in params.items() for i, p in enumerate(ps)}
     gathered: set = set()
     first_reader: Dict[str, List[Tuple[str, int]]] = {}
@@ -459,6 +340,18 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                     if o.meta.get("role") is None)
         return compute_end.get(key, 0.0), busy, flops, tcomm
 
+    step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie)
+    # the values a layer's backward sends to the stage before (its input
+    # gradient), per micro-batch of the template: where each is made
+    sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1)}
+    outs = {mb: {id(v) for op in groups.get(("B", mb, LAYER), []) for v in op.outputs
+                 if v.name in sent[mb]} for mb in (0, 1)}
+    # what the forward made (and the program's inputs): a backward's
+    # collective reading only those waits for none of the backward's compute
+    forward_made = {id(v) for v in program.inputs}
+    forward_made.update(id(v) for op in program.ops if "phase" not in op.meta
+                        for v in op.outputs)
     for name, blk in blocks.items():
         blk.f, blk.f_busy, blk.f_flops, blk.tp_comm_f = stats(("F", 0, name))
         blk.b_first, blk.b_first_busy, blk.b_flops, blk.tp_comm_b = stats(("B", 0, name))
@@ -467,11 +360,17 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                      if o.op_type == "scale" and id(o.outputs[0]) in final_last)
         blk.b_mid, blk.b_mid_busy = blk.b_last - scales, blk.b_last_busy - scales
         gates = gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
-        blk.last = compress_segments(groups.get(("B", 1, name), []), times, final_last, gates)
-        blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates)
+        blk.last = compress_segments(groups.get(("B", 1, name), []), times, final_last, gates,
+                                     outs[1], forward_made)
+        blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates,
+                                     outs[0], forward_made)
         if ("B", 0, name) in groups:
             fill_lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
         blk.f_pre, blk.f_post = edges(compress_segments(groups.get(("F", 0, name), []), times, {}))
+        if template_zero == 3:
+            blk.f_segs = compress_segments(
+                groups.get(("F", 0, name), []), times, {},
+                gathered_uses(rank0, params, first_reader.get(f"F{name}", []), template_zero))
         blk.b_pre, blk.b_post = edges(blk.only)
     # The embedding's tensor-parallel collective (its all-reduce, or reduce-
     # scatter with sp) ends its forward, and the first layer's compute waits
@@ -487,68 +386,42 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         if template_zero == 3:
             blk.f_gates = read_gates(groups.get(("F", 0, name), []), times, params, blk.f_gather)
             blk.b_gates = read_gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
-    step_flops, saved, (fwd, bwd, kept), partition = _step_facts(
-        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie)
+    layer = blocks[LAYER]
+    layer.out_tail_first = _out_tail(groups.get(("B", 0, LAYER), []), times, outs[0])
+    layer.out_tail_mid = _out_tail(groups.get(("B", 1, LAYER), []), times, outs[1],
+                                   final_last)
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
-    from .profile_memory import memory_excess   # it reads this module's blocks
-    memory_excess(blocks, groups, times, trace, program, params, rank0, final_only)
+    data_emb, data_head = memory_excess(blocks, groups, times, trace, program, params, rank0,
+                                        final_only)
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
-                        lower.master_dtype, dict(partition), time.perf_counter() - started, kept)
+                        lower.master_dtype, dict(partition), time.perf_counter() - started, kept,
+                        data_emb, data_head)
+
+
+def _out_tail(ops: List[Op], times, outs: set, final: Optional[Dict[int, str]] = None
+              ) -> float:
+    """The compute of a template block's backward (``ops``) after the op
+    that makes its input gradient (``outs``: its id), which a pipeline
+    stage sends as soon as it is made; ``final``: the final gradients of
+    the template's last micro-batch, whose averaging (``scale``) a middle
+    micro-batch does not run. 0 where the block makes none."""
+    compute = [o for o in ops if not is_communication(o)]
+    made = [times[o.name][1] for o in compute if any(id(v) in outs for v in o.outputs)]
+    if not made:
+        return 0.0
+    at = max(made)
+    tail = max(times[o.name][1] for o in compute) - at
+    if final is not None:
+        tail -= sum(times[o.name][1] - times[o.name][0] for o in compute
+                    if times[o.name][0] >= at and o.op_type == "scale"
+                    and id(o.outputs[0]) in final)
+    return max(0.0, tail)
 
 
 #: The optimizer ops of a parameter ``p`` on rank 0 of the template, by the
 #: name that follows ``p``: ``_gflat_r0`` flattens the gradient, ``_new_r0``
 #: reshapes the new parameter, ``_r0`` (the rest) update the master weights
 #: and moments.
-_OPTIMIZER_ROLES = (("_gflat_r0", "flat"), ("_new_r0", "new"), ("_r0", "update"))
-
-
-def optimizer_role(op_name: str, order: Dict[str, int]) -> Optional[Tuple[str, str]]:
-    """(parameter, role: flat / new / update) of a template optimizer op
-    named ``op_name``, or None; ``order`` numbers the parameter names. The
-    first parameter in that order whose name the op's starts with, followed
-    by a role's suffix (at most one role follows a given name)."""
-    best: Optional[Tuple[int, str, str]] = None
-    at = op_name.find("_", 1)
-    while at != -1:
-        rank = order.get(op_name[:at])
-        if rank is not None and (best is None or rank < best[0]):
-            for suffix, role in _OPTIMIZER_ROLES:
-                if op_name.startswith(suffix, at):
-                    best = (rank, op_name[:at], role)
-                    break
-        at = op_name.find("_", at + 1)
-    return None if best is None else (best[1], best[2])
-
-
-def optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op]
-                  ) -> List[Tuple[Op, Param, str]]:
-    """Rank 0's optimizer ops of the template (not its collectives) with
-    their parameter and role (:func:`optimizer_role`), in program order."""
-    by_name = {p.name: p for ps in params.values() for p in ps}
-    order = {name: i for i, name in enumerate(by_name)}
-    out = []
-    for op in rank0:
-        if op.meta.get("phase") != "optimizer" or is_communication(op):
-            continue
-        hit = optimizer_role(op.name, order)
-        if hit is not None:
-            out.append((op, by_name[hit[0]], hit[1]))
-    return out
-
-
-def _optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> None:
-    """Each parameter's optimizer times on rank 0 of the template
-    (:func:`optimizer_ops`): flattening its gradient, its update ops, the
-    reshape of the new parameter."""
-    for op, p, role in optimizer_ops(params, rank0):
-        t0, t1, flops = times[op.name]
-        if role == "flat":
-            p.opt_pre += t1 - t0
-        elif role == "new":
-            p.opt_post += t1 - t0
-        else:
-            p.opt_update.append((t1 - t0, flops))

@@ -11,19 +11,25 @@ import math
 from bisect import bisect_left
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
-from .profile import EMB, HEAD, LAYER, Block, LayerProfile, Param, optimizer_ops
+from .gathered import gather_curve
+from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
 
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
                    params: Dict[str, List[Param]], rank0: List[Op],
-                   final_only: Dict[int, str]) -> None:
+                   final_only: Dict[int, str]) -> Tuple[int, int]:
     """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
     curve: the peak inside the block's time window minus what is known to
     be live then (weights and optimizer state, gradient buffers after the
     first backward, saved activations of the blocks before it), and each
-    parameter's update memory (:func:`_optimizer_memory`)."""
+    parameter's update memory (:func:`_optimizer_memory`). The step's data
+    (each micro-batch's token ids and labels, inputs live from the step's
+    start until the embedding's or the loss's backward reads them) are
+    taken off the curve: the estimate counts them per micro-batch. Returns
+    a micro-batch's bytes of them read by the embedding and by the head."""
     roles = program.meta.get("roles", {})
     zero3 = program.meta.get("strategy", {}).get("zero") == 3
     static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
@@ -33,7 +39,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     grads = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
                 and roles.get(v.name) == (
                     "grad_buffer" if "grad_buffer" in roles.values() else "param"))
-    samples = sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0)
+    samples, data_emb, data_head = _without_data(
+        sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0),
+        program, roles, rank0, times)
     stamps = [t for t, _ in samples]
 
     def peak(t0: float, t1: float) -> float:
@@ -54,6 +62,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
 
     allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
+    forward_made: Optional[set] = None               # the forward's values, once
+    # ZeRO-3: what makes each value (a gathered parameter's gate)
+    producer = {id(v): op for op in rank0 for v in op.outputs} if zero3 else {}
     f_order = [EMB, "layer0", LAYER, HEAD]
     saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
              LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
@@ -71,12 +82,29 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             blocks[name].f_excess = max(0.0, peak(*window(key)) - static - grads - before)
             blocks[name].f_reads = _read_excess(groups[key], times, peak,
                                                 static + grads + before)
+            if zero3:
+                blocks[name].f_curve = gather_curve(
+                    groups[key], times, samples, stamps, static + grads + before,
+                    blocks[name].f_gather, params, producer)
         if ("B", 1, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
                                         - before - saved[name])
+            blocks[name].b_tail = _tail(groups[("B", 1, name)], times, peak,
+                                        static + grads + before + saved[name])
+            if zero3:
+                blocks[name].b_curve_later = gather_curve(
+                    groups[("B", 1, name)], times, samples, stamps,
+                    static + grads + before + saved[name], blocks[name].b_gather, params,
+                    producer)
         if ("B", 0, name) in groups:
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
+            blocks[name].b0_tail = _tail(groups[("B", 0, name)], times, peak, base)
+            if forward_made is None:
+                forward_made = {id(v) for v in program.inputs}
+                forward_made.update(id(v) for op in program.ops if "phase" not in op.meta
+                                    for v in op.outputs)
+            blocks[name].b_early = _early(groups[("B", 0, name)], forward_made)
             blocks[name].b_reads = _read_excess(groups[("B", 0, name)], times, peak, base)
             index = {p.name: i for i, p in enumerate(params.get(name, []))}
             if allocated is None:
@@ -90,7 +118,54 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                                     for names, during, after, nbytes in made]
             blocks[name].bs_excess = max([blocks[name].b0_excess,
                                           *blocks[name].bs_grads.values()])
+            blocks[name].b_held = _held_gradient(groups[("B", 0, name)], final_only, index)
+            if zero3:
+                blocks[name].b_curve = gather_curve(
+                    groups[("B", 0, name)], times, samples, stamps, base, blocks[name].b_gather,
+                    params, producer, _grad_points(groups[("B", 0, name)], times, samples,
+                                                   stamps, allocated, final_only, index),
+                    _grad_ops(groups[("B", 0, name)], times, samples, stamps, allocated,
+                              final_only, index))
     _optimizer_memory(params, rank0, times, samples, static + grads)
+    return data_emb, data_head
+
+
+def _without_data(samples: List[Tuple[float, int]], program: Function, roles, rank0: List[Op],
+                  times) -> Tuple[List[Tuple[float, int]], int, int]:
+    """Rank 0's memory samples less its data inputs (role ``data``: live
+    from the start until their last reader ends), and the bytes of the
+    first micro-batch's read by the embedding and by the head."""
+    data = {id(v): v for v in program.inputs
+            if v.type.device == 0 and roles.get(v.name) == "data"}
+    if not data:
+        return samples, 0, 0
+    free: Dict[int, float] = {}
+    reader: Dict[int, Op] = {}
+    for op in rank0:
+        for v in op.inputs:
+            if id(v) in data and op.name in times:
+                free[id(v)] = max(free.get(id(v), 0.0), times[op.name][1])
+                reader.setdefault(id(v), op)
+    ends = sorted((free.get(k, 0.0), v.type.size_bytes) for k, v in data.items())
+    held = sum(n for _, n in ends)
+    out: List[Tuple[float, int]] = []
+    i = 0
+    for t, live in samples:
+        while i < len(ends) and ends[i][0] <= t:
+            held -= ends[i][1]
+            i += 1
+        out.append((t, live - held))
+    emb = head = 0
+    for k, v in data.items():
+        op = reader.get(k)
+        if op is None or op.meta.get("microbatch") != 0:
+            continue
+        layer = op.meta.get("layer")
+        if isinstance(layer, int) and layer < 0:
+            emb += v.type.size_bytes
+        else:
+            head += v.type.size_bytes
+    return out, emb, head
 
 
 def _read_excess(ops: List[Op], times, peak, base: float) -> Dict[str, float]:
@@ -162,6 +237,97 @@ def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
     return best, made_at
 
 
+def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
+                 stamps: List[float], starts: Dict[float, int], final_only: Dict[int, str],
+                 index: Dict[str, int]) -> List[Tuple[int, float, float, bool]]:
+    """The candidates :func:`_scatter_excess` takes per gradient, in time
+    (for :class:`.gathered.GatherCurve`): (the parameter's index in the
+    block, the op's start, the live bytes while it runs plus the
+    gradients it makes) and (its index, the op's end, the live bytes then,
+    less the next op's allocations, plus twice the gradients: each and its
+    flat copy; where the op ends, marked)."""
+    out: List[Tuple[int, float, float, bool]] = []
+    for op in ops:
+        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
+        if not names:
+            continue
+        made = sum(v.type.size_bytes for v in op.outputs if id(v) in final_only)
+        t0, t1, _ = times[op.name]
+        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
+        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
+        after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
+        for name in names:
+            if name in index:
+                out.append((index[name], t0, float(during + made), False))
+                out.append((index[name], t1, float(after - starts.get(t1, 0) + 2 * made), True))
+    return out
+
+
+def _tail(ops: List[Op], times, peak, base: float) -> Optional[float]:
+    """The most bytes above ``base`` in a block's window (``ops``) once its
+    last collective has ended (``peak``: the window's most live bytes,
+    :func:`memory_excess`'s), or None: no collective, or none ends before
+    the block does."""
+    comm = [times[o.name][1] for o in ops if is_communication(o) and o.name in times]
+    if not comm:
+        return None
+    end = max(times[o.name][1] for o in ops if o.name in times)
+    free = max(comm)
+    return max(0.0, peak(free, end) - base) if free < end else None
+
+
+def _early(ops: List[Op], forward_made: set) -> int:
+    """The bytes rank 0 gets from a block's leading tensor-parallel
+    collectives (``ops``: its backward, in program order) that read only
+    what the forward made: the communication stream takes them as soon
+    as it is free, the block's compute not yet started."""
+    total = 0
+    for op in ops:
+        if not is_communication(op) or op.meta.get("role") is not None:
+            continue
+        if any(id(v) not in forward_made for v in op.inputs):
+            break
+        total += sum(v.type.size_bytes for v in op.outputs if v.type.device == 0)
+    return total
+
+
+def _held_gradient(ops: List[Op], final_only: Dict[int, str], index: Dict[str, int]
+                   ) -> Optional[int]:
+    """The index of the parameter whose final gradient is the first result
+    of the last backward op of a block (``ops``: its backward), or None.
+    LowerSPMD gates ZeRO-3's next gathers on the first result of the last
+    op it emitted (:meth:`~distsim.transforms.zero3.ParamGathers.note_layer_output`):
+    ending a task, such a gradient lives until the next task's gathers."""
+    model = [op for op in ops if isinstance(op.meta.get("layer"), int)
+             and op.meta.get("phase") == "backward" and op.outputs]
+    if not model:
+        return None
+    name = final_only.get(id(model[-1].outputs[0]))
+    return index.get(name) if name is not None else None
+
+
+def _grad_ops(ops: List[Op], times, samples: List[Tuple[float, int]], stamps: List[float],
+              starts: Dict[float, int], final_only: Dict[int, str], index: Dict[str, int]
+              ) -> List[Tuple[Tuple[int, ...], float, float, float, float]]:
+    """The ops of a block's backward (``ops``) that make final gradients,
+    in order, as :func:`_scatter_excess` measures them, in template time:
+    (the indices of their parameters, the op's start, the most live bytes
+    while it runs, its end, the live bytes then less the next op's
+    allocations), for :attr:`.gathered.GatherCurve.made`."""
+    out = []
+    for op in ops:
+        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
+        if not names:
+            continue
+        t0, t1, _ = times[op.name]
+        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
+        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
+        after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
+        out.append((tuple(index[p] for p in names if p in index), t0, float(during), t1,
+                    float(after - starts.get(t1, 0))))
+    return out
+
+
 def _optimizer_memory(params: Dict[str, List[Param]], rank0: List[Op], times,
                       samples: List[Tuple[float, int]], base: float) -> None:
     """Fill each parameter's ``opt_with`` / ``opt_after`` / ``opt_flat``
@@ -231,3 +397,54 @@ def prefetched_bytes(prof: LayerProfile, order: Sequence[Tuple[str, Optional[int
                 for owner, i in (blk.f_gather if kind == "F" else blk.b_gather)))
     own = [by_name[name] for name, _ in order]
     return [sum(own[k + 1:k + 1 + prefetch]) for k in range(len(order))]
+
+
+_OPTIMIZER_ROLES = (("_gflat_r0", "flat"), ("_new_r0", "new"), ("_r0", "update"))
+
+
+def optimizer_role(op_name: str, order: Dict[str, int]) -> Optional[Tuple[str, str]]:
+    """(parameter, role: flat / new / update) of a template optimizer op
+    named ``op_name``, or None; ``order`` numbers the parameter names. The
+    first parameter in that order whose name the op's starts with, followed
+    by a role's suffix (at most one role follows a given name)."""
+    best: Optional[Tuple[int, str, str]] = None
+    at = op_name.find("_", 1)
+    while at != -1:
+        rank = order.get(op_name[:at])
+        if rank is not None and (best is None or rank < best[0]):
+            for suffix, role in _OPTIMIZER_ROLES:
+                if op_name.startswith(suffix, at):
+                    best = (rank, op_name[:at], role)
+                    break
+        at = op_name.find("_", at + 1)
+    return None if best is None else (best[1], best[2])
+
+
+def optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op]
+                  ) -> List[Tuple[Op, Param, str]]:
+    """Rank 0's optimizer ops of the template (not its collectives) with
+    their parameter and role (:func:`optimizer_role`), in program order."""
+    by_name = {p.name: p for ps in params.values() for p in ps}
+    order = {name: i for i, name in enumerate(by_name)}
+    out = []
+    for op in rank0:
+        if op.meta.get("phase") != "optimizer" or is_communication(op):
+            continue
+        hit = optimizer_role(op.name, order)
+        if hit is not None:
+            out.append((op, by_name[hit[0]], hit[1]))
+    return out
+
+
+def fill_optimizer_ops(params: Dict[str, List[Param]], rank0: List[Op], times) -> None:
+    """Each parameter's optimizer times on rank 0 of the template
+    (:func:`optimizer_ops`): flattening its gradient, its update ops, the
+    reshape of the new parameter."""
+    for op, p, role in optimizer_ops(params, rank0):
+        t0, t1, flops = times[op.name]
+        if role == "flat":
+            p.opt_pre += t1 - t0
+        elif role == "new":
+            p.opt_post += t1 - t0
+        else:
+            p.opt_update.append((t1 - t0, flops))

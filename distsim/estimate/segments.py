@@ -1,6 +1,6 @@
 """A template block's op-level backward for the estimator's per-layer
 profiles (:mod:`.profile`): rank 0's ops of one block compressed
-into :class:`Segment` entries (compute runs, tensor-parallel collectives,
+into :class:`~.blocks.Segment` entries (compute runs, tensor-parallel collectives,
 gradients becoming final), with ZeRO-3's reads of gathered parameters
 (where each entry waits for the block's gathers), the recomputation a
 backward starts with, and the compute before the first / after the last
@@ -8,40 +8,12 @@ collective.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..ir.comm import is_communication
 from ..ir.core import Op
 from ..transforms.zero3 import used_param_name
-
-if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from .profile import Block, Param
-
-
-@dataclass
-class Segment:
-    """One entry of a block's op-level last backward: ``kind`` "c" (a run
-    of compute ops: ``time_s``), "t" (a tensor-parallel collective:
-    ``time_s``) or "g" (the gradient of ``param`` is final here). ``deps``:
-    indices of earlier entries of the same block it waits for (a compute
-    run on collectives, a collective on the run producing its input); None
-    in ``deps`` means "an input from before the block"."""
-
-    kind: str
-    time_s: float = 0.0
-    deps: Tuple[Optional[int], ...] = ()
-    param: str = ""
-    #: part of the recomputation the block's backward starts with (reads
-    #: only what the forward kept: it need not wait for the task's input)
-    lead: bool = False
-    #: ZeRO-3: the position (in the block's ``b_gather``) of the last
-    #: gathered parameter read at or before this entry (the reshape of the
-    #: gathered value): it waits for the block's gathers up to that one,
-    #: which run in that order; -1 before the first read (no wait), None
-    #: when the reads are not known (all of the block's gathers)
-    gate: Optional[int] = None
-
+from .blocks import Block, Param, Segment
 
 
 def leading_recompute(ops: List[Op]) -> List[Op]:
@@ -122,14 +94,23 @@ def read_gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Pa
 
 
 def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str],
-              gates: Optional[Dict[int, int]] = None) -> List[Segment]:
+              gates: Optional[Dict[int, int]] = None, outs: Optional[set] = None,
+              kept: Optional[set] = None) -> List[Segment]:
     """Compress a block's ops (rank 0, program order) into compute runs,
     tensor-parallel collectives and gradient-final marks. A run ends at a
     collective (which waits for the run) and at a final gradient (where
     data-parallel sync is emitted); a compute op that reads a collective's
     output starts a new run waiting for it. ``gates``: ZeRO-3's first
     reads of the block's gathered parameters (:func:`gathered_uses`):
-    each entry's :attr:`Segment.gate` (a run ends where it changes)."""
+    each entry's :attr:`Segment.gate` (a run ends where it changes).
+    ``outs``: ids of the values a stage sends to the stage before (a
+    layer's input gradient): a run ends at the op making one, followed by
+    an "o" mark (sent from there). ``kept``: ids of the values the
+    forward made (and the program's inputs): a collective that reads only
+    those (sequence parallelism's all-gathers of saved activations in the
+    backward) waits for no compute of the backward (no deps); one that
+    reads a value from before the block otherwise waits for the compute
+    before it (``deps`` ``(None,)``)."""
     out: List[Segment] = []
     gate = None if gates is None else -1
     made: Dict[int, int] = {}          # id(value) -> entry producing it
@@ -147,13 +128,16 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             open_run = None            # the recomputation ends: a run of its own
         if is_communication(op):
             dep = next((s for s in srcs if s is not None), None)
-            out.append(Segment("t", t1 - t0, (dep,), lead=is_lead, gate=gate))
+            forward = (dep is None and kept is not None
+                       and all(id(v) in kept for v in op.inputs))
+            out.append(Segment("t", t1 - t0, () if forward else (dep,), lead=is_lead,
+                               gate=gate, at=t0))
             open_run = None
             idx = len(out) - 1
         else:
             waits = tuple(sorted({s for s in srcs if s is not None and out[s].kind == "t"}))
             if open_run is None or waits:
-                out.append(Segment("c", 0.0, waits, lead=is_lead, gate=gate))
+                out.append(Segment("c", 0.0, waits, lead=is_lead, gate=gate, at=t0))
                 open_run = len(out) - 1
             out[open_run].time_s += t1 - t0
             idx = open_run
@@ -161,8 +145,11 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             made[id(v)] = idx
         for v in op.outputs:
             if id(v) in finals:
-                out.append(Segment("g", deps=(idx,), param=finals[id(v)]))
+                out.append(Segment("g", deps=(idx,), param=finals[id(v)], at=t1))
                 open_run = None
             elif id(v) in to_comm:     # the collective reading it may start here
+                open_run = None
+            elif outs and id(v) in outs:
+                out.append(Segment("o", deps=(idx,), at=t1))
                 open_run = None
     return out

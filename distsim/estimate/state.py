@@ -6,7 +6,7 @@ order) with :func:`shared_prefix` (how much of two walks is the same).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..transforms.pipeline import PendingSends
@@ -14,7 +14,7 @@ from ..transforms.pipeline import PendingSends
 
 class ScatterTerms:
     """One block's per-parameter terms of ZeRO 2/3's reduce-scatter per
-    micro-batch (:meth:`Builder._block_scatter`), each list in parameter
+    micro-batch (:meth:`.context.StepContext.block_scatter`), each list in parameter
     order: ``flat`` flattening the gradient, ``whole`` / ``on_shard`` the
     accumulate / average ops on the whole gradient and on the shard
     (``shard_flops``: the FLOPs of the latter), ``flops`` what the lowering
@@ -41,7 +41,7 @@ class Memo:
 
     def __init__(self) -> None:
         self.dp_times: Dict[Tuple[CollectiveType, float], float] = {}
-        #: ZeRO-3's accumulating backwards, blocks recorded to be replayed:
+        #: ZeRO 2/3's accumulating backwards, blocks recorded to be replayed:
         #: (block, last micro-batch, the blocks whose gathers it issues) ->
         #: record (:meth:`.replay.ReplayedBackward._block_record`)
         self.block_records: Dict[tuple, tuple] = {}
@@ -51,16 +51,19 @@ class Memo:
         #: ZeRO-3: per (task kind, block), its gathers as issued
         #: (:class:`.gates.GatherPlan`)
         self.gather_plans: Dict[Tuple[str, str], Any] = {}
-        self.scatter: Dict[tuple, Tuple[float, float, float]] = {}
         self.scatter_terms: Dict[tuple, ScatterTerms] = {}
-        #: ZeRO-3's backward past the first micro-batch: per accumulation
+        #: ZeRO 2/3's backward past the first micro-batch: per accumulation
         #: ops of its micro-batch, each parameter's (time, FLOPs) of its
         #: shard's ops
         self.shard_ops: Dict[Tuple[str, ...], Dict[Tuple[str, int], Tuple[float, float]]] = {}
         #: ZeRO-3's op-by-op backward: per (block, first micro-batch's plan
-        #: or not), its gathers grouped (:meth:`Builder._gather_groups`)
+        #: or not), its gathers grouped (:meth:`.backward.OpByOpBackward._gather_groups`)
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
+        #: per block, whether its first micro-batch's op-by-op plan opens
+        #: with a leading recomputation, and with compute
+        #: (:meth:`.replay.ReplayedBackward._opens`)
+        self.opens: Dict[str, Tuple[bool, bool]] = {}
         #: ZeRO-3 by layer: per block, the parameters whose gradients are
         #: reduce-scattered as one (None: none) and their bytes
         self.grad_units: Dict[str, Tuple[Optional[Tuple[int, ...]], int]] = {}
@@ -97,6 +100,42 @@ class Memo:
         #: index in the block), the bytes of the task's earlier copies
         #: still waiting when it is made (the most over the walks)
         self.flat_inside: Dict[Tuple[int, int], Dict[Tuple[int, int], int]] = {}
+        #: and in a later backward of the stage (op by op): per (stage,
+        #: micro-batch, chunk), per gradient, the bytes of those copies
+        #: still waiting when it is made (:meth:`.notes.MemoryNotes.later`;
+        #: the flat_pending of its blocks bound the rest of each block)
+        self.flat_later: Dict[Tuple[int, int, int], Dict[Tuple[int, int], int]] = {}
+        #: ZeRO-3 by parameter: per (task kind, chunk shape, first backward
+        #: or not), per block position, the most bytes above the block's
+        #: baseline with its gathered parameters placed in time, and per
+        #: gradient of the block the same at the op making it (the most
+        #: over the walks: :func:`.gathered.block_peak`)
+        self.gather_peaks: Dict[tuple, Dict[int, Tuple[float, Dict[int, float]]]] = {}
+        #: pipelines: per (stage, task kind, chunk, first backward or not),
+        #: the most bytes received from another stage for a later task
+        #: (or, a forward's input, for the task itself) while a task runs:
+        #: a received value lives from its transfer's start
+        #: (:meth:`.notes.MemoryNotes.received`)
+        self.recv_ahead: Dict[Tuple[int, str, int, bool], int] = {}
+        #: ZeRO-3: per (task kind, block), its gathered parameters' shard and
+        #: whole bytes (:func:`.gathered.param_bytes`)
+        self.gathered_bytes: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}
+        #: ZeRO-3 by layer: per (task kind, block, curve), the unit's split
+        #: in the template's offsets (:func:`.gathered.unit_shape`), and per
+        #: block the first backward's curve with its unit's gradients held
+        #: (:func:`.units.unit_curve`)
+        self.unit_shapes: Dict[tuple, Any] = {}
+        #: ZeRO-3's op-by-op backward: per (block, first micro-batch's
+        #: entries or not, curve), each compute run's position, offset on
+        #: the curve and time (:func:`.gathered.run_offsets`)
+        self.run_offsets: Dict[tuple, list] = {}
+        #: per (block, curve), how long each point's bytes stay once its op
+        #: ends (:func:`.gathered.point_spans`)
+        self.point_spans: Dict[tuple, Any] = {}
+        self.unit_curves: Dict[str, Any] = {}
+        #: :func:`.gathered.block_peak` by the block's curve and its
+        #: gathers' times from its start (the same place, the same result)
+        self.block_peaks: Dict[tuple, tuple] = {}
         #: ZeRO 2/3 with ``bucket_mb 0``: per stage, the most bytes of flat
         #: gradient copies and reduce-scatter outputs held after the
         #: backward pass (:func:`.sync.queued_peak`; the most over
@@ -105,7 +144,7 @@ class Memo:
         #: ZeRO 0/1: each stage's last backward of a chunk (op by op, with
         #: its gradient syncs) recorded relative to its start by the first
         #: timeline that emits it cleanly, replayed by the next
-        #: (:meth:`.replay.ReplayedBackward._last_backward`): the
+        #: (:meth:`.replay.ReplayedBackward.last_backward`): the
         #: two timelines of :func:`~distsim.estimate.timeline_figures`
         #: end with the same last backwards, later
         self.last_backwards: Dict[tuple, tuple] = {}
@@ -117,18 +156,110 @@ class Memo:
         self.optimizer_steps: Optional[List[tuple]] = None
 
 
+#: A recorded run of a stage's items (:meth:`.engine.Timeline.since`),
+#: replayed from another origin (:meth:`.engine.Timeline.replay`)
+Items = tuple
+#: A leading recomputation recorded on its own: its items and where its
+#: streams end, relative to its origin (:meth:`.replay.ReplayedBackward._emit_from`)
+Lead = Tuple[Items, float]
+
+
+class TaskRecord(NamedTuple):
+    """A block-level task (ZeRO-3) recorded relative to its start
+    (:meth:`.timeline.Builder._emit_task`): its items, the FLOPs of its
+    blocks in order, its end."""
+
+    items: Items
+    flops: Tuple[float, ...]
+    last: float
+
+
+class FirstBackwardRecord(NamedTuple):
+    """A chunk's first backward with ZeRO 2/3, recorded relative to its
+    start (:meth:`.replay.ReplayedBackward.first_backward`): its items,
+    FLOPs, end, the flat copies' bytes at each gradient (``inside``), the
+    copies it leaves waiting (bytes, end), its lead (or None), where it
+    made its input gradient (None: not here)."""
+
+    items: Items
+    flops: float
+    last: float
+    inside: Dict[Tuple[int, int], int]
+    flats: List[Tuple[int, float]]
+    lead: Optional[Lead]
+    out: Optional[float]
+
+
+class LastBackwardRecord(NamedTuple):
+    """A chunk's last backward (ZeRO 0/1) with its gradient syncs,
+    recorded relative to its start (:meth:`.replay.ReplayedBackward.last_backward`):
+    its items, FLOPs and end; the gradients made final and synchronised
+    (by place in the chunk, times); what it left in the sync policy (the
+    stage's pending bucket and its bytes, the gradients it deferred) and
+    the sink (the buckets' bytes, those to unpack: bucket, all-reduce end,
+    elements, dtype); its lead; where it made its input gradient."""
+
+    items: Items
+    flops: float
+    last: float
+    final: Any
+    synced: Any
+    pending: Tuple[Any, ...]
+    pending_bytes: Optional[int]
+    buckets: Tuple[int, ...]
+    unpack: List[tuple]
+    deferred: Tuple[Any, ...]
+    lead: Optional[Lead]
+    out: Optional[float]
+
+
+class AccumulatingRecord(NamedTuple):
+    """A ZeRO 2/3 backward past the first micro-batch, recorded relative
+    to its start (:meth:`.replay.ReplayedBackward.accumulating_backward`):
+    its items, FLOPs, end, the gradients it made final (last micro-batch),
+    by layer the unit it leaves pending (its block's place, members,
+    reduce-scatter end) or None, its lead, where it made its input gradient."""
+
+    items: Items
+    flops: float
+    last: float
+    final: List[Tuple[int, int, float]]
+    leaves: Optional[Tuple[int, Tuple[int, ...], float]]
+    lead: Optional[Lead]
+    out: Optional[float]
+
+
+class BlockRecord(NamedTuple):
+    """One block of an accumulating backward recorded relative to its
+    start (:meth:`.replay.ReplayedBackward._block_record`): its items,
+    FLOPs, end, its gathers' ends (per block it issued, per last parameter
+    position), its final gradients, its input gradient, and its ZeRO-3
+    memory note (:func:`.gathered.note_peak`)."""
+
+    items: Items
+    flops: float
+    last: float
+    ends: List[List[Tuple[Optional[int], float]]]
+    final: List[Tuple[int, int, float]]
+    out: Optional[float]
+    got: Optional[tuple]
+
+
 class Walk:
     """Where a :class:`Builder` is in its program order: the position, each
-    task's end, the latest arrival of each task's inputs, the sends waiting
-    for the schedule's clock (:class:`~distsim.transforms.pipeline.PendingSends`,
-    as the lowering keeps them)."""
+    task's end, where each backward task made what it sends to the stage
+    before (its input gradient, before its last ops), the latest arrival
+    of each task's inputs, the sends waiting for the schedule's clock
+    (:class:`~distsim.transforms.pipeline.PendingSends`, as the lowering
+    keeps them)."""
 
-    __slots__ = ("order", "pos", "ends", "recv", "pending")
+    __slots__ = ("order", "pos", "ends", "outs", "recv", "pending")
 
     def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]]) -> None:
         self.order = order
         self.pos = 0
         self.ends: Dict[tuple, Optional[float]] = {}
+        self.outs: Dict[tuple, Optional[float]] = {}
         self.recv: Dict[tuple, float] = {}
         self.pending = PendingSends()
 

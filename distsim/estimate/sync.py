@@ -5,36 +5,29 @@ timeline sink of the lowering's own decisions
 :mod:`.timeline`, whose :class:`~.timeline.Builder` owns a
 :class:`StepSync`.
 
-As each parameter's last gradient becomes final (:meth:`StepSync.ready`),
-the policy decides how it is synchronised over the data-parallel team
-(all-reduce, ZeRO 2/3 reduce-scatter, in buckets, or after the backward
-pass) and what the end of the step does (the tied-embedding all-reduce,
+As each parameter's last gradient becomes final, the policy decides how
+it is synchronised over the data-parallel team (all-reduce, ZeRO 2/3
+reduce-scatter, in buckets, or after the backward pass) and what the end
+of the step does (the tied-embedding all-reduce,
 per parameter the optimizer as :func:`~distsim.transforms.sync_policy.update_plan`
 says); :class:`StepSync` advances the timeline by what each of those
 costs. What the step charges a parameter is the same for that parameter
 in every layer, so it is worked out once per configuration
-(:class:`ParamCost`).
+(:class:`~.costs.ParamCost`).
 """
 from __future__ import annotations
 
 from functools import reduce
 from operator import add
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.sync_policy import SyncPolicy, update_plan
-from .profile import EMB, HEAD
-
-if TYPE_CHECKING:     # pragma: no cover - for the annotations only
-    from .timeline import Builder
+from ..transforms.sync_policy import sync_kind, update_plan
+from .blocks import EMB, HEAD
+from .context import StepContext
+from .costs import ParamCost, shard_size
 
 ParamKey = Tuple[str, Optional[int], int]      # (block, layer, index in the block)
-
-
-def shard_size(n: int, parts: int) -> int:
-    """Rank 0's ZeRO shard of ``n`` elements over ``parts`` ranks: the first
-    (largest) of :func:`distsim.ir.ops_comm.split_sizes`."""
-    return -(-n // parts)
 
 
 def queued_peak(queued: List[Tuple[float, float, float, int, int]]) -> int:
@@ -60,93 +53,41 @@ def queued_peak(queued: List[Tuple[float, float, float, int, int]]) -> int:
     return peak
 
 
-class ParamCost:
-    """What the step charges one parameter of a block (per rank, in this
-    configuration): its size, the ZeRO shard, flattening its gradient
-    (``flat``: time, FLOPs), the update ops on the shard (``update``),
-    slicing the shard out of the gradient (``slice``, ZeRO 1), its
-    data-parallel sync time and its optimizer's items
-    (:meth:`StepSync.update_plan`), both filled when first needed: a
-    collective not needed is not timed."""
-
-    __slots__ = ("numel", "dtype", "nbytes", "shard", "flat", "update", "slice", "sync",
-                 "plan")
-
-    def __init__(self, b: "Builder", block: str, index: int) -> None:
-        p = b.prof.params[block][index]
-        n, d = p.numel, p.dtype
-        self.numel, self.dtype = n, d
-        self.nbytes = n * d.itemsize
-        plan = update_plan(b.zero, b.dp)
-        self.shard = shard_size(n, b.dp) if plan.on_shard else n
-        self.flat = b.costs.cost("reshape", [(n, d)], [(n, d)])
-        # the update ops shrink to the shard: their time beyond the launch
-        # overhead scales with the elements
-        ratio = self.shard / n if n else 1.0
-        launch = b.case.topology.device_spec.launch_overhead_s
-        t = fl = 0.0
-        for time_s, flops in p.opt_update:
-            t += launch + max(0.0, time_s - launch) * ratio if time_s > 0 else 0.0
-            fl += flops * ratio
-        self.update = (t, fl)
-        self.slice = b.costs.cost("slice", [(n, d)], [(self.shard, d)]) \
-            if plan.slice else (0.0, 0.0)
-        self.sync: Optional[float] = None
-        self.plan: Optional[tuple] = None
-
-
 class StepSync:
-    """Gradient sync state of one step: each gradient's end time when
-    final and when synchronised, the buckets all-reduced and waiting to be
-    unpacked; what waits in which bucket and what is deferred is the
-    policy's (:attr:`policy`). The timeline sink of a
-    :class:`~distsim.transforms.sync_policy.SyncPolicy`."""
+    """Gradient sync state of one step on a :class:`~.context.StepContext`:
+    each gradient's end time when final and when synchronised, the buckets
+    all-reduced and waiting to be unpacked. The timeline sink of a
+    :class:`~distsim.transforms.sync_policy.SyncPolicy` (which holds this
+    sink: what waits in which bucket and what is deferred is the
+    policy's)."""
 
-    def __init__(self, b: "Builder") -> None:
-        self.b = b
-        self.tl = b.tl
-        self.zero, self.dp = b.zero, b.dp
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self.tl = ctx.tl
+        self.zero, self.dp = ctx.zero, ctx.dp
         self.final: Dict[ParamKey, Optional[float]] = {}
         self.synced: Dict[ParamKey, Optional[float]] = {}
         self.unpack: List[tuple] = []
         self.buckets: Dict[int, List[int]] = {}     # stage -> bytes of each flat bucket
-        self._costs: Dict[Tuple[str, int], ParamCost] = b.memo.param_costs
-        self.policy: SyncPolicy[ParamKey] = SyncPolicy(
-            b.S, self, lambda key: self.cost(key[0], key[2]).nbytes)
-        #: each gradient all-reduced on its own (ZeRO 0/1, no buckets): the
-        #: op-by-op backward's common case (:meth:`ready_and_synced`)
-        self._each_all_reduce = (self.policy.route == "each"
-                                 and self.policy.kind is CollectiveType.ALL_REDUCE)
+        self._costs: Dict[Tuple[str, int], ParamCost] = ctx.memo.param_costs
+        #: each gradient all-reduced on its own at once (ZeRO 0/1, no
+        #: buckets): the op-by-op backward's common case (:meth:`synced_at`)
+        self.each_all_reduce = (ctx.route == "each"
+                                and sync_kind(ctx.zero) is CollectiveType.ALL_REDUCE)
         #: ZeRO 2/3 with ``bucket_mb 0``: per stage, what each deferred
         #: sync holds (:func:`queued_peak`)
+        self._deferred = ctx.route == "deferred"
         self._queued: Dict[int, List[Tuple[float, float, float, int, int]]] = {}
 
     def cost(self, block: str, index: int) -> ParamCost:
         hit = self._costs.get((block, index))
         if hit is None:
-            hit = self._costs[(block, index)] = ParamCost(self.b, block, index)
+            hit = self.ctx.param_cost(block, index)
         return hit
 
-    def ready(self, key: ParamKey, stage: int, end: Optional[float]) -> None:
-        """The gradient ``key`` is final at ``end``: the policy synchronises it."""
-        self.final[key] = end
-        self.policy.final(key, stage)
-
-    def ready_and_synced(self, key: ParamKey, stage: int, end: Optional[float]) -> float:
-        """:meth:`ready`, then the gradient's synchronised end (0.0 while it
-        waits for a bucket or the backward pass's end). Where the policy
-        all-reduces each gradient on its own at once, a gradient whose
-        collective is timed takes :meth:`sync_one`'s steps without the
-        calls between (an estimate syncs every gradient of the model this
-        way)."""
-        if self._each_all_reduce:
-            pc = self._costs.get((key[0], key[2]))
-            if pc is not None and pc.sync is not None:
-                self.final[key] = end
-                synced = self.synced[key] = self.tl.comm_on(stage, pc.sync, end or 0.0)
-                return synced
-        self.ready(key, stage, end)
-        return self.synced.get(key) or 0.0
+    def nbytes(self, key: ParamKey) -> int:
+        """The bytes of a parameter's gradient (what fills a bucket)."""
+        return self.cost(key[0], key[2]).nbytes
 
     # -- the sink of the sync policy ---------------------------------------------
     def keep_local(self, key: ParamKey, stage: int) -> None:
@@ -155,7 +96,7 @@ class StepSync:
     def sync_one(self, key: ParamKey, stage: int,
                  kind: CollectiveType = CollectiveType.ALL_REDUCE) -> None:
         end = self.synced[key] = self.scatter((key[0], key[2]), stage, self.final[key], kind)
-        if self.policy.route == "deferred":
+        if self._deferred:
             # after the backward pass: the flat copies made one after another
             # on the compute stream while their reduce-scatters queue
             pc = self.cost(key[0], key[2])
@@ -172,71 +113,108 @@ class StepSync:
         pc = self.cost(*param)
         final = end or 0.0
         if pc.sync is None:
-            pc.sync = self.b.dp_time(kind, pc.nbytes)
+            pc.sync = self.ctx.dp_time(kind, pc.nbytes)
         if kind is CollectiveType.REDUCE_SCATTER:
             t, f = pc.flat
-            self.b.flops[stage] += f
+            self.ctx.flops[stage] += f
             final = self.tl.compute(stage, t, final)
         return self.tl.comm_on(stage, pc.sync, final)
 
     def sync_bucket(self, bucket: List[ParamKey], stage: int) -> None:
-        b = self.b
+        ctx = self.ctx
         costs = [self.cost(k[0], k[2]) for k in bucket]
-        flats = [b.small(stage, "reshape", [(pc.numel, pc.dtype)], [(pc.numel, pc.dtype)],
-                         self.final[k] or 0.0) for k, pc in zip(bucket, costs)]
+        flats = [ctx.small(stage, "reshape", [(pc.numel, pc.dtype)], [(pc.numel, pc.dtype)],
+                           self.final[k] or 0.0) for k, pc in zip(bucket, costs)]
         dtype = costs[0].dtype
         total = sum(pc.numel for pc in costs)
-        cat = b.small(stage, "concat", [(pc.numel, dtype) for pc in costs],
-                      [(total, dtype)], max(flats))
-        ar = self.tl.comm_on(stage, b.dp_time(CollectiveType.ALL_REDUCE,
-                                              total * dtype.itemsize), cat)
+        cat = ctx.small(stage, "concat", [(pc.numel, dtype) for pc in costs],
+                        [(total, dtype)], max(flats))
+        ar = self.tl.comm_on(stage, ctx.dp_time(CollectiveType.ALL_REDUCE,
+                                                total * dtype.itemsize), cat)
         self.buckets.setdefault(stage, []).append(total * dtype.itemsize)
         self.unpack.append((bucket, stage, ar, total, dtype))
 
-    def settle_units(self, stage: int) -> None:
-        self.b.settle_units(stage)
+    def reduce_scatter_unit(self, unit: Tuple[ParamKey, ...], stage: int, mb: int) -> None:
+        """A block's unit of gradients (``unit``: their parameter keys), all
+        made (:attr:`.context.StepContext.unit_made_at`): concatenated row
+        by row (compute) and reduce-scattered (its end noted in
+        :attr:`~.context.StepContext.unit_ends`); settled at the stage's
+        next unit (the policy settles the stage's previous unit first)."""
+        ctx = self.ctx
+        name, layer = unit[0][0], unit[0][1]
+        indices = tuple(key[2] for key in unit)
+        made = max(ctx.unit_made_at.pop(key) for key in unit)
+        params = ctx.profile.params[name]
+        d = params[indices[0]].dtype
+        t_cat = ctx.costs.cost("chunk_cat", [(params[i].numel, d) for i in indices],
+                               [(sum(params[i].numel for i in indices), d)])[0]
+        end = self.tl.compute(stage, t_cat, made)
+        end = self.tl.comm_on(stage, ctx.dp_time(CollectiveType.REDUCE_SCATTER,
+                                                 ctx.unit_bytes(name)), end)
+        ctx.unit_pending.setdefault(stage, []).append((name, layer, indices, mb, end))
+        ctx.unit_ends.append(end)
 
-    def reduce_scatter_unit(self, unit: Tuple[ParamKey, ...], stage: int,
-                            microbatch: int) -> None:
-        self.b.scatter_unit(unit, stage, microbatch)
+    def settle_units(self, stage: int) -> None:
+        """The units of ``stage`` reduce-scattered and not settled: each
+        result split into the shards (compute, after its reduce-scatter),
+        then, past the first micro-batch, each shard's accumulation (and at
+        the last, its average); a gradient is synchronised where its shard
+        is settled at the last micro-batch (as GradientSync.settle_units)."""
+        ctx, tl = self.ctx, self.tl
+        for name, layer, unit, mb, rs_end in ctx.unit_pending.pop(stage, []):
+            params = ctx.profile.params[name]
+            d = params[unit[0]].dtype
+            shards = [params[i].numel // ctx.dp for i in unit]
+            t_split = ctx.costs.cost("split", [(sum(shards), d)], [(n, d) for n in shards])[0]
+            end = tl.compute(stage, t_split, rs_end)
+            ops = ctx.shard_ops(mb) if mb else None
+            for i in unit:
+                if ops is not None:
+                    t, fl = ops[(name, i)]
+                    ctx.flops[stage] += fl
+                    end = tl.compute(stage, t, end)
+                if mb == ctx.microbatches - 1:
+                    key = (name, layer, i)
+                    self.final[key] = self.synced[key] = end
 
     def unpack_buckets(self) -> None:
         """After the backward pass: the buckets unpacked (the memory walk's
         notes of what they and the deferred syncs held)."""
-        b = self.b
+        ctx = self.ctx
+        memo = ctx.memo
         for stage, queued in self._queued.items():
             held = queued_peak(queued)
-            if held > b.memo.flat_queued.get(stage, 0):
-                b.memo.flat_queued[stage] = held
-        b.memo.buckets = {s: tuple(v) for s, v in self.buckets.items()}
-        b.memo.bucketed = bucketed = {}
+            if held > memo.flat_queued.get(stage, 0):
+                memo.flat_queued[stage] = held
+        memo.buckets = {s: tuple(v) for s, v in self.buckets.items()}
+        memo.bucketed = bucketed = {}
         for bucket, stage, ar, total, dtype in self.unpack:
             held = bucketed.setdefault(stage, {})
             for k in bucket:
                 held[k] = self.cost(k[0], k[2]).nbytes
-            split = b.small(stage, "split", [(total, dtype)],
-                            [(b.param(k).numel, dtype) for k in bucket], ar)
+            split = ctx.small(stage, "split", [(total, dtype)],
+                              [(ctx.param(k).numel, dtype) for k in bucket], ar)
             for k in bucket:
-                p = b.param(k)
-                self.synced[k] = b.small(stage, "reshape", [(p.numel, p.dtype)],
-                                         [(p.numel, p.dtype)], split)
+                p = ctx.param(k)
+                self.synced[k] = ctx.small(stage, "reshape", [(p.numel, p.dtype)],
+                                           [(p.numel, p.dtype)], split)
         self.unpack = []
 
     def tie(self, emb: ParamKey, head: ParamKey) -> None:
-        b = self.b
-        s0, s1 = b.stage_of(0), b.stage_of(b.C - 1)
-        p = b.param(emb)
+        ctx = self.ctx
+        s0, s1 = ctx.stage_of(0), ctx.stage_of(ctx.chunks - 1)
+        p = ctx.param(emb)
         n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
-        t = b.colls.time(CollectiveType.ALL_REDUCE, (b.rank0(s0), b.rank0(s1)),
-                         n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
+        t = ctx.colls.time(CollectiveType.ALL_REDUCE, (ctx.rank0(s0), ctx.rank0(s1)),
+                           n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
         end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
         self.synced[emb] = self.synced[head] = end
 
     def update(self, params) -> None:
-        """The optimizer step of every parameter (``params``: the builder's
-        :meth:`~.timeline.Builder.all_params`, in order), as runs of one
+        """The optimizer step of every parameter (``params``: the context's
+        :meth:`~.context.StepContext.all_params`, in order), as runs of one
         stage's parameters (:meth:`optimizer_steps`)."""
-        flops, synced = self.b.flops, self.synced
+        flops, synced = self.ctx.flops, self.synced
         compute_each, chain = self.tl.compute_each, self.tl.chain
         for update_alone, stage, keys, items, fls in self.optimizer_steps():
             # a run of one stage's parameters: one call; FLOPs added one by
@@ -248,18 +226,11 @@ class StepSync:
             else:
                 chain(stage, items, readies)
 
-    def finish(self) -> None:
-        """After the backward pass: the policy's end of the step (the
-        deferred syncs, the last buckets, unpacking them, the tied
-        embedding, the optimizer)."""
-        b = self.b
-        self.policy.finish(b.pp, b.all_params(), self.tied_pairs())
-
     def tied_pairs(self) -> List[Tuple[ParamKey, int, ParamKey, int]]:
         """The tied embedding and head, each with its stage (none if the
         model unties them)."""
-        b = self.b
-        prof = b.prof
+        ctx = self.ctx
+        prof = ctx.profile
         if not prof.tied:
             return []
         emb = next(((EMB, None, i) for i, p in enumerate(prof.params[EMB])
@@ -269,11 +240,11 @@ class StepSync:
                      p.numel == prof.params[EMB][emb[2]].numel), None) if emb else None
         if emb is None or head is None:
             return []
-        return [(emb, b.stage_of(0), head, b.stage_of(b.C - 1))]
+        return [(emb, ctx.stage_of(0), head, ctx.stage_of(ctx.chunks - 1))]
 
     def optimizer_steps(self) -> List[tuple]:
         """The parameters in the order the optimizer updates them
-        (:meth:`Builder.all_params`) as runs of consecutive ones of one
+        (:meth:`.context.StepContext.all_params`) as runs of consecutive ones of one
         stage, ``(update alone, stage, keys, items, FLOPs in the order they
         are added)``: where a parameter's optimizer is the update alone
         (ZeRO 0 and 3), ``items`` are the update times
@@ -283,13 +254,13 @@ class StepSync:
         all-gather, the ops after) as :meth:`.engine.Timeline.chain`
         takes them. The same for every walk of a configuration: worked out
         once (:attr:`.state.Memo.optimizer_steps`)."""
-        memo = self.b.memo
+        memo = self.ctx.memo
         if memo.optimizer_steps is not None:
             return memo.optimizer_steps
         steps: List[tuple] = []
         run: Optional[tuple] = None
         entries: Dict[Tuple[str, int], tuple] = {}      # the same in every layer
-        for key, stage in self.b.all_params():
+        for key, stage in self.ctx.all_params():
             entry = entries.get((key[0], key[2]))
             if entry is None:
                 entry = entries[(key[0], key[2])] = self._optimizer_entry(key)
@@ -335,12 +306,12 @@ class StepSync:
         the all-gather of the new parameter, or None; the template's ops
         after it (the reshape back), or None)``. The same for a parameter
         in every layer: kept in its :class:`ParamCost` (``pc``)."""
-        b = self.b
-        p = b.param(key)
+        ctx = self.ctx
+        p = ctx.param(key)
         plan = update_plan(self.zero, self.dp)
         pre = p.opt_pre if plan.flatten else None
         cut = pc.slice if plan.slice else None
-        gather = b.dp_time(CollectiveType.ALL_GATHER, pc.nbytes) if plan.gather else None
+        gather = ctx.dp_time(CollectiveType.ALL_GATHER, pc.nbytes) if plan.gather else None
         post = p.opt_post if plan.reshape else None
         pc.plan = (pre, cut, pc.update, gather, post)
         return pc.plan

@@ -15,47 +15,24 @@ a parameter's update) is computed once per configuration.
 """
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..ir.types import DType
-from ..models.gpt import GPTConfig
-from ..topology import Topology
-from ..transforms.pipeline import (merge_tasks, partition_balanced, partition_layers,
-                                  schedule_tasks)
-from ..transforms.strategy import Strategy
-from ..transforms.sync_policy import accumulation_ops, prefetch_window
-from .costs import collectives, op_costs
+from ..transforms.pipeline import merge_tasks, schedule_tasks
+from ..transforms.sync_policy import SyncPolicy, prefetch_window
+from .blocks import LayerProfile
+from .context import Case, StepContext
 from .engine import Timeline
-from .replay import ReplayedBackward
 from .gates import chain, emit_chain, gather_plan, gather_time
+from .gathered import note_peak
 from .notes import MemoryNotes
-from .params import ParamLayout
-from .profile import EMB, HEAD, LAYER, LayerProfile
-from .state import Memo, ScatterTerms, Walk, shared_prefix
+from .replay import ReplayedBackward
+from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
 from .sync import StepSync
 
 __all__ = ["Builder", "Case", "Memo", "ScatterTerms", "Walk", "program_order",
            "shared_prefix"]
-
-MB = 1 << 20
-
-
-@dataclass
-class Case:
-    """One configuration, resolved: the GPT config with its batch sizes,
-    the strategy (dp filled in), micro-batches per step, the topology."""
-
-    model: Dict[str, Any]
-    config: GPTConfig
-    strategy: Strategy
-    microbatches: int
-    topology: Topology
-    topology_name: str
-    collective_algo: str
 
 
 # -- the timeline -------------------------------------------------------------------
@@ -73,290 +50,126 @@ def program_order(schedule: str, pp: int, microbatches: int, chunks: int,
                        lambda task: cost.get((task[0], task[2]), 1.0))
 
 
-class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
+class Builder:
     """Emits the items of one configuration in LowerSPMD's program order
     on a :class:`~.engine.Timeline`, which settles each as it
     comes: an item is its end time here, and ``ready`` (the latest end
-    among an item's dependencies) is what the next one waits for."""
+    among an item's dependencies) is what the next one waits for. Its
+    parts share the walk's :class:`~.context.StepContext` (:attr:`ctx`):
+    the memory notes, the gradient sync (the timeline sink of the
+    lowering's :class:`~distsim.transforms.sync_policy.SyncPolicy`) and the
+    op-by-op backward tasks with their replays."""
 
-    def __init__(self, case: Case, profile: LayerProfile, memo: Optional["Memo"] = None
+    #: whether :meth:`complete` notes the values a pipeline stage receives
+    #: ahead of the tasks reading them (the shorter of two extrapolation
+    #: walks need not: the longer has the same tasks, one micro-batch more)
+    note_received = True
+
+    def __init__(self, case: Case, profile: LayerProfile, memo: Optional[Memo] = None
                  ) -> None:
-        self.case = case
-        self.prof = profile
-        S = self.S = case.strategy
-        self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
-        self.M = case.microbatches
-        self.C = S.pp * S.chunks
-        if S.partition == "balanced":     # as LowerSPMD balances (by roofline time)
-            costs = profile.partition_costs
-            self.ranges = partition_balanced([costs.get(LAYER, 0.0)] * case.config.layers,
-                                             self.C, first=costs.get(EMB, 0.0),
-                                             last=costs.get(HEAD, 0.0))
-        else:
-            self.ranges = partition_layers(case.config.layers, self.C)
-        self.chunk_of_layer = [c for c, (start, end) in enumerate(self.ranges)
-                               for _ in range(start, end)]
-        #: What a task's costs depend on in each chunk: whether it holds the
-        #: embedding, the head, and how many layers (chunks alike cost alike).
-        self.shapes = [(c == 0, c == self.C - 1, end - start)
-                       for c, (start, end) in enumerate(self.ranges)]
-        #: how many chunks have each shape
-        self.shape_chunks = Counter(self.shapes)
-        self.tl = Timeline(S.pp)
-        self.colls = collectives(case.topology_name, case.collective_algo)
-        self.costs = op_costs(case.topology_name)
-        # every stage's data-parallel team sits on the hardware as stage 0's does
-        self.dp_team = tuple(S.rank(d, 0, 0) for d in range(self.dp))
-        self.zero = S.zero
-        self.zero3 = self.zero == 3 and self.dp > 1
-        #: ZeRO-3 by layer (``zero3_unit: layer``): a block's gathers, and
-        #: with a reduce-scatter per micro-batch its gradients', as one
-        self.by_layer = self.zero3 and S.zero3_unit == "layer"
-        self.master = DType.parse(str(case.config.master_dtype))
-        self.flops = [0.0] * S.pp
-        # memos: what is the same for every task / layer of the step
-        self.memo = Memo() if memo is None else memo
-        self.sync = StepSync(self)
-        #: the lowering's decisions (:class:`~distsim.transforms.sync_policy.SyncPolicy`):
-        #: how a final gradient is synchronised, and whether ZeRO 2/3
-        #: reduce-scatter every micro-batch's gradients as they are made
-        self.route = self.sync.policy.route
-        self.scatter_each = self.sync.policy.scatter_each
-        #: per stage, the flat gradient copies (bytes, end of their
-        #: reduce-scatter) that may outlive the backward that made them
-        self.flats: Dict[int, List[Tuple[int, float]]] = {}
-        #: ZeRO-3's backward past the first micro-batch, recorded relative to
-        #: its start, per (chunk shape, last micro-batch or not)
-        #: (:meth:`_accumulating_backward`); this walk's own (a replay is
-        #: exact to rounding, not to the bit: two walks that share a start
-        #: share its records, and no others, so that a forked walk is two
-        #: walks to the bit)
-        self.replays: Dict[tuple, tuple] = {}
-        #: ZeRO-3 by layer: per stage, the units reduce-scattered and not
-        #: yet settled (:meth:`settle_units`); when each unit gradient was
-        #: made, until its unit is reduce-scattered; each unit's
-        #: reduce-scatter end, in order (:meth:`scatter_unit`)
-        self.unit_pending: Dict[int, list] = {}
-        self.unit_made_at: Dict[tuple, float] = {}
-        self.unit_ends: List[float] = []
+        self.ctx = StepContext(case, profile, memo)
+        self.notes = MemoryNotes(self.ctx)
+        self._start_sync()
 
-    def close(self) -> None:
-        """Drop the step sync, which refers back to this builder, and its
-        policy, which refers back to it (its sink): without this every
-        estimate's builders are reference cycles left to the cyclic
-        collector (about a quarter of a sweep's time went to its passes).
-        The builder is not used after."""
-        self._drop_sync()
-
-    def _drop_sync(self) -> None:
-        if self.sync is not None:
-            self.sync.policy = None
-        self.sync = None
-
-    # -- helpers ---------------------------------------------------------
-    def stage_of(self, c: int) -> int:
-        return c % self.pp
-
-    def dp_time(self, kind: CollectiveType, nbytes: float) -> float:
-        """A collective of every stage's data-parallel team (:attr:`dp_team`),
-        memoised here: the shared cache's key would hash the whole team."""
-        key = (kind, nbytes)
-        hit = self.memo.dp_times.get(key)
-        if hit is None:
-            hit = self.memo.dp_times[key] = self.colls.time(kind, self.dp_team, nbytes)
-        return hit
-
-    def rank0(self, stage: int) -> int:
-        return self.S.rank(0, stage, 0)
-
-    def blocks_of(self, kind: str, c: int) -> List[Tuple[str, Optional[int]]]:
-        """The blocks of chunk ``c`` in a forward / backward task's order
-        (the same list every call: do not modify it)."""
-        hit = self.memo.blocks.get((kind, c))
-        if hit is not None:
-            return hit
-        start, end = self.ranges[c]
-        out: List[Tuple[str, Optional[int]]] = []
-        if c == 0:
-            out.append((EMB, None))
-        out.extend((LAYER, layer) for layer in range(start, end))
-        if c == self.C - 1:
-            out.append((HEAD, None))
-        out = self.memo.blocks[(kind, c)] = out if kind == "F" else out[::-1]
-        return out
-
-    def small(self, stage: int, op_type: str, ins, outs, ready: float) -> float:
-        t, f = self.costs.cost(op_type, ins, outs)
-        self.flops[stage] += f
-        return self.tl.compute(stage, t, ready)
-
-    # -- tasks -------------------------------------------------------------
-    def task_work(self, kind: str, c: int) -> float:
-        blocks = self.prof.blocks
-        total = 1.0
-        for name, _ in self.blocks_of(kind, c):
-            total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
-        return total
-
-    def scatter_costs(self, c: int, order, mb: int) -> Tuple[float, float, float]:
-        """ZeRO 2/3 with a reduce-scatter per micro-batch: per task, (compute
-        after the task: flattening each gradient for the first micro-batch,
-        accumulating (and at the last, averaging) on the 1/dp shard past
-        it; reduce-scatter time; the FLOPs the lowering adds or saves).
-        The same for every task over the same blocks in the same class of
-        micro-batch (the first, a middle one, the last): computed once."""
-        ops = accumulation_ops(mb, self.M)
-        memo = (self.shapes[c], mb > 0, ops)
-        hit = self.memo.scatter.get(memo)
-        if hit is not None:
-            return hit
-        after = flops = rs = 0.0
-        for name, _ in order:
-            terms = self._block_scatter(name, ops)
-            for x in (terms.flat if mb == 0 else terms.on_shard):
-                after += x
-            for x in terms.flops:
-                flops += x
-            for x in terms.rs:
-                rs += x
-        hit = self.memo.scatter[memo] = (after, rs, flops)
-        return hit
-
-    def _block_scatter(self, name: str, ops: Tuple[str, ...]) -> "ScatterTerms":
-        """:meth:`scatter_costs`' terms of one block, in the order they are
-        added, per parameter: flattening its gradient; the accumulation
-        ``ops`` of its micro-batch
-        (:func:`~distsim.transforms.sync_policy.accumulation_ops`) on the
-        shard, and the same on the whole gradient, which the template does
-        and the lowered program does not; FLOPs; its reduce-scatter."""
-        memo = (name, ops)
-        hit = self.memo.scatter_terms.get(memo)
-        if hit is not None:
-            return hit
-        terms = ScatterTerms()
-        for i in range(len(self.prof.params[name])):
-            pc = self.sync.cost(name, i)
-            n, d, shard = pc.numel, pc.dtype, pc.shard
-            terms.flat.append(pc.flat[0])
-            terms.flops.append(pc.flat[1])
-            terms.rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes))
-            for op in ops:
-                ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
-                full = self.costs.cost(op, ins, [(n, d)])
-                part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
-                terms.whole.append(full[0])
-                terms.on_shard.append(part[0])
-                terms.shard_flops.append(part[1])
-                terms.flops.append(part[1] - full[1])
-        hit = self.memo.scatter_terms[memo] = terms
-        return hit
-
-    def _accumulation_shift(self, name: str, kind: str, mb: int) -> float:
-        """ZeRO 2/3 with a reduce-scatter per micro-batch, the backward of a
-        micro-batch past the first: the template accumulates (and at the
-        last, averages) each whole gradient inside the backward, the
-        lowered program flattens it there and reduce-scatters it, then
-        accumulates the shard that arrives. So a block's time gains the
-        flattening and loses the whole-gradient ops (it stays positive:
-        they are part of it); the shard ops come after the reduce-scatter
-        (:meth:`scatter_costs`)."""
-        if kind != "B" or mb == 0 or not self.scatter_each:
-            return 0.0
-        terms = self._block_scatter(name, accumulation_ops(mb, self.M))
-        shift = 0.0
-        for x in terms.flat:
-            shift += x
-        for x in terms.whole:
-            shift -= x
-        return shift
+    def _start_sync(self) -> None:
+        """A fresh gradient sync (and the backward tasks that drive it) on
+        the context's timeline."""
+        ctx = self.ctx
+        self.sync = StepSync(ctx)
+        self.policy: SyncPolicy = SyncPolicy(ctx.strategy, self.sync, self.sync.nbytes)
+        self.backward = ReplayedBackward(ctx, self.sync, self.policy, self.notes)
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
-        flats = self.flats.get(stage)
+        ctx = self.ctx
+        flats = ctx.flats.get(stage)
         if flats:
             # the flat copies still waiting for their reduce-scatters when
             # the task peaks: a backward's start (its saved activations go
             # as it runs), a forward's end (they come)
-            start = max(ready, self.tl.free[2 * stage])
-            flats = self.flats[stage] = [x for x in flats if x[1] > start]
+            start = max(ready, ctx.tl.free[2 * stage])
+            flats = ctx.flats[stage] = [x for x in flats if x[1] > start]
             if flats and kind == "B":
-                self._note_blocks(stage, mb, c, start, flats)
+                self.notes.blocks(stage, mb, c, start, flats)
             elif flats:
                 end = self._emit_task(stage, kind, mb, c, ready)
-                self._note_flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
+                self.notes.flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
                 return end
         return self._emit_task(stage, kind, mb, c, ready)
 
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
-        last_b = kind == "B" and mb == self.M - 1
-        if last_b and not self.scatter_each:
-            return self._last_backward(stage, c, ready)
-        if kind == "B" and mb == 0 and self.scatter_each:
+        ctx = self.ctx
+        last_b = kind == "B" and mb == ctx.microbatches - 1
+        if last_b and not ctx.scatter_each:
+            return self.backward.last_backward(stage, c, ready)
+        if kind == "B" and mb == 0 and ctx.scatter_each:
             # ZeRO 2/3 reduce-scatter each gradient of the first micro-batch
             # as it is produced (flattened right after it): op by op, as the
             # last backward without a reduce-scatter per micro-batch
-            return self._first_backward(stage, c, ready)
-        if kind == "B" and self.scatter_each and self.zero3:
-            # ZeRO-3 past the first micro-batch: the same, and each shard's
-            # accumulation waits for its reduce-scatter, which waits on the
-            # comm stream behind the gathers issued before it
-            return self._accumulating_backward(stage, c, mb, ready)
+            return self.backward.first_backward(stage, c, ready)
+        if kind == "B" and ctx.scatter_each:
+            # ZeRO 2/3 past the first micro-batch: the same, and each shard's
+            # accumulation (an op of the backward, in its program order)
+            # waits for its reduce-scatter, which waits on the comm stream
+            # behind the reduce-scatters (and ZeRO-3's gathers) before it
+            return self.backward.accumulating_backward(stage, c, mb, ready)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
-        plan = self.memo.plans.get((kind, self.shapes[c], cls))
+        plan = ctx.memo.plans.get((kind, ctx.shapes[c], cls))
         if plan is None:
-            plan = self.memo.plans[(kind, self.shapes[c], cls)] = self._task_plan(kind, c, mb)
-        tl, flops = self.tl, self.flops
-        if self.zero3:
+            plan = ctx.memo.plans[(kind, ctx.shapes[c], cls)] = self._task_plan(kind, c, mb)
+        tl, flops = ctx.tl, ctx.flops
+        if ctx.zero3:
             # A task whose start finds the stage's communication stream idle
             # depends only on that start (the later of its input and the
             # compute stream's end): the first such task of its plan is
             # recorded, the next ones replay it (:meth:`Timeline.replay`)
             s = 2 * stage
             origin = max(ready, tl.free[s], 0.0)
-            key = ("task", kind, self.shapes[c], cls)
+            key = ("task", kind, ctx.shapes[c], cls)
             clean = tl.free[s + 1] <= origin
-            record = self.replays.get(key) if clean else None
+            record = ctx.replays.get(key) if clean else None
             if record is not None:
-                items, fls, last = record
-                tl.replay(stage, items, origin)
-                for fl in fls:
+                tl.replay(stage, record.items, origin)
+                for fl in record.flops:
                     flops[stage] += fl
-                end = origin + last
+                end = origin + record.last
             else:
                 mark = tl.mark(stage) if clean else None
-                end = self._emit_gathered(stage, plan, ready)
+                end = self._emit_gathered(stage, plan, ready, kind, c, mb)
                 items = tl.since(stage, mark, origin) if mark is not None else None
                 if items is not None:
-                    self.replays[key] = (items, tuple(block[1] for block in plan), end - origin)
+                    ctx.replays[key] = TaskRecord(items, tuple(block[1] for block in plan),
+                                                       end - origin)
         else:
             fl, lead, pieces = plan
             flops[stage] += fl
             if lead:             # the recomputation the task starts with: no wait
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
-        if kind == "B" and self.scatter_each:
-            order = self.blocks_of(kind, c)
-            extra, rs, extra_flops = self.scatter_costs(c, order, mb)
-            self.flops[stage] += extra_flops
-            # a micro-batch past the first (the first: op by op, above): each
-            # accumulation reads its reduce-scatter, so the compute waits
-            end = synced = self.tl.compute(stage, rs + extra, end, extra, holds_comm=True)
-            if last_b:
-                final, synced_at = self.sync.final, self.sync.synced
-                for name, layer in order:
-                    for i in range(len(self.prof.params[name])):
-                        final[(name, layer, i)] = synced_at[(name, layer, i)] = synced
+        if kind == "B":          # block by block: the input gradient before its tail
+            ctx.out_at = end - ctx.out_tail(c, mb)
         return end
 
-    def _emit_gathered(self, stage: int, plan: list, ready: float) -> float:
+    def _emit_gathered(self, stage: int, plan: list, ready: float, kind: str = "F", c: int = 0,
+                       mb: int = 0) -> float:
         """A ZeRO-3 task of :meth:`_task_plan`'s ``plan`` from ``ready``: per
         block, its compute waits for its gathers; entering a block issues
         the gathers of it and of the next ``prefetch`` blocks not issued
         yet, gated on the compute before (the first block's: on the
-        stage's compute so far too, the previous task's). Returns its end."""
-        tl, flops = self.tl, self.flops
+        stage's compute so far too, the previous task's). Returns its end.
+        By parameter, each block's memory with its gathered parameters
+        placed in time is noted for the memory estimate
+        (:func:`.gathered.note_peak`; ``kind``, ``c``, ``mb``: the task)."""
+        ctx = self.ctx
+        tl, flops = ctx.tl, ctx.flops
         prev = max(ready, tl.free[2 * stage])
         issued: List[float] = []
         end = ready
+        order = ctx.blocks_of(kind, c)
+        # each all-gather's gate, start and end (:data:`.gathered.Issued`)
+        entries: List[tuple] = []
+        first = kind == "B" and mb == 0
+        key = (kind, ctx.shapes[c], first)
+        blocks = ctx.profile.blocks
         #: the block before's trailing wait (the plan's), not yet emitted
         wait: Optional[List[tuple]] = None
         for i, (gathers, fl, lead, pieces, reads, tail) in enumerate(plan):
@@ -369,11 +182,17 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             if wait is not None:
                 tl.compute_pieces(stage, wait, prev)
             for start, (_, t) in zip(starts, gathers):
+                j = len(issued)
                 issued.append(tl.comm_on(stage, t, start))
+                entries.append((j, order[j][0], start,
+                                ((t, len(gather_plan(self.ctx, kind, order[j][0]).items) - 1,
+                                  issued[j]),)))
             flops[stage] += fl
+            # the block's compute starts after its copy-ins (by layer)
+            t0 = max(prev, tl.free[2 * stage])
             if reads is not None:
                 # its first piece waits for each gather where it reads it
-                end = emit_chain(self, stage, reads, issued[i], ready if i == 0 else 0.0)
+                end = emit_chain(self.ctx, stage, reads, issued[i], ready if i == 0 else 0.0)
             elif i:
                 end = issued[i]
             else:
@@ -382,6 +201,9 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 end = max(issued[0], ready)
             end = prev = tl.compute_pieces(stage, pieces, end)
             wait = tail
+            blk = blocks[order[i][0]]
+            curve = blk.f_curve if kind == "F" else blk.b_curve if first else blk.b_curve_later
+            note_peak(self.ctx, key, i, curve, t0, entries, kind, wait_all=reads is None)
         return end
 
     def _task_plan(self, kind: str, c: int, mb: int) -> Any:
@@ -394,38 +216,40 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         None, the block's trailing wait emitted after the next block's
         copy-ins or None)`` per block; a piece is a compute item ``(time, busy time,
         holds the communication stream)``."""
-        blocks = self.prof.blocks
-        order = self.blocks_of(kind, c)
+        ctx = self.ctx
+        blocks = ctx.profile.blocks
+        order = ctx.blocks_of(kind, c)
         head = blocks[order[0][0]]
         # a backward starting with recomputation: that part is an item of its
         # own, which does not wait for the task's input (the gradient from
         # the next stage), as in the simulator
         split = kind == "B" and head.b_lead > 0.0
-        lead = [(head.b_lead, head.b_lead_busy, self.tp > 1 and head.b_lead_comm)] \
+        lead = [(head.b_lead, head.b_lead_busy, ctx.tp > 1 and head.b_lead_comm)] \
             if split else []
-        if self.zero3:
+        if ctx.zero3:
             plan = []
             issued = 0
             for i, (name, _) in enumerate(order):
-                upto = prefetch_window(i, len(order), self.S.prefetch).stop
-                gathers = [(gather_plan(self, kind, order[j][0]).copy_in,
-                            gather_time(self, kind, order[j][0])) for j in range(issued, upto)]
+                upto = prefetch_window(i, len(order), ctx.strategy.prefetch).stop
+                gathers = [(gather_plan(self.ctx, kind, order[j][0]).copy_in,
+                            gather_time(self.ctx, kind, order[j][0])) for j in range(issued, upto)]
                 issued = max(issued, upto)
-                t, busy, fl = self._block_time(blocks[name], kind, mb)
-                shift = self._accumulation_shift(name, kind, mb)
+                t, busy, fl = ctx.block_time(blocks[name], kind, mb)
                 # by layer the unit's copy-out instead of its reshapes, at
-                # its first read: in the compute before the first
-                # tensor-parallel collective
-                copy_out = gather_plan(self, kind, name).copy_out if self.by_layer else 0.0
+                # its first read (:func:`.gates.split_change`)
+                unit = gather_plan(self.ctx, kind, name) if ctx.by_layer else None
+                copy_out = unit.copy_out if unit else 0.0
                 cut = split and i == 0
                 if cut:
                     t, busy = t - head.b_lead, busy - head.b_lead_busy
-                # (the forward's first piece is cut at its reads, which
-                # place the copy-out: :func:`.gates.chain`)
-                pieces = self._pieces(kind, order[i:i + 1], t + shift + copy_out,
-                                      busy + shift + copy_out, rest=cut,
-                                      pre_shift=copy_out if kind == "B" else 0.0)
-                reads = None if cut or kind == "B" else chain(self, kind, name, pieces[0])
+                # (the forward's first piece is cut at its reads:
+                # :func:`.gates.chain`)
+                pieces = self._pieces(kind, order[i:i + 1],
+                                      t + (unit.copy_out_time if unit else 0.0),
+                                      busy + copy_out, rest=cut,
+                                      pre_shift=unit.copy_out_pre(kind) if unit else 0.0,
+                                      post_shift=unit.copy_out_post if unit else 0.0)
+                reads = None if cut else chain(self.ctx, kind, name, pieces[0])
                 plan.append([gathers, fl, lead if cut else [],
                              pieces if reads is None else pieces[1:], reads, None])
             # a block that ends waiting for a collective before a block with
@@ -436,17 +260,16 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
             return [tuple(block) for block in plan]
         total = busy = fl = 0.0
         for name, _ in order:
-            t, b, f = self._block_time(blocks[name], kind, mb)
-            shift = self._accumulation_shift(name, kind, mb)
-            total += t + shift
-            busy += b + shift
+            t, b, f = ctx.block_time(blocks[name], kind, mb)
+            total += t
+            busy += b
             fl += f
         if split:
             total, busy = total - head.b_lead, busy - head.b_lead_busy
         return fl, lead, self._pieces(kind, order, total, busy, rest=split)
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
-                pre_shift: float = 0.0) -> List[tuple]:
+                pre_shift: float = 0.0, post_shift: float = 0.0) -> List[tuple]:
         """The compute items of a task over the blocks ``order``: one, or with
         tensor-parallel collectives, which hold the communication stream from
         the first to the last of them, the compute before and after alone
@@ -454,80 +277,83 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         no compute between its collectives (the embedding's forward: one
         reduce-scatter) is split too: its compute before the collective runs
         while the communication stream is still busy (ZeRO-3's prefetched
-        gathers), as in the simulator. ``pre_shift``: a change of the
-        compute before the first collective (ZeRO-3 by layer: the unit's
-        copy-out in place of the template's reshapes)."""
-        blocks = self.prof.blocks
+        gathers), as in the simulator. ``pre_shift`` / ``post_shift``: a
+        change of the compute before the first collective / after the last
+        (ZeRO-3 by layer: the unit's copy-out in place of the template's
+        reshapes)."""
+        ctx = self.ctx
+        blocks = ctx.profile.blocks
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
         post = last.f_post if kind == "F" else last.b_post
-        holds = self.tp > 1
+        if post is not None and post_shift:
+            post = max(0.0, post + post_shift)
+        holds = ctx.tp > 1
         if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
             return [(total, busy, holds)]
         return [(pre, None, False), (total - pre - post, max(0.0, busy - pre - post), True),
                 (post, None, False)]
-
-    def _block_time(self, blk, kind: str, mb: int) -> Tuple[float, float, float]:
-        if kind == "F":
-            return blk.f, blk.f_busy, blk.f_flops
-        if mb == 0:
-            return blk.b_first, blk.b_first_busy, blk.b_flops
-        if mb == self.M - 1:
-            return blk.b_last, blk.b_last_busy, blk.b_flops
-        return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
     # -- the whole step ----------------------------------------------------------
     def sends(self, kind: str, c: int) -> Optional[Tuple[int, Tuple[int, int], List[float]]]:
         """Where a task of chunk ``c`` sends its outputs: ``(the chunk that
         reads them, (this stage, its stage), the time of each send)``, or
         None (the first / last chunk, or the reader on the same stage)."""
-        if kind == "F" and c < self.C - 1:
-            dst_c, sizes = c + 1, self.prof.forward_crossing
+        ctx = self.ctx
+        if kind == "F" and c < ctx.chunks - 1:
+            dst_c, sizes = c + 1, ctx.profile.forward_crossing
         elif kind == "B" and c > 0:
-            dst_c, sizes = c - 1, self.prof.backward_crossing
+            dst_c, sizes = c - 1, ctx.profile.backward_crossing
         else:
             return None
-        src, dst = self.stage_of(c), self.stage_of(dst_c)
+        src, dst = ctx.stage_of(c), ctx.stage_of(dst_c)
         if dst == src:
             return None
-        pair = (self.rank0(src), self.rank0(dst))
-        return dst_c, (src, dst), [self.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
+        pair = (ctx.rank0(src), ctx.rank0(dst))
+        return dst_c, (src, dst), [ctx.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
                                    for nbytes in sizes]
 
     def walk(self) -> "Walk":
         """The start of this configuration's walk through LowerSPMD's
         program order (:meth:`advance`, :meth:`complete`)."""
-        S, C, M = self.S, self.C, self.M
-        work = tuple((k, c, self.task_work(k, c)) for k in ("F", "B") for c in range(C))
+        ctx = self.ctx
+        S, C, M = ctx.strategy, ctx.chunks, ctx.microbatches
+        work = tuple((k, c, ctx.task_work(k, c)) for k in ("F", "B") for c in range(C))
         self._routes = {k: [self.sends(k, c) for c in range(C)] for k in ("F", "B")}
         return Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
 
     def _send(self, w: "Walk", task: Tuple[str, int, int]) -> None:
         """The sends of a task's outputs (``task``: kind, micro-batch, chunk)
-        to the next stage, gated on its end."""
+        to the next stage, gated on where they are made: a forward's end, a
+        backward's input gradient (:attr:`Walk.outs`)."""
         kind, mb, c = task
         route = self._routes[kind][c]
         if route is None:
             return
         dst_c, (src, dst), times = route
         key = (kind, mb, dst_c)
-        w.recv[key] = self.tl.p2p_chain(src, dst, times, w.ends[task] or 0.0,
-                                        w.recv.get(key, 0.0))
+        at = w.outs.get(task)
+        made = w.ends[task] or 0.0 if at is None else at
+        w.recv[key] = self.ctx.tl.p2p_chain(src, dst, times, made, w.recv.get(key, 0.0))
 
     def advance(self, w: "Walk", stop: int) -> None:
         """Emit the tasks of the program order up to position ``stop``
         (sends flushed when the schedule's clock passes their task's end,
         as LowerSPMD flushes them)."""
-        ends, recv, pending, emit = w.ends, w.recv, w.pending, self.emit_task
+        ctx = self.ctx
+        ends, outs, recv, pending, emit = w.ends, w.outs, w.recv, w.pending, self.emit_task
         order = w.order
         # most tasks (ZeRO 0/1 but each chunk's last backward) are their
         # plan's compute pieces: :meth:`_emit_task`'s last branch, inlined
         # (a 32-stage pipeline's timeline walks thousands)
-        plain = not (self.zero3 or self.scatter_each)
-        plans, shapes, flops, last_mb = self.memo.plans, self.shapes, self.flops, self.M - 1
-        pieces_on, p2p, routes = self.tl.compute_pieces, self.tl.p2p_chain, self._routes
+        plain = not (ctx.zero3 or ctx.scatter_each)
+        plans, shapes, flops, last_mb = ctx.memo.plans, ctx.shapes, ctx.flops, ctx.microbatches - 1
+        pieces_on, p2p, routes = ctx.tl.compute_pieces, ctx.tl.p2p_chain, self._routes
+        # a backward's compute after its input gradient, per chunk (first
+        # micro-batch, a middle one)
+        tails = [(ctx.out_tail(c, 0), ctx.out_tail(c, 1)) for c in range(ctx.chunks)]
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             for sent in pending.due(start):
@@ -536,7 +362,9 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 if route is not None:
                     dst_c, (src, dst), times = route
                     key = (sent[0], sent[1], dst_c)
-                    recv[key] = p2p(src, dst, times, ends[sent] or 0.0, recv.get(key, 0.0))
+                    at = outs.get(sent)
+                    recv[key] = p2p(src, dst, times, ends[sent] or 0.0 if at is None else at,
+                                    recv.get(key, 0.0))
             kind, mb, c = task
             ready = recv.get(task, 0.0)
             if kind == "B":
@@ -549,12 +377,16 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
                 plan = plans.get(("F", shapes[c], 0)) if plain else None
             if plan is None:
                 ends[task] = emit(stage, kind, mb, c, ready)
+                if kind == "B":      # where it made its input gradient
+                    outs[task], ctx.out_at = ctx.out_at, None
             else:
                 fl, lead, pieces = plan
                 flops[stage] += fl
                 if lead:             # the recomputation the task starts with: no wait
                     pieces_on(stage, lead, 0.0)
-                ends[task] = pieces_on(stage, pieces, ready)
+                ends[task] = end_at = pieces_on(stage, pieces, ready)
+                if kind == "B":
+                    outs[task] = end_at - tails[c][mb != 0]
             pending.add(end, task)
         w.pos = stop
 
@@ -564,8 +396,12 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         self.advance(w, len(w.order))
         for sent in w.pending.rest():
             self._send(w, sent)
-        self.sync.finish()
-        return self.tl
+        ctx = self.ctx
+        if ctx.pp > 1 and self.note_received:
+            self.notes.received(w, self._routes)
+        # the end of the step, as the lowering's policy orders it
+        self.policy.finish(ctx.pp, ctx.all_params(), self.sync.tied_pairs())
+        return ctx.tl
 
     def build(self) -> Timeline:
         return self.complete(self.walk())
@@ -576,19 +412,14 @@ class Builder(MemoryNotes, ReplayedBackward, ParamLayout):
         FLOPs, task ends, arrivals, pending sends). Exact when the two
         configurations emitted the same items up to there, which
         :func:`shared_prefix` finds; no gradient has been synchronised yet."""
-        sync = other.sync
-        if sync.final or sync.policy.deferred or sync.policy.pending or sync.unpack:
+        if other.sync.final or other.policy.deferred or other.policy.pending \
+                or other.sync.unpack:
             raise ValueError("resume: the walk being copied has synchronised gradients")
-        self.tl = other.tl.copy()
-        self.flops = list(other.flops)
-        self.replays = dict(other.replays)
-        self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
-        self.unit_made_at = dict(other.unit_made_at)
-        self.unit_ends = list(other.unit_ends)
-        self._drop_sync()
-        self.sync = StepSync(self)
+        self.ctx.resume(other.ctx)
+        self._start_sync()
         mine.pos = w.pos
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
+        mine.outs = dict(w.outs)
         return mine
 
 

@@ -433,7 +433,7 @@ class OnnxImporter(ShapeHints):
             names = base if out is not None else f"{base}_{op_type}"
         else:
             names = [sanitize_name(n) for n in names]
-        return self.b.op(op_type, list(inputs), full, name=names)
+        return self.b.op(op_type, list(inputs), full, name=names, meta={"scope": node.scope})
 
     # ----- the walk -----------------------------------------------------------
     def run(self) -> Function:

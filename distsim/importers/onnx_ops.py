@@ -10,6 +10,8 @@ DistIR value of an ONNX name, ``cx.const(name)`` its array when known,
 """
 from __future__ import annotations
 
+import ast
+
 import math
 from typing import Any, Callable, Dict, List, Optional
 
@@ -40,6 +42,24 @@ class OnnxNode:
         self.outputs = list(proto.output)
         self.attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
         self.opset = opset
+
+    @property
+    def scope(self) -> str:
+        """Where the node sits in the exported model: the innermost module
+        of the PyTorch exporter's ``pkg.torch.onnx.name_scopes`` (such as
+        ``inner.model.layers.0.self_attn.q_proj``), else the node's name
+        (older exporters write ``/transformer/h.0/attn/MatMul``). Pipeline
+        stages are read off it (:mod:`distsim.transforms.pipeline_layers`)."""
+        for prop in self.proto.metadata_props:
+            if prop.key == "pkg.torch.onnx.name_scopes":
+                try:
+                    scopes = ast.literal_eval(prop.value)
+                except (ValueError, SyntaxError):
+                    break
+                if isinstance(scopes, list) and len(scopes) >= 2:
+                    return str(scopes[-2])
+                break
+        return self.label
 
     def attr(self, name: str, default: Any = None) -> Any:
         value = self.attrs.get(name, default)

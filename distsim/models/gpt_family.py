@@ -69,6 +69,9 @@ def resolve_batch(c: GPTConfig, strategy: Strategy) -> Tuple[GPTConfig, int]:
 
 
 def validate(c: GPTConfig, strategy: Strategy) -> int:
+    if strategy.plan not in (None, "megatron"):
+        raise ConfigError(f"--plan {strategy.plan}: GPT models take --plan megatron only (their "
+                          "builder writes Megatron's layout)")
     c2, m = resolve_batch(c, strategy)
     check_tensor_parallel(c, strategy.tp, strategy.sp)
     chunks = strategy.pp * strategy.chunks

@@ -58,8 +58,10 @@ class MLPConfig:
         return asdict(self)
 
 
-def mlp_forward(config: MLPConfig, device: int | None = 0) -> Function:
-    """Forward pass and loss; ``meta["roles"]`` marks data and parameters."""
+def mlp_forward(config: MLPConfig, device: int | None = 0, layer_meta: bool = False) -> Function:
+    """Forward pass and loss; ``meta["roles"]`` marks data and parameters.
+    With ``layer_meta`` each op of layer ``i`` has ``meta["layer"] = i``
+    (the loss none: it follows the last layer), as pipeline stages need."""
     dtype = DType.parse(config.dtype)
     b = FunctionBuilder("mlp_step")
     x = b.input("x", TensorType((config.batch, config.hidden), dtype, device))
@@ -68,17 +70,18 @@ def mlp_forward(config: MLPConfig, device: int | None = 0) -> Function:
     params = []
     h = x
     for i in range(config.layers):
+        meta = {"layer": i} if layer_meta else None
         w = b.input(f"w{i}", TensorType((config.hidden, config.hidden), dtype, device))
         roles[w.name] = "param"
         params.append(w.name)
-        h = b.op("matmul", [h, w], name=f"h{i}")
+        h = b.op("matmul", [h, w], name=f"h{i}", meta=meta)
         if config.bias:
             bias = b.input(f"b{i}", TensorType((config.hidden,), dtype, device))
             roles[bias.name] = "param"
             params.append(bias.name)
-            h = b.op("add", [h, bias], name=f"h{i}")
+            h = b.op("add", [h, bias], name=f"h{i}", meta=meta)
         if i < config.layers - 1:
-            h = b.op("relu", [h], name=f"a{i}")
+            h = b.op("relu", [h], name=f"a{i}", meta=meta)
     loss = b.op("mse_loss", [h, target], name="loss")
     f = b.finish([loss])
     f.meta["roles"] = roles

@@ -19,8 +19,11 @@ global one: the model is imported at the per-rank micro-batch ``batch /
 lowered by :class:`~distsim.transforms.spmd.LowerSPMD`, as the built-in
 transformers are, on one device too: gradients accumulated over the
 micro-batches, averaged by all-reduce (ZeRO 2/3: reduce-scattered), AdamW
-with fp32 master weights sharded as ``--zero`` says. ``--tp``, ``--pp``
-and ``--recompute`` (an imported graph has no layers) are refused with a
+with fp32 master weights sharded as ``--zero`` says. With ``--train``,
+``--tp``, ``--sp``, ``--pp``, ``--plan`` and ``--recompute`` take the
+generic path (:func:`parallel_step`): tensor parallelism from the plan
+(``megatron`` by default), pipeline layers from the nodes' module scopes
+(``...layers.3...``: layer 3). Without ``--train`` they are refused with a
 ConfigError naming the option and the model, never ignored.
 """
 from __future__ import annotations
@@ -235,16 +238,25 @@ def plan_batches(c: Mapping[str, Any], strategy: Strategy, where: str) -> BatchP
     return BatchPlan(batch, m, batch // (dp * m))
 
 
+def model_parallel(strategy: Strategy) -> bool:
+    """Whether the strategy takes the generic path (a plan's tensor
+    parallelism, pipeline stages, recomputation of layers)."""
+    return (strategy.tp > 1 or strategy.pp > 1 or strategy.plan is not None
+            or strategy.recompute != "none")
+
+
 def check_strategy(strategy: Strategy, train: bool, where: str) -> None:
     """Refuse, naming the option and the model, every strategy field that
     an imported model cannot honour (none is ignored silently)."""
-    if strategy.tp != 1 or strategy.pp != 1:
-        raise ConfigError(f"{where}: imported ONNX models support data parallelism only "
-                          "(--tp 1 --pp 1)")
-    if strategy.recompute != "none":
-        raise ConfigError(f"--recompute {strategy.recompute}: not supported for the imported "
-                          f"ONNX model {where} (an imported graph has no layer structure to "
-                          "recompute); use --recompute none")
+    if model_parallel(strategy) and not train:
+        flags = [f for f, on in ((f"--tp {strategy.tp}", strategy.tp > 1),
+                                 (f"--pp {strategy.pp}", strategy.pp > 1),
+                                 (f"--plan {strategy.plan}", strategy.plan is not None),
+                                 (f"--recompute {strategy.recompute}",
+                                  strategy.recompute != "none")) if on]
+        raise ConfigError(f"{', '.join(flags)}: the imported ONNX model {where} is forward-only "
+                          "here; add --train (tensor and pipeline parallelism, plans and "
+                          "recomputation apply to its training step)")
     if not train:
         for flag, given in ((f"--zero {strategy.zero}", strategy.zero != 0),
                             (f"--bucket-mb {strategy.bucket_mb}", strategy.bucket_mb is not None)):
@@ -281,16 +293,21 @@ def build_onnx(config: Mapping[str, Any], strategy: Strategy,
             raise
         raise VerifyError(f"{e} (imported at the micro-batch of {plan.local} per data-parallel "
                           f"rank; global batch {plan.batch})") from None
+    if hyper is None:
+        hyper = (SGDHyper(lr=float(c["lr"])) if strategy.optimizer == "sgd"
+                 else AdamHyper(lr=float(c["lr"])))
+    model = {"name": config.get("name", "onnx"), "layers": 1, "batch": plan.batch,
+             "micro_batch": plan.local}
+    if c["train"] and model_parallel(strategy):
+        program = parallel_step(with_loss(step), strategy, plan.microbatches, hyper, model)
+        program.meta["constants"] = dict(step.meta.get("constants", {}))
+        return program
     if c["train"]:
         step = with_loss(step)
         step = Autodiff(step.meta["loss"], step.meta["params"])(step)
     elif strategy.num_devices == 1 and plan.microbatches == 1:
         return step
-    step.meta["model"] = {"name": config.get("name", "onnx"), "layers": 1,
-                          "batch": plan.batch, "micro_batch": plan.local}
-    if hyper is None:
-        hyper = (SGDHyper(lr=float(c["lr"])) if strategy.optimizer == "sgd"
-                 else AdamHyper(lr=float(c["lr"])))
+    step.meta["model"] = model
     program = _lower(step, strategy, plan.microbatches, hyper)
     program.meta["model"] = dict(step.meta["model"])
     # the data of the constants, by the name in meta["io"][input]["name"]
@@ -319,6 +336,36 @@ def _lower(step: Function, strategy: Strategy, microbatches: int,
         if info.get("role") == "data" and original in ("param", "const"):
             program.meta["roles"][name] = original
     step.meta["roles"] = roles
+    return program
+
+
+def parallel_step(forward: Function, strategy: Strategy, microbatches: int,
+                  hyper: Union[AdamHyper, SGDHyper], model: Dict[str, Any]) -> Function:
+    """The forward-and-loss step under a plan's tensor parallelism and
+    pipeline stages read off the nodes' scopes (``layers.3``: layer 3), by
+    the generic path (:func:`~distsim.transforms.parallelize.parallelize`).
+    Constants travel as data, as in :func:`_lower`."""
+    # the generic path loads the sharding layer: only when it is taken
+    from ..transforms.parallelize import parallelize, resolve_plan
+    from ..transforms.pipeline_layers import layers_from_scopes
+    name = str(model["name"])
+    plan = resolve_plan(strategy.plan, forward)
+    layers = layers_from_scopes(forward)
+    if layers is None and (strategy.pp > 1 or strategy.recompute != "none") and not plan.cuts:
+        raise ConfigError(f"--pp {strategy.pp}, --recompute {strategy.recompute}: the imported "
+                          f"ONNX model '{name}' names no layers in its nodes' scopes (such as "
+                          "layers.3); give a plan with cuts (--plan FILE)")
+    forward.meta["model"] = dict(model, layers=layers or 1)
+    roles = dict(forward.meta["roles"])
+    trainable = set(forward.meta["params"])
+    forward.meta["roles"] = {k: ("param" if k in trainable else "data") for k in roles}
+    program = parallelize(forward, strategy, microbatches, hyper, _master_dtype(forward), plan,
+                          name)
+    for io_name, info in program.meta["io"].items():
+        original = roles.get(info.get("name", ""))
+        if info.get("role") == "data" and original in ("param", "const"):
+            program.meta["roles"][io_name] = original
+    program.meta["model"] = dict(forward.meta["model"])
     return program
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from itertools import accumulate
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from ..errors import ConfigError
 
@@ -280,13 +280,18 @@ class PendingSends:
         self.count += 1
         heapq.heappush(self.heap, (end, self.count, task))
 
-    def due(self, clock: float) -> Iterator[Any]:
-        """The tasks whose sends are due at ``clock``, in order (taken out)."""
+    def due(self, clock: float) -> Sequence[Any]:
+        """The tasks whose sends are due at ``clock``, in order (taken out;
+        most calls find none: an empty tuple then, nothing made)."""
         heap = self.heap
+        if not heap or heap[0][0] > clock:
+            return ()
+        out = []
         while heap and heap[0][0] <= clock:
-            yield heapq.heappop(heap)[2]
+            out.append(heapq.heappop(heap)[2])
+        return out
 
-    def rest(self) -> Iterator[Any]:
+    def rest(self) -> Sequence[Any]:
         """Every task still waiting, in order (at the end of the program)."""
         return self.due(float("inf"))
 

@@ -48,7 +48,10 @@ class Strategy:
     ZeRO-3's unit of communication, ``param`` (one all-gather and one
     reduce-scatter per parameter) or ``layer`` (one per transformer layer,
     as FSDP wrapping each block does); ``order``: mesh
-    layout, axes from fastest to slowest varying (see the module docstring)."""
+    layout, axes from fastest to slowest varying (see the module docstring);
+    ``plan``: how tensor parallelism places the parameters
+    (:mod:`~distsim.transforms.plans`): ``megatron`` (the default) or the
+    path of a plan file."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -69,6 +72,7 @@ class Strategy:
     prefetch: int = 1
     zero3_unit: Literal["param", "layer"] = "param"
     order: str = "tp-dp-pp"
+    plan: Optional[str] = None
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:
@@ -133,7 +137,7 @@ def _flag(name: str) -> str:
 #: Every field, in the order :meth:`Strategy.__post_init__` checks them.
 _CHECK_ORDER = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
-                "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order")
+                "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order", "plan")
 _POSITIVE = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "micro_batch")
 _BOOLS = ("symmetry", "coarsen", "sp")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
@@ -168,6 +172,10 @@ def check_field(name: str, value: Any, label: Optional[str] = None) -> None:
                                   not math.isfinite(value) or value < 0):
             # NaN compares false with everything: checked by name, not by `< 0`
             raise ConfigError(f"{label}: must be a finite non-negative number, "
+                              f"got {value!r}")
+    elif name == "plan":
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(f"{label}: must be 'megatron' or the path of a plan file, "
                               f"got {value!r}")
     elif name in _CHOICES:
         if value not in _CHOICES[name]:

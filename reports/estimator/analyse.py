@@ -7,8 +7,10 @@ import sys
 
 import numpy as np
 
+from distsim.estimate import AGREEMENT_TOLERANCE
+
 recs = [json.loads(l) for l in open(sys.argv[1])]
-STEP, MEM = 0.03, 0.02
+STEP = MEM = AGREEMENT_TOLERANCE
 both = [r for r in recs if "est" in r and "sim" in r]
 print("records", len(recs), "both ok", len(both))
 print("est refused, sim ok:", sum(1 for r in recs if "est_error" in r and "sim" in r))

@@ -46,7 +46,7 @@ def test_check_exits_0_when_values_agree_and_1_when_they_differ(monkeypatch, cap
 
 
 def test_search_exits_1_when_no_strategy_fits(capsys):
-    # an imported ONNX model runs data parallelism only, at a symbolic batch: nothing fits
+    # a forward-only ONNX import at a symbolic batch: no strategy splits it, nothing fits
     assert main(["search", "--model", "gpt2-tiny", "--topology", "dgx-a100"]) == 1
     assert "no strategy fits" in capsys.readouterr().out
 

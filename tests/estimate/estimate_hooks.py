@@ -30,8 +30,8 @@ def busy_communication_at_start(monkeypatch: Any, name: str) -> None:
     task = getattr(OpByOp, name)
 
     def busy_first(self, stage, c, ready):
-        start = max(ready, self.tl.free[2 * stage])
-        self.tl.free[2 * stage + 1] = start + 1e-3
+        start = max(ready, self.ctx.tl.free[2 * stage])
+        self.ctx.tl.free[2 * stage + 1] = start + 1e-3
         return task(self, stage, c, ready)
 
     monkeypatch.setattr(OpByOp, name, busy_first)

@@ -71,10 +71,10 @@ def test_a_task_recorded_with_replayed_blocks_is_replayed_whole(monkeypatch):
     assert 1 in {args[1] for args in tasks}
 
     def emitted(self, stage, c, mb, ready):
-        return self.emit_last_backward(stage, c, self.blocks_of("B", c), ready,
+        return self.emit_last_backward(stage, c, self.ctx.blocks_of("B", c), ready,
                                        first_microbatch=True, accumulating=mb)
 
-    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_accumulating_backward", emitted)
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "accumulating_backward", emitted)
     emitted_all = est.estimate(options)
     for key in FIGURES:
         assert with_replays[key] == pytest.approx(emitted_all[key], rel=1e-12, abs=1e-12), key
@@ -94,7 +94,7 @@ def test_a_block_starting_with_a_stream_busy_is_emitted(monkeypatch, field):
 
     def busy(self, stage, order, k, origin, *rest):
         if k % 2:
-            self.tl.free[2 * stage + at] = origin + late
+            self.ctx.tl.free[2 * stage + at] = origin + late
         return replay(self, stage, order, k, origin, *rest)
 
     monkeypatch.setattr(estimate_replay.ReplayedBackward, "_block_replay", busy)
@@ -102,7 +102,7 @@ def test_a_block_starting_with_a_stream_busy_is_emitted(monkeypatch, field):
 
     def busy_emitted(self, stage, order, k, origin, *rest):
         if k % 2:
-            self.tl.free[2 * stage + at] = origin + late
+            self.ctx.tl.free[2 * stage + at] = origin + late
         return None, None
 
     monkeypatch.setattr(estimate_replay.ReplayedBackward, "_block_replay", busy_emitted)

@@ -5,7 +5,11 @@ with the tied gradient's all-reduce, and at that instant the optimizer
 casts the gradient to float32 (twice its bytes): counted as the
 embedding's backward transient, it was charged to every backward of the
 embedding's chunk, activations and all (+5.4 % before the fix, against
-the full simulation).
+the full simulation). Then -1.4 %: the next backward (sequence parallel)
+starts with collectives that re-gather what its forward kept, which the
+communication stream runs once the embedding's last collective is over,
+while the embedding still computes its gradient: their results count at
+the end of the block before (:attr:`distsim.estimate.profile.Block.b_early`).
 """
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from distsim.estimate import AGREEMENT_TOLERANCE
+
 from estimate_pairs import estimated_and_simulated
 
 BASE = {"model": "llama2-7b", "topology": "workstation-4gpu-pcie", "dp": 1, "tp": 4,
@@ -16,11 +18,13 @@ BASE = {"model": "llama2-7b", "topology": "workstation-4gpu-pcie", "dp": 1, "tp"
         "network_mode": "analytical"}
 
 
-@pytest.mark.parametrize("batch, tolerance", [(1, 1e-9), (3, 0.01)])
+@pytest.mark.parametrize("batch, tolerance", [(1, 1e-9), (3, AGREEMENT_TOLERANCE)])
 def test_the_embeddings_collective_is_in_its_forward(batch, tolerance):
     options = dict(BASE, global_batch=batch)
     row, sim = estimated_and_simulated(options)
     # one micro-batch: the whole timeline is the template's, exact
     assert row["step_time_s"] == pytest.approx(sim["step_time_s"], rel=tolerance)
+    # (the estimator's bound covers step time and memory; its exposed
+    # communication is held to 3 % here)
     assert row["exposed_communication_s"] == pytest.approx(sim["exposed_communication_s"],
                                                            rel=max(tolerance, 0.03))

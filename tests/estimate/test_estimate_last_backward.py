@@ -78,7 +78,7 @@ def test_a_task_that_finds_the_communication_stream_busy_is_emitted(monkeypatch)
     # record would not stand for the task: nothing is recorded
     options = dict(BASE, dp=2, tp=2, pp=4, global_batch=48, zero=0)
     replays = calls(monkeypatch, "_replay_last")
-    busy_communication_at_start(monkeypatch, "_last_backward")
+    busy_communication_at_start(monkeypatch, "last_backward")
     est.estimate(options)
     assert replays == []
 
@@ -118,14 +118,14 @@ def test_a_recomputation_that_would_run_past_the_input_is_emitted(monkeypatch, e
     # the middle chunks does not stand for stage 1's task (1), and stage 2
     # records nothing (2: stage 1 records); in either timeline
     options = dict(BASE, dp=2, tp=2, pp=4, global_batch=48, zero=0, recompute="full")
-    task = estimate_replay.ReplayedBackward._last_backward
+    task = estimate_replay.ReplayedBackward.last_backward
 
     def early_input(self, stage, c, ready):
         if stage == early:
-            ready = self.tl.free[2 * stage] + 1e-9
+            ready = self.ctx.tl.free[2 * stage] + 1e-9
         return task(self, stage, c, ready)
 
-    monkeypatch.setattr(estimate_replay.ReplayedBackward, "_last_backward", early_input)
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "last_backward", early_input)
     replays = calls(monkeypatch, "_replay_last")
     with_replays = est.estimate(options)
     assert sorted(args[1] for args in replays) == replayed

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from distsim.estimate import point as est
-from distsim.estimate.profile import optimizer_ops, optimizer_role
+from distsim.estimate.profile_memory import optimizer_ops, optimizer_role
 
 
 def _by_trying_each(op_name, names):

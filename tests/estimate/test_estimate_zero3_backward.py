@@ -23,7 +23,8 @@ import random
 import pytest
 
 from distsim.estimate import point as est
-from distsim.estimate import engine as estimate_engine, timeline as estimate_timeline
+from distsim.estimate import engine as estimate_engine, replay as estimate_replay
+from distsim.estimate import timeline as estimate_timeline
 from distsim.estimate.engine import _union
 
 from estimate_pairs import assert_within_bounds
@@ -68,15 +69,15 @@ def test_a_replayed_backward_is_the_backward_emitted_again(monkeypatch, unit):
     options = {"model": "gpt3-175b", "topology": "dgx-a100-x128", "tp": 8, "pp": 16,
                "micro_batch": 1, "global_batch": 1536, "zero": 3, "recompute": "selective",
                "zero3_unit": unit}
-    replays = _count_calls(monkeypatch, estimate_timeline.Builder, "_replay")
+    replays = _count_calls(monkeypatch, estimate_replay.ReplayedBackward, "_replay")
     replayed = est.estimate(options)
     assert len(replays) > 100
 
     def direct(self, stage, c, mb, ready):
-        return self.emit_last_backward(stage, c, self.blocks_of("B", c), ready,
+        return self.emit_last_backward(stage, c, self.ctx.blocks_of("B", c), ready,
                                        first_microbatch=True, accumulating=mb)
 
-    monkeypatch.setattr(estimate_timeline.Builder, "_accumulating_backward", direct)
+    monkeypatch.setattr(estimate_replay.ReplayedBackward, "accumulating_backward", direct)
     emitted = est.estimate(options)
     for key in ("step_time_s", "compute_s", "exposed_communication_s", "idle_s",
                 "communication_s", "max_peak_memory_bytes"):

@@ -57,8 +57,8 @@ def _ahead(kind: str, prefetch: int, zero: int = 3):
     case = est.resolve({"model": "gpt2", "topology": "dgx-a100", "dp": 8, "tp": 1, "pp": 1,
                         "layers": 4, "seq": 256, "micro_batch": 1, "global_batch": 16,
                         "zero": zero, "prefetch": prefetch, "network_mode": "analytical"})
-    b = est.Builder(case, est._profile_for(case), Memo())
-    return prefetched_bytes(b.prof, b.blocks_of(kind, 0), kind,
+    b = est.StepContext(case, est._profile_for(case), Memo())
+    return prefetched_bytes(b.profile, b.blocks_of(kind, 0), kind,
                             case.strategy.prefetch if zero == 3 else 0)
 
 

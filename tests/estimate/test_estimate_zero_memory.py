@@ -1,6 +1,6 @@
 """The estimator's peak memory against the full simulation with ZeRO 1/2
-where the adversarial sample (reports/estimator/) found it outside the
-README's 2 % bound; each case failed before its fix (the numbers in the
+where the adversarial sample (reports/estimator/) found it outside its
+error bound; each case failed before its fix (the numbers in the
 comments: estimate against simulation, before).
 
 * The optimizer's transient was measured on a template that updates whole
@@ -19,9 +19,8 @@ from __future__ import annotations
 import pytest
 
 import distsim
+from distsim.estimate import AGREEMENT_TOLERANCE
 from distsim.estimate import point as est
-
-MEMORY_TOLERANCE = 0.02
 
 
 def _memory(options):
@@ -38,7 +37,7 @@ def test_zero2_optimizer_transient_on_the_shard():
                "zero": 2, "recompute": "full", "order": "pp-dp-tp", "optimizer": "sgd",
                "network_mode": "analytical"}
     row, sim = _memory(options)
-    assert row == pytest.approx(sim, rel=MEMORY_TOLERANCE)
+    assert row == pytest.approx(sim, rel=AGREEMENT_TOLERANCE)
 
 
 def test_zero1_optimizer_transient_on_the_shard():
@@ -48,7 +47,7 @@ def test_zero1_optimizer_transient_on_the_shard():
                "seq": 512, "micro_batch": 2, "global_batch": 32, "zero": 1,
                "optimizer": "sgd", "network_mode": "analytical"}
     row, sim = _memory(options)
-    assert row == pytest.approx(sim, rel=MEMORY_TOLERANCE)
+    assert row == pytest.approx(sim, rel=AGREEMENT_TOLERANCE)
 
 
 def test_zero2_whole_gradient_and_its_flat_copy():
@@ -61,7 +60,7 @@ def test_zero2_whole_gradient_and_its_flat_copy():
                "schedule": "gpipe", "sp": True, "zero": 2, "recompute": "none",
                "network_mode": "analytical"}
     row, sim = _memory(options)
-    assert row == pytest.approx(sim, rel=MEMORY_TOLERANCE)
+    assert row == pytest.approx(sim, rel=AGREEMENT_TOLERANCE)
 
 
 def test_zero2_flat_copies_waiting_inside_the_backward():
@@ -74,7 +73,7 @@ def test_zero2_flat_copies_waiting_inside_the_backward():
                "schedule": "1f1b", "zero": 2, "recompute": "none", "optimizer": "sgd",
                "network_mode": "analytical"}
     row, sim = _memory(options)
-    assert row == pytest.approx(sim, rel=MEMORY_TOLERANCE)
+    assert row == pytest.approx(sim, rel=AGREEMENT_TOLERANCE)
 
 
 def test_zero2_flat_copies_waiting_per_block_of_a_later_backward():
@@ -87,4 +86,21 @@ def test_zero2_flat_copies_waiting_per_block_of_a_later_backward():
                "virtual_stages": 4, "zero": 2, "recompute": "full", "optimizer": "sgd",
                "network_mode": "analytical"}
     row, sim = _memory(options)
-    assert row == pytest.approx(sim, rel=MEMORY_TOLERANCE)
+    assert row == pytest.approx(sim, rel=AGREEMENT_TOLERANCE)
+
+
+@pytest.mark.parametrize("options", [
+    {"model": "gpt2", "topology": "workstation-4gpu-pcie", "dp": 2, "pp": 2, "layers": 4,
+     "seq": 256, "micro_batch": 1, "global_batch": 8, "schedule": "1f1b", "zero": 2},
+    {"model": "llama2-7b", "topology": "workstation-4gpu-pcie", "dp": 4, "layers": 2,
+     "seq": 512, "micro_batch": 1, "global_batch": 8, "zero": 2, "recompute": "full",
+     "optimizer": "sgd"}], ids=["pipeline", "one-stage"])
+def test_copies_still_waiting_where_a_later_backward_makes_its_gradients(options):
+    # ZeRO 2 on PCIe: the first backward's flat copies wait long for their
+    # reduce-scatters. A later backward peaks where it makes a gradient
+    # and its flat copy; the copies still waiting then are those whose
+    # reduce-scatters have not ended by that op, not all those waiting
+    # when its block started (gpt2's lm_head, 77 MB: +13.1 %; llama2-7b
+    # +4.9 %). Both to within a few kB of the simulator's.
+    row, sim = _memory({**options, "network_mode": "analytical"})
+    assert row == pytest.approx(sim, rel=1e-5)

@@ -182,14 +182,16 @@ def test_strategy_options_change_the_simulation():
 @pytest.mark.parametrize("options,flag", [
     ({"recompute": "full"}, "--recompute full"),
     ({"recompute": "selective"}, "--recompute selective"),
-    ({"tp": 2, "dp": 4}, "--tp 1 --pp 1"),
-    ({"pp": 2, "dp": 4}, "--tp 1 --pp 1"),
+    ({"tp": 2, "dp": 4}, "--tp 2"),
+    ({"pp": 2, "dp": 4}, "--pp 2"),
+    ({"plan": "megatron"}, "--plan megatron"),
 ])
-def test_unsupported_options_are_refused_naming_option_and_model(options, flag):
+def test_model_parallel_options_need_train(options, flag):
+    """They apply to the training step (tests/plans/test_onnx_parallel.py);
+    a forward-only import refuses them, naming the option and the model."""
     with pytest.raises(ConfigError) as e:
-        distsim.simulate(model=str(GPT2), topology="dgx-a100", train=True, batch=8, seq=8,
-                         **options)
-    assert flag in str(e.value) and "gpt2-tiny" in str(e.value)
+        distsim.simulate(model=str(GPT2), topology="dgx-a100", batch=8, seq=8, **options)
+    assert flag in str(e.value) and "gpt2-tiny" in str(e.value) and "--train" in str(e.value)
 
 
 @pytest.mark.parametrize("options,flag", [({"zero": 1}, "--zero 1"),

@@ -10,6 +10,7 @@ from sweep_fakes import TINY
 
 @pytest.fixture(scope="session")
 def tiny_frame() -> pd.DataFrame:
-    """A small finished sweep (in-process): ok, invalid and skipped rows."""
-    return distsim.sweep({**TINY, "hidden": 64}, {"dp": [1, 2, 4, 8, 16], "tp": [1, 2]},
+    """A small finished sweep (in-process): ok, invalid (tp 3 does not divide
+    the width) and skipped rows."""
+    return distsim.sweep({**TINY, "hidden": 64}, {"dp": [1, 2, 4, 8, 16], "tp": [1, 3]},
                          constraints=["dp <= devices"], workers=1, progress=False)

@@ -58,7 +58,7 @@ def test_sweep_rows_record_skipped_and_invalid(tiny_frame):
     assert len(df) == 10 and list(df["index"]) == list(range(10))
     by = {(r.dp, r.tp): r for r in df.itertuples()}
     assert by[(1, 1)].status == "ok" and by[(1, 1)].step_time_s > 0
-    assert by[(2, 2)].status == "invalid" and "tp" in by[(2, 2)].reason
+    assert by[(2, 3)].status == "invalid" and "--tp 3 does not divide" in by[(2, 3)].reason
     assert by[(16, 1)].status == "skipped" and by[(16, 1)].reason == "constraint: dp <= devices"
     assert df.loc[df["status"] != "ok", "step_time_s"].isna().all()
     for col in ("step_time_s", "samples_per_s", "tokens_per_s", "mfu", "max_peak_memory_bytes",

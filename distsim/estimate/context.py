@@ -1,0 +1,318 @@
+"""What the parts of one estimate share: the configuration (:class:`Case`)
+and its layout (chunks, stages, blocks, parameters), the costs worked out
+once (collectives, small ops, a parameter's sync and update), and the
+walk's timeline with what it accumulates (FLOPs, flat copies in flight,
+ZeRO-3 units, records of tasks to replay).
+
+A :class:`StepContext` is made per walk of the step
+(:class:`~.timeline.Builder` makes one and hands it to its parts: the
+memory notes, the gradient sync, the op-by-op backwards); the parts read
+and advance it, none refers back to another, so an estimate leaves no
+reference cycle behind. What the walks of one configuration share across
+micro-batch counts lives in its :class:`~.state.Memo`.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..ir.comm import CollectiveType
+from ..ir.types import DType
+from ..models.gpt import GPTConfig
+from ..topology import Topology
+from ..transforms.pipeline import partition_balanced, partition_layers
+from ..transforms.strategy import Strategy
+from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of,
+                                      scatters_each_microbatch, sync_route, unit_indices)
+from .costs import ParamCost, collectives, op_costs
+from .engine import Timeline
+from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
+from .state import Memo, ScatterTerms
+
+__all__ = ["Case", "StepContext"]
+
+
+@dataclass
+class Case:
+    """One configuration, resolved: the GPT config with its batch sizes,
+    the strategy (dp filled in), micro-batches per step, the topology."""
+
+    model: Dict[str, Any]
+    config: GPTConfig
+    strategy: Strategy
+    microbatches: int
+    topology: Topology
+    topology_name: str
+    collective_algo: str
+
+
+@lru_cache(maxsize=256)
+def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
+                head: Tuple[int, ...], last_stage: int) -> Tuple[Tuple[tuple, int], ...]:
+    """:meth:`StepContext.all_params` of a layout (the same for many points)."""
+    out = [((EMB, None, i), 0) for i in emb]
+    for layer, stage in enumerate(layer_stages):
+        out.extend(((LAYER, layer, i), stage) for i in range(per_layer))
+    out.extend(((HEAD, None, i), last_stage) for i in head)
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _param_counts(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
+                  head: Tuple[int, ...], last_stage: int) -> Tuple[Dict[Tuple[str, int], int], ...]:
+    """:meth:`StepContext.param_counts` of a layout."""
+    counts: List[Dict[Tuple[str, int], int]] = [{} for _ in range(1 + max((0, last_stage,
+                                                                         *layer_stages)))]
+    for (block, _, i), stage in _all_params(emb, per_layer, layer_stages, head, last_stage):
+        counts[stage][(block, i)] = counts[stage].get((block, i), 0) + 1
+    return tuple(counts)
+
+
+class StepContext:
+    """One walk's configuration, costs and state (see the module docstring)."""
+
+    def __init__(self, case: Case, profile: LayerProfile, memo: Optional[Memo] = None) -> None:
+        self.case = case
+        self.profile = profile
+        S = self.strategy = case.strategy
+        self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
+        self.microbatches = case.microbatches
+        self.chunks = S.pp * S.chunks
+        if S.partition == "balanced":     # as LowerSPMD balances (by roofline time)
+            costs = profile.partition_costs
+            self.ranges = partition_balanced([costs.get(LAYER, 0.0)] * case.config.layers,
+                                             self.chunks, first=costs.get(EMB, 0.0),
+                                             last=costs.get(HEAD, 0.0))
+        else:
+            self.ranges = partition_layers(case.config.layers, self.chunks)
+        self.chunk_of_layer = [c for c, (start, end) in enumerate(self.ranges)
+                               for _ in range(start, end)]
+        #: What a task's costs depend on in each chunk: whether it holds the
+        #: embedding, the head, and how many layers (chunks alike cost alike).
+        self.shapes = [(c == 0, c == self.chunks - 1, end - start)
+                       for c, (start, end) in enumerate(self.ranges)]
+        #: how many chunks have each shape
+        self.shape_chunks = Counter(self.shapes)
+        self.colls = collectives(case.topology_name, case.collective_algo)
+        self.costs = op_costs(case.topology_name)
+        # every stage's data-parallel team sits on the hardware as stage 0's does
+        self.dp_team = tuple(S.rank(d, 0, 0) for d in range(self.dp))
+        self.zero = S.zero
+        self.zero3 = self.zero == 3 and self.dp > 1
+        #: ZeRO-3 by layer (``zero3_unit: layer``): a block's gathers, and
+        #: with a reduce-scatter per micro-batch its gradients', as one
+        self.by_layer = self.zero3 and S.zero3_unit == "layer"
+        #: the lowering's decisions (:mod:`distsim.transforms.sync_policy`):
+        #: how a final gradient is synchronised, and whether ZeRO 2/3
+        #: reduce-scatter every micro-batch's gradients as they are made
+        self.bucket_bytes = bucket_bytes_of(S.bucket_mb)
+        self.route = sync_route(self.zero, self.dp, self.bucket_bytes)
+        self.scatter_each = scatters_each_microbatch(self.zero, self.dp, self.bucket_bytes)
+        self.master = DType.parse(str(case.config.master_dtype))
+        # memos: what is the same for every task / layer of the step
+        self.memo = Memo() if memo is None else memo
+        # -- the walk's state --------------------------------------------------
+        self.tl = Timeline(S.pp)
+        self.flops = [0.0] * S.pp
+        #: per stage, the flat gradient copies (bytes, end of their
+        #: reduce-scatter) that may outlive the backward that made them
+        self.flats: Dict[int, List[Tuple[int, float]]] = {}
+        #: tasks recorded relative to their start, to be replayed
+        #: (:mod:`.replay`); this walk's own (a replay is exact to rounding,
+        #: not to the bit: two walks that share a start share its records,
+        #: and no others, so that a forked walk is two walks to the bit)
+        self.replays: Dict[tuple, Any] = {}
+        #: ZeRO-3 by layer: per stage, the units reduce-scattered and not
+        #: yet settled; when each unit gradient was made, until its unit is
+        #: reduce-scattered; each unit's reduce-scatter end, in order
+        #: (:meth:`.sync.StepSync.reduce_scatter_unit`)
+        self.unit_pending: Dict[int, list] = {}
+        self.unit_made_at: Dict[tuple, float] = {}
+        self.unit_ends: List[float] = []
+        #: where the backward task being emitted made the input gradient it
+        #: sends to the stage before (None: not yet; the walk takes it and
+        #: clears it after each backward task)
+        self.out_at: Optional[float] = None
+        #: ZeRO-3 by parameter: the task being emitted's key of the memory
+        #: notes, and what its last block noted (a block record keeps it)
+        self.peak_key: Optional[tuple] = None
+        self.block_got: Optional[tuple] = None
+
+    def resume(self, other: "StepContext") -> None:
+        """Take ``other``'s walk state (a copy): the two walks go on from
+        the same point (see :meth:`.timeline.Builder.resume`)."""
+        self.tl = other.tl.copy()
+        self.flops = list(other.flops)
+        self.replays = dict(other.replays)
+        self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
+        self.unit_made_at = dict(other.unit_made_at)
+        self.unit_ends = list(other.unit_ends)
+
+    # -- the layout --------------------------------------------------------------
+    def stage_of(self, c: int) -> int:
+        return c % self.pp
+
+    def rank0(self, stage: int) -> int:
+        return self.strategy.rank(0, stage, 0)
+
+    def blocks_of(self, kind: str, c: int) -> List[Tuple[str, Optional[int]]]:
+        """The blocks of chunk ``c`` in a forward / backward task's order
+        (the same list every call: do not modify it)."""
+        hit = self.memo.blocks.get((kind, c))
+        if hit is not None:
+            return hit
+        start, end = self.ranges[c]
+        out: List[Tuple[str, Optional[int]]] = []
+        if c == 0:
+            out.append((EMB, None))
+        out.extend((LAYER, layer) for layer in range(start, end))
+        if c == self.chunks - 1:
+            out.append((HEAD, None))
+        out = self.memo.blocks[(kind, c)] = out if kind == "F" else out[::-1]
+        return out
+
+    def param(self, key: tuple) -> Param:
+        return self.profile.params[key[0]][key[2]]
+
+    def all_params(self) -> Sequence[Tuple[tuple, int]]:
+        """Every parameter with its stage, in the step's parameter order
+        (the order the optimizer updates them)."""
+        return _all_params(*self._params_layout())
+
+    def param_counts(self) -> Sequence[Dict[Tuple[str, int], int]]:
+        """Per stage, how many of its parameters are each (block, index in
+        the block) (a layer's parameters once per layer of the stage)."""
+        return _param_counts(*self._params_layout())
+
+    def _params_layout(self) -> tuple:
+        order = self.profile.param_order
+        return (tuple(i for block, i in order if block == EMB),
+                len(self.profile.params[LAYER]),
+                tuple(self.stage_of(c) for c in self.chunk_of_layer),
+                tuple(i for block, i in order if block == HEAD), self.stage_of(self.chunks - 1))
+
+    # -- costs -------------------------------------------------------------------
+    def dp_time(self, kind: CollectiveType, nbytes: float) -> float:
+        """A collective of every stage's data-parallel team (:attr:`dp_team`),
+        memoised here: the shared cache's key would hash the whole team."""
+        key = (kind, nbytes)
+        hit = self.memo.dp_times.get(key)
+        if hit is None:
+            hit = self.memo.dp_times[key] = self.colls.time(kind, self.dp_team, nbytes)
+        return hit
+
+    def param_cost(self, block: str, index: int) -> ParamCost:
+        """What the step charges parameter ``index`` of ``block`` (the same
+        for it in every layer: kept in the memo)."""
+        costs = self.memo.param_costs
+        hit = costs.get((block, index))
+        if hit is None:
+            hit = costs[(block, index)] = ParamCost(
+                self.profile.params[block][index], self.dp, self.zero, self.costs,
+                self.case.topology.device_spec.launch_overhead_s)
+        return hit
+
+    def small(self, stage: int, op_type: str, ins, outs, ready: float) -> float:
+        """One small op the lowering adds (a reshape, a concat) on ``stage``'s
+        compute stream from ``ready``; returns its end."""
+        t, f = self.costs.cost(op_type, ins, outs)
+        self.flops[stage] += f
+        return self.tl.compute(stage, t, ready)
+
+    def task_work(self, kind: str, c: int) -> float:
+        """A task's estimated cost, as LowerSPMD orders tasks by (its FLOPs)."""
+        blocks = self.profile.blocks
+        total = 1.0
+        for name, _ in self.blocks_of(kind, c):
+            total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
+        return total
+
+    def block_time(self, blk: Block, kind: str, mb: int) -> Tuple[float, float, float]:
+        """A block's (time, busy time, FLOPs) in a forward, or in the
+        backward of the first, a middle or the last micro-batch."""
+        if kind == "F":
+            return blk.f, blk.f_busy, blk.f_flops
+        if mb == 0:
+            return blk.b_first, blk.b_first_busy, blk.b_flops
+        if mb == self.microbatches - 1:
+            return blk.b_last, blk.b_last_busy, blk.b_flops
+        return blk.b_mid, blk.b_mid_busy, blk.b_flops
+
+    def block_scatter(self, name: str, ops: Tuple[str, ...]) -> ScatterTerms:
+        """ZeRO 2/3 with a reduce-scatter per micro-batch: one block's terms,
+        in the order they are added, per parameter: flattening its
+        gradient; the accumulation ``ops`` of its micro-batch
+        (:func:`~distsim.transforms.sync_policy.accumulation_ops`) on the
+        shard (:meth:`shard_ops`), and the same on the whole gradient,
+        which the template does and the lowered program does not; FLOPs;
+        its reduce-scatter."""
+        memo = (name, ops)
+        hit = self.memo.scatter_terms.get(memo)
+        if hit is not None:
+            return hit
+        terms = ScatterTerms()
+        for i in range(len(self.profile.params[name])):
+            pc = self.param_cost(name, i)
+            n, d, shard = pc.numel, pc.dtype, pc.shard
+            terms.flat.append(pc.flat[0])
+            terms.flops.append(pc.flat[1])
+            terms.rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes))
+            for op in ops:
+                ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
+                full = self.costs.cost(op, ins, [(n, d)])
+                part = self.costs.cost(op, [(shard, d)] * len(ins), [(shard, d)])
+                terms.whole.append(full[0])
+                terms.on_shard.append(part[0])
+                terms.shard_flops.append(part[1])
+                terms.flops.append(part[1] - full[1])
+        hit = self.memo.scatter_terms[memo] = terms
+        return hit
+
+    def shard_ops(self, mb: int) -> Dict[Tuple[str, int], Tuple[float, float]]:
+        """ZeRO 2/3's backward of micro-batch ``mb`` (past the first) op by op:
+        per parameter (block, index), the time and FLOPs of the ops on its
+        shard after its reduce-scatter (accumulate; at the last micro-batch
+        average too)."""
+        ops = accumulation_ops(mb, self.microbatches)
+        hit = self.memo.shard_ops.get(ops)
+        if hit is None:
+            hit = self.memo.shard_ops[ops] = {}
+            per = len(ops)                   # ops per parameter in the terms
+            for name, params in self.profile.params.items():
+                terms = self.block_scatter(name, ops)
+                for i in range(len(params)):
+                    at = slice(i * per, (i + 1) * per)
+                    hit[(name, i)] = (sum(terms.on_shard[at]), sum(terms.shard_flops[at]))
+        return hit
+
+    def out_tail(self, c: int, mb: int) -> float:
+        """A block-level backward task of chunk ``c`` (micro-batch ``mb``:
+        the first, or a middle one): its compute after it makes the input
+        gradient it sends to the stage before (that of its last block, the
+        chunk's first layer)."""
+        blk = self.profile.blocks[self.blocks_of("B", c)[-1][0]]
+        return blk.out_tail_first if mb == 0 else blk.out_tail_mid
+
+    # -- ZeRO-3 by layer: a block's gradients reduce-scattered as one --------
+    def grad_unit(self, name: str) -> Optional[Tuple[int, ...]]:
+        """By layer with a reduce-scatter per micro-batch: the indices of
+        the block's parameters whose gradients travel as one (those dp
+        divides, when more than one), or None."""
+        if not (self.by_layer and self.scatter_each):
+            return None
+        return self._grad_unit_of(name)[0]
+
+    def unit_bytes(self, name: str) -> int:
+        """The bytes of the block's unit of gradients (its parameters whole)."""
+        return self._grad_unit_of(name)[1]
+
+    def _grad_unit_of(self, name: str) -> Tuple[Optional[Tuple[int, ...]], int]:
+        hit = self.memo.grad_units.get(name)
+        if hit is None:
+            params = self.profile.params[name]
+            members = unit_indices([p.numel for p in params], self.dp)
+            hit = self.memo.grad_units[name] = (
+                members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
+        return hit

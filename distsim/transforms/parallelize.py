@@ -1,0 +1,68 @@
+"""Any one-device forward step under a parallel strategy: the generic path.
+
+``parallelize(forward, strategy, ...)`` takes the forward pass and loss of
+one micro-batch on one device (ops tagged with ``meta["layer"]``, or a
+plan's ``cuts``; ``meta`` with ``params``, ``roles``, ``loss``,
+``model["layers"]``) and a plan (:mod:`.plans`), and returns the local-view
+program of the whole ``dp x pp x tp`` mesh:
+
+1. tensor (and sequence) parallelism from the plan: the one-rank SPMD
+   template (:class:`.tensor_parallel.TensorParallel`);
+2. the backward pass by autodiff of the template (the SPMD collectives'
+   gradient rules make its collectives), then recomputation;
+3. :class:`~distsim.transforms.spmd.LowerSPMD`: pipeline stages from the
+   layers, every schedule, micro-batches, gradient synchronisation and
+   ZeRO, the optimizer.
+
+:func:`resolve_plan` turns the ``plan`` option (``--plan``) into a plan of
+the program.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from ..errors import ConfigError
+from ..ir.core import Function
+from .adam import AdamHyper
+from .autodiff import Autodiff
+from .megatron_plan import megatron_plan
+from .optimizer import SGDHyper
+from .pipeline import check_schedule
+from .pipeline_layers import check_stages, layers_from_cuts
+from .plans import BUILTIN, Plan, load_plan_file
+from .recompute import Recompute
+from .spmd import LowerSPMD
+from .strategy import Strategy
+from .tensor_parallel import TensorParallel
+
+
+def resolve_plan(value: Optional[str], forward: Function) -> Plan:
+    """The plan ``value`` names for ``forward``: ``megatron`` (also the
+    default, None) or a plan file's path."""
+    if value is None or value in BUILTIN:
+        return megatron_plan(forward)
+    return load_plan_file(value)
+
+
+def parallelize(forward: Function, strategy: Strategy, microbatches: int,
+                hyper: Union[AdamHyper, SGDHyper], master_dtype: str = "f32",
+                plan: Optional[Plan] = None, model: str = "the model") -> Function:
+    """The lowered program (see the module docstring). ``forward`` is
+    changed in place only by a plan's ``cuts`` (its ops' layers)."""
+    plan = plan if plan is not None else megatron_plan(forward)
+    layers = int(forward.meta.get("model", {}).get("layers", 1))
+    if plan.cuts:
+        layers = layers_from_cuts(forward, plan.cuts, plan.source)
+        forward.meta["model"] = dict(forward.meta.get("model", {}), layers=layers)
+    where = f"model '{model}'"
+    check_stages(layers, strategy.pp, strategy.chunks, where)
+    check_schedule(strategy.schedule, strategy.pp, microbatches, strategy.chunks)
+    if strategy.tp > 1 and not plan.entries:
+        raise ConfigError(f"--tp {strategy.tp}: plan '{plan.name}' places no parameter of "
+                          f"{where} (it finds no pair of linear layers and no embedding); give "
+                          "--plan FILE")
+    template = TensorParallel(plan, strategy.tp, strategy.sp, model)(forward)
+    step = Autodiff(template.meta["loss"], template.meta["params"])(template)
+    step = Recompute(strategy.recompute, regather=strategy.sp)(step)
+    return LowerSPMD(strategy, microbatches, hyper, master_dtype,
+                     representatives=strategy.symmetry, coarsen=strategy.coarsen)(step)

@@ -1,0 +1,228 @@
+"""Tensor (and sequence) parallelism as a transform: a one-device forward
+step and a plan in, the SPMD template of one tensor-parallel rank out.
+
+``TensorParallel(plan, tp, sp)(forward)``:
+
+1. the plan's styles (:mod:`.plans`) become placements on a mesh of one
+   axis of ``tp`` devices: the parameters the plan names (a column-wise
+   weight ``S(out)``, a row-wise one ``S(in)``, a vocabulary-parallel
+   table ``S(0)``), and the few activations a style fixes, as PyTorch's
+   ``parallelize_module`` styles do: a column-wise layer's input is
+   replicated, a row-wise layer's (or a vocabulary-parallel embedding's)
+   partial result is summed -- replicated, or with ``sp`` split along the
+   sequence (the dim before the features), which puts the norms and
+   dropouts between the layers on sequence shards. Data, constants and
+   the loss are replicated;
+2. the sharding layer propagates them (:func:`~.sharding.propagate`): every
+   other value gets the placement its ops' rules derive (a parameter the
+   plan leaves out too when it is read with a planned layer's product, a
+   bias; otherwise it is replicated), and ``redistribute`` ops appear where
+   placements change. Row lookups written as ``gather`` become
+   ``embedding`` ops first, whose rule knows vocabulary shards;
+3. :mod:`.spmd_template` writes the program of one rank: local shapes,
+   SPMD collectives, per-rank attributes, ``spmd.copy`` where gradients
+   are shares.
+
+The template's ``meta`` is the forward's plus what
+:class:`~distsim.transforms.spmd.LowerSPMD` and
+:mod:`~distsim.transforms.zero_numbers` read: ``param_shards`` (``name ->
+(dim, (size,))``: rank ``r`` holds the ``r``-th of ``tp`` equal parts of
+``dim``), ``param_global_shapes``, ``tp``, ``sp``, ``plan`` and ``loss``
+(the replicated loss). A plan that cannot be honoured is a ConfigError
+naming the plan entry or the op.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set, Tuple
+
+from ..errors import ConfigError
+from ..ir.builder import clone_function
+from ..ir.core import Function, Module, Op, Value
+from ..ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
+from ..ir.types import TensorType
+from ..ir.verifier import verify
+from .plans import Plan, PlanEntry
+from .sharding import propagate, verify_sharded
+from .spmd_template import spmd_template
+
+AXIS = "tp"
+
+
+class TensorParallel:
+    """The pass (see the module docstring). ``model`` names the model in
+    messages."""
+
+    def __init__(self, plan: Plan, tp: int, sp: bool = False, model: str = "the model") -> None:
+        self.plan = plan
+        self.tp = tp
+        self.sp = sp
+        self.model = model
+
+    def __call__(self, forward: Function) -> Function:
+        params = list(forward.meta["params"])
+        styles = self.plan.styles(params, f"model '{self.model}'" if self.model else "the model")
+        shapes = {p: forward.value_by_name(p).type.shape for p in params}
+        if self.tp == 1:      # nothing to split, but a style that does not fit is refused
+            style_placements(forward, styles, 1, False)
+            template, _ = clone_function(forward)
+            shards: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
+        else:
+            placed = place(forward, styles, self.tp, self.sp)
+            main = placed.main
+            template, _ = spmd_template(main, params, device=_device(forward))
+            template.meta = {k: (dict(v) if isinstance(v, dict) else v)
+                             for k, v in forward.meta.items()}
+            loss = forward.meta.get("loss")
+            if loss is not None:
+                index = [v.name for v in forward.outputs].index(loss)
+                template.meta["loss"] = template.outputs[index].name
+            shards = {}
+            for v in main.inputs:
+                pl = v.type.placements[0]
+                if v.name in shapes and isinstance(pl, Shard):
+                    shards[v.name] = (pl.dim, (shapes[v.name][pl.dim],))
+        template.meta.update(param_shards=shards, param_global_shapes=shapes, tp=self.tp,
+                             sp=bool(self.sp and self.tp > 1), plan=self.plan.name)
+        return verify(template)
+
+
+def _device(f: Function) -> Optional[int]:
+    devices = f.devices()
+    return devices[0] if devices else None
+
+
+# -- styles -> placements ---------------------------------------------------------
+def _matmul_dims(op: Op, v: Value) -> Tuple[Optional[int], Optional[int]]:
+    """(output-feature dim, input-feature dim) of weight ``v`` in matmul
+    ``op`` (None, None where ``v`` is not its 2-D right operand)."""
+    if op.op_type != "matmul" or len(op.inputs) != 2 or op.inputs[1] is not v \
+            or op.inputs[0] is v or v.type.rank != 2:
+        return None, None
+    if op.attrs.get("trans_b"):
+        return 0, 1
+    return 1, 0
+
+
+def _sequence(v: Value, tp: int, entry: PlanEntry) -> Placement:
+    """The sequence shard of an activation (the dim before the features)."""
+    if v.type.rank < 2:
+        raise ConfigError(f"{entry.where}: --sp: %{v.name} has no sequence dim to split")
+    dim = v.type.rank - 2
+    if v.type.shape[dim] % tp:
+        raise ConfigError(f"{entry.where}: --sp: --tp {tp} does not divide dim {dim} of "
+                          f"%{v.name} (size {v.type.shape[dim]}), the sequence it splits")
+    return Shard(dim)
+
+
+def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool
+                     ) -> Dict[Value, Placement]:
+    """The placements ``styles`` fix in ``f`` (see the module docstring);
+    ConfigError naming the entry when a style does not fit its parameter."""
+    users = f.users()
+    by_name = {v.name: v for v in f.inputs}
+    fixed: Dict[Value, Placement] = {}
+    inputs_replicated: List[Value] = []
+    for name, entry in styles.items():
+        v = by_name[name]
+        readers = users.get(v, [])
+        if entry.style == "replicate":
+            fixed[v] = Replicate()
+            continue
+        dims = set()
+        for op in readers:
+            out_dim, in_dim = _matmul_dims(op, v)
+            if entry.style == "vocab" and op.op_type in ("embedding", "gather") \
+                    and op.inputs[0] is v and int(op.attrs.get("axis", 0)) == 0:
+                dims.add(0)
+                summed = op.outputs[0]
+                fixed.setdefault(summed, _sequence(summed, tp, entry) if sp else Replicate())
+            elif out_dim is not None and entry.style in ("colwise", "vocab"):
+                dims.add(out_dim)
+                inputs_replicated.append(op.inputs[0])
+            elif in_dim is not None and entry.style == "rowwise":
+                dims.add(in_dim)
+                summed = op.outputs[0]
+                fixed.setdefault(summed, _sequence(summed, tp, entry) if sp else Replicate())
+            else:
+                what = {"colwise": "a matmul's weight", "rowwise": "a matmul's weight",
+                        "vocab": "an embedding table (or a head multiplying by it)"}
+                raise ConfigError(f"{entry.where}: {entry.style} needs %{name} to be "
+                                  f"{what[entry.style]}, but op %{op.name} = {op.op_type} reads "
+                                  "it")
+        if not readers:
+            raise ConfigError(f"{entry.where}: %{name} is read by no op")
+        if len(dims) > 1:
+            raise ConfigError(f"{entry.where}: %{name} is read as a weight along different "
+                              f"dims ({sorted(dims)}); it can be split along one")
+        dim = dims.pop()
+        size = v.type.shape[dim]
+        if size % tp:
+            raise ConfigError(f"{entry.where}: --tp {tp} does not divide dim {dim} of %{name} "
+                              f"(size {size}), which {entry.style} splits")
+        fixed[v] = Shard(dim)
+    for x in inputs_replicated:    # a column-wise layer's input: whole on every rank
+        if x.name not in styles:
+            fixed[x] = Replicate()
+    return fixed
+
+
+def attached_params(f: Function, split: Set[Value]) -> Set[Value]:
+    """The parameters read together with the direct product of a ``split``
+    weight (a bias added to a planned layer's result): they take the
+    placement propagation derives from it."""
+    producer = f.producers()
+    products = {v for op in f.ops if any(x in split for x in op.inputs) for v in op.outputs}
+    found: Set[Value] = set()
+    for op in f.ops:
+        if any(v in products for v in op.inputs):
+            found.update(v for v in op.inputs if v not in producer)
+    return found
+
+
+def lookups_as_embeddings(f: Function, tables: Set[str]) -> None:
+    """Row lookups of the vocabulary-parallel ``tables`` written as
+    ``gather`` (an import's) become ``embedding`` ops, in place: the same
+    rows, and the op whose sharding rule looks up ids in a shard of the
+    rows (a gather has no such rule)."""
+    for i, op in enumerate(f.ops):
+        if op.op_type == "gather" and int(op.attrs.get("axis", 0)) == 0 \
+                and op.inputs[0].name in tables and op.inputs[0].type.rank == 2 \
+                and not op.inputs[1].type.dtype.is_float:
+            f.ops[i] = Op("embedding", op.inputs, op.outputs, {"offset": 0}, op.subfunctions,
+                          op.meta)
+
+
+def place(forward: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool) -> Module:
+    """The forward on a mesh of ``tp`` devices, propagated from the placements
+    the styles fix (plus replicated data, constants and loss). A parameter
+    propagation leaves partial is replicated instead (a parameter is stored
+    whole or split, never as terms)."""
+    f, _ = clone_function(forward)
+    for v in f.values():
+        v.type = TensorType(v.type.shape, v.type.dtype)
+    lookups_as_embeddings(f, {p for p, e in styles.items() if e.style == "vocab"})
+    mesh = DeviceMesh(AXIS, (tp,), (AXIS,))
+    fixed = style_placements(f, styles, tp, sp)
+    params = set(forward.meta["params"])
+    attached = attached_params(f, {v for v, pl in fixed.items()
+                                   if v.name in params and not isinstance(pl, Replicate)})
+    for v in f.inputs:
+        if v not in fixed and (v.name not in params or v not in attached):
+            # data and constants: every rank reads the whole batch; a parameter
+            # the plan leaves out, away from its layers: whole on every rank
+            fixed[v] = Replicate()
+    loss = forward.meta.get("loss")
+    if loss is not None:
+        fixed.setdefault(f.value_by_name(loss), Replicate())
+    for _ in range(len(params) + 1):
+        for v, pl in fixed.items():
+            v.type = DTensorType(v.type.shape, v.type.dtype, mesh, [pl])
+        placed = verify_sharded(propagate(Module({f.name: f}, {mesh.name: mesh}), f.name),
+                                propagated=True)
+        partial = [v for v, p in zip(f.inputs, placed.main.inputs)
+                   if v.name in params and isinstance(p.type.placements[0], Partial)]
+        if not partial:
+            return placed
+        for v in partial:
+            fixed[v] = Replicate()
+    raise ConfigError("tensor parallelism: propagation keeps placing parameters as partial sums")

@@ -1,0 +1,216 @@
+"""The agreement corpus: the estimator against the full simulation
+(analytical network) on configurations drawn at random, at the one error
+bound the estimator's contract states (:data:`AGREEMENT_TOLERANCE`, on
+step time and on peak memory).
+
+Every option the estimator covers is varied: GPT-2, GPT-3 1.3B and Llama
+shapes with 2-8 layers and shorter sequences, ``tiny`` and the generic
+``gpt``; dgx-a100 (one and two nodes) and the PCIe workstation; tp x pp x
+dp and the mesh order; micro-batch sizes and counts; 1F1B, GPipe and
+interleaved schedules (virtual stages), balanced partitions; sequence
+parallelism; ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
+recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
+invalid point must be refused by both, with the same error class.
+
+The draws are derandomized (the same points on every run); the
+``@example`` points are where the random sample of
+``reports/estimator/sample.py`` found the two furthest apart.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import distsim
+from distsim.errors import DistsimError
+from distsim.estimate import AGREEMENT_TOLERANCE, estimate
+
+#: model -> (layer counts, sequence lengths: None keeps the model's)
+MODELS = {
+    "tiny": ((2, 4, 8), (None,)),
+    "gpt": ((2, 4, 8), (None, 256)),
+    "gpt2": ((2, 4, 6), (256, 512)),
+    "gpt3-1.3b": ((2, 4), (256, 512, 1024)),
+    "llama2-7b": ((2, 4), (256, 512)),
+    "llama3-8b": ((2, 4), (256, 512)),
+}
+#: topology -> devices
+TOPOLOGIES = {"dgx-a100": 8, "dgx-a100-x2": 16, "workstation-4gpu-pcie": 4}
+ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
+
+
+def _divisors(n: int, most: int):
+    return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
+
+
+@st.composite
+def configurations(draw) -> Dict[str, Any]:
+    """One configuration as ``distsim simulate`` options (analytical network)."""
+    model = draw(st.sampled_from(sorted(MODELS)))
+    layer_counts, seqs = MODELS[model]
+    topology = draw(st.sampled_from(sorted(TOPOLOGIES)))
+    n = TOPOLOGIES[topology]
+    tp = draw(st.sampled_from(_divisors(n, 8)))
+    pp = draw(st.sampled_from(_divisors(n // tp, 4)))
+    dp = n // (tp * pp)
+    o: Dict[str, Any] = {"model": model, "topology": topology, "dp": dp, "tp": tp, "pp": pp,
+                         "layers": draw(st.sampled_from(layer_counts)),
+                         "network_mode": "analytical"}
+    seq = draw(st.sampled_from(seqs))
+    if seq is not None:
+        o["seq"] = seq
+    micro_batch = draw(st.sampled_from([1, 1, 2, 4]))
+    microbatches = draw(st.integers(1, 8 if pp > 1 else 3))
+    o["micro_batch"] = micro_batch
+    o["global_batch"] = dp * micro_batch * microbatches
+    if pp > 1:
+        o["schedule"] = draw(st.sampled_from(["1f1b", "gpipe", "interleaved"]))
+        if o["schedule"] == "interleaved":
+            o["virtual_stages"] = draw(st.integers(2, 4))
+        if draw(st.booleans()):
+            o["partition"] = "balanced"
+    o["layers"] = max(o["layers"], pp * o.get("virtual_stages", 1))
+    if tp > 1 and draw(st.booleans()):
+        o["sp"] = True
+    o["zero"] = draw(st.integers(0, 3))
+    if o["zero"] == 3:
+        prefetch = draw(st.sampled_from([None, 0, 2]))
+        if prefetch is not None:
+            o["prefetch"] = prefetch
+        if draw(st.booleans()):
+            o["zero3_unit"] = "layer"
+    o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
+    bucket = draw(st.sampled_from([None, 0, 1, 5, 25, 100]))
+    if bucket is not None:
+        o["bucket_mb"] = bucket
+    order = draw(st.sampled_from((None,) + ORDERS))
+    if order is not None:
+        o["order"] = order
+    o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
+    return o
+
+
+#: known gaps (reports/estimator/README.md, "ZeRO 3 by parameter and by layer")
+ZERO3_LAYER_MEMORY = ("ZeRO 3 by layer, interleaved, prefetch 0: peak memory 4.8 % under the "
+                      "simulation's")
+ZERO3_LAYER_STEP = ("ZeRO 3 by layer, a pipeline of dp 2: the step 1.3 % over the "
+                    "simulation's")
+
+
+def _outcome(run) -> Tuple[Optional[Mapping[str, Any]], Optional[type]]:
+    try:
+        return run(), None
+    except DistsimError as exc:
+        return None, type(exc)
+
+
+def _relative(estimated: float, simulated: float) -> float:
+    return abs(estimated - simulated) / simulated
+
+
+# the points of reports/estimator/sample.py (seed 1234, 300 draws) past
+# the bound before the estimator modelled what they miss
+@example({'model': 'tiny', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 2, 'pp': 4, 'layers': 4,
+          'network_mode': 'analytical', 'micro_batch': 1, 'global_batch': 6, 'schedule': '1f1b',
+          'sp': True, 'zero': 1, 'recompute': 'selective'})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 4, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
+          'global_batch': 12, 'sp': True, 'zero': 2, 'recompute': 'selective', 'bucket_mb': 1,
+          'order': 'dp-tp-pp'})
+@example({'model': 'gpt3-1.3b', 'topology': 'workstation-4gpu-pcie', 'dp': 4, 'tp': 1, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 1,
+          'global_batch': 8, 'zero': 2, 'recompute': 'none'})
+@example({'model': 'gpt2', 'topology': 'dgx-a100-x4', 'dp': 2, 'tp': 4, 'pp': 4, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 2, 'global_batch': 16,
+          'schedule': 'gpipe', 'sp': True, 'zero': 0, 'recompute': 'none'})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100', 'dp': 1, 'tp': 4, 'pp': 2, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 512, 'micro_batch': 4, 'global_batch': 32,
+          'schedule': 'interleaved', 'virtual_stages': 2, 'zero': 0, 'recompute': 'none',
+          'bucket_mb': 100, 'order': 'dp-tp-pp'})
+@example({'model': 'llama2-7b', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 2, 'pp': 2,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 2,
+          'global_batch': 48, 'schedule': '1f1b', 'zero': 2, 'recompute': 'full',
+          'bucket_mb': 25, 'order': 'pp-tp-dp'})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 4, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 4,
+          'global_batch': 16, 'sp': True, 'zero': 3, 'prefetch': 0, 'recompute': 'selective',
+          'order': 'tp-pp-dp'})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100', 'dp': 2, 'tp': 2, 'pp': 2, 'layers': 2,
+          'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 1, 'global_batch': 8,
+          'schedule': '1f1b', 'zero': 3, 'recompute': 'full', 'bucket_mb': 1})
+@example({'model': 'gpt', 'topology': 'dgx-a100', 'dp': 2, 'tp': 1, 'pp': 4, 'layers': 8,
+          'network_mode': 'analytical', 'micro_batch': 4, 'global_batch': 16, 'schedule': '1f1b',
+          'zero': 3, 'prefetch': 2, 'recompute': 'selective', 'order': 'pp-dp-tp'})
+@example({'model': 'gpt3-1.3b', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'tp': 2, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 2,
+          'global_batch': 8, 'zero': 3, 'recompute': 'selective'})
+@example({'model': 'gpt2', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'tp': 2, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 2,
+          'global_batch': 4, 'sp': True, 'zero': 3, 'prefetch': 2, 'recompute': 'none'})
+@example({'model': 'gpt', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'tp': 2, 'pp': 1,
+          'layers': 8, 'network_mode': 'analytical', 'micro_batch': 1, 'global_batch': 4,
+          'zero': 3, 'recompute': 'full', 'optimizer': 'sgd'})
+@example({'model': 'gpt', 'topology': 'dgx-a100-x4', 'dp': 4, 'tp': 4, 'pp': 2, 'layers': 8,
+          'network_mode': 'analytical', 'micro_batch': 4, 'global_batch': 128,
+          'schedule': '1f1b', 'zero': 3, 'prefetch': 2, 'recompute': 'full', 'bucket_mb': 0,
+          'order': 'dp-tp-pp'})
+@example({'model': 'gpt2', 'topology': 'dgx-a100', 'dp': 2, 'tp': 1, 'pp': 4, 'layers': 8,
+          'network_mode': 'analytical', 'seq': 512, 'micro_batch': 2, 'global_batch': 32,
+          'schedule': 'interleaved', 'virtual_stages': 2, 'zero': 3, 'recompute': 'none',
+          'order': 'dp-tp-pp'})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 4, 'pp': 4,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 4,
+          'global_batch': 12, 'schedule': '1f1b', 'zero': 3, 'prefetch': 2, 'recompute': 'full',
+          'bucket_mb': 0})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100', 'dp': 2, 'tp': 1, 'pp': 4, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1, 'global_batch': 16,
+          'schedule': '1f1b', 'zero': 3, 'recompute': 'full'})
+@example({'model': 'llama2-7b', 'topology': 'workstation-4gpu-pcie', 'dp': 4, 'tp': 1, 'pp': 1,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 4,
+          'global_batch': 48, 'zero': 3, 'recompute': 'none', 'order': 'pp-dp-tp',
+          'optimizer': 'sgd'})
+@example({'model': 'gpt3-1.3b', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'tp': 1, 'pp': 2,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 2,
+          'global_batch': 16, 'schedule': 'gpipe', 'partition': 'balanced', 'zero': 3,
+          'prefetch': 2, 'recompute': 'none', 'bucket_mb': 0})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 8, 'pp': 2,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
+          'global_batch': 4, 'schedule': 'interleaved', 'virtual_stages': 2,
+          'partition': 'balanced', 'sp': True, 'zero': 0, 'recompute': 'none', 'bucket_mb': 25,
+          'optimizer': 'sgd'})
+@example({'model': 'tiny', 'topology': 'dgx-a100', 'dp': 4, 'tp': 1, 'pp': 2, 'layers': 4,
+          'network_mode': 'analytical', 'micro_batch': 1, 'global_batch': 16, 'schedule': '1f1b',
+          'zero': 3, 'prefetch': 0, 'recompute': 'none', 'bucket_mb': 25})
+@example({'model': 'llama3-8b', 'topology': 'dgx-a100-x2', 'dp': 8, 'tp': 2, 'pp': 1,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 4,
+          'global_batch': 32, 'sp': True, 'zero': 3, 'recompute': 'none'})
+# ZeRO 3 by layer, where the sample of ZeRO-3 points (reports/estimator/
+# sample.py 77 200, every draw by layer) still finds the two apart: held
+# here so that closing a gap shows (an xfail example that passes fails)
+@example({'model': 'llama2-7b', 'topology': 'dgx-a100', 'dp': 2, 'tp': 1, 'pp': 4, 'layers': 8,
+          'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1, 'global_batch': 16,
+          'schedule': 'interleaved', 'virtual_stages': 2, 'zero': 3, 'prefetch': 0,
+          'zero3_unit': 'layer', 'recompute': 'none', 'bucket_mb': 1, 'order': 'dp-tp-pp',
+          'optimizer': 'sgd'}).xfail(raises=AssertionError, reason=ZERO3_LAYER_MEMORY)
+@example({'model': 'llama2-7b', 'topology': 'dgx-a100', 'dp': 2, 'tp': 1, 'pp': 4, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 1, 'global_batch': 8,
+          'schedule': '1f1b', 'partition': 'balanced', 'zero': 3, 'zero3_unit': 'layer',
+          'recompute': 'full'}).xfail(raises=AssertionError, reason=ZERO3_LAYER_STEP)
+@settings(derandomize=True, database=None, deadline=None, max_examples=100,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                 HealthCheck.data_too_large])
+@given(configurations())
+def test_the_estimate_agrees_with_the_simulation(options):
+    row, refused = _outcome(lambda: estimate(options))
+    summary, sim_refused = _outcome(lambda: distsim.simulate(**options).summary())
+    assert refused == sim_refused, (f"estimate refused with {refused}, "
+                                    f"the simulation with {sim_refused}: {options}")
+    if refused is not None:
+        return
+    for key in ("step_time_s", "max_peak_memory_bytes"):
+        error = _relative(row[key], summary[key])
+        assert error <= AGREEMENT_TOLERANCE, (
+            f"{key}: estimate {row[key]!r}, simulation {summary[key]!r} "
+            f"({error:.2%} apart, bound {AGREEMENT_TOLERANCE:.0%}): {options}")
