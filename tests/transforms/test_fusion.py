@@ -142,3 +142,14 @@ def test_a_bad_fusion_value_is_one_clear_error():
     with pytest.raises(ConfigError, match="--fusion: must be one of megatron, pytorch-eager, "
                                           "none, got 'xla'"):
         distsim.simulate("tiny", "dgx-a100", dp=8, fusion="xla")
+
+
+def test_sweeps_take_fusion_as_an_axis(tmp_path):
+    base = {"model": "tiny", "topology": "dgx-a100", "network_mode": "analytical"}
+    df = distsim.sweep(base, grid={"fusion": ["none", "megatron"]}, workers=1,
+                       out_dir=tmp_path / "ok")
+    rows = {r.fusion: r for r in df.itertuples()}
+    assert rows["none"].status == rows["megatron"].status == "ok"
+    assert rows["megatron"].step_time_s < rows["none"].step_time_s
+    with pytest.raises(ConfigError, match=r"grid\.fusion\[0\]: must be one of megatron, "):
+        distsim.sweep(base, grid={"fusion": ["xla"]}, workers=1, out_dir=tmp_path / "bad")
