@@ -153,3 +153,12 @@ def test_sweeps_take_fusion_as_an_axis(tmp_path):
     assert rows["megatron"].step_time_s < rows["none"].step_time_s
     with pytest.raises(ConfigError, match=r"grid\.fusion\[0\]: must be one of megatron, "):
         distsim.sweep(base, grid={"fusion": ["xla"]}, workers=1, out_dir=tmp_path / "bad")
+
+
+def test_the_mlp_fuses_only_when_asked():
+    plain = distsim.simulate("mlp", "dgx-a100", dp=8)
+    assert plain.summary()["config"]["fusion"] == "none"
+    eager = distsim.simulate("mlp", "dgx-a100", dp=8, fusion="pytorch-eager")
+    assert eager.summary()["config"]["fusion"] == "pytorch-eager"
+    assert "matmul+bias" in {r.op_type for r in eager.trace.ops}
+    assert "matmul+bias" not in {r.op_type for r in plain.trace.ops}
