@@ -420,7 +420,9 @@ class Timeline:
             # simulator's summary counts communication
             starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage])),
                                   np.concatenate((ends, self.p2p_ends[stage])))
-            comm_s = sum((ends - starts).tolist())    # in order, as a loop adds them
+            # in order, as a loop adds them (numpy's cumsum adds one after
+            # the other; its sum would add pairwise)
+            comm_s = float((ends - starts).cumsum()[-1]) if len(starts) else 0.0
         hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
                                       self.compute_ends[stage]), starts, ends, ordered=True)
         exposed = waits + comm_s - hidden
