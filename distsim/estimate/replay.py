@@ -379,9 +379,13 @@ class ReplayedBackward(OpByOpBackward):
         free = ctx.tl.free
         if free[2 * stage] != origin or free[2 * stage + 1] > origin:
             return None, None
-        window = prefetch_window(k, len(order), ctx.strategy.prefetch) if ctx.zero3 else ()
-        issued = tuple(j - k for j in window if j not in gathered)
-        key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
+        if ctx.zero3:
+            window = prefetch_window(k, len(order), ctx.strategy.prefetch)
+            issued = tuple([j - k for j in window if j not in gathered])
+            key = (order[k][0], last_mb, tuple([order[k + j][0] for j in issued]))
+        else:       # ZeRO 2: no gathers
+            issued = ()
+            key = (order[k][0], last_mb, ())
         record = ctx.memo.block_records.get(key)
         if record is None:
             return None, (key, issued, ctx.tl.mark(stage), ctx.flops[stage], origin)
