@@ -395,7 +395,8 @@ class ReplayedBackward(OpByOpBackward):
         self._replay_out(record.out, origin)
         for j, at in zip(issued, record.ends):
             gathered[k + j] = {upto: origin + t for upto, t in at}
-        self._set_finals(order[k:k + 1], record.final, origin)
+        if record.final:
+            self._set_finals(order[k:k + 1], record.final, origin)
         return origin + record.last, None
 
     def _block_record(self, recording: tuple, stage: int, order, k: int, last: float,
@@ -437,10 +438,10 @@ class ReplayedBackward(OpByOpBackward):
         """A record's final gradients (:meth:`_finals_of`) for the blocks
         ``order``, from ``origin``: final and synchronised then (ZeRO-3's
         last micro-batch: its shard accumulated and averaged)."""
-        sync = self.sync
+        final_at, synced_at = self.sync.final, self.sync.synced
         for k, i, at in final:
-            key = (order[k][0], order[k][1], i)
-            sync.final[key] = sync.synced[key] = origin + at
+            key = order[k] + (i,)
+            final_at[key] = synced_at[key] = origin + at
 
     def _left_unit(self, stage: int, origin: float):
         """By layer, what a backward starting at ``origin`` finds pending on
