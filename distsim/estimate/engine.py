@@ -389,16 +389,24 @@ class Timeline:
             self.comm_runs[stage].append((at, m_starts, m_ends, origin))
         busy, waits, comm_s, tp_items, sync_waits = sums
         self.busy[stage] += busy
-        self.waits[stage] += waits
-        self.comm_s[stage] += comm_s
-        self.tp_items[stage] += tp_items
-        self.sync_waits[stage] += sync_waits
+        # (a sum a record did not add to is left as it is: adding 0.0
+        # changes no sum here, none being -0.0)
+        if waits:
+            self.waits[stage] += waits
+        if comm_s:
+            self.comm_s[stage] += comm_s
+        if tp_items:
+            self.tp_items[stage] += tp_items
+        if sync_waits:
+            self.sync_waits[stage] += sync_waits
         s = 2 * stage
+        free = self.free
         if free_c is not None:
-            self.free[s] = origin + free_c
+            free[s] = origin + free_c
         if free_m is not None:
-            self.free[s + 1] = origin + free_m
-        end = max(self.free[s], self.free[s + 1])     # each stream's last item ends last
+            free[s + 1] = origin + free_m
+        # each stream's last item ends last
+        end = free[s] if free[s] > free[s + 1] else free[s + 1]
         if end > self.end:
             self.end = end
 
