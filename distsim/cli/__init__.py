@@ -23,10 +23,11 @@ from .stdout import named_stdout, silence_stdout
 from . import models_cmd
 from . import search_cmd
 from . import compare_cmd
+from . import calibrate_cmd
 
 # Subcommand modules, in the order ``distsim --help`` lists them.
 COMMANDS = [simulate_cmd, print_cmd, import_cmd, sweep_cmd, search_cmd, collective, topology,
-            lower_cmd, check_cmd, bench_cmd, models_cmd, compare_cmd]
+            calibrate_cmd, lower_cmd, check_cmd, bench_cmd, models_cmd, compare_cmd]
 
 
 #: the exit status of an internal error (a bug in distsim): distinct from

@@ -8,28 +8,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
 from ..ir.registry import is_registered
 from ..ir.types import DType
+from .attention_time import AttentionModel
+from .device_blocks import attention_model_from_dict, efficiency_by_class, gemm_model_from_dict
+from .gemm import GemmModel
+from .kernel_classes import kernel_class
 
 
-#: The fused attention kernels (``fused_attention`` and its backward) run on
-#: the tensor cores like a GEMM but reach less of the peak: their FLOPs are
+#: On a device without an ``attention`` block (measured FlashAttention
+#: figures, :class:`~distsim.cost.attention_time.AttentionModel`), the fused
+#: attention kernels (``fused_attention`` and its backward) run on the
+#: tensor cores like a GEMM but reach less of the peak: their FLOPs are
 #: timed at ``matmul_efficiency`` times this share. Source: FlashAttention-2
 #: (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism
 #: and Work Partitioning", arXiv:2307.08691, abstract and Sec. 4.1): on A100
 #: it reaches 50-73 % of the 312 TFLOP/s bf16 peak, the forward pass at the
-#: top of that range (up to ~230 TFLOP/s at head dim 128 and long
-#: sequences), the backward pass lower (its 5 matmuls have more
+#: top of that range, the backward pass lower (its 5 matmuls have more
 #: dependencies), while optimised GEMMs reach 80-90 % (Sec. 1). So the
 #: forward runs at about 0.85 of a GEMM's efficiency and the backward at
-#: about 0.75 (with the topologies' matmul_efficiency of 0.7: 60 % and 53 %
-#: of peak). On H100, FlashAttention-2 is further below the GEMMs,
-#: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) about as close as
-#: FA2 on A100 (up to 75 % of peak forward); the same shares are used for
-#: every device. A measured kernel time
+#: about 0.75. A measured kernel time
 #: (``CostModel(profile={"fused_attention": ...})``) overrides them.
 ATTENTION_VS_MATMUL: Dict[str, float] = {"fused_attention": 0.85,
                                          "fused_attention_grad": 0.75}
@@ -42,10 +43,19 @@ class DeviceSpec:
     ``peak_flops`` maps a dtype name (``f16``, ``bf16``, ``f32``, ...) to
     dense peak FLOP/s; ``matmul_efficiency`` and ``memory_efficiency`` are
     the achieved fractions of peak for large GEMMs and for streaming memory
-    traffic; ``launch_overhead_s`` is added once per kernel.
-    ``memory_efficiency_by_op`` overrides ``memory_efficiency`` for the op
-    types it names (kernels that do not stream at the device's rate, e.g.
-    layernorm and softmax reductions: measured per op type).
+    traffic; ``launch_overhead_s`` is added once per kernel (a cost on the
+    device's timeline). ``host_launch_s``, when above 0, is the host's time
+    to issue one kernel: the host queues kernels ahead of the device, one
+    every ``host_launch_s``, and a kernel starts no earlier than it was
+    issued (the simulator's launch queue; 0, the default, issues every
+    kernel at once).
+    ``memory_efficiency_by_class`` gives a kernel class its own figure
+    (:mod:`~distsim.cost.kernel_classes`: copies, element-wise kernels,
+    norms, softmax, reductions) and ``memory_efficiency_by_op`` one op
+    type, both in place of ``memory_efficiency``. ``gemm`` (the tile/wave
+    GEMM model) and ``attention`` (FlashAttention's figures), when given,
+    time matrix products and fused attention in place of the flat
+    efficiencies: a device opts in per file.
     """
 
     name: str
@@ -53,10 +63,14 @@ class DeviceSpec:
     memory_bandwidth_Bps: float
     memory_bytes: int
     launch_overhead_s: float = 0.0
+    host_launch_s: float = 0.0
     matmul_efficiency: float = 1.0
     vector_efficiency: float = 1.0
     memory_efficiency: float = 1.0
     memory_efficiency_by_op: Mapping[str, float] = field(default_factory=dict)
+    memory_efficiency_by_class: Mapping[str, float] = field(default_factory=dict)
+    gemm: Optional[GemmModel] = None
+    attention: Optional[AttentionModel] = None
 
     def compute_efficiency_of(self, op_type: str, matmul: bool = False) -> float:
         """The fraction of peak FLOP/s that ``op_type``'s kernel reaches:
@@ -71,8 +85,13 @@ class DeviceSpec:
         return self.vector_efficiency
 
     def memory_efficiency_of(self, op_type: str) -> float:
-        """The fraction of memory bandwidth that ``op_type``'s kernel reaches."""
-        return self.memory_efficiency_by_op.get(op_type, self.memory_efficiency)
+        """The fraction of memory bandwidth that ``op_type``'s kernel reaches:
+        its own figure, its kernel class's, or ``memory_efficiency``."""
+        eff = self.memory_efficiency_by_op.get(op_type)
+        if eff is None:
+            by_class = self.memory_efficiency_by_class
+            eff = by_class.get(kernel_class(op_type)) if by_class else None
+        return self.memory_efficiency if eff is None else eff
 
     def peak_flops_for(self, dtype: DType) -> float:
         """Peak FLOP/s for ``dtype``; bf16 falls back to f16 and integer
@@ -83,10 +102,14 @@ class DeviceSpec:
         raise ConfigError(f"device '{self.name}' has no peak_flops entry for {dtype.value}")
 
 
+#: the device fields besides the figures of :data:`_FIELDS`
+_BLOCKS = ("memory_efficiency_by_op", "memory_efficiency_by_class", "gemm", "attention",
+           "source")
+
 _FIELDS = {
     "name": str, "memory_bandwidth_Bps": float, "memory_bytes": float,
-    "launch_overhead_s": float, "matmul_efficiency": float, "vector_efficiency": float,
-    "memory_efficiency": float,
+    "launch_overhead_s": float, "host_launch_s": float, "matmul_efficiency": float,
+    "vector_efficiency": float, "memory_efficiency": float,
 }
 
 #: The closed range each figure must lie in (a lower bound of 0 for an
@@ -102,6 +125,7 @@ FIGURE_RANGES: Dict[str, Tuple[float, float]] = {
     "memory_bandwidth_Bps": (1.0, math.inf),
     "memory_bytes": (1.0, 1e18),
     "launch_overhead_s": (0.0, 1.0),
+    "host_launch_s": (0.0, 1.0),
     "matmul_efficiency": (0.0, 1.0),
     "vector_efficiency": (0.0, 1.0),
     "memory_efficiency": (0.0, 1.0),
@@ -156,11 +180,10 @@ def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
     must be a finite number in its range (:data:`FIGURE_RANGES`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: must be a mapping of device fields")
-    unknown = set(data) - set(_FIELDS) - {"peak_flops", "memory_efficiency_by_op", "source"}
+    unknown = set(data) - set(_FIELDS) - set(_BLOCKS) - {"peak_flops"}
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown field "
-                          f"(allowed: peak_flops, {', '.join(_FIELDS)}, "
-                          "memory_efficiency_by_op, source)")
+                          f"(allowed: peak_flops, {', '.join(_FIELDS)}, {', '.join(_BLOCKS)})")
     values: Dict[str, Any] = {}
     for key, kind in _FIELDS.items():
         if key not in data:
@@ -185,7 +208,12 @@ def device_spec_from_dict(data: Any, where: str) -> DeviceSpec:
         peak[dtype.value] = check_figure(where, f"peak_flops.{k}", v)
     values["memory_bytes"] = int(values["memory_bytes"])
     by_op = _efficiency_by_op(data.get("memory_efficiency_by_op", {}), where)
-    return DeviceSpec(peak_flops=peak, memory_efficiency_by_op=by_op, **values)
+    blocks: Dict[str, Any] = {}
+    for key, parse in (("memory_efficiency_by_class", efficiency_by_class),
+                       ("gemm", gemm_model_from_dict), ("attention", attention_model_from_dict)):
+        if data.get(key) is not None:
+            blocks[key] = parse(data[key], f"{where}.{key}")
+    return DeviceSpec(peak_flops=peak, memory_efficiency_by_op=by_op, **blocks, **values)
 
 
 def _efficiency_by_op(raw: Any, where: str) -> Dict[str, float]:

@@ -1,27 +1,38 @@
-"""The roofline cost model: how long one compute op takes on one device.
+"""The cost model: how long one compute op takes on one device.
 
-    time = launch_overhead + max(flops / (peak(dtype) * efficiency),
+    time = launch_overhead + max(compute time,
                                  bytes / (memory_bandwidth * memory_efficiency))
 
-Matrix products use the device's ``matmul_efficiency``, the fused attention
-kernels a share of it (:data:`~distsim.cost.device.ATTENTION_VS_MATMUL`),
-everything else its ``vector_efficiency``; memory traffic runs at
-``memory_efficiency`` of the bandwidth, or at the op type's own figure where
-the device lists one (``memory_efficiency_by_op``). A measured profile (op
-type -> seconds, or a callable) overrides the formula for the ops it lists.
-An op holding a function (a fused segment, a call) costs the sum of that
-function's ops.
+The compute time of a matrix product is the device's GEMM model
+(:mod:`~distsim.cost.gemm`: tiles in waves over the SMs) where the device
+file gives one (``gemm``), else ``flops / (peak(dtype) * matmul_efficiency)``;
+of the fused attention kernels, FlashAttention's measured figures
+(:mod:`~distsim.cost.attention_time`, ``attention``), else a share of
+``matmul_efficiency`` (:data:`~distsim.cost.device.ATTENTION_VS_MATMUL`);
+of everything else ``flops / (peak(dtype) * vector_efficiency)``. Memory
+traffic runs at the op type's own figure (``memory_efficiency_by_op``), its
+kernel class's (``memory_efficiency_by_class``), or ``memory_efficiency``.
+A measured profile (op type -> seconds, or a callable) overrides the
+formula for the ops it lists. An op holding a function (a fused segment, a
+call) costs the sum of that function's ops.
+
+With a host launch time (``host_launch_s``), :meth:`CostModel.host_lead`
+says how many kernels an op launches and how far its last kernel can be
+held back by the host's launch queue (the simulator's
+:mod:`~distsim.sim.launch_queue`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, NamedTuple, Union
+from typing import Callable, Dict, Mapping, NamedTuple, Tuple, Union
 
 from ..ir.comm import is_communication
 from ..ir.core import Op
 from ..ir.ops_bundle import BOOKKEEPING_OPS
 from .device import DeviceSpec
 from .flops import op_flops, op_memory_bytes
+from .gemm import gemm_shape
 
 MATMUL_OPS = frozenset({"matmul", "batch_matmul", "conv", "conv_grad_input", "conv_grad_weight",
                         "linear"})
@@ -37,11 +48,12 @@ class OpCost(NamedTuple):
 
 @dataclass
 class CostModel:
-    """Roofline costs on ``device``; ``profile`` overrides by op type."""
+    """Op costs on ``device`` (module docstring); ``profile`` overrides by op type."""
 
     device: DeviceSpec
     profile: Mapping[str, ProfileEntry] = field(default_factory=dict)
     _function_costs: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
+    _function_leads: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
 
     def op_cost(self, op: Op) -> OpCost:
         if op.op_type == "depend" or op.op_type in BOOKKEEPING_OPS:
@@ -75,12 +87,59 @@ class CostModel:
             hit = self._function_costs[key] = (function, OpCost(time_s, flops, nbytes))
         return hit[1]
 
+    def host_lead(self, op: Op) -> Tuple[int, float]:
+        """(kernels, lead) of a compute op under the host's launch queue,
+        ``H = host_launch_s``: the kernels it launches and ``lead``, the
+        largest ``j H - P(j)`` over its kernels j = 1..k, P(j) the summed
+        time of its kernels before the j-th. If the host issued the op's
+        first kernel at ``h + H`` and the next ones every H after, the op
+        ends at ``max(start + time, h + lead + time)``: an op of one kernel
+        has lead H, a fused segment adds the host's lag over its own
+        kernels. An op that launches nothing (an event wait, a regrouping
+        of values) has no kernels and lead ``-inf``."""
+        if op.op_type == "depend" or op.op_type in BOOKKEEPING_OPS:
+            return 0, -math.inf
+        if op.subfunctions and not is_communication(op):
+            return self.function_lead(op.subfunctions[0])
+        return 1, self.device.host_launch_s
+
+    def function_lead(self, function) -> Tuple[int, float]:
+        """:meth:`host_lead` of the ops of ``function`` run back to back,
+        computed once per function object."""
+        key = id(function)
+        hit = self._function_leads.get(key)
+        if hit is None or hit[0] is not function:
+            h = self.device.host_launch_s
+            kernels, lead, before = 0, -math.inf, 0.0
+            for op in function.ops:
+                k, a = self.host_lead(op)
+                if k:
+                    lead = max(lead, kernels * h + a - before)
+                    kernels += k
+                before += self.op_cost(op).time_s
+            hit = self._function_leads[key] = (function, (kernels, lead))
+        return hit[1]
+
     def roofline_time(self, op: Op, flops: float, nbytes: float) -> float:
         d = self.device
         dtype = op.outputs[0].type.dtype if op.outputs else None
         compute_s = 0.0
         if flops > 0 and dtype is not None:
-            eff = d.compute_efficiency_of(op.op_type, op.op_type in MATMUL_OPS)
-            compute_s = flops / (d.peak_flops_for(dtype) * eff)
+            compute_s = self.compute_time(op, flops, dtype)
         memory_s = nbytes / (d.memory_bandwidth_Bps * d.memory_efficiency_of(op.op_type))
         return d.launch_overhead_s + max(compute_s, memory_s)
+
+    def compute_time(self, op: Op, flops: float, dtype) -> float:
+        """Seconds of arithmetic of ``op`` (``flops`` of it, in ``dtype``)."""
+        d = self.device
+        peak = d.peak_flops_for(dtype)
+        if op.op_type == "matmul" and d.gemm is not None \
+                and d.gemm.efficiency_for(dtype) is not None:
+            return d.gemm.time(gemm_shape(op), dtype, peak,
+                              d.memory_bandwidth_Bps * d.memory_efficiency)
+        if d.attention is not None and op.op_type in ("fused_attention", "fused_attention_grad"):
+            gemm = d.gemm
+            return d.attention.time(op, flops, peak, gemm.sms if gemm else None,
+                                    gemm.wave_quantization if gemm else 1.0)
+        eff = d.compute_efficiency_of(op.op_type, op.op_type in MATMUL_OPS)
+        return flops / (peak * eff)

@@ -15,7 +15,7 @@ from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
 from .gathered import gather_curve
-from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
+from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
@@ -86,14 +86,14 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                 blocks[name].f_curve = gather_curve(
                     groups[key], times, samples, stamps, static + grads + before,
                     blocks[name].f_gather, params, producer)
-        if ("B", 1, name) in groups:
-            blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
-                                        - before - saved[name])
-            blocks[name].b_tail = _tail(groups[("B", 1, name)], times, peak,
+        if ("B", LAST_MB, name) in groups:
+            blocks[name].b_excess = max(0.0, peak(*window(("B", LAST_MB, name))) - static
+                                        - grads - before - saved[name])
+            blocks[name].b_tail = _tail(groups[("B", LAST_MB, name)], times, peak,
                                         static + grads + before + saved[name])
             if zero3:
                 blocks[name].b_curve_later = gather_curve(
-                    groups[("B", 1, name)], times, samples, stamps,
+                    groups[("B", LAST_MB, name)], times, samples, stamps,
                     static + grads + before + saved[name], blocks[name].b_gather, params,
                     producer)
         if ("B", 0, name) in groups:

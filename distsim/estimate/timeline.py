@@ -142,9 +142,14 @@ class Builder:
         else:
             fl, lead, pieces = plan
             flops[stage] += fl
+            if kind == "B":      # its early gathers, behind the collectives before
+                tl.free[2 * stage + 1] += ctx.lead_in(c, mb)[1]
             if lead:             # the recomputation the task starts with: no wait
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
+            if kind == "B":      # its last collectives, outlasting its compute
+                tl.free[2 * stage + 1] = max(tl.free[2 * stage + 1],
+                                             end + ctx.comm_tail(c, mb))
         if kind == "B":          # block by block: the input gradient before its tail
             ctx.out_at = end - ctx.out_tail(c, mb)
         return end
@@ -266,6 +271,8 @@ class Builder:
             fl += f
         if split:
             total, busy = total - head.b_lead, busy - head.b_lead_busy
+        if kind == "B":
+            total -= ctx.lead_in(c, mb)[0]
         return fl, lead, self._pieces(kind, order, total, busy, rest=split)
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
@@ -358,6 +365,11 @@ class Builder:
         # a backward's compute after its input gradient, per chunk (first
         # micro-batch, a middle one)
         tails = [(ctx.out_tail(c, 0), ctx.out_tail(c, 1)) for c in range(ctx.chunks)]
+        # ... how long its last collectives outlast its compute, and the
+        # time of its early gathers (:meth:`StepContext.lead_in`)
+        comm_tails = [(ctx.comm_tail(c, 0), ctx.comm_tail(c, 1)) for c in range(ctx.chunks)]
+        early = [(ctx.lead_in(c, 0)[1], ctx.lead_in(c, 1)[1]) for c in range(ctx.chunks)]
+        free = ctx.tl.free
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             for sent in (pending.due(start) if waiting and waiting[0][0] <= start else ()):
@@ -386,11 +398,16 @@ class Builder:
             else:
                 fl, lead, pieces = plan
                 flops[stage] += fl
+                if kind == "B":      # its early gathers, behind the collectives before
+                    free[2 * stage + 1] += early[c][mb != 0]
                 if lead:             # the recomputation the task starts with: no wait
                     pieces_on(stage, lead, 0.0)
                 ends[task] = end_at = pieces_on(stage, pieces, ready)
                 if kind == "B":
                     outs[task] = end_at - tails[c][mb != 0]
+                    held = end_at + comm_tails[c][mb != 0]
+                    if held > free[2 * stage + 1]:
+                        free[2 * stage + 1] = held
             add(end, task)
         w.pos = stop
 

@@ -20,6 +20,7 @@ from ..errors import ConfigError, quoted_short
 from ..ir.comm import CollectiveType
 from ..topology import Topology, load_topology
 from ..topology.builders import MAX_DEVICES
+from .collective_plan import protocol_used
 from .collectives import ROOTED, check_team, run_collective
 from .network import Network
 
@@ -195,9 +196,11 @@ def benchmark_collective(kind: Union[str, CollectiveType], nbytes: Union[int, st
                          nodes: Optional[int] = None, algorithm: str = "auto",
                          mode: str = "flow", root: Optional[int] = None) -> Dict[str, Any]:
     """Simulate one collective alone on ``topology``; returns a dict with
-    ``collective, algorithm, bytes, ranks, time_s, algbw_Bps, busbw_Bps,
-    topology, mode``. A send/recv team defaults to the first and last rank
-    of ``nodes`` or of the topology (``ranks`` given must be the two);
+    ``collective, algorithm, protocol, bytes, ranks, time_s, algbw_Bps,
+    busbw_Bps, topology, mode`` (``protocol``: NCCL's protocol it ran with,
+    None on a topology without a ``collectives:`` block). A send/recv team
+    defaults to the first and last rank of ``nodes`` or of the topology
+    (``ranks`` given must be the two);
     a rooted collective's root to the first; a root given to a kind
     without one is an error. ``nodes`` past a one-server topology's one
     uses its cluster (:func:`topology_for_nodes`)."""
@@ -226,8 +229,10 @@ def benchmark_collective(kind: Union[str, CollectiveType], nbytes: Union[int, st
     t = float(env.now)
     p = len(team)
     algbw = size / t if t > 0 else 0.0
+    protocol = protocol_used(topo, kind, team, size, root, result["algorithm"])
     return {
-        "collective": kind.value, "algorithm": result["algorithm"], "bytes": size,
+        "collective": kind.value, "algorithm": result["algorithm"], "protocol": protocol,
+        "bytes": size,
         "ranks": p, "time_s": t, "algbw_Bps": algbw,
         "busbw_Bps": algbw * (BUS_FACTORS[kind](p) if p > 1 else 0.0),
         "topology": topo.name, "mode": mode,
@@ -247,6 +252,7 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
             "  algorithm")
     lines = [head]
     for r in rows:
+        algorithm = r["algorithm"] + (f"/{r['protocol']}" if r.get("protocol") else "")
         lines.append(f"{r['bytes']:>14d} {r['time_s'] * 1e6:>12.2f} {r['algbw_Bps'] / 1e9:>13.2f} "
-                     f"{r['busbw_Bps'] / 1e9:>13.2f}  {r['algorithm']}")
+                     f"{r['busbw_Bps'] / 1e9:>13.2f}  {algorithm}")
     return "\n".join(lines)

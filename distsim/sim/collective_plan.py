@@ -14,6 +14,8 @@ from ..errors import ConfigError, TopologyError
 from ..ir.comm import CollectiveType
 from .collective_algos import ALGORITHMS, Schedule
 from .network import Network
+from .protocols import choose_protocol
+from .route_table import route_table
 
 ROOTED = (CollectiveType.BROADCAST, CollectiveType.REDUCE, CollectiveType.GATHER,
           CollectiveType.SCATTER)
@@ -102,9 +104,34 @@ def named_schedule(network: Network, kind: CollectiveType, ranks: Tuple[int, ...
     """(algorithm name used, schedule) of a checked collective under the
     named ``algorithm`` (not ``auto``). An algorithm that does not apply
     to the team falls back to the kind's first one."""
-    table = ALGORITHMS[kind]
-    schedule = table[algorithm](ranks, nbytes, root, network)
+    schedule = algorithm_schedule(network, kind, algorithm, ranks, nbytes, root)
     if schedule is None:
-        algorithm = next(iter(table))
-        schedule = table[algorithm](ranks, nbytes, root, network)
+        algorithm = next(iter(ALGORITHMS[kind]))
+        schedule = algorithm_schedule(network, kind, algorithm, ranks, nbytes, root)
     return algorithm, schedule
+
+
+def algorithm_schedule(network: Network, kind: CollectiveType, algorithm: str,
+                       ranks: Tuple[int, ...], nbytes: float, root: Optional[int]
+                       ) -> Optional[Schedule]:
+    """The schedule of ``algorithm`` for a checked collective under the
+    protocol NCCL's tuner would pick (:func:`.protocols.choose_protocol`,
+    kept in :attr:`RouteTable.protocol_choices`), or None where the
+    algorithm does not apply to the team."""
+    schedule = ALGORITHMS[kind][algorithm](ranks, nbytes, root, network)
+    if schedule is None:
+        return None
+    known = route_table(network.topology).protocol_choices
+    key = (kind, tuple(ranks), float(nbytes), root, algorithm)
+    protocol, schedule = choose_protocol(network, kind, algorithm, schedule, known.get(key))
+    if protocol is not None:
+        known[key] = protocol
+    return schedule
+
+
+def protocol_used(topology, kind: CollectiveType, ranks: Sequence[int], nbytes: float,
+                  root: Optional[int], algorithm: str) -> Optional[str]:
+    """The protocol a collective planned on ``topology`` ran with under
+    ``algorithm`` (None: planned without protocols, or not yet planned)."""
+    key = (kind, tuple(ranks), float(nbytes), root, algorithm)
+    return route_table(topology).protocol_choices.get(key)

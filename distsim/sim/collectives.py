@@ -40,7 +40,7 @@ def run_collective(env: simpy.Environment, network: Network, kind: CollectiveTyp
     """
     name, schedule = planned_schedule(network, kind, ranks, nbytes, root, algorithm)
     for phase in schedule:
-        yield from network.run_steps(phase.flows, phase.count)
+        yield from network.run_steps(phase.flows, phase.count, 0, phase.latency_s)
     return name
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 from operator import itemgetter
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import simpy
 
@@ -195,11 +195,13 @@ class Network:
                 (links, latency, tuple(self._capacity[i] for i in links))
         return hit
 
-    def analytical_step_s(self, flows: Sequence[FlowSpec], key: int = 0) -> float:
+    def analytical_step_s(self, flows: Sequence[FlowSpec], key: int = 0,
+                          latency_s: Optional[float] = None) -> float:
         """Analytical mode: one step's time, the slowest flow's
-        ``latency + bytes / bottleneck`` (no link totals). A step whose
-        flows carry equal bytes is routed once per topology, whatever its
-        size; its ranks are checked then."""
+        ``latency + bytes / bottleneck`` (no link totals; ``latency_s``, where
+        given, in place of every path latency). A step whose flows carry
+        equal bytes is routed once per topology, whatever its size; its
+        ranks are checked then."""
         sizes = set(map(_BYTES, flows))
         if len(sizes) == 1:
             pairs = (tuple(map(_PAIR, flows)), key)
@@ -214,7 +216,7 @@ class Network:
             nbytes = sizes.pop()
             step = 0.0
             for latency, bottleneck in paths:
-                t = latency + nbytes / bottleneck
+                t = (latency if latency_s is None else latency_s) + nbytes / bottleneck
                 if t > step:
                     step = t
             return step
@@ -224,6 +226,8 @@ class Network:
             self.topology.check_rank(dst)
             if src != dst:
                 _, latency, bottleneck = self.route(src, dst, key)
+                if latency_s is not None:
+                    latency = latency_s
                 step = max(step, latency + nbytes / bottleneck)
         return step
 
@@ -257,10 +261,12 @@ class Network:
                 raise ConfigError(f"transfer {src} -> {dst}: bytes must be >= 0, got {nbytes!r}")
         return self.start_group(flows, key)[0]
 
-    def start_group(self, flows: Sequence[FlowSpec], key: int = 0
+    def start_group(self, flows: Sequence[FlowSpec], key: int = 0,
+                    latency_s: Optional[float] = None
                     ) -> Tuple[simpy.Event, List[Flow | None]]:
-        """Start flows of checked ranks and bytes now: an event for the
-        delivery of all of them, and what :meth:`start_flow` gave each."""
+        """Start flows of checked ranks and bytes now (``latency_s``: see
+        :meth:`start_flow`): an event for the delivery of all of them, and
+        what :meth:`start_flow` gave each."""
         done = self.env.event()
         left = [len(flows)]
 
@@ -275,27 +281,34 @@ class Network:
         for src, dst, nbytes in flows:
             event = self.env.event()
             event.callbacks.append(one_done)
-            started.append(self.start_flow(src, dst, float(nbytes), key, event))
+            started.append(self.start_flow(src, dst, float(nbytes), key, event, latency_s))
         return done, started
 
-    def run_steps(self, flows: Sequence[FlowSpec], count: int, key: int = 0):
+    def run_steps(self, flows: Sequence[FlowSpec], count: int, key: int = 0,
+                  latency_s: Optional[float] = None):
         """A SimPy process generator: ``count`` steps, each starting every
-        flow of ``flows`` and waiting until all are delivered."""
-        return self._steps.run(tuple(flows), count, key)
+        flow of ``flows`` and waiting until all are delivered; with
+        ``latency_s`` a flow is delivered that long after its last byte
+        instead of its path latency (a protocol's per-step cost), and a step
+        without flows just waits that long."""
+        return self._steps.run(tuple(flows), count, key, latency_s)
 
     def is_idle(self) -> bool:
         return self.active_flows == 0 and not self._pending
 
-    def start_flow(self, src: int, dst: int, nbytes: float, key: int, event: simpy.Event
-                   ) -> Flow | None:
+    def start_flow(self, src: int, dst: int, nbytes: float, key: int, event: simpy.Event,
+                   latency_s: Optional[float] = None) -> Flow | None:
         """Start one flow of checked ranks and bytes now; ``event``
-        succeeds on its delivery. The flow, or None where nothing is sent
+        succeeds on its delivery, its path latency (or ``latency_s``) after
+        its last byte. The flow, or None where nothing is sent
         (``src == dst``, or analytical mode)."""
         env = self.env
         if src == dst:
             event.succeed()
             return None
         links, latency, bottleneck = self.route(src, dst, key)
+        if latency_s is not None:
+            latency = latency_s
         if self._reserved:
             reserved = self._reserved
             for i in links:

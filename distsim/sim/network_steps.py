@@ -45,7 +45,8 @@ import simpy
 
 from .collective_algos.schedule import FlowSpec
 
-Signature = Tuple[Tuple[FlowSpec, ...], int]
+#: a step's flows, route key and latency (None: the flows' path latencies)
+Signature = Tuple[Tuple[FlowSpec, ...], int, Optional[float]]
 
 
 class StepNetwork(Protocol):
@@ -62,9 +63,11 @@ class StepNetwork(Protocol):
 
     def route(self, src: int, dst: int, key: int = 0) -> Tuple[Tuple[int, ...], float, float]: ...
     def start_flow(self, src: int, dst: int, nbytes: float, key: int,
-                   event: simpy.Event) -> Any: ...
-    def start_group(self, flows: Sequence[FlowSpec], key: int = 0) -> Tuple[simpy.Event, list]: ...
-    def analytical_step_s(self, flows: Sequence[FlowSpec], key: int = 0) -> float: ...
+                   event: simpy.Event, latency_s: Optional[float] = None) -> Any: ...
+    def start_group(self, flows: Sequence[FlowSpec], key: int = 0,
+                    latency_s: Optional[float] = None) -> Tuple[simpy.Event, list]: ...
+    def analytical_step_s(self, flows: Sequence[FlowSpec], key: int = 0,
+                          latency_s: Optional[float] = None) -> float: ...
     def links_idle(self, links: Iterable[int]) -> bool: ...
     def starts_on(self, links: Iterable[int]) -> int: ...
     def link_capacity(self, link: int) -> float: ...
@@ -94,12 +97,13 @@ class StepProfile:
 
 
 class _Phantom:
-    __slots__ = ("specs", "key", "profile", "steps", "start_s", "done", "materialized",
-                 "first_sample")
+    __slots__ = ("specs", "key", "latency_s", "profile", "steps", "start_s", "done",
+                 "materialized", "first_sample")
 
-    def __init__(self, specs, key, profile, steps, start_s, done) -> None:
+    def __init__(self, specs, key, latency_s, profile, steps, start_s, done) -> None:
         self.specs = specs
         self.key = key
+        self.latency_s = latency_s
         self.profile = profile
         self.steps = steps
         self.start_s = start_s
@@ -127,12 +131,17 @@ class StepRunner:
         self._owing: List[StepProfile] = []
 
     # ------------------------------------------------------------------ run
-    def run(self, specs: Tuple[FlowSpec, ...], count: int, key: int):
+    def run(self, specs: Tuple[FlowSpec, ...], count: int, key: int,
+            latency_s: Optional[float] = None):
         net, env = self.net, self.net.env
-        if count <= 0 or not specs:
+        if count <= 0:
+            return
+        if not specs:
+            if latency_s:
+                yield env.timeout(latency_s * count)
             return
         if net.mode == "analytical" and not net.link_stats and not net.record_samples:
-            yield env.timeout(net.analytical_step_s(specs, key) * count)
+            yield env.timeout(net.analytical_step_s(specs, key, latency_s) * count)
             return
         if specs not in self._checked:  # a training step repeats the same steps
             for src, dst, nbytes in specs:
@@ -141,19 +150,20 @@ class StepRunner:
             self._checked.add(specs)
         if net.mode == "analytical":
             uses: Dict[int, float] = {}
-            done_ev = env.timeout(self._analytical(specs, count, key, uses))
+            done_ev = env.timeout(self._analytical(specs, count, key, uses, latency_s))
             if uses:
                 net.add_use(uses, +1)
                 done_ev.callbacks.append(lambda _e: net.add_use(uses, -1))
             yield done_ev
             return
         fast = self.enabled
-        sig = (specs, key)
+        sig = (specs, key, latency_s)
         done = 0
         while done < count:
             profile = self.cache.get(sig) if fast else None
             if profile is not None and self._free(profile.link_ids):
-                phantom = _Phantom(specs, key, profile, count - done, env.now, env.event())
+                phantom = _Phantom(specs, key, latency_s, profile, count - done, env.now,
+                                   env.event())
                 reserved = self.reserved
                 for i in profile.link_ids:
                     reserved[i] = phantom
@@ -179,7 +189,7 @@ class StepRunner:
                 watch = self._free(links, reserved_ok=True)
                 before = net.starts_on(links) if watch else 0
             start = env.now
-            event, flows = net.start_group(specs, key)
+            event, flows = net.start_group(specs, key, latency_s)
             yield event
             done += 1
             if watch and net.starts_on(links) - before == own and sig not in self.cache:
@@ -189,7 +199,7 @@ class StepRunner:
         """(distinct links of the step, flow-link incidences of the step)."""
         hit = self._step_links.get(sig)
         if hit is None:
-            specs, key = sig
+            specs, key = sig[0], sig[1]
             seen: Dict[int, None] = {}
             own = 0
             for src, dst, _ in specs:
@@ -212,9 +222,11 @@ class StepRunner:
         return self.net.links_idle(links)
 
     def _analytical(self, specs, count: int, key: int,
-                    uses: Optional[Dict[int, float]] = None) -> float:
+                    uses: Optional[Dict[int, float]] = None,
+                    latency_s: Optional[float] = None) -> float:
         """The time of ``count`` steps in analytical mode (link statistics
-        added); with samples on, fills ``uses`` with each link's mean use."""
+        added; ``latency_s``, where given, in place of the path latencies);
+        with samples on, fills ``uses`` with each link's mean use."""
         net = self.net
         route = net.route
         step = 0.0
@@ -226,6 +238,8 @@ class StepRunner:
             if src == dst:
                 continue
             links, latency, bottleneck = route(src, dst, key)
+            if latency_s is not None:
+                latency = latency_s
             tx = nbytes / bottleneck
             if latency + tx > step:
                 step = latency + tx
@@ -374,7 +388,7 @@ class StepRunner:
         for src, dst, nbytes in restart:
             event = env.event()
             event.callbacks.append(one_done)
-            net.start_flow(src, dst, nbytes, phantom.key, event)
+            net.start_flow(src, dst, nbytes, phantom.key, event, phantom.latency_s)
         if left[0] == 0 and not done.triggered:
             done.succeed()
         return done

@@ -17,7 +17,9 @@ class RouteTable:
 
     __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos",
                  "analytical_shapes", "step_loads", "team_plans", "solo_times",
-                 "algorithm_choices", "__weakref__")
+                 "algorithm_choices", "flow_links", "step_shapes", "flow_loads",
+                 "protocol_choices",
+                 "__weakref__")
 
     def __init__(self) -> None:
         self.edges: List[Tuple[str, str]] = []
@@ -43,6 +45,18 @@ class RouteTable:
         self.solo_times: Dict[tuple, Tuple[float, str]] = {}
         #: (kind, team, bytes, root) -> the algorithm ``auto`` runs
         self.algorithm_choices: Dict[tuple, str] = {}
+        #: (src, dst) -> (transport, bandwidth) of the route's slowest link
+        #: (:func:`.protocols.flow_link`)
+        self.flow_links: Dict[Tuple[int, int], Tuple[str, float]] = {}
+        #: the (src, dst) pairs of a step -> what a protocol needs of their
+        #: routes (:mod:`.protocols`)
+        self.step_shapes: Dict[Tuple[Tuple[int, int], ...], Any] = {}
+        #: the (src, dst) pairs of a step of unequal flows -> per flow (links,
+        #: path latency, bottleneck, largest n_L / c_L on its route)
+        #: (:mod:`.solo_bounds`)
+        self.flow_loads: Dict[Tuple[Tuple[int, int], ...], tuple] = {}
+        #: (kind, team, bytes, root, algorithm) -> the protocol it runs with
+        self.protocol_choices: Dict[tuple, str] = {}
 
 
 _ROUTE_TABLES: "weakref.WeakKeyDictionary[Topology, RouteTable]" = weakref.WeakKeyDictionary()

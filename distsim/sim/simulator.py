@@ -52,6 +52,7 @@ from ..ir.comm import CollectiveType, collective_of, is_point_to_point
 from ..ir.core import Function, Op, Value, gc_paused
 from ..ir.value_table import ValueTable
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
+from .launch_queue import Leads, leads_by_rank, op_times
 from .memory import MemoryAccounting, copy_to_followers, memory_accounting
 from .network import Network
 from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
@@ -266,11 +267,14 @@ class Simulator:
         self._blocked[key] = (op, self.index.values[n], None)
         return ev
 
-    def _compute_stream(self, stream: ComputeStream, prefix: List[float]):
+    def _compute_stream(self, stream: ComputeStream, prefix: List[float],
+                        leads: Optional[Leads] = None):
         """The hot loop (once per block): wait for the block's operands from
         outside the stream, then its ops run back to back; announce the
         values other streams read. ``prefix[q]`` is the summed duration of
-        the stream's first q ops."""
+        the stream's first q ops; ``leads``, the host's launch queue
+        (:mod:`.launch_queue`; None: kernels issued at once)."""
+        lead = leads[0] if leads is not None else None
         rank = stream.rank
         key = (rank, COMPUTE_STREAM)
         ready = self._ready
@@ -298,12 +302,18 @@ class Simulator:
             base = prefix[pos]
             while e < n_exports and exports[e][0] < nxt:
                 q, n = exports[e]
-                ready[n] = s + (prefix[q + 1] - base)
+                if lead is None:
+                    ready[n] = s + (prefix[q + 1] - base)
+                else:
+                    ready[n] = prefix[q + 1] + max(s - base, lead[q])
                 if n in waiters:
                     for ev in waiters.pop(n):
                         ev.succeed()
                 e += 1
-            t = s + (prefix[nxt] - base)
+            if lead is None:
+                t = s + (prefix[nxt] - base)
+            else:
+                t = prefix[nxt] + max(s - base, lead[nxt - 1])
             if t > self._reached:
                 self._reached = t
             self._progress += 1
@@ -421,11 +431,13 @@ class Simulator:
         ix = self._prepare()
         prefixes = {rank: list(accumulate(stream.durations, initial=0.0))
                     for rank, stream in ix.compute_streams.items()}
+        leads = leads_by_rank(ix, prefixes, self.cost)
         streams = [(rank, COMPUTE_STREAM) for rank in ix.compute_streams]
         streams += [(rank, COMM_STREAM) for rank in ix.comm_streams]
         for rank, kind in sorted(streams):
             if kind == COMPUTE_STREAM:
-                self.env.process(self._compute_stream(ix.compute_streams[rank], prefixes[rank]))
+                self.env.process(self._compute_stream(ix.compute_streams[rank], prefixes[rank],
+                                                      leads[rank]))
             else:
                 indices, inputs = ix.comm_streams[rank], ix.comm_inputs[rank]
                 for stream, positions in self._comm_queues(rank, indices):
@@ -433,7 +445,7 @@ class Simulator:
         self._run_events()
         if self._blocked:
             raise SimulationError(self._deadlock_report())
-        start_s, end_s = self._compute_times(prefixes)
+        start_s, end_s = self._compute_times(prefixes, leads)
         records = self._records(start_s, end_s)
         memory = self._memory(start_s, end_s)
         if self._rep:
@@ -469,9 +481,11 @@ class Simulator:
             queues.setdefault(stream, []).append(k)
         return list(queues.items())
 
-    def _compute_times(self, prefixes: Dict[int, List[float]]) -> Tuple[np.ndarray, np.ndarray]:
+    def _compute_times(self, prefixes: Dict[int, List[float]],
+                       leads: Dict[int, Optional[Leads]]) -> Tuple[np.ndarray, np.ndarray]:
         """Start and end of every simulated compute op: each block's start
-        plus the prefix sums of its ops' durations."""
+        plus the prefix sums of its ops' durations (held back by the host's
+        launch queue, :mod:`.launch_queue`, where it has one)."""
         ix = self.index
         start_s = np.zeros(len(ix.compute))
         end_s = np.zeros(len(ix.compute))
@@ -483,8 +497,7 @@ class Simulator:
             s0 = np.asarray(self._block_starts[rank])[block]
             base = prefix[first][block]
             ops = np.asarray(stream.ops, dtype=np.int64)
-            start_s[ops] = s0 + (prefix[:-1] - base)
-            end_s[ops] = s0 + (prefix[1:] - base)
+            start_s[ops], end_s[ops] = op_times(prefix, base, s0, leads.get(rank))
         return start_s, end_s
 
     def _records(self, start_s: np.ndarray, end_s: np.ndarray) -> OpColumns:

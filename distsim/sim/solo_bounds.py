@@ -22,8 +22,11 @@ is delivered. For a step whose flows carry equal bytes ``b``, where link
   slower one). So each is delivered by its latency plus ``b n_L / c_L``
   for the most loaded link of its route.
 
-A step of unequal flows gets only the lower bound (a flow that ends early
-can lower another's share). The bounds hold in exact arithmetic; the
+A step of unequal flows gets the same bounds flow by flow (its links'
+loads summed from its flows' bytes; each flow delivered by its latency
+plus ``b max_L(n_L / c_L)`` over its own route: its max-min rate is at
+least ``c_L / n_L`` at its bottleneck link, and the counts only fall as
+flows end). The bounds hold in exact arithmetic; the
 simulation's clock rounds and finishes flows due within ``1e-12`` of each
 other together, so :func:`can_beat` compares them with that slack.
 """
@@ -75,12 +78,15 @@ def step_load(pairs: Sequence[Tuple[int, int]], network: Network) -> StepLoad:
 
 def schedule_bounds(network: Network, schedule: Schedule) -> Tuple[float, float, int]:
     """(lower, upper) bounds on ``schedule``'s time alone in the flow
-    model (upper ``inf`` where a step's flows are unequal), and its number
-    of steps."""
+    model, and its number of steps."""
     loads: Dict[tuple, StepLoad] = route_table(network.topology).step_loads
     lower = upper = 0.0
     steps = 0
-    for flows, count in schedule:
+    for flows, count, latency in schedule:
+        if not flows:
+            lower += count * (latency or 0.0)
+            upper += count * (latency or 0.0)
+            continue
         sizes = set(map(_BYTES, flows))
         if len(sizes) == 1:
             pairs = tuple(map(_PAIR, flows))
@@ -89,15 +95,59 @@ def schedule_bounds(network: Network, schedule: Schedule) -> Tuple[float, float,
                 load = loads[pairs] = step_load(pairs, network)
             nbytes = sizes.pop()
             per_link, per_flow, paths = load
-            low = max(chain((latency + nbytes / bottleneck for latency, bottleneck in paths),
-                            (nbytes * t + latency for t, latency in per_link)), default=0.0)
-            high = max((latency + nbytes * t for latency, t in per_flow), default=0.0)
+            if latency is not None:             # the step's own latency for every flow
+                per_link = [(t, latency) for t, _ in per_link]
+                per_flow = [(latency, t) for _, t in per_flow]
+                paths = [(latency, bottleneck) for _, bottleneck in paths]
+            low = max(chain((lat + nbytes / bottleneck for lat, bottleneck in paths),
+                            (nbytes * t + lat for t, lat in per_link)), default=0.0)
+            high = max((lat + nbytes * t for lat, t in per_flow), default=0.0)
         else:
-            low, high = network.analytical_step_s(flows), math.inf
+            low, high = _unequal_bounds(network, flows, latency)
         lower += count * low
         upper += count * high
         steps += count
     return lower, upper, steps
+
+
+def _unequal_bounds(network: Network, flows, latency) -> Tuple[float, float]:
+    """(lower, upper) bounds on a step of unequal flows. Lower: no flow
+    beats its route alone, and a link needs its flows' bytes over its
+    capacity (then the least latency of its flows). Upper: each flow's
+    max-min rate is at least ``c_L / n_L`` at the link of its route where
+    that is least (it is the fastest at its bottleneck link, which it
+    saturates), and the counts only fall as flows end; so each is
+    delivered by its latency plus ``b max_L(n_L / c_L)``. ``latency``,
+    where given, is every flow's."""
+    pairs = tuple(map(_PAIR, flows))
+    loads = route_table(network.topology).flow_loads
+    per_flow = loads.get(pairs)
+    if per_flow is None:
+        routes = [network.route(src, dst) if src != dst else None for src, dst in pairs]
+        count = Counter(chain.from_iterable([r[0] for r in routes if r is not None]))
+        cap = network.link_capacity
+        per_flow = loads[pairs] = tuple(
+            None if r is None else
+            (r[0], r[1], r[2], max(count[i] / cap(i) for i in r[0])) for r in routes)
+    cap = network.link_capacity
+    carried: Dict[int, float] = {}
+    least: Dict[int, float] = {}
+    low = high = 0.0
+    for info, (_, _, nbytes) in zip(per_flow, flows):
+        if info is None:
+            continue
+        links, lat, bottleneck, t = info
+        if latency is not None:
+            lat = latency
+        low = max(low, lat + nbytes / bottleneck)
+        high = max(high, lat + nbytes * t)
+        for i in links:
+            carried[i] = carried.get(i, 0.0) + nbytes
+            if lat < least.get(i, math.inf):
+                least[i] = lat
+    for i, nbytes in carried.items():
+        low = max(low, nbytes / cap(i) + least[i])
+    return low, high
 
 
 def can_beat(lower: float, steps: int, best_upper: float) -> bool:

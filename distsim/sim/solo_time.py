@@ -31,7 +31,7 @@ import simpy
 
 from ..ir.comm import CollectiveType
 from .collective_algos import ALGORITHMS, Phase, Schedule
-from .collective_plan import moves_data, named_schedule, resolve_algorithm
+from .collective_plan import algorithm_schedule, moves_data, named_schedule, resolve_algorithm
 from .network import Network
 from .route_table import route_table
 from .solo_bounds import can_beat, schedule_bounds
@@ -90,8 +90,8 @@ def run_schedule(network: Network, schedule) -> float:
     start = env.now
 
     def steps():
-        for flows, count in schedule:
-            yield from network.run_steps(flows, count)
+        for flows, count, latency in schedule:
+            yield from network.run_steps(flows, count, 0, latency)
 
     env.process(steps())
     env.run()
@@ -124,10 +124,10 @@ def choose_algorithm(network: Network, kind: CollectiveType, ranks: Tuple[int, .
     cache = network.algorithm_choices
     name = cache.get(key)
     if name is not None:
-        return name, table[name](ranks, nbytes, root, network)
+        return name, algorithm_schedule(network, kind, name, ranks, nbytes, root)
     plans: Dict[str, Schedule] = {}
-    for name, algo in table.items():
-        schedule = algo(ranks, nbytes, root, network)
+    for name in table:
+        schedule = algorithm_schedule(network, kind, name, ranks, nbytes, root)
         if schedule is not None:
             plans[name] = schedule
     name = next(iter(plans))

@@ -41,10 +41,13 @@ def check_device_count(count: int, where: str, how: str = "") -> None:
                           f"the {MAX_DEVICES:,} devices distsim simulates")
 
 
-def add_duplex(g: nx.DiGraph, a: str, b: str, bandwidth_Bps: float, latency_s: float) -> None:
-    """A cable: one directed link each way with the same figures."""
-    g.add_edge(a, b, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(latency_s))
-    g.add_edge(b, a, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(latency_s))
+def add_duplex(g: nx.DiGraph, a: str, b: str, bandwidth_Bps: float, latency_s: float,
+               transport: str | None = None) -> None:
+    """A cable: one directed link each way with the same figures (and the
+    kind of link, ``transport``, where known)."""
+    extra = {} if transport is None else {"transport": transport}
+    g.add_edge(a, b, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(latency_s), **extra)
+    g.add_edge(b, a, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(latency_s), **extra)
 
 
 class _Checked:
@@ -135,18 +138,19 @@ def build_dgx(params: Mapping[str, Any], where: str = "builder") -> nx.DiGraph:
         for j in range(switches_per_node):
             sw = f"pcie{n * switches_per_node + j}"
             g.add_node(sw, kind="switch", node_index=n)
-            add_duplex(g, sw, host, pcie_bw, pcie_lat)
+            add_duplex(g, sw, host, pcie_bw, pcie_lat, "pcie")
         for k in range(gpn):
             rank = n * gpn + k
             gpu = f"gpu{rank}"
             g.add_node(gpu, kind="device", rank=rank, node_index=n)
             if gpn > 1:
-                add_duplex(g, gpu, nvs, nv_bw, nv_lat)
-            add_duplex(g, gpu, f"pcie{n * switches_per_node + k // per_pcie}", pcie_bw, pcie_lat)
+                add_duplex(g, gpu, nvs, nv_bw, nv_lat, "nvlink")
+            add_duplex(g, gpu, f"pcie{n * switches_per_node + k // per_pcie}", pcie_bw, pcie_lat,
+                       "pcie")
             if k < nics:
                 nic = f"nic{n * nics + k}"
                 g.add_node(nic, kind="nic", node_index=n)
-                add_duplex(g, gpu, nic, pcie_bw, pcie_lat)   # GPUDirect RDMA via the PCIe switch
+                add_duplex(g, gpu, nic, pcie_bw, pcie_lat, "pcie")   # GPUDirect RDMA via PCIe
     if nodes > 1:
         _add_network(g, nodes, nics, nic_bw, net_lat, network, npl, spines, oversub)
     return g
@@ -158,7 +162,7 @@ def _add_network(g: nx.DiGraph, nodes: int, nics: int, nic_bw: float, lat: float
     if network == "single":
         g.add_node("ib0", kind="switch")
         for i in range(nodes * nics):
-            add_duplex(g, f"nic{i}", "ib0", nic_bw, lat)
+            add_duplex(g, f"nic{i}", "ib0", nic_bw, lat, "network")
         return
     leaves_per_group = math.ceil(nodes / npl)
     leaves: List[Tuple[str, int]] = []    # (name, NIC ports down)
@@ -171,7 +175,7 @@ def _add_network(g: nx.DiGraph, nodes: int, nics: int, nic_bw: float, lat: float
             if leaf not in g:
                 g.add_node(leaf, kind="switch")
                 leaves.append((leaf, ports))
-            add_duplex(g, f"nic{n * nics + k}", leaf, nic_bw, lat)
+            add_duplex(g, f"nic{n * nics + k}", leaf, nic_bw, lat, "network")
     if network == "rail" and nics == 1 and leaves_per_group == 1:
         return
     if network == "fat-tree" and leaves_per_group == 1:
@@ -181,7 +185,7 @@ def _add_network(g: nx.DiGraph, nodes: int, nics: int, nic_bw: float, lat: float
     for leaf, ports in leaves:
         up_bw = ports * nic_bw / oversub / spines
         for s in range(spines):
-            add_duplex(g, leaf, f"spine{s}", up_bw, lat)
+            add_duplex(g, leaf, f"spine{s}", up_bw, lat, "network")
 
 
 # --------------------------------------------------------------------------- torus
@@ -251,10 +255,10 @@ def build_pcie_tree(params: Mapping[str, Any], where: str = "builder") -> nx.DiG
     g.add_node("host0", kind="host", node_index=0)
     for j in range(math.ceil(gpus / per)):
         g.add_node(f"pcie{j}", kind="switch", node_index=0)
-        add_duplex(g, f"pcie{j}", "host0", up, lat)
+        add_duplex(g, f"pcie{j}", "host0", up, lat, "pcie")
     for r in range(gpus):
         g.add_node(f"gpu{r}", kind="device", rank=r, node_index=0)
-        add_duplex(g, f"gpu{r}", f"pcie{r // per}", bw, lat)
+        add_duplex(g, f"gpu{r}", f"pcie{r // per}", bw, lat, "pcie")
     return g
 
 

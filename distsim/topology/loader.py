@@ -9,11 +9,14 @@ The schema (see docs/topology.md) has a ``name``, a ``device`` block (see
   ``{count, name: "gpu{i}", per_node}``), optional ``switches``, ``nics``,
   ``hosts`` (lists of names) and ``links``: each with ``src``, ``dst``,
   one of ``bandwidth_GBps`` / ``bandwidth_Gbps`` / ``bandwidth_Bps``, one of
-  ``latency_us`` / ``latency_s``, and ``duplex`` (default true). ``src`` and
+  ``latency_us`` / ``latency_s``, ``duplex`` (default true) and optionally
+  ``transport`` (``nvlink``, ``pcie``, ``network``). ``src`` and
   ``dst`` may be lists or ranges like ``gpu{0..7}``; equal-length lists pair
   up, a single name pairs with every entry of the other side.
 
-Every error is one line naming the file and the field. Numbers may be
+An optional ``collectives:`` block gives what NCCL's protocols cost on
+those links (:mod:`.collective_spec`). Every error is one line naming the
+file and the field. Numbers may be
 written ``2.0e12`` or ``1e9``: PyYAML (YAML 1.1) reads those as strings,
 :func:`yaml_number` reads them as the numbers they are.
 """
@@ -31,6 +34,7 @@ from ..errors import ConfigError, TopologyError
 from ..paths import not_found_hint, topologies_dir
 from ..yamlio import load_yaml_file, yaml_number
 from .builders import BUILDERS, GB, MAX_DEVICES, MAX_NODES, US, add_duplex, check_device_count
+from .collective_spec import TRANSPORTS, collective_spec_from_dict
 from .topology import Topology
 
 #: the folder of named topologies when the module was loaded; lookups read
@@ -40,7 +44,7 @@ TOPOLOGY_DIR = topologies_dir()
 _CLUSTER_NAME = re.compile(r"^(?P<base>.+)-x(?P<nodes>[0-9]+)$")
 _RANGE = re.compile(r"^(?P<pre>[^{}]*)\{(?P<lo>[0-9]+)\.\.(?P<hi>[0-9]+)\}(?P<post>[^{}]*)$")
 _TOP_KEYS = {"name", "description", "sources", "device", "builder", "params",
-             "devices", "switches", "nics", "hosts", "links"}
+             "devices", "switches", "nics", "hosts", "links", "collectives"}
 _GRAPH_KEYS = ("devices", "switches", "nics", "hosts", "links")   # the explicit form's
 _DEVICES_KEYS = {"count", "name", "per_node"}
 _cache: Dict[Tuple[str, int, int | None], Topology] = {}
@@ -173,7 +177,11 @@ def topology_from_dict(data: Any, where: str, nodes: int | None = None,
                               f"{' | '.join(BUILDERS)})")
         graph = _explicit_graph(data, where)
         meta = {}
-    return Topology(topo_name, graph, spec, source=where, meta=meta)
+    collectives = None
+    if data.get("collectives") is not None:
+        collectives = collective_spec_from_dict(_numbers(data["collectives"]),
+                                                f"{where}: collectives")
+    return Topology(topo_name, graph, spec, source=where, meta=meta, collectives=collectives)
 
 
 def expand_names(value: Any, field: str) -> List[str]:
@@ -251,7 +259,8 @@ def _explicit_graph(data: Mapping[str, Any], where: str) -> nx.DiGraph:
 
 _BANDWIDTH_UNITS = {"bandwidth_GBps": GB, "bandwidth_Gbps": GB / 8, "bandwidth_Bps": 1.0}
 _LATENCY_UNITS = {"latency_us": US, "latency_s": 1.0}
-_LINK_KEYS = {"src", "dst", "duplex", "cost"} | set(_BANDWIDTH_UNITS) | set(_LATENCY_UNITS)
+_LINK_KEYS = {"src", "dst", "duplex", "cost", "transport"} | set(_BANDWIDTH_UNITS) | \
+    set(_LATENCY_UNITS)
 
 
 def _unit_value(link: Mapping[str, Any], units: Mapping[str, float], where: str,
@@ -291,6 +300,10 @@ def _add_links(g: nx.DiGraph, link: Any, where: str,
     duplex = link.get("duplex", True)
     if not isinstance(duplex, bool):
         raise ConfigError(f"{where}.duplex: must be true or false, got {duplex!r}")
+    transport = link.get("transport")
+    if transport is not None and transport not in TRANSPORTS:
+        raise ConfigError(f"{where}.transport: must be one of {', '.join(TRANSPORTS)}, "
+                          f"got {transport!r}")
     count = max(len(srcs), len(dsts))
     for a, b in zip(srcs * count if len(srcs) == 1 else srcs,
                     dsts * count if len(dsts) == 1 else dsts):
@@ -312,9 +325,10 @@ def _add_links(g: nx.DiGraph, link: Any, where: str,
                                       f"with different bandwidth or latency (also by {first})")
                 declared.setdefault(edge, label)
         if duplex:
-            add_duplex(g, a, b, bw, lat)
+            add_duplex(g, a, b, bw, lat, transport)
         else:
-            g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat)
+            g.add_edge(a, b, bandwidth_Bps=bw, latency_s=lat,
+                       **({} if transport is None else {"transport": transport}))
         if "cost" in link:
             g.edges[a, b]["cost"] = yaml_number(link["cost"])
             if duplex:

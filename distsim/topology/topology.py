@@ -3,8 +3,9 @@
 Nodes are display names (``gpu0``, ``nvswitch0``, ``nic3``, ``leaf0.1``)
 with a ``kind`` attribute in :data:`NODE_KINDS`; device nodes also carry
 ``rank`` (0..n-1) and ``node_index`` (the server they sit in). Edges are
-directed links with ``bandwidth_Bps`` and ``latency_s``; a duplex cable is
-two edges.
+directed links with ``bandwidth_Bps`` and ``latency_s`` and optionally a
+``transport`` (``nvlink``, ``pcie``, ``network``: which of the
+``collectives:`` figures apply to it); a duplex cable is two edges.
 
 Routing is shortest path where each link costs the time a byte takes on it
 (an integer, ``ceil(1e13 / bandwidth_Bps)``, like OSPF's reference-bandwidth
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..cost.device import DeviceSpec
 from ..errors import TopologyError
+from .collective_spec import TRANSPORTS, CollectiveSpec
 from .routing import DistancesTo, SeparatorOracle, network_separators
 
 #: nodes with at least this many links choose their next hop in one gather
@@ -71,12 +73,16 @@ class Topology:
     """
 
     def __init__(self, name: str, graph: nx.DiGraph, device_spec: DeviceSpec,
-                 source: str = "<memory>", meta: Mapping[str, Any] | None = None) -> None:
+                 source: str = "<memory>", meta: Mapping[str, Any] | None = None,
+                 collectives: CollectiveSpec | None = None) -> None:
         self.name = name
         self.graph = graph
         self.device_spec = device_spec
         self.source = source
         self.meta: Dict[str, Any] = dict(meta or {})
+        #: what NCCL's protocols cost on these links (the file's
+        #: ``collectives:`` block); None: collectives move at the links' rates
+        self.collectives = collectives
         self._device_nodes: List[str] = []
         self._node_index: List[int] = []
         self._check()
@@ -142,6 +148,10 @@ class Topology:
         if data["latency_s"] > MAX_LATENCY_s:
             raise TopologyError(f"{where}: latency_s {data['latency_s']!r} is more than the "
                                 f"maximum of {MAX_LATENCY_s:g} s")
+        transport = data.get("transport")
+        if transport is not None and transport not in TRANSPORTS:
+            raise TopologyError(f"{where}: transport must be one of {', '.join(TRANSPORTS)}, "
+                                f"got {transport!r}")
         cost = data.get("cost")
         if cost is not None:
             if isinstance(cost, bool) or not isinstance(cost, (int, float)) or \
@@ -210,7 +220,8 @@ class Topology:
         graph = self.graph.copy()
         for new, old in enumerate(order):
             graph.nodes[self._device_nodes[old]]["rank"] = new
-        return Topology(self.name, graph, self.device_spec, self.source, self.meta)
+        return Topology(self.name, graph, self.device_spec, self.source, self.meta,
+                        self.collectives)
 
     def check_rank(self, rank: int) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or \

@@ -14,7 +14,9 @@ def test_bench_json_has_the_tracked_keys(tmp_path, capsys):
     figures = json.loads(capsys.readouterr().out)
     assert figures == json.loads(out.read_text())
     assert figures["allreduce_1024_wall_s"] > 0
-    assert figures["allreduce_ring_simulated_s"] > figures["allreduce_hierarchical_simulated_s"]
+    # over 16 DGX A100s the rings (one per NIC, as NCCL's channels) beat the
+    # hierarchical algorithm's three phases one after another
+    assert figures["allreduce_ring_simulated_s"] < figures["allreduce_hierarchical_simulated_s"]
     assert figures["machine"]["cpus"] >= 1
 
 

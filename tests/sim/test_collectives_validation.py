@@ -233,9 +233,27 @@ def test_hierarchical_formulas(n, S):
         assert t["time_s"] == pytest.approx(want, rel=0.01), kind
 
 
+def test_multi_server_ring_runs_one_ring_per_nic():
+    # one ring per GPU of a server (NCCL's channels), each crossing to the
+    # next server once on its own rail: a step sends S/p/G over every NIC
+    # (the network) and the rest over NVLink, so the ring is NIC-bound at
+    # G x 25 GB/s, a path of 3 us between servers on one leaf (0.5 + 1 + 1
+    # + 0.5) and 5 us through the spine (from the last server back to the
+    # first where G does not divide n: the rails differ; and past a leaf's 16
+    # servers)
+    for n in NODES:
+        p, S = G * n, 1e9
+        latency = 3e-6 if n % G == 0 and n <= 16 else 5e-6
+        want = 2 * (p - 1) * (latency + S / p / (G * 25e9))
+        t = benchmark_collective(C.ALL_REDUCE, S, dgx(n), algorithm="ring")["time_s"]
+        assert t == pytest.approx(want, rel=1e-9), n
+
+
 def test_hierarchical_choice_and_fallback():
     topo = dgx(4)
-    assert benchmark_collective(C.ALL_REDUCE, 1e9, topo)["algorithm"] == "hierarchical"
+    # the NIC-bound rings beat the three phases one after another at 1 GB
+    assert benchmark_collective(C.ALL_REDUCE, 1e9, topo)["algorithm"] == "ring"
+    assert benchmark_collective(C.ALL_REDUCE, 1e6, topo)["algorithm"] == "hierarchical"
     # inside one node it does not apply and falls back to the ring
     assert benchmark_collective(C.ALL_REDUCE, 1e9, topo, ranks=range(8),
                                 algorithm="hierarchical")["algorithm"] == "ring"

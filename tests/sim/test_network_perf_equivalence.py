@@ -48,5 +48,7 @@ def test_auto_takes_the_fastest_alone_at_128_gpus():
                  for name in ALGORITHMS[C.ALL_REDUCE]}
         best = min(times, key=lambda n: (times[n], list(times).index(n)))
         assert _run(_fresh(topo), "auto", nbytes)[0] == best
-    assert best == "hierarchical" and times["ring"] > times["hierarchical"]
+    # one ring per NIC (NCCL's channels) is NIC-bound; hierarchical runs its
+    # phases one after another
+    assert best == "ring" and times["hierarchical"] > times["ring"]
 

@@ -4,7 +4,6 @@ links, and against the simulation for every kind and algorithm on three
 topologies."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import simpy
@@ -61,9 +60,19 @@ def test_a_step_limited_by_its_route_alone_and_unequal_flows():
     # one flow 0 -> 2: the 5 GB/s link, 5 us
     lower, upper, _ = schedule_bounds(net, [Phase(((0, 2, GB),), 1)])
     assert lower == pytest.approx(0.2 + 5e-6) and upper == pytest.approx(0.2 + 5e-6)
-    # unequal flows get no upper bound; the lower is the slowest route alone
-    lower, upper, _ = schedule_bounds(net, [Phase(((0, 1, GB), (0, 2, 4 * GB)), 1)])
-    assert lower == pytest.approx(4 * GB / 5e9 + 5e-6) and upper == math.inf
+    # unequal flows, bounded flow by flow: the lower is the slowest route
+    # alone (4 GB at 5 GB/s) and the links' loads (5 GB over 10 GB/s); the
+    # upper gives each flow its route's worst fair share (1 of 2 flows on
+    # the 10 GB/s link, 1 on the 5 GB/s one): 0 -> 1 by 0.2 s, 0 -> 2 by
+    # 0.8 s, each plus its latency. The simulation takes 0.8 s + 5 us.
+    flows = ((0, 1, GB), (0, 2, 4 * GB))
+    lower, upper, _ = schedule_bounds(net, [Phase(flows, 1)])
+    assert lower == pytest.approx(4 * GB / 5e9 + 5e-6)
+    assert upper == pytest.approx(4 * GB / 5e9 + 5e-6)
+    assert _flow_step(topo, flows) == pytest.approx(upper)
+    # a step's own latency stands in for the flows' path latencies
+    lower, upper, _ = schedule_bounds(net, [Phase(flows, 1, 1e-3)])
+    assert (lower, upper) == pytest.approx((0.8 + 1e-3, 0.8 + 1e-3))
     # a flow to itself costs nothing
     assert schedule_bounds(net, [Phase(((1, 1, GB),), 3)]) == (0.0, 0.0, 3)
 

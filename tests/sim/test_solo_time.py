@@ -70,8 +70,8 @@ def test_collective_time_is_the_plain_simulation_alone_to_the_bit(name, mode):
                         (kind, team, nbytes, algorithm)
                     assert got[0] > 0
                     checked += 1
-    # (every kind's algorithms and auto: 24) x 3 sizes, per team
-    assert checked == 72 * len(TEAMS[name])
+    # (every kind's algorithms and auto: 25) x 3 sizes, per team
+    assert checked == 75 * len(TEAMS[name])
 
 
 def test_flow_time_matches_the_flow_by_flow_simulation():
@@ -83,7 +83,8 @@ def test_flow_time_matches_the_flow_by_flow_simulation():
             team = tuple(range(32))
             t, used = collective_time(topo, "flow", kind, team, 64e6, _root(kind, team), algorithm)
             slow = plain(topo, "flow", kind, team, 64e6, algorithm, fast_steps=False)
-            assert used == slow[1] == algorithm
+            # NVLS applies inside one server of an NVLS topology: elsewhere the ring
+            assert used == slow[1] == (algorithm if algorithm != "nvls" else "ring")
             assert t == pytest.approx(slow[0], rel=1e-12)
 
 

@@ -88,9 +88,14 @@ def test_zero3_holds_shards_and_the_layers_being_gathered():
         gathered[prefetch] = peak["weights"] - shards
         assert 0 < gathered[prefetch] <= (prefetch + 1) * 2 * layer * 1.5 + 2 * largest
         assert gathered[prefetch] < 2 * stage0  # never the whole stage at once
-    for p in (1, 2):  # one more layer (2 bytes a parameter), give or take the gated
-        # shards in flight (at most another half layer at dp 2)
-        assert 0.9 * 2 * layer <= gathered[p] - gathered[p - 1] <= 1.5 * 2 * layer
+    for p in (1, 2):  # at least about one more layer (2 bytes a parameter)
+        assert 0.9 * 2 * layer <= gathered[p] - gathered[p - 1]
+    # No upper bound on the step from one prefetch to the next: the weights
+    # are read where the whole device peaks, which need not be where a
+    # layer is wholly gathered. Under NCCL's step latencies, gathers are long
+    # beside this model's tiny compute, and without prefetch the peak comes
+    # while 0.78 of a layer is gathered (1.31 with flat latencies), so
+    # prefetch 1 adds 1.51 layers; the bound above on each prefetch holds.
 
 
 def test_oom_reports_the_dominating_category():

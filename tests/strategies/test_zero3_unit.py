@@ -13,15 +13,27 @@ from distsim.cli import main
 from distsim.errors import ConfigError
 
 #: one DGX A100: a ring over NVSwitch, 300 GB/s per GPU and direction, each
-#: ring step two 0.5 us hops (topologies/dgx-a100.yaml)
-DP, NVLINK_BPS, STEP_LATENCY_S = 8, 300e9, 1e-6
+#: ring step two 0.5 us hops, under NCCL's protocols (topologies/dgx-a100.yaml:
+#: NVLink at 86 % of its rate; per protocol its wire efficiency, most bus
+#: bandwidth, base latency, latency a step and pipeline fill)
+DP, NVLINK_BPS, PATH_S = 8, 300e9, 1e-6
+PROTOCOLS = {"LL": (0.5, 40e9, 6.6e-6, 0.6e-6, 0.0),
+             "LL128": (0.9375, 110e9, 14e-6, 1.9e-6, 0.0),
+             "Simple": (1.0, float("inf"), 8.4e-6, 1.0e-6, 200e-6)}
 CASE = dict(model="gpt3-1.3b", topology="dgx-a100", dp=DP, layers=4, global_batch=8, zero=3,
             network_mode="analytical", collective_algo="ring")
 
 
 def ring_all_gather_s(nbytes: float) -> float:
-    """(p - 1) steps, each its latency and 1/p of the gathered bytes."""
-    return (DP - 1) * STEP_LATENCY_S + (DP - 1) / DP * nbytes / NVLINK_BPS
+    """(p - 1) steps, each its latency and 1/p of the gathered bytes, each
+    rank sending (p-1)/p of them at its protocol's rate, once the base
+    latency and the pipeline's fill: the fastest protocol's time."""
+    sent = (DP - 1) / DP * nbytes
+    times = []
+    for efficiency, most, base, hop, fill in PROTOCOLS.values():
+        rate = min(NVLINK_BPS * 0.86 * efficiency, most)
+        times.append(base + min(sent / rate, fill) + (DP - 1) * (PATH_S + hop) + sent / rate)
+    return min(times)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +56,8 @@ def first_forward_gathers(result, layer):
 
 def test_one_gather_per_layer_pays_one_latency(runs):
     """Per parameter, each of layer 1's 12 gathers pays the ring's 7 step
-    latencies; by layer, one gather of the same bytes pays them once."""
+    latencies and its protocol's base latency; by layer, one gather of the
+    same bytes pays them once."""
     each = first_forward_gathers(runs["param"], 1)
     assert len(each) == 12
     for name, seconds, nbytes in each:
@@ -55,7 +68,9 @@ def test_one_gather_per_layer_pays_one_latency(runs):
     assert nbytes == sum(b for _, _, b in each)
     assert seconds == pytest.approx(ring_all_gather_s(nbytes), rel=1e-9)
     saved = sum(s for _, s, _ in each) - seconds
-    assert saved == pytest.approx(11 * (DP - 1) * STEP_LATENCY_S, rel=1e-6)
+    assert saved == pytest.approx(sum(ring_all_gather_s(b) for _, _, b in each)
+                                  - ring_all_gather_s(nbytes), rel=1e-6)
+    assert saved > 11 * (DP - 1) * PATH_S
 
 
 def test_a_layer_travels_in_one_gather_and_one_reduce_scatter(runs):

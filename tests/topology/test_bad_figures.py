@@ -75,8 +75,12 @@ def test_the_edges_of_the_ranges_are_accepted():
     assert spec.peak_flops == {"f16": 1.0} and spec.memory_bytes == 10 ** 18
     spec = device_spec_from_dict({**DEVICE, "launch_overhead_s": 1.0}, "ok.yaml: device")
     assert spec.launch_overhead_s == 1.0
+    spec = device_spec_from_dict({**DEVICE, "host_launch_s": 1.0}, "ok.yaml: device")
+    assert spec.host_launch_s == 1.0
+    assert device_spec_from_dict({**DEVICE, "host_launch_s": 0}, "ok.yaml: device"
+                                 ).host_launch_s == 0.0
     assert set(FIGURE_RANGES) == {"peak_flops", "memory_bandwidth_Bps", "memory_bytes",
-                                  "launch_overhead_s", "matmul_efficiency",
+                                  "launch_overhead_s", "host_launch_s", "matmul_efficiency",
                                   "vector_efficiency", "memory_efficiency",
                                   "memory_efficiency_by_op"}
 

@@ -88,8 +88,12 @@ def test_weight_gradient_is_one_gemm_and_correct(x_shape):
 
 def test_gpt3_weight_gradient_time_by_hand():
     """GPT-3 175B, tp 8, micro-batch 1: the fc1 weight's gradient is one
-    GEMM of 2 x 2048 x 12288 x 6144 FLOPs at 0.7 of 312 TFLOP/s after the
-    5 us launch, and no weight-sized reduction follows it."""
+    GEMM, M x N = 12288 x 6144 over the 2048 tokens (K), after the 5 us
+    launch, and no weight-sized reduction follows it. dgx-a100's GEMM model
+    (108 SMs, ceiling 0.8522, 256-element tile overhead, 128 x 128 tiles
+    at full rate): 96 x 48 = 4608 tiles of 128 x 128 are 43 waves (42.67),
+    fewer tile-rounds than 2304 tiles of 256 x 128 in 22 waves, each
+    2 x 128 x 128 x (2048 + 256) FLOP at 312 TFLOP/s x 0.8522 / 108 a SM."""
     r = distsim.simulate(model="gpt3-175b", topology="dgx-a100", tp=8, layers=1,
                          global_batch=1, network_mode="analytical")
     ops = {op.outputs[0].name: op for op in r.program.ops if op.outputs}
@@ -99,8 +103,10 @@ def test_gpt3_weight_gradient_time_by_hand():
     spec = load_topology("dgx-a100").device_spec
     flops = 2 * 2048 * 12288 * 6144
     assert op_flops(dw) == flops
+    assert (spec.launch_overhead_s, spec.gemm.efficiency["bf16"], spec.gemm.k_overhead) == \
+        (5e-6, 0.8522, 256)
     assert model.op_cost(dw).time_s == pytest.approx(
-        spec.launch_overhead_s + flops / (312e12 * spec.matmul_efficiency), rel=1e-12)
+        5e-6 + 43 * 2 * 128 * 128 * (2048 + 256) / (312e12 * 0.8522 / 108), rel=1e-12)
     # the matmuls' weights (not the learned positions, whose gradient is a
     # true sum over the batch of the broadcast add)
     roles = r.program.meta["roles"]

@@ -54,3 +54,17 @@ def test_flop_formulas_reproduce_the_sources_pairs(validation):
     ratio = (validation.narayanan_flops(1, 2048, 96, 12288, 51200)
              / validation.korthikanti_model_flops(1, 2048, 96, 12288, 51200))
     assert ratio == pytest.approx(4 / 3, rel=0.002)
+
+
+def test_jean_zay_keeps_dgx_a100_figures():
+    """The BLOOM cluster's file says it carries dgx-a100.yaml's calibrated
+    device figures and NCCL figures figure for figure; hold it to that."""
+    import yaml
+    root = SCRIPT.parents[2]
+    a100 = yaml.safe_load((root / "topologies" / "dgx-a100.yaml").read_text())
+    jz = yaml.safe_load((SCRIPT.parent / "jean-zay-a100-x48.yaml").read_text())
+    for key in ("peak_flops", "memory_bandwidth_Bps", "launch_overhead_s", "vector_efficiency",
+                "memory_efficiency", "memory_efficiency_by_class", "matmul_efficiency",
+                "gemm", "attention"):
+        assert jz["device"][key] == a100["device"][key], key
+    assert jz["collectives"] == a100["collectives"]

@@ -1,21 +1,23 @@
 """Collective algorithms, each a function
 ``(team, nbytes, root, network) -> Schedule | None`` registered per
 collective kind under a name (``ring``, ``tree``, ``hierarchical``,
-``direct``); None means "does not apply to this team" (a hierarchical
-algorithm inside one server). The first entry of each kind is the fallback."""
+``nvls``, ``direct``); None means "does not apply to this team" (a
+hierarchical algorithm inside one server, NVLS across servers). The first
+entry of each kind is the fallback."""
 from __future__ import annotations
 
 from typing import Callable, Dict
 
 from ...ir.comm import CollectiveType as C
-from . import hierarchical, ring, tree
+from . import hierarchical, nvls, ring, tree
 from .schedule import Phase, Schedule, compress, parallel, sequential
 
 Algorithm = Callable[..., Schedule]
 
 ALGORITHMS: Dict[C, Dict[str, Algorithm]] = {
     C.ALL_REDUCE: {"ring": ring.ring_allreduce, "tree": tree.double_tree_allreduce,
-                   "hierarchical": hierarchical.hierarchical_allreduce},
+                   "hierarchical": hierarchical.hierarchical_allreduce,
+                   "nvls": nvls.nvls_allreduce},
     C.ALL_GATHER: {"ring": ring.ring_allgather,
                    "hierarchical": hierarchical.hierarchical_allgather},
     C.REDUCE_SCATTER: {"ring": ring.ring_reducescatter,

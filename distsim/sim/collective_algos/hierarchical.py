@@ -11,22 +11,11 @@ groups, are not hierarchical: the functions return None.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 from .ring import ring_allgather, ring_allreduce, ring_reducescatter
 from .schedule import Schedule, parallel, sequential
-
-
-def node_groups(team: Sequence[int], topology) -> Optional[List[List[int]]]:
-    """The team split by server, or None where a two-level algorithm does
-    not apply (one server, one rank per server, unequal groups)."""
-    groups: Dict[int, List[int]] = {}
-    for r in team:
-        groups.setdefault(topology.node_of(r), []).append(r)
-    sizes = {len(g) for g in groups.values()}
-    if len(groups) < 2 or len(sizes) != 1 or sizes == {1}:
-        return None
-    return list(groups.values())
+from .servers import server_groups
 
 
 def _each(algo, teams, nbytes, network) -> Schedule:
@@ -35,14 +24,14 @@ def _each(algo, teams, nbytes, network) -> Schedule:
 
 def _levels(team, network) -> Optional[Tuple[List[List[int]], List[List[int]], int]]:
     """(server groups, rails, group size g), or None where a two-level
-    algorithm does not apply (see :func:`node_groups`); kept per topology
+    algorithm does not apply (see :func:`.servers.node_groups`); kept per topology
     and team (:attr:`~distsim.sim.network.Network.team_plans`: the same at
     every size; do not modify the lists)."""
     known = network.team_plans
     key = ("levels", tuple(team))
     if key in known:
         return known[key]
-    groups = node_groups(team, network.topology)
+    groups = server_groups(team, network)
     levels = None if groups is None else (groups, [list(r) for r in zip(*groups)],
                                           len(groups[0]))
     known[key] = levels

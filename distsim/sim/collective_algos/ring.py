@@ -1,6 +1,8 @@
 """Ring, direct and chain algorithms: the bandwidth-optimal baselines.
 
-Team order is ring order. ``nbytes`` follows
+Team order is ring order; a team over several servers runs one ring per
+rank of a server (:func:`channel_step`), as NCCL spreads its channels
+over the servers' NICs. ``nbytes`` follows
 :func:`distsim.sim.collectives.run_collective`: the tensor size for
 all-reduce, broadcast, reduce and send/recv, the full (gathered) size for
 all-gather, reduce-scatter, gather and scatter, each rank's input for
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .schedule import Phase, Schedule, compress, pipeline_chunks, pipelined
+from .servers import server_groups
 
 
 def ring_step(team: Sequence[int], chunk: float):
@@ -19,16 +22,46 @@ def ring_step(team: Sequence[int], chunk: float):
     return tuple((team[i], team[(i + 1) % p], chunk) for i in range(p))
 
 
+def channel_step(groups: Sequence[Sequence[int]], chunk: float):
+    """One step of g rings (NCCL's channels) over n servers of g ranks,
+    each ring carrying 1/g of the data, laid out so that every rank is the
+    one that leaves its server in exactly one ring: server i is visited
+    from its local rank ``c - i`` round to ``c - i - 1`` in ring c, which
+    then crosses to the same local rank of server i + 1 (the same rail, its
+    own NIC; from the last server back to the first only when g divides n).
+    Merged per pair of ranks, local rank k of server i sends
+    ``chunk (g-1)/g`` to local rank k+1 of its server and ``chunk / g`` to
+    local rank k of the next server (local ``k + n`` of the first, from the
+    last): the network carries ``chunk / g`` per rank and step."""
+    n, g = len(groups), len(groups[0])
+    inner, outer = chunk * (g - 1) / g, chunk / g
+    flows = []
+    for i, group in enumerate(groups):
+        nxt = groups[(i + 1) % n]
+        for k, rank in enumerate(group):
+            flows.append((rank, group[(k + 1) % g], inner))
+            flows.append((rank, nxt[(k + n) % g if i == n - 1 else k], outer))
+    return tuple(flows)
+
+
+def ring_steps(team: Sequence[int], chunk: float, network):
+    """A ring step for ``team``: one ring per rank of a server
+    (:func:`channel_step`) where the team spans several servers with
+    several ranks each, else the team's own ring."""
+    groups = server_groups(team, network)
+    return ring_step(team, chunk) if groups is None else channel_step(groups, chunk)
+
+
 def ring_allreduce(team, nbytes, root, network) -> Schedule:
     """Reduce-scatter then all-gather around the ring: 2(p-1) steps of S/p."""
     p = len(team)
-    return [Phase(ring_step(team, nbytes / p), 2 * (p - 1))]
+    return [Phase(ring_steps(team, nbytes / p, network), 2 * (p - 1))]
 
 
 def ring_allgather(team, nbytes, root, network) -> Schedule:
     """p-1 steps, each rank forwards one S/p block to its successor."""
     p = len(team)
-    return [Phase(ring_step(team, nbytes / p), p - 1)]
+    return [Phase(ring_steps(team, nbytes / p, network), p - 1)]
 
 
 ring_reducescatter = ring_allgather

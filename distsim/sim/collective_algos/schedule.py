@@ -1,16 +1,19 @@
 """Schedules: a collective algorithm as a list of network steps.
 
 A :class:`Phase` is one step pattern (the flows that start together; the
-step ends when all are delivered) repeated ``count`` times. A collective
-algorithm produces a list of phases; consecutive identical steps share one
-phase so that the network can fast-forward them
+step ends when all are delivered) repeated ``count`` times; ``latency_s``,
+where given, is the time from a flow's last byte to its delivery in place
+of its path latency (a protocol's per-step cost,
+:mod:`distsim.sim.protocols`; a phase without flows is a plain wait of
+that long). A collective algorithm produces a list of phases; consecutive
+identical steps share one phase so that the network can fast-forward them
 (:meth:`distsim.sim.network.Network.run_steps`).
 """
 from __future__ import annotations
 
 import math
 from itertools import chain
-from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 FlowSpec = Tuple[int, int, float]
 
@@ -18,6 +21,7 @@ FlowSpec = Tuple[int, int, float]
 class Phase(NamedTuple):
     flows: Tuple[FlowSpec, ...]
     count: int
+    latency_s: Optional[float] = None
 
 
 Schedule = List[Phase]
@@ -46,10 +50,12 @@ def parallel(schedules: Sequence[Schedule]) -> Schedule:
     while cursors:
         n = min(c[0][1] for c in cursors)
         flows = tuple(chain.from_iterable([c[0][0] for c in cursors]))
-        if out and out[-1].flows == flows:
-            out[-1] = Phase(flows, out[-1].count + n)
+        given = [c[0][2] for c in cursors if c[0][2] is not None]
+        latency = max(given) if given else None
+        if out and out[-1].flows == flows and out[-1].latency_s == latency:
+            out[-1] = Phase(flows, out[-1].count + n, latency)
         else:
-            out.append(Phase(flows, n))
+            out.append(Phase(flows, n, latency))
         for c in cursors:
             c[0][1] -= n
             if c[0][1] == 0:
@@ -62,8 +68,10 @@ def sequential(*schedules: Schedule) -> Schedule:
     out: Schedule = []
     for s in schedules:
         for phase in s:
-            if out and out[-1].flows == phase.flows:
-                out[-1] = Phase(phase.flows, out[-1].count + phase.count)
+            last = out[-1] if out else None
+            if last is not None and last.flows == phase.flows and \
+                    last.latency_s == phase.latency_s:
+                out[-1] = Phase(phase.flows, last.count + phase.count, phase.latency_s)
             else:
                 out.append(phase)
     return out
