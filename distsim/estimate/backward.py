@@ -18,7 +18,7 @@ from ..transforms.sync_policy import SyncPolicy, prefetch_window
 
 from .context import StepContext
 from .gates import gather_plan
-from .gathered import note_again, note_peak
+from .gathered_walk import note_again, note_peak
 from .notes import MemoryNotes
 from .sync import ParamKey, StepSync
 from .units import held_units

@@ -104,7 +104,7 @@ def estimate_memory(b: StepContext) -> List[int]:
         make a gradient beside the buffer and add it in (``b_excess``));
         ``after``: a backward of the stage ran before the task (by layer,
         the unit of shards it left pending). A block whose gathers are
-        placed in time (ZeRO-3: :func:`.gathered.note_peak`) has the flat
+        placed in time (ZeRO-3: :func:`.gathered_walk.note_peak`) has the flat
         copies (``inside``, ``by_block``) and by layer the units of shards
         pending placed in time too. ``hold``: a later task of the stage gates its ZeRO-3
         gathers on this backward's last result (:attr:`.profile.Block.b_held`:

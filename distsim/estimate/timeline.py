@@ -25,7 +25,7 @@ from .blocks import LayerProfile
 from .context import Case, StepContext
 from .engine import Timeline
 from .gates import chain, emit_chain, gather_plan, gather_time
-from .gathered import note_peak
+from .gathered_walk import note_peak
 from .notes import MemoryNotes
 from .replay import ReplayedBackward
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
@@ -163,14 +163,14 @@ class Builder:
         stage's compute so far too, the previous task's). Returns its end.
         By parameter, each block's memory with its gathered parameters
         placed in time is noted for the memory estimate
-        (:func:`.gathered.note_peak`; ``kind``, ``c``, ``mb``: the task)."""
+        (:func:`.gathered_walk.note_peak`; ``kind``, ``c``, ``mb``: the task)."""
         ctx = self.ctx
         tl, flops = ctx.tl, ctx.flops
         prev = max(ready, tl.free[2 * stage])
         issued: List[float] = []
         end = ready
         order = ctx.blocks_of(kind, c)
-        # each all-gather's gate, start and end (:data:`.gathered.Issued`)
+        # each all-gather's gate, start and end (:data:`.gathered_walk.Issued`)
         entries: List[tuple] = []
         first = kind == "B" and mb == 0
         key = (kind, ctx.shapes[c], first)
