@@ -4,49 +4,10 @@ itself back through another (counting imports made only for type
 annotations, and imports inside functions)."""
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import networkx as nx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "distsim"
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path, name: str) -> set:
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if node.module:
-                found.add(target)
-            for alias in node.names:          # `from . import x` imports module x
-                found.add(f"{target}.{alias.name}")
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return found
-
-
-def import_graph() -> nx.DiGraph:
-    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
-    graph = nx.DiGraph()
-    for name, path in modules.items():
-        graph.add_node(name)
-        for target in _imports(path, name):
-            if target in modules and target != name:
-                graph.add_edge(name, target)
-    return graph
+from import_graph import ROOT, import_graph
 
 
 @pytest.mark.parametrize("package", ["distsim.transforms", "distsim.sim", "distsim.estimate"])

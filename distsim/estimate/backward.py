@@ -18,7 +18,7 @@ from ..transforms.sync_policy import SyncPolicy, prefetch_window
 
 from .context import StepContext
 from .gates import gather_plan
-from .gathered import note_again, note_peak
+from .gathered_walk import note_again, note_peak
 from .notes import MemoryNotes
 from .sync import ParamKey, StepSync
 from .units import held_units
@@ -136,6 +136,10 @@ class OpByOpBackward:
         only = first_microbatch or ctx.microbatches == 1
         scatter = first_microbatch and ctx.microbatches > 1
         shard_ops = ctx.shard_ops(accumulating) if accumulating else None
+        #: ZeRO 2 past the first micro-batch without tensor-parallel
+        #: collectives: each gradient's reduce-scatter and accumulation as
+        #: one item (below; decided once, not per gradient)
+        fused = scatter and shard_ops is not None and not ctx.zero3 and ctx.tp == 1
         #: the parameters' costs, for the sync of each gradient here
         #: (reduce-scatters: ZeRO 2/3 only)
         timed_costs = ctx.memo.param_costs if scatter and self.sync.zero >= 2 else {}
@@ -267,7 +271,7 @@ class OpByOpBackward:
                             if own is not None:     # from the concatenation's end
                                 own[1].append((flats[-1][0], tl.free[2 * stage], flats[-1][1]))
                         continue
-                    if scatter and shard_ops is not None and not ctx.zero3 and ctx.tp == 1:
+                    if fused:
                         # ZeRO 2 past the first micro-batch, without
                         # tensor-parallel collectives (nothing else on the
                         # communication stream): flattened, then the

@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 #: Block names: the embedding, one transformer layer, the head (final norm,
 #: output layer and loss).
 EMB, LAYER, HEAD = "emb", "layer", "head"
+#: The template's last micro-batch (0: the first, 1: a middle one).
+LAST_MB = 2
 @dataclass
 class Segment:
     """One entry of a block's op-level last backward: ``kind`` "c" (a run
@@ -131,6 +133,20 @@ class Block:
     #: receives from then on (sent before the task ends)
     out_tail_first: float = 0.0
     out_tail_mid: float = 0.0
+    #: a backward (the first micro-batch's, a middle one's): how long its
+    #: last tensor-parallel collectives outlast its compute (with sp, a
+    #: layer's layernorm weight gradients' all-reduces), which the next
+    #: task's collectives queue behind on the communication stream
+    comm_tail_first: float = 0.0
+    comm_tail_mid: float = 0.0
+    #: a backward (the first micro-batch's, a middle one's): how long its
+    #: first collective after the early ones (:attr:`b_early`) waited on
+    #: the template's communication stream past its input (the block
+    #: before's last collectives, then its early all-gathers), which a task
+    #: starting with this block does not (its early gathers ran in the task
+    #: before)
+    b_wait_first: float = 0.0
+    b_wait_mid: float = 0.0
     #: the parameter (its index in the block) whose final gradient is the
     #: first result of the block's last backward op (the embedding's),
     #: or None: where the block ends a backward task, ZeRO-3 gates the

@@ -295,6 +295,30 @@ class StepContext:
         blk = self.profile.blocks[self.blocks_of("B", c)[-1][0]]
         return blk.out_tail_first if mb == 0 else blk.out_tail_mid
 
+    def comm_tail(self, c: int, mb: int) -> float:
+        """A block-level backward task of chunk ``c`` (micro-batch ``mb``:
+        the first, or a middle one): how long the communication stream
+        stays busy after its compute ends (its last block's
+        :attr:`~.blocks.Block.comm_tail_first` / ``comm_tail_mid``)."""
+        blk = self.profile.blocks[self.blocks_of("B", c)[-1][0]]
+        return blk.comm_tail_first if mb == 0 else blk.comm_tail_mid
+
+    def lead_in(self, c: int, mb: int) -> Tuple[float, float]:
+        """A block-level backward task of chunk ``c`` (micro-batch ``mb``:
+        the first, or a middle one) that starts with a block the template
+        timed behind another block's backward (not the head): the wait its
+        time holds there (:attr:`~.blocks.Block.b_wait_first` /
+        ``b_wait_mid``), and the time of its early all-gathers, which the
+        communication stream runs as soon as it is free, in the task
+        before; (0, 0) otherwise."""
+        name = self.blocks_of("B", c)[0][0]
+        if name == HEAD:
+            return 0.0, 0.0
+        blk = self.profile.blocks[name]
+        segs = blk.only if mb == 0 else blk.last
+        early = sum(s.time_s for s in segs if s.kind == "t" and not s.deps)
+        return (blk.b_wait_first if mb == 0 else blk.b_wait_mid), early
+
     # -- ZeRO-3 by layer: a block's gradients reduce-scattered as one --------
     def grad_unit(self, name: str) -> Optional[Tuple[int, ...]]:
         """By layer with a reduce-scatter per micro-batch: the indices of

@@ -32,7 +32,7 @@ from .overlap import span_overlap
 COMPUTE, COMM = 0, 1
 #: A replayed run of one stream's spans (see :attr:`Timeline.compute_runs`).
 Run = Tuple[int, np.ndarray, np.ndarray, float]
-_AT, _ORIGIN = itemgetter(0), itemgetter(3)
+_AT, _REL_S, _REL_E, _ORIGIN = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 #: Up to this many runs, :func:`_spans` joins the pieces one by one.
 _FEW_RUNS = 8
 
@@ -389,16 +389,24 @@ class Timeline:
             self.comm_runs[stage].append((at, m_starts, m_ends, origin))
         busy, waits, comm_s, tp_items, sync_waits = sums
         self.busy[stage] += busy
-        self.waits[stage] += waits
-        self.comm_s[stage] += comm_s
-        self.tp_items[stage] += tp_items
-        self.sync_waits[stage] += sync_waits
+        # (a sum a record did not add to is left as it is: adding 0.0
+        # changes no sum here, none being -0.0)
+        if waits:
+            self.waits[stage] += waits
+        if comm_s:
+            self.comm_s[stage] += comm_s
+        if tp_items:
+            self.tp_items[stage] += tp_items
+        if sync_waits:
+            self.sync_waits[stage] += sync_waits
         s = 2 * stage
+        free = self.free
         if free_c is not None:
-            self.free[s] = origin + free_c
+            free[s] = origin + free_c
         if free_m is not None:
-            self.free[s + 1] = origin + free_m
-        end = max(self.free[s], self.free[s + 1])     # each stream's last item ends last
+            free[s + 1] = origin + free_m
+        # each stream's last item ends last
+        end = free[s] if free[s] > free[s + 1] else free[s + 1]
         if end > self.end:
             self.end = end
 
@@ -420,7 +428,9 @@ class Timeline:
             # simulator's summary counts communication
             starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage])),
                                   np.concatenate((ends, self.p2p_ends[stage])))
-            comm_s = sum((ends - starts).tolist())    # in order, as a loop adds them
+            # in order, as a loop adds them (numpy's cumsum adds one after
+            # the other; its sum would add pairwise)
+            comm_s = float((ends - starts).cumsum()[-1]) if len(starts) else 0.0
         hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
                                       self.compute_ends[stage]), starts, ends, ordered=True)
         exposed = waits + comm_s - hidden
@@ -456,8 +466,9 @@ def _spans(runs: List[Run], starts: List[float], ends: List[float]
     """A stream's spans in stream order: its lists with its runs in their
     places (the lists themselves where it has no runs). Each run's spans
     are its record's plus its origin (the same floats as adding them at
-    the replay), made with one numpy call per record, however often it was
-    replayed."""
+    the replay), made by a few numpy calls over all runs at once however
+    many there are (a ZeRO 2/3 stage replays hundreds of blocks and
+    tasks): no Python step per run but the gathering of their fields."""
     if not runs:
         return starts, ends
     k = len(runs)
@@ -478,24 +489,20 @@ def _spans(runs: List[Run], starts: List[float], ends: List[float]
             parts_s.append(starts[done:])
             parts_e.append(ends[done:])
         return np.concatenate(parts_s), np.concatenate(parts_e)
+    # all runs' spans at once: their records' spans joined, each plus its
+    # run's origin (the same floats as one addition per span), put in
+    # their places among the lists' spans
     at = np.fromiter(map(_AT, runs), np.int64, k)
-    lens = np.fromiter((len(r[1]) for r in runs), np.int64, k)
-    first = at + np.cumsum(lens) - lens           # where each run begins among all spans
-    n = len(starts) + int(lens.sum())
+    rel_s = list(map(_REL_S, runs))
+    lens = np.fromiter(map(len, rel_s), np.int64, k)
+    shift = np.repeat(np.fromiter(map(_ORIGIN, runs), float, k), lens)
+    n = len(starts) + len(shift)
     out_s, out_e = np.empty(n), np.empty(n)
+    placed = np.repeat(at, lens) + np.arange(len(shift))
     listed = np.ones(n, dtype=bool)
-    listed[np.repeat(at, lens) + np.arange(n - len(starts))] = False
+    listed[placed] = False
     out_s[listed] = starts
     out_e[listed] = ends
-    origins = np.fromiter(map(_ORIGIN, runs), float, k)
-    by_record: Dict[int, List[int]] = {}
-    for i, run in enumerate(runs):
-        by_record.setdefault(id(run[1]), []).append(i)
-    for which in by_record.values():
-        _, rel_s, rel_e, _ = runs[which[0]]
-        pick = np.array(which)
-        at_out = first[pick][:, None] + np.arange(len(rel_s))
-        shift = origins[pick][:, None]
-        out_s[at_out] = rel_s + shift
-        out_e[at_out] = rel_e + shift
+    out_s[placed] = np.concatenate(rel_s) + shift
+    out_e[placed] = np.concatenate(list(map(_REL_E, runs))) + shift
     return out_s, out_e

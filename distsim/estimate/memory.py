@@ -104,7 +104,7 @@ def estimate_memory(b: StepContext) -> List[int]:
         make a gradient beside the buffer and add it in (``b_excess``));
         ``after``: a backward of the stage ran before the task (by layer,
         the unit of shards it left pending). A block whose gathers are
-        placed in time (ZeRO-3: :func:`.gathered.note_peak`) has the flat
+        placed in time (ZeRO-3: :func:`.gathered_walk.note_peak`) has the flat
         copies (``inside``, ``by_block``) and by layer the units of shards
         pending placed in time too. ``hold``: a later task of the stage gates its ZeRO-3
         gathers on this backward's last result (:attr:`.profile.Block.b_held`:
@@ -134,50 +134,52 @@ def estimate_memory(b: StepContext) -> List[int]:
         else:
             held = flight
             placed = b.memo.gather_peaks.get(("B", b.shapes[c], first or b.microbatches == 1), {})
+            # what is the same for every block of the task
+            scatter_each = b.scatter_each
+            each = scatter_each and not units
+            bare = scatter_each or first or b.microbatches == 1    # b0_excess, b0_tail
+            last = len(backward) - 1
             for k, ((name, _), gathered) in enumerate(zip(backward, ahead[("B", c)])):
-                grads_at = blocks[name].bs_grads
-                each = b.scatter_each and not units
+                blk = blocks[name]
+                grads_at = blk.bs_grads
                 at = placed.get(k)
                 if at is not None:
                     # ZeRO-3, its gathers placed in time (by layer with a
                     # reduce-scatter per micro-batch, its unit's gradients
                     # held: :func:`.units.unit_curve`)
                     excess, gathered = at[0], 0.0
-                    if b.scatter_each:
+                    if scatter_each:
                         grads_at = at[1]
                         if units and grads_at:
                             top = grads_top.get(id(grads_at))
                             if top is None:
                                 top = grads_top[id(grads_at)] = max(grads_at.values())
                             excess = max(excess, top)
-                elif units and b.scatter_each:
+                elif units and scatter_each:
                     excess, grads_at = unit_backward_excess(b, name)
                 else:
                     # ZeRO 2/3 reduce-scattering each gradient: the block's
                     # peak apart from its gradients, and at each gradient
                     # (its op, then it and its flat copy) below
-                    excess = (blocks[name].b0_excess
-                              if b.scatter_each or first or b.microbatches == 1
-                              else blocks[name].b_excess)
+                    excess = blk.b0_excess if bare else blk.b_excess
                 if by_block is not None and at is None:
                     excess += by_block.get(k, 0)
                 now = base + held + gathered + (sent.get(c, 0.0) if k == 0 else 0.0)
                 if units:     # the previous unit's shards, and this one's copy-out
-                    pending = 0.0 if at is not None and b.scatter_each \
+                    pending = 0.0 if at is not None and scatter_each \
                         else pending_shard_bytes(b, backward, k, after)
                     now += pending
                     split = copy_out_excess(b, "B", name) if at is None else None
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
-                if early and k == len(backward) - 1:
-                    tail = (blocks[name].b0_tail if b.scatter_each or first or b.microbatches == 1
-                            else blocks[name].b_tail)
+                if early and k == last:
+                    tail = blk.b0_tail if bare else blk.b_tail
                     if tail is not None:
                         peak = max(peak, now + tail + early)
-                i = blocks[name].b_held
-                if hold and i is not None and k == len(backward) - 1 and not first \
-                        and b.scatter_each and i in grads_at:
+                i = blk.b_held
+                if hold and i is not None and k == last and not first \
+                        and scatter_each and i in grads_at:
                     # its gradient, its flat copy and the reduce-scatter's result
                     p = prof.params[name][i]
                     peak = max(peak, now + grads_at[i]
@@ -190,7 +192,7 @@ def estimate_memory(b: StepContext) -> List[int]:
                     if top is None:
                         top = grads_top[id(grads_at)] = max(grads_at.values())
                     peak = max(peak, now + top)
-                held -= blocks[name].saved_bytes
+                held -= blk.saved_bytes
         return peak
 
     per_param = _param_optimizer_excess(b)

@@ -9,6 +9,7 @@ held until they are unpacked after the backward pass.
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import accumulate
 from typing import Dict, List, Optional, Tuple
 
 from .context import StepContext
@@ -71,37 +72,34 @@ class MemoryNotes:
             for c, route in enumerate(sends[kind]):
                 if route is not None and sizes[kind]:
                     routes[(kind, route[0])] = (route[1][1], sum(route[2]), sizes[kind])
-        by_stage: Dict[int, List[tuple]] = {}
-        for task, arrived in w.recv.items():
-            hit = routes.get((task[0], task[2]))
-            if hit is not None:
-                by_stage.setdefault(hit[0], []).append((arrived - hit[1], task, hit[2]))
-        if not by_stage:
+        if not routes:
             return
-        tasks: Dict[int, List[tuple]] = {stage: [] for stage in by_stage}
+        # per receiving stage: its tasks in program order, each one's end
+        # and place, and where the bytes live change (each value: from the
+        # first task ending after its transfer starts, to the last starting
+        # before its reader does; a forward's input: its reader too)
+        tasks: Dict[int, List[tuple]] = {stage: [] for stage, _, _ in routes.values()}
         for s, task, _, _ in w.order:
             if s in tasks:
                 tasks[s].append(task)
-        held = self.memo.recv_ahead
         ends = w.ends
-        for stage, received in by_stage.items():
-            order = tasks[stage]
-            place = {task: j for j, task in enumerate(order)}
-            t1 = [ends[task] or 0.0 for task in order]
-            # each value: from the first task ending after its transfer
-            # starts, to the last starting before its reader does (a
-            # forward's input: its reader too)
-            change = [0] * (len(order) + 1)
-            for begin, task, nbytes in received:
-                hi = place[task] + (task[0] == "F")
-                lo = bisect_right(t1, begin)
+        t1 = {stage: [ends[task] or 0.0 for task in order] for stage, order in tasks.items()}
+        place = {stage: dict(zip(order, range(len(order)))) for stage, order in tasks.items()}
+        change = {stage: [0] * (len(order) + 1) for stage, order in tasks.items()}
+        for task, arrived in w.recv.items():
+            hit = routes.get((task[0], task[2]))
+            if hit is not None:
+                stage, time_s, nbytes = hit
+                hi = place[stage][task] + (task[0] == "F")
+                lo = bisect_right(t1[stage], arrived - time_s)
                 if lo < hi:
-                    change[lo] += nbytes
-                    change[hi] -= nbytes
-            live = 0
+                    at = change[stage]
+                    at[lo] += nbytes
+                    at[hi] -= nbytes
+        held = self.memo.recv_ahead
+        for stage, order in tasks.items():
             best: Dict[tuple, int] = {}
-            for task, step in zip(order, change):
-                live += step
+            for task, live in zip(order, accumulate(change[stage])):
                 if live:
                     key = (task[0], task[2], task[0] == "B" and task[1] == 0)
                     if live > best.get(key, 0):

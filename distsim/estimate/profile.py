@@ -3,7 +3,7 @@
 A GPT training step is the same transformer layer over and over. Instead of
 building the whole program, :func:`layer_profile` builds the step of a
 **two-layer** copy of the model for one tensor-parallel group (``dp = pp =
-1``, two micro-batches), lowers it with the real
+1``, three micro-batches), lowers it with the real
 :class:`~distsim.transforms.spmd.LowerSPMD` (``representatives``: the ops of
 tensor-parallel rank 0 only, whose peers run the same ops at the same
 times; rank 0's timeline is the same as in the full program, at a 1/tp of
@@ -47,13 +47,18 @@ from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
-from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
+from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 from .profile_memory import fill_optimizer_ops, memory_excess
 from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
 
 #: The template's layer whose numbers stand for every layer.
 _TEMPLATE_LAYERS = 2
 _REPRESENTATIVE_LAYER = 1
+#: The template's micro-batches: the first, a middle one and the last. A
+#: middle one's backward is measured, not taken as the last's less its
+#: averaging ops: with NCCL's collective latencies those partly run while
+#: the compute stream waits on a collective anyway.
+_TEMPLATE_MICROBATCHES = LAST_MB + 1
 
 
 def _block_of(layer: Any, layers: int) -> Optional[str]:
@@ -76,16 +81,16 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
     # depend on the chunk's blocks, not the template's
     lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
-                               prefetch=0, microbatches=2, optimizer=optimizer,
-                               fusion=fusion), 2,
+                               prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
+                               optimizer=optimizer, fusion=fusion), _TEMPLATE_MICROBATCHES,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
     return step, lower(step), lower
 
 
 def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
-    """The template's model: two layers, two micro-batches."""
+    """The template's model: two layers, three micro-batches."""
     return replace(config, layers=_TEMPLATE_LAYERS, micro_batch=micro_batch,
-                   global_batch=2 * micro_batch)
+                   global_batch=_TEMPLATE_MICROBATCHES * micro_batch)
 
 
 @lru_cache(maxsize=8)
@@ -348,9 +353,9 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion)
     # the values a layer's backward sends to the stage before (its input
     # gradient), per micro-batch of the template: where each is made
-    sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1)}
+    sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1, LAST_MB)}
     outs = {mb: {id(v) for op in groups.get(("B", mb, LAYER), []) for v in op.outputs
-                 if v.name in sent[mb]} for mb in (0, 1)}
+                 if v.name in sent[mb]} for mb in (0, 1, LAST_MB)}
     # what the forward made (and the program's inputs): a backward's
     # collective reading only those waits for none of the backward's compute
     forward_made = {id(v) for v in program.inputs}
@@ -359,13 +364,11 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     for name, blk in blocks.items():
         blk.f, blk.f_busy, blk.f_flops, blk.tp_comm_f = stats(("F", 0, name))
         blk.b_first, blk.b_first_busy, blk.b_flops, blk.tp_comm_b = stats(("B", 0, name))
-        blk.b_last, blk.b_last_busy, _, _ = stats(("B", 1, name))
-        scales = sum(times[o.name][1] - times[o.name][0] for o in groups.get(("B", 1, name), [])
-                     if o.op_type == "scale" and id(o.outputs[0]) in final_last)
-        blk.b_mid, blk.b_mid_busy = blk.b_last - scales, blk.b_last_busy - scales
+        blk.b_last, blk.b_last_busy, _, _ = stats(("B", LAST_MB, name))
+        blk.b_mid, blk.b_mid_busy, _, _ = stats(("B", 1, name))
         gates = gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
-        blk.last = compress_segments(groups.get(("B", 1, name), []), times, final_last, gates,
-                                     outs[1], forward_made)
+        blk.last = compress_segments(groups.get(("B", LAST_MB, name), []), times, final_last,
+                                     gates, outs[LAST_MB], forward_made)
         blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates,
                                      outs[0], forward_made)
         if ("B", 0, name) in groups:
@@ -391,9 +394,16 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             blk.f_gates = read_gates(groups.get(("F", 0, name), []), times, params, blk.f_gather)
             blk.b_gates = read_gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
     layer = blocks[LAYER]
+    made_by = {id(v): op.name for op in rank0 for v in op.outputs}
     layer.out_tail_first = _out_tail(groups.get(("B", 0, LAYER), []), times, outs[0])
-    layer.out_tail_mid = _out_tail(groups.get(("B", 1, LAYER), []), times, outs[1],
-                                   final_last)
+    layer.out_tail_mid = _out_tail(groups.get(("B", 1, LAYER), []), times, outs[1])
+    for name, blk in blocks.items():
+        blk.comm_tail_first = _comm_tail(groups.get(("B", 0, name), []), times)
+        blk.comm_tail_mid = _comm_tail(groups.get(("B", 1, name), []), times)
+        blk.b_wait_first = _first_wait(groups.get(("B", 0, name), []), times, made_by,
+                                       forward_made)
+        blk.b_wait_mid = _first_wait(groups.get(("B", 1, name), []), times, made_by,
+                                     forward_made)
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     for blk, nbytes in saved.items():
@@ -405,24 +415,42 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                         data_emb, data_head)
 
 
-def _out_tail(ops: List[Op], times, outs: set, final: Optional[Dict[int, str]] = None
-              ) -> float:
+def _out_tail(ops: List[Op], times, outs: set) -> float:
     """The compute of a template block's backward (``ops``) after the op
     that makes its input gradient (``outs``: its id), which a pipeline
-    stage sends as soon as it is made; ``final``: the final gradients of
-    the template's last micro-batch, whose averaging (``scale``) a middle
-    micro-batch does not run. 0 where the block makes none."""
+    stage sends as soon as it is made. 0 where the block makes none."""
     compute = [o for o in ops if not is_communication(o)]
     made = [times[o.name][1] for o in compute if any(id(v) in outs for v in o.outputs)]
     if not made:
         return 0.0
-    at = max(made)
-    tail = max(times[o.name][1] for o in compute) - at
-    if final is not None:
-        tail -= sum(times[o.name][1] - times[o.name][0] for o in compute
-                    if times[o.name][0] >= at and o.op_type == "scale"
-                    and id(o.outputs[0]) in final)
-    return max(0.0, tail)
+    return max(0.0, max(times[o.name][1] for o in compute) - max(made))
+
+
+def _comm_tail(ops: List[Op], times) -> float:
+    """How long a template block's backward (``ops``) keeps the
+    communication stream busy after its last compute op ends (its last
+    tensor-parallel collectives, which the next task's queue behind); 0
+    where the compute ends last."""
+    comm = [times[o.name][1] for o in ops if is_communication(o) and o.meta.get("role") is None]
+    compute = [times[o.name][1] for o in ops if not is_communication(o)]
+    if not comm or not compute:
+        return 0.0
+    return max(0.0, max(comm) - max(compute))
+
+
+def _first_wait(ops: List[Op], times, made_by: Dict[int, str], forward_made: set) -> float:
+    """:attr:`~.blocks.Block.b_wait_first` of a template block's backward
+    (``ops``; ``made_by``: rank 0's op making each value): its first
+    tensor-parallel collective reading a value of the backward, from
+    when its inputs were made to its start."""
+    for op in ops:
+        if not is_communication(op) or op.meta.get("role") is not None:
+            continue
+        if all(id(v) in forward_made for v in op.inputs):
+            continue                   # an early one: reads only what the forward kept
+        made = [times[made_by[id(v)]][1] for v in op.inputs if id(v) in made_by]
+        return max(0.0, times[op.name][0] - max(made)) if made else 0.0
+    return 0.0
 
 
 #: The optimizer ops of a parameter ``p`` on rank 0 of the template, by the

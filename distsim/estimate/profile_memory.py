@@ -15,7 +15,7 @@ from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
 from .gathered import gather_curve
-from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
+from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
@@ -86,14 +86,14 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                 blocks[name].f_curve = gather_curve(
                     groups[key], times, samples, stamps, static + grads + before,
                     blocks[name].f_gather, params, producer)
-        if ("B", 1, name) in groups:
-            blocks[name].b_excess = max(0.0, peak(*window(("B", 1, name))) - static - grads
-                                        - before - saved[name])
-            blocks[name].b_tail = _tail(groups[("B", 1, name)], times, peak,
+        if ("B", LAST_MB, name) in groups:
+            blocks[name].b_excess = max(0.0, peak(*window(("B", LAST_MB, name))) - static
+                                        - grads - before - saved[name])
+            blocks[name].b_tail = _tail(groups[("B", LAST_MB, name)], times, peak,
                                         static + grads + before + saved[name])
             if zero3:
                 blocks[name].b_curve_later = gather_curve(
-                    groups[("B", 1, name)], times, samples, stamps,
+                    groups[("B", LAST_MB, name)], times, samples, stamps,
                     static + grads + before + saved[name], blocks[name].b_gather, params,
                     producer)
         if ("B", 0, name) in groups:
@@ -196,6 +196,25 @@ def _allocations(rank0: List[Op], times, program: Function) -> Dict[float, int]:
     return starts
 
 
+def _gradient_ops(ops: List[Op], times, samples: List[Tuple[float, int]],
+                  stamps: List[float], final_only: Dict[int, str]):
+    """Per op of ``ops`` that makes final gradients (``final_only``), in
+    order: (their parameters' names, their bytes, the op's start and end
+    on the template's timeline, the most live bytes while it runs, and the
+    live bytes sampled at its end, or those while it runs where no sample
+    falls there)."""
+    for op in ops:
+        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
+        if not names:
+            continue
+        made = sum(v.type.size_bytes for v in op.outputs if id(v) in final_only)
+        t0, t1, _ = times[op.name]
+        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
+        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
+        after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
+        yield names, made, t0, t1, during, after
+
+
 def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
                     stamps: List[float], starts: Dict[float, int],
                     final_only: Dict[int, str]
@@ -220,16 +239,8 @@ def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],
     it. ``stamps``: the samples' times."""
     best: Dict[str, float] = {}
     made_at: List[Tuple[List[str], float, float, int]] = []
-    for op in ops:
-        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
-        if not names:
-            continue
-        made = sum(v.type.size_bytes for v in op.outputs if id(v) in final_only)
-        t0, t1, _ = times[op.name]
-        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
-        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
-        at = bisect_left(stamps, t1)
-        after = samples[at][1] if at < len(samples) and stamps[at] == t1 else during
+    for names, made, _, t1, during, after in _gradient_ops(ops, times, samples, stamps,
+                                                           final_only):
         for name in names:
             best[name] = max(best.get(name, -math.inf), during + made,
                              after - starts.get(t1, 0) + 2 * made)
@@ -247,15 +258,8 @@ def _grad_points(ops: List[Op], times, samples: List[Tuple[float, int]],
     less the next op's allocations, plus twice the gradients: each and its
     flat copy; where the op ends, marked)."""
     out: List[Tuple[int, float, float, bool]] = []
-    for op in ops:
-        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
-        if not names:
-            continue
-        made = sum(v.type.size_bytes for v in op.outputs if id(v) in final_only)
-        t0, t1, _ = times[op.name]
-        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
-        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
-        after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
+    for names, made, t0, t1, during, after in _gradient_ops(ops, times, samples, stamps,
+                                                            final_only):
         for name in names:
             if name in index:
                 out.append((index[name], t0, float(during + made), False))
@@ -315,14 +319,8 @@ def _grad_ops(ops: List[Op], times, samples: List[Tuple[float, int]], stamps: Li
     while it runs, its end, the live bytes then less the next op's
     allocations), for :attr:`.gathered.GatherCurve.made`."""
     out = []
-    for op in ops:
-        names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
-        if not names:
-            continue
-        t0, t1, _ = times[op.name]
-        lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
-        during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
-        after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
+    for names, _, t0, t1, during, after in _gradient_ops(ops, times, samples, stamps,
+                                                         final_only):
         out.append((tuple(index[p] for p in names if p in index), t0, float(during), t1,
                     float(after - starts.get(t1, 0))))
     return out

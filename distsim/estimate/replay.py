@@ -379,9 +379,13 @@ class ReplayedBackward(OpByOpBackward):
         free = ctx.tl.free
         if free[2 * stage] != origin or free[2 * stage + 1] > origin:
             return None, None
-        window = prefetch_window(k, len(order), ctx.strategy.prefetch) if ctx.zero3 else ()
-        issued = tuple(j - k for j in window if j not in gathered)
-        key = (order[k][0], last_mb, tuple(order[k + j][0] for j in issued))
+        if ctx.zero3:
+            window = prefetch_window(k, len(order), ctx.strategy.prefetch)
+            issued = tuple([j - k for j in window if j not in gathered])
+            key = (order[k][0], last_mb, tuple([order[k + j][0] for j in issued]))
+        else:       # ZeRO 2: no gathers
+            issued = ()
+            key = (order[k][0], last_mb, ())
         record = ctx.memo.block_records.get(key)
         if record is None:
             return None, (key, issued, ctx.tl.mark(stage), ctx.flops[stage], origin)
@@ -391,7 +395,8 @@ class ReplayedBackward(OpByOpBackward):
         self._replay_out(record.out, origin)
         for j, at in zip(issued, record.ends):
             gathered[k + j] = {upto: origin + t for upto, t in at}
-        self._set_finals(order[k:k + 1], record.final, origin)
+        if record.final:
+            self._set_finals(order[k:k + 1], record.final, origin)
         return origin + record.last, None
 
     def _block_record(self, recording: tuple, stage: int, order, k: int, last: float,
@@ -433,10 +438,10 @@ class ReplayedBackward(OpByOpBackward):
         """A record's final gradients (:meth:`_finals_of`) for the blocks
         ``order``, from ``origin``: final and synchronised then (ZeRO-3's
         last micro-batch: its shard accumulated and averaged)."""
-        sync = self.sync
+        final_at, synced_at = self.sync.final, self.sync.synced
         for k, i, at in final:
-            key = (order[k][0], order[k][1], i)
-            sync.final[key] = sync.synced[key] = origin + at
+            key = order[k] + (i,)
+            final_at[key] = synced_at[key] = origin + at
 
     def _left_unit(self, stage: int, origin: float):
         """By layer, what a backward starting at ``origin`` finds pending on

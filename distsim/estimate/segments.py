@@ -44,8 +44,10 @@ def fill_lead(blk: Block, ops: List[Op], times: Dict[str, tuple], start: float) 
 
 
 def edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
-    """Compute time before the first collective and after the last one."""
-    kinds = [s.kind for s in segments]
+    """Compute time before the first collective and after the last one
+    (not counting a backward's early collectives, which read only what the
+    forward kept: no deps, they run in the task before)."""
+    kinds = ["e" if s.kind == "t" and not s.deps else s.kind for s in segments]
     if "t" not in kinds:
         return None, None
     first, last = kinds.index("t"), len(kinds) - 1 - kinds[::-1].index("t")

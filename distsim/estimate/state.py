@@ -118,19 +118,19 @@ class Memo:
         #: (:meth:`.notes.MemoryNotes.received`)
         self.recv_ahead: Dict[Tuple[int, str, int, bool], int] = {}
         #: ZeRO-3: per (task kind, block), its gathered parameters' shard and
-        #: whole bytes (:func:`.gathered.param_bytes`)
+        #: whole bytes (:func:`.gathered_walk.param_bytes`)
         self.gathered_bytes: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}
         #: ZeRO-3 by layer: per (task kind, block, curve), the unit's split
-        #: in the template's offsets (:func:`.gathered.unit_shape`), and per
+        #: in the template's offsets (:func:`.gathered_walk.unit_shape`), and per
         #: block the first backward's curve with its unit's gradients held
         #: (:func:`.units.unit_curve`)
         self.unit_shapes: Dict[tuple, Any] = {}
         #: ZeRO-3's op-by-op backward: per (block, first micro-batch's
         #: entries or not, curve), each compute run's position, offset on
-        #: the curve and time (:func:`.gathered.run_offsets`)
+        #: the curve and time (:func:`.gathered_walk.run_offsets`)
         self.run_offsets: Dict[tuple, list] = {}
         #: per (block, curve), how long each point's bytes stay once its op
-        #: ends (:func:`.gathered.point_spans`)
+        #: ends (:func:`.gathered_walk.point_spans`)
         self.point_spans: Dict[tuple, Any] = {}
         self.unit_curves: Dict[str, Any] = {}
         #: :func:`.gathered.block_peak` by the block's curve and its
@@ -234,7 +234,7 @@ class BlockRecord(NamedTuple):
     start (:meth:`.replay.ReplayedBackward._block_record`): its items,
     FLOPs, end, its gathers' ends (per block it issued, per last parameter
     position), its final gradients, its input gradient, and its ZeRO-3
-    memory note (:func:`.gathered.note_peak`)."""
+    memory note (:func:`.gathered_walk.note_peak`)."""
 
     items: Items
     flops: float

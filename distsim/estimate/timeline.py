@@ -25,7 +25,7 @@ from .blocks import LayerProfile
 from .context import Case, StepContext
 from .engine import Timeline
 from .gates import chain, emit_chain, gather_plan, gather_time
-from .gathered import note_peak
+from .gathered_walk import note_peak
 from .notes import MemoryNotes
 from .replay import ReplayedBackward
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
@@ -142,9 +142,14 @@ class Builder:
         else:
             fl, lead, pieces = plan
             flops[stage] += fl
+            if kind == "B":      # its early gathers, behind the collectives before
+                tl.free[2 * stage + 1] += ctx.lead_in(c, mb)[1]
             if lead:             # the recomputation the task starts with: no wait
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
+            if kind == "B":      # its last collectives, outlasting its compute
+                tl.free[2 * stage + 1] = max(tl.free[2 * stage + 1],
+                                             end + ctx.comm_tail(c, mb))
         if kind == "B":          # block by block: the input gradient before its tail
             ctx.out_at = end - ctx.out_tail(c, mb)
         return end
@@ -158,14 +163,14 @@ class Builder:
         stage's compute so far too, the previous task's). Returns its end.
         By parameter, each block's memory with its gathered parameters
         placed in time is noted for the memory estimate
-        (:func:`.gathered.note_peak`; ``kind``, ``c``, ``mb``: the task)."""
+        (:func:`.gathered_walk.note_peak`; ``kind``, ``c``, ``mb``: the task)."""
         ctx = self.ctx
         tl, flops = ctx.tl, ctx.flops
         prev = max(ready, tl.free[2 * stage])
         issued: List[float] = []
         end = ready
         order = ctx.blocks_of(kind, c)
-        # each all-gather's gate, start and end (:data:`.gathered.Issued`)
+        # each all-gather's gate, start and end (:data:`.gathered_walk.Issued`)
         entries: List[tuple] = []
         first = kind == "B" and mb == 0
         key = (kind, ctx.shapes[c], first)
@@ -266,6 +271,8 @@ class Builder:
             fl += f
         if split:
             total, busy = total - head.b_lead, busy - head.b_lead_busy
+        if kind == "B":
+            total -= ctx.lead_in(c, mb)[0]
         return fl, lead, self._pieces(kind, order, total, busy, rest=split)
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
@@ -345,6 +352,10 @@ class Builder:
         ctx = self.ctx
         ends, outs, recv, pending, emit = w.ends, w.outs, w.recv, w.pending, self.emit_task
         order = w.order
+        # the sends waiting, by estimated end: most tasks find none due, so
+        # the heap's head is checked here before asking for them (a call
+        # less per task)
+        waiting, add = pending.heap, pending.add
         # most tasks (ZeRO 0/1 but each chunk's last backward) are their
         # plan's compute pieces: :meth:`_emit_task`'s last branch, inlined
         # (a 32-stage pipeline's timeline walks thousands)
@@ -354,9 +365,14 @@ class Builder:
         # a backward's compute after its input gradient, per chunk (first
         # micro-batch, a middle one)
         tails = [(ctx.out_tail(c, 0), ctx.out_tail(c, 1)) for c in range(ctx.chunks)]
+        # ... how long its last collectives outlast its compute, and the
+        # time of its early gathers (:meth:`StepContext.lead_in`)
+        comm_tails = [(ctx.comm_tail(c, 0), ctx.comm_tail(c, 1)) for c in range(ctx.chunks)]
+        early = [(ctx.lead_in(c, 0)[1], ctx.lead_in(c, 1)[1]) for c in range(ctx.chunks)]
+        free = ctx.tl.free
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
-            for sent in pending.due(start):
+            for sent in (pending.due(start) if waiting and waiting[0][0] <= start else ()):
                 # :meth:`_send`, inlined (a 32-stage pipeline sends thousands)
                 route = routes[sent[0]][sent[2]]
                 if route is not None:
@@ -382,12 +398,17 @@ class Builder:
             else:
                 fl, lead, pieces = plan
                 flops[stage] += fl
+                if kind == "B":      # its early gathers, behind the collectives before
+                    free[2 * stage + 1] += early[c][mb != 0]
                 if lead:             # the recomputation the task starts with: no wait
                     pieces_on(stage, lead, 0.0)
                 ends[task] = end_at = pieces_on(stage, pieces, ready)
                 if kind == "B":
                     outs[task] = end_at - tails[c][mb != 0]
-            pending.add(end, task)
+                    held = end_at + comm_tails[c][mb != 0]
+                    if held > free[2 * stage + 1]:
+                        free[2 * stage + 1] = held
+            add(end, task)
         w.pos = stop
 
     def complete(self, w: "Walk") -> Timeline:

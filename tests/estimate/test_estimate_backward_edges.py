@@ -12,6 +12,15 @@
   that read only what the forward kept, so they wait for none of the
   backward's compute. The op-by-op backward made each wait for the compute
   before it in program order (ZeRO 3, one micro-batch: +1.7 %).
+* Under NCCL's collective latencies (8-10 us each) with sequence
+  parallelism, a pipeline and several micro-batches the estimate read
+  -0.6 % (tiny) and -0.7 % (gpt2): a backward's last collectives (the
+  layernorm weight gradients' all-reduces) outlast its compute and delay
+  the next task's first collective; a middle micro-batch's backward is not
+  the last's less its averaging ops (those partly run in waits on
+  collectives); and a task starting with a layer has run that layer's
+  early all-gathers in the task before, so does not wait behind them as
+  the template's layer does behind the head's backward.
 
 Each timeline is the simulator's to rounding.
 """

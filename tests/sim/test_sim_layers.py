@@ -1,70 +1,30 @@
-"""The simulator's modules form layers: no import cycle inside distsim/sim
-(counting every import, also those for type checking only), no import
-inside a function, and no module but network.py reaches into a Network's
-private fields: the flow, analytical and fast-forward paths share its
-public interface. Read from the source, so a new module is checked too."""
+"""The simulator's modules form layers (tests/test_import_layers.py holds
+them free of import cycles): each imports only those below it, none
+imports inside a function, and no module but network.py reaches into a
+Network's private fields: the flow, analytical and fast-forward paths
+share its public interface. Read from the source, so a new module is
+checked too."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
-from typing import Dict, Set
+from typing import Set
 
-import distsim
+from import_graph import ROOT, import_graph
 
-ROOT = Path(distsim.__file__).parent
 SIM = ROOT / "sim"
 
 
-def _module(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def _sim_graph():
+    """The import graph of distsim.sim's modules (its cycles are checked
+    with the other packages' in tests/test_import_layers.py)."""
+    graph = import_graph()
+    return graph.subgraph(n for n in graph if n.startswith("distsim.sim."))
 
 
-def _imports(path: Path) -> Set[str]:
-    """Every distsim module ``path`` imports (``from . import x`` counts
-    the package and its module x)."""
-    tree = ast.parse(path.read_text())
-    package = _module(path) if path.name == "__init__.py" else _module(path).rsplit(".", 1)[0]
-    out: Set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            out.add(target)
-            out.update(f"{target}.{alias.name}" for alias in node.names)
-    return {name for name in out if name.startswith("distsim.")}
-
-
-def _sim_graph() -> Dict[str, Set[str]]:
-    paths = sorted(SIM.rglob("*.py"))
-    modules = {_module(p) for p in paths}
-    return {_module(p): _imports(p) & modules - {_module(p)} for p in paths}
-
-
-def test_the_import_graph_of_distsim_sim_has_no_cycle():
+def test_the_solo_time_sits_below_the_network_steps():
     graph = _sim_graph()
-    assert "distsim.sim.solo_time" in graph and graph["distsim.sim.network_steps"] \
-        .isdisjoint({"distsim.sim.network"})
-    state: Dict[str, int] = {}
-
-    def visit(node, path):
-        state[node] = 1
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path + [nxt]))
-            if nxt not in state:
-                visit(nxt, path + [nxt])
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
+    assert "distsim.sim.solo_time" in graph
+    assert not graph.has_edge("distsim.sim.network_steps", "distsim.sim.network")
 
 
 def test_the_layers_under_the_simulator_import_only_downwards():
@@ -75,7 +35,8 @@ def test_the_layers_under_the_simulator_import_only_downwards():
              "distsim.sim.solo_time", "distsim.sim.collectives", "distsim.sim.solo"]
     for i, module in enumerate(order):
         above = set(order[i + 1:])
-        assert not graph[module] & above, (module, graph[module] & above)
+        imported = set(graph.successors(module))
+        assert not imported & above, (module, imported & above)
 
 
 def test_no_import_inside_a_function_in_distsim_sim():
