@@ -63,10 +63,10 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
              "the path of a plan file (parameter-name pattern -> colwise, rowwise, vocab, "
              "replicate)"),
     ("fusion", "which adjacent ops run as one kernel (one launch, one memory pass), as the "
-               "simulated framework fuses them: 'megatron' (the GPT models' default: "
+               "simulated framework fuses them: 'megatron' (Megatron-LM's fused "
                "scale-mask-softmax, bias-GeLU, bias-dropout-add, the linear bias in the GEMM), "
                "'pytorch-eager' (the linear bias in the GEMM only) or 'none' (every op its own "
-               "kernel; the other models' default)"),
+               "kernel; the default)"),
     ("symmetry", "simulate one device per class of identical devices: the same results, "
                  "much faster on large clusters"),
     ("coarsen", "simulate each run of compute ops between communications as one op: the "

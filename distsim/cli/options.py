@@ -75,10 +75,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                         "colwise, rowwise, vocab or replicate)")
     g.add_argument("--fusion", metavar="FRAMEWORK",
                    help="which adjacent ops run as one kernel, as the simulated framework "
-                        "fuses them: megatron (GPT models' default: scale-mask-softmax, "
+                        "fuses them: megatron (Megatron-LM's scale-mask-softmax, "
                         "bias-GeLU, bias-dropout-add), pytorch-eager (the linear bias in the "
-                        "GEMM only) or none (every op its own kernel; the default of the "
-                        "other models)")
+                        "GEMM only) or none (every op its own kernel; the default)")
     g.add_argument("--symmetry", action="store_true", default=None,
                    help="simulate one representative device per class of identical devices "
                         "(data- and tensor-parallel peers mirror it): same results, much faster "

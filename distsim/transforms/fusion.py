@@ -13,7 +13,7 @@ shows it as one slice named after its parts.
 
 The settings (``--fusion``):
 
-- ``megatron`` (the GPT family's default): Megatron-LM's kernels, the
+- ``megatron``: Megatron-LM's kernels, the
   fused scale-mask-softmax forward (``scale+mask+softmax``) and backward
   (``softmax_grad+mask+scale``), bias-GeLU (``bias+gelu``), bias-dropout-add
   (``bias+dropout+add``, or ``dropout+add`` without a bias) and the bias of
@@ -22,8 +22,9 @@ The settings (``--fusion``):
 - ``pytorch-eager``: PyTorch run eagerly: only ``F.linear``'s bias in the
   GEMM; scale, mask, softmax, dropout, GeLU and residual adds each one
   kernel;
-- ``none``: every op its own kernel (the default of the other families,
-  whose framework the program does not say).
+- ``none``: every op its own kernel, the default of every family
+  (:func:`~distsim.transforms.strategy.fusion_for` says why ``megatron``
+  is not yet the GPT family's).
 
 LayerNorm and RMSNorm are one op (one kernel) under every setting; so is
 FlashAttention (the model's ``attention: fused``), which leaves no

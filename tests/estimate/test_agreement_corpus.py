@@ -89,10 +89,7 @@ def configurations(draw) -> Dict[str, Any]:
     if order is not None:
         o["order"] = order
     o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
-    # the drawn sample is of unfused programs, as it was drawn before the
-    # fusion setting existed; fused ones are the examples below (the
-    # estimator lowers its template with the same setting)
-    o["fusion"] = "none"
+    # the default fusion (none); fused points are the examples below
     return o
 
 
@@ -102,10 +99,6 @@ ZERO3_LAYER_MEMORY = ("ZeRO 3 by layer, interleaved, prefetch 0: peak memory 4.8
 ZERO3_LAYER_STEP = ("ZeRO 3 by layer, a pipeline of dp 2: the step 1.3 % over the "
                     "simulation's")
 
-
-PCIE_PIPELINE_TP = ("tp 2 and pp 2 on PCIe, 7 micro-batches: the estimate 0.208 ms (41.6 us a "
-                    "micro-batch past the second) under the simulation's under every fusion "
-                    "setting; 0.92 % of the unfused step, 1.004 % of megatron's shorter one")
 
 
 def _outcome(run) -> Tuple[Optional[Mapping[str, Any]], Optional[type]]:
@@ -207,10 +200,10 @@ def _relative(estimated: float, simulated: float) -> float:
           'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 1, 'global_batch': 8,
           'schedule': '1f1b', 'partition': 'balanced', 'zero': 3, 'zero3_unit': 'layer',
           'recompute': 'full'}).xfail(raises=AssertionError, reason=ZERO3_LAYER_STEP)
-# under the GPT models' default fusion (megatron)
+# fused kernels (megatron, pytorch-eager)
 @example({'model': 'gpt2', 'topology': 'dgx-a100', 'dp': 2, 'tp': 4, 'pp': 1, 'layers': 4,
           'network_mode': 'analytical', 'seq': 512, 'micro_batch': 2, 'global_batch': 8,
-          'sp': True, 'zero': 1, 'recompute': 'selective'})
+          'sp': True, 'zero': 1, 'recompute': 'selective', 'fusion': 'megatron'})
 @example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 2, 'pp': 4,
           'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
           'global_batch': 8, 'schedule': '1f1b', 'zero': 0,
@@ -218,7 +211,7 @@ def _relative(estimated: float, simulated: float) -> float:
 @example({'model': 'gpt2', 'topology': 'workstation-4gpu-pcie', 'dp': 1, 'tp': 2, 'pp': 2,
           'layers': 6, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
           'global_batch': 7, 'schedule': '1f1b', 'zero': 0, 'recompute': 'none',
-          'optimizer': 'adamw'}).xfail(raises=AssertionError, reason=PCIE_PIPELINE_TP)
+          'optimizer': 'adamw', 'fusion': 'megatron'})
 @settings(derandomize=True, database=None, deadline=None, max_examples=100,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                  HealthCheck.data_too_large])

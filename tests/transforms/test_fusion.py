@@ -115,9 +115,9 @@ def test_fusion_is_a_run_option_shown_in_the_trace_and_config(tmp_path):
     runs = {f: distsim.simulate("tiny", "dgx-a100", dp=4, tp=2, fusion=f)
             for f in ("none", "megatron")}
     assert runs["megatron"].summary()["config"]["fusion"] == "megatron"
-    # the GPT family's default is megatron
+    # the default is none, for the GPT family too
     default = distsim.simulate("tiny", "dgx-a100", dp=8)
-    assert default.summary()["config"]["fusion"] == "megatron"
+    assert default.summary()["config"]["fusion"] == "none"
     names = Counter(r.op_type for r in runs["megatron"].trace.ops if r.rank == 0)
     # 4 layers x 2 micro-batches on rank 0 (global batch 8 over dp 4, one sequence each)
     assert names["scale+mask+softmax"] == 4 * 2
