@@ -295,7 +295,7 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                   bucket_mb: Optional[float] = None, optimizer: Optional[str] = None,
                   partition: Optional[str] = None, prefetch: Optional[int] = None,
                   zero3_unit: Optional[str] = None, order: Optional[str] = None,
-                  plan: Optional[str] = None,
+                  plan: Optional[str] = None, fusion: Optional[str] = None,
                   symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
                   max_ops: Optional[int] = None, verify_program: bool = True) -> tuple:
     """Resolve the model config, topology and strategy and build the
@@ -379,7 +379,8 @@ def _build_program(model: Union[str, Mapping[str, Any]], topology: Union[str, To
         verify(program, known_devices=topo.ranks)
     resolved = {"model": config.get("name"), **{k: v for k, v in config.items()
                                                   if k not in ("name",)},
-                "topology": topo.name, **strategy.to_dict(), "optimizer": optimizer}
+                "topology": topo.name, **strategy.to_dict(), "optimizer": optimizer,
+                "fusion": program.meta.get("fusion", strategy.fusion or "none")}
     built = program.meta.get("model")
     if config.get("family") == "gpt" and isinstance(built, dict):
         # batch sizes as the strategy resolved them, and the micro-batch count
@@ -417,7 +418,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              bucket_mb: Optional[float] = None, optimizer: Optional[str] = None,
              partition: Optional[str] = None, prefetch: Optional[int] = None,
              zero3_unit: Optional[str] = None, order: Optional[str] = None,
-             plan: Optional[str] = None,
+             plan: Optional[str] = None, fusion: Optional[str] = None,
              symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
              network_mode: str = "flow", collective_algo: str = "auto",
              max_ops: Optional[int] = None, max_wall_s: Optional[float] = None,

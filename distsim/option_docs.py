@@ -62,6 +62,11 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
              "pairs of linear layers, vocabulary-parallel embeddings, found in the program) or "
              "the path of a plan file (parameter-name pattern -> colwise, rowwise, vocab, "
              "replicate)"),
+    ("fusion", "which adjacent ops run as one kernel (one launch, one memory pass), as the "
+               "simulated framework fuses them: 'megatron' (Megatron-LM's fused "
+               "scale-mask-softmax, bias-GeLU, bias-dropout-add, the linear bias in the GEMM), "
+               "'pytorch-eager' (the linear bias in the GEMM only) or 'none' (every op its own "
+               "kernel; the default)"),
     ("symmetry", "simulate one device per class of identical devices: the same results, "
                  "much faster on large clusters"),
     ("coarsen", "simulate each run of compute ops between communications as one op: the "

@@ -73,6 +73,11 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                         "column/row pairs of linear layers, vocabulary-parallel embeddings, "
                         "found in the program) or a plan file (YAML: parameter-name pattern -> "
                         "colwise, rowwise, vocab or replicate)")
+    g.add_argument("--fusion", metavar="FRAMEWORK",
+                   help="which adjacent ops run as one kernel, as the simulated framework "
+                        "fuses them: megatron (Megatron-LM's scale-mask-softmax, "
+                        "bias-GeLU, bias-dropout-add), pytorch-eager (the linear bias in the "
+                        "GEMM only) or none (every op its own kernel; the default)")
     g.add_argument("--symmetry", action="store_true", default=None,
                    help="simulate one representative device per class of identical devices "
                         "(data- and tensor-parallel peers mirror it): same results, much faster "
@@ -146,7 +151,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "kv_heads", "ffn", "vocab", "attention", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
-                "prefetch", "zero3_unit", "order", "plan"):
+                "prefetch", "zero3_unit", "order", "plan", "fusion"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

@@ -14,7 +14,8 @@ traffic runs at the op type's own figure (``memory_efficiency_by_op``), its
 kernel class's (``memory_efficiency_by_class``), or ``memory_efficiency``.
 A measured profile (op type -> seconds, or a callable) overrides the
 formula for the ops it lists. An op holding a function (a fused segment, a
-call) costs the sum of that function's ops.
+call) costs the sum of that function's ops; one marked as a fused kernel
+(``kernel``) costs one launch and one memory pass (:meth:`CostModel.kernel_cost`).
 
 With a host launch time (``host_launch_s``), :meth:`CostModel.host_lead`
 says how many kernels an op launches and how far its last kernel can be
@@ -54,6 +55,7 @@ class CostModel:
     profile: Mapping[str, ProfileEntry] = field(default_factory=dict)
     _function_costs: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
     _function_leads: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
+    _kernel_costs: Dict[int, tuple] = field(default_factory=dict, init=False, repr=False)
 
     def op_cost(self, op: Op) -> OpCost:
         if op.op_type == "depend" or op.op_type in BOOKKEEPING_OPS:
@@ -61,6 +63,8 @@ class CostModel:
             # (pack, unpack): not kernels
             return OpCost(0.0, 0.0, 0.0)
         if op.subfunctions and not is_communication(op):
+            if op.attrs.get("kernel"):
+                return self.kernel_cost(op.subfunctions[0])
             return self.function_cost(op.subfunctions[0])
         flops = op_flops(op)
         nbytes = op_memory_bytes(op)
@@ -87,6 +91,37 @@ class CostModel:
             hit = self._function_costs[key] = (function, OpCost(time_s, flops, nbytes))
         return hit[1]
 
+    def kernel_cost(self, function) -> OpCost:
+        """The cost of ``function`` run as one fused kernel (a ``fused`` op
+        with ``kernel``, :mod:`distsim.transforms.fusion`): one launch, and
+        the longer of its parts' arithmetic (summed) and one memory pass,
+        its inputs read once and its outputs written once, at the lowest
+        memory efficiency of its parts (the kernel moves at its slowest
+        part's access pattern); intermediates never touch memory. A
+        profile's entries for its parts do not apply to it."""
+        key = id(function)
+        hit = self._kernel_costs.get(key)
+        if hit is None or hit[0] is not function:
+            d = self.device
+            compute_s = flops = 0.0
+            effs = []
+            for op in function.ops:
+                if op.op_type == "depend" or op.op_type in BOOKKEEPING_OPS:
+                    continue
+                f = op_flops(op)
+                flops += f
+                dtype = op.outputs[0].type.dtype if op.outputs else None
+                if f > 0 and dtype is not None:
+                    compute_s += self.compute_time(op, f, dtype)
+                effs.append(d.memory_efficiency_of(op.op_type))
+            eff = min(effs) if effs else d.memory_efficiency
+            nbytes = float(sum(v.type.size_bytes for v in function.inputs) +
+                           sum(v.type.size_bytes for v in function.outputs))
+            time_s = d.launch_overhead_s + max(compute_s,
+                                               nbytes / (d.memory_bandwidth_Bps * eff))
+            hit = self._kernel_costs[key] = (function, OpCost(time_s, flops, nbytes))
+        return hit[1]
+
     def host_lead(self, op: Op) -> Tuple[int, float]:
         """(kernels, lead) of a compute op under the host's launch queue,
         ``H = host_launch_s``: the kernels it launches and ``lead``, the
@@ -100,6 +135,8 @@ class CostModel:
         if op.op_type == "depend" or op.op_type in BOOKKEEPING_OPS:
             return 0, -math.inf
         if op.subfunctions and not is_communication(op):
+            if op.attrs.get("kernel"):
+                return 1, self.device.host_launch_s
             return self.function_lead(op.subfunctions[0])
         return 1, self.device.host_launch_s
 

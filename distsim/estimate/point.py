@@ -68,7 +68,7 @@ from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
-from ..transforms.strategy import Strategy, check_field
+from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, param_sizes
@@ -202,9 +202,9 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     """The arguments of :func:`layer_profile` for ``case``: the key of the
     per-layer profile its estimate uses (model shape of one micro-batch,
     tp, sp, recomputation, ZeRO kind, micro-batch, whether a pipeline
-    unties the head, topology, collective algorithm, optimizer, and the
+    unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
-    them)."""
+    them, and the kernel fusion)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
@@ -214,7 +214,8 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     if tp_ranks == tuple(range(S.tp)):
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
-            case.topology_name, case.collective_algo, S.optimizer, tp_ranks)
+            case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
+            fusion_for(S, "gpt"))
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

@@ -72,17 +72,17 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 
 
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
-              micro_batch: int, untie: bool, optimizer: str, representatives: bool = True
-              ) -> Tuple[Function, Function, LowerSPMD]:
+              micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
+              fusion: str = "megatron") -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
     # depend on the chunk's blocks, not the template's
     lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
                                prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
-                               optimizer=optimizer), _TEMPLATE_MICROBATCHES,
+                               optimizer=optimizer, fusion=fusion), _TEMPLATE_MICROBATCHES,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
     return step, lower(step), lower
 
@@ -95,16 +95,16 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                untie: bool) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
-                                      Tuple[List[int], List[int], int, Tuple[str, ...]],
-                                      Dict[str, float]]:
+                untie: bool, fusion: str = "megatron"
+                ) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
+                           Tuple[List[int], List[int], int, Tuple[str, ...]], Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
     same for its ZeRO kinds, built one after another: worked out once):
     per block its forward and backward FLOPs as LowerSPMD's task ordering
     counts them, its saved activation bytes, and its cost as the balanced
     partition estimates it (each summed in op order); the values crossing
     a stage boundary (:func:`_crossing`). Kept: do not modify."""
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion)
     names = (EMB, LAYER, HEAD)
     flops: Dict[str, List[float]] = {}
     partition: Dict[str, float] = {}
@@ -126,13 +126,13 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
 
 @lru_cache(maxsize=8)
 def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                   untie: bool) -> Function:
+                   untie: bool, fusion: str = "megatron") -> Function:
     """The template's one-device step (forward, backward, no optimizer),
     the same for every ZeRO stage: the profiles of one layout and its ZeRO
     kinds, built one after another in a sweep, lower the same step (kept:
     lowering reads it, nothing changes it)."""
     return build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
-                                      recompute=recompute), micro_batch)
+                                      recompute=recompute, fusion=fusion), micro_batch)
 
 
 def _crossing(step: Function, tp: int, sp: bool, recompute: str
@@ -182,18 +182,21 @@ def param_sizes(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, un
 def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
-                  tp_ranks: Optional[Tuple[int, ...]] = None) -> LayerProfile:
+                  tp_ranks: Optional[Tuple[int, ...]] = None,
+                  fusion: str = "megatron") -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices of the tensor-parallel
     group the template runs on (None: ranks ``0..tp-1``). ZeRO 0's is ZeRO
     1's less its optimizer's ZeRO-1 parts (:func:`without_zero`): one
-    template lowered and simulated for both."""
+    template lowered and simulated for both. ``fusion``: the kernels the
+    template's lowering fuses (:mod:`distsim.transforms.fusion`)."""
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
-                                          topology, collective_algo, optimizer, tp_ranks))
+                                          topology, collective_algo, optimizer, tp_ranks,
+                                          fusion))
     return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
-                         collective_algo, optimizer, tp_ranks=tp_ranks)
+                         collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion)
 
 
 def without_zero(profile: LayerProfile) -> LayerProfile:
@@ -222,8 +225,8 @@ def without_zero(profile: LayerProfile) -> LayerProfile:
 def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, recompute: str,
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
-                  representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None
-                  ) -> LayerProfile:
+                  representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
+                  fusion: str = "megatron") -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
@@ -235,7 +238,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     config = GPTConfig(**dict(config_items))
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
-                                     untie, optimizer, representatives)
+                                     untie, optimizer, representatives, fusion)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -347,7 +350,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         return compute_end.get(key, 0.0), busy, flops, tcomm
 
     step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
-        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie)
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion)
     # the values a layer's backward sends to the stage before (its input
     # gradient), per micro-batch of the template: where each is made
     sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1, LAST_MB)}

@@ -10,6 +10,11 @@ all. Its time is the sum of its ops' times (exact where no communication
 interleaves with the run); values internal to the run are not tracked in
 memory. The numpy executor runs the segment, so a coarsened program still
 computes the same numbers.
+
+With ``kernel`` (e.g. ``kernel = "scale+mask+softmax"``) the op is one
+kernel the framework fuses (:mod:`distsim.transforms.fusion`): costed as
+one launch and one memory pass over its inputs and outputs, not as the sum
+of its ops.
 """
 from __future__ import annotations
 
@@ -27,8 +32,9 @@ def _fused_rule(types, attrs):
                      "segment it holds (see distsim.ir.ops_fused.fused_result_types)")
 
 
-register(OpSpec(FUSED, None, _fused_rule, {"segment": REQUIRED, "ops": REQUIRED},
-                doc="a run of compute ops held as a sub-function, costed as their sum"))
+register(OpSpec(FUSED, None, _fused_rule, {"segment": REQUIRED, "ops": REQUIRED, "kernel": ""},
+                doc="a run of compute ops held as a sub-function, costed as their sum (with "
+                    "kernel: one fused kernel, see distsim.transforms.fusion)"))
 
 
 def fused_result_types(op: Op, input_types: Sequence[Type]) -> List[Type]:

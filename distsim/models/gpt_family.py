@@ -20,8 +20,9 @@ from ..transforms.autodiff import Autodiff
 from ..transforms.optimizer import SGD, SGDHyper
 from ..transforms.pipeline import check_schedule
 from ..transforms.recompute import Recompute
+from ..transforms.fusion import Fuse
 from ..transforms.spmd import LowerSPMD
-from ..transforms.strategy import Strategy
+from ..transforms.strategy import Strategy, fusion_for
 from .gpt import GPTConfig, check_tensor_parallel, gpt_forward
 from .registry import ModelFamily, register_family
 
@@ -88,7 +89,8 @@ def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Functi
     fwd = gpt_forward(c, tp=strategy.tp, sp=strategy.sp, micro_batch=micro_batch,
                       untie=strategy.pp > 1)
     step = Autodiff(fwd.meta["loss"], fwd.meta["params"])(fwd)
-    return Recompute(strategy.recompute, regather=strategy.sp)(step)
+    step = Recompute(strategy.recompute, regather=strategy.sp)(step)
+    return Fuse(fusion_for(strategy, "gpt"))(step)
 
 
 def hyper_of(c: GPTConfig, optimizer: str = "adamw") -> Union[AdamHyper, SGDHyper]:

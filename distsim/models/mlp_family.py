@@ -25,7 +25,7 @@ from .registry import ModelFamily, register_family
 #: the strategy fields only the generic path applies
 GENERIC_OPTIONS = ("zero", "recompute", "microbatches", "schedule", "virtual_stages",
                    "bucket_mb", "global_batch", "micro_batch", "partition", "prefetch",
-                   "zero3_unit", "plan")
+                   "zero3_unit", "plan", "fusion")
 
 
 def _config(config: Mapping[str, Any]) -> MLPConfig:
@@ -38,7 +38,8 @@ def generic_options(strategy: Strategy) -> List[str]:
     parallelism does not apply (they take the generic path)."""
     default = Strategy()
     return [f"--{name.replace('_', '-')} {getattr(strategy, name)}" for name in GENERIC_OPTIONS
-            if getattr(strategy, name) != getattr(default, name)]
+            if getattr(strategy, name) != getattr(default, name)
+            and not (name == "fusion" and strategy.fusion == "none")]   # the MLP's default
 
 
 def is_plain_data_parallel(strategy: Strategy) -> bool:

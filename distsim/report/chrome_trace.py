@@ -305,6 +305,10 @@ def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]
         nb = numbers.get(nbytes)
         if nb is None:
             nb = numbers[nbytes] = _fnum(nbytes)
+        if "+" in op_type:
+            # a fused kernel (its op type names its parts, scale+mask+softmax;
+            # no single op type has a '+'): the slice is named so
+            name = op_type
         yield (f'{{"ph":"X","pid":{rank},"tid":{tid},'
                f'"name":{_quote(name) if name.__class__ is str else _str(name)},"cat":{cat},'
                f'{_span(start, end)},'

@@ -21,7 +21,8 @@ from distsim.report.summary import GB, MS, device_groups
 #: strategy keys of a run's config (the rest but the simulation's are the model's)
 STRATEGY_KEYS = ("dp", "tp", "pp", "sp", "zero", "recompute", "microbatches", "schedule",
                  "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "optimizer",
-                 "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen")
+                 "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
+                 "fusion")
 SIMULATION_KEYS = ("topology", "network_mode", "collective_algo")
 
 CHART_TITLES = {"gantt": ("Timeline by device", "gantt.png"),

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..ir.comm import is_point_to_point
 from ..ir.core import Op
+from ..ir.ops_fused import FUSED
 from .program_columns import spans
 from .program_index import _FIRST, _META, _NAME, _OP_TYPE, _OUTPUTS, ProgramIndex
 from .trace import COMM_STREAM, COMPUTE_STREAM, P2P_STREAM, Labels, OpColumns, OpLabels
@@ -48,6 +49,14 @@ def _label_lists(compute: List[Op], collectives: List[Op], used: List[str]) -> L
              else list(map(_NAME, compute)))
     op_types = list(map(_OP_TYPE, compute))
     details = list(map(_DETAIL, map(_META, compute)))
+    if FUSED in op_types:
+        # a fused kernel (distsim.transforms.fusion): its op type is its
+        # parts, e.g. scale+mask+softmax (the chrome trace names the slice so)
+        for i, t in enumerate(op_types):
+            if t == FUSED:
+                kernel = compute[i].attrs.get("kernel")
+                if kernel:
+                    op_types[i] = kernel
     names += map(_NAME, collectives)
     op_types += map(_OP_TYPE, collectives)
     details += used

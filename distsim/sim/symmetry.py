@@ -165,7 +165,8 @@ def class_members(rep: Dict[int, int]) -> Dict[int, Tuple[int, ...]]:
 
 def represented_ops(function: Function) -> int:
     """How many ops the devices execute in the program a reduced or
-    coarsened one stands for: a fused op counts its segment's ops; an op of
+    coarsened one stands for: a fused op counts its segment's ops (a fused
+    kernel, ``kernel``, is one op); an op of
     a reduced program (``meta["represents"]``: rank -> devices) counts once
     per device its rank stands for; a collective counts once per member,
     its members present in a reduced program once per device they stand
@@ -180,7 +181,7 @@ def represented_ops(function: Function) -> int:
             total += sum(int(represents.get(r, 1)) for r in members)
         else:
             dev = op.outputs[0].type.device if op.outputs else op.inputs[0].type.device
-            inner = (op.attrs.get("ops", 1) if op.op_type == "fused"
+            inner = (op.attrs.get("ops", 1) if op.op_type == "fused" and not op.attrs.get("kernel")
                      else 0 if op.op_type in BOOKKEEPING_OPS else 1)
             total += int(inner) * int(represents.get(dev, 1))
     return total

@@ -144,7 +144,8 @@ class Segment:
                 self._local[op.outputs[0]] = local(op.inputs[0])
                 continue
             fn_ops.append(Op(op.op_type, [local(v) for v in op.inputs],
-                             [local(v) for v in op.outputs], op.attrs, meta=op.meta))
+                             [local(v) for v in op.outputs], op.attrs, op.subfunctions,
+                             meta=op.meta))
             for g in op.outputs:
                 if g in old_buf:
                     fn_ops.append(Op("add", [old_buf[g], local(g)], [new_buf[g]],
@@ -230,7 +231,7 @@ class Coarsening:
     def _fusable(self, op: Op, fuse_grads: bool = False) -> bool:
         return ((not op.op_type.startswith("spmd.") or op.op_type == "spmd.copy")
                 and "rank_attrs" not in op.meta
-                and not op.subfunctions
+                and (not op.subfunctions or bool(op.attrs.get("kernel")))
                 and (fuse_grads or not any(o in self.grad_of for o in op.outputs)))
 
     def _arrives(self, v: Value, chunk: int) -> bool:

@@ -72,9 +72,11 @@ class Emitter:
 
     def emit(self, op_type: str, inputs: Sequence[Value], attrs: Dict[str, Any],
              types: Sequence[TensorType], names: Sequence[str],
-             meta: Optional[Dict[str, Any]], kind: Any = None) -> List[Value]:
+             meta: Optional[Dict[str, Any]], kind: Any = None,
+             subfunctions: tuple = ()) -> List[Value]:
         """Append an op whose attributes are complete and normalized and
-        whose result types are known. ``attrs`` is kept, not copied: the
+        whose result types are known (holding ``subfunctions``: a fused
+        kernel's function). ``attrs`` is kept, not copied: the
         ops emitted from one memo entry share it (attributes are never
         changed in place). ``kind``: its
         :class:`~distsim.ir.build_log.BuildLog` token (None: a kind of its
@@ -83,7 +85,7 @@ class Emitter:
             names = [f"{names[0]}.{i}" for i in range(len(types))]
         fresh = self.names.fresh
         outs = [Value(fresh(n), t) for n, t in zip(names, types)]
-        op = Op.trusted(op_type, tuple(inputs), tuple(outs), attrs, (),
+        op = Op.trusted(op_type, tuple(inputs), tuple(outs), attrs, subfunctions,
                         dict(meta) if meta else {})
         self.function.ops.append(op)
         self.log.add(op, kind)

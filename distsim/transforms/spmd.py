@@ -55,6 +55,7 @@ from ..cost.model import CostModel
 from ..errors import PassPreconditionError
 from ..ir.comm import CollectiveType
 from ..ir.core import Function, Op, Value, gc_paused, normalize_attr
+from ..ir.ops_fused import fused_result_types
 from ..ir.registry import infer_types, lookup, with_defaults
 from ..ir.types import DType
 from .adam import AdamHyper
@@ -64,7 +65,8 @@ from .lowering_context import LoweringContext, RankPlacement, StepTasks
 from .optimizer import SGDHyper
 from .pipeline import (PendingSends, chunk_of_layer, merge_tasks, partition_balanced,
                        partition_layers, schedule_tasks)
-from .strategy import Strategy
+from .fusion import Fuse
+from .strategy import Strategy, fusion_for
 from .zero import GradientSync
 
 SPMD_TO_COMM = {"spmd.allreduce": CollectiveType.ALL_REDUCE,
@@ -314,10 +316,13 @@ class LowerSPMD(Coarsening):
                 type_ids = tuple([id(v.type) for v in ins])  # types live as long as the program
                 types = by_types.get(type_ids)
                 if types is None:
-                    types = by_types[type_ids] = infer_types(op.op_type, [v.type for v in ins],
-                                                             attrs)
+                    in_types = [v.type for v in ins]
+                    types = by_types[type_ids] = (
+                        fused_result_types(op, in_types) if op.subfunctions
+                        else infer_types(op.op_type, in_types, attrs))
                 outs = em.emit(op.op_type, ins, attrs, types,
-                               [self.local_name(v, r, mb) for v in op.outputs], meta, entry)
+                               [self.local_name(v, r, mb) for v in op.outputs], meta, entry,
+                               op.subfunctions)
                 env = self.menv[(r, mb)]
                 for v, o in zip(op.outputs, outs):
                     env[v] = o
@@ -402,6 +407,9 @@ class LowerSPMD(Coarsening):
 
     def _lower(self, step: Function) -> Function:
         S = self.strategy
+        model = step.meta.get("model")
+        fusion = fusion_for(S, model.get("family", "") if isinstance(model, dict) else "")
+        step = Fuse(fusion)(step)
         self._analyse(step)
         placement = self.placement
         self.em = Emitter(step.name, placement.reps if self.representatives else None)
@@ -447,7 +455,7 @@ class LowerSPMD(Coarsening):
             "param_unpadded": step.meta.get("param_unpadded", {}),
             "consts": step.meta.get("consts", {}),
             "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp,
-            "optimizer": self.hyper.name, "recompute": recompute,
+            "optimizer": self.hyper.name, "recompute": recompute, "fusion": fusion,
         }
         self.em.log.updated = (self.ctx.updates, self.ctx.updated)
         if self.representatives:

@@ -89,6 +89,7 @@ def configurations(draw) -> Dict[str, Any]:
     if order is not None:
         o["order"] = order
     o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
+    # the default fusion (none); fused points are the examples below
     return o
 
 
@@ -97,6 +98,7 @@ ZERO3_LAYER_MEMORY = ("ZeRO 3 by layer, interleaved, prefetch 0: peak memory 4.8
                       "simulation's")
 ZERO3_LAYER_STEP = ("ZeRO 3 by layer, a pipeline of dp 2: the step 1.3 % over the "
                     "simulation's")
+
 
 
 def _outcome(run) -> Tuple[Optional[Mapping[str, Any]], Optional[type]]:
@@ -198,6 +200,18 @@ def _relative(estimated: float, simulated: float) -> float:
           'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 1, 'global_batch': 8,
           'schedule': '1f1b', 'partition': 'balanced', 'zero': 3, 'zero3_unit': 'layer',
           'recompute': 'full'}).xfail(raises=AssertionError, reason=ZERO3_LAYER_STEP)
+# fused kernels (megatron, pytorch-eager)
+@example({'model': 'gpt2', 'topology': 'dgx-a100', 'dp': 2, 'tp': 4, 'pp': 1, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 512, 'micro_batch': 2, 'global_batch': 8,
+          'sp': True, 'zero': 1, 'recompute': 'selective', 'fusion': 'megatron'})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 2, 'pp': 4,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
+          'global_batch': 8, 'schedule': '1f1b', 'zero': 0,
+          'recompute': 'none', 'fusion': 'pytorch-eager'})
+@example({'model': 'gpt2', 'topology': 'workstation-4gpu-pcie', 'dp': 1, 'tp': 2, 'pp': 2,
+          'layers': 6, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
+          'global_batch': 7, 'schedule': '1f1b', 'zero': 0, 'recompute': 'none',
+          'optimizer': 'adamw', 'fusion': 'megatron'})
 @settings(derandomize=True, database=None, deadline=None, max_examples=100,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                  HealthCheck.data_too_large])

@@ -49,7 +49,9 @@ def test_zero0s_profile_from_zero1s_is_the_one_its_own_template_gives(options):
         for p, q in zip(params, from_one.params[blk]):
             assert len(p.opt_update) == len(q.opt_update) > 0
             for (t, _), (u, _) in zip(p.opt_update, q.opt_update):
-                assert math.isclose(t, u, rel_tol=1e-12), (p.name, t, u)
+                # the same ops, timed at other absolute times: the last bits
+                # of a difference of two clock readings
+                assert math.isclose(t, u, rel_tol=1e-11), (p.name, t, u)
     # and ZeRO 1's own profile does differ where ZeRO 0's was changed: the
     # flat copy and the two reshapes
     one = ep.build_profile(*_args(case, 1))
@@ -66,8 +68,8 @@ def test_the_cached_profile_of_zero0_is_derived_not_built(monkeypatch):
     try:
         # every argument given, as the estimator gives them (the cache's
         # key is the call's form)
-        zero0 = ep.layer_profile(*_args(case, 0), None)
-        zero1 = ep.layer_profile(*_args(case, 1), None)
+        zero0 = ep.layer_profile(*_args(case, 0), None, "megatron")
+        zero1 = ep.layer_profile(*_args(case, 1), None, "megatron")
     finally:
         ep.layer_profile.cache_clear()
     assert built == [1]                  # one template, ZeRO 1's

@@ -152,8 +152,11 @@ def test_a_backward_block_computes_under_the_next_units_gather():
 @pytest.mark.parametrize("options,before", [
     # the layer's bias reshapes ran under its tensor-parallel all-reduces:
     # taking them out takes nothing off the block (-1.0 %)
+    # (measured unfused: the estimate's remaining 24.6 us under the
+    # simulation's, the same under every fusion setting, is 0.29 % of the
+    # unfused step and 0.31 % of megatron's shorter one)
     (dict(model="gpt2", topology="dgx-a100", dp=2, tp=4, layers=2, seq=512, micro_batch=2,
-          global_batch=12, bucket_mb=0), "-1.0 %"),
+          global_batch=12, bucket_mb=0, fusion="none"), "-1.0 %"),
     # sp: the split comes before the layer's first all-gather, under the
     # prefetched unit's gather, not after it (+1.7 %)
     (dict(model="llama2-7b", topology="dgx-a100", dp=2, tp=4, layers=4, seq=512,

@@ -35,7 +35,7 @@ from distsim.ir.core import Module
 from distsim.ir.mesh import DeviceMesh, Partial, Replicate, Shard
 from distsim.models.gpt import GPTConfig, gpt_forward
 from distsim.models.gpt_family import build_gpt_step
-from distsim.text import parse_module, print_function
+from distsim.text import parse_module, print_function, print_program
 from distsim.transforms.autodiff import Autodiff
 from distsim.transforms.memory_model import saved_activation_bytes
 from distsim.transforms.sharding import annotate_sharding, check_lowering, shard_program
@@ -297,10 +297,10 @@ def test_program_text_round_trips():
     c = GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8, dropout=0.1,
                   attention="fused")
     f = build_gpt_step(c, Strategy(dp=1), 1)
-    text = print_function(f)
+    text = print_program(f)         # the step, then its fused kernels' functions
     assert "fused_attention(" in text and "fused_attention_grad(" in text
     parsed = verify(parse_module(text).functions[f.name])
-    assert print_function(parsed) == text
+    assert print_program(parsed) == text
 
 
 def test_bad_attention_field_names_the_field():

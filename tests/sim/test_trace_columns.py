@@ -27,7 +27,9 @@ def eager_records(sim: Simulator, start_s: np.ndarray, end_s: np.ndarray) -> lis
     """Every record of a finished run as a tuple, sorted by (start, rank,
     stream, end); then, under symmetry reduction, the followers' copies."""
     ix = sim.index
-    records = [OpRecord(int(ix.compute_rank[k]), "compute", op.name, op.op_type, "compute",
+    # a fused kernel's op type is its parts (scale+mask+softmax)
+    records = [OpRecord(int(ix.compute_rank[k]), "compute", op.name,
+                        op.attrs.get("kernel") or op.op_type, "compute",
                         float(start_s[k]), float(end_s[k]), float(ix.compute_flops[k]),
                         float(ix.compute_bytes[k]), op.meta.get("detail", ""))
                for k, op in enumerate(ix.compute)]
