@@ -24,7 +24,6 @@ Sections, each optional except ``gemm``:
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..cost.kernel_classes import KERNEL_CLASSES
 from ..errors import ConfigError
+from ..fileio import load_json_file
 from ..ir.types import DType
 
 #: the largest dimension, time and byte count a measurement may give
@@ -127,16 +127,7 @@ def read_measurements(paths) -> Measurements:
 
 def _read_file(path: Path, out: Measurements, prefix: str) -> None:
     name = str(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{name}: measurement file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{name}: is a directory, expected a JSON measurement file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{name}: cannot read: {e}") from None
-    except ValueError as e:
-        raise ConfigError(f"{name}: not JSON: {e}") from None
+    data = load_json_file(path)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{name}: expected a JSON object of measurement sections")
     out.files.append(name)
