@@ -29,9 +29,9 @@ without building or simulating the whole program. A peer of
 - *Error bound*: against :func:`distsim.simulate` with the analytical
   network, step time and peak memory agree within the tolerance that
   ``tests/estimate/test_agreement_corpus.py`` asserts on random
-  configurations (:data:`AGREEMENT_TOLERANCE`), but for ZeRO 3 by layer,
-  where ``reports/estimator/README.md`` lists the points still past it
-  (up to 1.4 % on step time, 4.8 % on memory).
+  configurations (:data:`AGREEMENT_TOLERANCE`); ``reports/estimator/README.md``
+  lists the points a random sample still finds past it (ZeRO 3 above all:
+  up to 2.4 % on step time, 4.9 % on memory).
 - *Cache key*: :func:`cache_key` (options -> the key of the per-layer
   profile an estimate builds once per process and reuses): sweeps group
   the points that share one.
