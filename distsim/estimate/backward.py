@@ -107,7 +107,8 @@ class OpByOpBackward:
                     plan.append(("o", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1, None,
                                  False, None))
                 else:
-                    plan.append(("g", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1,
+                    # its time: the op making the gradient's (the run's last)
+                    plan.append(("g", seg.op_s, 0.0, (), seg.deps[0] if seg.deps else -1,
                                  index[seg.param], False, gate))
             ctx.memo.segments[(name, only)] = plan
         return plan
@@ -254,6 +255,13 @@ class OpByOpBackward:
                         if held > later.get((k, param), 0):
                             later[(k, param)] = held
                     if flats:
+                        # those still waiting as the op making it starts
+                        # (its output is live from there; key (k, param,
+                        # True)) and as it ends (its flat copy's; (k, param))
+                        start = (made or 0.0) - time_s
+                        held = sum(nbytes for nbytes, end in flats if end > start)
+                        if held > inside.get((k, param, True), 0):
+                            inside[(k, param, True)] = held
                         flats = [x for x in flats if x[1] > (made or 0.0)]
                         held = sum(nbytes for nbytes, _ in flats)
                         if held > inside.get((k, param), 0):

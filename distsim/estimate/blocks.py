@@ -40,6 +40,9 @@ class Segment:
     #: where its first op started on the template's timeline (a mark:
     #: where it ended)
     at: float = 0.0
+    #: a mark "g": the time of the op making the gradient (the last of the
+    #: run it marks; what is live from that op's start counts with it)
+    op_s: float = 0.0
 
 
 @dataclass
@@ -103,6 +106,9 @@ class Block:
     #: the same at each gradient of the block: its parameter's index in
     #: the block -> bytes (what copies still waiting add to)
     bs_grads: Dict[int, float] = field(default_factory=dict)
+    #: of those, the bytes while the op making the gradient runs (copies
+    #: waiting as it starts add to it: one may end before its flat copy)
+    bs_ops: Dict[int, float] = field(default_factory=dict)
     #: the same backward's ops that make final gradients, in order: (the
     #: indices of the parameters, the bytes above the baseline while the op
     #: runs and once it has ended, the gradients' bytes)

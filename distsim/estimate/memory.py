@@ -185,8 +185,13 @@ def estimate_memory(b: StepContext) -> List[int]:
                     peak = max(peak, now + grads_at[i]
                                + shard_size(p.numel, dp) * p.dtype.itemsize)
                 if inside and at is None:
+                    # at each gradient's flat copy, and as its op starts
+                    ops = blk.bs_ops if grads_at is blk.bs_grads else {}
                     for i, at in grads_at.items():
                         peak = max(peak, now + at + inside.get((k, i), 0))
+                        during = ops.get(i)
+                        if during is not None:
+                            peak = max(peak, now + during + inside.get((k, i, True), 0))
                 elif each and grads_at:
                     top = grads_top.get(id(grads_at))
                     if top is None:

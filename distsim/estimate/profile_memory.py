@@ -113,6 +113,13 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                                        allocated, final_only)
             blocks[name].bs_grads = {index[p]: live - base for p, live in at.items()
                                      if p in index}
+            blocks[name].bs_ops = {}
+            for names, during, _, nbytes in made:
+                for p in names:
+                    if p in index:
+                        i = index[p]
+                        blocks[name].bs_ops[i] = max(blocks[name].bs_ops.get(i, -math.inf),
+                                                     during - base + nbytes)
             blocks[name].bs_made = [(tuple(index[p] for p in names if p in index),
                                      during - base, after - base, nbytes)
                                     for names, during, after, nbytes in made]

@@ -147,7 +147,8 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             made[id(v)] = idx
         for v in op.outputs:
             if id(v) in finals:
-                out.append(Segment("g", deps=(idx,), param=finals[id(v)], at=t1))
+                out.append(Segment("g", deps=(idx,), param=finals[id(v)], at=t1,
+                                   op_s=t1 - t0))
                 open_run = None
             elif id(v) in to_comm:     # the collective reading it may start here
                 open_run = None

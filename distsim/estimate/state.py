@@ -98,8 +98,10 @@ class Memo:
         #: the same copies inside that first backward: per (stage, chunk),
         #: per gradient (its block's position in the backward's order, its
         #: index in the block), the bytes of the task's earlier copies
-        #: still waiting when it is made (the most over the walks)
-        self.flat_inside: Dict[Tuple[int, int], Dict[Tuple[int, int], int]] = {}
+        #: still waiting when it is made (its flat copy made), and keyed
+        #: (position, index, True) as the op making it starts (the most
+        #: over the walks)
+        self.flat_inside: Dict[Tuple[int, int], Dict[tuple, int]] = {}
         #: and in a later backward of the stage (op by op): per (stage,
         #: micro-batch, chunk), per gradient, the bytes of those copies
         #: still waiting when it is made (:meth:`.notes.MemoryNotes.later`;
