@@ -90,7 +90,7 @@ def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Functi
                       untie=strategy.pp > 1)
     step = Autodiff(fwd.meta["loss"], fwd.meta["params"])(fwd)
     step = Recompute(strategy.recompute, regather=strategy.sp)(step)
-    return Fuse(fusion_for(strategy, "gpt"))(step)
+    return Fuse(fusion_for(strategy))(step)
 
 
 def hyper_of(c: GPTConfig, optimizer: str = "adamw") -> Union[AdamHyper, SGDHyper]:

@@ -407,8 +407,7 @@ class LowerSPMD(Coarsening):
 
     def _lower(self, step: Function) -> Function:
         S = self.strategy
-        model = step.meta.get("model")
-        fusion = fusion_for(S, model.get("family", "") if isinstance(model, dict) else "")
+        fusion = fusion_for(S)
         step = Fuse(fusion)(step)
         self._analyse(step)
         placement = self.placement

@@ -136,9 +136,9 @@ class Strategy:
         return cls(**{k: v for k, v in data.items() if k in names and v is not None})
 
 
-def fusion_for(strategy: "Strategy", family: str) -> str:
-    """The fusion setting a step of ``family`` runs under: the strategy's,
-    or ``none`` (every op its own kernel). ``megatron`` is what Megatron-LM
+def fusion_for(strategy: "Strategy") -> str:
+    """The fusion setting a step runs under, whatever its model family:
+    the strategy's, or ``none`` (every op its own kernel). ``megatron`` is what Megatron-LM
     runs, but it is not yet the GPT family's default: the fast estimator's
     peak memory of ZeRO-2 steps departs from the simulation's under it
     (reports/estimator/), and on the published runs it turns the
