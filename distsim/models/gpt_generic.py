@@ -14,17 +14,6 @@ train the same model (the reference executor checks each against the
 one-device step, and the two against each other), but their programs
 differ where the sharding layer has no Megatron-specific rule yet:
 
-- *fused projections*: the builder splits each block of a fused weight
-  over the ranks -- the query, key and value blocks of ``wqkv`` and
-  ``bqkv``, SwiGLU's gate and up blocks of ``w1`` (``param_shards``
-  ``(1, (q, k, v))``) -- so every rank holds whole heads (and matching
-  gate and up columns) and the ``split`` after the product stays local.
-  A plan's ``Shard`` is one contiguous block, so the ``split`` cannot stay
-  local: the product is all-gathered, the attention core (the gated
-  activation) runs on a batch shard with every head instead of a head
-  shard of the whole batch, and the result is all-gathered again for the
-  row-parallel projection: two all-gathers more per fused projection
-  forward, two reduce-scatters backward;
 - *the loss*: the builder computes Megatron's vocabulary-parallel cross
   entropy on the logits' shards (all-reduces of the row maximum, of the
   sum of exponentials and of the label's logit). The plan all-gathers the
@@ -41,7 +30,10 @@ differ where the sharding layer has no Megatron-specific rule yet:
 - *a vocabulary that tp does not divide*: the builder pads it (Megatron's
   way, a mask keeps the padding out of the softmax); the plan refuses it.
 
-The rest -- the vocabulary-parallel embedding (and the output layer's own
+The rest -- the fused projections split block by block (query, key and
+value; SwiGLU's gate and up: the plan's ``fused_colwise``, so the split
+after the product stays local and attention runs on a head shard), the
+vocabulary-parallel embedding (and the output layer's own
 copy of a tied table under pipeline parallelism), the column/row pairs of
 the MLP and of the attention output, the replicated norms, sequence
 parallelism's gathers and scatters around them -- is the same program.

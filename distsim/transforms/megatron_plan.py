@@ -9,7 +9,9 @@ found in any forward program by its structure.
   column-wise, the layers reached are row-wise. An MLP's consecutive
   layers pair up (0-1, 2-3, ...); a transformer block's query, key and
   value projections pair with its output projection, its first MLP
-  projections (gate and up) with the second.
+  projections (gate and up) with the second. A column-wise weight whose
+  product is split after it (fused query, key and value; fused gate and
+  up) is ``fused_colwise``: split block by block.
 - *Embeddings*: a table whose rows are looked up by the data's ids
   (``embedding``, ``gather`` of rows; not positions), and that nothing else
   reads but a head multiplying by it (``x @ table^T``), is
@@ -25,6 +27,7 @@ from typing import Dict, List, Optional, Set
 
 from ..ir.core import Function, Op, Value
 from .plans import Plan, PlanEntry
+from .tensor_parallel import product_split
 
 #: ops that mix a tensor's features or end the step: a pair stops before them
 BLOCKING = frozenset({"layernorm", "rmsnorm", "mse_loss", "cross_entropy"})
@@ -169,7 +172,8 @@ def megatron_plan(f: Function) -> Plan:
         if len(set(names)) != len(names) or any(n in styles for n in names):
             continue
         for c in cols:
-            styles[s.weight[id(c)].name] = "colwise"
+            fused = product_split(f, s.users, c) is not None
+            styles[s.weight[id(c)].name] = "fused_colwise" if fused else "colwise"
         for r in rows:
             styles[s.weight[id(r)].name] = "rowwise"
     order = [p for p in f.meta["params"] if p in styles]

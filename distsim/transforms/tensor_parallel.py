@@ -7,7 +7,9 @@ step and a plan in, the SPMD template of one tensor-parallel rank out.
    axis of ``tp`` devices: the parameters the plan names (a column-wise
    weight ``S(out)``, a row-wise one ``S(in)``, a vocabulary-parallel
    table ``S(0)``), and the few activations a style fixes, as PyTorch's
-   ``parallelize_module`` styles do: a column-wise layer's input is
+   ``parallelize_module`` styles do (a fused column-wise weight is split
+   block by block, :class:`~distsim.ir.mesh.BlockShard`, the blocks being
+   the sizes of the ``split`` of its product): a column-wise layer's input is
    replicated, a row-wise layer's (or a vocabulary-parallel embedding's)
    partial result is summed -- replicated, or with ``sp`` split along the
    sequence (the dim before the features), which puts the norms and
@@ -26,8 +28,8 @@ step and a plan in, the SPMD template of one tensor-parallel rank out.
 The template's ``meta`` is the forward's plus what
 :class:`~distsim.transforms.spmd.LowerSPMD` and
 :mod:`~distsim.transforms.zero_numbers` read: ``param_shards`` (``name ->
-(dim, (size,))``: rank ``r`` holds the ``r``-th of ``tp`` equal parts of
-``dim``), ``param_global_shapes``, ``tp``, ``sp``, ``plan`` and ``loss``
+(dim, blocks)``: rank ``r`` holds the ``r``-th of ``tp`` equal parts of
+each block of ``dim``), ``param_global_shapes``, ``tp``, ``sp``, ``plan`` and ``loss``
 (the replicated loss). A plan that cannot be honoured is a ConfigError
 naming the plan entry or the op.
 """
@@ -38,7 +40,8 @@ from typing import Dict, List, Optional, Set, Tuple
 from ..errors import ConfigError
 from ..ir.builder import clone_function
 from ..ir.core import Function, Module, Op, Value
-from ..ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
+from ..ir.mesh import BlockShard, DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
+from ..ir.registry import is_registered, lookup
 from ..ir.types import TensorType
 from ..ir.verifier import verify
 from .plans import Plan, PlanEntry
@@ -80,7 +83,8 @@ class TensorParallel:
             for v in main.inputs:
                 pl = v.type.placements[0]
                 if v.name in shapes and isinstance(pl, Shard):
-                    shards[v.name] = (pl.dim, (shapes[v.name][pl.dim],))
+                    shards[v.name] = (pl.dim, pl.blocks if isinstance(pl, BlockShard)
+                                      else (shapes[v.name][pl.dim],))
         template.meta.update(param_shards=shards, param_global_shapes=shapes, tp=self.tp,
                              sp=bool(self.sp and self.tp > 1), plan=self.plan.name)
         return verify(template)
@@ -114,6 +118,41 @@ def _sequence(v: Value, tp: int, entry: PlanEntry) -> Placement:
     return Shard(dim)
 
 
+def product_split(f: Function, users, op: Op) -> Optional[Op]:
+    """The ``split`` of ``op``'s result along its last dim, reached through
+    single-reader element-wise ops (a bias); None when there is none."""
+    v = op.outputs[0]
+    while True:
+        readers = users.get(v, [])
+        if len(readers) != 1:
+            return None
+        u = readers[0]
+        if u.op_type == "split":
+            axis = int(u.attrs["axis"]) % v.type.rank
+            return u if axis == v.type.rank - 1 and u.inputs[0] is v else None
+        if not (is_registered(u.op_type) and lookup(u.op_type).elementwise) \
+                or len(u.outputs) != 1 or u.outputs[0].type.shape != v.type.shape:
+            return None
+        v = u.outputs[0]
+
+
+def _fused_blocks(f: Function, users, op: Op, tp: int, entry: PlanEntry) -> Tuple[int, ...]:
+    """The blocks of the fused weight ``op`` multiplies by: the sizes of
+    the split of its product; ConfigError naming ``entry`` when there is no
+    such split or ``tp`` does not divide a block."""
+    split = product_split(f, users, op)
+    if split is None:
+        raise ConfigError(f"{entry.where}: fused_colwise needs the product %{op.outputs[0].name} "
+                          "split into its blocks along the features (a split op after it, "
+                          "through a bias at most)")
+    blocks = tuple(int(s) for s in split.attrs["sizes"])
+    if any(b % tp for b in blocks):
+        raise ConfigError(f"{entry.where}: --tp {tp} does not divide every block {list(blocks)} "
+                          f"of %{op.inputs[1].name} (as %{split.name} = split cuts its product), "
+                          "which fused_colwise splits")
+    return blocks
+
+
 def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool
                      ) -> Dict[Value, Placement]:
     """The placements ``styles`` fix in ``f`` (see the module docstring);
@@ -129,6 +168,7 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
             fixed[v] = Replicate()
             continue
         dims = set()
+        blocks: Set[Tuple[int, ...]] = set()
         for op in readers:
             out_dim, in_dim = _matmul_dims(op, v)
             if entry.style == "vocab" and op.op_type in ("embedding", "gather") \
@@ -136,15 +176,18 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
                 dims.add(0)
                 summed = op.outputs[0]
                 fixed.setdefault(summed, _sequence(summed, tp, entry) if sp else Replicate())
-            elif out_dim is not None and entry.style in ("colwise", "vocab"):
+            elif out_dim is not None and entry.style in ("colwise", "fused_colwise", "vocab"):
                 dims.add(out_dim)
                 inputs_replicated.append(op.inputs[0])
+                if entry.style == "fused_colwise":
+                    blocks.add(_fused_blocks(f, users, op, tp, entry))
             elif in_dim is not None and entry.style == "rowwise":
                 dims.add(in_dim)
                 summed = op.outputs[0]
                 fixed.setdefault(summed, _sequence(summed, tp, entry) if sp else Replicate())
             else:
                 what = {"colwise": "a matmul's weight", "rowwise": "a matmul's weight",
+                        "fused_colwise": "a matmul's weight",
                         "vocab": "an embedding table (or a head multiplying by it)"}
                 raise ConfigError(f"{entry.where}: {entry.style} needs %{name} to be "
                                   f"{what[entry.style]}, but op %{op.name} = {op.op_type} reads "
@@ -156,6 +199,12 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
                               f"dims ({sorted(dims)}); it can be split along one")
         dim = dims.pop()
         size = v.type.shape[dim]
+        if len(blocks) > 1:
+            raise ConfigError(f"{entry.where}: the products of %{name} are split into "
+                              f"different blocks ({sorted(blocks)})")
+        if blocks:
+            fixed[v] = BlockShard(dim, blocks.pop())
+            continue
         if size % tp:
             raise ConfigError(f"{entry.where}: --tp {tp} does not divide dim {dim} of %{name} "
                               f"(size {size}), which {entry.style} splits")

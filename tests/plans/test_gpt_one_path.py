@@ -6,7 +6,7 @@ Without tensor parallelism the two are the same program, printed op for op
 memory to the byte. With it both train the same model (the reference
 executor, float64, against the one-device step) and their programs differ
 exactly where the module docstring of :mod:`distsim.models.gpt_generic`
-says: the fused QKV projection and the loss."""
+says."""
 import sys
 from collections import Counter
 from pathlib import Path
@@ -128,49 +128,41 @@ def test_with_tensor_parallelism_the_differences_are_the_documented_ones(sp):
     c = GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8, global_batch=2,
                   micro_batch=2, dropout=0.0)
     hand, generic = _both(c, sp)
-    # the fused QKV projection: its product (2 x 8 x 32 over 2 ranks) and the attention's
-    # context (batch 1 of 2 per rank) gathered; the loss: the logits (2 x 8 x 32) gathered and
-    # the scalar loss of each rank's half of the batch summed
-    only_generic = Counter({(AG, None, (2, 8, 32)): 2, (AG, None, (2, 8, 16)): 1,
-                            (AR, "sum", ()): 1})
+    # the loss: the logits (2 x 8 x 32) gathered and the scalar loss of each rank's half of
+    # the batch summed
+    only_generic = Counter({(AG, None, (2, 8, 32)): 1, (AR, "sum", ()): 1})
     assert generic - hand == only_generic
     assert hand - generic == VOCAB_PARALLEL_LOSS
     shared = hand - VOCAB_PARALLEL_LOSS
     # the rest is the same: the embedding's sum and the two row-parallel layers' sums
-    # (reduce-scattered along the sequence with sp, whose norms gather it again)
+    # (reduce-scattered along the sequence with sp, whose norms gather it again); the fused
+    # QKV projection is split block by block, so its split stays local
     if sp:
         assert shared == Counter({(RS, "sum", (2, 4, 16)): 3, (AG, None, (2, 8, 16)): 3})
     else:
         assert shared == Counter({(AR, "sum", (2, 8, 16)): 3})
     # how the parameters are split, (dim, blocks) or None for whole: the QKV weight and bias
-    # by blocks of q (16), k (8) and v (8) by hand, as one block by the plan; with sp the
-    # plan splits the position table along the sequence (the builder keeps it whole and adds
-    # a tp-th of it to each rank's partial sum)
-    differ = {"l0_wqkv": ((1, (16, 8, 8)), (1, (32,))),
-              "l0_bqkv": ((0, (16, 8, 8)), (0, (32,)))}
-    if sp:
-        differ["wpe"] = (None, (0, (8,)))
-    assert _shards(c, sp) == differ
+    # alike, by blocks of q (16), k (8) and v (8); with sp the plan splits the position table
+    # along the sequence (the builder keeps it whole and adds a tp-th of it to each rank's
+    # partial sum)
+    assert _shards(c, sp) == ({"wpe": (None, (0, (8,)))} if sp else {})
+    one = gpt_forward(c, micro_batch=2)
+    styles = {e.pattern: e.style for e in megatron_plan(one).entries}
+    assert styles["l0_wqkv"] == "fused_colwise" and styles["l0_w1"] == "colwise"
 
 
-def test_a_llama_layer_differs_in_its_gate_and_up_projection_and_its_head_too():
+def test_a_llama_layer_differs_in_its_head():
     """SwiGLU (ffn 64) and an output layer of its own: the fused gate/up
-    projection is split contiguously as QKV is, and the plan leaves the
+    projection is split block by block as QKV is; the plan leaves the
     untied output layer whole on every rank (no pair, no tied table)."""
     c = GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8, global_batch=2,
                   micro_batch=2, dropout=0.0, norm="rmsnorm", activation="swiglu",
                   position="rope", bias=False, tied_embeddings=False)
     hand, generic = _both(c, False)
-    # QKV's product and the attention's context as above; the gate/up product (2 x 8 x 128)
-    # gathered, and the gated activation (batch 1 of 2 per rank, 64 features) gathered again
-    # before the row-parallel second projection
-    assert generic - hand == Counter({(AG, None, (2, 8, 32)): 1, (AG, None, (2, 8, 16)): 1,
-                                      (AG, None, (2, 8, 128)): 1, (AG, None, (2, 8, 64)): 1})
+    assert generic - hand == Counter()
     # whole logits on every rank: the loss needs no collective at all
     assert hand - generic == VOCAB_PARALLEL_LOSS
-    assert _shards(c, False) == {"l0_wqkv": ((1, (16, 8, 8)), (1, (32,))),
-                                 "l0_w1": ((1, (64, 64)), (1, (128,))),
-                                 "lm_head": ((0, (32,)), None)}
+    assert _shards(c, False) == {"lm_head": ((0, (32,)), None)}
 
 
 AG, RS, AR = "spmd.allgather", "spmd.reducescatter", "spmd.allreduce"

@@ -20,7 +20,11 @@ def plan_file(tmp_path, text):
     ('parameters:\n  "b0": colwise\n', ["--tp", "2"],
      "parameters: 'b0': colwise needs %b0 to be a matmul's weight, but op %h0.1 = add reads it"),
     ('parameters:\n  "w0": diagonal\n', ["--tp", "2"],
-     "parameters: 'w0': style must be one of colwise, rowwise, vocab, replicate, got 'diagonal'"),
+     "parameters: 'w0': style must be one of colwise, fused_colwise, rowwise, vocab, replicate, "
+     "got 'diagonal'"),
+    ('parameters:\n  "w0": fused_colwise\n', ["--tp", "2"],
+     "parameters: 'w0': fused_colwise needs the product %h0 split into its blocks along the "
+     "features"),
     ('parameter:\n  "w0": colwise\n', ["--tp", "2"], "unknown field 'parameter'"),
     ('parameters: [1, 2\n', ["--tp", "2"], "malformed YAML"),
     ('parameters:\n  "w*": colwise\ncuts: [a0, a0]\n', ["--pp", "2"],
