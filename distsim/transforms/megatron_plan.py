@@ -18,6 +18,11 @@ found in any forward program by its structure.
   vocabulary-parallel; so is the output layer's own copy of it where
   pipeline stages untie the two (``meta["tied"]``).
 
+- *Output layers*: a linear layer whose result is the logits of the loss
+  (``cross_entropy``, through a bias or mask), its weight read by nothing
+  else, is column-wise -- split over the vocabulary (an untied head), the
+  loss then vocabulary-parallel (:mod:`.sharding.vocab_loss`).
+
 Everything else is left to propagation (biases follow their layers; a
 linear in no pair, such as an MLP's odd last layer, stays replicated).
 """
@@ -27,7 +32,7 @@ from typing import Dict, List, Optional, Set
 
 from ..ir.core import Function, Op, Value
 from .plans import Plan, PlanEntry
-from .tensor_parallel import product_split
+from .tensor_parallel import past_elementwise, product_split
 
 #: ops that mix a tensor's features or end the step: a pair stops before them
 BLOCKING = frozenset({"layernorm", "rmsnorm", "mse_loss", "cross_entropy"})
@@ -100,6 +105,13 @@ class _Structure:
         order = {id(o): i for i, o in enumerate(self.f.ops)}
         return sorted(found, key=lambda o: order[id(o)])
 
+    def feeds_loss(self, op: Op) -> bool:
+        """Whether ``op``'s result is the logits of a ``cross_entropy`` (through
+        single-reader element-wise ops: a bias, a mask): an output layer."""
+        u, v = past_elementwise(self.users, op.outputs[0])
+        return u is not None and u.op_type == "cross_entropy" and u.inputs[0] is v \
+            and v not in self.outputs
+
     def feeding(self, rows: List[Op]) -> Optional[List[Op]]:
         """The linear layers whose results reach the inputs of ``rows``
         through feature-keeping ops; None past a blocking op."""
@@ -161,6 +173,9 @@ def megatron_plan(f: Function) -> Plan:
     for op in f.ops:
         w = s.weight.get(id(op))
         if w is None or w.name in styles:
+            continue
+        if s.feeds_loss(op) and len(s.users[w]) == 1:
+            styles[w.name] = "colwise"
             continue
         rows = s.reached(op)
         if not rows:

@@ -20,7 +20,10 @@ step and a plan in, the SPMD template of one tensor-parallel rank out.
    plan leaves out too when it is read with a planned layer's product, a
    bias; otherwise it is replicated), and ``redistribute`` ops appear where
    placements change. Row lookups written as ``gather`` become
-   ``embedding`` ops first, whose rule knows vocabulary shards;
+   ``embedding`` ops first, whose rule knows vocabulary shards; a
+   ``cross_entropy`` of the product of an output layer split over the
+   vocabulary is written as Megatron's vocabulary-parallel loss
+   (:mod:`.sharding.vocab_loss`);
 3. :mod:`.spmd_template` writes the program of one rank: local shapes,
    SPMD collectives, per-rank attributes, ``spmd.copy`` where gradients
    are shares.
@@ -46,6 +49,7 @@ from ..ir.types import TensorType
 from ..ir.verifier import verify
 from .plans import Plan, PlanEntry
 from .sharding import propagate, verify_sharded
+from .sharding.vocab_loss import vocab_parallel_cross_entropy, vocab_sharded_losses
 from .spmd_template import spmd_template
 
 AXIS = "tp"
@@ -118,22 +122,29 @@ def _sequence(v: Value, tp: int, entry: PlanEntry) -> Placement:
     return Shard(dim)
 
 
-def product_split(f: Function, users, op: Op) -> Optional[Op]:
-    """The ``split`` of ``op``'s result along its last dim, reached through
-    single-reader element-wise ops (a bias); None when there is none."""
-    v = op.outputs[0]
+def past_elementwise(users, v: Value) -> Tuple[Optional[Op], Value]:
+    """The reader of ``v`` past single-reader, shape-keeping element-wise ops
+    (a bias, a mask), and the value it reads; (None, ...) where ``v`` or a
+    value on the way has no reader or several."""
     while True:
         readers = users.get(v, [])
         if len(readers) != 1:
-            return None
+            return None, v
         u = readers[0]
-        if u.op_type == "split":
-            axis = int(u.attrs["axis"]) % v.type.rank
-            return u if axis == v.type.rank - 1 and u.inputs[0] is v else None
         if not (is_registered(u.op_type) and lookup(u.op_type).elementwise) \
                 or len(u.outputs) != 1 or u.outputs[0].type.shape != v.type.shape:
-            return None
+            return u, v
         v = u.outputs[0]
+
+
+def product_split(f: Function, users, op: Op) -> Optional[Op]:
+    """The ``split`` of ``op``'s result along its last dim, reached through
+    single-reader element-wise ops (a bias); None when there is none."""
+    u, v = past_elementwise(users, op.outputs[0])
+    if u is None or u.op_type != "split" or u.inputs[0] is not v \
+            or int(u.attrs["axis"]) % v.type.rank != v.type.rank - 1:
+        return None
+    return u
 
 
 def _fused_blocks(f: Function, users, op: Op, tp: int, entry: PlanEntry) -> Tuple[int, ...]:
@@ -263,6 +274,10 @@ def place(forward: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool) ->
     loss = forward.meta.get("loss")
     if loss is not None:
         fixed.setdefault(f.value_by_name(loss), Replicate())
+    for op in vocab_sharded_losses(f, fixed):
+        # logits split over the vocabulary: Megatron's loss on the shards
+        for v in vocab_parallel_cross_entropy(f, op):
+            fixed[v] = Replicate()
     for _ in range(len(params) + 1):
         for v, pl in fixed.items():
             v.type = DTensorType(v.type.shape, v.type.dtype, mesh, [pl])

@@ -81,6 +81,38 @@ def test_without_tensor_parallelism_the_programs_are_the_same(case):
     assert all(peak > 0 for peak in runs[0].peak_memory().values())
 
 
+#: tensor parallelism where the two are the same program: the fused projections split block
+#: by block, Megatron's vocabulary-parallel loss, an untied output layer split over the
+#: vocabulary
+WITH_TP = [
+    (SMALL, dict(tp=2)),
+    (SMALL, dict(dp=2, tp=2, pp=2, zero=1)),
+    (SMALL, dict(tp=2, pp=2, microbatches=2, recompute="selective")),
+    (dict(SMALL, attention="fused"), dict(tp=2, dp=2, zero=3)),
+    (LLAMA, dict(tp=2)),
+    (LLAMA, dict(tp=2, sp=True)),
+    (LLAMA, dict(dp=2, tp=2, pp=2, sp=True, zero=2, recompute="full")),
+]
+
+
+@pytest.mark.parametrize("case", WITH_TP, ids=_id)
+def test_with_tensor_parallelism_the_programs_are_the_same(case):
+    """Op for op (types, shapes, devices, attributes, collectives and so
+    bytes; only the names of values differ), the same meta, step time and
+    per-device peak memory to the byte."""
+    config, kw = case
+    hand = build_gpt(config, _strategy(**kw))
+    generic = build_gpt_generic(config, _strategy(**kw))
+    assert generic.structural_key() == hand.structural_key()
+    for key in ("io", "param_shards", "microbatches", "optimizer"):
+        assert generic.meta.get(key) == hand.meta.get(key), key
+    topo = load_topology("dgx-a100")
+    runs = [simulate_function(p, topo, options=SimulationOptions(network_mode="analytical"))
+            for p in (hand, generic)]
+    assert runs[1].step_time_s == runs[0].step_time_s > 0
+    assert runs[1].peak_memory() == runs[0].peak_memory()
+
+
 class GenericReference(Reference):
     """The tiny GPT's one-device step; ``lower`` takes the generic path."""
 
@@ -94,6 +126,14 @@ class GenericReference(Reference):
 @pytest.fixture(scope="module")
 def generic_reference():
     return GenericReference()
+
+
+@pytest.fixture(scope="module")
+def generic_llama():
+    """Llama's block: SwiGLU's fused gate/up split block by block, an untied
+    output layer split over the vocabulary, the vocabulary-parallel loss."""
+    return GenericReference(norm="rmsnorm", activation="swiglu", position="rope", bias=False,
+                            tied_embeddings=False)
 
 
 @pytest.mark.parametrize("strategy", [
@@ -114,6 +154,17 @@ def test_with_tensor_parallelism_both_train_the_one_device_model(generic_referen
         np.testing.assert_allclose(by_plan[name], value, **TOLERANCE, err_msg=name)
 
 
+@pytest.mark.parametrize("strategy", [
+    dict(tp=2),
+    dict(dp=2, tp=2, pp=2, sp=True, zero=1, recompute="selective"),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_a_llama_block_with_tensor_parallelism_trains_the_one_device_model(generic_llama,
+                                                                           strategy):
+    program = generic_llama.check(**strategy)
+    assert program.meta["param_shards"]["lm_head"] == (0, (32,))
+    assert program.meta["param_shards"]["l0_w1"] == (1, (64, 64))
+
+
 def _collectives(f):
     """(kind, reduction, result shape) -> how many, of ``f``'s SPMD collectives."""
     return Counter((op.op_type, op.attrs.get("reduce_op"), op.outputs[0].type.shape)
@@ -121,48 +172,24 @@ def _collectives(f):
                    if op.op_type in ("spmd.allreduce", "spmd.allgather", "spmd.reducescatter"))
 
 
-@pytest.mark.parametrize("sp", [False, True])
-def test_with_tensor_parallelism_the_differences_are_the_documented_ones(sp):
+def test_with_sequence_parallelism_the_learned_position_table_is_the_difference():
     """One layer, micro-batch 2, seq 8, hidden 16, 4 heads over 2 kv heads,
-    vocab 32, tp 2: the forward of one rank, collective by collective."""
+    vocab 32, tp 2 with sp: the forward of one rank, collective by
+    collective, and how the parameters are split."""
     c = GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8, global_batch=2,
                   micro_batch=2, dropout=0.0)
-    hand, generic = _both(c, sp)
-    # the loss: the logits (2 x 8 x 32) gathered and the scalar loss of each rank's half of
-    # the batch summed
-    only_generic = Counter({(AG, None, (2, 8, 32)): 1, (AR, "sum", ()): 1})
-    assert generic - hand == only_generic
-    assert hand - generic == VOCAB_PARALLEL_LOSS
-    shared = hand - VOCAB_PARALLEL_LOSS
-    # the rest is the same: the embedding's sum and the two row-parallel layers' sums
-    # (reduce-scattered along the sequence with sp, whose norms gather it again); the fused
-    # QKV projection is split block by block, so its split stays local
-    if sp:
-        assert shared == Counter({(RS, "sum", (2, 4, 16)): 3, (AG, None, (2, 8, 16)): 3})
-    else:
-        assert shared == Counter({(AR, "sum", (2, 8, 16)): 3})
-    # how the parameters are split, (dim, blocks) or None for whole: the QKV weight and bias
-    # alike, by blocks of q (16), k (8) and v (8); with sp the plan splits the position table
-    # along the sequence (the builder keeps it whole and adds a tp-th of it to each rank's
-    # partial sum)
-    assert _shards(c, sp) == ({"wpe": (None, (0, (8,)))} if sp else {})
+    hand, generic = _both(c, True)
+    # the same collectives: the loss's three all-reduces, the embedding's and the two
+    # row-parallel layers' sums reduce-scattered along the sequence, the norms' gathers
+    assert generic == hand == VOCAB_PARALLEL_LOSS + Counter(
+        {(RS, "sum", (2, 4, 16)): 3, (AG, None, (2, 8, 16)): 3})
+    # (dim, blocks) or None for whole, where the two differ: the plan splits the position
+    # table along the sequence and adds each rank's rows after the reduce-scatter (the builder
+    # keeps it whole and adds a tp-th of it to each rank's partial sum)
+    assert _shards(c, True) == {"wpe": (None, (0, (8,)))}
     one = gpt_forward(c, micro_batch=2)
     styles = {e.pattern: e.style for e in megatron_plan(one).entries}
     assert styles["l0_wqkv"] == "fused_colwise" and styles["l0_w1"] == "colwise"
-
-
-def test_a_llama_layer_differs_in_its_head():
-    """SwiGLU (ffn 64) and an output layer of its own: the fused gate/up
-    projection is split block by block as QKV is; the plan leaves the
-    untied output layer whole on every rank (no pair, no tied table)."""
-    c = GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8, global_batch=2,
-                  micro_batch=2, dropout=0.0, norm="rmsnorm", activation="swiglu",
-                  position="rope", bias=False, tied_embeddings=False)
-    hand, generic = _both(c, False)
-    assert generic - hand == Counter()
-    # whole logits on every rank: the loss needs no collective at all
-    assert hand - generic == VOCAB_PARALLEL_LOSS
-    assert _shards(c, False) == {"lm_head": ((0, (32,)), None)}
 
 
 AG, RS, AR = "spmd.allgather", "spmd.reducescatter", "spmd.allreduce"
