@@ -83,6 +83,10 @@ class TensorParallel:
             if loss is not None:
                 index = [v.name for v in forward.outputs].index(loss)
                 template.meta["loss"] = template.outputs[index].name
+            consts = template.meta.get("consts") or {}
+            for v in template.inputs:
+                if consts.get(v.name, {}).get("kind") == "vocab_pad":
+                    consts[v.name] = dict(consts[v.name], shard=v.type.shape[0])
             shards = {}
             for v in main.inputs:
                 pl = v.type.placements[0]
@@ -147,6 +151,27 @@ def product_split(f: Function, users, op: Op) -> Optional[Op]:
     return u
 
 
+def _past_positions(f: Function, users, v: Value) -> Value:
+    """The lookup ``v`` plus what is added to it that does not depend on the
+    data (a learned position table): with sequence parallelism the partial
+    lookups and a share of the table are summed and reduce-scattered
+    together, and the table stays whole (Megatron's, and the GPT builder's,
+    layout)."""
+    data = {x for x in f.inputs if f.meta.get("roles", {}).get(x.name) == "data"}
+    for op in f.ops:
+        if any(x in data for x in op.inputs):
+            data.update(op.outputs)
+    while True:
+        readers = users.get(v, [])
+        if len(readers) != 1 or readers[0].op_type != "add":
+            return v
+        add = readers[0]
+        other = [x for x in add.inputs if x is not v]
+        if len(other) != 1 or other[0] in data or add.outputs[0].type.shape != v.type.shape:
+            return v
+        v = add.outputs[0]
+
+
 def _fused_blocks(f: Function, users, op: Op, tp: int, entry: PlanEntry) -> Tuple[int, ...]:
     """The blocks of the fused weight ``op`` multiplies by: the sizes of
     the split of its product; ConfigError naming ``entry`` when there is no
@@ -185,8 +210,11 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
             if entry.style == "vocab" and op.op_type in ("embedding", "gather") \
                     and op.inputs[0] is v and int(op.attrs.get("axis", 0)) == 0:
                 dims.add(0)
-                summed = op.outputs[0]
-                fixed.setdefault(summed, _sequence(summed, tp, entry) if sp else Replicate())
+                if sp:
+                    summed = _past_positions(f, users, op.outputs[0])
+                    fixed.setdefault(summed, _sequence(summed, tp, entry))
+                else:
+                    fixed.setdefault(op.outputs[0], Replicate())
             elif out_dim is not None and entry.style in ("colwise", "fused_colwise", "vocab"):
                 dims.add(out_dim)
                 inputs_replicated.append(op.inputs[0])
@@ -266,6 +294,15 @@ def place(forward: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool) ->
     params = set(forward.meta["params"])
     attached = attached_params(f, {v for v, pl in fixed.items()
                                    if v.name in params and not isinstance(pl, Replicate)})
+    for name, spec in (forward.meta.get("consts") or {}).items():
+        if spec.get("kind") == "vocab_pad":
+            # the padded vocabulary's mask lies as the vocabulary does: each
+            # rank holds its shard's entries (``shard`` per rank, see __call__)
+            v = f.value_by_name(name)
+            if v.type.shape[0] % tp:
+                raise ConfigError(f"tensor parallelism: --tp {tp} does not divide the "
+                                  f"{v.type.shape[0]} entries of the vocabulary mask %{name}")
+            fixed[v] = Shard(0)
     for v in f.inputs:
         if v not in fixed and (v.name not in params or v not in attached):
             # data and constants: every rank reads the whole batch; a parameter

@@ -3,12 +3,13 @@ plan on the generic path (:mod:`distsim.models.gpt_generic`).
 
 Without tensor parallelism the two are the same program, printed op for op
 (collectives, shapes and so bytes included), with the same step time and
-memory to the byte. With it both train the same model (the reference
-executor, float64, against the one-device step) and their programs differ
-exactly where the module docstring of :mod:`distsim.models.gpt_generic`
-says."""
+memory to the byte. With it they are the same program up to the names of
+values, with the same step time and memory, and both train the one-device
+model (the reference executor, float64); what still differs is what the
+module docstring of :mod:`distsim.models.gpt_generic` says."""
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,6 @@ from distsim.text import print_function
 from distsim.topology import load_topology
 from distsim.transforms.megatron_plan import megatron_plan
 from distsim.transforms.strategy import Strategy
-from distsim.transforms.tensor_parallel import TensorParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategies"))
 from gpt_reference import TOLERANCE, Reference  # noqa: E402
@@ -81,17 +81,22 @@ def test_without_tensor_parallelism_the_programs_are_the_same(case):
     assert all(peak > 0 for peak in runs[0].peak_memory().values())
 
 
-#: tensor parallelism where the two are the same program: the fused projections split block
-#: by block, Megatron's vocabulary-parallel loss, an untied output layer split over the
-#: vocabulary
+#: tensor (and sequence) parallelism, where the two are the same program: the fused
+#: projections split block by block, Megatron's vocabulary-parallel loss, an untied output
+#: layer split over the vocabulary, a padded vocabulary, the position table with sp
 WITH_TP = [
     (SMALL, dict(tp=2)),
     (SMALL, dict(dp=2, tp=2, pp=2, zero=1)),
     (SMALL, dict(tp=2, pp=2, microbatches=2, recompute="selective")),
     (dict(SMALL, attention="fused"), dict(tp=2, dp=2, zero=3)),
+    (SMALL, dict(tp=2, sp=True)),
+    (dict(SMALL, dropout=0.0), dict(dp=2, tp=2, pp=2, sp=True, zero=3, recompute="full")),
     (LLAMA, dict(tp=2)),
     (LLAMA, dict(tp=2, sp=True)),
     (LLAMA, dict(dp=2, tp=2, pp=2, sp=True, zero=2, recompute="full")),
+    # a vocabulary tp does not divide: padded (Megatron's way, to a multiple of tp) and masked
+    (dict(SMALL, vocab=63), dict(tp=2)),
+    (dict(LLAMA, vocab=63), dict(dp=2, tp=2, pp=2, zero=1)),
 ]
 
 
@@ -165,52 +170,71 @@ def test_a_llama_block_with_tensor_parallelism_trains_the_one_device_model(gener
     assert program.meta["param_shards"]["l0_w1"] == (1, (64, 64))
 
 
-def _collectives(f):
-    """(kind, reduction, result shape) -> how many, of ``f``'s SPMD collectives."""
-    return Counter((op.op_type, op.attrs.get("reduce_op"), op.outputs[0].type.shape)
-                   for op in f.ops
-                   if op.op_type in ("spmd.allreduce", "spmd.allgather", "spmd.reducescatter"))
+@pytest.fixture(scope="module")
+def generic_padded():
+    """A vocabulary of 31: padded to 32 for tp 2, the padding masked out."""
+    return GenericReference(vocab=31)
 
 
-def test_with_sequence_parallelism_the_learned_position_table_is_the_difference():
-    """One layer, micro-batch 2, seq 8, hidden 16, 4 heads over 2 kv heads,
-    vocab 32, tp 2 with sp: the forward of one rank, collective by
-    collective, and how the parameters are split."""
-    c = GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8, global_batch=2,
-                  micro_batch=2, dropout=0.0)
-    hand, generic = _both(c, True)
-    # the same collectives: the loss's three all-reduces, the embedding's and the two
-    # row-parallel layers' sums reduce-scattered along the sequence, the norms' gathers
-    assert generic == hand == VOCAB_PARALLEL_LOSS + Counter(
-        {(RS, "sum", (2, 4, 16)): 3, (AG, None, (2, 8, 16)): 3})
-    # (dim, blocks) or None for whole, where the two differ: the plan splits the position
-    # table along the sequence and adds each rank's rows after the reduce-scatter (the builder
-    # keeps it whole and adds a tp-th of it to each rank's partial sum)
-    assert _shards(c, True) == {"wpe": (None, (0, (8,)))}
-    one = gpt_forward(c, micro_batch=2)
-    styles = {e.pattern: e.style for e in megatron_plan(one).entries}
-    assert styles["l0_wqkv"] == "fused_colwise" and styles["l0_w1"] == "colwise"
+@pytest.mark.parametrize("strategy", [
+    dict(tp=2),
+    dict(dp=2, tp=2, pp=2, sp=True, zero=3),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_a_padded_vocabulary_trains_the_one_device_model(generic_padded, strategy):
+    program = generic_padded.check(**strategy)
+    assert program.meta["param_global_shapes"]["wte"] == (32, 16)
+    assert program.meta["param_unpadded"]["wte"] == 31
+    hand = Reference.lower(generic_padded, **strategy)
+    assert program.structural_key() == hand.structural_key()
 
 
-AG, RS, AR = "spmd.allgather", "spmd.reducescatter", "spmd.allreduce"
-#: Megatron's vocabulary-parallel cross entropy: the row maximum, the sum of exponentials and
-#: the label's logit of micro-batch 2 x seq 8, all-reduced over the vocabulary shards
-VOCAB_PARALLEL_LOSS = Counter({(AR, "max", (2, 8, 1)): 1, (AR, "sum", (2, 8)): 2})
+def _ops(f):
+    """The ops of ``f`` as a multiset: type, attributes, operand and result
+    types (not names, not order)."""
+    return Counter((op.op_type, tuple(sorted(op.attrs.items())), tuple(v.type for v in op.inputs),
+                    tuple(v.type for v in op.outputs)) for op in f.ops)
 
 
-def _both(c: GPTConfig, sp: bool):
-    """The SPMD collectives of one rank's forward at tp 2: the hand-written
-    builder's and the megatron plan's."""
-    one = gpt_forward(c, micro_batch=2)
-    return (_collectives(gpt_forward(c, tp=2, sp=sp, micro_batch=2)),
-            _collectives(TensorParallel(megatron_plan(one), 2, sp)(one)))
+def test_a_position_table_longer_than_the_sequence_is_the_difference():
+    """32 learned positions, sequence 16 (the step uses the first 16 rows):
+    without sp the same ops, in another order (the plan slices the table
+    after the embedding's all-reduce), and the same step time and memory;
+    with sp the builder all-reduces the gradient of the whole table (a copy
+    of it before the slice), the plan that of the 16 rows used (a copy of
+    the slice)."""
+    config = dict(SMALL, positions=32)
+    topo = load_topology("dgx-a100")
+    for sp in (False, True):
+        hand = build_gpt(config, _strategy(tp=2, sp=sp))
+        generic = build_gpt_generic(config, _strategy(tp=2, sp=sp))
+        if not sp:
+            assert generic.structural_key() != hand.structural_key()
+            assert _ops(generic) == _ops(hand)
+            runs = [simulate_function(p, topo,
+                                      options=SimulationOptions(network_mode="analytical"))
+                    for p in (hand, generic)]
+            assert runs[1].step_time_s == runs[0].step_time_s
+            assert runs[1].peak_memory() == runs[0].peak_memory()
+            continue
+        reduced = {k: n for k, n in (_ops(hand) - _ops(generic)).items()
+                   if k[0] == "comm.allreduce"}
+        assert [k[3][0].shape for k in reduced] == [(32, 32)]
+        reduced = {k: n for k, n in (_ops(generic) - _ops(hand)).items()
+                   if k[0] == "comm.allreduce"}
+        assert [k[3][0].shape for k in reduced] == [(16, 32)]
 
 
-def _shards(c: GPTConfig, sp: bool):
-    """name -> (the builder's split, the plan's) of the parameters split
-    differently at tp 2 (``param_shards``; None: whole on every rank)."""
-    hand = gpt_forward(c, tp=2, sp=sp, micro_batch=2).meta["param_shards"]
-    one = gpt_forward(c, micro_batch=2)
-    plan = TensorParallel(megatron_plan(one), 2, sp)(one).meta["param_shards"]
-    return {k: (hand.get(k), plan.get(k)) for k in set(hand) | set(plan)
-            if hand.get(k) != plan.get(k)}
+@pytest.mark.parametrize("config", [SMALL, LLAMA], ids=lambda c: c["name"])
+def test_the_megatron_plan_of_a_gpt_layer(config):
+    """The styles the plan finds in one layer: the fused QKV and (SwiGLU's)
+    gate/up projections block by block, an untied output layer over the
+    vocabulary; biases and norms are left to propagation."""
+    c = GPTConfig(**{k: v for k, v in config.items() if k not in ("family", "name")})
+    c = replace(c, layers=1)
+    styles = {e.pattern: e.style for e in megatron_plan(gpt_forward(c)).entries}
+    want = {"wte": "vocab", "l0_wqkv": "fused_colwise", "l0_wo": "rowwise",
+            "l0_w1": "fused_colwise" if c.activation == "swiglu" else "colwise",
+            "l0_w2": "rowwise"}
+    if not c.tied_embeddings:
+        want["lm_head"] = "colwise"
+    assert styles == want
