@@ -6,6 +6,10 @@ given. A :class:`DTensorType` is a tensor of a global ``shape`` laid out
 over a mesh with one placement per mesh axis:
 
 - ``Shard(d)``: tensor dim ``d`` is split over the axis (``S(d)`` in text);
+- ``BlockShard(d, blocks)``: dim ``d`` is several tensors side by side (a
+  fused weight's blocks, e.g. query, key and value), each block split over
+  the axis: a device holds its part of every block, in block order
+  (``S(d|16,8,8)``; Megatron's layout of a fused projection);
 - ``Replicate()``: every device of the axis holds the whole (``R``);
 - ``Partial(op)``: every device holds a term; the value is their reduction
   (``P(sum)``, ``P(max)``, ...).
@@ -180,6 +184,20 @@ class Shard(Placement):
 
 
 @dataclass(frozen=True)
+class BlockShard(Shard):
+    """Dim ``dim`` made of ``blocks`` (sizes, summing to the dim), each split
+    evenly over the axis; a device's piece is its part of every block, in
+    block order. Its local length is that of an even ``Shard``; only ops
+    that keep the dim's coordinates (and a ``split`` into the blocks) read
+    it, and it is never redistributed."""
+
+    blocks: Tuple[int, ...] = ()
+
+    def print_text(self) -> str:
+        return f"S({self.dim}|{','.join(map(str, self.blocks))})"
+
+
+@dataclass(frozen=True)
 class Replicate(Placement):
     def print_text(self) -> str:
         return "R"
@@ -282,6 +300,14 @@ def check_placements(shape: Sequence[int], mesh: DeviceMesh, placements: Sequenc
             raise VerifyError(f"{what}: Shard({p.dim}) on axis '{mesh.axis_names[axis]}' names a "
                               f"dim the rank-{len(shape)} tensor does not have "
                               "(rule: shard dim exists)")
+        if isinstance(p, BlockShard):
+            n = mesh.shape[axis]
+            if sum(p.blocks) != shape[p.dim] or any(b % n for b in p.blocks) \
+                    or len(shard_dims(placements, p.dim)) != 1:
+                raise VerifyError(f"{what}: {p.print_text()} on axis '{mesh.axis_names[axis]}' "
+                                  f"(size {n}) does not fit dim {p.dim} of size {shape[p.dim]} "
+                                  "(rule: blocks sum to the dim, each divisible by the axis, "
+                                  "one axis per blocked dim)")
     for d, size in enumerate(shape):
         # every piece at every nesting level: with uneven splits the smallest
         # piece of one level is what the next axis must still cover
@@ -319,4 +345,9 @@ def parse_placement(text: str) -> Placement:
         return Partial(t[2:-1])
     if t.startswith("S(") and t.endswith(")") and t[2:-1].lstrip("-").isdigit():
         return Shard(int(t[2:-1]))
-    raise VerifyError(f"bad placement '{text}' (expected S(d), R or P(op))")
+    if t.startswith("S(") and t.endswith(")") and "|" in t:
+        dim, _, blocks = t[2:-1].partition("|")
+        sizes = blocks.split(",")
+        if dim.isdigit() and sizes and all(b.isdigit() for b in sizes):
+            return BlockShard(int(dim), tuple(int(b) for b in sizes))
+    raise VerifyError(f"bad placement '{text}' (expected S(d), S(d|blocks), R or P(op))")

@@ -246,10 +246,11 @@ def check_tensor_parallel(config: GPTConfig, tp: int, sp: bool) -> None:
 
 class _GPTBuilder:
     def __init__(self, config: GPTConfig, tp: int, sp: bool, micro_batch: int,
-                 device: Optional[int], untie: bool) -> None:
+                 device: Optional[int], untie: bool, pad_for: Optional[int] = None) -> None:
         check_tensor_parallel(config, tp, sp)
         self.c = config
         self.tp = tp
+        self.vocab = padded_vocab(config, pad_for or tp)
         self.sp = sp and tp > 1
         self.mb = micro_batch
         self.device = device
@@ -335,7 +336,7 @@ class _GPTBuilder:
     def embed(self, ids: Value) -> Value:
         c, tp = self.c, self.tp
         self.layer = -1
-        vocab = padded_vocab(c, tp)
+        vocab = self.vocab
         wte = self.param("wte", (vocab, c.hidden), dim=0)
         if vocab != c.vocab:
             self.unpadded["wte"] = c.vocab
@@ -435,7 +436,7 @@ class _GPTBuilder:
     def head(self, x: Value, labels: Value) -> Value:
         c, tp = self.c, self.tp
         self.layer = c.layers
-        vocab = padded_vocab(c, tp)
+        vocab = self.vocab
         h = self.norm(x, "lnf")
         h = self.enter_parallel(h, "head_in")
         if c.tied_embeddings and not self.untie:
@@ -497,10 +498,12 @@ class _GPTBuilder:
 
 def gpt_forward(config: GPTConfig, tp: int = 1, sp: bool = False,
                 micro_batch: Optional[int] = None, device: Optional[int] = 0,
-                untie: bool = False) -> Function:
+                untie: bool = False, pad_for: Optional[int] = None) -> Function:
     """Forward pass and loss of one micro-batch on one tensor-parallel rank
     (see the module docstring). ``untie``: give the output layer its own
-    copy of a tied embedding (``meta["tied"]``), as pipeline stages do."""
+    copy of a tied embedding (``meta["tied"]``), as pipeline stages do.
+    ``pad_for``: pad the vocabulary as for that many tensor-parallel ranks
+    (default ``tp``): the one-device model that a plan splits over them."""
     mb = micro_batch if micro_batch is not None else config.micro_batch
     _positive("micro_batch", mb)
-    return _GPTBuilder(config, tp, sp, mb, device, untie).build()
+    return _GPTBuilder(config, tp, sp, mb, device, untie, pad_for).build()

@@ -6,45 +6,31 @@ uses, and that the sweep's estimator profiles (``distsim/estimate/profile.py``
 builds one rank's step with ``gpt_forward(tp=...)`` and ``build_gpt_step``,
 so the builder stays until the estimator profiles the generic path).
 
-The two agree to the op wherever tensor parallelism is off: data and
+Without tensor parallelism the two print the same program: data and
 pipeline parallelism, ZeRO 1-3, every schedule, recomputation, both
-optimizers (``tests/plans/test_gpt_one_path.py`` compares the printed
-programs and the simulated step time and memory). With ``tp > 1`` both
-train the same model (the reference executor checks each against the
-one-device step, and the two against each other), but their programs
-differ where the sharding layer has no Megatron-specific rule yet:
+optimizers. With ``tp`` (and ``sp``) they are the same program up to the
+names of values -- the same ops, shapes, attributes and collectives, so
+the same step time and memory -- and train the same model (the reference
+executor, float64). The plan gives Megatron's layout by structure:
+fused projections split block by block (query, key and value; SwiGLU's
+gate and up: ``fused_colwise``, so the split after the product stays
+local and attention runs on a head shard), the vocabulary-parallel
+embedding (and the output layer's own copy of a tied table under
+pipeline parallelism), an untied output layer split over the vocabulary,
+the vocabulary-parallel cross entropy
+(:mod:`~distsim.transforms.sharding.vocab_loss`), the column/row pairs of
+the MLP and of the attention output, replicated norms, and with ``sp``
+the partial lookups and a tp-th of the learned position table
+reduce-scattered together. A vocabulary that tp does not divide is padded
+as the builder pads it (``gpt_forward(pad_for=tp)``: a multiple of tp,
+a mask keeps the padding out of the softmax).
 
-- *fused projections*: the builder splits each block of a fused weight
-  over the ranks -- the query, key and value blocks of ``wqkv`` and
-  ``bqkv``, SwiGLU's gate and up blocks of ``w1`` (``param_shards``
-  ``(1, (q, k, v))``) -- so every rank holds whole heads (and matching
-  gate and up columns) and the ``split`` after the product stays local.
-  A plan's ``Shard`` is one contiguous block, so the ``split`` cannot stay
-  local: the product is all-gathered, the attention core (the gated
-  activation) runs on a batch shard with every head instead of a head
-  shard of the whole batch, and the result is all-gathered again for the
-  row-parallel projection: two all-gathers more per fused projection
-  forward, two reduce-scatters backward;
-- *the loss*: the builder computes Megatron's vocabulary-parallel cross
-  entropy on the logits' shards (all-reduces of the row maximum, of the
-  sum of exponentials and of the label's logit). The plan all-gathers the
-  logits, computes the loss on a batch shard and all-reduces the scalar
-  loss (its backward reduce-scatters the whole logits' gradient);
-- *an untied output layer* (``tied_embeddings: false``, Llama): the
-  builder splits ``lm_head`` over the vocabulary; the plan finds no pair
-  and no tied table for it and leaves it whole, so every rank computes
-  all the logits;
-- *the learned position table with sequence parallelism*: the builder
-  keeps ``wpe`` whole and adds a tp-th of it to each rank's partial sum
-  before the reduce-scatter; the plan splits it along the sequence and
-  adds each rank's rows after it (no all-reduce of its gradient);
-- *a vocabulary that tp does not divide*: the builder pads it (Megatron's
-  way, a mask keeps the padding out of the softmax); the plan refuses it.
-
-The rest -- the vocabulary-parallel embedding (and the output layer's own
-copy of a tied table under pipeline parallelism), the column/row pairs of
-the MLP and of the attention output, the replicated norms, sequence
-parallelism's gathers and scatters around them -- is the same program.
+What differs (``tests/plans/test_gpt_one_path.py`` pins it): a learned
+position table longer than the sequence (``positions > seq``). Without
+``sp`` the plan slices the table after the embedding's all-reduce, the
+builder before it (the same ops in another order: the same step time and
+memory); with ``sp`` the plan all-reduces the gradient of the rows used,
+the builder that of the whole table.
 """
 from __future__ import annotations
 
@@ -66,7 +52,8 @@ def lower_gpt_generic(c: GPTConfig, strategy: Strategy, microbatches: int,
     :class:`~distsim.transforms.spmd.LowerSPMD` lowers the hand-written
     step in :func:`.gpt_family.build_gpt`."""
     from ..transforms.parallelize import parallelize, resolve_plan
-    forward = gpt_forward(c, tp=1, micro_batch=c.micro_batch, untie=strategy.pp > 1)
+    forward = gpt_forward(c, tp=1, micro_batch=c.micro_batch, untie=strategy.pp > 1,
+                          pad_for=strategy.tp)
     return parallelize(forward, strategy, microbatches, hyper, master_dtype,
                        resolve_plan(strategy.plan, forward), "gpt")
 

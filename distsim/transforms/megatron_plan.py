@@ -9,12 +9,19 @@ found in any forward program by its structure.
   column-wise, the layers reached are row-wise. An MLP's consecutive
   layers pair up (0-1, 2-3, ...); a transformer block's query, key and
   value projections pair with its output projection, its first MLP
-  projections (gate and up) with the second.
+  projections (gate and up) with the second. A column-wise weight whose
+  product is split after it (fused query, key and value; fused gate and
+  up) is ``fused_colwise``: split block by block.
 - *Embeddings*: a table whose rows are looked up by the data's ids
   (``embedding``, ``gather`` of rows; not positions), and that nothing else
   reads but a head multiplying by it (``x @ table^T``), is
   vocabulary-parallel; so is the output layer's own copy of it where
   pipeline stages untie the two (``meta["tied"]``).
+
+- *Output layers*: a linear layer whose result is the logits of the loss
+  (``cross_entropy``, through a bias or mask), its weight read by nothing
+  else, is column-wise -- split over the vocabulary (an untied head), the
+  loss then vocabulary-parallel (:mod:`.sharding.vocab_loss`).
 
 Everything else is left to propagation (biases follow their layers; a
 linear in no pair, such as an MLP's odd last layer, stays replicated).
@@ -25,6 +32,7 @@ from typing import Dict, List, Optional, Set
 
 from ..ir.core import Function, Op, Value
 from .plans import Plan, PlanEntry
+from .tensor_parallel import past_elementwise, product_split
 
 #: ops that mix a tensor's features or end the step: a pair stops before them
 BLOCKING = frozenset({"layernorm", "rmsnorm", "mse_loss", "cross_entropy"})
@@ -97,6 +105,13 @@ class _Structure:
         order = {id(o): i for i, o in enumerate(self.f.ops)}
         return sorted(found, key=lambda o: order[id(o)])
 
+    def feeds_loss(self, op: Op) -> bool:
+        """Whether ``op``'s result is the logits of a ``cross_entropy`` (through
+        single-reader element-wise ops: a bias, a mask): an output layer."""
+        u, v = past_elementwise(self.users, op.outputs[0])
+        return u is not None and u.op_type == "cross_entropy" and u.inputs[0] is v \
+            and v not in self.outputs
+
     def feeding(self, rows: List[Op]) -> Optional[List[Op]]:
         """The linear layers whose results reach the inputs of ``rows``
         through feature-keeping ops; None past a blocking op."""
@@ -159,6 +174,9 @@ def megatron_plan(f: Function) -> Plan:
         w = s.weight.get(id(op))
         if w is None or w.name in styles:
             continue
+        if s.feeds_loss(op) and len(s.users[w]) == 1:
+            styles[w.name] = "colwise"
+            continue
         rows = s.reached(op)
         if not rows:
             continue
@@ -169,7 +187,8 @@ def megatron_plan(f: Function) -> Plan:
         if len(set(names)) != len(names) or any(n in styles for n in names):
             continue
         for c in cols:
-            styles[s.weight[id(c)].name] = "colwise"
+            fused = product_split(f, s.users, c) is not None
+            styles[s.weight[id(c)].name] = "fused_colwise" if fused else "colwise"
         for r in rows:
             styles[s.weight[id(r)].name] = "rowwise"
     order = [p for p in f.meta["params"] if p in styles]

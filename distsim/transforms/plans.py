@@ -7,6 +7,11 @@ entry wins) to a placement *style*:
 - ``colwise``: a linear layer's weight split along its output features
   (its result is a shard of the features; the layer's input is wanted
   replicated);
+- ``fused_colwise``: a fused weight (several layers' weights side by
+  side, the product split into them after it: query, key and value;
+  gate and up) split along its output features block by block: each rank
+  holds its part of every block, so the split stays local (Megatron's
+  layout);
 - ``rowwise``: split along its input features (each rank computes a
   partial sum of the result, which is all-reduced; with sequence
   parallelism reduce-scattered over the sequence);
@@ -46,6 +51,7 @@ from ..yamlio import load_yaml_file
 #: the placement styles, and what each means
 STYLES: Dict[str, str] = {
     "colwise": "a weight split along its output features",
+    "fused_colwise": "a fused weight split along its output features block by block",
     "rowwise": "a weight split along its input features; partial results summed",
     "vocab": "an embedding table split along its rows (the vocabulary)",
     "replicate": "the whole tensor on every rank",

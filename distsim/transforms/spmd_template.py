@@ -19,7 +19,8 @@ placements change. Output: the program of one rank, written once for all
   (:mod:`distsim.ir.ops_spmd`): ``P -> R`` ``spmd.allreduce``, ``S -> R``
   ``spmd.allgather``, ``P -> S`` ``spmd.reducescatter``, ``S(d) -> S(e)``
   an all-gather and a slice; ``R -> S`` a ``slice`` whose bounds are rank
-  attributes; ``R -> P`` (sum) a ``scale`` by 1 on rank 0 and 0 elsewhere.
+  attributes; ``R -> P`` (sum) a ``scale`` by ``1/n`` on every rank (an
+  integer tensor: by 1 on rank 0 and 0 elsewhere).
 
 The backward pass is made afterwards by autodiff of the template, so the
 forward must say where a gradient is only one rank's share. A replicated
@@ -236,6 +237,8 @@ class TemplateBuilder:
             if z.op != "sum":
                 raise ConfigError(f"{_where(self.f, op)}: a partial {z.op} is not supported "
                                   "by tensor parallelism")
+            if t.dtype.is_float:      # an equal share on every rank (Megatron's x / tp)
+                return self.b.op("scale", [x], {"factor": 1.0 / n}, name=name, meta=dict(meta))
             factors = [1.0] + [0.0] * (n - 1)
             return self.b.op("scale", [x], {"factor": 1.0}, name=name,
                              meta=dict(meta, rank_attrs={"factor": factors}))

@@ -7,7 +7,9 @@ step and a plan in, the SPMD template of one tensor-parallel rank out.
    axis of ``tp`` devices: the parameters the plan names (a column-wise
    weight ``S(out)``, a row-wise one ``S(in)``, a vocabulary-parallel
    table ``S(0)``), and the few activations a style fixes, as PyTorch's
-   ``parallelize_module`` styles do: a column-wise layer's input is
+   ``parallelize_module`` styles do (a fused column-wise weight is split
+   block by block, :class:`~distsim.ir.mesh.BlockShard`, the blocks being
+   the sizes of the ``split`` of its product): a column-wise layer's input is
    replicated, a row-wise layer's (or a vocabulary-parallel embedding's)
    partial result is summed -- replicated, or with ``sp`` split along the
    sequence (the dim before the features), which puts the norms and
@@ -18,7 +20,10 @@ step and a plan in, the SPMD template of one tensor-parallel rank out.
    plan leaves out too when it is read with a planned layer's product, a
    bias; otherwise it is replicated), and ``redistribute`` ops appear where
    placements change. Row lookups written as ``gather`` become
-   ``embedding`` ops first, whose rule knows vocabulary shards;
+   ``embedding`` ops first, whose rule knows vocabulary shards; a
+   ``cross_entropy`` of the product of an output layer split over the
+   vocabulary is written as Megatron's vocabulary-parallel loss
+   (:mod:`.sharding.vocab_loss`);
 3. :mod:`.spmd_template` writes the program of one rank: local shapes,
    SPMD collectives, per-rank attributes, ``spmd.copy`` where gradients
    are shares.
@@ -26,8 +31,8 @@ step and a plan in, the SPMD template of one tensor-parallel rank out.
 The template's ``meta`` is the forward's plus what
 :class:`~distsim.transforms.spmd.LowerSPMD` and
 :mod:`~distsim.transforms.zero_numbers` read: ``param_shards`` (``name ->
-(dim, (size,))``: rank ``r`` holds the ``r``-th of ``tp`` equal parts of
-``dim``), ``param_global_shapes``, ``tp``, ``sp``, ``plan`` and ``loss``
+(dim, blocks)``: rank ``r`` holds the ``r``-th of ``tp`` equal parts of
+each block of ``dim``), ``param_global_shapes``, ``tp``, ``sp``, ``plan`` and ``loss``
 (the replicated loss). A plan that cannot be honoured is a ConfigError
 naming the plan entry or the op.
 """
@@ -38,11 +43,13 @@ from typing import Dict, List, Optional, Set, Tuple
 from ..errors import ConfigError
 from ..ir.builder import clone_function
 from ..ir.core import Function, Module, Op, Value
-from ..ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
+from ..ir.mesh import BlockShard, DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
+from ..ir.registry import is_registered, lookup
 from ..ir.types import TensorType
 from ..ir.verifier import verify
 from .plans import Plan, PlanEntry
 from .sharding import propagate, verify_sharded
+from .sharding.vocab_loss import vocab_parallel_cross_entropy, vocab_sharded_losses
 from .spmd_template import spmd_template
 
 AXIS = "tp"
@@ -76,11 +83,16 @@ class TensorParallel:
             if loss is not None:
                 index = [v.name for v in forward.outputs].index(loss)
                 template.meta["loss"] = template.outputs[index].name
+            consts = template.meta.get("consts") or {}
+            for v in template.inputs:
+                if consts.get(v.name, {}).get("kind") == "vocab_pad":
+                    consts[v.name] = dict(consts[v.name], shard=v.type.shape[0])
             shards = {}
             for v in main.inputs:
                 pl = v.type.placements[0]
                 if v.name in shapes and isinstance(pl, Shard):
-                    shards[v.name] = (pl.dim, (shapes[v.name][pl.dim],))
+                    shards[v.name] = (pl.dim, pl.blocks if isinstance(pl, BlockShard)
+                                      else (shapes[v.name][pl.dim],))
         template.meta.update(param_shards=shards, param_global_shapes=shapes, tp=self.tp,
                              sp=bool(self.sp and self.tp > 1), plan=self.plan.name)
         return verify(template)
@@ -114,6 +126,69 @@ def _sequence(v: Value, tp: int, entry: PlanEntry) -> Placement:
     return Shard(dim)
 
 
+def past_elementwise(users, v: Value) -> Tuple[Optional[Op], Value]:
+    """The reader of ``v`` past single-reader, shape-keeping element-wise ops
+    (a bias, a mask), and the value it reads; (None, ...) where ``v`` or a
+    value on the way has no reader or several."""
+    while True:
+        readers = users.get(v, [])
+        if len(readers) != 1:
+            return None, v
+        u = readers[0]
+        if not (is_registered(u.op_type) and lookup(u.op_type).elementwise) \
+                or len(u.outputs) != 1 or u.outputs[0].type.shape != v.type.shape:
+            return u, v
+        v = u.outputs[0]
+
+
+def product_split(f: Function, users, op: Op) -> Optional[Op]:
+    """The ``split`` of ``op``'s result along its last dim, reached through
+    single-reader element-wise ops (a bias); None when there is none."""
+    u, v = past_elementwise(users, op.outputs[0])
+    if u is None or u.op_type != "split" or u.inputs[0] is not v \
+            or int(u.attrs["axis"]) % v.type.rank != v.type.rank - 1:
+        return None
+    return u
+
+
+def _past_positions(f: Function, users, v: Value) -> Value:
+    """The lookup ``v`` plus what is added to it that does not depend on the
+    data (a learned position table): with sequence parallelism the partial
+    lookups and a share of the table are summed and reduce-scattered
+    together, and the table stays whole (Megatron's, and the GPT builder's,
+    layout)."""
+    data = {x for x in f.inputs if f.meta.get("roles", {}).get(x.name) == "data"}
+    for op in f.ops:
+        if any(x in data for x in op.inputs):
+            data.update(op.outputs)
+    while True:
+        readers = users.get(v, [])
+        if len(readers) != 1 or readers[0].op_type != "add":
+            return v
+        add = readers[0]
+        other = [x for x in add.inputs if x is not v]
+        if len(other) != 1 or other[0] in data or add.outputs[0].type.shape != v.type.shape:
+            return v
+        v = add.outputs[0]
+
+
+def _fused_blocks(f: Function, users, op: Op, tp: int, entry: PlanEntry) -> Tuple[int, ...]:
+    """The blocks of the fused weight ``op`` multiplies by: the sizes of
+    the split of its product; ConfigError naming ``entry`` when there is no
+    such split or ``tp`` does not divide a block."""
+    split = product_split(f, users, op)
+    if split is None:
+        raise ConfigError(f"{entry.where}: fused_colwise needs the product %{op.outputs[0].name} "
+                          "split into its blocks along the features (a split op after it, "
+                          "through a bias at most)")
+    blocks = tuple(int(s) for s in split.attrs["sizes"])
+    if any(b % tp for b in blocks):
+        raise ConfigError(f"{entry.where}: --tp {tp} does not divide every block {list(blocks)} "
+                          f"of %{op.inputs[1].name} (as %{split.name} = split cuts its product), "
+                          "which fused_colwise splits")
+    return blocks
+
+
 def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool
                      ) -> Dict[Value, Placement]:
     """The placements ``styles`` fix in ``f`` (see the module docstring);
@@ -129,22 +204,29 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
             fixed[v] = Replicate()
             continue
         dims = set()
+        blocks: Set[Tuple[int, ...]] = set()
         for op in readers:
             out_dim, in_dim = _matmul_dims(op, v)
             if entry.style == "vocab" and op.op_type in ("embedding", "gather") \
                     and op.inputs[0] is v and int(op.attrs.get("axis", 0)) == 0:
                 dims.add(0)
-                summed = op.outputs[0]
-                fixed.setdefault(summed, _sequence(summed, tp, entry) if sp else Replicate())
-            elif out_dim is not None and entry.style in ("colwise", "vocab"):
+                if sp:
+                    summed = _past_positions(f, users, op.outputs[0])
+                    fixed.setdefault(summed, _sequence(summed, tp, entry))
+                else:
+                    fixed.setdefault(op.outputs[0], Replicate())
+            elif out_dim is not None and entry.style in ("colwise", "fused_colwise", "vocab"):
                 dims.add(out_dim)
                 inputs_replicated.append(op.inputs[0])
+                if entry.style == "fused_colwise":
+                    blocks.add(_fused_blocks(f, users, op, tp, entry))
             elif in_dim is not None and entry.style == "rowwise":
                 dims.add(in_dim)
                 summed = op.outputs[0]
                 fixed.setdefault(summed, _sequence(summed, tp, entry) if sp else Replicate())
             else:
                 what = {"colwise": "a matmul's weight", "rowwise": "a matmul's weight",
+                        "fused_colwise": "a matmul's weight",
                         "vocab": "an embedding table (or a head multiplying by it)"}
                 raise ConfigError(f"{entry.where}: {entry.style} needs %{name} to be "
                                   f"{what[entry.style]}, but op %{op.name} = {op.op_type} reads "
@@ -156,6 +238,12 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
                               f"dims ({sorted(dims)}); it can be split along one")
         dim = dims.pop()
         size = v.type.shape[dim]
+        if len(blocks) > 1:
+            raise ConfigError(f"{entry.where}: the products of %{name} are split into "
+                              f"different blocks ({sorted(blocks)})")
+        if blocks:
+            fixed[v] = BlockShard(dim, blocks.pop())
+            continue
         if size % tp:
             raise ConfigError(f"{entry.where}: --tp {tp} does not divide dim {dim} of %{name} "
                               f"(size {size}), which {entry.style} splits")
@@ -206,6 +294,15 @@ def place(forward: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool) ->
     params = set(forward.meta["params"])
     attached = attached_params(f, {v for v, pl in fixed.items()
                                    if v.name in params and not isinstance(pl, Replicate)})
+    for name, spec in (forward.meta.get("consts") or {}).items():
+        if spec.get("kind") == "vocab_pad":
+            # the padded vocabulary's mask lies as the vocabulary does: each
+            # rank holds its shard's entries (``shard`` per rank, see __call__)
+            v = f.value_by_name(name)
+            if v.type.shape[0] % tp:
+                raise ConfigError(f"tensor parallelism: --tp {tp} does not divide the "
+                                  f"{v.type.shape[0]} entries of the vocabulary mask %{name}")
+            fixed[v] = Shard(0)
     for v in f.inputs:
         if v not in fixed and (v.name not in params or v not in attached):
             # data and constants: every rank reads the whole batch; a parameter
@@ -214,6 +311,10 @@ def place(forward: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool) ->
     loss = forward.meta.get("loss")
     if loss is not None:
         fixed.setdefault(f.value_by_name(loss), Replicate())
+    for op in vocab_sharded_losses(f, fixed):
+        # logits split over the vocabulary: Megatron's loss on the shards
+        for v in vocab_parallel_cross_entropy(f, op):
+            fixed[v] = Replicate()
     for _ in range(len(params) + 1):
         for v, pl in fixed.items():
             v.type = DTensorType(v.type.shape, v.type.dtype, mesh, [pl])

@@ -3,12 +3,13 @@ plan on the generic path (:mod:`distsim.models.gpt_generic`).
 
 Without tensor parallelism the two are the same program, printed op for op
 (collectives, shapes and so bytes included), with the same step time and
-memory to the byte. With it both train the same model (the reference
-executor, float64, against the one-device step) and their programs differ
-exactly where the module docstring of :mod:`distsim.models.gpt_generic`
-says: the fused QKV projection and the loss."""
+memory to the byte. With it they are the same program up to the names of
+values, with the same step time and memory, and both train the one-device
+model (the reference executor, float64); what still differs is what the
+module docstring of :mod:`distsim.models.gpt_generic` says."""
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,6 @@ from distsim.text import print_function
 from distsim.topology import load_topology
 from distsim.transforms.megatron_plan import megatron_plan
 from distsim.transforms.strategy import Strategy
-from distsim.transforms.tensor_parallel import TensorParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategies"))
 from gpt_reference import TOLERANCE, Reference  # noqa: E402
@@ -71,6 +71,12 @@ def test_without_tensor_parallelism_the_programs_are_the_same(case):
     hand = build_gpt(config, _strategy(**kw))
     generic = build_gpt_generic(config, _strategy(**kw))
     assert print_function(generic) == print_function(hand)
+    _same_meta_time_and_memory(hand, generic)
+
+
+def _same_meta_time_and_memory(hand, generic):
+    """The same ``meta`` that lowering and the numbers read, and the same
+    simulated step time and per-device peak memory, to the byte."""
     for key in ("io", "param_shards", "microbatches", "optimizer"):
         assert generic.meta.get(key) == hand.meta.get(key), key
     topo = load_topology("dgx-a100")
@@ -79,6 +85,37 @@ def test_without_tensor_parallelism_the_programs_are_the_same(case):
     assert runs[1].step_time_s == runs[0].step_time_s > 0
     assert runs[1].peak_memory() == runs[0].peak_memory()
     assert all(peak > 0 for peak in runs[0].peak_memory().values())
+
+
+#: tensor (and sequence) parallelism, where the two are the same program: the fused
+#: projections split block by block, Megatron's vocabulary-parallel loss, an untied output
+#: layer split over the vocabulary, a padded vocabulary, the position table with sp
+WITH_TP = [
+    (SMALL, dict(tp=2)),
+    (SMALL, dict(dp=2, tp=2, pp=2, zero=1)),
+    (SMALL, dict(tp=2, pp=2, microbatches=2, recompute="selective")),
+    (dict(SMALL, attention="fused"), dict(tp=2, dp=2, zero=3)),
+    (SMALL, dict(tp=2, sp=True)),
+    (dict(SMALL, dropout=0.0), dict(dp=2, tp=2, pp=2, sp=True, zero=3, recompute="full")),
+    (LLAMA, dict(tp=2)),
+    (LLAMA, dict(tp=2, sp=True)),
+    (LLAMA, dict(dp=2, tp=2, pp=2, sp=True, zero=2, recompute="full")),
+    # a vocabulary tp does not divide: padded (Megatron's way, to a multiple of tp) and masked
+    (dict(SMALL, vocab=63), dict(tp=2)),
+    (dict(LLAMA, vocab=63), dict(dp=2, tp=2, pp=2, zero=1)),
+]
+
+
+@pytest.mark.parametrize("case", WITH_TP, ids=_id)
+def test_with_tensor_parallelism_the_programs_are_the_same(case):
+    """Op for op (types, shapes, devices, attributes, collectives and so
+    bytes; only the names of values differ), the same meta, step time and
+    per-device peak memory to the byte."""
+    config, kw = case
+    hand = build_gpt(config, _strategy(**kw))
+    generic = build_gpt_generic(config, _strategy(**kw))
+    assert generic.structural_key() == hand.structural_key()
+    _same_meta_time_and_memory(hand, generic)
 
 
 class GenericReference(Reference):
@@ -94,6 +131,14 @@ class GenericReference(Reference):
 @pytest.fixture(scope="module")
 def generic_reference():
     return GenericReference()
+
+
+@pytest.fixture(scope="module")
+def generic_llama():
+    """Llama's block: SwiGLU's fused gate/up split block by block, an untied
+    output layer split over the vocabulary, the vocabulary-parallel loss."""
+    return GenericReference(norm="rmsnorm", activation="swiglu", position="rope", bias=False,
+                            tied_embeddings=False)
 
 
 @pytest.mark.parametrize("strategy", [
@@ -114,84 +159,77 @@ def test_with_tensor_parallelism_both_train_the_one_device_model(generic_referen
         np.testing.assert_allclose(by_plan[name], value, **TOLERANCE, err_msg=name)
 
 
-def _collectives(f):
-    """(kind, reduction, result shape) -> how many, of ``f``'s SPMD collectives."""
-    return Counter((op.op_type, op.attrs.get("reduce_op"), op.outputs[0].type.shape)
-                   for op in f.ops
-                   if op.op_type in ("spmd.allreduce", "spmd.allgather", "spmd.reducescatter"))
+@pytest.mark.parametrize("strategy", [
+    dict(tp=2),
+    dict(dp=2, tp=2, pp=2, sp=True, zero=1, recompute="selective"),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_a_llama_block_with_tensor_parallelism_trains_the_one_device_model(generic_llama,
+                                                                           strategy):
+    program = generic_llama.check(**strategy)
+    assert program.meta["param_shards"]["lm_head"] == (0, (32,))
+    assert program.meta["param_shards"]["l0_w1"] == (1, (64, 64))
 
 
-@pytest.mark.parametrize("sp", [False, True])
-def test_with_tensor_parallelism_the_differences_are_the_documented_ones(sp):
-    """One layer, micro-batch 2, seq 8, hidden 16, 4 heads over 2 kv heads,
-    vocab 32, tp 2: the forward of one rank, collective by collective."""
-    c = GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8, global_batch=2,
-                  micro_batch=2, dropout=0.0)
-    hand, generic = _both(c, sp)
-    # the fused QKV projection: its product (2 x 8 x 32 over 2 ranks) and the attention's
-    # context (batch 1 of 2 per rank) gathered; the loss: the logits (2 x 8 x 32) gathered and
-    # the scalar loss of each rank's half of the batch summed
-    only_generic = Counter({(AG, None, (2, 8, 32)): 2, (AG, None, (2, 8, 16)): 1,
-                            (AR, "sum", ()): 1})
-    assert generic - hand == only_generic
-    assert hand - generic == VOCAB_PARALLEL_LOSS
-    shared = hand - VOCAB_PARALLEL_LOSS
-    # the rest is the same: the embedding's sum and the two row-parallel layers' sums
-    # (reduce-scattered along the sequence with sp, whose norms gather it again)
-    if sp:
-        assert shared == Counter({(RS, "sum", (2, 4, 16)): 3, (AG, None, (2, 8, 16)): 3})
-    else:
-        assert shared == Counter({(AR, "sum", (2, 8, 16)): 3})
-    # how the parameters are split, (dim, blocks) or None for whole: the QKV weight and bias
-    # by blocks of q (16), k (8) and v (8) by hand, as one block by the plan; with sp the
-    # plan splits the position table along the sequence (the builder keeps it whole and adds
-    # a tp-th of it to each rank's partial sum)
-    differ = {"l0_wqkv": ((1, (16, 8, 8)), (1, (32,))),
-              "l0_bqkv": ((0, (16, 8, 8)), (0, (32,)))}
-    if sp:
-        differ["wpe"] = (None, (0, (8,)))
-    assert _shards(c, sp) == differ
+@pytest.fixture(scope="module")
+def generic_padded():
+    """A vocabulary of 31: padded to 32 for tp 2, the padding masked out."""
+    return GenericReference(vocab=31)
 
 
-def test_a_llama_layer_differs_in_its_gate_and_up_projection_and_its_head_too():
-    """SwiGLU (ffn 64) and an output layer of its own: the fused gate/up
-    projection is split contiguously as QKV is, and the plan leaves the
-    untied output layer whole on every rank (no pair, no tied table)."""
-    c = GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8, global_batch=2,
-                  micro_batch=2, dropout=0.0, norm="rmsnorm", activation="swiglu",
-                  position="rope", bias=False, tied_embeddings=False)
-    hand, generic = _both(c, False)
-    # QKV's product and the attention's context as above; the gate/up product (2 x 8 x 128)
-    # gathered, and the gated activation (batch 1 of 2 per rank, 64 features) gathered again
-    # before the row-parallel second projection
-    assert generic - hand == Counter({(AG, None, (2, 8, 32)): 1, (AG, None, (2, 8, 16)): 1,
-                                      (AG, None, (2, 8, 128)): 1, (AG, None, (2, 8, 64)): 1})
-    # whole logits on every rank: the loss needs no collective at all
-    assert hand - generic == VOCAB_PARALLEL_LOSS
-    assert _shards(c, False) == {"l0_wqkv": ((1, (16, 8, 8)), (1, (32,))),
-                                 "l0_w1": ((1, (64, 64)), (1, (128,))),
-                                 "lm_head": ((0, (32,)), None)}
+@pytest.mark.parametrize("strategy", [
+    dict(tp=2),
+    dict(dp=2, tp=2, pp=2, sp=True, zero=3),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_a_padded_vocabulary_trains_the_one_device_model(generic_padded, strategy):
+    program = generic_padded.check(**strategy)
+    assert program.meta["param_global_shapes"]["wte"] == (32, 16)
+    assert program.meta["param_unpadded"]["wte"] == 31
+    hand = Reference.lower(generic_padded, **strategy)
+    assert program.structural_key() == hand.structural_key()
 
 
-AG, RS, AR = "spmd.allgather", "spmd.reducescatter", "spmd.allreduce"
-#: Megatron's vocabulary-parallel cross entropy: the row maximum, the sum of exponentials and
-#: the label's logit of micro-batch 2 x seq 8, all-reduced over the vocabulary shards
-VOCAB_PARALLEL_LOSS = Counter({(AR, "max", (2, 8, 1)): 1, (AR, "sum", (2, 8)): 2})
+def _ops(f):
+    """The ops of ``f`` as a multiset: type, attributes, operand and result
+    types (not names, not order)."""
+    return Counter((op.op_type, tuple(sorted(op.attrs.items())), tuple(v.type for v in op.inputs),
+                    tuple(v.type for v in op.outputs)) for op in f.ops)
 
 
-def _both(c: GPTConfig, sp: bool):
-    """The SPMD collectives of one rank's forward at tp 2: the hand-written
-    builder's and the megatron plan's."""
-    one = gpt_forward(c, micro_batch=2)
-    return (_collectives(gpt_forward(c, tp=2, sp=sp, micro_batch=2)),
-            _collectives(TensorParallel(megatron_plan(one), 2, sp)(one)))
+def test_a_position_table_longer_than_the_sequence_is_the_difference():
+    """32 learned positions, sequence 16 (the step uses the first 16 rows):
+    without sp the same ops, in another order (the plan slices the table
+    after the embedding's all-reduce), and the same step time and memory;
+    with sp the builder all-reduces the gradient of the whole table (a copy
+    of it before the slice), the plan that of the 16 rows used (a copy of
+    the slice)."""
+    config = dict(SMALL, positions=32)
+    for sp in (False, True):
+        hand = build_gpt(config, _strategy(tp=2, sp=sp))
+        generic = build_gpt_generic(config, _strategy(tp=2, sp=sp))
+        if not sp:
+            assert generic.structural_key() != hand.structural_key()
+            assert _ops(generic) == _ops(hand)
+            _same_meta_time_and_memory(hand, generic)
+            continue
+        reduced = {k: n for k, n in (_ops(hand) - _ops(generic)).items()
+                   if k[0] == "comm.allreduce"}
+        assert [k[3][0].shape for k in reduced] == [(32, 32)]
+        reduced = {k: n for k, n in (_ops(generic) - _ops(hand)).items()
+                   if k[0] == "comm.allreduce"}
+        assert [k[3][0].shape for k in reduced] == [(16, 32)]
 
 
-def _shards(c: GPTConfig, sp: bool):
-    """name -> (the builder's split, the plan's) of the parameters split
-    differently at tp 2 (``param_shards``; None: whole on every rank)."""
-    hand = gpt_forward(c, tp=2, sp=sp, micro_batch=2).meta["param_shards"]
-    one = gpt_forward(c, micro_batch=2)
-    plan = TensorParallel(megatron_plan(one), 2, sp)(one).meta["param_shards"]
-    return {k: (hand.get(k), plan.get(k)) for k in set(hand) | set(plan)
-            if hand.get(k) != plan.get(k)}
+@pytest.mark.parametrize("config", [SMALL, LLAMA], ids=lambda c: c["name"])
+def test_the_megatron_plan_of_a_gpt_layer(config):
+    """The styles the plan finds in one layer: the fused QKV and (SwiGLU's)
+    gate/up projections block by block, an untied output layer over the
+    vocabulary; biases and norms are left to propagation."""
+    c = GPTConfig(**{k: v for k, v in config.items() if k not in ("family", "name")})
+    c = replace(c, layers=1)
+    styles = {e.pattern: e.style for e in megatron_plan(gpt_forward(c)).entries}
+    want = {"wte": "vocab", "l0_wqkv": "fused_colwise", "l0_wo": "rowwise",
+            "l0_w1": "fused_colwise" if c.activation == "swiglu" else "colwise",
+            "l0_w2": "rowwise"}
+    if not c.tied_embeddings:
+        want["lm_head"] = "colwise"
+    assert styles == want

@@ -20,7 +20,11 @@ def plan_file(tmp_path, text):
     ('parameters:\n  "b0": colwise\n', ["--tp", "2"],
      "parameters: 'b0': colwise needs %b0 to be a matmul's weight, but op %h0.1 = add reads it"),
     ('parameters:\n  "w0": diagonal\n', ["--tp", "2"],
-     "parameters: 'w0': style must be one of colwise, rowwise, vocab, replicate, got 'diagonal'"),
+     "parameters: 'w0': style must be one of colwise, fused_colwise, rowwise, vocab, replicate, "
+     "got 'diagonal'"),
+    ('parameters:\n  "w0": fused_colwise\n', ["--tp", "2"],
+     "parameters: 'w0': fused_colwise needs the product %h0 split into its blocks along the "
+     "features"),
     ('parameter:\n  "w0": colwise\n', ["--tp", "2"], "unknown field 'parameter'"),
     ('parameters: [1, 2\n', ["--tp", "2"], "malformed YAML"),
     ('parameters:\n  "w*": colwise\ncuts: [a0, a0]\n', ["--pp", "2"],
@@ -88,3 +92,17 @@ def test_a_plan_is_checked_on_one_device_too(tmp_path, capsys):
     assert main(SMALL + ["--dp", "1", "--pp", "2", "--plan", path,
                          "--out", str(tmp_path / "o")]) == 2
     assert "rowwise needs %b0 to be a matmul's weight" in capsys.readouterr().err
+
+
+def test_a_fused_weight_whose_blocks_tp_does_not_divide_is_refused():
+    """Query, key and value blocks of 16, 8 and 8 columns cannot each be
+    split over 16 ranks: the error names the plan entry and the blocks."""
+    from distsim.models.gpt import GPTConfig, gpt_forward
+    from distsim.transforms.megatron_plan import megatron_plan
+    from distsim.transforms.tensor_parallel import TensorParallel
+    one = gpt_forward(GPTConfig(layers=1, hidden=16, heads=4, kv_heads=2, vocab=32, seq=8))
+    with pytest.raises(ConfigError) as e:
+        TensorParallel(megatron_plan(one), 16)(one)
+    assert str(e.value) == ("plan megatron: %l0_wqkv (fused_colwise): --tp 16 does not divide "
+                            "every block [16, 8, 8] of %l0_wqkv (as %l0_q = split cuts its "
+                            "product), which fused_colwise splits")

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ...interp.collectives import reduce_arrays
-from ...ir.mesh import DTensorType, Partial, Replicate, Shard
+from ...ir.mesh import BlockShard, DTensorType, Partial, Replicate, Shard
 
 Coords = Tuple[int, ...]
 
@@ -68,6 +68,23 @@ def partial_terms(x: np.ndarray, op: str, n: int,
     return [np.where(keep == i, x, t) for i, t in enumerate(terms)]
 
 
+def _block_parts(piece: np.ndarray, p: BlockShard, n: int) -> List[np.ndarray]:
+    """Device ``r``'s part of a blocked dim: the ``r``-th part of every block."""
+    blocks = np.split(piece, np.cumsum(p.blocks)[:-1], axis=p.dim)
+    return [np.concatenate([np.split(b, n, axis=p.dim)[r] for b in blocks], axis=p.dim)
+            for r in range(n)]
+
+
+def _block_whole(arrays: List[np.ndarray], p: BlockShard) -> np.ndarray:
+    """The blocked dim from every device's part (the inverse of :func:`_block_parts`)."""
+    n = len(arrays)
+    local = [b // n for b in p.blocks]
+    cuts = np.cumsum(local)[:-1]
+    parts = [np.split(a, cuts, axis=p.dim) for a in arrays]
+    return np.concatenate([np.concatenate([parts[r][k] for r in range(n)], axis=p.dim)
+                           for k in range(len(p.blocks))], axis=p.dim)
+
+
 def distribute(array: np.ndarray, t: DTensorType,
                rng: Optional[np.random.Generator] = None) -> Dict[Coords, np.ndarray]:
     """The piece of ``array`` on each device (row-major coords), mesh axis
@@ -79,7 +96,9 @@ def distribute(array: np.ndarray, t: DTensorType,
         n = t.mesh.shape[axis]
         split: Dict[Coords, np.ndarray] = {}
         for prefix, piece in pieces.items():
-            if isinstance(p, Shard):
+            if isinstance(p, BlockShard):
+                parts = _block_parts(piece, p, n)
+            elif isinstance(p, Shard):
                 parts = np.array_split(piece, n, axis=p.dim)
             elif isinstance(p, Partial):
                 parts = partial_terms(piece, p.op, n, rng)
@@ -103,7 +122,9 @@ def assemble(pieces: Dict[Coords, np.ndarray], t: DTensorType) -> np.ndarray:
             groups.setdefault(c[:axis], []).append(current[c])
         merged = {}
         for key, arrays in groups.items():
-            if isinstance(p, Shard):
+            if isinstance(p, BlockShard):
+                merged[key] = _block_whole(arrays, p)
+            elif isinstance(p, Shard):
                 merged[key] = np.concatenate(arrays, axis=p.dim)
             elif isinstance(p, Partial):
                 merged[key] = reduce_arrays(arrays, p.op)

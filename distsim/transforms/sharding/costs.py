@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Sequence, Tuple
 
 from ...errors import PassPreconditionError
-from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
+from ...ir.mesh import BlockShard, DeviceMesh, DTensorType, Partial, Placement, Replicate, Shard
 from ...ir.types import DType, TensorType
 from .cross_mesh import cross_mesh_cost
 from .planner import COLLECTIVE_BYTES, plan_redistribute
@@ -32,6 +32,8 @@ def axis_cost(t: TensorType, mesh: DeviceMesh, placements: Sequence[Placement], 
     planner's table, on the tensor as the axis group sees it)."""
     if src == dst:
         return 0.0
+    if isinstance(src, BlockShard) or isinstance(dst, BlockShard):
+        return float("inf")     # never redistributed (see the planner)
     n = mesh.shape[axis]
     other = 1
     for i, p in enumerate(placements):

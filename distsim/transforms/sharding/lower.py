@@ -22,6 +22,7 @@ from ...ir.core import Function, Module, Op, Value
 from ...ir.mesh import DTensorType, shard_range
 from ...ir.ops_call import callee_of, is_call
 from ...ir.source import at_op
+from .blocks import local_split_sizes
 from .cross_mesh import cross_mesh
 from .local_builder import (Coords, LocalBuilder, Locals, apply_step,  # noqa: F401  (re-exported)
                             local_name, redistribute_on_mesh)
@@ -100,6 +101,14 @@ def _vocabulary_piece(lb, op, c, ins, hints):
     dim = 0 if op.op_type == "embedding" else vocab.rank - 1
     start, _ = _offset_of(vocab, dim, c)
     return lb.emit(op.op_type, ins, dict(op.attrs, offset=int(op.attrs.get("offset", 0)) + start),
+                   hints)
+
+
+@local_rule("split")
+def _split_blocks(lb, op, c, ins, hints):
+    """A split of a blocked dim into its blocks: each block's part."""
+    sizes = local_split_sizes(op.attrs, op.inputs[0].type)
+    return lb.emit("split", ins, op.attrs if sizes is None else dict(op.attrs, sizes=sizes),
                    hints)
 
 

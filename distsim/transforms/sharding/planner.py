@@ -35,8 +35,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...errors import PassPreconditionError, VerifyError
 from ...ir.comm import CollectiveType
-from ...ir.mesh import (DeviceMesh, Partial, Placement, Replicate, Shard, check_placements,
-                        local_shape)
+from ...ir.mesh import (BlockShard, DeviceMesh, Partial, Placement, Replicate, Shard,
+                        check_placements, local_shape)
 from ...ir.types import DType
 
 Placements = Tuple[Placement, ...]
@@ -136,6 +136,10 @@ def plan_redistribute(shape: Sequence[int], dtype: DType, mesh: DeviceMesh,
     check_placements(shape, mesh, dst, "redistribute target")
     if src == dst:
         return []
+    blocked = [p for p in src + dst if isinstance(p, BlockShard)]
+    if blocked:
+        raise PassPreconditionError(f"redistribute: a blocked shard ({blocked[0].print_text()}) is "
+                                    "not redistributed; split the value into its blocks first")
     ops = sorted({p.op for p in src + dst if isinstance(p, Partial)})
     tie = count()
     frontier = [(0.0, 0, next(tie), src, [])]

@@ -41,6 +41,7 @@ from ...ir.mesh import DeviceMesh, DTensorType, Partial, Placement, Replicate, c
 from ...ir.ops_call import callee_of, is_call, verify_calls
 from ...ir.source import at_op, made_for
 from ...ir.types import TensorType
+from .blocks import blocked_strategies
 from .rules import OpContext, strategies_for
 from .conflicts import MAX_CANDIDATES, ConflictResolver
 from .costs import _CHANGE, axis_cost, type_cost  # noqa: F401  (re-exported)
@@ -66,6 +67,7 @@ def ranked_combinations(op: Op, ins: Sequence[Optional[DTensorType]],
     ctx = OpContext(op.op_type, op.attrs, [_global(v.type) for v in op.inputs],
                     [_global(v.type) for v in op.outputs])
     strategies = strategies_for(ctx)
+    strategies = strategies + blocked_strategies(ctx, strategies, list(ins) + list(outs))
     per_axis = []
     for axis in range(mesh.ndim):
         costed = []

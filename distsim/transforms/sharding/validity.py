@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ...ir.mesh import DeviceMesh, DTensorType, Placement, Shard, shard_range
 from ...ir.registry import ShapeError, infer_types, with_defaults
 from ...ir.types import TensorType
+from .blocks import local_split_sizes
 from .rules import reshape_groups
 
 # ops whose per-device attributes differ from the global ones (as lowered)
@@ -96,6 +97,8 @@ def combination_error(op_type: str, attrs: Mapping[str, object], ins: Sequence[D
         a = dict(attrs)
         if local_attrs is not None and out_shapes:
             a = local_attrs(a, out_shapes[0])
+        if op_type == "split" and ins:
+            a["sizes"] = local_split_sizes(attrs, ins[0]) or a["sizes"]
         try:
             got = infer_types(op_type, [TensorType(s, t.dtype) for s, t in zip(in_shapes, ins)],
                               with_defaults(op_type, a))

@@ -28,6 +28,7 @@ from ...ir.registry import ShapeError, infer_types
 from ...ir.source import describe
 from ...ir.types import TensorType
 from .propagate import REDISTRIBUTE
+from .blocks import blocked_strategies
 from .rules import OpContext, strategies_for
 from .validity import combination_error
 
@@ -97,6 +98,7 @@ def _verify_op(f: Function, op: Op, propagated: bool) -> None:
     ctx = OpContext(op.op_type, op.attrs, [_plain(v.type) for v in op.inputs],
                     [_plain(v.type) for v in op.outputs])
     strategies = strategies_for(ctx)
+    strategies = strategies + blocked_strategies(ctx, strategies, [v.type for v in values])
     for axis in range(mesh.ndim):
         got = (tuple(v.type.placements[axis] for v in op.inputs),
                tuple(v.type.placements[axis] for v in op.outputs))
