@@ -92,11 +92,14 @@ class _Shape:
     def __init__(self, network: Network, pairs: Sequence[Tuple[int, int]]) -> None:
         links = []
         groups: Dict[int, List[int]] = {}
-        for i, (src, dst) in enumerate(pairs):
+        known = route_table(network.topology).flow_links      # flow_link's, looked up once
+        route = network.route
+        for i, pair in enumerate(pairs):
+            src, dst = pair
             if src == dst:
                 continue
-            transport, bandwidth = flow_link(network, src, dst)
-            links.append((i, bandwidth, transport, network.route(src, dst)[1]))
+            transport, bandwidth = known.get(pair) or flow_link(network, src, dst)
+            links.append((i, bandwidth, transport, route(src, dst)[1]))
             groups.setdefault(src, []).append(i)
         self.links = tuple(links)
         self.groups = tuple(tuple(g) for g in groups.values())
@@ -114,9 +117,15 @@ class _Shape:
         if hit is None:
             rates = [0.0] * n
             hops = [0.0] * n
+            # per transport: (link efficiency, protocol efficiency, hop latency)
+            per: Dict[str, Tuple[float, float, float]] = {}
             for i, bandwidth, transport, path in self.links:
-                rates[i] = bandwidth * spec.efficiency(transport) * protocol.efficiency
-                hops[i] = path + protocol.hop_latency(transport)
+                e = per.get(transport)
+                if e is None:
+                    e = per[transport] = (spec.efficiency(transport), protocol.efficiency,
+                                          protocol.hop_latency(transport))
+                rates[i] = bandwidth * e[0] * e[1]
+                hops[i] = path + e[2]
             hit = self.by_protocol[key] = (rates, hops, _equal_step(self.groups, rates, hops, cap))
         return hit
 
@@ -127,14 +136,25 @@ def _equal_step(groups, base: List[float], hops: List[float], cap: float):
     latency = longest = most = 0.0
     slowest = math.inf
     for members in groups:
-        seconds = max(1.0 / rates[i] for i in members)
         m = len(members)
-        if m > cap * seconds:                  # faster than the protocol moves a rank's bytes
-            stretch = m / (cap * seconds)
-            for i in members:
+        if m == 1:                             # the loop's sums and maxima of one flow
+            i = members[0]
+            seconds = 1.0 / rates[i]
+            if 1 > cap * seconds:
+                stretch = 1 / (cap * seconds)
                 rates[i] /= stretch
-            seconds *= stretch
-        latency = max(latency, sum(hops[i] for i in members) / m)
+                seconds *= stretch
+            hop = hops[i]
+            if hop > latency:
+                latency = hop
+        else:
+            seconds = max(1.0 / rates[i] for i in members)
+            if m > cap * seconds:              # faster than the protocol moves a rank's bytes
+                stretch = m / (cap * seconds)
+                for i in members:
+                    rates[i] /= stretch
+                seconds *= stretch
+            latency = max(latency, sum(hops[i] for i in members) / m)
         longest = max(longest, seconds)
         most = max(most, m)
         slowest = min(slowest, m / seconds)
@@ -172,9 +192,10 @@ def estimates_s(network: Network, kind: CollectiveType, schedule: Schedule,
                 totals[k] += count * (phase.latency_s or 0.0)
             continue
         shape = _shape(network, flows)
+        same = _same_bytes(flows)
         for k, (protocol, cap) in enumerate(zip(protocols, caps)):
             _, latency, longest, most, rate = _step(
-                shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap)
+                shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap, same)
             totals[k] += count * (latency + longest)
             sent[k] += count * most
             if rate < slowest[k]:
@@ -202,7 +223,7 @@ def with_protocol(network: Network, kind: CollectiveType, schedule: Schedule,
             continue
         shape = _shape(network, flows)
         rates, latency, _, most, rate = _step(
-            shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap)
+            shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap, _same_bytes(flows))
         sent += phase.count * most
         slowest = min(slowest, rate)
         wire = list(flows)
@@ -215,16 +236,23 @@ def with_protocol(network: Network, kind: CollectiveType, schedule: Schedule,
     return ([Phase((), 1, first)] if first > 0 else []) + steps
 
 
-def _step(shape: _Shape, flows: Sequence[Tuple[int, int, float]], terms, cap: float
-          ) -> Tuple[List[float], float, float, float, float]:
+def _same_bytes(flows: Sequence[Tuple[int, int, float]]) -> Optional[float]:
+    """The bytes of every flow of a step, where they are all the same; else
+    None."""
+    sizes = set(map(_BYTES, flows))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _step(shape: _Shape, flows: Sequence[Tuple[int, int, float]], terms, cap: float,
+          same: Optional[float]) -> Tuple[List[float], float, float, float, float]:
     """One step under a protocol: each flow's rate alone (0 for one that
     stays on its rank), the step's latency (from a flow's last byte to its
     delivery), its longest transmission, the most bytes a rank sends and
-    the least rate at which a rank sends them."""
+    the least rate at which a rank sends them. ``same``: every flow's bytes
+    (:func:`_same_bytes`)."""
     base, hops, equal = terms
-    sizes = set(map(_BYTES, flows))
-    if len(sizes) == 1:
-        nbytes = sizes.pop()
+    if same is not None:
+        nbytes = same
         rates, latency, longest, most, slowest = equal
         return rates, latency, nbytes * longest, nbytes * most, slowest
     rates = list(base)
