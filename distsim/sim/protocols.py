@@ -259,16 +259,30 @@ def _step(shape: _Shape, flows: Sequence[Tuple[int, int, float]], terms, cap: fl
     latency = longest = most = 0.0
     slowest = math.inf
     for members in shape.groups:
-        nbytes = sum(flows[i][2] for i in members)
-        if nbytes <= 0:
-            continue
-        seconds = max(flows[i][2] / rates[i] for i in members)
-        if nbytes > cap * seconds:             # faster than the protocol moves a rank's bytes
-            stretch = nbytes / (cap * seconds)
-            for i in members:
+        if len(members) == 1:                  # the sums and maxima below, of one flow
+            i = members[0]
+            nbytes = flows[i][2]
+            if nbytes <= 0:
+                continue
+            seconds = nbytes / rates[i]
+            if nbytes > cap * seconds:
+                stretch = nbytes / (cap * seconds)
                 rates[i] /= stretch
-            seconds *= stretch
-        latency = max(latency, sum(flows[i][2] * hops[i] for i in members) / nbytes)
+                seconds *= stretch
+            spread = nbytes * hops[i] / nbytes
+            if spread > latency:
+                latency = spread
+        else:
+            nbytes = sum(flows[i][2] for i in members)
+            if nbytes <= 0:
+                continue
+            seconds = max(flows[i][2] / rates[i] for i in members)
+            if nbytes > cap * seconds:         # faster than the protocol moves a rank's bytes
+                stretch = nbytes / (cap * seconds)
+                for i in members:
+                    rates[i] /= stretch
+                seconds *= stretch
+            latency = max(latency, sum(flows[i][2] * hops[i] for i in members) / nbytes)
         longest = max(longest, seconds)
         most = max(most, nbytes)
         slowest = min(slowest, nbytes / seconds)
