@@ -148,13 +148,21 @@ def _equal_step(groups, base: List[float], hops: List[float], cap: float):
             if hop > latency:
                 latency = hop
         else:
-            seconds = max(1.0 / rates[i] for i in members)
+            # the longest 1-byte transmission and the summed latencies, in one
+            # pass (the same floats as max() and sum() over the members)
+            seconds = -math.inf
+            hop = 0
+            for i in members:
+                t = 1.0 / rates[i]
+                if t > seconds:
+                    seconds = t
+                hop += hops[i]
             if m > cap * seconds:              # faster than the protocol moves a rank's bytes
                 stretch = m / (cap * seconds)
                 for i in members:
                     rates[i] /= stretch
                 seconds *= stretch
-            latency = max(latency, sum(hops[i] for i in members) / m)
+            latency = max(latency, hop / m)
         longest = max(longest, seconds)
         most = max(most, m)
         slowest = min(slowest, m / seconds)
@@ -273,16 +281,25 @@ def _step(shape: _Shape, flows: Sequence[Tuple[int, int, float]], terms, cap: fl
             if spread > latency:
                 latency = spread
         else:
-            nbytes = sum(flows[i][2] for i in members)
+            # the rank's bytes, its longest transmission and its bytes'
+            # latencies in one pass (the same floats as sum() and max())
+            nbytes = spread = 0
+            seconds = -math.inf
+            for i in members:
+                b = flows[i][2]
+                nbytes += b
+                t = b / rates[i]
+                if t > seconds:
+                    seconds = t
+                spread += b * hops[i]
             if nbytes <= 0:
                 continue
-            seconds = max(flows[i][2] / rates[i] for i in members)
             if nbytes > cap * seconds:         # faster than the protocol moves a rank's bytes
                 stretch = nbytes / (cap * seconds)
                 for i in members:
                     rates[i] /= stretch
                 seconds *= stretch
-            latency = max(latency, sum(flows[i][2] * hops[i] for i in members) / nbytes)
+            latency = max(latency, spread / nbytes)
         longest = max(longest, seconds)
         most = max(most, nbytes)
         slowest = min(slowest, nbytes / seconds)
