@@ -36,7 +36,7 @@ import math
 from collections import Counter
 from itertools import chain
 from operator import itemgetter
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
@@ -159,31 +159,23 @@ class _FlowLoads:
     def __init__(self, network: Network, pairs: Sequence[Tuple[int, int]]) -> None:
         moving = [k for k, (src, dst) in enumerate(pairs) if src != dst]
         routes = [network.route(*pairs[k]) for k in moving]
-        count = Counter(chain.from_iterable([r[0] for r in routes]))
+        flat = list(chain.from_iterable([r[0] for r in routes]))
+        number = {i: n for n, i in enumerate(dict.fromkeys(flat))}
         cap = network.link_capacity
-        number: Dict[int, int] = {}
-        least: List[float] = []
-        entry_link: List[int] = []
-        entry_flow: List[int] = []
-        for f, (links, lat, _) in enumerate(routes):
-            for i in links:
-                n = number.get(i)
-                if n is None:
-                    n = number[i] = len(least)
-                    least.append(lat)
-                elif lat < least[n]:
-                    least[n] = lat
-                entry_link.append(n)
-                entry_flow.append(f)
         self.moving = np.array(moving, dtype=np.int64)
         self.latency = np.array([r[1] for r in routes], dtype=float)
         self.bottleneck = np.array([r[2] for r in routes], dtype=float)
-        self.per_byte = np.array([max(count[i] / cap(i) for i in r[0]) for r in routes],
-                                 dtype=float)
         self.capacity = np.array([cap(i) for i in number], dtype=float)
-        self.least = np.array(least, dtype=float)
-        self.entry_link = np.array(entry_link, dtype=np.int64)
-        self.entry_flow = np.array(entry_flow, dtype=np.int64)
+        self.entry_link = np.fromiter(map(number.__getitem__, flat), np.int64, len(flat))
+        lengths = np.fromiter(map(len, [r[0] for r in routes]), np.int64, len(routes))
+        self.entry_flow = np.repeat(np.arange(len(routes)), lengths)
+        # minima and maxima are exact in any order
+        self.least = np.full(len(number), np.inf)
+        np.minimum.at(self.least, self.entry_link, self.latency[self.entry_flow])
+        per_link = np.bincount(self.entry_link, minlength=len(number)) / self.capacity
+        self.per_byte = (np.maximum.reduceat(per_link[self.entry_link],
+                                             np.cumsum(lengths) - lengths)
+                         if len(flat) else np.zeros(len(routes)))
 
 
 def can_beat(lower: float, steps: int, best_upper: float) -> bool:
