@@ -139,11 +139,7 @@ def _equal_step(groups, base: List[float], hops: List[float], cap: float):
         m = len(members)
         if m == 1:                             # the loop's sums and maxima of one flow
             i = members[0]
-            seconds = 1.0 / rates[i]
-            if 1 > cap * seconds:
-                stretch = 1 / (cap * seconds)
-                rates[i] /= stretch
-                seconds *= stretch
+            seconds = _held(rates, members, 1, cap, 1.0 / rates[i])
             hop = hops[i]
             if hop > latency:
                 latency = hop
@@ -157,16 +153,26 @@ def _equal_step(groups, base: List[float], hops: List[float], cap: float):
                 if t > seconds:
                     seconds = t
                 hop += hops[i]
-            if m > cap * seconds:              # faster than the protocol moves a rank's bytes
-                stretch = m / (cap * seconds)
-                for i in members:
-                    rates[i] /= stretch
-                seconds *= stretch
+            seconds = _held(rates, members, m, cap, seconds)
             latency = max(latency, hop / m)
         longest = max(longest, seconds)
         most = max(most, m)
         slowest = min(slowest, m / seconds)
     return rates, latency, longest, float(most), slowest
+
+
+def _held(rates: List[float], members: Sequence[int], amount: float, cap: float,
+          seconds: float) -> float:
+    """A rank's step sending ``amount`` over its flows ``members`` in
+    ``seconds``: where that is faster than the protocol's ``cap`` moves a
+    rank's bytes, its flows' ``rates`` are slowed to it; the step's
+    seconds."""
+    if amount > cap * seconds:
+        stretch = amount / (cap * seconds)
+        for i in members:
+            rates[i] /= stretch
+        seconds *= stretch
+    return seconds
 
 
 def _shape(network: Network, flows: Sequence[Tuple[int, int, float]]) -> _Shape:
@@ -272,11 +278,7 @@ def _step(shape: _Shape, flows: Sequence[Tuple[int, int, float]], terms, cap: fl
             nbytes = flows[i][2]
             if nbytes <= 0:
                 continue
-            seconds = nbytes / rates[i]
-            if nbytes > cap * seconds:
-                stretch = nbytes / (cap * seconds)
-                rates[i] /= stretch
-                seconds *= stretch
+            seconds = _held(rates, members, nbytes, cap, nbytes / rates[i])
             spread = nbytes * hops[i] / nbytes
             if spread > latency:
                 latency = spread
@@ -294,11 +296,7 @@ def _step(shape: _Shape, flows: Sequence[Tuple[int, int, float]], terms, cap: fl
                 spread += b * hops[i]
             if nbytes <= 0:
                 continue
-            if nbytes > cap * seconds:         # faster than the protocol moves a rank's bytes
-                stretch = nbytes / (cap * seconds)
-                for i in members:
-                    rates[i] /= stretch
-                seconds *= stretch
+            seconds = _held(rates, members, nbytes, cap, seconds)
             latency = max(latency, spread / nbytes)
         longest = max(longest, seconds)
         most = max(most, nbytes)
