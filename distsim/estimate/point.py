@@ -66,6 +66,7 @@ from ..ir.types import DType
 from ..keywords import plain, unknown_name
 from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
+from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
 from ..transforms.strategy import Strategy, check_field, fusion_for
@@ -95,7 +96,11 @@ _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads
                  "attention")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
-          "collective_algo", "train", "input_shapes")
+          "collective_algo", "comm_streams", "train", "input_shapes")
+
+#: The ``comm_streams`` setting the timeline models (:mod:`.engine`: one
+#: communication stream per pipeline stage for every collective).
+MODELLED_COMM_STREAMS = "shared"
 
 
 # -- resolving the options ---------------------------------------------------------
@@ -124,6 +129,18 @@ def check_ignored(options: Mapping[str, Any]) -> None:
         check_field("coarsen", options["coarsen"])
 
 
+def check_modelled_streams(value: Any) -> None:
+    """Refuse a ``comm_streams`` setting the timeline does not model, so
+    that no estimate (nor a sweep's estimated point) silently times the
+    other one; a value simulate refuses is refused as simulate does."""
+    check_comm_streams(value)
+    if value != MODELLED_COMM_STREAMS:
+        raise ConfigError(f"estimate: comm_streams {value!r} is not modelled by the estimator "
+                          f"(one communication stream per pipeline stage for every collective, "
+                          f"comm_streams {MODELLED_COMM_STREAMS!r}); use fidelity: simulate, or "
+                          f"comm_streams: {MODELLED_COMM_STREAMS}")
+
+
 def resolve(options: Mapping[str, Any]) -> Case:
     """Resolve ``distsim simulate`` options as :func:`distsim.api.build_program`
     does, and check them as the GPT family does (a ConfigError otherwise)."""
@@ -133,6 +150,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     model = opts.pop("model", "gpt")
     topology = opts.pop("topology", "dgx-a100")
     algo = str(opts.pop("collective_algo", "auto") or "auto")
+    check_modelled_streams(opts.pop("comm_streams", DEFAULT_COMM_STREAMS))
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "

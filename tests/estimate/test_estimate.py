@@ -118,6 +118,17 @@ def test_options_the_estimator_ignores_are_still_checked_as_simulate_checks_them
         est.estimate(options)
 
 
+def test_the_estimator_refuses_the_comm_streams_setting_it_does_not_model():
+    # its timeline has one communication stream per stage: a per-group
+    # point is refused, not timed as shared
+    options = {**GPT2, "topology": "dgx-a100", "dp": 8}
+    with pytest.raises(ConfigError, match="comm_streams 'per-group' is not modelled"):
+        est.estimate({**options, "comm_streams": "per-group"})
+    with pytest.raises(ConfigError, match="--comm-streams: must be 'per-group' or 'shared'"):
+        est.estimate({**options, "comm_streams": "bogus"})
+    assert est.estimate({**options, "comm_streams": "shared"}) == est.estimate(options)
+
+
 def test_an_estimate_leaves_no_reference_cycles():
     """estimate() pauses the cyclic garbage collector (its passes walk the
     per-layer profiles kept between a sweep's points): that is only safe
