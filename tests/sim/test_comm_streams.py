@@ -150,3 +150,21 @@ def test_symmetry_gives_the_full_runs_records_under_either_setting(mode):
     # all-reduce between the first and last stage 4 apart
     assert streams == ({"comm-2x1", "comm-2x2", "comm-2x4", "p2p"} if mode == "per-group"
                        else {"comm", "p2p"})
+
+
+def test_a_deadlock_report_names_the_groups_stream(star):
+    # rank 1's operand of the first all-reduce is made from the result of
+    # the second, of the same group: its stream waits in the first, which
+    # rank 1 never reaches (the same program deadlocks on one shared stream)
+    from distsim.errors import SimulationError
+    from distsim.ir import Function, Op, Value
+    a0, a1 = Value("a0", TensorType((4,), F16, 0)), Value("a1", TensorType((4,), F16, 1))
+    o0, o1 = Value("o0", TensorType((4,), F16, 0)), Value("o1", TensorType((4,), F16, 1))
+    p1 = Value("p1", TensorType((4,), F16, 1))
+    q0, q1 = Value("q0", TensorType((4,), F16, 0)), Value("q1", TensorType((4,), F16, 1))
+    ops = [Op("comm.allreduce", [a0, p1], [o0, o1], {"ranks": (0, 1), "reduce_op": "sum"}),
+           Op("relu", [q1], [p1]),
+           Op("comm.allreduce", [a0, a1], [q0, q1], {"ranks": (0, 1), "reduce_op": "sum"})]
+    with pytest.raises(SimulationError) as info:
+        _records(star, Function("deadlock", [a0, a1], ops, [o0, o1]), "per-group")
+    assert "device 0 comm-2x1: %o0 (comm.allreduce)" in str(info.value)
