@@ -49,6 +49,13 @@ README; ZeRO 3 by layer's memory keeps the whole-from-the-start bound of
 analytical network's, one team alone: under ``network_mode: flow``,
 teams that share links at once (a PCIe workstation's dp x tp) run
 slower in the simulation.
+Under ``comm_streams: per-group`` (a communication stream per process
+group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
+data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
+ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
+so and is refused (its gathers' gates, :mod:`.gates`, and memory,
+:mod:`.gathered`, take the tensor-parallel collectives queued behind the
+gathers on one stream).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations
@@ -98,9 +105,7 @@ _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
           "collective_algo", "comm_streams", "train", "input_shapes")
 
-#: The ``comm_streams`` setting the timeline models (:mod:`.engine`: one
-#: communication stream per pipeline stage for every collective).
-MODELLED_COMM_STREAMS = "shared"
+
 
 
 # -- resolving the options ---------------------------------------------------------
@@ -129,18 +134,6 @@ def check_ignored(options: Mapping[str, Any]) -> None:
         check_field("coarsen", options["coarsen"])
 
 
-def check_modelled_streams(value: Any) -> None:
-    """Refuse a ``comm_streams`` setting the timeline does not model, so
-    that no estimate (nor a sweep's estimated point) silently times the
-    other one; a value simulate refuses is refused as simulate does."""
-    check_comm_streams(value)
-    if value != MODELLED_COMM_STREAMS:
-        raise ConfigError(f"estimate: comm_streams {value!r} is not modelled by the estimator "
-                          f"(one communication stream per pipeline stage for every collective, "
-                          f"comm_streams {MODELLED_COMM_STREAMS!r}); use fidelity: simulate, or "
-                          f"comm_streams: {MODELLED_COMM_STREAMS}")
-
-
 def resolve(options: Mapping[str, Any]) -> Case:
     """Resolve ``distsim simulate`` options as :func:`distsim.api.build_program`
     does, and check them as the GPT family does (a ConfigError otherwise)."""
@@ -150,7 +143,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     model = opts.pop("model", "gpt")
     topology = opts.pop("topology", "dgx-a100")
     algo = str(opts.pop("collective_algo", "auto") or "auto")
-    check_modelled_streams(opts.pop("comm_streams", DEFAULT_COMM_STREAMS))
+    comm_streams = check_comm_streams(opts.pop("comm_streams", DEFAULT_COMM_STREAMS))
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -182,7 +175,15 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
-    return Case(config, c, strategy, m, topo, topology, algo)
+    if comm_streams == "per-group" and strategy.zero == 3 and strategy.dp > 1 \
+            and strategy.tp > 1:
+        # its gathers' gates (.gates) and memory (.gathered) take the
+        # tensor-parallel collectives queued behind the gathers
+        raise ConfigError("estimate: comm_streams 'per-group' with ZeRO-3 and tensor "
+                          "parallelism is not modelled by the estimator (its parameter "
+                          "gathers on one stream with the tensor-parallel collectives); use "
+                          "fidelity: simulate, or comm_streams: shared")
+    return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:

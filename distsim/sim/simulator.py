@@ -454,8 +454,7 @@ class Simulator:
         if self._blocked:
             raise SimulationError(self._deadlock_report())
         start_s, end_s = self._compute_times(prefixes, leads)
-        # every op record, as columns (.records; Trace.ops makes the tuples)
-        records = op_columns(ix, start_s, end_s, self._finished, self.options.comm_streams)
+        records = self._records(start_s, end_s)
         memory = self._memory(start_s, end_s)
         if self._rep:
             records, memory = self._expand_symmetry(records, memory)
@@ -479,6 +478,11 @@ class Simulator:
             ops = np.asarray(stream.ops, dtype=np.int64)
             start_s[ops], end_s[ops] = op_times(prefix, base, s0, leads.get(rank))
         return start_s, end_s
+
+    def _records(self, start_s: np.ndarray, end_s: np.ndarray) -> OpColumns:
+        """Every op record, as columns (:mod:`.records`); ``Trace.ops``
+        makes them tuples, sorted by (start, rank, stream, end), if asked."""
+        return op_columns(self.index, start_s, end_s, self._finished, self.options.comm_streams)
 
     def _memory(self, start_s: np.ndarray, end_s: np.ndarray) -> MemoryAccounting:
         """Per-value allocation and free times (:mod:`.value_lifetimes`),
