@@ -46,6 +46,8 @@ class Case:
     topology: Topology
     topology_name: str
     collective_algo: str
+    #: the simulator's ``comm_streams`` (:mod:`distsim.sim.comm_queues`)
+    comm_streams: str = "shared"
 
 
 @lru_cache(maxsize=256)
@@ -114,7 +116,7 @@ class StepContext:
         # memos: what is the same for every task / layer of the step
         self.memo = Memo() if memo is None else memo
         # -- the walk's state --------------------------------------------------
-        self.tl = Timeline(S.pp)
+        self.tl = Timeline(S.pp, per_group=case.comm_streams == "per-group")
         self.flops = [0.0] * S.pp
         #: per stage, the flat gradient copies (bytes, end of their
         #: reduce-scatter) that may outlive the backward that made them

@@ -49,6 +49,13 @@ README; ZeRO 3 by layer's memory keeps the whole-from-the-start bound of
 analytical network's, one team alone: under ``network_mode: flow``,
 teams that share links at once (a PCIe workstation's dp x tp) run
 slower in the simulation.
+Under ``comm_streams: per-group`` (a communication stream per process
+group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
+data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
+ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
+so and is refused (its gathers' gates, :mod:`.gates`, and memory,
+:mod:`.gathered`, take the tensor-parallel collectives queued behind the
+gathers on one stream).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations
@@ -66,6 +73,7 @@ from ..ir.types import DType
 from ..keywords import plain, unknown_name
 from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
+from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
 from ..transforms.strategy import Strategy, check_field, fusion_for
@@ -95,7 +103,9 @@ _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads
                  "attention")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
-          "collective_algo", "train", "input_shapes")
+          "collective_algo", "comm_streams", "train", "input_shapes")
+
+
 
 
 # -- resolving the options ---------------------------------------------------------
@@ -133,6 +143,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     model = opts.pop("model", "gpt")
     topology = opts.pop("topology", "dgx-a100")
     algo = str(opts.pop("collective_algo", "auto") or "auto")
+    comm_streams = check_comm_streams(opts.pop("comm_streams", DEFAULT_COMM_STREAMS))
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -164,7 +175,15 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
-    return Case(config, c, strategy, m, topo, topology, algo)
+    if comm_streams == "per-group" and strategy.zero == 3 and strategy.dp > 1 \
+            and strategy.tp > 1:
+        # its gathers' gates (.gates) and memory (.gathered) take the
+        # tensor-parallel collectives queued behind the gathers
+        raise ConfigError("estimate: comm_streams 'per-group' with ZeRO-3 and tensor "
+                          "parallelism is not modelled by the estimator (its parameter "
+                          "gathers on one stream with the tensor-parallel collectives); use "
+                          "fidelity: simulate, or comm_streams: shared")
+    return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:

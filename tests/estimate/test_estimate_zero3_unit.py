@@ -106,8 +106,8 @@ def _gather_starts(**extra):
     case = est.resolve(options)
     init = Timeline.__init__
 
-    def unmerged(tl, stages):
-        init(tl, stages)
+    def unmerged(tl, stages, **settings):
+        init(tl, stages, **settings)
         tl.sealed = _AllSealed(tl.sealed)
 
     with pytest.MonkeyPatch.context() as patch:
