@@ -98,6 +98,14 @@ class Builder:
 
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
+        if ctx.by_layer:
+            # the task's first unit of shards is concatenated where the
+            # stage's compute so far ends: LowerSPMD gates the gather after
+            # it on the task's input, not the concatenation (the emitters
+            # issue the first block's own gathers without it)
+            copy_in = gather_plan(ctx, kind, ctx.blocks_of(kind, c)[0][0]).copy_in
+            if copy_in:
+                ctx.tl.compute(stage, copy_in, 0.0)
         last_b = kind == "B" and mb == ctx.microbatches - 1
         if last_b and not ctx.scatter_each:
             return self.backward.last_backward(stage, c, ready)
@@ -182,8 +190,9 @@ class Builder:
             # the gate is: after the compute before, not after a collective
             # that ends the block before (the embedding's forward), which
             # the gather queues behind on the communication stream
-            starts = [tl.compute(stage, copy_in, prev) if copy_in else prev
-                      for copy_in, _ in gathers]
+            # (the task's first, the first block's own: :meth:`_emit_task`)
+            starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
+                      for j, (copy_in, _) in enumerate(gathers)]
             if wait is not None:
                 tl.compute_pieces(stage, wait, prev)
             for start, (_, t) in zip(starts, gathers):
