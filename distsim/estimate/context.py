@@ -337,6 +337,12 @@ class StepContext:
         if hit is None:
             params = self.profile.params[name]
             members = unit_indices([p.numel for p in params], self.dp)
+            # in the order the backward makes them, as the lowering's unit
+            # (settled in that order: the embedding's position gradient
+            # before its table's)
+            made = {i: k for k, i in enumerate(dict.fromkeys(
+                i for indices, *_ in self.profile.blocks[name].bs_made for i in indices))}
+            members = tuple(sorted(members, key=lambda i: (made.get(i, len(made)), i)))
             hit = self.memo.grad_units[name] = (
                 members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
         return hit
