@@ -16,7 +16,7 @@ a parameter's update) is computed once per configuration.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..transforms.pipeline import merge_tasks, schedule_tasks
@@ -25,7 +25,7 @@ from .blocks import LayerProfile
 from .context import Case, StepContext
 from .engine import Timeline
 from .gates import chain, emit_chain, gather_plan, gather_time
-from .gathered_walk import note_peak
+from .gathered_walk import item_bytes, note_peak
 from .notes import MemoryNotes
 from .replay import ReplayedBackward
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
@@ -69,6 +69,8 @@ class Builder:
                  ) -> None:
         self.ctx = StepContext(case, profile, memo)
         self.notes = MemoryNotes(self.ctx)
+        #: per stage, the last task emitted (kind, chunk)
+        self._last: Dict[int, Tuple[str, int]] = {}
         self._start_sync()
 
     def _start_sync(self) -> None:
@@ -81,6 +83,18 @@ class Builder:
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
+        if ctx.by_layer:
+            # the task's first unit of shards is concatenated where the
+            # stage's compute so far ends: LowerSPMD gates the gather after
+            # it on the task's input, not the concatenation (the emitters
+            # issue the first block's own gathers without it)
+            first = ctx.blocks_of(kind, c)[0][0]
+            copy_in = gather_plan(ctx, kind, first).copy_in
+            if copy_in:
+                self.notes.copy_in(stage, kind, mb, c, item_bytes(ctx, kind, first)[0][1]
+                                   + self._gate_token(stage), max(ctx.tl.free[2 * stage], 0.0))
+                ctx.tl.compute(stage, copy_in, 0.0)
+            self._last[stage] = (kind, c)
         flats = ctx.flats.get(stage)
         if flats:
             # the flat copies still waiting for their reduce-scatters when
@@ -96,16 +110,23 @@ class Builder:
                 return end
         return self._emit_task(stage, kind, mb, c, ready)
 
+    def _gate_token(self, stage: int) -> int:
+        """ZeRO-3 by layer: the bytes of the stage's last result that gates
+        the next task's gathers, live until the gate (after that task's
+        first copy-in): a backward's last gradient
+        (:attr:`.profile.Block.b_held`), or 0."""
+        last = self._last.get(stage)
+        if last is None or last[0] != "B":
+            return 0
+        name = self.ctx.blocks_of("B", last[1])[-1][0]
+        i = self.ctx.profile.blocks[name].b_held
+        if i is None:
+            return 0
+        p = self.ctx.profile.params[name][i]
+        return p.numel * p.dtype.itemsize
+
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
-        if ctx.by_layer:
-            # the task's first unit of shards is concatenated where the
-            # stage's compute so far ends: LowerSPMD gates the gather after
-            # it on the task's input, not the concatenation (the emitters
-            # issue the first block's own gathers without it)
-            copy_in = gather_plan(ctx, kind, ctx.blocks_of(kind, c)[0][0]).copy_in
-            if copy_in:
-                ctx.tl.compute(stage, copy_in, 0.0)
         last_b = kind == "B" and mb == ctx.microbatches - 1
         if last_b and not ctx.scatter_each:
             return self.backward.last_backward(stage, c, ready)
@@ -190,7 +211,7 @@ class Builder:
             # the gate is: after the compute before, not after a collective
             # that ends the block before (the embedding's forward), which
             # the gather queues behind on the communication stream
-            # (the task's first, the first block's own: :meth:`_emit_task`)
+            # (the task's first, the first block's own: :meth:`emit_task`)
             starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
                       for j, (copy_in, _) in enumerate(gathers)]
             if wait is not None:
@@ -446,6 +467,7 @@ class Builder:
                 or other.sync.unpack:
             raise ValueError("resume: the walk being copied has synchronised gradients")
         self.ctx.resume(other.ctx)
+        self._last = dict(other._last)
         self._start_sync()
         mine.pos = w.pos
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
