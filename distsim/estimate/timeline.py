@@ -84,17 +84,7 @@ class Builder:
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
         if ctx.by_layer:
-            # the task's first unit of shards is concatenated where the
-            # stage's compute so far ends: LowerSPMD gates the gather after
-            # it on the task's input, not the concatenation (the emitters
-            # issue the first block's own gathers without it)
-            first = ctx.blocks_of(kind, c)[0][0]
-            copy_in = gather_plan(ctx, kind, first).copy_in
-            if copy_in:
-                self.notes.copy_in(stage, kind, mb, c, item_bytes(ctx, kind, first)[0][1]
-                                   + self._gate_token(stage), max(ctx.tl.free[2 * stage], 0.0))
-                ctx.tl.compute(stage, copy_in, 0.0)
-            self._last[stage] = (kind, c)
+            self._lead_copy_ins(stage, kind, mb, c, ready)
         flats = ctx.flats.get(stage)
         if flats:
             # the flat copies still waiting for their reduce-scatters when
@@ -109,6 +99,44 @@ class Builder:
                 self.notes.flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
                 return end
         return self._emit_task(stage, kind, mb, c, ready)
+
+    def _lead_copy_ins(self, stage: int, kind: str, mb: int, c: int, ready: float) -> None:
+        """ZeRO-3 by layer: the copy-ins a task makes before its compute,
+        noted for the memory estimate with what the stage still holds then
+        (:meth:`.notes.MemoryNotes.copy_in`). Its first unit of shards is
+        concatenated where the stage's compute so far ends: LowerSPMD
+        gates the gather after it on the task's input, not the
+        concatenation (emitted here; the emitters issue the first block's
+        own gathers without it). The units it prefetches are concatenated
+        after that gate (:meth:`_emit_gathered`). The stage's last result,
+        the gates' token, is live until the last of those gates."""
+        ctx = self.ctx
+        order = ctx.blocks_of(kind, c)
+        first = order[0][0]
+        copy_in = gather_plan(ctx, kind, first).copy_in
+        token = self._gate_token(stage)
+        held = 0
+        if copy_in:
+            held = item_bytes(ctx, kind, first)[0][1]
+            self.notes.copy_in(stage, kind, mb, c, held + token,
+                               max(ctx.tl.free[2 * stage], 0.0))
+            ctx.tl.compute(stage, copy_in, 0.0)
+        # past the first gate (each gather's gated shard, or concatenated
+        # unit, from there to its gather's end), the most at a prefetched
+        # unit's copy-in, while the token is still live
+        gates, most = held, 0
+        for j in prefetch_window(0, len(order), ctx.strategy.prefetch):
+            name = order[j][0]
+            unit = gather_plan(ctx, kind, name).copy_in > 0.0
+            for g, (_, nbytes, _) in enumerate(item_bytes(ctx, kind, name)):
+                if j or g or not unit:     # (the first unit's: ``held``)
+                    gates += nbytes
+                    if unit and g == 0:
+                        most = gates
+        if most:
+            self.notes.copy_in(stage, kind, mb, c, most + token,
+                               max(ready, ctx.tl.free[2 * stage], 0.0))
+        self._last[stage] = (kind, c)
 
     def _gate_token(self, stage: int) -> int:
         """ZeRO-3 by layer: the bytes of the stage's last result that gates

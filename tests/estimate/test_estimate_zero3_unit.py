@@ -217,3 +217,26 @@ def test_the_next_tasks_copy_in_counts_beside_the_backward_it_follows():
     builder = Builder(case, est._profile_for(case))
     builder.build()
     assert builder.ctx.memo.copy_ins[(0, "B", 1, 0)] == UNIT_SHARD + 2 * UNIT_SHARD + 2 * table
+
+
+def test_a_forward_prefetching_a_unit_after_a_backward_counts_what_it_still_holds():
+    """1F1B over two stages, three micro-batches: stage 0's third forward
+    follows its first backward at once. Its first gather (the embedding's
+    table, alone) is gated there (its gated shard made), then layer 0's
+    prefetched unit is concatenated before its own gate, so the
+    backward's last gradient (the table's: both gates' token) is live
+    with both, beside the backward's two flat copies still waiting (layer
+    0's concatenated unit, the table's). The estimate was 125 MiB (2.0 %)
+    under the simulation's peak, the table's gated shard."""
+    options = dict(model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, pp=2, layers=2,
+                   seq=512, micro_batch=1, global_batch=6, **LAYER)
+    table = 32000 * 4096 * 2
+    row, sim = estimated_and_simulated(options)
+    assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
+                                                         rel=1e-4)
+    case = est.resolve(options)
+    builder = Builder(case, est._profile_for(case))
+    builder.build()
+    # token, the table's gated shard, layer 0's unit of shards, the flat copies
+    assert builder.ctx.memo.copy_ins[(0, "F", 2, 0)] == \
+        table + table // 2 + UNIT_SHARD + (2 * UNIT_SHARD + table)
