@@ -179,6 +179,21 @@ def test_a_blocks_time_with_its_split_from_its_op_level_entries(options, before)
 PIPELINE = dict(model="llama2-7b", topology="dgx-a100", dp=2, pp=4, layers=4, seq=512,
                 micro_batch=1, optimizer="sgd", **LAYER)
 UNIT_SHARD = (4096 + 4096 * 12288 + 4096 * 4096 + 4096 + 4096 * 22016 + 11008 * 4096) // 2 * 2
+#: its token embedding table's gradient (bf16, whole)
+TABLE = 32000 * 4096 * 2
+
+
+def _copy_ins_at_the_simulated_peak(options):
+    """Assert the estimate's peak memory of ``options`` is the
+    simulation's (to 1e-4); return what its walk noted at the tasks'
+    leading gathers (:attr:`.state.Memo.copy_ins`)."""
+    row, sim = estimated_and_simulated(options)
+    assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
+                                                         rel=1e-4)
+    case = est.resolve(options)
+    builder = Builder(case, est._profile_for(case))
+    builder.build()
+    return builder.ctx.memo.copy_ins
 
 
 def test_a_tasks_first_copy_in_runs_before_its_input():
@@ -208,15 +223,8 @@ def test_the_next_tasks_copy_in_counts_beside_the_backward_it_follows():
     the activations in flight and layer 0's unit of gradient shards it is
     the stage's peak (the estimate was 193 MiB, 4.1 %, under the
     simulation's)."""
-    options = dict(PIPELINE, global_batch=8)
-    table = 32000 * 4096 * 2
-    row, sim = estimated_and_simulated(options)
-    assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
-                                                         rel=1e-4)
-    case = est.resolve(options)
-    builder = Builder(case, est._profile_for(case))
-    builder.build()
-    assert builder.ctx.memo.copy_ins[(0, "B", 1, 0)] == UNIT_SHARD + 2 * UNIT_SHARD + 2 * table
+    copy_ins = _copy_ins_at_the_simulated_peak(dict(PIPELINE, global_batch=8))
+    assert copy_ins[(0, "B", 1, 0)] == UNIT_SHARD + 2 * UNIT_SHARD + 2 * TABLE
 
 
 def test_a_forward_prefetching_a_unit_after_a_backward_counts_what_it_still_holds():
@@ -228,15 +236,8 @@ def test_a_forward_prefetching_a_unit_after_a_backward_counts_what_it_still_hold
     with both, beside the backward's two flat copies still waiting (layer
     0's concatenated unit, the table's). The estimate was 125 MiB (2.0 %)
     under the simulation's peak, the table's gated shard."""
-    options = dict(model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, pp=2, layers=2,
-                   seq=512, micro_batch=1, global_batch=6, **LAYER)
-    table = 32000 * 4096 * 2
-    row, sim = estimated_and_simulated(options)
-    assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
-                                                         rel=1e-4)
-    case = est.resolve(options)
-    builder = Builder(case, est._profile_for(case))
-    builder.build()
+    copy_ins = _copy_ins_at_the_simulated_peak(dict(
+        model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, pp=2, layers=2, seq=512,
+        micro_batch=1, global_batch=6, **LAYER))
     # token, the table's gated shard, layer 0's unit of shards, the flat copies
-    assert builder.ctx.memo.copy_ins[(0, "F", 2, 0)] == \
-        table + table // 2 + UNIT_SHARD + (2 * UNIT_SHARD + table)
+    assert copy_ins[(0, "F", 2, 0)] == TABLE + TABLE // 2 + UNIT_SHARD + (2 * UNIT_SHARD + TABLE)
