@@ -310,8 +310,12 @@ def estimate_memory(b: StepContext) -> List[int]:
         # compute so far ends, the task's input still to come: beside the
         # activations in flight, the unit of shards the last backward left
         # pending and the flat copies still waiting
+        places: Dict[Tuple[str, int], np.ndarray] = {}     # each task class's positions
         for kind, mb, c, nbytes in copy_ins_of.get(stage, ()):
-            at = np.flatnonzero((forward == (kind == "F")) & (chunk == c))
+            at = places.get((kind, c))
+            if at is None:
+                at = places[(kind, c)] = np.flatnonzero((forward == (kind == "F"))
+                                                        & (chunk == c))
             if mb < len(at):
                 backward = b.blocks_of("B", c)
                 pending = pending_shard_bytes(b, backward, len(backward)) \
