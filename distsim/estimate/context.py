@@ -131,6 +131,10 @@ class StepContext:
         self.unit_pending: Dict[int, list] = {}
         self.unit_made_at: Dict[tuple, float] = {}
         self.unit_ends: List[float] = []
+        #: with a pipeline, per stage: where the tasks emitted as compute
+        #: pieces placed their tensor-parallel collectives (the task's end,
+        #: the spans from it: :meth:`.timeline.Builder._tp_spans`)
+        self.tp_at: Dict[int, List[Tuple[float, Any]]] = {}
         #: where the backward task being emitted made the input gradient it
         #: sends to the stage before (None: not yet; the walk takes it and
         #: clears it after each backward task)
@@ -149,6 +153,7 @@ class StepContext:
         self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
         self.unit_made_at = dict(other.unit_made_at)
         self.unit_ends = list(other.unit_ends)
+        self.tp_at = {s: list(v) for s, v in other.tp_at.items()}
 
     # -- the layout --------------------------------------------------------------
     def stage_of(self, c: int) -> int:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from ..ir.comm import CollectiveType
 from ..transforms.pipeline import merge_tasks, schedule_tasks
 from ..transforms.sync_policy import SyncPolicy, prefetch_window
@@ -197,13 +199,15 @@ class Builder:
                     ctx.replays[key] = TaskRecord(items, tuple(block[1] for block in plan),
                                                        end - origin)
         else:
-            fl, lead, pieces = plan
+            fl, lead, pieces, spans = plan
             flops[stage] += fl
             if kind == "B":      # its early gathers, behind the collectives before
                 tl.free[2 * stage + 1] += ctx.lead_in(c, mb)[1]
             if lead:             # the recomputation the task starts with: no wait
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
+            if spans is not None:
+                ctx.tp_at.setdefault(stage, []).append((end, spans))
             if kind == "B":      # its last collectives, outlasting its compute
                 tl.free[2 * stage + 1] = max(tl.free[2 * stage + 1],
                                              end + ctx.comm_tail(c, mb))
@@ -329,9 +333,34 @@ class Builder:
             fl += f
         if split:
             total, busy = total - head.b_lead, busy - head.b_lead_busy
-        if kind == "B":
-            total -= ctx.lead_in(c, mb)[0]
-        return fl, lead, self._pieces(kind, order, total, busy, rest=split)
+        wait, early = ctx.lead_in(c, mb) if kind == "B" else (0.0, 0.0)
+        total -= wait
+        pieces = self._pieces(kind, order, total, busy, rest=split)
+        spans = None if split or early else self._tp_spans(kind, order, mb)
+        return fl, lead, pieces, spans
+
+    def _tp_spans(self, kind: str, order, mb: int) -> Optional[np.ndarray]:
+        """Where a task's tensor-parallel collectives fall, from its end
+        (negative), as on the template: each block's from the block's
+        start (:attr:`.blocks.Block.f_tp_spans`), the blocks back to back
+        and the last ending with the task (a backward's first block takes
+        its template wait off its start, not off its collectives). Only
+        with a pipeline, whose transfers they may overlap
+        (``communication_s``: :func:`.point._figures`); None: none."""
+        ctx = self.ctx
+        if ctx.pp == 1:
+            return None
+        blocks = ctx.profile.blocks
+        cls = 0 if mb == 0 else (2 if mb == ctx.microbatches - 1 else 1)
+        out = []
+        end = 0.0
+        for name, _ in reversed(order):
+            blk = blocks[name]
+            start = end - ctx.block_time(blk, kind, mb)[0]
+            out.extend((start + a, start + b)
+                       for a, b in (blk.f_tp_spans if kind == "F" else blk.b_tp_spans[cls]))
+            end = start
+        return np.array(out) if out else None
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
                 pre_shift: float = 0.0, post_shift: float = 0.0) -> List[tuple]:
@@ -428,6 +457,7 @@ class Builder:
         comm_tails = [(ctx.comm_tail(c, 0), ctx.comm_tail(c, 1)) for c in range(ctx.chunks)]
         early = [(ctx.lead_in(c, 0)[1], ctx.lead_in(c, 1)[1]) for c in range(ctx.chunks)]
         free = ctx.tl.free
+        tp_at = ctx.tp_at
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             for sent in (pending.due(start) if waiting and waiting[0][0] <= start else ()):
@@ -454,13 +484,15 @@ class Builder:
                 if kind == "B":      # where it made its input gradient
                     outs[task], ctx.out_at = ctx.out_at, None
             else:
-                fl, lead, pieces = plan
+                fl, lead, pieces, spans = plan
                 flops[stage] += fl
                 if kind == "B":      # its early gathers, behind the collectives before
                     free[2 * stage + 1] += early[c][mb != 0]
                 if lead:             # the recomputation the task starts with: no wait
                     pieces_on(stage, lead, 0.0)
                 ends[task] = end_at = pieces_on(stage, pieces, ready)
+                if spans is not None:
+                    tp_at.setdefault(stage, []).append((end_at, spans))
                 if kind == "B":
                     outs[task] = end_at - tails[c][mb != 0]
                     held = end_at + comm_tails[c][mb != 0]
