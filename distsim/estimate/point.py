@@ -277,17 +277,32 @@ def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list]) -> flo
     is ``|T | C| + |P | C| - |T | P | C| - |C|``."""
     if not placed or not tl.p2p_starts[stage]:
         return 0.0
-    t = np.concatenate([spans + start for start, spans in placed])
+    # the tasks of one plan share its spans: one numpy call per plan
+    by_plan: Dict[int, Tuple[np.ndarray, list]] = {}
+    for start, spans in placed:
+        by_plan.setdefault(id(spans), (spans, []))[1].append(start)
+    t = np.concatenate([(spans[None, :, :] + np.asarray(starts)[:, None, None]).reshape(-1, 2)
+                        for spans, starts in by_plan.values()])
     c_s, c_e = _spans(tl.comm_runs[stage], tl.comm_starts[stage], tl.comm_ends[stage])
-    c_s, c_e = np.asarray(c_s, dtype=float), np.asarray(c_e, dtype=float)
-    p_s, p_e = np.asarray(tl.p2p_starts[stage]), np.asarray(tl.p2p_ends[stage])
+    p_s, p_e = _union(tl.p2p_starts[stage], tl.p2p_ends[stage])
+
+    def near(s: np.ndarray, e: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        # the spans that meet a transfer (the others add nothing to the overlap)
+        i = np.searchsorted(p_e, s, side="right")
+        hit = (i < len(p_s)) & (p_s[np.minimum(i, len(p_s) - 1)] < e)
+        return s[hit], e[hit]
+
+    t = near(t[:, 0], t[:, 1])
+    c_s, c_e = near(np.asarray(c_s, dtype=float), np.asarray(c_e, dtype=float))
+    if not len(t[0]):
+        return 0.0
 
     def length(*parts: Tuple[np.ndarray, np.ndarray]) -> float:
         starts, ends = _union(np.concatenate([s for s, _ in parts]),
                               np.concatenate([e for _, e in parts]))
         return float((ends - starts).sum())
 
-    cs, ts, ps = (c_s, c_e), (t[:, 0], t[:, 1]), (p_s, p_e)
+    cs, ts, ps = (c_s, c_e), t, (p_s, p_e)
     return max(0.0, length(ts, cs) + length(ps, cs) - length(ts, ps, cs)
                - (length(cs) if len(c_s) else 0.0))
 
