@@ -207,7 +207,8 @@ class OpByOpBackward:
                 for j in prefetch_window(k, n, ctx.strategy.prefetch):
                     if j not in gathered:
                         gathered[j] = at_end = {}
-                        copy_in = gather_plan(self.ctx, "B", order[j][0]).copy_in
+                        # (the first block's own: :meth:`.timeline.Builder.emit_task`)
+                        copy_in = gather_plan(self.ctx, "B", order[j][0]).copy_in if j else 0.0
                         start = tl.compute(stage, copy_in, gate) if copy_in else gate
                         groups = []
                         for t, upto in self._gather_groups(order[j][0], only):

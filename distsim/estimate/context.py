@@ -133,6 +133,10 @@ class StepContext:
         self.unit_pending: Dict[int, list] = {}
         self.unit_made_at: Dict[tuple, float] = {}
         self.unit_ends: List[float] = []
+        #: with a pipeline, per stage: where the tasks emitted as compute
+        #: pieces placed their tensor-parallel collectives (the task's end,
+        #: the spans from it: :meth:`.timeline.Builder._tp_spans`)
+        self.tp_at: Dict[int, List[Tuple[float, Any]]] = {}
         #: where the backward task being emitted made the input gradient it
         #: sends to the stage before (None: not yet; the walk takes it and
         #: clears it after each backward task)
@@ -151,6 +155,7 @@ class StepContext:
         self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
         self.unit_made_at = dict(other.unit_made_at)
         self.unit_ends = list(other.unit_ends)
+        self.tp_at = {s: list(v) for s, v in other.tp_at.items()}
 
     # -- the layout --------------------------------------------------------------
     def stage_of(self, c: int) -> int:
@@ -339,6 +344,12 @@ class StepContext:
         if hit is None:
             params = self.profile.params[name]
             members = unit_indices([p.numel for p in params], self.dp)
+            # in the order the backward makes them, as the lowering's unit
+            # (settled in that order: the embedding's position gradient
+            # before its table's)
+            made = {i: k for k, i in enumerate(dict.fromkeys(
+                i for indices, *_ in self.profile.blocks[name].bs_made for i in indices))}
+            members = tuple(sorted(members, key=lambda i: (made.get(i, len(made)), i)))
             hit = self.memo.grad_units[name] = (
                 members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
         return hit

@@ -66,6 +66,8 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+import numpy as np
+
 from ..cost.device import check_compute_dtype
 from ..errors import ConfigError, DistsimError, PassPreconditionError
 from ..ir.core import gc_paused
@@ -80,7 +82,7 @@ from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, param_sizes
-from .engine import Timeline
+from .engine import Timeline, _spans, _union
 from .memory import estimate_memory
 from .context import Case, StepContext
 from .timeline import Builder, Memo, shared_prefix
@@ -277,11 +279,51 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
             for c in range(stage, b.chunks, S.pp) for kind in ("F", "B")
             for name, _ in b.blocks_of(kind, c))
         part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
-                                    - (tl.waits[stage] - tl.sync_waits[stage]))
+                                    - (tl.waits[stage] - tl.sync_waits[stage])
+                                    - _tp_under_transfers(tl, stage, b.tp_at.get(stage)))
     out = {k: sum(p[k] for p in parts) / len(parts) for k in _PARTS}
     out["step_time_s"] = step
     out["total_flops"] = float(sum(b.flops) * S.dp * S.tp)
     return out
+
+
+def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list]) -> float:
+    """How long the tensor-parallel collectives placed on ``stage``
+    (``placed``: :attr:`.context.StepContext.tp_at`) overlap its pipeline
+    transfers where no communication item does: counted in both, once in
+    the simulator's union of a rank's communication ops. The overlap
+    ``|T & (P - C)|`` of the collectives T, the transfers P and the items C
+    is ``|T | C| + |P | C| - |T | P | C| - |C|``."""
+    if not placed or not tl.p2p_starts[stage]:
+        return 0.0
+    # the tasks of one plan share its spans: one numpy call per plan
+    by_plan: Dict[int, Tuple[np.ndarray, list]] = {}
+    for start, spans in placed:
+        by_plan.setdefault(id(spans), (spans, []))[1].append(start)
+    t = np.concatenate([(spans[None, :, :] + np.asarray(starts)[:, None, None]).reshape(-1, 2)
+                        for spans, starts in by_plan.values()])
+    c_s, c_e = _spans(tl.comm_runs[stage], tl.comm_starts[stage], tl.comm_ends[stage])
+    p_s, p_e = _union(tl.p2p_starts[stage], tl.p2p_ends[stage])
+
+    def near(s: np.ndarray, e: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        # the spans that meet a transfer (the others add nothing to the overlap)
+        i = np.searchsorted(p_e, s, side="right")
+        hit = (i < len(p_s)) & (p_s[np.minimum(i, len(p_s) - 1)] < e)
+        return s[hit], e[hit]
+
+    t = near(t[:, 0], t[:, 1])
+    c_s, c_e = near(np.asarray(c_s, dtype=float), np.asarray(c_e, dtype=float))
+    if not len(t[0]):
+        return 0.0
+
+    def length(*parts: Tuple[np.ndarray, np.ndarray]) -> float:
+        starts, ends = _union(np.concatenate([s for s, _ in parts]),
+                              np.concatenate([e for _, e in parts]))
+        return float((ends - starts).sum())
+
+    cs, ts, ps = (c_s, c_e), t, (p_s, p_e)
+    return max(0.0, length(ts, cs) + length(ps, cs) - length(ts, ps, cs)
+               - (length(cs) if len(c_s) else 0.0))
 
 
 def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
