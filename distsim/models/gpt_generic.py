@@ -4,8 +4,8 @@
 beside the hand-written per-rank builder that :func:`.gpt_family.build_gpt`
 uses, and that the sweep's estimator profiles (``distsim/estimate/profile.py``
 builds one rank's step with ``gpt_forward(tp=...)`` and ``build_gpt_step``).
-The builder stays while the propagation is slow: its time grows with the
-square of the layers (``reports/gpt-one-path/``, "Why the builder is not
+The builder stays while the propagation is slower (about 30 times the
+builder's time: ``reports/gpt-one-path/``, "Why the builder is not
 deleted yet").
 
 Without tensor parallelism the two print the same program: data and
