@@ -3,8 +3,10 @@
 ``megatron`` plan (:func:`~distsim.transforms.parallelize.parallelize`),
 beside the hand-written per-rank builder that :func:`.gpt_family.build_gpt`
 uses, and that the sweep's estimator profiles (``distsim/estimate/profile.py``
-builds one rank's step with ``gpt_forward(tp=...)`` and ``build_gpt_step``,
-so the builder stays until the estimator profiles the generic path).
+builds one rank's step with ``gpt_forward(tp=...)`` and ``build_gpt_step``).
+The builder stays while the propagation is slower (about 30 times the
+builder's time: ``reports/gpt-one-path/``, "Why the builder is not
+deleted yet").
 
 Without tensor parallelism the two print the same program: data and
 pipeline parallelism, ZeRO 1-3, every schedule, recomputation, both

@@ -6,11 +6,14 @@ plan's ``cuts``; ``meta`` with ``params``, ``roles``, ``loss``,
 ``model["layers"]``) and a plan (:mod:`.plans`), and returns the local-view
 program of the whole ``dp x pp x tp`` mesh:
 
-1. tensor (and sequence) parallelism from the plan: the one-rank SPMD
-   template (:class:`.tensor_parallel.TensorParallel`);
-2. the backward pass by autodiff of the template (the SPMD collectives'
-   gradient rules make its collectives), then recomputation;
-3. :class:`~distsim.transforms.spmd.LowerSPMD`: pipeline stages from the
+1. :func:`template_step`: tensor (and sequence) parallelism from the
+   plan, the one-rank SPMD template
+   (:class:`.tensor_parallel.TensorParallel`); the backward pass by
+   autodiff of the template (the SPMD collectives' gradient rules make its
+   collectives), then recomputation and the strategy's kernel fusion --
+   the step of one micro-batch on one tensor-parallel rank, which the fast
+   estimator profiles too;
+2. :class:`~distsim.transforms.spmd.LowerSPMD`: pipeline stages from the
    layers, every schedule, micro-batches, gradient synchronisation and
    ZeRO, the optimizer.
 
@@ -25,6 +28,7 @@ from ..errors import ConfigError
 from ..ir.core import Function
 from .adam import AdamHyper
 from .autodiff import Autodiff
+from .fusion import Fuse
 from .megatron_plan import megatron_plan
 from .optimizer import SGDHyper
 from .pipeline import check_schedule
@@ -32,7 +36,7 @@ from .pipeline_layers import check_stages, layers_from_cuts
 from .plans import BUILTIN, Plan, load_plan_file
 from .recompute import Recompute
 from .spmd import LowerSPMD
-from .strategy import Strategy
+from .strategy import Strategy, fusion_for
 from .tensor_parallel import TensorParallel
 
 
@@ -57,12 +61,22 @@ def parallelize(forward: Function, strategy: Strategy, microbatches: int,
     where = f"model '{model}'"
     check_stages(layers, strategy.pp, strategy.chunks, where)
     check_schedule(strategy.schedule, strategy.pp, microbatches, strategy.chunks)
+    step = template_step(forward, strategy, plan, model)
+    return LowerSPMD(strategy, microbatches, hyper, master_dtype,
+                     representatives=strategy.symmetry, coarsen=strategy.coarsen)(step)
+
+
+def template_step(forward: Function, strategy: Strategy, plan: Plan,
+                  model: str = "the model") -> Function:
+    """The step of one micro-batch on one tensor-parallel rank: ``plan``
+    placed over ``strategy.tp`` ranks (``strategy.sp``), differentiated,
+    recomputed and fused as ``strategy`` says (no optimizer, no pipeline:
+    what :class:`~distsim.transforms.spmd.LowerSPMD` lowers)."""
     if strategy.tp > 1 and not plan.entries:
         raise ConfigError(f"--tp {strategy.tp}: plan '{plan.name}' places no parameter of "
-                          f"{where} (it finds no pair of linear layers and no embedding); give "
-                          "--plan FILE")
+                          f"model '{model}' (it finds no pair of linear layers and no "
+                          "embedding); give --plan FILE")
     template = TensorParallel(plan, strategy.tp, strategy.sp, model)(forward)
     step = Autodiff(template.meta["loss"], template.meta["params"])(template)
     step = Recompute(strategy.recompute, regather=strategy.sp)(step)
-    return LowerSPMD(strategy, microbatches, hyper, master_dtype,
-                     representatives=strategy.symmetry, coarsen=strategy.coarsen)(step)
+    return Fuse(fusion_for(strategy))(step)

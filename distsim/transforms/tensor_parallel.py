@@ -254,6 +254,35 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
     return fixed
 
 
+def column_biases(f: Function, fixed: Dict[Value, Placement], params: Set[str]
+                  ) -> Dict[Value, Placement]:
+    """The biases added to a column-wise layer's product (a 1-D parameter
+    the ``add`` reads beside it), split as the product's features (block by
+    block under a fused weight), as PyTorch's ``ColwiseParallel`` splits
+    the bias with the weight. The placement propagation derives too;
+    fixed here so that the propagation does not try each replicated
+    (:mod:`.sharding.entry_inputs` rebuilds the whole program per trial:
+    a time growing with the square of the layers)."""
+    users = f.users()
+    found: Dict[Value, Placement] = {}
+    for op in f.ops:
+        if op.op_type != "matmul" or len(op.inputs) != 2:
+            continue
+        w, y = op.inputs[1], op.outputs[0]
+        pl = fixed.get(w)
+        out_dim, _ = _matmul_dims(op, w)
+        if out_dim is None or not isinstance(pl, Shard) or pl.dim != out_dim:
+            continue
+        for u in users.get(y, []):
+            b = u.inputs[-1]
+            if u.op_type == "add" and len(u.inputs) == 2 and u.inputs[0] is y \
+                    and b.name in params and b not in fixed and b.type.rank == 1 \
+                    and b.type.shape[0] == y.type.shape[-1]:
+                found[b] = (BlockShard(0, pl.blocks) if isinstance(pl, BlockShard)
+                            else Shard(0))
+    return found
+
+
 def attached_params(f: Function, split: Set[Value]) -> Set[Value]:
     """The parameters read together with the direct product of a ``split``
     weight (a bias added to a planned layer's result): they take the
@@ -294,6 +323,7 @@ def place(forward: Function, styles: Dict[str, PlanEntry], tp: int, sp: bool) ->
     params = set(forward.meta["params"])
     attached = attached_params(f, {v for v, pl in fixed.items()
                                    if v.name in params and not isinstance(pl, Replicate)})
+    fixed.update(column_biases(f, fixed, params))
     for name, spec in (forward.meta.get("consts") or {}).items():
         if spec.get("kind") == "vocab_pad":
             # the padded vocabulary's mask lies as the vocabulary does: each
