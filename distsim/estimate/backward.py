@@ -261,13 +261,22 @@ class OpByOpBackward:
                     if flats:
                         # those still waiting as the op making it starts
                         # (its output is live from there; key (k, param,
-                        # True)) and as it ends (its flat copy's; (k, param))
-                        start = (made or 0.0) - time_s
-                        held = sum(nbytes for nbytes, end in flats if end > start)
-                        if held > inside.get((k, param, True), 0):
-                            inside[(k, param, True)] = held
-                        flats = [x for x in flats if x[1] > (made or 0.0)]
-                        held = sum(nbytes for nbytes, _ in flats)
+                        # True)) and as it ends (its flat copy's; (k, param)):
+                        # one pass, each sum in the list's order (a few
+                        # copies, a hundred thousand gradients a grid)
+                        made_at = made or 0.0
+                        start = made_at - time_s
+                        held_start = held = 0
+                        waiting = []
+                        for x in flats:
+                            if x[1] > start:
+                                held_start += x[0]
+                            if x[1] > made_at:
+                                waiting.append(x)
+                                held += x[0]
+                        flats = waiting
+                        if held_start > inside.get((k, param, True), 0):
+                            inside[(k, param, True)] = held_start
                         if held > inside.get((k, param), 0):
                             inside[(k, param)] = held
                     if unit is not None and param in unit:

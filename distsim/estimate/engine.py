@@ -466,18 +466,25 @@ class Timeline:
             self.end = end
 
     # -- accounting ----------------------------------------------------------
-    def stage_breakdown(self, stage: int, step_s: float) -> Dict[str, float]:
+    def comm_spans(self, stage: int) -> Tuple[Sequence[float], Sequence[float]]:
+        """The spans of ``stage``'s communication stream in order (its
+        lists with its replayed runs in place: :func:`_spans`)."""
+        return _spans(self.comm_runs[stage], self.comm_starts[stage], self.comm_ends[stage])
+
+    def stage_breakdown(self, stage: int, step_s: float,
+                        comm: Optional[Tuple[Sequence[float], Sequence[float]]] = None
+                        ) -> Dict[str, float]:
         """Per rank of ``stage``, as the simulator's summary counts it:
         compute (the busy part of its compute items), communication (its
         communication-only items and the tensor-parallel waits inside
         compute items), exposed communication (communication while nothing
         computes), idle (the rest of the step). Items on one stream are
-        disjoint and in time order, so this is a linear sweep."""
+        disjoint and in time order, so this is a linear sweep. ``comm``: the
+        stream's :meth:`comm_spans`, where the caller has them already."""
         waits = self.waits[stage]
         busy = self.busy[stage]
         comm_s = self.comm_s[stage]
-        starts, ends = _spans(self.comm_runs[stage], self.comm_starts[stage],
-                              self.comm_ends[stage])
+        starts, ends = comm if comm is not None else self.comm_spans(stage)
         if self.p2p_starts[stage] or self.group_starts[stage]:
             # the union of the collectives' and the transfers' spans, as the
             # simulator's summary counts communication

@@ -102,17 +102,39 @@ class GatherCurve(NamedTuple):
         return self.arrays[2], self.arrays[3], self.arrays[4], self.arrays[5]
 
 
+#: the template's compute ops that make values and have a time, by start:
+#: (their starts, (program position, op) each): :func:`timed_makers`
+Makers = Tuple[List[float], List[Tuple[int, Op]]]
+
+
+def timed_makers(producer: Dict[int, Op], times) -> Makers:
+    """The distinct compute ops of ``producer`` (id(value) -> the op making
+    it) with a time in ``times``, sorted by start (ties in program order):
+    worked out once per template, so that each :func:`gather_curve` finds
+    the ops starting in its window by bisection, not by a pass over the
+    whole template."""
+    ops = [o for o in {id(o): o for o in producer.values()}.values()
+           if not is_communication(o) and o.name in times]
+    ranked = sorted((times[o.name][0], i) for i, o in enumerate(ops))
+    return [t for t, _ in ranked], [(i, ops[i]) for _, i in ranked]
+
+
+def _position(ranked: Tuple[int, Op]) -> int:
+    return ranked[0]
+
+
 def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
                  stamps: Sequence[float], base: float, gathered: Sequence[Tuple[str, int]],
                  params, producer: Dict[int, Op],
                  points: Sequence[Tuple[int, float, float, bool]] = (),
-                 made: Sequence[Tuple[Tuple[int, ...], float, float, float, float]] = ()
-                 ) -> Optional[GatherCurve]:
+                 made: Sequence[Tuple[Tuple[int, ...], float, float, float, float]] = (),
+                 *, makers: Makers) -> Optional[GatherCurve]:
     """The :class:`GatherCurve` of a template block's ``ops`` (rank 0, its
     group), over ``base`` bytes; ``gathered``: the block's gathered
     parameters (owner block, index); ``producer``: id(value) -> the op
-    making it; ``points``: (parameter index, template time, live bytes,
-    whether an op ends there) extra candidates; ``made``: the ops making final gradients (indices,
+    making it (``makers``: its :func:`timed_makers`); ``points``:
+    (parameter index, template time, live bytes, whether an op ends there)
+    extra candidates; ``made``: the ops making final gradients (indices,
     start, live bytes while it runs, end, live bytes after it, in template
     time: :attr:`GatherCurve.made`). None: no compute op."""
     compute = [o for o in ops if not is_communication(o)]
@@ -140,9 +162,9 @@ def gather_curve(ops: List[Op], times, samples: Sequence[Tuple[float, int]],
     # the next block's, where its compute starts under this block's last
     # collective: its gates (its parameters whole) until its reshapes end
     mine = {id(o) for o in ops}
-    others = [o for o in {id(o): o for o in producer.values()}.values()
-              if id(o) not in mine and not is_communication(o) and o.name in times
-              and t_c0 <= times[o.name][0] < t_end]
+    starts, ranked = makers
+    window = ranked[bisect_left(starts, t_c0):bisect_left(starts, t_end)]
+    others = [o for _, o in sorted(window, key=_position) if id(o) not in mine]
     readers = {id(o.inputs[0]): o for o in others if used_param_name(o) is not None}
     for o in others:
         if o.op_type == "depend" and o.meta.get("detail") == "zero3 prefetch gate":

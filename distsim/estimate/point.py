@@ -64,7 +64,7 @@ import math
 from dataclasses import replace
 
 from functools import lru_cache
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -82,7 +82,7 @@ from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, param_sizes
-from .engine import Timeline, _spans, _union
+from .engine import Timeline, _union
 from .memory import estimate_memory
 from .context import Case, StepContext
 from .timeline import Builder, Memo, shared_prefix
@@ -266,7 +266,9 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
     b = builder.ctx
     step = tl.run()
     S = b.strategy
-    parts = [tl.stage_breakdown(s, step) for s in range(S.pp)]
+    # each stage's communication spans, made once for both uses below
+    comm = [tl.comm_spans(s) for s in range(S.pp)]
+    parts = [tl.stage_breakdown(s, step, comm[s]) for s in range(S.pp)]
     # communication counts each tensor-parallel collective's whole time, as
     # the simulator's summary does, not only the wait it causes inside its
     # compute item (the part under compute, e.g. the input gradient's
@@ -280,20 +282,23 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
             for name, _ in b.blocks_of(kind, c))
         part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
                                     - (tl.waits[stage] - tl.sync_waits[stage])
-                                    - _tp_under_transfers(tl, stage, b.tp_at.get(stage)))
+                                    - _tp_under_transfers(tl, stage, b.tp_at.get(stage),
+                                                          comm[stage]))
     out = {k: sum(p[k] for p in parts) / len(parts) for k in _PARTS}
     out["step_time_s"] = step
     out["total_flops"] = float(sum(b.flops) * S.dp * S.tp)
     return out
 
 
-def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list]) -> float:
+def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list],
+                        comm: Tuple[Sequence[float], Sequence[float]]) -> float:
     """How long the tensor-parallel collectives placed on ``stage``
     (``placed``: :attr:`.context.StepContext.tp_at`) overlap its pipeline
     transfers where no communication item does: counted in both, once in
     the simulator's union of a rank's communication ops. The overlap
     ``|T & (P - C)|`` of the collectives T, the transfers P and the items C
-    is ``|T | C| + |P | C| - |T | P | C| - |C|``."""
+    (``comm``: their spans, :meth:`.engine.Timeline.comm_spans`) is
+    ``|T | C| + |P | C| - |T | P | C| - |C|``."""
     if not placed or not tl.p2p_starts[stage]:
         return 0.0
     # the tasks of one plan share its spans: one numpy call per plan
@@ -302,7 +307,7 @@ def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list]) -> flo
         by_plan.setdefault(id(spans), (spans, []))[1].append(start)
     t = np.concatenate([(spans[None, :, :] + np.asarray(starts)[:, None, None]).reshape(-1, 2)
                         for spans, starts in by_plan.values()])
-    c_s, c_e = _spans(tl.comm_runs[stage], tl.comm_starts[stage], tl.comm_ends[stage])
+    c_s, c_e = comm
     p_s, p_e = _union(tl.p2p_starts[stage], tl.p2p_ends[stage])
 
     def near(s: np.ndarray, e: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
-from .gathered import gather_curve
+from .gathered import gather_curve, timed_makers
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 
 
@@ -65,6 +65,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     forward_made: Optional[set] = None               # the forward's values, once
     # ZeRO-3: what makes each value (a gathered parameter's gate)
     producer = {id(v): op for op in rank0 for v in op.outputs} if zero3 else {}
+    makers = timed_makers(producer, times)
     f_order = [EMB, "layer0", LAYER, HEAD]
     saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
              LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
@@ -85,7 +86,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             if zero3:
                 blocks[name].f_curve = gather_curve(
                     groups[key], times, samples, stamps, static + grads + before,
-                    blocks[name].f_gather, params, producer)
+                    blocks[name].f_gather, params, producer, makers=makers)
         if ("B", LAST_MB, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", LAST_MB, name))) - static
                                         - grads - before - saved[name])
@@ -95,7 +96,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                 blocks[name].b_curve_later = gather_curve(
                     groups[("B", LAST_MB, name)], times, samples, stamps,
                     static + grads + before + saved[name], blocks[name].b_gather, params,
-                    producer)
+                    producer, makers=makers)
         if ("B", 0, name) in groups:
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
@@ -132,7 +133,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
                     params, producer, _grad_points(groups[("B", 0, name)], times, samples,
                                                    stamps, allocated, final_only, index),
                     _grad_ops(groups[("B", 0, name)], times, samples, stamps, allocated,
-                              final_only, index))
+                              final_only, index), makers=makers)
     _optimizer_memory(params, rank0, times, samples, static + grads)
     return data_emb, data_head
 
