@@ -93,6 +93,16 @@ def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Functi
     return Fuse(fusion_for(strategy))(step)
 
 
+def rank_forward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool) -> Function:
+    """The forward pass of one micro-batch on one tensor-parallel rank as the
+    megatron plan places it (no backward): its inputs are the parameters
+    that rank holds, at their local sizes."""
+    from ..transforms.megatron_plan import megatron_plan
+    from ..transforms.tensor_parallel import TensorParallel
+    fwd = gpt_forward(c, micro_batch=micro_batch, untie=untie, pad_for=tp)
+    return TensorParallel(megatron_plan(fwd), tp, sp, "gpt")(fwd)
+
+
 def hyper_of(c: GPTConfig, optimizer: str = "adamw") -> Union[AdamHyper, SGDHyper]:
     """The optimizer's hyper-parameters from the config (``momentum`` is SGD's)."""
     if optimizer == "sgd":
