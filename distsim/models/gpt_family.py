@@ -20,12 +20,9 @@ from ..ir.core import Function
 from ..transforms.adam import AdamHyper, AdamW
 from ..transforms.autodiff import Autodiff
 from ..transforms.optimizer import SGD, SGDHyper
-from ..transforms.megatron_plan import megatron_plan
-from ..transforms.parallelize import template_step
 from ..transforms.pipeline import check_schedule
 from ..transforms.spmd import LowerSPMD
 from ..transforms.strategy import Strategy
-from ..transforms.tensor_parallel import TensorParallel
 from .gpt import GPTConfig, check_tensor_parallel, gpt_forward
 from .registry import ModelFamily, register_family
 
@@ -89,6 +86,10 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
 
 def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Function:
     """The SPMD step of one micro-batch (see the module docstring)."""
+    # the sharding layer is imported when a step is built, not with the family
+    # (reading and running a lowered program needs neither)
+    from ..transforms.megatron_plan import megatron_plan
+    from ..transforms.parallelize import template_step
     fwd = gpt_forward(c, micro_batch=micro_batch, untie=strategy.pp > 1, pad_for=strategy.tp)
     return template_step(fwd, strategy, megatron_plan(fwd), "gpt")
 
@@ -97,6 +98,8 @@ def rank_forward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool)
     """The forward pass of one micro-batch on one tensor-parallel rank as the
     megatron plan places it (no backward): its inputs are the parameters
     that rank holds, at their local sizes."""
+    from ..transforms.megatron_plan import megatron_plan
+    from ..transforms.tensor_parallel import TensorParallel
     fwd = gpt_forward(c, micro_batch=micro_batch, untie=untie, pad_for=tp)
     return TensorParallel(megatron_plan(fwd), tp, sp, "gpt")(fwd)
 
