@@ -11,6 +11,7 @@ from ..fileio import first_missing, refuse_file_as_folder
 from ..program_file import is_program_model
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from ..report.summary import summary_json
+from ..sim.comm_queues import COMM_STREAM_MODES, DEFAULT_COMM_STREAMS
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
 from .status_line import StatusLine
@@ -41,6 +42,13 @@ def add_parser(sub) -> None:
     g.add_argument("--collective-algo", default="auto",
                    help="collective algorithm: auto, ring, tree, hierarchical, ... "
                         "(default: %(default)s)")
+    g.add_argument("--comm-streams", choices=COMM_STREAM_MODES, default=DEFAULT_COMM_STREAMS,
+                   help="per-group: one communication stream per process group (team of "
+                        "ranks), as NCCL communicators run: a tensor-parallel all-reduce does "
+                        "not wait for a data-parallel one issued before it, they share only "
+                        "links; shared: one stream per device for every collective, in program "
+                        "order (point-to-point transfers have a queue per peer either way; "
+                        "default: %(default)s)")
     g.add_argument("--max-wall-s", type=float, dest="max_wall_s", default=0.0, metavar="S",
                    help="stop a simulation still running after S seconds of wall-clock time "
                         "with an error listing the blocked ops per device (exit status 2); "
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     # on a terminal, which phase runs (cleared before anything is printed)
     with StatusLine() as status:
         result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
+                          comm_streams=args.comm_streams,
                           record_links=not args.no_link_samples,
                           max_trace_records=args.max_trace_records, max_wall_s=args.max_wall_s,
                           progress=status, **program_options(args))

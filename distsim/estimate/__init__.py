@@ -31,7 +31,7 @@ without building or simulating the whole program. A peer of
   ``tests/estimate/test_agreement_corpus.py`` asserts on random
   configurations (:data:`AGREEMENT_TOLERANCE`); ``reports/estimator/README.md``
   lists the points a random sample still finds past it (ZeRO 3 above all:
-  up to 2.4 % on step time, 4.9 % on memory).
+  up to 2.4 % on step time, 4.1 % on memory).
 - *Cache key*: :func:`cache_key` (options -> the key of the per-layer
   profile an estimate builds once per process and reuses): sweeps group
   the points that share one.

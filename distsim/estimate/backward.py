@@ -139,8 +139,11 @@ class OpByOpBackward:
         shard_ops = ctx.shard_ops(accumulating) if accumulating else None
         #: ZeRO 2 past the first micro-batch without tensor-parallel
         #: collectives: each gradient's reduce-scatter and accumulation as
-        #: one item (below; decided once, not per gradient)
-        fused = scatter and shard_ops is not None and not ctx.zero3 and ctx.tp == 1
+        #: one item (below; decided once, not per gradient), where the
+        #: reduce-scatters share the one communication stream (not
+        #: per group: theirs is the data-parallel stream)
+        fused = (scatter and shard_ops is not None and not ctx.zero3 and ctx.tp == 1
+                 and not ctx.tl.per_group)
         #: the parameters' costs, for the sync of each gradient here
         #: (reduce-scatters: ZeRO 2/3 only)
         timed_costs = ctx.memo.param_costs if scatter and self.sync.zero >= 2 else {}
@@ -204,7 +207,8 @@ class OpByOpBackward:
                 for j in prefetch_window(k, n, ctx.strategy.prefetch):
                     if j not in gathered:
                         gathered[j] = at_end = {}
-                        copy_in = gather_plan(self.ctx, "B", order[j][0]).copy_in
+                        # (the first block's own: :meth:`.timeline.Builder.emit_task`)
+                        copy_in = gather_plan(self.ctx, "B", order[j][0]).copy_in if j else 0.0
                         start = tl.compute(stage, copy_in, gate) if copy_in else gate
                         groups = []
                         for t, upto in self._gather_groups(order[j][0], only):

@@ -76,6 +76,12 @@ class Block:
     saved_bytes: int = 0            # activations kept from forward to backward
     tp_comm_f: float = 0.0          # tensor-parallel collective time, forward
     tp_comm_b: float = 0.0          # ... backward (its recomputation's included)
+    #: the tensor-parallel collectives' spans on the template, from the
+    #: block's start (forward; backward of the first, a middle and the
+    #: last micro-batch): where a task's collectives fall, to take their
+    #: union with the stage's pipeline transfers in ``communication_s``
+    f_tp_spans: Tuple[Tuple[float, float], ...] = ()
+    b_tp_spans: Tuple[Tuple[Tuple[float, float], ...], ...] = ((), (), ())
     # compute before the first / after the last tensor-parallel collective
     # (forward, backward); None: the block has none
     f_pre: Optional[float] = None

@@ -46,6 +46,8 @@ class Case:
     topology: Topology
     topology_name: str
     collective_algo: str
+    #: the simulator's ``comm_streams`` (:mod:`distsim.sim.comm_queues`)
+    comm_streams: str = "shared"
 
 
 @lru_cache(maxsize=256)
@@ -114,7 +116,7 @@ class StepContext:
         # memos: what is the same for every task / layer of the step
         self.memo = Memo() if memo is None else memo
         # -- the walk's state --------------------------------------------------
-        self.tl = Timeline(S.pp)
+        self.tl = Timeline(S.pp, per_group=case.comm_streams == "per-group")
         self.flops = [0.0] * S.pp
         #: per stage, the flat gradient copies (bytes, end of their
         #: reduce-scatter) that may outlive the backward that made them
@@ -131,6 +133,10 @@ class StepContext:
         self.unit_pending: Dict[int, list] = {}
         self.unit_made_at: Dict[tuple, float] = {}
         self.unit_ends: List[float] = []
+        #: with a pipeline, per stage: where the tasks emitted as compute
+        #: pieces placed their tensor-parallel collectives (the task's end,
+        #: the spans from it: :meth:`.timeline.Builder._tp_spans`)
+        self.tp_at: Dict[int, List[Tuple[float, Any]]] = {}
         #: where the backward task being emitted made the input gradient it
         #: sends to the stage before (None: not yet; the walk takes it and
         #: clears it after each backward task)
@@ -149,6 +155,7 @@ class StepContext:
         self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
         self.unit_made_at = dict(other.unit_made_at)
         self.unit_ends = list(other.unit_ends)
+        self.tp_at = {s: list(v) for s, v in other.tp_at.items()}
 
     # -- the layout --------------------------------------------------------------
     def stage_of(self, c: int) -> int:
@@ -337,6 +344,12 @@ class StepContext:
         if hit is None:
             params = self.profile.params[name]
             members = unit_indices([p.numel for p in params], self.dp)
+            # in the order the backward makes them, as the lowering's unit
+            # (settled in that order: the embedding's position gradient
+            # before its table's)
+            made = {i: k for k, i in enumerate(dict.fromkeys(
+                i for indices, *_ in self.profile.blocks[name].bs_made for i in indices))}
+            members = tuple(sorted(members, key=lambda i: (made.get(i, len(made)), i)))
             hit = self.memo.grad_units[name] = (
                 members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
         return hit

@@ -13,6 +13,18 @@ ended -- the simulator's rule (a stream takes its ops in program order; a
 collective starts when every member has reached it) with no network
 contention, as in the analytical mode.
 
+With ``per_group`` (the simulator's ``comm_streams: per-group``, one
+stream per process group as NCCL communicators run) the communication
+stream is the tensor-parallel group's, and each stage has a second one for
+its data-parallel group (the gradient syncs, ZeRO's reduce-scatters and
+the optimizer's all-gathers: :meth:`Timeline.comm_on` without ``tp``,
+:meth:`Timeline.chain`), and each pair of stages one for the tied
+embedding's all-reduce (:meth:`Timeline.comm` over several stages): they
+run beside the tensor-parallel collectives and do not delay them. Their
+spans are counted with the communication in :meth:`Timeline.stage_breakdown`.
+A walk under ``per_group`` records nothing to replay (:meth:`Timeline.since`
+gives None: a record holds the two streams of a stage only).
+
 Items are added in program order, and an item can only depend on items
 added before it, so the order of addition is an order in which every item
 can be settled: :class:`Timeline` gives each item its start and end as it
@@ -42,8 +54,16 @@ class Timeline:
     settled as items are added, with what :meth:`stage_breakdown` needs
     kept per stage."""
 
-    def __init__(self, stages: int) -> None:
+    def __init__(self, stages: int, per_group: bool = False) -> None:
         self.stages = stages
+        self.per_group = per_group
+        # per_group: the data-parallel group's stream of each stage, the
+        # tied embedding's of each pair of stages, and per stage the spans
+        # of both (in no order: unioned with the others when counted)
+        self.dp_free: List[float] = [0.0] * stages
+        self.emb_free: Dict[Tuple[int, ...], float] = {}
+        self.group_starts: List[List[float]] = [[] for _ in range(stages)]
+        self.group_ends: List[List[float]] = [[] for _ in range(stages)]
         self.free: List[float] = [0.0] * (2 * stages)   # end of each stream's last item
         self.end = 0.0                                  # the latest end of any item
         # per stage: the spans (start, start + busy) of its compute items, the
@@ -93,6 +113,10 @@ class Timeline:
         """An independent copy (to continue two walks from a shared prefix)."""
         t = Timeline.__new__(Timeline)
         t.stages, t.free, t.end = self.stages, list(self.free), self.end
+        t.per_group, t.dp_free, t.emb_free = self.per_group, list(self.dp_free), \
+            dict(self.emb_free)
+        t.group_starts = [list(x) for x in self.group_starts]
+        t.group_ends = [list(x) for x in self.group_ends]
         t.compute_starts = [list(x) for x in self.compute_starts]
         t.compute_ends = [list(x) for x in self.compute_ends]
         t.waits = list(self.waits)
@@ -223,9 +247,13 @@ class Timeline:
         m_starts, m_ends = self.comm_starts[stage], self.comm_ends[stage]
         c_sealed, m_sealed = self.sealed[s], self.sealed[m]
         busy, comm_s, latest = self.busy[stage], self.comm_s[stage], self.end
+        per_group = self.per_group
         for chain, end in zip(items, readies):
             for on_comm, time_s in chain:
-                if on_comm:
+                if on_comm and per_group:      # the all-gather, on the data-parallel stream
+                    end = self._on_group(stage, time_s, end)
+                    latest = max(latest, self.end)
+                elif on_comm:
                     start = free[m] if free[m] > 0.0 else 0.0
                     if end > start:
                         start = end
@@ -259,6 +287,8 @@ class Timeline:
         start at ``ready``; returns its end."""
         if len(stages) == 1:
             return self.comm_on(stages[0], time_s, ready)
+        if self.per_group:
+            return self._on_group(tuple(sorted(set(stages))), time_s, ready)
         free = self.free
         start = 0.0
         for stage in stages:
@@ -282,7 +312,10 @@ class Timeline:
 
     def comm_on(self, stage: int, time_s: float, ready: float = 0.0, tp: bool = False) -> float:
         """:meth:`comm` on one stage's communication stream (most of them:
-        gradient syncs, ZeRO gathers, tensor-parallel collectives: ``tp``)."""
+        gradient syncs, ZeRO gathers, tensor-parallel collectives: ``tp``;
+        with ``per_group`` the others on the data-parallel stream)."""
+        if not tp and self.per_group:
+            return self._on_group(stage, time_s, ready)
         free = self.free
         s = 2 * stage + 1
         start = free[s] if free[s] > 0.0 else 0.0
@@ -301,6 +334,26 @@ class Timeline:
         self.comm_s[stage] += end - start
         if tp:
             self.tp_items[stage] += end - start
+        return end
+
+    def _on_group(self, where, time_s: float, ready: float) -> float:
+        """``per_group``: a collective on the data-parallel stream of stage
+        ``where`` (an int), or on the tied embedding's stream of the stages
+        ``where`` (a tuple); returns its end."""
+        emb = isinstance(where, tuple)
+        start = self.emb_free.get(where, 0.0) if emb else self.dp_free[where]
+        if ready > start:
+            start = ready
+        end = start + time_s
+        if end > self.end:
+            self.end = end
+        if emb:
+            self.emb_free[where] = end
+        else:
+            self.dp_free[where] = end
+        for stage in (where if emb else (where,)):
+            self.group_starts[stage].append(start)
+            self.group_ends[stage].append(end)
         return end
 
     def p2p_chain(self, a: int, b: int, times: Sequence[float], ready: float,
@@ -354,7 +407,9 @@ class Timeline:
         lists), None, or with ``with_runs`` the spans of the lists and the
         runs in stream order (:func:`_spans`: the floats the time split
         would read). A stream the task did not touch keeps its end where it
-        is replayed (None in the record)."""
+        is replayed (None in the record). None under ``per_group``."""
+        if self.per_group:
+            return None
         (runs, comm_runs, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
          free_c, free_m) = mark
         c_runs, m_runs = self.compute_runs[stage], self.comm_runs[stage]
@@ -423,11 +478,13 @@ class Timeline:
         comm_s = self.comm_s[stage]
         starts, ends = _spans(self.comm_runs[stage], self.comm_starts[stage],
                               self.comm_ends[stage])
-        if self.p2p_starts[stage]:
+        if self.p2p_starts[stage] or self.group_starts[stage]:
             # the union of the collectives' and the transfers' spans, as the
             # simulator's summary counts communication
-            starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage])),
-                                  np.concatenate((ends, self.p2p_ends[stage])))
+            starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage],
+                                                  self.group_starts[stage])),
+                                  np.concatenate((ends, self.p2p_ends[stage],
+                                                  self.group_ends[stage])))
             # in order, as a loop adds them (numpy's cumsum adds one after
             # the other; its sum would add pairwise)
             comm_s = float((ends - starts).cumsum()[-1]) if len(starts) else 0.0

@@ -210,6 +210,9 @@ def estimate_memory(b: StepContext) -> List[int]:
     pending_of: Dict[int, list] = {}
     for (s, kind, mb, c), pending in b.memo.flat_pending.items():
         pending_of.setdefault(s, []).append((kind, mb, c, pending))
+    copy_ins_of: Dict[int, list] = {}
+    for (s, kind, mb, c), nbytes in b.memo.copy_ins.items():
+        copy_ins_of.setdefault(s, []).append((kind, mb, c, nbytes))
     inside_of: Dict[int, list] = {}
     for (s, c), inside in b.memo.flat_inside.items():
         inside_of.setdefault(s, []).append((c, inside))
@@ -303,6 +306,21 @@ def estimate_memory(b: StepContext) -> List[int]:
             else:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
                                                      after=bool(after_b[at[mb]])))
+        # ZeRO-3 by layer: a task's first copy-in, made where the stage's
+        # compute so far ends, the task's input still to come: beside the
+        # activations in flight, the unit of shards the last backward left
+        # pending and the flat copies still waiting
+        places: Dict[Tuple[str, int], np.ndarray] = {}     # each task class's positions
+        for kind, mb, c, nbytes in copy_ins_of.get(stage, ()):
+            at = places.get((kind, c))
+            if at is None:
+                at = places[(kind, c)] = np.flatnonzero((forward == (kind == "F"))
+                                                        & (chunk == c))
+            if mb < len(at):
+                backward = b.blocks_of("B", c)
+                pending = pending_shard_bytes(b, backward, len(backward)) \
+                    if after_b[at[mb]] else 0.0
+                best = max(best, base + float(flight[at[mb]]) + pending + nbytes)
         # and inside that first backward, the copies of its earlier
         # gradients still waiting when each block makes its own
         for c, inside in inside_of.get(stage, ()):

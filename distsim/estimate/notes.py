@@ -124,6 +124,18 @@ class MemoryNotes:
         if pending and pending > self.memo.flat_pending.get(key, 0):
             self.memo.flat_pending[key] = pending
 
+    def copy_in(self, stage: int, kind: str, mb: int, c: int, nbytes: int, at: float) -> None:
+        """ZeRO-3 by layer: a task's first copy-in (``nbytes``, its
+        concatenated shards) made from ``at``, the end of the stage's
+        compute so far, before the task's input is there: with the flat
+        copies still waiting at ``at`` (the last backward's, its last
+        unit's concatenated gradients among them), the most over the
+        walks (:attr:`Memo.copy_ins`)."""
+        key = (stage, kind, mb, c)
+        held = nbytes + sum(n for n, end in self.ctx.flats.get(stage, ()) if end > at)
+        if held > self.memo.copy_ins.get(key, 0):
+            self.memo.copy_ins[key] = held
+
     def buckets(self, stage: int, c: int, held: Dict[int, int]) -> None:
         """ZeRO 0/1 with ``bucket_mb``: the bytes of the stage's flat buckets
         (:meth:`~distsim.transforms.sync_policy.SyncPolicy.flush`) held as

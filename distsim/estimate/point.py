@@ -49,6 +49,13 @@ README; ZeRO 3 by layer's memory keeps the whole-from-the-start bound of
 analytical network's, one team alone: under ``network_mode: flow``,
 teams that share links at once (a PCIe workstation's dp x tp) run
 slower in the simulation.
+Under ``comm_streams: per-group`` (a communication stream per process
+group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
+data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
+ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
+so and is refused (its gathers' gates, :mod:`.gates`, and memory,
+:mod:`.gathered`, take the tensor-parallel collectives queued behind the
+gathers on one stream).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations
@@ -59,6 +66,8 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+import numpy as np
+
 from ..cost.device import check_compute_dtype
 from ..errors import ConfigError, DistsimError, PassPreconditionError
 from ..ir.core import gc_paused
@@ -66,13 +75,14 @@ from ..ir.types import DType
 from ..keywords import plain, unknown_name
 from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
+from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
 from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, param_sizes
-from .engine import Timeline
+from .engine import Timeline, _spans, _union
 from .memory import estimate_memory
 from .context import Case, StepContext
 from .timeline import Builder, Memo, shared_prefix
@@ -95,7 +105,9 @@ _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads
                  "attention")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
-          "collective_algo", "train", "input_shapes")
+          "collective_algo", "comm_streams", "train", "input_shapes")
+
+
 
 
 # -- resolving the options ---------------------------------------------------------
@@ -133,6 +145,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     model = opts.pop("model", "gpt")
     topology = opts.pop("topology", "dgx-a100")
     algo = str(opts.pop("collective_algo", "auto") or "auto")
+    comm_streams = check_comm_streams(opts.pop("comm_streams", DEFAULT_COMM_STREAMS))
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -164,7 +177,15 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
-    return Case(config, c, strategy, m, topo, topology, algo)
+    if comm_streams == "per-group" and strategy.zero == 3 and strategy.dp > 1 \
+            and strategy.tp > 1:
+        # its gathers' gates (.gates) and memory (.gathered) take the
+        # tensor-parallel collectives queued behind the gathers
+        raise ConfigError("estimate: comm_streams 'per-group' with ZeRO-3 and tensor "
+                          "parallelism is not modelled by the estimator (its parameter "
+                          "gathers on one stream with the tensor-parallel collectives); use "
+                          "fidelity: simulate, or comm_streams: shared")
+    return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
@@ -258,11 +279,51 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
             for c in range(stage, b.chunks, S.pp) for kind in ("F", "B")
             for name, _ in b.blocks_of(kind, c))
         part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
-                                    - (tl.waits[stage] - tl.sync_waits[stage]))
+                                    - (tl.waits[stage] - tl.sync_waits[stage])
+                                    - _tp_under_transfers(tl, stage, b.tp_at.get(stage)))
     out = {k: sum(p[k] for p in parts) / len(parts) for k in _PARTS}
     out["step_time_s"] = step
     out["total_flops"] = float(sum(b.flops) * S.dp * S.tp)
     return out
+
+
+def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list]) -> float:
+    """How long the tensor-parallel collectives placed on ``stage``
+    (``placed``: :attr:`.context.StepContext.tp_at`) overlap its pipeline
+    transfers where no communication item does: counted in both, once in
+    the simulator's union of a rank's communication ops. The overlap
+    ``|T & (P - C)|`` of the collectives T, the transfers P and the items C
+    is ``|T | C| + |P | C| - |T | P | C| - |C|``."""
+    if not placed or not tl.p2p_starts[stage]:
+        return 0.0
+    # the tasks of one plan share its spans: one numpy call per plan
+    by_plan: Dict[int, Tuple[np.ndarray, list]] = {}
+    for start, spans in placed:
+        by_plan.setdefault(id(spans), (spans, []))[1].append(start)
+    t = np.concatenate([(spans[None, :, :] + np.asarray(starts)[:, None, None]).reshape(-1, 2)
+                        for spans, starts in by_plan.values()])
+    c_s, c_e = _spans(tl.comm_runs[stage], tl.comm_starts[stage], tl.comm_ends[stage])
+    p_s, p_e = _union(tl.p2p_starts[stage], tl.p2p_ends[stage])
+
+    def near(s: np.ndarray, e: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        # the spans that meet a transfer (the others add nothing to the overlap)
+        i = np.searchsorted(p_e, s, side="right")
+        hit = (i < len(p_s)) & (p_s[np.minimum(i, len(p_s) - 1)] < e)
+        return s[hit], e[hit]
+
+    t = near(t[:, 0], t[:, 1])
+    c_s, c_e = near(np.asarray(c_s, dtype=float), np.asarray(c_e, dtype=float))
+    if not len(t[0]):
+        return 0.0
+
+    def length(*parts: Tuple[np.ndarray, np.ndarray]) -> float:
+        starts, ends = _union(np.concatenate([s for s, _ in parts]),
+                              np.concatenate([e for _, e in parts]))
+        return float((ends - starts).sum())
+
+    cs, ts, ps = (c_s, c_e), t, (p_s, p_e)
+    return max(0.0, length(ts, cs) + length(ps, cs) - length(ts, ps, cs)
+               - (length(cs) if len(c_s) else 0.0))
 
 
 def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None

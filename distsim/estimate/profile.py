@@ -349,6 +349,14 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                     if o.meta.get("role") is None)
         return compute_end.get(key, 0.0), busy, flops, tcomm
 
+    def tp_spans(key):
+        # the tensor-parallel collectives (as ``stats`` counts them), from
+        # the block's start (the compute before it ends)
+        at = group_start.get(key, 0.0)
+        return tuple(sorted((times[o.name][0] - at, times[o.name][1] - at)
+                            for o in groups.get(key, [])
+                            if is_communication(o) and o.meta.get("role") is None))
+
     step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
         _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion)
     # the values a layer's backward sends to the stage before (its input
@@ -364,6 +372,9 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     for name, blk in blocks.items():
         blk.f, blk.f_busy, blk.f_flops, blk.tp_comm_f = stats(("F", 0, name))
         blk.b_first, blk.b_first_busy, blk.b_flops, blk.tp_comm_b = stats(("B", 0, name))
+        blk.f_tp_spans = tp_spans(("F", 0, name))
+        blk.b_tp_spans = (tp_spans(("B", 0, name)), tp_spans(("B", 1, name)),
+                          tp_spans(("B", LAST_MB, name)))
         blk.b_last, blk.b_last_busy, _, _ = stats(("B", LAST_MB, name))
         blk.b_mid, blk.b_mid_busy, _, _ = stats(("B", 1, name))
         gates = gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)

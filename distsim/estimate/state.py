@@ -119,6 +119,12 @@ class Memo:
         #: a received value lives from its transfer's start
         #: (:meth:`.notes.MemoryNotes.received`)
         self.recv_ahead: Dict[Tuple[int, str, int, bool], int] = {}
+        #: ZeRO-3 by layer: per (stage, task kind, micro-batch, chunk), the
+        #: bytes a task's first copy-in adds where the stage's compute so
+        #: far ends (its concatenated shards) with the flat gradient copies
+        #: still waiting there for their reduce-scatters (the most over the
+        #: walks; :meth:`.notes.MemoryNotes.copy_in`)
+        self.copy_ins: Dict[Tuple[int, str, int, int], int] = {}
         #: ZeRO-3: per (task kind, block), its gathered parameters' shard and
         #: whole bytes (:func:`.gathered_walk.param_bytes`)
         self.gathered_bytes: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}

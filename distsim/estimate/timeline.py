@@ -16,7 +16,9 @@ a parameter's update) is computed once per configuration.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from ..ir.comm import CollectiveType
 from ..transforms.pipeline import merge_tasks, schedule_tasks
@@ -25,7 +27,7 @@ from .blocks import LayerProfile
 from .context import Case, StepContext
 from .engine import Timeline
 from .gates import chain, emit_chain, gather_plan, gather_time
-from .gathered_walk import note_peak
+from .gathered_walk import item_bytes, note_peak
 from .notes import MemoryNotes
 from .replay import ReplayedBackward
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
@@ -69,6 +71,8 @@ class Builder:
                  ) -> None:
         self.ctx = StepContext(case, profile, memo)
         self.notes = MemoryNotes(self.ctx)
+        #: per stage, the last task emitted (kind, chunk)
+        self._last: Dict[int, Tuple[str, int]] = {}
         self._start_sync()
 
     def _start_sync(self) -> None:
@@ -81,6 +85,8 @@ class Builder:
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
+        if ctx.by_layer:
+            self._lead_copy_ins(stage, kind, mb, c, ready)
         flats = ctx.flats.get(stage)
         if flats:
             # the flat copies still waiting for their reduce-scatters when
@@ -95,6 +101,59 @@ class Builder:
                 self.notes.flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
                 return end
         return self._emit_task(stage, kind, mb, c, ready)
+
+    def _lead_copy_ins(self, stage: int, kind: str, mb: int, c: int, ready: float) -> None:
+        """ZeRO-3 by layer: the copy-ins a task makes before its compute,
+        noted for the memory estimate with what the stage still holds then
+        (:meth:`.notes.MemoryNotes.copy_in`). Its first unit of shards is
+        concatenated where the stage's compute so far ends: LowerSPMD
+        gates the gather after it on the task's input, not the
+        concatenation (emitted here; the emitters issue the first block's
+        own gathers without it). The units it prefetches are concatenated
+        after that gate (:meth:`_emit_gathered`). The stage's last result,
+        the gates' token, is live until the last of those gates."""
+        ctx = self.ctx
+        order = ctx.blocks_of(kind, c)
+        first = order[0][0]
+        copy_in = gather_plan(ctx, kind, first).copy_in
+        token = self._gate_token(stage)
+        held = 0
+        if copy_in:
+            held = item_bytes(ctx, kind, first)[0][1]
+            self.notes.copy_in(stage, kind, mb, c, held + token,
+                               max(ctx.tl.free[2 * stage], 0.0))
+            ctx.tl.compute(stage, copy_in, 0.0)
+        # past the first gate (each gather's gated shard, or concatenated
+        # unit, from there to its gather's end), the most at a prefetched
+        # unit's copy-in, while the token is still live
+        gates, most = held, 0
+        for j in prefetch_window(0, len(order), ctx.strategy.prefetch):
+            name = order[j][0]
+            unit = gather_plan(ctx, kind, name).copy_in > 0.0
+            for g, (_, nbytes, _) in enumerate(item_bytes(ctx, kind, name)):
+                if j or g or not unit:     # (the first unit's: ``held``)
+                    gates += nbytes
+                    if unit and g == 0:
+                        most = gates
+        if most:
+            self.notes.copy_in(stage, kind, mb, c, most + token,
+                               max(ready, ctx.tl.free[2 * stage], 0.0))
+        self._last[stage] = (kind, c)
+
+    def _gate_token(self, stage: int) -> int:
+        """ZeRO-3 by layer: the bytes of the stage's last result that gates
+        the next task's gathers, live until the gate (after that task's
+        first copy-in): a backward's last gradient
+        (:attr:`.profile.Block.b_held`), or 0."""
+        last = self._last.get(stage)
+        if last is None or last[0] != "B":
+            return 0
+        name = self.ctx.blocks_of("B", last[1])[-1][0]
+        i = self.ctx.profile.blocks[name].b_held
+        if i is None:
+            return 0
+        p = self.ctx.profile.params[name][i]
+        return p.numel * p.dtype.itemsize
 
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
@@ -140,13 +199,15 @@ class Builder:
                     ctx.replays[key] = TaskRecord(items, tuple(block[1] for block in plan),
                                                        end - origin)
         else:
-            fl, lead, pieces = plan
+            fl, lead, pieces, spans = plan
             flops[stage] += fl
             if kind == "B":      # its early gathers, behind the collectives before
                 tl.free[2 * stage + 1] += ctx.lead_in(c, mb)[1]
             if lead:             # the recomputation the task starts with: no wait
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
+            if spans is not None:
+                ctx.tp_at.setdefault(stage, []).append((end, spans))
             if kind == "B":      # its last collectives, outlasting its compute
                 tl.free[2 * stage + 1] = max(tl.free[2 * stage + 1],
                                              end + ctx.comm_tail(c, mb))
@@ -182,8 +243,9 @@ class Builder:
             # the gate is: after the compute before, not after a collective
             # that ends the block before (the embedding's forward), which
             # the gather queues behind on the communication stream
-            starts = [tl.compute(stage, copy_in, prev) if copy_in else prev
-                      for copy_in, _ in gathers]
+            # (the task's first, the first block's own: :meth:`emit_task`)
+            starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
+                      for j, (copy_in, _) in enumerate(gathers)]
             if wait is not None:
                 tl.compute_pieces(stage, wait, prev)
             for start, (_, t) in zip(starts, gathers):
@@ -271,9 +333,34 @@ class Builder:
             fl += f
         if split:
             total, busy = total - head.b_lead, busy - head.b_lead_busy
-        if kind == "B":
-            total -= ctx.lead_in(c, mb)[0]
-        return fl, lead, self._pieces(kind, order, total, busy, rest=split)
+        wait, early = ctx.lead_in(c, mb) if kind == "B" else (0.0, 0.0)
+        total -= wait
+        pieces = self._pieces(kind, order, total, busy, rest=split)
+        spans = None if split or early else self._tp_spans(kind, order, mb)
+        return fl, lead, pieces, spans
+
+    def _tp_spans(self, kind: str, order, mb: int) -> Optional[np.ndarray]:
+        """Where a task's tensor-parallel collectives fall, from its end
+        (negative), as on the template: each block's from the block's
+        start (:attr:`.blocks.Block.f_tp_spans`), the blocks back to back
+        and the last ending with the task (a backward's first block takes
+        its template wait off its start, not off its collectives). Only
+        with a pipeline, whose transfers they may overlap
+        (``communication_s``: :func:`.point._figures`); None: none."""
+        ctx = self.ctx
+        if ctx.pp == 1:
+            return None
+        blocks = ctx.profile.blocks
+        cls = 0 if mb == 0 else (2 if mb == ctx.microbatches - 1 else 1)
+        out = []
+        end = 0.0
+        for name, _ in reversed(order):
+            blk = blocks[name]
+            start = end - ctx.block_time(blk, kind, mb)[0]
+            out.extend((start + a, start + b)
+                       for a, b in (blk.f_tp_spans if kind == "F" else blk.b_tp_spans[cls]))
+            end = start
+        return np.array(out) if out else None
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
                 pre_shift: float = 0.0, post_shift: float = 0.0) -> List[tuple]:
@@ -370,6 +457,7 @@ class Builder:
         comm_tails = [(ctx.comm_tail(c, 0), ctx.comm_tail(c, 1)) for c in range(ctx.chunks)]
         early = [(ctx.lead_in(c, 0)[1], ctx.lead_in(c, 1)[1]) for c in range(ctx.chunks)]
         free = ctx.tl.free
+        tp_at = ctx.tp_at
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             for sent in (pending.due(start) if waiting and waiting[0][0] <= start else ()):
@@ -396,13 +484,15 @@ class Builder:
                 if kind == "B":      # where it made its input gradient
                     outs[task], ctx.out_at = ctx.out_at, None
             else:
-                fl, lead, pieces = plan
+                fl, lead, pieces, spans = plan
                 flops[stage] += fl
                 if kind == "B":      # its early gathers, behind the collectives before
                     free[2 * stage + 1] += early[c][mb != 0]
                 if lead:             # the recomputation the task starts with: no wait
                     pieces_on(stage, lead, 0.0)
                 ends[task] = end_at = pieces_on(stage, pieces, ready)
+                if spans is not None:
+                    tp_at.setdefault(stage, []).append((end_at, spans))
                 if kind == "B":
                     outs[task] = end_at - tails[c][mb != 0]
                     held = end_at + comm_tails[c][mb != 0]
@@ -437,6 +527,7 @@ class Builder:
                 or other.sync.unpack:
             raise ValueError("resume: the walk being copied has synchronised gradients")
         self.ctx.resume(other.ctx)
+        self._last = dict(other._last)
         self._start_sync()
         mine.pos = w.pos
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()

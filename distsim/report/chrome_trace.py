@@ -5,7 +5,10 @@ Layout (the JSON Object Format of the Trace Event spec):
 * one *process* per device: ``pid = rank``, named by its ``DeviceInfo``
   name (``gpu3``) and sorted by rank;
 * one *thread* per stream: ``tid`` 0 is ``compute``, 1 is ``comm``, any
-  other stream gets 2, 3, ... in name order; so tids are stable across runs;
+  other stream gets 2, 3, ... in name order (under ``comm_streams:
+  per-group`` the process groups' streams, ``comm-8x1`` ..., see
+  :mod:`distsim.sim.comm_queues`, and no ``comm`` thread); so tids are
+  stable across runs;
   a stream whose ops overlap (``p2p``, a queue per pair of ranks) is spread
   over extra threads ``p2p (2)``, ... with the next tids (:func:`_lanes`),
   as the slices of one thread must nest;
@@ -262,7 +265,11 @@ def _events(trace: Trace, include_links: bool, plan: TracePlan) -> Iterator[str]
                    | set(trace.memory_columns.rank.tolist()))
     ops = sorted(trace.ops, key=lambda o: (o.rank, tids[o.stream], o.start_s, -o.end_s, o.name))
     shown_tids, extra_threads = _lanes(ops, tids)
-    streams_of: Dict[int, set] = {r: {COMPUTE_STREAM, COMM_STREAM} for r in ranks}
+    # every device shows its compute and comm threads, but no empty comm
+    # thread where collectives run on a stream per group (comm-8x1, ...)
+    per_group = any(s.startswith(COMM_STREAM + "-") for s in tids)
+    always = {COMPUTE_STREAM} if per_group else {COMPUTE_STREAM, COMM_STREAM}
+    streams_of: Dict[int, set] = {r: set(always) for r in ranks}
     for op in trace.ops:
         streams_of[op.rank].add(op.stream)
     stands_for = trace.meta.get("represented_ranks") or {}

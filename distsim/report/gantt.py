@@ -3,7 +3,9 @@
 
 Each lane has a tall compute band, coloured by phase (forward, backward,
 recomputation, optimizer), and two thin bands below it: the collectives,
-coloured by kind (TP, SP, DP, ZeRO), and the pipeline sends/receives. The
+coloured by kind (TP, SP, DP, ZeRO; a row per process group's stream under
+``--comm-streams per-group``, where they overlap), and the pipeline
+sends/receives. The
 layout is data (:mod:`distsim.report.gantt_layout`; :func:`gantt_chart`
 returns it), drawn here with one ``broken_barh`` per (lane, band, key), so
 a 250,000-op trace draws in about a second.
@@ -129,6 +131,8 @@ def _draw_panel(ax: "Axes", chart: GanttChart, panel: Panel,
                 zoom: Optional[Tuple[float, float]]) -> None:
     for bars in panel.bars:
         top, height = _BAND_Y[bars.band]
+        height /= bars.rows                   # a band's rows: one per communication stream
+        top += bars.row * height
         ax.broken_barh(list(zip(bars.starts.tolist(), bars.widths.tolist())),
                        (bars.lane + top, height), facecolors=_colours(bars), linewidth=0)
     px_per_ms = AXIS_PX / max(panel.window[1] - panel.window[0], 1e-12)
@@ -159,9 +163,12 @@ def _legend(ax: "Axes", chart: GanttChart) -> None:
     """One legend: the compute phases, then the communication kinds drawn."""
     from matplotlib.patches import Patch
     keys = {b.key for p in chart.panels for b in p.bars}
+    rows = max((b.rows for p in chart.panels for b in p.bars), default=1)
+    collectives = (f"collectives (a row per\nprocess group: {rows})" if rows > 1
+                   else "collectives")
     handles = []
     for header, group in (("compute (tall bars)", COMPUTE_KEYS),
-                          ("communication (thin bars:\ncollectives, then p2p)", COMM_KEYS)):
+                          (f"communication (thin bars:\n{collectives}, then p2p)", COMM_KEYS)):
         shown = [k for k in group if k in keys]
         if shown:
             handles.append(Patch(visible=False, label=header))

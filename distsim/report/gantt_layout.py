@@ -4,6 +4,10 @@ the zoom window (:mod:`distsim.report.gantt` draws them).
 A **lane** is one device (the device view) or one pipeline stage, drawn
 from one device of the stage (the stage view). Each lane has three bands:
 compute (tall), collectives and point-to-point sends (thin, below it).
+Under ``comm_streams: per-group`` the collectives of two groups run at
+once on one device: the collectives band then has a row per group stream
+(the trace's ``comm-<team>`` names, in name order, the same rows in every
+lane), so that neither hides the other.
 Bars are coloured by key (:mod:`distsim.report.phases`: the compute phase
 or the communication kind).
 
@@ -57,6 +61,9 @@ class Bars:
     widths: np.ndarray
     spans: np.ndarray
     covered: np.ndarray
+    #: the row within the band (a communication stream of its own) and the band's rows
+    row: int = 0
+    rows: int = 1
 
     def share(self) -> np.ndarray:
         """The share of each bar's span that its ops cover (1 for a bar of
@@ -135,6 +142,17 @@ def _band_codes(streams: Sequence[str]) -> np.ndarray:
                      for s in streams], dtype=np.int64)
 
 
+def _row_codes(streams: Sequence[str], used: np.ndarray) -> Tuple[np.ndarray, int]:
+    """The row of each stream within its band, and the collectives band's
+    rows: one per communication stream that has records (``used``: the
+    stream codes of the records), one under ``shared``, one per group
+    stream under ``per-group``; compute and p2p have one row."""
+    bands = _band_codes(streams)
+    comm = sorted(streams[i] for i in np.unique(used).tolist() if bands[i] == 1)
+    row = {s: i for i, s in enumerate(comm)}
+    return np.array([row.get(s, 0) for s in streams], dtype=np.int64), max(len(comm), 1)
+
+
 def _lane_records(trace: Trace, lanes: Sequence[Lane], window: Tuple[float, float]
                   ) -> Tuple[np.ndarray, np.ndarray]:
     """Positions (in the op columns) of the records on ``lanes`` that meet
@@ -175,17 +193,22 @@ def merge_spans(starts: np.ndarray, ends: np.ndarray,
 
 def lane_bars(trace: Trace, phases: RecordPhases, lanes: Sequence[Lane],
               window: Tuple[float, float], min_width_ms: float) -> List[Bars]:
-    """The bars of ``lanes`` in ``window`` (ms): per (lane, band, key), ops
-    closer than half ``min_width_ms`` merged, every bar at least that wide."""
+    """The bars of ``lanes`` in ``window`` (ms): per (lane, band, row, key),
+    ops closer than half ``min_width_ms`` merged, every bar at least that
+    wide."""
     columns = trace.op_columns
     positions, lane = _lane_records(trace, lanes, window)
     if not len(positions):
         return []
     band = _band_codes(columns.streams)[columns.stream[positions]]
+    row_of, rows = _row_codes(columns.streams, columns.stream)
+    row = row_of[columns.stream[positions]]
     key = phases.key[columns.label[positions]]
-    order = np.lexsort((columns.start_s[positions], key, band, lane))
-    positions, lane, band, key = positions[order], lane[order], band[order], key[order]
-    cut = np.flatnonzero((np.diff(lane) != 0) | (np.diff(band) != 0) | (np.diff(key) != 0)) + 1
+    order = np.lexsort((columns.start_s[positions], key, row, band, lane))
+    positions, lane, band, row, key = (positions[order], lane[order], band[order], row[order],
+                                       key[order])
+    cut = np.flatnonzero((np.diff(lane) != 0) | (np.diff(band) != 0) | (np.diff(row) != 0)
+                         | (np.diff(key) != 0)) + 1
     out = []
     for group in np.split(np.arange(len(positions)), cut):
         p = positions[group]
@@ -200,7 +223,8 @@ def lane_bars(trace: Trace, phases: RecordPhases, lanes: Sequence[Lane],
             else np.zeros(0)
         g = group[0]
         out.append(Bars(int(lane[g]), int(band[g]), KEYS[int(key[g])], lo,
-                        np.maximum(width, min_width_ms), width, covered))
+                        np.maximum(width, min_width_ms), width, covered, int(row[g]),
+                        rows if band[g] == 1 else 1))
     return out
 
 

@@ -92,11 +92,14 @@ class _Shape:
     def __init__(self, network: Network, pairs: Sequence[Tuple[int, int]]) -> None:
         links = []
         groups: Dict[int, List[int]] = {}
-        for i, (src, dst) in enumerate(pairs):
+        known = route_table(network.topology).flow_links      # flow_link's, looked up once
+        route = network.route
+        for i, pair in enumerate(pairs):
+            src, dst = pair
             if src == dst:
                 continue
-            transport, bandwidth = flow_link(network, src, dst)
-            links.append((i, bandwidth, transport, network.route(src, dst)[1]))
+            transport, bandwidth = known.get(pair) or flow_link(network, src, dst)
+            links.append((i, bandwidth, transport, route(src, dst)[1]))
             groups.setdefault(src, []).append(i)
         self.links = tuple(links)
         self.groups = tuple(tuple(g) for g in groups.values())
@@ -114,9 +117,15 @@ class _Shape:
         if hit is None:
             rates = [0.0] * n
             hops = [0.0] * n
+            # per transport: (link efficiency, protocol efficiency, hop latency)
+            per: Dict[str, Tuple[float, float, float]] = {}
             for i, bandwidth, transport, path in self.links:
-                rates[i] = bandwidth * spec.efficiency(transport) * protocol.efficiency
-                hops[i] = path + protocol.hop_latency(transport)
+                e = per.get(transport)
+                if e is None:
+                    e = per[transport] = (spec.efficiency(transport), protocol.efficiency,
+                                          protocol.hop_latency(transport))
+                rates[i] = bandwidth * e[0] * e[1]
+                hops[i] = path + e[2]
             hit = self.by_protocol[key] = (rates, hops, _equal_step(self.groups, rates, hops, cap))
         return hit
 
@@ -127,18 +136,43 @@ def _equal_step(groups, base: List[float], hops: List[float], cap: float):
     latency = longest = most = 0.0
     slowest = math.inf
     for members in groups:
-        seconds = max(1.0 / rates[i] for i in members)
         m = len(members)
-        if m > cap * seconds:                  # faster than the protocol moves a rank's bytes
-            stretch = m / (cap * seconds)
+        if m == 1:                             # the loop's sums and maxima of one flow
+            i = members[0]
+            seconds = _held(rates, members, 1, cap, 1.0 / rates[i])
+            hop = hops[i]
+            if hop > latency:
+                latency = hop
+        else:
+            # the longest 1-byte transmission and the summed latencies, in one
+            # pass (the same floats as max() and sum() over the members)
+            seconds = -math.inf
+            hop = 0
             for i in members:
-                rates[i] /= stretch
-            seconds *= stretch
-        latency = max(latency, sum(hops[i] for i in members) / m)
+                t = 1.0 / rates[i]
+                if t > seconds:
+                    seconds = t
+                hop += hops[i]
+            seconds = _held(rates, members, m, cap, seconds)
+            latency = max(latency, hop / m)
         longest = max(longest, seconds)
         most = max(most, m)
         slowest = min(slowest, m / seconds)
     return rates, latency, longest, float(most), slowest
+
+
+def _held(rates: List[float], members: Sequence[int], amount: float, cap: float,
+          seconds: float) -> float:
+    """A rank's step sending ``amount`` over its flows ``members`` in
+    ``seconds``: where that is faster than the protocol's ``cap`` moves a
+    rank's bytes, its flows' ``rates`` are slowed to it; the step's
+    seconds."""
+    if amount > cap * seconds:
+        stretch = amount / (cap * seconds)
+        for i in members:
+            rates[i] /= stretch
+        seconds *= stretch
+    return seconds
 
 
 def _shape(network: Network, flows: Sequence[Tuple[int, int, float]]) -> _Shape:
@@ -172,9 +206,10 @@ def estimates_s(network: Network, kind: CollectiveType, schedule: Schedule,
                 totals[k] += count * (phase.latency_s or 0.0)
             continue
         shape = _shape(network, flows)
+        same = _same_bytes(flows)
         for k, (protocol, cap) in enumerate(zip(protocols, caps)):
             _, latency, longest, most, rate = _step(
-                shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap)
+                shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap, same)
             totals[k] += count * (latency + longest)
             sent[k] += count * most
             if rate < slowest[k]:
@@ -202,7 +237,7 @@ def with_protocol(network: Network, kind: CollectiveType, schedule: Schedule,
             continue
         shape = _shape(network, flows)
         rates, latency, _, most, rate = _step(
-            shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap)
+            shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap, _same_bytes(flows))
         sent += phase.count * most
         slowest = min(slowest, rate)
         wire = list(flows)
@@ -215,32 +250,54 @@ def with_protocol(network: Network, kind: CollectiveType, schedule: Schedule,
     return ([Phase((), 1, first)] if first > 0 else []) + steps
 
 
-def _step(shape: _Shape, flows: Sequence[Tuple[int, int, float]], terms, cap: float
-          ) -> Tuple[List[float], float, float, float, float]:
+def _same_bytes(flows: Sequence[Tuple[int, int, float]]) -> Optional[float]:
+    """The bytes of every flow of a step, where they are all the same; else
+    None."""
+    sizes = set(map(_BYTES, flows))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _step(shape: _Shape, flows: Sequence[Tuple[int, int, float]], terms, cap: float,
+          same: Optional[float]) -> Tuple[List[float], float, float, float, float]:
     """One step under a protocol: each flow's rate alone (0 for one that
     stays on its rank), the step's latency (from a flow's last byte to its
     delivery), its longest transmission, the most bytes a rank sends and
-    the least rate at which a rank sends them."""
+    the least rate at which a rank sends them. ``same``: every flow's bytes
+    (:func:`_same_bytes`)."""
     base, hops, equal = terms
-    sizes = set(map(_BYTES, flows))
-    if len(sizes) == 1:
-        nbytes = sizes.pop()
+    if same is not None:
+        nbytes = same
         rates, latency, longest, most, slowest = equal
         return rates, latency, nbytes * longest, nbytes * most, slowest
     rates = list(base)
     latency = longest = most = 0.0
     slowest = math.inf
     for members in shape.groups:
-        nbytes = sum(flows[i][2] for i in members)
-        if nbytes <= 0:
-            continue
-        seconds = max(flows[i][2] / rates[i] for i in members)
-        if nbytes > cap * seconds:             # faster than the protocol moves a rank's bytes
-            stretch = nbytes / (cap * seconds)
+        if len(members) == 1:                  # the sums and maxima below, of one flow
+            i = members[0]
+            nbytes = flows[i][2]
+            if nbytes <= 0:
+                continue
+            seconds = _held(rates, members, nbytes, cap, nbytes / rates[i])
+            spread = nbytes * hops[i] / nbytes
+            if spread > latency:
+                latency = spread
+        else:
+            # the rank's bytes, its longest transmission and its bytes'
+            # latencies in one pass (the same floats as sum() and max())
+            nbytes = spread = 0
+            seconds = -math.inf
             for i in members:
-                rates[i] /= stretch
-            seconds *= stretch
-        latency = max(latency, sum(flows[i][2] * hops[i] for i in members) / nbytes)
+                b = flows[i][2]
+                nbytes += b
+                t = b / rates[i]
+                if t > seconds:
+                    seconds = t
+                spread += b * hops[i]
+            if nbytes <= 0:
+                continue
+            seconds = _held(rates, members, nbytes, cap, seconds)
+            latency = max(latency, spread / nbytes)
         longest = max(longest, seconds)
         most = max(most, nbytes)
         slowest = min(slowest, nbytes / seconds)

@@ -21,9 +21,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from ..ir.comm import is_point_to_point
 from ..ir.core import Op
 from ..ir.ops_fused import FUSED
+from .comm_queues import DEFAULT_COMM_STREAMS, record_stream
 from .program_columns import spans
 from .program_index import _FIRST, _META, _NAME, _OP_TYPE, _OUTPUTS, ProgramIndex
 from .trace import COMM_STREAM, COMPUTE_STREAM, P2P_STREAM, Labels, OpColumns, OpLabels
@@ -63,23 +63,32 @@ def _label_lists(compute: List[Op], collectives: List[Op], used: List[str]) -> L
     return names, op_types, details
 
 
-_COMM_CODE, _P2P_CODE = STREAMS.index(COMM_STREAM), STREAMS.index(P2P_STREAM)
-
-
-def _comm_stream_codes(ops: List[Op]) -> np.ndarray:
-    """The stream code of each communication op's records: ``p2p`` for a
-    SendRecv (on a queue of its own, see :mod:`.simulator`), else ``comm``."""
-    return np.fromiter((_P2P_CODE if is_point_to_point(op) else _COMM_CODE for op in ops),
-                       np.int64, len(ops))
+def _comm_streams(ops: List[Op], mode: str) -> Tuple[Tuple[str, ...], np.ndarray]:
+    """The record streams (sorted names, the compute stream's among them)
+    and the stream code of each communication op's records
+    (:func:`.comm_queues.record_stream`: ``p2p`` for a SendRecv, else its
+    group's stream, or ``comm`` under ``shared``), worked out once per team."""
+    by_team: Dict[Tuple[str, tuple], str] = {}
+    names = []
+    for op in ops:
+        key = (op.op_type, tuple(op.attrs["ranks"]))
+        name = by_team.get(key)
+        if name is None:
+            name = by_team[key] = record_stream(op, mode)
+        names.append(name)
+    streams = tuple(sorted(set(names).union(STREAMS)))
+    code = {name: i for i, name in enumerate(streams)}
+    return streams, np.fromiter(map(code.__getitem__, names), np.int64, len(ops))
 
 
 def op_columns(ix: ProgramIndex, start_s: np.ndarray, end_s: np.ndarray,
-               finished: Sequence) -> OpColumns:
+               finished: Sequence, comm_streams: str = DEFAULT_COMM_STREAMS) -> OpColumns:
     """Every op record of a run: a record per simulated compute op (its
     times ``start_s`` / ``end_s``), then one per member of each collective
     in ``finished`` (in the order they finished; each has ``op``,
     ``members``, ``start_s``, ``end_s``, ``sent``, rank -> bytes put on the
-    network, and ``used``, the algorithm that ran)."""
+    network, and ``used``, the algorithm that ran); ``comm_streams``, the
+    simulation's setting (:mod:`.comm_queues`)."""
     nc, k = len(ix.compute), len(finished)
     team = list(map(_MEMBERS, finished))
     counts = np.fromiter(map(len, team), np.int64, k)
@@ -96,12 +105,13 @@ def op_columns(ix: ProgramIndex, start_s: np.ndarray, end_s: np.ndarray,
     comm_ops = [c.op for c in finished]
     used = [c.used for c in finished]
     compute = ix.compute
+    streams, comm_codes = _comm_streams(comm_ops, comm_streams)
     labels = OpLabels(resolve=lambda: _label_lists(compute, comm_ops, used))
     return OpColumns(
         rank=np.concatenate([ix.compute_rank, np.fromiter(chain.from_iterable(team),
                                                           np.int64, total)]),
-        stream=np.concatenate([np.full(nc, STREAMS.index(COMPUTE_STREAM), np.int64),
-                               np.repeat(_comm_stream_codes(comm_ops), counts)]),
+        stream=np.concatenate([np.full(nc, streams.index(COMPUTE_STREAM), np.int64),
+                               np.repeat(comm_codes, counts)]),
         category=np.repeat(np.array([0, 1]), [nc, total]),
         start_s=np.concatenate([start_s, np.repeat(np.fromiter(map(_START, finished), float, k),
                                                    counts)]),
@@ -112,7 +122,7 @@ def op_columns(ix: ProgramIndex, start_s: np.ndarray, end_s: np.ndarray,
             chain.from_iterable(map(bytes_of, finished)), float, total)]),
         label=np.concatenate([np.arange(nc, dtype=np.int64),
                               np.repeat(np.arange(nc, nc + k, dtype=np.int64), counts)]),
-        streams=STREAMS, categories=CATEGORIES, labels=labels, time_ordered=True)
+        streams=streams, categories=CATEGORIES, labels=labels, time_ordered=True)
 
 
 def expand_to_followers(columns: OpColumns, members: Dict[int, Tuple[int, ...]]) -> OpColumns:

@@ -51,9 +51,8 @@ class RouteTable:
         #: the (src, dst) pairs of a step -> what a protocol needs of their
         #: routes (:mod:`.protocols`)
         self.step_shapes: Dict[Tuple[Tuple[int, int], ...], Any] = {}
-        #: the (src, dst) pairs of a step of unequal flows -> per flow (links,
-        #: path latency, bottleneck, largest n_L / c_L on its route)
-        #: (:mod:`.solo_bounds`)
+        #: the (src, dst) pairs of a step of unequal flows -> its flows' and
+        #: links' loads as arrays (:class:`.solo_bounds._FlowLoads`)
         self.flow_loads: Dict[Tuple[Tuple[int, int], ...], tuple] = {}
         #: (kind, team, bytes, root, algorithm) -> the protocol it runs with
         self.protocol_choices: Dict[tuple, str] = {}

@@ -1,21 +1,22 @@
 """The discrete-event simulator: a local-view program on a topology.
 
-Each device has a ``compute`` stream and a ``comm`` stream (like a CUDA
-stream and an NCCL stream), plus one ``p2p`` queue per peer it exchanges
-point-to-point transfers (SendRecv) with; each is a SimPy process that takes
+Each device has a ``compute`` stream (like a CUDA stream) and queues for
+its communication ops (:mod:`.comm_queues`): one per process group for the
+collectives, as NCCL runs each communicator on a stream of its own (or one
+``comm`` stream for all, under ``comm_streams: shared``), and one per peer
+for point-to-point transfers (SendRecv); each is a SimPy process that takes
 its ops in program order. An op starts when its stream is free and its
-inputs on that device are ready. A collective is on the ``comm`` stream of
-every rank of its team; the collective starts when every member has reached
-it and its inputs are ready, and runs as point-to-point flows on the network
-(:mod:`.collectives`, :mod:`.network`). A SendRecv is on the queue of its
-pair of ranks on both of them, as NCCL runs point-to-point operations on a
-communicator (and stream) of their own per pair of ranks, not behind the
-tensor- or data-parallel collectives: one queue for everything would make a
-collective wait for a pipeline receive ordered before it in the program
-whose sender is late, a delay that the hardware does not have (the order of
-the transfers is the lowering's estimate of the time line, and the real
-times differ). Compute time comes from the cost model. Memory is logged per
-device (:mod:`.memory`).
+inputs on that device are ready. A collective is on the queue of its group
+on every rank of its team; the collective starts when every member has
+reached it and its inputs are ready, and runs as point-to-point flows on
+the network (:mod:`.collectives`, :mod:`.network`), where collectives of
+different groups share links. Separate queues matter because the order of
+the transfers is the lowering's estimate of the time line and the real
+times differ: one queue for everything would make a tensor-parallel
+all-reduce wait for a data-parallel one issued before it, or a collective
+for a pipeline receive whose sender is late, delays the hardware does not
+have. Compute time comes from the cost model. Memory is logged per device
+(:mod:`.memory`).
 
 Speed: compute ops share no resource but their stream, so a stream does not
 wait on the simulation clock for them. It schedules its ops as soon as the
@@ -48,19 +49,21 @@ import simpy
 
 from ..cost.model import CostModel
 from ..errors import DistsimError, SimulationError
-from ..ir.comm import CollectiveType, collective_of, is_point_to_point
+from ..ir.comm import CollectiveType, collective_of
 from ..ir.core import Function, Op, Value, gc_paused
 from ..ir.value_table import ValueTable
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
+from .comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams, comm_queues
 from .launch_queue import Leads, leads_by_rank, op_times
 from .memory import MemoryAccounting, copy_to_followers, memory_accounting
 from .network import Network
-from .program_index import (INPUT_CATEGORY, NOT_SIMULATED, RESIDENT_ROLES, ComputeStream,
+from .program_index import (INPUT_CATEGORY, RESIDENT_ROLES, ComputeStream,
                             ProgramIndex, device_of, index_program, value_category)
 from .records import expand_to_followers, op_columns
 from .solo import SoloLedger, solo_teams, team_key
 from .symmetry import class_members, comm_positions, symmetry_classes
-from .trace import COMM_STREAM, COMPUTE_STREAM, P2P_STREAM, DeviceInfo, OpColumns, Trace
+from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpColumns, Trace
+from .value_lifetimes import value_lifetimes
 
 __all__ = ["INPUT_CATEGORY", "RESIDENT_ROLES", "SimulationOptions", "Simulator",
            "collective_bytes", "simulate_function", "value_category"]
@@ -69,6 +72,9 @@ __all__ = ["INPUT_CATEGORY", "RESIDENT_ROLES", "SimulationOptions", "Simulator",
 class SimulationOptions:
     """``network_mode``: "flow" (max-min fair sharing) or "analytical";
     ``collective_algorithm``: "auto" or an algorithm name;
+    ``comm_streams``: "per-group" (a queue per process group, as NCCL
+    communicators run) or "shared" (one ``comm`` stream per device for
+    every collective), see :mod:`.comm_queues`;
     ``record_memory``: keep the memory curve (peaks are always kept);
     ``record_links``: keep each link's utilisation over time
     (``Trace.link_samples``, for links.png and trace.json's link counters;
@@ -90,6 +96,7 @@ class SimulationOptions:
 
     network_mode: str = "flow"
     collective_algorithm: str = "auto"
+    comm_streams: str = DEFAULT_COMM_STREAMS
     record_memory: bool = True
     record_links: bool = False
     symmetry: bool = False
@@ -153,6 +160,7 @@ class Simulator:
         self.topology = topology
         self.cost = cost_model or CostModel(topology.device_spec)
         self.options = options or SimulationOptions()
+        check_comm_streams(self.options.comm_streams)
         self.env = simpy.Environment()
         self.network = Network(self.env, topology, mode=self.options.network_mode,
                                record_samples=self.options.record_links)
@@ -172,8 +180,6 @@ class Simulator:
         # the collectives its followers reach at each comm-stream position.
         self._rep: Dict[int, int] = {}
         self._followers: Dict[int, List[Tuple[int, List[_Collective]]]] = {}
-        #: which collective kinds are SendRecv (see _comm_queues), made on first use
-        self._p2p_kinds: Optional[np.ndarray] = None
 
     # -- setup ----------------------------------------------------------
     def _check_devices(self) -> None:
@@ -440,7 +446,9 @@ class Simulator:
                                                       leads[rank]))
             else:
                 indices, inputs = ix.comm_streams[rank], ix.comm_inputs[rank]
-                for stream, positions in self._comm_queues(rank, indices):
+                kinds = ix.collective_kind[np.asarray(indices, dtype=np.int64)]
+                for stream, positions in comm_queues(rank, kinds, ix.collective_kinds,
+                                                     self.options.comm_streams):
                     self.env.process(self._comm_stream(rank, indices, inputs, positions, stream))
         self._run_events()
         if self._blocked:
@@ -451,35 +459,6 @@ class Simulator:
         if self._rep:
             records, memory = self._expand_symmetry(records, memory)
         return self._trace(records, memory)
-
-    def _comm_queues(self, rank: int, indices: List[int]
-                     ) -> List[Tuple[str, Optional[List[int]]]]:
-        """The queues of ``rank``'s communication ops (``indices``, its
-        collectives in program order): ``(stream, positions in indices)``,
-        the collectives on ``comm`` and the SendRecvs with each peer on one
-        queue per peer (``p2p-with-<peer>``, the name in a deadlock report);
-        positions None when all are on ``comm``."""
-        ix = self.index
-        p2p = self._p2p_kinds
-        if p2p is None:
-            p2p = self._p2p_kinds = np.array(
-                [is_point_to_point(op) for op in ix.collective_kinds], bool)
-        kinds = ix.collective_kind[np.asarray(indices, dtype=np.int64)]
-        if not p2p[kinds].any():
-            return [(COMM_STREAM, None)]
-        labels: Dict[int, str] = {}      # kind -> its queue (the team is the kind's)
-        queues: Dict[str, List[int]] = {}
-        for k, kind in enumerate(kinds.tolist()):
-            stream = labels.get(kind)
-            if stream is None:
-                if p2p[kind]:
-                    src, dst = ix.collective_kinds[kind].attrs["ranks"]
-                    stream = f"{P2P_STREAM}-with-{dst if src == rank else src}"
-                else:
-                    stream = COMM_STREAM
-                labels[kind] = stream
-            queues.setdefault(stream, []).append(k)
-        return list(queues.items())
 
     def _compute_times(self, prefixes: Dict[int, List[float]],
                        leads: Dict[int, Optional[Leads]]) -> Tuple[np.ndarray, np.ndarray]:
@@ -503,37 +482,15 @@ class Simulator:
     def _records(self, start_s: np.ndarray, end_s: np.ndarray) -> OpColumns:
         """Every op record, as columns (:mod:`.records`); ``Trace.ops``
         makes them tuples, sorted by (start, rank, stream, end), if asked."""
-        return op_columns(self.index, start_s, end_s, self._finished)
+        return op_columns(self.index, start_s, end_s, self._finished, self.options.comm_streams)
 
     def _memory(self, start_s: np.ndarray, end_s: np.ndarray) -> MemoryAccounting:
-        """Per-value allocation and free times, then the per-device curve
-        and peaks (:mod:`.memory`)."""
+        """Per-value allocation and free times (:mod:`.value_lifetimes`),
+        then the per-device curve and peaks (:mod:`.memory`)."""
         ix = self.index
-        nv = len(ix.values)
-        producer = ix.producer
         coll_start = np.array([c.start_s for c in self._collectives] or [0.0])
         coll_end = np.array([c.end_s for c in self._collectives] or [0.0])
-        by_op = producer >= 0
-        by_coll = (producer <= -2) & (producer != NOT_SIMULATED)
-        alloc = np.full(nv, np.nan)
-        ready = np.full(nv, np.nan)
-        alloc[producer == -1] = 0.0
-        ready[producer == -1] = 0.0
-        alloc[by_op] = start_s[producer[by_op]]
-        ready[by_op] = end_s[producer[by_op]]
-        alloc[by_coll] = coll_start[-2 - producer[by_coll]]
-        ready[by_coll] = coll_end[-2 - producer[by_coll]]
-        # a value goes when the last op reading it ends (or when it is made,
-        # if nobody reads it); returned and resident values stay
-        last_use = np.full(nv, -np.inf)
-        if len(ix.compute_reads):
-            np.maximum.at(last_use, ix.compute_reads, np.repeat(end_s, ix.compute_read_counts))
-        if len(ix.collective_reads):
-            np.maximum.at(last_use, ix.collective_reads,
-                          np.repeat(coll_end, ix.collective_read_counts))
-        free = np.where(np.isneginf(last_use), ready, last_use)
-        free[ix.kept] = np.inf
-        _hold_updated(free, ix.in_place)
+        alloc, free = value_lifetimes(ix, start_s, end_s, coll_start, coll_end)
         device = ix.device
         rep = self._rep
         keep = ~np.isnan(alloc)
@@ -632,40 +589,6 @@ class Simulator:
                            "network_mode": self.options.network_mode,
                            "simulated_devices": len(set(self._rep.values())) if self._rep
                            else len(devices)})
-
-
-def _hold_updated(free: np.ndarray, in_place: "np.ndarray | List[Tuple[int, int]]") -> None:
-    """An in-place update (``new`` takes no bytes) keeps ``old``'s bytes for
-    as long as ``new`` lives: each value of a chain old -> new -> newer...
-    is freed at the latest free time down its chain. ``in_place``: (old,
-    new) pairs, sorted. Pointer jumping over the chained values (log of the
-    longest chain numpy passes) when each value is updated at most once and
-    after it is made; otherwise one pair at a time, newest first."""
-    pairs = np.asarray(in_place, dtype=np.int64).reshape(-1, 2)
-    if not len(pairs):
-        return
-    old, new = pairs[:, 0], pairs[:, 1]
-    if (new > old).all() and (old[1:] > old[:-1]).all():
-        # the values in a chain, numbered 0..k-1 in value order
-        chained = np.zeros(len(free), bool)
-        chained[old] = chained[new] = True
-        values = np.flatnonzero(chained)
-        slot = np.empty(len(free), np.int64)
-        slot[values] = np.arange(len(values))
-        nxt = np.arange(len(values))
-        nxt[slot[old]] = slot[new]
-        latest = free[values]
-        while True:
-            latest = np.maximum(latest, latest[nxt])
-            jumped = nxt[nxt]
-            if (jumped == nxt).all():
-                break
-            nxt = jumped
-        free[values] = latest
-        return
-    for a, b in reversed(pairs.tolist()):
-        if free[b] > free[a]:
-            free[a] = free[b]
 
 
 def simulate_function(function: Function, topology, cost_model: Optional[CostModel] = None,

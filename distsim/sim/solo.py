@@ -1,9 +1,10 @@
 """Collectives that always run alone, simulated without events.
 
-A team's collectives run one after another: each member's communication
-stream takes its collectives in program order, and a collective starts only
-when every member has reached it, so the next one of the same team starts
-after the previous one ended. A pair's send/recvs run on a queue of their
+A team's collectives run one after another: each member's queue of the
+team's group (:mod:`.comm_queues`; or its one ``comm`` stream, under
+``comm_streams: shared``) takes them in program order, and a collective
+starts only when every member has reached it, so the next one of the same
+team starts after the previous one ended. A pair's send/recvs run on a queue of their
 own (one per pair of ranks), beside the comm stream, so they form a team of
 their own (:func:`team_key`): a send/recv and an all-reduce of the same two
 ranks can run at once, and share links. When no other team's collective
@@ -54,7 +55,7 @@ TeamKey = Tuple[bool, FrozenSet[int]]
 def team_key(plan: Plan) -> TeamKey:
     """The team whose collectives run one after another: the ranks, and
     whether they are a send/recv (on the pair's own p2p queue) or another
-    collective (on the comm stream). Two collectives of one key never
+    collective (on the queue of the group of these ranks). Two collectives of one key never
     overlap; of two keys they may, even over the same ranks."""
     return plan[0] is CollectiveType.SEND_RECV, frozenset(plan[1])
 

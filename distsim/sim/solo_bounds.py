@@ -38,6 +38,8 @@ from itertools import chain
 from operator import itemgetter
 from typing import Dict, Sequence, Tuple
 
+import numpy as np
+
 from .collective_algos.schedule import Schedule
 from .network import Network
 from .route_table import route_table
@@ -118,36 +120,62 @@ def _unequal_bounds(network: Network, flows, latency) -> Tuple[float, float]:
     that is least (it is the fastest at its bottleneck link, which it
     saturates), and the counts only fall as flows end; so each is
     delivered by its latency plus ``b max_L(n_L / c_L)``. ``latency``,
-    where given, is every flow's."""
+    where given, is every flow's.
+
+    With numpy over the step's :class:`_FlowLoads` (kept per topology): the
+    same floats as a loop over the flows (each link's bytes added in flow
+    order by ``bincount``, which adds one after the other; the maxima are
+    exact in any order)."""
     pairs = tuple(map(_PAIR, flows))
-    loads = route_table(network.topology).flow_loads
-    per_flow = loads.get(pairs)
-    if per_flow is None:
-        routes = [network.route(src, dst) if src != dst else None for src, dst in pairs]
-        count = Counter(chain.from_iterable([r[0] for r in routes if r is not None]))
-        cap = network.link_capacity
-        per_flow = loads[pairs] = tuple(
-            None if r is None else
-            (r[0], r[1], r[2], max(count[i] / cap(i) for i in r[0])) for r in routes)
-    cap = network.link_capacity
-    carried: Dict[int, float] = {}
-    least: Dict[int, float] = {}
-    low = high = 0.0
-    for info, (_, _, nbytes) in zip(per_flow, flows):
-        if info is None:
-            continue
-        links, lat, bottleneck, t = info
-        if latency is not None:
-            lat = latency
-        low = max(low, lat + nbytes / bottleneck)
-        high = max(high, lat + nbytes * t)
-        for i in links:
-            carried[i] = carried.get(i, 0.0) + nbytes
-            if lat < least.get(i, math.inf):
-                least[i] = lat
-    for i, nbytes in carried.items():
-        low = max(low, nbytes / cap(i) + least[i])
+    known = route_table(network.topology).flow_loads
+    loads = known.get(pairs)
+    if loads is None:
+        loads = known[pairs] = _FlowLoads(network, pairs)
+    if not len(loads.moving):
+        return 0.0, 0.0
+    nbytes = np.fromiter(map(_BYTES, flows), float, len(flows))[loads.moving]
+    lat = loads.latency if latency is None else latency
+    least = loads.least if latency is None else latency
+    carried = np.bincount(loads.entry_link, weights=nbytes[loads.entry_flow],
+                          minlength=len(loads.capacity))
+    low = max(0.0, float((lat + nbytes / loads.bottleneck).max()),
+              float((carried / loads.capacity + least).max()) if len(carried) else 0.0)
+    high = max(0.0, float((lat + nbytes * loads.per_byte).max()))
     return low, high
+
+
+class _FlowLoads:
+    """What :func:`_unequal_bounds` needs of a step's routes for any bytes,
+    as arrays: the flows that leave their rank (``moving``, their indices),
+    each one's path latency, bottleneck bandwidth and largest ``n_L / c_L``
+    on its route; the links they cross (numbered in order of first use)
+    with their capacities and the least latency of a flow crossing each;
+    and per (flow, link of its route), in flow order, the link's number and
+    the flow's position in ``moving``."""
+
+    __slots__ = ("moving", "latency", "bottleneck", "per_byte", "capacity", "least",
+                 "entry_link", "entry_flow")
+
+    def __init__(self, network: Network, pairs: Sequence[Tuple[int, int]]) -> None:
+        moving = [k for k, (src, dst) in enumerate(pairs) if src != dst]
+        routes = [network.route(*pairs[k]) for k in moving]
+        flat = list(chain.from_iterable([r[0] for r in routes]))
+        number = {i: n for n, i in enumerate(dict.fromkeys(flat))}
+        cap = network.link_capacity
+        self.moving = np.array(moving, dtype=np.int64)
+        self.latency = np.array([r[1] for r in routes], dtype=float)
+        self.bottleneck = np.array([r[2] for r in routes], dtype=float)
+        self.capacity = np.array([cap(i) for i in number], dtype=float)
+        self.entry_link = np.fromiter(map(number.__getitem__, flat), np.int64, len(flat))
+        lengths = np.fromiter(map(len, [r[0] for r in routes]), np.int64, len(routes))
+        self.entry_flow = np.repeat(np.arange(len(routes)), lengths)
+        # minima and maxima are exact in any order
+        self.least = np.full(len(number), np.inf)
+        np.minimum.at(self.least, self.entry_link, self.latency[self.entry_flow])
+        per_link = np.bincount(self.entry_link, minlength=len(number)) / self.capacity
+        self.per_byte = (np.maximum.reduceat(per_link[self.entry_link],
+                                             np.cumsum(lengths) - lengths)
+                         if len(flat) else np.zeros(len(routes)))
 
 
 def can_beat(lower: float, steps: int, best_upper: float) -> bool:

@@ -149,8 +149,22 @@ def _fastest_alone(network: Network, kind: CollectiveType, ranks: Tuple[int, ...
                   if can_beat(lower, steps, best_upper)]
     if len(contenders) == 1:
         return contenders[0]
-    topology = network.topology
-    times = [collective_time(topology, "flow", kind, ranks, nbytes, root, name)[0]
+    times = [_flow_time(network.topology, kind, ranks, nbytes, root, name, plans[name])
              for name in contenders]
     tied = min(times) * (1 + TIE)
     return next(name for name, t in zip(contenders, times) if t <= tied)
+
+
+def _flow_time(topology, kind: CollectiveType, ranks: Tuple[int, ...], nbytes: float,
+               root: Optional[int], name: str, schedule: Schedule) -> float:
+    """:func:`collective_time` in the flow model of the applicable algorithm
+    ``name``, whose ``schedule`` the caller planned already (the same as
+    planning it again by name: plans depend on the topology, not on the
+    network's mode)."""
+    key = ("flow", kind, ranks, nbytes, root, name)
+    known = route_table(topology).solo_times
+    hit = known.get(key)
+    if hit is None:
+        network = Network(simpy.Environment(), topology, mode="flow", link_stats=False)
+        hit = known[key] = (run_schedule(network, tuple(schedule)), name)
+    return hit[0]

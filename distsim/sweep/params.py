@@ -162,6 +162,9 @@ def _run_choices(name: str) -> Optional[Tuple[Any, ...]]:
     if name == "network_mode":
         from ..sim.network import MODES
         return tuple(MODES)
+    if name == "comm_streams":
+        from ..sim.comm_queues import COMM_STREAM_MODES
+        return COMM_STREAM_MODES
     if name == "collective_algo":
         try:
             from ..sim.collective_algos import ALGORITHMS

@@ -7,6 +7,7 @@ estimator (``distsim.estimate.estimate``), with the signed error of each.
     python reports/validation/run.py --quick    # the smallest runs only
     python reports/validation/run.py --force    # ignore the cache
     python reports/validation/run.py --only korthikanti-22b-full --out /tmp/v
+    python reports/validation/run.py --comm-streams per-group --out /tmp/v
 
 Writes ``results.json`` and the table in ``README.md`` (between the
 ``<!-- results -->`` markers) in this folder, or in ``--out``. A run whose
@@ -517,6 +518,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE,
                         help="folder for results.json and README.md (default: this folder)")
     parser.add_argument("--list", action="store_true", help="list the runs and exit")
+    parser.add_argument("--comm-streams", choices=("per-group", "shared"),
+                        help="simulate every run with this comm_streams setting (default: "
+                             "distsim's); the estimator refuses a setting it does not model, "
+                             "and the row says so")
     args = parser.parse_args(argv)
 
     from distsim.fileio import write_json_atomic, write_text_atomic
@@ -532,6 +537,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if unknown:
             parser.error(f"unknown run id(s): {', '.join(sorted(unknown))} (see --list)")
         runs = [r for r in runs if r["id"] in wanted]
+    if args.comm_streams:          # part of each run's options, so of its cache key
+        for r in runs:
+            r["options"] = {**r["options"], "comm_streams": args.comm_streams}
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     try:

@@ -96,6 +96,14 @@ def test_bad_input_one_line_exit_2_no_files(tmp_path, capsys, args, message):
     assert not out.exists()
 
 
+def test_a_bad_comm_streams_setting_is_one_line_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:   # argparse's choices, one line (cli.Parser)
+        main(["simulate", "--comm-streams", "per-team", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--comm-streams: invalid choice: 'per-team'" in err
+
+
 def test_malformed_yaml_topology(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndevice: [unclosed\n")
@@ -197,7 +205,8 @@ def test_help_documents_every_option(capsys):
     assert info.value.code == 0
     text = capsys.readouterr().out
     for flag in ("--model", "--layers", "--hidden", "--batch", "--dtype", "--dp", "--topology",
-                 "--out", "--json", "--network-mode", "--collective-algo", "--max-wall-s",
+                 "--out", "--json", "--network-mode", "--collective-algo", "--comm-streams",
+                 "--max-wall-s",
                  "--max-trace-records"):
         assert flag in text
 

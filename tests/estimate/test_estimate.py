@@ -118,6 +118,17 @@ def test_options_the_estimator_ignores_are_still_checked_as_simulate_checks_them
         est.estimate(options)
 
 
+def test_the_comm_streams_setting_is_checked_as_simulate_checks_it():
+    # a stream per process group frees the tensor-parallel collectives from
+    # the data-parallel ones: with tp 1 there is one group, the same step
+    options = {**GPT2, "topology": "dgx-a100", "dp": 8}
+    with pytest.raises(ConfigError, match="--comm-streams: must be 'per-group' or 'shared'"):
+        est.estimate({**options, "comm_streams": "bogus"})
+    assert est.estimate({**options, "comm_streams": "shared"}) == est.estimate(options)
+    assert est.estimate({**options, "comm_streams": "per-group"})["step_time_s"] == \
+        est.estimate(options)["step_time_s"]
+
+
 def test_an_estimate_leaves_no_reference_cycles():
     """estimate() pauses the cyclic garbage collector (its passes walk the
     per-layer profiles kept between a sweep's points): that is only safe

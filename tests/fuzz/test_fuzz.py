@@ -191,7 +191,7 @@ ONNX = _valid_onnx()
 @given(EDITS)
 # a mutated opset number past the newest checked is warned about (tested in
 # tests/importers); here only what is raised matters
-@pytest.mark.filterwarnings("ignore::distsim.importers.onnx.OnnxOpsetWarning")
+@pytest.mark.filterwarnings("ignore::distsim.importers.onnx_model.OnnxOpsetWarning")
 def test_mutated_onnx_raises_only_distsim_errors(tmp_path_factory, edits):
     path = tmp_path_factory.mktemp("onnx") / "m.onnx"
     path.write_bytes(_mutate(ONNX, edits))

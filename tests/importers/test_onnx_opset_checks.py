@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from distsim.importers.onnx import (NEWEST_OPSET, OnnxOpsetWarning, import_onnx,
-                                    newest_checked_opset, onnx_input_arrays)
+from distsim.importers.onnx import import_onnx, onnx_input_arrays
+from distsim.importers.onnx_model import NEWEST_OPSET, OnnxOpsetWarning, newest_checked_opset
 from distsim.importers.onnx_ops import CONVERTERS
 from distsim.interp import execute
 

@@ -196,3 +196,27 @@ def test_a_number_sits_on_its_blocks_longest_stretch():
     assert tasks[0].label_ms == pytest.approx(7.0) and tasks[0].label_width_ms == \
         pytest.approx(4.0)
     assert tasks[1].label_ms == pytest.approx(5.0)
+
+
+def test_collectives_of_two_groups_that_overlap_get_a_row_each():
+    """Under per-group streams a data-parallel gradient all-reduce runs
+    beside the tensor-parallel ones of the backward on the same device:
+    each group's stream has its own row of the collectives band, so
+    neither bar is drawn over the other; under one shared stream they
+    cannot overlap and the band has one row."""
+    run = dict(model="gpt2", layers=2, seq=256, topology="dgx-a100", dp=4, tp=2,
+               global_batch=8, micro_batch=1, bucket_mb=1)
+    per_group = distsim.simulate(**run, comm_streams="per-group")
+    streams = {r.stream for r in per_group.trace.ops if r.rank == 0}
+    assert {"comm-2x1", "comm-4x2"} <= streams
+    ops = [r for r in per_group.trace.ops if r.rank == 0 and r.stream.startswith("comm-")]
+    assert any(a.stream != b.stream and a.start_s < b.end_s and b.start_s < a.end_s
+               for a in ops for b in ops), "the setting should make two groups overlap"
+    chart = gantt_chart(per_group.trace, per_group.program)
+    collectives = [b for b in chart.panels[0].bars if b.band == BANDS.index("collectives")]
+    assert {b.rows for b in collectives} == {2}
+    rows = {(b.lane, b.key): b.row for b in collectives}
+    assert rows[(0, "TP")] != rows[(0, "DP")]
+    shared = distsim.simulate(**run)
+    chart = gantt_chart(shared.trace, shared.program)
+    assert {(b.row, b.rows) for b in chart.panels[0].bars} == {(0, 1)}

@@ -40,3 +40,17 @@ def test_ops_back_to_back_and_instants_stay_on_their_stream():
         {"a": 0, "pack": 0, "b": 0}
     assert sorted(e["args"]["name"] for e in doc["traceEvents"]
                   if e["ph"] == "M" and e["name"] == "thread_name") == ["comm", "compute"]
+
+
+def test_a_stream_per_process_group_is_a_thread_and_no_comm_thread_is_left_empty():
+    # comm_streams per-group: a TP all-reduce [2, 6) beside a DP one [0, 10),
+    # each on its group's stream; tids: compute 0, (comm 1, unused), then
+    # the other streams in name order: comm-2x1 2, comm-2x2 3
+    ops = [OpRecord(0, "comm-2x2", "dp", "comm.allreduce", "communication", 0.0, 10 * US),
+           OpRecord(0, "comm-2x1", "tp", "comm.allreduce", "communication", 2 * US, 6 * US)]
+    doc = _doc(ops)
+    assert {e["name"]: e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"} == \
+        {"dp": 3, "tp": 2}
+    threads = sorted((e["tid"], e["args"]["name"]) for e in doc["traceEvents"]
+                     if e["ph"] == "M" and e["name"] == "thread_name")
+    assert threads == [(0, "compute"), (2, "comm-2x1"), (3, "comm-2x2")]

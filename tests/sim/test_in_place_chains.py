@@ -4,7 +4,7 @@ definition, one pair at a time from the newest."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from distsim.sim.simulator import _hold_updated
+from distsim.sim.value_lifetimes import hold_updated as _hold_updated
 
 
 def one_pair_at_a_time(free, in_place):

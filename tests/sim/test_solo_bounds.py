@@ -5,6 +5,8 @@ topologies."""
 from __future__ import annotations
 
 
+import math
+
 import pytest
 import simpy
 
@@ -12,7 +14,7 @@ from distsim.ir.comm import CollectiveType as C
 from distsim.sim.collective_algos import ALGORITHMS, Phase
 from distsim.sim.collectives import ROOTED, planned_schedule
 from distsim.sim.network import Network
-from distsim.sim.solo_bounds import can_beat, schedule_bounds, step_load
+from distsim.sim.solo_bounds import _unequal_bounds, can_beat, schedule_bounds, step_load
 from distsim.sim.solo_time import collective_time
 from distsim.topology import load_topology, topology_from_dict
 
@@ -122,3 +124,55 @@ def test_every_algorithms_flow_time_alone_is_within_its_bounds(name):
                         (kind, team, nbytes, used, lower, t, upper)
                     tight += upper <= lower * (1 + 1e-3)
     assert tight > 20
+
+
+def _unequal_bounds_by_loop(net, flows, latency):
+    """The bounds of a step of unequal flows as one loop over its flows (the
+    module docstring's sums, one flow after the other)."""
+    carried, least = {}, {}
+    low = high = 0.0
+    routes = [net.route(s, d) if s != d else None for s, d, _ in flows]
+    count = {}
+    for r in routes:
+        for i in r[0] if r is not None else ():
+            count[i] = count.get(i, 0) + 1
+    for r, (_, _, nbytes) in zip(routes, flows):
+        if r is None:
+            continue
+        links, lat, bottleneck = r
+        lat = lat if latency is None else latency
+        low = max(low, lat + nbytes / bottleneck)
+        high = max(high, lat + nbytes * max(count[i] / net.link_capacity(i) for i in links))
+        for i in links:
+            carried[i] = carried.get(i, 0.0) + nbytes
+            least[i] = min(least.get(i, math.inf), lat)
+    for i, nbytes in carried.items():
+        low = max(low, nbytes / net.link_capacity(i) + least[i])
+    return low, high
+
+
+def test_unequal_steps_bounds_equal_a_loop_over_their_flows():
+    """The bounds of steps of unequal flows (trees and hierarchies under
+    NCCL's protocols, whose wire bytes differ by link) are made with numpy
+    over arrays kept per step: the same floats as the loop."""
+    topo = load_topology("dgx-a100-x4")
+    net = Network(simpy.Environment(), topo, mode="analytical", link_stats=False)
+    n = topo.num_devices
+    checked = 0
+    for kind in (C.ALL_REDUCE, C.REDUCE_SCATTER, C.ALL_GATHER, C.BROADCAST):
+        for team in (tuple(range(n)), tuple(range(0, n, 2)), (3, 0, 6, 1)[:n]):
+            root = team[-1] if kind in ROOTED else None
+            for nbytes in (7e3, 3.3e6, 1e9):
+                for algorithm in ALGORITHMS[kind]:
+                    _, schedule = planned_schedule(net, kind, team, nbytes, root, algorithm)
+                    for flows, count, latency in schedule:
+                        if len({b for _, _, b in flows}) < 2:
+                            continue
+                        for lat in (latency, 3e-6):
+                            assert _unequal_bounds(net, flows, lat) == \
+                                _unequal_bounds_by_loop(net, flows, lat)
+                            checked += 1
+    # a step with a flow to itself among them
+    flows = ((0, 1, 5e6), (2, 2, 1e9), (1, 3, 2e6))
+    assert _unequal_bounds(net, flows, None) == _unequal_bounds_by_loop(net, flows, None)
+    assert checked > 50

@@ -34,8 +34,12 @@ def eager_records(sim: Simulator, start_s: np.ndarray, end_s: np.ndarray) -> lis
                         float(ix.compute_bytes[k]), op.meta.get("detail", ""))
                for k, op in enumerate(ix.compute)]
     for coll in sim._finished:
-        # a SendRecv is on its pair's point-to-point queue, shown as "p2p"
-        stream = "p2p" if coll.op.op_type == "comm.sendrecv" else "comm"
+        # a SendRecv is on its pair's point-to-point queue, shown as "p2p";
+        # per group, a collective on its team's (n ranks d apart: comm-nxd)
+        team = sorted(coll.op.attrs["ranks"])
+        stream = "p2p" if coll.op.op_type == "comm.sendrecv" else \
+            "comm" if sim.options.comm_streams == "shared" else \
+            f"comm-{len(team)}x{team[1] - team[0]}"
         records += [OpRecord(r, stream, coll.op.name, coll.op.op_type, "communication",
                              coll.start_s, coll.end_s, 0.0, coll.sent[r], coll.used)
                     for r in coll.members]
@@ -78,11 +82,12 @@ def _types(records):
 A100 = load_topology("dgx-a100")
 
 
+@pytest.mark.parametrize("comm_streams", ["shared", "per-group"])
 @pytest.mark.parametrize("symmetry", [False, True])
 @pytest.mark.parametrize("case", ["mlp", "gpt", "zero3"])
-def test_lazy_records_equal_the_eager_ones(case, symmetry, small_program):
+def test_lazy_records_equal_the_eager_ones(case, symmetry, comm_streams, small_program):
     program, topo = small_program(case)
-    trace, eager = run_with_eager(program, topo, symmetry=symmetry)
+    trace, eager = run_with_eager(program, topo, symmetry=symmetry, comm_streams=comm_streams)
     assert trace.num_ops == len(eager)
     records = trace.ops
     assert all(type(r) is OpRecord for r in records)

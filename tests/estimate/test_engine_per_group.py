@@ -1,0 +1,42 @@
+"""The estimator's timeline under ``per_group`` (one communication stream
+per process group): the data-parallel stream and the tied embedding's run
+beside the tensor-parallel stream a task holds. Times by hand."""
+from distsim.estimate.engine import Timeline
+
+
+def test_a_data_parallel_sync_does_not_wait_for_a_task_holding_the_tp_stream():
+    for per_group, dp_start in ((True, 0.0), (False, 2.0)):
+        tl = Timeline(2, per_group=per_group)
+        # a task with tensor-parallel collectives inside: 0-2, both streams
+        assert tl.compute(0, 2.0, holds_comm=True) == 2.0
+        # a gradient's all-reduce ready at 0: beside it per group, after it shared
+        assert tl.comm_on(0, 3.0, 0.0) == dp_start + 3.0
+        # a tensor-parallel item ready at 0 waits for the task only per
+        # group (2-3); shared, for the all-reduce too (5-6)
+        assert tl.comm_on(0, 1.0, 0.0, tp=True) == (3.0 if per_group else 6.0)
+        assert tl.run() == (3.0 if per_group else 6.0)
+
+
+def test_per_group_the_tied_embedding_all_reduce_has_a_stream_of_its_own():
+    tl = Timeline(2, per_group=True)
+    tl.comm_on(0, 4.0, 0.0)             # stage 0's gradient all-reduce: 0-4
+    tl.comm_on(1, 1.0, 0.0, tp=True)    # stage 1's tensor-parallel item: 0-1
+    # the embedding all-reduce of stages 0 and 1, ready at 1: 1-2, behind neither
+    assert tl.comm((0, 1), 1.0, 1.0) == 2.0
+    assert tl.comm((0, 1), 1.0, 0.0) == 3.0   # its own group's queue: after it
+    # stage 0 communicates 0-4 (the all-reduce covers the embedding's spans)
+    part = tl.stage_breakdown(0, 4.0)
+    assert part["communication_s"] == 4.0 and part["exposed_communication_s"] == 4.0
+    # stage 1: 0-1 (TP), 1-3 (embedding)
+    assert tl.stage_breakdown(1, 4.0)["communication_s"] == 3.0
+
+
+def test_a_per_group_walk_records_nothing_to_replay():
+    tl = Timeline(1, per_group=True)
+    mark = tl.mark(0)
+    tl.compute(0, 1.0)
+    assert tl.since(0, mark, 0.0) is None
+    shared = Timeline(1)
+    mark = shared.mark(0)
+    shared.compute(0, 1.0)
+    assert shared.since(0, mark, 0.0) is not None
