@@ -48,10 +48,16 @@ from .sharding.local_builder import LocalBuilder
 from .sharding.lower import LOCAL_RULES
 from .sharding.planner import plan_redistribute
 from .sharding.propagate import REDISTRIBUTE
+from .sharding.remembered import Remembered, frozen
 
 #: meta keys of the propagated ops that the template does not keep
 _DROPPED_META = (ORIGIN,)
 R = Replicate()
+#: (op type, local rule, attributes, types) -> per op of its per-device form,
+#: the attributes that differ between ranks (every layer asks the same)
+_VARYING: Remembered[List[Dict[str, List[Any]]]] = Remembered()
+#: DTensor type (its mesh one axis) -> its local shapes on the ranks (one: even shards)
+_SHAPES: Remembered[Set[Tuple[int, ...]]] = Remembered()
 
 
 def _where(f: Function, op: Op) -> str:
@@ -81,20 +87,21 @@ class TemplateBuilder:
         self.placement: Dict[Value, Placement] = {}
         #: ids of the template's spmd.allgather ops
         self.gathers: Set[int] = set()
+        self.coords = list(self.mesh.all_coords())
 
     # -- types ---------------------------------------------------------------
     def local_type(self, v: Value, op: Optional[Op] = None) -> TensorType:
         t = v.type
         if not isinstance(t, DTensorType):
             raise ConfigError(f"tensor parallelism: value %{v.name} has no placement")
-        shapes = {t.local_shape(c) for c in self.mesh.all_coords()}
+        shapes = _SHAPES.get(t, lambda: {t.local_shape(c) for c in t.mesh.all_coords()})
         if len(shapes) > 1:
             pl = t.placements[0]
             where = f"{_where(self.f, op)}: " if op is not None else ""
             raise ConfigError(f"{where}value %{v.name} of shape {list(t.shape)} is split "
                               f"unevenly over tp {self.n} ({pl.print_text()}: local shapes "
                               f"{sorted(shapes)}); tensor parallelism needs even shards")
-        return TensorType(shapes.pop(), t.dtype, self.device)
+        return TensorType(next(iter(shapes)), t.dtype, self.device)
 
     def meta_of(self, op: Op) -> Dict[str, Any]:
         """The template meta of a propagated op: its own (the user's op's
@@ -129,29 +136,16 @@ class TemplateBuilder:
         made on every rank and compared: the same ops and shapes everywhere,
         attributes that differ become rank attributes."""
         rule = LOCAL_RULES.get(op.op_type, _as_is)
-        per_rank: List[Tuple[List[Op], List[Value], List[Value]]] = []
-        for c in self.mesh.all_coords():
-            lb = LocalBuilder(f"{op.op_type}_r{c[0]}")
-            ins = [lb.input(f"in{i}", v.type.local_type(c)) for i, v in enumerate(op.inputs)]
-            outs = rule(lb, op, c, ins, [v.name for v in op.outputs])
-            per_rank.append((lb.function.ops, ins, outs))
-        first_ops, first_ins, first_outs = per_rank[0]
-        for ops, _, _ in per_rank[1:]:
-            if [(o.op_type, [v.type.shape for v in o.outputs]) for o in ops] != \
-                    [(o.op_type, [v.type.shape for v in o.outputs]) for o in first_ops]:
-                raise ConfigError(f"{_where(self.f, op)}: its per-device ops differ between "
-                                  f"tensor-parallel ranks (uneven shards); tensor parallelism "
-                                  "needs even shards")
+        first_ops, first_ins, first_outs = self._on_device(op, rule, self.coords[0])
+        key = (op.op_type, rule, frozen(dict(op.attrs)), tuple(v.type for v in op.inputs),
+               tuple(v.type for v in op.outputs))
+        varying = _VARYING.get(key, lambda: self._rank_attrs(op, rule, first_ops))
         meta = self.meta_of(op)
         local: Dict[Value, Value] = {x: env[v] for x, v in zip(first_ins, op.inputs)}
         pl = op.outputs[0].type.placements[0] if op.outputs else R
         for k, lop in enumerate(first_ops):
             attrs = dict(lop.attrs)
-            rank_attrs = {}
-            for key, value in attrs.items():
-                values = [per_rank[r][0][k].attrs.get(key) for r in range(self.n)]
-                if any(x != value for x in values):
-                    rank_attrs[key] = values
+            rank_attrs = {a: list(values) for a, values in varying[k].items()}
             op_meta = dict(meta)
             if rank_attrs:
                 op_meta["rank_attrs"] = rank_attrs
@@ -170,6 +164,35 @@ class TemplateBuilder:
                                   f"from the shard {want.shape}")
             env[v] = y
             self.placement[y] = v.type.placements[0]
+
+    def _on_device(self, op: Op, rule, c) -> Tuple[List[Op], List[Value], List[Value]]:
+        """The op's per-device ops at mesh coordinate ``c``, their inputs and
+        results."""
+        lb = LocalBuilder(f"{op.op_type}_r{c[0]}")
+        ins = [lb.input(f"in{i}", v.type.local_type(c)) for i, v in enumerate(op.inputs)]
+        outs = rule(lb, op, c, ins, [v.name for v in op.outputs])
+        return lb.function.ops, ins, outs
+
+    def _rank_attrs(self, op: Op, rule, first_ops: List[Op]) -> List[Dict[str, List[Any]]]:
+        """Per op of the per-device form: the attributes that differ between
+        ranks, with each rank's value. Raises ConfigError where the ranks'
+        ops or shapes differ (uneven shards)."""
+        per_rank = [first_ops] + [self._on_device(op, rule, c)[0] for c in self.coords[1:]]
+        form = [(o.op_type, [v.type.shape for v in o.outputs]) for o in first_ops]
+        for ops in per_rank[1:]:
+            if [(o.op_type, [v.type.shape for v in o.outputs]) for o in ops] != form:
+                raise ConfigError(f"{_where(self.f, op)}: its per-device ops differ between "
+                                  f"tensor-parallel ranks (uneven shards); tensor parallelism "
+                                  "needs even shards")
+        varying = []
+        for k, lop in enumerate(first_ops):
+            rank_attrs = {}
+            for key, value in lop.attrs.items():
+                values = [ops[k].attrs.get(key) for ops in per_rank]
+                if any(x != value for x in values):
+                    rank_attrs[key] = values
+            varying.append(rank_attrs)
+        return varying
 
     def redistribute(self, op: Op, env: Dict[Value, Value]) -> None:
         x, y = op.inputs[0], op.outputs[0]

@@ -1,0 +1,44 @@
+"""Answers remembered per structural key: a model's layers, and each trial
+placement of its inputs, ask the sharding layer the same questions again
+(the same op type, attributes and types), and the answers are functions of
+those alone."""
+from __future__ import annotations
+
+from typing import Callable, Dict, Generic, Hashable, TypeVar
+
+A = TypeVar("A")
+
+
+def frozen(x: object) -> object:
+    """``x`` hashable: lists and dicts as tuples."""
+    if isinstance(x, (list, tuple)):
+        return tuple(frozen(e) for e in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, frozen(v)) for k, v in x.items()))
+    return x
+
+
+class Remembered(Generic[A]):
+    """At most ``kept`` answers, then forgotten all at once (a sweep's
+    process builds many models; one model asks a few thousand questions)."""
+
+    def __init__(self, kept: int = 100_000) -> None:
+        self.kept = kept
+        self.answers: Dict[Hashable, A] = {}
+
+    def get(self, key: Hashable, compute: Callable[[], A]) -> A:
+        """The answer for ``key``, computed once; asked afresh when the key
+        does not hash (an attribute no tuple holds, e.g. an array)."""
+        try:
+            return self.answers[key]
+        except TypeError:
+            return compute()
+        except KeyError:
+            pass
+        if len(self.answers) >= self.kept:
+            self.answers.clear()
+        answer = self.answers[key] = compute()
+        return answer
+
+    def clear(self) -> None:
+        self.answers.clear()
