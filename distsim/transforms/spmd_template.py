@@ -137,7 +137,7 @@ class TemplateBuilder:
         attributes that differ become rank attributes."""
         rule = LOCAL_RULES.get(op.op_type, _as_is)
         first_ops, first_ins, first_outs = self._on_device(op, rule, self.coords[0])
-        key = (op.op_type, rule, frozen(dict(op.attrs)), tuple(v.type for v in op.inputs),
+        key = (op.op_type, rule, frozen(op.attrs), tuple(v.type for v in op.inputs),
                tuple(v.type for v in op.outputs))
         varying = _VARYING.get(key, lambda: self._rank_attrs(op, rule, first_ops))
         meta = self.meta_of(op)

@@ -356,9 +356,9 @@ def _valid_candidates(op: Op, ins: Sequence[Optional[DTensorType]],
     input (and output) types, cheapest first; remembered per op type,
     attributes, the op's global types, the known types, the mesh and the
     op type's rule (every layer of a model asks the same)."""
-    key = (op.op_type, RULES.get(op.op_type), frozen(dict(op.attrs)),
-           tuple(_global(v.type) for v in op.inputs), tuple(_global(v.type) for v in op.outputs),
-           tuple(ins), tuple(outs), mesh)
+    key = (op.op_type, RULES.get(op.op_type), frozen(op.attrs),
+           tuple((v.type.shape, v.type.dtype) for v in op.inputs),
+           tuple((v.type.shape, v.type.dtype) for v in op.outputs), tuple(ins), tuple(outs), mesh)
     found = _CANDIDATES.get(key, lambda: _ranked_valid(op, ins, outs, mesh))
     return [(list(i), list(o)) for i, o in found]
 

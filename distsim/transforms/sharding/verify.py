@@ -97,7 +97,7 @@ def _verify_op(f: Function, op: Op, propagated: bool) -> None:
             raise VerifyError(f"{where}: %{v.name} is on mesh @{v.type.mesh.name}, not "
                               f"@{mesh.name} (rule: one mesh per op)")
     ins, outs = tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs)
-    key = (op.op_type, RULES.get(op.op_type), frozen(dict(op.attrs)), ins, outs)
+    key = (op.op_type, RULES.get(op.op_type), frozen(op.attrs), ins, outs)
     error = _PLACEMENT_ERRORS.get(key, lambda: _placement_error(op.op_type, op.attrs, ins, outs))
     if error is not None:
         raise VerifyError(f"{where}: {error}")
