@@ -64,11 +64,6 @@ def _where(f: Function, op: Op) -> str:
     return describe(f.name, op)
 
 
-def _as_is(lb: LocalBuilder, op: Op, coords, ins: List[Value], hints: List[str]) -> List[Value]:
-    """The per-device form of an op that has no local rule: the op itself."""
-    return lb.emit(op.op_type, ins, op.attrs, hints)
-
-
 class TemplateBuilder:
     """Builds the template of ``f`` (propagated, one mesh axis); see the
     module docstring. ``device``: the device of the template's types."""
@@ -134,36 +129,51 @@ class TemplateBuilder:
     def compute(self, op: Op, env: Dict[Value, Value]) -> None:
         """The op's per-device form, from the sharding layer's local rule,
         made on every rank and compared: the same ops and shapes everywhere,
-        attributes that differ become rank attributes."""
-        rule = LOCAL_RULES.get(op.op_type, _as_is)
-        first_ops, first_ins, first_outs = self._on_device(op, rule, self.coords[0])
-        key = (op.op_type, rule, frozen(op.attrs), tuple(v.type for v in op.inputs),
-               tuple(v.type for v in op.outputs))
-        varying = _VARYING.get(key, lambda: self._rank_attrs(op, rule, first_ops))
+        attributes that differ become rank attributes. An op without a local
+        rule is itself on its local inputs (even shards: the same on every
+        rank)."""
+        rule = LOCAL_RULES.get(op.op_type)
         meta = self.meta_of(op)
-        local: Dict[Value, Value] = {x: env[v] for x, v in zip(first_ins, op.inputs)}
         pl = op.outputs[0].type.placements[0] if op.outputs else R
-        for k, lop in enumerate(first_ops):
-            attrs = dict(lop.attrs)
-            rank_attrs = {a: list(values) for a, values in varying[k].items()}
-            op_meta = dict(meta)
-            if rank_attrs:
-                op_meta["rank_attrs"] = rank_attrs
-            names = [v.name for v in lop.outputs]
-            made = self.b.op(lop.op_type, [local[x] for x in lop.inputs], attrs,
-                             name=names if len(names) > 1 else names[0], meta=op_meta)
-            made = list(made) if isinstance(made, tuple) else [made]
-            for x, y in zip(lop.outputs, made):
-                local[x] = y
-                self.placement[y] = pl
-        for v, x in zip(op.outputs, first_outs):
-            y = local[x]
+        if rule is None:
+            outs = self._emit(op.op_type, [env[v] for v in op.inputs], op.attrs,
+                              [v.name for v in op.outputs], meta, pl)
+        else:
+            outs = self._by_rule(op, rule, env, meta, pl)
+        for v, y in zip(op.outputs, outs):
             want = self.local_type(v, op)
             if y.type.shape != want.shape:     # (the local rules keep shapes; a guard)
                 raise ConfigError(f"{_where(self.f, op)}: local shape {y.type.shape} differs "
                                   f"from the shard {want.shape}")
             env[v] = y
             self.placement[y] = v.type.placements[0]
+
+    def _emit(self, op_type: str, ins: List[Value], attrs, names: List[str],
+              meta: Dict[str, Any], pl: Placement) -> List[Value]:
+        made = self.b.op(op_type, ins, attrs, name=names if len(names) > 1 else names[0],
+                         meta=meta)
+        made = list(made) if isinstance(made, tuple) else [made]
+        for y in made:
+            self.placement[y] = pl
+        return made
+
+    def _by_rule(self, op: Op, rule, env: Dict[Value, Value], meta: Dict[str, Any],
+                 pl: Placement) -> List[Value]:
+        """The template ops of ``op``'s local rule (rank 0's, with the
+        attributes that differ between ranks as rank attributes); its results."""
+        first_ops, first_ins, first_outs = self._on_device(op, rule, self.coords[0])
+        key = (op.op_type, rule, frozen(op.attrs), tuple(v.type for v in op.inputs),
+               tuple(v.type for v in op.outputs))
+        varying = _VARYING.get(key, lambda: self._rank_attrs(op, rule, first_ops))
+        local: Dict[Value, Value] = {x: env[v] for x, v in zip(first_ins, op.inputs)}
+        for k, lop in enumerate(first_ops):
+            op_meta = dict(meta)
+            if varying[k]:
+                op_meta["rank_attrs"] = {a: list(values) for a, values in varying[k].items()}
+            made = self._emit(lop.op_type, [local[x] for x in lop.inputs], dict(lop.attrs),
+                              [v.name for v in lop.outputs], op_meta, pl)
+            local.update(zip(lop.outputs, made))
+        return [local[x] for x in first_outs]
 
     def _on_device(self, op: Op, rule, c) -> Tuple[List[Op], List[Value], List[Value]]:
         """The op's per-device ops at mesh coordinate ``c``, their inputs and
