@@ -46,7 +46,7 @@ from ..ir.types import TensorType
 from .grad_rules import NON_DIFFERENTIABLE
 from .sharding.local_builder import LocalBuilder
 from .sharding.lower import LOCAL_RULES
-from .sharding.planner import plan_redistribute
+from .sharding.planner import Step, plan_redistribute
 from .sharding.propagate import REDISTRIBUTE
 from .sharding.remembered import Remembered, frozen
 
@@ -56,6 +56,8 @@ R = Replicate()
 #: (op type, local rule, attributes, types) -> per op of its per-device form,
 #: the attributes that differ between ranks (every layer asks the same)
 _VARYING: Remembered[List[Dict[str, List[Any]]]] = Remembered()
+#: (DTensor type, target placements) -> the planner's steps
+_STEPS: Remembered[Tuple[Step, ...]] = Remembered()
 #: DTensor type (its mesh one axis) -> its local shapes on the ranks (one: even shards)
 _SHAPES: Remembered[Set[Tuple[int, ...]]] = Remembered()
 
@@ -210,8 +212,8 @@ class TemplateBuilder:
         meta = self.meta_of(op)
         cur = env[x]
         t = src
-        steps = plan_redistribute(src.shape, src.dtype, self.mesh, src.placements,
-                                  dst.placements)
+        steps = _STEPS.get((src, dst.placements), lambda: tuple(plan_redistribute(
+            src.shape, src.dtype, self.mesh, src.placements, dst.placements)))
         for i, step in enumerate(steps):
             last = i == len(steps) - 1
             name = y.name if last else f"{y.name}_{i}"

@@ -346,12 +346,12 @@ class _Build:
 
 #: (op type, rule, attributes, global types, known types, mesh) -> the op's valid
 #: combinations, cheapest first (:func:`_valid_candidates`)
-_CANDIDATES: Remembered[List[Tuple[List[DTensorType], List[DTensorType]]]] = Remembered()
+Candidates = List[Tuple[Tuple[DTensorType, ...], Tuple[DTensorType, ...]]]
+_CANDIDATES: Remembered[Candidates] = Remembered()
 
 
 def _valid_candidates(op: Op, ins: Sequence[Optional[DTensorType]],
-                      outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh
-                      ) -> List[Tuple[List[DTensorType], List[DTensorType]]]:
+                      outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh) -> Candidates:
     """The first :data:`MAX_CANDIDATES` valid combinations from the known
     input (and output) types, cheapest first; remembered per op type,
     attributes, the op's global types, the known types, the mesh and the
@@ -359,25 +359,22 @@ def _valid_candidates(op: Op, ins: Sequence[Optional[DTensorType]],
     key = (op.op_type, RULES.get(op.op_type), frozen(op.attrs),
            tuple((v.type.shape, v.type.dtype) for v in op.inputs),
            tuple((v.type.shape, v.type.dtype) for v in op.outputs), tuple(ins), tuple(outs), mesh)
-    found = _CANDIDATES.get(key, lambda: _ranked_valid(op, ins, outs, mesh))
-    return [(list(i), list(o)) for i, o in found]
+    return _CANDIDATES.get(key, lambda: _ranked_valid(op, ins, outs, mesh))
 
 
 def _ranked_valid(op: Op, ins: Sequence[Optional[DTensorType]],
-                  outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh
-                  ) -> List[Tuple[List[DTensorType], List[DTensorType]]]:
+                  outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh) -> Candidates:
     found = []
     for _, in_pl, out_pl in ranked_combinations(op, ins, outs, mesh):
         types = valid_types(op, mesh, in_pl, out_pl)
         if types is not None:
-            found.append(types)
+            found.append((tuple(types[0]), tuple(types[1])))     # (shared: read only)
             if len(found) >= MAX_CANDIDATES:
                 break
     return found
 
 
-def _producer_candidates(op: Op, ins: List[DTensorType], want: DTensorType
-                         ) -> List[Tuple[List[DTensorType], List[DTensorType]]]:
+def _producer_candidates(op: Op, ins: List[DTensorType], want: DTensorType) -> Candidates:
     return _valid_candidates(op, ins, [want], want.mesh)
 
 

@@ -9,12 +9,17 @@ from typing import Callable, Dict, Generic, Hashable, TypeVar
 A = TypeVar("A")
 
 
+_SCALARS = (int, float, str, bool, type(None))
+
+
 def frozen(x: object) -> object:
     """``x`` hashable: lists and dicts as tuples."""
+    if type(x) in _SCALARS:
+        return x
     if isinstance(x, (list, tuple)):
         return tuple(frozen(e) for e in x)
-    if isinstance(x, dict):
-        return tuple(sorted((k, frozen(v)) for k, v in x.items()))
+    if isinstance(x, dict):      # (keys differ: sorting never compares values)
+        return tuple(sorted((k, v if type(v) in _SCALARS else frozen(v)) for k, v in x.items()))
     return x
 
 
@@ -39,6 +44,9 @@ class Remembered(Generic[A]):
             self.answers.clear()
         answer = self.answers[key] = compute()
         return answer
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.answers
 
     def clear(self) -> None:
         self.answers.clear()
