@@ -4,9 +4,10 @@ micro-batch 1, forward and backward, no lowering: ``build_gpt_step``) at
 whole sharded program (one build, plus one per trial placement of an
 input the plan leaves to it, :mod:`distsim.transforms.sharding.entry_inputs`;
 with sp the position table's trial, and the propagation run again once
-its gradient is found partial). Each row starts with the validity answers
-forgotten (:func:`~distsim.transforms.sharding.validity.combination_error`
-remembers them within a process).
+its gradient is found partial). Each row starts with the sharding layer's
+remembered answers forgotten (:mod:`distsim.transforms.sharding.remembered`:
+they are kept within a process), and is timed in CPU seconds (the machine
+is shared).
 
     PYTHONPATH=. python reports/gpt-one-path/propagation_cost.py
 """
@@ -14,7 +15,7 @@ import time
 from dataclasses import replace
 
 import distsim.transforms.sharding.entry_inputs as entry_inputs
-import distsim.transforms.sharding.validity as validity
+from distsim.transforms.sharding.remembered import forget_all
 from distsim.models.gpt_family import build_gpt_step, gpt_config
 from distsim.models.registry import load_model_config
 from distsim.transforms.strategy import Strategy
@@ -40,10 +41,10 @@ def main():
         for sp in (False, True):
             c = replace(gpt3, layers=layers)
             builds = 0
-            validity._ERRORS.clear()
-            start = time.perf_counter()
+            forget_all()
+            start = time.process_time()
             build_gpt_step(c, Strategy(dp=1, tp=8, sp=sp), 1)
-            wall = time.perf_counter() - start
+            wall = time.process_time() - start
             print(f"{layers:>6} {str(sp):>5} | {wall:6.3f} {wall / layers:8.4f} | {builds:>6}",
                   flush=True)
 

@@ -4,9 +4,11 @@ placement of its inputs, ask the sharding layer the same questions again
 those alone."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Generic, Hashable, TypeVar
+from typing import Callable, Dict, Generic, Hashable, List, TypeVar
 
 A = TypeVar("A")
+#: every store made, for :func:`forget_all`
+_STORES: List["Remembered"] = []
 
 
 _SCALARS = (int, float, str, bool, type(None))
@@ -30,6 +32,7 @@ class Remembered(Generic[A]):
     def __init__(self, kept: int = 100_000) -> None:
         self.kept = kept
         self.answers: Dict[Hashable, A] = {}
+        _STORES.append(self)
 
     def get(self, key: Hashable, compute: Callable[[], A]) -> A:
         """The answer for ``key``, computed once; asked afresh when the key
@@ -50,3 +53,9 @@ class Remembered(Generic[A]):
 
     def clear(self) -> None:
         self.answers.clear()
+
+
+def forget_all() -> None:
+    """Every store emptied (to measure, or test, the first asking)."""
+    for store in _STORES:
+        store.clear()
