@@ -36,7 +36,7 @@ entry_inputs.program_charge = counted
 def main():
     global builds
     gpt3 = gpt_config(load_model_config("gpt3-175b"))
-    print(f"{'layers':>6} {'sp':>5} | {'s':>6} {'s/layer':>8} | builds")
+    print(f"{'layers':>6} {'sp':>5} | {'cpu s':>6} {'s/layer':>8} | builds")
     for layers in (2, 4, 8, 16):
         for sp in (False, True):
             c = replace(gpt3, layers=layers)
