@@ -38,8 +38,8 @@ from ..cost.flops import op_flops
 from ..cost.model import CostModel
 from ..ir.comm import is_communication, members
 from ..ir.core import Function, Op
-from ..models.gpt import GPTConfig, gpt_forward
-from ..models.gpt_family import build_gpt_step, hyper_of
+from ..models.gpt import GPTConfig
+from ..models.gpt_family import build_gpt_step, hyper_of, rank_forward
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
@@ -170,10 +170,10 @@ def param_sizes(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, un
     in the step's order, as :func:`~distsim.transforms.zero.check_shardable`
     reads them: those of the embedding, the first layer (every layer has
     the same sizes, so the first one refused is always the first layer's)
-    and the head. From a one-layer forward pass: nothing lowered or
-    simulated."""
+    and the head. From a one-layer forward pass on one rank: nothing
+    differentiated, lowered or simulated."""
     config = replace(GPTConfig(**dict(config_items)), layers=1)
-    fwd = gpt_forward(config, tp=tp, sp=sp, micro_batch=1, untie=untie)
+    fwd = rank_forward(config, tp, sp, micro_batch=1, untie=untie)
     by_name = {v.name: v for v in fwd.inputs}
     return tuple((name, by_name[name].type.numel) for name in fwd.meta["params"])
 

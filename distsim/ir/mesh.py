@@ -241,6 +241,19 @@ class DTensorType(TensorType):
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "placements", tuple(placements))
 
+    # a key of the sharding layer's remembered answers, hashed many times: the
+    # hash is computed once per object (and not pickled: the mesh's names
+    # hash differently in another process)
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_dhash")
+        if h is None:
+            h = hash((self.shape, self.dtype, self.mesh, self.placements))
+            object.__setattr__(self, "_dhash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_dhash"}
+
     def print_text(self) -> str:
         dims = ",".join(str(d) for d in self.shape)
         pl = ", ".join(p.print_text() for p in self.placements)

@@ -1,30 +1,29 @@
-"""GPT / Llama decoders at the op level, written for one tensor-parallel rank.
+"""GPT / Llama decoders at the op level, on one device.
 
-:func:`gpt_forward` builds the forward pass and loss of one micro-batch as
-seen by one rank of a tensor-parallel group of ``tp`` ranks (Megatron-LM
-layout): vocabulary-parallel embedding and loss, column-parallel QKV and
-first MLP projection, row-parallel attention output and second MLP
-projection, and, with sequence parallelism, layernorms and dropouts on a
-sequence shard with all-gather / reduce-scatter in place of all-reduce. The
-ranks talk through SPMD collectives (:mod:`distsim.ir.ops_spmd`); with
-``tp=1`` the program is the plain single-device model and runs as is in
-the NumpyExecutor. :mod:`distsim.transforms.spmd` lowers it to every rank.
+:func:`gpt_forward` builds the forward pass and loss of one micro-batch on
+one device; it runs as is in the NumpyExecutor. Tensor and sequence
+parallelism are not written here: the ``megatron`` plan places this
+program over the tensor-parallel ranks (Megatron-LM's layout, by
+structure) and the sharding layer lowers it
+(:func:`~distsim.transforms.parallelize.template_step`, called by
+:func:`.gpt_family.build_gpt_step`). What the plan needs of the model is
+its shape: the fused QKV (and SwiGLU's gate/up) projection is one weight
+whose product is ``split`` into its blocks, the output layer is the
+embedding read transposed (or ``lm_head``), and the vocabulary is padded
+to a multiple of the tensor-parallel size (``pad_for``, Megatron's
+padding; :func:`check_tensor_parallel` refuses sizes tp does not divide).
 
 Layout of activations: ``(batch, seq, hidden)``; attention heads are
 grouped by key/value head ``(batch, kv_heads, group, seq, head_dim)`` so
 that grouped-query attention broadcasts keys and values in the matmul.
 
-``meta`` of the function: ``roles`` (param / data), ``params`` (names in
-order), ``loss``, ``param_shards`` (``name -> (dim, blocks)`` for the
-tensor-parallel split of the *global* parameter: each block of that dim is
-split in ``tp`` equal parts and rank r holds the r-th part of every block;
-absent: replicated), ``param_global_shapes``, ``tied`` (``head copy ->
-embedding`` when the output layer is a separate copy of the embedding),
-``param_unpadded`` (``name -> rows`` of a vocabulary padded to a multiple
-of ``tp``, Megatron's padding) and ``consts`` (constant inputs, role
-``const``: with padding, ``vocab_mask`` is added to the logits so that
-the padded entries, 0 on the last ranks' shards, stay out of the softmax
-and the step trains the same model as without padding).
+``meta`` of the function: ``roles`` (param / data / const), ``params``
+(names in order), ``loss``, ``tied`` (``head copy -> embedding`` when the
+output layer is a separate copy of the embedding), ``param_unpadded``
+(``name -> rows`` of a padded vocabulary) and ``consts`` (constant inputs,
+role ``const``: with padding, ``vocab_mask`` is added to the logits so
+that the padded entries stay out of the softmax and the step trains the
+same model as without padding).
 Each op's ``meta["layer"]`` is -1 for the embedding, ``0..layers-1`` for
 transformer layers and ``layers`` for the final norm, output layer and loss;
 the attention core (scores, mask, softmax, dropout) has
@@ -245,13 +244,10 @@ def check_tensor_parallel(config: GPTConfig, tp: int, sp: bool) -> None:
 
 
 class _GPTBuilder:
-    def __init__(self, config: GPTConfig, tp: int, sp: bool, micro_batch: int,
-                 device: Optional[int], untie: bool, pad_for: Optional[int] = None) -> None:
-        check_tensor_parallel(config, tp, sp)
+    def __init__(self, config: GPTConfig, micro_batch: int, device: Optional[int], untie: bool,
+                 pad_for: int) -> None:
         self.c = config
-        self.tp = tp
-        self.vocab = padded_vocab(config, pad_for or tp)
-        self.sp = sp and tp > 1
+        self.vocab = padded_vocab(config, pad_for)
         self.mb = micro_batch
         self.device = device
         self.untie = untie
@@ -259,8 +255,6 @@ class _GPTBuilder:
         self.b = FunctionBuilder("gpt_step")
         self.roles: Dict[str, str] = {}
         self.params: List[str] = []
-        self.shards: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
-        self.global_shapes: Dict[str, Tuple[int, ...]] = {}
         self.unpadded: Dict[str, int] = {}
         self.consts: Dict[str, Dict[str, Any]] = {}
         self.layer = -1
@@ -273,51 +267,18 @@ class _GPTBuilder:
         meta["layer"] = self.layer
         return self.b.op(op_type, inputs, attrs, name=name, meta=meta)
 
-    def param(self, name: str, shape: Tuple[int, ...], dim: Optional[int] = None,
-              blocks: Optional[Tuple[int, ...]] = None) -> Value:
-        """A parameter of global ``shape``; split over tp along ``dim``."""
-        local = list(shape)
-        if dim is not None and self.tp > 1:
-            blocks = tuple(blocks or (shape[dim],))
-            assert sum(blocks) == shape[dim] and all(b % self.tp == 0 for b in blocks)
-            local[dim] = shape[dim] // self.tp
-            self.shards[name] = (dim, blocks)
-        v = self.b.input(name, self.t(*local))
+    def param(self, name: str, shape: Tuple[int, ...]) -> Value:
+        v = self.b.input(name, self.t(*shape))
         self.roles[name] = "param"
         self.params.append(name)
-        self.global_shapes[name] = tuple(shape)
         return v
-
-    def spmd(self, kind: str, x: Value, name: str, **attrs) -> Value:
-        if self.tp == 1:
-            return x
-        return self.op(f"spmd.{kind}", [x], dict(attrs, size=self.tp), name=name)
-
-    def replicated_param(self, p: Value) -> Value:
-        """A replicated parameter used on sequence-sharded data: its
-        gradient is partial per rank (an all-reduce in the backward)."""
-        if not self.sp:
-            return p
-        return self.op("spmd.copy", [p], {"size": self.tp}, name=f"{p.name}_sp")
-
-    def enter_parallel(self, x: Value, name: str) -> Value:
-        """Replicated (or sequence-sharded) -> input of a column-parallel op."""
-        if self.sp:
-            return self.spmd("allgather", x, name, dim=1)
-        return self.spmd("copy", x, name)
-
-    def leave_parallel(self, x: Value, name: str) -> Value:
-        """Partial sums of a row-parallel op -> replicated (or seq-sharded)."""
-        if self.sp:
-            return self.spmd("reducescatter", x, name, dim=1)
-        return self.spmd("allreduce", x, name)
 
     def norm(self, x: Value, prefix: str) -> Value:
         h = self.c.hidden
-        g = self.replicated_param(self.param(f"{prefix}_g", (h,)))
+        g = self.param(f"{prefix}_g", (h,))
         if self.c.norm == "rmsnorm":
             return self.op("rmsnorm", [x, g], {"eps": self.c.norm_eps}, name=f"{prefix}_out")
-        bta = self.replicated_param(self.param(f"{prefix}_b", (h,)))
+        bta = self.param(f"{prefix}_b", (h,))
         return self.op("layernorm", [x, g, bta], {"eps": self.c.norm_eps}, name=f"{prefix}_out")
 
     def dropout(self, x: Value, name: str, **meta) -> Value:
@@ -334,48 +295,32 @@ class _GPTBuilder:
 
     # -- the model ---------------------------------------------------------
     def embed(self, ids: Value) -> Value:
-        c, tp = self.c, self.tp
+        c = self.c
         self.layer = -1
-        vocab = self.vocab
-        wte = self.param("wte", (vocab, c.hidden), dim=0)
-        if vocab != c.vocab:
+        wte = self.param("wte", (self.vocab, c.hidden))
+        if self.vocab != c.vocab:
             self.unpadded["wte"] = c.vocab
         x = self.op("embedding", [wte, ids], name="emb")
-        if tp > 1:
-            # Rank r holds rows [r * vocab/tp, (r+1) * vocab/tp).
-            self.b.function.ops[-1].meta["rank_attrs"] = {
-                "offset": [r * (vocab // tp) for r in range(tp)]}
         if c.position == "learned":
-            wpe = self.replicated_param(self.param("wpe", (c.num_positions, c.hidden)))
+            wpe = self.param("wpe", (c.num_positions, c.hidden))
             if c.num_positions > c.seq:  # the first seq rows of the table
                 wpe = self.op("slice", [wpe], {"axis": 0, "start": 0, "stop": c.seq},
                               name="wpe_rows")
-            if self.sp:
-                # Partial sums + wpe / tp, reduce-scattered: emb + wpe.
-                wpe = self.op("scale", [wpe], {"factor": 1.0 / tp}, name="wpe_part")
-                x = self.op("add", [x, wpe], name="emb_pos")
-                x = self.leave_parallel(x, "emb_sum")
-            else:
-                x = self.leave_parallel(x, "emb_sum")
-                x = self.op("add", [x, wpe], name="emb_pos")
-        else:
-            x = self.leave_parallel(x, "emb_sum")
+            x = self.op("add", [x, wpe], name="emb_pos")
         return self.dropout(x, "emb_drop")
 
     def attention(self, x: Value, i: int) -> Value:
-        c, tp, mb = self.c, self.tp, self.mb
+        c, mb = self.c, self.mb
         s, d = c.seq, c.dim_head
-        heads, kv = c.heads // tp, c.num_kv_heads // tp
+        heads, kv = c.heads, c.num_kv_heads
         group = heads // kv
         p = f"l{i}"
-        blocks = (c.heads * d, c.num_kv_heads * d, c.num_kv_heads * d)
-        wqkv = self.param(f"{p}_wqkv", (c.hidden, sum(blocks)), dim=1, blocks=blocks)
-        bqkv = (self.param(f"{p}_bqkv", (sum(blocks),), dim=0, blocks=blocks)
-                if c.has_qkv_bias else None)
-        wo = self.param(f"{p}_wo", (c.heads * d, c.hidden), dim=0)
+        width = (heads + 2 * kv) * d
+        wqkv = self.param(f"{p}_wqkv", (c.hidden, width))
+        bqkv = self.param(f"{p}_bqkv", (width,)) if c.has_qkv_bias else None
+        wo = self.param(f"{p}_wo", (heads * d, c.hidden))
         bo = self.param(f"{p}_bo", (c.hidden,)) if c.bias else None
         h = self.norm(x, f"{p}_ln1")
-        h = self.enter_parallel(h, f"{p}_attn_in")
         qkv = self.linear(h, wqkv, bqkv, f"{p}_qkv")
         q, k, v = self.op("split", [qkv], {"axis": 2, "sizes": [heads * d, kv * d, kv * d]},
                           name=[f"{p}_q", f"{p}_k", f"{p}_v"])
@@ -400,10 +345,7 @@ class _GPTBuilder:
             ctx = self.op("matmul", [probs, v], name=f"{p}_ctx")
         ctx = self.op("transpose", [ctx], {"perm": [0, 3, 1, 2, 4]}, name=f"{p}_ctx")
         ctx = self.op("reshape", [ctx], {"shape": [mb, s, heads * d]}, name=f"{p}_ctx")
-        out = self.op("matmul", [ctx, wo], name=f"{p}_proj")
-        out = self.leave_parallel(out, f"{p}_proj_sum")
-        if bo is not None:
-            out = self.op("add", [out, self.replicated_param(bo)], name=f"{p}_proj_b")
+        out = self.linear(ctx, wo, bo, f"{p}_proj")
         out = self.dropout(out, f"{p}_attn_drop")
         return self.op("add", [x, out], name=f"{p}_res1")
 
@@ -412,67 +354,42 @@ class _GPTBuilder:
         p = f"l{i}"
         f = c.ffn_size
         swiglu = c.activation == "swiglu"
-        blocks = (f, f) if swiglu else (f,)
-        w1 = self.param(f"{p}_w1", (c.hidden, sum(blocks)), dim=1, blocks=blocks)
-        b1 = self.param(f"{p}_b1", (sum(blocks),), dim=0, blocks=blocks) if c.bias else None
-        w2 = self.param(f"{p}_w2", (f, c.hidden), dim=0)
+        width = 2 * f if swiglu else f
+        w1 = self.param(f"{p}_w1", (c.hidden, width))
+        b1 = self.param(f"{p}_b1", (width,)) if c.bias else None
+        w2 = self.param(f"{p}_w2", (f, c.hidden))
         b2 = self.param(f"{p}_b2", (c.hidden,)) if c.bias else None
         h = self.norm(x, f"{p}_ln2")
-        h = self.enter_parallel(h, f"{p}_mlp_in")
         h = self.linear(h, w1, b1, f"{p}_fc1")
         if swiglu:
-            gate, up = self.op("split", [h], {"axis": 2, "sizes": [f // self.tp] * 2},
+            gate, up = self.op("split", [h], {"axis": 2, "sizes": [f, f]},
                                name=[f"{p}_gate", f"{p}_up"])
             h = self.op("mul", [self.op("silu", [gate], name=f"{p}_act"), up], name=f"{p}_glu")
         else:
             h = self.op(c.activation, [h], name=f"{p}_act")
-        out = self.op("matmul", [h, w2], name=f"{p}_fc2")
-        out = self.leave_parallel(out, f"{p}_fc2_sum")
-        if b2 is not None:
-            out = self.op("add", [out, self.replicated_param(b2)], name=f"{p}_fc2_b")
+        out = self.linear(h, w2, b2, f"{p}_fc2")
         out = self.dropout(out, f"{p}_mlp_drop")
         return self.op("add", [x, out], name=f"{p}_res2")
 
     def head(self, x: Value, labels: Value) -> Value:
-        c, tp = self.c, self.tp
+        c = self.c
         self.layer = c.layers
         vocab = self.vocab
         h = self.norm(x, "lnf")
-        h = self.enter_parallel(h, "head_in")
         if c.tied_embeddings and not self.untie:
             w = self.b.function.inputs[[v.name for v in self.b.function.inputs].index("wte")]
         else:
-            w = self.param("lm_head", (vocab, c.hidden), dim=0)
+            w = self.param("lm_head", (vocab, c.hidden))
             if vocab != c.vocab:
                 self.unpadded["lm_head"] = c.vocab
         logits = self.op("matmul", [h, w], {"trans_b": True}, name="logits")
         if vocab != c.vocab:
             # padded vocabulary: the padding's logits pushed out of the softmax
-            shard = vocab // tp
-            mask = self.b.input("vocab_mask", self.t(shard))
+            mask = self.b.input("vocab_mask", self.t(vocab))
             self.roles[mask.name] = "const"
-            self.consts[mask.name] = {"kind": "vocab_pad", "valid": c.vocab, "shard": shard}
+            self.consts[mask.name] = {"kind": "vocab_pad", "valid": c.vocab, "shard": vocab}
             logits = self.op("add", [logits, mask], name="logits_masked")
-        if tp == 1:
-            return self.op("cross_entropy", [logits, labels], name="loss")
-        return self.vocab_parallel_cross_entropy(logits, labels, vocab // tp)
-
-    def vocab_parallel_cross_entropy(self, logits: Value, labels: Value, shard: int) -> Value:
-        """Megatron's loss over vocabulary shards: all-reduce of the max,
-        of the sum of exponentials and of the label's logit."""
-        m = self.op("reduce_max", [logits], {"axes": [-1], "keepdims": True}, name="logit_max")
-        m = self.spmd("allreduce", m, "logit_max_all", reduce_op="max")
-        m = self.op("stop_gradient", [m], name="logit_max_c")
-        shifted = self.op("sub", [logits, m], name="shifted")
-        e = self.op("exp", [shifted], name="exp_logits")
-        total = self.op("reduce_sum", [e], {"axes": [-1]}, name="sum_exp")
-        total = self.spmd("allreduce", total, "sum_exp_all")
-        picked = self.op("select_label", [shifted, labels], name="label_logit")
-        self.b.function.ops[-1].meta["rank_attrs"] = {
-            "offset": [r * shard for r in range(self.tp)]}
-        picked = self.spmd("allreduce", picked, "label_logit_all")
-        nll = self.op("sub", [self.op("log", [total], name="lse"), picked], name="nll")
-        return self.op("reduce_mean", [nll], name="loss")
+        return self.op("cross_entropy", [logits, labels], name="loss")
 
     def build(self) -> Function:
         c, mb = self.c, self.mb
@@ -487,23 +404,23 @@ class _GPTBuilder:
         loss = self.head(x, labels)
         f = self.b.finish([loss])
         f.meta.update(roles=self.roles, params=list(self.params), loss=loss.name,
-                      batch_inputs=["ids", "labels"], param_shards=dict(self.shards),
-                      param_global_shapes=dict(self.global_shapes), tp=self.tp, sp=self.sp,
-                      param_unpadded=dict(self.unpadded), consts=dict(self.consts),
-                      model={"family": "gpt", **c.to_dict()})
+                      batch_inputs=["ids", "labels"], param_unpadded=dict(self.unpadded),
+                      consts=dict(self.consts), model={"family": "gpt", **c.to_dict()})
         if self.untie and c.tied_embeddings:
             f.meta["tied"] = {"lm_head": "wte"}
         return f
 
 
-def gpt_forward(config: GPTConfig, tp: int = 1, sp: bool = False,
-                micro_batch: Optional[int] = None, device: Optional[int] = 0,
-                untie: bool = False, pad_for: Optional[int] = None) -> Function:
-    """Forward pass and loss of one micro-batch on one tensor-parallel rank
-    (see the module docstring). ``untie``: give the output layer its own
-    copy of a tied embedding (``meta["tied"]``), as pipeline stages do.
-    ``pad_for``: pad the vocabulary as for that many tensor-parallel ranks
-    (default ``tp``): the one-device model that a plan splits over them."""
+def gpt_forward(config: GPTConfig, micro_batch: Optional[int] = None,
+                device: Optional[int] = 0, untie: bool = False,
+                pad_for: int = 1) -> Function:
+    """Forward pass and loss of one micro-batch on one device (see the
+    module docstring). ``untie``: give the output layer its own copy of a
+    tied embedding (``meta["tied"]``), as pipeline stages do. ``pad_for``:
+    pad the vocabulary as for that many tensor-parallel ranks (Megatron's
+    padding, :func:`padded_vocab`): the one-device model that the megatron
+    plan splits over them."""
     mb = micro_batch if micro_batch is not None else config.micro_batch
     _positive("micro_batch", mb)
-    return _GPTBuilder(config, tp, sp, mb, device, untie, pad_for).build()
+    _positive("pad_for", pad_for)
+    return _GPTBuilder(config, mb, device, untie, pad_for).build()

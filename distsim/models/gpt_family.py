@@ -1,7 +1,9 @@
 """The ``gpt`` model family: GPT / Llama training steps under any strategy.
 
 ``build_gpt_step`` returns the SPMD step of one micro-batch on one
-tensor-parallel rank (forward, backward, recomputation);
+tensor-parallel rank (forward, backward, recomputation, fusion): the
+one-device forward (:func:`~.gpt.gpt_forward`) placed by the ``megatron``
+plan (:func:`~distsim.transforms.parallelize.template_step`);
 ``build_gpt`` lowers it to the local view of the whole mesh
 (:class:`~distsim.transforms.spmd.LowerSPMD`); ``gpt_reference_step`` is
 the single-device step on the whole global batch with the same optimizer
@@ -19,10 +21,8 @@ from ..transforms.adam import AdamHyper, AdamW
 from ..transforms.autodiff import Autodiff
 from ..transforms.optimizer import SGD, SGDHyper
 from ..transforms.pipeline import check_schedule
-from ..transforms.recompute import Recompute
-from ..transforms.fusion import Fuse
 from ..transforms.spmd import LowerSPMD
-from ..transforms.strategy import Strategy, fusion_for
+from ..transforms.strategy import Strategy
 from .gpt import GPTConfig, check_tensor_parallel, gpt_forward
 from .registry import ModelFamily, register_family
 
@@ -72,7 +72,7 @@ def resolve_batch(c: GPTConfig, strategy: Strategy) -> Tuple[GPTConfig, int]:
 def validate(c: GPTConfig, strategy: Strategy) -> int:
     if strategy.plan not in (None, "megatron"):
         raise ConfigError(f"--plan {strategy.plan}: GPT models take --plan megatron only (their "
-                          "builder writes Megatron's layout)")
+                          "layout is Megatron's)")
     c2, m = resolve_batch(c, strategy)
     check_tensor_parallel(c, strategy.tp, strategy.sp)
     chunks = strategy.pp * strategy.chunks
@@ -86,11 +86,22 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
 
 def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Function:
     """The SPMD step of one micro-batch (see the module docstring)."""
-    fwd = gpt_forward(c, tp=strategy.tp, sp=strategy.sp, micro_batch=micro_batch,
-                      untie=strategy.pp > 1)
-    step = Autodiff(fwd.meta["loss"], fwd.meta["params"])(fwd)
-    step = Recompute(strategy.recompute, regather=strategy.sp)(step)
-    return Fuse(fusion_for(strategy))(step)
+    # the sharding layer is imported when a step is built, not with the family
+    # (reading and running a lowered program needs neither)
+    from ..transforms.megatron_plan import megatron_plan
+    from ..transforms.parallelize import template_step
+    fwd = gpt_forward(c, micro_batch=micro_batch, untie=strategy.pp > 1, pad_for=strategy.tp)
+    return template_step(fwd, strategy, megatron_plan(fwd), "gpt")
+
+
+def rank_forward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool) -> Function:
+    """The forward pass of one micro-batch on one tensor-parallel rank as the
+    megatron plan places it (no backward): its inputs are the parameters
+    that rank holds, at their local sizes."""
+    from ..transforms.megatron_plan import megatron_plan
+    from ..transforms.tensor_parallel import TensorParallel
+    fwd = gpt_forward(c, micro_batch=micro_batch, untie=untie, pad_for=tp)
+    return TensorParallel(megatron_plan(fwd), tp, sp, "gpt")(fwd)
 
 
 def hyper_of(c: GPTConfig, optimizer: str = "adamw") -> Union[AdamHyper, SGDHyper]:

@@ -50,6 +50,7 @@ class _Structure:
         self.users = f.users()
         self.producer = f.producers()
         self.outputs = set(f.outputs)
+        self.order = {id(o): i for i, o in enumerate(f.ops)}
         self.weight: Dict[int, Value] = {}
         for op in f.ops:
             w = self._linear_weight(op)
@@ -102,8 +103,7 @@ class _Structure:
                     return None
                 seen.add(id(u))
                 stack.extend(u.outputs)
-        order = {id(o): i for i, o in enumerate(self.f.ops)}
-        return sorted(found, key=lambda o: order[id(o)])
+        return sorted(found, key=lambda o: self.order[id(o)])
 
     def feeds_loss(self, op: Op) -> bool:
         """Whether ``op``'s result is the logits of a ``cross_entropy`` (through

@@ -71,6 +71,10 @@ class PlanEntry:
     where: str
 
 
+#: the characters that make a pattern more than a name (:func:`fnmatch.fnmatchcase`)
+_GLOB = frozenset("*?[")
+
+
 @dataclass(frozen=True)
 class Plan:
     """A plan: its entries in order, pipeline cuts (op names), and where
@@ -87,8 +91,12 @@ class Plan:
         matches). An entry that matches no parameter is a ConfigError
         naming it."""
         out: Dict[str, PlanEntry] = {}
+        names = set(params)
         for entry in self.entries:
-            matched = [p for p in params if fnmatchcase(p, entry.pattern)]
+            if not _GLOB.intersection(entry.pattern):     # a plain name: itself or nothing
+                matched = [entry.pattern] if entry.pattern in names else []
+            else:
+                matched = [p for p in params if fnmatchcase(p, entry.pattern)]
             if not matched:
                 shown = ", ".join(params[:8]) + (f", ... ({len(params)})" if len(params) > 8
                                                  else "")

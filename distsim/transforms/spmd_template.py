@@ -46,21 +46,24 @@ from ..ir.types import TensorType
 from .grad_rules import NON_DIFFERENTIABLE
 from .sharding.local_builder import LocalBuilder
 from .sharding.lower import LOCAL_RULES
-from .sharding.planner import plan_redistribute
+from .sharding.planner import Step, plan_redistribute
 from .sharding.propagate import REDISTRIBUTE
+from .sharding.remembered import Remembered, frozen
 
 #: meta keys of the propagated ops that the template does not keep
 _DROPPED_META = (ORIGIN,)
 R = Replicate()
+#: (op type, local rule, attributes, types) -> per op of its per-device form,
+#: the attributes that differ between ranks (every layer asks the same)
+_VARYING: Remembered[List[Dict[str, List[Any]]]] = Remembered()
+#: (DTensor type, target placements) -> the planner's steps
+_STEPS: Remembered[Tuple[Step, ...]] = Remembered()
+#: DTensor type (its mesh one axis) -> its local shapes on the ranks (one: even shards)
+_SHAPES: Remembered[Set[Tuple[int, ...]]] = Remembered()
 
 
 def _where(f: Function, op: Op) -> str:
     return describe(f.name, op)
-
-
-def _as_is(lb: LocalBuilder, op: Op, coords, ins: List[Value], hints: List[str]) -> List[Value]:
-    """The per-device form of an op that has no local rule: the op itself."""
-    return lb.emit(op.op_type, ins, op.attrs, hints)
 
 
 class TemplateBuilder:
@@ -81,20 +84,21 @@ class TemplateBuilder:
         self.placement: Dict[Value, Placement] = {}
         #: ids of the template's spmd.allgather ops
         self.gathers: Set[int] = set()
+        self.coords = list(self.mesh.all_coords())
 
     # -- types ---------------------------------------------------------------
     def local_type(self, v: Value, op: Optional[Op] = None) -> TensorType:
         t = v.type
         if not isinstance(t, DTensorType):
             raise ConfigError(f"tensor parallelism: value %{v.name} has no placement")
-        shapes = {t.local_shape(c) for c in self.mesh.all_coords()}
+        shapes = _SHAPES.get(t, lambda: {t.local_shape(c) for c in t.mesh.all_coords()})
         if len(shapes) > 1:
             pl = t.placements[0]
             where = f"{_where(self.f, op)}: " if op is not None else ""
             raise ConfigError(f"{where}value %{v.name} of shape {list(t.shape)} is split "
                               f"unevenly over tp {self.n} ({pl.print_text()}: local shapes "
                               f"{sorted(shapes)}); tensor parallelism needs even shards")
-        return TensorType(shapes.pop(), t.dtype, self.device)
+        return TensorType(next(iter(shapes)), t.dtype, self.device)
 
     def meta_of(self, op: Op) -> Dict[str, Any]:
         """The template meta of a propagated op: its own (the user's op's
@@ -127,43 +131,18 @@ class TemplateBuilder:
     def compute(self, op: Op, env: Dict[Value, Value]) -> None:
         """The op's per-device form, from the sharding layer's local rule,
         made on every rank and compared: the same ops and shapes everywhere,
-        attributes that differ become rank attributes."""
-        rule = LOCAL_RULES.get(op.op_type, _as_is)
-        per_rank: List[Tuple[List[Op], List[Value], List[Value]]] = []
-        for c in self.mesh.all_coords():
-            lb = LocalBuilder(f"{op.op_type}_r{c[0]}")
-            ins = [lb.input(f"in{i}", v.type.local_type(c)) for i, v in enumerate(op.inputs)]
-            outs = rule(lb, op, c, ins, [v.name for v in op.outputs])
-            per_rank.append((lb.function.ops, ins, outs))
-        first_ops, first_ins, first_outs = per_rank[0]
-        for ops, _, _ in per_rank[1:]:
-            if [(o.op_type, [v.type.shape for v in o.outputs]) for o in ops] != \
-                    [(o.op_type, [v.type.shape for v in o.outputs]) for o in first_ops]:
-                raise ConfigError(f"{_where(self.f, op)}: its per-device ops differ between "
-                                  f"tensor-parallel ranks (uneven shards); tensor parallelism "
-                                  "needs even shards")
+        attributes that differ become rank attributes. An op without a local
+        rule is itself on its local inputs (even shards: the same on every
+        rank)."""
+        rule = LOCAL_RULES.get(op.op_type)
         meta = self.meta_of(op)
-        local: Dict[Value, Value] = {x: env[v] for x, v in zip(first_ins, op.inputs)}
         pl = op.outputs[0].type.placements[0] if op.outputs else R
-        for k, lop in enumerate(first_ops):
-            attrs = dict(lop.attrs)
-            rank_attrs = {}
-            for key, value in attrs.items():
-                values = [per_rank[r][0][k].attrs.get(key) for r in range(self.n)]
-                if any(x != value for x in values):
-                    rank_attrs[key] = values
-            op_meta = dict(meta)
-            if rank_attrs:
-                op_meta["rank_attrs"] = rank_attrs
-            names = [v.name for v in lop.outputs]
-            made = self.b.op(lop.op_type, [local[x] for x in lop.inputs], attrs,
-                             name=names if len(names) > 1 else names[0], meta=op_meta)
-            made = list(made) if isinstance(made, tuple) else [made]
-            for x, y in zip(lop.outputs, made):
-                local[x] = y
-                self.placement[y] = pl
-        for v, x in zip(op.outputs, first_outs):
-            y = local[x]
+        if rule is None:
+            outs = self._emit(op.op_type, [env[v] for v in op.inputs], op.attrs,
+                              [v.name for v in op.outputs], meta, pl)
+        else:
+            outs = self._by_rule(op, rule, env, meta, pl)
+        for v, y in zip(op.outputs, outs):
             want = self.local_type(v, op)
             if y.type.shape != want.shape:     # (the local rules keep shapes; a guard)
                 raise ConfigError(f"{_where(self.f, op)}: local shape {y.type.shape} differs "
@@ -171,14 +150,70 @@ class TemplateBuilder:
             env[v] = y
             self.placement[y] = v.type.placements[0]
 
+    def _emit(self, op_type: str, ins: List[Value], attrs, names: List[str],
+              meta: Dict[str, Any], pl: Placement) -> List[Value]:
+        made = self.b.op(op_type, ins, attrs, name=names if len(names) > 1 else names[0],
+                         meta=meta)
+        made = list(made) if isinstance(made, tuple) else [made]
+        for y in made:
+            self.placement[y] = pl
+        return made
+
+    def _by_rule(self, op: Op, rule, env: Dict[Value, Value], meta: Dict[str, Any],
+                 pl: Placement) -> List[Value]:
+        """The template ops of ``op``'s local rule (rank 0's, with the
+        attributes that differ between ranks as rank attributes); its results."""
+        first_ops, first_ins, first_outs = self._on_device(op, rule, self.coords[0])
+        key = (op.op_type, rule, frozen(op.attrs), tuple(v.type for v in op.inputs),
+               tuple(v.type for v in op.outputs))
+        varying = _VARYING.get(key, lambda: self._rank_attrs(op, rule, first_ops))
+        local: Dict[Value, Value] = {x: env[v] for x, v in zip(first_ins, op.inputs)}
+        for k, lop in enumerate(first_ops):
+            op_meta = dict(meta)
+            if varying[k]:
+                op_meta["rank_attrs"] = {a: list(values) for a, values in varying[k].items()}
+            made = self._emit(lop.op_type, [local[x] for x in lop.inputs], dict(lop.attrs),
+                              [v.name for v in lop.outputs], op_meta, pl)
+            local.update(zip(lop.outputs, made))
+        return [local[x] for x in first_outs]
+
+    def _on_device(self, op: Op, rule, c) -> Tuple[List[Op], List[Value], List[Value]]:
+        """The op's per-device ops at mesh coordinate ``c``, their inputs and
+        results."""
+        lb = LocalBuilder(f"{op.op_type}_r{c[0]}")
+        ins = [lb.input(f"in{i}", v.type.local_type(c)) for i, v in enumerate(op.inputs)]
+        outs = rule(lb, op, c, ins, [v.name for v in op.outputs])
+        return lb.function.ops, ins, outs
+
+    def _rank_attrs(self, op: Op, rule, first_ops: List[Op]) -> List[Dict[str, List[Any]]]:
+        """Per op of the per-device form: the attributes that differ between
+        ranks, with each rank's value. Raises ConfigError where the ranks'
+        ops or shapes differ (uneven shards)."""
+        per_rank = [first_ops] + [self._on_device(op, rule, c)[0] for c in self.coords[1:]]
+        form = [(o.op_type, [v.type.shape for v in o.outputs]) for o in first_ops]
+        for ops in per_rank[1:]:
+            if [(o.op_type, [v.type.shape for v in o.outputs]) for o in ops] != form:
+                raise ConfigError(f"{_where(self.f, op)}: its per-device ops differ between "
+                                  f"tensor-parallel ranks (uneven shards); tensor parallelism "
+                                  "needs even shards")
+        varying = []
+        for k, lop in enumerate(first_ops):
+            rank_attrs = {}
+            for key, value in lop.attrs.items():
+                values = [ops[k].attrs.get(key) for ops in per_rank]
+                if any(x != value for x in values):
+                    rank_attrs[key] = values
+            varying.append(rank_attrs)
+        return varying
+
     def redistribute(self, op: Op, env: Dict[Value, Value]) -> None:
         x, y = op.inputs[0], op.outputs[0]
         src, dst = x.type, y.type
         meta = self.meta_of(op)
         cur = env[x]
         t = src
-        steps = plan_redistribute(src.shape, src.dtype, self.mesh, src.placements,
-                                  dst.placements)
+        steps = _STEPS.get((src, dst.placements), lambda: tuple(plan_redistribute(
+            src.shape, src.dtype, self.mesh, src.placements, dst.placements)))
         for i, step in enumerate(steps):
             last = i == len(steps) - 1
             name = y.name if last else f"{y.name}_{i}"

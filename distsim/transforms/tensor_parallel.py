@@ -68,7 +68,9 @@ class TensorParallel:
     def __call__(self, forward: Function) -> Function:
         params = list(forward.meta["params"])
         styles = self.plan.styles(params, f"model '{self.model}'" if self.model else "the model")
-        shapes = {p: forward.value_by_name(p).type.shape for p in params}
+        inputs = {v.name: v for v in reversed(forward.inputs)}     # (the first of a name)
+        shapes = {p: (inputs[p] if p in inputs else forward.value_by_name(p)).type.shape
+                  for p in params}
         if self.tp == 1:      # nothing to split, but a style that does not fit is refused
             style_placements(forward, styles, 1, False)
             template, _ = clone_function(forward)

@@ -1,13 +1,13 @@
-"""What building GPT-3's one-rank step costs by the hand-written builder
-and by the megatron plan on the generic path (tp 8, micro-batch 1,
-forward + backward, no lowering), for 2, 4 and 8 layers; and how many
-times the propagation builds the whole sharded program (one build, plus
-one per trial placement of an input the plan leaves to it:
-:mod:`distsim.transforms.sharding.entry_inputs`; with sp the propagation
-runs twice, the position table's gradient found partial the first time).
-Each plan row starts with the validity answers forgotten
-(:func:`~distsim.transforms.sharding.validity.combination_error`
-remembers them within a process).
+"""What building GPT-3's one-rank step by the megatron plan costs (tp 8,
+micro-batch 1, forward and backward, no lowering: ``build_gpt_step``) at
+2, 4, 8 and 16 layers, and how many times the propagation builds the
+whole sharded program (one build, plus one per trial placement of an
+input the plan leaves to it, :mod:`distsim.transforms.sharding.entry_inputs`;
+with sp the position table's trial, and the propagation run again once
+its gradient is found partial). Each row starts with the sharding layer's
+remembered answers forgotten (:mod:`distsim.transforms.sharding.remembered`:
+they are kept within a process), and is timed in CPU seconds (the machine
+is shared).
 
     PYTHONPATH=. python reports/gpt-one-path/propagation_cost.py
 """
@@ -15,12 +15,9 @@ import time
 from dataclasses import replace
 
 import distsim.transforms.sharding.entry_inputs as entry_inputs
-import distsim.transforms.sharding.validity as validity
-from distsim.models.gpt import gpt_forward
+from distsim.transforms.sharding.remembered import forget_all
 from distsim.models.gpt_family import build_gpt_step, gpt_config
 from distsim.models.registry import load_model_config
-from distsim.transforms.megatron_plan import megatron_plan
-from distsim.transforms.parallelize import template_step
 from distsim.transforms.strategy import Strategy
 
 builds = 0
@@ -36,32 +33,20 @@ def counted(f, memo=None):
 entry_inputs.program_charge = counted
 
 
-def seconds(fn, repeat):
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - start) / repeat
-
-
 def main():
+    global builds
     gpt3 = gpt_config(load_model_config("gpt3-175b"))
-    print(f"{'layers':>6} {'sp':>5} | {'hand s':>7} {'plan s':>7} {'x':>6} | builds")
-    for layers in (2, 4, 8):
+    print(f"{'layers':>6} {'sp':>5} | {'cpu s':>6} {'s/layer':>8} | builds")
+    for layers in (2, 4, 8, 16):
         for sp in (False, True):
-            global builds
             c = replace(gpt3, layers=layers)
-            s = Strategy(dp=1, tp=8, sp=sp)
-            hand = seconds(lambda: build_gpt_step(c, s, 1), 20)
-
-            def plan():
-                forward = gpt_forward(c, micro_batch=1, pad_for=8)
-                template_step(forward, s, megatron_plan(forward), "gpt")
-
             builds = 0
-            validity._ERRORS.clear()
-            by_plan = seconds(plan, 1)
-            print(f"{layers:>6} {str(sp):>5} | {hand:7.3f} {by_plan:7.3f} {by_plan / hand:6.0f} |"
-                  f" {builds:>6}", flush=True)
+            forget_all()
+            start = time.process_time()
+            build_gpt_step(c, Strategy(dp=1, tp=8, sp=sp), 1)
+            wall = time.process_time() - start
+            print(f"{layers:>6} {str(sp):>5} | {wall:6.3f} {wall / layers:8.4f} | {builds:>6}",
+                  flush=True)
 
 
 if __name__ == "__main__":

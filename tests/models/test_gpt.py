@@ -15,9 +15,10 @@ from distsim.interp.gradcheck import finite_difference
 from distsim.ir import verify
 from distsim.models import available_models, load_model_config
 from distsim.models.gpt import GPTConfig, gpt_forward
-from distsim.models.gpt_family import gpt_config
+from distsim.models.gpt_family import build_gpt_step, gpt_config
 from distsim.text import print_function
 from distsim.transforms.autodiff import Autodiff
+from distsim.transforms.strategy import Strategy
 from strategies_reference import strategies_reference
 
 GPT_MODELS = [n for n in available_models() if load_model_config(n)["family"] == "gpt"]
@@ -135,15 +136,22 @@ def test_bad_strategy_is_one_line(tmp_path, capsys, flags, message):
 
 def test_position_table_defaults_to_seq_and_leaves_programs_unchanged():
     """``positions`` unset or equal to seq builds the program it always
-    built (no slice); only a longer table adds the slice of its rows."""
+    built (no slice); only a longer table adds the slice of its rows, on
+    one device and in the tensor-parallel steps the megatron plan makes."""
     c = GPTConfig(layers=2, hidden=16, heads=4, vocab=32, seq=8, dropout=0.1)
-    for tp, sp in ((1, False), (2, False), (2, True)):
-        same = print_function(gpt_forward(replace(c, positions=8), tp=tp, sp=sp))
-        assert print_function(gpt_forward(c, tp=tp, sp=sp)) == same
-        assert "slice" not in same
-        longer = gpt_forward(replace(c, positions=12), tp=tp, sp=sp)
-        assert longer.meta["param_global_shapes"]["wpe"] == (12, 16)
-        assert [op.attrs["stop"] for op in longer.ops if op.op_type == "slice"] == [8]
+    same = print_function(gpt_forward(replace(c, positions=8)))
+    assert print_function(gpt_forward(c)) == same
+    assert "slice" not in same
+    longer = gpt_forward(replace(c, positions=12))
+    assert longer.value_by_name("wpe").type.shape == (12, 16)
+    assert [op.attrs["stop"] for op in longer.ops if op.op_type == "slice"] == [8]
+    for sp in (False, True):
+        s = Strategy(dp=1, tp=2, sp=sp)
+        step = build_gpt_step(replace(c, positions=8), s, 1)
+        assert print_function(build_gpt_step(c, s, 1)) == print_function(step)
+        step = build_gpt_step(replace(c, positions=12), s, 1)
+        assert step.meta["param_global_shapes"]["wpe"] == (12, 16)
+        assert [op.attrs["stop"] for op in step.ops if op.op_type == "slice"] == [8]
     assert replace(c, positions=12).parameter_count() == c.parameter_count() + 4 * 16
 
 

@@ -70,9 +70,9 @@ def test_strategy_refusals(tmp_path, capsys, flags, message):
 
 
 def test_gpt_models_take_the_megatron_plan_only(tmp_path, capsys):
-    """Their builder writes Megatron's layout itself: --plan megatron is what
-    it does, a plan file would be ignored, so it is refused (the estimator
-    too: it checks the strategy with the same function)."""
+    """Their step is always placed by the megatron plan (the layout the
+    estimator profiles): a plan file would be ignored, so it is refused (the
+    estimator too: it checks the strategy with the same function)."""
     from distsim.estimate import estimate
 
     path = plan_file(tmp_path, 'parameters:\n  "l*_w1": colwise\n')

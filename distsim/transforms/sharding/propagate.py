@@ -42,10 +42,11 @@ from ...ir.ops_call import callee_of, is_call, verify_calls
 from ...ir.source import at_op, made_for
 from ...ir.types import TensorType
 from .blocks import blocked_strategies
-from .rules import OpContext, strategies_for
+from .rules import RULES, OpContext, strategies_for
 from .conflicts import MAX_CANDIDATES, ConflictResolver
 from .costs import _CHANGE, axis_cost, type_cost  # noqa: F401  (re-exported)
 from .entry_inputs import place_entry_inputs
+from .remembered import Remembered, frozen
 from .validity import combination_error
 
 REDISTRIBUTE = "redistribute"
@@ -118,11 +119,8 @@ def choose(op: Op, ins: Sequence[Optional[DTensorType]], outs: Sequence[Optional
     """The cheapest valid combination of per-axis strategies from the known
     input (and output) types; returns the required input and the output
     types (all replicated when no combination is valid)."""
-    for _, in_pl, out_pl in ranked_combinations(op, ins, outs, mesh):
-        found = valid_types(op, mesh, in_pl, out_pl)
-        if found is not None:
-            return found
-    return replicated_types(op, mesh)
+    found = _valid_candidates(op, ins, outs, mesh)
+    return found[0] if found else replicated_types(op, mesh)
 
 
 def _fit(t, mesh: DeviceMesh, pl: Sequence[Placement]) -> Optional[DTensorType]:
@@ -346,21 +344,37 @@ class _Build:
                 and _annotation(v) is None)
 
 
+#: (op type, rule, attributes, global types, known types, mesh) -> the op's valid
+#: combinations, cheapest first (:func:`_valid_candidates`)
+Candidates = List[Tuple[Tuple[DTensorType, ...], Tuple[DTensorType, ...]]]
+_CANDIDATES: Remembered[Candidates] = Remembered()
+
+
 def _valid_candidates(op: Op, ins: Sequence[Optional[DTensorType]],
-                      outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh
-                      ) -> List[Tuple[List[DTensorType], List[DTensorType]]]:
+                      outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh) -> Candidates:
+    """The first :data:`MAX_CANDIDATES` valid combinations from the known
+    input (and output) types, cheapest first; remembered per op type,
+    attributes, the op's global types, the known types, the mesh and the
+    op type's rule (every layer of a model asks the same)."""
+    key = (op.op_type, RULES.get(op.op_type), frozen(op.attrs),
+           tuple((v.type.shape, v.type.dtype) for v in op.inputs),
+           tuple((v.type.shape, v.type.dtype) for v in op.outputs), tuple(ins), tuple(outs), mesh)
+    return _CANDIDATES.get(key, lambda: _ranked_valid(op, ins, outs, mesh))
+
+
+def _ranked_valid(op: Op, ins: Sequence[Optional[DTensorType]],
+                  outs: Sequence[Optional[DTensorType]], mesh: DeviceMesh) -> Candidates:
     found = []
     for _, in_pl, out_pl in ranked_combinations(op, ins, outs, mesh):
         types = valid_types(op, mesh, in_pl, out_pl)
         if types is not None:
-            found.append(types)
+            found.append((tuple(types[0]), tuple(types[1])))     # (shared: read only)
             if len(found) >= MAX_CANDIDATES:
                 break
     return found
 
 
-def _producer_candidates(op: Op, ins: List[DTensorType], want: DTensorType
-                         ) -> List[Tuple[List[DTensorType], List[DTensorType]]]:
+def _producer_candidates(op: Op, ins: List[DTensorType], want: DTensorType) -> Candidates:
     return _valid_candidates(op, ins, [want], want.mesh)
 
 

@@ -18,6 +18,7 @@ from ...ir.mesh import DeviceMesh, DTensorType, Placement, Shard, shard_range
 from ...ir.registry import ShapeError, infer_types, with_defaults
 from ...ir.types import TensorType
 from .blocks import local_split_sizes
+from .remembered import Remembered, frozen
 from .rules import reshape_groups
 
 # ops whose per-device attributes differ from the global ones (as lowered)
@@ -73,36 +74,15 @@ def reshape_error(x: DTensorType, y: DTensorType) -> Optional[str]:
 
 
 #: (op type, attributes, input and output types) -> combination_error's answer
-_ERRORS: Dict[Tuple[object, ...], Optional[str]] = {}
-#: answers kept at most (then forgotten all at once: a sweep's process builds
-#: many models, and one model's propagation asks a few thousand questions)
-_ERRORS_KEPT = 100_000
-
-
-def _frozen(x: object) -> object:
-    """``x`` hashable: lists and dicts as tuples."""
-    if isinstance(x, (list, tuple)):
-        return tuple(_frozen(e) for e in x)
-    if isinstance(x, dict):
-        return tuple(sorted((k, _frozen(v)) for k, v in x.items()))
-    return x
+_ERRORS: Remembered[Optional[str]] = Remembered()
 
 
 def combination_error(op_type: str, attrs: Mapping[str, object], ins: Sequence[DTensorType],
                       outs: Sequence[DTensorType]) -> Optional[str]:
     """:func:`checked_combination`, remembered per op type, attributes and
-    types (a function of those alone): a model's layers, and each trial
-    placement of its inputs, ask the same questions again."""
-    key = (op_type, _frozen(dict(attrs)), tuple(ins), tuple(outs))
-    try:
-        hash(key)
-    except TypeError:         # an attribute no tuple holds (an array): asked afresh
-        return checked_combination(op_type, attrs, ins, outs)
-    if key not in _ERRORS:
-        if len(_ERRORS) >= _ERRORS_KEPT:
-            _ERRORS.clear()
-        _ERRORS[key] = checked_combination(op_type, attrs, ins, outs)
-    return _ERRORS[key]
+    types (:mod:`.remembered`)."""
+    key = (op_type, frozen(dict(attrs)), tuple(ins), tuple(outs))
+    return _ERRORS.get(key, lambda: checked_combination(op_type, attrs, ins, outs))
 
 
 def checked_combination(op_type: str, attrs: Mapping[str, object], ins: Sequence[DTensorType],

@@ -17,7 +17,7 @@ and the rule.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional, Sequence
 
 from ...errors import VerifyError
 from ...ir.comm import is_communication
@@ -29,7 +29,8 @@ from ...ir.source import describe
 from ...ir.types import TensorType
 from .propagate import REDISTRIBUTE
 from .blocks import blocked_strategies
-from .rules import OpContext, strategies_for
+from .remembered import Remembered, frozen
+from .rules import RULES, OpContext, strategies_for
 from .validity import combination_error
 
 
@@ -44,6 +45,10 @@ def verify_sharded(module: Module, propagated: bool = False) -> Module:
     return module
 
 
+#: DTensor types whose placements fit their shape and mesh
+_PLACED: Remembered[bool] = Remembered()
+
+
 def _verify_function(f: Function, meshes: Mapping[str, DeviceMesh], propagated: bool) -> None:
     seen = set()
     for v in f.values():
@@ -56,7 +61,9 @@ def _verify_function(f: Function, meshes: Mapping[str, DeviceMesh], propagated: 
             if meshes.get(t.mesh.name) != t.mesh:
                 raise VerifyError(f"{where}: mesh @{t.mesh.name} is not a mesh of the module "
                                   "(rule: declared mesh)")
-            check_placements(t.shape, t.mesh, t.placements, where)
+            if t not in _PLACED:          # (a type is checked once)
+                check_placements(t.shape, t.mesh, t.placements, where)
+                _PLACED.get(t, lambda: True)
         elif propagated:
             raise VerifyError(f"{where}: has no placement after propagation "
                               "(rule: every value placed)")
@@ -65,27 +72,29 @@ def _verify_function(f: Function, meshes: Mapping[str, DeviceMesh], propagated: 
 
 
 def _verify_op(f: Function, op: Op, propagated: bool) -> None:
-    where = describe(f.name, op)
+    def where() -> str:      # (named only in an error)
+        return describe(f.name, op)
+
     if is_call(op):
         # before propagation an argument's (or result's) placements may differ
         # from the callee's: a redistribute reconciles them; its tensor may not
         error = signature_error(op, exact=propagated)
         if error is not None:
-            raise VerifyError(f"{where}: {error} (rule: call signature)")
+            raise VerifyError(f"{where()}: {error} (rule: call signature)")
         return
     if op.op_type == REDISTRIBUTE:
         x, y = op.inputs[0].type, op.outputs[0].type
         if (x.shape, x.dtype) != (y.shape, y.dtype):
-            raise VerifyError(f"{where}: turns {_plain(x)} into {_plain(y)}: only "
+            raise VerifyError(f"{where()}: turns {_plain(x)} into {_plain(y)}: only "
                               "placements may change (rule: redistribute keeps the tensor)")
         return
     try:
         expected = infer_types(op.op_type, [_plain(v.type) for v in op.inputs], op.attrs)
     except ShapeError as e:
-        raise VerifyError(f"{where}: {e}") from None
+        raise VerifyError(f"{where()}: {e}") from None
     for v, t in zip(op.outputs, expected):
         if (v.type.shape, v.type.dtype) != (t.shape, t.dtype):
-            raise VerifyError(f"{where}: result %{v.name} is {v.type}, the op gives "
+            raise VerifyError(f"{where()}: result %{v.name} is {v.type}, the op gives "
                               f"{t.dtype.value}{list(t.shape)} (rule: shape)")
     if not propagated:
         return
@@ -93,25 +102,39 @@ def _verify_op(f: Function, op: Op, propagated: bool) -> None:
     mesh = values[0].type.mesh
     for v in values:
         if v.type.mesh != mesh:
-            raise VerifyError(f"{where}: %{v.name} is on mesh @{v.type.mesh.name}, not "
+            raise VerifyError(f"{where()}: %{v.name} is on mesh @{v.type.mesh.name}, not "
                               f"@{mesh.name} (rule: one mesh per op)")
-    ctx = OpContext(op.op_type, op.attrs, [_plain(v.type) for v in op.inputs],
-                    [_plain(v.type) for v in op.outputs])
+    ins, outs = tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs)
+    key = (op.op_type, RULES.get(op.op_type), frozen(op.attrs), ins, outs)
+    error = _PLACEMENT_ERRORS.get(key, lambda: _placement_error(op.op_type, op.attrs, ins, outs))
+    if error is not None:
+        raise VerifyError(f"{where()}: {error}")
+
+
+#: (op type, rule, attributes, types) -> :func:`_placement_error`'s answer
+#: (every layer of a model asks the same)
+_PLACEMENT_ERRORS: Remembered[Optional[str]] = Remembered()
+
+
+def _placement_error(op_type: str, attrs: Mapping[str, object], ins: Sequence[DTensorType],
+                     outs: Sequence[DTensorType]) -> Optional[str]:
+    """Why the op's placements (one mesh) are not a sharding the rules allow
+    or do not lower to per-device ops; None when they are right."""
+    mesh = ins[0].mesh if ins else outs[0].mesh
+    ctx = OpContext(op_type, attrs, [_plain(t) for t in ins], [_plain(t) for t in outs])
     strategies = strategies_for(ctx)
-    strategies = strategies + blocked_strategies(ctx, strategies, [v.type for v in values])
+    strategies = strategies + blocked_strategies(ctx, strategies, list(ins) + list(outs))
     for axis in range(mesh.ndim):
-        got = (tuple(v.type.placements[axis] for v in op.inputs),
-               tuple(v.type.placements[axis] for v in op.outputs))
+        got = (tuple(t.placements[axis] for t in ins), tuple(t.placements[axis] for t in outs))
         if got not in strategies:
             shown = ", ".join(p.print_text() for p in got[0]) + " -> " + \
                 ", ".join(p.print_text() for p in got[1])
-            raise VerifyError(f"{where}: placements {shown} on axis '{mesh.axis_names[axis]}' are "
-                              f"not a sharding of {op.op_type} (rule: op sharding rule)")
-    err = combination_error(op.op_type, op.attrs, [v.type for v in op.inputs],
-                            [v.type for v in op.outputs])
+            return (f"placements {shown} on axis '{mesh.axis_names[axis]}' are not a sharding "
+                    f"of {op_type} (rule: op sharding rule)")
+    err = combination_error(op_type, attrs, list(ins), list(outs))
     if err is not None:
-        raise VerifyError(f"{where}: its placements do not lower to per-device ops: {err} "
-                          "(rule: pieces line up)")
+        return f"its placements do not lower to per-device ops: {err} (rule: pieces line up)"
+    return None
 
 
 def verify_teams(function: Function, meshes: Mapping[str, DeviceMesh]) -> Function:
