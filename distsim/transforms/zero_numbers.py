@@ -18,7 +18,7 @@ from ..ir.core import Function
 def tp_shard(array: np.ndarray, spec: Optional[Tuple[int, Sequence[int]]], tp: int,
              t: int) -> np.ndarray:
     """Rank ``t``'s part of a global parameter (see ``param_shards`` in
-    :mod:`distsim.models.gpt`). A parameter shorter along ``dim`` than its
+    :mod:`distsim.transforms.tensor_parallel`). A parameter shorter along ``dim`` than its
     blocks (a vocabulary padded to a multiple of ``tp``) is padded with
     zero rows first."""
     if spec is None or tp == 1:

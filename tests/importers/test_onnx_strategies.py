@@ -18,6 +18,7 @@ from distsim.models.onnx_family import build_onnx, training_step
 from distsim.paths import models_dir
 from distsim.transforms.adam import AdamHyper
 from distsim.transforms.strategy import Strategy
+from distsim.transforms.zero_numbers import tp_shard
 
 GPT2 = models_dir() / "gpt2-tiny.onnx"
 BATCH, SEQ = 4, 4
@@ -56,9 +57,11 @@ class Reference:
 
     def inputs(self, program):
         """The lowered program's arguments: each rank's micro-batch slice of
-        the global data, the model's constants, parameters (flat shards
-        under ZeRO), master weights equal to them and zero moments."""
+        the global data, the model's constants, its tensor-parallel part of
+        each parameter (flat shards under ZeRO), master weights equal to
+        them and zero optimizer state (moments, momentum, gradient buffers)."""
         io, roles, M = program.meta["io"], program.meta["roles"], program.meta["microbatches"]
+        shards, tp = program.meta.get("param_shards", {}), program.meta.get("tp", 1)
         out = []
         for v in program.inputs:
             info = io[v.name]
@@ -70,8 +73,10 @@ class Reference:
                 start = (info["dp_rank"] * M + info["microbatch"]) * b
                 value = self.data[name][start:start + b]
             else:
-                value = self.params[name]
-                if info.get("state") in ("m", "v"):
+                spec = shards.get(name)
+                value = tp_shard(np.asarray(self.params[name]), tuple(spec) if spec else None,
+                                 tp, info.get("tp_rank", 0))
+                if info.get("state") in ("m", "v", "mom", "grad"):
                     value = np.zeros_like(value)
                 if "flat" in info:
                     lo, hi = info["flat"]

@@ -17,7 +17,7 @@ from distsim.transforms.parallelize import resolve_plan
 from distsim.transforms.pipeline_layers import layers_from_scopes
 from distsim.transforms.strategy import Strategy
 from distsim.transforms.tensor_parallel import TensorParallel
-from distsim.transforms.zero_numbers import global_updates, tp_shard
+from distsim.transforms.zero_numbers import global_updates
 
 
 def _onnx_reference():
@@ -37,34 +37,6 @@ def reference(request):
     return ONNX.Reference(models_dir() / f"{request.param}.onnx")
 
 
-def inputs(ref, program):
-    """Each rank's arguments: its data slice, the constants, its tensor-parallel
-    part of each parameter (flat shard under ZeRO), zero optimizer state."""
-    io, roles, M = program.meta["io"], program.meta["roles"], program.meta["microbatches"]
-    shards, tp = program.meta.get("param_shards", {}), program.meta["tp"]
-    out = []
-    for v in program.inputs:
-        info = io[v.name]
-        name = info["name"]
-        if roles[v.name] == "const":
-            value = np.asarray(program.meta["constants"][name])
-        elif info["role"] == "data":
-            b = v.type.shape[0]
-            start = (info["dp_rank"] * M + info["microbatch"]) * b
-            value = ref.data[name][start:start + b]
-        else:
-            spec = shards.get(name)
-            value = tp_shard(np.asarray(ref.params[name]), tuple(spec) if spec else None, tp,
-                             info["tp_rank"])
-            if info.get("state") in ("m", "v", "mom", "grad"):
-                value = np.zeros_like(value)
-            if "flat" in info:
-                lo, hi = info["flat"]
-                value = value.reshape(-1)[lo:hi]
-        out.append(np.asarray(value, dtype=v.type.dtype.numpy_name))
-    return out
-
-
 @pytest.mark.parametrize("strategy", [
     dict(dp=1, tp=2),
     dict(dp=1, tp=2, sp=True),
@@ -75,7 +47,7 @@ def inputs(ref, program):
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_parallel_imports_match_the_single_device_step(reference, strategy):
     program = verify(build_onnx(reference.config, Strategy(**strategy), hyper=ONNX.HYPER))
-    outs = execute(program, inputs(reference, program))
+    outs = execute(program, reference.inputs(program))
     io = program.meta["io"]
     losses = [o for v, o in zip(program.outputs, outs) if io[v.name]["role"] == "loss"]
     np.testing.assert_allclose(np.mean(losses), reference.loss, rtol=1e-9)

@@ -6,8 +6,7 @@ whole ``tokens x vocab`` tensor per device, its gradient reduce-scattered
 back. Megatron computes the loss on the vocabulary shards instead, with
 three all-reduces of one number per token: the row maximum, the sum of
 exponentials and the label's logit. :func:`vocab_parallel_cross_entropy`
-writes a ``cross_entropy`` as those steps, in the order and with the names
-of the hand-written GPT builder::
+writes a ``cross_entropy`` as those steps, in Megatron's order::
 
     m      = stop_gradient(reduce_max(logits, -1, keepdims))  # all-reduced (max)
     s      = logits - m
