@@ -289,7 +289,7 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                   input_shapes: Optional[Mapping[str, Any]] = None,
                   frozen: Optional[Sequence[str]] = None,
                   dp: Optional[int] = None, tp: Optional[int] = None, pp: Optional[int] = None,
-                  sp: Optional[bool] = None, zero: Optional[int] = None,
+                  cp: Optional[int] = None, sp: Optional[bool] = None, zero: Optional[int] = None,
                   recompute: Optional[str] = None, global_batch: Optional[int] = None,
                   microbatches: Optional[int] = None, micro_batch: Optional[int] = None,
                   schedule: Optional[str] = None, virtual_stages: Optional[int] = None,
@@ -344,16 +344,23 @@ def _build_program(model: Union[str, Mapping[str, Any]], topology: Union[str, To
                         family_of(config).defaults.get("dtype"), model_name, topo.source)
     requested_optimizer = options.get("optimizer")
     strategy = Strategy.from_mapping(options).resolved(topo.num_devices)
+    if strategy.cp > 1 and config.get("family") != "gpt":
+        raise ConfigError(f"--cp {strategy.cp}: context parallelism is modelled for GPT models "
+                          f"only, not for model '{model_name}' (family "
+                          f"{config.get('family')})")
     if strategy.num_devices > topo.num_devices:
         raise ConfigError(f"the strategy needs {strategy.num_devices} devices "
-                          f"(dp {strategy.dp} x tp {strategy.tp} x pp {strategy.pp}) but topology "
+                          f"(dp {strategy.dp} x tp {strategy.tp} x pp {strategy.pp}"
+                          + (f" x cp {strategy.cp}" if strategy.cp > 1 else "")
+                          + f") but topology "
                           f"'{topo.name}' has {topo.num_devices}")
     # the families lowered by LowerSPMD (transformers, imported ONNX models)
     # use every device: a smaller mesh would leave GPUs idle unnoticed
     if config.get("family") in ("gpt", "onnx") and strategy.num_devices != topo.num_devices:
-        raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
-                          f"{strategy.num_devices} does not match the {topo.num_devices} devices "
-                          f"of topology '{topo.name}'")
+        cp = f" x {strategy.cp}" if strategy.cp > 1 else ""
+        raise ConfigError(f"dp x tp x pp{' x cp' if cp else ''} = {strategy.dp} x {strategy.tp} "
+                          f"x {strategy.pp}{cp} = {strategy.num_devices} does not match the "
+                          f"{topo.num_devices} devices of topology '{topo.name}'")
     estimate = estimate_ops(config, strategy) if op_limit else None
     if estimate is not None and estimate["ops"] > op_limit:
         raise ConfigError(
@@ -412,7 +419,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              train: Optional[bool] = None, input_shapes: Optional[Mapping[str, Any]] = None,
              frozen: Optional[Sequence[str]] = None,
              dp: Optional[int] = None, tp: Optional[int] = None, pp: Optional[int] = None,
-             sp: Optional[bool] = None, zero: Optional[int] = None,
+             cp: Optional[int] = None, sp: Optional[bool] = None, zero: Optional[int] = None,
              recompute: Optional[str] = None, global_batch: Optional[int] = None,
              microbatches: Optional[int] = None, micro_batch: Optional[int] = None,
              schedule: Optional[str] = None, virtual_stages: Optional[int] = None,

@@ -32,9 +32,12 @@ MODEL: Group = ("Model options (each overrides the model's file; None keeps the 
 ))
 
 STRATEGY: Group = ("Parallel strategy (None: the default named)", (
-    ("dp", "data-parallel degree (default: the devices tp x pp leave)"),
+    ("dp", "data-parallel degree (default: the devices tp x pp x cp leave)"),
     ("tp", "tensor-parallel degree (default 1)"),
     ("pp", "pipeline-parallel degree (default 1)"),
+    ("cp", "context-parallel degree (GPT models; default 1): every sequence split over cp "
+           "ranks, each holding two of 2 x cp chunks (causal balance), keys and values "
+           "all-gathered over them for attention; the weights' gradients sync over dp x cp"),
     ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),

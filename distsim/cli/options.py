@@ -34,9 +34,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallel strategy")
     g.add_argument("--dp", type=int,
-                   help="data-parallel degree (default: the topology's devices / (tp x pp))")
+                   help="data-parallel degree (default: the topology's devices / (tp x pp x "
+                        "cp))")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default: 1)")
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (default: 1)")
+    g.add_argument("--cp", type=int,
+                   help="context-parallel degree (GPT models; default: 1): every sequence split "
+                        "over cp ranks, each holding two of 2 x cp equal chunks (causal "
+                        "balance); keys and values all-gathered over them for attention, the "
+                        "weights' gradients synchronised over dp x cp")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel regions (needs --tp > 1)")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
@@ -147,7 +153,8 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
         out["input_shapes"] = input_shapes_option(args.input_shape)
     if getattr(args, "frozen", None):
         out["frozen"] = list(args.frozen)
-    for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
+    for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "cp", "train", "seq",
+                "heads",
                 "kv_heads", "ffn", "vocab", "attention", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",

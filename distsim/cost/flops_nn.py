@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 from math import prod
-from typing import Tuple
+from typing import Sequence, Tuple
 
 from ..ir.core import Op
+from ..ir.ops_nn import causal_chunks
 from .flops import FLOPS_PER_ELEMENT, flop_rule
 
 FLOPS_PER_ELEMENT.update({
@@ -87,8 +88,23 @@ def attention_pairs(op: Op) -> Tuple[float, int, int]:
     first = 0 if op.op_type == "fused_attention" else 1   # the grad's dout comes first
     q, k, v = (x.type for x in op.inputs[first:first + 3])
     sq, sk = q.shape[-2], k.shape[-2]
-    frac = causal_fraction(sq, sk) if op.attrs.get("causal", True) else 1.0
+    if not op.attrs.get("causal", True):
+        frac = 1.0
+    elif op.attrs.get("q_chunks"):
+        frac = chunked_causal_fraction(*causal_chunks(op.attrs))
+    else:
+        frac = causal_fraction(sq, sk)
     return prod(q.shape[:-2]) * sq * sk * frac, q.shape[-1], v.shape[-1]
+
+
+def chunked_causal_fraction(q_chunks: Sequence[int], k_chunks: Sequence[int]) -> float:
+    """The share of the scores a causal kernel computes when its queries and
+    keys are the given equal chunks of a sequence (context parallelism):
+    a key chunk before a query chunk is seen whole, the same chunk to its
+    diagonal (1/2, as :func:`causal_fraction` counts a square mask), a
+    later one not at all."""
+    seen = sum(1.0 if k < q else 0.5 if k == q else 0.0 for q in q_chunks for k in k_chunks)
+    return seen / (len(q_chunks) * len(k_chunks))
 
 
 @flop_rule("fused_attention")

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from ..errors import ExecutionError
+from ..ir.ops_nn import causal_chunks
 from .kernels import kernel
 
 
@@ -248,10 +249,25 @@ def _reduce_max(attrs, x):
     return np.asarray(np.max(x, axis=axes, keepdims=attrs.get("keepdims", False)), dtype=x.dtype)
 
 
+def _hidden(attrs, q: int, k: int) -> np.ndarray:
+    """The ``q x k`` entries the causal mask hides: above the diagonal
+    ending at the last key, or, with ``q_chunks`` / ``k_chunks``, where the
+    key's global position is after the query's."""
+    qc, kc = causal_chunks(attrs)
+    if not qc:
+        return np.triu(np.ones((q, k), dtype=bool), k=k - q + 1)
+    return _positions(k, kc)[None, :] > _positions(q, qc)[:, None]
+
+
+def _positions(n: int, chunks) -> np.ndarray:
+    size = n // len(chunks)
+    return np.concatenate([c * size + np.arange(size) for c in chunks])
+
+
 @kernel("causal_mask")
 def _causal_mask(attrs, x):
     q, k = x.shape[-2], x.shape[-1]
-    upper = np.triu(np.ones((q, k), dtype=bool), k=k - q + 1)
+    upper = _hidden(attrs, q, k)
     return np.where(upper, np.asarray(attrs.get("fill", -1e4), dtype=x.dtype), x).astype(x.dtype)
 
 
@@ -265,8 +281,7 @@ def _attention_scores(attrs, q, k):
     s = _attention_scale(attrs, q) * np.matmul(q.astype(np.float64),
                                                np.swapaxes(k.astype(np.float64), -1, -2))
     if attrs.get("causal", True):
-        sq, sk = s.shape[-2], s.shape[-1]
-        s = np.where(np.triu(np.ones((sq, sk), dtype=bool), k=sk - sq + 1), -np.inf, s)
+        s = np.where(_hidden(attrs, s.shape[-2], s.shape[-1]), -np.inf, s)
     return s
 
 

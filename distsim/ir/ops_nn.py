@@ -36,6 +36,14 @@ everything, as for ``dropout``). Its backward
 recomputes the probabilities from q, k and lse; ``dlse``, the gradient
 of lse, is given only when lse is used.
 
+Context parallelism (:mod:`distsim.transforms.context_parallel`) gives
+``causal_mask``, ``fused_attention`` and its backward two more attributes,
+``q_chunks`` and ``k_chunks``: the global chunks (all of one size) that
+the queries' and the keys' rows are, in order. With them the causal mask
+hides key j from query i when j's global position is after i's (and
+``s_k >= s_q`` is not needed); without them (None, the default) the
+rows are contiguous, as above.
+
 Gradient ops: ``softmax_grad``, ``log_softmax_grad``, ``layernorm_grad``
 (3 outputs), ``rmsnorm_grad`` (2 outputs), ``embedding_grad``,
 ``cross_entropy_grad``, ``dropout_grad``, ``gelu_grad``, ``silu_grad``,
@@ -47,7 +55,7 @@ Optimizer: ``adamw(w, g, m, v){lr, beta1, beta2, eps, weight_decay, step}``
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Tuple
 
 from .ops import _grad_like_second, _reduce, _same_device, _unary, broadcast_shapes
 from .registry import REQUIRED, OpSpec, ShapeError, register
@@ -256,10 +264,36 @@ def _dropout_grad(types, attrs) -> List[TensorType]:
     return [dy]
 
 
+def causal_chunks(attrs) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """(q_chunks, k_chunks) of a causal attention op, () each when its rows
+    are contiguous (see the module docstring)."""
+    return tuple(attrs.get("q_chunks") or ()), tuple(attrs.get("k_chunks") or ())
+
+
+def _check_chunks(attrs, sq: int, sk: int) -> bool:
+    """Whether the op has chunk attributes; ShapeError where they do not
+    fit its ``sq`` queries and ``sk`` keys."""
+    qc, kc = causal_chunks(attrs)
+    if not qc and not kc:
+        return False
+    if not qc or not kc:
+        raise ShapeError("q_chunks and k_chunks are given together or not at all")
+    for name, chunks, n in (("q_chunks", qc, sq), ("k_chunks", kc, sk)):
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in chunks):
+            raise ShapeError(f"{name} must be non-negative integers, got {list(chunks)}")
+        if n % len(chunks):
+            raise ShapeError(f"{name}: {len(chunks)} chunks do not divide {n} rows")
+    if sq // len(qc) != sk // len(kc):
+        raise ShapeError(f"query chunks of {sq // len(qc)} rows and key chunks of "
+                         f"{sk // len(kc)} differ in size")
+    return True
+
+
 def _causal_mask(types, attrs) -> List[TensorType]:
     (x,) = types
     if x.rank < 2:
         raise ShapeError(f"causal_mask needs rank >= 2, got {x.shape}")
+    _check_chunks(attrs, x.shape[-2], x.shape[-1])
     return [x]
 
 
@@ -301,7 +335,10 @@ def attention_types(q: TensorType, k: TensorType, v: TensorType, attrs
             raise ShapeError(f"{name} {t.shape} does not broadcast to q {q.shape} (the batch "
                              f"dims {t.shape[:-2]} must be q's {batch} or 1)")
     sq, sk = q.shape[-2], k.shape[-2]
-    if attrs["causal"] and sk < sq:
+    chunked = _check_chunks(attrs, sq, sk)
+    if chunked and not attrs["causal"]:
+        raise ShapeError("q_chunks and k_chunks place a causal mask: they need causal true")
+    if attrs["causal"] and sk < sq and not chunked:
         raise ShapeError(f"causal attention needs at least as many keys ({sk}) as queries "
                          f"({sq})")
     lse_dtype = DType.F64 if q.dtype is DType.F64 else DType.F32
@@ -383,15 +420,19 @@ for _name in ("silu", "log", "stop_gradient"):
 for _name in ("gelu_grad", "silu_grad"):
     register(OpSpec(_name, 2, _grad_like_second, elementwise=True, doc="(dy, x) -> dx"))
 register(OpSpec("reduce_max", 1, _reduce, {"axes": None, "keepdims": False}))
-register(OpSpec("causal_mask", 1, _causal_mask, {"fill": -1e4},
-                doc="x with entries j > i + (k - q) of the last two dims set to fill"))
+register(OpSpec("causal_mask", 1, _causal_mask, {"fill": -1e4, "q_chunks": None,
+                                                 "k_chunks": None},
+                doc="x with entries j > i + (k - q) of the last two dims set to fill (with "
+                    "q_chunks / k_chunks: where key j's position is after query i's)"))
 register(OpSpec("depend", 2, _depend, doc="x, scheduled after token"))
 register(OpSpec("fused_attention", 3, _fused_attention,
-                {"scale": None, "causal": True, "dropout": 0.0},
+                {"scale": None, "causal": True, "dropout": 0.0, "q_chunks": None,
+                 "k_chunks": None},
                 doc="(q, k, v) -> (out, lse): softmax(scale q k^T + causal mask) v without "
                     "the seq x seq scores (FlashAttention); scale defaults to 1/sqrt(head_dim)"))
 register(OpSpec("fused_attention_grad", None, _fused_attention_grad,
-                {"scale": None, "causal": True, "dropout": 0.0},
+                {"scale": None, "causal": True, "dropout": 0.0, "q_chunks": None,
+                 "k_chunks": None},
                 doc="(dout, q, k, v, out, lse[, dlse]) -> (dq, dk, dv), the probabilities "
                     "recomputed from q, k and lse"))
 register(OpSpec("adamw", 4, _adamw,

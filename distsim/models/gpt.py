@@ -49,6 +49,8 @@ from ..errors import ConfigError
 from ..ir.builder import FunctionBuilder
 from ..ir.core import Function, Value
 from ..ir.types import DType, TensorType, parse_float_dtype
+from ..transforms.context_parallel import check_context_parallel
+from .gpt_context import chunk_attrs, gather_sequence, position_rows
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu", "relu")
@@ -245,8 +247,11 @@ def check_tensor_parallel(config: GPTConfig, tp: int, sp: bool) -> None:
 
 class _GPTBuilder:
     def __init__(self, config: GPTConfig, micro_batch: int, device: Optional[int], untie: bool,
-                 pad_for: int) -> None:
+                 pad_for: int, cp: int = 1) -> None:
         self.c = config
+        self.cp = cp
+        #: tokens of a sequence on this rank (a context-parallel rank's share)
+        self.seq = config.seq // cp
         self.vocab = padded_vocab(config, pad_for)
         self.mb = micro_batch
         self.device = device
@@ -303,7 +308,9 @@ class _GPTBuilder:
         x = self.op("embedding", [wte, ids], name="emb")
         if c.position == "learned":
             wpe = self.param("wpe", (c.num_positions, c.hidden))
-            if c.num_positions > c.seq:  # the first seq rows of the table
+            if self.cp > 1:
+                wpe = position_rows(self.op, wpe, self.cp, c.seq)
+            elif c.num_positions > c.seq:  # the first seq rows of the table
                 wpe = self.op("slice", [wpe], {"axis": 0, "start": 0, "stop": c.seq},
                               name="wpe_rows")
             x = self.op("add", [x, wpe], name="emb_pos")
@@ -311,7 +318,7 @@ class _GPTBuilder:
 
     def attention(self, x: Value, i: int) -> Value:
         c, mb = self.c, self.mb
-        s, d = c.seq, c.dim_head
+        s, d = self.seq, c.dim_head
         heads, kv = c.heads, c.num_kv_heads
         group = heads // kv
         p = f"l{i}"
@@ -330,16 +337,23 @@ class _GPTBuilder:
         k = self.op("transpose", [k], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_k")
         v = self.op("reshape", [v], {"shape": [mb, s, kv, 1, d]}, name=f"{p}_v")
         v = self.op("transpose", [v], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_v")
+        chunks: Dict[str, Any] = {"attrs": {}, "meta": {}}
+        if self.cp > 1:
+            k = gather_sequence(self.op, k, self.cp, f"{p}_k")
+            v = gather_sequence(self.op, v, self.cp, f"{p}_v")
+            chunks = chunk_attrs(self.cp)
         if c.attention == "fused":
             ctx, _ = self.op("fused_attention", [q, k, v],
                              {"scale": 1.0 / math.sqrt(d), "causal": True,
-                              "dropout": float(c.dropout)}, name=[f"{p}_ctx", f"{p}_lse"])
+                              "dropout": float(c.dropout), **chunks["attrs"]},
+                             name=[f"{p}_ctx", f"{p}_lse"], **chunks["meta"])
         else:
             core = {"attn_core": True}
             scores = self.op("matmul", [q, k], {"trans_b": True}, name=f"{p}_scores", **core)
             scores = self.op("scale", [scores], {"factor": 1.0 / math.sqrt(d)},
                              name=f"{p}_scores", **core)
-            scores = self.op("causal_mask", [scores], name=f"{p}_masked", **core)
+            scores = self.op("causal_mask", [scores], chunks["attrs"] or None,
+                             name=f"{p}_masked", **core, **chunks["meta"])
             probs = self.op("softmax", [scores], {"axis": -1}, name=f"{p}_probs", **core)
             probs = self.dropout(probs, f"{p}_probs_drop", **core)
             ctx = self.op("matmul", [probs, v], name=f"{p}_ctx")
@@ -393,8 +407,8 @@ class _GPTBuilder:
 
     def build(self) -> Function:
         c, mb = self.c, self.mb
-        ids = self.b.input("ids", self.t(mb, c.seq, dtype=DType.I64))
-        labels = self.b.input("labels", self.t(mb, c.seq, dtype=DType.I64))
+        ids = self.b.input("ids", self.t(mb, self.seq, dtype=DType.I64))
+        labels = self.b.input("labels", self.t(mb, self.seq, dtype=DType.I64))
         self.roles.update(ids="data", labels="data")
         x = self.embed(ids)
         for i in range(c.layers):
@@ -413,14 +427,19 @@ class _GPTBuilder:
 
 def gpt_forward(config: GPTConfig, micro_batch: Optional[int] = None,
                 device: Optional[int] = 0, untie: bool = False,
-                pad_for: int = 1) -> Function:
+                pad_for: int = 1, cp: int = 1) -> Function:
     """Forward pass and loss of one micro-batch on one device (see the
     module docstring). ``untie``: give the output layer its own copy of a
     tied embedding (``meta["tied"]``), as pipeline stages do. ``pad_for``:
     pad the vocabulary as for that many tensor-parallel ranks (Megatron's
     padding, :func:`padded_vocab`): the one-device model that the megatron
-    plan splits over them."""
+    plan splits over them. ``cp``: the forward of context-parallel rank 0
+    of ``cp`` (its two chunks of each sequence, the keys and values
+    gathered over the group: :mod:`.gpt_context`); the other ranks' own
+    attributes are in the ops' ``meta["cp_rank_attrs"]``."""
     mb = micro_batch if micro_batch is not None else config.micro_batch
     _positive("micro_batch", mb)
     _positive("pad_for", pad_for)
-    return _GPTBuilder(config, mb, device, untie, pad_for).build()
+    _positive("cp", cp)
+    check_context_parallel(config.seq, cp)
+    return _GPTBuilder(config, mb, device, untie, pad_for, cp).build()

@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..ir.core import Function
 from ..transforms.adam import AdamHyper, AdamW
 from ..transforms.autodiff import Autodiff
+from ..transforms.context_parallel import check_context_parallel
 from ..transforms.optimizer import SGD, SGDHyper
 from ..transforms.pipeline import check_schedule
 from ..transforms.spmd import LowerSPMD
@@ -74,6 +75,11 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
         raise ConfigError(f"--plan {strategy.plan}: GPT models take --plan megatron only (their "
                           "layout is Megatron's)")
     c2, m = resolve_batch(c, strategy)
+    check_context_parallel(c.seq, strategy.cp)
+    local = c.seq // strategy.cp
+    if strategy.sp and strategy.cp > 1 and local % strategy.tp:
+        raise ConfigError(f"--sp: --tp {strategy.tp} does not divide the {local} tokens of a "
+                          f"sequence on each of the --cp {strategy.cp} ranks")
     check_tensor_parallel(c, strategy.tp, strategy.sp)
     chunks = strategy.pp * strategy.chunks
     if chunks > c.layers:
@@ -90,7 +96,8 @@ def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Functi
     # (reading and running a lowered program needs neither)
     from ..transforms.megatron_plan import megatron_plan
     from ..transforms.parallelize import template_step
-    fwd = gpt_forward(c, micro_batch=micro_batch, untie=strategy.pp > 1, pad_for=strategy.tp)
+    fwd = gpt_forward(c, micro_batch=micro_batch, untie=strategy.pp > 1, pad_for=strategy.tp,
+                      cp=strategy.cp)
     return template_step(fwd, strategy, megatron_plan(fwd), "gpt")
 
 

@@ -19,7 +19,7 @@ from .grad_rules import NON_DIFFERENTIABLE, lookup_grad_rule
 # Meta keys a forward op hands down to the backward ops emitted for it
 # (e.g. the transformer layer, so that pipeline stages and recomputation
 # can find a layer's backward).
-INHERITED_META = ("layer", "rank_attrs")
+INHERITED_META = ("layer", "rank_attrs", "cp_rank_attrs")
 
 
 class Autodiff:

@@ -118,7 +118,8 @@ def _select_label(b, op, grads):
 
 @grad_rule("causal_mask")
 def _causal_mask(b, op, grads):
-    return [b.op("causal_mask", [grads[0]], {"fill": 0.0}, name=_name(op, 0))]
+    chunks = {k: op.attrs[k] for k in ("q_chunks", "k_chunks") if op.attrs.get(k)}
+    return [b.op("causal_mask", [grads[0]], {"fill": 0.0, **chunks}, name=_name(op, 0))]
 
 
 @grad_rule("concat")

@@ -96,6 +96,11 @@ class LowerSPMD(Coarsening):
                  partition_cost: Optional[Callable[[Op], float]] = None) -> None:
         if strategy.dp is None:
             raise PassPreconditionError("LowerSPMD: the strategy's dp must be resolved")
+        #: context parallelism: its ranks lowered as data-parallel ranks
+        #: (``d * cp + c``, :meth:`Strategy.flat_cp`), its collectives over
+        #: each group of ``cp`` of them (:meth:`_cp_collective`)
+        self.given, self.cp = strategy, strategy.cp
+        strategy = strategy.flat_cp()
         self.strategy = strategy
         self.microbatches = microbatches
         self.hyper = hyper
@@ -271,6 +276,9 @@ class LowerSPMD(Coarsening):
             meta = dict(op.meta, **base)
             if grads:
                 meta["category"] = "gradients"
+            if op.op_type.startswith("spmd.") and op.attrs.get("group") == "cp":
+                self._cp_collective(op, stage, mb, layer, meta)
+                continue
             if op.op_type.startswith("spmd."):
                 for d in self.placement.dp_indices():
                     ranks, here = self.placement.tp_team(d, stage)
@@ -302,16 +310,20 @@ class LowerSPMD(Coarsening):
                 # attributes and result types computed once per template op and
                 # tensor-parallel rank (and input types): the micro-batches and
                 # data-parallel replicas repeat them
-                entry = self._op_cache.get((id(op), t))
+                c_rank = d % self.cp
+                entry = self._op_cache.get((id(op), t, c_rank))
                 if entry is None:
                     attrs = dict(op.attrs)
                     spec_attrs = lookup(op.op_type).attrs
                     for key, per_rank in op.meta.get("rank_attrs", {}).items():
                         if key in spec_attrs:
                             attrs[key] = per_rank[t]
+                    for key, per_rank in op.meta.get("cp_rank_attrs", {}).items():
+                        if key in spec_attrs:
+                            attrs[key] = per_rank[c_rank]
                     attrs = {k: normalize_attr(v)
                              for k, v in with_defaults(op.op_type, attrs).items()}
-                    entry = self._op_cache[(id(op), t)] = (attrs, {})
+                    entry = self._op_cache[(id(op), t, c_rank)] = (attrs, {})
                 attrs, by_types = entry
                 type_ids = tuple([id(v.type) for v in ins])  # types live as long as the program
                 types = by_types.get(type_ids)
@@ -330,6 +342,34 @@ class LowerSPMD(Coarsening):
             if grads:
                 self.sync.after_backward(stage, mb, grads)
         self.pending_sends.add(end, (stage, mb, c, ops))
+
+    def _cp_collective(self, op: Op, stage: int, mb: int, layer: Any,
+                       meta: Dict[str, Any]) -> None:
+        """An SPMD collective of the context-parallel group (``group: cp``)
+        as one ``comm.*`` op over each group of ``cp`` ranks, the
+        data-parallel rank's (tagged ``role: cp``)."""
+        S, cp = self.strategy, self.cp
+        meta = dict(meta, role="cp")
+        attrs = {k: op.attrs[k] for k in ("reduce_op", "dim") if k in op.attrs}
+        present = self.placement.dp_indices()
+        for first in range(0, S.dp, cp):
+            members = range(first, first + cp)
+            if not any(d in present for d in members):
+                continue
+            for t in self.placement.tp_indices():
+                ranks = [S.rank(d, stage, t) for d in members]
+                here = [self.placement.present(r) for r in ranks]
+                ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer) if p else None
+                       for d, r, p in zip(members, ranks, here)]
+                outs = self.em.collective(SPMD_TO_COMM[op.op_type], ins, ranks,
+                                          [self.local_name(op.outputs[0], r, mb) if p else None
+                                           for r, p in zip(ranks, here)], meta, **attrs)
+                for r, o in zip(ranks, outs):
+                    if o is not None:
+                        self.menv[(r, mb)][op.outputs[0]] = o
+        grads = [o for o in op.outputs if o in self.grad_of]
+        if grads:
+            self.sync.after_backward(stage, mb, grads)
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
         grads = [o for o in op.outputs if o in self.grad_of]
@@ -446,7 +486,7 @@ class LowerSPMD(Coarsening):
         f.outputs = losses + self.sync.outputs
         f.meta = {
             "roles": self.em.roles, "updates": self.ctx.updates, "io": self.em.io,
-            "model": step.meta.get("model", {}), "strategy": S.to_dict(),
+            "model": step.meta.get("model", {}), "strategy": self.given.to_dict(),
             "microbatches": self.microbatches, "loss": step.meta["loss"],
             "params": step.meta["params"],
             "param_shards": step.meta.get("param_shards", {}),
@@ -456,6 +496,8 @@ class LowerSPMD(Coarsening):
             "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp,
             "optimizer": self.hyper.name, "recompute": recompute, "fusion": fusion,
         }
+        if self.cp > 1:   # dp counts the context-parallel ranks too (flat_cp)
+            f.meta["cp"] = self.cp
         self.em.log.updated = (self.ctx.updates, self.ctx.updated)
         if self.representatives:
             # which devices each present rank stands for (its stage's ranks),

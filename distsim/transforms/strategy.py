@@ -7,6 +7,12 @@ order, ``order="tp-dp-pp"``: the first axis varies fastest): tensor-parallel
 ranks are adjacent, so that a TP group stays inside a node whenever ``tp``
 divides the GPUs per node. ``order`` lays the mesh out otherwise (e.g.
 ``"dp-tp-pp"`` puts data-parallel peers side by side).
+
+Context parallelism (``cp``) splits the ``dp`` axis: its ranks vary just
+inside it (Megatron-LM's ``tp-cp-dp-pp``), so that data-parallel rank
+``d`` and context-parallel rank ``c`` sit at position ``d * cp + c`` of an
+axis of ``dp x cp`` ranks (:meth:`Strategy.flat_cp`). The weights'
+gradients are synchronised over that whole axis, as Megatron does.
 """
 from __future__ import annotations
 
@@ -56,7 +62,10 @@ class Strategy:
     path of a plan file; ``fusion``: which adjacent ops the simulated
     framework runs as one kernel (:mod:`~distsim.transforms.fusion`):
     ``megatron``, ``pytorch-eager`` or ``none`` (None: the model family's
-    default, :func:`fusion_for`)."""
+    default, :func:`fusion_for`); ``cp``: context-parallel degree, every
+    sequence split over ``cp`` ranks (:mod:`~distsim.transforms.context_parallel`);
+    the keys and values are all-gathered over the group before attention
+    (Llama 3's way)."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -79,6 +88,7 @@ class Strategy:
     order: str = "tp-dp-pp"
     plan: Optional[str] = None
     fusion: Optional[str] = None
+    cp: int = 1
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:
@@ -94,9 +104,10 @@ class Strategy:
         """With ``dp`` filled in from the device count."""
         if self.dp is not None:
             return self
-        other = self.tp * self.pp
+        other = self.tp * self.pp * self.cp
         if num_devices % other:
-            raise ConfigError(f"tp x pp = {other} does not divide the {num_devices} devices")
+            what = "tp x pp x cp" if self.cp > 1 else "tp x pp"
+            raise ConfigError(f"{what} = {other} does not divide the {num_devices} devices")
         return replace(self, dp=num_devices // other)
 
     @property
@@ -108,14 +119,26 @@ class Strategy:
 
     @property
     def num_devices(self) -> int:
-        return (self.dp or 1) * self.tp * self.pp
+        return (self.dp or 1) * self.cp * self.tp * self.pp
+
+    def flat_cp(self) -> "Strategy":
+        """The same mesh with the context-parallel ranks folded into the
+        data-parallel axis (``dp x cp`` ranks, ``cp`` 1): how the lowering
+        sees it, since the weights are replicated, and their gradients
+        synchronised, over both (see the module docstring)."""
+        if self.cp == 1:
+            return self
+        return replace(self, dp=(self.dp or 1) * self.cp, cp=1)
 
     def rank(self, dp_rank: int, pp_rank: int, tp_rank: int) -> int:
-        """The global rank of mesh coordinate (dp, pp, tp) under ``order``."""
+        """The global rank of mesh coordinate (dp, pp, tp) under ``order``;
+        with context parallelism ``dp_rank`` is the position on the axis of
+        ``dp x cp`` ranks, ``d * cp + c`` (see the module docstring)."""
+        dp = (self.dp or 1) * self.cp
         if self.order == "tp-dp-pp":  # the default, first
-            return (pp_rank * (self.dp or 1) + dp_rank) * self.tp + tp_rank
+            return (pp_rank * dp + dp_rank) * self.tp + tp_rank
         coord = {"dp": dp_rank, "pp": pp_rank, "tp": tp_rank}
-        size = {"dp": self.dp or 1, "pp": self.pp, "tp": self.tp}
+        size = {"dp": dp, "pp": self.pp, "tp": self.tp}
         rank, stride = 0, 1
         for axis in self.order.split("-"):
             rank += coord[axis] * stride
@@ -123,9 +146,9 @@ class Strategy:
         return rank
 
     def tp_groups(self) -> Tuple[Tuple[int, ...], ...]:
-        """Every tensor-parallel group's ranks (one per dp x pp coordinate)."""
+        """Every tensor-parallel group's ranks (one per dp x cp x pp coordinate)."""
         return tuple(tuple(self.rank(d, p, t) for t in range(self.tp))
-                     for p in range(self.pp) for d in range(self.dp or 1))
+                     for p in range(self.pp) for d in range((self.dp or 1) * self.cp))
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -156,8 +179,9 @@ def _flag(name: str) -> str:
 _CHECK_ORDER = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
                 "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order", "plan",
-                "fusion")
-_POSITIVE = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "micro_batch")
+                "fusion", "cp")
+_POSITIVE = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "micro_batch",
+             "cp")
 _BOOLS = ("symmetry", "coarsen", "sp")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
             "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS}
@@ -172,7 +196,7 @@ def check_field(name: str, value: Any, label: Optional[str] = None) -> None:
     check their values with this before running any point."""
     label = label or f"--{_flag(name)}"
     if name in _POSITIVE:
-        if value is None and name not in ("tp", "pp"):
+        if value is None and name not in ("tp", "pp", "cp"):
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{label}: must be a positive integer, got {value!r}")

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..ir.core import Function
+from .context_parallel import local_sequence
 
 
 def tp_shard(array: np.ndarray, spec: Optional[Tuple[int, Sequence[int]]], tp: int,
@@ -78,11 +79,13 @@ def local_inputs(program: Function, params: Mapping[str, np.ndarray],
                  micro_batch: Optional[int] = None) -> List[np.ndarray]:
     """Inputs of a lowered program from the global parameters (master
     weights start equal to them, moments at zero) and the global batch
-    (``data[name]`` of shape ``(global_batch, ...)``, split into data-parallel
-    ranks, then micro-batches)."""
+    (``data[name]`` of shape ``(global_batch, seq, ...)``, split into
+    data-parallel ranks, then micro-batches; with context parallelism
+    each rank of a group takes its chunks of the sequences,
+    :func:`~.context_parallel.local_sequence`)."""
     meta = program.meta
     shards = meta.get("param_shards", {})
-    tp, M = meta["tp"], meta["microbatches"]
+    tp, M, cp = meta["tp"], meta["microbatches"], meta.get("cp", 1)
     out = []
     for v in program.inputs:
         info = meta["io"][v.name]
@@ -90,8 +93,9 @@ def local_inputs(program: Function, params: Mapping[str, np.ndarray],
         if role == "data":
             full = np.asarray(data[info["name"]])
             b = v.type.shape[0]
-            start = (info["dp_rank"] * M + info["microbatch"]) * b
-            out.append(full[start:start + b])
+            d, c = divmod(info["dp_rank"], cp)
+            start = (d * M + info["microbatch"]) * b
+            out.append(local_sequence(full[start:start + b], c, cp))
             continue
         if role == "const":
             out.append(const_value(meta["consts"][info["name"]], info["tp_rank"],

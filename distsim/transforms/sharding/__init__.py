@@ -17,6 +17,7 @@ from .propagate import propagate
 from .rewrites import simplify_comms
 from .rules import RULES, strategies_for
 from . import rules_cnn as _rules_cnn  # noqa: F401,E402  (registers the CNN and backward rules)
+from . import rules_context as _rules_context  # noqa: F401,E402  (context-parallel collectives)
 from .verify import verify_sharded, verify_teams
 
 

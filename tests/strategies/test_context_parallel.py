@@ -1,0 +1,122 @@
+"""Context parallelism (``cp``) updates the weights exactly as the
+single-device step does (NumpyExecutor, float64, rtol 1e-9): each rank
+holds two of the ``2 x cp`` chunks of every sequence, gathers the keys and
+values over its group and masks them by the chunks' global positions;
+alone and composed with tensor (and sequence), pipeline and data
+parallelism, ZeRO, recomputation and fusion, for both attention cores and
+learned positions (their rows are each rank's own)."""
+import pytest
+
+from distsim.errors import ConfigError
+
+STRATEGIES = [
+    dict(cp=2),
+    dict(cp=2, tp=2),
+    dict(cp=2, tp=2, sp=True),
+    dict(cp=4),
+    dict(cp=2, dp=2, zero=1),
+    dict(cp=2, dp=2, pp=2, zero=3),
+    dict(cp=2, tp=2, recompute="full", coarsen=True),
+    dict(cp=2, recompute="selective", fusion="megatron"),
+    dict(cp=2, tp=2, pp=2, schedule="interleaved"),
+]
+
+
+def _ids(s):
+    return ",".join(f"{k}={v}" for k, v in s.items())
+
+
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=_ids)
+def test_context_parallel_matches_single_device(make_reference, attention, strategy):
+    program = make_reference(attention=attention).check(**strategy)
+    gathers = [op for op in program.ops if op.op_type == "comm.allgather"
+               and op.meta.get("role") == "cp"]
+    # keys and values of every layer gathered over cp ranks (and their
+    # gradients reduce-scattered back)
+    assert gathers and {len(op.attrs["ranks"]) for op in gathers} == {strategy["cp"]}
+    assert any(op.op_type == "comm.reducescatter" and op.meta.get("role") == "cp"
+               for op in program.ops)
+
+
+def test_a_ranks_sequence_is_its_two_chunks(reference):
+    program = reference.lower(cp=2, tp=2)
+    ids = [v for v in program.inputs if program.meta["io"][v.name].get("name") == "ids"]
+    # 2 data-parallel positions (cp ranks) x 2 tp ranks x micro-batches, each 8 / 2 tokens
+    assert {v.type.shape[1] for v in ids} == {reference.config.seq // 2}
+    attention = [op for op in program.ops if op.op_type == "causal_mask"]
+    chunks = {op.outputs[0].type.device: tuple(op.attrs["q_chunks"]) for op in attention}
+    # rank order tp-cp-dp-pp: ranks 0, 1 are cp rank 0; 2, 3 cp rank 1
+    assert chunks == {0: (0, 3), 1: (0, 3), 2: (1, 2), 3: (1, 2)}
+    # each tensor-parallel rank gathers only its key/value heads (2 / tp 2),
+    # over the ranks of its cp group (same tp rank)
+    gathers = [op for op in program.ops if op.op_type == "comm.allgather"
+               and op.meta.get("role") == "cp"]
+    assert {v.type.shape[1] for op in gathers for v in op.outputs} == {1}
+    assert {tuple(op.attrs["ranks"]) for op in gathers} == {(0, 2), (1, 3)}
+
+
+@pytest.mark.parametrize("seq, cp, message", [
+    (8, 3, "--cp 3: the sequence length 8 is not a multiple of 2 x cp = 6"),
+    (12, 4, "--cp 4: the sequence length 12 is not a multiple of 2 x cp = 8"),
+])
+def test_cp_that_does_not_split_the_sequence_is_refused(make_reference, seq, cp, message):
+    ref = make_reference(seq=seq)
+    with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
+        ref.lower(cp=cp)
+
+
+def test_sequence_parallel_share_checked_per_cp_rank(make_reference):
+    ref = make_reference(seq=8)
+    with pytest.raises(ConfigError, match="--sp: --tp 4 does not divide the 2 tokens"):
+        ref.lower(cp=4, tp=4, sp=True, global_batch=8)
+
+
+def test_cli_bad_cp_is_one_line_exit_2(capsys):
+    from distsim.cli import main
+    code = main(["simulate", "--model", "gpt2", "--layers", "1", "--seq", "1002", "--cp", "2",
+                 "--topology", "dgx-a100"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "--cp 2: the sequence length 1002 is not a multiple of 2 x cp = 4" in err[0]
+
+
+def test_cp_on_another_family_is_refused():
+    from distsim.api import build_program
+    with pytest.raises(ConfigError, match="--cp 2: context parallelism is modelled for GPT "
+                                          "models only"):
+        build_program("mlp", "dgx-a100", cp=2)
+
+
+def test_the_estimator_refuses_cp_and_the_sweep_says_why():
+    from distsim.estimate import estimate
+    from distsim.sweep.point import run_point
+    options = {"model": "gpt2", "topology": "dgx-a100", "layers": 1, "seq": 64, "cp": 2}
+    with pytest.raises(ConfigError, match=r"estimate: context parallelism \(cp 2\) is not "
+                                          "modelled by the estimator; use fidelity: simulate"):
+        estimate(options)
+    row = run_point({**options, "fidelity": "estimate"})
+    assert row["status"] == "invalid" and "context parallelism (cp 2)" in row["reason"]
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_activations_per_gpu_fall_as_cp_grows(cp):
+    """GPT-3 175B's saved activations per layer (tp 8 + sp, fused attention)
+    are 1/cp of the one-rank-per-sequence figure: every saved value is a
+    rank's tokens (the keys and values gathered for attention are gathered
+    again in the backward, as the sequence-parallel all-gathers are, so
+    each rank keeps only its own), except the two layernorm gammas the
+    sequence-parallel norms read through ``spmd.copy`` (2 x h bf16)."""
+    from dataclasses import replace
+
+    from distsim.models import load_model_config
+    from distsim.models.gpt_family import build_gpt_step, gpt_config
+    from distsim.transforms.memory_model import saved_activation_bytes
+    from distsim.transforms.strategy import Strategy
+    c = replace(gpt_config(load_model_config("gpt3-175b")), layers=2, attention="fused")
+
+    def saved(n):
+        step = build_gpt_step(c, Strategy(dp=1, tp=8, sp=True, cp=n), micro_batch=1)
+        return saved_activation_bytes(step)[1]
+    gammas = 2 * c.hidden * 2
+    assert saved(cp) == (saved(1) - gammas) // cp + gammas
