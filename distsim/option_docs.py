@@ -36,8 +36,12 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
     ("tp", "tensor-parallel degree (default 1)"),
     ("pp", "pipeline-parallel degree (default 1)"),
     ("cp", "context-parallel degree (GPT models; default 1): every sequence split over cp "
-           "ranks, each holding two of 2 x cp chunks (causal balance), keys and values "
-           "all-gathered over them for attention; the weights' gradients sync over dp x cp"),
+           "ranks, each holding two of 2 x cp chunks (causal balance); the weights' gradients "
+           "sync over dp x cp"),
+    ("cp_comm", "how context-parallel attention reaches the other ranks' keys and values: "
+                "'allgather' (default; gathered before attention, Llama 3's way) or 'ring' "
+                "(blocks passed around the ring point to point, each overlapped with the "
+                "attention of the block at hand; needs fused attention)"),
     ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),

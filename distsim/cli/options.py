@@ -41,8 +41,13 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cp", type=int,
                    help="context-parallel degree (GPT models; default: 1): every sequence split "
                         "over cp ranks, each holding two of 2 x cp equal chunks (causal "
-                        "balance); keys and values all-gathered over them for attention, the "
-                        "weights' gradients synchronised over dp x cp")
+                        "balance); the weights' gradients synchronised over dp x cp")
+    g.add_argument("--cp-comm", choices=["allgather", "ring"], dest="cp_comm",
+                   help="how context-parallel attention reaches the other ranks' keys and "
+                        "values: allgather (default: gathered before attention, as Llama 3) "
+                        "or ring (blocks sent around the ring, each overlapped with the "
+                        "attention of the block at hand, as Megatron-LM; needs --attention "
+                        "fused)")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel regions (needs --tp > 1)")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
@@ -153,8 +158,8 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
         out["input_shapes"] = input_shapes_option(args.input_shape)
     if getattr(args, "frozen", None):
         out["frozen"] = list(args.frozen)
-    for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "cp", "train", "seq",
-                "heads",
+    for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "cp", "cp_comm", "train",
+                "seq", "heads",
                 "kv_heads", "ffn", "vocab", "attention", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",

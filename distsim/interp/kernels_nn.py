@@ -299,13 +299,25 @@ def _lse_dtype(q):
     return np.float64 if q.dtype == np.float64 else np.float32
 
 
+def _probabilities(s, lse):
+    """exp(s - lse), 0 where a key is masked (also in a row with none seen)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isneginf(s), 0.0, np.exp(s - lse))
+
+
 @kernel("fused_attention")
 def _fused_attention(attrs, q, k, v):
     # Exact attention in float64; dropout keeps everything (module docstring).
     s = _attention_scores(attrs, q, k)
     m = np.max(s, axis=-1, keepdims=True)
-    lse = m + np.log(np.sum(np.exp(s - m), axis=-1, keepdims=True))
-    out = np.matmul(np.exp(s - lse), v.astype(np.float64))
+    # a row whose keys are all masked (a ring step's block after the
+    # queries): lse -inf and out 0, which merging with other blocks ignores
+    seen = np.isfinite(m)
+    m = np.where(seen, m, 0.0)
+    total = np.sum(np.exp(s - m), axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, m + np.log(total), -np.inf)
+    out = np.matmul(_probabilities(s, lse), v.astype(np.float64))
     return out.astype(q.dtype), lse[..., 0].astype(_lse_dtype(q))
 
 
@@ -316,7 +328,7 @@ def _fused_attention_grad(attrs, dout, q, k, v, out, lse, dlse=None):
     sums of dO * O (minus dlse when lse has a gradient), dQ = scale dS K,
     dK = scale dS^T Q."""
     scale = _attention_scale(attrs, q)
-    p = np.exp(_attention_scores(attrs, q, k) - lse.astype(np.float64)[..., None])
+    p = _probabilities(_attention_scores(attrs, q, k), lse.astype(np.float64)[..., None])
     do = dout.astype(np.float64)
     vf = v.astype(np.float64)
     dv = np.matmul(np.swapaxes(p, -1, -2), do)
@@ -355,5 +367,6 @@ def _single_rank(attrs, x):
     return x.copy()
 
 
-for _name in ("spmd.allreduce", "spmd.copy", "spmd.allgather", "spmd.reducescatter"):
+for _name in ("spmd.allreduce", "spmd.copy", "spmd.allgather", "spmd.reducescatter",
+              "spmd.shift"):
     kernel(_name)(_single_rank)

@@ -11,7 +11,11 @@ SPMD op over the group's ranks.
 - ``spmd.copy{group, size}``: identity forward, all-reduce of the gradient
   (Megatron's *f*: a replicated value entering rank-sharded compute);
 - ``spmd.allgather{group, size, dim}`` / ``spmd.reducescatter{group, size,
-  dim}``: sequence-parallel regions; each is the other's gradient.
+  dim}``: sequence-parallel regions; each is the other's gradient;
+- ``spmd.shift{group, size, offset}``: each rank ``r`` sends its value to
+  rank ``(r + offset) mod size`` and receives that of ``(r - offset) mod
+  size`` (a step of a ring: context parallelism's key/value blocks); its
+  gradient is the shift by ``-offset``.
 
 The reduction over the group of a ``reduce_op="max"`` all-reduce is not
 differentiated (it only feeds ``stop_gradient`` paths).
@@ -71,5 +75,6 @@ def _scatter(types, attrs) -> List[TensorType]:
 register(OpSpec("spmd.allreduce", 1, _same, {"group": "tp", "size": REQUIRED, "reduce_op": "sum"}))
 register(OpSpec("spmd.copy", 1, _same, {"group": "tp", "size": REQUIRED}))
 register(OpSpec("spmd.allgather", 1, _gather, {"group": "tp", "size": REQUIRED, "dim": 0}))
+register(OpSpec("spmd.shift", 1, _same, {"group": "tp", "size": REQUIRED, "offset": 1}))
 register(OpSpec("spmd.reducescatter", 1, _scatter,
                 {"group": "tp", "size": REQUIRED, "dim": 0, "reduce_op": "sum"}))

@@ -50,7 +50,7 @@ from ..ir.builder import FunctionBuilder
 from ..ir.core import Function, Value
 from ..ir.types import DType, TensorType, parse_float_dtype
 from ..transforms.context_parallel import check_context_parallel
-from .gpt_context import chunk_attrs, gather_sequence, position_rows
+from .gpt_context import chunk_attrs, gather_sequence, position_rows, ring_attention
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu", "relu")
@@ -247,9 +247,10 @@ def check_tensor_parallel(config: GPTConfig, tp: int, sp: bool) -> None:
 
 class _GPTBuilder:
     def __init__(self, config: GPTConfig, micro_batch: int, device: Optional[int], untie: bool,
-                 pad_for: int, cp: int = 1) -> None:
+                 pad_for: int, cp: int = 1, cp_comm: str = "allgather") -> None:
         self.c = config
         self.cp = cp
+        self.ring = cp > 1 and cp_comm == "ring"
         #: tokens of a sequence on this rank (a context-parallel rank's share)
         self.seq = config.seq // cp
         self.vocab = padded_vocab(config, pad_for)
@@ -338,11 +339,15 @@ class _GPTBuilder:
         v = self.op("reshape", [v], {"shape": [mb, s, kv, 1, d]}, name=f"{p}_v")
         v = self.op("transpose", [v], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_v")
         chunks: Dict[str, Any] = {"attrs": {}, "meta": {}}
-        if self.cp > 1:
+        if self.cp > 1 and not self.ring:
             k = gather_sequence(self.op, k, self.cp, f"{p}_k")
             v = gather_sequence(self.op, v, self.cp, f"{p}_v")
             chunks = chunk_attrs(self.cp)
-        if c.attention == "fused":
+        if self.ring:
+            ctx = ring_attention(self.op, q, k, v, self.cp,
+                                 {"scale": 1.0 / math.sqrt(d), "causal": True,
+                                  "dropout": float(c.dropout)}, p)
+        elif c.attention == "fused":
             ctx, _ = self.op("fused_attention", [q, k, v],
                              {"scale": 1.0 / math.sqrt(d), "causal": True,
                               "dropout": float(c.dropout), **chunks["attrs"]},
@@ -427,7 +432,7 @@ class _GPTBuilder:
 
 def gpt_forward(config: GPTConfig, micro_batch: Optional[int] = None,
                 device: Optional[int] = 0, untie: bool = False,
-                pad_for: int = 1, cp: int = 1) -> Function:
+                pad_for: int = 1, cp: int = 1, cp_comm: str = "allgather") -> Function:
     """Forward pass and loss of one micro-batch on one device (see the
     module docstring). ``untie``: give the output layer its own copy of a
     tied embedding (``meta["tied"]``), as pipeline stages do. ``pad_for``:
@@ -436,10 +441,15 @@ def gpt_forward(config: GPTConfig, micro_batch: Optional[int] = None,
     plan splits over them. ``cp``: the forward of context-parallel rank 0
     of ``cp`` (its two chunks of each sequence, the keys and values
     gathered over the group: :mod:`.gpt_context`); the other ranks' own
-    attributes are in the ops' ``meta["cp_rank_attrs"]``."""
+    attributes are in the ops' ``meta["cp_rank_attrs"]``; ``cp_comm``
+    ``ring``: ring attention instead of the gather (fused attention only)."""
     mb = micro_batch if micro_batch is not None else config.micro_batch
     _positive("micro_batch", mb)
     _positive("pad_for", pad_for)
     _positive("cp", cp)
     check_context_parallel(config.seq, cp)
-    return _GPTBuilder(config, mb, device, untie, pad_for, cp).build()
+    if cp > 1 and cp_comm == "ring" and config.attention != "fused":
+        raise ConfigError("--cp-comm ring: ring attention merges its blocks by the log-sum-exps "
+                          "of the fused attention kernel; it needs attention: fused "
+                          "(--attention fused)")
+    return _GPTBuilder(config, mb, device, untie, pad_for, cp, cp_comm).build()

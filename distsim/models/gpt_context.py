@@ -11,10 +11,20 @@ dK and dV) and masks them by the chunks' global positions (the ops'
 what differs on rank ``r`` is in the ops' ``meta["cp_rank_attrs"]``
 (``attribute -> [value on cp rank 0, 1, ...]``), which the lowering
 applies to each rank's copy and the backward ops inherit.
+
+Ring attention (``cp_comm: ring``, :func:`ring_attention`) instead passes
+the key/value blocks around the ring, one ``spmd.shift{group: cp}`` per
+step, and attends the queries to each block as it arrives; the blocks'
+partial results are merged by their log-sum-exps. A step's transfer
+depends only on the block before it, so it overlaps the attention of the
+block at hand. With the balanced chunks every step computes half of its
+block's scores (a block of an earlier rank is seen by both query chunks
+but only in its first chunk; a later one only by the second query chunk),
+as Megatron-LM's ring attention does.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 from ..ir.core import Value
 from ..transforms.context_parallel import balanced_chunks, gathered_chunks
@@ -36,6 +46,52 @@ def gather_sequence(op: Callable[..., Value], x: Value, cp: int, name: str) -> V
     group along the sequence."""
     return op("spmd.allgather", [x], {"group": "cp", "size": cp, "dim": SEQ_DIM},
               name=f"{name}_cp")
+
+
+def ring_attention(op: Callable[..., Value], q: Value, k: Value, v: Value, cp: int,
+                   attrs: Dict[str, Any], name: str) -> Value:
+    """The attention of this rank's queries to the whole sequence, its
+    key/value blocks passed around the ring (see the module docstring)."""
+    own = [list(balanced_chunks(r, cp)) for r in range(cp)]
+    ring = {"group": "cp", "size": cp, "offset": 1}
+    out = lse = None
+    for step in range(cp):
+        if step:   # the block of the rank before, which it had at the last step
+            k = op("spmd.shift", [k], ring, name=f"{name}_k_ring{step}")
+            v = op("spmd.shift", [v], ring, name=f"{name}_v_ring{step}")
+        held = [own[(r - step) % cp] for r in range(cp)]
+        o, lse_b = op("fused_attention", [q, k, v], {**attrs, "q_chunks": own[0],
+                                                     "k_chunks": held[0]},
+                      name=[f"{name}_ctx{step}", f"{name}_lse{step}"],
+                      cp_rank_attrs={"q_chunks": own, "k_chunks": held})
+        if out is None:
+            out, lse = o, lse_b
+        else:
+            out, lse = merge_attention(op, out, lse, o, lse_b, f"{name}_merge{step}")
+    return out
+
+
+def merge_attention(op: Callable[..., Value], out_a: Value, lse_a: Value, out_b: Value,
+                    lse_b: Value, name: str) -> Tuple[Value, Value]:
+    """Two attentions of the same queries to disjoint keys as one: ``lse =
+    log(e^lse_a + e^lse_b)`` (shifted by their maximum, held constant: the
+    result does not depend on it) and ``out`` the sum of each ``out``
+    weighted by ``e^(lse_x - lse)``. A row that saw no key in one block
+    (lse ``-inf``) takes the other's."""
+    top = op("stop_gradient", [op("maximum", [lse_a, lse_b], name=f"{name}_max")],
+             name=f"{name}_max")
+    shifted = [op("exp", [op("sub", [x, top], name=f"{name}_d")], name=f"{name}_e")
+               for x in (lse_a, lse_b)]
+    total = op("add", shifted, name=f"{name}_sum")
+    lse = op("add", [top, op("log", [total], name=f"{name}_log")], name=f"{name}_lse")
+    parts = []
+    for o, x in ((out_a, lse_a), (out_b, lse_b)):
+        w = op("exp", [op("sub", [x, lse], name=f"{name}_wd")], name=f"{name}_w")
+        w = op("reshape", [w], {"shape": list(x.type.shape) + [1]}, name=f"{name}_w")
+        if w.type.dtype != o.type.dtype:
+            w = op("cast", [w], {"dtype": o.type.dtype.value}, name=f"{name}_w")
+        parts.append(op("mul", [o, w], name=f"{name}_part"))
+    return op("add", parts, name=f"{name}_out"), lse
 
 
 def position_rows(op: Callable[..., Value], table: Value, cp: int, seq: int) -> Value:

@@ -97,7 +97,7 @@ def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Functi
     from ..transforms.megatron_plan import megatron_plan
     from ..transforms.parallelize import template_step
     fwd = gpt_forward(c, micro_batch=micro_batch, untie=strategy.pp > 1, pad_for=strategy.tp,
-                      cp=strategy.cp)
+                      cp=strategy.cp, cp_comm=strategy.cp_comm)
     return template_step(fwd, strategy, megatron_plan(fwd), "gpt")
 
 

@@ -4,14 +4,14 @@ communication, its micro-batch and pipeline stage.
 The builders write it on the program's ops (``meta``): ``phase``
 (``backward``, ``recompute``, ``optimizer``; none: forward), ``role`` of a
 collective (``grad_sync``: gradient synchronisation, ``zero_gather``: ZeRO-3
-parameter gathers, ``pipeline``: send/recv between stages, ``cp``:
-context parallelism's key/value gathers; none: a tensor-parallel
-collective), ``microbatch`` and ``stage``. A trace's records
-name their op (the op's first result), so :func:`record_phases` reads these
-through the program. Without the program only what the records say is
-known: send/recv is pipeline p2p, ``detail: recompute`` is recomputation,
-an optimizer op type is the optimizer, the rest is compute or
-communication.
+parameter gathers, ``pipeline``: send/recv between stages, ``cp``: context
+parallelism's key/value gathers, ``cp_ring``: its ring attention's block
+exchanges; none: a tensor-parallel collective), ``microbatch`` and
+``stage``. A trace's records name their op (the op's first result), so
+:func:`record_phases` reads these through the program. Without the
+program only what the records say is known: send/recv is pipeline p2p,
+``detail: recompute`` is recomputation, an optimizer op type is the
+optimizer, the rest is compute or communication.
 
 Each record gets one **key**: a compute phase (:data:`COMPUTE_KEYS`) or a
 communication kind (:data:`COMM_KEYS`), the colour it is drawn in.
@@ -28,14 +28,16 @@ from distsim.sim.trace import Trace
 #: compute phases, in legend order ("compute": a compute op of no known phase)
 COMPUTE_KEYS: Tuple[str, ...] = ("forward", "backward", "recompute", "optimizer", "compute")
 #: communication kinds, in legend order ("communication": none of the others)
-COMM_KEYS: Tuple[str, ...] = ("TP", "SP", "CP", "DP", "ZeRO", "pipeline p2p", "communication")
+COMM_KEYS: Tuple[str, ...] = ("TP", "SP", "CP", "CP ring", "DP", "ZeRO", "pipeline p2p",
+                              "communication")
 KEYS: Tuple[str, ...] = COMPUTE_KEYS + COMM_KEYS
 
 #: colour per key (Tableau 10: told apart by most colour-blind readers)
 KEY_COLOURS: Dict[str, str] = {
     "forward": "#4e79a7", "backward": "#59a14f", "recompute": "#edc948",
     "optimizer": "#b07aa1", "compute": "#9c9c9c",
-    "TP": "#f28e2b", "SP": "#ff9da7", "CP": "#76b7b2", "DP": "#e15759", "ZeRO": "#9c755f",
+    "TP": "#f28e2b", "SP": "#ff9da7", "CP": "#76b7b2", "CP ring": "#499894", "DP": "#e15759",
+    "ZeRO": "#9c755f",
     "pipeline p2p": "#17becf", "communication": "#79706e",
 }
 #: what each communication kind stands for (legend and report)
@@ -43,6 +45,7 @@ COMM_MEANING: Dict[str, str] = {
     "TP": "tensor-parallel all-reduce",
     "SP": "sequence-parallel all-gather / reduce-scatter",
     "CP": "context-parallel key/value all-gather and dK/dV reduce-scatter",
+    "CP ring": "ring attention's key/value (and dK/dV) blocks, send/recv to the next rank",
     "DP": "data-parallel gradient all-reduce",
     "ZeRO": "ZeRO gradient reduce-scatter and parameter all-gather",
     "pipeline p2p": "send/recv between pipeline stages",
@@ -73,6 +76,8 @@ def comm_key(op_type: str, meta: Mapping[str, Any], sp: bool) -> str:
     role = meta.get("role")
     if role == "cp":
         return "CP"
+    if role == "cp_ring":
+        return "CP ring"
     if role == "pipeline" or op_type == "comm.sendrecv":
         return "pipeline p2p"
     if role == "zero_gather":

@@ -292,6 +292,12 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
         if axis in base:
             raise ConfigError(f"search: {axis} is chosen by the search; do not fix it in base")
     space = {k: list(v) for k, v in (space or {}).items()}
+    for k in ("cp", "cp_comm"):
+        if k in space or base.get(k, 1 if k == "cp" else "allgather") not in (1, "allgather"):
+            # every point is estimated first, and the estimator refuses cp
+            raise ConfigError(f"search: {k}: context parallelism is not searched (the estimator "
+                              "does not model it); compare cp points with distsim sweep, "
+                              "fidelity: simulate")
     for k, values in space.items():
         _check_space_values(k, values)
         if k in _CHOSEN:

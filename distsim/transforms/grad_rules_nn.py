@@ -183,6 +183,13 @@ def _spmd_allgather(b, op, grads):
                  name=_name(op, 0))]
 
 
+@grad_rule("spmd.shift")
+def _spmd_shift(b, op, grads):
+    return [b.op("spmd.shift", [grads[0]], {"group": op.attrs["group"], "size": op.attrs["size"],
+                                            "offset": -int(op.attrs["offset"])},
+                 name=_name(op, 0))]
+
+
 @grad_rule("spmd.reducescatter")
 def _spmd_reducescatter(b, op, grads):
     return [b.op("spmd.allgather", [grads[0]],

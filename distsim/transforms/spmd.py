@@ -347,9 +347,12 @@ class LowerSPMD(Coarsening):
                        meta: Dict[str, Any]) -> None:
         """An SPMD collective of the context-parallel group (``group: cp``)
         as one ``comm.*`` op over each group of ``cp`` ranks, the
-        data-parallel rank's (tagged ``role: cp``)."""
+        data-parallel rank's (tagged ``role: cp``); a ring step
+        (``spmd.shift``) as one send/recv per rank to its neighbour (tagged
+        ``role: cp_ring``)."""
         S, cp = self.strategy, self.cp
-        meta = dict(meta, role="cp")
+        shift = op.op_type == "spmd.shift"
+        meta = dict(meta, role="cp_ring" if shift else "cp")
         attrs = {k: op.attrs[k] for k in ("reduce_op", "dim") if k in op.attrs}
         present = self.placement.dp_indices()
         for first in range(0, S.dp, cp):
@@ -361,6 +364,9 @@ class LowerSPMD(Coarsening):
                 here = [self.placement.present(r) for r in ranks]
                 ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer) if p else None
                        for d, r, p in zip(members, ranks, here)]
+                if shift:
+                    self._ring_step(op, ins, ranks, here, mb, meta)
+                    continue
                 outs = self.em.collective(SPMD_TO_COMM[op.op_type], ins, ranks,
                                           [self.local_name(op.outputs[0], r, mb) if p else None
                                            for r, p in zip(ranks, here)], meta, **attrs)
@@ -370,6 +376,19 @@ class LowerSPMD(Coarsening):
         grads = [o for o in op.outputs if o in self.grad_of]
         if grads:
             self.sync.after_backward(stage, mb, grads)
+
+    def _ring_step(self, op: Op, ins: List[Optional[Value]], ranks: List[int],
+                   here: List[bool], mb: int, meta: Dict[str, Any]) -> None:
+        """``spmd.shift``: member ``i``'s value sent to member ``i + offset``."""
+        n = len(ranks)
+        for i, src in enumerate(ranks):
+            j = (i + int(op.attrs["offset"])) % n
+            dst = ranks[j]
+            name = self.local_name(op.outputs[0], dst, mb) if here[j] else None
+            (out,) = self.em.collective(CollectiveType.SEND_RECV, [ins[i]], [src, dst], [name],
+                                        meta)
+            if out is not None:
+                self.menv[(dst, mb)][op.outputs[0]] = out
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
         grads = [o for o in op.outputs if o in self.grad_of]

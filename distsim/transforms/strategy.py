@@ -32,6 +32,8 @@ ZERO3_UNITS = ("param", "layer")
 ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 #: which adjacent ops run as one kernel (:mod:`distsim.transforms.fusion`)
 FUSIONS = ("megatron", "pytorch-eager", "none")
+#: how context-parallel attention reaches the other ranks' keys and values
+CP_COMMS = ("allgather", "ring")
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,11 @@ class Strategy:
     ``megatron``, ``pytorch-eager`` or ``none`` (None: the model family's
     default, :func:`fusion_for`); ``cp``: context-parallel degree, every
     sequence split over ``cp`` ranks (:mod:`~distsim.transforms.context_parallel`);
-    the keys and values are all-gathered over the group before attention
-    (Llama 3's way)."""
+    ``cp_comm``: how attention reaches the other ranks' keys and values,
+    ``allgather`` (gathered over the group before attention, Llama 3's
+    way) or ``ring`` (blocks passed around the ring point to point, each
+    step's transfer overlapped with the attention of the block at hand:
+    Megatron-LM's ring attention)."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -89,6 +94,7 @@ class Strategy:
     plan: Optional[str] = None
     fusion: Optional[str] = None
     cp: int = 1
+    cp_comm: Literal["allgather", "ring"] = "allgather"
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:
@@ -99,6 +105,8 @@ class Strategy:
             raise ConfigError("--virtual-stages: only the interleaved schedule has virtual stages")
         if self.schedule == "interleaved" and self.pp == 1:
             raise ConfigError("--schedule interleaved: needs pipeline parallelism (--pp > 1)")
+        if self.cp_comm != "allgather" and self.cp == 1:
+            raise ConfigError(f"--cp-comm {self.cp_comm}: needs context parallelism (--cp > 1)")
 
     def resolved(self, num_devices: int) -> "Strategy":
         """With ``dp`` filled in from the device count."""
@@ -128,7 +136,7 @@ class Strategy:
         synchronised, over both (see the module docstring)."""
         if self.cp == 1:
             return self
-        return replace(self, dp=(self.dp or 1) * self.cp, cp=1)
+        return replace(self, dp=(self.dp or 1) * self.cp, cp=1, cp_comm="allgather")
 
     def rank(self, dp_rank: int, pp_rank: int, tp_rank: int) -> int:
         """The global rank of mesh coordinate (dp, pp, tp) under ``order``;
@@ -179,12 +187,13 @@ def _flag(name: str) -> str:
 _CHECK_ORDER = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
                 "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order", "plan",
-                "fusion", "cp")
+                "fusion", "cp", "cp_comm")
 _POSITIVE = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "micro_batch",
              "cp")
 _BOOLS = ("symmetry", "coarsen", "sp")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
-            "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS}
+            "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS,
+            "cp_comm": CP_COMMS}
 ZERO_STAGES = (0, 1, 2, 3)
 
 

@@ -115,3 +115,19 @@ def test_bad_chunks_are_one_error_naming_them(attrs, message):
     q, k = b.input("q", t(1, 4, 2)), b.input("k", t(1, 8, 2))
     with pytest.raises(VerifyError, match=message):
         b.op("fused_attention", [q, k, k], attrs)
+
+
+def test_rows_that_see_no_key_give_zero_and_minus_infinity():
+    """A ring step's block after some queries: those rows see no key (out 0,
+    lse -inf, which the merge of the blocks ignores); the backward gives
+    them no gradient and stays finite."""
+    rng = np.random.default_rng(4)
+    q, k, v = rng.normal(size=(1, 4, 3)), rng.normal(size=(1, 4, 3)), rng.normal(size=(1, 4, 3))
+    attrs = {"scale": 0.5, "q_chunks": (0, 3), "k_chunks": (1, 2)}
+    out, lse = KERNELS["fused_attention"](attrs, q, k, v)
+    assert np.all(out[:, :2] == 0) and np.all(np.isneginf(lse[:, :2]))
+    assert np.all(np.isfinite(out[:, 2:])) and np.all(np.isfinite(lse[:, 2:]))
+    dout = rng.normal(size=out.shape)
+    grads = KERNELS["fused_attention_grad"](attrs, dout, q, k, v, out, lse)
+    assert all(np.all(np.isfinite(g)) for g in grads)
+    assert np.all(grads[0][:, :2] == 0)

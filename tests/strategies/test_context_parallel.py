@@ -1,10 +1,11 @@
 """Context parallelism (``cp``) updates the weights exactly as the
 single-device step does (NumpyExecutor, float64, rtol 1e-9): each rank
 holds two of the ``2 x cp`` chunks of every sequence, gathers the keys and
-values over its group and masks them by the chunks' global positions;
-alone and composed with tensor (and sequence), pipeline and data
-parallelism, ZeRO, recomputation and fusion, for both attention cores and
-learned positions (their rows are each rank's own)."""
+values over its group (or, ``cp_comm: ring``, receives them block by block
+around the ring and merges the blocks' attentions) and masks them by the
+chunks' global positions; alone and composed with tensor (and sequence),
+pipeline and data parallelism, ZeRO, recomputation and fusion, for both
+attention cores and learned positions (their rows are each rank's own)."""
 import pytest
 
 from distsim.errors import ConfigError
@@ -37,6 +38,66 @@ def test_context_parallel_matches_single_device(make_reference, attention, strat
     assert gathers and {len(op.attrs["ranks"]) for op in gathers} == {strategy["cp"]}
     assert any(op.op_type == "comm.reducescatter" and op.meta.get("role") == "cp"
                for op in program.ops)
+
+
+RING = [
+    dict(cp=2),
+    dict(cp=4),
+    dict(cp=2, tp=2),
+    dict(cp=2, tp=2, sp=True),
+    dict(cp=2, dp=2, zero=2),
+    dict(cp=2, pp=2, recompute="full", coarsen=True),
+    dict(cp=4, recompute="selective", fusion="megatron"),
+]
+
+
+@pytest.mark.parametrize("strategy", RING, ids=_ids)
+def test_ring_attention_matches_single_device(make_reference, strategy):
+    program = make_reference(attention="fused").check(cp_comm="ring", **strategy)
+    cp = strategy["cp"]
+    ring = [op for op in program.ops if op.meta.get("role") == "cp_ring"]
+    # every transfer is one rank's block to the next rank of its cp group
+    assert ring and {op.op_type for op in ring} == {"comm.sendrecv"}
+    assert not any(op.meta.get("role") == "cp" for op in program.ops)
+    # per layer of its stage and micro-batch on each rank: cp - 1 steps of k and v in the
+    # forward (again under full recomputation), and of dk and dv in the backward
+    rank0 = [op for op in ring if op.attrs["ranks"][1] == 0]
+    layers, microbatches = 4 // strategy.get("pp", 1), program.meta["microbatches"]
+    passes = 3 if strategy.get("recompute") == "full" else 2
+    assert len(rank0) == layers * microbatches * passes * 2 * (cp - 1)
+
+
+def test_ring_steps_overlap_the_attention_of_the_block_at_hand():
+    """In the simulated step the ring's transfers run while the rank
+    computes: the next block is on its way during the attention of the
+    current one (and its merge); every forward transfer of a layer but
+    those the first attention waits for overlaps compute."""
+    from distsim.api import simulate
+    result = simulate("gpt2", "dgx-a100", layers=1, seq=1024, attention="fused", cp=4,
+                      cp_comm="ring", global_batch=2, micro_batch=1)
+    records = [r for r in result.trace.op_columns.records() if r.rank == 0]
+    ring = [r for r in records if r.op_type == "comm.sendrecv"]
+    compute = [r for r in records if r.category == "compute"]
+    assert ring and any(r.op_type == "fused_attention" for r in compute)
+    overlapping = [c for c in ring if any(a.start_s < c.end_s and c.start_s < a.end_s
+                                          for a in compute)]
+    assert len(overlapping) >= 0.75 * len(ring)
+
+
+def test_ring_needs_fused_attention_and_cp(make_reference):
+    with pytest.raises(ConfigError, match="--cp-comm ring: .* needs attention: fused"):
+        make_reference(attention="explicit").lower(cp=2, cp_comm="ring")
+    with pytest.raises(ConfigError,
+                       match=r"--cp-comm ring: needs context parallelism \(--cp > 1\)"):
+        make_reference(attention="fused").lower(cp_comm="ring")
+
+
+def test_the_gantt_draws_each_cp_kind_as_its_own():
+    from distsim.report.phases import COMM_KEYS, comm_key
+    assert comm_key("comm.sendrecv", {"role": "cp_ring"}, sp=False) == "CP ring"
+    assert comm_key("comm.allgather", {"role": "cp"}, sp=True) == "CP"
+    assert comm_key("comm.sendrecv", {"role": "pipeline"}, sp=False) == "pipeline p2p"
+    assert {"CP", "CP ring"} <= set(COMM_KEYS)
 
 
 def test_a_ranks_sequence_is_its_two_chunks(reference):
@@ -120,3 +181,9 @@ def test_activations_per_gpu_fall_as_cp_grows(cp):
         return saved_activation_bytes(step)[1]
     gammas = 2 * c.hidden * 2
     assert saved(cp) == (saved(1) - gammas) // cp + gammas
+
+
+def test_search_refuses_cp_with_the_reason():
+    from distsim.sweep.search import search
+    with pytest.raises(ConfigError, match="search: cp: context parallelism is not searched"):
+        search("gpt2", gpus=8, topology="dgx-a100", space={"cp": [1, 2]}, progress=False)

@@ -196,7 +196,8 @@ FD_CASES: Dict[str, Case] = {
 def run_spmd(f: Function, per_rank_inputs: Sequence[Sequence[np.ndarray]]) -> List[list]:
     """Outputs of every rank of ``f`` run in lock step, the SPMD
     collectives done over the ranks: all-reduce (sum), copy (identity),
-    all-gather and reduce-scatter (sum) along ``dim``."""
+    all-gather and reduce-scatter (sum) along ``dim``, shift (rank ``r``
+    receives rank ``r - offset``'s)."""
     n = len(per_rank_inputs)
     envs = [dict(zip(f.inputs, ins)) for ins in per_rank_inputs]
     for op in f.ops:
@@ -210,6 +211,8 @@ def run_spmd(f: Function, per_rank_inputs: Sequence[Sequence[np.ndarray]]) -> Li
                 outs = xs
             elif op.op_type == "spmd.allgather":
                 outs = [np.concatenate(xs, axis=op.attrs["dim"])] * n
+            elif op.op_type == "spmd.shift":      # rank r gets rank r - offset's
+                outs = [xs[(r - op.attrs["offset"]) % n] for r in range(n)]
             else:
                 outs = np.split(sum(xs), n, axis=op.attrs["dim"])
             results = [[np.array(o)] for o in outs]
@@ -295,6 +298,11 @@ SPMD_CASES: Dict[str, SpmdCase] = {
         "spmd.allgather",
         lambda b, x, w: b.op("mul", [b.op("spmd.allgather", [x], {"size": SIZE, "dim": 1}), w]),
         {"x": t(2, 2), "w": t(2, 2 * SIZE)}, ["x", "w"]),
+    # a ring step (context parallelism's key/value blocks): the shift back
+    "spmd.shift": SpmdCase(
+        "spmd.shift",
+        lambda b, x, w: b.op("mul", [b.op("spmd.shift", [x], {"size": SIZE, "offset": 1}), w]),
+        {"x": t(2, 3), "w": t(2, 3)}, ["x", "w"]),
     # partial sums scattered in sequence shards: all-gather backward
     "spmd.reducescatter": SpmdCase(
         "spmd.reducescatter",
