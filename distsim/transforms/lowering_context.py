@@ -22,12 +22,17 @@ TaskKey = Tuple[str, int]
 class RankPlacement:
     """Which ranks of the ``dp x pp x tp`` mesh are in the program: all of
     them, or with ``representatives`` one per pipeline stage (data- and
-    tensor-parallel rank 0), whose peers run the same ops."""
+    tensor-parallel rank 0), whose peers run the same ops; ``keep_dp``
+    representatives per stage (data-parallel ranks ``0 .. keep_dp - 1``)
+    where the program passes values between those (a ring attention's
+    context-parallel ranks: a rank's peers would not mirror its receives)."""
 
-    def __init__(self, strategy: Strategy, representatives: bool) -> None:
+    def __init__(self, strategy: Strategy, representatives: bool, keep_dp: int = 1) -> None:
         self.strategy = strategy
         self.representatives = representatives
-        self.reps: Set[int] = {strategy.rank(0, s, 0) for s in range(strategy.pp)}
+        self.keep_dp = keep_dp
+        self.reps: Set[int] = {strategy.rank(d, s, 0) for s in range(strategy.pp)
+                               for d in range(keep_dp)}
         self._groups: Dict[int, List[Tuple[int, int, int]]] = {}
         self._tp_teams: Dict[Tuple[int, int], tuple] = {}
 
@@ -36,7 +41,7 @@ class RankPlacement:
 
     def dp_indices(self) -> range:
         """Data-parallel ranks whose ops are in the program."""
-        return range(1) if self.representatives else range(self.strategy.dp)
+        return range(self.keep_dp) if self.representatives else range(self.strategy.dp)
 
     def tp_indices(self) -> range:
         """Tensor-parallel ranks whose ops are in the program."""
@@ -60,6 +65,14 @@ class RankPlacement:
             team = self._tp_teams[(d, stage)] = (ranks,
                                                  tuple((r, self.present(r)) for r in ranks))
         return team
+
+    def stands_for(self) -> Dict[int, List[int]]:
+        """The ranks each representative stands for: those of its stage and
+        of its data-parallel rank modulo ``keep_dp`` (every tensor-parallel rank)."""
+        S = self.strategy
+        return {S.rank(k, s, 0): sorted(S.rank(d, s, t) for d in range(k, S.dp, self.keep_dp)
+                                        for t in range(S.tp))
+                for s in range(S.pp) for k in range(self.keep_dp)}
 
     def dp_team(self, stage: int, t: int) -> List[int]:
         """The data-parallel team of tensor-parallel rank ``t`` on ``stage``."""

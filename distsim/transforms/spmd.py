@@ -106,7 +106,9 @@ class LowerSPMD(Coarsening):
         self.hyper = hyper
         self.master_dtype = DType.parse(master_dtype)
         self.representatives = representatives
-        self.placement = RankPlacement(strategy, representatives)
+        # a ring's receives come from the other cp ranks: all of a group present
+        self.placement = RankPlacement(strategy, representatives,
+                                       self.cp if self.given.cp_comm == "ring" else 1)
         self.coarsen = coarsen
         self.partition_cost = partition_cost
         self._init_coarsening()
@@ -521,9 +523,7 @@ class LowerSPMD(Coarsening):
         if self.representatives:
             # which devices each present rank stands for (its stage's ranks),
             # and how many
-            stands_for = {S.rank(0, s, 0): sorted(S.rank(d, s, t) for d in range(S.dp)
-                                                  for t in range(S.tp))
-                          for s in range(S.pp)}
+            stands_for = placement.stands_for()
             f.meta["represents"] = {r: len(stands_for[r]) for r in sorted(placement.reps)}
             f.meta["represented_ranks"] = stands_for
         return f

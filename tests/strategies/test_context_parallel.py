@@ -187,3 +187,23 @@ def test_search_refuses_cp_with_the_reason():
     from distsim.sweep.search import search
     with pytest.raises(ConfigError, match="search: cp: context parallelism is not searched"):
         search("gpt2", gpus=8, topology="dgx-a100", space={"cp": [1, 2]}, progress=False)
+
+
+@pytest.mark.parametrize("strategy", [dict(dp=2, tp=2, cp=2), dict(dp=1, tp=2, cp=4),
+                                      dict(dp=2, tp=2, cp=2, cp_comm="ring"),
+                                      dict(tp=1, cp=4, pp=2, cp_comm="ring")], ids=_ids)
+def test_reduced_program_equals_the_full_one(strategy):
+    """--symmetry: the same step time and memory as the whole program. A
+    ring keeps its whole cp group present (a rank receives its blocks from
+    the others); the all-gather one representative per stage."""
+    import distsim
+    options = dict(model="tiny", topology="dgx-a100", attention="fused", **strategy)
+    full = distsim.simulate(**options)
+    reduced = distsim.simulate(symmetry=True, **options)
+    fs, rs = full.summary(), reduced.summary()
+    for key in ("step_time_s", "compute_s", "communication_s", "exposed_communication_s",
+                "max_peak_memory_bytes", "total_flops", "mfu"):
+        assert rs[key] == pytest.approx(fs[key], rel=1e-3, abs=1e-12), key
+    present = strategy.get("pp", 1) * (strategy["cp"] if "cp_comm" in strategy else 1)
+    assert len(rs["devices"]) == present
+    assert sum(d["represents"] for d in rs["devices"]) == fs["num_devices"]

@@ -1,0 +1,113 @@
+"""Llama-3-8B at a 128k context under context parallelism: simulated step
+time, its split (compute, the context-parallel exchanges, the other
+communication, what of each is exposed) and the memory per GPU as cp
+grows, plus LLAMA2-7B at 128k in NeMo's published configuration.
+
+    python reports/long-context/run.py            # writes results.json beside this file
+    python reports/long-context/run.py --out DIR
+
+Every run is a full simulation (``symmetry=True, coarsen=True``: exact in
+step time) on the repository's DGX H100 cluster (``dgx-h100-xN``, bf16);
+nothing is fitted. The split is read from rank 0's trace records, each
+op's kind from the program (:func:`distsim.report.phases.record_phases`):
+``busy`` is the union of the kind's intervals, ``exposed`` what of it no
+compute op covers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+if str(ROOT) not in sys.path:          # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from distsim.api import simulate  # noqa: E402
+from distsim.intervals import difference_length, union_length  # noqa: E402
+from distsim.report.phases import KEYS, record_phases  # noqa: E402
+
+SEQ = 131072
+#: (name, model, topology, options): the cp sweep at 32 GPUs (tp 4, one
+#: sequence of 128k tokens per data-parallel rank and micro-batch), the two
+#: exchanges side by side, and NeMo's published LLAMA2-7B 128k layout; all
+#: with sequence parallelism and Megatron's distributed optimizer (ZeRO 1
+#: over dp x cp), as Megatron-LM's and NeMo's long-context recipes run
+RUNS: List[Dict[str, Any]] = [
+    *[{"name": f"llama3-8b tp4 cp{cp}", "model": "llama3-8b", "topology": "dgx-h100-x4",
+       "options": {"tp": 4, "cp": cp, "global_batch": 8}} for cp in (1, 2, 4, 8)],
+    {"name": "llama3-8b tp4 cp8 ring", "model": "llama3-8b", "topology": "dgx-h100-x4",
+     "options": {"tp": 4, "cp": 8, "cp_comm": "ring", "global_batch": 8}},
+    {"name": "llama3-8b tp8 cp4", "model": "llama3-8b", "topology": "dgx-h100-x4",
+     "options": {"tp": 8, "cp": 4, "global_batch": 8}},
+    {"name": "llama3-8b tp8 cp4 ring", "model": "llama3-8b", "topology": "dgx-h100-x4",
+     "options": {"tp": 8, "cp": 4, "cp_comm": "ring", "global_batch": 8}},
+    {"name": "llama3-8b tp2 cp16", "model": "llama3-8b", "topology": "dgx-h100-x4",
+     "options": {"tp": 2, "cp": 16, "global_batch": 8}},
+    {"name": "llama2-7b tp4 cp4 dp8 (NeMo)", "model": "llama2-7b", "topology": "dgx-h100-x16",
+     "options": {"tp": 4, "cp": 4, "global_batch": 16, "attention": "fused"}},
+    {"name": "llama2-7b tp4 cp4 dp8 ring (NeMo)", "model": "llama2-7b",
+     "topology": "dgx-h100-x16",
+     "options": {"tp": 4, "cp": 4, "cp_comm": "ring", "global_batch": 16,
+                 "attention": "fused"}},
+]
+
+
+def split(result) -> Dict[str, Dict[str, float]]:
+    """Rank 0's busy and exposed seconds per kind of communication."""
+    cols = result.trace.op_columns
+    keys = record_phases(result.trace, result.program).key[cols.label]
+    mine = cols.rank == 0
+    comm = np.asarray([c == "communication" for c in cols.categories])[cols.category]
+    spans = list(zip(cols.start_s.tolist(), cols.end_s.tolist()))
+    compute = [spans[i] for i in np.flatnonzero(mine & ~comm)]
+    out = {}
+    for k in sorted(set(keys[mine & comm].tolist())):
+        kind = [spans[i] for i in np.flatnonzero(mine & comm & (keys == k))]
+        out[KEYS[k]] = {"busy_s": union_length(kind),
+                        "exposed_s": difference_length(kind, compute)}
+    return out
+
+
+def run(spec: Dict[str, Any]) -> Dict[str, Any]:
+    t0 = time.perf_counter()
+    result = simulate(spec["model"], spec["topology"], seq=SEQ, symmetry=True, coarsen=True,
+                      zero=1, sp=True, **spec["options"])
+    s = result.summary()
+    rank0 = s["memory_by_category"]["0"]
+    return {"name": spec["name"], "model": spec["model"], "topology": spec["topology"],
+            "options": spec["options"], "devices": s["num_devices"],
+            "step_time_s": s["step_time_s"], "tokens_per_s": s.get("tokens_per_s"),
+            "mfu": s.get("mfu"), "hfu": s.get("hfu"),
+            "compute_s": s["compute_s"], "communication_s": s["communication_s"],
+            "exposed_communication_s": s["exposed_communication_s"],
+            "peak_memory_bytes": s["max_peak_memory_bytes"], "oom": s["oom"],
+            "memory_capacity_bytes": s.get("memory_capacity_bytes"),
+            "activations_bytes_at_peak": rank0.get("activations"),
+            "memory_at_peak": rank0, "comm_by_kind": split(result),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=HERE)
+    args = p.parse_args()
+    rows = []
+    for spec in RUNS:
+        rows.append(run(spec))
+        r = rows[-1]
+        print(f"{r['name']:36s} step {r['step_time_s']:8.3f} s  peak "
+              f"{r['peak_memory_bytes'] / 1e9:6.1f} GB  exposed "
+              f"{r['exposed_communication_s']:.3f} s  ({r['wall_s']} s)", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
