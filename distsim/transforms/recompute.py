@@ -13,7 +13,11 @@ since the forward pass:
 
 and, whatever the mode, with ``regather=True`` the sequence-parallel
 all-gathers (``spmd.allgather``) are redone in the backward pass instead of
-keeping their full-sequence outputs (as Megatron-LM does).
+keeping their full-sequence outputs (as Megatron-LM does). Context
+parallelism's all-gathers of keys and values (``group: cp``) are always
+redone so: its attention keeps only the rank's own keys and values and
+gathers them again in the backward (TransformerEngine's all-gather
+context parallelism).
 
 The copies are placed right before the first backward op of their layer,
 named ``<value>_rc``, with ``meta["phase"] = "recompute"``,
@@ -36,6 +40,10 @@ def is_forward(op: Op) -> bool:
     return "phase" not in op.meta
 
 
+def _context_gather(op: Op) -> bool:
+    return op.op_type == "spmd.allgather" and op.attrs.get("group") == "cp"
+
+
 class Recompute:
     def __init__(self, mode: str = "none", regather: bool = False) -> None:
         if mode not in MODES:
@@ -50,14 +58,15 @@ class Recompute:
         layer = op.meta.get("layer")
         if not isinstance(layer, int) or not 0 <= layer < layers:
             return False
-        if self.regather and op.op_type == "spmd.allgather":
+        if op.op_type == "spmd.allgather" and (self.regather or _context_gather(op)):
             return True
         if self.mode == "full":
             return True
         return self.mode == "selective" and bool(op.meta.get("attn_core"))
 
     def __call__(self, step: Function) -> Function:
-        if self.mode == "none" and not self.regather:
+        if self.mode == "none" and not self.regather \
+                and not any(_context_gather(op) for op in step.ops):
             return step
         layers = int(step.meta.get("model", {}).get("layers", 0))
         producer: Dict[Value, Op] = step.producers()

@@ -165,8 +165,7 @@ def test_activations_per_gpu_fall_as_cp_grows(cp):
     """GPT-3 175B's saved activations per layer (tp 8 + sp, fused attention)
     are 1/cp of the one-rank-per-sequence figure: every saved value is a
     rank's tokens (the keys and values gathered for attention are gathered
-    again in the backward, as the sequence-parallel all-gathers are, so
-    each rank keeps only its own), except the two layernorm gammas the
+    again in the backward, so each rank keeps only its own), except the two layernorm gammas the
     sequence-parallel norms read through ``spmd.copy`` (2 x h bf16)."""
     from dataclasses import replace
 
@@ -207,3 +206,21 @@ def test_reduced_program_equals_the_full_one(strategy):
     present = strategy.get("pp", 1) * (strategy["cp"] if "cp_comm" in strategy else 1)
     assert len(rs["devices"]) == present
     assert sum(d["represents"] for d in rs["devices"]) == fs["num_devices"]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_gathered_keys_and_values_are_gathered_again_in_the_backward(reference, sp):
+    """Each rank keeps only its own keys and values: the cp all-gather is
+    redone before the backward of its layer (recomputation), with or
+    without sequence parallelism."""
+    from distsim.models.gpt_family import build_gpt_step
+    from distsim.transforms.strategy import Strategy
+    c = reference.config
+    step = build_gpt_step(c, Strategy(dp=1, tp=2, sp=sp, cp=2), micro_batch=2)
+    again = [op for op in step.ops if op.op_type == "spmd.allgather"
+             and op.attrs.get("group") == "cp" and op.meta.get("phase") == "recompute"]
+    assert len(again) == 2 * c.layers            # k and v of every layer
+    gathered = {op.outputs[0] for op in step.ops if op.op_type == "spmd.allgather"
+                and op.attrs.get("group") == "cp" and "phase" not in op.meta}
+    readers = {v for op in step.ops if "phase" in op.meta for v in op.inputs}
+    assert not gathered & readers
