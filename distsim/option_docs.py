@@ -41,7 +41,8 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
     ("cp_comm", "how context-parallel attention reaches the other ranks' keys and values: "
                 "'allgather' (default; gathered before attention, Llama 3's way) or 'ring' "
                 "(blocks passed around the ring point to point, each overlapped with the "
-                "attention of the block at hand; needs fused attention)"),
+                "attention of the block at hand; needs fused attention) or 'alltoall' "
+                "(DeepSpeed-Ulysses: sequence exchanged for heads around attention)"),
     ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),

@@ -42,12 +42,13 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help="context-parallel degree (GPT models; default: 1): every sequence split "
                         "over cp ranks, each holding two of 2 x cp equal chunks (causal "
                         "balance); the weights' gradients synchronised over dp x cp")
-    g.add_argument("--cp-comm", choices=["allgather", "ring"], dest="cp_comm",
+    g.add_argument("--cp-comm", choices=["allgather", "ring", "alltoall"], dest="cp_comm",
                    help="how context-parallel attention reaches the other ranks' keys and "
                         "values: allgather (default: gathered before attention, as Llama 3) "
                         "or ring (blocks sent around the ring, each overlapped with the "
                         "attention of the block at hand, as Megatron-LM; needs --attention "
-                        "fused)")
+                        "fused) or alltoall (DeepSpeed-Ulysses: sequence exchanged for heads "
+                        "and back; cp must divide the key/value heads per tp rank)")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel regions (needs --tp > 1)")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],

@@ -368,5 +368,5 @@ def _single_rank(attrs, x):
 
 
 for _name in ("spmd.allreduce", "spmd.copy", "spmd.allgather", "spmd.reducescatter",
-              "spmd.shift"):
+              "spmd.shift", "spmd.alltoall"):
     kernel(_name)(_single_rank)

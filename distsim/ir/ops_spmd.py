@@ -15,7 +15,12 @@ SPMD op over the group's ranks.
 - ``spmd.shift{group, size, offset}``: each rank ``r`` sends its value to
   rank ``(r + offset) mod size`` and receives that of ``(r - offset) mod
   size`` (a step of a ring: context parallelism's key/value blocks); its
-  gradient is the shift by ``-offset``.
+  gradient is the shift by ``-offset``;
+- ``spmd.alltoall{group, size, split_dim, concat_dim}``: each rank splits
+  its value along ``split_dim`` into ``size`` pieces, sends piece ``j`` to
+  rank ``j`` and concatenates what it receives along ``concat_dim`` (in
+  rank order; DeepSpeed-Ulysses' exchange of sequence for heads); its
+  gradient is the all-to-all with the two dims swapped.
 
 The reduction over the group of a ``reduce_op="max"`` all-reduce is not
 differentiated (it only feeds ``stop_gradient`` paths).
@@ -75,6 +80,21 @@ def _scatter(types, attrs) -> List[TensorType]:
 register(OpSpec("spmd.allreduce", 1, _same, {"group": "tp", "size": REQUIRED, "reduce_op": "sum"}))
 register(OpSpec("spmd.copy", 1, _same, {"group": "tp", "size": REQUIRED}))
 register(OpSpec("spmd.allgather", 1, _gather, {"group": "tp", "size": REQUIRED, "dim": 0}))
+def _all_to_all(types, attrs) -> List[TensorType]:
+    (x,) = types
+    n = _size(attrs)
+    split = _dim(x, {"dim": attrs["split_dim"]})
+    concat = _dim(x, {"dim": attrs["concat_dim"]})
+    if x.shape[split] % n:
+        raise ShapeError(f"split_dim {split} of {x.shape} is not divisible by the group size {n}")
+    shape = list(x.shape)
+    shape[split] //= n
+    shape[concat] *= n
+    return [x.with_shape(tuple(shape))]
+
+
+register(OpSpec("spmd.alltoall", 1, _all_to_all,
+                {"group": "tp", "size": REQUIRED, "split_dim": 0, "concat_dim": 0}))
 register(OpSpec("spmd.shift", 1, _same, {"group": "tp", "size": REQUIRED, "offset": 1}))
 register(OpSpec("spmd.reducescatter", 1, _scatter,
                 {"group": "tp", "size": REQUIRED, "dim": 0, "reduce_op": "sum"}))

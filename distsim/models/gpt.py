@@ -50,7 +50,8 @@ from ..ir.builder import FunctionBuilder
 from ..ir.core import Function, Value
 from ..ir.types import DType, TensorType, parse_float_dtype
 from ..transforms.context_parallel import check_context_parallel
-from .gpt_context import chunk_attrs, gather_sequence, position_rows, ring_attention
+from .gpt_context import (chunk_attrs, gather_sequence, heads_for_sequence, position_rows,
+                          ring_attention, sequence_for_heads, ulysses_chunk_attrs)
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu", "relu")
@@ -251,6 +252,7 @@ class _GPTBuilder:
         self.c = config
         self.cp = cp
         self.ring = cp > 1 and cp_comm == "ring"
+        self.ulysses = cp > 1 and cp_comm == "alltoall"
         #: tokens of a sequence on this rank (a context-parallel rank's share)
         self.seq = config.seq // cp
         self.vocab = padded_vocab(config, pad_for)
@@ -339,7 +341,10 @@ class _GPTBuilder:
         v = self.op("reshape", [v], {"shape": [mb, s, kv, 1, d]}, name=f"{p}_v")
         v = self.op("transpose", [v], {"perm": [0, 2, 3, 1, 4]}, name=f"{p}_v")
         chunks: Dict[str, Any] = {"attrs": {}, "meta": {}}
-        if self.cp > 1 and not self.ring:
+        if self.ulysses:
+            q, k, v = heads_for_sequence(self.op, [q, k, v], self.cp, p)
+            chunks = ulysses_chunk_attrs(self.cp)
+        elif self.cp > 1 and not self.ring:
             k = gather_sequence(self.op, k, self.cp, f"{p}_k")
             v = gather_sequence(self.op, v, self.cp, f"{p}_v")
             chunks = chunk_attrs(self.cp)
@@ -362,6 +367,8 @@ class _GPTBuilder:
             probs = self.op("softmax", [scores], {"axis": -1}, name=f"{p}_probs", **core)
             probs = self.dropout(probs, f"{p}_probs_drop", **core)
             ctx = self.op("matmul", [probs, v], name=f"{p}_ctx")
+        if self.ulysses:
+            ctx = sequence_for_heads(self.op, ctx, self.cp, p)
         ctx = self.op("transpose", [ctx], {"perm": [0, 3, 1, 2, 4]}, name=f"{p}_ctx")
         ctx = self.op("reshape", [ctx], {"shape": [mb, s, heads * d]}, name=f"{p}_ctx")
         out = self.linear(ctx, wo, bo, f"{p}_proj")
@@ -442,7 +449,8 @@ def gpt_forward(config: GPTConfig, micro_batch: Optional[int] = None,
     of ``cp`` (its two chunks of each sequence, the keys and values
     gathered over the group: :mod:`.gpt_context`); the other ranks' own
     attributes are in the ops' ``meta["cp_rank_attrs"]``; ``cp_comm``
-    ``ring``: ring attention instead of the gather (fused attention only)."""
+    ``ring``: ring attention instead of the gather (fused attention only),
+    ``alltoall``: DeepSpeed-Ulysses' exchange of sequence for heads."""
     mb = micro_batch if micro_batch is not None else config.micro_batch
     _positive("micro_batch", mb)
     _positive("pad_for", pad_for)

@@ -21,6 +21,13 @@ block at hand. With the balanced chunks every step computes half of its
 block's scores (a block of an earlier rank is seen by both query chunks
 but only in its first chunk; a later one only by the second query chunk),
 as Megatron-LM's ring attention does.
+
+DeepSpeed-Ulysses (``cp_comm: alltoall``) exchanges sequence for heads
+instead: an all-to-all of the queries, keys and values gives each rank
+the whole sequence of 1/cp of the (key/value) heads, the attention runs
+on it (its rows in the gathered chunk order, the same mask on every
+rank), and an all-to-all of the output gives back the rank's tokens with
+all heads.
 """
 from __future__ import annotations
 
@@ -29,8 +36,10 @@ from typing import Any, Callable, Dict, List, Tuple
 from ..ir.core import Value
 from ..transforms.context_parallel import balanced_chunks, gathered_chunks
 
-#: the dim of the sequence in the attention's (batch, kv heads, group, seq, d)
+#: the dims of the sequence and of the key/value heads in the attention's
+#: (batch, kv heads, group, seq, d)
 SEQ_DIM = 3
+HEAD_DIM = 1
 
 
 def chunk_attrs(cp: int) -> Dict[str, Any]:
@@ -46,6 +55,31 @@ def gather_sequence(op: Callable[..., Value], x: Value, cp: int, name: str) -> V
     group along the sequence."""
     return op("spmd.allgather", [x], {"group": "cp", "size": cp, "dim": SEQ_DIM},
               name=f"{name}_cp")
+
+
+def heads_for_sequence(op: Callable[..., Value], xs: List[Value], cp: int,
+                       name: str) -> List[Value]:
+    """DeepSpeed-Ulysses: queries, keys and values of this rank's tokens and
+    all heads exchanged over the ``cp`` group (one all-to-all each) for the
+    whole sequence and 1/cp of the heads (its tokens in the gathered chunk
+    order, :func:`ulysses_chunk_attrs`)."""
+    swap = {"group": "cp", "size": cp, "split_dim": HEAD_DIM, "concat_dim": SEQ_DIM}
+    return [op("spmd.alltoall", [x], swap, name=f"{name}_{what}_a2a")
+            for x, what in zip(xs, ("q", "k", "v"))]
+
+
+def sequence_for_heads(op: Callable[..., Value], ctx: Value, cp: int, name: str) -> Value:
+    """The attention's output of 1/cp of the heads over the whole sequence
+    exchanged back for all heads of this rank's tokens."""
+    back = {"group": "cp", "size": cp, "split_dim": SEQ_DIM, "concat_dim": HEAD_DIM}
+    return op("spmd.alltoall", [ctx], back, name=f"{name}_ctx_a2a")
+
+
+def ulysses_chunk_attrs(cp: int) -> Dict[str, Any]:
+    """The chunk attributes of an attention over the whole sequence in the
+    order the all-to-all gathers it (the same on every rank)."""
+    chunks = list(gathered_chunks(cp))
+    return {"attrs": {"q_chunks": chunks, "k_chunks": chunks}, "meta": {}}
 
 
 def ring_attention(op: Callable[..., Value], q: Value, k: Value, v: Value, cp: int,

@@ -81,6 +81,11 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
         raise ConfigError(f"--sp: --tp {strategy.tp} does not divide the {local} tokens of a "
                           f"sequence on each of the --cp {strategy.cp} ranks")
     check_tensor_parallel(c, strategy.tp, strategy.sp)
+    heads = c.num_kv_heads // strategy.tp
+    if strategy.cp_comm == "alltoall" and strategy.cp > 1 and heads % strategy.cp:
+        raise ConfigError(f"--cp-comm alltoall: --cp {strategy.cp} does not divide the {heads} "
+                          "key/value heads of each tensor-parallel rank (Ulysses splits them "
+                          "over the cp ranks)")
     chunks = strategy.pp * strategy.chunks
     if chunks > c.layers:
         what = (f"pp x virtual stages = {strategy.pp} x {strategy.chunks}"

@@ -5,9 +5,9 @@ The builders write it on the program's ops (``meta``): ``phase``
 (``backward``, ``recompute``, ``optimizer``; none: forward), ``role`` of a
 collective (``grad_sync``: gradient synchronisation, ``zero_gather``: ZeRO-3
 parameter gathers, ``pipeline``: send/recv between stages, ``cp``: context
-parallelism's key/value gathers, ``cp_ring``: its ring attention's block
-exchanges; none: a tensor-parallel collective), ``microbatch`` and
-``stage``. A trace's records name their op (the op's first result), so
+parallelism's key/value gathers (or all-to-alls), ``cp_ring``: its ring
+attention's block exchanges; none: a tensor-parallel collective),
+``microbatch`` and ``stage``. A trace's records name their op (the op's first result), so
 :func:`record_phases` reads these through the program. Without the
 program only what the records say is known: send/recv is pipeline p2p,
 ``detail: recompute`` is recomputation, an optimizer op type is the
@@ -44,7 +44,8 @@ KEY_COLOURS: Dict[str, str] = {
 COMM_MEANING: Dict[str, str] = {
     "TP": "tensor-parallel all-reduce",
     "SP": "sequence-parallel all-gather / reduce-scatter",
-    "CP": "context-parallel key/value all-gather and dK/dV reduce-scatter",
+    "CP": "context-parallel key/value all-gather and dK/dV reduce-scatter (Ulysses: "
+          "all-to-alls of sequence for heads)",
     "CP ring": "ring attention's key/value (and dK/dV) blocks, send/recv to the next rank",
     "DP": "data-parallel gradient all-reduce",
     "ZeRO": "ZeRO gradient reduce-scatter and parameter all-gather",

@@ -71,7 +71,8 @@ from .zero import GradientSync
 
 SPMD_TO_COMM = {"spmd.allreduce": CollectiveType.ALL_REDUCE,
                 "spmd.allgather": CollectiveType.ALL_GATHER,
-                "spmd.reducescatter": CollectiveType.REDUCE_SCATTER}
+                "spmd.reducescatter": CollectiveType.REDUCE_SCATTER,
+                "spmd.alltoall": CollectiveType.ALL_TO_ALL}
 
 
 #: The device whose roofline times estimate each layer's cost for
@@ -355,7 +356,8 @@ class LowerSPMD(Coarsening):
         S, cp = self.strategy, self.cp
         shift = op.op_type == "spmd.shift"
         meta = dict(meta, role="cp_ring" if shift else "cp")
-        attrs = {k: op.attrs[k] for k in ("reduce_op", "dim") if k in op.attrs}
+        attrs = {k: op.attrs[k] for k in ("reduce_op", "dim", "split_dim", "concat_dim")
+                 if k in op.attrs}
         present = self.placement.dp_indices()
         for first in range(0, S.dp, cp):
             members = range(first, first + cp)

@@ -33,7 +33,7 @@ ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"
 #: which adjacent ops run as one kernel (:mod:`distsim.transforms.fusion`)
 FUSIONS = ("megatron", "pytorch-eager", "none")
 #: how context-parallel attention reaches the other ranks' keys and values
-CP_COMMS = ("allgather", "ring")
+CP_COMMS = ("allgather", "ring", "alltoall")
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,10 @@ class Strategy:
     sequence split over ``cp`` ranks (:mod:`~distsim.transforms.context_parallel`);
     ``cp_comm``: how attention reaches the other ranks' keys and values,
     ``allgather`` (gathered over the group before attention, Llama 3's
-    way) or ``ring`` (blocks passed around the ring point to point, each
+    way), ``ring`` (blocks passed around the ring point to point, each
     step's transfer overlapped with the attention of the block at hand:
-    Megatron-LM's ring attention)."""
+    Megatron-LM's ring attention) or ``alltoall`` (DeepSpeed-Ulysses:
+    sequence exchanged for heads before attention and back after it)."""
 
     dp: Optional[int] = None
     tp: int = 1

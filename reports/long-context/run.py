@@ -36,9 +36,11 @@ from distsim.report.phases import KEYS, record_phases  # noqa: E402
 SEQ = 131072
 #: (name, model, topology, options): the cp sweep at 32 GPUs (tp 4, one
 #: sequence of 128k tokens per data-parallel rank and micro-batch), the two
-#: exchanges side by side, and NeMo's published LLAMA2-7B 128k layout; all
-#: with sequence parallelism and Megatron's distributed optimizer (ZeRO 1
-#: over dp x cp), as Megatron-LM's and NeMo's long-context recipes run
+#: exchanges side by side (all-gather, ring, Ulysses' all-to-all), and NeMo's
+#: published LLAMA2-7B 128k layout; all
+#: with sequence parallelism (where tp > 1) and Megatron's distributed
+#: optimizer (ZeRO 1 over dp x cp), as Megatron-LM's and NeMo's long-context
+#: recipes run
 RUNS: List[Dict[str, Any]] = [
     *[{"name": f"llama3-8b tp4 cp{cp}", "model": "llama3-8b", "topology": "dgx-h100-x4",
        "options": {"tp": 4, "cp": cp, "global_batch": 8}} for cp in (1, 2, 4, 8)],
@@ -50,11 +52,18 @@ RUNS: List[Dict[str, Any]] = [
      "options": {"tp": 8, "cp": 4, "cp_comm": "ring", "global_batch": 8}},
     {"name": "llama3-8b tp2 cp16", "model": "llama3-8b", "topology": "dgx-h100-x4",
      "options": {"tp": 2, "cp": 16, "global_batch": 8}},
+    *[{"name": f"llama3-8b tp1 cp8 {comm}", "model": "llama3-8b", "topology": "dgx-h100-x4",
+       "options": {"tp": 1, "cp": 8, "cp_comm": comm, "global_batch": 8}}
+      for comm in ("allgather", "ring", "alltoall")],
     {"name": "llama2-7b tp4 cp4 dp8 (NeMo)", "model": "llama2-7b", "topology": "dgx-h100-x16",
      "options": {"tp": 4, "cp": 4, "global_batch": 16, "attention": "fused"}},
     {"name": "llama2-7b tp4 cp4 dp8 ring (NeMo)", "model": "llama2-7b",
      "topology": "dgx-h100-x16",
      "options": {"tp": 4, "cp": 4, "cp_comm": "ring", "global_batch": 16,
+                 "attention": "fused"}},
+    {"name": "llama2-7b tp4 cp4 dp8 alltoall", "model": "llama2-7b",
+     "topology": "dgx-h100-x16",
+     "options": {"tp": 4, "cp": 4, "cp_comm": "alltoall", "global_batch": 16,
                  "attention": "fused"}},
 ]
 
@@ -78,7 +87,7 @@ def split(result) -> Dict[str, Dict[str, float]]:
 def run(spec: Dict[str, Any]) -> Dict[str, Any]:
     t0 = time.perf_counter()
     result = simulate(spec["model"], spec["topology"], seq=SEQ, symmetry=True, coarsen=True,
-                      zero=1, sp=True, **spec["options"])
+                      zero=1, sp=spec["options"]["tp"] > 1, **spec["options"])
     s = result.summary()
     rank0 = s["memory_by_category"]["0"]
     return {"name": spec["name"], "model": spec["model"], "topology": spec["topology"],

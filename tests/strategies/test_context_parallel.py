@@ -92,6 +92,32 @@ def test_ring_needs_fused_attention_and_cp(make_reference):
         make_reference(attention="fused").lower(cp_comm="ring")
 
 
+ULYSSES = [
+    dict(cp=2),
+    dict(cp=4),
+    dict(cp=2, tp=2),
+    dict(cp=2, tp=2, sp=True, recompute="full"),
+    dict(cp=2, dp=2, pp=2, zero=3, coarsen=True),
+]
+
+
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+@pytest.mark.parametrize("strategy", ULYSSES, ids=_ids)
+def test_ulysses_matches_single_device(make_reference, attention, strategy):
+    """DeepSpeed-Ulysses (``cp_comm: alltoall``): sequence exchanged for heads
+    before attention and back after it (4 key/value heads: tp x cp divides them)."""
+    program = make_reference(attention=attention, kv_heads=4).check(cp_comm="alltoall",
+                                                                      **strategy)
+    kinds = {op.op_type for op in program.ops if op.meta.get("role") == "cp"}
+    assert kinds == {"comm.alltoall"}
+
+
+def test_ulysses_needs_cp_to_divide_the_heads_of_a_tp_rank(make_reference):
+    with pytest.raises(ConfigError, match="--cp-comm alltoall: --cp 2 does not divide the 1 "
+                                          "key/value heads of each tensor-parallel rank"):
+        make_reference().lower(cp=2, tp=2, cp_comm="alltoall")
+
+
 def test_the_gantt_draws_each_cp_kind_as_its_own():
     from distsim.report.phases import COMM_KEYS, comm_key
     assert comm_key("comm.sendrecv", {"role": "cp_ring"}, sp=False) == "CP ring"
@@ -190,7 +216,8 @@ def test_search_refuses_cp_with_the_reason():
 
 @pytest.mark.parametrize("strategy", [dict(dp=2, tp=2, cp=2), dict(dp=1, tp=2, cp=4),
                                       dict(dp=2, tp=2, cp=2, cp_comm="ring"),
-                                      dict(tp=1, cp=4, pp=2, cp_comm="ring")], ids=_ids)
+                                      dict(tp=1, cp=4, pp=2, cp_comm="ring"),
+                                      dict(dp=2, cp=4, cp_comm="alltoall")], ids=_ids)
 def test_reduced_program_equals_the_full_one(strategy):
     """--symmetry: the same step time and memory as the whole program. A
     ring keeps its whole cp group present (a rank receives its blocks from
@@ -203,7 +230,8 @@ def test_reduced_program_equals_the_full_one(strategy):
     for key in ("step_time_s", "compute_s", "communication_s", "exposed_communication_s",
                 "max_peak_memory_bytes", "total_flops", "mfu"):
         assert rs[key] == pytest.approx(fs[key], rel=1e-3, abs=1e-12), key
-    present = strategy.get("pp", 1) * (strategy["cp"] if "cp_comm" in strategy else 1)
+    ring = strategy.get("cp_comm") == "ring"
+    present = strategy.get("pp", 1) * (strategy["cp"] if ring else 1)
     assert len(rs["devices"]) == present
     assert sum(d["represents"] for d in rs["devices"]) == fs["num_devices"]
 

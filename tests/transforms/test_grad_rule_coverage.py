@@ -197,7 +197,7 @@ def run_spmd(f: Function, per_rank_inputs: Sequence[Sequence[np.ndarray]]) -> Li
     """Outputs of every rank of ``f`` run in lock step, the SPMD
     collectives done over the ranks: all-reduce (sum), copy (identity),
     all-gather and reduce-scatter (sum) along ``dim``, shift (rank ``r``
-    receives rank ``r - offset``'s)."""
+    receives rank ``r - offset``'s), all-to-all."""
     n = len(per_rank_inputs)
     envs = [dict(zip(f.inputs, ins)) for ins in per_rank_inputs]
     for op in f.ops:
@@ -213,6 +213,10 @@ def run_spmd(f: Function, per_rank_inputs: Sequence[Sequence[np.ndarray]]) -> Li
                 outs = [np.concatenate(xs, axis=op.attrs["dim"])] * n
             elif op.op_type == "spmd.shift":      # rank r gets rank r - offset's
                 outs = [xs[(r - op.attrs["offset"]) % n] for r in range(n)]
+            elif op.op_type == "spmd.alltoall":   # piece j of every rank to rank j
+                pieces = [np.split(x, n, axis=op.attrs["split_dim"]) for x in xs]
+                outs = [np.concatenate([p[r] for p in pieces], axis=op.attrs["concat_dim"])
+                        for r in range(n)]
             else:
                 outs = np.split(sum(xs), n, axis=op.attrs["dim"])
             results = [[np.array(o)] for o in outs]
@@ -303,6 +307,12 @@ SPMD_CASES: Dict[str, SpmdCase] = {
         "spmd.shift",
         lambda b, x, w: b.op("mul", [b.op("spmd.shift", [x], {"size": SIZE, "offset": 1}), w]),
         {"x": t(2, 3), "w": t(2, 3)}, ["x", "w"]),
+    # sequence exchanged for heads (Ulysses): the all-to-all back
+    "spmd.alltoall": SpmdCase(
+        "spmd.alltoall",
+        lambda b, x, w: b.op("mul", [b.op("spmd.alltoall", [x], {"size": SIZE, "split_dim": 0,
+                                                               "concat_dim": 1}), w]),
+        {"x": t(SIZE, 2), "w": t(1, 2 * SIZE)}, ["x", "w"]),
     # partial sums scattered in sequence shards: all-gather backward
     "spmd.reducescatter": SpmdCase(
         "spmd.reducescatter",
