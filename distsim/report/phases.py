@@ -2,7 +2,9 @@
 communication, its micro-batch and pipeline stage.
 
 The builders write it on the program's ops (``meta``): ``phase``
-(``backward``, ``recompute``, ``optimizer``; none: forward), ``role`` of a
+(``backward``, ``recompute``, ``optimizer``; none: forward), ``task: W``
+on the weight-gradient part of a split backward (the zero-bubble
+schedules: key ``weight gradients``), ``role`` of a
 collective (``grad_sync``: gradient synchronisation, ``zero_gather``: ZeRO-3
 parameter gathers, ``pipeline``: send/recv between stages; none: a
 tensor-parallel collective), ``microbatch`` and ``stage``. A trace's records
@@ -25,14 +27,16 @@ import numpy as np
 from distsim.sim.trace import Trace
 
 #: compute phases, in legend order ("compute": a compute op of no known phase)
-COMPUTE_KEYS: Tuple[str, ...] = ("forward", "backward", "recompute", "optimizer", "compute")
+COMPUTE_KEYS: Tuple[str, ...] = ("forward", "backward", "weight gradients", "recompute",
+                                  "optimizer", "compute")
 #: communication kinds, in legend order ("communication": none of the others)
 COMM_KEYS: Tuple[str, ...] = ("TP", "SP", "DP", "ZeRO", "pipeline p2p", "communication")
 KEYS: Tuple[str, ...] = COMPUTE_KEYS + COMM_KEYS
 
 #: colour per key (Tableau 10: told apart by most colour-blind readers)
 KEY_COLOURS: Dict[str, str] = {
-    "forward": "#4e79a7", "backward": "#59a14f", "recompute": "#edc948",
+    "forward": "#4e79a7", "backward": "#59a14f", "weight gradients": "#8cd17d",
+    "recompute": "#edc948",
     "optimizer": "#b07aa1", "compute": "#9c9c9c",
     "TP": "#f28e2b", "SP": "#ff9da7", "DP": "#e15759", "ZeRO": "#9c755f",
     "pipeline p2p": "#17becf", "communication": "#79706e",
@@ -86,6 +90,8 @@ def comm_key(op_type: str, meta: Mapping[str, Any], sp: bool) -> str:
 def compute_key(op_type: str, meta: Mapping[str, Any]) -> str:
     """The phase of a compute op with this type and ``meta``."""
     phase = meta.get("phase")
+    if meta.get("task") == "W":     # a split backward's weight-gradient part
+        return "weight gradients"
     if phase in ("backward", "recompute", "optimizer"):
         return str(phase)
     if meta.get("detail") == "recompute":
@@ -145,7 +151,7 @@ def record_phases(trace: Trace, program: Any = None) -> RecordPhases:
                     op_type, detail, "communication" if is_comm[i] else "compute")]
         else:
             combo = (op_type, is_comm[i], meta.get("phase"), meta.get("role"),
-                     meta.get("detail"))
+                     meta.get("detail"), meta.get("task"))
             k = keys.get(combo)
             if k is None:
                 k = keys[combo] = index[comm_key(op_type, meta, sp) if is_comm[i]
