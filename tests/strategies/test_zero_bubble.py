@@ -189,3 +189,19 @@ def test_the_estimator_refuses_and_a_sweep_skips_with_the_reason():
         estimate(opts)
     row = run_point({**opts, "fidelity": "estimate"})
     assert row["status"] == "skipped" and "zb-h1" in row["reason"]
+
+
+def test_search_skips_zb_h1_points_with_the_reason():
+    from distsim.sweep import search
+    result = search("tiny", "dgx-a100", 8, keep=1, network_mode="analytical", workers=1,
+                    space={"schedule": ["1f1b", "zb-h1"]})
+    est = result.estimates
+    axes = ["dp", "tp", "pp", "micro_batch"]
+    status = {(row["schedule"], *(row[a] for a in axes)): (row["status"], row["reason"])
+              for _, row in est.iterrows()}
+    ok = [key[1:] for key, (st, _) in status.items() if key[0] == "1f1b" and st == "ok"]
+    assert ok
+    for point in ok:    # where 1F1B is estimated, ZB-H1 is skipped with the reason
+        st, reason = status[("zb-h1", *point)]
+        assert st == "skipped" and "schedule 'zb-h1'" in reason
+    assert result.best is not None and result.best["schedule"] == "1f1b"
