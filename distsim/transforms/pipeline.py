@@ -258,23 +258,16 @@ def merge_tasks(per_rank: List[List[Task]], chunks: int,
             return
         kind, mb, c = tasks[i]
         start = free[r]
-        if kind == "F":
-            if c > 0:
-                d = ("F", mb, c - 1)
+        if kind != "B":
+            # a forward waits for the previous chunk's, a W for its own B
+            if c > 0 or kind == "W":
+                d = ("F", mb, c - 1) if kind == "F" else ("B", mb, c)
                 end = finished(d)
                 if end is None:
                     waiting.setdefault(d, []).append(r)
                     return
                 if end > start:
                     start = end
-        elif kind == "W":
-            d = ("B", mb, c)
-            end = finished(d)
-            if end is None:
-                waiting.setdefault(d, []).append(r)
-                return
-            if end > start:
-                start = end
         else:
             d = ("F", mb, c)
             end = finished(d)
