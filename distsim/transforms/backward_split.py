@@ -17,7 +17,9 @@ bias gradients are ``W``; the ops on the path of the activation gradient
 backward waits for it) stay in ``B``, in the first stage too, where only
 the embedding's gradient reads the last of them (its own layer, ``W``).
 An op with a result nothing reads and that is not a gradient stays in
-``B`` (it changes no gradient).
+``B`` (it changes no gradient), and so does one op that makes both an
+input gradient and weight gradients (a norm's ``layernorm_grad``: its
+weight and bias gradients come with its input gradient, in ``B``).
 """
 from __future__ import annotations
 

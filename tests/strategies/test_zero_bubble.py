@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import distsim
+from distsim.api import build_program
 from distsim.cli import main
 from distsim.models.gpt_family import build_gpt
 from distsim.models import load_model_config
@@ -136,6 +137,34 @@ def test_the_split_is_the_weight_gradients_of_each_layer():
         assert last.meta.get("task") == "W", v.name
 
 
+@pytest.mark.parametrize("zero", [0, 2])
+def test_gradient_sync_starts_from_the_gradients_w_makes(zero):
+    """Each gradient a W task of the last micro-batch makes reaches a
+    data-parallel all-reduce (ZeRO 2: reduce-scatter) later in the program."""
+    program, _, _ = build_program("tiny", "dgx-a100", dp=2, pp=2, tp=2, microbatches=4,
+                                  schedule="zb-h1", zero=zero)
+    index = {id(op): i for i, op in enumerate(program.ops)}
+    readers = {}
+    for op in program.ops:
+        for v in op.inputs:
+            readers.setdefault(v, []).append(op)
+    made = [(op, v) for op in program.ops if op.meta.get("task") == "W"
+            and op.meta.get("microbatch") == 3 and op.meta.get("category") == "gradients"
+            for v in op.outputs]
+    assert made
+    for op, v in made:
+        frontier, seen, synced = [v], set(), None
+        while frontier and synced is None:
+            for r in readers.get(frontier.pop(), ()):
+                if r.meta.get("role") == "grad_sync":
+                    synced = r
+                    break
+                if id(r) not in seen:
+                    seen.add(id(r))
+                    frontier += r.outputs
+        assert synced is not None and index[id(synced)] > index[id(op)], v.name
+
+
 def test_other_schedules_have_no_split():
     config = {**load_model_config("tiny"), "layers": 4, "dropout": 0.0}
     program = build_gpt(config, Strategy(dp=1, pp=2, microbatches=2, schedule="1f1b",
@@ -156,6 +185,10 @@ def test_zb_h1_step_is_shorter_than_1f1b(balanced_pp4):
     one, zb = (balanced_pp4[s].summary() for s in ("1f1b", "zb-h1"))
     assert zb["step_time_s"] < 0.95 * one["step_time_s"]
     assert zb["bubble_fraction"] < one["bubble_fraction"]
+    # the first stage holds what 1F1B's does (pp micro-batches in flight;
+    # the activations a W reads a little longer, to the W right after its B)
+    first = [balanced_pp4[s].trace.peak_memory()[0] for s in ("1f1b", "zb-h1")]
+    assert first[1] == pytest.approx(first[0], rel=0.01)
 
 
 def test_weight_gradients_are_their_own_kind_in_the_charts(balanced_pp4):
