@@ -11,7 +11,8 @@ tensor-parallel collective), ``microbatch`` and ``stage``. A trace's records
 name their op (the op's first result), so :func:`record_phases` reads these
 through the program. Without the program only what the records say is
 known: send/recv is pipeline p2p, ``detail: recompute`` is recomputation,
-an optimizer op type is the optimizer, the rest is compute or
+``detail: weight gradient`` a split backward's weight-gradient part, an
+optimizer op type is the optimizer, the rest is compute or
 communication.
 
 Each record gets one **key**: a compute phase (:data:`COMPUTE_KEYS`) or a
@@ -25,6 +26,7 @@ from typing import Any, Dict, Mapping, Tuple
 import numpy as np
 
 from distsim.sim.trace import Trace
+from distsim.transforms.backward_split import WEIGHT_DETAIL
 
 #: compute phases, in legend order ("compute": a compute op of no known phase)
 COMPUTE_KEYS: Tuple[str, ...] = ("forward", "backward", "weight gradients", "recompute",
@@ -90,8 +92,8 @@ def comm_key(op_type: str, meta: Mapping[str, Any], sp: bool) -> str:
 def compute_key(op_type: str, meta: Mapping[str, Any]) -> str:
     """The phase of a compute op with this type and ``meta``."""
     phase = meta.get("phase")
-    if meta.get("task") == "W":     # a split backward's weight-gradient part
-        return "weight gradients"
+    if meta.get("task") == "W" or meta.get("detail") == WEIGHT_DETAIL:
+        return "weight gradients"   # a split backward's weight-gradient part
     if phase in ("backward", "recompute", "optimizer"):
         return str(phase)
     if meta.get("detail") == "recompute":
@@ -108,6 +110,8 @@ def _key_without_program(op_type: str, detail: str, category: str) -> str:
         return "communication"
     if detail == "recompute":
         return "recompute"
+    if detail == WEIGHT_DETAIL:
+        return "weight gradients"
     if op_type in _OPTIMIZER_TYPES:
         return "optimizer"
     return "compute"

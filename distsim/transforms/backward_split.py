@@ -29,6 +29,9 @@ from ..ir.core import Op, Value
 
 #: The phases of ops a backward task holds (everything else is forward).
 BACKWARD_PHASES = ("backward", "recompute")
+#: The ``detail`` of a W task's ops (those without a detail of their own):
+#: what the trace shows of them.
+WEIGHT_DETAIL = "weight gradient"
 
 
 def weight_gradient_ops(ops: Sequence[Op], chunk_of_op: Mapping[int, int],

@@ -65,7 +65,7 @@ from .coarsen import Coarsening, Segment
 from .emitter import Emitter
 from .lowering_context import LoweringContext, RankPlacement, StepTasks
 from .optimizer import SGDHyper
-from .backward_split import split_tasks, weight_gradient_ops
+from .backward_split import WEIGHT_DETAIL, split_tasks, weight_gradient_ops
 from .pipeline import (SPLIT_BACKWARD, PendingSends, chunk_of_layer, merge_tasks,
                        partition_balanced, partition_layers, schedule_tasks)
 from .fusion import Fuse
@@ -261,8 +261,12 @@ class LowerSPMD(Coarsening):
         ops = self.task_ops.get((kind, c), [])
         self.ctx.kind = kind
         base = {"stage": stage, "microbatch": mb, "chunk": c}
-        if kind == "W":   # the weight-gradient part of a split backward
+        # the weight-gradient part of a split backward: named so in the
+        # trace (``detail``) where an op has no detail of its own
+        said = base
+        if kind == "W":
             base["task"] = "W"
+            said = dict(base, detail=WEIGHT_DETAIL)
         entered = None
         items = self._segments((kind, c), self._grad_mode((kind, c), mb)) if self.coarsen else ops
         for op in items:
@@ -271,14 +275,15 @@ class LowerSPMD(Coarsening):
                 entered = layer_now
                 self.gathers.enter_layer(stage, mb, kind, c, layer_now)  # ZeRO-3 gathers
             if isinstance(op, Segment):
-                self._emit_segment(op, stage, mb, base)
+                self._emit_segment(op, stage, mb, base if "detail" in op.meta else said)
                 continue
             info = self._op_info.get(id(op))
             if info is None:  # once per template op
                 grads = [o for o in op.outputs if o in self.grad_of]
                 info = self._op_info[id(op)] = (op, grads, op.meta.get("layer"))
             _, grads, layer = info
-            meta = dict(op.meta, **base)
+            meta = dict(op.meta, **(base if "detail" in op.meta or op.op_type.startswith("spmd.")
+                                    else said))
             if grads:
                 meta["category"] = "gradients"
             if op.op_type.startswith("spmd."):

@@ -200,6 +200,9 @@ def test_weight_gradients_are_their_own_kind_in_the_charts(balanced_pp4):
     blocks = lane_tasks(result.trace, phases, lanes, (0.0, float("inf")))
     # per stage, each micro-batch's forward, input-backward and weight-gradient blocks
     assert len(blocks) >= 3 * 8 * 4
+    # the trace alone (no program) names them too
+    alone = record_phases(result.trace)
+    assert "weight gradients" in {KEYS[k] for k in np.unique(alone.key).tolist()}
     one = balanced_pp4["1f1b"]
     one_phases = record_phases(one.trace, one.program)
     assert "weight gradients" not in {KEYS[k] for k in np.unique(
