@@ -45,7 +45,10 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
                      "size follows: global_batch / (dp x microbatches))"),
     ("micro_batch", "how many sequences one micro-batch holds (their number follows: "
                     "global_batch / (dp x micro_batch))"),
-    ("schedule", "pipeline schedule: '1f1b' (default), 'gpipe', 'interleaved'"),
+    ("schedule", "pipeline schedule: '1f1b' (default), 'gpipe', 'interleaved', 'zb-h1' "
+                 "(zero-bubble ZB-H1: the backward split into input- and weight-gradient "
+                 "tasks, the weight gradients deferred into the bubble; one chunk per rank; "
+                 "simulated only, the estimator refuses it)"),
     ("virtual_stages", "model chunks per pipeline rank for the interleaved schedule "
                        "(default 2)"),
     ("bucket_mb", "DDP gradient bucket size in MB (default: one all-reduce per gradient as "

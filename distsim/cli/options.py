@@ -46,8 +46,11 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help="activation recomputation (default: none)")
     g.add_argument("--microbatches", type=int,
                    help="micro-batches per step (default: global batch / (dp x micro-batch))")
-    g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"],
-                   help="pipeline schedule (default: 1f1b)")
+    g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved", "zb-h1"],
+                   help="pipeline schedule (default: 1f1b); zb-h1: zero-bubble ZB-H1, the "
+                        "backward split into input- and weight-gradient tasks, the weight "
+                        "gradients deferred into the bubble (one chunk per rank; simulated, not "
+                        "estimated: fidelity estimate refuses it)")
     g.add_argument("--virtual-stages", type=int, dest="virtual_stages",
                    help="model chunks per pipeline rank for --schedule interleaved (default: 2)")
     g.add_argument("--bucket-mb", type=float, dest="bucket_mb",

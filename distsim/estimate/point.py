@@ -69,7 +69,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..cost.device import check_compute_dtype
-from ..errors import ConfigError, DistsimError, PassPreconditionError
+from ..errors import ConfigError, DistsimError, NotModelledError, PassPreconditionError
 from ..ir.core import gc_paused
 from ..ir.types import DType
 from ..keywords import plain, unknown_name
@@ -78,6 +78,7 @@ from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch,
 from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
+from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
@@ -177,6 +178,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
+    if strategy.schedule in SPLIT_BACKWARD:
+        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' (the backward split "
+                               "into input- and weight-gradient tasks) is not modelled by the "
+                               "estimator; use fidelity: simulate")
     if comm_streams == "per-group" and strategy.zero == 3 and strategy.dp > 1 \
             and strategy.tp > 1:
         # its gathers' gates (.gates) and memory (.gathered) take the
