@@ -118,7 +118,8 @@ def test_the_split_is_the_weight_gradients_of_each_layer():
                 and op.meta["microbatch"] == 0:
             per_layer[layer] = per_layer.get(layer, 0) + 1
     assert per_layer == {layer: W_MS for layer in range(4)}
-    # W sends nothing to another stage: its results are read within W or are gradients
+    # W sends nothing to another stage: its results are read within W, are
+    # gradients, or (the accumulated mean, dp 1) the optimizer's input
     readers = {}
     for op in program.ops:
         for v in op.inputs:
@@ -126,7 +127,8 @@ def test_the_split_is_the_weight_gradients_of_each_layer():
     for op in weight:
         for v in op.outputs:
             assert all(r.meta.get("task") == "W" or r.meta.get("category") == "gradients"
-                       or r.meta.get("role") == "grad_sync" for r in readers.get(v, ())), v.name
+                       or r.meta.get("role") == "grad_sync" or r.meta.get("phase") == "optimizer"
+                       for r in readers.get(v, ())), v.name
     # an activation a W task reads is last read there: freed after W
     index = {id(op): i for i, op in enumerate(program.ops)}
     forward_made = {v for op in program.ops if "phase" not in op.meta for v in op.outputs}
@@ -148,8 +150,16 @@ def test_gradient_sync_starts_from_the_gradients_w_makes(zero):
     for op in program.ops:
         for v in op.inputs:
             readers.setdefault(v, []).append(op)
+    # (ZeRO 2 accumulates a micro-batch's shard after its reduce-scatter:
+    # that add and the mean after it are the W task's too, but they start
+    # from a synced gradient)
+    synced_values = set()
+    for op in program.ops:
+        if op.meta.get("role") == "grad_sync" or synced_values.intersection(op.inputs):
+            synced_values.update(op.outputs)
     made = [(op, v) for op in program.ops if op.meta.get("task") == "W"
             and op.meta.get("microbatch") == 3 and op.meta.get("category") == "gradients"
+            and not synced_values.intersection(op.inputs)
             for v in op.outputs]
     assert made
     for op, v in made:
@@ -198,8 +208,13 @@ def test_weight_gradients_are_their_own_kind_in_the_charts(balanced_pp4):
     assert {"forward", "backward", "weight gradients"} <= keys
     lanes = stage_lanes(result.trace, phases)
     blocks = lane_tasks(result.trace, phases, lanes, (0.0, float("inf")))
-    # per stage, each micro-batch's forward, input-backward and weight-gradient blocks
-    assert len(blocks) >= 3 * 8 * 4
+    # per stage, each micro-batch's forward, input-backward and weight-gradient
+    # blocks, one each (the gradient accumulation a W task does is the W's)
+    assert len(blocks) == 3 * 8 * 4
+    for lane in range(4):
+        mine = [b for b in blocks if b.lane == lane]
+        assert sorted(b.microbatch for b in mine if not b.backward) == list(range(8))
+        assert sorted(b.microbatch for b in mine if b.backward) == sorted(list(range(8)) * 2)
     # the trace alone (no program) names them too
     alone = record_phases(result.trace)
     assert "weight gradients" in {KEYS[k] for k in np.unique(alone.key).tolist()}
