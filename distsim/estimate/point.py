@@ -56,7 +56,8 @@ ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
 so and is refused (its gathers' gates, :mod:`.gates`, and memory,
 :mod:`.gathered`, take the tensor-parallel collectives queued behind the
 gathers on one stream).
-Only the ``gpt`` family is supported; other models are a ConfigError.
+Only the ``gpt`` family is supported, without experts; other models, and
+mixtures of experts, are a ConfigError.
 """
 from __future__ import annotations
 
@@ -174,6 +175,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
     c = gpt_config(config)
+    if c.experts:
+        raise ConfigError(f"estimate: model '{config.get('name')}' routes tokens to experts "
+                          "(mixture of experts), which the estimator does not model; use "
+                          "fidelity: simulate")
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
