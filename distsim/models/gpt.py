@@ -266,8 +266,11 @@ def check_tensor_parallel(config: GPTConfig, tp: int, sp: bool) -> None:
         raise ConfigError(f"--tp {tp} does not divide the {config.heads} attention heads")
     if config.num_kv_heads % tp:
         raise ConfigError(f"--tp {tp} does not divide the {config.num_kv_heads} key/value heads")
-    if config.ffn_size % tp:
+    if config.ffn_size % tp and any(not is_moe_layer(config, i) for i in range(config.layers)):
         raise ConfigError(f"--tp {tp} does not divide the feed-forward size {config.ffn_size}")
+    if config.experts and config.expert_ffn_size % tp:
+        raise ConfigError(f"--tp {tp} does not divide the experts' feed-forward size "
+                          f"{config.expert_ffn_size}")
     if sp and config.seq % tp:
         raise ConfigError(f"--sp: --tp {tp} does not divide the sequence length {config.seq}")
 

@@ -264,3 +264,12 @@ def test_flops_of_dispatch_and_combine_by_hand():
     # routing: 10 x 4 comparisons; then per kept choice (16) and hidden element (6)
     assert op_flops(dispatch) == 10 * 4
     assert op_flops(combine) == 10 * 4 + 2 * 16 * 6
+
+
+def test_tp_must_divide_the_experts_ffn():
+    c = GPTConfig(**{**MOE, "expert_ffn": 6})
+    from distsim.models.gpt import check_tensor_parallel
+    with pytest.raises(ConfigError, match="--tp 4 does not divide the experts' feed-forward "
+                                          "size 6"):
+        check_tensor_parallel(c, 4, False)
+    check_tensor_parallel(c, 2, False)
