@@ -273,3 +273,24 @@ def test_tp_must_divide_the_experts_ffn():
                                           "size 6"):
         check_tensor_parallel(c, 4, False)
     check_tensor_parallel(c, 2, False)
+
+
+@pytest.mark.parametrize("fields", [dict(capacity_factor=0.5),
+                                    dict(norm_topk=False, shared_experts=1)])
+def test_moe_model_gradients_match_finite_differences(fields):
+    # the whole model's loss: router and expert weights, tokens dropped or not
+    from distsim.interp.gradcheck import finite_difference
+    from distsim.transforms.autodiff import Autodiff
+    c = GPTConfig(**{**MOE, "seq": 4, "micro_batch": 1, **fields})
+    f = gpt_forward(c)
+    wrt = ["l1_router", "l1_experts_w2"]
+    g = verify(Autodiff(f.meta["loss"], wrt)(f))
+    rng = np.random.default_rng(1)
+    inputs = [rng.integers(0, c.vocab, v.type.shape) if f.meta["roles"][v.name] == "data"
+              else rng.normal(0, 0.5, v.type.shape) for v in f.inputs]
+    grads = execute(g, inputs)[1:]
+    names = [v.name for v in f.inputs]
+    for name, grad in zip(wrt, grads):
+        expected = finite_difference(f, inputs, names.index(name))
+        assert np.abs(expected).max() > 1e-4            # the loss depends on it
+        np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-8, err_msg=name)
