@@ -294,3 +294,37 @@ def test_moe_model_gradients_match_finite_differences(fields):
         expected = finite_difference(f, inputs, names.index(name))
         assert np.abs(expected).max() > 1e-4            # the loss depends on it
         np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-8, err_msg=name)
+
+
+@pytest.mark.parametrize("skew, slots", [(0.0, 8), (0.5, 12), (1.0, 16)])
+def test_expert_gemm_flops_follow_the_busiest_expert(skew, slots):
+    # 16 tokens, top 2 of 4 experts: 8 per expert when uniform, 8 + s x (16 - 8)
+    # for the busiest; every expert runs that many rows. Forward: 2 x E x slots x
+    # h x 2f (gate and up) and 2 x E x slots x f x h; backward twice that.
+    from distsim.cost import op_flops
+    from distsim.models.gpt_family import gpt_reference_step
+    c = GPTConfig(**{**MOE, "global_batch": 2, "routing_skew": skew})
+    step = gpt_reference_step(c)
+    experts = [o for o in step.ops if o.op_type == "matmul"
+               and any("experts" in v.name for v in (*o.inputs, *o.outputs))]
+    assert len(experts) == 6
+    e, h, f = 4, 16, 8
+    assert sum(op_flops(o) for o in experts) == 3 * (2 * e * slots * h * 2 * f
+                                                     + 2 * e * slots * f * h)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_simulated_mixtral_weights_by_hand(tp):
+    # two Mixtral layers, bf16 weights: per layer attention 41,943,040 (split
+    # over tp), norms 8192 and router 32,768 (whole), experts 8 x 3 x 4096 x 14336
+    # (split over tp); embedding and output layer 2 x 32000 x 4096 (split), final
+    # norm 4096; AdamW's fp32 master, m and v: 12 bytes a parameter
+    import distsim
+    layer = 41_943_040 // tp + 8192 + 32_768 + 8 * 3 * 4096 * 14336 // tp
+    params = 2 * layer + 2 * 32000 * 4096 // tp + 4096
+    summary = distsim.simulate("mixtral-8x7b", "dgx-h100", layers=2, global_batch=16, tp=tp,
+                               symmetry=True).summary()
+    memory = summary["memory_by_category"]["0"]
+    assert memory["weights"] == 2 * params
+    assert memory["optimizer"] == 12 * params
+    assert summary["step_time_s"] > 0 and not summary["oom"]
