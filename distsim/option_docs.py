@@ -29,6 +29,12 @@ MODEL: Group = ("Model options (each overrides the model's file; None keeps the 
     ("vocab", "vocabulary size (GPT models)"),
     ("attention", "'explicit' ops (scores, mask, softmax, dropout) or one 'fused' "
                   "FlashAttention kernel (GPT models)"),
+    ("routing_skew", "mixture-of-experts GPT models: routing balance in [0, 1], 0 uniform, 1 "
+                     "every token routed to one expert (the busiest expert's tokens set every "
+                     "expert's slots)"),
+    ("capacity_factor", "mixture-of-experts GPT models: each expert's slots at most this "
+                        "times its uniform share of the tokens (tokens past it dropped; "
+                        "default: none dropped)"),
 ))
 
 STRATEGY: Group = ("Parallel strategy (None: the default named)", (

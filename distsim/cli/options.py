@@ -29,6 +29,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="attention core (GPT models): explicit ops (scores, mask, softmax, "
                         "dropout) or one fused FlashAttention kernel that keeps no seq x seq "
                         "tensor (overrides the model file; default: explicit)")
+    g.add_argument("--routing-skew", type=float, dest="routing_skew", metavar="S",
+                   help="mixture-of-experts models: routing balance in [0, 1], 0 uniform, 1 "
+                        "every token routed to one expert; the busiest expert's tokens set "
+                        "every expert's slots (overrides the model file)")
+    g.add_argument("--capacity-factor", type=float, dest="capacity_factor", metavar="F",
+                   help="mixture-of-experts models: each expert's slots at most F times its "
+                        "uniform share of the tokens, the rest dropped (overrides the model "
+                        "file; default: none dropped)")
 
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
@@ -151,7 +159,8 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     if getattr(args, "frozen", None):
         out["frozen"] = list(args.frozen)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
-                "kv_heads", "ffn", "vocab", "attention", "sp", "zero", "recompute",
+                "kv_heads", "ffn", "vocab", "attention", "routing_skew", "capacity_factor", "sp",
+                "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
                 "prefetch", "zero3_unit", "order", "plan", "fusion"):

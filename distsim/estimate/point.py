@@ -56,7 +56,8 @@ ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
 so and is refused (its gathers' gates, :mod:`.gates`, and memory,
 :mod:`.gathered`, take the tensor-parallel collectives queued behind the
 gathers on one stream).
-Only the ``gpt`` family is supported; other models are a ConfigError.
+Only the ``gpt`` family is supported, without experts; other models, and
+mixtures of experts, are a ConfigError.
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ AGREEMENT_TOLERANCE = 0.01
 #: simulator accepts (:func:`check_zero_shards`).
 IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
 _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab",
-                 "attention")
+                 "attention", "routing_skew", "capacity_factor")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
           "collective_algo", "comm_streams", "train", "input_shapes")
@@ -175,6 +176,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
     c = gpt_config(config)
+    if c.experts:
+        raise ConfigError(f"estimate: model '{config.get('name')}' routes tokens to experts "
+                          "(mixture of experts), which the estimator does not model; use "
+                          "fidelity: simulate")
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
