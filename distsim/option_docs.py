@@ -29,6 +29,12 @@ MODEL: Group = ("Model options (each overrides the model's file; None keeps the 
     ("vocab", "vocabulary size (GPT models)"),
     ("attention", "'explicit' ops (scores, mask, softmax, dropout) or one 'fused' "
                   "FlashAttention kernel (GPT models)"),
+    ("routing_skew", "mixture-of-experts GPT models: routing balance in [0, 1], 0 uniform, 1 "
+                     "every token routed to one expert (the busiest expert's tokens set every "
+                     "expert's slots)"),
+    ("capacity_factor", "mixture-of-experts GPT models: each expert's slots at most this "
+                        "times its uniform share of the tokens (tokens past it dropped; "
+                        "default: none dropped)"),
 ))
 
 STRATEGY: Group = ("Parallel strategy (None: the default named)", (
@@ -53,7 +59,10 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
                      "size follows: global_batch / (dp x microbatches))"),
     ("micro_batch", "how many sequences one micro-batch holds (their number follows: "
                     "global_batch / (dp x micro_batch))"),
-    ("schedule", "pipeline schedule: '1f1b' (default), 'gpipe', 'interleaved'"),
+    ("schedule", "pipeline schedule: '1f1b' (default), 'gpipe', 'interleaved', 'zb-h1' "
+                 "(zero-bubble ZB-H1: the backward split into input- and weight-gradient "
+                 "tasks, the weight gradients deferred into the bubble; one chunk per rank; "
+                 "simulated only, the estimator refuses it)"),
     ("virtual_stages", "model chunks per pipeline rank for the interleaved schedule "
                        "(default 2)"),
     ("bucket_mb", "DDP gradient bucket size in MB (default: one all-reduce per gradient as "

@@ -56,7 +56,8 @@ ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
 so and is refused (its gathers' gates, :mod:`.gates`, and memory,
 :mod:`.gathered`, take the tensor-parallel collectives queued behind the
 gathers on one stream).
-Only the ``gpt`` family is supported; other models are a ConfigError.
+Only the ``gpt`` family is supported, without experts; other models, and
+mixtures of experts, are a ConfigError.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..cost.device import check_compute_dtype
-from ..errors import ConfigError, DistsimError, PassPreconditionError
+from ..errors import ConfigError, DistsimError, NotModelledError, PassPreconditionError
 from ..ir.core import gc_paused
 from ..ir.types import DType
 from ..keywords import plain, unknown_name
@@ -78,6 +79,7 @@ from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch,
 from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
+from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
@@ -102,7 +104,7 @@ AGREEMENT_TOLERANCE = 0.01
 #: simulator accepts (:func:`check_zero_shards`).
 IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
 _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab",
-                 "attention")
+                 "attention", "routing_skew", "capacity_factor")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
           "collective_algo", "comm_streams", "train", "input_shapes")
@@ -177,9 +179,17 @@ def resolve(options: Mapping[str, Any]) -> Case:
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
     c = gpt_config(config)
+    if c.experts:
+        raise ConfigError(f"estimate: model '{config.get('name')}' routes tokens to experts "
+                          "(mixture of experts), which the estimator does not model; use "
+                          "fidelity: simulate")
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
+    if strategy.schedule in SPLIT_BACKWARD:
+        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' (the backward split "
+                               "into input- and weight-gradient tasks) is not modelled by the "
+                               "estimator; use fidelity: simulate")
     if comm_streams == "per-group" and strategy.zero == 3 and strategy.dp > 1 \
             and strategy.tp > 1:
         # its gathers' gates (.gates) and memory (.gathered) take the

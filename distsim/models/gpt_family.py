@@ -25,6 +25,7 @@ from ..transforms.pipeline import check_schedule
 from ..transforms.spmd import LowerSPMD
 from ..transforms.strategy import Strategy
 from .gpt import GPTConfig, check_tensor_parallel, gpt_forward
+from .moe import moe_layers
 from .registry import ModelFamily, register_family
 
 
@@ -76,6 +77,10 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
                           "layout is Megatron's)")
     c2, m = resolve_batch(c, strategy)
     check_context_parallel(c.seq, strategy.cp)
+    if strategy.cp > 1 and c.experts:
+        raise ConfigError(f"--cp {strategy.cp}: context parallelism of a mixture-of-experts "
+                          "model is not modelled (its experts' capacity would be per rank's "
+                          "tokens)")
     local = c.seq // strategy.cp
     if strategy.sp and strategy.cp > 1 and local % strategy.tp:
         raise ConfigError(f"--sp: --tp {strategy.tp} does not divide the {local} tokens of a "
@@ -154,8 +159,15 @@ def describe_gpt(config: Mapping[str, Any]) -> Dict[str, Any]:
     out = {"parameters": c.parameter_count(), "layers": c.layers, "hidden": c.hidden,
            "heads": c.heads, "kv_heads": c.num_kv_heads, "ffn": c.ffn_size, "vocab": c.vocab,
            "seq": c.seq, "dtype": c.dtype, "attention": c.attention}
+    if c.experts:
+        out.update(active_parameters=c.parameter_count(active=True), experts=c.experts,
+                   top_k=c.top_k, expert_ffn=c.expert_ffn_size, moe_layers=moe_layers(c))
+        if c.shared_experts:
+            out["shared_experts"] = c.shared_experts
     if c.published_params:
         out["published_parameters"] = c.published_params
+    if c.published_active_params:
+        out["published_active_parameters"] = c.published_active_params
     if c.description:
         out["description"] = c.description
     return out
@@ -167,7 +179,9 @@ GPT_FAMILY = register_family(ModelFamily("gpt", build_gpt, GPTConfig().to_dict()
 
 def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
     """Model FLOPs of one training step of a ``gpt`` family config (None for
-    other families)."""
+    other families): 3 x 2 FLOPs per token per weight of the linear layers
+    it uses (a MoE layer's router, ``top_k`` routed and the shared experts)
+    and the attention's scores and context."""
     needed = ("layers", "hidden", "heads", "vocab", "seq", "global_batch")
     if any(k not in model for k in needed):
         return None
@@ -176,8 +190,16 @@ def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
     kv = model.get("kv_heads") or heads
     ffn = model.get("ffn") or 4 * h
     glu = 2 if model.get("activation") == "swiglu" else 1
-    per_layer = h * (heads + 2 * kv) * d + heads * d * h + h * ffn * glu + ffn * h
-    forward_per_token = 2.0 * (layers * per_layer + model["vocab"] * h)
+    attention = h * (heads + 2 * kv) * d + heads * d * h
+    weights = layers * (attention + h * ffn * glu + ffn * h)
+    experts = model.get("experts") or 0
+    if experts:
+        known = set(GPTConfig.__dataclass_fields__)
+        moe = GPTConfig.from_dict({k: v for k, v in model.items() if k in known})
+        f = moe.expert_ffn_size
+        used = h * experts + (moe.top_k + moe.shared_experts) * (h * f * glu + f * h)
+        weights += moe_layers(moe) * (used - (h * ffn * glu + ffn * h))
+    forward_per_token = 2.0 * (weights + model["vocab"] * h)
     forward_per_token += 2.0 * 2.0 * model["seq"] * heads * d * layers
     tokens = model["global_batch"] * model["seq"]
     return 3.0 * forward_per_token * tokens

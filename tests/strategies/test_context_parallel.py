@@ -20,6 +20,7 @@ STRATEGIES = [
     dict(cp=2, tp=2, recompute="full", coarsen=True),
     dict(cp=2, recompute="selective", fusion="megatron"),
     dict(cp=2, tp=2, pp=2, schedule="interleaved"),
+    dict(cp=2, pp=2, schedule="zb-h1"),
 ]
 
 
@@ -166,6 +167,13 @@ def test_cli_bad_cp_is_one_line_exit_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "--cp 2: the sequence length 1002 is not a multiple of 2 x cp = 4" in err[0]
+
+
+def test_cp_of_a_mixture_of_experts_model_is_refused():
+    from distsim.api import build_program
+    with pytest.raises(ConfigError, match="--cp 2: context parallelism of a mixture-of-experts "
+                                          "model is not modelled"):
+        build_program("mixtral-8x7b", "dgx-h100", layers=2, cp=2)
 
 
 def test_cp_on_another_family_is_refused():
