@@ -68,8 +68,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..cost.model import CostModel
-from ..errors import ConfigError
 from ..ir.comm import is_point_to_point
+from ..run_options import check_choice
 
 #: the ``launch`` settings (see the module docstring)
 LAUNCH_MODES: Tuple[str, ...] = ("async", "blocking")
@@ -78,9 +78,7 @@ DEFAULT_LAUNCH = "async"
 
 def check_launch(value: Any) -> str:
     """``launch`` (``--launch``): one of :data:`LAUNCH_MODES`."""
-    if value not in LAUNCH_MODES:
-        raise ConfigError(f"--launch: must be 'async' or 'blocking', got {value!r}")
-    return str(value)
+    return check_choice("--launch", value, LAUNCH_MODES)
 
 #: (lead per op, first-launch bound per op), both as lists of floats
 Leads = Tuple[List[float], List[float]]

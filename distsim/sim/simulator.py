@@ -32,13 +32,17 @@ so their times are prefix sums of their durations, filled in with numpy
 after the run, as are the records and the memory curve (:mod:`.memory`).
 The Python work of the event loop is per block and per collective, not per op.
 
+Under ``launch: blocking`` (``CUDA_LAUNCH_BLOCKING=1``) a device's host
+waits for each launch to finish before the next: the streams stay, and
+launch tokens (:mod:`.launch_queue`) make each launch wait for the one
+before it on its device.
+
 A program that cannot finish ends with a :class:`SimulationError` that lists
-every blocked op per device.
+every blocked op per device (:mod:`.liveness`).
 """
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from itertools import accumulate
 from types import MappingProxyType
@@ -56,6 +60,7 @@ from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams, comm_queues
 from .launch_queue import (DEFAULT_LAUNCH, Leads, check_launch, leads_by_rank, op_times,
                            serialise_launches)
+from .liveness import PREVIOUS_LAUNCH, blocked_report, run_events
 from .memory import MemoryAccounting, copy_to_followers, memory_accounting
 from .network import Network
 from .program_index import (INPUT_CATEGORY, RESIDENT_ROLES, ComputeStream,
@@ -123,9 +128,6 @@ def collective_bytes(op: Op, kind: Optional[CollectiveType] = None) -> int:
         return op.outputs[0].type.size_bytes
     return op.inputs[0].type.size_bytes
 
-
-#: what a blocked op waits for when it is a launch token (blocking launches)
-_PREVIOUS_LAUNCH = "previous launch"
 
 #: a collective's bytes sent before it has run (one shared, read-only map)
 _NOTHING_SENT: Mapping[int, float] = MappingProxyType({})
@@ -289,7 +291,7 @@ class Simulator:
         self._waiters.setdefault(n, []).append(ev)
         values = self.index.values
         # past the values: a launch token (blocking launches)
-        self._blocked[key] = (op, values[n] if n < len(values) else _PREVIOUS_LAUNCH, None)
+        self._blocked[key] = (op, values[n] if n < len(values) else PREVIOUS_LAUNCH, None)
         return ev
 
     def _compute_stream(self, stream: ComputeStream, prefix: List[float],
@@ -544,57 +546,12 @@ class Simulator:
         return records, memory
 
     def _run_events(self) -> None:
-        """``env.run()`` under the liveness bounds of the options."""
-        opts = self.options
-        stall, most, wall = opts.stall_events, opts.max_events, opts.max_wall_s
-        for name, bound in (("stall_events", stall), ("max_events", most),
-                            ("max_wall_s", wall)):
-            if bound is not None and (isinstance(bound, bool) or
-                                      not isinstance(bound, (int, float)) or bound < 0):
-                raise SimulationError(f"SimulationOptions.{name}: must be a non-negative "
-                                      f"number or None, got {bound!r}")
-        env = self.env
-        step = env.step
-        deadline = None if wall is None else time.monotonic() + wall
-        n = 0
-        progress_at, seen = 0, self._progress  # event count at the last progress
-        try:
-            while True:
-                step()
-                n += 1
-                if stall is not None:
-                    if self._progress != seen:
-                        seen, progress_at = self._progress, n
-                    elif n - progress_at >= stall:
-                        raise SimulationError(self._deadlock_report(
-                            f"no progress for {stall} events (stall_events)"))
-                if most is not None and n >= most:
-                    raise SimulationError(self._deadlock_report(
-                        f"event budget of {most} events spent (max_events)"))
-                if deadline is not None and n & 255 == 1 and time.monotonic() > deadline:
-                    raise SimulationError(self._deadlock_report(
-                        f"wall-clock budget of {wall:g} s spent (max_wall_s)"))
-        except simpy.core.EmptySchedule:
-            pass
+        """``env.run()`` under the liveness bounds of the options (:mod:`.liveness`)."""
+        run_events(self.env, self.options, lambda: self._progress, self._deadlock_report)
 
     def _deadlock_report(self, reason: Optional[str] = None) -> str:
-        parts = []
-        for (rank, stream), (op, value, coll) in sorted(self._blocked.items(),
-                                                        key=lambda item: item[0]):
-            if value is _PREVIOUS_LAUNCH:
-                why = "waiting for the previous launch to finish (launch: blocking)"
-            elif value is not None:
-                why = f"waiting for input %{value.name}"
-            else:
-                missing = [r for r in coll.members if r not in coll.arrivals]
-                why = (f"waiting for ranks {missing} to reach it" if missing
-                       else "in flight (every member has reached it)")
-            parts.append(f"device {rank} {stream}: %{op.name} ({op.op_type}) {why}")
         # the latest time reached (compute streams run ahead of the clock)
-        reached = self._latest_s()
-        head = "deadlock" if reason is None else f"stopped ({reason})"
-        return (f"{head} at t={reached:.6g} s: {len(self._blocked)} stream(s) blocked: "
-                + "; ".join(parts))
+        return blocked_report(self._blocked, self._latest_s(), reason)
 
     def _latest_s(self) -> float:
         """The latest time reached: compute streams run ahead of the clock,
