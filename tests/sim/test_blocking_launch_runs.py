@@ -1,12 +1,15 @@
 """``launch: blocking`` on whole training steps: the option through
 :func:`distsim.simulate` and ``distsim simulate``, symmetry and
 coarsening keeping the step, the estimator's refusal and a sweep's skip."""
+from pathlib import Path
+
 import pytest
 
 import distsim
 from distsim.cli import main
 from distsim.errors import ConfigError, NotModelledError
 from distsim.estimate import estimate
+from distsim.topology import load_topology
 
 #: a pipeline with tensor and data parallelism on 8 GPUs: every stream kind
 RUN = dict(model="tiny", topology="dgx-a100", dp=2, tp=2, pp=2, microbatches=4,
@@ -72,3 +75,31 @@ def test_the_estimator_refuses_blocking_launches_and_a_sweep_skips_them():
     assert estimate(dict(RUN, launch="async")) == estimate(RUN)
     row = run_point({**options, "fidelity": "estimate"})
     assert row["status"] == "skipped" and "launch 'blocking'" in row["reason"]
+
+
+@pytest.mark.parametrize("strategy", [
+    dict(pp=4, dp=2, microbatches=4),
+    dict(pp=2, tp=2, dp=2, microbatches=4, schedule="interleaved", virtual_stages=2),
+    dict(dp=4, tp=2, zero=3),
+    dict(pp=2, dp=2, tp=2, zero=1, microbatches=4, sp=True),
+    dict(pp=4, dp=2, microbatches=4, schedule="zb-h1"),
+])
+@pytest.mark.parametrize("host_launch_s", [0.0, 20e-6])
+def test_blocking_steps_finish_and_symmetry_with_coarsening_keeps_them(strategy, host_launch_s,
+                                                                      tmp_path):
+    # every schedule and ZeRO stage runs to the end (one program order for
+    # all ranks cannot deadlock), is slower than with async launches, and
+    # symmetry + coarsening (a coarsened segment pays its kernels' k H)
+    # give the whole program's step
+    text = (Path(distsim.__file__).parents[1] / "topologies" / "dgx-a100.yaml").read_text()
+    path = tmp_path / "queued.yaml"      # the loaded topologies are cached: a file of its own
+    path.write_text(text.replace("\ndevice:\n", f"\ndevice:\n  host_launch_s: {host_launch_s}\n",
+                                 1))
+    topo = load_topology(str(path))
+    assert topo.device_spec.host_launch_s == host_launch_s
+    step = {(launch, reduced): distsim.simulate(
+        model="tiny", topology=topo, launch=launch, symmetry=reduced, coarsen=reduced,
+        network_mode="analytical", **strategy).step_time_s
+        for launch in ("async", "blocking") for reduced in (False, True)}
+    assert step[("blocking", True)] == pytest.approx(step[("blocking", False)], rel=1e-9)
+    assert step[("blocking", False)] > step[("async", False)]
