@@ -103,3 +103,10 @@ def test_blocking_steps_finish_and_symmetry_with_coarsening_keeps_them(strategy,
         for launch in ("async", "blocking") for reduced in (False, True)}
     assert step[("blocking", True)] == pytest.approx(step[("blocking", False)], rel=1e-9)
     assert step[("blocking", False)] > step[("async", False)]
+
+
+def test_a_sweep_takes_launch_as_a_run_option_with_its_choices():
+    from distsim.sweep import simulate_parameters
+    param = simulate_parameters()["launch"]
+    assert param.group == "run" and param.choices == ("async", "blocking")
+    assert param.default == "async"
