@@ -49,6 +49,9 @@ README; ZeRO 3 by layer's memory keeps the whole-from-the-start bound of
 analytical network's, one team alone: under ``network_mode: flow``,
 teams that share links at once (a PCIe workstation's dp x tp) run
 slower in the simulation.
+Blocking launches (``launch: blocking``, :mod:`distsim.sim.launch_queue`)
+are refused with a NotModelledError: the timeline overlaps a device's
+compute and communication streams, which blocking launches serialise.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -56,9 +59,6 @@ ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
 so and is refused (its gathers' gates, :mod:`.gates`, and memory,
 :mod:`.gathered`, take the tensor-parallel collectives queued behind the
 gathers on one stream).
-Blocking launches (``launch: blocking``, :mod:`distsim.sim.launch_queue`)
-are refused with a NotModelledError: the timeline overlaps a device's
-compute and communication streams, which blocking launches serialise.
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations
