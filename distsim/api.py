@@ -435,9 +435,10 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
 
     ``model``: a name (``distsim models``: ``mlp``, ``gpt3-175b``,
     ``gpt2-tiny``, ...), a path to a model ``.yaml`` or ``.onnx`` file, a
-    mapping of a model's fields, or a DistIR text program (``FILE.dir``:
-    an annotated one is propagated and lowered first, a per-device one runs
-    as written; model and strategy options are refused for it). ``topology``: a name (``distsim
+    mapping of a model's fields, or a DistIR text program (``FILE.dir``,
+    its ``@main`` or its only function: an annotated one is propagated
+    and lowered first, a per-device one runs as written; model and
+    strategy options are refused for it). ``topology``: a name (``distsim
     topology``: ``dgx-a100``, clusters ``dgx-a100-x16``), a path to a
     ``.yaml`` file, or a :class:`Topology`. Every other option is
     keyword-only and named as the ``distsim simulate`` flag (``kv_heads``

@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
                     "into the output folder.")
     p.add_argument("program", nargs="?", metavar="FILE.dir",
                    help="a DistIR text program (or an example's name: nested_mlp) to simulate "
-                        "instead of --model: an annotated "
+                        "instead of --model (its @main, or its only function, as `distsim "
+                        "print` writes one): an annotated "
                         "one (meshes, placements, calls) is propagated and lowered first, a "
                         "per-device one runs as written")
     add_model_options(p)
