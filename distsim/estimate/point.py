@@ -309,7 +309,7 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
     return out
 
 
-def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list],
+def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[dict],
                         comm: Tuple[Sequence[float], Sequence[float]]) -> float:
     """How long the tensor-parallel collectives placed on ``stage``
     (``placed``: :attr:`.context.StepContext.tp_at`) overlap its pipeline
@@ -321,11 +321,8 @@ def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list],
     if not placed or not tl.p2p_starts[stage]:
         return 0.0
     # the tasks of one plan share its spans: one numpy call per plan
-    by_plan: Dict[int, Tuple[np.ndarray, list]] = {}
-    for start, spans in placed:
-        by_plan.setdefault(id(spans), (spans, []))[1].append(start)
     t = np.concatenate([(spans[None, :, :] + np.asarray(starts)[:, None, None]).reshape(-1, 2)
-                        for spans, starts in by_plan.values()])
+                        for spans, starts in placed.values()])
     c_s, c_e = comm
     p_s, p_e = _union(tl.p2p_starts[stage], tl.p2p_ends[stage])
 
