@@ -41,6 +41,9 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
     ("dp", "data-parallel degree (default: the devices tp x pp leave)"),
     ("tp", "tensor-parallel degree (default 1)"),
     ("pp", "pipeline-parallel degree (default 1)"),
+    ("ep", "expert-parallel degree of a mixture-of-experts model: each group of ep "
+           "data-parallel ranks shares out the experts, tokens dispatched and combined by "
+           "all-to-all (must divide dp and the experts; default 1)"),
     ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),

@@ -22,6 +22,7 @@ FLOPS_PER_ELEMENT.update({
     "log_softmax_grad": 4, "layernorm": 8, "rmsnorm": 5, "silu": 5, "silu_grad": 8,
     "gelu_grad": 16, "log": 1, "causal_mask": 1, "select_label": 1,
     "spmd.allreduce": 0, "spmd.copy": 0, "spmd.allgather": 0, "spmd.reducescatter": 0,
+    "spmd.alltoall": 0,
 })
 
 

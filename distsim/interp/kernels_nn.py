@@ -340,5 +340,6 @@ def _single_rank(attrs, x):
     return x.copy()
 
 
-for _name in ("spmd.allreduce", "spmd.copy", "spmd.allgather", "spmd.reducescatter"):
+for _name in ("spmd.allreduce", "spmd.copy", "spmd.allgather", "spmd.reducescatter",
+              "spmd.alltoall"):
     kernel(_name)(_single_rank)

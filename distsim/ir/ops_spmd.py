@@ -11,7 +11,12 @@ SPMD op over the group's ranks.
 - ``spmd.copy{group, size}``: identity forward, all-reduce of the gradient
   (Megatron's *f*: a replicated value entering rank-sharded compute);
 - ``spmd.allgather{group, size, dim}`` / ``spmd.reducescatter{group, size,
-  dim}``: sequence-parallel regions; each is the other's gradient.
+  dim}``: sequence-parallel regions; each is the other's gradient;
+- ``spmd.alltoall{group, size, split_dim, concat_dim}``: each rank's
+  ``split_dim`` cut into ``size`` pieces, piece ``j`` sent to rank ``j``,
+  the pieces received concatenated along ``concat_dim`` in rank order
+  (expert parallelism's dispatch and combine, group ``ep``); its gradient
+  is the all-to-all with the two dims swapped.
 
 The reduction over the group of a ``reduce_op="max"`` all-reduce is not
 differentiated (it only feeds ``stop_gradient`` paths).
@@ -68,8 +73,23 @@ def _scatter(types, attrs) -> List[TensorType]:
     return [x.with_shape(tuple(shape))]
 
 
+def _alltoall(types, attrs) -> List[TensorType]:
+    (x,) = types
+    n = _size(attrs)
+    split = _dim(x, {"dim": attrs["split_dim"]})
+    concat = _dim(x, {"dim": attrs["concat_dim"]})
+    if x.shape[split] % n:
+        raise ShapeError(f"split_dim {split} of {x.shape} is not divisible by the group size {n}")
+    shape = list(x.shape)
+    shape[split] //= n
+    shape[concat] *= n
+    return [x.with_shape(tuple(shape))]
+
+
 register(OpSpec("spmd.allreduce", 1, _same, {"group": "tp", "size": REQUIRED, "reduce_op": "sum"}))
 register(OpSpec("spmd.copy", 1, _same, {"group": "tp", "size": REQUIRED}))
 register(OpSpec("spmd.allgather", 1, _gather, {"group": "tp", "size": REQUIRED, "dim": 0}))
 register(OpSpec("spmd.reducescatter", 1, _scatter,
                 {"group": "tp", "size": REQUIRED, "dim": 0, "reduce_op": "sum"}))
+register(OpSpec("spmd.alltoall", 1, _alltoall,
+                {"group": "ep", "size": REQUIRED, "split_dim": 0, "concat_dim": 0}))

@@ -76,6 +76,11 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
                           "layout is Megatron's)")
     c2, m = resolve_batch(c, strategy)
     check_tensor_parallel(c, strategy.tp, strategy.sp)
+    if strategy.ep > 1 and not c.experts:
+        raise ConfigError(f"--ep {strategy.ep}: the model has no experts (a dense model)")
+    if strategy.ep > 1 and c.experts % strategy.ep:
+        raise ConfigError(f"--ep {strategy.ep} does not divide the model's {c.experts} "
+                          "experts")
     chunks = strategy.pp * strategy.chunks
     if chunks > c.layers:
         what = (f"pp x virtual stages = {strategy.pp} x {strategy.chunks}"

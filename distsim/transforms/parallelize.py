@@ -8,7 +8,9 @@ program of the whole ``dp x pp x tp`` mesh:
 
 1. :func:`template_step`: tensor (and sequence) parallelism from the
    plan, the one-rank SPMD template
-   (:class:`.tensor_parallel.TensorParallel`); the backward pass by
+   (:class:`.tensor_parallel.TensorParallel`), the experts shared out
+   over the expert-parallel group (:class:`.expert_parallel.ExpertParallel`);
+   the backward pass by
    autodiff of the template (the SPMD collectives' gradient rules make its
    collectives), then recomputation and the strategy's kernel fusion --
    the step of one micro-batch on one tensor-parallel rank, which the fast
@@ -28,6 +30,7 @@ from ..errors import ConfigError
 from ..ir.core import Function
 from .adam import AdamHyper
 from .autodiff import Autodiff
+from .expert_parallel import ExpertParallel
 from .fusion import Fuse
 from .megatron_plan import megatron_plan
 from .optimizer import SGDHyper
@@ -77,6 +80,7 @@ def template_step(forward: Function, strategy: Strategy, plan: Plan,
                           f"model '{model}' (it finds no pair of linear layers and no "
                           "embedding); give --plan FILE")
     template = TensorParallel(plan, strategy.tp, strategy.sp, model)(forward)
+    template = ExpertParallel(strategy.ep, model)(template)
     step = Autodiff(template.meta["loss"], template.meta["params"])(template)
     step = Recompute(strategy.recompute, regather=strategy.sp)(step)
     return Fuse(fusion_for(strategy))(step)

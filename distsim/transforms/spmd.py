@@ -286,6 +286,9 @@ class LowerSPMD(Coarsening):
                                     else said))
             if grads:
                 meta["category"] = "gradients"
+            if op.op_type == "spmd.alltoall":      # expert parallelism
+                self._alltoall(op, stage, mb, layer, meta)
+                continue
             if op.op_type.startswith("spmd."):
                 for d in self.placement.dp_indices():
                     ranks, here = self.placement.tp_team(d, stage)
@@ -345,6 +348,24 @@ class LowerSPMD(Coarsening):
             if grads:
                 self.sync.after_backward(stage, mb, grads)
         self.pending_sends.add(end, (stage, mb, c, ops))
+
+    def _alltoall(self, op: Op, stage: int, mb: int, layer: Any, meta: Dict[str, Any]) -> None:
+        """An ``spmd.alltoall`` as one ``comm.alltoall`` per expert-parallel
+        group of ``stage``."""
+        for team in self.placement.ep_teams(stage):
+            ranks = [r for _, _, r in team]
+            here = [self.placement.present(r) for r in ranks]
+            ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer) if present else None
+                   for (d, t, r), present in zip(team, here)]
+            outs = self.em.collective(
+                CollectiveType.ALL_TO_ALL, ins, ranks,
+                [self.local_name(op.outputs[0], r, mb) if present else None
+                 for r, present in zip(ranks, here)],
+                dict(meta, role="expert_parallel"),
+                split_dim=op.attrs["split_dim"], concat_dim=op.attrs["concat_dim"])
+            for r, o in zip(ranks, outs):
+                if o is not None:
+                    self.menv[(r, mb)][op.outputs[0]] = o
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
         grads = [o for o in op.outputs if o in self.grad_of]
@@ -432,7 +453,8 @@ class LowerSPMD(Coarsening):
             {p: self.stage_of_chunk(c) for p, c in self.param_chunk.items()}, self.grad_of,
             StepTasks(self.task_ops, self.producer_of, self.task_of_op, self.crossing,
                       self.task_layer_params),
-            self.stage_of_chunk)
+            self.stage_of_chunk,
+            expert={v for v in self.params if v.name in set(step.meta.get("expert_params", ()))})
         #: the values of each (rank, micro-batch) so far: the context's
         self.menv: Dict[Tuple[int, int], Dict[Value, Value]] = self.ctx.values
         self.consts: Dict[Tuple[Value, int], Value] = {}
@@ -468,7 +490,8 @@ class LowerSPMD(Coarsening):
             "param_global_shapes": step.meta.get("param_global_shapes", {}),
             "param_unpadded": step.meta.get("param_unpadded", {}),
             "consts": step.meta.get("consts", {}),
-            "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp,
+            "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp, "ep": S.ep,
+            "expert_params": step.meta.get("expert_params", []),
             "optimizer": self.hyper.name, "recompute": recompute, "fusion": fusion,
         }
         self.em.log.updated = (self.ctx.updates, self.ctx.updated)

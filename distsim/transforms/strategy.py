@@ -7,6 +7,14 @@ order, ``order="tp-dp-pp"``: the first axis varies fastest): tensor-parallel
 ranks are adjacent, so that a TP group stays inside a node whenever ``tp``
 divides the GPUs per node. ``order`` lays the mesh out otherwise (e.g.
 ``"dp-tp-pp"`` puts data-parallel peers side by side).
+
+Expert parallelism (``ep``) is no axis of its own: as Megatron-LM's, it
+splits each data-parallel team of ``dp`` ranks into ``dp / ep``
+*expert-parallel groups* of ``ep`` consecutive data-parallel ranks, which
+share out a mixture of experts' experts (each holds ``experts / ep``);
+the ranks holding the same experts (data-parallel ranks ``e, e + ep, e +
+2 ep, ...``) form the *expert-data-parallel* team that synchronises those
+experts' gradients.
 """
 from __future__ import annotations
 
@@ -56,7 +64,10 @@ class Strategy:
     path of a plan file; ``fusion``: which adjacent ops the simulated
     framework runs as one kernel (:mod:`~distsim.transforms.fusion`):
     ``megatron``, ``pytorch-eager`` or ``none`` (None: the model family's
-    default, :func:`fusion_for`)."""
+    default, :func:`fusion_for`); ``ep``: expert-parallel degree, the
+    ranks of each data-parallel team a mixture of experts' experts are
+    shared out over (see the module docstring; 1: every rank holds every
+    expert)."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -79,6 +90,7 @@ class Strategy:
     order: str = "tp-dp-pp"
     plan: Optional[str] = None
     fusion: Optional[str] = None
+    ep: int = 1
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:
@@ -89,6 +101,12 @@ class Strategy:
             raise ConfigError("--virtual-stages: only the interleaved schedule has virtual stages")
         if self.schedule == "interleaved" and self.pp == 1:
             raise ConfigError("--schedule interleaved: needs pipeline parallelism (--pp > 1)")
+        if self.ep > 1 and self.zero == 3:
+            raise ConfigError("--ep: expert parallelism with --zero 3 is not modelled "
+                              "(use --zero 0, 1 or 2)")
+        if self.dp is not None and self.dp % self.ep:
+            raise ConfigError(f"--ep {self.ep} does not divide --dp {self.dp} (expert-parallel "
+                              "groups are made of data-parallel ranks)")
 
     def resolved(self, num_devices: int) -> "Strategy":
         """With ``dp`` filled in from the device count."""
@@ -122,6 +140,17 @@ class Strategy:
             stride *= size[axis]
         return rank
 
+    def ep_team(self, dp_rank: int) -> Tuple[int, ...]:
+        """The data-parallel ranks of ``dp_rank``'s expert-parallel group
+        (``ep`` consecutive ones, which share out the experts)."""
+        first = dp_rank - dp_rank % self.ep
+        return tuple(range(first, first + self.ep))
+
+    def edp_team(self, dp_rank: int) -> Tuple[int, ...]:
+        """The data-parallel ranks holding the same experts as ``dp_rank``
+        (its expert-data-parallel team, ``dp / ep`` of them)."""
+        return tuple(range(dp_rank % self.ep, self.dp or 1, self.ep))
+
     def tp_groups(self) -> Tuple[Tuple[int, ...], ...]:
         """Every tensor-parallel group's ranks (one per dp x pp coordinate)."""
         return tuple(tuple(self.rank(d, p, t) for t in range(self.tp))
@@ -153,11 +182,12 @@ def _flag(name: str) -> str:
 
 
 #: Every field, in the order :meth:`Strategy.__post_init__` checks them.
-_CHECK_ORDER = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
+_CHECK_ORDER = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
                 "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order", "plan",
                 "fusion")
-_POSITIVE = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "micro_batch")
+_POSITIVE = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
+             "micro_batch")
 _BOOLS = ("symmetry", "coarsen", "sp")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
             "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS}
@@ -172,7 +202,7 @@ def check_field(name: str, value: Any, label: Optional[str] = None) -> None:
     check their values with this before running any point."""
     label = label or f"--{_flag(name)}"
     if name in _POSITIVE:
-        if value is None and name not in ("tp", "pp"):
+        if value is None and name not in ("tp", "pp", "ep"):
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{label}: must be a positive integer, got {value!r}")
