@@ -6,11 +6,13 @@ The builders write it on the program's ops (``meta``): ``phase``
 on the weight-gradient part of a split backward (the zero-bubble
 schedules: key ``weight gradients``), ``role`` of a
 collective (``grad_sync``: gradient synchronisation, ``zero_gather``: ZeRO-3
-parameter gathers, ``pipeline``: send/recv between stages; none: a
+parameter gathers, ``pipeline``: send/recv between stages,
+``expert_parallel``: expert parallelism's all-to-all; none: a
 tensor-parallel collective), ``microbatch`` and ``stage``. A trace's records
 name their op (the op's first result), so :func:`record_phases` reads these
 through the program. Without the program only what the records say is
-known: send/recv is pipeline p2p, ``detail: recompute`` is recomputation,
+known: send/recv is pipeline p2p, all-to-all expert parallelism's,
+``detail: recompute`` is recomputation,
 ``detail: weight gradient`` a split backward's weight-gradient part, an
 optimizer op type is the optimizer, the rest is compute or
 communication.
@@ -32,7 +34,7 @@ from distsim.transforms.backward_split import WEIGHT_DETAIL
 COMPUTE_KEYS: Tuple[str, ...] = ("forward", "backward", "weight gradients", "recompute",
                                   "optimizer", "compute")
 #: communication kinds, in legend order ("communication": none of the others)
-COMM_KEYS: Tuple[str, ...] = ("TP", "SP", "DP", "ZeRO", "pipeline p2p", "communication")
+COMM_KEYS: Tuple[str, ...] = ("TP", "SP", "DP", "ZeRO", "EP", "pipeline p2p", "communication")
 KEYS: Tuple[str, ...] = COMPUTE_KEYS + COMM_KEYS
 
 #: colour per key (Tableau 10: told apart by most colour-blind readers)
@@ -40,7 +42,7 @@ KEY_COLOURS: Dict[str, str] = {
     "forward": "#4e79a7", "backward": "#59a14f", "weight gradients": "#8cd17d",
     "recompute": "#edc948",
     "optimizer": "#b07aa1", "compute": "#9c9c9c",
-    "TP": "#f28e2b", "SP": "#ff9da7", "DP": "#e15759", "ZeRO": "#9c755f",
+    "TP": "#f28e2b", "SP": "#ff9da7", "DP": "#e15759", "ZeRO": "#9c755f", "EP": "#76b7b2",
     "pipeline p2p": "#17becf", "communication": "#79706e",
 }
 #: what each communication kind stands for (legend and report)
@@ -49,6 +51,7 @@ COMM_MEANING: Dict[str, str] = {
     "SP": "sequence-parallel all-gather / reduce-scatter",
     "DP": "data-parallel gradient all-reduce",
     "ZeRO": "ZeRO gradient reduce-scatter and parameter all-gather",
+    "EP": "expert-parallel all-to-all (tokens dispatched to their experts and combined back)",
     "pipeline p2p": "send/recv between pipeline stages",
     "communication": "other communication",
 }
@@ -75,6 +78,8 @@ class RecordPhases:
 def comm_key(op_type: str, meta: Mapping[str, Any], sp: bool) -> str:
     """The communication kind of a collective with this type and ``meta``."""
     role = meta.get("role")
+    if role == "expert_parallel" or op_type == "comm.alltoall":
+        return "EP"
     if role == "pipeline" or op_type == "comm.sendrecv":
         return "pipeline p2p"
     if role == "zero_gather":
@@ -106,6 +111,8 @@ def compute_key(op_type: str, meta: Mapping[str, Any]) -> str:
 def _key_without_program(op_type: str, detail: str, category: str) -> str:
     if op_type == "comm.sendrecv":
         return "pipeline p2p"
+    if op_type == "comm.alltoall":
+        return "EP"
     if category == "communication":
         return "communication"
     if detail == "recompute":
