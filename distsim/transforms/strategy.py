@@ -101,6 +101,9 @@ class Strategy:
             raise ConfigError("--virtual-stages: only the interleaved schedule has virtual stages")
         if self.schedule == "interleaved" and self.pp == 1:
             raise ConfigError("--schedule interleaved: needs pipeline parallelism (--pp > 1)")
+        if self.ep > 1 and self.sp:
+            raise ConfigError("--ep: expert parallelism with --sp is not modelled "
+                              "(sequence shards of the experts' slots)")
         if self.ep > 1 and self.zero == 3:
             raise ConfigError("--ep: expert parallelism with --zero 3 is not modelled "
                               "(use --zero 0, 1 or 2)")

@@ -203,7 +203,7 @@ FD_CASES: Dict[str, Case] = {
 def run_spmd(f: Function, per_rank_inputs: Sequence[Sequence[np.ndarray]]) -> List[list]:
     """Outputs of every rank of ``f`` run in lock step, the SPMD
     collectives done over the ranks: all-reduce (sum), copy (identity),
-    all-gather and reduce-scatter (sum) along ``dim``."""
+    all-gather and reduce-scatter (sum) along ``dim``, all-to-all."""
     n = len(per_rank_inputs)
     envs = [dict(zip(f.inputs, ins)) for ins in per_rank_inputs]
     for op in f.ops:
@@ -217,6 +217,10 @@ def run_spmd(f: Function, per_rank_inputs: Sequence[Sequence[np.ndarray]]) -> Li
                 outs = xs
             elif op.op_type == "spmd.allgather":
                 outs = [np.concatenate(xs, axis=op.attrs["dim"])] * n
+            elif op.op_type == "spmd.alltoall":   # piece j of each rank to rank j
+                pieces = [np.split(x, n, axis=op.attrs["split_dim"]) for x in xs]
+                outs = [np.concatenate([p[dst] for p in pieces], axis=op.attrs["concat_dim"])
+                        for dst in range(n)]
             else:
                 outs = np.split(sum(xs), n, axis=op.attrs["dim"])
             results = [[np.array(o)] for o in outs]
@@ -308,6 +312,13 @@ SPMD_CASES: Dict[str, SpmdCase] = {
         lambda b, x, w: b.op("mul", [b.op("spmd.reducescatter", [x], {"size": SIZE, "dim": 0}),
                                      w]),
         {"x": t(SIZE * 2, 2), "w": t(2, 2)}, ["x", "w"]),
+    # each rank's rows sent out in pieces, received side by side (expert
+    # parallelism's dispatch): the all-to-all with the dims swapped backward
+    "spmd.alltoall": SpmdCase(
+        "spmd.alltoall",
+        lambda b, x, w: b.op("mul", [b.op("spmd.alltoall", [x], {"size": SIZE, "split_dim": 0,
+                                                                  "concat_dim": 1}), w]),
+        {"x": t(SIZE * 2, 3), "w": t(2, 3 * SIZE)}, ["x", "w"]),
 }
 
 
