@@ -14,7 +14,8 @@ program for every rank of the ``dp x pp x tp`` mesh (rank numbering in
   backward split into input-gradient B and weight-gradient W tasks by
   :mod:`.backward_split`); values that cross
   stages travel by ``comm.sendrecv`` right after the task producing them;
-- SPMD collectives turned into ``comm.*`` ops over each TP group;
+- SPMD collectives turned into ``comm.*`` ops over each TP group (an
+  ``spmd.alltoall``, expert parallelism's, over each expert-parallel group);
 - gradient accumulation over the micro-batches (in the backward tasks),
   data-parallel gradient synchronisation and the AdamW update with
   mixed precision, sharded as the ZeRO stage says (:mod:`.zero`).

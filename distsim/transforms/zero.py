@@ -55,6 +55,11 @@ every rank that holds it:
   divide travels alone; with ``bucket_mb`` 0 the one deferred
   reduce-scatter per parameter stays per parameter.
 
+Under expert parallelism an expert's weights (``LoweringContext.expert``)
+are synchronised and ZeRO-sharded over their expert-data-parallel team of
+``dp / ep`` ranks rather than the data-parallel team, by a policy of their
+own (their gradients divided by ``ep`` too: :func:`~.sync_policy.gradient_share`).
+
 What happens when (routes, buckets, the order of the step's end, what an
 update consists of) is decided by :class:`~.sync_policy.SyncPolicy`, which
 the sweep's fast tier shares; :class:`GradientSync` carries the decisions
