@@ -96,6 +96,12 @@ RUN: Group = ("Simulation", (
                      "communicators run: a tensor-parallel all-reduce does not wait for a "
                      "data-parallel one; they share links) or 'shared' (default: one stream "
                      "for every collective, in program order)"),
+    ("launch", "how the host launches kernels: 'async' (default: launches return at once, "
+               "the host runs ahead of the device) or 'blocking' (each launch waits for its "
+               "kernel, as under CUDA_LAUNCH_BLOCKING=1: one kernel, collective or group of "
+               "point-to-point transfers at a time per device, in program order, no "
+               "compute/communication overlap, the host's launch time before each; the "
+               "estimator refuses it)"),
     ("max_ops", "refuse, before building it, a program estimated at more than this many "
                 "ops (None: 50,000,000; 0: no limit)"),
     ("max_wall_s", "stop a run still going after this many seconds of wall-clock time, "

@@ -21,7 +21,7 @@ without building or simulating the whole program. A peer of
   :func:`distsim.simulate` raises for the same options: invalid options,
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model (the ``zb-h1``
-  schedule) with a :class:`~distsim.errors.NotModelledError`, which a
+  schedule, ``launch: blocking``) with a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
 - *Models*: what the lowering decides, from the same decision

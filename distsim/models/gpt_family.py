@@ -90,14 +90,28 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
     return m
 
 
-def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Function:
-    """The SPMD step of one micro-batch (see the module docstring)."""
+def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int,
+                   backward: Optional[Function] = None) -> Function:
+    """The SPMD step of one micro-batch (see the module docstring).
+    ``backward``: :func:`build_gpt_backward` of the same model, micro-batch,
+    ``tp``, ``sp`` and ``pp > 1``, where it was built already (it is left
+    unchanged)."""
     # the sharding layer is imported when a step is built, not with the family
     # (reading and running a lowered program needs neither)
+    from ..transforms.parallelize import finish_step
+    if backward is None:
+        backward = build_gpt_backward(c, strategy, micro_batch)
+    return finish_step(backward, strategy)
+
+
+def build_gpt_backward(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Function:
+    """:func:`build_gpt_step` before recomputation and fusion
+    (:func:`~distsim.transforms.parallelize.differentiated_template`): the
+    same for every ``recompute`` and ``fusion`` of ``strategy``."""
     from ..transforms.megatron_plan import megatron_plan
-    from ..transforms.parallelize import template_step
+    from ..transforms.parallelize import differentiated_template
     fwd = gpt_forward(c, micro_batch=micro_batch, untie=strategy.pp > 1, pad_for=strategy.tp)
-    return template_step(fwd, strategy, megatron_plan(fwd), "gpt")
+    return differentiated_template(fwd, strategy, megatron_plan(fwd), "gpt")
 
 
 def rank_forward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool) -> Function:

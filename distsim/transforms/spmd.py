@@ -317,7 +317,12 @@ class LowerSPMD(Coarsening):
                     self.sync.after_backward(stage, mb, grads)
                 continue
             for d, t, r in self.placement.group(stage):
-                ins = [self.get(v, r, d, t, mb, stage, layer) for v in op.inputs]
+                # :meth:`get`'s first look, inlined (most inputs are found there)
+                env = self.menv.get((r, mb))
+                if env is None:
+                    env = self.menv[(r, mb)] = {}
+                ins = [x if (x := env.get(v)) is not None
+                       else self.get(v, r, d, t, mb, stage, layer) for v in op.inputs]
                 # attributes and result types computed once per template op and
                 # tensor-parallel rank (and input types): the micro-batches and
                 # data-parallel replicas repeat them
@@ -342,7 +347,6 @@ class LowerSPMD(Coarsening):
                 outs = em.emit(op.op_type, ins, attrs, types,
                                [self.local_name(v, r, mb) for v in op.outputs], meta, entry,
                                op.subfunctions)
-                env = self.menv[(r, mb)]
                 for v, o in zip(op.outputs, outs):
                     env[v] = o
                 self.gathers.note_layer_output(r, outs[0])
