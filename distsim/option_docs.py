@@ -49,6 +49,9 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
                 "(blocks passed around the ring point to point, each overlapped with the "
                 "attention of the block at hand; needs fused attention) or 'alltoall' "
                 "(DeepSpeed-Ulysses: sequence exchanged for heads around attention)"),
+    ("ep", "expert-parallel degree of a mixture-of-experts model: each group of ep "
+           "data-parallel ranks shares out the experts, tokens dispatched and combined by "
+           "all-to-all (must divide dp and the experts; default 1)"),
     ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),

@@ -57,6 +57,10 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                         "attention of the block at hand, as Megatron-LM; needs --attention "
                         "fused) or alltoall (DeepSpeed-Ulysses: sequence exchanged for heads "
                         "and back; cp must divide the key/value heads per tp rank)")
+    g.add_argument("--ep", type=int,
+                   help="expert-parallel degree of a mixture-of-experts model: each group of "
+                        "ep data-parallel ranks shares out the experts, tokens dispatched and "
+                        "combined by all-to-all (must divide --dp and the experts; default: 1)")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel regions (needs --tp > 1)")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
@@ -175,7 +179,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "capacity_factor", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
-                "prefetch", "zero3_unit", "order", "plan", "fusion"):
+                "prefetch", "zero3_unit", "order", "plan", "fusion", "ep"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

@@ -19,7 +19,8 @@ SPMD op over the group's ranks.
 - ``spmd.alltoall{group, size, split_dim, concat_dim}``: each rank splits
   its value along ``split_dim`` into ``size`` pieces, sends piece ``j`` to
   rank ``j`` and concatenates what it receives along ``concat_dim`` (in
-  rank order; DeepSpeed-Ulysses' exchange of sequence for heads); its
+  rank order: DeepSpeed-Ulysses' exchange of sequence for heads, group
+  ``cp``; expert parallelism's dispatch and combine, group ``ep``); its
   gradient is the all-to-all with the two dims swapped.
 
 The reduction over the group of a ``reduce_op="max"`` all-reduce is not
@@ -77,9 +78,6 @@ def _scatter(types, attrs) -> List[TensorType]:
     return [x.with_shape(tuple(shape))]
 
 
-register(OpSpec("spmd.allreduce", 1, _same, {"group": "tp", "size": REQUIRED, "reduce_op": "sum"}))
-register(OpSpec("spmd.copy", 1, _same, {"group": "tp", "size": REQUIRED}))
-register(OpSpec("spmd.allgather", 1, _gather, {"group": "tp", "size": REQUIRED, "dim": 0}))
 def _all_to_all(types, attrs) -> List[TensorType]:
     (x,) = types
     n = _size(attrs)
@@ -93,6 +91,9 @@ def _all_to_all(types, attrs) -> List[TensorType]:
     return [x.with_shape(tuple(shape))]
 
 
+register(OpSpec("spmd.allreduce", 1, _same, {"group": "tp", "size": REQUIRED, "reduce_op": "sum"}))
+register(OpSpec("spmd.copy", 1, _same, {"group": "tp", "size": REQUIRED}))
+register(OpSpec("spmd.allgather", 1, _gather, {"group": "tp", "size": REQUIRED, "dim": 0}))
 register(OpSpec("spmd.alltoall", 1, _all_to_all,
                 {"group": "tp", "size": REQUIRED, "split_dim": 0, "concat_dim": 0}))
 register(OpSpec("spmd.shift", 1, _same, {"group": "tp", "size": REQUIRED, "offset": 1}))

@@ -91,6 +91,11 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
         raise ConfigError(f"--cp-comm alltoall: --cp {strategy.cp} does not divide the {heads} "
                           "key/value heads of each tensor-parallel rank (Ulysses splits them "
                           "over the cp ranks)")
+    if strategy.ep > 1 and not c.experts:
+        raise ConfigError(f"--ep {strategy.ep}: the model has no experts (a dense model)")
+    if strategy.ep > 1 and c.experts % strategy.ep:
+        raise ConfigError(f"--ep {strategy.ep} does not divide the model's {c.experts} "
+                          "experts")
     chunks = strategy.pp * strategy.chunks
     if chunks > c.layers:
         what = (f"pp x virtual stages = {strategy.pp} x {strategy.chunks}"

@@ -25,7 +25,7 @@ from .registry import ModelFamily, register_family
 #: the strategy fields only the generic path applies
 GENERIC_OPTIONS = ("zero", "recompute", "microbatches", "schedule", "virtual_stages",
                    "bucket_mb", "global_batch", "micro_batch", "partition", "prefetch",
-                   "zero3_unit", "plan", "fusion")
+                   "zero3_unit", "plan", "fusion", "ep")
 
 
 def _config(config: Mapping[str, Any]) -> MLPConfig:

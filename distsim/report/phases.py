@@ -8,13 +8,14 @@ schedules: key ``weight gradients``), ``role`` of a
 collective (``grad_sync``: gradient synchronisation, ``zero_gather``: ZeRO-3
 parameter gathers, ``pipeline``: send/recv between stages, ``cp``: context
 parallelism's key/value gathers (or all-to-alls), ``cp_ring``: its ring
-attention's block exchanges; none: a tensor-parallel collective),
-``microbatch`` and ``stage``. A trace's records name their op (the op's
-first result), so :func:`record_phases` reads these through the program.
-Without the program only what the records say is known: send/recv is
-pipeline p2p, ``detail: recompute`` is recomputation, ``detail: weight
-gradient`` a split backward's weight-gradient part, an optimizer op type is
-the optimizer, the rest is compute or communication.
+attention's block exchanges, ``expert_parallel``: expert parallelism's
+all-to-all; none: a tensor-parallel collective), ``microbatch`` and
+``stage``. A trace's records name their op (the op's first result), so
+:func:`record_phases` reads these through the program. Without the program
+only what the records say is known: send/recv is pipeline p2p, an
+all-to-all expert parallelism's, ``detail: recompute`` is recomputation,
+``detail: weight gradient`` a split backward's weight-gradient part, an
+optimizer op type is the optimizer, the rest is compute or communication.
 
 Each record gets one **key**: a compute phase (:data:`COMPUTE_KEYS`) or a
 communication kind (:data:`COMM_KEYS`), the colour it is drawn in.
@@ -33,7 +34,7 @@ from distsim.transforms.backward_split import WEIGHT_DETAIL
 COMPUTE_KEYS: Tuple[str, ...] = ("forward", "backward", "weight gradients", "recompute",
                                   "optimizer", "compute")
 #: communication kinds, in legend order ("communication": none of the others)
-COMM_KEYS: Tuple[str, ...] = ("TP", "SP", "CP", "CP ring", "DP", "ZeRO", "pipeline p2p",
+COMM_KEYS: Tuple[str, ...] = ("TP", "SP", "CP", "CP ring", "DP", "ZeRO", "EP", "pipeline p2p",
                               "communication")
 KEYS: Tuple[str, ...] = COMPUTE_KEYS + COMM_KEYS
 
@@ -43,7 +44,7 @@ KEY_COLOURS: Dict[str, str] = {
     "recompute": "#edc948",
     "optimizer": "#b07aa1", "compute": "#9c9c9c",
     "TP": "#f28e2b", "SP": "#ff9da7", "CP": "#76b7b2", "CP ring": "#499894", "DP": "#e15759",
-    "ZeRO": "#9c755f",
+    "ZeRO": "#9c755f", "EP": "#bcbd22",
     "pipeline p2p": "#17becf", "communication": "#79706e",
 }
 #: what each communication kind stands for (legend and report)
@@ -55,6 +56,7 @@ COMM_MEANING: Dict[str, str] = {
     "CP ring": "ring attention's key/value (and dK/dV) blocks, send/recv to the next rank",
     "DP": "data-parallel gradient all-reduce",
     "ZeRO": "ZeRO gradient reduce-scatter and parameter all-gather",
+    "EP": "expert-parallel all-to-all (tokens dispatched to their experts and combined back)",
     "pipeline p2p": "send/recv between pipeline stages",
     "communication": "other communication",
 }
@@ -85,6 +87,8 @@ def comm_key(op_type: str, meta: Mapping[str, Any], sp: bool) -> str:
         return "CP"
     if role == "cp_ring":
         return "CP ring"
+    if role == "expert_parallel" or op_type == "comm.alltoall":
+        return "EP"
     if role == "pipeline" or op_type == "comm.sendrecv":
         return "pipeline p2p"
     if role == "zero_gather":
@@ -116,6 +120,8 @@ def compute_key(op_type: str, meta: Mapping[str, Any]) -> str:
 def _key_without_program(op_type: str, detail: str, category: str) -> str:
     if op_type == "comm.sendrecv":
         return "pipeline p2p"
+    if op_type == "comm.alltoall":
+        return "EP"
     if category == "communication":
         return "communication"
     if detail == "recompute":

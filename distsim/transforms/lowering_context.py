@@ -79,6 +79,28 @@ class RankPlacement:
         S = self.strategy
         return [S.rank(d, stage, t) for d in range(S.dp)]
 
+    def sync_teams(self, stage: int, expert: bool) -> List[List[int]]:
+        """The teams that synchronise a parameter's gradients on ``stage``:
+        per tensor-parallel rank its data-parallel team, or for an
+        expert's weights (``expert``) each expert-data-parallel team
+        (:meth:`~.strategy.Strategy.edp_team`) with a member in the program."""
+        if not expert:
+            return [self.dp_team(stage, t) for t in self.tp_indices()]
+        S = self.strategy
+        shards = range(1) if self.representatives else range(S.ep)
+        return [[S.rank(d, stage, t) for d in S.edp_team(e)]
+                for t in self.tp_indices() for e in shards]
+
+    def ep_teams(self, stage: int) -> List[Tuple[Tuple[int, int, int], ...]]:
+        """The expert-parallel groups of ``stage`` with a member in the
+        program: each member as (dp rank, tp rank, global rank)."""
+        S, teams = self.strategy, []
+        firsts = sorted({S.ep_team(d)[0] for d in self.dp_indices()})
+        for t in self.tp_indices():
+            for first in firsts:
+                teams.append(tuple((d, t, S.rank(d, stage, t)) for d in S.ep_team(first)))
+        return teams
+
 
 @dataclass
 class StepTasks:
@@ -109,6 +131,8 @@ class LoweringContext:
     grad_of: Dict[Value, Value]
     tasks: StepTasks
     stage_of_chunk: Callable[[int], int]
+    #: the experts' stacked weights, shared out over expert-parallel groups
+    expert: Set[Value] = field(default_factory=set)
     values: Dict[Tuple[int, int], Dict[Any, Value]] = field(default_factory=dict)
     kind: str = "F"
     #: in-place updates, old value name -> new (``meta["updates"]``), and
@@ -130,18 +154,17 @@ class LoweringContext:
 
     def dp_collective(self, kind: CollectiveType, stage: int, name: str,
                       local: Callable[[int], Optional[Value]], meta: Dict[str, Any],
-                      **attrs: Any) -> Dict[int, Value]:
+                      expert: bool = False, **attrs: Any) -> Dict[int, Value]:
         """One ``kind`` collective over the dp ranks of each tensor-parallel
         rank of ``stage`` (``local(rank)``: its input, None where the rank
         is not in the program), results named ``{name}_r{rank}``; per rank,
-        its result (its input unchanged with dp 1). The ZeRO gathers and
-        reduce-scatters all go through here."""
-        placement, out = self.placement, {}
-        dp = self.strategy.dp
-        for t in placement.tp_indices():
-            ranks = placement.dp_team(stage, t)
+        its result (its input unchanged with dp 1). ``expert``: over the
+        expert-data-parallel teams instead (an expert's weights). The ZeRO
+        gathers and reduce-scatters all go through here."""
+        out = {}
+        for ranks in self.placement.sync_teams(stage, expert):
             ins: Sequence[Optional[Value]] = [local(r) for r in ranks]
-            if dp > 1:
+            if len(ranks) > 1:
                 ins = self.emitter.collective(kind, ins, ranks, [f"{name}_r{r}" for r in ranks],
                                               meta, **attrs)
             out.update({r: x for r, x in zip(ranks, ins) if x is not None})

@@ -8,7 +8,9 @@ program of the whole ``dp x pp x tp`` mesh:
 
 1. :func:`template_step`: tensor (and sequence) parallelism from the
    plan, the one-rank SPMD template
-   (:class:`.tensor_parallel.TensorParallel`); the backward pass by
+   (:class:`.tensor_parallel.TensorParallel`), the experts shared out
+   over the expert-parallel group (:class:`.expert_parallel.ExpertParallel`);
+   the backward pass by
    autodiff of the template (the SPMD collectives' gradient rules make its
    collectives), then recomputation and the strategy's kernel fusion --
    the step of one micro-batch on one tensor-parallel rank, which the fast
@@ -28,6 +30,7 @@ from ..errors import ConfigError
 from ..ir.core import Function
 from .adam import AdamHyper
 from .autodiff import Autodiff
+from .expert_parallel import ExpertParallel
 from .fusion import Fuse
 from .megatron_plan import megatron_plan
 from .optimizer import SGDHyper
@@ -79,15 +82,17 @@ def template_step(forward: Function, strategy: Strategy, plan: Plan,
 def differentiated_template(forward: Function, strategy: Strategy, plan: Plan,
                             model: str = "the model") -> Function:
     """:func:`template_step` before recomputation and fusion: ``plan``
-    placed over ``strategy.tp`` ranks (``strategy.sp``) and differentiated.
-    It reads nothing else of ``strategy``, and :func:`finish_step` leaves it
-    unchanged, so steps that differ only in recomputation or fusion can
-    finish one (the estimator's templates do)."""
+    placed over ``strategy.tp`` ranks (``strategy.sp``), the experts over
+    ``strategy.ep``, and differentiated. It reads nothing else of
+    ``strategy``, and :func:`finish_step` leaves it unchanged, so steps that
+    differ only in recomputation or fusion can finish one (the estimator's
+    templates do)."""
     if strategy.tp > 1 and not plan.entries:
         raise ConfigError(f"--tp {strategy.tp}: plan '{plan.name}' places no parameter of "
                           f"model '{model}' (it finds no pair of linear layers and no "
                           "embedding); give --plan FILE")
     template = TensorParallel(plan, strategy.tp, strategy.sp, model)(forward)
+    template = ExpertParallel(strategy.ep, model)(template)
     return Autodiff(template.meta["loss"], template.meta["params"])(template)
 
 

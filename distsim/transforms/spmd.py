@@ -14,7 +14,8 @@ program for every rank of the ``dp x pp x tp`` mesh (rank numbering in
   backward split into input-gradient B and weight-gradient W tasks by
   :mod:`.backward_split`); values that cross
   stages travel by ``comm.sendrecv`` right after the task producing them;
-- SPMD collectives turned into ``comm.*`` ops over each TP group;
+- SPMD collectives turned into ``comm.*`` ops over each TP group (an
+  ``spmd.alltoall``, expert parallelism's, over each expert-parallel group);
 - gradient accumulation over the micro-batches (in the backward tasks),
   data-parallel gradient synchronisation and the AdamW update with
   mixed precision, sharded as the ZeRO stage says (:mod:`.zero`).
@@ -297,6 +298,9 @@ class LowerSPMD(Coarsening):
             if op.op_type.startswith("spmd.") and op.attrs.get("group") == "cp":
                 self._cp_collective(op, stage, mb, layer, meta)
                 continue
+            if op.op_type == "spmd.alltoall":      # expert parallelism
+                self._alltoall(op, stage, mb, layer, meta)
+                continue
             if op.op_type.startswith("spmd."):
                 for d in self.placement.dp_indices():
                     ranks, here = self.placement.tp_team(d, stage)
@@ -413,6 +417,24 @@ class LowerSPMD(Coarsening):
             if out is not None:
                 self.menv[(dst, mb)][op.outputs[0]] = out
 
+    def _alltoall(self, op: Op, stage: int, mb: int, layer: Any, meta: Dict[str, Any]) -> None:
+        """An ``spmd.alltoall`` as one ``comm.alltoall`` per expert-parallel
+        group of ``stage``."""
+        for team in self.placement.ep_teams(stage):
+            ranks = [r for _, _, r in team]
+            here = [self.placement.present(r) for r in ranks]
+            ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer) if present else None
+                   for (d, t, r), present in zip(team, here)]
+            outs = self.em.collective(
+                CollectiveType.ALL_TO_ALL, ins, ranks,
+                [self.local_name(op.outputs[0], r, mb) if present else None
+                 for r, present in zip(ranks, here)],
+                dict(meta, role="expert_parallel"),
+                split_dim=op.attrs["split_dim"], concat_dim=op.attrs["concat_dim"])
+            for r, o in zip(ranks, outs):
+                if o is not None:
+                    self.menv[(r, mb)][op.outputs[0]] = o
+
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
         grads = [o for o in op.outputs if o in self.grad_of]
         if grads:
@@ -499,7 +521,8 @@ class LowerSPMD(Coarsening):
             {p: self.stage_of_chunk(c) for p, c in self.param_chunk.items()}, self.grad_of,
             StepTasks(self.task_ops, self.producer_of, self.task_of_op, self.crossing,
                       self.task_layer_params),
-            self.stage_of_chunk)
+            self.stage_of_chunk,
+            expert={v for v in self.params if v.name in set(step.meta.get("expert_params", ()))})
         #: the values of each (rank, micro-batch) so far: the context's
         self.menv: Dict[Tuple[int, int], Dict[Value, Value]] = self.ctx.values
         self.consts: Dict[Tuple[Value, int], Value] = {}
@@ -535,7 +558,8 @@ class LowerSPMD(Coarsening):
             "param_global_shapes": step.meta.get("param_global_shapes", {}),
             "param_unpadded": step.meta.get("param_unpadded", {}),
             "consts": step.meta.get("consts", {}),
-            "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp,
+            "stage_ranges": self.ranges, "dp": S.dp, "tp": S.tp, "pp": S.pp, "ep": S.ep,
+            "expert_params": step.meta.get("expert_params", []),
             "optimizer": self.hyper.name, "recompute": recompute, "fusion": fusion,
         }
         if self.cp > 1:   # dp counts the context-parallel ranks too (flat_cp)

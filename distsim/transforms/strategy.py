@@ -13,6 +13,14 @@ inside it (Megatron-LM's ``tp-cp-dp-pp``), so that data-parallel rank
 ``d`` and context-parallel rank ``c`` sit at position ``d * cp + c`` of an
 axis of ``dp x cp`` ranks (:meth:`Strategy.flat_cp`). The weights'
 gradients are synchronised over that whole axis, as Megatron does.
+
+Expert parallelism (``ep``) is no axis of its own: as Megatron-LM's, it
+splits each data-parallel team of ``dp`` ranks into ``dp / ep``
+*expert-parallel groups* of ``ep`` consecutive data-parallel ranks, which
+share out a mixture of experts' experts (each holds ``experts / ep``);
+the ranks holding the same experts (data-parallel ranks ``e, e + ep, e +
+2 ep, ...``) form the *expert-data-parallel* team that synchronises those
+experts' gradients.
 """
 from __future__ import annotations
 
@@ -71,7 +79,11 @@ class Strategy:
     way), ``ring`` (blocks passed around the ring point to point, each
     step's transfer overlapped with the attention of the block at hand:
     Megatron-LM's ring attention) or ``alltoall`` (DeepSpeed-Ulysses:
-    sequence exchanged for heads before attention and back after it)."""
+    sequence exchanged for heads before attention and back after it);
+    ``ep``: expert-parallel degree, the
+    ranks of each data-parallel team a mixture of experts' experts are
+    shared out over (see the module docstring; 1: every rank holds every
+    expert)."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -95,7 +107,8 @@ class Strategy:
     plan: Optional[str] = None
     fusion: Optional[str] = None
     cp: int = 1
-    cp_comm: Literal["allgather", "ring"] = "allgather"
+    cp_comm: Literal["allgather", "ring", "alltoall"] = "allgather"
+    ep: int = 1
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:
@@ -108,6 +121,15 @@ class Strategy:
             raise ConfigError("--schedule interleaved: needs pipeline parallelism (--pp > 1)")
         if self.cp_comm != "allgather" and self.cp == 1:
             raise ConfigError(f"--cp-comm {self.cp_comm}: needs context parallelism (--cp > 1)")
+        if self.ep > 1 and self.sp:
+            raise ConfigError("--ep: expert parallelism with --sp is not modelled "
+                              "(sequence shards of the experts' slots)")
+        if self.ep > 1 and self.zero == 3:
+            raise ConfigError("--ep: expert parallelism with --zero 3 is not modelled "
+                              "(use --zero 0, 1 or 2)")
+        if self.dp is not None and self.dp % self.ep:
+            raise ConfigError(f"--ep {self.ep} does not divide --dp {self.dp} (expert-parallel "
+                              "groups are made of data-parallel ranks)")
 
     def resolved(self, num_devices: int) -> "Strategy":
         """With ``dp`` filled in from the device count."""
@@ -154,6 +176,17 @@ class Strategy:
             stride *= size[axis]
         return rank
 
+    def ep_team(self, dp_rank: int) -> Tuple[int, ...]:
+        """The data-parallel ranks of ``dp_rank``'s expert-parallel group
+        (``ep`` consecutive ones, which share out the experts)."""
+        first = dp_rank - dp_rank % self.ep
+        return tuple(range(first, first + self.ep))
+
+    def edp_team(self, dp_rank: int) -> Tuple[int, ...]:
+        """The data-parallel ranks holding the same experts as ``dp_rank``
+        (its expert-data-parallel team, ``dp / ep`` of them)."""
+        return tuple(range(dp_rank % self.ep, self.dp or 1, self.ep))
+
     def tp_groups(self) -> Tuple[Tuple[int, ...], ...]:
         """Every tensor-parallel group's ranks (one per dp x cp x pp coordinate)."""
         return tuple(tuple(self.rank(d, p, t) for t in range(self.tp))
@@ -185,12 +218,12 @@ def _flag(name: str) -> str:
 
 
 #: Every field, in the order :meth:`Strategy.__post_init__` checks them.
-_CHECK_ORDER = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch",
+_CHECK_ORDER = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
                 "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order", "plan",
                 "fusion", "cp", "cp_comm")
-_POSITIVE = ("dp", "tp", "pp", "microbatches", "virtual_stages", "global_batch", "micro_batch",
-             "cp")
+_POSITIVE = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
+             "micro_batch", "cp")
 _BOOLS = ("symmetry", "coarsen", "sp")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
             "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS,
@@ -206,7 +239,7 @@ def check_field(name: str, value: Any, label: Optional[str] = None) -> None:
     check their values with this before running any point."""
     label = label or f"--{_flag(name)}"
     if name in _POSITIVE:
-        if value is None and name not in ("tp", "pp", "cp"):
+        if value is None and name not in ("tp", "pp", "ep", "cp"):
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{label}: must be a positive integer, got {value!r}")

@@ -77,15 +77,26 @@ def sync_kind(zero: int) -> CollectiveType:
     return CollectiveType.REDUCE_SCATTER if zero >= 2 else CollectiveType.ALL_REDUCE
 
 
-def accumulation_ops(microbatch: int, microbatches: int) -> Tuple[str, ...]:
+def accumulation_ops(microbatch: int, microbatches: int, share: int = 1) -> Tuple[str, ...]:
     """The ops that put micro-batch ``microbatch``'s gradient into its
     buffer: the first is written into the buffer itself (no op), the later
     ones are added to it (``add``), and the last is divided by the number
-    of micro-batches (``scale``, when there are several)."""
+    of micro-batches (``scale``, when there are several) times ``share``
+    (an expert's weights under expert parallelism: each rank's gradient
+    sums the tokens of ``ep`` data-parallel ranks, :func:`gradient_share`)."""
     adds = ("add",) if microbatch > 0 else ()
-    if microbatches > 1 and microbatch == microbatches - 1:
+    if microbatches * share > 1 and microbatch == microbatches - 1:
         return adds + ("scale",)
     return adds
+
+
+def gradient_share(strategy: Strategy, expert: bool) -> int:
+    """By how many data-parallel ranks' tokens (besides the micro-batches)
+    a rank's accumulated gradient is divided before its sync averages it
+    over its team: ``ep`` for an expert's weights (the gradient a rank
+    makes sums the tokens its expert-parallel group sent it, and its team
+    of ``dp / ep`` averages; Megatron-LM divides by ``dp`` alike), else 1."""
+    return strategy.ep if expert else 1
 
 
 @dataclass(frozen=True)

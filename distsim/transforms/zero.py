@@ -55,6 +55,11 @@ every rank that holds it:
   divide travels alone; with ``bucket_mb`` 0 the one deferred
   reduce-scatter per parameter stays per parameter.
 
+Under expert parallelism an expert's weights (``LoweringContext.expert``)
+are synchronised and ZeRO-sharded over their expert-data-parallel team of
+``dp / ep`` ranks rather than the data-parallel team, by a policy of their
+own (their gradients divided by ``ep`` too: :func:`~.sync_policy.gradient_share`).
+
 What happens when (routes, buckets, the order of the step's end, what an
 update consists of) is decided by :class:`~.sync_policy.SyncPolicy`, which
 the sweep's fast tier shares; :class:`GradientSync` carries the decisions
@@ -64,6 +69,7 @@ out as ops (a :class:`~.sync_policy.SyncSink`). ZeRO-3's gathers live in
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import PassPreconditionError
@@ -77,8 +83,8 @@ from .coarsen import Segment
 from .emitter import em_builder
 from .lowering_context import LoweringContext
 from .optimizer import SGDHyper, sgd_update
-from .sync_policy import (SyncPolicy, accumulation_ops, resident_layout, unit_indices,
-                          update_plan)
+from .sync_policy import (SyncPolicy, accumulation_ops, gradient_share, resident_layout,
+                          unit_indices, update_plan)
 from .zero3 import ParamGathers
 
 
@@ -136,6 +142,11 @@ class GradientSync:
         self.policy: SyncPolicy[Value] = SyncPolicy(self.strategy, self,
                                                     lambda p: p.type.size_bytes)
         self.scatter_each = self.policy.scatter_each
+        #: an expert's weights (expert parallelism) synchronise over the
+        #: expert-data-parallel team of dp / ep ranks: a policy of that size
+        self.expert_policy: Optional[SyncPolicy[Value]] = SyncPolicy(
+            replace(self.strategy, dp=self.strategy.dp // self.strategy.ep, ep=1), self,
+            lambda p: p.type.size_bytes) if ctx.expert else None
         #: ZeRO-3's gathers of the parameters before their use
         self.gathers = ParamGathers(ctx, self.param_in)
         self.count: Dict[Value, int] = {}
@@ -155,23 +166,41 @@ class GradientSync:
     def stage(self, p: Value) -> int:
         return self.ctx.param_stage[p]
 
+    def policy_of(self, p: Value) -> SyncPolicy[Value]:
+        """The sync policy of ``p``: the expert policy for an expert's weights."""
+        return self.expert_policy if p in self.ctx.expert else self.policy  # type: ignore
+
+    def team_size(self, p: Value) -> int:
+        """The ranks ``p``'s gradient is synchronised (and ZeRO-sharded) over."""
+        return self.policy_of(p).dp
+
+    def team_index(self, p: Value, d: int) -> int:
+        """Data-parallel rank ``d``'s place in ``p``'s team."""
+        return d // self.strategy.ep if p in self.ctx.expert else d
+
     def _check_shardable(self) -> None:
-        check_shardable(self.zero, self.strategy.dp,
-                        ((p.name, p.type.numel) for p in self.ctx.params),
-                        self.ctx.placement.representatives)
+        for expert in (False, True):
+            params = [p for p in self.ctx.params if (p in self.ctx.expert) == expert]
+            if params:
+                check_shardable(self.zero, self.team_size(params[0]),
+                                ((p.name, p.type.numel) for p in params),
+                                self.ctx.placement.representatives)
 
     def create_inputs(self) -> None:
         self._check_shardable()
         em, S = self.ctx.emitter, self.strategy
         master = self.master_dtype
         states = self.hyper.states
-        layout = resident_layout(self.zero, S.dp, self.policy.bucket_bytes)
         for p in self.ctx.params:
             s = self.stage(p)
             numel = p.type.numel
+            n = self.team_size(p)
+            layout = resident_layout(self.zero, n, self.policy.bucket_bytes)
             for d, t, r in self.ctx.placement.group(s):
-                lo, hi = shard_bounds(numel, S.dp, d)
+                lo, hi = shard_bounds(numel, n, self.team_index(p, d))
                 info = dict(name=p.name, dp_rank=d, tp_rank=t, stage=s)
+                if p in self.ctx.expert:
+                    info["ep_rank"] = d % S.ep
                 flat = TensorType((hi - lo,), p.type.dtype, r)
                 whole = p.type.with_device(r)
                 if layout.param:
@@ -199,7 +228,7 @@ class GradientSync:
             fresh = {r: ctx.values[(r, mb)][g] for _, _, r in ctx.placement.group(stage)}
             unit = units.get(p)
             if unit is None:
-                if self.scatter_each:
+                if self.policy_of(p).scatter_each:
                     fresh = self._reduce_scatter(p, stage, mb, fresh)
                 self._settle(p, stage, mb, fresh)
                 continue
@@ -217,11 +246,12 @@ class GradientSync:
             self._accumulate(p, r, local, stage, mb)
         self.count[p] = n
         if final:
-            if self.scatter_each:
+            policy = self.policy_of(p)
+            if policy.scatter_each:
                 for r in fresh:
                     self.synced[(p, r)] = self.acc[(p, r)]
             else:
-                self.policy.final(p, stage)
+                policy.final(p, stage)
 
     def accumulated(self, stage: int, mb: int, seg: Segment) -> None:
         """The fused segment ``seg`` (LowerSPMD with ``coarsen``) has added
@@ -253,7 +283,8 @@ class GradientSync:
         em = ctx.emitter
         meta = accumulation_meta(stage, mb, ctx.kind)
         self.bundles.release(p, r, stage, mb)
-        ops = accumulation_ops(mb, ctx.microbatches)
+        share = gradient_share(self.strategy, p in ctx.expert)
+        ops = accumulation_ops(mb, ctx.microbatches, share)
         if "add" in ops:
             old = self.acc[(p, r)]
             local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)
@@ -262,7 +293,7 @@ class GradientSync:
             ctx.note_update(self.grad_in[(p, r)], local)
         if "scale" in ops:
             old = local
-            local = em.one("scale", [local], {"factor": 1.0 / ctx.microbatches},
+            local = em.one("scale", [local], {"factor": 1.0 / (ctx.microbatches * share)},
                            f"{p.name}_gmean_r{r}", meta)
             ctx.note_update(old, local)
         self.acc[(p, r)] = local
@@ -275,7 +306,7 @@ class GradientSync:
         return self.ctx.dp_collective(
             CollectiveType.REDUCE_SCATTER, stage, f"{p.name}_gshard",
             lambda r: self._flat_grad(p, fresh[r], r, meta) if r in fresh else None,
-            dict(meta), dim=0, reduce_op="avg")
+            dict(meta), p in self.ctx.expert, dim=0, reduce_op="avg")
 
     def _flat_grad(self, p: Value, grad: Value, r: int, meta: Dict[str, Any]) -> Value:
         """``p``'s gradient ``grad`` on ``r`` flattened for its reduce-scatter."""
@@ -294,11 +325,12 @@ class GradientSync:
             outs = self.ctx.dp_collective(
                 kind, stage, f"{p.name}_gshard",
                 lambda r: self._flat_grad(p, acc[(p, r)], r, meta) if (p, r) in acc else None,
-                dict(meta), dim=0, reduce_op="avg")
+                dict(meta), p in self.ctx.expert, dim=0, reduce_op="avg")
         else:
             # None: not in a reduced program
             outs = self.ctx.dp_collective(kind, stage, f"{p.name}_gavg",
-                                          lambda r: acc.get((p, r)), dict(meta), reduce_op="avg")
+                                          lambda r: acc.get((p, r)), dict(meta),
+                                          p in self.ctx.expert, reduce_op="avg")
             for r, o in outs.items():  # NCCL all-reduces in place
                 self.ctx.note_update(acc[(p, r)], o)
         for r, o in outs.items():
@@ -310,8 +342,7 @@ class GradientSync:
         em, placement = ctx.emitter, ctx.placement
         meta = {"stage": stage, "role": "grad_sync", "category": "gradients", "detail": "bucket"}
         sizes = [p.type.numel for p in bucket]
-        for t in placement.tp_indices():
-            ranks = placement.dp_team(stage, t)
+        for ranks in placement.sync_teams(stage, bucket[0] in ctx.expert):
             flats = []
             for r in ranks:
                 if not placement.present(r):
@@ -363,13 +394,12 @@ class GradientSync:
                 self.synced[(pe, re_)], self.synced[(ph, rh)] = outs
 
     def update(self, params: Sequence[Value]) -> None:
-        plan = update_plan(self.zero, self.strategy.dp)
         for p in params:
-            self._update(p, plan)
+            self._update(p, update_plan(self.zero, self.team_size(p)))
 
     def _update(self, p: Value, plan) -> None:
         ctx = self.ctx
-        em, S = ctx.emitter, self.strategy
+        em = ctx.emitter
         stage = self.stage(p)
         numel = p.type.numel
         meta = {"stage": stage}
@@ -380,7 +410,7 @@ class GradientSync:
                 g = em.one("reshape", [g], {"shape": [numel]}, f"{p.name}_gflat_r{r}",
                            dict(meta, phase="optimizer", category="gradients"))
                 if plan.slice:
-                    lo, hi = shard_bounds(numel, S.dp, d)
+                    lo, hi = shard_bounds(numel, self.team_size(p), self.team_index(p, d))
                     g = em.one("slice", [g], {"axis": 0, "start": lo, "stop": hi},
                                f"{p.name}_gshard_r{r}",
                                dict(meta, phase="optimizer", category="gradients"))
@@ -398,8 +428,7 @@ class GradientSync:
                 em.io[new.name] = dict(em.io[old.name], role="updated")
                 self.outputs.append(new)
         if plan.reshape:
-            for t in ctx.placement.tp_indices():
-                ranks = ctx.placement.dp_team(stage, t)
+            for ranks in ctx.placement.sync_teams(stage, p in ctx.expert):
                 shards = [new_params.get(r) for r in ranks]  # None: not in a reduced program
                 if plan.gather:
                     full = em.collective(CollectiveType.ALL_GATHER, shards, ranks,
@@ -494,4 +523,6 @@ class GradientSync:
         by_name = {p.name: p for p in self.ctx.params}
         tied = [(by_name[emb], self.stage(by_name[emb]), by_name[head], self.stage(by_name[head]))
                 for head, emb in self.tied.items()]
+        if self.expert_policy is not None:   # its buckets flushed; updates all below
+            self.expert_policy.finish(self.strategy.pp, [])
         self.policy.finish(self.strategy.pp, self.ctx.params, tied)

@@ -102,6 +102,8 @@ def local_inputs(program: Function, params: Mapping[str, np.ndarray],
                                    v.type.dtype.numpy_name))
             continue
         value = np.asarray(params[info["name"]])
+        if "ep_rank" in info:        # an expert-parallel rank's experts
+            value = np.split(value, meta["ep"], axis=0)[info["ep_rank"]]
         spec = shards.get(info["name"])
         local = tp_shard(value, tuple(spec) if spec else None, tp, info["tp_rank"])
         if info.get("state") in ZERO_STATES:
@@ -121,7 +123,8 @@ def global_updates(program: Function, outputs: Sequence[np.ndarray], state: str 
     meta = program.meta
     shards = meta.get("param_shards", {})
     shapes = meta.get("param_global_shapes", {})
-    tp, dp = meta["tp"], meta["dp"]
+    tp, dp, ep = meta["tp"], meta["dp"], meta.get("ep", 1)
+    experts = set(meta.get("expert_params", ()))
     pieces: Dict[str, Dict[int, Dict[int, np.ndarray]]] = {}
     flat: Dict[str, bool] = {}
     for v, value in zip(program.outputs, outputs):
@@ -134,14 +137,23 @@ def global_updates(program: Function, outputs: Sequence[np.ndarray], state: str 
     out = {}
     for name, by_t in pieces.items():
         spec = shards.get(name)
+        # an expert's weights: each expert-parallel rank e's experts, held
+        # (ZeRO: sharded) by data-parallel ranks e, e + ep, ...
+        groups = ep if name in experts else 1
+        shape = list(shapes.get(name, ()))
+        if shape:
+            shape[0] //= groups
         tp_pieces = []
         for t in range(tp):
             by_d = by_t[t]
-            if flat[name]:
-                whole = np.concatenate([by_d[d] for d in range(dp)])
-                tp_pieces.append(whole.reshape(_local_shape(shapes[name], spec, tp)))
-            else:
-                tp_pieces.append(by_d[0])
+            parts = []
+            for e in range(groups):
+                if flat[name]:
+                    whole = np.concatenate([by_d[d] for d in range(e, dp, groups)])
+                    parts.append(whole.reshape(_local_shape(shape, spec, tp)))
+                else:
+                    parts.append(by_d[e])
+            tp_pieces.append(np.concatenate(parts, axis=0) if groups > 1 else parts[0])
         out[name] = tp_unshard(tp_pieces, tuple(spec) if spec else None,
                                meta.get("param_unpadded", {}).get(name))
     return out

@@ -28,6 +28,18 @@ def moe_reference(make_reference):
     dict(tp=2),
     dict(tp=2, sp=True, dp=2),
     dict(dp=2, tp=2, pp=2, zero=3, zero3_unit="layer", recompute="selective"),
+    # expert parallelism: each rank of an ep group holds experts / ep, all-to-all
+    # dispatch and combine, the experts' gradients synced over dp / ep ranks
+    dict(dp=2, ep=2),
+    dict(dp=4, ep=2),
+    dict(dp=4, ep=4),
+    dict(dp=2, ep=2, tp=2),
+    dict(dp=2, ep=2, zero=1),
+    dict(dp=4, ep=2, zero=1),
+    dict(dp=4, ep=2, zero=2),
+    dict(dp=4, ep=2, bucket_mb=0.001),
+    dict(dp=2, ep=2, pp=2, bucket_mb=0, recompute="full"),
+    dict(dp=4, ep=2, coarsen=True),
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "single")
 def test_moe_strategy_matches_single_device(moe_reference, strategy):
     moe_reference.check(**strategy)

@@ -314,7 +314,8 @@ SPMD_CASES: Dict[str, SpmdCase] = {
         "spmd.shift",
         lambda b, x, w: b.op("mul", [b.op("spmd.shift", [x], {"size": SIZE, "offset": 1}), w]),
         {"x": t(2, 3), "w": t(2, 3)}, ["x", "w"]),
-    # sequence exchanged for heads (Ulysses): the all-to-all back
+    # sequence exchanged for heads (Ulysses), tokens sent to their experts
+    # (expert parallelism): the all-to-all with the dims swapped back
     "spmd.alltoall": SpmdCase(
         "spmd.alltoall",
         lambda b, x, w: b.op("mul", [b.op("spmd.alltoall", [x], {"size": SIZE, "split_dim": 0,

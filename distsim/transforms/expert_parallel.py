@@ -1,0 +1,136 @@
+"""Expert parallelism as a transform of the one-rank template forward:
+each rank of an expert-parallel group of ``ep`` ranks holds ``experts /
+ep`` of a mixture of experts' experts, and the tokens travel to them and
+back by all-to-all (GShard's and Megatron-LM's layout).
+
+``ExpertParallel(ep)(forward)`` rewrites every MoE layer of a forward
+step (after tensor parallelism, before autodiff):
+
+- the experts' stacked weights (every parameter the ops between a
+  ``moe_dispatch`` and its ``moe_combine`` read, ``experts x ...``) become
+  this rank's ``experts / ep`` of them: rank ``e`` of the group holds
+  experts ``e x experts / ep`` to ``(e + 1) x experts / ep - 1``;
+- after the dispatch (``experts x slots x hidden``, this rank's tokens
+  in every expert's slots) an ``spmd.alltoall`` sends each rank the slots
+  of its experts: ``experts / ep x (ep x slots) x hidden``, the senders'
+  slots side by side in rank order; the experts run on those;
+- before the combine the inverse all-to-all sends each rank's expert
+  outputs back to the ranks whose tokens they are.
+
+The router, the routing and the combine stay on every rank's own tokens
+(the routing is recomputed from the probabilities by each op), so the
+step computes what the one-device step does; autodiff makes the
+backward's all-to-alls (the gradient of one is the other). The template's
+``meta["expert_params"]`` names the sharded parameters (their global
+shapes stay in ``param_global_shapes``), ``meta["ep"]`` the degree.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Set
+
+from ..errors import ConfigError
+from ..ir.core import Function, Op, Value
+from ..ir.registry import infer_types
+from ..ir.verifier import verify
+
+#: the ``detail`` of the forward's all-to-alls (their gradients inherit it)
+DISPATCH_DETAIL = "expert dispatch"
+COMBINE_DETAIL = "expert combine"
+
+
+def expert_region(f: Function, dispatch: Op) -> List[Op]:
+    """The ops between ``dispatch`` and the ``moe_combine`` reading what
+    they make: those that depend on the dispatch's slots and that the
+    combine's expert outputs depend on (the experts' FFNs)."""
+    after: Set[Value] = {dispatch.outputs[0]}
+    reach: List[Op] = []
+    combine = None
+    for op in f.ops:
+        if any(v in after for v in op.inputs):
+            if op.op_type == "moe_combine":
+                combine = op
+                break
+            reach.append(op)
+            after.update(op.outputs)
+    if combine is None:
+        raise ConfigError(f"--ep: the dispatch %{dispatch.outputs[0].name} reaches no "
+                          "moe_combine")
+    needed: Set[Value] = {combine.inputs[0]}
+    region: List[Op] = []
+    for op in reversed(reach):
+        if any(v in needed for v in op.outputs):
+            region.append(op)
+            needed.update(op.inputs)
+    return region[::-1]
+
+
+class ExpertParallel:
+    """The pass (see the module docstring); ``model`` names the model in
+    messages."""
+
+    def __init__(self, ep: int, model: str = "the model") -> None:
+        self.ep = ep
+        self.model = model
+
+    def __call__(self, forward: Function) -> Function:
+        if self.ep == 1:
+            return forward
+        ep = self.ep
+        dispatches = [op for op in forward.ops if op.op_type == "moe_dispatch"]
+        if not dispatches:
+            raise ConfigError(f"--ep {ep}: model '{self.model}' has no mixture-of-experts "
+                              "layer (a dense model has no experts to share out)")
+        params = set(forward.meta["params"])
+        in_region: Dict[int, Op] = {}
+        expert_params: Dict[str, Value] = {}
+        for d in dispatches:
+            experts = d.outputs[0].type.shape[0]
+            if experts % ep:
+                raise ConfigError(f"--ep {ep} does not divide the {experts} experts of model "
+                                  f"'{self.model}'")
+            region = expert_region(forward, d)
+            for op in region:
+                in_region[id(op)] = op
+                for v in op.inputs:
+                    if v.name in params:
+                        if v.type.shape[0] != experts:
+                            raise ConfigError(f"--ep: parameter %{v.name} read by the experts "
+                                              f"of %{d.outputs[0].name} is not stacked over "
+                                              f"its {experts} experts")
+                        expert_params[v.name] = v
+        env: Dict[Value, Value] = {}
+        for v in expert_params.values():
+            env[v] = Value(v.name, v.type.with_shape((v.type.shape[0] // ep,)
+                                                     + tuple(v.type.shape[1:])))
+        ops: List[Op] = []
+        for op in forward.ops:
+            ins = [env.get(v, v) for v in op.inputs]
+            if op.op_type == "moe_combine":
+                y = ins[0]
+                back = Value(f"{y.name}_back", infer_types(
+                    "spmd.alltoall", [y.type], self._attrs(1, 0))[0])
+                ops.append(Op("spmd.alltoall", [y], [back], self._attrs(1, 0),
+                              meta=dict(op.meta, detail=COMBINE_DETAIL)))
+                ins[0] = back
+            if id(op) in in_region:
+                types = infer_types(op.op_type, [v.type for v in ins], op.attrs)
+                outs = [Value(v.name, t) for v, t in zip(op.outputs, types)]
+                env.update(zip(op.outputs, outs))
+                ops.append(Op(op.op_type, ins, outs, op.attrs, op.subfunctions, op.meta))
+                continue
+            ops.append(op if ins == list(op.inputs) else
+                       Op(op.op_type, ins, op.outputs, op.attrs, op.subfunctions, op.meta))
+            if op.op_type == "moe_dispatch":
+                slots = op.outputs[0]
+                sent = Value(f"{slots.name}_ep", infer_types(
+                    "spmd.alltoall", [slots.type], self._attrs(0, 1))[0])
+                ops.append(Op("spmd.alltoall", [slots], [sent], self._attrs(0, 1),
+                              meta=dict(op.meta, detail=DISPATCH_DETAIL)))
+                env[slots] = sent
+        out = Function(forward.name, [env.get(v, v) for v in forward.inputs], ops,
+                       [env.get(v, v) for v in forward.outputs])
+        out.meta = dict(forward.meta, ep=ep, expert_params=sorted(expert_params))
+        return verify(out)
+
+    def _attrs(self, split: int, concat: int) -> Dict[str, object]:
+        return {"group": "ep", "size": self.ep, "split_dim": split, "concat_dim": concat}
