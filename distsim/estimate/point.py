@@ -52,10 +52,10 @@ slower in the simulation.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
-ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
-so and is refused (its gathers' gates, :mod:`.gates`, and memory,
-:mod:`.gathered`, take the tensor-parallel collectives queued behind the
-gathers on one stream).
+ZeRO-3's parameter gathers run on the data-parallel stream, so a block's
+task with tensor-parallel collectives is emitted entry by entry
+(:func:`.gates.emit_entries`: its compute waits for each gather where it
+reads the parameter, its collectives only for their inputs).
 Only the ``gpt`` family is supported; other models are a ConfigError.
 """
 from __future__ import annotations
@@ -177,14 +177,6 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
-    if comm_streams == "per-group" and strategy.zero == 3 and strategy.dp > 1 \
-            and strategy.tp > 1:
-        # its gathers' gates (.gates) and memory (.gathered) take the
-        # tensor-parallel collectives queued behind the gathers
-        raise ConfigError("estimate: comm_streams 'per-group' with ZeRO-3 and tensor "
-                          "parallelism is not modelled by the estimator (its parameter "
-                          "gathers on one stream with the tensor-parallel collectives); use "
-                          "fidelity: simulate, or comm_streams: shared")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 

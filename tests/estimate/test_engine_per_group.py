@@ -40,3 +40,18 @@ def test_a_per_group_walk_records_nothing_to_replay():
     mark = shared.mark(0)
     shared.compute(0, 1.0)
     assert shared.since(0, mark, 0.0) is not None
+
+
+def test_zero3_entries_wait_for_the_gathers_they_read_not_the_tp_stream_for_gathers():
+    from types import SimpleNamespace
+
+    from distsim.estimate.gates import emit_entries
+    tl = Timeline(1, per_group=True)
+    tl.comm_on(0, 5.0, 0.0)     # the block's gathers on the data-parallel stream: 0-5
+    plan = [("c", 1.0, (), -2, False, None),   # reads no gathered parameter: 0-1
+            ("t", 2.0, (), 0, False, None),    # its all-reduce on the tp stream: 1-3
+            ("c", 1.0, (), -2, False, 3.0),    # reads a parameter gathered by 5 - 3 = 2: 2-3
+            ("c", 1.0, (1,), -2, False, 0.5),  # the all-reduce's result, a parameter
+            ("t", 1.0, (), -1, False, None)]   # gathered by 4.5: 4.5-5.5; then 5.5-6.5
+    assert emit_entries(SimpleNamespace(tl=tl), 0, plan, 5.0, 0.0, 0.0) == 5.5
+    assert tl.free == [5.5, 6.5] and tl.run() == 6.5
