@@ -177,14 +177,14 @@ class Builder:
             plan = ctx.memo.plans[(kind, ctx.shapes[c], cls)] = self._task_plan(kind, c, mb)
         tl, flops = ctx.tl, ctx.flops
         if ctx.zero3:
-            # A task whose start finds the stage's communication stream idle
+            # A task whose start finds the stage's communication streams idle
             # depends only on that start (the later of its input and the
             # compute stream's end): the first such task of its plan is
             # recorded, the next ones replay it (:meth:`Timeline.replay`)
             s = 2 * stage
             origin = max(ready, tl.free[s], 0.0)
             key = ("task", kind, ctx.shapes[c], cls)
-            clean = tl.free[s + 1] <= origin
+            clean = tl.idle_by(stage, origin)
             record = ctx.replays.get(key) if clean else None
             if record is not None:
                 tl.replay(stage, record.items, origin)
