@@ -80,10 +80,10 @@ RUN: Group = ("Simulation", (
     ("collective_algo", "algorithm for every collective kind that has it, 'auto' for the "
                         "others: 'auto' (default), 'ring', 'tree', 'hierarchical', ..."),
     ("comm_streams", "which collectives queue behind each other on a device: 'per-group' "
-                     "(one stream per process group, i.e. per team of ranks, as NCCL "
+                     "(default: one stream per process group, i.e. per team of ranks, as NCCL "
                      "communicators run: a tensor-parallel all-reduce does not wait for a "
-                     "data-parallel one; they share links) or 'shared' (default: one stream "
-                     "for every collective, in program order)"),
+                     "data-parallel one; they share links) or 'shared' (one stream for every "
+                     "collective, in program order)"),
     ("max_ops", "refuse, before building it, a program estimated at more than this many "
                 "ops (None: 50,000,000; 0: no limit)"),
     ("max_wall_s", "stop a run still going after this many seconds of wall-clock time, "
