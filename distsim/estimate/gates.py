@@ -252,7 +252,6 @@ def emit_chain(b: StepContext, stage: int, pieces: Chain, gathered: float, ready
     return end
 
 
-
 def entrywise(b: StepContext) -> bool:
     """Whether a ZeRO-3 block-level task is emitted entry by entry
     (:func:`emit_entries`): under ``comm_streams: per-group`` with tensor
