@@ -37,6 +37,7 @@ from .report.chrome_trace import (TracePlan,
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
 from .sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
+from .sim.launch_queue import DEFAULT_LAUNCH, check_launch
 from .sim.collectives import check_algorithm_name
 from .sim.simulator import SimulationOptions, simulate_function
 from .sim.trace import Trace
@@ -285,6 +286,8 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                   seq: Optional[int] = None, heads: Optional[int] = None,
                   kv_heads: Optional[int] = None, ffn: Optional[int] = None,
                   vocab: Optional[int] = None, attention: Optional[str] = None,
+                  routing_skew: Optional[float] = None,
+                  capacity_factor: Optional[float] = None,
                   train: Optional[bool] = None,
                   input_shapes: Optional[Mapping[str, Any]] = None,
                   frozen: Optional[Sequence[str]] = None,
@@ -409,6 +412,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              seq: Optional[int] = None, heads: Optional[int] = None,
              kv_heads: Optional[int] = None, ffn: Optional[int] = None,
              vocab: Optional[int] = None, attention: Optional[str] = None,
+             routing_skew: Optional[float] = None, capacity_factor: Optional[float] = None,
              train: Optional[bool] = None, input_shapes: Optional[Mapping[str, Any]] = None,
              frozen: Optional[Sequence[str]] = None,
              dp: Optional[int] = None, tp: Optional[int] = None, pp: Optional[int] = None,
@@ -422,7 +426,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              plan: Optional[str] = None, fusion: Optional[str] = None,
              symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
              network_mode: str = "flow", collective_algo: str = "auto",
-             comm_streams: str = DEFAULT_COMM_STREAMS,
+             comm_streams: str = DEFAULT_COMM_STREAMS, launch: str = DEFAULT_LAUNCH,
              max_ops: Optional[int] = None, max_wall_s: Optional[float] = None,
              max_trace_records: Optional[int] = None, record_links: bool = False,
              progress: Optional[Callable[[str], None]] = None) -> SimulationResult:
@@ -431,9 +435,10 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
 
     ``model``: a name (``distsim models``: ``mlp``, ``gpt3-175b``,
     ``gpt2-tiny``, ...), a path to a model ``.yaml`` or ``.onnx`` file, a
-    mapping of a model's fields, or a DistIR text program (``FILE.dir``:
-    an annotated one is propagated and lowered first, a per-device one runs
-    as written; model and strategy options are refused for it). ``topology``: a name (``distsim
+    mapping of a model's fields, or a DistIR text program (``FILE.dir``,
+    its ``@main`` or its only function: an annotated one is propagated
+    and lowered first, a per-device one runs as written; model and
+    strategy options are refused for it). ``topology``: a name (``distsim
     topology``: ``dgx-a100``, clusters ``dgx-a100-x16``), a path to a
     ``.yaml`` file, or a :class:`Topology`. Every other option is
     keyword-only and named as the ``distsim simulate`` flag (``kv_heads``
@@ -448,6 +453,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     check_network_mode(network_mode)
     check_algorithm_name(collective_algo)
     check_comm_streams(comm_streams)
+    check_launch(launch)
     if not isinstance(record_links, bool):
         raise ConfigError(f"distsim.simulate: record_links: must be True or False, "
                           f"got {record_links!r}")
@@ -466,13 +472,14 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
             verified = [_verified(program, topo)]
         say(f"simulating {len(program.ops):,} ops on {topo.num_devices:,} devices")
         config.update(network_mode=network_mode, collective_algo=collective_algo,
-                      comm_streams=comm_streams)
+                      comm_streams=comm_streams, launch=launch)
         # Symmetry: a family that built a reduced program (meta "represents")
         # has applied it already; otherwise the simulator finds the classes.
         symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
         options_ = SimulationOptions(network_mode=network_mode,
                                      collective_algorithm=collective_algo,
-                                     comm_streams=comm_streams, symmetry=symmetry,
+                                     comm_streams=comm_streams, launch=launch,
+                                     symmetry=symmetry,
                                      max_wall_s=clock.remaining(), record_links=record_links)
         # the event loop stops itself at the deadline, naming the blocked
         # ops; the timer (a moment later) bounds what comes before and after it

@@ -91,6 +91,11 @@ class ConfigError(DistsimError):
     option, a sweep spec entry."""
 
 
+class NotModelledError(ConfigError):
+    """Valid options that the fast estimator does not model (the simulator
+    does): a sweep records such a point as ``skipped`` with this message."""
+
+
 class ExecutionError(DistsimError):
     """The numpy reference executor could not run an op on its inputs."""
 

@@ -29,6 +29,12 @@ MODEL: Group = ("Model options (each overrides the model's file; None keeps the 
     ("vocab", "vocabulary size (GPT models)"),
     ("attention", "'explicit' ops (scores, mask, softmax, dropout) or one 'fused' "
                   "FlashAttention kernel (GPT models)"),
+    ("routing_skew", "mixture-of-experts GPT models: routing balance in [0, 1], 0 uniform, 1 "
+                     "every token routed to one expert (the busiest expert's tokens set every "
+                     "expert's slots)"),
+    ("capacity_factor", "mixture-of-experts GPT models: each expert's slots at most this "
+                        "times its uniform share of the tokens (tokens past it dropped; "
+                        "default: none dropped)"),
 ))
 
 STRATEGY: Group = ("Parallel strategy (None: the default named)", (
@@ -45,7 +51,10 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
                      "size follows: global_batch / (dp x microbatches))"),
     ("micro_batch", "how many sequences one micro-batch holds (their number follows: "
                     "global_batch / (dp x micro_batch))"),
-    ("schedule", "pipeline schedule: '1f1b' (default), 'gpipe', 'interleaved'"),
+    ("schedule", "pipeline schedule: '1f1b' (default), 'gpipe', 'interleaved', 'zb-h1' "
+                 "(zero-bubble ZB-H1: the backward split into input- and weight-gradient "
+                 "tasks, the weight gradients deferred into the bubble; one chunk per rank; "
+                 "simulated only, the estimator refuses it)"),
     ("virtual_stages", "model chunks per pipeline rank for the interleaved schedule "
                        "(default 2)"),
     ("bucket_mb", "DDP gradient bucket size in MB (default: one all-reduce per gradient as "
@@ -84,6 +93,12 @@ RUN: Group = ("Simulation", (
                      "communicators run: a tensor-parallel all-reduce does not wait for a "
                      "data-parallel one; they share links) or 'shared' (one stream for every "
                      "collective, in program order)"),
+    ("launch", "how the host launches kernels: 'async' (default: launches return at once, "
+               "the host runs ahead of the device) or 'blocking' (each launch waits for its "
+               "kernel, as under CUDA_LAUNCH_BLOCKING=1: one kernel, collective or group of "
+               "point-to-point transfers at a time per device, in program order, no "
+               "compute/communication overlap, the host's launch time before each; the "
+               "estimator refuses it)"),
     ("max_ops", "refuse, before building it, a program estimated at more than this many "
                 "ops (None: 50,000,000; 0: no limit)"),
     ("max_wall_s", "stop a run still going after this many seconds of wall-clock time, "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, Mapping, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from .errors import ConfigError, DistsimError, ParseError
 from .ir.core import Function, Module
@@ -135,16 +135,31 @@ def _dtype(f: Function) -> str:
     return (floats[0] if floats else DType.F32).value
 
 
+def default_entry(module: Module, path_text: str) -> str:
+    """The function a file's simulation starts from: ``@main``, or the
+    file's only function (``distsim print`` names a model's step after the
+    model, e.g. ``@gpt_step``)."""
+    if "main" in module.functions or not module.functions:
+        return "main"
+    if len(module.functions) == 1:
+        return next(iter(module.functions))
+    known = ", ".join(f"@{name}" for name in module.functions)
+    raise ConfigError(f"{path_text}: no function @main to simulate, and the file has several "
+                      f"({known}): name the step @main")
+
+
 def load_text_program(path_text: str, ranks: Any, topology_name: str,
-                      options: Mapping[str, Any], entry: str = "main"
+                      options: Mapping[str, Any], entry: Optional[str] = None
                       ) -> Tuple[Function, Dict[str, Any]]:
-    """The local-view program of the file's ``entry`` (an annotated one
+    """The local-view program of the file's ``entry`` (default
+    :func:`default_entry`; an annotated one
     propagated and lowered) checked against the topology's ``ranks``, and
     the run's config (``summary.json``'s): ``model`` (the file's stem),
     ``family`` ``program``, ``path``, ``dtype``, ``devices`` (how many the
     program uses) and ``topology``. Every error names the file."""
     check_program_options(path_text, options)
     module = read_program(path_text)
+    entry = entry if entry is not None else default_entry(module, path_text)
     if entry not in module.functions:
         known = ", ".join(f"@{name}" for name in module.functions)
         raise ConfigError(f"{path_text}: no function @{entry} to simulate (the file has {known})")

@@ -4,7 +4,7 @@ fast tier (:mod:`distsim.estimate`, which ignores them but refuses what
 simulate refuses) read them from here."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Tuple
 
 from .errors import ConfigError
 
@@ -28,10 +28,19 @@ def check_max_ops(value: Any) -> int:
     return value
 
 
+def check_choice(flag: str, value: Any, choices: Tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else a ConfigError naming
+    ``flag`` (``--launch``) and the choices, in one line."""
+    if value not in choices:
+        names = (" or ".join(map(repr, choices)) if len(choices) == 2
+                 else "one of " + ", ".join(map(repr, choices)))
+        raise ConfigError(f"{flag}: must be {names}, got {value!r}")
+    return str(value)
+
+
 def check_network_mode(value: Any) -> None:
     """``network_mode`` (``--network-mode``): ``flow`` or ``analytical``."""
-    if value not in ("flow", "analytical"):
-        raise ConfigError(f"--network-mode: must be 'flow' or 'analytical', got {value!r}")
+    check_choice("--network-mode", value, ("flow", "analytical"))
 
 
 def check_max_trace_records(value: Any) -> int:

@@ -46,18 +46,27 @@ def _count(n: Any) -> str:
     return str(int(n))
 
 
+def _experts(row: Dict[str, Any]) -> str:
+    """``top_k/experts`` routed (``+shared``) of a MoE model, else ``-``."""
+    if not row.get("experts"):
+        return "-"
+    shared = f"+{row['shared_experts']}" if row.get("shared_experts") else ""
+    return f"{row['top_k']}/{row['experts']}{shared}"
+
+
 def run(args: argparse.Namespace) -> int:
     rows = model_rows(args.models)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    header = ("model", "family", "parameters", "published", "layers", "hidden", "heads", "seq",
-              "attention")
+    header = ("model", "family", "parameters", "published", "active", "experts", "layers",
+              "hidden", "heads", "seq", "attention")
     table = [header]
     for r in rows:
         table.append((r["name"], r["family"], _count(r.get("parameters")),
-                      _count(r.get("published_parameters")), str(r.get("layers", "-")),
+                      _count(r.get("published_parameters")), _count(r.get("active_parameters")),
+                      _experts(r), str(r.get("layers", "-")),
                       str(r.get("hidden", "-")), str(r.get("heads", "-")), str(r.get("seq", "-")),
                       str(r.get("attention", "-"))))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

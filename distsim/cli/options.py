@@ -29,6 +29,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="attention core (GPT models): explicit ops (scores, mask, softmax, "
                         "dropout) or one fused FlashAttention kernel that keeps no seq x seq "
                         "tensor (overrides the model file; default: explicit)")
+    g.add_argument("--routing-skew", type=float, dest="routing_skew", metavar="S",
+                   help="mixture-of-experts models: routing balance in [0, 1], 0 uniform, 1 "
+                        "every token routed to one expert; the busiest expert's tokens set "
+                        "every expert's slots (overrides the model file)")
+    g.add_argument("--capacity-factor", type=float, dest="capacity_factor", metavar="F",
+                   help="mixture-of-experts models: each expert's slots at most F times its "
+                        "uniform share of the tokens, the rest dropped (overrides the model "
+                        "file; default: none dropped)")
 
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
@@ -46,8 +54,11 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help="activation recomputation (default: none)")
     g.add_argument("--microbatches", type=int,
                    help="micro-batches per step (default: global batch / (dp x micro-batch))")
-    g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"],
-                   help="pipeline schedule (default: 1f1b)")
+    g.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved", "zb-h1"],
+                   help="pipeline schedule (default: 1f1b); zb-h1: zero-bubble ZB-H1, the "
+                        "backward split into input- and weight-gradient tasks, the weight "
+                        "gradients deferred into the bubble (one chunk per rank; simulated, not "
+                        "estimated: fidelity estimate refuses it)")
     g.add_argument("--virtual-stages", type=int, dest="virtual_stages",
                    help="model chunks per pipeline rank for --schedule interleaved (default: 2)")
     g.add_argument("--bucket-mb", type=float, dest="bucket_mb",
@@ -148,7 +159,8 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     if getattr(args, "frozen", None):
         out["frozen"] = list(args.frozen)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "train", "seq", "heads",
-                "kv_heads", "ffn", "vocab", "attention", "sp", "zero", "recompute",
+                "kv_heads", "ffn", "vocab", "attention", "routing_skew", "capacity_factor", "sp",
+                "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
                 "prefetch", "zero3_unit", "order", "plan", "fusion"):

@@ -12,6 +12,7 @@ from ..program_file import is_program_model
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from ..report.summary import summary_json
 from ..sim.comm_queues import COMM_STREAM_MODES, DEFAULT_COMM_STREAMS
+from ..sim.launch_queue import DEFAULT_LAUNCH, LAUNCH_MODES
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
 from .status_line import StatusLine
@@ -28,7 +29,8 @@ def add_parser(sub) -> None:
                     "into the output folder.")
     p.add_argument("program", nargs="?", metavar="FILE.dir",
                    help="a DistIR text program (or an example's name: nested_mlp) to simulate "
-                        "instead of --model: an annotated "
+                        "instead of --model (its @main, or its only function, as `distsim "
+                        "print` writes one): an annotated "
                         "one (meshes, placements, calls) is propagated and lowered first, a "
                         "per-device one runs as written")
     add_model_options(p)
@@ -49,6 +51,14 @@ def add_parser(sub) -> None:
                         "links; shared: one stream per device for every collective, in program "
                         "order (point-to-point transfers have a queue per peer either way; "
                         "default: %(default)s)")
+    g.add_argument("--launch", choices=LAUNCH_MODES, default=DEFAULT_LAUNCH,
+                   help="async: kernel launches return at once and the host issues kernels "
+                        "ahead of the device; blocking: each launch waits for its kernel to "
+                        "finish, as under CUDA_LAUNCH_BLOCKING=1, so a device runs one "
+                        "kernel, collective or group of point-to-point transfers at a time, "
+                        "in program order, with no overlap of compute and communication, and "
+                        "pays the host's launch time (host_launch_s) before each "
+                        "(default: %(default)s)")
     g.add_argument("--max-wall-s", type=float, dest="max_wall_s", default=0.0, metavar="S",
                    help="stop a simulation still running after S seconds of wall-clock time "
                         "with an error listing the blocked ops per device (exit status 2); "
@@ -101,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     # on a terminal, which phase runs (cleared before anything is printed)
     with StatusLine() as status:
         result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
-                          comm_streams=args.comm_streams,
+                          comm_streams=args.comm_streams, launch=args.launch,
                           record_links=not args.no_link_samples,
                           max_trace_records=args.max_trace_records, max_wall_s=args.max_wall_s,
                           progress=status, **program_options(args))

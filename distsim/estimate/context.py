@@ -135,9 +135,11 @@ class StepContext:
         self.unit_made_at: Dict[tuple, float] = {}
         self.unit_ends: List[float] = []
         #: with a pipeline, per stage: where the tasks emitted as compute
-        #: pieces placed their tensor-parallel collectives (the task's end,
-        #: the spans from it: :meth:`.timeline.Builder._tp_spans`)
-        self.tp_at: Dict[int, List[Tuple[float, Any]]] = {}
+        #: pieces placed their tensor-parallel collectives, by the plan
+        #: whose spans they share (``id`` of the spans: the spans from a
+        #: task's end, :meth:`.timeline.Builder._tp_spans`, and the ends of
+        #: the tasks that placed them, in order)
+        self.tp_at: Dict[int, Dict[int, Tuple[Any, List[float]]]] = {}
         #: where the backward task being emitted made the input gradient it
         #: sends to the stage before (None: not yet; the walk takes it and
         #: clears it after each backward task)
@@ -156,7 +158,8 @@ class StepContext:
         self.unit_pending = {s: list(v) for s, v in other.unit_pending.items()}
         self.unit_made_at = dict(other.unit_made_at)
         self.unit_ends = list(other.unit_ends)
-        self.tp_at = {s: list(v) for s, v in other.tp_at.items()}
+        self.tp_at = {s: {k: (spans, list(ends)) for k, (spans, ends) in v.items()}
+                      for s, v in other.tp_at.items()}
 
     # -- the layout --------------------------------------------------------------
     def stage_of(self, c: int) -> int:

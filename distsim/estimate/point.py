@@ -49,6 +49,9 @@ README; ZeRO 3 by layer's memory keeps the whole-from-the-start bound of
 analytical network's, one team alone: under ``network_mode: flow``,
 teams that share links at once (a PCIe workstation's dp x tp) run
 slower in the simulation.
+Blocking launches (``launch: blocking``, :mod:`distsim.sim.launch_queue`)
+are refused with a NotModelledError: the timeline overlaps a device's
+compute and communication streams, which blocking launches serialise.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -56,7 +59,8 @@ ZeRO-3's parameter gathers run on the data-parallel stream, so a block's
 task with tensor-parallel collectives is emitted entry by entry
 (:func:`.gates.emit_entries`: its compute waits for each gather where it
 reads the parameter, its collectives only for their inputs).
-Only the ``gpt`` family is supported; other models are a ConfigError.
+Only the ``gpt`` family is supported, without experts; other models, and
+mixtures of experts, are a ConfigError.
 """
 from __future__ import annotations
 
@@ -69,15 +73,17 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..cost.device import check_compute_dtype
-from ..errors import ConfigError, DistsimError, PassPreconditionError
+from ..errors import ConfigError, DistsimError, NotModelledError, PassPreconditionError
 from ..ir.core import gc_paused
 from ..ir.types import DType
 from ..keywords import plain, unknown_name
 from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
 from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
+from ..sim.launch_queue import DEFAULT_LAUNCH, check_launch
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
+from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
@@ -102,10 +108,10 @@ AGREEMENT_TOLERANCE = 0.01
 #: simulator accepts (:func:`check_zero_shards`).
 IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
 _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab",
-                 "attention")
+                 "attention", "routing_skew", "capacity_factor")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
-          "collective_algo", "comm_streams", "train", "input_shapes")
+          "collective_algo", "comm_streams", "launch", "train", "input_shapes")
 
 
 
@@ -146,6 +152,11 @@ def resolve(options: Mapping[str, Any]) -> Case:
     topology = opts.pop("topology", "dgx-a100")
     algo = str(opts.pop("collective_algo", "auto") or "auto")
     comm_streams = check_comm_streams(opts.pop("comm_streams", DEFAULT_COMM_STREAMS))
+    if check_launch(opts.pop("launch", DEFAULT_LAUNCH)) == "blocking":
+        # its timeline overlaps each device's compute and communication
+        raise NotModelledError("estimate: launch 'blocking' (every kernel launch waiting for "
+                               "its kernel, no compute/communication overlap) is not modelled "
+                               "by the estimator; use fidelity: simulate")
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -174,9 +185,17 @@ def resolve(options: Mapping[str, Any]) -> Case:
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
     c = gpt_config(config)
+    if c.experts:
+        raise ConfigError(f"estimate: model '{config.get('name')}' routes tokens to experts "
+                          "(mixture of experts), which the estimator does not model; use "
+                          "fidelity: simulate")
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
+    if strategy.schedule in SPLIT_BACKWARD:
+        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' (the backward split "
+                               "into input- and weight-gradient tasks) is not modelled by the "
+                               "estimator; use fidelity: simulate")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 
@@ -282,7 +301,7 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
     return out
 
 
-def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list],
+def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[dict],
                         comm: Tuple[Sequence[float], Sequence[float]]) -> float:
     """How long the tensor-parallel collectives placed on ``stage``
     (``placed``: :attr:`.context.StepContext.tp_at`) overlap its pipeline
@@ -294,11 +313,8 @@ def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[list],
     if not placed or not tl.p2p_starts[stage]:
         return 0.0
     # the tasks of one plan share its spans: one numpy call per plan
-    by_plan: Dict[int, Tuple[np.ndarray, list]] = {}
-    for start, spans in placed:
-        by_plan.setdefault(id(spans), (spans, []))[1].append(start)
     t = np.concatenate([(spans[None, :, :] + np.asarray(starts)[:, None, None]).reshape(-1, 2)
-                        for spans, starts in by_plan.values()])
+                        for spans, starts in placed.values()])
     c_s, c_e = comm
     p_s, p_e = _union(tl.p2p_starts[stage], tl.p2p_ends[stage])
 

@@ -39,7 +39,7 @@ from ..cost.model import CostModel
 from ..ir.comm import is_communication, members
 from ..ir.core import Function, Op
 from ..models.gpt import GPTConfig
-from ..models.gpt_family import build_gpt_step, hyper_of, rank_forward
+from ..models.gpt_family import build_gpt_backward, build_gpt_step, hyper_of, rank_forward
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
@@ -130,9 +130,23 @@ def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch:
     """The template's one-device step (forward, backward, no optimizer),
     the same for every ZeRO stage: the profiles of one layout and its ZeRO
     kinds, built one after another in a sweep, lower the same step (kept:
-    lowering reads it, nothing changes it)."""
+    lowering reads it, nothing changes it). Finished from the layout's
+    :func:`_template_backward`."""
     return build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
-                                      recompute=recompute, fusion=fusion), micro_batch)
+                                      recompute=recompute, fusion=fusion), micro_batch,
+                          _template_backward(c, tp, sp, micro_batch, untie))
+
+
+@lru_cache(maxsize=4)
+def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool
+                       ) -> Function:
+    """The template's step before recomputation and fusion
+    (:func:`~distsim.models.gpt_family.build_gpt_backward`), the same for
+    the three recomputation settings a sweep's layout takes one after
+    another: placed and differentiated once for them (kept: finishing it
+    makes new functions, nothing changes it)."""
+    return build_gpt_backward(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp),
+                              micro_batch)
 
 
 def _crossing(step: Function, tp: int, sp: bool, recompute: str

@@ -207,7 +207,11 @@ class Builder:
                 tl.compute_pieces(stage, lead, 0.0)
             end = tl.compute_pieces(stage, pieces, ready)
             if spans is not None:
-                ctx.tp_at.setdefault(stage, []).append((end, spans))
+                placed = ctx.tp_at.setdefault(stage, {})
+                hit = placed.get(id(spans))
+                if hit is None:
+                    hit = placed[id(spans)] = (spans, [])
+                hit[1].append(end)
             if kind == "B":      # its last collectives, outlasting its compute
                 tl.free[2 * stage + 1] = max(tl.free[2 * stage + 1],
                                              end + ctx.comm_tail(c, mb))
@@ -499,7 +503,13 @@ class Builder:
                     pieces_on(stage, lead, 0.0)
                 ends[task] = end_at = pieces_on(stage, pieces, ready)
                 if spans is not None:
-                    tp_at.setdefault(stage, []).append((end_at, spans))
+                    placed = tp_at.get(stage)
+                    if placed is None:
+                        placed = tp_at[stage] = {}
+                    hit = placed.get(id(spans))
+                    if hit is None:
+                        hit = placed[id(spans)] = (spans, [])
+                    hit[1].append(end_at)
                 if kind == "B":
                     outs[task] = end_at - tails[c][mb != 0]
                     held = end_at + comm_tails[c][mb != 0]

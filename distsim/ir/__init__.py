@@ -5,6 +5,7 @@ from . import ops_onnx as _ops_onnx  # noqa: F401  (registers the ops of the ONN
 from . import ops_nn as _ops_nn, ops_spmd as _ops_spmd  # noqa: F401  (nn and SPMD ops)
 from . import mesh, ops_call, ops_shard  # noqa: F401  (meshes, placements, call, redistribute)
 from . import ops_bundle as _ops_bundle, ops_fused as _ops_fused  # noqa: F401  (coarsening)
+from . import ops_moe as _ops_moe  # noqa: F401  (mixture-of-experts dispatch and combine)
 from .builder import FunctionBuilder, NameScope
 from .comm import REDUCE_OPS, CollectiveType, collective_of, io_ranks, is_communication, team
 from .core import Function, Module, Op, Value

@@ -49,6 +49,7 @@ from ..errors import ConfigError
 from ..ir.builder import FunctionBuilder
 from ..ir.core import Function, Value
 from ..ir.types import DType, TensorType, parse_float_dtype
+from .moe import check_moe, expert_slots, is_moe_layer, loads_tuple, mlp_params, moe_mlp_params
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu", "relu")
@@ -77,7 +78,11 @@ class GPTConfig:
     whose ``seq x seq`` probabilities are saved for the backward pass;
     ``fused`` as one FlashAttention kernel (``fused_attention``), which saves
     only its output and the row log-sum-exps and recomputes the rest in the
-    backward pass (see the module docstring)."""
+    backward pass (see the module docstring).
+    ``experts`` > 0 makes a mixture-of-experts model (router, top-k routed
+    experts, shared experts, dense layers interleaved: :mod:`.moe`);
+    ``published_active_params`` is its authors' count of the parameters
+    one token uses."""
 
     layers: int = 2
     hidden: int = 64
@@ -104,7 +109,18 @@ class GPTConfig:
     weight_decay: float = 0.0
     momentum: float = 0.0
     norm_eps: float = 1e-5
+    experts: int = 0
+    top_k: int = 1
+    expert_ffn: Optional[int] = None
+    shared_experts: int = 0
+    dense_layers: int = 0
+    moe_every: int = 1
+    capacity_factor: Optional[float] = None
+    routing_skew: float = 0.0
+    expert_loads: Optional[Tuple[float, ...]] = None
+    norm_topk: bool = True
     published_params: Optional[float] = None
+    published_active_params: Optional[float] = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -137,8 +153,11 @@ class GPTConfig:
         _number("lr", self.lr, positive=True)
         _number("weight_decay", self.weight_decay, positive=False)
         _number("norm_eps", self.norm_eps, positive=True)
-        if self.published_params is not None:
-            _number("published_params", self.published_params, positive=True)
+        for name in ("published_params", "published_active_params"):
+            if getattr(self, name) is not None:
+                _number(name, getattr(self, name), positive=True)
+        object.__setattr__(self, "expert_loads", loads_tuple(self.expert_loads))
+        check_moe(self)
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
             raise ConfigError(f"qkv_bias: must be true or false, got {self.qkv_bias!r}")
         for name in ("bias", "tied_embeddings"):
@@ -171,24 +190,31 @@ class GPTConfig:
         return self.ffn or 4 * self.hidden
 
     @property
+    def expert_ffn_size(self) -> int:
+        """Feed-forward size of one routed (and one shared) expert."""
+        return self.expert_ffn or self.ffn_size
+
+    @property
     def num_positions(self) -> int:
         """Rows of the learned position table."""
         return self.positions or self.seq
 
-    def parameter_count(self) -> int:
-        """Parameters of the model (embeddings counted once when tied)."""
+    def parameter_count(self, active: bool = False) -> int:
+        """Parameters of the model (embeddings counted once when tied);
+        ``active``: those one token uses (``top_k`` of a MoE layer's routed
+        experts, the router and everything else)."""
         h, d = self.hidden, self.dim_head
         qkv = h * (self.heads + 2 * self.num_kv_heads) * d
         out = self.heads * d * h
-        mlp_in = h * self.ffn_size * (2 if self.activation == "swiglu" else 1)
-        mlp_out = self.ffn_size * h
         norm = 2 * h if self.norm == "layernorm" else h
-        per_layer = qkv + out + mlp_in + mlp_out + 2 * norm
+        attention = qkv + out + 2 * norm + (h if self.bias else 0)
         if self.has_qkv_bias:
-            per_layer += (self.heads + 2 * self.num_kv_heads) * d
-        if self.bias:
-            per_layer += h + self.ffn_size * (2 if self.activation == "swiglu" else 1) + h
-        total = self.layers * per_layer + norm + self.vocab * h
+            attention += (self.heads + 2 * self.num_kv_heads) * d
+        dense = mlp_params(h, self.ffn_size, self.activation == "swiglu", self.bias)
+        routed = self.top_k if active else self.experts
+        total = self.layers * attention + norm + self.vocab * h
+        for i in range(self.layers):
+            total += moe_mlp_params(self, routed) if is_moe_layer(self, i) else dense
         if not self.tied_embeddings:
             total += self.vocab * h
         if self.position == "learned":
@@ -196,7 +222,10 @@ class GPTConfig:
         return total
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.expert_loads is not None:
+            out["expert_loads"] = list(self.expert_loads)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "gpt") -> "GPTConfig":
@@ -237,8 +266,11 @@ def check_tensor_parallel(config: GPTConfig, tp: int, sp: bool) -> None:
         raise ConfigError(f"--tp {tp} does not divide the {config.heads} attention heads")
     if config.num_kv_heads % tp:
         raise ConfigError(f"--tp {tp} does not divide the {config.num_kv_heads} key/value heads")
-    if config.ffn_size % tp:
+    if config.ffn_size % tp and any(not is_moe_layer(config, i) for i in range(config.layers)):
         raise ConfigError(f"--tp {tp} does not divide the feed-forward size {config.ffn_size}")
+    if config.experts and config.expert_ffn_size % tp:
+        raise ConfigError(f"--tp {tp} does not divide the experts' feed-forward size "
+                          f"{config.expert_ffn_size}")
     if sp and config.seq % tp:
         raise ConfigError(f"--sp: --tp {tp} does not divide the sequence length {config.seq}")
 
@@ -349,27 +381,68 @@ class _GPTBuilder:
         out = self.dropout(out, f"{p}_attn_drop")
         return self.op("add", [x, out], name=f"{p}_res1")
 
-    def mlp(self, x: Value, i: int) -> Value:
+    def ffn_params(self, p: str, f: int, experts: int = 0) -> Tuple[Any, ...]:
+        """The weights of an MLP of size ``f``: ``{p}_w1``, ``{p}_w2`` and
+        biases ``_b1``, ``_b2``; with ``experts``, that many MLPs' weights
+        stacked on a leading dim."""
         c = self.c
-        p = f"l{i}"
-        f = c.ffn_size
-        swiglu = c.activation == "swiglu"
-        width = 2 * f if swiglu else f
-        w1 = self.param(f"{p}_w1", (c.hidden, width))
-        b1 = self.param(f"{p}_b1", (width,)) if c.bias else None
-        w2 = self.param(f"{p}_w2", (f, c.hidden))
-        b2 = self.param(f"{p}_b2", (c.hidden,)) if c.bias else None
-        h = self.norm(x, f"{p}_ln2")
+        width = 2 * f if c.activation == "swiglu" else f
+        lead = (experts,) if experts else ()
+        row = (1,) if experts else ()
+        w1 = self.param(f"{p}_w1", lead + (c.hidden, width))
+        b1 = self.param(f"{p}_b1", lead + row + (width,)) if c.bias else None
+        w2 = self.param(f"{p}_w2", lead + (f, c.hidden))
+        b2 = self.param(f"{p}_b2", lead + row + (c.hidden,)) if c.bias else None
+        return p, f, w1, b1, w2, b2
+
+    def ffn(self, h: Value, weights: Tuple[Any, ...]) -> Value:
+        """The MLP of :meth:`ffn_params` on ``h`` (batched over experts:
+        ``h`` is ``experts x slots x hidden``)."""
+        p, f, w1, b1, w2, b2 = weights
         h = self.linear(h, w1, b1, f"{p}_fc1")
-        if swiglu:
-            gate, up = self.op("split", [h], {"axis": 2, "sizes": [f, f]},
+        if self.c.activation == "swiglu":
+            gate, up = self.op("split", [h], {"axis": h.type.rank - 1, "sizes": [f, f]},
                                name=[f"{p}_gate", f"{p}_up"])
             h = self.op("mul", [self.op("silu", [gate], name=f"{p}_act"), up], name=f"{p}_glu")
         else:
-            h = self.op(c.activation, [h], name=f"{p}_act")
-        out = self.linear(h, w2, b2, f"{p}_fc2")
+            h = self.op(self.c.activation, [h], name=f"{p}_act")
+        return self.linear(h, w2, b2, f"{p}_fc2")
+
+    def mlp(self, x: Value, i: int) -> Value:
+        c, p = self.c, f"l{i}"
+        if is_moe_layer(c, i):
+            weights = (self.param(f"{p}_router", (c.hidden, c.experts)),
+                       self.ffn_params(f"{p}_experts", c.expert_ffn_size, c.experts),
+                       self.ffn_params(f"{p}_shared", c.shared_experts * c.expert_ffn_size)
+                       if c.shared_experts else None)
+            out = self.moe(self.norm(x, f"{p}_ln2"), p, *weights)
+        else:
+            weights = self.ffn_params(p, c.ffn_size)
+            out = self.ffn(self.norm(x, f"{p}_ln2"), weights)
         out = self.dropout(out, f"{p}_mlp_drop")
         return self.op("add", [x, out], name=f"{p}_res2")
+
+    def moe(self, h: Value, p: str, router: Value, experts: Tuple[Any, ...],
+            shared: Optional[Tuple[Any, ...]]) -> Value:
+        """A MoE layer's MLP part (:mod:`.moe`): the router's probabilities
+        choose each token's experts; ``moe_dispatch`` copies the tokens into
+        their experts' slots, the experts run batched, ``moe_combine`` sums
+        each token's expert outputs weighted by its gates; shared experts
+        are one dense MLP beside them."""
+        c, mb = self.c, self.mb
+        tokens = mb * c.seq
+        route = {"top_k": c.top_k, "capacity": expert_slots(c, tokens)}
+        flat = self.op("reshape", [h], {"shape": [tokens, c.hidden]}, name=f"{p}_tokens")
+        logits = self.op("matmul", [flat, router], name=f"{p}_router_logits")
+        probs = self.op("softmax", [logits], {"axis": -1}, name=f"{p}_router_probs")
+        slots = self.op("moe_dispatch", [flat, probs], route, name=f"{p}_dispatch")
+        y = self.ffn(slots, experts)
+        out = self.op("moe_combine", [y, probs], {**route, "normalize": c.norm_topk},
+                      name=f"{p}_combine")
+        out = self.op("reshape", [out], {"shape": [mb, c.seq, c.hidden]}, name=f"{p}_moe_out")
+        if shared is not None:
+            out = self.op("add", [out, self.ffn(h, shared)], name=f"{p}_moe_sum")
+        return out
 
     def head(self, x: Value, labels: Value) -> Value:
         c = self.c

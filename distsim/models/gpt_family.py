@@ -24,6 +24,7 @@ from ..transforms.pipeline import check_schedule
 from ..transforms.spmd import LowerSPMD
 from ..transforms.strategy import Strategy
 from .gpt import GPTConfig, check_tensor_parallel, gpt_forward
+from .moe import moe_layers
 from .registry import ModelFamily, register_family
 
 
@@ -84,14 +85,28 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
     return m
 
 
-def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Function:
-    """The SPMD step of one micro-batch (see the module docstring)."""
+def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int,
+                   backward: Optional[Function] = None) -> Function:
+    """The SPMD step of one micro-batch (see the module docstring).
+    ``backward``: :func:`build_gpt_backward` of the same model, micro-batch,
+    ``tp``, ``sp`` and ``pp > 1``, where it was built already (it is left
+    unchanged)."""
     # the sharding layer is imported when a step is built, not with the family
     # (reading and running a lowered program needs neither)
+    from ..transforms.parallelize import finish_step
+    if backward is None:
+        backward = build_gpt_backward(c, strategy, micro_batch)
+    return finish_step(backward, strategy)
+
+
+def build_gpt_backward(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Function:
+    """:func:`build_gpt_step` before recomputation and fusion
+    (:func:`~distsim.transforms.parallelize.differentiated_template`): the
+    same for every ``recompute`` and ``fusion`` of ``strategy``."""
     from ..transforms.megatron_plan import megatron_plan
-    from ..transforms.parallelize import template_step
+    from ..transforms.parallelize import differentiated_template
     fwd = gpt_forward(c, micro_batch=micro_batch, untie=strategy.pp > 1, pad_for=strategy.tp)
-    return template_step(fwd, strategy, megatron_plan(fwd), "gpt")
+    return differentiated_template(fwd, strategy, megatron_plan(fwd), "gpt")
 
 
 def rank_forward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool) -> Function:
@@ -142,8 +157,15 @@ def describe_gpt(config: Mapping[str, Any]) -> Dict[str, Any]:
     out = {"parameters": c.parameter_count(), "layers": c.layers, "hidden": c.hidden,
            "heads": c.heads, "kv_heads": c.num_kv_heads, "ffn": c.ffn_size, "vocab": c.vocab,
            "seq": c.seq, "dtype": c.dtype, "attention": c.attention}
+    if c.experts:
+        out.update(active_parameters=c.parameter_count(active=True), experts=c.experts,
+                   top_k=c.top_k, expert_ffn=c.expert_ffn_size, moe_layers=moe_layers(c))
+        if c.shared_experts:
+            out["shared_experts"] = c.shared_experts
     if c.published_params:
         out["published_parameters"] = c.published_params
+    if c.published_active_params:
+        out["published_active_parameters"] = c.published_active_params
     if c.description:
         out["description"] = c.description
     return out
@@ -155,7 +177,9 @@ GPT_FAMILY = register_family(ModelFamily("gpt", build_gpt, GPTConfig().to_dict()
 
 def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
     """Model FLOPs of one training step of a ``gpt`` family config (None for
-    other families)."""
+    other families): 3 x 2 FLOPs per token per weight of the linear layers
+    it uses (a MoE layer's router, ``top_k`` routed and the shared experts)
+    and the attention's scores and context."""
     needed = ("layers", "hidden", "heads", "vocab", "seq", "global_batch")
     if any(k not in model for k in needed):
         return None
@@ -164,8 +188,16 @@ def model_flops_per_step(model: Mapping[str, Any]) -> Optional[float]:
     kv = model.get("kv_heads") or heads
     ffn = model.get("ffn") or 4 * h
     glu = 2 if model.get("activation") == "swiglu" else 1
-    per_layer = h * (heads + 2 * kv) * d + heads * d * h + h * ffn * glu + ffn * h
-    forward_per_token = 2.0 * (layers * per_layer + model["vocab"] * h)
+    attention = h * (heads + 2 * kv) * d + heads * d * h
+    weights = layers * (attention + h * ffn * glu + ffn * h)
+    experts = model.get("experts") or 0
+    if experts:
+        known = set(GPTConfig.__dataclass_fields__)
+        moe = GPTConfig.from_dict({k: v for k, v in model.items() if k in known})
+        f = moe.expert_ffn_size
+        used = h * experts + (moe.top_k + moe.shared_experts) * (h * f * glu + f * h)
+        weights += moe_layers(moe) * (used - (h * ffn * glu + ffn * h))
+    forward_per_token = 2.0 * (weights + model["vocab"] * h)
     forward_per_token += 2.0 * 2.0 * model["seq"] * heads * d * layers
     tokens = model["global_batch"] * model["seq"]
     return 3.0 * forward_per_token * tokens

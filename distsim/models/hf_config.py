@@ -6,7 +6,11 @@ architecture from ``model_type`` (or ``architectures``) and maps its
 fields: layers, hidden size, heads, key/value heads, head size, MLP size,
 vocabulary, norm and its epsilon, activation (a gated SiLU MLP is
 ``swiglu``), biases, tied embeddings and positions (rotary, learned or
-none). Families: Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, OPT and Falcon.
+none). Families: Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, OPT and Falcon;
+mixtures of experts (:mod:`.moe`): Mixtral (``num_local_experts``,
+``num_experts_per_tok``) and DeepSeekMoE (``n_routed_experts``,
+``n_shared_experts``, ``moe_intermediate_size``, ``first_k_dense_replace``,
+``moe_layer_freq``, ``norm_topk_prob``).
 
 What a config does not say is set as for a training run: ``seq`` is the
 context length up to :data:`MAX_SEQ` (``--seq`` sets another), ``dtype``
@@ -38,7 +42,8 @@ MAX_SEQ = 8192
 _ARCH_NAMES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "GPT2LMHeadModel": "gpt2",
                "GPTNeoXForCausalLM": "gpt_neox", "OPTForCausalLM": "opt",
-               "FalconForCausalLM": "falcon", "RWForCausalLM": "falcon"}
+               "FalconForCausalLM": "falcon", "RWForCausalLM": "falcon",
+               "MixtralForCausalLM": "mixtral", "DeepseekForCausalLM": "deepseek"}
 _TYPE_ALIASES = {"RefinedWeb": "falcon", "RefinedWebModel": "falcon"}
 
 
@@ -152,6 +157,48 @@ def _llama_like(f: _Fields, model: str) -> Dict[str, Any]:
     return out
 
 
+def _mixtral(f: _Fields) -> Dict[str, Any]:
+    """Mixtral: Mistral with every MLP replaced by routed experts."""
+    out = _llama_like(f, "mixtral")
+    experts = f.int("num_local_experts")
+    out.update(experts=experts, top_k=_top_k(f, experts), norm_topk=True)
+    return out
+
+
+def _deepseek(f: _Fields) -> Dict[str, Any]:
+    """DeepSeekMoE: fine-grained routed experts, shared experts, the first
+    layers dense."""
+    out = _llama_like(f, "deepseek")
+    scoring = f.text("scoring_func", default="softmax")
+    if scoring != "softmax":
+        raise f.error("scoring_func", f"{scoring!r}: routers are modelled with softmax")
+    experts = f.int("n_routed_experts")
+    out.update(experts=experts, top_k=_top_k(f, experts),
+               expert_ffn=f.int("moe_intermediate_size"),
+               dense_layers=min(_count(f, "first_k_dense_replace"), out["layers"]),
+               moe_every=f.int("moe_layer_freq", default=1),
+               norm_topk=f.flag("norm_topk_prob", default=False))
+    shared = _count(f, "n_shared_experts")
+    if shared:
+        out["shared_experts"] = shared
+    return out
+
+
+def _top_k(f: _Fields, experts: int) -> int:
+    k = f.int("num_experts_per_tok")
+    if k > experts:
+        raise f.error("num_experts_per_tok", f"{k} is larger than the {experts} experts")
+    return k
+
+
+def _count(f: _Fields, name: str) -> int:
+    """An integer field >= 0 (absent: 0)."""
+    value = f.get(name, default=0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise f.error(name, f"must be an integer >= 0, got {value!r}")
+    return value
+
+
 def _gpt2(f: _Fields) -> Dict[str, Any]:
     hidden = f.int("n_embd", "hidden_size")
     act = f.text("activation_function", default="gelu_new")
@@ -247,7 +294,7 @@ def _notes(model: str, f: _Fields, fields: Mapping[str, Any]) -> List[str]:
                      "parameters more than the checkpoint")
     if model == "falcon" and fields["position"] == "none":
         notes.append("ALiBi attention biases are not modelled (no parameters)")
-    if model == "mistral" and f.get("sliding_window") is not None:
+    if model in ("mistral", "mixtral") and f.get("sliding_window") is not None:
         notes.append("sliding-window attention is computed as full causal attention")
     return notes
 
@@ -255,7 +302,7 @@ def _notes(model: str, f: _Fields, fields: Mapping[str, Any]) -> List[str]:
 _MAPPERS: Dict[str, Callable[[_Fields], Dict[str, Any]]] = {
     "llama": lambda f: _llama_like(f, "llama"), "mistral": lambda f: _llama_like(f, "mistral"),
     "qwen2": lambda f: _llama_like(f, "qwen2"), "gpt2": _gpt2, "gpt_neox": _gpt_neox,
-    "opt": _opt, "falcon": _falcon,
+    "opt": _opt, "falcon": _falcon, "mixtral": _mixtral, "deepseek": _deepseek,
 }
 ARCHITECTURES = tuple(sorted(_MAPPERS))
 

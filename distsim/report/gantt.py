@@ -2,6 +2,7 @@
 ``pipeline.png`` (a lane per pipeline stage).
 
 Each lane has a tall compute band, coloured by phase (forward, backward,
+weight gradients of a split backward,
 recomputation, optimizer), and two thin bands below it: the collectives,
 coloured by kind (TP, SP, DP, ZeRO; a row per process group's stream under
 ``--comm-streams per-group``, where they overlap), and the pipeline

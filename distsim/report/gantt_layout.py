@@ -15,8 +15,9 @@ Every bar is drawn at least a minimum width wide (a pixel or two at the
 chart's scale), so that each op is visible however short, and ops of one
 key closer than half that width are merged into one bar; the chart says so. A
 **task** is a run of consecutive compute records of one micro-batch in
-one direction (forward; backward with its recomputation) on a lane: the
-block that carries the micro-batch number in a pipeline picture.
+one direction (forward; backward with its recomputation; the weight
+gradients of a split backward) on a lane: the block that carries the
+micro-batch number in a pipeline picture.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ from distsim.sim.trace import COMPUTE_STREAM, P2P_STREAM, Trace
 BANDS: Tuple[str, ...] = ("compute", "collectives", "p2p")
 #: a gap inside a task longer than this share of it splits the stretches its number may sit on
 GAP_SHARE = 0.2
-_FORWARD, _BACKWARD, _RECOMPUTE = (KEYS.index(k) for k in ("forward", "backward", "recompute"))
+_FORWARD, _BACKWARD, _WEIGHT, _RECOMPUTE = (KEYS.index(k) for k in (
+    "forward", "backward", "weight gradients", "recompute"))
 
 
 @dataclass(frozen=True)
@@ -232,21 +234,26 @@ def lane_tasks(trace: Trace, phases: RecordPhases, lanes: Sequence[Lane],
                window: Tuple[float, float]) -> List[Task]:
     """The micro-batch tasks on the compute band of ``lanes`` that meet
     ``window`` (ms): runs of consecutive compute records (by start) of one
-    micro-batch, forward or backward (recomputation counts as backward)."""
+    micro-batch, forward, backward (recomputation counts as backward) or
+    weight gradients (a split backward's second part, ``backward`` too)."""
     columns = trace.op_columns
     positions, lane = _lane_records(trace, lanes, window)
     key, mb, _ = phases.of_records(columns.label[positions])
     compute = _band_codes(columns.streams)[columns.stream[positions]] == 0
-    keep = compute & (mb >= 0) & np.isin(key, (_FORWARD, _BACKWARD, _RECOMPUTE))
+    keep = compute & (mb >= 0) & np.isin(key, (_FORWARD, _BACKWARD, _WEIGHT, _RECOMPUTE))
     positions, lane, key, mb = positions[keep], lane[keep], key[keep], mb[keep]
     if not len(positions):
         return []
     start, end = columns.start_s[positions] * MS, columns.end_s[positions] * MS
     backward = key != _FORWARD
+    # 0 forward, 1 backward (with its recomputation), 2 weight gradients:
+    # a split backward's two parts are blocks of their own
+    part = backward.astype(np.int64) + (key == _WEIGHT)
     order = np.lexsort((end, start, lane))
-    start, end, lane, mb, backward = (a[order] for a in (start, end, lane, mb, backward))
+    start, end, lane, mb, backward, part = (a[order] for a in (start, end, lane, mb, backward,
+                                                               part))
     new = np.ones(len(start), bool)
-    new[1:] = (lane[1:] != lane[:-1]) | (mb[1:] != mb[:-1]) | (backward[1:] != backward[:-1])
+    new[1:] = (lane[1:] != lane[:-1]) | (mb[1:] != mb[:-1]) | (part[1:] != part[:-1])
     first = np.flatnonzero(new)
     task_end = np.maximum.reduceat(end, first)
     task_of = np.cumsum(new) - 1

@@ -2,14 +2,17 @@
 communication, its micro-batch and pipeline stage.
 
 The builders write it on the program's ops (``meta``): ``phase``
-(``backward``, ``recompute``, ``optimizer``; none: forward), ``role`` of a
+(``backward``, ``recompute``, ``optimizer``; none: forward), ``task: W``
+on the weight-gradient part of a split backward (the zero-bubble
+schedules: key ``weight gradients``), ``role`` of a
 collective (``grad_sync``: gradient synchronisation, ``zero_gather``: ZeRO-3
 parameter gathers, ``pipeline``: send/recv between stages; none: a
 tensor-parallel collective), ``microbatch`` and ``stage``. A trace's records
 name their op (the op's first result), so :func:`record_phases` reads these
 through the program. Without the program only what the records say is
 known: send/recv is pipeline p2p, ``detail: recompute`` is recomputation,
-an optimizer op type is the optimizer, the rest is compute or
+``detail: weight gradient`` a split backward's weight-gradient part, an
+optimizer op type is the optimizer, the rest is compute or
 communication.
 
 Each record gets one **key**: a compute phase (:data:`COMPUTE_KEYS`) or a
@@ -23,16 +26,19 @@ from typing import Any, Dict, Mapping, Tuple
 import numpy as np
 
 from distsim.sim.trace import Trace
+from distsim.transforms.backward_split import WEIGHT_DETAIL
 
 #: compute phases, in legend order ("compute": a compute op of no known phase)
-COMPUTE_KEYS: Tuple[str, ...] = ("forward", "backward", "recompute", "optimizer", "compute")
+COMPUTE_KEYS: Tuple[str, ...] = ("forward", "backward", "weight gradients", "recompute",
+                                  "optimizer", "compute")
 #: communication kinds, in legend order ("communication": none of the others)
 COMM_KEYS: Tuple[str, ...] = ("TP", "SP", "DP", "ZeRO", "pipeline p2p", "communication")
 KEYS: Tuple[str, ...] = COMPUTE_KEYS + COMM_KEYS
 
 #: colour per key (Tableau 10: told apart by most colour-blind readers)
 KEY_COLOURS: Dict[str, str] = {
-    "forward": "#4e79a7", "backward": "#59a14f", "recompute": "#edc948",
+    "forward": "#4e79a7", "backward": "#59a14f", "weight gradients": "#8cd17d",
+    "recompute": "#edc948",
     "optimizer": "#b07aa1", "compute": "#9c9c9c",
     "TP": "#f28e2b", "SP": "#ff9da7", "DP": "#e15759", "ZeRO": "#9c755f",
     "pipeline p2p": "#17becf", "communication": "#79706e",
@@ -86,6 +92,8 @@ def comm_key(op_type: str, meta: Mapping[str, Any], sp: bool) -> str:
 def compute_key(op_type: str, meta: Mapping[str, Any]) -> str:
     """The phase of a compute op with this type and ``meta``."""
     phase = meta.get("phase")
+    if meta.get("task") == "W" or meta.get("detail") == WEIGHT_DETAIL:
+        return "weight gradients"   # a split backward's weight-gradient part
     if phase in ("backward", "recompute", "optimizer"):
         return str(phase)
     if meta.get("detail") == "recompute":
@@ -102,6 +110,8 @@ def _key_without_program(op_type: str, detail: str, category: str) -> str:
         return "communication"
     if detail == "recompute":
         return "recompute"
+    if detail == WEIGHT_DETAIL:
+        return "weight gradients"
     if op_type in _OPTIMIZER_TYPES:
         return "optimizer"
     return "compute"
@@ -145,7 +155,7 @@ def record_phases(trace: Trace, program: Any = None) -> RecordPhases:
                     op_type, detail, "communication" if is_comm[i] else "compute")]
         else:
             combo = (op_type, is_comm[i], meta.get("phase"), meta.get("role"),
-                     meta.get("detail"))
+                     meta.get("detail"), meta.get("task"))
             k = keys.get(combo)
             if k is None:
                 k = keys[combo] = index[comm_key(op_type, meta, sp) if is_comm[i]

@@ -23,7 +23,7 @@ STRATEGY_KEYS = ("dp", "tp", "pp", "sp", "zero", "recompute", "microbatches", "s
                  "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "optimizer",
                  "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
                  "fusion")
-SIMULATION_KEYS = ("topology", "network_mode", "collective_algo", "comm_streams")
+SIMULATION_KEYS = ("topology", "network_mode", "collective_algo", "comm_streams", "launch")
 
 CHART_TITLES = {"gantt": ("Timeline by device", "gantt.png"),
                 "pipeline": ("Timeline by pipeline stage", "pipeline.png"),

@@ -1,6 +1,16 @@
 """The host's launch queue: kernels start no earlier than the host issued them.
 
-A device's host issues its compute kernels in program order, one every
+The ``launch`` setting says how the host issues them:
+
+* ``async`` (CUDA's default): kernel launches return at once, and the
+  host runs ahead of the device (below).
+* ``blocking``: every launch returns only when its kernel has finished,
+  as under ``CUDA_LAUNCH_BLOCKING=1`` (CUDA C++ Programming Guide,
+  *Asynchronous Concurrent Execution*, "Concurrent Execution between
+  Host and Device": setting it "globally disable[s] asynchronicity of
+  kernel launches"). See *Blocking launches* below.
+
+**Async.** A device's host issues its compute kernels in program order, one every
 ``H = host_launch_s`` from time 0 (the j-th is issued at ``j H``), and
 runs ahead of the device: a kernel waits for its launch only when the
 device gets to it first. Behind a long kernel the host's launches are
@@ -22,14 +32,53 @@ the whole stream, not only the block: an earlier op's launch bound is
 already met by the ops that ran after it, so it never binds later. An
 op's first kernel starts at ``P[i] + max(s - P[b], lead[i-1], (c_i + 1) H
 - P[i])``.
+
+**Blocking launches.** The host issues one launch, waits for it to finish,
+then issues the next, in the program's order on the device: a compute
+op's kernels, a collective, or a group of consecutive point-to-point
+transfers (a SendRecv run with nothing between them on the device is one
+launch, as NCCL fuses the sends and receives of one ``ncclGroupStart`` /
+``ncclGroupEnd`` into one kernel, which is how Megatron-LM's
+``batch_isend_irecv`` issues a pipeline's transfers). So
+
+* the device's streams never overlap each other: a collective starts no
+  earlier than the compute op before it ended (and than every member
+  reached it, as always), and the compute op after it starts no earlier
+  than the collective ended, whether or not it reads its result;
+* each launch pays the host's ``H`` in series: an op of ``k`` kernels takes
+  ``k H`` longer (its first kernel starts H after the previous launch
+  ended) and a communication launch reaches its collective H after the
+  previous launch ended.
+
+The simulator keeps its streams and queues; this module adds the order as
+dependencies on *launch tokens*, numbers past the program's values whose
+ready time is a launch's end (:func:`serialise_launches`): a collective's
+token is ready when it ends, a compute op's when it ends; each
+communication op reads the token(s) of the launch before it on its rank,
+and a compute op after a communication launch starts a block that reads
+its token(s). ``H`` is added to the compute ops' durations
+(:func:`blocking_durations`) and to the communication ops' arrivals.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from itertools import chain
+from operator import itemgetter
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..cost.model import CostModel
+from ..ir.comm import is_point_to_point
+from ..run_options import check_choice
+
+#: the ``launch`` settings (see the module docstring)
+LAUNCH_MODES: Tuple[str, ...] = ("async", "blocking")
+DEFAULT_LAUNCH = "async"
+
+
+def check_launch(value: Any) -> str:
+    """``launch`` (``--launch``): one of :data:`LAUNCH_MODES`."""
+    return check_choice("--launch", value, LAUNCH_MODES)
 
 #: (lead per op, first-launch bound per op), both as lists of floats
 Leads = Tuple[List[float], List[float]]
@@ -65,14 +114,91 @@ def leads_by_rank(ix, prefixes: Dict[int, List[float]], cost: CostModel
 
 
 def op_times(prefix: np.ndarray, base: np.ndarray, s0: np.ndarray,
-             leads: Optional[Leads]) -> Tuple[np.ndarray, np.ndarray]:
+             leads: Optional[Leads], waits: Optional[np.ndarray] = None
+             ) -> Tuple[np.ndarray, np.ndarray]:
     """(start, end) of each op of a stream: ``s0`` and ``base`` are its
-    block's start and first prefix, per op."""
+    block's start and first prefix, per op; ``waits``, under blocking
+    launches, the host's launch time in front of each op's first kernel
+    (:func:`blocking_durations`, whose durations ``prefix`` sums)."""
     if leads is None:
-        return s0 + (prefix[:-1] - base), s0 + (prefix[1:] - base)
+        start = s0 + (prefix[:-1] - base)
+        return (start if waits is None else start + waits), s0 + (prefix[1:] - base)
     lead = np.asarray(leads[0])
     off = s0 - base
     end = prefix[1:] + np.maximum(off, lead)
     earlier = np.concatenate(([-np.inf], lead[:-1]))
     start = prefix[:-1] + np.maximum(np.maximum(off, earlier), np.asarray(leads[1]))
     return start, end
+
+
+def blocking_durations(ops: list, stream_ops: List[int], durations: List[float],
+                       cost: CostModel) -> Tuple[List[float], Optional[np.ndarray]]:
+    """A compute stream's durations under blocking launches, each op's
+    ``k H`` of host launches added (module docstring), and the host's time
+    in front of each op's first kernel (H, or 0 for an op that launches
+    nothing); the durations as given and None when ``H`` is 0."""
+    h = cost.device.host_launch_s
+    if h <= 0 or not stream_ops:
+        return durations, None
+    kernels = np.fromiter((cost.host_lead(ops[k])[0] for k in stream_ops), np.int64,
+                          len(stream_ops))
+    return (np.asarray(durations) + kernels * h).tolist(), np.where(kernels > 0, h, 0.0)
+
+
+def serialise_launches(ix, cost: CostModel
+                       ) -> Tuple[int, int, Dict[int, Optional[np.ndarray]]]:
+    """Order every simulated rank's launches of ``ix`` (a
+    :class:`~.program_index.ProgramIndex`) one after another (module
+    docstring, *Blocking launches*): adds launch tokens to its compute
+    streams' blocks and exports and to its ranks' ``comm_inputs``, and the
+    host's launches to its compute streams' durations
+    (:func:`blocking_durations`). Returns the number of the first token
+    (collective ``c``'s is that plus ``c``; the compute ops' come after the
+    collectives'), one past the last, and each compute stream's waits."""
+    waits = {}
+    for rank, stream in ix.compute_streams.items():
+        stream.durations, waits[rank] = blocking_durations(ix.compute, stream.ops,
+                                                           stream.durations, cost)
+    first = len(ix.values)
+    p2p_kind = np.fromiter(map(is_point_to_point, ix.collective_kinds), bool,
+                           len(ix.collective_kinds))
+    p2p = p2p_kind[ix.collective_kind].tolist() if len(ix.collective_kind) else []
+    tokens = iter(range(first + len(ix.collectives), 1 << 62))
+    for rank, colls in ix.comm_streams.items():
+        stream = ix.compute_streams.get(rank)
+        ops = np.asarray(stream.ops if stream is not None else [], np.int64)
+        cs = np.asarray(colls, np.int64)
+        pos = np.concatenate([ix.compute_position[ops], ix.collective_position[cs]])
+        order = np.argsort(pos, kind="stable")
+        item = np.concatenate([np.arange(len(ops)), cs])[order].tolist()
+        comm = np.concatenate([np.zeros(len(ops), bool), np.ones(len(cs), bool)])[order]
+        near = np.flatnonzero(comm | np.r_[False, comm[:-1]]).tolist()
+        comm = comm.tolist()
+        inputs = ix.comm_inputs[rank]
+        reads: Dict[int, Tuple[int, ...]] = {}
+        exports: List[Tuple[int, int]] = []
+        k = -1                      # position in the rank's comm stream
+        unit: List[int] = []        # the tokens of the last communication launch
+        grouped = False             # it is a group of point-to-point transfers
+        before: Tuple[int, ...] = ()
+        for i in near:
+            x = item[i]
+            if not comm[i]:         # a compute op after a communication launch
+                reads[x] = tuple(unit)
+                continue
+            k += 1
+            if i and not comm[i - 1]:   # after a compute op: its end
+                exports.append((item[i - 1], next(tokens)))
+                before, unit, grouped = (exports[-1][1],), [], p2p[x]
+            elif not (grouped and p2p[x]):   # after a communication launch
+                before, unit, grouped = tuple(unit), [], p2p[x]
+            unit.append(first + x)
+            if before:
+                inputs[k] = inputs[k] + before
+        if stream is not None:
+            starts = dict(stream.block_starts)
+            for q, toks in reads.items():
+                starts[q] = starts.get(q, ()) + toks
+            stream.block_starts = sorted(starts.items())
+            stream.exports = sorted(chain(stream.exports, exports), key=itemgetter(0))
+    return first, next(tokens), waits

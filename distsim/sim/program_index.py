@@ -158,6 +158,10 @@ class ProgramIndex:
     #: each collective of its comm stream, in the same order
     comm_inputs: Dict[int, List[Tuple[int, ...]]] = field(default_factory=dict)
     used_devices: Set[int] = field(default_factory=set)
+    #: each compute op's and each collective's place in the program's op
+    #: list (the order the host launches them in, :mod:`.launch_queue`)
+    compute_position: np.ndarray = field(default_factory=_no_ints)
+    collective_position: np.ndarray = field(default_factory=_no_ints)
 
     def op_label(self, op: Op) -> str:
         return f"%{op.name} ({op.op_type})"
@@ -288,6 +292,7 @@ def index_program(function: Function, topology, cost: CostModel,
 
     # compute ops of the simulated devices
     ix.compute = pick(ops, computes)
+    ix.compute_position, ix.collective_position = computes, comms
     c_dev = op_dev[computes]
     ix.compute_rank = c_dev
     ix.compute_time, ix.compute_flops, ix.compute_bytes = program_costs(col, computes, shape_of,

@@ -32,13 +32,17 @@ so their times are prefix sums of their durations, filled in with numpy
 after the run, as are the records and the memory curve (:mod:`.memory`).
 The Python work of the event loop is per block and per collective, not per op.
 
+Under ``launch: blocking`` (``CUDA_LAUNCH_BLOCKING=1``) a device's host
+waits for each launch to finish before the next: the streams stay, and
+launch tokens (:mod:`.launch_queue`) make each launch wait for the one
+before it on its device.
+
 A program that cannot finish ends with a :class:`SimulationError` that lists
-every blocked op per device.
+every blocked op per device (:mod:`.liveness`).
 """
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from itertools import accumulate
 from types import MappingProxyType
@@ -54,7 +58,9 @@ from ..ir.core import Function, Op, Value, gc_paused
 from ..ir.value_table import ValueTable
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams, comm_queues
-from .launch_queue import Leads, leads_by_rank, op_times
+from .launch_queue import (DEFAULT_LAUNCH, Leads, check_launch, leads_by_rank, op_times,
+                           serialise_launches)
+from .liveness import PREVIOUS_LAUNCH, blocked_report, run_events
 from .memory import MemoryAccounting, copy_to_followers, memory_accounting
 from .network import Network
 from .program_index import (INPUT_CATEGORY, RESIDENT_ROLES, ComputeStream,
@@ -75,6 +81,10 @@ class SimulationOptions:
     ``comm_streams``: "per-group" (a queue per process group, as NCCL
     communicators run) or "shared" (one ``comm`` stream per device for
     every collective), see :mod:`.comm_queues`;
+    ``launch``: "async" (the host issues kernels ahead of the device) or
+    "blocking" (each launch waits for its kernel to finish, as under
+    ``CUDA_LAUNCH_BLOCKING=1``: a device's streams never overlap), see
+    :mod:`.launch_queue`;
     ``record_memory``: keep the memory curve (peaks are always kept);
     ``record_links``: keep each link's utilisation over time
     (``Trace.link_samples``, for links.png and trace.json's link counters;
@@ -97,6 +107,7 @@ class SimulationOptions:
     network_mode: str = "flow"
     collective_algorithm: str = "auto"
     comm_streams: str = DEFAULT_COMM_STREAMS
+    launch: str = DEFAULT_LAUNCH
     record_memory: bool = True
     record_links: bool = False
     symmetry: bool = False
@@ -161,6 +172,11 @@ class Simulator:
         self.cost = cost_model or CostModel(topology.device_spec)
         self.options = options or SimulationOptions()
         check_comm_streams(self.options.comm_streams)
+        self._blocking = check_launch(self.options.launch) == "blocking"
+        #: under blocking launches, collective c's launch token is this + c
+        #: (:func:`.launch_queue.serialise_launches`); -1 otherwise
+        self._coll_token = -1
+        self._waits: Dict[int, Optional[np.ndarray]] = {}   # see launch_queue.op_times
         self.env = simpy.Environment()
         self.network = Network(self.env, topology, mode=self.options.network_mode,
                                record_samples=self.options.record_links)
@@ -205,7 +221,10 @@ class Simulator:
                                         self._simulated if rep else (lambda r: True),
                                         self._values)
         self._values = None
-        self._ready = [None] * len(ix.values)
+        numbers = len(ix.values)
+        if self._blocking:
+            self._coll_token, numbers, self._waits = serialise_launches(ix, self.cost)
+        self._ready = [None] * numbers
         for n in range(len(f.inputs)):       # function inputs are numbered first
             self._ready[n] = 0.0
         # what a collective's kind decides, once per kind (see program_index)
@@ -270,7 +289,9 @@ class Simulator:
     def _wait_known(self, key: Tuple[int, str], op: Op, n: int) -> simpy.Event:
         ev = self.env.event()
         self._waiters.setdefault(n, []).append(ev)
-        self._blocked[key] = (op, self.index.values[n], None)
+        values = self.index.values
+        # past the values: a launch token (blocking launches)
+        self._blocked[key] = (op, values[n] if n < len(values) else PREVIOUS_LAUNCH, None)
         return ev
 
     def _compute_stream(self, stream: ComputeStream, prefix: List[float],
@@ -349,6 +370,8 @@ class Simulator:
         ready = self._ready
         followers = self._followers.get(rank)
         collectives = self._collectives
+        # blocking launches: the host's launch time after the previous launch
+        h = self.cost.device.host_launch_s if self._blocking else 0.0
         t = 0.0
         for k in range(len(indices)) if positions is None else positions:
             c, own = indices[k], inputs[k]
@@ -361,6 +384,7 @@ class Simulator:
                     r = ready[n]
                 if r > arrival:
                     arrival = r
+            arrival += h
             if followers:
                 # followers reach their k-th collective when this rank does
                 for follower_rank, colls in followers:
@@ -418,7 +442,10 @@ class Simulator:
         coll.sent, coll.used = sent, used
         self._finished.append(coll)
         ready, waiters = self._ready, self._waiters
-        for n in self.index.collective_outputs[coll.index]:
+        outputs = self.index.collective_outputs[coll.index]
+        if self._coll_token >= 0:     # blocking launches: its launch token
+            outputs = (*outputs, self._coll_token + coll.index)
+        for n in outputs:
             ready[n] = end
             if n in waiters:
                 for ev in waiters.pop(n):
@@ -437,7 +464,8 @@ class Simulator:
         ix = self._prepare()
         prefixes = {rank: list(accumulate(stream.durations, initial=0.0))
                     for rank, stream in ix.compute_streams.items()}
-        leads = leads_by_rank(ix, prefixes, self.cost)
+        leads = ({rank: None for rank in ix.compute_streams} if self._blocking
+                 else leads_by_rank(ix, prefixes, self.cost))
         streams = [(rank, COMPUTE_STREAM) for rank in ix.compute_streams]
         streams += [(rank, COMM_STREAM) for rank in ix.comm_streams]
         for rank, kind in sorted(streams):
@@ -453,7 +481,7 @@ class Simulator:
         self._run_events()
         if self._blocked:
             raise SimulationError(self._deadlock_report())
-        start_s, end_s = self._compute_times(prefixes, leads)
+        start_s, end_s = self._compute_times(prefixes, leads, self._waits)
         records = self._records(start_s, end_s)
         memory = self._memory(start_s, end_s)
         if self._rep:
@@ -461,10 +489,13 @@ class Simulator:
         return self._trace(records, memory)
 
     def _compute_times(self, prefixes: Dict[int, List[float]],
-                       leads: Dict[int, Optional[Leads]]) -> Tuple[np.ndarray, np.ndarray]:
+                       leads: Dict[int, Optional[Leads]],
+                       waits: Dict[int, Optional[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
         """Start and end of every simulated compute op: each block's start
         plus the prefix sums of its ops' durations (held back by the host's
-        launch queue, :mod:`.launch_queue`, where it has one)."""
+        launch queue, :mod:`.launch_queue`, where it has one; ``waits``:
+        under blocking launches, the host's time before each op's first
+        kernel)."""
         ix = self.index
         start_s = np.zeros(len(ix.compute))
         end_s = np.zeros(len(ix.compute))
@@ -476,7 +507,8 @@ class Simulator:
             s0 = np.asarray(self._block_starts[rank])[block]
             base = prefix[first][block]
             ops = np.asarray(stream.ops, dtype=np.int64)
-            start_s[ops], end_s[ops] = op_times(prefix, base, s0, leads.get(rank))
+            start_s[ops], end_s[ops] = op_times(prefix, base, s0, leads.get(rank),
+                                                waits.get(rank))
         return start_s, end_s
 
     def _records(self, start_s: np.ndarray, end_s: np.ndarray) -> OpColumns:
@@ -514,55 +546,12 @@ class Simulator:
         return records, memory
 
     def _run_events(self) -> None:
-        """``env.run()`` under the liveness bounds of the options."""
-        opts = self.options
-        stall, most, wall = opts.stall_events, opts.max_events, opts.max_wall_s
-        for name, bound in (("stall_events", stall), ("max_events", most),
-                            ("max_wall_s", wall)):
-            if bound is not None and (isinstance(bound, bool) or
-                                      not isinstance(bound, (int, float)) or bound < 0):
-                raise SimulationError(f"SimulationOptions.{name}: must be a non-negative "
-                                      f"number or None, got {bound!r}")
-        env = self.env
-        step = env.step
-        deadline = None if wall is None else time.monotonic() + wall
-        n = 0
-        progress_at, seen = 0, self._progress  # event count at the last progress
-        try:
-            while True:
-                step()
-                n += 1
-                if stall is not None:
-                    if self._progress != seen:
-                        seen, progress_at = self._progress, n
-                    elif n - progress_at >= stall:
-                        raise SimulationError(self._deadlock_report(
-                            f"no progress for {stall} events (stall_events)"))
-                if most is not None and n >= most:
-                    raise SimulationError(self._deadlock_report(
-                        f"event budget of {most} events spent (max_events)"))
-                if deadline is not None and n & 255 == 1 and time.monotonic() > deadline:
-                    raise SimulationError(self._deadlock_report(
-                        f"wall-clock budget of {wall:g} s spent (max_wall_s)"))
-        except simpy.core.EmptySchedule:
-            pass
+        """``env.run()`` under the liveness bounds of the options (:mod:`.liveness`)."""
+        run_events(self.env, self.options, lambda: self._progress, self._deadlock_report)
 
     def _deadlock_report(self, reason: Optional[str] = None) -> str:
-        parts = []
-        for (rank, stream), (op, value, coll) in sorted(self._blocked.items(),
-                                                        key=lambda item: item[0]):
-            if value is not None:
-                why = f"waiting for input %{value.name}"
-            else:
-                missing = [r for r in coll.members if r not in coll.arrivals]
-                why = (f"waiting for ranks {missing} to reach it" if missing
-                       else "in flight (every member has reached it)")
-            parts.append(f"device {rank} {stream}: %{op.name} ({op.op_type}) {why}")
         # the latest time reached (compute streams run ahead of the clock)
-        reached = self._latest_s()
-        head = "deadlock" if reason is None else f"stopped ({reason})"
-        return (f"{head} at t={reached:.6g} s: {len(self._blocked)} stream(s) blocked: "
-                + "; ".join(parts))
+        return blocked_report(self._blocked, self._latest_s(), reason)
 
     def _latest_s(self) -> float:
         """The latest time reached: compute streams run ahead of the clock,

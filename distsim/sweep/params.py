@@ -165,6 +165,9 @@ def _run_choices(name: str) -> Optional[Tuple[Any, ...]]:
     if name == "comm_streams":
         from ..sim.comm_queues import COMM_STREAM_MODES
         return COMM_STREAM_MODES
+    if name == "launch":
+        from ..sim.launch_queue import LAUNCH_MODES
+        return LAUNCH_MODES
     if name == "collective_algo":
         try:
             from ..sim.collective_algos import ALGORITHMS

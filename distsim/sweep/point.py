@@ -11,7 +11,8 @@ count), so rows compare at equal work. It never raises for a bad
 configuration: the row says what happened in ``status``:
 
 * ``ok``: simulated; the metric columns are filled;
-* ``skipped``: a constraint of the spec excluded it (``reason`` says which);
+* ``skipped``: a constraint of the spec excluded it, or the estimator does
+  not model it (``fidelity: estimate``; ``reason`` says which);
 * ``invalid``: the simulator refused the combination (degrees that do not
   fit the devices, a strategy the model does not support, ...; ``reason``
   is its message);
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ..errors import ConfigError, DistsimError, PassPreconditionError
+from ..errors import ConfigError, DistsimError, NotModelledError, PassPreconditionError
 
 #: The metric columns of a sweep row, in order.
 METRICS = ("step_time_s", "samples_per_s", "tokens_per_s", "mfu", "max_peak_memory_bytes",
@@ -72,6 +73,8 @@ def run_point(params: Mapping[str, Any], simulate: Optional[SimulateFn] = None) 
         else:
             raise ConfigError(f"fidelity: must be one of {', '.join(FIDELITIES)}, "
                               f"got {fidelity!r}")
+    except NotModelledError as e:   # valid, but the estimator does not model it
+        row.update(status="skipped", reason=_one_line(str(e)))
     except INVALID_ERRORS as e:
         row.update(status="invalid", reason=_one_line(str(e)))
     except DistsimError as e:

@@ -10,7 +10,8 @@
 2. **Prune by memory** without estimating: a point whose weights alone
    (parameters x dtype size / (tp x pp)) exceed a GPU's memory cannot fit.
    The bound is a lower bound, so it never prunes a point that fits.
-3. **Estimate** every remaining point: GPT models with the estimator
+3. **Estimate** every remaining point: GPT models (but mixtures of
+   experts) with the estimator
    (:mod:`.estimate`, milliseconds each), other models by a simulation in
    the analytical network mode; drop the invalid and out-of-memory ones.
 4. **Simulate in full** the ``keep`` fastest estimates (``network_mode``,
@@ -300,6 +301,8 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
                               f"--space {k}: chosen by the search, not searchable")
     config = _model_config(model, base)
     is_gpt = config.get("family") == "gpt"
+    # the estimator covers GPT models without experts (it refuses MoE)
+    estimable = is_gpt and not config.get("experts")
     batch = base.get("global_batch") or (config.get("global_batch") if is_gpt else None)
     default_mb = is_gpt and not ({"micro_batch", "microbatches"} & (set(space) | set(base)))
 
@@ -334,13 +337,13 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
         else:
             kept.append(p)
     fixed = {"model": model, "topology": topology, **base}
-    how = "the estimator" if is_gpt else "analytical simulations"
+    how = "the estimator" if estimable else "analytical simulations"
     log(f"{len(kept) + len(pruned)} strategies for {gpus} GPUs ({len(pruned)} pruned: "
         f"the memory bound, or dp not dividing the batch); estimating {len(kept)} with {how}")
-    first = {**fixed, "fidelity": "estimate"} if is_gpt else {**fixed,
-                                                              "network_mode": "analytical"}
+    first = {**fixed, "fidelity": "estimate"} if estimable else {**fixed,
+                                                                 "network_mode": "analytical"}
     estimates = _run(first, kept, axes, "search: estimates", workers=workers,
-                     scheduler=None if is_gpt else scheduler, progress=progress)
+                     scheduler=None if estimable else scheduler, progress=progress)
     ok = estimates[(estimates["status"] == "ok")
                    & ~estimates["oom"].fillna(False).astype(bool)] if len(estimates) else estimates
     if len(ok):
@@ -349,14 +352,16 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     chosen = ok.head(keep)
     chosen_points = [{a: _plain(r[a]) for a in axes} for _, r in chosen.iterrows()]
     reduced = {"coarsen": True} if is_gpt else {}
-    if is_gpt:
+    if estimable:
         # symmetry, unless the point's ZeRO shards differ between ranks (the
-        # simulator refuses that reduced program; the estimate did not use it)
+        # simulator refuses that reduced program; the estimate did not use it);
+        # a MoE model, which the estimator does not resolve, runs without
         from ..estimate import symmetry_applies
         chosen_points = [{**p, "symmetry": symmetry_applies({**fixed, **p})}
                          for p in chosen_points]
     log(f"{len(ok)} of {len(kept)} fit in memory; simulating the {len(chosen_points)} fastest "
-        f"in full ({network_mode} network" + (_reduction_note(chosen_points) if is_gpt else "")
+        f"in full ({network_mode} network"
+        + ((_reduction_note(chosen_points) if estimable else ", coarsening") if is_gpt else "")
         + ")")
     if not is_gpt and network_mode == "analytical":
         full = chosen.copy()

@@ -28,6 +28,7 @@ from typing import Dict, List, Tuple
 
 from ..ir.core import Value
 from ..ir.ops_bundle import PACK, UNPACK, unpack_attrs
+from .backward_split import WEIGHT_DETAIL
 from .coarsen import Segment
 from .lowering_context import LoweringContext
 
@@ -67,7 +68,7 @@ class BufferBundles:
         params = seg.acc_params
         packed = [self.acc[(p, rank)] for p in params]
         bundle = self.ctx.emitter.one(PACK, packed, None, f"{seg.function.name}.acc_m{mb}_r{rank}",
-                                      accumulation_meta(stage, mb))
+                                      accumulation_meta(stage, mb, self.ctx.kind))
         self.ctx.note_update(packed[0], bundle)
         chain = self._chains[(id(seg), rank)] = _Chain(bundle, params, packed)
         for p in params:
@@ -91,15 +92,21 @@ class BufferBundles:
         types = [v.type for v in chain.packed]
         outs = self.ctx.emitter.op(UNPACK, [chain.bundle], unpack_attrs(types),
                                    [f"{q.name}_gbuf_m{mb}_r{rank}" for q in chain.params],
-                                   accumulation_meta(stage, mb))
+                                   accumulation_meta(stage, mb, self.ctx.kind))
         for i, (q, packed, out) in enumerate(zip(chain.params, chain.packed, outs)):
             self.ctx.note_update(chain.bundle if i == 0 else packed, out)
             self.acc[(q, rank)] = out
             del self._inside[(q, rank)]
 
 
-def accumulation_meta(stage: int, mb: int) -> Dict[str, object]:
+def accumulation_meta(stage: int, mb: int, task: str = "B") -> Dict[str, object]:
     """The meta of a gradient-accumulation op outside the fused segments
-    (GradientSync's adds and scales, the buffers' pack and unpack)."""
-    return {"stage": stage, "microbatch": mb, "phase": "backward", "category": "gradients",
-            "layer": None}
+    (GradientSync's adds and scales, the buffers' pack and unpack), made
+    while the task of kind ``task`` is emitted: in a split backward's
+    weight-gradient task (``W``) it is marked as that task's, as the ops it
+    accumulates are, so that the charts draw the task as one block."""
+    meta: Dict[str, object] = {"stage": stage, "microbatch": mb, "phase": "backward",
+                               "category": "gradients", "layer": None}
+    if task == "W":
+        meta.update(task="W", detail=WEIGHT_DETAIL)
+    return meta

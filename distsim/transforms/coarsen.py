@@ -31,7 +31,7 @@ from ..ir.ops_bundle import BOOKKEEPING_OPS, PACK, UNPACK, bundle_type, unpack_a
 from ..ir.ops_fused import FUSED
 from ..ir.types import TensorType
 
-TaskKey = Tuple[str, int]   # (kind "F" or "B", chunk)
+TaskKey = Tuple[str, int]   # (kind "F", "B" or "W", chunk)
 
 
 def segment_key(op: Op) -> tuple:
@@ -254,8 +254,8 @@ class Coarsening:
         """Whether every task of ``chunk`` runs in ``"plain"`` mode (see
         :meth:`_grad_mode`): no gradients, one micro-batch, or ZeRO 2/3
         reduce-scattering every micro-batch's."""
-        return (not self._grad_params(("B", chunk)) or self.microbatches == 1
-                or self.sync.scatter_each)
+        return ((not self._grad_params(("B", chunk)) and not self._grad_params(("W", chunk)))
+                or self.microbatches == 1 or self.sync.scatter_each)
 
     def _grad_mode(self, key: TaskKey, mb: int) -> str:
         """How the instance of a task for micro-batch ``mb`` fuses the

@@ -15,7 +15,7 @@ from ..ir.core import Op, Value
 from .emitter import Emitter
 from .strategy import Strategy
 
-#: A task of the step: (kind "F" or "B", chunk)
+#: A task of the step: (kind "F", "B" or "W", chunk)
 TaskKey = Tuple[str, int]
 
 

@@ -11,7 +11,9 @@ found in any forward program by its structure.
   value projections pair with its output projection, its first MLP
   projections (gate and up) with the second. A column-wise weight whose
   product is split after it (fused query, key and value; fused gate and
-  up) is ``fused_colwise``: split block by block.
+  up) is ``fused_colwise``: split block by block. A mixture of experts'
+  stacked weights (``experts x in x out``, multiplying ``experts x slots x
+  in``) pair as a dense MLP's do: every expert's FFN split over the ranks.
 - *Embeddings*: a table whose rows are looked up by the data's ids
   (``embedding``, ``gather`` of rows; not positions), and that nothing else
   reads but a head multiplying by it (``x @ table^T``), is
@@ -32,7 +34,7 @@ from typing import Dict, List, Optional, Set
 
 from ..ir.core import Function, Op, Value
 from .plans import Plan, PlanEntry
-from .tensor_parallel import past_elementwise, product_split
+from .tensor_parallel import past_elementwise, product_split, stacked_weight
 
 #: ops that mix a tensor's features or end the step: a pair stops before them
 BLOCKING = frozenset({"layernorm", "rmsnorm", "mse_loss", "cross_entropy"})
@@ -61,7 +63,7 @@ class _Structure:
         if op.op_type != "matmul" or len(op.inputs) != 2:
             return None
         x, w = op.inputs
-        if w.name in self.params and w.type.rank == 2 and x.name not in self.params \
+        if w.name in self.params and stacked_weight(x, w) and x.name not in self.params \
                 and w not in self.producer:
             return w
         return None

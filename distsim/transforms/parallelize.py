@@ -71,12 +71,30 @@ def template_step(forward: Function, strategy: Strategy, plan: Plan,
     """The step of one micro-batch on one tensor-parallel rank: ``plan``
     placed over ``strategy.tp`` ranks (``strategy.sp``), differentiated,
     recomputed and fused as ``strategy`` says (no optimizer, no pipeline:
-    what :class:`~distsim.transforms.spmd.LowerSPMD` lowers)."""
+    what :class:`~distsim.transforms.spmd.LowerSPMD` lowers):
+    :func:`finish_step` of :func:`differentiated_template`."""
+    return finish_step(differentiated_template(forward, strategy, plan, model), strategy)
+
+
+def differentiated_template(forward: Function, strategy: Strategy, plan: Plan,
+                            model: str = "the model") -> Function:
+    """:func:`template_step` before recomputation and fusion: ``plan``
+    placed over ``strategy.tp`` ranks (``strategy.sp``) and differentiated.
+    It reads nothing else of ``strategy``, and :func:`finish_step` leaves it
+    unchanged, so steps that differ only in recomputation or fusion can
+    finish one (the estimator's templates do)."""
     if strategy.tp > 1 and not plan.entries:
         raise ConfigError(f"--tp {strategy.tp}: plan '{plan.name}' places no parameter of "
                           f"model '{model}' (it finds no pair of linear layers and no "
                           "embedding); give --plan FILE")
     template = TensorParallel(plan, strategy.tp, strategy.sp, model)(forward)
-    step = Autodiff(template.meta["loss"], template.meta["params"])(template)
+    return Autodiff(template.meta["loss"], template.meta["params"])(template)
+
+
+def finish_step(step: Function, strategy: Strategy) -> Function:
+    """The rest of :func:`template_step`: ``step`` (a
+    :func:`differentiated_template`) recomputed and fused as ``strategy``
+    says, in a new function where either changes it (``step`` itself is
+    left as it is)."""
     step = Recompute(strategy.recompute, regather=strategy.sp)(step)
     return Fuse(fusion_for(strategy))(step)

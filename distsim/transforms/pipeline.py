@@ -9,19 +9,31 @@ chunk given each layer's cost (the embedding's counted in the first chunk,
 the head's in the last), as Narayanan et al. balance uneven stages.
 
 A schedule is, for each pipeline rank, the order of its tasks ``(kind,
-microbatch, chunk)`` with kind ``F`` (forward) or ``B`` (backward, with its
-recomputation): the program order of that rank's compute stream.
+microbatch, chunk)`` with kind ``F`` (forward), ``B`` (backward, with its
+recomputation) or ``W`` (the weight-gradient part of a backward, for the
+schedules in :data:`SPLIT_BACKWARD`, whose ``B`` then holds only the
+input-gradient part): the program order of that rank's compute stream.
 
 - ``gpipe``: every forward, then every backward;
 - ``1f1b`` (PipeDream-flush): ``pp - rank - 1`` warm-up forwards, then one
   forward / one backward, then the remaining backwards;
 - ``interleaved`` (Megatron-LM's interleaved 1F1B): as 1F1B over ``v``
-  chunks per rank, micro-batches in groups of ``pp``.
+  chunks per rank, micro-batches in groups of ``pp``;
+- ``zb-h1`` (Qi et al., "Zero Bubble Pipeline Parallelism", ZB-H1): the
+  backward split into ``B`` (input gradients, what the previous stage
+  waits for) and ``W`` (weight gradients); 1F1B's warm-up forwards, then
+  forward / input-backward pairs, rank ``r`` running the weight-gradient
+  part of micro-batch ``k - r`` after the input-backward of ``k``, the
+  rest at the end. At most ``pp`` micro-batches are in flight (forward
+  run, weight gradients not yet) on any rank: 1F1B's peak, that of its
+  first rank.
 
 With equal stages and no communication the idle fraction of a step is
 ``(pp - 1) / (m + pp - 1)`` for GPipe and 1F1B (``m`` micro-batches), and
-the bubble (``(pp - 1)`` stage-times of forward + backward) shrinks by
-``v`` with interleaving.
+the bubble (``(pp - 1)`` stage-times of forward + backward, ``T_F + T_B +
+T_W``) shrinks by ``v`` with interleaving. ZB-H1 cuts it to ``(pp - 1)
+(T_F + T_B - T_W)`` when ``T_W <= T_F`` (the weight gradients fill the
+rest).
 """
 from __future__ import annotations
 
@@ -31,7 +43,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from ..errors import ConfigError
 
-Task = Tuple[str, int, int]  # (kind "F"/"B", microbatch, global chunk id)
+Task = Tuple[str, int, int]  # (kind "F"/"B"/"W", microbatch, global chunk id)
 
 
 def partition_layers(layers: int, chunks: int) -> List[Tuple[int, int]]:
@@ -119,6 +131,9 @@ def chunk_of_layer(layer: int, ranges: Sequence[Tuple[int, int]]) -> int:
 
 
 def check_schedule(schedule: str, pp: int, microbatches: int, v: int) -> None:
+    if schedule in SPLIT_BACKWARD and v > 1:
+        raise ConfigError(f"--schedule {schedule}: one model chunk per pipeline rank only "
+                          f"(not {v} virtual stages)")
     if schedule == "interleaved" and microbatches % pp:
         raise ConfigError(f"--schedule interleaved: the {microbatches} micro-batches are not a "
                           f"multiple of the {pp} pipeline stages")
@@ -161,8 +176,31 @@ def interleaved(pp: int, m: int, v: int, rank: int) -> List[Task]:
     return tasks
 
 
+def zb_h1(pp: int, m: int, v: int, rank: int) -> List[Task]:
+    """ZB-H1: 1F1B's warm-up forwards, then forward / input-backward pairs,
+    the weight gradients of micro-batch ``k - rank`` after the
+    input-backward of ``k`` (rank 0 runs each right after its
+    input-backward, the last rank defers the most), the rest at the end."""
+    warmup = min(pp - rank - 1, m)
+    tasks: List[Task] = [("F", i, rank) for i in range(warmup)]
+    weights = 0
+    for k in range(m):
+        if warmup + k < m:
+            tasks.append(("F", warmup + k, rank))
+        tasks.append(("B", k, rank))
+        if k >= rank:
+            tasks.append(("W", k - rank, rank))
+            weights += 1
+    tasks += [("W", i, rank) for i in range(weights, m)]
+    return tasks
+
+
 SCHEDULES: Dict[str, Callable[[int, int, int, int], List[Task]]] = {
-    "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
+    "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}
+
+#: The schedules whose backward is split into input-gradient (``B``) and
+#: weight-gradient (``W``) tasks.
+SPLIT_BACKWARD = frozenset({"zb-h1"})
 
 
 def schedule_tasks(schedule: str, pp: int, m: int, v: int) -> List[List[Task]]:
@@ -174,10 +212,12 @@ def schedule_tasks(schedule: str, pp: int, m: int, v: int) -> List[List[Task]]:
 def task_dependencies(kind: str, mb: int, c: int, chunks: int) -> List[Tuple[str, int, int]]:
     """The tasks a pipeline task waits for: a forward the previous chunk's
     forward of its micro-batch; a backward its own forward and the next
-    chunk's backward."""
+    chunk's backward; a weight-gradient task its own input-backward."""
     deps: List[Tuple[str, int, int]] = []
     if kind == "F" and c > 0:
         deps.append(("F", mb, c - 1))
+    if kind == "W":
+        deps.append(("B", mb, c))
     if kind == "B":
         deps.append(("F", mb, c))
         if c < chunks - 1:
@@ -186,11 +226,12 @@ def task_dependencies(kind: str, mb: int, c: int, chunks: int) -> List[Tuple[str
 
 
 def merge_tasks(per_rank: List[List[Task]], chunks: int,
-                cost: Callable[[Task], float] = lambda t: 1.0 if t[0] == "F" else 2.0
+                cost: Callable[[Task], float] = lambda t: 2.0 if t[0] == "B" else 1.0
                 ) -> List[Tuple[int, Task, float, float]]:
     """One global order of every rank's tasks that respects each rank's
     order and the data dependencies (F of chunk c after F of chunk c-1, B
-    of chunk c after B of chunk c+1), by list scheduling on estimated task
+    of chunk c after B of chunk c+1, W after the B of its micro-batch and
+    chunk), by list scheduling on estimated task
     costs, so that the program order is close to the order in time: the
     rank whose next task can start earliest goes next, ties to the lowest
     rank. Returns ``(rank, task, estimated start, estimated end)``.
@@ -217,9 +258,10 @@ def merge_tasks(per_rank: List[List[Task]], chunks: int,
             return
         kind, mb, c = tasks[i]
         start = free[r]
-        if kind == "F":
-            if c > 0:
-                d = ("F", mb, c - 1)
+        if kind != "B":
+            # a forward waits for the previous chunk's, a W for its own B
+            if c > 0 or kind == "W":
+                d = ("F", mb, c - 1) if kind == "F" else ("B", mb, c)
                 end = finished(d)
                 if end is None:
                     waiting.setdefault(d, []).append(r)

@@ -10,7 +10,9 @@ program for every rank of the ``dp x pp x tp`` mesh (rank numbering in
 
 - the layers split into pipeline chunks, each chunk's forward (F) and
   backward (B) ops instantiated once per micro-batch and ordered on each
-  rank by the pipeline schedule (:mod:`.pipeline`); values that cross
+  rank by the pipeline schedule (:mod:`.pipeline`; a zero-bubble schedule's
+  backward split into input-gradient B and weight-gradient W tasks by
+  :mod:`.backward_split`); values that cross
   stages travel by ``comm.sendrecv`` right after the task producing them;
 - SPMD collectives turned into ``comm.*`` ops over each TP group;
 - gradient accumulation over the micro-batches (in the backward tasks),
@@ -63,8 +65,9 @@ from .coarsen import Coarsening, Segment
 from .emitter import Emitter
 from .lowering_context import LoweringContext, RankPlacement, StepTasks
 from .optimizer import SGDHyper
-from .pipeline import (PendingSends, chunk_of_layer, merge_tasks, partition_balanced,
-                       partition_layers, schedule_tasks)
+from .backward_split import WEIGHT_DETAIL, split_tasks, weight_gradient_ops
+from .pipeline import (SPLIT_BACKWARD, PendingSends, chunk_of_layer, merge_tasks,
+                       partition_balanced, partition_layers, schedule_tasks)
 from .fusion import Fuse
 from .strategy import Strategy, fusion_for
 from .zero import GradientSync
@@ -131,7 +134,7 @@ class LowerSPMD(Coarsening):
             self.ranges = partition_layers(layers, self.chunks)
         producer = self.producer_of = step.producers()
         self.chunk_of_op: Dict[int, int] = {}
-        #: id(op) -> its task, (kind "F" or "B", chunk)
+        #: id(op) -> its task, (kind "F", "B" or "W", chunk)
         self.task_of_op: Dict[int, Tuple[str, int]] = {}
         self.task_ops: Dict[Tuple[str, int], List[Op]] = {}
         for op in step.ops:
@@ -175,6 +178,16 @@ class LowerSPMD(Coarsening):
                 f"LowerSPMD: the loss %{loss.name} is an input of the step passed through "
                 f"unchanged (role {roles.get(loss.name) or 'none'}); only a data or constant "
                 "input can be, otherwise the loss must be an op's result")
+        self.consumers: Dict[Value, List[Op]] = {}
+        for op in step.ops:
+            for v in op.inputs:
+                self.consumers.setdefault(v, []).append(op)
+        self.step_outputs = set(step.outputs)
+        if S.schedule in SPLIT_BACKWARD:
+            # the weight-gradient ops of each backward task become its W task
+            split_tasks(self.task_ops, self.task_of_op, weight_gradient_ops(
+                step.ops, self.chunk_of_op, self.consumers, self.grad_of, self.step_outputs,
+                self.crossing))
         # ZeRO-3: per task, its layers in order with the parameters each
         # uses first in the task (what a layer's all-gathers fetch)
         self.task_layer_params: Dict[Tuple[str, int], List[Tuple[int, List[Value]]]] = {}
@@ -193,11 +206,6 @@ class LowerSPMD(Coarsening):
                             seen.add(v)
                             order[-1][1].append(v)
                 self.task_layer_params[key] = order
-        self.consumers: Dict[Value, List[Op]] = {}
-        for op in step.ops:
-            for v in op.inputs:
-                self.consumers.setdefault(v, []).append(op)
-        self.step_outputs = set(step.outputs)
         # values entering and leaving communication (spmd.copy is the
         # identity in the forward pass: no communication, fused through)
         self.spmd_inputs = {v for op in step.ops if op.op_type.startswith("spmd.")
@@ -253,6 +261,12 @@ class LowerSPMD(Coarsening):
         ops = self.task_ops.get((kind, c), [])
         self.ctx.kind = kind
         base = {"stage": stage, "microbatch": mb, "chunk": c}
+        # the weight-gradient part of a split backward: named so in the
+        # trace (``detail``) where an op has no detail of its own
+        said = base
+        if kind == "W":
+            base["task"] = "W"
+            said = dict(base, detail=WEIGHT_DETAIL)
         entered = None
         items = self._segments((kind, c), self._grad_mode((kind, c), mb)) if self.coarsen else ops
         for op in items:
@@ -261,14 +275,15 @@ class LowerSPMD(Coarsening):
                 entered = layer_now
                 self.gathers.enter_layer(stage, mb, kind, c, layer_now)  # ZeRO-3 gathers
             if isinstance(op, Segment):
-                self._emit_segment(op, stage, mb, base)
+                self._emit_segment(op, stage, mb, base if "detail" in op.meta else said)
                 continue
             info = self._op_info.get(id(op))
             if info is None:  # once per template op
                 grads = [o for o in op.outputs if o in self.grad_of]
                 info = self._op_info[id(op)] = (op, grads, op.meta.get("layer"))
             _, grads, layer = info
-            meta = dict(op.meta, **base)
+            meta = dict(op.meta, **(base if "detail" in op.meta or op.op_type.startswith("spmd.")
+                                    else said))
             if grads:
                 meta["category"] = "gradients"
             if op.op_type.startswith("spmd."):
@@ -298,7 +313,12 @@ class LowerSPMD(Coarsening):
                     self.sync.after_backward(stage, mb, grads)
                 continue
             for d, t, r in self.placement.group(stage):
-                ins = [self.get(v, r, d, t, mb, stage, layer) for v in op.inputs]
+                # :meth:`get`'s first look, inlined (most inputs are found there)
+                env = self.menv.get((r, mb))
+                if env is None:
+                    env = self.menv[(r, mb)] = {}
+                ins = [x if (x := env.get(v)) is not None
+                       else self.get(v, r, d, t, mb, stage, layer) for v in op.inputs]
                 # attributes and result types computed once per template op and
                 # tensor-parallel rank (and input types): the micro-batches and
                 # data-parallel replicas repeat them
@@ -323,7 +343,6 @@ class LowerSPMD(Coarsening):
                 outs = em.emit(op.op_type, ins, attrs, types,
                                [self.local_name(v, r, mb) for v in op.outputs], meta, entry,
                                op.subfunctions)
-                env = self.menv[(r, mb)]
                 for v, o in zip(op.outputs, outs):
                     env[v] = o
                 self.gathers.note_layer_output(r, outs[0])

@@ -16,7 +16,7 @@ from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZERS = ("adamw", "sgd")
 PARTITIONS = ("even", "balanced")
@@ -65,7 +65,7 @@ class Strategy:
     zero: int = 0
     recompute: Literal["none", "selective", "full"] = "none"
     microbatches: Optional[int] = None
-    schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
+    schedule: Literal["1f1b", "gpipe", "interleaved", "zb-h1"] = "1f1b"
     virtual_stages: Optional[int] = None
     bucket_mb: Optional[float] = None
     global_batch: Optional[int] = None

@@ -108,13 +108,23 @@ def _device(f: Function) -> Optional[int]:
 # -- styles -> placements ---------------------------------------------------------
 def _matmul_dims(op: Op, v: Value) -> Tuple[Optional[int], Optional[int]]:
     """(output-feature dim, input-feature dim) of weight ``v`` in matmul
-    ``op`` (None, None where ``v`` is not its 2-D right operand)."""
+    ``op`` (None, None where ``v`` is not its right operand: a matrix, or
+    a stack of matrices, one per leading index of the left operand -- a
+    mixture of experts' weights)."""
     if op.op_type != "matmul" or len(op.inputs) != 2 or op.inputs[1] is not v \
-            or op.inputs[0] is v or v.type.rank != 2:
+            or op.inputs[0] is v or not stacked_weight(op.inputs[0], v):
         return None, None
+    lead = v.type.rank - 2
     if op.attrs.get("trans_b"):
-        return 0, 1
-    return 1, 0
+        return lead, lead + 1
+    return lead + 1, lead
+
+
+def stacked_weight(x: Value, w: Value) -> bool:
+    """Whether ``w`` multiplies ``x`` as a linear layer's weight: a matrix,
+    or a stack of them over ``x``'s leading dim (experts' weights)."""
+    return w.type.rank == 2 or (w.type.rank == 3 and x.type.rank == 3
+                                and x.type.shape[0] == w.type.shape[0])
 
 
 def _sequence(v: Value, tp: int, entry: PlanEntry) -> Placement:
@@ -277,11 +287,14 @@ def column_biases(f: Function, fixed: Dict[Value, Placement], params: Set[str]
             continue
         for u in users.get(y, []):
             b = u.inputs[-1]
+            # a bias of the features, or of each stacked layer's (experts x 1 x features)
+            stacked = b.type.rank == 3 and b.type.shape == (w.type.shape[0], 1, y.type.shape[-1])
             if u.op_type == "add" and len(u.inputs) == 2 and u.inputs[0] is y \
-                    and b.name in params and b not in fixed and b.type.rank == 1 \
-                    and b.type.shape[0] == y.type.shape[-1]:
-                found[b] = (BlockShard(0, pl.blocks) if isinstance(pl, BlockShard)
-                            else Shard(0))
+                    and b.name in params and b not in fixed \
+                    and (stacked or b.type.shape == (y.type.shape[-1],)):
+                dim = b.type.rank - 1
+                found[b] = (BlockShard(dim, pl.blocks) if isinstance(pl, BlockShard)
+                            else Shard(dim))
     return found
 
 

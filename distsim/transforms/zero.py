@@ -251,7 +251,7 @@ class GradientSync:
         gradient is written into the buffer)."""
         ctx = self.ctx
         em = ctx.emitter
-        meta = accumulation_meta(stage, mb)
+        meta = accumulation_meta(stage, mb, ctx.kind)
         self.bundles.release(p, r, stage, mb)
         ops = accumulation_ops(mb, ctx.microbatches)
         if "add" in ops:

@@ -267,7 +267,9 @@ def bloom() -> List[Dict[str, Any]]:
     bias add is not modelled), tied embeddings, vocabulary padded to 250,880,
     bf16, DeepSpeed ZeRO-1 (BF16_Optimizer), activation checkpointing of
     every layer, the embedding counted as a pipeline layer
-    ('type:transformer|embedding': partition balanced)."""
+    ('type:transformer|embedding': partition balanced), and blocking kernel
+    launches: the job script sets ``export CUDA_LAUNCH_BLOCKING=1`` ("do
+    not remove or the training will hang"), so ``launch: blocking``."""
     return [{
         "id": "bloom-176b", "source": "bloom", "label": "BLOOM 176B (70 x 14336, 112 heads)",
         "gpus": 384,
@@ -276,9 +278,10 @@ def bloom() -> List[Dict[str, Any]]:
                   "position": "none", "attention": "explicit", "global_batch": 2048},
         "topology": str((HERE / "jean-zay-a100-x48.yaml").relative_to(ROOT)),
         "options": {"tp": 4, "pp": 12, "micro_batch": 2, "recompute": "full", "zero": 1,
-                    "partition": "balanced", "bucket_mb": 0},
+                    "partition": "balanced", "bucket_mb": 0, "launch": "blocking"},
         "config": "t 4, p 12, d 8, B 2048, b 2, 1F1B (DeepSpeed), full recompute, ZeRO-1, "
-                  "balanced stages",
+                  "balanced stages, blocking launches (CUDA_LAUNCH_BLOCKING=1 in the job "
+                  "script)",
         "published": {"step_time_s": 105.22},
     }]
 
@@ -429,6 +432,13 @@ def _s(x: Optional[float]) -> str:
     return f"{x:.2f}" if x < 100 else f"{x:.1f}"
 
 
+def _estimate_cell(p: Dict[str, Any]) -> str:
+    """The estimate's step time, or "refused" where the estimator refused
+    the run's options (its reason is in results.json)."""
+    est = p.get("estimate_step_time_s")
+    return "refused" if est is None and p.get("estimate_error") else _s(est)
+
+
 def _pct(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
@@ -471,7 +481,7 @@ def table(rows: List[Dict[str, Any]]) -> str:
         lines.append(f"| {r['label']} | {r['gpus']} | {r['config']} | {_published_cell(r)} | "
                      f"{_s(p['step_time_s'])}{' (OOM)' if p.get('oom') else ''} | "
                      f"{_pct(r['error_pct'])} | "
-                     f"{_s(p.get('estimate_step_time_s'))} | {_pct(r['estimate_error_pct'])} | "
+                     f"{_estimate_cell(p)} | {_pct(r['estimate_error_pct'])} | "
                      f"{_split(p)} |")
     lines.append("")
     main_rows = headline(rows)

@@ -108,8 +108,9 @@ def _error(args, capsys):
      "  return %y\n}\n", ":2: function 'main', op %y = relu: expects 1 inputs, got 2"),
     ("func @main(%x: f32[4]@0) -> (f32[4]@0) {\n  %y = relu(%x : f32[4]@0\n  return %y\n}\n",
      ":2:16: expected ','"),
-    ("func @f(%x: f32[4]@0) -> (f32[4]@0) {\n  %y = relu(%x) : f32[4]@0\n  return %y\n}\n",
-     "no function @main to simulate (the file has @f)"),
+    ("func @f(%x: f32[4]@0) -> (f32[4]@0) {\n  %y = relu(%x) : f32[4]@0\n  return %y\n}\n"
+     "func @g(%x: f32[4]@0) -> (f32[4]@0) {\n  %y = relu(%x) : f32[4]@0\n  return %y\n}\n",
+     "no function @main to simulate, and the file has several (@f, @g): name the step @main"),
 ])
 def test_a_bad_program_is_one_line_naming_the_file(tmp_path, capsys, text, message):
     path = tmp_path / "bad.dir"
@@ -119,6 +120,18 @@ def test_a_bad_program_is_one_line_naming_the_file(tmp_path, capsys, text, messa
     assert err.startswith(f"distsim: error: {path}:"), err
     assert message in err
     assert not out.exists()
+
+
+def test_a_printed_step_simulates_as_the_model_does(tmp_path, capsys):
+    """``distsim print``'s output (one function, named after the model's
+    step) is simulated as it is: the same step time as the model's."""
+    assert main(["print", "--model", "tiny", "--dp", "8", "--topology", "dgx-a100"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("func @gpt_step(")
+    path = tmp_path / "tiny_dp8.dir"
+    path.write_text(text)
+    printed = distsim.simulate(str(path), topology="dgx-a100")
+    assert printed.step_time_s == distsim.simulate("tiny", dp=8, topology="dgx-a100").step_time_s
 
 
 def test_a_missing_file_is_named(tmp_path, capsys):

@@ -141,8 +141,9 @@ def test_relu_and_qkv_biases_train_as_the_single_device_step(overrides):
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"model_type": "bert", "hidden_size": 8}, "model_type: unknown architecture 'bert' "
-                                               "(supported: falcon, gpt2, gpt_neox, llama"),
+    ({"model_type": "bert", "hidden_size": 8},
+     "model_type: unknown architecture 'bert' (supported: deepseek, falcon, gpt2, gpt_neox, "
+     "llama"),
     ({"architectures": ["T5ForConditionalGeneration"]},
      "architectures: unknown architecture 'T5ForConditionalGeneration'"),
     ({"hidden_size": 8}, "model_type: missing"),

@@ -126,3 +126,26 @@ def test_a_padded_vocabulary_trains_the_one_device_model(padded, strategy):
     program = padded.check(**strategy)
     assert program.meta["param_global_shapes"]["wte"] == (32, 16)
     assert program.meta["param_unpadded"]["wte"] == 31
+
+
+def test_a_step_finished_from_a_shared_backward_is_the_one_built_alone():
+    """The estimator places and differentiates a template once for its
+    three recomputation settings (``build_gpt_step(..., backward=...)``):
+    each finished step prints as the step built on its own, op by op with
+    its meta, and the shared backward is left as it was."""
+    from distsim.models.gpt_family import build_gpt_backward
+    from distsim.text.printer import print_function
+
+    def text(f):
+        return [(print_function(f), sorted((k, repr(x)) for k, x in f.meta.items()))] + [
+            sorted((k, repr(x)) for k, x in op.meta.items()) for op in f.ops]
+
+    c = GPTConfig(**SMALL)
+    for tp, sp, pp in ((2, False, 1), (2, True, 2)):
+        backward = build_gpt_backward(c, Strategy(dp=1, tp=tp, sp=sp, pp=pp), 2)
+        before = text(backward)
+        for recompute in ("none", "selective", "full"):
+            for fusion in ("megatron", "none"):
+                s = Strategy(dp=1, tp=tp, sp=sp, pp=pp, recompute=recompute, fusion=fusion)
+                assert text(build_gpt_step(c, s, 2, backward)) == text(build_gpt_step(c, s, 2))
+        assert text(backward) == before

@@ -44,6 +44,8 @@ def reference(request):
     dict(dp=2, tp=2, pp=2),
     dict(dp=2, tp=2, pp=2, zero=3, schedule="gpipe", microbatches=2),
     dict(dp=1, tp=2, pp=2, recompute="full", microbatches=2),
+    dict(dp=2, tp=2, pp=2, zero=1, schedule="zb-h1", microbatches=2),
+    dict(dp=1, pp=2, schedule="zb-h1", microbatches=4),
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_parallel_imports_match_the_single_device_step(reference, strategy):
     program = verify(build_onnx(reference.config, Strategy(**strategy), hyper=ONNX.HYPER))

@@ -16,6 +16,15 @@ def test_a_column_shares_one_format():
     assert column_formatter([1, 2])(3) == "3" and column_formatter([None])(None) == ""
 
 
+def test_a_column_of_tiny_numbers_is_written_in_exponent_form():
+    # 4 bytes in GB: 3 digits would need 11 decimals, a row of zeros first
+    fmt = column_formatter([4e-9, 0.0, 1.2e-9])
+    assert [fmt(v) for v in (4e-9, 0.0, 1.2e-9)] == ["4e-09", "0", "1.2e-09"]
+    # up to six decimals the fixed form stays
+    fmt = column_formatter([0.000123, 0.0000456])
+    assert [fmt(v) for v in (0.000123, 0.0000456)] == ["0.000123", "0.000046"]
+
+
 def test_cells_are_escaped_and_text_stays_text():
     text = table_html([{"a": "<b>", "n": 1.5}], ["a", "n"], text_columns=["a"])
     assert "&lt;b&gt;" in text and '<td class="text">' in text and "<td>1.50</td>" in text

@@ -20,6 +20,7 @@ CASES = [
     dict(dp=2, tp=4, sp=True, recompute="selective", microbatches=3, global_batch=12),
     dict(dp=4, tp=2, zero=2, bucket_mb=1.0, microbatches=2, global_batch=8),
     dict(dp=1, tp=2, pp=4, schedule="gpipe", microbatches=6, global_batch=6),
+    dict(dp=2, tp=2, pp=2, schedule="zb-h1", microbatches=4, zero=2),
 ]
 
 

@@ -30,6 +30,15 @@ STRATEGIES = [
     dict(dp=4, zero=3, zero3_unit="layer", microbatches=2, micro_batch=1),
     dict(dp=2, tp=2, pp=2, zero=3, zero3_unit="layer", prefetch=2, recompute="selective"),
     dict(dp=2, tp=2, pp=2, sp=True, zero=3, zero3_unit="layer", schedule="interleaved"),
+    # zero-bubble ZB-H1: the backward split into input- and weight-gradient tasks
+    dict(pp=2, schedule="zb-h1"),
+    dict(pp=4, microbatches=4, micro_batch=2, global_batch=8, schedule="zb-h1"),
+    dict(dp=2, tp=2, pp=2, schedule="zb-h1", zero=1, microbatches=4, bucket_mb=0.001),
+    dict(dp=2, tp=2, pp=2, zero=2, schedule="zb-h1", microbatches=4),
+    dict(dp=2, tp=2, pp=2, sp=True, zero=3, schedule="zb-h1", recompute="full"),
+    dict(dp=2, tp=2, pp=2, zero=3, zero3_unit="layer", prefetch=2, recompute="selective",
+         schedule="zb-h1"),
+    dict(dp=2, pp=2, zero=2, schedule="zb-h1", microbatches=4, coarsen=True),
 ]
 
 

@@ -38,7 +38,8 @@ def valid_strategies(draw):
     tp = draw(st.sampled_from([1, 2]))
     dp = draw(st.sampled_from([d for d in (1, 2, 4) if d * tp <= DEVICES]))
     pp = draw(st.sampled_from([p for p in (1, 2, 4) if dp * tp * p <= DEVICES and p <= LAYERS]))
-    schedules = ["1f1b", "gpipe"] + (["interleaved"] if pp > 1 and 2 * pp <= LAYERS else [])
+    schedules = ["1f1b", "gpipe", "zb-h1"] + (["interleaved"] if pp > 1 and 2 * pp <= LAYERS
+                                              else [])
     schedule = draw(st.sampled_from(schedules))
     per_rank = GLOBAL_BATCH // dp                     # sequences per data-parallel rank
     counts = [m for m in range(1, per_rank + 1) if per_rank % m == 0 and
@@ -91,7 +92,7 @@ def test_the_generator_reaches_every_option():
 
     collect()
     assert seen["dp"] == {1, 2, 4} and seen["tp"] == {1, 2} and seen["pp"] == {1, 2, 4}
-    assert seen["schedule"] == {"1f1b", "gpipe", "interleaved"}
+    assert seen["schedule"] == {"1f1b", "gpipe", "interleaved", "zb-h1"}
     assert seen["zero"] == {0, 1, 2, 3} and seen["sp"] == {False, True}
     assert seen["recompute"] == {"none", "selective", "full"}
     assert seen["bucket_mb"] == {0, 0.001} and {1, 2, 4, 8} <= seen["microbatches"]

@@ -19,6 +19,7 @@ CASES = [
     ("dgx-a100", dict(dp=4, pp=2, zero=3, zero3_unit="layer", microbatches=2)),
     ("dgx-a100", dict(dp=2, tp=4, sp=True, recompute="selective")),
     ("dgx-a100", dict(dp=1, tp=2, pp=4, schedule="gpipe")),
+    ("dgx-a100", dict(dp=2, tp=2, pp=2, zero=2, schedule="zb-h1", microbatches=4)),
     ("dgx-a100-x8", dict(dp=8, tp=2, pp=4)),
 ]
 
@@ -72,6 +73,8 @@ COARSEN_CASES = [
     dict(dp=2, tp=2, pp=2, zero=1, microbatches=4),
     dict(dp=4, tp=2, microbatches=4, global_batch=16, bucket_mb=0.25),
     dict(dp=2, tp=2, pp=2, microbatches=6, global_batch=12, schedule="interleaved", sp=True),
+    dict(dp=1, tp=2, pp=4, microbatches=8, global_batch=8, schedule="zb-h1"),
+    dict(dp=4, pp=2, microbatches=2, schedule="zb-h1", zero=3, recompute="selective"),
 ]
 
 

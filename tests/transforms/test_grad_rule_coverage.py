@@ -189,6 +189,13 @@ FD_CASES: Dict[str, Case] = {
                       ["x", "s", "be"], positive=("v",)),
     "lrn": Case(lambda b, x: b.op("lrn", [x], {"size": 3, "alpha": 0.5, "bias": 2.0}),
                 {"x": t(1, 4, 2, 2)}, ["x"]),
+    # 5 tokens, top 2 of 3 experts, 3 slots each: 10 choices, at least one dropped
+    "moe_dispatch": Case(lambda b, x, p: b.op("moe_dispatch", [x, p],
+                                              {"top_k": 2, "capacity": 3}),
+                         {"x": t(5, 4), "p": t(5, 3)}, ["x"], positive=("p",)),
+    "moe_combine": Case(lambda b, y, p: b.op("moe_combine", [y, p],
+                                             {"top_k": 2, "capacity": 3}),
+                        {"y": t(3, 3, 4), "p": t(5, 3)}, ["y", "p"], positive=("p",)),
 }
 
 

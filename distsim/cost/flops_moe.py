@@ -1,0 +1,33 @@
+"""FLOP counts of the mixture-of-experts ops (:mod:`distsim.ir.ops_moe`).
+
+Each op routes first: the top-k of each token's expert probabilities,
+one comparison per probability (``tokens x experts``). Then, per routed
+token-choice that fits its expert (at most ``tokens x top_k``, at most
+``experts x capacity``) and per hidden element: dispatch copies (no
+arithmetic, charged its bytes by the roofline), its gradient adds (1),
+combine multiplies by the gate and adds (2), combine's gradient scales
+the output gradient (1) and dots it with the expert output (2).
+"""
+from __future__ import annotations
+
+from ..ir.core import Op
+from .flops import flop_rule
+
+#: FLOPs per routed token-choice and hidden element
+_PER_ELEMENT = {"moe_dispatch": 0, "moe_dispatch_grad": 1, "moe_combine": 2,
+                "moe_combine_grad": 3}
+
+
+def routed(op: Op) -> int:
+    """Token-choices an op moves: tokens x top_k, capped by the slots."""
+    probs = op.inputs[-1].type
+    tokens, experts = probs.shape
+    return min(tokens * int(op.attrs["top_k"]), experts * int(op.attrs["capacity"]))
+
+
+@flop_rule(*_PER_ELEMENT)
+def _moe(op: Op) -> float:
+    probs = op.inputs[-1].type
+    hidden = op.inputs[0].type.shape[-1]
+    return float(probs.shape[0] * probs.shape[1]
+                 + _PER_ELEMENT[op.op_type] * routed(op) * hidden)
