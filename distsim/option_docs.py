@@ -89,10 +89,10 @@ RUN: Group = ("Simulation", (
     ("collective_algo", "algorithm for every collective kind that has it, 'auto' for the "
                         "others: 'auto' (default), 'ring', 'tree', 'hierarchical', ..."),
     ("comm_streams", "which collectives queue behind each other on a device: 'per-group' "
-                     "(default: one stream per process group, i.e. per team of ranks, as NCCL "
+                     "(one stream per process group, i.e. per team of ranks, as NCCL "
                      "communicators run: a tensor-parallel all-reduce does not wait for a "
-                     "data-parallel one; they share links) or 'shared' (one stream for every "
-                     "collective, in program order)"),
+                     "data-parallel one; they share links) or 'shared' (default: one stream "
+                     "for every collective, in program order)"),
     ("launch", "how the host launches kernels: 'async' (default: launches return at once, "
                "the host runs ahead of the device) or 'blocking' (each launch waits for its "
                "kernel, as under CUDA_LAUNCH_BLOCKING=1: one kernel, collective or group of "

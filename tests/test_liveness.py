@@ -58,11 +58,10 @@ def blocked_streams(message: str):
     return out
 
 
-def run_deadlock(function, topo, mode="flow", comm_streams="per-group"):
+def run_deadlock(function, topo, mode="flow"):
     with alarm():
         with pytest.raises(SimulationError) as info:
-            simulate_function(function, topo, options=SimulationOptions(
-                network_mode=mode, comm_streams=comm_streams))
+            simulate_function(function, topo, options=SimulationOptions(network_mode=mode))
     message = str(info.value)
     assert message.startswith("deadlock at t=")
     assert "\n" not in message
@@ -70,14 +69,11 @@ def run_deadlock(function, topo, mode="flow", comm_streams="per-group"):
 
 
 @pytest.mark.parametrize("mode", ["flow", "analytical"])
-@pytest.mark.parametrize("comm_streams, comm", [("per-group", "comm-2x1"), ("shared", "comm")])
-def test_collective_a_member_never_reaches(topo, mode, comm_streams, comm):
-    # the all-reduces of ranks 0 and 1: their group's stream (comm-2x1), or
-    # the one stream of every collective
-    message, blocked = run_deadlock(deadlock_member_never_reaches(), topo, mode, comm_streams)
-    assert blocked == {(0, comm): "%o0", (1, comm): "%o0", (1, "compute"): "%p1"}
-    assert f"device 0 {comm}: %o0 (comm.allreduce) waiting for ranks [1] to reach it" in message
-    assert f"device 1 {comm}: %o0 (comm.allreduce) waiting for input %p1" in message
+def test_collective_a_member_never_reaches(topo, mode):
+    message, blocked = run_deadlock(deadlock_member_never_reaches(), topo, mode)
+    assert blocked == {(0, "comm"): "%o0", (1, "comm"): "%o0", (1, "compute"): "%p1"}
+    assert "device 0 comm: %o0 (comm.allreduce) waiting for ranks [1] to reach it" in message
+    assert "device 1 comm: %o0 (comm.allreduce) waiting for input %p1" in message
     assert "3 stream(s) blocked" in message
 
 
@@ -91,13 +87,8 @@ def test_sendrecv_whose_input_needs_its_own_output(topo):
 
 
 def test_circular_wait_of_three_collectives(topo):
-    _, blocked = run_deadlock(deadlock_circular_wait(), topo, comm_streams="shared")
-    assert set(blocked) == {(r, s) for r in range(3) for s in ("comm", "compute")}
-    # per group, each rank's two all-reduces on their groups' streams: ranks
-    # 0-1 and 1-2 are both adjacent pairs, rank 1's second one named by its ranks
     _, blocked = run_deadlock(deadlock_circular_wait(), topo)
-    assert set(blocked) == {(0, "comm-2x1"), (0, "comm-2x2"), (1, "comm-2x1"), (1, "comm-1,2"),
-                            (2, "comm-2x1"), (2, "comm-2x2")} | {(r, "compute") for r in range(3)}
+    assert set(blocked) == {(r, s) for r in range(3) for s in ("comm", "compute")}
 
 
 def ring_of_waits(n):

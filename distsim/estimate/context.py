@@ -21,7 +21,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..ir.comm import CollectiveType
 from ..ir.types import DType
 from ..models.gpt import GPTConfig
-from ..sim.comm_queues import DEFAULT_COMM_STREAMS
 from ..topology import Topology
 from ..transforms.pipeline import partition_balanced, partition_layers
 from ..transforms.strategy import Strategy
@@ -48,7 +47,7 @@ class Case:
     topology_name: str
     collective_algo: str
     #: the simulator's ``comm_streams`` (:mod:`distsim.sim.comm_queues`)
-    comm_streams: str = DEFAULT_COMM_STREAMS
+    comm_streams: str = "shared"
 
 
 @lru_cache(maxsize=256)

@@ -9,7 +9,7 @@ the queues decide which communications may overlap on a device.
   communicator (and stream) of their own per pair of ranks.
 * **Collectives**, by the ``comm_streams`` setting:
 
-  - ``per-group`` (the default, NCCL's behaviour): one queue per process group. PyTorch's
+  - ``per-group`` (NCCL's behaviour): one queue per process group. PyTorch's
     ProcessGroupNCCL gives every group its own NCCL communicator and CUDA
     stream, so a tensor-parallel all-reduce does not wait for a
     data-parallel gradient all-reduce issued before it on another group;
@@ -53,7 +53,7 @@ __all__ = ["COMM_STREAM_MODES", "DEFAULT_COMM_STREAMS", "check_comm_streams", "c
 
 #: the ``comm_streams`` settings (see the module docstring)
 COMM_STREAM_MODES: Tuple[str, ...] = ("per-group", "shared")
-DEFAULT_COMM_STREAMS = "per-group"
+DEFAULT_COMM_STREAMS = "shared"
 
 
 def check_comm_streams(value: object) -> str:

@@ -583,8 +583,7 @@ CASES: List[Case] = [
        _simulate_program(deadlock_sendrecv_own_output), None, SimulationError,
        "device 0 compute: %a0 (relu) waiting for input %c0"),
     _c("program-circular-wait", "program", "three all-reduces waiting on each other in a ring",
-       # each device's compute and its two groups' streams (comm_streams per-group)
-       _simulate_program(deadlock_circular_wait), None, SimulationError, "9 stream(s) blocked"),
+       _simulate_program(deadlock_circular_wait), None, SimulationError, "6 stream(s) blocked"),
     _c("program-value-off-topology", "program", "a value on device 12 of an 8-GPU topology",
        _simulate_program(value_on_missing_device), None, TopologyError,
        "value %x is on device 12, but topology 'dgx-a100' has devices 0..7"),

@@ -14,9 +14,7 @@ invalid point must be refused by both, with the same error class.
 
 The draws are derandomized (the same points on every run); the
 ``@example`` points are where the random sample of
-``reports/estimator/sample.py`` found the two furthest apart. Under the
-default ``comm_streams`` (a stream per process group), and under
-``shared`` on draws of their own.
+``reports/estimator/sample.py`` found the two furthest apart.
 """
 from __future__ import annotations
 
@@ -96,22 +94,19 @@ def configurations(draw) -> Dict[str, Any]:
 
 
 #: known gaps (reports/estimator/README.md, "ZeRO 3 by parameter and by
-#: layer"), measured on ZERO3_ONLY=1 reports/estimator/sample.py 77 200;
-#: the two on step time are the shared stream's (``comm_streams: shared``:
-#: within the bound per group, where the tensor-parallel collectives do
-#: not queue behind the gathers)
+#: layer"), measured on ZERO3_ONLY=1 reports/estimator/sample.py 77 200
 ZERO3_TRAILING_ALL_REDUCE = (
-    "comm_streams shared, ZeRO 3, bucket_mb 0, tp 8, dp 2 over two nodes: the step 2.3 % "
-    "under the simulation's (a backward block's trailing tensor-parallel all-reduce queues "
-    "behind the next layer's prefetched gathers; the block-level backward has its wait in "
-    "the next block's template time)")
-ZERO3_SPREAD_STEP = ("comm_streams shared, ZeRO 3, bucket_mb 0, dp 4 x tp 4 spread over two "
-                     "nodes (dp-tp-pp): the step 1.0 % under the simulation's")
-ZERO3_PREFETCH2_MEMORY = ("ZeRO 3, prefetch 2, dp 4 x tp 4 x pp 2, sp: peak memory 4.6 % "
-                          "(by parameter; shared streams: 1.7 %) over the simulation's")
-ZERO3_LAYER_PREFETCH2_MEMORY = ("ZeRO 3 by layer, prefetch 2: peak memory 5.6 % (dp 4 x tp 4 "
-                                "x pp 2, sp; shared streams: 4.1 %) and 2.7 % (gpt3-1.3b dp 8, "
-                                "three micro-batches) over the simulation's")
+    "ZeRO 3, bucket_mb 0, tp 8, dp 2 over two nodes: the step 2.3 % under the simulation's "
+    "(a backward block's trailing tensor-parallel all-reduce queues behind the next "
+    "layer's prefetched gathers; the block-level backward has its wait in the next "
+    "block's template time)")
+ZERO3_SPREAD_STEP = ("ZeRO 3, bucket_mb 0, dp 4 x tp 4 spread over two nodes (dp-tp-pp): "
+                     "the step 1.5 % under the simulation's")
+ZERO3_PREFETCH2_MEMORY = ("ZeRO 3, prefetch 2, dp 4 x tp 4 x pp 2, sp: peak memory 1.7 % "
+                          "(by parameter) over the simulation's")
+ZERO3_LAYER_PREFETCH2_MEMORY = ("ZeRO 3 by layer, prefetch 2: peak memory 4.1 % (dp 4 x tp 4 "
+                                "x pp 2, sp) and 2.7 % (gpt3-1.3b dp 8, three micro-batches) "
+                                "over the simulation's")
 
 
 def _outcome(run) -> Tuple[Optional[Mapping[str, Any]], Optional[type]]:
@@ -228,25 +223,15 @@ def _relative(estimated: float, simulated: float) -> float:
           'layers': 2, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 1,
           'global_batch': 4, 'sp': True, 'zero': 3, 'zero3_unit': 'layer', 'recompute': 'none'})
 # ZeRO 3 where that sample still finds the two apart: expected failures, so
-# that closing a gap shows (an xfail example that passes fails); the first
-# two are gaps of the shared stream only, the same points per group (the
-# default) agree
+# that closing a gap shows (an xfail example that passes fails)
 @example({'model': 'llama2-7b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 8, 'pp': 1,
           'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 4,
-          'global_batch': 24, 'zero': 3, 'recompute': 'selective', 'bucket_mb': 0,
-          'comm_streams': 'shared'}
+          'global_batch': 24, 'zero': 3, 'recompute': 'selective', 'bucket_mb': 0}
          ).xfail(raises=AssertionError, reason=ZERO3_TRAILING_ALL_REDUCE)
-@example({'model': 'llama2-7b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 8, 'pp': 1,
-          'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 4,
-          'global_batch': 24, 'zero': 3, 'recompute': 'selective', 'bucket_mb': 0})
 @example({'model': 'gpt2', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 4, 'pp': 1, 'layers': 2,
           'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 12,
-          'zero': 3, 'recompute': 'none', 'bucket_mb': 0, 'order': 'dp-tp-pp',
-          'comm_streams': 'shared'}
+          'zero': 3, 'recompute': 'none', 'bucket_mb': 0, 'order': 'dp-tp-pp'}
          ).xfail(raises=AssertionError, reason=ZERO3_SPREAD_STEP)
-@example({'model': 'gpt2', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 4, 'pp': 1, 'layers': 2,
-          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 12,
-          'zero': 3, 'recompute': 'none', 'bucket_mb': 0, 'order': 'dp-tp-pp'})
 @example({'model': 'llama2-7b', 'topology': 'dgx-a100-x4', 'dp': 4, 'tp': 4, 'pp': 2,
           'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
           'global_batch': 24, 'schedule': '1f1b', 'partition': 'balanced', 'sp': True,
@@ -292,20 +277,6 @@ def _relative(estimated: float, simulated: float) -> float:
                                  HealthCheck.data_too_large])
 @given(configurations())
 def test_the_estimate_agrees_with_the_simulation(options):
-    _agrees(options)
-
-
-@settings(derandomize=True, database=None, deadline=None, max_examples=100,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
-@given(configurations())
-def test_the_estimate_agrees_with_the_simulation_under_shared_streams(options):
-    """The same under ``comm_streams: shared`` (every collective of a device
-    on one stream; the default is a stream per process group)."""
-    _agrees({**options, "comm_streams": "shared"})
-
-
-def _agrees(options: Mapping[str, Any]) -> None:
     row, refused = _outcome(lambda: estimate(options))
     summary, sim_refused = _outcome(lambda: distsim.simulate(**options).summary())
     assert refused == sim_refused, (f"estimate refused with {refused}, "

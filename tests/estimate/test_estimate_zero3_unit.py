@@ -94,16 +94,12 @@ def _gather_starts(**extra):
     rank 0's all-gather starts in the estimator's timeline (stage 0's
     communication items, each its own span: gathers only, without a
     pipeline and where the tensor-parallel collectives sit inside compute
-    items) and in the simulation, sorted, with both step times. Under
-    ``comm_streams: shared``, where the gathers queue with the
-    tensor-parallel collectives on one stream (what these tests are
-    about)."""
+    items) and in the simulation, sorted, with both step times."""
     import distsim
     from distsim.estimate.engine import Timeline, _spans
 
     options = dict(model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, tp=2, layers=2,
-                   seq=512, micro_batch=1, recompute="none", comm_streams="shared", **LAYER,
-                   **extra)
+                   seq=512, micro_batch=1, recompute="none", **LAYER, **extra)
     run = distsim.simulate(**options)
     simulated = sorted(r.start_s for r in run.trace.ops
                        if r.rank == 0 and r.op_type == "comm.allgather")

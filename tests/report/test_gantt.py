@@ -56,17 +56,13 @@ def test_every_communication_op_has_a_visible_bar(pipeline_run):
     phases = record_phases(pipeline_run.trace, pipeline_run.program)
     cols = pipeline_run.trace.op_columns
     lane_of = {lane.rank: i for i, lane in enumerate(chart.lanes)}
-    bars = {(b.lane, b.band, b.key, b.row): b for b in panel.bars}
+    bars = {(b.lane, b.band, b.key): b for b in panel.bars}
     comm = np.flatnonzero(np.array(cols.categories)[cols.category] == "communication")
     assert len(comm) > 100
-    # the collectives band: a row per group's stream (comm_streams
-    # per-group), in name order
-    rows = sorted({cols.streams[cols.stream[i]] for i in comm.tolist()} - {"p2p"})
-    assert len(rows) > 1
     for i in comm.tolist():
         stream = cols.streams[cols.stream[i]]
-        band, row = (2, 0) if stream == "p2p" else (1, rows.index(stream))
-        b = bars[(lane_of[int(cols.rank[i])], band, KEYS[phases.key[cols.label[i]]], row)]
+        band = 2 if stream == "p2p" else 1
+        b = bars[(lane_of[int(cols.rank[i])], band, KEYS[phases.key[cols.label[i]]])]
         start, end = cols.start_s[i] * 1e3, cols.end_s[i] * 1e3
         at = np.searchsorted(b.starts, start, side="right") - 1
         assert at >= 0 and b.starts[at] <= start + 1e-12
@@ -221,6 +217,6 @@ def test_collectives_of_two_groups_that_overlap_get_a_row_each():
     assert {b.rows for b in collectives} == {2}
     rows = {(b.lane, b.key): b.row for b in collectives}
     assert rows[(0, "TP")] != rows[(0, "DP")]
-    shared = distsim.simulate(**run, comm_streams="shared")
+    shared = distsim.simulate(**run)
     chart = gantt_chart(shared.trace, shared.program)
     assert {(b.row, b.rows) for b in chart.panels[0].bars} == {(0, 1)}

@@ -152,8 +152,7 @@ def test_summary_and_trace_plan_make_no_records(monkeypatch):
     summarize(trace)
     plan = plan_trace(trace, max_trace_records=10)
     assert plan.records == trace.num_ops + len(trace.memory) and plan.truncated
-    # tid 1 kept for the shared stream; the 8 ranks' group stream next
-    assert stream_tids(trace) == {"compute": 0, "comm": 1, "comm-8x1": 2}
+    assert stream_tids(trace) == {"compute": 0, "comm": 1}
     monkeypatch.undo()
     starts = sorted([op.start_s for op in trace.ops] + [s.time_s for s in trace.memory])
     assert plan.cutoff_s == starts[10]                    # the 11th earliest start
