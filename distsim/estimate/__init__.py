@@ -34,8 +34,10 @@ without building or simulating the whole program. A peer of
   network, step time and peak memory agree within the tolerance that
   ``tests/estimate/test_agreement_corpus.py`` asserts on random
   configurations (:data:`AGREEMENT_TOLERANCE`); ``reports/estimator/README.md``
-  lists the points a random sample still finds past it (ZeRO 3 above all:
-  up to 2.4 % on step time, 4.1 % on memory).
+  lists the points a random sample still finds past it (ZeRO 3 with
+  ``prefetch: 2`` above all: under the default ``comm_streams: shared``
+  up to 2.4 % on step time and 4.1 % on memory; per group up to 5.6 % on
+  memory).
 - *Cache key*: :func:`cache_key` (options -> the key of the per-layer
   profile an estimate builds once per process and reuses): sweeps group
   the points that share one.

@@ -68,6 +68,10 @@ class Block:
     step_b_flops: float = 0.0
     last: List[Segment] = field(default_factory=list)
     only: List[Segment] = field(default_factory=list)
+    #: a middle micro-batch's backward op by op (its gradients' marks
+    #: left out): ZeRO-3's block-level backward per group
+    #: (:func:`.gates.entry_plan`)
+    mid: List[Segment] = field(default_factory=list)
     #: ZeRO-3: the forward op by op, as ``only`` is the backward's (its
     #: reads of gathered parameters in :attr:`Segment.gate`): by layer,
     #: what taking the reshapes out and the unit's split in changes

@@ -16,14 +16,15 @@ contention, as in the analytical mode.
 With ``per_group`` (the simulator's ``comm_streams: per-group``, one
 stream per process group as NCCL communicators run) the communication
 stream is the tensor-parallel group's, and each stage has a second one for
-its data-parallel group (the gradient syncs, ZeRO's reduce-scatters and
-the optimizer's all-gathers: :meth:`Timeline.comm_on` without ``tp``,
-:meth:`Timeline.chain`), and each pair of stages one for the tied
-embedding's all-reduce (:meth:`Timeline.comm` over several stages): they
-run beside the tensor-parallel collectives and do not delay them. Their
-spans are counted with the communication in :meth:`Timeline.stage_breakdown`.
-A walk under ``per_group`` records nothing to replay (:meth:`Timeline.since`
-gives None: a record holds the two streams of a stage only).
+its data-parallel group (the gradient syncs, ZeRO's gathers and
+reduce-scatters, the optimizer's all-gathers: :meth:`Timeline.comm_on`
+without ``tp``, :meth:`Timeline.chain`), and each pair of stages one for
+the tied embedding's all-reduce (:meth:`Timeline.comm` over several
+stages): they run beside the tensor-parallel collectives and do not delay
+them. Their spans are counted with the communication in
+:meth:`Timeline.stage_breakdown`. A record (:meth:`Timeline.since`) then
+holds the stage's data-parallel stream too; a task that put an item on a
+tied embedding's stream records nothing.
 
 Items are added in program order, and an item can only depend on items
 added before it, so the order of addition is an order in which every item
@@ -62,6 +63,7 @@ class Timeline:
         # of both (in no order: unioned with the others when counted)
         self.dp_free: List[float] = [0.0] * stages
         self.emb_free: Dict[Tuple[int, ...], float] = {}
+        self.emb_items = 0      # how many items the tied embeddings' streams took
         self.group_starts: List[List[float]] = [[] for _ in range(stages)]
         self.group_ends: List[List[float]] = [[] for _ in range(stages)]
         self.free: List[float] = [0.0] * (2 * stages)   # end of each stream's last item
@@ -115,6 +117,7 @@ class Timeline:
         t.stages, t.free, t.end = self.stages, list(self.free), self.end
         t.per_group, t.dp_free, t.emb_free = self.per_group, list(self.dp_free), \
             dict(self.emb_free)
+        t.emb_items = self.emb_items
         t.group_starts = [list(x) for x in self.group_starts]
         t.group_ends = [list(x) for x in self.group_ends]
         t.compute_starts = [list(x) for x in self.compute_starts]
@@ -349,6 +352,7 @@ class Timeline:
             self.end = end
         if emb:
             self.emb_free[where] = end
+            self.emb_items += 1
         else:
             self.dp_free[where] = end
         for stage in (where if emb else (where,)):
@@ -397,7 +401,15 @@ class Timeline:
         return (len(self.compute_runs[stage]), len(self.comm_runs[stage]),
                 len(self.compute_starts[stage]), len(self.comm_starts[stage]),
                 self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
-                self.sync_waits[stage], self.free[2 * stage], self.free[2 * stage + 1])
+                self.sync_waits[stage], self.free[2 * stage], self.free[2 * stage + 1],
+                len(self.group_starts[stage]), self.dp_free[stage], self.emb_items)
+
+    def idle_by(self, stage: int, at: float) -> bool:
+        """Whether ``stage``'s communication streams (the tensor-parallel
+        one, and per group the data-parallel one) are done by ``at``: a
+        task starting there then depends only on where it starts (a
+        :meth:`since` record of it stands for the next)."""
+        return self.free[2 * stage + 1] <= at and self.dp_free[stage] <= at
 
     def since(self, stage: int, mark: tuple, origin: float, with_runs: bool = False
               ) -> Optional[tuple]:
@@ -407,11 +419,19 @@ class Timeline:
         lists), None, or with ``with_runs`` the spans of the lists and the
         runs in stream order (:func:`_spans`: the floats the time split
         would read). A stream the task did not touch keeps its end where it
-        is replayed (None in the record). None under ``per_group``."""
-        if self.per_group:
-            return None
+        is replayed (None in the record). Under ``per_group`` the record
+        holds the stage's data-parallel stream too (its spans and end, or
+        None without), and a task that put an item on a tied embedding's
+        stream gives None."""
         (runs, comm_runs, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
-         free_c, free_m) = mark
+         free_c, free_m, ng, free_g, emb) = mark
+        group = None
+        if self.per_group:
+            if self.emb_items != emb:
+                return None
+            group = (np.asarray(self.group_starts[stage][ng:], dtype=float) - origin,
+                     np.asarray(self.group_ends[stage][ng:], dtype=float) - origin,
+                     None if self.dp_free[stage] == free_g else self.dp_free[stage] - origin)
         c_runs, m_runs = self.compute_runs[stage], self.comm_runs[stage]
         cs, ce = self.compute_starts[stage][nc:], self.compute_ends[stage][nc:]
         ms, me = self.comm_starts[stage][nm:], self.comm_ends[stage][nm:]
@@ -426,13 +446,13 @@ class Timeline:
                 (self.busy[stage] - busy, self.waits[stage] - waits, self.comm_s[stage] - comm_s,
                  self.tp_items[stage] - tp_items, self.sync_waits[stage] - sync_waits),
                 (None if self.free[s] == free_c else self.free[s] - origin,
-                 None if self.free[s + 1] == free_m else self.free[s + 1] - origin))
+                 None if self.free[s + 1] == free_m else self.free[s + 1] - origin), group)
 
     def replay(self, stage: int, record: tuple, origin: float) -> None:
         """The items of a :meth:`since` record again on ``stage``, from
         ``origin``: the same items shifted (to rounding), for a task whose
         items depend only on where it starts."""
-        c_starts, c_ends, m_starts, m_ends, sums, (free_c, free_m) = record
+        c_starts, c_ends, m_starts, m_ends, sums, (free_c, free_m), group = record
         # after the stream's spans so far; made when asked for (a replay
         # adds hundreds of spans: neither a Python float each nor a numpy
         # call per replay)
@@ -462,6 +482,17 @@ class Timeline:
             free[s + 1] = origin + free_m
         # each stream's last item ends last
         end = free[s] if free[s] > free[s + 1] else free[s + 1]
+        if group is not None:
+            # per group: the data-parallel stream's spans (in no order:
+            # unioned with the others when counted)
+            g_starts, g_ends, free_g = group
+            if len(g_starts):
+                self.group_starts[stage].extend((g_starts + origin).tolist())
+                self.group_ends[stage].extend((g_ends + origin).tolist())
+            if free_g is not None:
+                self.dp_free[stage] = origin + free_g
+                if self.dp_free[stage] > end:
+                    end = self.dp_free[stage]
         if end > self.end:
             self.end = end
 

@@ -15,7 +15,7 @@ order.
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..transforms.sync_policy import gather_groups
@@ -251,3 +251,81 @@ def emit_chain(b: StepContext, stage: int, pieces: Chain, gathered: float, ready
         end = compute(stage, time_s, at, busy_s)
     return end
 
+
+def entrywise(b: StepContext) -> bool:
+    """Whether a ZeRO-3 block-level task is emitted entry by entry
+    (:func:`emit_entries`): under ``comm_streams: per-group`` with tensor
+    parallelism, where the gathers run on the data-parallel stream and
+    the block's tensor-parallel collectives on theirs, so that a block's
+    compute waits for each gather only where it reads the parameter, and
+    its collectives for the compute making their inputs."""
+    return b.tl.per_group and b.tp > 1
+
+
+#: An entry of :func:`entry_plan`: kind ("c" a compute run, "t" a
+#: tensor-parallel collective), time, the collectives a run reads
+#: (entries of the block), the run a collective reads (-1: the compute
+#: before it, -2: none, what the forward kept), whether it is the
+#: recomputation a backward starts with, and how long before the end of
+#: the block's gathers the last parameter a run reads is gathered (None:
+#: it reads none)
+Entry = Tuple[str, float, Tuple[int, ...], int, bool, Optional[float]]
+
+
+def entry_plan(b: StepContext, kind: str, block: str, mb: int) -> List[Entry]:
+    """A block's forward (:attr:`.blocks.Block.f_segs`) or backward (the
+    first micro-batch's, :attr:`.blocks.Block.only`, or a later one's,
+    :attr:`.blocks.Block.mid`) as :data:`Entry` items; by layer, the
+    unit's split in place of its parameters' reshapes
+    (:func:`split_change`)."""
+    key = (kind, block, kind == "B" and mb > 0)
+    hit = b.memo.entry_plans.get(key)
+    if hit is not None:
+        return hit
+    blk = b.profile.blocks[block]
+    segs = blk.f_segs if kind == "F" else blk.mid if mb else blk.only
+    plan = gather_plan(b, kind, block)
+    changed = _segments_end(segs, plan)[1] if plan.first is not None else [0.0] * len(segs)
+    items = plan.items
+    # per item, the time of the items after it (its end before the last's)
+    after = [sum(items[k + 1:]) for k in range(len(items))]
+    hit = []
+    for seg, change in zip(segs, changed):
+        if seg.kind == "c":
+            gate = seg.gate
+            before = None if gate == -1 else after[-1 if gate is None else plan.upto[gate]]
+            hit.append(("c", max(0.0, seg.time_s + change),
+                        tuple(d for d in seg.deps if d is not None), -2, seg.lead, before))
+        elif seg.kind == "t":
+            src = -2 if not seg.deps else -1 if seg.deps[0] is None else seg.deps[0]
+            hit.append(("t", seg.time_s, (), src, seg.lead, None))
+        else:       # a mark (a gradient made, the input gradient): nothing to run
+            hit.append(("m", 0.0, (), -2, seg.lead, None))
+    b.memo.entry_plans[key] = hit
+    return hit
+
+
+def emit_entries(b: StepContext, stage: int, plan: List[Entry], gathered: float,
+                 ready: float, before: float) -> float:
+    """Emit a block's :func:`entry_plan` on ``stage``: each compute run
+    from ``ready`` (the task's input; not a leading recomputation), the
+    gathers it reads (``gathered``: the end of the block's gathers) and
+    the collectives it reads; each collective on the tensor-parallel
+    stream from the run making its input (``before``: where the compute
+    before the block ends). Returns where its compute ends."""
+    tl = b.tl
+    local: Dict[int, float] = {}
+    last = before
+    for i, (kind, time_s, waits, src, lead, gate) in enumerate(plan):
+        if kind == "c":
+            at = 0.0 if gate is None else gathered - gate
+            if not lead and ready > at:
+                at = ready
+            for d in waits:
+                if local[d] > at:
+                    at = local[d]
+            local[i] = last = tl.compute(stage, time_s, at)
+        elif kind == "t":
+            local[i] = tl.comm_on(stage, time_s, local[src] if src >= 0 else
+                                  last if src == -1 else 0.0, tp=True)
+    return last

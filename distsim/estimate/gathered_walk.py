@@ -207,10 +207,14 @@ def note_peak(b: StepContext, key: tuple, k: int, curve: Optional[GatherCurve], 
                             else:     # the block's own, or held through it
                                 entries.append((k + 1, 0, 0, nbytes, start, start, start))
                     unit = unit_shape(b, kind, name, curve)
-            # what the communication stream takes before the block's collectives
-            comm_free = max([end for _, _, _, groups in issued for _, _, end in groups]
-                            + [end for nbytes, end in held or ()]
-                            + [end for _, _, end, before in units if before], default=-math.inf)
+            # what the communication stream takes before the block's
+            # collectives (none per group: theirs is the tensor-parallel
+            # group's stream, the gathers and reduce-scatters on the
+            # data-parallel one)
+            comm_free = -math.inf if b.tl.per_group else max(
+                [end for _, _, _, groups in issued for _, _, end in groups]
+                + [end for nbytes, end in held or ()]
+                + [end for _, _, end, before in units if before], default=-math.inf)
             # the op-by-op backward: its compute runs where the timeline ran them
             marks = [(tau, ends[i] - time_s) for i, tau, time_s in runs] if runs else None
             spans = point_spans(b, curve, name_of(issued, k)) if curve.points else None

@@ -55,10 +55,10 @@ compute and communication streams, which blocking launches serialise.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
-ZeRO-3 over data-parallel ranks with tensor parallelism is not modelled
-so and is refused (its gathers' gates, :mod:`.gates`, and memory,
-:mod:`.gathered`, take the tensor-parallel collectives queued behind the
-gathers on one stream).
+ZeRO-3's parameter gathers run on the data-parallel stream, so a block's
+task with tensor-parallel collectives is emitted entry by entry
+(:func:`.gates.emit_entries`: its compute waits for each gather where it
+reads the parameter, its collectives only for their inputs).
 Only the ``gpt`` family is supported, without experts; other models, and
 mixtures of experts, are a ConfigError.
 """
@@ -199,14 +199,6 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise NotModelledError(f"estimate: schedule '{strategy.schedule}' (the backward split "
                                "into input- and weight-gradient tasks) is not modelled by the "
                                "estimator; use fidelity: simulate")
-    if comm_streams == "per-group" and strategy.zero == 3 and strategy.dp > 1 \
-            and strategy.tp > 1:
-        # its gathers' gates (.gates) and memory (.gathered) take the
-        # tensor-parallel collectives queued behind the gathers
-        raise ConfigError("estimate: comm_streams 'per-group' with ZeRO-3 and tensor "
-                          "parallelism is not modelled by the estimator (its parameter "
-                          "gathers on one stream with the tensor-parallel collectives); use "
-                          "fidelity: simulate, or comm_streams: shared")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 

@@ -396,6 +396,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                                      gates, outs[LAST_MB], forward_made)
         blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates,
                                      outs[0], forward_made)
+        blk.mid = compress_segments(groups.get(("B", 1, name), []), times, {}, gates, outs[1],
+                                    forward_made)
         if ("B", 0, name) in groups:
             fill_lead(blk, groups[("B", 0, name)], times, group_start[("B", 0, name)])
         blk.f_pre, blk.f_post = edges(compress_segments(groups.get(("F", 0, name), []), times, {}))

@@ -81,7 +81,7 @@ class ReplayedBackward(OpByOpBackward):
         plan = self._segment_plan(name, only)
         lead = bool(plan) and plan[0][6]
         origin = free if lead else max(ready, free)
-        return (origin, ready <= origin, tl.free[s + 1] <= origin,
+        return (origin, ready <= origin, tl.idle_by(stage, origin),
                 bool(plan) and plan[0][0] == "c")
 
     def _opens(self, name: str) -> Tuple[bool, bool]:
@@ -319,7 +319,7 @@ class ReplayedBackward(OpByOpBackward):
         # a leading recomputation from ``origin``, the input later (not by
         # layer: there the unit the task finds pending depends on both)
         split = not input_there and compute_first and not ctx.by_layer
-        clean = tl.free[s + 1] <= origin and (input_there or split)
+        clean = tl.idle_by(stage, origin) and (input_there or split)
         key = (ctx.shapes[c], mb == ctx.microbatches - 1, split)
         if ctx.by_layer:
             # by layer a task first settles the unit the stage's previous
@@ -377,7 +377,7 @@ class ReplayedBackward(OpByOpBackward):
         rounding), with its gathers' ends and its gradients' final times."""
         ctx = self.ctx
         free = ctx.tl.free
-        if free[2 * stage] != origin or free[2 * stage + 1] > origin:
+        if free[2 * stage] != origin or not ctx.tl.idle_by(stage, origin):
             return None, None
         if ctx.zero3:
             window = prefetch_window(k, len(order), ctx.strategy.prefetch)

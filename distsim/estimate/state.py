@@ -60,6 +60,10 @@ class Memo:
         #: or not), its gathers grouped (:meth:`.backward.OpByOpBackward._gather_groups`)
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
         self.segments: Dict[Tuple[str, bool], list] = {}
+        #: per group, ZeRO-3 with tensor parallelism: per (task kind, block,
+        #: a backward past the first micro-batch), its block-level task
+        #: entry by entry (:func:`.gates.entry_plan`)
+        self.entry_plans: Dict[Tuple[str, str, bool], list] = {}
         #: per block, whether its first micro-batch's op-by-op plan opens
         #: with a leading recomputation, and with compute
         #: (:meth:`.replay.ReplayedBackward._opens`)

@@ -26,7 +26,7 @@ from ..transforms.sync_policy import SyncPolicy, prefetch_window
 from .blocks import LayerProfile
 from .context import Case, StepContext
 from .engine import Timeline
-from .gates import chain, emit_chain, gather_plan, gather_time
+from .gates import chain, emit_chain, emit_entries, entry_plan, entrywise, gather_plan, gather_time
 from .gathered_walk import item_bytes, note_peak
 from .notes import MemoryNotes
 from .replay import ReplayedBackward
@@ -177,14 +177,14 @@ class Builder:
             plan = ctx.memo.plans[(kind, ctx.shapes[c], cls)] = self._task_plan(kind, c, mb)
         tl, flops = ctx.tl, ctx.flops
         if ctx.zero3:
-            # A task whose start finds the stage's communication stream idle
+            # A task whose start finds the stage's communication streams idle
             # depends only on that start (the later of its input and the
             # compute stream's end): the first such task of its plan is
             # recorded, the next ones replay it (:meth:`Timeline.replay`)
             s = 2 * stage
             origin = max(ready, tl.free[s], 0.0)
             key = ("task", kind, ctx.shapes[c], cls)
-            clean = tl.free[s + 1] <= origin
+            clean = tl.idle_by(stage, origin)
             record = ctx.replays.get(key) if clean else None
             if record is not None:
                 tl.replay(stage, record.items, origin)
@@ -242,6 +242,8 @@ class Builder:
         blocks = ctx.profile.blocks
         #: the block before's trailing wait (the plan's), not yet emitted
         wait: Optional[List[tuple]] = None
+        #: per group with tensor parallelism: each block entry by entry
+        entries_of = entrywise(ctx)
         for i, (gathers, fl, lead, pieces, reads, tail) in enumerate(plan):
             # by layer, the unit's shards concatenated first (compute), where
             # the gate is: after the compute before, not after a collective
@@ -261,7 +263,10 @@ class Builder:
             flops[stage] += fl
             # the block's compute starts after its copy-ins (by layer)
             t0 = max(prev, tl.free[2 * stage])
-            if reads is not None:
+            if entries_of:
+                end = prev = emit_entries(ctx, stage, entry_plan(ctx, kind, order[i][0], mb),
+                                          issued[i], ready if i == 0 else 0.0, t0)
+            elif reads is not None:
                 # its first piece waits for each gather where it reads it
                 end = emit_chain(self.ctx, stage, reads, issued[i], ready if i == 0 else 0.0)
             elif i:
@@ -270,11 +275,13 @@ class Builder:
                 if lead:     # the first block's recomputation: no wait for the input
                     tl.compute_pieces(stage, lead, issued[0])
                 end = max(issued[0], ready)
-            end = prev = tl.compute_pieces(stage, pieces, end)
-            wait = tail
+            if not entries_of:
+                end = prev = tl.compute_pieces(stage, pieces, end)
+                wait = tail
             blk = blocks[order[i][0]]
             curve = blk.f_curve if kind == "F" else blk.b_curve if first else blk.b_curve_later
-            note_peak(self.ctx, key, i, curve, t0, entries, kind, wait_all=reads is None)
+            note_peak(self.ctx, key, i, curve, t0, entries, kind,
+                      wait_all=reads is None and not entries_of)
         return end
 
     def _task_plan(self, kind: str, c: int, mb: int) -> Any:

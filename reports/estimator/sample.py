@@ -5,7 +5,8 @@ GPT / Llama configurations (see README.md here).
 
 LAYER_SHARE: the share of ZeRO-3 points drawn with ``zero3_unit: layer``
 (default 0: the sample of the README's tables); ``ZERO3_ONLY=1`` in the
-environment draws ZeRO 3 on every point.
+environment draws ZeRO 3 on every point; ``COMM_STREAMS=per-group`` (or
+``shared``) sets ``comm_streams`` on every point (default: the simulator's).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ OUT = sys.argv[3] if len(sys.argv) > 3 else "sample.jsonl"
 FLOW_SHARE = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 LAYER_SHARE = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 ZERO3_ONLY = os.environ.get("ZERO3_ONLY") == "1"
+COMM_STREAMS = os.environ.get("COMM_STREAMS")
 #: the layer draws on a stream of their own: a sample with and one without
 #: them hold the same points otherwise
 LAYER_RNG = random.Random(SEED + 1)
@@ -92,6 +94,8 @@ def sample(rng: random.Random) -> dict:
         o["optimizer"] = "sgd"
     if rng.random() < FLOW_SHARE:
         o["network_mode"] = "flow"
+    if COMM_STREAMS:
+        o["comm_streams"] = COMM_STREAMS
     return o
 
 

@@ -180,7 +180,7 @@ def test_since_with_runs_keeps_the_runs_spans_in_stream_order():
     tl.compute(0, 0.25, 6.0)                     # 6-6.25
     tl.comm_on(0, 1.0, 7.0)                      # 7-8
     assert tl.since(0, mark, 3.0) is None
-    c_s, c_e, m_s, m_e, sums, ends = tl.since(0, mark, 3.0, with_runs=True)
+    c_s, c_e, m_s, m_e, sums, ends, group = tl.since(0, mark, 3.0, with_runs=True)
     assert c_s.tolist() == [0.0, 1.0, 3.0] and c_e.tolist() == [1.0, 2.0, 3.25]
     assert m_s.tolist() == [2.0, 4.0] and m_e.tolist() == [2.5, 5.0]
-    assert sums[0] == 2.25 and sums[2] == 1.5 and ends == (3.25, 5.0)
+    assert sums[0] == 2.25 and sums[2] == 1.5 and ends == (3.25, 5.0) and group is None

@@ -10,9 +10,17 @@ error's type where the estimator refuses a point). ``compare`` counts the
 rows that differ, ignoring the fields that depend on the device's memory
 capacity, and prints the first few and the largest relative difference: a
 speed change to the estimator must say ``0 differ``.
+
+``COMM_STREAMS=per-group`` (or ``shared``) in the environment sets
+``comm_streams`` on every point (default: the simulator's);
+``NO_REPLAY=1`` dumps with nothing recorded to replay
+(:meth:`distsim.estimate.engine.Timeline.since` gives None), every task
+emitted item by item: compared with a dump with replays, it shows that
+replaying changes no row.
 """
 import itertools
 import json
+import os
 import sys
 import time
 
@@ -21,6 +29,8 @@ SKIP = {"memory_capacity_bytes", "fits", "oom", "memory_headroom_bytes"}
 
 def points():
     base = {"model": "gpt3-175b", "topology": "dgx-a100-x128"}
+    if os.environ.get("COMM_STREAMS"):
+        base["comm_streams"] = os.environ["COMM_STREAMS"]
     for tp, pp, mb, zero, rec in itertools.product([1, 2, 4, 8], [1, 2, 4, 8, 16, 32], [1, 2, 4],
                                                    [0, 1, 2, 3], ["none", "selective", "full"]):
         yield dict(base, tp=tp, pp=pp, micro_batch=mb, zero=zero, recompute=rec)
@@ -36,6 +46,9 @@ def points():
 def dump(out_path):
     from distsim.errors import DistsimError
     from distsim.estimate import estimate
+    if os.environ.get("NO_REPLAY") == "1":
+        from distsim.estimate.engine import Timeline
+        Timeline.since = lambda self, *args, **kwargs: None
     rows, start = [], time.time()
     for p in points():
         try:
