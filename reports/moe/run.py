@@ -89,14 +89,15 @@ def table(rows: List[Dict[str, Any]]) -> str:
     """The README's results table."""
     out = ["| run | step s | tokens/s/GPU | model TFLOP/s/GPU | compute s | EP all-to-all "
            "busy / exposed s | DP busy / exposed s | ZeRO busy / exposed s | pipeline p2p "
-           "busy / exposed s | bubble s | peak GB |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "busy / exposed s | exposed comm s (all) | bubble s | peak GB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name = r["name"] + (" (OOM)" if r["oom"] else "")
         out.append(f"| {name} | {r['step_time_s']:.2f} | {r['tokens_per_s_per_gpu']:.0f} | "
                    f"{r['model_tflops_per_gpu']:.0f} | {r['compute_s']:.2f} | "
                    f"{_kind(r, 'EP')} | {_kind(r, 'DP')} | {_kind(r, 'ZeRO')} | "
-                   f"{_kind(r, 'pipeline p2p')} | {r['bubble_s']:.2f} | "
+                   f"{_kind(r, 'pipeline p2p')} | {r['exposed_communication_s']:.2f} | "
+                   f"{r['bubble_s']:.2f} | "
                    f"{r['peak_memory_bytes'] / 1e9:.1f} |")
     return "\n".join(out) + "\n"
 
