@@ -203,11 +203,3 @@ def _spmd_reducescatter(b, op, grads):
     return [b.op("spmd.allgather", [grads[0]],
                  {"group": op.attrs["group"], "size": op.attrs["size"], "dim": op.attrs["dim"]},
                  name=_name(op, 0))]
-
-
-@grad_rule("spmd.alltoall")
-def _spmd_alltoall(b, op, grads):
-    return [b.op("spmd.alltoall", [grads[0]],
-                 {"group": op.attrs["group"], "size": op.attrs["size"],
-                  "split_dim": op.attrs["concat_dim"], "concat_dim": op.attrs["split_dim"]},
-                 name=_name(op, 0))]
