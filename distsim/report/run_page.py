@@ -153,11 +153,15 @@ def config_tables(config: Mapping[str, Any]) -> str:
 
 
 def strategy_line(config: Mapping[str, Any]) -> str:
-    """``dp 2 x tp 2 x pp 2, 1f1b, 64 micro-batches of 4``: the strategy in a line."""
-    degrees = " x ".join(f"{k} {config[k]}" for k in ("dp", "tp", "pp")
-                         if config.get(k) is not None)
+    """``dp 2 x tp 2 x pp 2, 1f1b, 64 micro-batches of 4``: the strategy in a line
+    (``cp`` among the degrees when above 1, as it splits the devices; ``ep``
+    after them, as it shares out the data-parallel ranks)."""
+    degrees = " x ".join(f"{k} {config[k]}" for k in ("dp", "cp", "tp", "pp")
+                         if config.get(k) is not None and (k != "cp" or config[k] > 1))
     extra = [str(config["schedule"]) if (config.get("pp") or 1) > 1 and config.get("schedule")
              else "", "sp" if config.get("sp") else "",
+             f"ep {config['ep']}" if (config.get("ep") or 1) > 1 else "",
+             f"cp {config.get('cp_comm') or 'allgather'}" if (config.get("cp") or 1) > 1 else "",
              f"ZeRO {config['zero']}" if config.get("zero") else "",
              f"recompute {config['recompute']}" if config.get("recompute") not in (None, "none")
              else ""]

@@ -92,3 +92,12 @@ def test_each_chart_draws_inline(pipeline_page):
     flat = distsim.simulate(layers=2, hidden=64, batch=16, dp=2)
     with pytest.raises(ConfigError, match="no pipeline stages"):
         flat.chart("pipeline")
+
+
+def test_the_strategy_line_names_context_and_expert_parallelism():
+    from distsim.report.run_page import strategy_line
+    assert strategy_line({"dp": 2, "cp": 1, "tp": 2, "pp": 1}) == "dp 2 x tp 2 x pp 1"
+    assert strategy_line({"dp": 2, "cp": 4, "tp": 2, "pp": 1, "cp_comm": "ring"}) \
+        == "dp 2 x cp 4 x tp 2 x pp 1, cp ring"
+    assert strategy_line({"dp": 8, "tp": 1, "pp": 1, "ep": 4, "zero": 1}) \
+        == "dp 8 x tp 1 x pp 1, ep 4, ZeRO 1"
