@@ -160,3 +160,46 @@ def test_oom_ranks_of_a_reduced_program_list_every_rank_it_stands_for():
     reduced = distsim.simulate(model="tiny", topology=topo, symmetry=True, **strategy).summary()
     assert full["oom"] and len(full["oom_ranks"]) == 4        # one stage of dp 2 x tp 2
     assert reduced["oom_ranks"] == full["oom_ranks"]
+
+
+#: a small mixture-of-experts model: 8 experts, 2 per token
+MOE_MODEL = {"family": "gpt", "layers": 2, "hidden": 256, "heads": 4, "vocab": 1024,
+             "seq": 128, "global_batch": 16, "micro_batch": 1, "experts": 8, "top_k": 2}
+
+
+def _peaks(result) -> dict:
+    return {d["rank"]: d["peak_memory_bytes"] for d in result.summary()["devices"]}
+
+
+def test_symmetry_with_expert_parallelism_across_stages():
+    """Expert parallelism under a pipeline (dp 4, ep 4, pp 2, ZeRO 1): one
+    representative per stage gives the full program's step time and each
+    of its devices' peak memory."""
+    strategy = dict(dp=4, pp=2, ep=4, zero=1)
+    full = distsim.simulate(MOE_MODEL, "dgx-a100", **strategy)
+    reduced = distsim.simulate(MOE_MODEL, "dgx-a100", symmetry=True, **strategy)
+    assert reduced.step_time_s == pytest.approx(full.step_time_s, rel=1e-3)
+    peaks = _peaks(full)
+    assert len(reduced.summary()["devices"]) == 2
+    for rank, peak in _peaks(reduced).items():
+        assert peak == peaks[rank], rank
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a fused segment allocates all its results when it starts and frees its "
+    "inputs when it ends, and its inner temporaries take no memory; the full "
+    "program allocates and frees each at its own op's start and end, so the "
+    "peak inside a segment differs (both ways: less on the tiny model, more on "
+    "Mixtral). With pp 1 the peak falls outside any segment and they agree."))
+@pytest.mark.parametrize("model,strategy", [
+    ("tiny", dict(dp=2, tp=2, pp=2)),                     # no experts: not EP-specific
+    (MOE_MODEL, dict(dp=4, pp=2, ep=4, zero=1)),
+])
+def test_coarsened_program_has_the_same_peak_memory(model, strategy):
+    """Coarsening must keep each device's peak memory, as it keeps the step
+    time (the reduced Mixtral-8x7B ep 8 step read 63.6 GB on rank 0 against
+    the full program's 63.2 GB)."""
+    full = distsim.simulate(model, "dgx-a100", **strategy)
+    fused = distsim.simulate(model, "dgx-a100", coarsen=True, **strategy)
+    assert fused.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert _peaks(fused) == _peaks(full)
