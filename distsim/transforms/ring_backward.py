@@ -46,8 +46,8 @@ def find_rings(ops: Sequence[Op]) -> Dict[str, Ring]:
             ring.blocks.append(op)
         elif op.meta.get("ring_lse"):
             ring.lse = op.outputs[0]
-        else:
-            ring.out = op.outputs[0]   # the last op of a merge is its output
+        elif op.op_type != "spmd.shift":
+            ring.out = op.outputs[0]   # a merge's last op gives its output
     return {n: r for n, r in rings.items() if r.lse is not None}
 
 
