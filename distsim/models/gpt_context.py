@@ -20,7 +20,10 @@ depends only on the block before it, so it overlaps the attention of the
 block at hand. With the balanced chunks every step computes half of its
 block's scores (a block of an earlier rank is seen by both query chunks
 but only in its first chunk; a later one only by the second query chunk),
-as Megatron-LM's ring attention does.
+as Megatron-LM's ring attention does. Every op of the ring carries
+``meta["ring"]`` (the attention's name): the backward writes the ring
+itself (:mod:`distsim.transforms.ring_backward`), so that a rank keeps
+only its own keys and values and the merged output and log-sum-exp.
 
 DeepSpeed-Ulysses (``cp_comm: alltoall``) exchanges sequence for heads
 instead: an all-to-all of the queries, keys and values gives each rank
@@ -31,6 +34,7 @@ all heads.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Tuple
 
 from ..ir.core import Value
@@ -91,33 +95,36 @@ def ring_attention(op: Callable[..., Value], q: Value, k: Value, v: Value, cp: i
     out = lse = None
     for step in range(cp):
         if step:   # the block of the rank before, which it had at the last step
-            k = op("spmd.shift", [k], ring, name=f"{name}_k_ring{step}")
-            v = op("spmd.shift", [v], ring, name=f"{name}_v_ring{step}")
+            k = op("spmd.shift", [k], ring, name=f"{name}_k_ring{step}", ring=name)
+            v = op("spmd.shift", [v], ring, name=f"{name}_v_ring{step}", ring=name)
         held = [own[(r - step) % cp] for r in range(cp)]
         o, lse_b = op("fused_attention", [q, k, v], {**attrs, "q_chunks": own[0],
                                                      "k_chunks": held[0]},
                       name=[f"{name}_ctx{step}", f"{name}_lse{step}"],
-                      cp_rank_attrs={"q_chunks": own, "k_chunks": held})
+                      cp_rank_attrs={"q_chunks": own, "k_chunks": held}, ring=name)
         if out is None:
             out, lse = o, lse_b
         else:
-            out, lse = merge_attention(op, out, lse, o, lse_b, f"{name}_merge{step}")
+            out, lse = merge_attention(op, out, lse, o, lse_b, f"{name}_merge{step}", ring=name)
     return out
 
 
 def merge_attention(op: Callable[..., Value], out_a: Value, lse_a: Value, out_b: Value,
-                    lse_b: Value, name: str) -> Tuple[Value, Value]:
+                    lse_b: Value, name: str, **meta: Any) -> Tuple[Value, Value]:
     """Two attentions of the same queries to disjoint keys as one: ``lse =
     log(e^lse_a + e^lse_b)`` (shifted by their maximum, held constant: the
     result does not depend on it) and ``out`` the sum of each ``out``
     weighted by ``e^(lse_x - lse)``. A row that saw no key in one block
-    (lse ``-inf``) takes the other's."""
+    (lse ``-inf``) takes the other's. ``meta`` goes on every op; the merged
+    lse's op also carries ``meta["ring_lse"]``."""
+    op = functools.partial(op, **meta)
     top = op("stop_gradient", [op("maximum", [lse_a, lse_b], name=f"{name}_max")],
              name=f"{name}_max")
     shifted = [op("exp", [op("sub", [x, top], name=f"{name}_d")], name=f"{name}_e")
                for x in (lse_a, lse_b)]
     total = op("add", shifted, name=f"{name}_sum")
-    lse = op("add", [top, op("log", [total], name=f"{name}_log")], name=f"{name}_lse")
+    lse = op("add", [top, op("log", [total], name=f"{name}_log")], name=f"{name}_lse",
+             ring_lse=True)
     parts = []
     for o, x in ((out_a, lse_a), (out_b, lse_b)):
         w = op("exp", [op("sub", [x, lse], name=f"{name}_wd")], name=f"{name}_w")

@@ -4,7 +4,8 @@
 then the backward ops (gradient rules from :mod:`.grad_rules`, applied in
 reverse program order), returning ``f``'s outputs followed by the gradients
 of ``loss`` with respect to each value in ``wrt``. ``meta["grads"]`` maps
-each ``wrt`` name to its gradient's name.
+each ``wrt`` name to its gradient's name. A ring attention (ops tagged
+``meta["ring"]``) is differentiated as a whole (:mod:`.ring_backward`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..ir.builder import builder_from
 from ..ir.core import Function, Value
 from .cleanup import eliminate_dead_code
 from .grad_rules import NON_DIFFERENTIABLE, lookup_grad_rule
+from .ring_backward import find_rings, ring_backward
 
 # Meta keys a forward op hands down to the backward ops emitted for it
 # (e.g. the transformer layer, so that pipeline stages and recomputation
@@ -58,7 +60,19 @@ class Autodiff:
                 needed.update(v for v in op.inputs if v in depends)
 
         grads: Dict[Value, Value] = {loss: b.op("ones_like", [loss], name=f"d_{loss.name}")}
+        rings = find_rings(forward_ops)
+        in_ring = set(rings)
         for op in reversed(forward_ops):
+            if op.meta.get("ring") in in_ring:
+                # the ring's last op comes first: its output's gradient is whole
+                ring = rings.pop(op.meta["ring"], None)
+                if ring is not None and grads.get(ring.out) is not None:
+                    layer = {k: ring.blocks[0].meta[k] for k in ("layer",)
+                             if k in ring.blocks[0].meta}
+                    for v, g in ring_backward(b, ring, grads[ring.out]):
+                        grads[v] = (b.op("add", [grads[v], g], name=f"d_{v.name}", meta=layer)
+                                    if v in grads else g)
+                continue
             out_grads: List[Optional[Value]] = [grads.get(v) for v in op.outputs]
             if all(g is None for g in out_grads):
                 continue

@@ -17,7 +17,9 @@ keeping their full-sequence outputs (as Megatron-LM does). Context
 parallelism's all-gathers of keys and values (``group: cp``) are always
 redone so: its attention keeps only the rank's own keys and values and
 gathers them again in the backward (TransformerEngine's all-gather
-context parallelism).
+context parallelism); so are a ring attention's passes of key/value
+blocks (``spmd.shift{group: cp}``): the backward sends the blocks around
+the ring again (:mod:`.ring_backward`).
 
 The copies are placed right before the first backward op of their layer,
 named ``<value>_rc``, with ``meta["phase"] = "recompute"``,
@@ -41,7 +43,9 @@ def is_forward(op: Op) -> bool:
 
 
 def _context_gather(op: Op) -> bool:
-    return op.op_type == "spmd.allgather" and op.attrs.get("group") == "cp"
+    """A context-parallel gather of keys and values, or a ring's pass of a
+    key/value block: always redone in the backward."""
+    return op.op_type in ("spmd.allgather", "spmd.shift") and op.attrs.get("group") == "cp"
 
 
 class Recompute:
@@ -58,7 +62,7 @@ class Recompute:
         layer = op.meta.get("layer")
         if not isinstance(layer, int) or not 0 <= layer < layers:
             return False
-        if op.op_type == "spmd.allgather" and (self.regather or _context_gather(op)):
+        if _context_gather(op) or (self.regather and op.op_type == "spmd.allgather"):
             return True
         if self.mode == "full":
             return True

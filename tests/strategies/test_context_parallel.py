@@ -61,11 +61,11 @@ def test_ring_attention_matches_single_device(make_reference, strategy):
     assert ring and {op.op_type for op in ring} == {"comm.sendrecv"}
     assert not any(op.meta.get("role") == "cp" for op in program.ops)
     # per layer of its stage and micro-batch on each rank: cp - 1 steps of k and v in the
-    # forward (again under full recomputation), and of dk and dv in the backward
+    # forward and again before the backward (once, whatever the recomputation), and cp
+    # steps of the dk and dv partial sums (the last brings them to their owner)
     rank0 = [op for op in ring if op.attrs["ranks"][1] == 0]
     layers, microbatches = 4 // strategy.get("pp", 1), program.meta["microbatches"]
-    passes = 3 if strategy.get("recompute") == "full" else 2
-    assert len(rank0) == layers * microbatches * passes * 2 * (cp - 1)
+    assert len(rank0) == layers * microbatches * 2 * (2 * (cp - 1) + cp)
 
 
 def test_ring_steps_overlap_the_attention_of_the_block_at_hand():
@@ -260,3 +260,45 @@ def test_the_gathered_keys_and_values_are_gathered_again_in_the_backward(referen
                 and op.attrs.get("group") == "cp" and "phase" not in op.meta}
     readers = {v for op in step.ops if "phase" in op.meta for v in op.inputs}
     assert not gathered & readers
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_ring_keeps_what_the_allgather_keeps(cp):
+    """Ring attention keeps for the backward what the all-gather keeps: the
+    rank's own queries, keys and values and the merged output and
+    log-sum-exp, not the received blocks nor the blocks' partial outputs
+    (the backward sends the blocks around the ring again)."""
+    from dataclasses import replace
+
+    from distsim.models import load_model_config
+    from distsim.models.gpt_family import build_gpt_step, gpt_config
+    from distsim.transforms.memory_model import saved_activation_bytes
+    from distsim.transforms.strategy import Strategy
+    c = replace(gpt_config(load_model_config("llama3-8b")), layers=2, attention="fused")
+
+    def saved(comm):
+        step = build_gpt_step(c, Strategy(dp=1, tp=4, sp=True, cp=cp, cp_comm=comm),
+                              micro_batch=1)
+        return saved_activation_bytes(step)[1]
+    assert saved("ring") == saved("allgather")
+
+
+def test_the_ring_blocks_are_sent_again_in_the_backward(reference):
+    """No received key/value block nor partial output of the forward ring is
+    read by the backward: the blocks are passed around the ring again
+    (recomputation), and the backward reads only the merged output and
+    log-sum-exp."""
+    from dataclasses import replace
+
+    from distsim.models.gpt_family import build_gpt_step
+    from distsim.transforms.strategy import Strategy
+    c = replace(reference.config, attention="fused")
+    step = build_gpt_step(c, Strategy(dp=1, tp=1, cp=4, cp_comm="ring"), micro_batch=2)
+    forward = [op for op in step.ops if "phase" not in op.meta and "ring" in op.meta]
+    again = [op for op in step.ops if op.op_type == "spmd.shift"
+             and op.meta.get("phase") == "recompute"]
+    assert len(again) == 2 * 3 * c.layers            # k and v, cp - 1 steps, every layer
+    readers = {v for op in step.ops if "phase" in op.meta for v in op.inputs}
+    kept = {v for op in forward for v in op.outputs} & readers
+    merged = {op.outputs[0] for op in forward if op.op_type == "add"}
+    assert len(kept) == 2 * c.layers and kept <= merged   # the last merge's out and lse
