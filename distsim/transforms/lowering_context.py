@@ -91,15 +91,16 @@ class RankPlacement:
         return [[S.rank(d, stage, t) for d in S.edp_team(e)]
                 for t in self.tp_indices() for e in shards]
 
-    def ep_teams(self, stage: int) -> List[Tuple[Tuple[int, int, int], ...]]:
-        """The expert-parallel groups of ``stage`` with a member in the
-        program: each member as (dp rank, tp rank, global rank)."""
-        S, teams = self.strategy, []
-        firsts = sorted({S.ep_team(d)[0] for d in self.dp_indices()})
-        for t in self.tp_indices():
-            for first in firsts:
-                teams.append(tuple((d, t, S.rank(d, stage, t)) for d in S.ep_team(first)))
-        return teams
+    def dp_blocks(self, stage: int, size: int) -> List[Tuple[Tuple[int, int, int], ...]]:
+        """The groups of ``size`` consecutive data-parallel ranks of ``stage``
+        (the expert-parallel groups, :meth:`~.strategy.Strategy.ep_team`; the
+        context-parallel groups, the data-parallel axis counting ``dp x cp``
+        ranks) with a member in the program, for each tensor-parallel rank:
+        each member as (dp rank, tp rank, global rank)."""
+        S = self.strategy
+        firsts = sorted({d - d % size for d in self.dp_indices()})
+        return [tuple((d, t, S.rank(d, stage, t)) for d in range(first, first + size))
+                for t in self.tp_indices() for first in firsts]
 
 
 @dataclass

@@ -376,37 +376,48 @@ class LowerSPMD(Coarsening):
         data-parallel rank's (tagged ``role: cp``); a ring step
         (``spmd.shift``) as one send/recv per rank to its neighbour (tagged
         ``role: cp_ring``)."""
-        S, cp = self.strategy, self.cp
         shift = op.op_type == "spmd.shift"
         meta = dict(meta, role="cp_ring" if shift else "cp")
         attrs = {k: op.attrs[k] for k in ("reduce_op", "dim", "split_dim", "concat_dim")
                  if k in op.attrs}
-        present = self.placement.dp_indices()
-        for first in range(0, S.dp, cp):
-            members = range(first, first + cp)
-            if not any(d in present for d in members):
-                continue
-            for t in self.placement.tp_indices():
-                ranks = [S.rank(d, stage, t) for d in members]
-                here = [self.placement.present(r) for r in ranks]
-                ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer) if p else None
-                       for d, r, p in zip(members, ranks, here)]
-                if shift:
-                    self._ring_step(op, ins, ranks, here, mb, meta)
-                    continue
-                outs = self.em.collective(SPMD_TO_COMM[op.op_type], ins, ranks,
-                                          [self.local_name(op.outputs[0], r, mb) if p else None
-                                           for r, p in zip(ranks, here)], meta, **attrs)
-                for r, o in zip(ranks, outs):
-                    if o is not None:
-                        self.menv[(r, mb)][op.outputs[0]] = o
+        for team in self.placement.dp_blocks(stage, self.cp):
+            if shift:
+                self._ring_step(op, team, mb, stage, layer, meta)
+            else:
+                self._team_collective(op, SPMD_TO_COMM[op.op_type], team, mb, stage, layer,
+                                      meta, attrs)
         grads = [o for o in op.outputs if o in self.grad_of]
         if grads:
             self.sync.after_backward(stage, mb, grads)
 
-    def _ring_step(self, op: Op, ins: List[Optional[Value]], ranks: List[int],
-                   here: List[bool], mb: int, meta: Dict[str, Any]) -> None:
+    def _team_inputs(self, op: Op, team: Sequence[Tuple[int, int, int]], mb: int, stage: int,
+                     layer: Any) -> Tuple[List[int], List[bool], List[Optional[Value]]]:
+        """The ranks of ``team`` ((dp rank, tp rank, global rank) each),
+        whether each is in the program, and its local value of ``op``'s input
+        (None where it is not)."""
+        ranks = [r for _, _, r in team]
+        here = [self.placement.present(r) for r in ranks]
+        ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer) if p else None
+               for (d, t, r), p in zip(team, here)]
+        return ranks, here, ins
+
+    def _team_collective(self, op: Op, kind: CollectiveType,
+                         team: Sequence[Tuple[int, int, int]], mb: int, stage: int, layer: Any,
+                         meta: Dict[str, Any], attrs: Dict[str, Any]) -> None:
+        """``op`` as one ``kind`` collective over ``team``, its result
+        recorded for every member in the program."""
+        ranks, here, ins = self._team_inputs(op, team, mb, stage, layer)
+        outs = self.em.collective(kind, ins, ranks,
+                                  [self.local_name(op.outputs[0], r, mb) if p else None
+                                   for r, p in zip(ranks, here)], meta, **attrs)
+        for r, o in zip(ranks, outs):
+            if o is not None:
+                self.menv[(r, mb)][op.outputs[0]] = o
+
+    def _ring_step(self, op: Op, team: Sequence[Tuple[int, int, int]], mb: int, stage: int,
+                   layer: Any, meta: Dict[str, Any]) -> None:
         """``spmd.shift``: member ``i``'s value sent to member ``i + offset``."""
+        ranks, here, ins = self._team_inputs(op, team, mb, stage, layer)
         n = len(ranks)
         for i, src in enumerate(ranks):
             j = (i + int(op.attrs["offset"])) % n
@@ -420,20 +431,10 @@ class LowerSPMD(Coarsening):
     def _alltoall(self, op: Op, stage: int, mb: int, layer: Any, meta: Dict[str, Any]) -> None:
         """An ``spmd.alltoall`` as one ``comm.alltoall`` per expert-parallel
         group of ``stage``."""
-        for team in self.placement.ep_teams(stage):
-            ranks = [r for _, _, r in team]
-            here = [self.placement.present(r) for r in ranks]
-            ins = [self.get(op.inputs[0], r, d, t, mb, stage, layer) if present else None
-                   for (d, t, r), present in zip(team, here)]
-            outs = self.em.collective(
-                CollectiveType.ALL_TO_ALL, ins, ranks,
-                [self.local_name(op.outputs[0], r, mb) if present else None
-                 for r, present in zip(ranks, here)],
-                dict(meta, role="expert_parallel"),
-                split_dim=op.attrs["split_dim"], concat_dim=op.attrs["concat_dim"])
-            for r, o in zip(ranks, outs):
-                if o is not None:
-                    self.menv[(r, mb)][op.outputs[0]] = o
+        attrs = {"split_dim": op.attrs["split_dim"], "concat_dim": op.attrs["concat_dim"]}
+        for team in self.placement.dp_blocks(stage, self.strategy.ep):
+            self._team_collective(op, CollectiveType.ALL_TO_ALL, team, mb, stage, layer,
+                                  dict(meta, role="expert_parallel"), attrs)
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
         grads = [o for o in op.outputs if o in self.grad_of]
