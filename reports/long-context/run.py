@@ -8,10 +8,9 @@ grows, plus LLAMA2-7B at 128k in NeMo's published configuration.
 
 Every run is a full simulation (``symmetry=True, coarsen=True``: exact in
 step time) on the repository's DGX H100 cluster (``dgx-h100-xN``, bf16);
-nothing is fitted. The split is read from rank 0's trace records, each
-op's kind from the program (:func:`distsim.report.phases.record_phases`):
-``busy`` is the union of the kind's intervals, ``exposed`` what of it no
-compute op covers.
+nothing is fitted. The split is rank 0's
+(:func:`distsim.report.comm_kinds.communication_by_kind`): ``busy`` is the
+union of the kind's intervals, ``exposed`` what of it no compute op covers.
 """
 from __future__ import annotations
 
@@ -27,11 +26,8 @@ ROOT = HERE.parent.parent
 if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-
 from distsim.api import simulate  # noqa: E402
-from distsim.intervals import difference_length, union_length  # noqa: E402
-from distsim.report.phases import KEYS, record_phases  # noqa: E402
+from distsim.report.comm_kinds import communication_by_kind  # noqa: E402
 
 SEQ = 131072
 #: (name, model, topology, options): the cp sweep at 32 GPUs (tp 4, one
@@ -68,22 +64,6 @@ RUNS: List[Dict[str, Any]] = [
 ]
 
 
-def split(result) -> Dict[str, Dict[str, float]]:
-    """Rank 0's busy and exposed seconds per kind of communication."""
-    cols = result.trace.op_columns
-    keys = record_phases(result.trace, result.program).key[cols.label]
-    mine = cols.rank == 0
-    comm = np.asarray([c == "communication" for c in cols.categories])[cols.category]
-    spans = list(zip(cols.start_s.tolist(), cols.end_s.tolist()))
-    compute = [spans[i] for i in np.flatnonzero(mine & ~comm)]
-    out = {}
-    for k in sorted(set(keys[mine & comm].tolist())):
-        kind = [spans[i] for i in np.flatnonzero(mine & comm & (keys == k))]
-        out[KEYS[k]] = {"busy_s": union_length(kind),
-                        "exposed_s": difference_length(kind, compute)}
-    return out
-
-
 def run(spec: Dict[str, Any]) -> Dict[str, Any]:
     t0 = time.perf_counter()
     result = simulate(spec["model"], spec["topology"], seq=SEQ, symmetry=True, coarsen=True,
@@ -99,7 +79,8 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
             "peak_memory_bytes": s["max_peak_memory_bytes"], "oom": s["oom"],
             "memory_capacity_bytes": s.get("memory_capacity_bytes"),
             "activations_bytes_at_peak": rank0.get("activations"),
-            "memory_at_peak": rank0, "comm_by_kind": split(result),
+            "memory_at_peak": rank0,
+            "comm_by_kind": communication_by_kind(result.trace, result.program),
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 

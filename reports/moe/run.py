@@ -9,15 +9,13 @@ synchronisation, the pipeline bubble) and the memory per GPU, as ep goes
 Every row is a full-model simulation (32 layers; ``symmetry=True,
 coarsen=True``, exact in step time: the ep 8 row is also simulated without
 either and both figures are kept) on the repository's DGX H100 cluster
-(``dgx-h100-x8``, bf16); nothing is fitted. The per-kind split is rank 0's,
-read as in ``reports/long-context/run.py`` (the same function, loaded from
-there): ``busy`` is the union of a kind's transfers, ``exposed`` what of
-it no compute op covers.
+(``dgx-h100-x8``, bf16); nothing is fitted. The per-kind split is rank 0's
+(:func:`distsim.report.comm_kinds.communication_by_kind`): ``busy`` is the
+union of a kind's transfers, ``exposed`` what of it no compute op covers.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import sys
@@ -31,18 +29,7 @@ if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from distsim.api import simulate  # noqa: E402
-
-
-def _load_split():
-    """The long-context report's per-kind busy/exposed reading (one path)."""
-    spec = importlib.util.spec_from_file_location(
-        "long_context_run", ROOT / "reports" / "long-context" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.split
-
-
-split = _load_split()
+from distsim.report.comm_kinds import communication_by_kind  # noqa: E402
 
 MODEL, TOPOLOGY = "mixtral-8x7b", "dgx-h100-x8"
 #: Megatron-Core's reference mapping for Mixtral 8x7B (dropless, all-to-all
@@ -67,7 +54,7 @@ def run(name: str, options: Dict[str, Any], reduced: bool = True) -> Dict[str, A
     result = simulate(MODEL, TOPOLOGY, symmetry=reduced, coarsen=reduced, **options)
     s = result.summary()
     step = s["step_time_s"]
-    comm = split(result)
+    comm = communication_by_kind(result.trace, result.program)
     return {"name": name, "options": options, "reduced": reduced,
             "devices": s["num_devices"], "step_time_s": step,
             "tokens_per_s_per_gpu": s["tokens_per_s"] / s["num_devices"],

@@ -144,3 +144,17 @@ def test_a_run_stopped_under_blocking_launches_names_the_launch_an_op_waits_for(
     # for the all-reduce's launch to end
     with pytest.raises(SimulationError, match="waiting for the previous launch to finish"):
         run(compute_collective_compute(), "blocking", max_events=2)
+
+
+@pytest.mark.parametrize("launch, exposed", [("async", ALLREDUCE - 1 * MS),
+                                             ("blocking", ALLREDUCE)])
+def test_communication_by_kind_reads_busy_and_exposed_time(launch, exposed):
+    # the all-reduce (no role: a tensor-parallel one) is busy its whole time;
+    # async, the second add covers its first millisecond
+    from distsim.report.comm_kinds import communication_by_kind
+    program = compute_collective_compute()
+    _, trace = run(program, launch)
+    split = communication_by_kind(trace, program, rank=0)
+    assert set(split) == {"TP"}
+    assert split["TP"]["busy_s"] == pytest.approx(ALLREDUCE, rel=1e-12)
+    assert split["TP"]["exposed_s"] == pytest.approx(exposed, rel=1e-12)
