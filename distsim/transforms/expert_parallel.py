@@ -106,12 +106,8 @@ class ExpertParallel:
         for op in forward.ops:
             ins = [env.get(v, v) for v in op.inputs]
             if op.op_type == "moe_combine":
-                y = ins[0]
-                back = Value(f"{y.name}_back", infer_types(
-                    "spmd.alltoall", [y.type], self._attrs(1, 0))[0])
-                ops.append(Op("spmd.alltoall", [y], [back], self._attrs(1, 0),
-                              meta=dict(op.meta, detail=COMBINE_DETAIL)))
-                ins[0] = back
+                ins[0] = self._alltoall(ops, ins[0], 1, 0, f"{ins[0].name}_back",
+                                        dict(op.meta, detail=COMBINE_DETAIL))
             if id(op) in in_region:
                 types = infer_types(op.op_type, [v.type for v in ins], op.attrs)
                 outs = [Value(v.name, t) for v, t in zip(op.outputs, types)]
@@ -122,15 +118,19 @@ class ExpertParallel:
                        Op(op.op_type, ins, op.outputs, op.attrs, op.subfunctions, op.meta))
             if op.op_type == "moe_dispatch":
                 slots = op.outputs[0]
-                sent = Value(f"{slots.name}_ep", infer_types(
-                    "spmd.alltoall", [slots.type], self._attrs(0, 1))[0])
-                ops.append(Op("spmd.alltoall", [slots], [sent], self._attrs(0, 1),
-                              meta=dict(op.meta, detail=DISPATCH_DETAIL)))
-                env[slots] = sent
+                env[slots] = self._alltoall(ops, slots, 0, 1, f"{slots.name}_ep",
+                                            dict(op.meta, detail=DISPATCH_DETAIL))
         out = Function(forward.name, [env.get(v, v) for v in forward.inputs], ops,
                        [env.get(v, v) for v in forward.outputs])
         out.meta = dict(forward.meta, ep=ep, expert_params=sorted(expert_params))
         return verify(out)
 
-    def _attrs(self, split: int, concat: int) -> Dict[str, object]:
-        return {"group": "ep", "size": self.ep, "split_dim": split, "concat_dim": concat}
+    def _alltoall(self, ops: List[Op], x: Value, split: int, concat: int, name: str,
+                  meta: Dict[str, object]) -> Value:
+        """Append to ``ops`` the all-to-all of ``x`` over the expert-parallel
+        group (``split`` cut into ``ep`` pieces, received along ``concat``);
+        its result, named ``name``."""
+        attrs = {"group": "ep", "size": self.ep, "split_dim": split, "concat_dim": concat}
+        out = Value(name, infer_types("spmd.alltoall", [x.type], attrs)[0])
+        ops.append(Op("spmd.alltoall", [x], [out], attrs, meta=meta))
+        return out
