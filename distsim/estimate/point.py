@@ -87,7 +87,7 @@ from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
-from .profile import layer_profile, param_sizes
+from .profile import layer_profile, model_key, param_sizes
 from .engine import Timeline, _union
 from .memory import estimate_memory
 from .context import Case, StepContext
@@ -188,12 +188,11 @@ def resolve(options: Mapping[str, Any]) -> Case:
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
     c = gpt_config(config)
-    if c.experts:
-        raise ConfigError(f"estimate: model '{config.get('name')}' routes tokens to experts "
-                          "(mixture of experts), which the estimator does not model; use "
-                          "fidelity: simulate")
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
+    if strategy.ep > 1:     # its all-to-alls run over data-parallel ranks, outside the template
+        raise NotModelledError(f"estimate: expert parallelism (ep {strategy.ep}) is not "
+                               "modelled by the estimator; use fidelity: simulate")
     c, _ = resolve_batch(c, strategy)
     if strategy.schedule in SPLIT_BACKWARD:
         raise NotModelledError(f"estimate: schedule '{strategy.schedule}' (the backward split "
@@ -230,7 +229,7 @@ def symmetry_applies(options: Mapping[str, Any]) -> bool:
 def _one_microbatch(c: Any) -> Tuple[Tuple[str, Any], ...]:
     """The model config of one micro-batch as a hashable key of the
     cached per-layer work (:func:`layer_profile`, :func:`param_sizes`)."""
-    return tuple(sorted(replace(c, global_batch=c.micro_batch).to_dict().items()))
+    return model_key(replace(c, global_batch=c.micro_batch))
 
 
 def profile_key(case: Case) -> Tuple[Any, ...]:
