@@ -59,8 +59,10 @@ ZeRO-3's parameter gathers run on the data-parallel stream, so a block's
 task with tensor-parallel collectives is emitted entry by entry
 (:func:`.gates.emit_entries`: its compute waits for each gather where it
 reads the parameter, its collectives only for their inputs).
-Only the ``gpt`` family is supported, without experts; other models, and
-mixtures of experts, are a ConfigError.
+Only the ``gpt`` family is supported (other models are a ConfigError),
+mixtures of experts included: each layer is timed and counted by the block
+of its kind (:mod:`.layer_kinds`); expert parallelism (``ep`` > 1) is
+refused with a NotModelledError.
 """
 from __future__ import annotations
 

@@ -24,6 +24,11 @@ per *block* (the embedding, one transformer layer, the head with the loss):
   boundary, and the activation bytes saved per micro-batch
   (:func:`~distsim.transforms.memory_model.saved_activation_bytes`).
 
+A mixture-of-experts model whose layers are all MoE is one template like a
+dense one (the routing balance and capacity factor set the experts' slots,
+so they are part of the model shape); one that mixes dense and MoE layers
+gets a template per kind, merged (:mod:`.layer_kinds`).
+
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
 micro-batch, untied head, topology, collective algorithm, the tensor-parallel
 group's devices).
