@@ -169,6 +169,13 @@ MOE_ZERO3_PREFETCH_MEMORY = (
     "from the block's start, peak memory 1.2-3.3 % over the simulation's")
 
 
+def _corpus_settings(examples: int) -> settings:
+    """The draws' settings: derandomized (the same points on every run)."""
+    return settings(derandomize=True, database=None, deadline=None, max_examples=examples,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                           HealthCheck.data_too_large])
+
+
 def _outcome(run) -> Tuple[Optional[Mapping[str, Any]], Optional[type]]:
     try:
         return run(), None
@@ -332,9 +339,7 @@ def _relative(estimated: float, simulated: float) -> float:
           'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 16,
           'zero': 2, 'recompute': 'full', 'bucket_mb': 5, 'order': 'tp-pp-dp',
           'optimizer': 'sgd'})
-@settings(derandomize=True, database=None, deadline=None, max_examples=100,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@_corpus_settings(100)
 @given(configurations())
 def test_the_estimate_agrees_with_the_simulation(options):
     _check_agreement(options)
@@ -361,9 +366,7 @@ def test_the_estimate_agrees_with_the_simulation(options):
           'recompute': 'selective', 'bucket_mb': 5, 'order': 'dp-pp-tp', 'optimizer': 'adamw',
           'routing_skew': 0.0, 'capacity_factor': 1.0}
          ).xfail(raises=AssertionError, reason=MOE_ZERO3_PREFETCH_MEMORY)
-@settings(derandomize=True, database=None, deadline=None, max_examples=40,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@_corpus_settings(40)
 @given(moe_configurations())
 def test_the_estimate_agrees_with_the_simulation_on_mixtures_of_experts(options):
     _check_agreement(options)
