@@ -227,3 +227,7 @@ class LayerProfile:
     #: step's start until the embedding's / the loss's backward reads them
     data_emb: int = 0
     data_head: int = 0
+    #: a split backward (ZB-H1): each block's weight-gradient part, its
+    #: backward fields W's (``blocks`` then hold the input-gradient part);
+    #: empty otherwise
+    weight: Dict[str, Block] = field(default_factory=dict)

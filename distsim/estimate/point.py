@@ -239,7 +239,7 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     tp, sp, recomputation, ZeRO kind, micro-batch, whether a pipeline
     unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
-    them, and the kernel fusion)."""
+    them, the kernel fusion, and whether the backward is split)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
@@ -250,7 +250,7 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S))
+            fusion_for(S), S.schedule in SPLIT_BACKWARD)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:
