@@ -195,10 +195,11 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
-    if strategy.schedule in SPLIT_BACKWARD:
-        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' (the backward split "
-                               "into input- and weight-gradient tasks) is not modelled by the "
-                               "estimator; use fidelity: simulate")
+    if strategy.schedule in SPLIT_BACKWARD and strategy.zero >= 2 and strategy.dp > 1:
+        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' with ZeRO "
+                               f"{strategy.zero} (gradients reduce-scattered from the "
+                               "weight-gradient tasks) is not modelled by the estimator; use "
+                               "fidelity: simulate")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 
@@ -288,11 +289,11 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
     # compute item (the part under compute, e.g. the input gradient's
     # all-reduce under the weight gradient's GEMM, is hidden, not absent);
     # those of the op-by-op backward are communication items already
-    blocks = b.profile.blocks
+    kinds = ("F", "B", "W") if b.profile.weight else ("F", "B")
     for stage, part in enumerate(parts):
         tp_s = b.microbatches * sum(
-            blocks[name].tp_comm_f if kind == "F" else blocks[name].tp_comm_b
-            for c in range(stage, b.chunks, S.pp) for kind in ("F", "B")
+            b.part(kind)[name].tp_comm_f if kind == "F" else b.part(kind)[name].tp_comm_b
+            for c in range(stage, b.chunks, S.pp) for kind in kinds
             for name, _ in b.blocks_of(kind, c))
         part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
                                     - (tl.waits[stage] - tl.sync_waits[stage])
