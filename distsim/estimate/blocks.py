@@ -178,6 +178,10 @@ class Block:
     #: last collective has ended (None: it has none)
     b_tail: Optional[float] = None
     b0_tail: Optional[float] = None
+    #: a weight-gradient part (:attr:`LayerProfile.weight`): whether it
+    #: reads the step's data inputs (the embedding's gradient, the token
+    #: ids), which then live until it
+    reads_data: bool = False
 
 
 @dataclass

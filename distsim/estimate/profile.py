@@ -446,11 +446,11 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, final_only,
-                            forward_made, lower) if split else {}
+                            forward_made, lower, program) if split else {}
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
     data_emb, data_head = memory_excess(blocks, groups, times, trace, program, params, rank0,
-                                        final_only)
+                                        final_only, weight)
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
                         lower.master_dtype, dict(partition), time.perf_counter() - started, kept,
                         data_emb, data_head, weight)
@@ -458,7 +458,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
 
 def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
                    final_last: Dict[int, str], final_only: Dict[int, str], forward_made: set,
-                   lower: LowerSPMD) -> Dict[str, Block]:
+                   lower: LowerSPMD, program: Function) -> Dict[str, Block]:
     """A split backward's weight-gradient part of each block (the ops the
     template's lowering moved to its W tasks,
     :func:`~distsim.transforms.backward_split.weight_gradient_ops`), as a
@@ -466,7 +466,13 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
     class, op by op with the gradients it makes final, its tensor-parallel
     collectives. The B part stays in ``blocks`` (their backward fields
     measured on the B tasks); each part's FLOPs as LowerSPMD's task
-    ordering counts them (its tasks' ops)."""
+    ordering counts them (its tasks' ops). A W part's ``saved_bytes``: what
+    it reads that the forward or the B part made (a micro-batch's, rank
+    0's), which lives from the B task until the W task instead of being
+    freed by B; ``reads_data``: whether it reads a data input."""
+    roles = program.meta.get("roles", {})
+    data = {id(v) for v in program.inputs if roles.get(v.name) == "data"}
+    made = {id(v) for op in program.ops if op.meta.get("task") != "W" for v in op.outputs}
     task_flops: Dict[Tuple[str, str], float] = {}
     for (kind, _), ops in lower.task_ops.items():
         for op in ops:
@@ -490,6 +496,10 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
         w.b_pre, w.b_post = edges(w.only)
         w.comm_tail_first = _comm_tail(groups.get(("W", 0, name), []), times)
         w.comm_tail_mid = _comm_tail(groups.get(("W", 1, name), []), times)
+        ops = groups.get(("W", 0, name), [])
+        read = {id(v): v for op in ops for v in op.inputs if id(v) in made}
+        w.saved_bytes = sum(v.type.size_bytes for v in read.values())
+        w.reads_data = any(id(v) in data for op in ops for v in op.inputs)
     return weight
 
 
