@@ -473,6 +473,9 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
     roles = program.meta.get("roles", {})
     data = {id(v) for v in program.inputs if roles.get(v.name) == "data"}
     made = {id(v) for op in program.ops if op.meta.get("task") != "W" for v in op.outputs}
+    # what a W task reads that its B task (or the forward) made: a collective
+    # reading only those waits for none of W's compute
+    before = made | forward_made
     task_flops: Dict[Tuple[str, str], float] = {}
     for (kind, _), ops in lower.task_ops.items():
         for op in ops:
@@ -488,11 +491,10 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
         w.b_last, w.b_last_busy, _, _ = stats(("W", LAST_MB, name))
         w.b_tp_spans = tuple(tp_spans(("W", mb, name)) for mb in (0, 1, LAST_MB))
         w.last = compress_segments(groups.get(("W", LAST_MB, name), []), times, final_last,
-                                   None, None, forward_made)
+                                   None, None, before)
         w.only = compress_segments(groups.get(("W", 0, name), []), times, final_only, None,
-                                   None, forward_made)
-        w.mid = compress_segments(groups.get(("W", 1, name), []), times, {}, None, None,
-                                  forward_made)
+                                   None, before)
+        w.mid = compress_segments(groups.get(("W", 1, name), []), times, {}, None, None, before)
         w.b_pre, w.b_post = edges(w.only)
         w.comm_tail_first = _comm_tail(groups.get(("W", 0, name), []), times)
         w.comm_tail_mid = _comm_tail(groups.get(("W", 1, name), []), times)
