@@ -355,7 +355,7 @@ class OpByOpBackward:
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:
-            self.notes.buckets(stage, c, in_buckets)
+            self.notes.buckets(stage, c, in_buckets, self.part)
         if later:
             self.notes.later(stage, accumulating, c, later)
         if last is None:

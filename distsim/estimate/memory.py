@@ -206,15 +206,18 @@ def estimate_memory(b: StepContext) -> List[int]:
                 held -= blk.saved_bytes - kept_w[name]
         return peak
 
-    def weight_peak(base: float, c: int, held: float, first: bool) -> float:
+    def weight_peak(base: float, c: int, held: float, first: bool,
+                    by_block: Optional[Dict[int, int]] = None) -> float:
         """The largest candidate of a split backward's W task of chunk
         ``c`` (``first``: micro-batch 0's) with ``held`` bytes in flight when
         it starts: block by block, its W part's excess over what the W parts
-        not run yet hold."""
+        not run yet hold (``by_block``: bytes held beside each block, by
+        position: the buckets flushed before it)."""
         peak = -math.inf
-        for name, _ in b.blocks_of("W", c):
+        for k, (name, _) in enumerate(b.blocks_of("W", c)):
             w = weight[name]
-            peak = max(peak, base + held + (w.b0_excess if first else w.b_excess))
+            extra = by_block.get(k, 0) if by_block else 0
+            peak = max(peak, base + held + extra + (w.b0_excess if first else w.b_excess))
             held -= kept_w[name]
         return peak
 
@@ -270,6 +273,7 @@ def estimate_memory(b: StepContext) -> List[int]:
                 if len(at) > 1:
                     best = max(best, weight_peak(base, c, float(flight[at[1:]].max()) + extra,
                                                  False))
+            w_chunk, w_flight = chunk[weights], flight[weights]
             forward, chunk, flight = forward[~weights], chunk[~weights], flight[~weights]
         # each chunk's first backward task (micro-batch 0: tasks of a chunk
         # run in micro-batch order), by chunk
@@ -323,6 +327,12 @@ def estimate_memory(b: StepContext) -> List[int]:
         for kind, mb, c, pending in pending_of.get(stage, ()):
             if kind == "end":
                 best = max(best, base + pending)
+                continue
+            if kind == "lastW":       # a split backward's last W task, likewise
+                at = np.flatnonzero(w_chunk == c)
+                best = max(best, weight_peak(
+                    base, c, float(w_flight[at[-1]]) + received.get((stage, "W", c, False), 0),
+                    len(at) == 1, pending))
                 continue
             at = np.flatnonzero((forward == (kind == "F")) & (chunk == c))
             if kind == "last":        # ZeRO 0/1 buckets: the chunk's last backward

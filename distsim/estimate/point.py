@@ -85,6 +85,7 @@ from ..run_options import check_max_ops, check_max_trace_records, check_network_
 from ..topology import load_topology
 from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
+from ..transforms.sync_policy import bucket_bytes_of, scatters_each_microbatch
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, param_sizes
@@ -195,10 +196,15 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
-    if strategy.schedule in SPLIT_BACKWARD and strategy.zero >= 2 and strategy.dp > 1:
+    if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and (
+            strategy.zero == 3 or scatters_each_microbatch(
+                strategy.zero, strategy.dp, bucket_bytes_of(strategy.bucket_mb))):
+        # its split tasks' per-micro-batch reduce-scatters (and ZeRO-3's
+        # gathers) are not walked
         raise NotModelledError(f"estimate: schedule '{strategy.schedule}' with ZeRO "
-                               f"{strategy.zero} (gradients reduce-scattered from the "
-                               "weight-gradient tasks) is not modelled by the estimator; use "
+                               f"{strategy.zero} over dp {strategy.dp} (reduce-scatters per "
+                               "micro-batch, or ZeRO-3 gathers, in the split backward) is not "
+                               "modelled by the estimator (ZeRO 2 with bucket_mb 0 is); use "
                                "fidelity: simulate")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
