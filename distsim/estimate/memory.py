@@ -212,13 +212,18 @@ def estimate_memory(b: StepContext) -> List[int]:
         ``c`` (``first``: micro-batch 0's) with ``held`` bytes in flight when
         it starts: block by block, its W part's excess over what the W parts
         not run yet hold (``by_block``: bytes held beside each block, by
-        position: the buckets flushed before it)."""
+        position: the buckets flushed before it; a bucket flushed inside a
+        block is made, with the reshaped gradients its concat copies, while
+        what the block's W holds may still be live: both on top of those)."""
         peak = -math.inf
         for k, (name, _) in enumerate(b.blocks_of("W", c)):
             w = weight[name]
             extra = by_block.get(k, 0) if by_block else 0
             peak = max(peak, base + held + extra + (w.b0_excess if first else w.b_excess))
             held -= kept_w[name]
+            flushed = (by_block.get(k + 1, extra) - extra) if by_block else 0
+            if flushed > 0:
+                peak = max(peak, base + held + extra + 2 * flushed)
         return peak
 
     per_param = _param_optimizer_excess(b)
