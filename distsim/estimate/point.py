@@ -22,9 +22,11 @@ resolved batch sizes). It never builds the whole program:
    :func:`~distsim.transforms.pipeline.schedule_tasks`, the order of
    :func:`~distsim.transforms.pipeline.merge_tasks`,
    sends flushed the same way): each forward / backward task as one item (holding the
-   communication stream when it has tensor-parallel collectives), the last
-   backward of each chunk op by op with the data-parallel gradient sync
-   emitted where LowerSPMD emits it (per gradient, in buckets, or after the
+   communication stream when it has tensor-parallel collectives; under
+   ``zb-h1`` each backward as its B and W tasks, from the template's own
+   split: :attr:`.blocks.LayerProfile.weight`), the last
+   backward of each chunk op by op (ZB-H1: its B and its W) with the
+   data-parallel gradient sync emitted where LowerSPMD emits it (per gradient, in buckets, or after the
    backward; all-reduce or ZeRO reduce-scatter), the tied-embedding
    all-reduce, the optimizer per parameter (ZeRO shards, the all-gather
    after the update), ZeRO-3 parameter gathers per layer and task (by
@@ -37,7 +39,8 @@ resolved batch sizes). It never builds the whole program:
    state per rank from the parameter shapes and the ZeRO stage, plus the
    saved activations of the micro-batches in flight on each stage
    (:func:`~distsim.transforms.memory_model.saved_activation_bytes` of the
-   template) and the template's transient peak.
+   template; under ZB-H1 what a W reads lives until that W) and the
+   template's transient peak.
 
 How close it comes to the full simulation is measured by
 ``tests/estimate/test_agreement_corpus.py`` at :data:`AGREEMENT_TOLERANCE`
