@@ -15,25 +15,23 @@ resolved batch sizes). It never builds the whole program:
    model on one tensor-parallel group, lowered and simulated for real
    (cost model, tensor-parallel collectives on the topology, analytical
    network), cached per model shape / tp / sp / recompute / micro-batch.
-2. **The pipeline** (:mod:`.timeline` on :mod:`.engine`):
-   one rank per stage, its
-   compute and communication streams, and the items :class:`LowerSPMD`
+2. **The pipeline** (:mod:`.timeline` on :mod:`.engine`): one rank per stage,
+   its compute and communication streams, and the items :class:`LowerSPMD`
    would emit, in the same program order (the same
    :func:`~distsim.transforms.pipeline.schedule_tasks`, the order of
-   :func:`~distsim.transforms.pipeline.merge_tasks`,
-   sends flushed the same way): each forward / backward task as one item (holding the
-   communication stream when it has tensor-parallel collectives; under
-   ``zb-h1`` each backward as its B and W tasks, from the template's own
-   split: :attr:`.blocks.LayerProfile.weight`), the last
-   backward of each chunk op by op (ZB-H1: its B and its W) with the
-   data-parallel gradient sync emitted where LowerSPMD emits it (per gradient, in buckets, or after the
-   backward; all-reduce or ZeRO reduce-scatter), the tied-embedding
-   all-reduce, the optimizer per parameter (ZeRO shards, the all-gather
-   after the update), ZeRO-3 parameter gathers per layer and task (by
-   parameter, or with ``zero3_unit: layer`` a layer's as one, its
-   gradients reduce-scattered as one: :mod:`.units`), and
-   pipeline send/receives. Collective times are the simulator's
-   analytical ones on the real teams (:func:`run_collective` on an
+   :func:`~distsim.transforms.pipeline.merge_tasks`, sends flushed the same
+   way): each forward / backward task as one item (holding the communication
+   stream when it has tensor-parallel collectives; under ``zb-h1`` each
+   backward as its B and W tasks, from the template's own split:
+   :attr:`.blocks.LayerProfile.weight`), the last backward of each chunk op by
+   op (ZB-H1: its B and its W) with the data-parallel gradient sync emitted
+   where LowerSPMD emits it (per gradient, in buckets, or after the backward;
+   all-reduce or ZeRO reduce-scatter), the tied-embedding all-reduce, the
+   optimizer per parameter (ZeRO shards, the all-gather after the update),
+   ZeRO-3 parameter gathers per layer and task (by parameter, or with
+   ``zero3_unit: layer`` a layer's as one, its gradients reduce-scattered as
+   one: :mod:`.units`), and pipeline send/receives. Collective times are the
+   simulator's analytical ones on the real teams (:func:`run_collective` on an
    analytical :class:`~distsim.sim.network.Network`).
 3. **Memory** (:func:`estimate_memory`): weights, gradients and optimizer
    state per rank from the parameter shapes and the ZeRO stage, plus the
