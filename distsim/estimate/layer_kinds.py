@@ -67,12 +67,18 @@ def merge_kinds(dense: LayerProfile, moe: LayerProfile, blocks: Tuple[str, ...]
     first = dense if blocks[0] == LAYER else moe
     last = dense if blocks[-1] == LAYER else moe
 
-    def take(profile: LayerProfile, name: str) -> Block:
-        blk = profile.blocks[name]
-        return _renamed(blk) if profile is moe else blk
+    def merged_blocks(part: str) -> Dict[str, Block]:
+        """The blocks of ``part`` ("blocks"; "weight": a split backward's
+        weight-gradient parts, ZB-H1) of the merged profile."""
+        def take(profile: LayerProfile, name: str) -> Block:
+            blk = getattr(profile, part)[name]
+            return _renamed(blk) if profile is moe else blk
+        if not getattr(moe, part):
+            return {}
+        return {EMB: take(first, EMB), LAYER: take(dense, LAYER),
+                MOE: _renamed(getattr(moe, part)[LAYER]),
+                HEAD: take(last, HEAD)}
 
-    merged: Dict[str, Block] = {EMB: take(first, EMB), LAYER: dense.blocks[LAYER],
-                                MOE: _renamed(moe.blocks[LAYER]), HEAD: take(last, HEAD)}
     params: Dict[str, List[Param]] = {
         EMB: first.params[EMB], LAYER: dense.params[LAYER],
         MOE: [replace(p, block=MOE) for p in moe.params[LAYER]], HEAD: last.params[HEAD]}
@@ -84,6 +90,7 @@ def merge_kinds(dense: LayerProfile, moe: LayerProfile, blocks: Tuple[str, ...]
                              LAYER: dense.partition_costs.get(LAYER, 0.0),
                              MOE: moe.partition_costs.get(LAYER, 0.0),
                              HEAD: last.partition_costs.get(HEAD, 0.0)}
-    return replace(moe, blocks=merged, params=params, param_order=order,
+    return replace(moe, blocks=merged_blocks("blocks"), weight=merged_blocks("weight"),
+                   params=params, param_order=order,
                    partition_costs=costs, wall_s=dense.wall_s + moe.wall_s,
                    data_emb=first.data_emb, data_head=last.data_head, layer_blocks=blocks)

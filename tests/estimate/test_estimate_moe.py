@@ -92,6 +92,10 @@ def test_the_routing_balance_is_part_of_the_profiles_key():
                        global_batch=16, zero=1)),
     (EVERY_OTHER, dict(dp=2, tp=2, pp=2, zero=3, recompute="full", global_batch=8,
                        bucket_mb=0)),
+    # ZB-H1: each kind's backward split into its B and W parts
+    (FIRST_DENSE, dict(dp=4, pp=2, schedule="zb-h1", global_batch=16, zero=1)),
+    (EVERY_OTHER, dict(dp=2, tp=2, pp=2, schedule="zb-h1", global_batch=8,
+                       recompute="selective")),
 ], ids=lambda x: x.get("name") if "family" in x else ",".join(f"{k}={v}" for k, v in x.items()))
 def test_the_estimate_agrees_with_the_simulation(model, strategy):
     options = _options(model, **strategy)
