@@ -170,6 +170,10 @@ def moe_configurations(draw) -> Dict[str, Any]:
     return o
 
 
+#: the MoE draws: 40, derandomized as the others
+MOE_DRAWS = settings(derandomize=True, database=None, deadline=None, max_examples=40,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                            HealthCheck.data_too_large])
 #: known gaps of mixture-of-experts models (reports/estimator/README.md)
 MOE_LAST_BACKWARD_ALL_REDUCE = (
     "MoE, tp 2, two micro-batches, routing_skew 1: the last backward's all-reduce of the "
@@ -381,9 +385,7 @@ def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
           'recompute': 'selective', 'bucket_mb': 5, 'order': 'dp-pp-tp', 'optimizer': 'adamw',
           'routing_skew': 0.0, 'capacity_factor': 1.0}
          ).xfail(raises=AssertionError, reason=MOE_ZERO3_PREFETCH_MEMORY)
-@settings(derandomize=True, database=None, deadline=None, max_examples=40,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@MOE_DRAWS
 @given(moe_configurations())
 def test_the_estimate_agrees_with_the_simulation_on_mixtures_of_experts(options):
     _agrees(options)
