@@ -10,10 +10,12 @@
 2. **Prune by memory** without estimating: a point whose weights alone
    (parameters x dtype size / (tp x pp)) exceed a GPU's memory cannot fit.
    The bound is a lower bound, so it never prunes a point that fits.
-3. **Estimate** every remaining point: GPT models (but mixtures of
-   experts) with the estimator
-   (:mod:`.estimate`, milliseconds each), other models by a simulation in
-   the analytical network mode; drop the invalid and out-of-memory ones.
+3. **Estimate** every remaining point: a GPT point with the estimator
+   (:mod:`.estimate`, milliseconds each) where it models the point, and by
+   a simulation in the analytical network mode (with symmetry where exact,
+   and coarsening) where it does not (its NotModelledError); other models
+   by that simulation. Column ``estimated_by`` says which tier
+   (``estimate`` / ``simulate``). Drop the invalid and out-of-memory ones.
 4. **Simulate in full** the ``keep`` fastest estimates (``network_mode``,
    default ``flow``; GPT models with symmetry reduction and coarsening,
    both exact in step time) and rank them by their simulated step time.
@@ -307,8 +309,6 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
                               f"--space {k}: chosen by the search, not searchable")
     config = _model_config(model, base)
     is_gpt = config.get("family") == "gpt"
-    # the estimator covers GPT models without experts (it refuses MoE)
-    estimable = is_gpt and not config.get("experts")
     batch = base.get("global_batch") or (config.get("global_batch") if is_gpt else None)
     default_mb = is_gpt and not ({"micro_batch", "microbatches"} & (set(space) | set(base)))
 
@@ -343,13 +343,10 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
         else:
             kept.append(p)
     fixed = {"model": model, "topology": topology, **base}
-    how = "the estimator" if estimable else "analytical simulations"
     log(f"{len(kept) + len(pruned)} strategies for {gpus} GPUs ({len(pruned)} pruned: "
-        f"the memory bound, or dp not dividing the batch); estimating {len(kept)} with {how}")
-    first = {**fixed, "fidelity": "estimate"} if estimable else {**fixed,
-                                                                 "network_mode": "analytical"}
-    estimates = _run(first, kept, axes, "search: estimates", workers=workers,
-                     scheduler=None if estimable else scheduler, progress=progress)
+        "the memory bound, or dp not dividing the batch)")
+    estimates = _first_stage(fixed, kept, axes, is_gpt, log, workers=workers,
+                             scheduler=scheduler, progress=progress)
     ok = estimates[(estimates["status"] == "ok")
                    & ~estimates["oom"].fillna(False).astype(bool)] if len(estimates) else estimates
     if len(ok):
@@ -358,28 +355,29 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     chosen = ok.head(keep)
     chosen_points = [{a: _plain(r[a]) for a in axes} for _, r in chosen.iterrows()]
     reduced = {"coarsen": True} if is_gpt else {}
-    if estimable:
-        # symmetry, unless the point's ZeRO shards differ between ranks (the
-        # simulator refuses that reduced program; the estimate did not use it);
-        # a MoE model, which the estimator does not resolve, runs without
-        from ..estimate import symmetry_applies
-        chosen_points = [{**p, "symmetry": symmetry_applies({**fixed, **p})}
-                         for p in chosen_points]
+    if is_gpt:
+        chosen_points = [{**p, "symmetry": _symmetric({**fixed, **p})} for p in chosen_points]
     log(f"{len(ok)} of {len(kept)} fit in memory; simulating the {len(chosen_points)} fastest "
         f"in full ({network_mode} network"
-        + ((_reduction_note(chosen_points) if estimable else ", coarsening") if is_gpt else "")
-        + ")")
-    if not is_gpt and network_mode == "analytical":
-        full = chosen.copy()
-    else:
-        full = _run({**fixed, "network_mode": network_mode, **reduced}, chosen_points, axes,
-                    "search: full simulations", workers=workers, scheduler=scheduler,
-                    progress=progress)
-    full = full.copy()
-    estimate_of = {tuple(_plain(r[a]) for a in axes): r["step_time_s"]
-                   for _, r in chosen.iterrows()}
-    full["estimate_s"] = [estimate_of.get(tuple(_plain(r[a]) for a in axes), math.nan)
-                          for _, r in full.iterrows()]
+        + (_reduction_note(chosen_points) if is_gpt else "") + ")")
+    # a point the first stage simulated analytically (with the same
+    # reductions) is not simulated again in that mode
+    again = [network_mode != "analytical" or tier == "estimate"
+             for tier in chosen["estimated_by"]]
+    full = _run({**fixed, "network_mode": network_mode, **reduced},
+                [p for p, a in zip(chosen_points, again) if a], axes,
+                "search: full simulations", workers=workers, scheduler=scheduler,
+                progress=progress)
+    copied = chosen.iloc[[i for i, a in enumerate(again) if not a]]
+    full = pd.concat([f for f in (full, copied) if len(f)] or [full], ignore_index=True)
+    # each full row with its first-stage tier and figure, numbered by its
+    # estimate's rank (the tie-break of equal step times)
+    first = {_key(r, axes): (i, r["estimated_by"], r["step_time_s"])
+             for i, (_, r) in enumerate(chosen.iterrows())}
+    rows = [first[_key(r, axes)] for _, r in full.iterrows()]
+    full["index"] = [i for i, _, _ in rows]
+    full["estimated_by"] = [tier for _, tier, _ in rows]
+    full["estimate_s"] = [est for _, _, est in rows]
     ranking = full[(full["status"] == "ok") & ~full["oom"].fillna(False).astype(bool)] \
         if len(full) else full
     ranking = ranking.sort_values(["step_time_s", "index"]).reset_index(drop=True)
@@ -392,6 +390,65 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     memory_options = [f"--space {k}={v}" for k, v in levers if k not in space and k not in base]
     return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus,
                         memory_options)
+
+
+def _first_stage(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str],
+                 is_gpt: bool, log: _Log, workers: Optional[int], scheduler: Any,
+                 progress: bool) -> pd.DataFrame:
+    """Every point estimated: a GPT point by the estimator where it models
+    the point, and by an analytical simulation where it does not (its
+    NotModelledError: a ``skipped`` row) or for a model of another family.
+    Column ``estimated_by`` says which (``estimate`` / ``simulate``)."""
+    import pandas as pd
+    simulated = list(range(len(points)))
+    frames = []
+    if is_gpt:
+        log(f"estimating {len(points)} with the estimator (where it does not model a point: "
+            "an analytical simulation)")
+        est = _run({**fixed, "fidelity": "estimate"}, points, axes, "search: estimates",
+                   workers=workers, scheduler=None, progress=progress)
+        unmodelled = est["status"] == "skipped"
+        simulated = [int(i) for i in est.loc[unmodelled, "index"]]
+        frames.append(est[~unmodelled])
+        if simulated:
+            reasons = est.loc[unmodelled, "reason"].astype(str).value_counts()
+            log(f"the estimator does not model {len(simulated)} of {len(points)} (e.g. "
+                f"{reasons.index[0]}); simulating them analytically")
+    else:
+        log(f"estimating {len(points)} with analytical simulations")
+    if simulated:
+        chosen = [points[i] for i in simulated]
+        if is_gpt:      # reduced as the full simulations are (exact in step time)
+            chosen = [{**p, "symmetry": _symmetric({**fixed, **p})} for p in chosen]
+        sim = _run({**fixed, "network_mode": "analytical", **({"coarsen": True} if is_gpt else {})},
+                   chosen, axes, "search: analytical estimates", workers=workers,
+                   scheduler=scheduler, progress=progress)
+        sim["index"] = [simulated[int(i)] for i in sim["index"]]
+        frames.append(sim)
+    df = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+    df["estimated_by"] = df["fidelity"]
+    by = df["estimated_by"].value_counts()
+    log(f"estimated {len(df)}: {int(by.get('estimate', 0))} by the estimator, "
+        f"{int(by.get('simulate', 0))} by analytical simulation")
+    return df.sort_values("index").reset_index(drop=True)
+
+
+def _symmetric(options: Mapping[str, Any]) -> bool:
+    """Whether a simulation of these GPT options may use ``symmetry``
+    (exact): not when its ZeRO shards differ between ranks. The estimator's
+    check (:func:`~.estimate.symmetry_applies`) where it resolves the
+    point; otherwise only without sharded ZeRO state (ZeRO 0, or one
+    data-parallel rank, context-parallel ranks counted with them)."""
+    from ..estimate import symmetry_applies
+    try:
+        return symmetry_applies(options)
+    except ConfigError:   # not modelled by the estimator (or invalid: refused anyway)
+        ranks = (options.get("dp") or 1) * (options.get("cp") or 1)
+        return not options.get("zero") or ranks == 1
+
+
+def _key(row: pd.Series, axes: Sequence[str]) -> tuple:
+    return tuple(_plain(row[a]) for a in axes)
 
 
 def _reduction_note(points: List[Dict[str, Any]]) -> str:

@@ -8,7 +8,7 @@ pipeline and data parallelism, ZeRO, recomputation and fusion, for both
 attention cores and learned positions (their rows are each rank's own)."""
 import pytest
 
-from distsim.errors import ConfigError
+from distsim.errors import ConfigError, NotModelledError
 
 STRATEGIES = [
     dict(cp=2),
@@ -187,11 +187,12 @@ def test_the_estimator_refuses_cp_and_the_sweep_says_why():
     from distsim.estimate import estimate
     from distsim.sweep.point import run_point
     options = {"model": "gpt2", "topology": "dgx-a100", "layers": 1, "seq": 64, "cp": 2}
-    with pytest.raises(ConfigError, match=r"estimate: context parallelism \(cp 2\) is not "
+    with pytest.raises(NotModelledError, match=r"estimate: context parallelism \(cp 2\) is not "
                                           "modelled by the estimator; use fidelity: simulate"):
         estimate(options)
     row = run_point({**options, "fidelity": "estimate"})
-    assert row["status"] == "invalid" and "context parallelism (cp 2)" in row["reason"]
+    # valid, not modelled: skipped (a search simulates it instead)
+    assert row["status"] == "skipped" and "context parallelism (cp 2)" in row["reason"]
 
 
 @pytest.mark.parametrize("cp", [2, 4, 8])
