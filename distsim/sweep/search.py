@@ -36,18 +36,15 @@ from ..errors import ConfigError
 from ..keywords import strict_keywords
 from ..report.summary import GB, MS
 from .driver import sweep
+from .search_space import (STRATEGY_AXES, WEIGHTS_REASON, check_space, enumerate_points,
+                           expert_weights, model_config, weights_exceed, weights_lower_bound)
 from .spec import SweepSpec
 
 if TYPE_CHECKING:     # pandas is imported where a table is made (``import distsim`` stays fast)
     import pandas as pd
 
-STRATEGY_AXES = ("dp", "tp", "pp")
-#: Micro-batch sizes a search tries by default (those that divide the batch).
-DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 #: Estimates simulated in full by default.
 DEFAULT_KEEP = 2
-_DTYPE_BYTES = {"fp32": 4, "f32": 4, "float32": 4, "fp16": 2, "f16": 2, "bf16": 2,
-                "float16": 2, "bfloat16": 2, "fp8": 1}
 #: per model family, the options that trade time for memory (the MLP
 #: family has neither; an imported graph has no layers to recompute)
 _MEMORY_LEVERS = {"gpt": (("zero", "0,1,2,3"), ("recompute", "none,selective,full")),
@@ -56,14 +53,8 @@ _MEMORY_LEVERS = {"gpt": (("zero", "0,1,2,3"), ("recompute", "none,selective,ful
 #: that a fused (FlashAttention) kernel never holds: the biggest memory
 #: lever at long sequences, named when the model's attention is explicit
 _ATTENTION_LEVER = ("attention", "explicit,fused")
-#: how a point pruned by the weights bound is explained (and recognised)
-_WEIGHTS_REASON = "weights alone need"
 _CHOSEN = (*STRATEGY_AXES, "model", "topology", "network_mode", "fidelity", "symmetry",
            "coarsen")
-
-
-def divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass
@@ -123,8 +114,11 @@ class SearchResult:
                     parts.append((abs(d), f"{label} {'+' if d > 0 else '-'}{abs(d) * MS:.4f} ms"))
             parts.sort(reverse=True)
             pct = 100 * gap / best["step_time_s"] if best["step_time_s"] else 0.0
+            differ = [f"{a} {_plain(second[a])} (best {_plain(best[a])})" for a in self.axes
+                      if _plain(second[a]) != _plain(best[a])]
             out.append(f"runner-up: {_name(second, self.axes)} is {gap * MS:.4f} ms "
-                       f"({pct:.1f} %) slower: " + (", ".join(p for _, p in parts) or "same split"))
+                       f"({pct:.1f} %) slower: " + (", ".join(p for _, p in parts) or "same split")
+                       + ("; it differs in " + ", ".join(differ) if differ else ""))
         est = self.estimates
         n_oom = int(est["oom"].fillna(False).astype(bool).sum()) if len(est) else 0
         n_bad = int((est["status"] != "ok").sum()) if len(est) else 0
@@ -163,7 +157,7 @@ class SearchResult:
             parts.append(f"{sum(counts.values())} invalid or failed, e.g. "
                          + "; ".join(f"{n} x {text}" for text, n in top))
         text = ", ".join(parts) if parts else "no strategy to try"
-        short_of_memory = oom or any(str(r).startswith(_WEIGHTS_REASON)
+        short_of_memory = oom or any(str(r).startswith(WEIGHTS_REASON)
                                      for r in self.pruned.get("reason", ()))
         if short_of_memory and self.memory_options:
             text += "; to save memory, also search " + " ".join(self.memory_options)
@@ -201,48 +195,6 @@ def _split(row: pd.Series) -> str:
             f"{_part(row, 'exposed_communication_s') * MS:.4f} + bubble "
             f"{_part(row, 'bubble_s') * MS:.4f} + other idle "
             f"{_part(row, 'other_idle_s') * MS:.4f} ms")
-
-
-def _model_config(model: Any, overrides: Mapping[str, Any]) -> Dict[str, Any]:
-    from ..models import load_model_config
-    config = load_model_config(model)
-    config.update({k: v for k, v in overrides.items() if k in config and v is not None})
-    if overrides.get("batch") is not None and config.get("family") == "gpt":
-        config["global_batch"] = overrides["batch"]
-    return config
-
-
-def _weights_lower_bound(model: Any, overrides: Mapping[str, Any]) -> Optional[float]:
-    """Bytes of the model's weights (parameters x dtype size), or None when
-    the model family does not say its parameter count."""
-    from ..models import family_of
-    config = _model_config(model, overrides)
-    try:
-        described = family_of(config).describe(config)
-    except Exception:  # a family that cannot describe this config: no bound
-        return None
-    params = described.get("parameters") if isinstance(described, Mapping) else None
-    size = _DTYPE_BYTES.get(str(config.get("dtype", "")).lower())
-    if not isinstance(params, (int, float)) or not size:
-        return None
-    return float(params) * size
-
-
-def _weights_exceed(weights: Optional[float], capacity: Optional[float],
-                    point: Mapping[str, Any], base: Mapping[str, Any]) -> Optional[str]:
-    """Why ``point`` cannot fit, from its weights alone (None when it may):
-    each GPU holds at least 1/(tp x pp) of the weights, or 1/(tp x pp x dp)
-    under ZeRO 3, which shards them over the data-parallel ranks too (a
-    bound over tp x pp alone pruned ZeRO-3 points that fit)."""
-    if weights is None or not capacity:
-        return None
-    split = point["tp"] * point["pp"]
-    if point.get("zero", base.get("zero")) == 3:
-        split *= point["dp"]
-    need = weights / split
-    if need <= capacity:
-        return None
-    return f"{_WEIGHTS_REASON} {need / GB:.1f} GB per GPU > {capacity / GB:.1f} GB"
 
 
 class _Log:
@@ -295,49 +247,23 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
         if axis in base:
             raise ConfigError(f"search: {axis} is chosen by the search; do not fix it in base")
     space = {k: list(v) for k, v in (space or {}).items()}
-    for k in ("cp", "cp_comm"):
-        if k in space or base.get(k, 1 if k == "cp" else "allgather") not in (1, "allgather"):
-            # every point is estimated first, and the estimator refuses cp
-            raise ConfigError(f"search: {k}: context parallelism is not searched (the estimator "
-                              "does not model it); compare cp points with distsim sweep, "
-                              "fidelity: simulate")
     for k, values in space.items():
         _check_space_values(k, values)
         if k in _CHOSEN:
             raise ConfigError(f"--space {k}: dp, tp and pp are always searched"
                               if k in STRATEGY_AXES else
                               f"--space {k}: chosen by the search, not searchable")
-    config = _model_config(model, base)
+    config = model_config(model, base)
     is_gpt = config.get("family") == "gpt"
-    batch = base.get("global_batch") or (config.get("global_batch") if is_gpt else None)
-    default_mb = is_gpt and not ({"micro_batch", "microbatches"} & (set(space) | set(base)))
-
-    points: List[Dict[str, Any]] = []
-    pruned: List[Dict[str, Any]] = []
-    for tp in divisors(gpus):
-        for pp in divisors(gpus // tp):
-            strategy = {"dp": gpus // (tp * pp), "tp": tp, "pp": pp}
-            extra = dict(space)
-            if default_mb:
-                share = batch // strategy["dp"] if batch and batch % strategy["dp"] == 0 else 0
-                sizes = [m for m in DEFAULT_MICRO_BATCHES if share and share % m == 0]
-                if not sizes:
-                    pruned.append({**strategy, "reason": f"dp {strategy['dp']} does not divide "
-                                                         f"the global batch {batch}"})
-                    continue
-                extra["micro_batch"] = sizes
-            combos: List[Dict[str, Any]] = [{}]
-            for k, values in extra.items():
-                combos = [{**c, k: v} for c in combos for v in values]
-            points.extend({**strategy, **c} for c in combos)
-    axes = list(dict.fromkeys([*STRATEGY_AXES, *space,
-                               *(["micro_batch"] if default_mb else [])]))
+    check_space(space, base, config, gpus)
+    points, pruned, axes = enumerate_points(gpus, space, base, config)
 
     capacity = topo.device_spec.memory_bytes if getattr(topo, "device_spec", None) else None
-    weights = _weights_lower_bound(model, base)
+    weights = weights_lower_bound(model, base)
+    experts = expert_weights(config)
     kept = []
     for p in points:
-        reason = _weights_exceed(weights, capacity, p, base)
+        reason = weights_exceed(weights, experts, capacity, p, base)
         if reason:
             pruned.append({**p, "reason": reason})
         else:

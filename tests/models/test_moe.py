@@ -243,7 +243,8 @@ def test_the_estimator_refuses_moe_and_the_sweep_says_why():
     from distsim.estimate import estimate
     from distsim.sweep.point import run_point
     options = {"model": "mixtral-8x7b", "topology": "dgx-h100", "layers": 2}
-    with pytest.raises(NotModelledError, match="routes tokens to experts .* use fidelity: simulate"):
+    with pytest.raises(NotModelledError,
+                       match="routes tokens to experts .* use fidelity: simulate"):
         estimate(options)
     row = run_point({**options, "fidelity": "estimate"})
     # valid, not modelled: skipped (a search simulates it instead)

@@ -217,12 +217,6 @@ def test_activations_per_gpu_fall_as_cp_grows(cp):
     assert saved(cp) == (saved(1) - gammas) // cp + gammas
 
 
-def test_search_refuses_cp_with_the_reason():
-    from distsim.sweep.search import search
-    with pytest.raises(ConfigError, match="search: cp: context parallelism is not searched"):
-        search("gpt2", gpus=8, topology="dgx-a100", space={"cp": [1, 2]}, progress=False)
-
-
 @pytest.mark.parametrize("strategy", [dict(dp=2, tp=2, cp=2), dict(dp=1, tp=2, cp=4),
                                       dict(dp=2, tp=2, cp=2, cp_comm="ring"),
                                       dict(tp=1, cp=4, pp=2, cp_comm="ring"),

@@ -7,7 +7,7 @@ import distsim
 from distsim.cli import main
 from distsim.errors import ConfigError
 from distsim.sweep import search
-from distsim.sweep.search import _weights_lower_bound
+from distsim.sweep.search_space import weights_lower_bound as _weights_lower_bound
 
 
 def test_search_finds_the_exhaustive_best():
