@@ -1,15 +1,19 @@
 """``distsim search``: the fastest parallel strategy for a model on N GPUs.
 
-1. **Enumerate** every (dp, tp, pp) with ``dp * tp * pp == gpus``, crossed
-   with the extra options of ``space`` (e.g. ``{"zero": [0, 1],
-   "recompute": ["none", "selective"]}``; by default, for GPT models,
-   micro-batch sizes 1, 2, 4, 8 that divide each data-parallel rank's share
-   of the global batch). The global batch is the same for every point (the
-   model's or ``base["global_batch"]``), so every point trains the same
-   sequences per step and step time ranks them (as throughput would).
+1. **Enumerate** (:mod:`.search_space`) every (dp, tp, pp) with
+   ``dp * tp * pp * cp == gpus`` (``cp`` searched with ``space["cp"]``,
+   else fixed, default 1), crossed with the extra options of ``space``
+   (e.g. ``{"zero": [0, 1], "schedule": ["1f1b", "zb-h1"], "cp_comm":
+   ["allgather", "ring"]}``; by default, for GPT models, micro-batch sizes
+   1, 2, 4, 8 that divide each data-parallel rank's share of the global
+   batch, and for a mixture of experts every ``ep`` dividing dp and the
+   experts). The global batch is the same for every point (the model's or
+   ``base["global_batch"]``), so every point trains the same sequences per
+   step and step time ranks them (as throughput would).
 2. **Prune by memory** without estimating: a point whose weights alone
-   (parameters x dtype size / (tp x pp)) exceed a GPU's memory cannot fit.
-   The bound is a lower bound, so it never prunes a point that fits.
+   (parameters x dtype size / (tp x pp), the routed experts' also / ep)
+   exceed a GPU's memory cannot fit. The bound is a lower bound, so it
+   never prunes a point that fits.
 3. **Estimate** every remaining point: a GPT point with the estimator
    (:mod:`.estimate`, milliseconds each) where it models the point, and by
    a simulation in the analytical network mode (with symmetry where exact,

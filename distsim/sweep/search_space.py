@@ -111,7 +111,7 @@ def check_space(space: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
     name = config.get("name") or "the model"
     experts = (config.get("experts") or 0) if config.get("family") == "gpt" else 0
     for key in ("cp", "ep"):
-        where = f"--space {key}" if key in space else f"{key}"
+        where = f"--space {key}" if key in space else f"--set {key}"
         values = space.get(key, [base[key]] if base.get(key) is not None else [])
         for v in values:
             if v == 1:
