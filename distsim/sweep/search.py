@@ -87,13 +87,13 @@ class SearchResult:
 
     def table(self, top: int = 5) -> str:
         import pandas as pd
-        lines = [f"{'rank':>4}  {'step ms':>10}  {'est. ms':>10}  {'tokens/s':>10}  "
-                 f"{'peak GB':>8}  {'MFU':>6}  strategy"]
+        lines = [f"{'rank':>4}  {'step ms':>10}  {'est. ms':>10}  {'est. by':>8}  "
+                 f"{'tokens/s':>10}  {'peak GB':>8}  {'MFU':>6}  strategy"]
         for i, (_, r) in enumerate(self.ranking.head(top).iterrows(), 1):
             mfu = "" if pd.isna(r["mfu"]) else f"{r['mfu']:.3f}"
             tps = "" if pd.isna(r["tokens_per_s"]) else f"{r['tokens_per_s']:.4g}"
             lines.append(f"{i:>4}  {r['step_time_s'] * MS:10.4f}  "
-                         f"{r['estimate_s'] * MS:10.4f}  {tps:>10}  "
+                         f"{r['estimate_s'] * MS:10.4f}  {r['estimated_by']:>8}  {tps:>10}  "
                          f"{r['max_peak_memory_bytes'] / GB:8.2f}  {mfu:>6}  "
                          + _name(r, self.axes))
         return "\n".join(lines)
@@ -355,7 +355,8 @@ def _first_stage(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: L
                    scheduler=scheduler, progress=progress)
         sim["index"] = [simulated[int(i)] for i in sim["index"]]
         frames.append(sim)
-    df = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+    frames = [f for f in frames if len(f)]
+    df = pd.concat(frames, ignore_index=True) if frames else _empty_frame(axes)
     df["estimated_by"] = df["fidelity"]
     by = df["estimated_by"].value_counts()
     log(f"estimated {len(df)}: {int(by.get('estimate', 0))} by the estimator, "

@@ -120,6 +120,13 @@ def test_a_non_gpt_model_is_estimated_by_simulation():
     result = search("mlp", "dgx-a100", 8, keep=1, network_mode="analytical", workers=1)
     assert set(result.estimates["estimated_by"]) == {"simulate"}
     assert result.full["estimated_by"].tolist() == ["simulate"]
+    header, first = result.table().splitlines()[:2]
+    assert "est. by" in header and " simulate " in first
+    # every point pruned by the weights bound: nothing to estimate, said so
+    none = search("mlp", "dgx-a100", 8, base={"hidden": 400_000}, keep=1,
+                  network_mode="analytical", workers=1)
+    assert none.estimates.empty and "estimated_by" in none.estimates
+    assert none.explain() == "no strategy fits: 10 pruned (memory bound or batch)"
 
 
 @pytest.mark.parametrize("flags,message", [
