@@ -9,6 +9,7 @@ import yaml
 import distsim
 from distsim.cli import main
 from distsim.errors import ConfigError
+from distsim.estimate import AGREEMENT_TOLERANCE
 from distsim.sweep import search
 from distsim.sweep.search_space import (expert_weights, model_config, weights_lower_bound,
                                         weights_per_gpu)
@@ -39,11 +40,14 @@ def test_a_mixture_of_experts_searches_every_valid_ep():
     assert (ok["ep"] > 1).any()
     ranked = result.ranking["step_time_s"].tolist()
     assert ranked == sorted(ranked) and len(ranked) == 3
-    # the three fastest first-stage figures, in order
-    assert ranked == sorted(ok["step_time_s"])[:3]
+    # the three fastest first-stage figures were simulated in full
+    assert sorted(result.ranking["estimate_s"]) == sorted(ok["step_time_s"])[:3]
     with_ep = ok[ok["ep"] == 2].iloc[0]
     direct = _direct(MOE, with_ep, result.axes)
-    assert with_ep["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-9)
+    # an analytical simulation reduced by symmetry and coarsening: exact
+    # in step time (the estimator, where it models the point: within its bound)
+    rel = 1e-9 if with_ep["estimated_by"] == "simulate" else AGREEMENT_TOLERANCE
+    assert with_ep["step_time_s"] == pytest.approx(direct.step_time_s, rel=rel)
 
 
 def test_ep_with_zero_3_is_invalid_with_the_lowerings_reason():
@@ -112,7 +116,7 @@ def test_a_cp_space_is_estimated_by_simulation_and_refused_where_invalid(capsys)
            "analytical simulation" in err
     ring = two[two["cp_comm"] == "ring"].iloc[0]
     direct = _direct("tiny", ring, result.axes, seq=20, attention="fused")
-    assert ring["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-9)
+    assert ring["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-9)   # exact
     assert set(result.full["estimated_by"]) <= {"estimate", "simulate"}
 
 
