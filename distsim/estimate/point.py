@@ -185,8 +185,8 @@ def resolve(options: Mapping[str, Any]) -> Case:
     topo = load_topology(topology)
     strategy = Strategy.from_mapping(opts).resolved(topo.num_devices)
     if strategy.cp > 1:   # its gathered keys and values are in no profile or timeline here
-        raise ConfigError(f"estimate: context parallelism (cp {strategy.cp}) is not modelled by "
-                          "the estimator; use fidelity: simulate")
+        raise NotModelledError(f"estimate: context parallelism (cp {strategy.cp}) is not "
+                               "modelled by the estimator; use fidelity: simulate")
     if strategy.num_devices != topo.num_devices:
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "

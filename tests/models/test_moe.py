@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from distsim.cli import main
-from distsim.errors import ConfigError
+from distsim.errors import ConfigError, NotModelledError
 from distsim.interp import execute
 from distsim.ir import verify
 from distsim.models import load_model_config
@@ -240,7 +240,6 @@ def test_moe_layer_matches_a_per_token_moe(fields):
 
 
 def test_the_estimator_refuses_expert_parallelism_and_the_sweep_says_why():
-    from distsim.errors import NotModelledError
     from distsim.estimate import estimate
     from distsim.sweep.point import run_point
     options = {"model": "mixtral-8x7b", "topology": "dgx-h100", "layers": 2}
