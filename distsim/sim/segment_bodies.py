@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from operator import attrgetter
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -40,6 +41,8 @@ from ..ir.ops_fused import FUSED
 from .program_index import ProgramIndex, _category_of
 
 __all__ = ["SegmentTable", "segment_table"]
+
+_SUBS = attrgetter("subfunctions")
 
 
 def _ints(values: List[int]) -> np.ndarray:
@@ -54,9 +57,10 @@ def _floats(values: List[float]) -> np.ndarray:
 class SegmentTable:
     """The memory events of every fused op of a program's simulated compute
     ops, by body. Per compute op: ``body`` (its body's number, -1: not a
-    fused segment). Per body ``b``: ``duration[b]`` (the summed time: an
-    offset equal to it is the op's end) and, as ``*_start[b]`` into the
-    flat tables:
+    fused segment). Offsets are from the op's start; ``inf`` is its end
+    (an offset of the body's whole duration), ``-inf`` never. Per body
+    ``b``: ``duration[b]`` (the summed time) and, as ``*_start[b]`` into
+    the flat tables:
 
     - inputs (``in_*``, one row per input position): ``in_free`` (the
       whole value's last inner reader's end offset) and, for an unpacked
@@ -103,9 +107,10 @@ class SegmentTable:
 _Rows = Dict[str, list]
 
 
-def _category(op: Op) -> str:
+def _category(op: Op) -> Tuple[Any, Any, Any]:
+    """What an op's results' category depends on (:func:`._category_of`)."""
     m = op.meta
-    return _category_of(m.get("category"), m.get("role"), m.get("phase"))
+    return m.get("category"), m.get("role"), m.get("phase")
 
 
 def _add_body(rows: _Rows, fn: Function, cost: CostModel, cat_of) -> None:
@@ -113,11 +118,15 @@ def _add_body(rows: _Rows, fn: Function, cost: CostModel, cat_of) -> None:
     starts: List[float] = []
     ends: List[float] = []
     t = 0.0
-    for op in fn.ops:           # as CostModel.function_cost sums them
+    for time_s in cost.function_op_times(fn):    # as CostModel.function_cost sums them
         starts.append(t)
-        t += cost.op_cost(op).time_s
+        t += time_s
         ends.append(t)
     rows["duration"].append(t)
+    # the whole duration is the op's end itself (inf), not its start plus
+    # the sum: the segment's last free ties with the next op's allocation
+    starts = [math.inf if x == t else x for x in starts]
+    ends = [math.inf if x == t else x for x in ends]
     made: Dict[Value, int] = {}          # value -> the inner op making it
     last: Dict[Value, int] = {}          # value -> its last inner reader
     unpacked: Dict[Value, List[Value]] = {}   # input -> its parts
@@ -150,8 +159,8 @@ def _add_body(rows: _Rows, fn: Function, cost: CostModel, cat_of) -> None:
     def produced(v: Value) -> Tuple[float, float, int]:
         i = made.get(v)
         if i is None:     # an input passed through: there from the start
-            return 0.0, 0.0, cat_of("activations")
-        return starts[i], ends[i], cat_of(_category(fn.ops[i]))
+            return 0.0, 0.0, cat_of(None, None, None)
+        return starts[i], ends[i], cat_of(*_category(fn.ops[i]))
 
     rows["out_start"].append(len(rows["out_alloc"]))
     leaving = set()
@@ -168,16 +177,45 @@ def _add_body(rows: _Rows, fn: Function, cost: CostModel, cat_of) -> None:
         rows["out_alloc"].append(a)
         rows["out_ready"].append(r)
         rows["out_category"].append(c)
+    temporaries = [(starts[i], ends[i if last.get(v) is None else last[v]],
+                    v.type.size_bytes, cat_of(*_category(fn.ops[i])))
+                   for v, i in made.items() if v not in leaving]
+    pieces = _stacked(temporaries)
     rows["tmp_start"].append(len(rows["tmp"]))
-    n = 0
-    for v, i in made.items():
-        if v in leaving:
+    rows["tmp_count"].append(len(pieces))
+    rows["tmp"].extend(pieces)
+
+
+def _stacked(temporaries: List[Tuple[float, float, int, int]]
+             ) -> List[Tuple[float, float, int, int]]:
+    """The temporaries' bytes per category over the body, as few
+    (alloc, free, bytes, category) pieces: at each offset the bytes a
+    category gains are a new piece, the bytes it loses end the newest
+    pieces (the last one cut in two if need be). At every offset, after
+    its frees and after its allocations, each category holds what the
+    temporaries would, so the curve, the peak and its breakdown are
+    theirs, with about one event per offset where there were two per
+    temporary (a chain of ops frees one as it makes the next)."""
+    change: Dict[Tuple[int, float], int] = defaultdict(int)
+    for alloc, free, nbytes, c in temporaries:
+        if nbytes:
+            change[(c, alloc)] += nbytes
+            change[(c, free)] -= nbytes
+    pieces: List[Tuple[float, float, int, int]] = []
+    stack: List[List[Any]] = []     # [alloc, bytes] of a category's open pieces
+    for (c, at), d in sorted(change.items()):
+        if d > 0:
+            stack.append([at, d])
             continue
-        j = last.get(v)
-        rows["tmp"].append((starts[i], ends[i if j is None else j], v.type.size_bytes,
-                         cat_of(_category(fn.ops[i]))))
-        n += 1
-    rows["tmp_count"].append(n)
+        while d < 0:
+            top = stack[-1]
+            take = min(top[1], -d)
+            pieces.append((top[0], at, take, c))
+            top[1] -= take
+            d += take
+            if not top[1]:
+                stack.pop()
+    return pieces
 
 
 def segment_table(ix: ProgramIndex, cost: CostModel) -> SegmentTable:
@@ -187,24 +225,47 @@ def segment_table(ix: ProgramIndex, cost: CostModel) -> SegmentTable:
     categories = list(ix.categories)
     index = {name: i for i, name in enumerate(categories)}
 
-    def cat_of(name: str) -> int:
+    def number_of(name: str) -> int:
         c = index.get(name)
         if c is None:
             c = index[name] = len(categories)
             categories.append(name)
         return c
 
+    known: Dict[tuple, int] = {}
+
+    def cat_of(*key: Any) -> int:
+        """The category number of an op's (category, role, phase)."""
+        try:
+            return known[key]
+        except KeyError:
+            c = known[key] = number_of(_category_of(*key))
+            return c
+        except TypeError:      # a meta entry that is not hashable
+            return number_of(_category_of(*key))
+
     rows: _Rows = defaultdict(list)
-    numbers: Dict[int, int] = {}
-    fused = [k for k, op in enumerate(ix.compute)
-             if op.op_type == FUSED and not op.attrs.get("kernel")] if ix.compute else []
-    for k in fused:
-        fn = ix.compute[k].subfunctions[0]
+    ops = ix.compute
+    # by C-level maps (a large program has ~10^5 fused ops, of ~10^3
+    # bodies): the copies of a segment share one tuple of sub-functions
+    # (LowerSPMD emits them so), every op without one the empty tuple
+    subs = list(map(_SUBS, ops))
+    _, first, which = np.unique(np.fromiter(map(id, subs), np.int64, len(subs)),
+                                return_index=True, return_inverse=True)
+    number = np.full(len(first), -1, np.int64)
+    numbers: Dict[int, int] = {}        # a body's number, by its function
+    for j in np.argsort(first).tolist():     # in program order
+        op = ops[int(first[j])]
+        if op.op_type != FUSED or op.attrs.get("kernel"):
+            continue
+        fn = op.subfunctions[0]
         b = numbers.get(id(fn))
         if b is None:
             b = numbers[id(fn)] = len(numbers)
             _add_body(rows, fn, cost, cat_of)
-        body[k] = b
+        number[j] = b
+    if len(subs):
+        body = number[which.reshape(-1)]
     part = np.asarray(rows["out_part"], dtype=float).reshape(-1, 4)
     tmp = np.asarray(rows["tmp"], dtype=float).reshape(-1, 4)
     return SegmentTable(

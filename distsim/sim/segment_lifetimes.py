@@ -55,10 +55,12 @@ class SegmentLifetimes:
         self.part_reads: Tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
 
     def _at(self, k: np.ndarray, offset: np.ndarray) -> np.ndarray:
-        """The time of ``offset`` into compute op ``k`` (a body's whole
-        duration: the op's end)."""
-        whole = offset >= self.table.duration[self.table.body[k]]
-        return np.where(whole, self.end_s[k], self.start_s[k] + offset)
+        """The time of ``offset`` into compute op ``k`` (``inf``: the op's
+        end, :class:`.segment_bodies.SegmentTable`)."""
+        times = self.start_s[k] + offset
+        at_end = np.isposinf(offset)
+        times[at_end] = self.end_s[k[at_end]]
+        return times
 
     def place_values(self, alloc: np.ndarray, ready: np.ndarray) -> None:
         """Allocate (and make ready) each value a fused op makes at its
