@@ -249,13 +249,13 @@ def segment_table(ix: ProgramIndex, cost: CostModel) -> SegmentTable:
     # by C-level maps (a large program has ~10^5 fused ops, of ~10^3
     # bodies): the copies of a segment share one tuple of sub-functions
     # (LowerSPMD emits them so), every op without one the empty tuple
-    subs = list(map(_SUBS, ops))
-    _, first, which = np.unique(np.fromiter(map(id, subs), np.int64, len(subs)),
-                                return_index=True, return_inverse=True)
+    ids = np.fromiter(map(id, map(_SUBS, ops)), np.int64, len(ops))
+    holding = np.flatnonzero(ids != id(()))
+    _, first, which = np.unique(ids[holding], return_index=True, return_inverse=True)
     number = np.full(len(first), -1, np.int64)
     numbers: Dict[int, int] = {}        # a body's number, by its function
     for j in np.argsort(first).tolist():     # in program order
-        op = ops[int(first[j])]
+        op = ops[int(holding[first[j]])]
         if op.op_type != FUSED or op.attrs.get("kernel"):
             continue
         fn = op.subfunctions[0]
@@ -264,8 +264,7 @@ def segment_table(ix: ProgramIndex, cost: CostModel) -> SegmentTable:
             b = numbers[id(fn)] = len(numbers)
             _add_body(rows, fn, cost, cat_of)
         number[j] = b
-    if len(subs):
-        body = number[which.reshape(-1)]
+    body[holding] = number[which.reshape(-1)]
     part = np.asarray(rows["out_part"], dtype=float).reshape(-1, 4)
     tmp = np.asarray(rows["tmp"], dtype=float).reshape(-1, 4)
     return SegmentTable(
