@@ -79,17 +79,29 @@ class CostModel:
     def function_cost(self, function) -> OpCost:
         """The summed cost of every op of ``function`` (a fused segment or a
         callee), computed once per function object."""
+        return self._function_entry(function)[1]
+
+    def function_op_times(self, function) -> Tuple[float, ...]:
+        """The time of each op of ``function``, in order: what
+        :meth:`function_cost` sums (the simulator places a fused segment's
+        memory events by them)."""
+        return self._function_entry(function)[2]
+
+    def _function_entry(self, function) -> tuple:
         key = id(function)
         hit = self._function_costs.get(key)
         if hit is None or hit[0] is not function:
             time_s = flops = nbytes = 0.0
+            times = []
             for op in function.ops:
                 c = self.op_cost(op)
+                times.append(c.time_s)
                 time_s += c.time_s
                 flops += c.flops
                 nbytes += c.bytes
-            hit = self._function_costs[key] = (function, OpCost(time_s, flops, nbytes))
-        return hit[1]
+            hit = self._function_costs[key] = (function, OpCost(time_s, flops, nbytes),
+                                               tuple(times))
+        return hit
 
     def kernel_cost(self, function) -> OpCost:
         """The cost of ``function`` run as one fused kernel (a ``fused`` op

@@ -7,9 +7,10 @@ the run's ops, the values the run reads from outside as inputs and the
 values read after it as outputs. One segment function is shared by every
 micro-batch and rank that runs the same run, so costing it once serves them
 all. Its time is the sum of its ops' times (exact where no communication
-interleaves with the run); values internal to the run are not tracked in
-memory. The numpy executor runs the segment, so a coarsened program still
-computes the same numbers.
+interleaves with the run); its memory is its ops', each value allocated
+and freed at its own op's offset into the run (the simulator's
+``distsim.sim.segment_bodies``). The numpy executor runs the segment, so
+a coarsened program still computes the same numbers.
 
 With ``kernel`` (e.g. ``kernel = "scale+mask+softmax"``) the op is one
 kernel the framework fuses (:mod:`distsim.transforms.fusion`): costed as

@@ -73,9 +73,17 @@ def memory_accounting(device: np.ndarray, size: np.ndarray, category: np.ndarray
                     by_cat[categories[c]] = b
             out.peak_by_category[rank] = by_cat
         if record_samples:
-            # one sample per time: the live bytes after its last event
+            # one sample per time at which bytes come or go (and the
+            # first): the live bytes after its last event. Values of no
+            # bytes (in-place updates) add none, so that two programs
+            # placing them at different times draw the same curve
             last = np.ones(len(time_s), dtype=bool)
             last[:-1] = time_s[1:] != time_s[:-1]
+            group = np.cumsum(np.r_[True, last[:-1]]) - 1
+            changes = np.zeros(int(group[-1]) + 1, dtype=bool)
+            changes[group[delta != 0]] = True
+            changes[0] = True
+            last &= changes[group]
             parts.append(MemoryColumns(np.full(int(last.sum()), rank, np.int64), time_s[last],
                                        live[last]))
     if parts:

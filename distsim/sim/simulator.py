@@ -66,6 +66,7 @@ from .network import Network
 from .program_index import (INPUT_CATEGORY, RESIDENT_ROLES, ComputeStream,
                             ProgramIndex, device_of, index_program, value_category)
 from .records import expand_to_followers, op_columns
+from .segment_bodies import segment_table
 from .solo import SoloLedger, solo_teams, team_key
 from .symmetry import class_members, comm_positions, symmetry_classes
 from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpColumns, Trace
@@ -517,19 +518,23 @@ class Simulator:
         return op_columns(self.index, start_s, end_s, self._finished, self.options.comm_streams)
 
     def _memory(self, start_s: np.ndarray, end_s: np.ndarray) -> MemoryAccounting:
-        """Per-value allocation and free times (:mod:`.value_lifetimes`),
-        then the per-device curve and peaks (:mod:`.memory`)."""
+        """Per-value allocation and free times (:mod:`.value_lifetimes`;
+        inside fused ops where the full program has them,
+        :mod:`.segment_bodies`), then the per-device curve and peaks
+        (:mod:`.memory`)."""
         ix = self.index
         coll_start = np.array([c.start_s for c in self._collectives] or [0.0])
         coll_end = np.array([c.end_s for c in self._collectives] or [0.0])
-        alloc, free = value_lifetimes(ix, start_s, end_s, coll_start, coll_end)
-        device = ix.device
+        life = value_lifetimes(ix, start_s, end_s, coll_start, coll_end,
+                               segment_table(ix, self.cost))
+        device = life.device
         rep = self._rep
-        keep = ~np.isnan(alloc)
+        keep = ~np.isnan(life.alloc)
         if rep:
             keep &= np.isin(device, [r for r in ix.used_devices if rep.get(r, r) == r])
-        return memory_accounting(device[keep], ix.size[keep], ix.category[keep], alloc[keep],
-                                 free[keep], ix.categories, self.options.record_memory)
+        return memory_accounting(device[keep], life.size[keep], life.category[keep],
+                                 life.alloc[keep], life.free[keep], life.categories,
+                                 self.options.record_memory)
 
     def _expand_symmetry(self, records: OpColumns, memory: MemoryAccounting
                          ) -> Tuple[OpColumns, MemoryAccounting]:

@@ -9,21 +9,43 @@ of the value it updates (:func:`hold_updated`).
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from .program_index import NOT_SIMULATED, ProgramIndex
+from .segment_bodies import SegmentTable
+from .segment_lifetimes import SegmentLifetimes
 
-__all__ = ["hold_updated", "value_lifetimes"]
+__all__ = ["Lifetimes", "hold_updated", "value_lifetimes"]
+
+
+@dataclass
+class Lifetimes:
+    """The input of :func:`.memory.memory_accounting`: per piece of memory
+    (each value, then the parts and temporaries of fused segments), its
+    ``device``, ``size`` (bytes), ``category`` (an index into
+    ``categories``), ``alloc`` (NaN where no simulated op makes it) and
+    ``free`` (``inf``: never)."""
+
+    device: np.ndarray
+    size: np.ndarray
+    category: np.ndarray
+    alloc: np.ndarray
+    free: np.ndarray
+    categories: List[str]
 
 
 def value_lifetimes(ix: ProgramIndex, start_s: np.ndarray, end_s: np.ndarray,
-                    coll_start: np.ndarray, coll_end: np.ndarray
-                    ) -> Tuple[np.ndarray, np.ndarray]:
-    """``(alloc, free)`` of every value of ``ix`` (NaN where no simulated op
-    makes it), given the start and end of every simulated compute op and
-    of every collective (by collective number)."""
+                    coll_start: np.ndarray, coll_end: np.ndarray,
+                    segments: Optional[SegmentTable] = None) -> Lifetimes:
+    """When each value of ``ix`` is allocated and freed, given the start and
+    end of every simulated compute op and of every collective (by
+    collective number). ``segments``: the memory events inside the fused
+    ops (:mod:`.segment_bodies`), placed where the full program has them
+    (:mod:`.segment_lifetimes`); None: a fused op's values are allocated
+    at its start and freed at its end, like any op's."""
     nv = len(ix.values)
     producer = ix.producer
     by_op = producer >= 0
@@ -36,18 +58,28 @@ def value_lifetimes(ix: ProgramIndex, start_s: np.ndarray, end_s: np.ndarray,
     ready[by_op] = end_s[producer[by_op]]
     alloc[by_coll] = coll_start[-2 - producer[by_coll]]
     ready[by_coll] = coll_end[-2 - producer[by_coll]]
+    read_s = np.repeat(end_s, ix.compute_read_counts)
+    inside = None
+    if segments is not None and not segments.empty:
+        inside = SegmentLifetimes(ix, segments, start_s, end_s)
+        inside.place_values(alloc, ready)
+        read_s = inside.read_times(read_s)
     # a value goes when the last op reading it ends (or when it is made,
     # if nobody reads it); returned and resident values stay
     last_use = np.full(nv, -np.inf)
     if len(ix.compute_reads):
-        np.maximum.at(last_use, ix.compute_reads, np.repeat(end_s, ix.compute_read_counts))
+        np.maximum.at(last_use, ix.compute_reads, read_s)
     if len(ix.collective_reads):
         np.maximum.at(last_use, ix.collective_reads,
                       np.repeat(coll_end, ix.collective_read_counts))
     free = np.where(np.isneginf(last_use), ready, last_use)
     free[ix.kept] = np.inf
+    if inside is None:
+        hold_updated(free, ix.in_place)
+        return Lifetimes(ix.device, ix.size, ix.category, alloc, free, ix.categories)
+    unheld = free.copy()
     hold_updated(free, ix.in_place)
-    return alloc, free
+    return Lifetimes(*inside.lifetimes(alloc, free, unheld, last_use))
 
 
 def hold_updated(free: np.ndarray, in_place: "np.ndarray | List[Tuple[int, int]]") -> None:

@@ -94,7 +94,18 @@ class Segment:
                 return any(id(c) not in inside for c in lower.consumers.get(v, ()))
             return read_outside(v) or v in lower.grad_of
 
-        self.outputs = [v for op in ops for v in op.outputs if leaves(v)]
+        # the forward's identity (spmd.copy) makes no value: its result is
+        # its operand (as LowerSPMD maps it unfused), so it is no output;
+        # a reader outside takes the operand's value (``same``: result ->
+        # the value it is), which leaves the segment if made inside
+        roots: Dict[Value, Value] = {}
+        for op in ops:
+            if op.op_type == "spmd.copy":
+                roots[op.outputs[0]] = roots.get(op.inputs[0], op.inputs[0])
+        self.same = [(v, u) for v, u in roots.items() if leaves(v)]
+        kept = {u for _, u in self.same if u in produced}
+        self.outputs = [v for op in ops for v in op.outputs
+                        if v not in roots and (leaves(v) or v in kept)]
         #: the parameters whose buffers the run adds into (in the bundle's order)
         self.acc_params: List[Value] = [lower.grad_of[g] for g in self.grads
                                         ] if self.accumulate else []
@@ -143,9 +154,13 @@ class Segment:
             if op.op_type == "spmd.copy":  # the identity in the forward pass
                 self._local[op.outputs[0]] = local(op.inputs[0])
                 continue
+            # a gradient's op counts its result as gradients, as LowerSPMD
+            # emits it unfused (the memory of the op inside, segment_bodies)
+            meta = (dict(op.meta, category="gradients")
+                    if any(o in lower.grad_of for o in op.outputs) else op.meta)
             fn_ops.append(Op(op.op_type, [local(v) for v in op.inputs],
                              [local(v) for v in op.outputs], op.attrs, op.subfunctions,
-                             meta=op.meta))
+                             meta=meta))
             for g in op.outputs:
                 if g in old_buf:
                     fn_ops.append(Op("add", [old_buf[g], local(g)], [new_buf[g]],
@@ -349,6 +364,8 @@ class Coarsening:
                 # readers; a value another chunk reads gets None from _readers
                 if v in self.grad_of or v in self.step_outputs or v not in self.consumers:
                     continue
+                if any(c.op_type == "spmd.copy" for c in self.consumers[v]):
+                    continue   # read as itself after the segment (Segment.same)
                 readers = self._readers(v, key[1], mode)
                 if readers is not None:
                     groups.setdefault(readers, []).append(v)
@@ -443,6 +460,10 @@ class Coarsening:
             add_kind(ops[-1], seg)   # a segment's copies are one kind of op
             for v, o in zip(seg.outputs, outs):
                 env[v] = o
+            if seg.same:
+                given = dict(zip(seg.inputs, ins))
+                for v, u in seg.same:
+                    env[v] = env[u] if u in env else given[u]
             if outs:
                 self.gathers.note_layer_output(r, outs[0])
         if seg.accumulate:

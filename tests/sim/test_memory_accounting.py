@@ -1,7 +1,8 @@
 """The per-device memory curve against its definition, event by event:
 each value is live from its allocation to its free; at one time frees come
-before allocations; the peak is the first moment the largest live total
-is reached after an allocation, with the live bytes of each category."""
+before allocations; a sample per time at which bytes come or go; the peak
+is the first moment the largest live total is reached after an
+allocation, with the live bytes of each category."""
 import math
 
 import numpy as np
@@ -27,7 +28,8 @@ def by_definition(device, size, category, alloc, free):
         cats[c] = cats.get(c, 0) + delta
         if samples and samples[-1][:2] == (d, t):
             samples[-1] = (d, t, live[d])
-        else:
+        elif delta or not samples or samples[-1][0] != d:
+            # a sample per time at which bytes come or go, and the device's first
             samples.append((d, t, live[d]))
         if kind == 1 and live[d] > peak.get(d, -1):
             peak[d] = live[d]

@@ -185,22 +185,49 @@ def test_symmetry_with_expert_parallelism_across_stages():
         assert peak == peaks[rank], rank
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a fused segment allocates all its results when it starts and frees its "
-    "inputs when it ends, and its inner temporaries take no memory; the full "
-    "program allocates and frees each at its own op's start and end, so the "
-    "peak inside a segment differs (both ways: less on the tiny model, more on "
-    "Mixtral). With pp 1 the peak falls outside any segment and they agree."))
-@pytest.mark.parametrize("model,strategy", [
+#: coarsened against full: every device's peak and its categories
+COARSEN_MEMORY_CASES = [
     ("tiny", dict(dp=2, tp=2, pp=2)),                     # no experts: not EP-specific
     (MOE_MODEL, dict(dp=4, pp=2, ep=4, zero=1)),
-])
+    ("tiny", dict(dp=2, tp=2, pp=2, recompute="full", microbatches=4)),
+    ("tiny", dict(dp=2, tp=4, sp=True, recompute="selective")),     # spmd.copy fused through
+    ("tiny", dict(dp=2, tp=2, pp=2, zero=1, microbatches=4)),      # accumulation in segments
+    ("tiny", dict(dp=4, tp=2, zero=2, bucket_mb=1.0, microbatches=2, global_batch=8)),
+    ("tiny", dict(dp=2, tp=2, pp=2, zero=3, schedule="interleaved", microbatches=4)),
+    ("tiny", dict(dp=2, tp=2, pp=2, microbatches=6, global_batch=12, schedule="interleaved",
+                  sp=True)),
+    ("tiny", dict(dp=1, tp=2, pp=4, microbatches=8, global_batch=8, schedule="zb-h1")),
+    ("tiny", dict(dp=2, tp=2, pp=2, zero=2, recompute="selective", microbatches=4,
+                  schedule="zb-h1")),
+    ("tiny", dict(cp=2, tp=2, cp_comm="ring", attention="fused", recompute="full")),
+    ("tiny", dict(dp=2, tp=2, pp=2, fusion="megatron", microbatches=4)),
+]
+
+
+@pytest.mark.parametrize("model,strategy", COARSEN_MEMORY_CASES)
 def test_coarsened_program_has_the_same_peak_memory(model, strategy):
-    """Coarsening must keep each device's peak memory, as it keeps the step
-    time. Mixtral-8x7B's ep 8 layout on 64 H100s (tp 1, pp 4, vp 8, ZeRO 1)
-    reads 63.59 GB on rank 0 coarsened against 63.17 GB full (every rank
-    differs; symmetry alone matches on all four stages)."""
+    """Coarsening keeps each device's peak memory and what it is made of,
+    as it keeps the step time: a fused op's values come and go where its
+    ops' would (distsim.sim.segment_bodies). A fused segment used to
+    allocate all its results at its start and free its inputs at its end,
+    its temporaries taking nothing: Mixtral-8x7B's ep 8 layout on 64 H100s
+    read 63.59 GB on rank 0 coarsened against 63.17 GB full."""
     full = distsim.simulate(model, "dgx-a100", **strategy)
     fused = distsim.simulate(model, "dgx-a100", coarsen=True, **strategy)
     assert fused.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
     assert _peaks(fused) == _peaks(full)
+    assert fused.trace.meta["peak_memory_by_category"] == \
+        full.trace.meta["peak_memory_by_category"]
+
+
+def test_coarsened_reduced_program_has_the_full_peak_memory():
+    """Symmetry and coarsening together: the representatives' peaks and
+    categories are the full program's."""
+    strategy = dict(dp=2, tp=2, pp=2, zero=1, microbatches=4)
+    full = distsim.simulate("tiny", "dgx-a100", **strategy)
+    both = distsim.simulate("tiny", "dgx-a100", symmetry=True, coarsen=True, **strategy)
+    peaks, cats = _peaks(full), full.trace.meta["peak_memory_by_category"]
+    assert len(both.summary()["devices"]) == 2
+    for rank, peak in _peaks(both).items():
+        assert peak == peaks[rank], rank
+        assert both.trace.meta["peak_memory_by_category"][rank] == cats[rank]
