@@ -7,11 +7,11 @@ synchronisation, the pipeline bubble) and the memory per GPU, as ep goes
     python reports/moe/run.py --out DIR  # results.json and the PNG in DIR, README untouched
 
 Every row is a full-model simulation (32 layers; ``symmetry=True,
-coarsen=True``, exact in step time: the ep 8 row is also simulated without
-either and both figures are kept) on the repository's DGX H100 cluster
+coarsen=True``, exact in step time and memory: the ep 8 row is also
+simulated without either and both figures are kept) on the repository's DGX H100 cluster
 (``dgx-h100-x8``, bf16); nothing is fitted. Each row is also estimated
 (``fidelity: estimate``, :func:`estimated`) beside its simulation in the
-analytical network mode (not coarsened), the estimator's bound; rows it
+analytical network mode (reduced by symmetry), the estimator's bound; rows it
 refuses (ep > 1) keep the refusal. The per-kind split is rank 0's
 (:func:`distsim.report.comm_kinds.communication_by_kind`): ``busy`` is the
 union of a kind's transfers, ``exposed`` what of it no compute op covers.
@@ -74,9 +74,8 @@ def run(name: str, options: Dict[str, Any], reduced: bool = True) -> Dict[str, A
 
 def estimated(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
     """The fast estimate of a row (``fidelity: estimate``) beside the
-    simulation it is bounded against (analytical network; ``symmetry``,
-    exact, but not ``coarsen``, whose merged ops hold other temporaries),
-    or the line refusing it."""
+    simulation it is bounded against (analytical network, reduced by
+    ``symmetry``), or the line refusing it."""
     t0 = time.perf_counter()
     try:
         e = estimate({"model": MODEL, "topology": TOPOLOGY, **options})
