@@ -23,7 +23,8 @@ STRATEGY_KEYS = ("dp", "tp", "pp", "sp", "zero", "recompute", "microbatches", "s
                  "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "optimizer",
                  "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
                  "fusion", "ep")
-SIMULATION_KEYS = ("topology", "network_mode", "collective_algo", "comm_streams", "launch")
+SIMULATION_KEYS = ("topology", "network_mode", "collective_algo", "comm_streams", "launch",
+                   "comm_order")
 
 CHART_TITLES = {"gantt": ("Timeline by device", "gantt.png"),
                 "pipeline": ("Timeline by pipeline stage", "pipeline.png"),
