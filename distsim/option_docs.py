@@ -55,8 +55,9 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
     ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
     ("tp_overlap", "the backward's tensor-parallel all-reduce (reduce-scatter with sp) of a "
                    "layer's input gradient issued before the weight-gradient GEMM, to overlap "
-                   "it, as Megatron-LM's async all-reduce (default: true); false: after it, as "
-                   "Megatron-LM v2 (2021). Shows in time under comm_order 'stream'"),
+                   "it, as Megatron-LM's async all-reduce; false (default): after it, as "
+                   "Megatron-LM v2 (2021). Shows in time under comm_order 'stream' (the "
+                   "estimator refuses true with tp > 1)"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),
     ("recompute", "activation recomputation: 'none' (default), 'selective', 'full'"),

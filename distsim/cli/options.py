@@ -67,9 +67,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    dest="tp_overlap",
                    help="issue the backward's tensor-parallel all-reduce (reduce-scatter with "
                         "--sp) of a layer's input gradient before the weight-gradient GEMM, to "
-                        "overlap it, as Megatron-LM's async all-reduce (default); "
-                        "--no-tp-overlap: after it, as Megatron-LM v2 (2021). It shows in time "
-                        "under --comm-order stream")
+                        "overlap it, as Megatron-LM's async all-reduce; --no-tp-overlap "
+                        "(default): after it, as Megatron-LM v2 (2021). It shows in time under "
+                        "--comm-order stream (the estimator refuses --tp-overlap with --tp > 1)")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP) "
                         "sharded over data-parallel ranks (default: 0)")

@@ -54,7 +54,9 @@ are refused with a NotModelledError: the timeline overlaps a device's
 compute and communication streams, which blocking launches serialise.
 So is stream order (``comm_order: stream``): the pipeline's and the
 data-parallel timelines start a transfer once its data is ready, not
-behind the compute issued before it.
+behind the compute issued before it; and ``tp_overlap`` with ``tp > 1``
+(:mod:`distsim.transforms.tp_order`): the block templates keep autodiff's
+order of the backward's tensor-parallel collectives.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -204,6 +206,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
+    if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
+        raise NotModelledError("estimate: tp_overlap (the backward's tensor-parallel "
+                               "all-reduce issued before the weight-gradient GEMM) is not "
+                               "modelled by the estimator; use fidelity: simulate")
     if strategy.schedule in SPLIT_BACKWARD:
         raise NotModelledError(f"estimate: schedule '{strategy.schedule}' (the backward split "
                                "into input- and weight-gradient tasks) is not modelled by the "

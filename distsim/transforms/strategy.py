@@ -86,10 +86,12 @@ class Strategy:
     expert); ``tp_overlap``: the backward's tensor-parallel all-reduce (or
     reduce-scatter) of a layer's input gradient issued before the
     weight-gradient GEMM, to overlap it, as Megatron-LM's async
-    all-reduce does (True), or after it, as Megatron-LM v2 (2021) did
-    (False; :mod:`~distsim.transforms.tp_order`). The order shows in time
-    under ``comm_order: stream``, where a collective waits for the compute
-    issued before it."""
+    all-reduce does (True), or after it, where autodiff puts it, as
+    Megatron-LM v2 (2021) did (False, the default while the estimator
+    models that order only; :mod:`~distsim.transforms.tp_order`). The
+    order shows in time under ``comm_order: stream``, where a collective
+    waits for the compute issued before it, and otherwise in which
+    collective queues first on a shared communication stream."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -115,7 +117,7 @@ class Strategy:
     cp: int = 1
     cp_comm: Literal["allgather", "ring", "alltoall"] = "allgather"
     ep: int = 1
-    tp_overlap: bool = True
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:

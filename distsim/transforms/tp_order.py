@@ -10,20 +10,27 @@ gradient, input gradient (dX) then weight gradient (dW), as
 matters because a collective starts only after the compute issued before
 it on its device (``comm_order: stream``, :mod:`distsim.sim.launch_queue`):
 
-* ``tp_overlap=False``: as autodiff emits it, after the dW GEMM. This is
+* ``tp_overlap=False`` (the default): as autodiff emits it, after the dW
+  GEMM. This is
   Megatron-LM v2 (Narayanan et al. 2021, ``mpu/layers.py``
   ``ColumnParallelLinear`` behind ``copy_to_tensor_model_parallel_region``):
   the all-reduce is the copy region's backward, which autograd runs once
   the linear's backward (both GEMMs) has been issued, so it does not
   overlap the weight-gradient GEMM.
-* ``tp_overlap=True`` (the default): right after the op that makes its
-  input, before the dW GEMM. This is Megatron-LM's
+* ``tp_overlap=True``: right after the op that makes its input, before
+  the dW GEMM. This is Megatron-LM's
   ``LinearWithGradAccumulationAndAsyncAllreduce`` (late 2021 on, the code
   of Korthikanti et al. 2022, with ``CUDA_DEVICE_MAX_CONNECTIONS=1``): it
   issues the input gradient's all-reduce (or reduce-scatter) asynchronously
   before computing the weight gradient, so the two overlap.
 
 The reordering is the only difference: the same ops, the same numbers.
+Without stream order it still decides which collective queues first on a
+shared communication stream (``comm_streams: shared``): the async order
+puts the all-reduce ahead of ZeRO-3 gathers issued during the dW GEMM.
+The default is the 2021 order because the fast estimator's block
+timeline and memory are worked out for autodiff's order; it refuses
+``tp_overlap`` with ``tp > 1``.
 """
 from __future__ import annotations
 

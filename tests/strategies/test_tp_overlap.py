@@ -88,3 +88,13 @@ def test_the_order_shows_in_time_only_under_stream_order():
             assert r.start_s > dx.end_s               # held behind the dW GEMM
             most += min(r.end_s - r.start_s, r.start_s - dx.end_s)
     assert on.step_time_s < off.step_time_s <= on.step_time_s + most * (1 + 1e-9)
+
+
+def test_the_estimator_refuses_the_async_order_with_tensor_parallelism():
+    from distsim.errors import NotModelledError
+    from distsim.estimate import estimate
+    with pytest.raises(NotModelledError, match="tp_overlap"):
+        estimate({"model": "tiny", "topology": "workstation-4gpu-pcie", "tp": 4,
+                  "tp_overlap": True})
+    assert estimate({"model": "tiny", "topology": "workstation-4gpu-pcie", "tp": 1,
+                     "tp_overlap": True})["step_time_s"] > 0
