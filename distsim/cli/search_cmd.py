@@ -19,11 +19,16 @@ from ..sweep.search import DEFAULT_KEEP, search
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "search", help="find the fastest parallel strategy for a model on N GPUs",
-        description="Enumerate every dp x tp x pp (x micro-batch sizes for GPT models, x "
-                    "--space options) that uses the GPUs at the model's global batch, prune by "
-                    "a memory bound, estimate the rest (GPT models: the estimator, milliseconds "
-                    "each; others: analytical simulations), simulate the --keep fastest "
-                    "estimates in full (GPT: with symmetry and coarsening), and print the top "
+        description="Enumerate every dp x tp x pp (x cp with --space cp=1,2,4) that uses the "
+                    "GPUs at the model's global batch, crossed with micro-batch sizes for GPT "
+                    "models, every valid expert-parallel degree ep for a mixture of experts, "
+                    "and the --space options (e.g. zero, recompute, schedule=1f1b,zb-h1, "
+                    "cp_comm=allgather,ring,alltoall); prune by a weights bound; estimate the "
+                    "rest: a GPT point with the estimator (milliseconds each) where it models "
+                    "it, else (a point it does not model, e.g. context parallelism) and for "
+                    "other models by an analytical simulation -- the estimates' "
+                    "estimated_by column says which; simulate the --keep fastest estimates in "
+                    "full (GPT: with coarsening, and symmetry where exact), and print the top "
                     "strategies with why the best wins. Progress goes to stderr. Exit status 1 "
                     "when no strategy fits (every point invalid or out of memory; the reasons "
                     "are printed), 2 for bad options.")
@@ -34,7 +39,9 @@ def add_parser(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                    help="a fixed option, e.g. --set global_batch=512 (repeatable)")
     p.add_argument("--space", action="append", default=[], metavar="OPTION=V1,V2",
-                   help="an extra option to search over, e.g. --space zero=0,1 (repeatable)")
+                   help="an extra option to search over, e.g. --space zero=0,1, --space "
+                        "cp=1,2,4, --space ep=1,2 (default for a mixture of experts: every "
+                        "valid ep) (repeatable)")
     p.add_argument("--keep", type=int, default=None,
                    help=f"how many estimates to simulate in full (default: {DEFAULT_KEEP})")
     p.add_argument("--network-mode", choices=["flow", "analytical"], default="flow",
@@ -44,7 +51,7 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=None, help="local worker processes")
     p.add_argument("--scheduler", default=None,
                    help="Dask: tcp://HOST:PORT or local-dask; runs the full simulations (and "
-                        "the analytical estimates of non-GPT models). GPT estimates stay in "
+                        "the analytical estimates). The estimator's estimates stay in "
                         "--workers local processes, each keeping its per-layer profiles")
     p.add_argument("--out", default=None,
                    help="also write estimates.csv, full.csv, the charts and report.html here")

@@ -12,16 +12,18 @@ without building or simulating the whole program. A peer of
 - *Covers*: the ``gpt`` family (GPT / Llama shapes, fused attention)
   under every strategy :class:`~distsim.transforms.strategy.Strategy`
   describes: dp x tp x pp in any mesh order, sequence parallelism, the
-  GPipe / 1F1B / interleaved schedules (not zero-bubble ``zb-h1``),
-  even or balanced partitions,
+  GPipe / 1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's
+  backward split into B and W as the lowering splits it), even or
+  balanced partitions,
   micro-batches, ZeRO 0-3 (prefetch, by parameter or by layer),
   gradient buckets, recomputation, AdamW / SGD; on any topology.
 - *Refuses*, with the :class:`~distsim.errors.ConfigError` (or
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,
   and models of other families (MLP, ONNX imports) with a ConfigError
-  naming the family; valid options it does not model (the ``zb-h1``
-  schedule, ``launch: blocking``) with a :class:`~distsim.errors.NotModelledError`, which a
+  naming the family; valid options it does not model (``zb-h1`` with
+  ZeRO 3 over dp > 1 or with ZeRO 2 reduce-scattering every micro-batch,
+  ``launch: blocking``) with a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
 - *Models*: what the lowering decides, from the same decision

@@ -29,6 +29,11 @@ class OpByOpBackward:
     on its context, with its gradient sync (``sync``, the timeline sink of
     ``policy``) and memory notes."""
 
+    #: which part of the backward its tasks are: "B" (all of it, or a split
+    #: backward's input-gradient part) or "W" (a split backward's weight
+    #: gradients: :attr:`.blocks.LayerProfile.weight`)
+    part = "B"
+
     def __init__(self, ctx: StepContext, sync: StepSync, policy: SyncPolicy,
                  notes: MemoryNotes) -> None:
         self.ctx = ctx
@@ -69,9 +74,9 @@ class OpByOpBackward:
         a leading recomputation, whether it waits for the block's ZeRO-3
         gathers up to: :attr:`.profile.Segment.gate`)."""
         ctx = self.ctx
-        plan = ctx.memo.segments.get((name, only))
+        plan = ctx.memo.segments.get((name, only, self.part))
         if plan is None:
-            blk = ctx.profile.blocks[name]
+            blk = ctx.part(self.part)[name]
             segs = blk.only if only else blk.last
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
             index = {p.name: i for i, p in enumerate(ctx.profile.params[name])}
@@ -110,7 +115,7 @@ class OpByOpBackward:
                     # its time: the op making the gradient's (the run's last)
                     plan.append(("g", seg.op_s, 0.0, (), seg.deps[0] if seg.deps else -1,
                                  index[seg.param], False, gate))
-            ctx.memo.segments[(name, only)] = plan
+            ctx.memo.segments[(name, only, self.part)] = plan
         return plan
 
     def emit_last_backward(self, stage: int, c: int, order, ready: float,
@@ -350,7 +355,7 @@ class OpByOpBackward:
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
         if in_buckets:
-            self.notes.buckets(stage, c, in_buckets)
+            self.notes.buckets(stage, c, in_buckets, self.part)
         if later:
             self.notes.later(stage, accumulating, c, later)
         if last is None:

@@ -178,6 +178,10 @@ class Block:
     #: last collective has ended (None: it has none)
     b_tail: Optional[float] = None
     b0_tail: Optional[float] = None
+    #: a weight-gradient part (:attr:`LayerProfile.weight`): whether it
+    #: reads the step's data inputs (the embedding's gradient, the token
+    #: ids), which then live until it
+    reads_data: bool = False
 
 
 @dataclass
@@ -227,3 +231,7 @@ class LayerProfile:
     #: step's start until the embedding's / the loss's backward reads them
     data_emb: int = 0
     data_head: int = 0
+    #: a split backward (ZB-H1): each block's weight-gradient part, its
+    #: backward fields W's (``blocks`` then hold the input-gradient part);
+    #: empty otherwise
+    weight: Dict[str, Block] = field(default_factory=dict)

@@ -231,9 +231,15 @@ class StepContext:
         self.flops[stage] += f
         return self.tl.compute(stage, t, ready)
 
+    def part(self, kind: str) -> Dict[str, Block]:
+        """The blocks whose times a task of ``kind`` takes: a split
+        backward's weight-gradient parts for "W"
+        (:attr:`~.blocks.LayerProfile.weight`), else the profile's blocks."""
+        return self.profile.weight if kind == "W" else self.profile.blocks
+
     def task_work(self, kind: str, c: int) -> float:
         """A task's estimated cost, as LowerSPMD orders tasks by (its FLOPs)."""
-        blocks = self.profile.blocks
+        blocks = self.part(kind)
         total = 1.0
         for name, _ in self.blocks_of(kind, c):
             total += blocks[name].step_f_flops if kind == "F" else blocks[name].step_b_flops
@@ -305,12 +311,13 @@ class StepContext:
         blk = self.profile.blocks[self.blocks_of("B", c)[-1][0]]
         return blk.out_tail_first if mb == 0 else blk.out_tail_mid
 
-    def comm_tail(self, c: int, mb: int) -> float:
+    def comm_tail(self, c: int, mb: int, kind: str = "B") -> float:
         """A block-level backward task of chunk ``c`` (micro-batch ``mb``:
-        the first, or a middle one): how long the communication stream
+        the first, or a middle one; ``kind`` "W": a split backward's
+        weight-gradient task): how long the communication stream
         stays busy after its compute ends (its last block's
         :attr:`~.blocks.Block.comm_tail_first` / ``comm_tail_mid``)."""
-        blk = self.profile.blocks[self.blocks_of("B", c)[-1][0]]
+        blk = self.part(kind)[self.blocks_of(kind, c)[-1][0]]
         return blk.comm_tail_first if mb == 0 else blk.comm_tail_mid
 
     def lead_in(self, c: int, mb: int) -> Tuple[float, float]:

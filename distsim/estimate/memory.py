@@ -60,6 +60,12 @@ def estimate_memory(b: StepContext) -> List[int]:
     chunk_blocks = {c: b.blocks_of("F", c) for c in range(b.chunks)}
     chunk_saved = {c: float(sum(blocks[n].saved_bytes for n, _ in chunk_blocks[c]))
                    for c in range(b.chunks)}
+    # a split backward (ZB-H1): what each block's W reads from its forward
+    # and B lives from the B task to the W task (B frees the rest)
+    weight = prof.weight
+    kept_w = {name: float(w.saved_bytes) for name, w in weight.items()} if weight \
+        else dict.fromkeys(blocks, 0.0)
+    chunk_w = np.array([sum(kept_w[n] for n, _ in chunk_blocks[c]) for c in range(b.chunks)])
     # a chunk after another stage's holds the activation it received (the
     # residual stream its first layer's backward reads) until its backward;
     # the chunk that sent it, counted in its last layer's saved bytes,
@@ -197,7 +203,27 @@ def estimate_memory(b: StepContext) -> List[int]:
                     if top is None:
                         top = grads_top[id(grads_at)] = max(grads_at.values())
                     peak = max(peak, now + top)
-                held -= blk.saved_bytes
+                held -= blk.saved_bytes - kept_w[name]
+        return peak
+
+    def weight_peak(base: float, c: int, held: float, first: bool,
+                    by_block: Optional[Dict[int, int]] = None) -> float:
+        """The largest candidate of a split backward's W task of chunk
+        ``c`` (``first``: micro-batch 0's) with ``held`` bytes in flight when
+        it starts: block by block, its W part's excess over what the W parts
+        not run yet hold (``by_block``: bytes held beside each block, by
+        position: the buckets flushed before it; a bucket flushed inside a
+        block is made, with the reshaped gradients its concat copies, while
+        what the block's W holds may still be live: both on top of those)."""
+        peak = -math.inf
+        for k, (name, _) in enumerate(b.blocks_of("W", c)):
+            w = weight[name]
+            extra = by_block.get(k, 0) if by_block else 0
+            peak = max(peak, base + held + extra + (w.b0_excess if first else w.b_excess))
+            held -= kept_w[name]
+            flushed = (by_block.get(k + 1, extra) - extra) if by_block else 0
+            if flushed > 0:
+                peak = max(peak, base + held + extra + 2 * flushed)
         return peak
 
     per_param = _param_optimizer_excess(b)
@@ -218,7 +244,7 @@ def estimate_memory(b: StepContext) -> List[int]:
         inside_of.setdefault(s, []).append((c, inside))
     out = []
     stage_tasks = _stage_tasks(S.schedule, S.pp, b.microbatches, S.chunks)
-    for stage, (forward, chunk) in enumerate(stage_tasks):
+    for stage, (forward, chunk, weights) in enumerate(stage_tasks):
         base = static[stage] + grads[stage]
         best = base + max(_after_backward(b, stage, per_param, opt[stage]),
                           b.memo.flat_queued.get(stage, 0))
@@ -229,16 +255,31 @@ def estimate_memory(b: StepContext) -> List[int]:
         # one kind, chunk and first-backward-or-not only the one starting
         # with the most in flight is costed
         saved = saved_by_chunk[chunk]
-        delta = np.where(forward, saved, -saved)
+        delta = np.where(forward, saved, np.where(weights, -chunk_w[chunk],
+                                                  chunk_w[chunk] - saved))
         flight = np.concatenate(([0.0], np.cumsum(delta)[:-1]))
         # each micro-batch's data (token ids on the embedding's stage,
         # labels on the head's), live from the step's start until the
-        # backward that reads them ends
-        for c_data, per in ((0, prof.data_emb), (b.chunks - 1, prof.data_head)):
+        # backward (or a split one's W) that reads them ends
+        for c_data, per, name in ((0, prof.data_emb, "emb"),
+                                  (b.chunks - 1, prof.data_head, "head")):
             if per and b.stage_of(c_data) == stage:
-                read = ~forward & (chunk == c_data)
+                by_w = bool(weight) and weight[name].reads_data
+                read = (weights if by_w else ~forward & ~weights) & (chunk == c_data)
                 flight = flight + per * (b.microbatches
                                          - np.concatenate(([0], np.cumsum(read)[:-1])))
+        if weight:
+            # the W tasks' candidates; the rest of the walk is the F and B tasks'
+            received = b.memo.recv_ahead
+            for c in np.unique(chunk[weights]).tolist():
+                at = np.flatnonzero(weights & (chunk == c))
+                extra = received.get((stage, "W", c, False), 0)
+                best = max(best, weight_peak(base, c, float(flight[at[0]]) + extra, True))
+                if len(at) > 1:
+                    best = max(best, weight_peak(base, c, float(flight[at[1:]].max()) + extra,
+                                                 False))
+            w_chunk, w_flight = chunk[weights], flight[weights]
+            forward, chunk, flight = forward[~weights], chunk[~weights], flight[~weights]
         # each chunk's first backward task (micro-batch 0: tasks of a chunk
         # run in micro-batch order), by chunk
         first_back = {}
@@ -291,6 +332,12 @@ def estimate_memory(b: StepContext) -> List[int]:
         for kind, mb, c, pending in pending_of.get(stage, ()):
             if kind == "end":
                 best = max(best, base + pending)
+                continue
+            if kind == "lastW":       # a split backward's last W task, likewise
+                at = np.flatnonzero(w_chunk == c)
+                best = max(best, weight_peak(
+                    base, c, float(w_flight[at[-1]]) + received.get((stage, "W", c, False), 0),
+                    len(at) == 1, pending))
                 continue
             at = np.flatnonzero((forward == (kind == "F")) & (chunk == c))
             if kind == "last":        # ZeRO 0/1 buckets: the chunk's last backward
@@ -460,14 +507,15 @@ def _early_next(b: StepContext, forward: np.ndarray, chunk: np.ndarray) -> Optio
 
 @lru_cache(maxsize=256)
 def _stage_tasks(schedule: str, pp: int, microbatches: int, chunks: int
-                 ) -> Tuple[Tuple[np.ndarray, np.ndarray], ...]:
-    """Per stage, its tasks in schedule order as (is a forward, chunk)
-    arrays (the same for every point with the same schedule; kept: do not
-    modify)."""
+                 ) -> Tuple[Tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Per stage, its tasks in schedule order as (is a forward, chunk,
+    is a split backward's W task) arrays (the same for every point with
+    the same schedule; kept: do not modify)."""
     out = []
     for tasks in schedule_tasks(schedule, pp, microbatches, chunks):
         out.append((np.array([kind == "F" for kind, _, _ in tasks], dtype=bool),
-                    np.array([c for _, _, c in tasks], dtype=np.int64)))
+                    np.array([c for _, _, c in tasks], dtype=np.int64),
+                    np.array([kind == "W" for kind, _, _ in tasks], dtype=bool)))
     return tuple(out)
 
 

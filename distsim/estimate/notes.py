@@ -136,15 +136,17 @@ class MemoryNotes:
         if held > self.memo.copy_ins.get(key, 0):
             self.memo.copy_ins[key] = held
 
-    def buckets(self, stage: int, c: int, held: Dict[int, int]) -> None:
+    def buckets(self, stage: int, c: int, held: Dict[int, int], part: str = "B") -> None:
         """ZeRO 0/1 with ``bucket_mb``: the bytes of the stage's flat buckets
         (:meth:`~distsim.transforms.sync_policy.SyncPolicy.flush`) held as
         each block of chunk ``c``'s last backward starts (by position; those
         flushed by the chunk's earlier blocks and by earlier tasks), live
         until they are unpacked after the backward pass:
         :attr:`Memo.flat_pending` keyed
-        ``(stage, "last", 0, c)``, the most over the walks."""
-        pending = self.memo.flat_pending.setdefault((stage, "last", 0, c), {})
+        ``(stage, "last", 0, c)``, the most over the walks (``part`` "W": a
+        split backward's last W task's, keyed ``"lastW"``)."""
+        key = (stage, "last" if part == "B" else "last" + part, 0, c)
+        pending = self.memo.flat_pending.setdefault(key, {})
         for k, nbytes in held.items():
             if nbytes > pending.get(k, 0):
                 pending[k] = nbytes

@@ -15,29 +15,30 @@ resolved batch sizes). It never builds the whole program:
    model on one tensor-parallel group, lowered and simulated for real
    (cost model, tensor-parallel collectives on the topology, analytical
    network), cached per model shape / tp / sp / recompute / micro-batch.
-2. **The pipeline** (:mod:`.timeline` on :mod:`.engine`):
-   one rank per stage, its
-   compute and communication streams, and the items :class:`LowerSPMD`
+2. **The pipeline** (:mod:`.timeline` on :mod:`.engine`): one rank per stage,
+   its compute and communication streams, and the items :class:`LowerSPMD`
    would emit, in the same program order (the same
    :func:`~distsim.transforms.pipeline.schedule_tasks`, the order of
-   :func:`~distsim.transforms.pipeline.merge_tasks`,
-   sends flushed the same way): each forward / backward task as one item (holding the
-   communication stream when it has tensor-parallel collectives), the last
-   backward of each chunk op by op with the data-parallel gradient sync
-   emitted where LowerSPMD emits it (per gradient, in buckets, or after the
-   backward; all-reduce or ZeRO reduce-scatter), the tied-embedding
-   all-reduce, the optimizer per parameter (ZeRO shards, the all-gather
-   after the update), ZeRO-3 parameter gathers per layer and task (by
-   parameter, or with ``zero3_unit: layer`` a layer's as one, its
-   gradients reduce-scattered as one: :mod:`.units`), and
-   pipeline send/receives. Collective times are the simulator's
-   analytical ones on the real teams (:func:`run_collective` on an
+   :func:`~distsim.transforms.pipeline.merge_tasks`, sends flushed the same
+   way): each forward / backward task as one item (holding the communication
+   stream when it has tensor-parallel collectives; under ``zb-h1`` each
+   backward as its B and W tasks, from the template's own split:
+   :attr:`.blocks.LayerProfile.weight`), the last backward of each chunk op by
+   op (ZB-H1: its B and its W) with the data-parallel gradient sync emitted
+   where LowerSPMD emits it (per gradient, in buckets, or after the backward;
+   all-reduce or ZeRO reduce-scatter), the tied-embedding all-reduce, the
+   optimizer per parameter (ZeRO shards, the all-gather after the update),
+   ZeRO-3 parameter gathers per layer and task (by parameter, or with
+   ``zero3_unit: layer`` a layer's as one, its gradients reduce-scattered as
+   one: :mod:`.units`), and pipeline send/receives. Collective times are the
+   simulator's analytical ones on the real teams (:func:`run_collective` on an
    analytical :class:`~distsim.sim.network.Network`).
 3. **Memory** (:func:`estimate_memory`): weights, gradients and optimizer
    state per rank from the parameter shapes and the ZeRO stage, plus the
    saved activations of the micro-batches in flight on each stage
    (:func:`~distsim.transforms.memory_model.saved_activation_bytes` of the
-   template) and the template's transient peak.
+   template; under ZB-H1 what a W reads lives until that W) and the
+   template's transient peak.
 
 How close it comes to the full simulation is measured by
 ``tests/estimate/test_agreement_corpus.py`` at :data:`AGREEMENT_TOLERANCE`
@@ -90,6 +91,7 @@ from ..run_options import check_max_ops, check_max_trace_records, check_network_
 from ..topology import load_topology
 from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
+from ..transforms.sync_policy import bucket_bytes_of, scatters_each_microbatch
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, param_sizes
@@ -192,17 +194,17 @@ def resolve(options: Mapping[str, Any]) -> Case:
     topo = load_topology(topology)
     strategy = Strategy.from_mapping(opts).resolved(topo.num_devices)
     if strategy.cp > 1:   # its gathered keys and values are in no profile or timeline here
-        raise ConfigError(f"estimate: context parallelism (cp {strategy.cp}) is not modelled by "
-                          "the estimator; use fidelity: simulate")
+        raise NotModelledError(f"estimate: context parallelism (cp {strategy.cp}) is not "
+                               "modelled by the estimator; use fidelity: simulate")
     if strategy.num_devices != topo.num_devices:
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
     c = gpt_config(config)
     if c.experts:
-        raise ConfigError(f"estimate: model '{config.get('name')}' routes tokens to experts "
-                          "(mixture of experts), which the estimator does not model; use "
-                          "fidelity: simulate")
+        raise NotModelledError(f"estimate: model '{config.get('name')}' routes tokens to "
+                               "experts (mixture of experts), which the estimator does not "
+                               "model; use fidelity: simulate")
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
@@ -210,10 +212,16 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise NotModelledError("estimate: tp_overlap (the backward's tensor-parallel "
                                "all-reduce issued before the weight-gradient GEMM) is not "
                                "modelled by the estimator; use fidelity: simulate")
-    if strategy.schedule in SPLIT_BACKWARD:
-        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' (the backward split "
-                               "into input- and weight-gradient tasks) is not modelled by the "
-                               "estimator; use fidelity: simulate")
+    if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and (
+            strategy.zero == 3 or scatters_each_microbatch(
+                strategy.zero, strategy.dp, bucket_bytes_of(strategy.bucket_mb))):
+        # its split tasks' per-micro-batch reduce-scatters (and ZeRO-3's
+        # gathers) are not walked
+        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' with ZeRO "
+                               f"{strategy.zero} over dp {strategy.dp} (reduce-scatters per "
+                               "micro-batch, or ZeRO-3 gathers, in the split backward) is not "
+                               "modelled by the estimator (ZeRO 2 with bucket_mb 0 is); use "
+                               "fidelity: simulate")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 
@@ -254,7 +262,7 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     tp, sp, recomputation, ZeRO kind, micro-batch, whether a pipeline
     unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
-    them, and the kernel fusion)."""
+    them, the kernel fusion, and whether the backward is split)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
@@ -265,7 +273,7 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S))
+            fusion_for(S), S.schedule in SPLIT_BACKWARD)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:
@@ -303,11 +311,11 @@ def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
     # compute item (the part under compute, e.g. the input gradient's
     # all-reduce under the weight gradient's GEMM, is hidden, not absent);
     # those of the op-by-op backward are communication items already
-    blocks = b.profile.blocks
+    kinds = ("F", "B", "W") if b.profile.weight else ("F", "B")
     for stage, part in enumerate(parts):
         tp_s = b.microbatches * sum(
-            blocks[name].tp_comm_f if kind == "F" else blocks[name].tp_comm_b
-            for c in range(stage, b.chunks, S.pp) for kind in ("F", "B")
+            b.part(kind)[name].tp_comm_f if kind == "F" else b.part(kind)[name].tp_comm_b
+            for c in range(stage, b.chunks, S.pp) for kind in kinds
             for name, _ in b.blocks_of(kind, c))
         part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
                                     - (tl.waits[stage] - tl.sync_waits[stage])

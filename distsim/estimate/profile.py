@@ -43,6 +43,7 @@ from ..models.gpt_family import build_gpt_backward, build_gpt_step, hyper_of, ra
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
+from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
@@ -59,6 +60,10 @@ _REPRESENTATIVE_LAYER = 1
 #: averaging ops: with NCCL's collective latencies those partly run while
 #: the compute stream waits on a collective anyway.
 _TEMPLATE_MICROBATCHES = LAST_MB + 1
+#: The schedule a split profile's template is lowered with (one stage:
+#: each micro-batch's forward, input-gradient and weight-gradient tasks).
+SPLIT_SCHEDULE = "zb-h1"
+assert SPLIT_SCHEDULE in SPLIT_BACKWARD
 
 
 def _block_of(layer: Any, layers: int) -> Optional[str]:
@@ -73,7 +78,8 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
-              fusion: str = "megatron") -> Tuple[Function, Function, LowerSPMD]:
+              fusion: str = "megatron", split: bool = False
+              ) -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
     step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
@@ -82,7 +88,9 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
     # depend on the chunk's blocks, not the template's
     lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
                                prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
-                               optimizer=optimizer, fusion=fusion), _TEMPLATE_MICROBATCHES,
+                               optimizer=optimizer, fusion=fusion,
+                               schedule=SPLIT_SCHEDULE if split else "1f1b"),
+                      _TEMPLATE_MICROBATCHES,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
     return step, lower(step), lower
 
@@ -197,20 +205,23 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron") -> LayerProfile:
+                  fusion: str = "megatron", split: bool = False) -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices of the tensor-parallel
     group the template runs on (None: ranks ``0..tp-1``). ZeRO 0's is ZeRO
     1's less its optimizer's ZeRO-1 parts (:func:`without_zero`): one
     template lowered and simulated for both. ``fusion``: the kernels the
-    template's lowering fuses (:mod:`distsim.transforms.fusion`)."""
+    template's lowering fuses (:mod:`distsim.transforms.fusion`). ``split``:
+    the backward split into input- and weight-gradient parts (ZB-H1:
+    :attr:`~.blocks.LayerProfile.weight`)."""
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion))
+                                          fusion, split))
     return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
-                         collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion)
+                         collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
+                         split=split)
 
 
 def without_zero(profile: LayerProfile) -> LayerProfile:
@@ -240,7 +251,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron") -> LayerProfile:
+                  fusion: str = "megatron", split: bool = False) -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
@@ -252,7 +263,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     config = GPTConfig(**dict(config_items))
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
-                                     untie, optimizer, representatives, fusion)
+                                     untie, optimizer, representatives, fusion, split)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -314,7 +325,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             current = None
             orphans = []
             continue
-        kind = "B" if "phase" in meta else "F"
+        # a split backward's weight-gradient ops: the lowering's W task
+        kind = "W" if meta.get("task") == "W" else "B" if "phase" in meta else "F"
         if op.op_type == "depend" or meta.get("role") == "zero_gather":
             blk = None             # ZeRO-3 gathers name the layer they prefetch for
         if blk is None and (op.op_type == "depend" or used_param_name(op) is not None):
@@ -433,13 +445,64 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                                      forward_made)
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
+    weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, final_only,
+                            forward_made, lower, program) if split else {}
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
     data_emb, data_head = memory_excess(blocks, groups, times, trace, program, params, rank0,
-                                        final_only)
+                                        final_only, weight)
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
                         lower.master_dtype, dict(partition), time.perf_counter() - started, kept,
-                        data_emb, data_head)
+                        data_emb, data_head, weight)
+
+
+def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
+                   final_last: Dict[int, str], final_only: Dict[int, str], forward_made: set,
+                   lower: LowerSPMD, program: Function) -> Dict[str, Block]:
+    """A split backward's weight-gradient part of each block (the ops the
+    template's lowering moved to its W tasks,
+    :func:`~distsim.transforms.backward_split.weight_gradient_ops`), as a
+    :class:`Block` whose backward fields are W's: its times per micro-batch
+    class, op by op with the gradients it makes final, its tensor-parallel
+    collectives. The B part stays in ``blocks`` (their backward fields
+    measured on the B tasks); each part's FLOPs as LowerSPMD's task
+    ordering counts them (its tasks' ops). A W part's ``saved_bytes``: what
+    it reads that the forward or the B part made (a micro-batch's, rank
+    0's), which lives from the B task until the W task instead of being
+    freed by B; ``reads_data``: whether it reads a data input."""
+    roles = program.meta.get("roles", {})
+    data = {id(v) for v in program.inputs if roles.get(v.name) == "data"}
+    made = {id(v) for op in program.ops if op.meta.get("task") != "W" for v in op.outputs}
+    # what a W task reads that its B task (or the forward) made: a collective
+    # reading only those waits for none of W's compute
+    before = made | forward_made
+    task_flops: Dict[Tuple[str, str], float] = {}
+    for (kind, _), ops in lower.task_ops.items():
+        for op in ops:
+            blk = _block_of(op.meta.get("layer"), _TEMPLATE_LAYERS)
+            if blk in blocks and kind != "F":
+                task_flops[(kind, blk)] = task_flops.get((kind, blk), 0.0) + op_flops(op)
+    weight: Dict[str, Block] = {}
+    for name, part in blocks.items():
+        part.step_b_flops = task_flops.get(("B", name), 0.0)
+        w = weight[name] = Block(step_b_flops=task_flops.get(("W", name), 0.0))
+        w.b_first, w.b_first_busy, w.b_flops, w.tp_comm_b = stats(("W", 0, name))
+        w.b_mid, w.b_mid_busy, _, _ = stats(("W", 1, name))
+        w.b_last, w.b_last_busy, _, _ = stats(("W", LAST_MB, name))
+        w.b_tp_spans = tuple(tp_spans(("W", mb, name)) for mb in (0, 1, LAST_MB))
+        w.last = compress_segments(groups.get(("W", LAST_MB, name), []), times, final_last,
+                                   None, None, before)
+        w.only = compress_segments(groups.get(("W", 0, name), []), times, final_only, None,
+                                   None, before)
+        w.mid = compress_segments(groups.get(("W", 1, name), []), times, {}, None, None, before)
+        w.b_pre, w.b_post = edges(w.only)
+        w.comm_tail_first = _comm_tail(groups.get(("W", 0, name), []), times)
+        w.comm_tail_mid = _comm_tail(groups.get(("W", 1, name), []), times)
+        ops = groups.get(("W", 0, name), [])
+        read = {id(v): v for op in ops for v in op.inputs if id(v) in made}
+        w.saved_bytes = sum(v.type.size_bytes for v in read.values())
+        w.reads_data = any(id(v) in data for op in ops for v in op.inputs)
+    return weight
 
 
 def _out_tail(ops: List[Op], times, outs: set) -> float:

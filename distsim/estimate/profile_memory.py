@@ -20,7 +20,8 @@ from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
                    params: Dict[str, List[Param]], rank0: List[Op],
-                   final_only: Dict[int, str]) -> Tuple[int, int]:
+                   final_only: Dict[int, str],
+                   weight: Optional[Dict[str, Block]] = None) -> Tuple[int, int]:
     """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
     curve: the peak inside the block's time window minus what is known to
     be live then (weights and optimizer state, gradient buffers after the
@@ -29,7 +30,12 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     (each micro-batch's token ids and labels, inputs live from the step's
     start until the embedding's or the loss's backward reads them) are
     taken off the curve: the estimate counts them per micro-batch. Returns
-    a micro-batch's bytes of them read by the embedding and by the head."""
+    a micro-batch's bytes of them read by the embedding and by the head.
+    ``weight``: a split backward's weight-gradient parts
+    (:attr:`.blocks.LayerProfile.weight`): what each holds from its B task
+    to its W task (its ``saved_bytes``) is known to be live too, and each
+    part's excess is measured on its W task's window (its ``b_excess``,
+    ``b0_excess``)."""
     roles = program.meta.get("roles", {})
     zero3 = program.meta.get("strategy", {}).get("zero") == 3
     static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
@@ -69,10 +75,21 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     f_order = [EMB, "layer0", LAYER, HEAD]
     saved = {EMB: blocks[EMB].saved_bytes, "layer0": blocks[LAYER].saved_bytes,
              LAYER: blocks[LAYER].saved_bytes, HEAD: blocks[HEAD].saved_bytes}
+    # a split backward: what each block's W holds once its B has run
+    held = {n: weight[n if n != "layer0" else LAYER].saved_bytes if weight else 0
+            for n in f_order}
     for i, name in enumerate(f_order):
         if name not in blocks:
             continue
-        before = sum(saved[n] for n in f_order[:i])
+        # (the blocks after it ran their B first: their W's bytes are live)
+        before = sum(saved[n] for n in f_order[:i]) + sum(held[n] for n in f_order[i + 1:])
+        if weight and ("W", 0, name) in groups:
+            # its W: the W parts not run yet (its own, those before it)
+            upto = sum(held[n] for n in f_order[:i + 1])
+            w = weight[name]
+            w.b_excess = max(0.0, peak(*window(("W", LAST_MB, name))) - static - grads - upto)
+            w.b0_excess = max(0.0, peak(*window(("W", 0, name))) - static - grads - upto)
+        f_before = sum(saved[n] for n in f_order[:i])
         if ("F", 0, name) in groups:
             # ZeRO-3: the program's first block gathers with nothing before it
             # to gate on (no gate, the gathered value alone), every later
@@ -80,12 +97,12 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             # embedding's second forward is the one the other tasks repeat
             key = ("F", 1, name) if (name == EMB and zero3 and ("F", 1, name) in groups) \
                 else ("F", 0, name)
-            blocks[name].f_excess = max(0.0, peak(*window(key)) - static - grads - before)
+            blocks[name].f_excess = max(0.0, peak(*window(key)) - static - grads - f_before)
             blocks[name].f_reads = _read_excess(groups[key], times, peak,
-                                                static + grads + before)
+                                                static + grads + f_before)
             if zero3:
                 blocks[name].f_curve = gather_curve(
-                    groups[key], times, samples, stamps, static + grads + before,
+                    groups[key], times, samples, stamps, static + grads + f_before,
                     blocks[name].f_gather, params, producer, makers=makers)
         if ("B", LAST_MB, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", LAST_MB, name))) - static

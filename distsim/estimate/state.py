@@ -59,7 +59,7 @@ class Memo:
         #: ZeRO-3's op-by-op backward: per (block, first micro-batch's plan
         #: or not), its gathers grouped (:meth:`.backward.OpByOpBackward._gather_groups`)
         self.gather_groups: Dict[Tuple[str, bool], List[Tuple[float, int]]] = {}
-        self.segments: Dict[Tuple[str, bool], list] = {}
+        self.segments: Dict[Tuple[str, bool, str], list] = {}
         #: per group, ZeRO-3 with tensor parallelism: per (task kind, block,
         #: a backward past the first micro-batch), its block-level task
         #: entry by entry (:func:`.gates.entry_plan`)

@@ -82,6 +82,10 @@ class Builder:
         self.sync = StepSync(ctx)
         self.policy: SyncPolicy = SyncPolicy(ctx.strategy, self.sync, self.sync.nbytes)
         self.backward = ReplayedBackward(ctx, self.sync, self.policy, self.notes)
+        #: a split backward's (ZB-H1) weight-gradient tasks, op by op where
+        #: they make final gradients (the last micro-batch's)
+        self.weights = ReplayedBackward(ctx, self.sync, self.policy, self.notes)
+        self.weights.part = "W"
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
@@ -157,6 +161,10 @@ class Builder:
 
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
+        if kind == "W" and mb == ctx.microbatches - 1:
+            # a split backward's last weight gradients: op by op, each
+            # gradient's sync emitted where it becomes final
+            return self.weights.emit_last_backward(stage, c, ctx.blocks_of("W", c), ready)
         last_b = kind == "B" and mb == ctx.microbatches - 1
         if last_b and not ctx.scatter_each:
             return self.backward.last_backward(stage, c, ready)
@@ -212,9 +220,9 @@ class Builder:
                 if hit is None:
                     hit = placed[id(spans)] = (spans, [])
                 hit[1].append(end)
-            if kind == "B":      # its last collectives, outlasting its compute
+            if kind != "F":      # its last collectives, outlasting its compute
                 tl.free[2 * stage + 1] = max(tl.free[2 * stage + 1],
-                                             end + ctx.comm_tail(c, mb))
+                                             end + ctx.comm_tail(c, mb, kind))
         if kind == "B":          # block by block: the input gradient before its tail
             ctx.out_at = end - ctx.out_tail(c, mb)
         return end
@@ -295,7 +303,7 @@ class Builder:
         copy-ins or None)`` per block; a piece is a compute item ``(time, busy time,
         holds the communication stream)``."""
         ctx = self.ctx
-        blocks = ctx.profile.blocks
+        blocks = ctx.part(kind)
         order = ctx.blocks_of(kind, c)
         head = blocks[order[0][0]]
         # a backward starting with recomputation: that part is an item of its
@@ -361,7 +369,7 @@ class Builder:
         ctx = self.ctx
         if ctx.pp == 1:
             return None
-        blocks = ctx.profile.blocks
+        blocks = ctx.part(kind)
         cls = 0 if mb == 0 else (2 if mb == ctx.microbatches - 1 else 1)
         out = []
         end = 0.0
@@ -387,7 +395,7 @@ class Builder:
         (ZeRO-3 by layer: the unit's copy-out in place of the template's
         reshapes)."""
         ctx = self.ctx
-        blocks = ctx.profile.blocks
+        blocks = ctx.part(kind)
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
         if pre is not None and pre_shift:
@@ -425,8 +433,10 @@ class Builder:
         program order (:meth:`advance`, :meth:`complete`)."""
         ctx = self.ctx
         S, C, M = ctx.strategy, ctx.chunks, ctx.microbatches
-        work = tuple((k, c, ctx.task_work(k, c)) for k in ("F", "B") for c in range(C))
-        self._routes = {k: [self.sends(k, c) for c in range(C)] for k in ("F", "B")}
+        kinds = ("F", "B", "W") if ctx.profile.weight else ("F", "B")
+        work = tuple((k, c, ctx.task_work(k, c)) for k in kinds for c in range(C))
+        # (a weight-gradient task sends nothing: :meth:`sends`)
+        self._routes = {k: [self.sends(k, c) for c in range(C)] for k in kinds}
         return Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
 
     def _send(self, w: "Walk", task: Tuple[str, int, int]) -> None:
@@ -482,7 +492,10 @@ class Builder:
                                     recv.get(key, 0.0))
             kind, mb, c = task
             ready = recv.get(task, 0.0)
-            if kind == "B":
+            if kind == "W":          # after its own input-gradient task
+                ready = ends[("B", mb, c)] or 0.0
+                plan = None
+            elif kind == "B":
                 f_end = ends[("F", mb, c)] or 0.0
                 if f_end > ready:
                     ready = f_end

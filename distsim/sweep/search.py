@@ -1,19 +1,25 @@
 """``distsim search``: the fastest parallel strategy for a model on N GPUs.
 
-1. **Enumerate** every (dp, tp, pp) with ``dp * tp * pp == gpus``, crossed
-   with the extra options of ``space`` (e.g. ``{"zero": [0, 1],
-   "recompute": ["none", "selective"]}``; by default, for GPT models,
-   micro-batch sizes 1, 2, 4, 8 that divide each data-parallel rank's share
-   of the global batch). The global batch is the same for every point (the
-   model's or ``base["global_batch"]``), so every point trains the same
-   sequences per step and step time ranks them (as throughput would).
+1. **Enumerate** (:mod:`.search_space`) every (dp, tp, pp) with
+   ``dp * tp * pp * cp == gpus`` (``cp`` searched with ``space["cp"]``,
+   else fixed, default 1), crossed with the extra options of ``space``
+   (e.g. ``{"zero": [0, 1], "schedule": ["1f1b", "zb-h1"], "cp_comm":
+   ["allgather", "ring"]}``; by default, for GPT models, micro-batch sizes
+   1, 2, 4, 8 that divide each data-parallel rank's share of the global
+   batch, and for a mixture of experts every ``ep`` dividing dp and the
+   experts). The global batch is the same for every point (the model's or
+   ``base["global_batch"]``), so every point trains the same sequences per
+   step and step time ranks them (as throughput would).
 2. **Prune by memory** without estimating: a point whose weights alone
-   (parameters x dtype size / (tp x pp)) exceed a GPU's memory cannot fit.
-   The bound is a lower bound, so it never prunes a point that fits.
-3. **Estimate** every remaining point: GPT models (but mixtures of
-   experts) with the estimator
-   (:mod:`.estimate`, milliseconds each), other models by a simulation in
-   the analytical network mode; drop the invalid and out-of-memory ones.
+   (parameters x dtype size / (tp x pp), the routed experts' also / ep)
+   exceed a GPU's memory cannot fit. The bound is a lower bound, so it
+   never prunes a point that fits.
+3. **Estimate** every remaining point: a GPT point with the estimator
+   (:mod:`.estimate`, milliseconds each) where it models the point, and by
+   a simulation in the analytical network mode (with symmetry where exact,
+   and coarsening) where it does not (its NotModelledError); other models
+   by that simulation. Column ``estimated_by`` says which tier
+   (``estimate`` / ``simulate``). Drop the invalid and out-of-memory ones.
 4. **Simulate in full** the ``keep`` fastest estimates (``network_mode``,
    default ``flow``; GPT models with symmetry reduction and coarsening,
    both exact in step time) and rank them by their simulated step time.
@@ -34,18 +40,15 @@ from ..errors import ConfigError
 from ..keywords import strict_keywords
 from ..report.summary import GB, MS
 from .driver import sweep
+from .search_space import (STRATEGY_AXES, WEIGHTS_REASON, check_space, enumerate_points,
+                           expert_weights, model_config, weights_exceed, weights_lower_bound)
 from .spec import SweepSpec
 
 if TYPE_CHECKING:     # pandas is imported where a table is made (``import distsim`` stays fast)
     import pandas as pd
 
-STRATEGY_AXES = ("dp", "tp", "pp")
-#: Micro-batch sizes a search tries by default (those that divide the batch).
-DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 #: Estimates simulated in full by default.
 DEFAULT_KEEP = 2
-_DTYPE_BYTES = {"fp32": 4, "f32": 4, "float32": 4, "fp16": 2, "f16": 2, "bf16": 2,
-                "float16": 2, "bfloat16": 2, "fp8": 1}
 #: per model family, the options that trade time for memory (the MLP
 #: family has neither; an imported graph has no layers to recompute)
 _MEMORY_LEVERS = {"gpt": (("zero", "0,1,2,3"), ("recompute", "none,selective,full")),
@@ -54,14 +57,8 @@ _MEMORY_LEVERS = {"gpt": (("zero", "0,1,2,3"), ("recompute", "none,selective,ful
 #: that a fused (FlashAttention) kernel never holds: the biggest memory
 #: lever at long sequences, named when the model's attention is explicit
 _ATTENTION_LEVER = ("attention", "explicit,fused")
-#: how a point pruned by the weights bound is explained (and recognised)
-_WEIGHTS_REASON = "weights alone need"
 _CHOSEN = (*STRATEGY_AXES, "model", "topology", "network_mode", "fidelity", "symmetry",
            "coarsen")
-
-
-def divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass
@@ -90,13 +87,13 @@ class SearchResult:
 
     def table(self, top: int = 5) -> str:
         import pandas as pd
-        lines = [f"{'rank':>4}  {'step ms':>10}  {'est. ms':>10}  {'tokens/s':>10}  "
-                 f"{'peak GB':>8}  {'MFU':>6}  strategy"]
+        lines = [f"{'rank':>4}  {'step ms':>10}  {'est. ms':>10}  {'est. by':>8}  "
+                 f"{'tokens/s':>10}  {'peak GB':>8}  {'MFU':>6}  strategy"]
         for i, (_, r) in enumerate(self.ranking.head(top).iterrows(), 1):
             mfu = "" if pd.isna(r["mfu"]) else f"{r['mfu']:.3f}"
             tps = "" if pd.isna(r["tokens_per_s"]) else f"{r['tokens_per_s']:.4g}"
             lines.append(f"{i:>4}  {r['step_time_s'] * MS:10.4f}  "
-                         f"{r['estimate_s'] * MS:10.4f}  {tps:>10}  "
+                         f"{r['estimate_s'] * MS:10.4f}  {r['estimated_by']:>8}  {tps:>10}  "
                          f"{r['max_peak_memory_bytes'] / GB:8.2f}  {mfu:>6}  "
                          + _name(r, self.axes))
         return "\n".join(lines)
@@ -121,8 +118,11 @@ class SearchResult:
                     parts.append((abs(d), f"{label} {'+' if d > 0 else '-'}{abs(d) * MS:.4f} ms"))
             parts.sort(reverse=True)
             pct = 100 * gap / best["step_time_s"] if best["step_time_s"] else 0.0
+            differ = [f"{a} {_plain(second[a])} (best {_plain(best[a])})" for a in self.axes
+                      if _plain(second[a]) != _plain(best[a])]
             out.append(f"runner-up: {_name(second, self.axes)} is {gap * MS:.4f} ms "
-                       f"({pct:.1f} %) slower: " + (", ".join(p for _, p in parts) or "same split"))
+                       f"({pct:.1f} %) slower: " + (", ".join(p for _, p in parts) or "same split")
+                       + ("; it differs in " + ", ".join(differ) if differ else ""))
         est = self.estimates
         n_oom = int(est["oom"].fillna(False).astype(bool).sum()) if len(est) else 0
         n_bad = int((est["status"] != "ok").sum()) if len(est) else 0
@@ -161,7 +161,7 @@ class SearchResult:
             parts.append(f"{sum(counts.values())} invalid or failed, e.g. "
                          + "; ".join(f"{n} x {text}" for text, n in top))
         text = ", ".join(parts) if parts else "no strategy to try"
-        short_of_memory = oom or any(str(r).startswith(_WEIGHTS_REASON)
+        short_of_memory = oom or any(str(r).startswith(WEIGHTS_REASON)
                                      for r in self.pruned.get("reason", ()))
         if short_of_memory and self.memory_options:
             text += "; to save memory, also search " + " ".join(self.memory_options)
@@ -199,48 +199,6 @@ def _split(row: pd.Series) -> str:
             f"{_part(row, 'exposed_communication_s') * MS:.4f} + bubble "
             f"{_part(row, 'bubble_s') * MS:.4f} + other idle "
             f"{_part(row, 'other_idle_s') * MS:.4f} ms")
-
-
-def _model_config(model: Any, overrides: Mapping[str, Any]) -> Dict[str, Any]:
-    from ..models import load_model_config
-    config = load_model_config(model)
-    config.update({k: v for k, v in overrides.items() if k in config and v is not None})
-    if overrides.get("batch") is not None and config.get("family") == "gpt":
-        config["global_batch"] = overrides["batch"]
-    return config
-
-
-def _weights_lower_bound(model: Any, overrides: Mapping[str, Any]) -> Optional[float]:
-    """Bytes of the model's weights (parameters x dtype size), or None when
-    the model family does not say its parameter count."""
-    from ..models import family_of
-    config = _model_config(model, overrides)
-    try:
-        described = family_of(config).describe(config)
-    except Exception:  # a family that cannot describe this config: no bound
-        return None
-    params = described.get("parameters") if isinstance(described, Mapping) else None
-    size = _DTYPE_BYTES.get(str(config.get("dtype", "")).lower())
-    if not isinstance(params, (int, float)) or not size:
-        return None
-    return float(params) * size
-
-
-def _weights_exceed(weights: Optional[float], capacity: Optional[float],
-                    point: Mapping[str, Any], base: Mapping[str, Any]) -> Optional[str]:
-    """Why ``point`` cannot fit, from its weights alone (None when it may):
-    each GPU holds at least 1/(tp x pp) of the weights, or 1/(tp x pp x dp)
-    under ZeRO 3, which shards them over the data-parallel ranks too (a
-    bound over tp x pp alone pruned ZeRO-3 points that fit)."""
-    if weights is None or not capacity:
-        return None
-    split = point["tp"] * point["pp"]
-    if point.get("zero", base.get("zero")) == 3:
-        split *= point["dp"]
-    need = weights / split
-    if need <= capacity:
-        return None
-    return f"{_WEIGHTS_REASON} {need / GB:.1f} GB per GPU > {capacity / GB:.1f} GB"
 
 
 class _Log:
@@ -293,63 +251,32 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
         if axis in base:
             raise ConfigError(f"search: {axis} is chosen by the search; do not fix it in base")
     space = {k: list(v) for k, v in (space or {}).items()}
-    for k in ("cp", "cp_comm"):
-        if k in space or base.get(k, 1 if k == "cp" else "allgather") not in (1, "allgather"):
-            # every point is estimated first, and the estimator refuses cp
-            raise ConfigError(f"search: {k}: context parallelism is not searched (the estimator "
-                              "does not model it); compare cp points with distsim sweep, "
-                              "fidelity: simulate")
     for k, values in space.items():
         _check_space_values(k, values)
         if k in _CHOSEN:
             raise ConfigError(f"--space {k}: dp, tp and pp are always searched"
                               if k in STRATEGY_AXES else
                               f"--space {k}: chosen by the search, not searchable")
-    config = _model_config(model, base)
+    config = model_config(model, base)
     is_gpt = config.get("family") == "gpt"
-    # the estimator covers GPT models without experts (it refuses MoE)
-    estimable = is_gpt and not config.get("experts")
-    batch = base.get("global_batch") or (config.get("global_batch") if is_gpt else None)
-    default_mb = is_gpt and not ({"micro_batch", "microbatches"} & (set(space) | set(base)))
-
-    points: List[Dict[str, Any]] = []
-    pruned: List[Dict[str, Any]] = []
-    for tp in divisors(gpus):
-        for pp in divisors(gpus // tp):
-            strategy = {"dp": gpus // (tp * pp), "tp": tp, "pp": pp}
-            extra = dict(space)
-            if default_mb:
-                share = batch // strategy["dp"] if batch and batch % strategy["dp"] == 0 else 0
-                sizes = [m for m in DEFAULT_MICRO_BATCHES if share and share % m == 0]
-                if not sizes:
-                    pruned.append({**strategy, "reason": f"dp {strategy['dp']} does not divide "
-                                                         f"the global batch {batch}"})
-                    continue
-                extra["micro_batch"] = sizes
-            combos: List[Dict[str, Any]] = [{}]
-            for k, values in extra.items():
-                combos = [{**c, k: v} for c in combos for v in values]
-            points.extend({**strategy, **c} for c in combos)
-    axes = list(dict.fromkeys([*STRATEGY_AXES, *space,
-                               *(["micro_batch"] if default_mb else [])]))
+    check_space(space, base, config, gpus)
+    points, pruned, axes = enumerate_points(gpus, space, base, config)
 
     capacity = topo.device_spec.memory_bytes if getattr(topo, "device_spec", None) else None
-    weights = _weights_lower_bound(model, base)
+    weights = weights_lower_bound(model, base)
+    experts = expert_weights(config)
     kept = []
     for p in points:
-        reason = _weights_exceed(weights, capacity, p, base)
+        reason = weights_exceed(weights, experts, capacity, p, base)
         if reason:
             pruned.append({**p, "reason": reason})
         else:
             kept.append(p)
     fixed = {"model": model, "topology": topology, **base}
-    how = "the estimator" if estimable else "analytical simulations"
     log(f"{len(kept) + len(pruned)} strategies for {gpus} GPUs ({len(pruned)} pruned: "
-        f"the memory bound, or dp not dividing the batch); estimating {len(kept)} with {how}")
-    first = {**fixed, "fidelity": "estimate"} if estimable else {**fixed,
-                                                                 "network_mode": "analytical"}
-    estimates = _run(first, kept, axes, "search: estimates", workers=workers,
-                     scheduler=None if estimable else scheduler, progress=progress)
+        "the memory bound, or dp not dividing the batch)")
+    estimates = _first_stage(fixed, kept, axes, is_gpt, log, workers=workers,
+                             scheduler=scheduler, progress=progress)
     ok = estimates[(estimates["status"] == "ok")
                    & ~estimates["oom"].fillna(False).astype(bool)] if len(estimates) else estimates
     if len(ok):
@@ -358,28 +285,29 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     chosen = ok.head(keep)
     chosen_points = [{a: _plain(r[a]) for a in axes} for _, r in chosen.iterrows()]
     reduced = {"coarsen": True} if is_gpt else {}
-    if estimable:
-        # symmetry, unless the point's ZeRO shards differ between ranks (the
-        # simulator refuses that reduced program; the estimate did not use it);
-        # a MoE model, which the estimator does not resolve, runs without
-        from ..estimate import symmetry_applies
-        chosen_points = [{**p, "symmetry": symmetry_applies({**fixed, **p})}
-                         for p in chosen_points]
+    if is_gpt:
+        chosen_points = [{**p, "symmetry": _symmetric({**fixed, **p})} for p in chosen_points]
     log(f"{len(ok)} of {len(kept)} fit in memory; simulating the {len(chosen_points)} fastest "
         f"in full ({network_mode} network"
-        + ((_reduction_note(chosen_points) if estimable else ", coarsening") if is_gpt else "")
-        + ")")
-    if not is_gpt and network_mode == "analytical":
-        full = chosen.copy()
-    else:
-        full = _run({**fixed, "network_mode": network_mode, **reduced}, chosen_points, axes,
-                    "search: full simulations", workers=workers, scheduler=scheduler,
-                    progress=progress)
-    full = full.copy()
-    estimate_of = {tuple(_plain(r[a]) for a in axes): r["step_time_s"]
-                   for _, r in chosen.iterrows()}
-    full["estimate_s"] = [estimate_of.get(tuple(_plain(r[a]) for a in axes), math.nan)
-                          for _, r in full.iterrows()]
+        + (_reduction_note(chosen_points) if is_gpt else "") + ")")
+    # a point the first stage simulated analytically (with the same
+    # reductions) is not simulated again in that mode
+    again = [network_mode != "analytical" or tier == "estimate"
+             for tier in chosen["estimated_by"]]
+    full = _run({**fixed, "network_mode": network_mode, **reduced},
+                [p for p, a in zip(chosen_points, again) if a], axes,
+                "search: full simulations", workers=workers, scheduler=scheduler,
+                progress=progress)
+    copied = chosen.iloc[[i for i, a in enumerate(again) if not a]]
+    full = pd.concat([f for f in (full, copied) if len(f)] or [full], ignore_index=True)
+    # each full row with its first-stage tier and figure, numbered by its
+    # estimate's rank (the tie-break of equal step times)
+    first = {_key(r, axes): (i, r["estimated_by"], r["step_time_s"])
+             for i, (_, r) in enumerate(chosen.iterrows())}
+    rows = [first[_key(r, axes)] for _, r in full.iterrows()]
+    full["index"] = [i for i, _, _ in rows]
+    full["estimated_by"] = [tier for _, tier, _ in rows]
+    full["estimate_s"] = [est for _, _, est in rows]
     ranking = full[(full["status"] == "ok") & ~full["oom"].fillna(False).astype(bool)] \
         if len(full) else full
     ranking = ranking.sort_values(["step_time_s", "index"]).reset_index(drop=True)
@@ -392,6 +320,66 @@ def search(model: Any, topology: str, gpus: Optional[int] = None, *,
     memory_options = [f"--space {k}={v}" for k, v in levers if k not in space and k not in base]
     return SearchResult(estimates, full, ranking, pd.DataFrame(pruned), axes, gpus,
                         memory_options)
+
+
+def _first_stage(fixed: Mapping[str, Any], points: List[Dict[str, Any]], axes: List[str],
+                 is_gpt: bool, log: _Log, workers: Optional[int], scheduler: Any,
+                 progress: bool) -> pd.DataFrame:
+    """Every point estimated: a GPT point by the estimator where it models
+    the point, and by an analytical simulation where it does not (its
+    NotModelledError: a ``skipped`` row) or for a model of another family.
+    Column ``estimated_by`` says which (``estimate`` / ``simulate``)."""
+    import pandas as pd
+    simulated = list(range(len(points)))
+    frames = []
+    if is_gpt:
+        log(f"estimating {len(points)} with the estimator (where it does not model a point: "
+            "an analytical simulation)")
+        est = _run({**fixed, "fidelity": "estimate"}, points, axes, "search: estimates",
+                   workers=workers, scheduler=None, progress=progress)
+        unmodelled = est["status"] == "skipped"
+        simulated = [int(i) for i in est.loc[unmodelled, "index"]]
+        frames.append(est[~unmodelled])
+        if simulated:
+            reasons = est.loc[unmodelled, "reason"].astype(str).value_counts()
+            log(f"the estimator does not model {len(simulated)} of {len(points)} (e.g. "
+                f"{reasons.index[0]}); simulating them analytically")
+    else:
+        log(f"estimating {len(points)} with analytical simulations")
+    if simulated:
+        chosen = [points[i] for i in simulated]
+        if is_gpt:      # reduced as the full simulations are (exact in step time)
+            chosen = [{**p, "symmetry": _symmetric({**fixed, **p})} for p in chosen]
+        sim = _run({**fixed, "network_mode": "analytical", **({"coarsen": True} if is_gpt else {})},
+                   chosen, axes, "search: analytical estimates", workers=workers,
+                   scheduler=scheduler, progress=progress)
+        sim["index"] = [simulated[int(i)] for i in sim["index"]]
+        frames.append(sim)
+    frames = [f for f in frames if len(f)]
+    df = pd.concat(frames, ignore_index=True) if frames else _empty_frame(axes)
+    df["estimated_by"] = df["fidelity"]
+    by = df["estimated_by"].value_counts()
+    log(f"estimated {len(df)}: {int(by.get('estimate', 0))} by the estimator, "
+        f"{int(by.get('simulate', 0))} by analytical simulation")
+    return df.sort_values("index").reset_index(drop=True)
+
+
+def _symmetric(options: Mapping[str, Any]) -> bool:
+    """Whether a simulation of these GPT options may use ``symmetry``
+    (exact): not when its ZeRO shards differ between ranks. The estimator's
+    check (:func:`~.estimate.symmetry_applies`) where it resolves the
+    point; otherwise only without sharded ZeRO state (ZeRO 0, or one
+    data-parallel rank, context-parallel ranks counted with them)."""
+    from ..estimate import symmetry_applies
+    try:
+        return symmetry_applies(options)
+    except ConfigError:   # not modelled by the estimator (or invalid: refused anyway)
+        ranks = (options.get("dp") or 1) * (options.get("cp") or 1)
+        return not options.get("zero") or ranks == 1
+
+
+def _key(row: pd.Series, axes: Sequence[str]) -> tuple:
+    return tuple(_plain(row[a]) for a in axes)
 
 
 def _reduction_note(points: List[Dict[str, Any]]) -> str:

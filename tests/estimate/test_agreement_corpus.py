@@ -7,7 +7,9 @@ Every option the estimator covers is varied: GPT-2, GPT-3 1.3B and Llama
 shapes with 2-8 layers and shorter sequences, ``tiny`` and the generic
 ``gpt``; dgx-a100 (one and two nodes) and the PCIe workstation; tp x pp x
 dp and the mesh order; micro-batch sizes and counts; 1F1B, GPipe and
-interleaved schedules (virtual stages), balanced partitions; sequence
+interleaved schedules (virtual stages), balanced partitions, and apart
+the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-2, ZeRO 2
+reduce-scattering after the backward pass with data parallelism); sequence
 parallelism; ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
 invalid point must be refused by both, with the same error class.
@@ -46,14 +48,17 @@ def _divisors(n: int, most: int):
 
 
 @st.composite
-def configurations(draw) -> Dict[str, Any]:
-    """One configuration as ``distsim simulate`` options (analytical network)."""
+def configurations(draw, zero_bubble: bool = False) -> Dict[str, Any]:
+    """One configuration as ``distsim simulate`` options (analytical network);
+    ``zero_bubble``: a pipeline under ZB-H1, with what the estimator walks
+    of it (ZeRO 2 over dp reduce-scattering after the backward pass, no
+    ZeRO 3 over dp)."""
     model = draw(st.sampled_from(sorted(MODELS)))
     layer_counts, seqs = MODELS[model]
     topology = draw(st.sampled_from(sorted(TOPOLOGIES)))
     n = TOPOLOGIES[topology]
-    tp = draw(st.sampled_from(_divisors(n, 8)))
-    pp = draw(st.sampled_from(_divisors(n // tp, 4)))
+    tp = draw(st.sampled_from([d for d in _divisors(n, 8) if not zero_bubble or n // d > 1]))
+    pp = draw(st.sampled_from([d for d in _divisors(n // tp, 4) if not zero_bubble or d > 1]))
     dp = n // (tp * pp)
     o: Dict[str, Any] = {"model": model, "topology": topology, "dp": dp, "tp": tp, "pp": pp,
                          "layers": draw(st.sampled_from(layer_counts)),
@@ -65,7 +70,9 @@ def configurations(draw) -> Dict[str, Any]:
     microbatches = draw(st.integers(1, 8 if pp > 1 else 3))
     o["micro_batch"] = micro_batch
     o["global_batch"] = dp * micro_batch * microbatches
-    if pp > 1:
+    if zero_bubble:
+        o["schedule"] = "zb-h1"
+    elif pp > 1:
         o["schedule"] = draw(st.sampled_from(["1f1b", "gpipe", "interleaved"]))
         if o["schedule"] == "interleaved":
             o["virtual_stages"] = draw(st.integers(2, 4))
@@ -89,6 +96,10 @@ def configurations(draw) -> Dict[str, Any]:
     if order is not None:
         o["order"] = order
     o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
+    if zero_bubble and dp > 1 and o["zero"] >= 2:
+        o.update(zero=2, bucket_mb=0)
+        o.pop("prefetch", None)
+        o.pop("zero3_unit", None)
     # the default fusion (none); fused points are the examples below
     return o
 
@@ -277,6 +288,20 @@ def _relative(estimated: float, simulated: float) -> float:
                                  HealthCheck.data_too_large])
 @given(configurations())
 def test_the_estimate_agrees_with_the_simulation(options):
+    _agrees(options)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=100,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                 HealthCheck.data_too_large])
+@given(configurations(zero_bubble=True))
+def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
+    _agrees(options)
+
+
+def _agrees(options: Mapping[str, Any]) -> None:
+    """Both refuse ``options`` with the same error class, or agree within
+    the bound on step time and peak memory."""
     row, refused = _outcome(lambda: estimate(options))
     summary, sim_refused = _outcome(lambda: distsim.simulate(**options).summary())
     assert refused == sim_refused, (f"estimate refused with {refused}, "

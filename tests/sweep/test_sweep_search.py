@@ -7,7 +7,7 @@ import distsim
 from distsim.cli import main
 from distsim.errors import ConfigError
 from distsim.sweep import search
-from distsim.sweep.search import _weights_lower_bound
+from distsim.sweep.search_space import weights_lower_bound as _weights_lower_bound
 
 
 def test_search_finds_the_exhaustive_best():
@@ -135,13 +135,16 @@ def test_mostly_out_of_memory_names_the_memory_options_too():
 
 
 
-def test_a_mixture_of_experts_is_searched_by_simulation(capsys):
-    # the estimator refuses MoE models: the first stage simulates them in
-    # the analytical network mode, as other families, and the best runs in full
+def test_a_mixture_of_experts_is_estimated_by_the_tier_that_models_it(capsys):
+    # each point by the estimator where it models a mixture of experts, else
+    # by an analytical simulation; the column and the progress line say which
     moe = {"family": "gpt", "name": "tiny-moe", "layers": 2, "hidden": 32, "heads": 4,
            "vocab": 64, "seq": 16, "global_batch": 8, "experts": 4, "top_k": 2}
     result = search(moe, "workstation-4gpu-pcie", 4, keep=1, network_mode="analytical",
                     workers=1, progress=True)
-    assert set(result.estimates["fidelity"]) == {"simulate"}
-    assert (result.estimates["status"] == "ok").any() and len(result.ranking) == 1
-    assert "with analytical simulations" in capsys.readouterr().err
+    est = result.estimates
+    assert (est["estimated_by"] == est["fidelity"]).all()
+    assert (est["status"] == "ok").any() and len(result.ranking) == 1
+    by = est["estimated_by"].value_counts()
+    assert (f"estimated {len(est)}: {by.get('estimate', 0)} by the estimator, "
+            f"{by.get('simulate', 0)} by analytical simulation") in capsys.readouterr().err

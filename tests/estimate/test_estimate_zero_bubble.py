@@ -1,0 +1,114 @@
+"""The estimator under the zero-bubble ZB-H1 schedule against the full
+simulation (analytical network), at the contract's bound
+(:data:`~distsim.estimate.AGREEMENT_TOLERANCE`) on step time and peak
+memory: pipelines of 2 and 4 stages, 4-8 micro-batches, tensor and
+sequence parallelism, recomputation, data parallelism with per-gradient
+syncs, buckets and syncs after the backward, ZeRO 0-2 (ZeRO 2 with
+``bucket_mb 0``; ZeRO 2/3 at dp 1), per-group communication streams.
+
+The profile's split is the lowering's (its template lowered with the
+schedule, each block's B and W parts read off its W tasks), so B and W
+together are the whole backward of the 1F1B profile; a split the
+estimator does not walk (reduce-scatters per micro-batch, ZeRO-3's
+gathers over dp) is refused in one line, and a sweep skips the point
+with that reason.
+"""
+from __future__ import annotations
+
+import pytest
+
+import distsim
+from distsim.errors import NotModelledError
+from distsim.estimate import estimate
+from distsim.estimate import point as est
+from distsim.estimate.profile import layer_profile
+from distsim.sweep.point import run_point
+
+from estimate_pairs import assert_within_bounds
+
+GPT2 = {"model": "gpt2", "topology": "dgx-a100", "layers": 4, "seq": 256,
+        "schedule": "zb-h1", "network_mode": "analytical"}
+
+
+@pytest.mark.parametrize("options", [
+    # two stages, tensor x data parallelism, gradients all-reduced one by one
+    dict(GPT2, tp=2, pp=2, dp=2, micro_batch=2, global_batch=16),
+    # ZeRO 1 with 5 MB buckets flushed from the W tasks
+    dict(GPT2, tp=2, pp=2, dp=2, micro_batch=2, global_batch=16, zero=1, bucket_mb=5),
+    # ZeRO 1, 1 MB buckets, balanced stages of 4
+    dict(GPT2, tp=1, pp=4, dp=2, micro_batch=2, global_batch=16, zero=1, bucket_mb=1,
+         partition="balanced"),
+    # syncs after the backward (bucket_mb 0), 8 layers over 4 stages
+    dict(GPT2, tp=1, pp=4, dp=2, layers=8, micro_batch=1, global_batch=12, bucket_mb=0),
+    # ZeRO 2 reduce-scattering after the backward
+    dict(GPT2, tp=2, pp=2, dp=2, micro_batch=1, global_batch=12, zero=2, bucket_mb=0),
+    # sequence parallelism: W's re-gathered inputs and layernorm gradients'
+    # all-reduces (they wait for none of W's compute)
+    dict(GPT2, tp=2, pp=4, dp=1, micro_batch=1, global_batch=5, sp=True,
+         recompute="selective"),
+    # full recomputation, 4 micro-batches, per-group streams
+    dict(GPT2, model="llama2-7b", tp=2, pp=4, dp=1, micro_batch=1, global_batch=6,
+         recompute="full", comm_streams="per-group"),
+    # ZeRO 3 at dp 1 (nothing to gather)
+    dict(GPT2, tp=4, pp=2, dp=1, micro_batch=1, global_batch=6, zero=3),
+    # fused kernels, per-group streams, ZeRO 1
+    dict(GPT2, tp=2, pp=2, dp=2, micro_batch=1, global_batch=12, zero=1,
+         comm_streams="per-group", fusion="megatron"),
+], ids=["tp2-pp2-dp2", "zero1-5mb", "zero1-1mb-pp4", "bucket0-pp4", "zero2-bucket0", "sp",
+        "recompute-per-group", "zero3-dp1", "fused"])
+def test_the_estimate_agrees_with_the_simulation(options):
+    assert_within_bounds(options)
+
+
+def test_the_bubble_formula_case_is_the_simulators():
+    # the tiny GPT, 8 layers over 4 stages, 8 micro-batches (the schedule's
+    # bubble case): the estimated step is the simulated one, and shorter
+    # than 1F1B's on the same stages, as the simulation's is
+    options = {"model": "tiny", "topology": "dgx-a100", "tp": 2, "pp": 4, "dp": 1,
+               "layers": 8, "micro_batch": 1, "global_batch": 8, "schedule": "zb-h1",
+               "network_mode": "analytical"}
+    row = estimate(options)
+    sim = distsim.simulate(**options).summary()
+    assert row["step_time_s"] == pytest.approx(sim["step_time_s"], rel=1e-6)
+    assert row["max_peak_memory_bytes"] == pytest.approx(sim["max_peak_memory_bytes"],
+                                                         rel=1e-3)
+    one = estimate({**options, "schedule": "1f1b"})
+    assert row["step_time_s"] < one["step_time_s"]
+    assert row["bubble_fraction"] < one["bubble_fraction"]
+
+
+def test_b_and_w_are_the_whole_backward():
+    # the split profile's B and W FLOPs (as the lowering's task order counts
+    # them) add up to the unsplit profile's backward, block by block, and
+    # each gradient becomes final in exactly one of them
+    options = dict(GPT2, tp=2, pp=2, dp=2, micro_batch=1, global_batch=8)
+    split = est.profile_key(est.resolve(options))
+    assert split[-1] is True
+    one = est.profile_key(est.resolve({**options, "schedule": "1f1b"}))
+    assert one[-1] is False and one[:-1] == split[:-1]
+    zb, whole = layer_profile(*split), layer_profile(*one)
+    assert not whole.weight and set(zb.weight) == set(zb.blocks)
+    for name, blk in zb.blocks.items():
+        w = zb.weight[name]
+        assert blk.step_b_flops + w.step_b_flops == pytest.approx(
+            whole.blocks[name].step_b_flops, rel=1e-12)
+        assert blk.b_flops + w.b_flops == pytest.approx(whole.blocks[name].b_flops, rel=1e-9)
+        final = [s.param for segs in (blk.last, w.last) for s in segs if s.kind == "g"]
+        assert sorted(final) == sorted(p.name for p in zb.params[name])
+    # a layer's weight gradients are W's, its norms' (with the input gradient) B's
+    layer_w = {s.param for s in zb.weight["layer"].last if s.kind == "g"}
+    assert layer_w and all("ln" not in p for p in layer_w)
+    assert {s.param for s in zb.blocks["layer"].last if s.kind == "g"} \
+        == {p.name for p in zb.params["layer"]} - layer_w
+
+
+@pytest.mark.parametrize("extra", [dict(zero=2), dict(zero=3, bucket_mb=0)],
+                         ids=["zero2", "zero3"])
+def test_an_unwalked_split_is_refused_in_one_line_and_skipped(extra):
+    options = {"model": "tiny", "topology": "dgx-a100", "dp": 2, "pp": 4,
+               "schedule": "zb-h1", **extra}
+    with pytest.raises(NotModelledError, match="schedule 'zb-h1'.*fidelity: simulate") as err:
+        estimate(options)
+    assert "\n" not in str(err.value)
+    row = run_point({**options, "fidelity": "estimate"})
+    assert row["status"] == "skipped" and "zb-h1" in row["reason"]
