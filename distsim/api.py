@@ -37,7 +37,7 @@ from .report.chrome_trace import (TracePlan,
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
 from .sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
-from .sim.launch_queue import DEFAULT_LAUNCH, check_launch
+from .sim.launch_queue import DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, check_comm_order, check_launch
 from .sim.collectives import check_algorithm_name
 from .sim.simulator import SimulationOptions, simulate_function
 from .sim.trace import Trace
@@ -301,7 +301,7 @@ def build_program(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
                   partition: Optional[str] = None, prefetch: Optional[int] = None,
                   zero3_unit: Optional[str] = None, order: Optional[str] = None,
                   plan: Optional[str] = None, fusion: Optional[str] = None,
-                  ep: Optional[int] = None,
+                  ep: Optional[int] = None, tp_overlap: Optional[bool] = None,
                   symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
                   max_ops: Optional[int] = None, verify_program: bool = True) -> tuple:
     """Resolve the model config, topology and strategy and build the
@@ -434,10 +434,11 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              partition: Optional[str] = None, prefetch: Optional[int] = None,
              zero3_unit: Optional[str] = None, order: Optional[str] = None,
              plan: Optional[str] = None, fusion: Optional[str] = None,
-             ep: Optional[int] = None,
+             ep: Optional[int] = None, tp_overlap: Optional[bool] = None,
              symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
              network_mode: str = "flow", collective_algo: str = "auto",
              comm_streams: str = DEFAULT_COMM_STREAMS, launch: str = DEFAULT_LAUNCH,
+             comm_order: str = DEFAULT_COMM_ORDER,
              max_ops: Optional[int] = None, max_wall_s: Optional[float] = None,
              max_trace_records: Optional[int] = None, record_links: bool = False,
              progress: Optional[Callable[[str], None]] = None) -> SimulationResult:
@@ -465,6 +466,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     check_algorithm_name(collective_algo)
     check_comm_streams(comm_streams)
     check_launch(launch)
+    check_comm_order(comm_order)
     if not isinstance(record_links, bool):
         raise ConfigError(f"distsim.simulate: record_links: must be True or False, "
                           f"got {record_links!r}")
@@ -483,13 +485,14 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
             verified = [_verified(program, topo)]
         say(f"simulating {len(program.ops):,} ops on {topo.num_devices:,} devices")
         config.update(network_mode=network_mode, collective_algo=collective_algo,
-                      comm_streams=comm_streams, launch=launch)
+                      comm_streams=comm_streams, launch=launch, comm_order=comm_order)
         # Symmetry: a family that built a reduced program (meta "represents")
         # has applied it already; otherwise the simulator finds the classes.
         symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
         options_ = SimulationOptions(network_mode=network_mode,
                                      collective_algorithm=collective_algo,
                                      comm_streams=comm_streams, launch=launch,
+                                     comm_order=comm_order,
                                      symmetry=symmetry,
                                      max_wall_s=clock.remaining(), record_links=record_links)
         # the event loop stops itself at the deadline, naming the blocked

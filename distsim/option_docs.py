@@ -53,6 +53,11 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
            "data-parallel ranks shares out the experts, tokens dispatched and combined by "
            "all-to-all (must divide dp and the experts; default 1)"),
     ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
+    ("tp_overlap", "the backward's tensor-parallel all-reduce (reduce-scatter with sp) of a "
+                   "layer's input gradient issued before the weight-gradient GEMM, to overlap "
+                   "it, as Megatron-LM's async all-reduce; false (default): after it, as "
+                   "Megatron-LM v2 (2021). Shows in time under comm_order 'stream' (the "
+                   "estimator refuses true with tp > 1)"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),
     ("recompute", "activation recomputation: 'none' (default), 'selective', 'full'"),
@@ -110,6 +115,12 @@ RUN: Group = ("Simulation", (
                "point-to-point transfers at a time per device, in program order, no "
                "compute/communication overlap, the host's launch time before each; the "
                "estimator refuses it)"),
+    ("comm_order", "when a collective may start: 'inputs' (default: once its inputs are "
+                   "ready and every member has reached it, overlapping compute issued before "
+                   "it) or 'stream' (also no earlier than the end of the compute op issued "
+                   "before it on its device, as PyTorch's ProcessGroupNCCL orders the "
+                   "communication stream behind the compute stream; the estimator refuses "
+                   "it)"),
     ("max_ops", "refuse, before building it, a program estimated at more than this many "
                 "ops (None: 50,000,000; 0: no limit)"),
     ("max_wall_s", "stop a run still going after this many seconds of wall-clock time, "

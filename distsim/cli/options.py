@@ -63,6 +63,13 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                         "combined by all-to-all (must divide --dp and the experts; default: 1)")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel regions (needs --tp > 1)")
+    g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   dest="tp_overlap",
+                   help="issue the backward's tensor-parallel all-reduce (reduce-scatter with "
+                        "--sp) of a layer's input gradient before the weight-gradient GEMM, to "
+                        "overlap it, as Megatron-LM's async all-reduce; --no-tp-overlap "
+                        "(default): after it, as Megatron-LM v2 (2021). It shows in time under "
+                        "--comm-order stream (the estimator refuses --tp-overlap with --tp > 1)")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP) "
                         "sharded over data-parallel ranks (default: 0)")
@@ -179,7 +186,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "capacity_factor", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
-                "prefetch", "zero3_unit", "order", "plan", "fusion", "ep"):
+                "prefetch", "zero3_unit", "order", "plan", "fusion", "ep", "tp_overlap"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

@@ -12,7 +12,7 @@ from ..program_file import is_program_model
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from ..report.summary import summary_json
 from ..sim.comm_queues import COMM_STREAM_MODES, DEFAULT_COMM_STREAMS
-from ..sim.launch_queue import DEFAULT_LAUNCH, LAUNCH_MODES
+from ..sim.launch_queue import COMM_ORDERS, DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, LAUNCH_MODES
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
 from .status_line import StatusLine
@@ -59,6 +59,12 @@ def add_parser(sub) -> None:
                         "in program order, with no overlap of compute and communication, and "
                         "pays the host's launch time (host_launch_s) before each "
                         "(default: %(default)s)")
+    g.add_argument("--comm-order", choices=COMM_ORDERS, default=DEFAULT_COMM_ORDER,
+                   help="inputs: a collective starts once its inputs are ready and every "
+                        "member has reached it, overlapping compute issued before it; stream: "
+                        "also no earlier than the end of the compute op issued before it on "
+                        "its device, as PyTorch's ProcessGroupNCCL orders its streams (the "
+                        "estimator refuses it; default: %(default)s)")
     g.add_argument("--max-wall-s", type=float, dest="max_wall_s", default=0.0, metavar="S",
                    help="stop a simulation still running after S seconds of wall-clock time "
                         "with an error listing the blocked ops per device (exit status 2); "
@@ -112,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     with StatusLine() as status:
         result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
                           comm_streams=args.comm_streams, launch=args.launch,
+                          comm_order=args.comm_order,
                           record_links=not args.no_link_samples,
                           max_trace_records=args.max_trace_records, max_wall_s=args.max_wall_s,
                           progress=status, **program_options(args))

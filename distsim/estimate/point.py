@@ -53,6 +53,11 @@ slower in the simulation.
 Blocking launches (``launch: blocking``, :mod:`distsim.sim.launch_queue`)
 are refused with a NotModelledError: the timeline overlaps a device's
 compute and communication streams, which blocking launches serialise.
+So is stream order (``comm_order: stream``): the pipeline's and the
+data-parallel timelines start a transfer once its data is ready, not
+behind the compute issued before it; and ``tp_overlap`` with ``tp > 1``
+(:mod:`distsim.transforms.tp_order`): the block templates keep autodiff's
+order of the backward's tensor-parallel collectives.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -83,7 +88,7 @@ from ..keywords import plain, unknown_name
 from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
 from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
-from ..sim.launch_queue import DEFAULT_LAUNCH, check_launch
+from ..sim.launch_queue import DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, check_comm_order, check_launch
 from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
 from ..topology import load_topology
 from ..transforms.pipeline import SPLIT_BACKWARD
@@ -115,7 +120,8 @@ _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads
                  "attention", "routing_skew", "capacity_factor")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
-          "collective_algo", "comm_streams", "launch", "train", "input_shapes")
+          "collective_algo", "comm_streams", "launch", "comm_order", "train",
+          "input_shapes")
 
 
 
@@ -161,6 +167,11 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise NotModelledError("estimate: launch 'blocking' (every kernel launch waiting for "
                                "its kernel, no compute/communication overlap) is not modelled "
                                "by the estimator; use fidelity: simulate")
+    if check_comm_order(opts.pop("comm_order", DEFAULT_COMM_ORDER)) == "stream":
+        # its pipeline and data-parallel timelines let a transfer start once its data is ready
+        raise NotModelledError("estimate: comm_order 'stream' (each collective waiting for "
+                               "the compute issued before it) is not modelled by the "
+                               "estimator; use fidelity: simulate")
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -198,6 +209,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise NotModelledError(f"estimate: expert parallelism (ep {strategy.ep}) is not "
                                "modelled by the estimator; use fidelity: simulate")
     c, _ = resolve_batch(c, strategy)
+    if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
+        raise NotModelledError("estimate: tp_overlap (the backward's tensor-parallel "
+                               "all-reduce issued before the weight-gradient GEMM) is not "
+                               "modelled by the estimator; use fidelity: simulate")
     if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and (
             strategy.zero == 3 or scatters_each_microbatch(
                 strategy.zero, strategy.dp, bucket_bytes_of(strategy.bucket_mb))):

@@ -22,8 +22,9 @@ from distsim.report.summary import GB, MS, device_groups
 STRATEGY_KEYS = ("dp", "tp", "pp", "sp", "zero", "recompute", "microbatches", "schedule",
                  "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "optimizer",
                  "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
-                 "fusion", "ep")
-SIMULATION_KEYS = ("topology", "network_mode", "collective_algo", "comm_streams", "launch")
+                 "fusion", "ep", "tp_overlap")
+SIMULATION_KEYS = ("topology", "network_mode", "collective_algo", "comm_streams", "launch",
+                   "comm_order")
 
 CHART_TITLES = {"gantt": ("Timeline by device", "gantt.png"),
                 "pipeline": ("Timeline by pipeline stage", "pipeline.png"),

@@ -50,9 +50,31 @@ launch, as NCCL fuses the sends and receives of one ``ncclGroupStart`` /
   ended) and a communication launch reaches its collective H after the
   previous launch ended.
 
+**Stream order.** When the host issues a collective, PyTorch's
+ProcessGroupNCCL makes the NCCL stream wait on an event recorded on the
+current (compute) stream (``syncStreams``, for collectives and
+point-to-point transfers alike): the collective's kernel starts only once
+every compute kernel issued before it on the device has finished, not
+merely its inputs' producers. The ``comm_order`` setting says whether
+the simulator holds collectives to that:
+
+* ``inputs`` (the default): a communication op starts when its queue is
+  free, its inputs are ready and every member has reached it; it may
+  overlap compute ops issued before it in program order. The fast
+  estimator (:mod:`distsim.estimate`) models this one.
+* ``stream``: besides, no earlier than the end of the compute op issued
+  last before it on its device (each rank's own). Compute ops after it
+  still wait only for what they read, as PyTorch's do (the collective's
+  ``work.wait()`` joins the streams where its result is used). Where a
+  framework overlaps a collective with compute, it is the compute issued
+  *after* it: so Megatron-LM issues its tensor-parallel all-reduce before
+  the weight-gradient GEMM (``tp_overlap``,
+  :mod:`distsim.transforms.tp_order`). Blocking launches imply it.
+
 The simulator keeps its streams and queues; this module adds the order as
 dependencies on *launch tokens*, numbers past the program's values whose
-ready time is a launch's end (:func:`serialise_launches`): a collective's
+ready time is a launch's end (:func:`serialise_launches`, which also
+adds stream order alone, the compute ops' tokens only): a collective's
 token is ready when it ends, a compute op's when it ends; each
 communication op reads the token(s) of the launch before it on its rank,
 and a compute op after a communication launch starts a block that reads
@@ -74,11 +96,19 @@ from ..run_options import check_choice
 #: the ``launch`` settings (see the module docstring)
 LAUNCH_MODES: Tuple[str, ...] = ("async", "blocking")
 DEFAULT_LAUNCH = "async"
+#: the ``comm_order`` settings (module docstring, *Stream order*)
+COMM_ORDERS: Tuple[str, ...] = ("inputs", "stream")
+DEFAULT_COMM_ORDER = "inputs"
 
 
 def check_launch(value: Any) -> str:
     """``launch`` (``--launch``): one of :data:`LAUNCH_MODES`."""
     return check_choice("--launch", value, LAUNCH_MODES)
+
+
+def check_comm_order(value: Any) -> str:
+    """``comm_order`` (``--comm-order``): one of :data:`COMM_ORDERS`."""
+    return check_choice("--comm-order", value, COMM_ORDERS)
 
 #: (lead per op, first-launch bound per op), both as lists of floats
 Leads = Tuple[List[float], List[float]]
@@ -145,25 +175,33 @@ def blocking_durations(ops: list, stream_ops: List[int], durations: List[float],
     return (np.asarray(durations) + kernels * h).tolist(), np.where(kernels > 0, h, 0.0)
 
 
-def serialise_launches(ix, cost: CostModel
+def serialise_launches(ix, cost: CostModel, blocking: bool = True
                        ) -> Tuple[int, int, Dict[int, Optional[np.ndarray]]]:
     """Order every simulated rank's launches of ``ix`` (a
-    :class:`~.program_index.ProgramIndex`) one after another (module
-    docstring, *Blocking launches*): adds launch tokens to its compute
-    streams' blocks and exports and to its ranks' ``comm_inputs``, and the
-    host's launches to its compute streams' durations
-    (:func:`blocking_durations`). Returns the number of the first token
-    (collective ``c``'s is that plus ``c``; the compute ops' come after the
-    collectives'), one past the last, and each compute stream's waits."""
-    waits = {}
+    :class:`~.program_index.ProgramIndex`) with launch tokens added to its
+    compute streams' blocks and exports and to its ranks' ``comm_inputs``.
+
+    ``blocking``: one after another (module docstring, *Blocking launches*),
+    the host's launches added to the compute streams' durations
+    (:func:`blocking_durations`). Otherwise *stream order* only (module
+    docstring, *Stream order*): each communication op reads the end of the
+    compute op issued last before it on its rank, and nothing else changes.
+    Returns the number of the first token (under ``blocking`` collective
+    ``c``'s is that plus ``c``; the compute ops' come after the
+    collectives'), one past the last, and each compute stream's waits
+    (None everywhere without ``blocking``)."""
+    waits: Dict[int, Optional[np.ndarray]] = {}
     for rank, stream in ix.compute_streams.items():
-        stream.durations, waits[rank] = blocking_durations(ix.compute, stream.ops,
-                                                           stream.durations, cost)
+        if blocking:
+            stream.durations, waits[rank] = blocking_durations(ix.compute, stream.ops,
+                                                               stream.durations, cost)
+        else:
+            waits[rank] = None
     first = len(ix.values)
     p2p_kind = np.fromiter(map(is_point_to_point, ix.collective_kinds), bool,
                            len(ix.collective_kinds))
     p2p = p2p_kind[ix.collective_kind].tolist() if len(ix.collective_kind) else []
-    tokens = iter(range(first + len(ix.collectives), 1 << 62))
+    tokens = iter(range(first + (len(ix.collectives) if blocking else 0), 1 << 62))
     for rank, colls in ix.comm_streams.items():
         stream = ix.compute_streams.get(rank)
         ops = np.asarray(stream.ops if stream is not None else [], np.int64)
@@ -184,15 +222,17 @@ def serialise_launches(ix, cost: CostModel
         for i in near:
             x = item[i]
             if not comm[i]:         # a compute op after a communication launch
-                reads[x] = tuple(unit)
+                if blocking:
+                    reads[x] = tuple(unit)
                 continue
             k += 1
             if i and not comm[i - 1]:   # after a compute op: its end
                 exports.append((item[i - 1], next(tokens)))
                 before, unit, grouped = (exports[-1][1],), [], p2p[x]
-            elif not (grouped and p2p[x]):   # after a communication launch
+            elif blocking and not (grouped and p2p[x]):   # after a communication launch
                 before, unit, grouped = tuple(unit), [], p2p[x]
-            unit.append(first + x)
+            if blocking:
+                unit.append(first + x)
             if before:
                 inputs[k] = inputs[k] + before
         if stream is not None:

@@ -64,7 +64,8 @@ def blocked_report(blocked: Dict[Tuple[int, str], tuple], reached: float,
     parts = []
     for (rank, stream), (op, value, coll) in sorted(blocked.items(), key=lambda item: item[0]):
         if value is PREVIOUS_LAUNCH:
-            why = "waiting for the previous launch to finish (launch: blocking)"
+            why = ("waiting for the launch before it to finish (launch: blocking, "
+                   "comm_order: stream)")
         elif value is not None:
             why = f"waiting for input %{value.name}"
         else:

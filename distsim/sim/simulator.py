@@ -35,7 +35,9 @@ The Python work of the event loop is per block and per collective, not per op.
 Under ``launch: blocking`` (``CUDA_LAUNCH_BLOCKING=1``) a device's host
 waits for each launch to finish before the next: the streams stay, and
 launch tokens (:mod:`.launch_queue`) make each launch wait for the one
-before it on its device.
+before it on its device. Under ``comm_order: stream`` the same tokens make
+each communication op wait for the compute op issued before it on its
+device, as PyTorch's ProcessGroupNCCL does.
 
 A program that cannot finish ends with a :class:`SimulationError` that lists
 every blocked op per device (:mod:`.liveness`).
@@ -58,8 +60,8 @@ from ..ir.core import Function, Op, Value, gc_paused
 from ..ir.value_table import ValueTable
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams, comm_queues
-from .launch_queue import (DEFAULT_LAUNCH, Leads, check_launch, leads_by_rank, op_times,
-                           serialise_launches)
+from .launch_queue import (DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, Leads, check_comm_order,
+                           check_launch, leads_by_rank, op_times, serialise_launches)
 from .liveness import PREVIOUS_LAUNCH, blocked_report, run_events
 from .memory import MemoryAccounting, copy_to_followers, memory_accounting
 from .network import Network
@@ -86,6 +88,10 @@ class SimulationOptions:
     "blocking" (each launch waits for its kernel to finish, as under
     ``CUDA_LAUNCH_BLOCKING=1``: a device's streams never overlap), see
     :mod:`.launch_queue`;
+    ``comm_order``: "inputs" (a communication op starts once its inputs
+    are ready) or "stream" (and no earlier than the end of the compute op
+    issued before it on its device, as PyTorch's ProcessGroupNCCL orders
+    streams), see :mod:`.launch_queue`;
     ``record_memory``: keep the memory curve (peaks are always kept);
     ``record_links``: keep each link's utilisation over time
     (``Trace.link_samples``, for links.png and trace.json's link counters;
@@ -109,6 +115,7 @@ class SimulationOptions:
     collective_algorithm: str = "auto"
     comm_streams: str = DEFAULT_COMM_STREAMS
     launch: str = DEFAULT_LAUNCH
+    comm_order: str = DEFAULT_COMM_ORDER
     record_memory: bool = True
     record_links: bool = False
     symmetry: bool = False
@@ -174,6 +181,7 @@ class Simulator:
         self.options = options or SimulationOptions()
         check_comm_streams(self.options.comm_streams)
         self._blocking = check_launch(self.options.launch) == "blocking"
+        self._stream_order = check_comm_order(self.options.comm_order) == "stream"
         #: under blocking launches, collective c's launch token is this + c
         #: (:func:`.launch_queue.serialise_launches`); -1 otherwise
         self._coll_token = -1
@@ -223,8 +231,10 @@ class Simulator:
                                         self._values)
         self._values = None
         numbers = len(ix.values)
-        if self._blocking:
-            self._coll_token, numbers, self._waits = serialise_launches(ix, self.cost)
+        if self._blocking or self._stream_order:
+            first, numbers, self._waits = serialise_launches(ix, self.cost, self._blocking)
+            if self._blocking:
+                self._coll_token = first
         self._ready = [None] * numbers
         for n in range(len(f.inputs)):       # function inputs are numbered first
             self._ready[n] = 0.0

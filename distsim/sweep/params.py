@@ -168,6 +168,9 @@ def _run_choices(name: str) -> Optional[Tuple[Any, ...]]:
     if name == "launch":
         from ..sim.launch_queue import LAUNCH_MODES
         return LAUNCH_MODES
+    if name == "comm_order":
+        from ..sim.launch_queue import COMM_ORDERS
+        return COMM_ORDERS
     if name == "collective_algo":
         try:
             from ..sim.collective_algos import ALGORITHMS

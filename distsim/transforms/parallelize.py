@@ -12,7 +12,8 @@ program of the whole ``dp x pp x tp`` mesh:
    over the expert-parallel group (:class:`.expert_parallel.ExpertParallel`);
    the backward pass by
    autodiff of the template (the SPMD collectives' gradient rules make its
-   collectives), then recomputation and the strategy's kernel fusion --
+   collectives), then recomputation, the strategy's kernel fusion and the
+   order of the backward's tensor-parallel collectives (:mod:`.tp_order`) --
    the step of one micro-batch on one tensor-parallel rank, which the fast
    estimator profiles too;
 2. :class:`~distsim.transforms.spmd.LowerSPMD`: pipeline stages from the
@@ -41,6 +42,7 @@ from .recompute import Recompute
 from .spmd import LowerSPMD
 from .strategy import Strategy, fusion_for
 from .tensor_parallel import TensorParallel
+from .tp_order import order_tp_backward
 
 
 def resolve_plan(value: Optional[str], forward: Function) -> Plan:
@@ -99,7 +101,8 @@ def differentiated_template(forward: Function, strategy: Strategy, plan: Plan,
 def finish_step(step: Function, strategy: Strategy) -> Function:
     """The rest of :func:`template_step`: ``step`` (a
     :func:`differentiated_template`) recomputed and fused as ``strategy``
-    says, in a new function where either changes it (``step`` itself is
-    left as it is)."""
+    says, its tensor-parallel backward collectives ordered as
+    ``strategy.tp_overlap`` says (:mod:`.tp_order`), in a new function
+    where any of these changes it (``step`` itself is left as it is)."""
     step = Recompute(strategy.recompute, regather=strategy.sp)(step)
-    return Fuse(fusion_for(strategy))(step)
+    return order_tp_backward(Fuse(fusion_for(strategy))(step), strategy.tp_overlap)

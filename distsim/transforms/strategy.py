@@ -83,7 +83,15 @@ class Strategy:
     ``ep``: expert-parallel degree, the
     ranks of each data-parallel team a mixture of experts' experts are
     shared out over (see the module docstring; 1: every rank holds every
-    expert)."""
+    expert); ``tp_overlap``: the backward's tensor-parallel all-reduce (or
+    reduce-scatter) of a layer's input gradient issued before the
+    weight-gradient GEMM, to overlap it, as Megatron-LM's async
+    all-reduce does (True), or after it, where autodiff puts it, as
+    Megatron-LM v2 (2021) did (False, the default while the estimator
+    models that order only; :mod:`~distsim.transforms.tp_order`). The
+    order shows in time under ``comm_order: stream``, where a collective
+    waits for the compute issued before it, and otherwise in which
+    collective queues first on a shared communication stream."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -109,6 +117,7 @@ class Strategy:
     cp: int = 1
     cp_comm: Literal["allgather", "ring", "alltoall"] = "allgather"
     ep: int = 1
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:
@@ -221,10 +230,10 @@ def _flag(name: str) -> str:
 _CHECK_ORDER = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
                 "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order", "plan",
-                "fusion", "cp", "cp_comm")
+                "fusion", "cp", "cp_comm", "tp_overlap")
 _POSITIVE = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
              "micro_batch", "cp")
-_BOOLS = ("symmetry", "coarsen", "sp")
+_BOOLS = ("symmetry", "coarsen", "sp", "tp_overlap")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
             "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS,
             "cp_comm": CP_COMMS}

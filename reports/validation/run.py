@@ -16,6 +16,15 @@ configuration and distsim's code (every file under ``distsim/`` and
 was last simulated is read back from ``results.json`` instead of simulated
 again, so a rerun after an edit elsewhere costs seconds.
 
+Every run is simulated under stream order (``comm_order: stream``): each
+collective starts no earlier than the end of the compute issued before it
+on its device, as PyTorch's ProcessGroupNCCL orders its streams, which
+every source ran on. The backward's tensor-parallel all-reduce sits where
+each source's Megatron-LM issued it (``tp_overlap``, per source below).
+The estimator models neither stream order nor the async order: its
+column estimates the same run with collectives started by their inputs,
+in autodiff's order (``comm_order: inputs``, ``tp_overlap: false``).
+
 Nothing here is fitted: the topologies are the repository's (the DGX A100
 cluster ``dgx-a100-xN``; Jean Zay for BLOOM, described beside this file
 from its published hardware with dgx-a100's device figures), and the
@@ -137,7 +146,11 @@ def table1() -> List[Dict[str, Any]]:
                                    # torch DDP: 25 MB buckets overlapped with the
                                    # backward; Megatron's local DDP: one all-reduce
                                    # of the gradient buffer after the backward
-                                   "bucket_mb": 25 if ddp == "torch" else 0}
+                                   "bucket_mb": 25 if ddp == "torch" else 0,
+                                   # Megatron-LM v2: the input gradient's all-reduce is
+                                   # copy_to_tensor_model_parallel_region's backward, issued
+                                   # after the linear's dX and dW GEMMs (mpu/layers.py)
+                                   "tp_overlap": False}
         if per_v is not None:
             options.update(schedule="interleaved", virtual_stages=layers // pp // per_v)
         model = megatron_gpt(layers, hidden, heads, global_batch=batch)
@@ -172,7 +185,8 @@ def table2() -> List[Dict[str, Any]]:
                 "gpus": gpus, "model": megatron_gpt(layers, hidden, heads, global_batch=batch),
                 "topology": f"dgx-a100-x{gpus // 8}",
                 "options": {"tp": 8, "pp": pp, "micro_batch": 1, "recompute": "full",
-                            "schedule": "interleaved", "virtual_stages": v, "bucket_mb": 0},
+                            "schedule": "interleaved", "virtual_stages": v, "bucket_mb": 0,
+                            "tp_overlap": False},
                 "config": f"t 8, p {pp}, d {gpus // (8 * pp)}, B {batch}, b 1, interleaved "
                           f"v={v} (assumed), full recompute, local DDP",
                 "published": {"tflops_per_gpu": tflops, "formula": "narayanan"},
@@ -213,7 +227,10 @@ def korthikanti() -> List[Dict[str, Any]]:
     530B with data parallelism 8 (the abstract's MFU; global batch assumed
     8 x 280 = 2240, Table 3's batch per replica). Interleaved with 3 model
     chunks per device for 175B and 530B (the paper's setup); 22B has no
-    pipeline and 1T runs 1F1B."""
+    pipeline and 1T runs 1F1B. The backward's tensor-parallel all-reduce
+    (reduce-scatter with SP) issued before the weight-gradient GEMM
+    (``tp_overlap``): LinearWithGradAccumulationAndAsyncAllreduce,
+    which the paper names as its overlap of that communication."""
     runs = []
     #  name, heads, hidden, layers, pp, gpus, batch, mbs, v, full_s, present_s
     for name, heads, hidden, layers, pp, gpus, batch, mbs, v, full_s, present_s in (
@@ -222,7 +239,8 @@ def korthikanti() -> List[Dict[str, Any]]:
             ("530B", 128, 20480, 105, 35, 280, 280, 1, 3, 49.05, 37.83),
             ("1T", 160, 25600, 128, 64, 512, 512, 1, None, 94.42, 71.49)):
         for variant, seconds in (("full", full_s), ("present", present_s)):
-            options: Dict[str, Any] = {"tp": 8, "pp": pp, "micro_batch": mbs, "bucket_mb": 0}
+            options: Dict[str, Any] = {"tp": 8, "pp": pp, "micro_batch": mbs, "bucket_mb": 0,
+                                       "tp_overlap": True}
             if variant == "full":
                 options["recompute"] = "full"
             else:
@@ -245,7 +263,7 @@ def korthikanti() -> List[Dict[str, Any]]:
     # with full recomputation
     for variant, mfu in (("full", 0.421), ("present", 0.542)):
         options = {"tp": 8, "pp": 35, "micro_batch": 1, "schedule": "interleaved",
-                   "virtual_stages": 3, "bucket_mb": 0}
+                   "virtual_stages": 3, "bucket_mb": 0, "tp_overlap": True}
         if variant == "full":
             options["recompute"] = "full"
         else:
@@ -278,7 +296,10 @@ def bloom() -> List[Dict[str, Any]]:
                   "position": "none", "attention": "explicit", "global_batch": 2048},
         "topology": str((HERE / "jean-zay-a100-x48.yaml").relative_to(ROOT)),
         "options": {"tp": 4, "pp": 12, "micro_batch": 2, "recompute": "full", "zero": 1,
-                    "partition": "balanced", "bucket_mb": 0, "launch": "blocking"},
+                    "partition": "balanced", "bucket_mb": 0, "launch": "blocking",
+                    # Megatron-DeepSpeed's ColumnParallelLinear (mpu/layers.py) reaches the
+                    # all-reduce by copy_to_tensor_model_parallel_region, as Megatron-LM v2
+                    "tp_overlap": False},
         "config": "t 4, p 12, d 8, B 2048, b 2, 1F1B (DeepSpeed), full recompute, ZeRO-1, "
                   "balanced stages, blocking launches (CUDA_LAUNCH_BLOCKING=1 in the job "
                   "script)",
@@ -286,10 +307,15 @@ def bloom() -> List[Dict[str, Any]]:
     }]
 
 
+#: how every run's collectives start: PyTorch's stream order (module docstring)
+COMM_ORDER = "stream"
+
+
 def all_runs() -> List[Dict[str, Any]]:
     runs = table1() + table2() + table2_zero3() + korthikanti() + bloom()
     for run in runs:
         run["published"]["step_time_s"] = published_time(run)
+        run["options"] = {**run["options"], "comm_order": COMM_ORDER}
     return runs
 
 
@@ -363,7 +389,9 @@ def simulate_run(run: Dict[str, Any]) -> Dict[str, Any]:
     del result
     t0 = time.perf_counter()
     try:
-        est = estimate({"model": dict(run["model"]), "topology": run["topology"], **opts})
+        # collectives by their inputs, in autodiff's order: what the estimator models
+        est = estimate({"model": dict(run["model"]), "topology": run["topology"],
+                        **{**opts, "comm_order": "inputs", "tp_overlap": False}})
         out["estimate_step_time_s"] = est["step_time_s"]
         out["estimate_wall_s"] = round(time.perf_counter() - t0, 3)
     except Exception as exc:   # the estimator's contract: it refuses what it does not cover

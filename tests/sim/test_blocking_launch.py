@@ -142,7 +142,7 @@ def test_a_bad_launch_setting_is_one_line():
 def test_a_run_stopped_under_blocking_launches_names_the_launch_an_op_waits_for():
     # stopped after its first events: the add after the all-reduce waits
     # for the all-reduce's launch to end
-    with pytest.raises(SimulationError, match="waiting for the previous launch to finish"):
+    with pytest.raises(SimulationError, match="waiting for the launch before it to finish"):
         run(compute_collective_compute(), "blocking", max_events=2)
 
 
