@@ -66,6 +66,14 @@ class Timeline:
         self.emb_items = 0      # how many items the tied embeddings' streams took
         self.group_starts: List[List[float]] = [[] for _ in range(stages)]
         self.group_ends: List[List[float]] = [[] for _ in range(stages)]
+        # ... and those of replayed records, (starts, ends, origin) each:
+        # the spans are made when counted, a numpy call per record
+        self.group_runs: List[List[Tuple[np.ndarray, np.ndarray, float]]] = \
+            [[] for _ in range(stages)]
+        # a span starting where the list's last ends extends it (the same
+        # union), but not one listed before a :meth:`mark`: per stage, how
+        # many of its spans are sealed so (see :attr:`sealed`)
+        self.group_sealed: List[int] = [0] * stages
         self.free: List[float] = [0.0] * (2 * stages)   # end of each stream's last item
         self.end = 0.0                                  # the latest end of any item
         # per stage: the spans (start, start + busy) of its compute items, the
@@ -120,6 +128,8 @@ class Timeline:
         t.emb_items = self.emb_items
         t.group_starts = [list(x) for x in self.group_starts]
         t.group_ends = [list(x) for x in self.group_ends]
+        t.group_runs = [list(x) for x in self.group_runs]     # records shared: never changed
+        t.group_sealed = list(self.group_sealed)
         t.compute_starts = [list(x) for x in self.compute_starts]
         t.compute_ends = [list(x) for x in self.compute_ends]
         t.waits = list(self.waits)
@@ -251,11 +261,22 @@ class Timeline:
         c_sealed, m_sealed = self.sealed[s], self.sealed[m]
         busy, comm_s, latest = self.busy[stage], self.comm_s[stage], self.end
         per_group = self.per_group
+        dp_free = self.dp_free
+        g_starts, g_ends = self.group_starts[stage], self.group_ends[stage]
+        g_sealed = self.group_sealed[stage]
         for chain, end in zip(items, readies):
             for on_comm, time_s in chain:
                 if on_comm and per_group:      # the all-gather, on the data-parallel stream
-                    end = self._on_group(stage, time_s, end)
-                    latest = max(latest, self.end)
+                    start = dp_free[stage]
+                    if end > start:
+                        start = end
+                    end = start + time_s
+                    dp_free[stage] = end
+                    if len(g_ends) > g_sealed and g_ends[-1] == start:
+                        g_ends[-1] = end
+                    else:
+                        g_starts.append(start)
+                        g_ends.append(end)
                 elif on_comm:
                     start = free[m] if free[m] > 0.0 else 0.0
                     if end > start:
@@ -291,7 +312,7 @@ class Timeline:
         if len(stages) == 1:
             return self.comm_on(stages[0], time_s, ready)
         if self.per_group:
-            return self._on_group(tuple(sorted(set(stages))), time_s, ready)
+            return self._on_embedding(tuple(sorted(set(stages))), time_s, ready)
         free = self.free
         start = 0.0
         for stage in stages:
@@ -318,7 +339,22 @@ class Timeline:
         gradient syncs, ZeRO gathers, tensor-parallel collectives: ``tp``;
         with ``per_group`` the others on the data-parallel stream)."""
         if not tp and self.per_group:
-            return self._on_group(stage, time_s, ready)
+            # the data-parallel stream (per stage: every reduce-scatter
+            # and gradient sync of a backward, ZeRO-3's gathers)
+            start = self.dp_free[stage]
+            if ready > start:
+                start = ready
+            end = start + time_s
+            if end > self.end:
+                self.end = end
+            self.dp_free[stage] = end
+            ends = self.group_ends[stage]
+            if len(ends) > self.group_sealed[stage] and ends[-1] == start:
+                ends[-1] = end
+            else:
+                self.group_starts[stage].append(start)
+                ends.append(end)
+            return end
         free = self.free
         s = 2 * stage + 1
         start = free[s] if free[s] > 0.0 else 0.0
@@ -339,25 +375,24 @@ class Timeline:
             self.tp_items[stage] += end - start
         return end
 
-    def _on_group(self, where, time_s: float, ready: float) -> float:
-        """``per_group``: a collective on the data-parallel stream of stage
-        ``where`` (an int), or on the tied embedding's stream of the stages
-        ``where`` (a tuple); returns its end."""
-        emb = isinstance(where, tuple)
-        start = self.emb_free.get(where, 0.0) if emb else self.dp_free[where]
+    def _on_embedding(self, stages: Tuple[int, ...], time_s: float, ready: float) -> float:
+        """``per_group``: a collective on the tied embedding's stream of
+        ``stages``; returns its end."""
+        start = self.emb_free.get(stages, 0.0)
         if ready > start:
             start = ready
         end = start + time_s
         if end > self.end:
             self.end = end
-        if emb:
-            self.emb_free[where] = end
-            self.emb_items += 1
-        else:
-            self.dp_free[where] = end
-        for stage in (where if emb else (where,)):
-            self.group_starts[stage].append(start)
-            self.group_ends[stage].append(end)
+        self.emb_free[stages] = end
+        self.emb_items += 1
+        for stage in stages:
+            ends = self.group_ends[stage]
+            if len(ends) > self.group_sealed[stage] and ends[-1] == start:
+                ends[-1] = end
+            else:
+                self.group_starts[stage].append(start)
+                ends.append(end)
         return end
 
     def p2p_chain(self, a: int, b: int, times: Sequence[float], ready: float,
@@ -398,11 +433,13 @@ class Timeline:
         listed so far sealed: a record starts after them)."""
         self.sealed[2 * stage] = len(self.compute_starts[stage])
         self.sealed[2 * stage + 1] = len(self.comm_starts[stage])
+        self.group_sealed[stage] = len(self.group_starts[stage])
         return (len(self.compute_runs[stage]), len(self.comm_runs[stage]),
                 len(self.compute_starts[stage]), len(self.comm_starts[stage]),
                 self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
                 self.sync_waits[stage], self.free[2 * stage], self.free[2 * stage + 1],
-                len(self.group_starts[stage]), self.dp_free[stage], self.emb_items)
+                len(self.group_starts[stage]), self.dp_free[stage], self.emb_items,
+                len(self.group_runs[stage]))
 
     def idle_by(self, stage: int, at: float) -> bool:
         """Whether ``stage``'s communication streams (the tensor-parallel
@@ -424,13 +461,18 @@ class Timeline:
         None without), and a task that put an item on a tied embedding's
         stream gives None."""
         (runs, comm_runs, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
-         free_c, free_m, ng, free_g, emb) = mark
+         free_c, free_m, ng, free_g, emb, group_runs) = mark
         group = None
         if self.per_group:
             if self.emb_items != emb:
                 return None
-            group = (np.asarray(self.group_starts[stage][ng:], dtype=float) - origin,
-                     np.asarray(self.group_ends[stage][ng:], dtype=float) - origin,
+            gs = np.asarray(self.group_starts[stage][ng:], dtype=float)
+            ge = np.asarray(self.group_ends[stage][ng:], dtype=float)
+            runs_g = self.group_runs[stage][group_runs:]
+            if runs_g:      # replayed in between (in no order: any will do)
+                gs = np.concatenate((gs, _shifted(runs_g, 0)))
+                ge = np.concatenate((ge, _shifted(runs_g, 1)))
+            group = (gs - origin, ge - origin,
                      None if self.dp_free[stage] == free_g else self.dp_free[stage] - origin)
         c_runs, m_runs = self.compute_runs[stage], self.comm_runs[stage]
         cs, ce = self.compute_starts[stage][nc:], self.compute_ends[stage][nc:]
@@ -487,8 +529,7 @@ class Timeline:
             # unioned with the others when counted)
             g_starts, g_ends, free_g = group
             if len(g_starts):
-                self.group_starts[stage].extend((g_starts + origin).tolist())
-                self.group_ends[stage].extend((g_ends + origin).tolist())
+                self.group_runs[stage].append((g_starts, g_ends, origin))
             if free_g is not None:
                 self.dp_free[stage] = origin + free_g
                 if self.dp_free[stage] > end:
@@ -516,13 +557,16 @@ class Timeline:
         busy = self.busy[stage]
         comm_s = self.comm_s[stage]
         starts, ends = comm if comm is not None else self.comm_spans(stage)
-        if self.p2p_starts[stage] or self.group_starts[stage]:
+        runs_g = self.group_runs[stage]
+        if self.p2p_starts[stage] or self.group_starts[stage] or runs_g:
             # the union of the collectives' and the transfers' spans, as the
-            # simulator's summary counts communication
-            starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage],
-                                                  self.group_starts[stage])),
-                                  np.concatenate((ends, self.p2p_ends[stage],
-                                                  self.group_ends[stage])))
+            # simulator's summary counts communication (the data-parallel
+            # stream's in any order)
+            starts, ends = _union(
+                np.concatenate((starts, self.p2p_starts[stage], self.group_starts[stage],
+                                _shifted(runs_g, 0))),
+                np.concatenate((ends, self.p2p_ends[stage], self.group_ends[stage],
+                                _shifted(runs_g, 1))))
             # in order, as a loop adds them (numpy's cumsum adds one after
             # the other; its sum would add pairwise)
             comm_s = float((ends - starts).cumsum()[-1]) if len(starts) else 0.0
@@ -554,6 +598,18 @@ def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[np.ndarray, 
     last[:-1] = first[1:] - 1
     last[-1] = len(s) - 1
     return s[first], reach[last]
+
+
+def _shifted(runs: List[Tuple[np.ndarray, np.ndarray, float]], which: int) -> np.ndarray:
+    """The starts (``which`` 0) or ends (1) of replayed records' spans,
+    ``(starts, ends, origin)`` each, plus their origins: the same floats
+    as an addition per record, in a few numpy calls for all of them."""
+    if not runs:
+        return np.zeros(0)
+    rel = [run[which] for run in runs]
+    lens = np.fromiter(map(len, rel), np.int64, len(rel))
+    return np.concatenate(rel) + np.repeat(np.fromiter(map(itemgetter(2), runs), float,
+                                                       len(runs)), lens)
 
 
 def _spans(runs: List[Run], starts: List[float], ends: List[float]
