@@ -306,6 +306,76 @@ class Timeline:
         self.end = latest
         self.busy[stage], self.comm_s[stage] = busy, comm_s
 
+    def entries(self, stage: int, plan: Sequence[tuple], gathered: float, ready: float,
+                before: float, recording: bool = False) -> Tuple[float, float]:
+        """A block's entries on ``stage`` (:data:`.gates.Entry`: compute runs
+        and tensor-parallel collectives, per group with ZeRO-3), as
+        :func:`.gates.emit_entries` describes them: each run :meth:`compute`
+        from ``ready`` (not a leading recomputation), the gathers it reads
+        (``gathered`` less its entry's gate) and the collectives it reads,
+        each collective :meth:`comm_on` the tensor-parallel stream from the
+        run making its input (``before`` for the compute before the block).
+        Returns where its compute ends and, ``recording``, how long after
+        ``before`` the gathers could have ended with no run starting later
+        (the least over the runs that read them of the run's start less
+        ``before`` plus its gate; inf otherwise). The two methods' bodies
+        inlined (most of a ZeRO-3 step's items): the same operations in
+        the same order."""
+        free = self.free
+        s, m = 2 * stage, 2 * stage + 1
+        c_starts, c_ends = self.compute_starts[stage], self.compute_ends[stage]
+        m_starts, m_ends = self.comm_starts[stage], self.comm_ends[stage]
+        c_sealed, m_sealed = self.sealed[s], self.sealed[m]
+        busy, comm_s, tp_items = self.busy[stage], self.comm_s[stage], self.tp_items[stage]
+        latest = self.end
+        local: Dict[int, float] = {}
+        last = before
+        slack = float("inf")
+        for i, (kind, time_s, waits, src, lead, gate) in enumerate(plan):
+            if kind == "c":
+                at = 0.0 if gate is None else gathered - gate
+                if not lead and ready > at:
+                    at = ready
+                for d in waits:
+                    if local[d] > at:
+                        at = local[d]
+                start = free[s] if free[s] > 0.0 else 0.0
+                if at > start:
+                    start = at
+                if recording and gate is not None and start - before + gate < slack:
+                    slack = start - before + gate
+                end = start + time_s
+                free[s] = end
+                if end > latest:
+                    latest = end
+                if len(c_ends) > c_sealed and c_ends[-1] == start:
+                    c_ends[-1] = end
+                else:
+                    c_starts.append(start)
+                    c_ends.append(end)
+                busy += end - start
+                local[i] = last = end
+            elif kind == "t":
+                at = local[src] if src >= 0 else last if src == -1 else 0.0
+                start = free[m] if free[m] > 0.0 else 0.0
+                if at > start:
+                    start = at
+                end = start + time_s
+                if end > latest:
+                    latest = end
+                free[m] = end
+                if len(m_ends) > m_sealed and m_ends[-1] == start:
+                    m_ends[-1] = end
+                else:
+                    m_starts.append(start)
+                    m_ends.append(end)
+                comm_s += end - start
+                tp_items += end - start
+                local[i] = end
+        self.end = latest
+        self.busy[stage], self.comm_s[stage], self.tp_items[stage] = busy, comm_s, tp_items
+        return last, slack
+
     def comm(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:
         """A collective on the communication streams of ``stages`` that may
         start at ``ready``; returns its end."""
@@ -562,11 +632,12 @@ class Timeline:
             # the union of the collectives' and the transfers' spans, as the
             # simulator's summary counts communication (the data-parallel
             # stream's in any order)
-            starts, ends = _union(
-                np.concatenate((starts, self.p2p_starts[stage], self.group_starts[stage],
-                                _shifted(runs_g, 0))),
-                np.concatenate((ends, self.p2p_ends[stage], self.group_ends[stage],
-                                _shifted(runs_g, 1))))
+            parts_s = [starts, self.p2p_starts[stage], self.group_starts[stage]]
+            parts_e = [ends, self.p2p_ends[stage], self.group_ends[stage]]
+            if runs_g:
+                parts_s.append(_shifted(runs_g, 0))
+                parts_e.append(_shifted(runs_g, 1))
+            starts, ends = _union(np.concatenate(parts_s), np.concatenate(parts_e))
             # in order, as a loop adds them (numpy's cumsum adds one after
             # the other; its sum would add pairwise)
             comm_s = float((ends - starts).cumsum()[-1]) if len(starts) else 0.0
@@ -604,8 +675,6 @@ def _shifted(runs: List[Tuple[np.ndarray, np.ndarray, float]], which: int) -> np
     """The starts (``which`` 0) or ends (1) of replayed records' spans,
     ``(starts, ends, origin)`` each, plus their origins: the same floats
     as an addition per record, in a few numpy calls for all of them."""
-    if not runs:
-        return np.zeros(0)
     rel = [run[which] for run in runs]
     lens = np.fromiter(map(len, rel), np.int64, len(rel))
     return np.concatenate(rel) + np.repeat(np.fromiter(map(itemgetter(2), runs), float,

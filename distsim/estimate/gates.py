@@ -15,7 +15,7 @@ order.
 """
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..transforms.sync_policy import gather_groups
@@ -343,7 +343,6 @@ def emit_entries(b: StepContext, stage: int, plan: EntryPlan, gathered: float,
     tl = b.tl
     s = 2 * stage
     mark = None
-    slack = float("inf")
     if (plan.replayable and tl.free[s] == before and tl.free[s + 1] <= before
             and ready <= before):
         record = plan.record
@@ -352,25 +351,7 @@ def emit_entries(b: StepContext, stage: int, plan: EntryPlan, gathered: float,
             return before + record[1]
         if record is None and gathered <= before:
             mark = tl.mark(stage)
-    local: Dict[int, float] = {}
-    last = before
-    for i, (kind, time_s, waits, src, lead, gate) in enumerate(plan):
-        if kind == "c":
-            at = 0.0 if gate is None else gathered - gate
-            if not lead and ready > at:
-                at = ready
-            for d in waits:
-                if local[d] > at:
-                    at = local[d]
-            if mark is not None and gate is not None:
-                # recording: where this run starts, its gate not binding
-                start = tl.free[s] if tl.free[s] > at else at
-                if start - before + gate < slack:
-                    slack = start - before + gate
-            local[i] = last = tl.compute(stage, time_s, at)
-        elif kind == "t":
-            local[i] = tl.comm_on(stage, time_s, local[src] if src >= 0 else
-                                  last if src == -1 else 0.0, tp=True)
+    last, slack = tl.entries(stage, plan, gathered, ready, before, mark is not None)
     if mark is not None:
         items = tl.since(stage, mark, before)
         if items is not None:
