@@ -35,19 +35,14 @@ is the latest end among their dependencies (``ready``, 0.0 for none).
 """
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .overlap import span_overlap
+from .spans import Run, shifted, spans, union
 
 COMPUTE, COMM = 0, 1
-#: A replayed run of one stream's spans (see :attr:`Timeline.compute_runs`).
-Run = Tuple[int, np.ndarray, np.ndarray, float]
-_AT, _REL_S, _REL_E, _ORIGIN = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
-#: Up to this many runs, :func:`_spans` joins the pieces one by one.
-_FEW_RUNS = 8
 
 
 class Timeline:
@@ -106,7 +101,7 @@ class Timeline:
         # stream, in stream order: each run's place among the spans in the
         # lists above (how many were there before it), its record's starts
         # and ends relative to its origin, and the origin; the spans are
-        # made when asked for (:func:`_spans`), a numpy call per record
+        # made when asked for (:func:`.spans.spans`), a numpy call per record
         self.compute_runs: List[List[Run]] = [[] for _ in range(stages)]
         self.comm_runs: List[List[Run]] = [[] for _ in range(stages)]
         # a span that starts where the stream's last one ends extends it
@@ -261,22 +256,10 @@ class Timeline:
         c_sealed, m_sealed = self.sealed[s], self.sealed[m]
         busy, comm_s, latest = self.busy[stage], self.comm_s[stage], self.end
         per_group = self.per_group
-        dp_free = self.dp_free
-        g_starts, g_ends = self.group_starts[stage], self.group_ends[stage]
-        g_sealed = self.group_sealed[stage]
         for chain, end in zip(items, readies):
             for on_comm, time_s in chain:
                 if on_comm and per_group:      # the all-gather, on the data-parallel stream
-                    start = dp_free[stage]
-                    if end > start:
-                        start = end
-                    end = start + time_s
-                    dp_free[stage] = end
-                    if len(g_ends) > g_sealed and g_ends[-1] == start:
-                        g_ends[-1] = end
-                    else:
-                        g_starts.append(start)
-                        g_ends.append(end)
+                    end = self.comm_on(stage, time_s, end)
                 elif on_comm:
                     start = free[m] if free[m] > 0.0 else 0.0
                     if end > start:
@@ -305,76 +288,6 @@ class Timeline:
                     latest = end
         self.end = latest
         self.busy[stage], self.comm_s[stage] = busy, comm_s
-
-    def entries(self, stage: int, plan: Sequence[tuple], gathered: float, ready: float,
-                before: float, recording: bool = False) -> Tuple[float, float]:
-        """A block's entries on ``stage`` (:data:`.gates.Entry`: compute runs
-        and tensor-parallel collectives, per group with ZeRO-3), as
-        :func:`.gates.emit_entries` describes them: each run :meth:`compute`
-        from ``ready`` (not a leading recomputation), the gathers it reads
-        (``gathered`` less its entry's gate) and the collectives it reads,
-        each collective :meth:`comm_on` the tensor-parallel stream from the
-        run making its input (``before`` for the compute before the block).
-        Returns where its compute ends and, ``recording``, how long after
-        ``before`` the gathers could have ended with no run starting later
-        (the least over the runs that read them of the run's start less
-        ``before`` plus its gate; inf otherwise). The two methods' bodies
-        inlined (most of a ZeRO-3 step's items): the same operations in
-        the same order."""
-        free = self.free
-        s, m = 2 * stage, 2 * stage + 1
-        c_starts, c_ends = self.compute_starts[stage], self.compute_ends[stage]
-        m_starts, m_ends = self.comm_starts[stage], self.comm_ends[stage]
-        c_sealed, m_sealed = self.sealed[s], self.sealed[m]
-        busy, comm_s, tp_items = self.busy[stage], self.comm_s[stage], self.tp_items[stage]
-        latest = self.end
-        local: Dict[int, float] = {}
-        last = before
-        slack = float("inf")
-        for i, (kind, time_s, waits, src, lead, gate) in enumerate(plan):
-            if kind == "c":
-                at = 0.0 if gate is None else gathered - gate
-                if not lead and ready > at:
-                    at = ready
-                for d in waits:
-                    if local[d] > at:
-                        at = local[d]
-                start = free[s] if free[s] > 0.0 else 0.0
-                if at > start:
-                    start = at
-                if recording and gate is not None and start - before + gate < slack:
-                    slack = start - before + gate
-                end = start + time_s
-                free[s] = end
-                if end > latest:
-                    latest = end
-                if len(c_ends) > c_sealed and c_ends[-1] == start:
-                    c_ends[-1] = end
-                else:
-                    c_starts.append(start)
-                    c_ends.append(end)
-                busy += end - start
-                local[i] = last = end
-            elif kind == "t":
-                at = local[src] if src >= 0 else last if src == -1 else 0.0
-                start = free[m] if free[m] > 0.0 else 0.0
-                if at > start:
-                    start = at
-                end = start + time_s
-                if end > latest:
-                    latest = end
-                free[m] = end
-                if len(m_ends) > m_sealed and m_ends[-1] == start:
-                    m_ends[-1] = end
-                else:
-                    m_starts.append(start)
-                    m_ends.append(end)
-                comm_s += end - start
-                tp_items += end - start
-                local[i] = end
-        self.end = latest
-        self.busy[stage], self.comm_s[stage], self.tp_items[stage] = busy, comm_s, tp_items
-        return last, slack
 
     def comm(self, stages: Sequence[int], time_s: float, ready: float = 0.0) -> float:
         """A collective on the communication streams of ``stages`` that may
@@ -412,18 +325,8 @@ class Timeline:
             # the data-parallel stream (per stage: every reduce-scatter
             # and gradient sync of a backward, ZeRO-3's gathers)
             start = self.dp_free[stage]
-            if ready > start:
-                start = ready
-            end = start + time_s
-            if end > self.end:
-                self.end = end
-            self.dp_free[stage] = end
-            ends = self.group_ends[stage]
-            if len(ends) > self.group_sealed[stage] and ends[-1] == start:
-                ends[-1] = end
-            else:
-                self.group_starts[stage].append(start)
-                ends.append(end)
+            end = self.dp_free[stage] = self._group_item((stage,), start if start > ready
+                                                         else ready, time_s)
             return end
         free = self.free
         s = 2 * stage + 1
@@ -449,13 +352,18 @@ class Timeline:
         """``per_group``: a collective on the tied embedding's stream of
         ``stages``; returns its end."""
         start = self.emb_free.get(stages, 0.0)
-        if ready > start:
-            start = ready
+        end = self.emb_free[stages] = self._group_item(stages, start if start > ready else ready,
+                                                       time_s)
+        self.emb_items += 1
+        return end
+
+    def _group_item(self, stages: Tuple[int, ...], start: float, time_s: float) -> float:
+        """``per_group``: an item from ``start`` on a stream of a group of
+        ``stages`` (the data-parallel one of a stage, a tied embedding's),
+        its span listed for each; returns its end."""
         end = start + time_s
         if end > self.end:
             self.end = end
-        self.emb_free[stages] = end
-        self.emb_items += 1
         for stage in stages:
             ends = self.group_ends[stage]
             if len(ends) > self.group_sealed[stage] and ends[-1] == start:
@@ -524,7 +432,7 @@ class Timeline:
         relative to ``origin``, for :meth:`replay`; where a run was
         replayed in between (the items are not all at the ends of its
         lists), None, or with ``with_runs`` the spans of the lists and the
-        runs in stream order (:func:`_spans`: the floats the time split
+        runs in stream order (:func:`.spans.spans`: the floats the time split
         would read). A stream the task did not touch keeps its end where it
         is replayed (None in the record). Under ``per_group`` the record
         holds the stage's data-parallel stream too (its spans and end, or
@@ -540,8 +448,8 @@ class Timeline:
             ge = np.asarray(self.group_ends[stage][ng:], dtype=float)
             runs_g = self.group_runs[stage][group_runs:]
             if runs_g:      # replayed in between (in no order: any will do)
-                gs = np.concatenate((gs, _shifted(runs_g, 0)))
-                ge = np.concatenate((ge, _shifted(runs_g, 1)))
+                gs = np.concatenate((gs, shifted(runs_g, 0)))
+                ge = np.concatenate((ge, shifted(runs_g, 1)))
             group = (gs - origin, ge - origin,
                      None if self.dp_free[stage] == free_g else self.dp_free[stage] - origin)
         c_runs, m_runs = self.compute_runs[stage], self.comm_runs[stage]
@@ -550,8 +458,8 @@ class Timeline:
         if runs != len(c_runs) or comm_runs != len(m_runs):
             if not with_runs:
                 return None
-            cs, ce = _spans([(at - nc, *rest) for at, *rest in c_runs[runs:]], cs, ce)
-            ms, me = _spans([(at - nm, *rest) for at, *rest in m_runs[comm_runs:]], ms, me)
+            cs, ce = spans([(at - nc, *rest) for at, *rest in c_runs[runs:]], cs, ce)
+            ms, me = spans([(at - nm, *rest) for at, *rest in m_runs[comm_runs:]], ms, me)
         s = 2 * stage
         return (np.asarray(cs, dtype=float) - origin, np.asarray(ce, dtype=float) - origin,
                 np.asarray(ms, dtype=float) - origin, np.asarray(me, dtype=float) - origin,
@@ -610,8 +518,8 @@ class Timeline:
     # -- accounting ----------------------------------------------------------
     def comm_spans(self, stage: int) -> Tuple[Sequence[float], Sequence[float]]:
         """The spans of ``stage``'s communication stream in order (its
-        lists with its replayed runs in place: :func:`_spans`)."""
-        return _spans(self.comm_runs[stage], self.comm_starts[stage], self.comm_ends[stage])
+        lists with its replayed runs in place: :func:`.spans.spans`)."""
+        return spans(self.comm_runs[stage], self.comm_starts[stage], self.comm_ends[stage])
 
     def stage_breakdown(self, stage: int, step_s: float,
                         comm: Optional[Tuple[Sequence[float], Sequence[float]]] = None
@@ -635,94 +543,15 @@ class Timeline:
             parts_s = [starts, self.p2p_starts[stage], self.group_starts[stage]]
             parts_e = [ends, self.p2p_ends[stage], self.group_ends[stage]]
             if runs_g:
-                parts_s.append(_shifted(runs_g, 0))
-                parts_e.append(_shifted(runs_g, 1))
-            starts, ends = _union(np.concatenate(parts_s), np.concatenate(parts_e))
+                parts_s.append(shifted(runs_g, 0))
+                parts_e.append(shifted(runs_g, 1))
+            starts, ends = union(np.concatenate(parts_s), np.concatenate(parts_e))
             # in order, as a loop adds them (numpy's cumsum adds one after
             # the other; its sum would add pairwise)
             comm_s = float((ends - starts).cumsum()[-1]) if len(starts) else 0.0
-        hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
+        hidden = span_overlap(*spans(self.compute_runs[stage], self.compute_starts[stage],
                                       self.compute_ends[stage]), starts, ends, ordered=True)
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,
                 "idle_s": max(0.0, step_s - busy - exposed)}
-
-
-def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
-    """Spans ``(starts[i], ends[i])`` merged into disjoint ones in time order
-    (a span starting at or before the latest end so far joins it): with
-    numpy, sorted by start then end as Python sorts the pairs; a merged
-    span ends at the latest end of its members, exactly."""
-    s = np.asarray(starts, dtype=float)
-    e = np.asarray(ends, dtype=float)
-    if not len(s):
-        return s, e
-    order = np.lexsort((e, s))
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    first = new.nonzero()[0]
-    last = np.empty_like(first)
-    last[:-1] = first[1:] - 1
-    last[-1] = len(s) - 1
-    return s[first], reach[last]
-
-
-def _shifted(runs: List[Tuple[np.ndarray, np.ndarray, float]], which: int) -> np.ndarray:
-    """The starts (``which`` 0) or ends (1) of replayed records' spans,
-    ``(starts, ends, origin)`` each, plus their origins: the same floats
-    as an addition per record, in a few numpy calls for all of them."""
-    rel = [run[which] for run in runs]
-    lens = np.fromiter(map(len, rel), np.int64, len(rel))
-    return np.concatenate(rel) + np.repeat(np.fromiter(map(itemgetter(2), runs), float,
-                                                       len(runs)), lens)
-
-
-def _spans(runs: List[Run], starts: List[float], ends: List[float]
-           ) -> Tuple[Sequence[float], Sequence[float]]:
-    """A stream's spans in stream order: its lists with its runs in their
-    places (the lists themselves where it has no runs). Each run's spans
-    are its record's plus its origin (the same floats as adding them at
-    the replay), made by a few numpy calls over all runs at once however
-    many there are (a ZeRO 2/3 stage replays hundreds of blocks and
-    tasks): no Python step per run but the gathering of their fields."""
-    if not runs:
-        return starts, ends
-    k = len(runs)
-    if k <= _FEW_RUNS:
-        # a few runs (a stage's replayed last backward): the lists' pieces
-        # and the runs' spans joined in order, fewer numpy calls
-        parts_s: List[Sequence[float]] = []
-        parts_e: List[Sequence[float]] = []
-        done = 0
-        for at, rel_s, rel_e, origin in runs:
-            if at > done:
-                parts_s.append(starts[done:at])
-                parts_e.append(ends[done:at])
-                done = at
-            parts_s.append(rel_s + origin)
-            parts_e.append(rel_e + origin)
-        if done < len(starts):
-            parts_s.append(starts[done:])
-            parts_e.append(ends[done:])
-        return np.concatenate(parts_s), np.concatenate(parts_e)
-    # all runs' spans at once: their records' spans joined, each plus its
-    # run's origin (the same floats as one addition per span), put in
-    # their places among the lists' spans
-    at = np.fromiter(map(_AT, runs), np.int64, k)
-    rel_s = list(map(_REL_S, runs))
-    lens = np.fromiter(map(len, rel_s), np.int64, k)
-    shift = np.repeat(np.fromiter(map(_ORIGIN, runs), float, k), lens)
-    n = len(starts) + len(shift)
-    out_s, out_e = np.empty(n), np.empty(n)
-    placed = np.repeat(at, lens) + np.arange(len(shift))
-    listed = np.ones(n, dtype=bool)
-    listed[placed] = False
-    out_s[listed] = starts
-    out_e[listed] = ends
-    out_s[placed] = np.concatenate(rel_s) + shift
-    out_e[placed] = np.concatenate(list(map(_REL_E, runs))) + shift
-    return out_s, out_e

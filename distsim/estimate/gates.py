@@ -15,7 +15,7 @@ order.
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
 from ..transforms.sync_policy import gather_groups
@@ -351,7 +351,28 @@ def emit_entries(b: StepContext, stage: int, plan: EntryPlan, gathered: float,
             return before + record[1]
         if record is None and gathered <= before:
             mark = tl.mark(stage)
-    last, slack = tl.entries(stage, plan, gathered, ready, before, mark is not None)
+    local: Dict[int, float] = {}
+    last = before
+    slack = float("inf")
+    for i, (kind, time_s, waits, src, lead, gate) in enumerate(plan):
+        if kind == "c":
+            at = 0.0 if gate is None else gathered - gate
+            if not lead and ready > at:
+                at = ready
+            for d in waits:
+                if local[d] > at:
+                    at = local[d]
+            if mark is not None and gate is not None:
+                # recording: where the run starts (:meth:`.engine.Timeline.compute`)
+                start = tl.free[s] if tl.free[s] > 0.0 else 0.0
+                if at > start:
+                    start = at
+                if start - before + gate < slack:
+                    slack = start - before + gate
+            local[i] = last = tl.compute(stage, time_s, at)
+        elif kind == "t":
+            local[i] = tl.comm_on(stage, time_s, local[src] if src >= 0 else
+                                  last if src == -1 else 0.0, tp=True)
     if mark is not None:
         items = tl.since(stage, mark, before)
         if items is not None:
