@@ -11,6 +11,7 @@ Which of those are recorded once and replayed: :mod:`.replay`.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..ir.comm import CollectiveType
@@ -22,6 +23,67 @@ from .gathered_walk import note_again, note_peak
 from .notes import MemoryNotes
 from .sync import ParamKey, StepSync
 from .units import held_units
+
+
+class FlatCopies:
+    """A backward's flat gradient copies still waiting for their
+    reduce-scatters, ``(bytes, end of the reduce-scatter)`` in the order
+    issued. One stream takes the reduce-scatters in that order, so their
+    ends come in order and the copies still waiting at a time are a
+    suffix: found by bisection, their bytes by a running sum (integers:
+    the same sums as a loop over them), however many wait (per group a
+    backward's compute runs ahead of its reduce-scatters: thousands). An
+    end out of order (none is known) turns to a loop over the copies."""
+
+    __slots__ = ("items", "ends", "total", "lo", "ordered")
+
+    def __init__(self) -> None:
+        self.items: List[Tuple[int, float]] = []
+        self.ends: List[float] = []
+        #: bytes of ``items[:i]`` at ``total[i]``
+        self.total: List[int] = [0]
+        self.lo = 0                 # the first copy still waiting
+        self.ordered = True
+
+    def __bool__(self) -> bool:
+        return self.lo < len(self.items)
+
+    def waiting(self) -> List[Tuple[int, float]]:
+        """The copies still waiting."""
+        return self.items[self.lo:]
+
+    def append(self, nbytes: int, end: float) -> None:
+        if self.ends and end < self.ends[-1]:
+            self.ordered = False
+        self.items.append((nbytes, end))
+        self.ends.append(end)
+        self.total.append(self.total[-1] + nbytes)
+
+    def held(self, start: float, made: float) -> Tuple[int, int]:
+        """The bytes of the copies waiting past ``start`` and past ``made``
+        (``start <= made``: where the op making a gradient starts and
+        ends); those done by ``made`` stop waiting."""
+        if not self.ordered:
+            held_start = held = 0
+            waiting = []
+            for x in self.items[self.lo:]:
+                if x[1] > start:
+                    held_start += x[0]
+                if x[1] > made:
+                    waiting.append(x)
+                    held += x[0]
+            self.items, self.lo = waiting, 0
+            self.ends = [end for _, end in waiting]
+            self.total = [0]
+            for nbytes, _ in waiting:
+                self.total.append(self.total[-1] + nbytes)
+            self.ordered = all(a <= b for a, b in zip(self.ends, self.ends[1:]))
+            return held_start, held
+        ends, total, lo = self.ends, self.total, self.lo
+        last = total[-1]
+        held_start = last - total[bisect_right(ends, start, lo)]
+        lo = self.lo = bisect_right(ends, made, lo)
+        return held_start, last - total[lo]
 
 
 class OpByOpBackward:
@@ -160,8 +222,8 @@ class OpByOpBackward:
         n = len(order)
         # ZeRO 2/3 reduce-scattering here: each flat copy's (bytes, the end
         # of its reduce-scatter)
-        flats: Optional[List[Tuple[int, float]]] = [] if (ctx.scatter_each and only
-                                                          and not accumulating) else None
+        flats: Optional[FlatCopies] = FlatCopies() if (ctx.scatter_each and only
+                                                       and not accumulating) else None
         #: per gradient (its block's position in ``order``, its index in
         #: the block), the bytes of the task's earlier flat copies still
         #: waiting when it is made
@@ -226,7 +288,7 @@ class OpByOpBackward:
                 units_before = tuple(ctx.unit_pending.get(stage, ())) if ctx.by_layer else ()
                 # this task's flat copies: those waiting as the block starts,
                 # and the block's own (bytes, start, end of the reduce-scatter)
-                own = (list(flats), []) if flats is not None else None
+                own = (flats.waiting(), []) if flats is not None else None
             local: Dict[int, float] = {}
             unit = ctx.grad_unit(name)
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
@@ -270,16 +332,7 @@ class OpByOpBackward:
                         # one pass, each sum in the list's order (a few
                         # copies, a hundred thousand gradients a grid)
                         made_at = made or 0.0
-                        start = made_at - time_s
-                        held_start = held = 0
-                        waiting = []
-                        for x in flats:
-                            if x[1] > start:
-                                held_start += x[0]
-                            if x[1] > made_at:
-                                waiting.append(x)
-                                held += x[0]
-                        flats = waiting
+                        held_start, held = flats.held(made_at - time_s, made_at)
                         if held_start > inside.get((k, param, True), 0):
                             inside[(k, param, True)] = held_start
                         if held > inside.get((k, param), 0):
@@ -293,9 +346,10 @@ class OpByOpBackward:
                         self.policy.unit_gradient(tuple((name, layer, i) for i in unit),
                                                        key, stage, accumulating or 0)
                         if flats is not None and len(ctx.unit_ends) > scattered:
-                            flats.append((ctx.unit_bytes(name), ctx.unit_ends[-1]))
+                            nbytes = ctx.unit_bytes(name)
+                            flats.append(nbytes, ctx.unit_ends[-1])
                             if own is not None:     # from the concatenation's end
-                                own[1].append((flats[-1][0], tl.free[2 * stage], flats[-1][1]))
+                                own[1].append((nbytes, tl.free[2 * stage], ctx.unit_ends[-1]))
                         continue
                     if fused:
                         # ZeRO 2 past the first micro-batch, without
@@ -341,7 +395,7 @@ class OpByOpBackward:
                         end = self.synced_at((name, layer, param), stage, made)
                     if flats is not None:
                         pc = ctx.param_cost(name, param)
-                        flats.append((pc.nbytes, end))
+                        flats.append(pc.nbytes, end)
                         if own is not None:         # from the flattening's end
                             own[1].append((pc.nbytes, (made or 0.0) + pc.flat[0], end))
             if entries is not None:
@@ -358,12 +412,11 @@ class OpByOpBackward:
             self.notes.buckets(stage, c, in_buckets, self.part)
         if later:
             self.notes.later(stage, accumulating, c, later)
-        if last is None:
-            flats = None
-        elif flats:
-            flats = [(nbytes, end) for nbytes, end in flats if end > last]
-        self._leave_flats(stage, c, inside, flats)
-        self.last_notes = (inside, flats)
+        left: Optional[List[Tuple[int, float]]] = None
+        if last is not None and flats is not None:
+            left = [(nbytes, end) for nbytes, end in flats.waiting() if end > last]
+        self._leave_flats(stage, c, inside, left)
+        self.last_notes = (inside, left)
         return last
 
     def _block_replay(self, stage: int, order, k: int, origin: float,

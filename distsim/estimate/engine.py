@@ -35,19 +35,14 @@ is the latest end among their dependencies (``ready``, 0.0 for none).
 """
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .overlap import span_overlap
+from .spans import Run, shifted, spans, union
 
 COMPUTE, COMM = 0, 1
-#: A replayed run of one stream's spans (see :attr:`Timeline.compute_runs`).
-Run = Tuple[int, np.ndarray, np.ndarray, float]
-_AT, _REL_S, _REL_E, _ORIGIN = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
-#: Up to this many runs, :func:`_spans` joins the pieces one by one.
-_FEW_RUNS = 8
 
 
 class Timeline:
@@ -66,6 +61,14 @@ class Timeline:
         self.emb_items = 0      # how many items the tied embeddings' streams took
         self.group_starts: List[List[float]] = [[] for _ in range(stages)]
         self.group_ends: List[List[float]] = [[] for _ in range(stages)]
+        # ... and those of replayed records, (starts, ends, origin) each:
+        # the spans are made when counted, a numpy call per record
+        self.group_runs: List[List[Tuple[np.ndarray, np.ndarray, float]]] = \
+            [[] for _ in range(stages)]
+        # a span starting where the list's last ends extends it (the same
+        # union), but not one listed before a :meth:`mark`: per stage, how
+        # many of its spans are sealed so (see :attr:`sealed`)
+        self.group_sealed: List[int] = [0] * stages
         self.free: List[float] = [0.0] * (2 * stages)   # end of each stream's last item
         self.end = 0.0                                  # the latest end of any item
         # per stage: the spans (start, start + busy) of its compute items, the
@@ -98,7 +101,7 @@ class Timeline:
         # stream, in stream order: each run's place among the spans in the
         # lists above (how many were there before it), its record's starts
         # and ends relative to its origin, and the origin; the spans are
-        # made when asked for (:func:`_spans`), a numpy call per record
+        # made when asked for (:func:`.spans.spans`), a numpy call per record
         self.compute_runs: List[List[Run]] = [[] for _ in range(stages)]
         self.comm_runs: List[List[Run]] = [[] for _ in range(stages)]
         # a span that starts where the stream's last one ends extends it
@@ -120,6 +123,8 @@ class Timeline:
         t.emb_items = self.emb_items
         t.group_starts = [list(x) for x in self.group_starts]
         t.group_ends = [list(x) for x in self.group_ends]
+        t.group_runs = [list(x) for x in self.group_runs]     # records shared: never changed
+        t.group_sealed = list(self.group_sealed)
         t.compute_starts = [list(x) for x in self.compute_starts]
         t.compute_ends = [list(x) for x in self.compute_ends]
         t.waits = list(self.waits)
@@ -254,8 +259,7 @@ class Timeline:
         for chain, end in zip(items, readies):
             for on_comm, time_s in chain:
                 if on_comm and per_group:      # the all-gather, on the data-parallel stream
-                    end = self._on_group(stage, time_s, end)
-                    latest = max(latest, self.end)
+                    end = self.comm_on(stage, time_s, end)
                 elif on_comm:
                     start = free[m] if free[m] > 0.0 else 0.0
                     if end > start:
@@ -291,7 +295,7 @@ class Timeline:
         if len(stages) == 1:
             return self.comm_on(stages[0], time_s, ready)
         if self.per_group:
-            return self._on_group(tuple(sorted(set(stages))), time_s, ready)
+            return self._on_embedding(tuple(sorted(set(stages))), time_s, ready)
         free = self.free
         start = 0.0
         for stage in stages:
@@ -318,7 +322,12 @@ class Timeline:
         gradient syncs, ZeRO gathers, tensor-parallel collectives: ``tp``;
         with ``per_group`` the others on the data-parallel stream)."""
         if not tp and self.per_group:
-            return self._on_group(stage, time_s, ready)
+            # the data-parallel stream (per stage: every reduce-scatter
+            # and gradient sync of a backward, ZeRO-3's gathers)
+            start = self.dp_free[stage]
+            end = self.dp_free[stage] = self._group_item((stage,), start if start > ready
+                                                         else ready, time_s)
+            return end
         free = self.free
         s = 2 * stage + 1
         start = free[s] if free[s] > 0.0 else 0.0
@@ -339,25 +348,29 @@ class Timeline:
             self.tp_items[stage] += end - start
         return end
 
-    def _on_group(self, where, time_s: float, ready: float) -> float:
-        """``per_group``: a collective on the data-parallel stream of stage
-        ``where`` (an int), or on the tied embedding's stream of the stages
-        ``where`` (a tuple); returns its end."""
-        emb = isinstance(where, tuple)
-        start = self.emb_free.get(where, 0.0) if emb else self.dp_free[where]
-        if ready > start:
-            start = ready
+    def _on_embedding(self, stages: Tuple[int, ...], time_s: float, ready: float) -> float:
+        """``per_group``: a collective on the tied embedding's stream of
+        ``stages``; returns its end."""
+        start = self.emb_free.get(stages, 0.0)
+        end = self.emb_free[stages] = self._group_item(stages, start if start > ready else ready,
+                                                       time_s)
+        self.emb_items += 1
+        return end
+
+    def _group_item(self, stages: Tuple[int, ...], start: float, time_s: float) -> float:
+        """``per_group``: an item from ``start`` on a stream of a group of
+        ``stages`` (the data-parallel one of a stage, a tied embedding's),
+        its span listed for each; returns its end."""
         end = start + time_s
         if end > self.end:
             self.end = end
-        if emb:
-            self.emb_free[where] = end
-            self.emb_items += 1
-        else:
-            self.dp_free[where] = end
-        for stage in (where if emb else (where,)):
-            self.group_starts[stage].append(start)
-            self.group_ends[stage].append(end)
+        for stage in stages:
+            ends = self.group_ends[stage]
+            if len(ends) > self.group_sealed[stage] and ends[-1] == start:
+                ends[-1] = end
+            else:
+                self.group_starts[stage].append(start)
+                ends.append(end)
         return end
 
     def p2p_chain(self, a: int, b: int, times: Sequence[float], ready: float,
@@ -398,11 +411,13 @@ class Timeline:
         listed so far sealed: a record starts after them)."""
         self.sealed[2 * stage] = len(self.compute_starts[stage])
         self.sealed[2 * stage + 1] = len(self.comm_starts[stage])
+        self.group_sealed[stage] = len(self.group_starts[stage])
         return (len(self.compute_runs[stage]), len(self.comm_runs[stage]),
                 len(self.compute_starts[stage]), len(self.comm_starts[stage]),
                 self.busy[stage], self.waits[stage], self.comm_s[stage], self.tp_items[stage],
                 self.sync_waits[stage], self.free[2 * stage], self.free[2 * stage + 1],
-                len(self.group_starts[stage]), self.dp_free[stage], self.emb_items)
+                len(self.group_starts[stage]), self.dp_free[stage], self.emb_items,
+                len(self.group_runs[stage]))
 
     def idle_by(self, stage: int, at: float) -> bool:
         """Whether ``stage``'s communication streams (the tensor-parallel
@@ -417,20 +432,25 @@ class Timeline:
         relative to ``origin``, for :meth:`replay`; where a run was
         replayed in between (the items are not all at the ends of its
         lists), None, or with ``with_runs`` the spans of the lists and the
-        runs in stream order (:func:`_spans`: the floats the time split
+        runs in stream order (:func:`.spans.spans`: the floats the time split
         would read). A stream the task did not touch keeps its end where it
         is replayed (None in the record). Under ``per_group`` the record
         holds the stage's data-parallel stream too (its spans and end, or
         None without), and a task that put an item on a tied embedding's
         stream gives None."""
         (runs, comm_runs, nc, nm, busy, waits, comm_s, tp_items, sync_waits,
-         free_c, free_m, ng, free_g, emb) = mark
+         free_c, free_m, ng, free_g, emb, group_runs) = mark
         group = None
         if self.per_group:
             if self.emb_items != emb:
                 return None
-            group = (np.asarray(self.group_starts[stage][ng:], dtype=float) - origin,
-                     np.asarray(self.group_ends[stage][ng:], dtype=float) - origin,
+            gs = np.asarray(self.group_starts[stage][ng:], dtype=float)
+            ge = np.asarray(self.group_ends[stage][ng:], dtype=float)
+            runs_g = self.group_runs[stage][group_runs:]
+            if runs_g:      # replayed in between (in no order: any will do)
+                gs = np.concatenate((gs, shifted(runs_g, 0)))
+                ge = np.concatenate((ge, shifted(runs_g, 1)))
+            group = (gs - origin, ge - origin,
                      None if self.dp_free[stage] == free_g else self.dp_free[stage] - origin)
         c_runs, m_runs = self.compute_runs[stage], self.comm_runs[stage]
         cs, ce = self.compute_starts[stage][nc:], self.compute_ends[stage][nc:]
@@ -438,8 +458,8 @@ class Timeline:
         if runs != len(c_runs) or comm_runs != len(m_runs):
             if not with_runs:
                 return None
-            cs, ce = _spans([(at - nc, *rest) for at, *rest in c_runs[runs:]], cs, ce)
-            ms, me = _spans([(at - nm, *rest) for at, *rest in m_runs[comm_runs:]], ms, me)
+            cs, ce = spans([(at - nc, *rest) for at, *rest in c_runs[runs:]], cs, ce)
+            ms, me = spans([(at - nm, *rest) for at, *rest in m_runs[comm_runs:]], ms, me)
         s = 2 * stage
         return (np.asarray(cs, dtype=float) - origin, np.asarray(ce, dtype=float) - origin,
                 np.asarray(ms, dtype=float) - origin, np.asarray(me, dtype=float) - origin,
@@ -487,8 +507,7 @@ class Timeline:
             # unioned with the others when counted)
             g_starts, g_ends, free_g = group
             if len(g_starts):
-                self.group_starts[stage].extend((g_starts + origin).tolist())
-                self.group_ends[stage].extend((g_ends + origin).tolist())
+                self.group_runs[stage].append((g_starts, g_ends, origin))
             if free_g is not None:
                 self.dp_free[stage] = origin + free_g
                 if self.dp_free[stage] > end:
@@ -499,8 +518,8 @@ class Timeline:
     # -- accounting ----------------------------------------------------------
     def comm_spans(self, stage: int) -> Tuple[Sequence[float], Sequence[float]]:
         """The spans of ``stage``'s communication stream in order (its
-        lists with its replayed runs in place: :func:`_spans`)."""
-        return _spans(self.comm_runs[stage], self.comm_starts[stage], self.comm_ends[stage])
+        lists with its replayed runs in place: :func:`.spans.spans`)."""
+        return spans(self.comm_runs[stage], self.comm_starts[stage], self.comm_ends[stage])
 
     def stage_breakdown(self, stage: int, step_s: float,
                         comm: Optional[Tuple[Sequence[float], Sequence[float]]] = None
@@ -516,88 +535,23 @@ class Timeline:
         busy = self.busy[stage]
         comm_s = self.comm_s[stage]
         starts, ends = comm if comm is not None else self.comm_spans(stage)
-        if self.p2p_starts[stage] or self.group_starts[stage]:
+        runs_g = self.group_runs[stage]
+        if self.p2p_starts[stage] or self.group_starts[stage] or runs_g:
             # the union of the collectives' and the transfers' spans, as the
-            # simulator's summary counts communication
-            starts, ends = _union(np.concatenate((starts, self.p2p_starts[stage],
-                                                  self.group_starts[stage])),
-                                  np.concatenate((ends, self.p2p_ends[stage],
-                                                  self.group_ends[stage])))
+            # simulator's summary counts communication (the data-parallel
+            # stream's in any order)
+            parts_s = [starts, self.p2p_starts[stage], self.group_starts[stage]]
+            parts_e = [ends, self.p2p_ends[stage], self.group_ends[stage]]
+            if runs_g:
+                parts_s.append(shifted(runs_g, 0))
+                parts_e.append(shifted(runs_g, 1))
+            starts, ends = union(np.concatenate(parts_s), np.concatenate(parts_e))
             # in order, as a loop adds them (numpy's cumsum adds one after
             # the other; its sum would add pairwise)
             comm_s = float((ends - starts).cumsum()[-1]) if len(starts) else 0.0
-        hidden = span_overlap(*_spans(self.compute_runs[stage], self.compute_starts[stage],
+        hidden = span_overlap(*spans(self.compute_runs[stage], self.compute_starts[stage],
                                       self.compute_ends[stage]), starts, ends, ordered=True)
         exposed = waits + comm_s - hidden
         return {"compute_s": busy, "communication_s": comm_s + waits,
                 "exposed_communication_s": exposed,
                 "idle_s": max(0.0, step_s - busy - exposed)}
-
-
-def _union(starts: Sequence[float], ends: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
-    """Spans ``(starts[i], ends[i])`` merged into disjoint ones in time order
-    (a span starting at or before the latest end so far joins it): with
-    numpy, sorted by start then end as Python sorts the pairs; a merged
-    span ends at the latest end of its members, exactly."""
-    s = np.asarray(starts, dtype=float)
-    e = np.asarray(ends, dtype=float)
-    if not len(s):
-        return s, e
-    order = np.lexsort((e, s))
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    first = new.nonzero()[0]
-    last = np.empty_like(first)
-    last[:-1] = first[1:] - 1
-    last[-1] = len(s) - 1
-    return s[first], reach[last]
-
-
-def _spans(runs: List[Run], starts: List[float], ends: List[float]
-           ) -> Tuple[Sequence[float], Sequence[float]]:
-    """A stream's spans in stream order: its lists with its runs in their
-    places (the lists themselves where it has no runs). Each run's spans
-    are its record's plus its origin (the same floats as adding them at
-    the replay), made by a few numpy calls over all runs at once however
-    many there are (a ZeRO 2/3 stage replays hundreds of blocks and
-    tasks): no Python step per run but the gathering of their fields."""
-    if not runs:
-        return starts, ends
-    k = len(runs)
-    if k <= _FEW_RUNS:
-        # a few runs (a stage's replayed last backward): the lists' pieces
-        # and the runs' spans joined in order, fewer numpy calls
-        parts_s: List[Sequence[float]] = []
-        parts_e: List[Sequence[float]] = []
-        done = 0
-        for at, rel_s, rel_e, origin in runs:
-            if at > done:
-                parts_s.append(starts[done:at])
-                parts_e.append(ends[done:at])
-                done = at
-            parts_s.append(rel_s + origin)
-            parts_e.append(rel_e + origin)
-        if done < len(starts):
-            parts_s.append(starts[done:])
-            parts_e.append(ends[done:])
-        return np.concatenate(parts_s), np.concatenate(parts_e)
-    # all runs' spans at once: their records' spans joined, each plus its
-    # run's origin (the same floats as one addition per span), put in
-    # their places among the lists' spans
-    at = np.fromiter(map(_AT, runs), np.int64, k)
-    rel_s = list(map(_REL_S, runs))
-    lens = np.fromiter(map(len, rel_s), np.int64, k)
-    shift = np.repeat(np.fromiter(map(_ORIGIN, runs), float, k), lens)
-    n = len(starts) + len(shift)
-    out_s, out_e = np.empty(n), np.empty(n)
-    placed = np.repeat(at, lens) + np.arange(len(shift))
-    listed = np.ones(n, dtype=bool)
-    listed[placed] = False
-    out_s[listed] = starts
-    out_e[listed] = ends
-    out_s[placed] = np.concatenate(rel_s) + shift
-    out_e[placed] = np.concatenate(list(map(_REL_E, runs))) + shift
-    return out_s, out_e

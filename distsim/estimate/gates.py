@@ -272,7 +272,24 @@ def entrywise(b: StepContext) -> bool:
 Entry = Tuple[str, float, Tuple[int, ...], int, bool, Optional[float]]
 
 
-def entry_plan(b: StepContext, kind: str, block: str, mb: int) -> List[Entry]:
+class EntryPlan(List[Entry]):
+    """A block's :data:`Entry` items, with what :func:`emit_entries`
+    replays them from: ``record``, the items of one emission that found
+    the block's gathers, its input and the stage's streams done by its
+    start, relative to that start (:meth:`.engine.Timeline.since`), the
+    end of its compute after it, and how long after the start the
+    gathers may end and no run that reads them start later (the least,
+    over those runs, of the run's start and how long before the gathers'
+    end its parameter is gathered); ``replayable``, whether such an
+    emission depends on nothing but its start (no collective of it reads
+    what the forward kept: one would start where the tensor-parallel
+    stream ends, before the block's compute)."""
+
+    record: Optional[Tuple[tuple, float, float]] = None
+    replayable = True
+
+
+def entry_plan(b: StepContext, kind: str, block: str, mb: int) -> EntryPlan:
     """A block's forward (:attr:`.blocks.Block.f_segs`) or backward (the
     first micro-batch's, :attr:`.blocks.Block.only`, or a later one's,
     :attr:`.blocks.Block.mid`) as :data:`Entry` items; by layer, the
@@ -289,7 +306,7 @@ def entry_plan(b: StepContext, kind: str, block: str, mb: int) -> List[Entry]:
     items = plan.items
     # per item, the time of the items after it (its end before the last's)
     after = [sum(items[k + 1:]) for k in range(len(items))]
-    hit = []
+    hit = EntryPlan()
     for seg, change in zip(segs, changed):
         if seg.kind == "c":
             gate = seg.gate
@@ -299,23 +316,44 @@ def entry_plan(b: StepContext, kind: str, block: str, mb: int) -> List[Entry]:
         elif seg.kind == "t":
             src = -2 if not seg.deps else -1 if seg.deps[0] is None else seg.deps[0]
             hit.append(("t", seg.time_s, (), src, seg.lead, None))
+            hit.replayable = hit.replayable and src != -2
         else:       # a mark (a gradient made, the input gradient): nothing to run
             hit.append(("m", 0.0, (), -2, seg.lead, None))
     b.memo.entry_plans[key] = hit
     return hit
 
 
-def emit_entries(b: StepContext, stage: int, plan: List[Entry], gathered: float,
+def emit_entries(b: StepContext, stage: int, plan: EntryPlan, gathered: float,
                  ready: float, before: float) -> float:
     """Emit a block's :func:`entry_plan` on ``stage``: each compute run
     from ``ready`` (the task's input; not a leading recomputation), the
     gathers it reads (``gathered``: the end of the block's gathers) and
     the collectives it reads; each collective on the tensor-parallel
     stream from the run making its input (``before``: where the compute
-    before the block ends). Returns where its compute ends."""
+    before the block ends). Returns where its compute ends.
+
+    Where the compute stream ends at ``before`` and the input and the
+    tensor-parallel stream are done by then, the block's items depend
+    only on ``before`` (a :attr:`EntryPlan.replayable` plan's) if its
+    gathers end early enough that no run waits for them: the first
+    emission with the gathers done by ``before`` is recorded, with how
+    late they may end (:class:`EntryPlan`), and the next ones whose
+    gathers end by then replay it, shifted (a stage's forward has tens
+    of such blocks; most of a ZeRO-3 step's items)."""
     tl = b.tl
+    s = 2 * stage
+    mark = None
+    if (plan.replayable and tl.free[s] == before and tl.free[s + 1] <= before
+            and ready <= before):
+        record = plan.record
+        if record is not None and gathered - before <= record[2]:
+            tl.replay(stage, record[0], before)
+            return before + record[1]
+        if record is None and gathered <= before:
+            mark = tl.mark(stage)
     local: Dict[int, float] = {}
     last = before
+    slack = float("inf")
     for i, (kind, time_s, waits, src, lead, gate) in enumerate(plan):
         if kind == "c":
             at = 0.0 if gate is None else gathered - gate
@@ -324,8 +362,19 @@ def emit_entries(b: StepContext, stage: int, plan: List[Entry], gathered: float,
             for d in waits:
                 if local[d] > at:
                     at = local[d]
+            if mark is not None and gate is not None:
+                # recording: where the run starts (:meth:`.engine.Timeline.compute`)
+                start = tl.free[s] if tl.free[s] > 0.0 else 0.0
+                if at > start:
+                    start = at
+                if start - before + gate < slack:
+                    slack = start - before + gate
             local[i] = last = tl.compute(stage, time_s, at)
         elif kind == "t":
             local[i] = tl.comm_on(stage, time_s, local[src] if src >= 0 else
                                   last if src == -1 else 0.0, tp=True)
+    if mark is not None:
+        items = tl.since(stage, mark, before)
+        if items is not None:
+            plan.record = (items, last - before, slack)
     return last

@@ -97,7 +97,8 @@ from ..transforms.sync_policy import bucket_bytes_of, scatters_each_microbatch
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, model_key, param_sizes
-from .engine import Timeline, _union
+from .engine import Timeline
+from .spans import union
 from .memory import estimate_memory
 from .context import Case, StepContext
 from .timeline import Builder, Memo, shared_prefix
@@ -343,7 +344,7 @@ def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[dict],
     t = np.concatenate([(spans[None, :, :] + np.asarray(starts)[:, None, None]).reshape(-1, 2)
                         for spans, starts in placed.values()])
     c_s, c_e = comm
-    p_s, p_e = _union(tl.p2p_starts[stage], tl.p2p_ends[stage])
+    p_s, p_e = union(tl.p2p_starts[stage], tl.p2p_ends[stage])
 
     def near(s: np.ndarray, e: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         # the spans that meet a transfer (the others add nothing to the overlap)
@@ -357,7 +358,7 @@ def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[dict],
         return 0.0
 
     def length(*parts: Tuple[np.ndarray, np.ndarray]) -> float:
-        starts, ends = _union(np.concatenate([s for s, _ in parts]),
+        starts, ends = union(np.concatenate([s for s, _ in parts]),
                               np.concatenate([e for _, e in parts]))
         return float((ends - starts).sum())
 

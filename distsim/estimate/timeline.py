@@ -202,7 +202,8 @@ class Builder:
             else:
                 mark = tl.mark(stage) if clean else None
                 end = self._emit_gathered(stage, plan, ready, kind, c, mb)
-                items = tl.since(stage, mark, origin) if mark is not None else None
+                items = tl.since(stage, mark, origin, with_runs=True) \
+                    if mark is not None else None
                 if items is not None:
                     ctx.replays[key] = TaskRecord(items, tuple(block[1] for block in plan),
                                                        end - origin)

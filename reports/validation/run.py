@@ -8,6 +8,7 @@ estimator (``distsim.estimate.estimate``), with the signed error of each.
     python reports/validation/run.py --force    # ignore the cache
     python reports/validation/run.py --only korthikanti-22b-full --out /tmp/v
     python reports/validation/run.py --comm-streams per-group --out /tmp/v
+    python reports/validation/run.py --fusion megatron --out /tmp/v
 
 Writes ``results.json`` and the table in ``README.md`` (between the
 ``<!-- results -->`` markers) in this folder, or in ``--out``. A run whose
@@ -560,6 +561,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="simulate every run with this comm_streams setting (default: "
                              "distsim's); the estimator refuses a setting it does not model, "
                              "and the row says so")
+    parser.add_argument("--fusion", choices=("none", "megatron"),
+                        help="simulate every run under this kernel fusion (default: each "
+                             "run's own, unfused)")
     args = parser.parse_args(argv)
 
     from distsim.fileio import write_json_atomic, write_text_atomic
@@ -578,6 +582,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.comm_streams:          # part of each run's options, so of its cache key
         for r in runs:
             r["options"] = {**r["options"], "comm_streams": args.comm_streams}
+    if args.fusion:
+        for r in runs:
+            r["options"] = {**r["options"], "fusion": args.fusion}
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     try:

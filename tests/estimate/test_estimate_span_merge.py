@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from distsim.estimate import engine as estimate_engine
-from distsim.estimate.engine import Timeline, _spans
+from distsim.estimate import spans as estimate_spans
+from distsim.estimate.engine import Timeline
+from distsim.estimate.spans import spans as stream_spans
 from distsim.intervals import merged_overlap
 
 
@@ -25,9 +26,10 @@ class _AllSealed(list):
 
 def _spans_of(tl, stage=0, comm=False):
     if comm:
-        s, e = _spans(tl.comm_runs[stage], tl.comm_starts[stage], tl.comm_ends[stage])
+        s, e = stream_spans(tl.comm_runs[stage], tl.comm_starts[stage], tl.comm_ends[stage])
     else:
-        s, e = _spans(tl.compute_runs[stage], tl.compute_starts[stage], tl.compute_ends[stage])
+        s, e = stream_spans(tl.compute_runs[stage], tl.compute_starts[stage],
+                            tl.compute_ends[stage])
     return list(zip(list(s), list(e)))
 
 
@@ -157,9 +159,9 @@ def test_a_streams_spans_are_its_lists_with_each_run_shifted_in_its_place(seed, 
             starts.append(x)
             ends.append(x + 1.0)
             expected.append((x, x + 1.0))
-    s, e = _spans(runs, starts, ends)
+    s, e = stream_spans(runs, starts, ends)
     assert list(zip(s.tolist(), e.tolist())) == expected
-    assert (len(runs) <= estimate_engine._FEW_RUNS) == (items == 12)
+    assert (len(runs) <= estimate_spans._FEW_RUNS) == (items == 12)
 
 
 def test_since_with_runs_keeps_the_runs_spans_in_stream_order():

@@ -25,7 +25,7 @@ import pytest
 from distsim.estimate import point as est
 from distsim.estimate import engine as estimate_engine, replay as estimate_replay
 from distsim.estimate import timeline as estimate_timeline
-from distsim.estimate.engine import _union
+from distsim.estimate.spans import union
 
 from estimate_pairs import assert_within_bounds
 
@@ -123,9 +123,9 @@ def _merged(starts, ends):
 
 def test_span_union_merges_as_the_plain_walk():
     rng = random.Random(7)
-    assert [x.tolist() for x in _union([], [])] == [[], []]
+    assert [x.tolist() for x in union([], [])] == [[], []]
     for n in (1, 2, 5, 40, 300):
         # touching, nested, equal and disjoint spans, in no order
         starts = [rng.choice([0.0, 0.5, 1.0]) + rng.randrange(0, 50) * 0.25 for _ in range(n)]
         ends = [s + rng.choice([0.0, 0.25, 0.5, 3.0]) for s in starts]
-        assert tuple(x.tolist() for x in _union(starts, ends)) == _merged(starts, ends)
+        assert tuple(x.tolist() for x in union(starts, ends)) == _merged(starts, ends)

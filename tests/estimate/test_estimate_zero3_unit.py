@@ -96,7 +96,8 @@ def _gather_starts(**extra):
     pipeline and where the tensor-parallel collectives sit inside compute
     items) and in the simulation, sorted, with both step times."""
     import distsim
-    from distsim.estimate.engine import Timeline, _spans
+    from distsim.estimate.engine import Timeline
+    from distsim.estimate.spans import spans as stream_spans
 
     options = dict(model="llama2-7b", topology="workstation-4gpu-pcie", dp=2, tp=2, layers=2,
                    seq=512, micro_batch=1, recompute="none", **LAYER, **extra)
@@ -113,7 +114,7 @@ def _gather_starts(**extra):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Timeline, "__init__", unmerged)
         tl = Builder(case, est._profile_for(case)).build()
-    starts, _ = _spans(tl.comm_runs[0], tl.comm_starts[0], tl.comm_ends[0])
+    starts, _ = stream_spans(tl.comm_runs[0], tl.comm_starts[0], tl.comm_ends[0])
     return list(starts), simulated, tl.run(), run.step_time_s
 
 def test_a_units_copy_in_runs_before_the_collective_that_ends_the_block_before():
