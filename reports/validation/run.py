@@ -8,7 +8,7 @@ estimator (``distsim.estimate.estimate``), with the signed error of each.
     python reports/validation/run.py --force    # ignore the cache
     python reports/validation/run.py --only korthikanti-22b-full --out /tmp/v
     python reports/validation/run.py --comm-streams per-group --out /tmp/v
-    python reports/validation/run.py --fusion megatron --out /tmp/v
+    python reports/validation/run.py --fusion none --out /tmp/v   # unfused
 
 Writes ``results.json`` and the table in ``README.md`` (between the
 ``<!-- results -->`` markers) in this folder, or in ``--out``. A run whose
@@ -22,7 +22,9 @@ collective starts no earlier than the end of the compute issued before it
 on its device, as PyTorch's ProcessGroupNCCL orders its streams, which
 every source ran on. The backward's tensor-parallel all-reduce sits where
 each source's Megatron-LM issued it (``tp_overlap``, per source below).
-The estimator models neither stream order nor the async order: its
+Every run ran Megatron-LM's fused kernels (``fusion: megatron``:
+scale-mask-softmax, bias-GeLU, bias-dropout-add; ``--fusion none``
+simulates them unfused). The estimator models neither stream order nor the async order: its
 column estimates the same run with collectives started by their inputs,
 in autodiff's order (``comm_order: inputs``, ``tp_overlap: false``).
 
@@ -310,13 +312,19 @@ def bloom() -> List[Dict[str, Any]]:
 
 #: how every run's collectives start: PyTorch's stream order (module docstring)
 COMM_ORDER = "stream"
+#: the kernel fusion every run ran: Megatron-LM's fused scale-mask-softmax,
+#: bias-GeLU and bias-dropout-add are on unless disabled
+#: (``--no-masked-softmax-fusion``, ``--no-bias-gelu-fusion``,
+#: ``--no-bias-dropout-fusion``), which no source's script does; BLOOM's
+#: even aborts without them (``--abort-on-unmet-fused-kernel-constraints``)
+FUSION = "megatron"
 
 
 def all_runs() -> List[Dict[str, Any]]:
     runs = table1() + table2() + table2_zero3() + korthikanti() + bloom()
     for run in runs:
         run["published"]["step_time_s"] = published_time(run)
-        run["options"] = {**run["options"], "comm_order": COMM_ORDER}
+        run["options"] = {**run["options"], "comm_order": COMM_ORDER, "fusion": FUSION}
     return runs
 
 
@@ -562,8 +570,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "distsim's); the estimator refuses a setting it does not model, "
                              "and the row says so")
     parser.add_argument("--fusion", choices=("none", "megatron"),
-                        help="simulate every run under this kernel fusion (default: each "
-                             "run's own, unfused)")
+                        help=f"simulate every run under this kernel fusion (default: "
+                             f"{FUSION}, what every source ran)")
     args = parser.parse_args(argv)
 
     from distsim.fileio import write_json_atomic, write_text_atomic
