@@ -9,8 +9,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 
 #: Block names: the embedding, one transformer layer, the head (final norm,
-#: output layer and loss).
-EMB, LAYER, HEAD = "emb", "layer", "head"
+#: output layer and loss); a model that mixes dense and mixture-of-experts
+#: layers has both a dense layer (LAYER) and a MoE layer (MOE:
+#: :mod:`.layer_kinds`).
+EMB, LAYER, HEAD, MOE = "emb", "layer", "head", "moe"
 #: The template's last micro-batch (0: the first, 1: a middle one).
 LAST_MB = 2
 @dataclass
@@ -235,3 +237,6 @@ class LayerProfile:
     #: backward fields W's (``blocks`` then hold the input-gradient part);
     #: empty otherwise
     weight: Dict[str, Block] = field(default_factory=dict)
+    #: each model layer's block where the model mixes dense and MoE layers
+    #: (:func:`.layer_kinds.merge_kinds`); empty: every layer is LAYER
+    layer_blocks: Tuple[str, ...] = ()

@@ -51,23 +51,26 @@ class Case:
 
 
 @lru_cache(maxsize=256)
-def _all_params(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
-                head: Tuple[int, ...], last_stage: int) -> Tuple[Tuple[tuple, int], ...]:
-    """:meth:`StepContext.all_params` of a layout (the same for many points)."""
+def _all_params(emb: Tuple[int, ...], layers: Tuple[Tuple[str, int], ...],
+                layer_stages: Tuple[int, ...], head: Tuple[int, ...], last_stage: int
+                ) -> Tuple[Tuple[tuple, int], ...]:
+    """:meth:`StepContext.all_params` of a layout (the same for many points):
+    ``layers``, each layer's block and its number of parameters."""
     out = [((EMB, None, i), 0) for i in emb]
-    for layer, stage in enumerate(layer_stages):
-        out.extend(((LAYER, layer, i), stage) for i in range(per_layer))
+    for layer, ((block, count), stage) in enumerate(zip(layers, layer_stages)):
+        out.extend(((block, layer, i), stage) for i in range(count))
     out.extend(((HEAD, None, i), last_stage) for i in head)
     return tuple(out)
 
 
 @lru_cache(maxsize=256)
-def _param_counts(emb: Tuple[int, ...], per_layer: int, layer_stages: Tuple[int, ...],
-                  head: Tuple[int, ...], last_stage: int) -> Tuple[Dict[Tuple[str, int], int], ...]:
+def _param_counts(emb: Tuple[int, ...], layers: Tuple[Tuple[str, int], ...],
+                  layer_stages: Tuple[int, ...], head: Tuple[int, ...], last_stage: int
+                  ) -> Tuple[Dict[Tuple[str, int], int], ...]:
     """:meth:`StepContext.param_counts` of a layout."""
     counts: List[Dict[Tuple[str, int], int]] = [{} for _ in range(1 + max((0, last_stage,
                                                                          *layer_stages)))]
-    for (block, _, i), stage in _all_params(emb, per_layer, layer_stages, head, last_stage):
+    for (block, _, i), stage in _all_params(emb, layers, layer_stages, head, last_stage):
         counts[stage][(block, i)] = counts[stage].get((block, i), 0) + 1
     return tuple(counts)
 
@@ -82,9 +85,12 @@ class StepContext:
         self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
         self.microbatches = case.microbatches
         self.chunks = S.pp * S.chunks
+        #: each layer's block (dense layers LAYER, mixture-of-experts ones
+        #: MOE where a model mixes them: :mod:`.layer_kinds`)
+        self.layer_blocks = profile.layer_blocks or (LAYER,) * case.config.layers
         if S.partition == "balanced":     # as LowerSPMD balances (by roofline time)
             costs = profile.partition_costs
-            self.ranges = partition_balanced([costs.get(LAYER, 0.0)] * case.config.layers,
+            self.ranges = partition_balanced([costs.get(b, 0.0) for b in self.layer_blocks],
                                              self.chunks, first=costs.get(EMB, 0.0),
                                              last=costs.get(HEAD, 0.0))
         else:
@@ -92,8 +98,8 @@ class StepContext:
         self.chunk_of_layer = [c for c, (start, end) in enumerate(self.ranges)
                                for _ in range(start, end)]
         #: What a task's costs depend on in each chunk: whether it holds the
-        #: embedding, the head, and how many layers (chunks alike cost alike).
-        self.shapes = [(c == 0, c == self.chunks - 1, end - start)
+        #: embedding, the head, and its layers' blocks (chunks alike cost alike).
+        self.shapes = [(c == 0, c == self.chunks - 1, self.layer_blocks[start:end])
                        for c, (start, end) in enumerate(self.ranges)]
         #: how many chunks have each shape
         self.shape_chunks = Counter(self.shapes)
@@ -177,7 +183,7 @@ class StepContext:
         out: List[Tuple[str, Optional[int]]] = []
         if c == 0:
             out.append((EMB, None))
-        out.extend((LAYER, layer) for layer in range(start, end))
+        out.extend((self.layer_blocks[layer], layer) for layer in range(start, end))
         if c == self.chunks - 1:
             out.append((HEAD, None))
         out = self.memo.blocks[(kind, c)] = out if kind == "F" else out[::-1]
@@ -199,7 +205,7 @@ class StepContext:
     def _params_layout(self) -> tuple:
         order = self.profile.param_order
         return (tuple(i for block, i in order if block == EMB),
-                len(self.profile.params[LAYER]),
+                tuple((b, len(self.profile.params[b])) for b in self.layer_blocks),
                 tuple(self.stage_of(c) for c in self.chunk_of_layer),
                 tuple(i for block, i in order if block == HEAD), self.stage_of(self.chunks - 1))
 

@@ -65,8 +65,10 @@ ZeRO-3's parameter gathers run on the data-parallel stream, so a block's
 task with tensor-parallel collectives is emitted entry by entry
 (:func:`.gates.emit_entries`: its compute waits for each gather where it
 reads the parameter, its collectives only for their inputs).
-Only the ``gpt`` family is supported, without experts; other models, and
-mixtures of experts, are a ConfigError.
+Only the ``gpt`` family is supported (other models are a ConfigError),
+mixtures of experts included: each layer is timed and counted by the block
+of its kind (:mod:`.layer_kinds`); expert parallelism (``ep`` > 1) is
+refused with a NotModelledError.
 """
 from __future__ import annotations
 
@@ -94,7 +96,7 @@ from ..transforms.strategy import Strategy, check_field, fusion_for
 from ..transforms.sync_policy import bucket_bytes_of, scatters_each_microbatch
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
-from .profile import layer_profile, param_sizes
+from .profile import layer_profile, model_key, param_sizes
 from .engine import Timeline
 from .spans import union
 from .memory import estimate_memory
@@ -202,12 +204,11 @@ def resolve(options: Mapping[str, Any]) -> Case:
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
                           f"of topology '{topo.name}'")
     c = gpt_config(config)
-    if c.experts:
-        raise NotModelledError(f"estimate: model '{config.get('name')}' routes tokens to "
-                               "experts (mixture of experts), which the estimator does not "
-                               "model; use fidelity: simulate")
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
+    if strategy.ep > 1:     # its all-to-alls run over data-parallel ranks, outside the template
+        raise NotModelledError(f"estimate: expert parallelism (ep {strategy.ep}) is not "
+                               "modelled by the estimator; use fidelity: simulate")
     c, _ = resolve_batch(c, strategy)
     if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
         raise NotModelledError("estimate: tp_overlap (the backward's tensor-parallel "
@@ -254,7 +255,7 @@ def symmetry_applies(options: Mapping[str, Any]) -> bool:
 def _one_microbatch(c: Any) -> Tuple[Tuple[str, Any], ...]:
     """The model config of one micro-batch as a hashable key of the
     cached per-layer work (:func:`layer_profile`, :func:`param_sizes`)."""
-    return tuple(sorted(replace(c, global_batch=c.micro_batch).to_dict().items()))
+    return model_key(replace(c, global_batch=c.micro_batch))
 
 
 def profile_key(case: Case) -> Tuple[Any, ...]:

@@ -24,6 +24,11 @@ per *block* (the embedding, one transformer layer, the head with the loss):
   boundary, and the activation bytes saved per micro-batch
   (:func:`~distsim.transforms.memory_model.saved_activation_bytes`).
 
+A mixture-of-experts model whose layers are all MoE is one template like a
+dense one (the routing balance and capacity factor set the experts' slots,
+so they are part of the model shape); one that mixes dense and MoE layers
+gets a template per kind, merged (:mod:`.layer_kinds`).
+
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
 micro-batch, untied head, topology, collective algorithm, the tensor-parallel
 group's devices).
@@ -39,6 +44,7 @@ from ..cost.model import CostModel
 from ..ir.comm import is_communication, members
 from ..ir.core import Function, Op
 from ..models.gpt import GPTConfig
+from ..models.moe import loads_tuple
 from ..models.gpt_family import build_gpt_backward, build_gpt_step, hyper_of, rank_forward
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
@@ -49,6 +55,7 @@ from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
+from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, probe_layers
 from .profile_memory import fill_optimizer_ops, memory_excess
 from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
 
@@ -185,16 +192,26 @@ def _crossing(step: Function, tp: int, sp: bool, recompute: str
     return sorted(fwd), sorted(bwd), kept, tuple(sorted(names))
 
 
+def model_key(c: GPTConfig) -> Tuple[Tuple[str, Any], ...]:
+    """A GPTConfig's fields as sorted pairs, hashable (``expert_loads`` a
+    tuple): the model part of a profile's key."""
+    fields = c.to_dict()
+    fields["expert_loads"] = loads_tuple(fields["expert_loads"])
+    return tuple(sorted(fields.items()))
+
+
 @lru_cache(maxsize=256)
 def param_sizes(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, untie: bool
                 ) -> Tuple[Tuple[str, int], ...]:
     """``(name, elements)`` of the parameters a tensor-parallel rank holds,
     in the step's order, as :func:`~distsim.transforms.zero.check_shardable`
-    reads them: those of the embedding, the first layer (every layer has
-    the same sizes, so the first one refused is always the first layer's)
-    and the head. From a one-layer forward pass on one rank: nothing
+    reads them: those of the embedding, the first layer of each kind
+    (dense, mixture of experts: layers of a kind have the same sizes, so
+    the first one refused is always among them) and the head. From a
+    forward pass of those first layers on one rank: nothing
     differentiated, lowered or simulated."""
-    config = replace(GPTConfig(**dict(config_items)), layers=1)
+    config = GPTConfig(**dict(config_items))
+    config = replace(config, layers=probe_layers(config))
     fwd = rank_forward(config, tp, sp, micro_batch=1, untie=untie)
     by_name = {v.name: v for v in fwd.inputs}
     return tuple((name, by_name[name].type.numel) for name in fwd.meta["params"])
@@ -214,7 +231,15 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     template lowered and simulated for both. ``fusion``: the kernels the
     template's lowering fuses (:mod:`distsim.transforms.fusion`). ``split``:
     the backward split into input- and weight-gradient parts (ZB-H1:
-    :attr:`~.blocks.LayerProfile.weight`)."""
+    :attr:`~.blocks.LayerProfile.weight`). A model that mixes dense and MoE
+    layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
+    config = GPTConfig(**dict(config_items))
+    blocks = layer_blocks(config)
+    if blocks is not None:
+        args = (tp, sp, recompute, zero, micro_batch, untie, topology, collective_algo,
+                optimizer, tp_ranks, fusion, split)
+        return merge_kinds(layer_profile(model_key(dense_variant(config)), *args),
+                           layer_profile(model_key(moe_variant(config)), *args), blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,

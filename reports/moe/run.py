@@ -7,9 +7,12 @@ synchronisation, the pipeline bubble) and the memory per GPU, as ep goes
     python reports/moe/run.py --out DIR  # results.json and the PNG in DIR, README untouched
 
 Every row is a full-model simulation (32 layers; ``symmetry=True,
-coarsen=True``, exact in step time: the ep 8 row is also simulated without
-either and both figures are kept) on the repository's DGX H100 cluster
-(``dgx-h100-x8``, bf16); nothing is fitted. The per-kind split is rank 0's
+coarsen=True``, exact in step time and memory: the ep 8 row is also
+simulated without either and both figures are kept) on the repository's DGX H100 cluster
+(``dgx-h100-x8``, bf16); nothing is fitted. Each row is also estimated
+(``fidelity: estimate``, :func:`estimated`) beside its simulation in the
+analytical network mode (reduced by symmetry), the estimator's bound; rows it
+refuses (ep > 1) keep the refusal. The per-kind split is rank 0's
 (:func:`distsim.report.comm_kinds.communication_by_kind`): ``busy`` is the
 union of a kind's transfers, ``exposed`` what of it no compute op covers.
 """
@@ -29,6 +32,8 @@ if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from distsim.api import simulate  # noqa: E402
+from distsim.errors import NotModelledError  # noqa: E402
+from distsim.estimate import estimate  # noqa: E402
 from distsim.report.comm_kinds import communication_by_kind  # noqa: E402
 
 MODEL, TOPOLOGY = "mixtral-8x7b", "dgx-h100-x8"
@@ -67,6 +72,42 @@ def run(name: str, options: Dict[str, Any], reduced: bool = True) -> Dict[str, A
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def estimated(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The fast estimate of a row (``fidelity: estimate``) beside the
+    simulation it is bounded against (analytical network, reduced by
+    ``symmetry``), or the line refusing it."""
+    t0 = time.perf_counter()
+    try:
+        e = estimate({"model": MODEL, "topology": TOPOLOGY, **options})
+    except NotModelledError as exc:
+        return {"name": name, "refused": str(exc)}
+    wall = round(time.perf_counter() - t0, 2)
+    s = simulate(MODEL, TOPOLOGY, network_mode="analytical", symmetry=True,
+                 **options).summary()
+    return {"name": name, "step_time_s": e["step_time_s"],
+            "peak_memory_bytes": e["max_peak_memory_bytes"], "wall_s": wall,
+            "analytical_step_time_s": s["step_time_s"],
+            "analytical_peak_memory_bytes": s["max_peak_memory_bytes"]}
+
+
+def estimate_table(rows: List[Dict[str, Any]], estimates: List[Dict[str, Any]]) -> str:
+    """The README's estimate-against-simulation table."""
+    out = ["| run | estimate step s | simulated step s, analytical / flow | estimate peak GB | "
+           "simulated peak GB, analytical | estimate wall s |", "|---|---|---|---|---|---|"]
+    for r, e in zip(rows, estimates):
+        if "refused" in e:
+            out.append(f"| {e['name']} | refused: {e['refused']} | - / {r['step_time_s']:.3f} | "
+                       "- | - | - |")
+            continue
+        step = e["step_time_s"] / e["analytical_step_time_s"] - 1
+        peak = e["peak_memory_bytes"] / e["analytical_peak_memory_bytes"] - 1
+        out.append(f"| {e['name']} | {e['step_time_s']:.3f} ({step:+.2%}) | "
+                   f"{e['analytical_step_time_s']:.3f} / {r['step_time_s']:.3f} | "
+                   f"{e['peak_memory_bytes'] / 1e9:.1f} ({peak:+.2%}) | "
+                   f"{e['analytical_peak_memory_bytes'] / 1e9:.1f} | {e['wall_s']} |")
+    return "\n".join(out) + "\n"
+
+
 def _kind(r: Dict[str, Any], key: str) -> str:
     k = r["comm_by_kind"].get(key, {"busy_s": 0.0, "exposed_s": 0.0})
     return f"{k['busy_s']:.2f} / {k['exposed_s']:.2f}"
@@ -89,12 +130,13 @@ def table(rows: List[Dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_readme_table(rows: List[Dict[str, Any]]) -> None:
+def write_readme_table(rows: List[Dict[str, Any]], estimates: List[Dict[str, Any]]) -> None:
     readme = HERE / "README.md"
     text = readme.read_text()
-    new = re.sub(r"(<!-- table -->\n).*?(<!-- /table -->)",
-                 lambda m: m.group(1) + table(rows) + m.group(2), text, flags=re.S)
-    readme.write_text(new)
+    for tag, body in (("table", table(rows)), ("estimates", estimate_table(rows, estimates))):
+        text = re.sub(rf"(<!-- {tag} -->\n).*?(<!-- /{tag} -->)",
+                      lambda m: m.group(1) + body + m.group(2), text, flags=re.S)
+    readme.write_text(text)
 
 
 def echo(r: Dict[str, Any]) -> Dict[str, Any]:
@@ -111,16 +153,18 @@ def main() -> None:
     out = parser.parse_args().out
     rows = [echo(run(spec["name"], spec["options"])) for spec in RUNS]
     full = echo(run(RUNS[-1]["name"] + " (not reduced)", RUNS[-1]["options"], reduced=False))
+    estimates = [estimated(spec["name"], spec["options"]) for spec in RUNS]
     out.mkdir(parents=True, exist_ok=True)
     small = simulate(MODEL, "dgx-h100-x2", **SMALL)   # every device: a lane each
     small.gantt(str(out / "gantt-small.png"))
     (out / "results.json").write_text(json.dumps(
         {"published": PUBLISHED, "rows": rows, "unreduced_check": full,
          "small_variant": {"topology": "dgx-h100-x2", "options": SMALL,
-                           "step_time_s": small.summary()["step_time_s"]}},
+                           "step_time_s": small.summary()["step_time_s"]},
+         "estimates": estimates},
         indent=1) + "\n")
     if out.resolve() == HERE:
-        write_readme_table(rows)
+        write_readme_table(rows, estimates)
 
 
 if __name__ == "__main__":

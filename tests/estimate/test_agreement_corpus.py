@@ -48,13 +48,16 @@ def _divisors(n: int, most: int):
 
 
 @st.composite
-def configurations(draw, zero_bubble: bool = False) -> Dict[str, Any]:
+def configurations(draw, zero_bubble: bool = False,
+                   models: Mapping[str, Tuple[Tuple[int, ...], Tuple[Any, ...]]] = MODELS
+                   ) -> Dict[str, Any]:
     """One configuration as ``distsim simulate`` options (analytical network);
     ``zero_bubble``: a pipeline under ZB-H1, with what the estimator walks
     of it (ZeRO 2 over dp reduce-scattering after the backward pass, no
-    ZeRO 3 over dp)."""
-    model = draw(st.sampled_from(sorted(MODELS)))
-    layer_counts, seqs = MODELS[model]
+    ZeRO 3 over dp); of one of ``models`` (name -> layer counts, sequence
+    lengths)."""
+    model = draw(st.sampled_from(sorted(models)))
+    layer_counts, seqs = models[model]
     topology = draw(st.sampled_from(sorted(TOPOLOGIES)))
     n = TOPOLOGIES[topology]
     tp = draw(st.sampled_from([d for d in _divisors(n, 8) if not zero_bubble or n // d > 1]))
@@ -118,6 +121,68 @@ ZERO3_PREFETCH2_MEMORY = ("ZeRO 3, prefetch 2, dp 4 x tp 4 x pp 2, sp: peak memo
 ZERO3_LAYER_PREFETCH2_MEMORY = ("ZeRO 3 by layer, prefetch 2: peak memory 4.1 % (dp 4 x tp 4 "
                                 "x pp 2, sp) and 2.7 % (gpt3-1.3b dp 8, three micro-batches) "
                                 "over the simulation's")
+
+
+#: mixture-of-experts models: the named ones, and small shapes of the
+#: mixes the named ones do not have (:data:`MOE_SHAPES`)
+MOE_MODELS = {
+    "mixtral-8x7b": ((2, 4), (256,)),          # every layer MoE, top-2 of 8
+    "deepseek-moe-16b": ((2, 4), (256,)),      # the first layer dense, 2 shared experts
+    "tiny-moe": ((2, 4, 8), (None,)),
+    "gpt2-moe-every-2": ((2, 4, 6), (256,)),
+}
+MOE_SHAPES = {
+    # top-2 of 4 with a shared expert, the first layer dense
+    "tiny-moe": {"family": "gpt", "layers": 4, "hidden": 32, "heads": 4, "vocab": 64,
+                 "seq": 16, "global_batch": 8, "experts": 4, "top_k": 2, "expert_ffn": 64,
+                 "shared_experts": 1, "dense_layers": 1, "activation": "swiglu"},
+    # top-1 of 4 every other layer (GShard's interleaving), the first MoE
+    "gpt2-moe-every-2": {"family": "gpt", "layers": 4, "hidden": 768, "heads": 12,
+                         "vocab": 50304, "seq": 256, "global_batch": 8, "experts": 4,
+                         "top_k": 1, "moe_every": 2},
+}
+
+
+@st.composite
+def moe_configurations(draw) -> Dict[str, Any]:
+    """A configuration of a mixture-of-experts model (:data:`MOE_MODELS`),
+    with a routing balance and a capacity factor drawn as well. ZeRO 3
+    prefetching is drawn off (``prefetch: 0``): the memory of the
+    parameters a block gathers ahead is bounded as whole from the block's
+    start (:func:`distsim.estimate.profile_memory.prefetched_bytes`, the
+    known gap of reports/estimator/README.md), which the experts' large
+    weights make a few per cent (the expected failures below). The routing
+    skew is drawn up to 0.3: at 1 (every expert's slots the whole
+    micro-batch) the experts' tensor-parallel all-reduce is large enough
+    that where the simulation queues it behind the gradient sync (tp > 1,
+    two micro-batches) the template's timing of it shows in the peak
+    (:data:`MOE_LAST_BACKWARD_ALL_REDUCE`)."""
+    o = draw(configurations(models=MOE_MODELS))
+    if o["zero"] == 3:
+        o["prefetch"] = 0
+    o["model"] = MOE_SHAPES.get(o["model"], o["model"])
+    skew = draw(st.sampled_from([None, 0.0, 0.1, 0.3]))
+    if skew is not None:
+        o["routing_skew"] = skew
+    capacity = draw(st.sampled_from([None, None, 1.0, 1.25]))
+    if capacity is not None:
+        o["capacity_factor"] = capacity
+    return o
+
+
+#: the MoE draws: 40, derandomized as the others
+MOE_DRAWS = settings(derandomize=True, database=None, deadline=None, max_examples=40,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                            HealthCheck.data_too_large])
+#: known gaps of mixture-of-experts models (reports/estimator/README.md)
+MOE_LAST_BACKWARD_ALL_REDUCE = (
+    "MoE, tp 2, two micro-batches, routing_skew 1: the last backward's all-reduce of the "
+    "experts' input gradient (experts x slots x hidden) queues behind the gradient sync in "
+    "the simulation, after the experts' first GEMM; the template, without sync, runs it "
+    "under that GEMM: peak memory 1.1-1.5 % over the simulation's")
+MOE_ZERO3_PREFETCH_MEMORY = (
+    "MoE, ZeRO 3 prefetching the experts' weights: the gathered parameters bounded as whole "
+    "from the block's start, peak memory 1.2-3.3 % over the simulation's")
 
 
 def _outcome(run) -> Tuple[Optional[Mapping[str, Any]], Optional[type]]:
@@ -296,6 +361,33 @@ def test_the_estimate_agrees_with_the_simulation(options):
                                  HealthCheck.data_too_large])
 @given(configurations(zero_bubble=True))
 def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
+    _agrees(options)
+
+
+@example({'model': 'deepseek-moe-16b', 'topology': 'dgx-a100', 'dp': 4, 'tp': 2, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 8, 'zero': 1, 'recompute': 'none', 'optimizer': 'adamw',
+          'routing_skew': 1.0}).xfail(raises=AssertionError, reason=MOE_LAST_BACKWARD_ALL_REDUCE)
+@example({'model': 'deepseek-moe-16b', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'tp': 2,
+          'pp': 1, 'layers': 4, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 2,
+          'global_batch': 8, 'sp': True, 'zero': 1, 'recompute': 'full', 'bucket_mb': 5,
+          'order': 'pp-tp-dp', 'optimizer': 'adamw', 'routing_skew': 1.0}
+         ).xfail(raises=AssertionError, reason=MOE_LAST_BACKWARD_ALL_REDUCE)
+@example({'model': 'mixtral-8x7b', 'topology': 'dgx-a100', 'dp': 2, 'tp': 2, 'pp': 2,
+          'layers': 6, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 8, 'schedule': 'interleaved', 'virtual_stages': 3,
+          'partition': 'balanced', 'sp': True, 'zero': 3, 'recompute': 'selective',
+          'bucket_mb': 25, 'order': 'dp-pp-tp', 'optimizer': 'sgd', 'routing_skew': 0.3}
+         ).xfail(raises=AssertionError, reason=MOE_ZERO3_PREFETCH_MEMORY)
+@example({'model': 'mixtral-8x7b', 'topology': 'workstation-4gpu-pcie', 'dp': 1, 'tp': 4,
+          'pp': 1, 'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 4,
+          'global_batch': 8, 'zero': 3, 'prefetch': 2, 'zero3_unit': 'layer',
+          'recompute': 'selective', 'bucket_mb': 5, 'order': 'dp-pp-tp', 'optimizer': 'adamw',
+          'routing_skew': 0.0, 'capacity_factor': 1.0}
+         ).xfail(raises=AssertionError, reason=MOE_ZERO3_PREFETCH_MEMORY)
+@MOE_DRAWS
+@given(moe_configurations())
+def test_the_estimate_agrees_with_the_simulation_on_mixtures_of_experts(options):
     _agrees(options)
 
 
