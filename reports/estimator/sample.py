@@ -6,7 +6,9 @@ GPT / Llama configurations (see README.md here).
 LAYER_SHARE: the share of ZeRO-3 points drawn with ``zero3_unit: layer``
 (default 0: the sample of the README's tables); ``ZERO3_ONLY=1`` in the
 environment draws ZeRO 3 on every point; ``COMM_STREAMS=per-group`` (or
-``shared``) sets ``comm_streams`` on every point (default: the simulator's).
+``shared``) sets ``comm_streams`` on every point (default: the simulator's);
+``FUSION=none`` (or another setting) sets ``fusion`` on every point
+(default: the model family's, ``megatron`` for these models).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ FLOW_SHARE = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 LAYER_SHARE = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 ZERO3_ONLY = os.environ.get("ZERO3_ONLY") == "1"
 COMM_STREAMS = os.environ.get("COMM_STREAMS")
+FUSION = os.environ.get("FUSION")
 #: the layer draws on a stream of their own: a sample with and one without
 #: them hold the same points otherwise
 LAYER_RNG = random.Random(SEED + 1)
@@ -96,6 +99,8 @@ def sample(rng: random.Random) -> dict:
         o["network_mode"] = "flow"
     if COMM_STREAMS:
         o["comm_streams"] = COMM_STREAMS
+    if FUSION:
+        o["fusion"] = FUSION
     return o
 
 
