@@ -137,12 +137,16 @@ def _dtype(f: Function) -> str:
 
 def default_entry(module: Module, path_text: str) -> str:
     """The function a file's simulation starts from: ``@main``, or the
-    file's only function (``distsim print`` names a model's step after the
-    model, e.g. ``@gpt_step``)."""
+    file's only function that no op of another calls (``distsim print``
+    names a model's step after the model, e.g. ``@gpt_step``, and writes
+    its fused kernels' functions beside it)."""
     if "main" in module.functions or not module.functions:
         return "main"
-    if len(module.functions) == 1:
-        return next(iter(module.functions))
+    called = {sub.name for f in module.functions.values() for op in f.ops
+              for sub in op.subfunctions}
+    roots = [name for name in module.functions if name not in called]
+    if len(roots) == 1:
+        return roots[0]
     known = ", ".join(f"@{name}" for name in module.functions)
     raise ConfigError(f"{path_text}: no function @main to simulate, and the file has several "
                       f"({known}): name the step @main")

@@ -123,8 +123,9 @@ def test_a_bad_program_is_one_line_naming_the_file(tmp_path, capsys, text, messa
 
 
 def test_a_printed_step_simulates_as_the_model_does(tmp_path, capsys):
-    """``distsim print``'s output (one function, named after the model's
-    step) is simulated as it is: the same step time as the model's."""
+    """``distsim print``'s output (the step, named after the model, and the
+    functions of its fused kernels beside it) is simulated as it is: the
+    same step time as the model's."""
     assert main(["print", "--model", "tiny", "--dp", "8", "--topology", "dgx-a100"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("func @gpt_step(")

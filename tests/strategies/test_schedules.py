@@ -47,8 +47,9 @@ class LayerCost(CostModel):
 
 def simulated(pp, m, schedule, v=None, layers=8, tp=1):
     config = {**load_model_config("tiny"), "layers": layers, "dropout": 0.0}
+    # unfused: LayerCost prices the matmul ops (a fused matmul+bias is not one)
     strategy = Strategy(dp=1, tp=tp, pp=pp, microbatches=m, schedule=schedule,
-                        virtual_stages=v, global_batch=m, micro_batch=1)
+                        virtual_stages=v, global_batch=m, micro_batch=1, fusion="none")
     program = build_gpt(config, strategy)
     topo = star(pp * tp)
     trace = simulate_function(program, topo, LayerCost(topo.device_spec, layers),
