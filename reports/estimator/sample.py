@@ -7,8 +7,8 @@ LAYER_SHARE: the share of ZeRO-3 points drawn with ``zero3_unit: layer``
 (default 0: the sample of the README's tables); ``ZERO3_ONLY=1`` in the
 environment draws ZeRO 3 on every point; ``COMM_STREAMS=per-group`` (or
 ``shared``) sets ``comm_streams`` on every point (default: the simulator's);
-``FUSION=none`` (or another setting) sets ``fusion`` on every point
-(default: the model family's, ``megatron`` for these models).
+``FUSION=megatron`` (or another setting) sets ``fusion`` on every point
+(default: distsim's, ``none``).
 """
 from __future__ import annotations
 

@@ -122,17 +122,21 @@ def test_a_bad_program_is_one_line_naming_the_file(tmp_path, capsys, text, messa
     assert not out.exists()
 
 
-def test_a_printed_step_simulates_as_the_model_does(tmp_path, capsys):
-    """``distsim print``'s output (the step, named after the model, and the
-    functions of its fused kernels beside it) is simulated as it is: the
-    same step time as the model's."""
-    assert main(["print", "--model", "tiny", "--dp", "8", "--topology", "dgx-a100"]) == 0
+@pytest.mark.parametrize("fusion", ["none", "megatron"])
+def test_a_printed_step_simulates_as_the_model_does(tmp_path, capsys, fusion):
+    """``distsim print``'s output (the step, named after the model, and,
+    under a fusion, the functions of its fused kernels beside it) is
+    simulated as it is: the same step time as the model's."""
+    assert main(["print", "--model", "tiny", "--dp", "8", "--topology", "dgx-a100",
+                 "--fusion", fusion]) == 0
     text = capsys.readouterr().out
     assert text.startswith("func @gpt_step(")
+    assert (text.count("\nfunc @") > 0) == (fusion == "megatron")
     path = tmp_path / "tiny_dp8.dir"
     path.write_text(text)
     printed = distsim.simulate(str(path), topology="dgx-a100")
-    assert printed.step_time_s == distsim.simulate("tiny", dp=8, topology="dgx-a100").step_time_s
+    model = distsim.simulate("tiny", dp=8, topology="dgx-a100", fusion=fusion)
+    assert printed.step_time_s == model.step_time_s
 
 
 def test_a_missing_file_is_named(tmp_path, capsys):
