@@ -175,13 +175,24 @@ def _held(rates: List[float], members: Sequence[int], amount: float, cap: float,
     return seconds
 
 
-def _shape(network: Network, flows: Sequence[Tuple[int, int, float]]) -> _Shape:
-    pairs = tuple(map(_PAIR, flows))
+def _shapes(network: Network, schedule: Schedule) -> List[Optional[Tuple[_Shape, Optional[float]]]]:
+    """Per phase of ``schedule``: (its step's :class:`_Shape`, kept per
+    topology; :func:`_same_bytes` of its flows), None for a phase without
+    flows. Worked out once per schedule, for every protocol it is priced
+    under."""
     known = route_table(network.topology).step_shapes
-    hit = known.get(pairs)
-    if hit is None:
-        hit = known[pairs] = _Shape(network, pairs)
-    return hit
+    out: List[Optional[Tuple[_Shape, Optional[float]]]] = []
+    for phase in schedule:
+        flows = phase.flows
+        if not flows:
+            out.append(None)
+            continue
+        pairs = tuple(map(_PAIR, flows))
+        shape = known.get(pairs)
+        if shape is None:
+            shape = known[pairs] = _Shape(network, pairs)
+        out.append((shape, _same_bytes(flows)))
+    return out
 
 
 def _caps(spec: CollectiveSpec, kind: CollectiveType, protocol: ProtocolSpec) -> float:
@@ -190,26 +201,32 @@ def _caps(spec: CollectiveSpec, kind: CollectiveType, protocol: ProtocolSpec) ->
 
 
 def estimates_s(network: Network, kind: CollectiveType, schedule: Schedule,
-                protocols: Sequence[ProtocolSpec]) -> List[float]:
+                protocols: Sequence[ProtocolSpec], shapes=None) -> List[float]:
     """Each protocol's time for ``schedule`` alone in the analytical model
     (what :func:`with_protocol` returns, without building the schedules;
-    one pass over the steps for all of them)."""
+    one pass over the steps for all of them). ``shapes``: the schedule's
+    :func:`_shapes`, where the caller has them."""
     spec = network.topology.collectives
     caps = [_caps(spec, kind, p) for p in protocols]
+    pricing = tuple(zip(protocols, caps))
     totals = [0.0] * len(protocols)
     sent = [0.0] * len(protocols)
     slowest = [math.inf] * len(protocols)
-    for phase in schedule:
-        flows, count = phase.flows, phase.count
-        if not flows:
+    for phase, step in zip(schedule, shapes or _shapes(network, schedule)):
+        count = phase.count
+        if step is None:
             for k in range(len(protocols)):
                 totals[k] += count * (phase.latency_s or 0.0)
             continue
-        shape = _shape(network, flows)
-        same = _same_bytes(flows)
-        for k, (protocol, cap) in enumerate(zip(protocols, caps)):
-            _, latency, longest, most, rate = _step(
-                shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap, same)
+        shape, same = step
+        flows = phase.flows
+        for k, (protocol, cap) in enumerate(pricing):
+            terms = shape.terms(spec, protocol, cap, len(flows))
+            if same is not None:       # _step's figures of equal flows, inline
+                _, latency, longest, most, rate = terms[2]
+                longest, most = same * longest, same * most
+            else:
+                _, latency, longest, most, rate = _step(shape, flows, terms, cap, None)
             totals[k] += count * (latency + longest)
             sent[k] += count * most
             if rate < slowest[k]:
@@ -219,25 +236,26 @@ def estimates_s(network: Network, kind: CollectiveType, schedule: Schedule,
 
 
 def with_protocol(network: Network, kind: CollectiveType, schedule: Schedule,
-                  protocol: ProtocolSpec) -> Schedule:
+                  protocol: ProtocolSpec, shapes=None) -> Schedule:
     """``schedule`` as it runs under ``protocol`` on ``network``'s topology:
     wire bytes, step latencies, and a first wait of the base latency and
     the pipeline's fill (see the module docstring). The fill is that of a
     rank sending the most bytes of every step at the least rate of any
-    (exact where the ranks are alike: a ring, NVLS)."""
+    (exact where the ranks are alike: a ring, NVLS). ``shapes``: the
+    schedule's :func:`_shapes`, where the caller has them."""
     spec = network.topology.collectives
     cap = _caps(spec, kind, protocol)
     steps: List[Phase] = []
     sent = 0.0
     slowest = math.inf                 # the least rate at which a rank sends a step
-    for phase in schedule:
-        flows = phase.flows
-        if not flows:
+    for phase, step in zip(schedule, shapes or _shapes(network, schedule)):
+        if step is None:
             steps.append(phase)
             continue
-        shape = _shape(network, flows)
+        flows = phase.flows
+        shape, same = step
         rates, latency, _, most, rate = _step(
-            shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap, _same_bytes(flows))
+            shape, flows, shape.terms(spec, protocol, cap, len(flows)), cap, same)
         sent += phase.count * most
         slowest = min(slowest, rate)
         wire = list(flows)
@@ -318,7 +336,8 @@ def choose_protocol(network: Network, kind: CollectiveType, algorithm: str,
     if not options:
         return None, schedule
     best = next((p for p in options if p.name == known), options[0])
+    shapes = _shapes(network, schedule)
     if len(options) > 1 and best.name != known:
-        times = estimates_s(network, kind, schedule, options)
+        times = estimates_s(network, kind, schedule, options, shapes)
         best = options[times.index(min(times))]
-    return best.name, with_protocol(network, kind, schedule, best)
+    return best.name, with_protocol(network, kind, schedule, best, shapes)
