@@ -24,7 +24,7 @@ without building or simulating the whole program. A peer of
   :func:`distsim.simulate` raises for the same options: invalid options,
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model (``zb-h1`` with
-  ZeRO 3 over dp > 1 or with ZeRO 2 reduce-scattering every micro-batch,
+  ZeRO 3 over dp > 1,
   ``launch: blocking``, expert parallelism ``ep`` > 1, whose all-to-alls
   run over data-parallel ranks the one-group template does not hold) with
   a :class:`~distsim.errors.NotModelledError`, which a

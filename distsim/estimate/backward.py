@@ -411,7 +411,7 @@ class OpByOpBackward:
         if in_buckets:
             self.notes.buckets(stage, c, in_buckets, self.part)
         if later:
-            self.notes.later(stage, accumulating, c, later)
+            self.notes.later(stage, accumulating, c, later, self.part)
         left: Optional[List[Tuple[int, float]]] = None
         if last is not None and flats is not None:
             left = [(nbytes, end) for nbytes, end in flats.waiting() if end > last]
@@ -442,7 +442,7 @@ class OpByOpBackward:
         stage's next tasks."""
         ctx = self.ctx
         if inside:
-            self.notes.inside(stage, c, inside)
+            self.notes.inside(stage, c, inside, self.part)
         if flats:
             self.notes.flats(stage, "end", 0, c, flats)
             ctx.flats[stage] = ctx.flats.get(stage, []) + flats

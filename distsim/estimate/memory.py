@@ -207,19 +207,36 @@ def estimate_memory(b: StepContext) -> List[int]:
         return peak
 
     def weight_peak(base: float, c: int, held: float, first: bool,
-                    by_block: Optional[Dict[int, int]] = None) -> float:
+                    by_block: Optional[Dict[int, int]] = None,
+                    inside: Optional[Dict[tuple, int]] = None) -> float:
         """The largest candidate of a split backward's W task of chunk
         ``c`` (``first``: micro-batch 0's) with ``held`` bytes in flight when
         it starts: block by block, its W part's excess over what the W parts
         not run yet hold (``by_block``: bytes held beside each block, by
         position: the buckets flushed before it; a bucket flushed inside a
         block is made, with the reshaped gradients its concat copies, while
-        what the block's W holds may still be live: both on top of those)."""
+        what the block's W holds may still be live: both on top of those;
+        with ZeRO 2 reduce-scattering each micro-batch, the flat copies
+        waiting as each block starts). With ZeRO 2 reduce-scattering each
+        micro-batch there is no whole buffer to add into (the first
+        micro-batch's excess), and at each gradient it and its flat copy
+        (:attr:`.blocks.Block.bs_grads`, ``bs_ops`` as its op starts) beside
+        the flat copies still waiting then (``inside``, keyed as
+        :attr:`.state.Memo.flat_inside`)."""
         peak = -math.inf
+        each = b.scatter_each
+        inside = inside or {}
         for k, (name, _) in enumerate(b.blocks_of("W", c)):
             w = weight[name]
             extra = by_block.get(k, 0) if by_block else 0
-            peak = max(peak, base + held + extra + (w.b0_excess if first else w.b_excess))
+            now = base + held + extra
+            peak = max(peak, now + (w.b0_excess if first or each else w.b_excess))
+            if each:
+                for i, at in w.bs_grads.items():
+                    peak = max(peak, base + held + at + inside.get((k, i), 0))
+                    during = w.bs_ops.get(i)
+                    if during is not None:
+                        peak = max(peak, base + held + during + inside.get((k, i, True), 0))
             held -= kept_w[name]
             flushed = (by_block.get(k + 1, extra) - extra) if by_block else 0
             if flushed > 0:
@@ -240,8 +257,8 @@ def estimate_memory(b: StepContext) -> List[int]:
     for (s, kind, mb, c), nbytes in b.memo.copy_ins.items():
         copy_ins_of.setdefault(s, []).append((kind, mb, c, nbytes))
     inside_of: Dict[int, list] = {}
-    for (s, c), inside in b.memo.flat_inside.items():
-        inside_of.setdefault(s, []).append((c, inside))
+    for (s, c, part), inside in b.memo.flat_inside.items():
+        inside_of.setdefault(s, []).append((c, part, inside))
     out = []
     stage_tasks = _stage_tasks(S.schedule, S.pp, b.microbatches, S.chunks)
     for stage, (forward, chunk, weights) in enumerate(stage_tasks):
@@ -339,6 +356,13 @@ def estimate_memory(b: StepContext) -> List[int]:
                     base, c, float(w_flight[at[-1]]) + received.get((stage, "W", c, False), 0),
                     len(at) == 1, pending))
                 continue
+            if kind == "W":           # a split backward's W task of micro-batch mb
+                at = np.flatnonzero(w_chunk == c)
+                if mb < len(at):
+                    best = max(best, weight_peak(
+                        base, c, float(w_flight[at[mb]]) + received.get((stage, "W", c, False), 0),
+                        mb == 0, pending, b.memo.flat_later.get((stage, mb, c, "W"))))
+                continue
             at = np.flatnonzero((forward == (kind == "F")) & (chunk == c))
             if kind == "last":        # ZeRO 0/1 buckets: the chunk's last backward
                 mb = len(at) - 1
@@ -346,7 +370,7 @@ def estimate_memory(b: StepContext) -> List[int]:
                 continue
             if kind != "F":
                 best = max(best, task_peak(base, kind, c, float(flight[at[mb]]),
-                                           b.memo.flat_later.get((stage, mb, c)),
+                                           b.memo.flat_later.get((stage, mb, c, "B")),
                                            by_block=pending, first=mb == 0,
                                            after=bool(after_b[at[mb]]),
                                            hold=bool(holds[at[mb]])))
@@ -370,8 +394,13 @@ def estimate_memory(b: StepContext) -> List[int]:
                 best = max(best, base + float(flight[at[mb]]) + pending + nbytes)
         # and inside that first backward, the copies of its earlier
         # gradients still waiting when each block makes its own
-        for c, inside in inside_of.get(stage, ()):
-            if c in first_back:
+        for c, part, inside in inside_of.get(stage, ()):
+            if part == "W":
+                at = np.flatnonzero(w_chunk == c)
+                best = max(best, weight_peak(
+                    base, c, float(w_flight[at[0]]) + received.get((stage, "W", c, False), 0),
+                    True, inside=inside))
+            elif c in first_back:
                 best = max(best, task_peak(base, "B", c, float(flight[first_back[c]]), inside,
                                            after=bool(after_b[first_back[c]]),
                                            first=True))

@@ -25,17 +25,18 @@ class MemoryNotes:
         self.memo = ctx.memo
 
     def blocks(self, stage: int, mb: int, c: int, start: float,
-                     flats: List[Tuple[int, float]]) -> None:
+                     flats: List[Tuple[int, float]], kind: str = "B") -> None:
         """The flat copies still waiting as each block of a backward task
-        starting at ``start`` begins (the blocks' times summed up to it:
-        a copy whose reduce-scatter ends during the first block is not
-        held through the last), kept per block position as
-        :attr:`Memo.flat_pending` keeps a scalar."""
-        key = (stage, "B", mb, c)
+        (``kind``: "B", or a split backward's "W") starting at ``start``
+        begins (the blocks' times summed up to it: a copy whose
+        reduce-scatter ends during the first block is not held through the
+        last), kept per block position as :attr:`Memo.flat_pending` keeps a
+        scalar."""
+        key = (stage, kind, mb, c)
         held = self.memo.flat_pending.setdefault(key, {})
-        blocks = self.ctx.profile.blocks
+        blocks = self.ctx.part(kind)
         t = start
-        for k, (name, _) in enumerate(self.ctx.blocks_of("B", c)):
+        for k, (name, _) in enumerate(self.ctx.blocks_of(kind, c)):
             pending = sum(nbytes for nbytes, end in flats if end > t)
             if not pending:
                 break
@@ -43,13 +44,13 @@ class MemoryNotes:
                 held[k] = pending
             t += self.ctx.block_time(blocks[name], "B", mb)[0]
 
-    def later(self, stage: int, mb: int, c: int, later: Dict[Tuple[int, int], int]
-                    ) -> None:
-        """A backward past the first (micro-batch ``mb``): per gradient, the
-        bytes of the flat copies earlier tasks left waiting that are still
-        waiting when it is made (:attr:`Memo.flat_later`, the most over the
-        walks)."""
-        held = self.memo.flat_later.setdefault((stage, mb, c), {})
+    def later(self, stage: int, mb: int, c: int, later: Dict[Tuple[int, int], int],
+              part: str = "B") -> None:
+        """A backward (``part``: "B", or a split backward's "W") past the
+        first (micro-batch ``mb``): per gradient, the bytes of the flat
+        copies earlier tasks left waiting that are still waiting when it is
+        made (:attr:`Memo.flat_later`, the most over the walks)."""
+        held = self.memo.flat_later.setdefault((stage, mb, c, part), {})
         for k, nbytes in later.items():
             if nbytes > held.get(k, 0):
                 held[k] = nbytes
@@ -109,10 +110,11 @@ class MemoryNotes:
                 if nbytes > held.get(key, 0):
                     held[key] = nbytes
 
-    def inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int]) -> None:
+    def inside(self, stage: int, c: int, inside: Dict[Tuple[int, int], int],
+               part: str = "B") -> None:
         """Keep the most of :meth:`emit_last_backward`'s ``inside`` over the
         walks (:attr:`Memo.flat_inside`)."""
-        held = self.memo.flat_inside.setdefault((stage, c), {})
+        held = self.memo.flat_inside.setdefault((stage, c, part), {})
         for k, nbytes in inside.items():
             if nbytes > held.get(k, 0):
                 held[k] = nbytes

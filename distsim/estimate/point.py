@@ -24,7 +24,8 @@ resolved batch sizes). It never builds the whole program:
    stream when it has tensor-parallel collectives; under ``zb-h1`` each
    backward as its B and W tasks, from the template's own split:
    :attr:`.blocks.LayerProfile.weight`), the last backward of each chunk op by
-   op (ZB-H1: its B and its W) with the data-parallel gradient sync emitted
+   op (ZB-H1: its B and its W; ZeRO 2/3 reduce-scattering each micro-batch:
+   every backward, B and W each) with the data-parallel gradient sync emitted
    where LowerSPMD emits it (per gradient, in buckets, or after the backward;
    all-reduce or ZeRO reduce-scatter), the tied-embedding all-reduce, the
    optimizer per parameter (ZeRO shards, the all-gather after the update),
@@ -93,7 +94,6 @@ from ..run_options import check_max_ops, check_max_trace_records, check_network_
 from ..topology import load_topology
 from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
-from ..transforms.sync_policy import bucket_bytes_of, scatters_each_microbatch
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, model_key, param_sizes
@@ -214,16 +214,11 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise NotModelledError("estimate: tp_overlap (the backward's tensor-parallel "
                                "all-reduce issued before the weight-gradient GEMM) is not "
                                "modelled by the estimator; use fidelity: simulate")
-    if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and (
-            strategy.zero == 3 or scatters_each_microbatch(
-                strategy.zero, strategy.dp, bucket_bytes_of(strategy.bucket_mb))):
-        # its split tasks' per-micro-batch reduce-scatters (and ZeRO-3's
-        # gathers) are not walked
-        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' with ZeRO "
-                               f"{strategy.zero} over dp {strategy.dp} (reduce-scatters per "
-                               "micro-batch, or ZeRO-3 gathers, in the split backward) is not "
-                               "modelled by the estimator (ZeRO 2 with bucket_mb 0 is); use "
-                               "fidelity: simulate")
+    if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and strategy.zero == 3:
+        # its split tasks' ZeRO-3 gathers are not walked
+        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' with ZeRO 3 over "
+                               f"dp {strategy.dp} (ZeRO-3 gathers in the split backward) is "
+                               "not modelled by the estimator; use fidelity: simulate")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 

@@ -89,6 +89,13 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             w = weight[name]
             w.b_excess = max(0.0, peak(*window(("W", LAST_MB, name))) - static - grads - upto)
             w.b0_excess = max(0.0, peak(*window(("W", 0, name))) - static - grads - upto)
+            if allocated is None:
+                allocated = _allocations(rank0, times, program)
+            # ZeRO 2 reduce-scattering each micro-batch: at each gradient
+            # its W makes, it and its flat copy (as a B's)
+            _scatter_terms(w, groups[("W", 0, name)], times, samples, stamps, allocated,
+                           final_only, {p.name: i for i, p in enumerate(params.get(name, []))},
+                           static + grads + upto)
         f_before = sum(saved[n] for n in f_order[:i])
         if ("F", 0, name) in groups:
             # ZeRO-3: the program's first block gathers with nothing before it
@@ -127,20 +134,8 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             index = {p.name: i for i, p in enumerate(params.get(name, []))}
             if allocated is None:
                 allocated = _allocations(rank0, times, program)
-            at, made = _scatter_excess(groups[("B", 0, name)], times, samples, stamps,
-                                       allocated, final_only)
-            blocks[name].bs_grads = {index[p]: live - base for p, live in at.items()
-                                     if p in index}
-            blocks[name].bs_ops = {}
-            for names, during, _, nbytes in made:
-                for p in names:
-                    if p in index:
-                        i = index[p]
-                        blocks[name].bs_ops[i] = max(blocks[name].bs_ops.get(i, -math.inf),
-                                                     during - base + nbytes)
-            blocks[name].bs_made = [(tuple(index[p] for p in names if p in index),
-                                     during - base, after - base, nbytes)
-                                    for names, during, after, nbytes in made]
+            _scatter_terms(blocks[name], groups[("B", 0, name)], times, samples, stamps,
+                           allocated, final_only, index, base)
             blocks[name].bs_excess = max([blocks[name].b0_excess,
                                           *blocks[name].bs_grads.values()])
             blocks[name].b_held = _held_gradient(groups[("B", 0, name)], final_only, index)
@@ -238,6 +233,25 @@ def _gradient_ops(ops: List[Op], times, samples: List[Tuple[float, int]],
         during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
         after = samples[hi][1] if hi < len(samples) and stamps[hi] == t1 else during
         yield names, made, t0, t1, during, after
+
+
+def _scatter_terms(blk: Block, ops: List[Op], times, samples: List[Tuple[float, int]],
+                   stamps: List[float], starts: Dict[float, int], final_only: Dict[int, str],
+                   index: Dict[str, int], base: float) -> None:
+    """Fill a block's (or a split backward's W part's) ``bs_grads``,
+    ``bs_ops`` and ``bs_made`` above ``base`` from its first micro-batch's
+    ``ops`` (:func:`_scatter_excess`; ``index``: a parameter's position in
+    the block by name)."""
+    at, made = _scatter_excess(ops, times, samples, stamps, starts, final_only)
+    blk.bs_grads = {index[p]: live - base for p, live in at.items() if p in index}
+    blk.bs_ops = {}
+    for names, during, _, nbytes in made:
+        for p in names:
+            if p in index:
+                i = index[p]
+                blk.bs_ops[i] = max(blk.bs_ops.get(i, -math.inf), during - base + nbytes)
+    blk.bs_made = [(tuple(index[p] for p in names if p in index),
+                    during - base, after - base, nbytes) for names, during, after, nbytes in made]
 
 
 def _scatter_excess(ops: List[Op], times, samples: List[Tuple[float, int]],

@@ -89,10 +89,10 @@ class ReplayedBackward(OpByOpBackward):
         opens with a leading recomputation, and with compute (see
         :meth:`_start`)."""
         ctx = self.ctx
-        hit = ctx.memo.opens.get(name)
+        hit = ctx.memo.opens.get((self.part, name))
         if hit is None:
             plan = self._segment_plan(name, True)
-            hit = ctx.memo.opens[name] = (bool(plan) and plan[0][6],
+            hit = ctx.memo.opens[(self.part, name)] = (bool(plan) and plan[0][6],
                                            bool(plan) and plan[0][0] == "c")
         return hit
 
@@ -113,7 +113,7 @@ class ReplayedBackward(OpByOpBackward):
         with gradient buckets (what a task holds depends on the stage's
         earlier flushes)."""
         ctx = self.ctx
-        order = ctx.blocks_of("B", c)
+        order = ctx.blocks_of(self.part, c)
         if ctx.by_layer or ctx.microbatches == 1 or ctx.route == "bucket" or not order:
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
         origin, input_there, idle, compute_first = self._start(stage, order[0][0], True, ready)
@@ -121,7 +121,7 @@ class ReplayedBackward(OpByOpBackward):
             return self.emit_last_backward(stage, c, order, ready, first_microbatch=True)
         tl = ctx.tl
         split = not input_there    # a leading recomputation, the input later
-        key = ("first", ctx.shapes[c], split)
+        key = ("first", self.part, ctx.shapes[c], split)
         record = ctx.replays.get(key)
         if record is not None:
             start = self._replay_lead(stage, record.lead, origin, ready) if split else origin
@@ -309,7 +309,7 @@ class ReplayedBackward(OpByOpBackward):
         emitted op by op."""
         ctx = self.ctx
         tl = ctx.tl
-        order = ctx.blocks_of("B", c)
+        order = ctx.blocks_of(self.part, c)
         # :meth:`_start`, inlined (a steady pipeline replays thousands)
         lead, compute_first = self._opens(order[0][0])
         s = 2 * stage
@@ -320,7 +320,7 @@ class ReplayedBackward(OpByOpBackward):
         # layer: there the unit the task finds pending depends on both)
         split = not input_there and compute_first and not ctx.by_layer
         clean = tl.idle_by(stage, origin) and (input_there or split)
-        key = (ctx.shapes[c], mb == ctx.microbatches - 1, split)
+        key = (self.part, ctx.shapes[c], mb == ctx.microbatches - 1, split)
         if ctx.by_layer:
             # by layer a task first settles the unit the stage's previous
             # backward left (its reduce-scatter long done when the task is
@@ -382,10 +382,11 @@ class ReplayedBackward(OpByOpBackward):
         if ctx.zero3:
             window = prefetch_window(k, len(order), ctx.strategy.prefetch)
             issued = tuple([j - k for j in window if j not in gathered])
-            key = (order[k][0], last_mb, tuple([order[k + j][0] for j in issued]))
+            key = (self.part, order[k][0], last_mb,
+                   tuple([order[k + j][0] for j in issued]))
         else:       # ZeRO 2: no gathers
             issued = ()
-            key = (order[k][0], last_mb, ())
+            key = (self.part, order[k][0], last_mb, ())
         record = ctx.memo.block_records.get(key)
         if record is None:
             return None, (key, issued, ctx.tl.mark(stage), ctx.flops[stage], origin)
@@ -407,11 +408,11 @@ class ReplayedBackward(OpByOpBackward):
         items = ctx.tl.since(stage, mark, origin)
         if items is None:
             return
-        final = self._finals_of(order[k:k + 1], origin) if key[1] else []
+        final = self._finals_of(order[k:k + 1], origin) if key[2] else []
         ends = [[(upto, t - origin) for upto, t in gathered[k + j].items()] for j in issued]
         # a layer makes its input gradient (sent where it is the chunk's first)
         out = ctx.out_at if any(entry[0] == "o" for entry in
-                                 self._segment_plan(key[0], True)) else None
+                                 self._segment_plan(key[1], True)) else None
         ctx.memo.block_records[key] = BlockRecord(
             items, ctx.flops[stage] - flops, last - origin, ends, final,
             _offset(out, origin), ctx.block_got)

@@ -67,7 +67,7 @@ class Memo:
         #: per block, whether its first micro-batch's op-by-op plan opens
         #: with a leading recomputation, and with compute
         #: (:meth:`.replay.ReplayedBackward._opens`)
-        self.opens: Dict[str, Tuple[bool, bool]] = {}
+        self.opens: Dict[Tuple[str, str], Tuple[bool, bool]] = {}
         #: ZeRO-3 by layer: per block, the parameters whose gradients are
         #: reduce-scattered as one (None: none) and their bytes
         self.grad_units: Dict[str, Tuple[Optional[Tuple[int, ...]], int]] = {}
@@ -99,18 +99,19 @@ class Memo:
         #: ``(stage, "last", 0, chunk)``, per block: they live until they
         #: are unpacked after the backward pass)
         self.flat_pending: Dict[Tuple[int, str, int, int], Any] = {}
-        #: the same copies inside that first backward: per (stage, chunk),
+        #: the same copies inside that first backward: per (stage, chunk,
+        #: "B", or a split backward's "W"),
         #: per gradient (its block's position in the backward's order, its
         #: index in the block), the bytes of the task's earlier copies
         #: still waiting when it is made (its flat copy made), and keyed
         #: (position, index, True) as the op making it starts (the most
         #: over the walks)
-        self.flat_inside: Dict[Tuple[int, int], Dict[tuple, int]] = {}
+        self.flat_inside: Dict[Tuple[int, int, str], Dict[tuple, int]] = {}
         #: and in a later backward of the stage (op by op): per (stage,
-        #: micro-batch, chunk), per gradient, the bytes of those copies
+        #: micro-batch, chunk, "B" or "W"), per gradient, the bytes of those copies
         #: still waiting when it is made (:meth:`.notes.MemoryNotes.later`;
         #: the flat_pending of its blocks bound the rest of each block)
-        self.flat_later: Dict[Tuple[int, int, int], Dict[Tuple[int, int], int]] = {}
+        self.flat_later: Dict[Tuple[int, int, int, str], Dict[Tuple[int, int], int]] = {}
         #: ZeRO-3 by parameter: per (task kind, chunk shape, first backward
         #: or not), per block position, the most bytes above the block's
         #: baseline with its gathered parameters placed in time, and per

@@ -83,7 +83,8 @@ class Builder:
         self.policy: SyncPolicy = SyncPolicy(ctx.strategy, self.sync, self.sync.nbytes)
         self.backward = ReplayedBackward(ctx, self.sync, self.policy, self.notes)
         #: a split backward's (ZB-H1) weight-gradient tasks, op by op where
-        #: they make final gradients (the last micro-batch's)
+        #: they make final gradients (the last micro-batch's; with ZeRO 2/3
+        #: reduce-scattering each micro-batch, every micro-batch's)
         self.weights = ReplayedBackward(ctx, self.sync, self.policy, self.notes)
         self.weights.part = "W"
 
@@ -98,8 +99,8 @@ class Builder:
             # as it runs), a forward's end (they come)
             start = max(ready, ctx.tl.free[2 * stage])
             flats = ctx.flats[stage] = [x for x in flats if x[1] > start]
-            if flats and kind == "B":
-                self.notes.blocks(stage, mb, c, start, flats)
+            if flats and kind != "F":
+                self.notes.blocks(stage, mb, c, start, flats, kind)
             elif flats:
                 end = self._emit_task(stage, kind, mb, c, ready)
                 self.notes.flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
@@ -161,24 +162,26 @@ class Builder:
 
     def _emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
-        if kind == "W" and mb == ctx.microbatches - 1:
+        if kind == "W" and mb == ctx.microbatches - 1 and not ctx.scatter_each:
             # a split backward's last weight gradients: op by op, each
             # gradient's sync emitted where it becomes final
             return self.weights.emit_last_backward(stage, c, ctx.blocks_of("W", c), ready)
         last_b = kind == "B" and mb == ctx.microbatches - 1
         if last_b and not ctx.scatter_each:
             return self.backward.last_backward(stage, c, ready)
-        if kind == "B" and mb == 0 and ctx.scatter_each:
+        # (a split backward's B and W tasks each make some of the gradients)
+        making = self.weights if kind == "W" else self.backward
+        if kind != "F" and mb == 0 and ctx.scatter_each:
             # ZeRO 2/3 reduce-scatter each gradient of the first micro-batch
             # as it is produced (flattened right after it): op by op, as the
             # last backward without a reduce-scatter per micro-batch
-            return self.backward.first_backward(stage, c, ready)
-        if kind == "B" and ctx.scatter_each:
+            return making.first_backward(stage, c, ready)
+        if kind != "F" and ctx.scatter_each:
             # ZeRO 2/3 past the first micro-batch: the same, and each shard's
             # accumulation (an op of the backward, in its program order)
             # waits for its reduce-scatter, which waits on the comm stream
             # behind the reduce-scatters (and ZeRO-3's gathers) before it
-            return self.backward.accumulating_backward(stage, c, mb, ready)
+            return making.accumulating_backward(stage, c, mb, ready)
         cls = 0 if kind == "F" or mb == 0 else (1 if last_b else 2)
         plan = ctx.memo.plans.get((kind, ctx.shapes[c], cls))
         if plan is None:

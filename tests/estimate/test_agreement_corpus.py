@@ -9,7 +9,8 @@ shapes with 2-8 layers and shorter sequences, ``tiny`` and the generic
 dp and the mesh order; micro-batch sizes and counts; 1F1B, GPipe and
 interleaved schedules (virtual stages), balanced partitions, and apart
 the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-2, ZeRO 2
-reduce-scattering after the backward pass with data parallelism); sequence
+reduce-scattering each micro-batch or after the backward pass with data
+parallelism); sequence
 parallelism; ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
 invalid point must be refused by both, with the same error class.
@@ -53,8 +54,7 @@ def configurations(draw, zero_bubble: bool = False,
                    ) -> Dict[str, Any]:
     """One configuration as ``distsim simulate`` options (analytical network);
     ``zero_bubble``: a pipeline under ZB-H1, with what the estimator walks
-    of it (ZeRO 2 over dp reduce-scattering after the backward pass, no
-    ZeRO 3 over dp); of one of ``models`` (name -> layer counts, sequence
+    of it (ZeRO 2 over dp, no ZeRO 3 over dp); of one of ``models`` (name -> layer counts, sequence
     lengths)."""
     model = draw(st.sampled_from(sorted(models)))
     layer_counts, seqs = models[model]
@@ -100,7 +100,7 @@ def configurations(draw, zero_bubble: bool = False,
         o["order"] = order
     o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
     if zero_bubble and dp > 1 and o["zero"] >= 2:
-        o.update(zero=2, bucket_mb=0)
+        o.update(zero=2)
         o.pop("prefetch", None)
         o.pop("zero3_unit", None)
     # the default fusion (none); fused points are the examples below
