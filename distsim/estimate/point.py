@@ -153,6 +153,13 @@ def check_ignored(options: Mapping[str, Any]) -> None:
         check_field("coarsen", options["coarsen"])
 
 
+def _not_modelled(what: str) -> NotModelledError:
+    """The one-line refusal of a valid option the estimator does not model
+    (a sweep skips such a point with it; a search simulates it)."""
+    return NotModelledError(f"estimate: {what} is not modelled by the estimator; use "
+                            "fidelity: simulate")
+
+
 def resolve(options: Mapping[str, Any]) -> Case:
     """Resolve ``distsim simulate`` options as :func:`distsim.api.build_program`
     does, and check them as the GPT family does (a ConfigError otherwise)."""
@@ -165,14 +172,12 @@ def resolve(options: Mapping[str, Any]) -> Case:
     comm_streams = check_comm_streams(opts.pop("comm_streams", DEFAULT_COMM_STREAMS))
     if check_launch(opts.pop("launch", DEFAULT_LAUNCH)) == "blocking":
         # its timeline overlaps each device's compute and communication
-        raise NotModelledError("estimate: launch 'blocking' (every kernel launch waiting for "
-                               "its kernel, no compute/communication overlap) is not modelled "
-                               "by the estimator; use fidelity: simulate")
+        raise _not_modelled("launch 'blocking' (every kernel launch waiting for its kernel, "
+                            "no compute/communication overlap)")
     if check_comm_order(opts.pop("comm_order", DEFAULT_COMM_ORDER)) == "stream":
         # its pipeline and data-parallel timelines let a transfer start once its data is ready
-        raise NotModelledError("estimate: comm_order 'stream' (each collective waiting for "
-                               "the compute issued before it) is not modelled by the "
-                               "estimator; use fidelity: simulate")
+        raise _not_modelled("comm_order 'stream' (each collective waiting for the compute "
+                            "issued before it)")
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -197,8 +202,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     topo = load_topology(topology)
     strategy = Strategy.from_mapping(opts).resolved(topo.num_devices)
     if strategy.cp > 1:   # its gathered keys and values are in no profile or timeline here
-        raise NotModelledError(f"estimate: context parallelism (cp {strategy.cp}) is not "
-                               "modelled by the estimator; use fidelity: simulate")
+        raise _not_modelled(f"context parallelism (cp {strategy.cp})")
     if strategy.num_devices != topo.num_devices:
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
@@ -207,18 +211,15 @@ def resolve(options: Mapping[str, Any]) -> Case:
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
     if strategy.ep > 1:     # its all-to-alls run over data-parallel ranks, outside the template
-        raise NotModelledError(f"estimate: expert parallelism (ep {strategy.ep}) is not "
-                               "modelled by the estimator; use fidelity: simulate")
+        raise _not_modelled(f"expert parallelism (ep {strategy.ep})")
     c, _ = resolve_batch(c, strategy)
     if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
-        raise NotModelledError("estimate: tp_overlap (the backward's tensor-parallel "
-                               "all-reduce issued before the weight-gradient GEMM) is not "
-                               "modelled by the estimator; use fidelity: simulate")
+        raise _not_modelled("tp_overlap (the backward's tensor-parallel all-reduce issued "
+                            "before the weight-gradient GEMM)")
     if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and strategy.zero == 3:
         # its split tasks' ZeRO-3 gathers are not walked
-        raise NotModelledError(f"estimate: schedule '{strategy.schedule}' with ZeRO 3 over "
-                               f"dp {strategy.dp} (ZeRO-3 gathers in the split backward) is "
-                               "not modelled by the estimator; use fidelity: simulate")
+        raise _not_modelled(f"schedule '{strategy.schedule}' with ZeRO 3 over dp "
+                            f"{strategy.dp} (ZeRO-3 gathers in the split backward)")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
 
 
@@ -354,7 +355,7 @@ def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[dict],
 
     def length(*parts: Tuple[np.ndarray, np.ndarray]) -> float:
         starts, ends = union(np.concatenate([s for s, _ in parts]),
-                              np.concatenate([e for _, e in parts]))
+                             np.concatenate([e for _, e in parts]))
         return float((ends - starts).sum())
 
     cs, ts, ps = (c_s, c_e), t, (p_s, p_e)
