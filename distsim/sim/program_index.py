@@ -47,7 +47,7 @@ RESIDENT_ROLES = frozenset({"param", "optimizer", "master", "const", "grad_buffe
 NOT_SIMULATED = -(1 << 62)
 
 
-def _category_of(explicit: Any, role: Any, phase: Any) -> str:
+def category_of(explicit: Any, role: Any, phase: Any) -> str:
     """The memory category of the results of an op with these ``meta``
     entries (``category``, ``role``, ``phase``), gradient names aside."""
     if explicit:
@@ -70,7 +70,7 @@ def value_category(value: Value, producer: Optional[Op], roles: Dict[str, str],
     explicit = meta.get("category")
     if not explicit and value.name in grad_names:
         return "gradients"
-    return _category_of(explicit, meta.get("role"), meta.get("phase"))
+    return category_of(explicit, meta.get("role"), meta.get("phase"))
 
 
 def _no_ints() -> np.ndarray:
@@ -354,10 +354,10 @@ def _categorise(ix: ProgramIndex, f: Function, col: ProgramColumns) -> None:
     keys = list(zip(explicit, map(methodcaller("get", "role"), metas),
                     map(methodcaller("get", "phase"), metas)))
     try:
-        code = {key: cat_of(_category_of(*key)) for key in dict.fromkeys(keys)}
+        code = {key: cat_of(category_of(*key)) for key in dict.fromkeys(keys)}
         op_cat = col.per_kind(map(code.__getitem__, keys))
     except TypeError:   # a meta entry that is not hashable: kind by kind
-        op_cat = col.per_kind(cat_of(_category_of(*key)) for key in keys)
+        op_cat = col.per_kind(cat_of(category_of(*key)) for key in keys)
     made = col.maker[n_in:]
     category[n_in:] = op_cat[made]
     if grad_names:

@@ -18,7 +18,7 @@ coarsened program's memory events where the full program has them:
 - each *temporary* (made and used up inside) lives from its producer's
   start offset to its last reader's end offset (its producer's end if
   nobody reads it), with the category the full program gives its op
-  (:func:`.program_index._category_of`).
+  (:func:`.program_index.category_of`).
 
 ``pack`` and ``unpack`` only regroup values: they read and make nothing.
 Every body's figures go into flat arrays (:class:`SegmentTable`) that the
@@ -38,7 +38,7 @@ from ..cost.model import CostModel
 from ..ir.core import Function, Op, Value
 from ..ir.ops_bundle import PACK, UNPACK
 from ..ir.ops_fused import FUSED
-from .program_index import ProgramIndex, _category_of
+from .program_index import ProgramIndex, category_of
 
 __all__ = ["SegmentTable", "segment_table"]
 
@@ -108,7 +108,7 @@ _Rows = Dict[str, list]
 
 
 def _category(op: Op) -> Tuple[Any, Any, Any]:
-    """What an op's results' category depends on (:func:`._category_of`)."""
+    """What an op's results' category depends on (:func:`.program_index.category_of`)."""
     m = op.meta
     return m.get("category"), m.get("role"), m.get("phase")
 
@@ -239,10 +239,10 @@ def segment_table(ix: ProgramIndex, cost: CostModel) -> SegmentTable:
         try:
             return known[key]
         except KeyError:
-            c = known[key] = number_of(_category_of(*key))
+            c = known[key] = number_of(category_of(*key))
             return c
         except TypeError:      # a meta entry that is not hashable
-            return number_of(_category_of(*key))
+            return number_of(category_of(*key))
 
     rows: _Rows = defaultdict(list)
     ops = ix.compute
