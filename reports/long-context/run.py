@@ -7,7 +7,7 @@ grows, plus LLAMA2-7B at 128k in NeMo's published configuration.
     python reports/long-context/run.py --out DIR
 
 Every run is a full simulation (``symmetry=True, coarsen=True``: exact in
-step time) on the repository's DGX H100 cluster (``dgx-h100-xN``, bf16);
+step time and memory) on the repository's DGX H100 cluster (``dgx-h100-xN``, bf16);
 nothing is fitted. The split is rank 0's
 (:func:`distsim.report.comm_kinds.communication_by_kind`): ``busy`` is the
 union of the kind's intervals, ``exposed`` what of it no compute op covers.
