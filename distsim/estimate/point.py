@@ -174,10 +174,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
         # its timeline overlaps each device's compute and communication
         raise _not_modelled("launch 'blocking' (every kernel launch waiting for its kernel, "
                             "no compute/communication overlap)")
-    if check_comm_order(opts.pop("comm_order", DEFAULT_COMM_ORDER)) == "stream":
-        # its pipeline and data-parallel timelines let a transfer start once its data is ready
-        raise _not_modelled("comm_order 'stream' (each collective waiting for the compute "
-                            "issued before it)")
+    comm_order = check_comm_order(opts.pop("comm_order", DEFAULT_COMM_ORDER))
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -220,7 +217,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
         # its split tasks' ZeRO-3 gathers are not walked
         raise _not_modelled(f"schedule '{strategy.schedule}' with ZeRO 3 over dp "
                             f"{strategy.dp} (ZeRO-3 gathers in the split backward)")
-    return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
+    return Case(config, c, strategy, m, topo, topology, algo, comm_streams, comm_order)
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
@@ -260,7 +257,8 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     tp, sp, recomputation, ZeRO kind, micro-batch, whether a pipeline
     unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
-    them, the kernel fusion, and whether the backward is split)."""
+    them, the kernel fusion, whether the backward is split, and the
+    collectives' ``comm_order``)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
@@ -271,7 +269,7 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S), S.schedule in SPLIT_BACKWARD)
+            fusion_for(S), S.schedule in SPLIT_BACKWARD, case.comm_order)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

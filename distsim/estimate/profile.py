@@ -46,6 +46,7 @@ from ..ir.core import Function, Op
 from ..models.gpt import GPTConfig
 from ..models.moe import loads_tuple
 from ..models.gpt_family import build_gpt_backward, build_gpt_step, hyper_of, rank_forward
+from ..sim.launch_queue import DEFAULT_COMM_ORDER
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
@@ -222,7 +223,8 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False) -> LayerProfile:
+                  fusion: str = "megatron", split: bool = False,
+                  comm_order: str = DEFAULT_COMM_ORDER) -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices of the tensor-parallel
@@ -231,22 +233,24 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     template lowered and simulated for both. ``fusion``: the kernels the
     template's lowering fuses (:mod:`distsim.transforms.fusion`). ``split``:
     the backward split into input- and weight-gradient parts (ZB-H1:
-    :attr:`~.blocks.LayerProfile.weight`). A model that mixes dense and MoE
+    :attr:`~.blocks.LayerProfile.weight`). ``comm_order``: the
+    simulator's (:mod:`distsim.sim.launch_queue`), so the template's
+    tensor-parallel collectives wait as the step's do. A model that mixes dense and MoE
     layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
     config = GPTConfig(**dict(config_items))
     blocks = layer_blocks(config)
     if blocks is not None:
         args = (tp, sp, recompute, zero, micro_batch, untie, topology, collective_algo,
-                optimizer, tp_ranks, fusion, split)
+                optimizer, tp_ranks, fusion, split, comm_order)
         return merge_kinds(layer_profile(model_key(dense_variant(config)), *args),
                            layer_profile(model_key(moe_variant(config)), *args), blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion, split))
+                                          fusion, split, comm_order))
     return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
                          collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
-                         split=split)
+                         split=split, comm_order=comm_order)
 
 
 def without_zero(profile: LayerProfile) -> LayerProfile:
@@ -276,7 +280,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False) -> LayerProfile:
+                  fusion: str = "megatron", split: bool = False,
+                  comm_order: str = DEFAULT_COMM_ORDER) -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
@@ -294,7 +299,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         topo = topo.with_ranks_first(tp_ranks)
     trace = simulate_function(program, topo, CostModel(topo.device_spec),
                               SimulationOptions(network_mode="analytical",
-                                                collective_algorithm=collective_algo))
+                                                collective_algorithm=collective_algo,
+                                                comm_order=comm_order))
     layers = _TEMPLATE_LAYERS
     times = {}
     for rec in trace.ops:
@@ -459,15 +465,16 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             blk.b_gates = read_gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
     layer = blocks[LAYER]
     made_by = {id(v): op.name for op in rank0 for v in op.outputs}
+    issued = _issued_after(rank0, times) if comm_order == "stream" else {}
     layer.out_tail_first = _out_tail(groups.get(("B", 0, LAYER), []), times, outs[0])
     layer.out_tail_mid = _out_tail(groups.get(("B", 1, LAYER), []), times, outs[1])
     for name, blk in blocks.items():
         blk.comm_tail_first = _comm_tail(groups.get(("B", 0, name), []), times)
         blk.comm_tail_mid = _comm_tail(groups.get(("B", 1, name), []), times)
         blk.b_wait_first = _first_wait(groups.get(("B", 0, name), []), times, made_by,
-                                       forward_made)
+                                       forward_made, issued)
         blk.b_wait_mid = _first_wait(groups.get(("B", 1, name), []), times, made_by,
-                                     forward_made)
+                                     forward_made, issued)
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, final_only,
@@ -553,19 +560,37 @@ def _comm_tail(ops: List[Op], times) -> float:
     return max(0.0, max(comm) - max(compute))
 
 
-def _first_wait(ops: List[Op], times, made_by: Dict[int, str], forward_made: set) -> float:
+def _first_wait(ops: List[Op], times, made_by: Dict[int, str], forward_made: set,
+                issued: Dict[str, float]) -> float:
     """:attr:`~.blocks.Block.b_wait_first` of a template block's backward
     (``ops``; ``made_by``: rank 0's op making each value): its first
     tensor-parallel collective reading a value of the backward, from
-    when its inputs were made to its start."""
+    when its inputs were made (and under stream order the compute issued
+    before it ended: ``issued``, :func:`_issued_after`; a wait of the
+    block's own) to its start."""
     for op in ops:
         if not is_communication(op) or op.meta.get("role") is not None:
             continue
         if all(id(v) in forward_made for v in op.inputs):
             continue                   # an early one: reads only what the forward kept
         made = [times[made_by[id(v)]][1] for v in op.inputs if id(v) in made_by]
+        if op.name in issued:
+            made.append(issued[op.name])
         return max(0.0, times[op.name][0] - max(made)) if made else 0.0
     return 0.0
+
+
+def _issued_after(rank0: List[Op], times) -> Dict[str, float]:
+    """Under stream order, each of rank 0's collectives (by name): the end
+    of the compute op issued last before it, where it may start."""
+    out: Dict[str, float] = {}
+    last = 0.0
+    for op in rank0:
+        if is_communication(op):
+            out[op.name] = last
+        elif op.name in times:
+            last = times[op.name][1]
+    return out
 
 
 #: The optimizer ops of a parameter ``p`` on rank 0 of the template, by the
