@@ -119,8 +119,7 @@ RUN: Group = ("Simulation", (
                    "ready and every member has reached it, overlapping compute issued before "
                    "it) or 'stream' (also no earlier than the end of the compute op issued "
                    "before it on its device, as PyTorch's ProcessGroupNCCL orders the "
-                   "communication stream behind the compute stream; the estimator refuses "
-                   "it)"),
+                   "communication stream behind the compute stream)"),
     ("max_ops", "refuse, before building it, a program estimated at more than this many "
                 "ops (None: 50,000,000; 0: no limit)"),
     ("max_wall_s", "stop a run still going after this many seconds of wall-clock time, "

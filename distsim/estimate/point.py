@@ -54,10 +54,13 @@ slower in the simulation.
 Blocking launches (``launch: blocking``, :mod:`distsim.sim.launch_queue`)
 are refused with a NotModelledError: the timeline overlaps a device's
 compute and communication streams, which blocking launches serialise.
-So is stream order (``comm_order: stream``): the pipeline's and the
-data-parallel timelines start a transfer once its data is ready, not
-behind the compute issued before it; and ``tp_overlap`` with ``tp > 1``
-(:mod:`distsim.transforms.tp_order`): the block templates keep autodiff's
+Stream order (``comm_order: stream``) is modelled: the template is
+simulated under it (its tensor-parallel collectives), and every
+communication item of the timeline (pipeline transfers, gradient syncs,
+ZeRO's gathers and reduce-scatters, the optimizer's all-gathers) starts
+no earlier than the end of the compute its stages issued before it
+(:meth:`.engine.Timeline.issued`). ``tp_overlap`` with ``tp > 1``
+(:mod:`distsim.transforms.tp_order`) is refused: the block templates keep autodiff's
 order of the backward's tensor-parallel collectives.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a

@@ -218,8 +218,8 @@ def fusion_for(strategy: "Strategy") -> str:
     family's default: on the published runs (reports/validation/) it is
     right together with stream-ordered collectives (``comm_order:
     stream``, 4.1 % mean error), while fused kernels with the default
-    ``comm_order: inputs`` come out too fast; the estimator does not yet
-    model stream order, so the two defaults wait for each other."""
+    ``comm_order: inputs`` come out too fast, so the two defaults go
+    together."""
     return strategy.fusion if strategy.fusion is not None else "none"
 
 

@@ -364,6 +364,17 @@ def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
+#: known gaps under stream order (reports/estimator/README.md)
+STREAM_INTERLEAVED_MEMORY = (
+    "interleaved, tp 8 with sp, fused: peak memory 1.5 % over the simulation's (0.8 % with "
+    "collectives ordered by their inputs: stream order takes 2.1 MB off the simulation's "
+    "peak, where the next task's sequence-parallel all-gather no longer runs under the "
+    "embedding's backward, and 0.3 MB off the estimate's)")
+STREAM_ZB_PER_GROUP_MEMORY = (
+    "ZB-H1, ZeRO 2, sp, comm_streams per-group: peak memory 1.4 % under the simulation's "
+    "(the last stage's second W task starts while the first's head reduce-scatter runs)")
+
+
 @st.composite
 def stream_ordered_configurations(draw) -> Dict[str, Any]:
     """A configuration (any schedule, ZB-H1 among them) under stream order
@@ -376,13 +387,25 @@ def stream_ordered_configurations(draw) -> Dict[str, Any]:
     return o
 
 
-# where reports/estimator/sample.py (COMM_ORDER=stream, 300 draws with
-# FUSION=megatron and 300 without) found the two furthest apart: the same
-# gap as with collectives ordered by their inputs
+# where reports/estimator/sample.py (COMM_ORDER=stream, with FUSION=megatron
+# and without) and a wider draw of this test found the two furthest apart:
+# the ZeRO-3 gap of collectives ordered by their inputs, and two on memory
+# (reports/estimator/README.md)
 @example({'model': 'gpt', 'topology': 'dgx-a100', 'dp': 2, 'tp': 4, 'pp': 1, 'layers': 4,
           'network_mode': 'analytical', 'micro_batch': 2, 'global_batch': 8, 'sp': True,
           'zero': 3, 'recompute': 'selective', 'bucket_mb': 0, 'fusion': 'megatron',
           'comm_order': 'stream'}).xfail(raises=AssertionError, reason=ZERO3_TRAILING_ALL_REDUCE)
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 8, 'pp': 2,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
+          'global_batch': 4, 'schedule': 'interleaved', 'virtual_stages': 2,
+          'partition': 'balanced', 'sp': True, 'zero': 0, 'recompute': 'none', 'bucket_mb': 25,
+          'optimizer': 'sgd', 'fusion': 'megatron', 'comm_order': 'stream'}
+         ).xfail(raises=AssertionError, reason=STREAM_INTERLEAVED_MEMORY)
+@example({'model': 'gpt', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 2, 'pp': 2, 'layers': 2,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 8,
+          'schedule': 'zb-h1', 'sp': True, 'zero': 2, 'recompute': 'none', 'optimizer': 'adamw',
+          'comm_order': 'stream', 'comm_streams': 'per-group'}
+         ).xfail(raises=AssertionError, reason=STREAM_ZB_PER_GROUP_MEMORY)
 @settings(derandomize=True, database=None, deadline=None, max_examples=100,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                  HealthCheck.data_too_large])
