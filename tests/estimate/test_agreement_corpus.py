@@ -196,6 +196,12 @@ def _relative(estimated: float, simulated: float) -> float:
     return abs(estimated - simulated) / simulated
 
 
+#: the draws of each test below: 100, derandomized (the same on every run)
+DRAWS = settings(derandomize=True, database=None, deadline=None, max_examples=100,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                        HealthCheck.data_too_large])
+
+
 # the points of reports/estimator/sample.py (seed 1234, 300 draws) past
 # the bound before the estimator modelled what they miss
 @example({'model': 'tiny', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 2, 'pp': 4, 'layers': 4,
@@ -348,17 +354,13 @@ def _relative(estimated: float, simulated: float) -> float:
           'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 16,
           'zero': 2, 'recompute': 'full', 'bucket_mb': 5, 'order': 'tp-pp-dp',
           'optimizer': 'sgd'})
-@settings(derandomize=True, database=None, deadline=None, max_examples=100,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@DRAWS
 @given(configurations())
 def test_the_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=100,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@DRAWS
 @given(configurations(zero_bubble=True))
 def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
     _agrees(options)
@@ -406,9 +408,7 @@ def stream_ordered_configurations(draw) -> Dict[str, Any]:
           'schedule': 'zb-h1', 'sp': True, 'zero': 2, 'recompute': 'none', 'optimizer': 'adamw',
           'comm_order': 'stream', 'comm_streams': 'per-group'}
          ).xfail(raises=AssertionError, reason=STREAM_ZB_PER_GROUP_MEMORY)
-@settings(derandomize=True, database=None, deadline=None, max_examples=100,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@DRAWS
 @given(stream_ordered_configurations())
 def test_the_stream_ordered_estimate_agrees_with_the_simulation(options):
     _agrees(options)
