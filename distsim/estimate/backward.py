@@ -362,7 +362,8 @@ class OpByOpBackward:
                         # items, half the spans for the time split)
                         pc = ctx.param_cost(name, param)
                         if pc.sync is None:
-                            pc.sync = ctx.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)
+                            pc.sync = ctx.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes,
+                                                  pc.expert)
                         t, fl = pc.flat
                         ts, fls = shard_ops[(name, param)]
                         flops[stage] += fl

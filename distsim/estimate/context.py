@@ -107,6 +107,11 @@ class StepContext:
         self.costs = op_costs(case.topology_name)
         # every stage's data-parallel team sits on the hardware as stage 0's does
         self.dp_team = tuple(S.rank(d, 0, 0) for d in range(self.dp))
+        #: expert parallelism: an expert's weights synchronise (and ZeRO
+        #: shard) over their expert-data-parallel team of dp / ep ranks
+        #: (:meth:`~distsim.transforms.strategy.Strategy.edp_team`)
+        self.edp = self.dp // S.ep
+        self.edp_team = tuple(S.rank(d, 0, 0) for d in S.edp_team(0))
         self.zero = S.zero
         self.zero3 = self.zero == 3 and self.dp > 1
         #: ZeRO-3 by layer (``zero3_unit: layer``): a block's gathers, and
@@ -210,14 +215,21 @@ class StepContext:
                 tuple(i for block, i in order if block == HEAD), self.stage_of(self.chunks - 1))
 
     # -- costs -------------------------------------------------------------------
-    def dp_time(self, kind: CollectiveType, nbytes: float) -> float:
-        """A collective of every stage's data-parallel team (:attr:`dp_team`),
-        memoised here: the shared cache's key would hash the whole team."""
-        key = (kind, nbytes)
+    def dp_time(self, kind: CollectiveType, nbytes: float, expert: bool = False) -> float:
+        """A collective of every stage's data-parallel team (:attr:`dp_team`;
+        ``expert``: an expert's weights' team, :attr:`edp_team`), memoised
+        here: the shared cache's key would hash the whole team."""
+        key = (kind, nbytes, expert)
         hit = self.memo.dp_times.get(key)
         if hit is None:
-            hit = self.memo.dp_times[key] = self.colls.time(kind, self.dp_team, nbytes)
+            hit = self.memo.dp_times[key] = self.colls.time(
+                kind, self.edp_team if expert else self.dp_team, nbytes)
         return hit
+
+    def team(self, p: Param) -> int:
+        """The ranks ``p``'s gradient is synchronised and ZeRO-sharded over:
+        dp, or for an expert's weights dp / ep."""
+        return self.edp if p.expert else self.dp
 
     def param_cost(self, block: str, index: int) -> ParamCost:
         """What the step charges parameter ``index`` of ``block`` (the same
@@ -225,8 +237,9 @@ class StepContext:
         costs = self.memo.param_costs
         hit = costs.get((block, index))
         if hit is None:
+            p = self.profile.params[block][index]
             hit = costs[(block, index)] = ParamCost(
-                self.profile.params[block][index], self.dp, self.zero, self.costs,
+                p, self.team(p), self.zero, self.costs,
                 self.case.topology.device_spec.launch_overhead_s)
         return hit
 
@@ -280,7 +293,7 @@ class StepContext:
             n, d, shard = pc.numel, pc.dtype, pc.shard
             terms.flat.append(pc.flat[0])
             terms.flops.append(pc.flat[1])
-            terms.rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes))
+            terms.rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes, pc.expert))
             for op in ops:
                 ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
                 full = self.costs.cost(op, ins, [(n, d)])

@@ -38,12 +38,13 @@ def estimate_memory(b: StepContext) -> List[int]:
     states = 1 + len(hyper.states)
     # bytes per parameter of each block (whole numbers, summed exactly)
     # as the lowering makes them (:func:`~distsim.transforms.sync_policy.resident_layout`)
-    layout = resident_layout(zero, dp, b.bucket_bytes)
+    # (an expert's weights over their team of dp / ep ranks: :meth:`~.context.StepContext.team`)
     per: Dict[Tuple[str, int], Tuple[int, int]] = {}
     for block, params in prof.params.items():
         for i, p in enumerate(params):
             n, size = p.numel, p.dtype.itemsize
-            shard = shard_size(n, dp)
+            layout = resident_layout(zero, b.team(p), b.bucket_bytes)
+            shard = shard_size(n, b.team(p))
             per[(block, i)] = ((shard if layout.param else n) * size
                                + states * (shard if layout.state else n) * master,
                                (shard if layout.grad else n) * size)
@@ -189,7 +190,7 @@ def estimate_memory(b: StepContext) -> List[int]:
                     # its gradient, its flat copy and the reduce-scatter's result
                     p = prof.params[name][i]
                     peak = max(peak, now + grads_at[i]
-                               + shard_size(p.numel, dp) * p.dtype.itemsize)
+                               + shard_size(p.numel, b.team(p)) * p.dtype.itemsize)
                 if inside and at is None:
                     # at each gradient's flat copy, and as its op starts
                     ops = blk.bs_ops if grads_at is blk.bs_grads else {}
@@ -440,12 +441,13 @@ def _param_optimizer_excess(b: StepContext) -> Dict[Tuple[str, int], float]:
     * ZeRO 1/2: the new shard (the update's cast) and the whole parameter
       all-gathered from it, both live during the all-gather.
 
-    Without ZeRO or data parallelism the template's own measure stands."""
-    prof, S = b.profile, b.strategy
-    dp, zero = S.dp, S.zero
+    Without ZeRO or data parallelism the template's own measure stands
+    (``dp``: the parameter's team, :meth:`~.context.StepContext.team`)."""
+    prof, zero = b.profile, b.strategy.zero
     per: Dict[Tuple[str, int], float] = {}
     for block, params in prof.params.items():
         for i, p in enumerate(params):
+            dp = b.team(p)
             if zero == 0 or dp == 1:
                 per[(block, i)] = max(p.opt_flat + p.opt_with, p.opt_after)
                 continue

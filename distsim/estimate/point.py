@@ -210,8 +210,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     c = gpt_config(config)
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
-    if strategy.ep > 1:     # its all-to-alls run over data-parallel ranks, outside the template
-        raise _not_modelled(f"expert parallelism (ep {strategy.ep})")
+    check_expert_parallel(strategy)
     c, _ = resolve_batch(c, strategy)
     if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
         raise _not_modelled("tp_overlap (the backward's tensor-parallel all-reduce issued "
@@ -221,6 +220,24 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise _not_modelled(f"schedule '{strategy.schedule}' with ZeRO 3 over dp "
                             f"{strategy.dp} (ZeRO-3 gathers in the split backward)")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
+
+
+def check_expert_parallel(S: Strategy) -> None:
+    """Refuse the expert-parallel points whose experts' gradient sync
+    differs in kind from the others' in a way the estimator does not
+    walk: the experts' gradients held between calls (buckets, or deferred
+    after the backward) over their team of dp / ep ranks, or ZeRO 2 over
+    one such rank (kept whole) beside the others reduce-scattered each
+    micro-batch (:class:`.experts.ExpertSyncPolicy`)."""
+    if S.ep == 1:
+        return
+    if S.bucket_mb is not None and S.dp > S.ep:
+        raise _not_modelled(f"expert parallelism (ep {S.ep}) with bucket_mb (the experts' "
+                            "gradients bucketed over their own team)")
+    if S.zero == 2 and S.dp == S.ep and S.bucket_mb != 0:
+        raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 2 (the "
+                            "experts' gradients kept whole, the others reduce-scattered "
+                            "each micro-batch)")
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
@@ -263,15 +280,18 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     them, the kernel fusion, and whether the backward is split)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
-    # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
-    # order that spreads it (dp-tp-pp, ...), and its collectives cross
-    # what those devices' links cross
-    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(0, 0, t) for t in range(S.tp))
-    if tp_ranks == tuple(range(S.tp)):
+    # the first tensor-parallel group's devices (and under expert
+    # parallelism those of the first expert-parallel group's ranks, in the
+    # template's rank order): not 0..tp x ep - 1 under a mesh order that
+    # spreads them (dp-tp-pp, ...), and their collectives cross what those
+    # devices' links cross
+    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(d, 0, t) for d in range(S.ep)
+                                                for t in range(S.tp))
+    if tp_ranks == tuple(range(S.tp * S.ep)):
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S), S.schedule in SPLIT_BACKWARD)
+            fusion_for(S), S.schedule in SPLIT_BACKWARD, S.ep)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

@@ -113,7 +113,7 @@ class StepSync:
         pc = self.cost(*param)
         final = end or 0.0
         if pc.sync is None:
-            pc.sync = self.ctx.dp_time(kind, pc.nbytes)
+            pc.sync = self.ctx.dp_time(kind, pc.nbytes, pc.expert)
         if kind is CollectiveType.REDUCE_SCATTER:
             t, f = pc.flat
             self.ctx.flops[stage] += f
@@ -204,7 +204,8 @@ class StepSync:
         ctx = self.ctx
         s0, s1 = ctx.stage_of(0), ctx.stage_of(ctx.chunks - 1)
         p = ctx.param(emb)
-        n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
+        team = ctx.team(p)
+        n = shard_size(p.numel, team) if self.zero >= 2 and team > 1 else p.numel
         t = ctx.colls.time(CollectiveType.ALL_REDUCE, (ctx.rank0(s0), ctx.rank0(s1)),
                            n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
         end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
@@ -213,7 +214,10 @@ class StepSync:
     def update(self, params) -> None:
         """The optimizer step of every parameter (``params``: the context's
         :meth:`~.context.StepContext.all_params`, in order), as runs of one
-        stage's parameters (:meth:`optimizer_steps`)."""
+        stage's parameters (:meth:`optimizer_steps`); none where ``params``
+        is empty (the experts' policy updates none of its own)."""
+        if not params:
+            return
         flops, synced = self.ctx.flops, self.synced
         compute_each, chain = self.tl.compute_each, self.tl.chain
         for update_alone, stage, keys, items, fls in self.optimizer_steps():
@@ -308,10 +312,11 @@ class StepSync:
         in every layer: kept in its :class:`ParamCost` (``pc``)."""
         ctx = self.ctx
         p = ctx.param(key)
-        plan = update_plan(self.zero, self.dp)
+        plan = update_plan(self.zero, ctx.team(p))
         pre = p.opt_pre if plan.flatten else None
         cut = pc.slice if plan.slice else None
-        gather = ctx.dp_time(CollectiveType.ALL_GATHER, pc.nbytes) if plan.gather else None
+        gather = ctx.dp_time(CollectiveType.ALL_GATHER, pc.nbytes, pc.expert) \
+            if plan.gather else None
         post = p.opt_post if plan.reshape else None
         pc.plan = (pre, cut, pc.update, gather, post)
         return pc.plan

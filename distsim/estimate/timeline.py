@@ -32,6 +32,7 @@ from .notes import MemoryNotes
 from .replay import ReplayedBackward
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
 from .sync import StepSync
+from .experts import sync_policy
 
 __all__ = ["Builder", "Case", "Memo", "ScatterTerms", "Walk", "program_order",
            "shared_prefix"]
@@ -80,7 +81,7 @@ class Builder:
         the context's timeline."""
         ctx = self.ctx
         self.sync = StepSync(ctx)
-        self.policy: SyncPolicy = SyncPolicy(ctx.strategy, self.sync, self.sync.nbytes)
+        self.policy: SyncPolicy = sync_policy(ctx, self.sync)  # type: ignore[assignment]
         self.backward = ReplayedBackward(ctx, self.sync, self.policy, self.notes)
         #: a split backward's (ZB-H1) weight-gradient tasks, op by op where
         #: they make final gradients (the last micro-batch's; with ZeRO 2/3
