@@ -24,7 +24,7 @@ from ..models.gpt import GPTConfig
 from ..topology import Topology
 from ..transforms.pipeline import partition_balanced, partition_layers
 from ..transforms.strategy import Strategy
-from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of,
+from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of, gradient_share,
                                       scatters_each_microbatch, sync_route, unit_indices)
 from .costs import ParamCost, collectives, op_costs
 from .engine import Timeline
@@ -83,6 +83,10 @@ class StepContext:
         self.profile = profile
         S = self.strategy = case.strategy
         self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
+        #: whether the blocks have collectives of their own (tensor-parallel;
+        #: expert parallelism's all-to-alls): their tasks hold the
+        #: communication stream
+        self.block_comm = S.tp > 1 or S.ep > 1
         self.microbatches = case.microbatches
         self.chunks = S.pp * S.chunks
         #: each layer's block (dense layers LAYER, mixture-of-experts ones
@@ -123,6 +127,10 @@ class StepContext:
         self.bucket_bytes = bucket_bytes_of(S.bucket_mb)
         self.route = sync_route(self.zero, self.dp, self.bucket_bytes)
         self.scatter_each = scatters_each_microbatch(self.zero, self.dp, self.bucket_bytes)
+        #: whether the experts' own sync policy holds gradients between
+        #: calls (buckets, deferred syncs over dp / ep > 1 ranks), which a
+        #: replayed task does not record (:mod:`.experts`)
+        self.experts_held = S.ep > 1 and self.edp > 1 and self.route in ("bucket", "deferred")
         self.master = DType.parse(str(case.config.master_dtype))
         # memos: what is the same for every task / layer of the step
         self.memo = Memo() if memo is None else memo
@@ -242,6 +250,21 @@ class StepContext:
                 p, self.team(p), self.zero, self.costs,
                 self.case.topology.device_spec.launch_overhead_s)
         return hit
+
+    def one_microbatch_scale(self, block: str, index: int) -> Optional[Tuple[float, float]]:
+        """With one micro-batch, the (time, FLOPs) of the ``scale`` that
+        averages an expert's gradient over the tokens of its ep ranks
+        (:func:`~distsim.transforms.sync_policy.accumulation_ops` with the
+        expert's :func:`~distsim.transforms.sync_policy.gradient_share`;
+        the template's first micro-batch has none): on the whole gradient,
+        or on its shard where ZeRO 2 reduce-scatters first. None otherwise."""
+        p = self.profile.params[block][index]
+        if self.microbatches > 1 or "scale" not in accumulation_ops(
+                0, 1, gradient_share(self.strategy, p.expert)):
+            return None
+        pc = self.param_cost(block, index)
+        n = pc.shard if self.scatter_each else pc.numel
+        return self.costs.cost("scale", [(n, pc.dtype)], [(n, pc.dtype)])
 
     def small(self, stage: int, op_type: str, ins, outs, ready: float) -> float:
         """One small op the lowering adds (a reshape, a concat) on ``stage``'s

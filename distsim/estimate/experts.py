@@ -25,11 +25,10 @@ class ExpertSyncPolicy:
     """Two :class:`~distsim.transforms.sync_policy.SyncPolicy` on one sink:
     ``main`` over dp, ``experts`` over dp / ep, each gradient to its
     parameter's; the end of the step as the lowering orders it (the
-    experts' buckets first, every update after). The point resolver
-    refuses what would leave the experts' policy holding gradients
-    between calls (buckets, deferred syncs over a team of more than one
-    rank: :func:`~.point.check_expert_parallel`), so what the walk records
-    and forks of a policy (``pending``, ``deferred``) is the main one's."""
+    experts' buckets first, every update after). What a replayed task
+    records of a policy (``pending``, ``deferred``) is the main one's: no
+    task is replayed where the experts' holds gradients between calls
+    (:attr:`.context.StepContext.experts_held`)."""
 
     def __init__(self, ctx: StepContext, sink: Any) -> None:
         S = ctx.strategy

@@ -31,7 +31,7 @@ def estimate_memory(b: StepContext) -> List[int]:
     transient excess measured on the template. The largest candidate over
     the forward and backward blocks and the optimizer is the peak."""
     prof, S = b.profile, b.strategy
-    dp, zero = S.dp, S.zero
+    zero = S.zero
     master = b.master.itemsize
     # fp32 master weights and the optimizer's moments: AdamW m, v; SGD momentum
     hyper = hyper_of(b.case.config, S.optimizer)

@@ -225,16 +225,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
 def check_expert_parallel(S: Strategy) -> None:
     """Refuse the expert-parallel points whose experts' gradient sync
     differs in kind from the others' in a way the estimator does not
-    walk: the experts' gradients held between calls (buckets, or deferred
-    after the backward) over their team of dp / ep ranks, or ZeRO 2 over
-    one such rank (kept whole) beside the others reduce-scattered each
-    micro-batch (:class:`.experts.ExpertSyncPolicy`)."""
-    if S.ep == 1:
-        return
-    if S.bucket_mb is not None and S.dp > S.ep:
-        raise _not_modelled(f"expert parallelism (ep {S.ep}) with bucket_mb (the experts' "
-                            "gradients bucketed over their own team)")
-    if S.zero == 2 and S.dp == S.ep and S.bucket_mb != 0:
+    walk: ZeRO 2 with the experts' team one rank (dp = ep: their gradients
+    kept whole) beside the others reduce-scattered each micro-batch
+    (:class:`.experts.ExpertSyncPolicy`)."""
+    if S.ep > 1 and S.zero == 2 and S.dp == S.ep and S.bucket_mb != 0:
         raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 2 (the "
                             "experts' gradients kept whole, the others reduce-scattered "
                             "each micro-batch)")

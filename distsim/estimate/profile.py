@@ -267,19 +267,29 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
 
 def with_expert_parallel(profile: LayerProfile, plain: LayerProfile) -> LayerProfile:
     """The profile of an expert-parallel template (``profile``: lowered
-    with one expert-parallel group, dp = ep, whose ZeRO 1 shards the
-    other parameters' optimizer over those ep ranks) with the optimizer
-    figures of each parameter that is not an expert's taken from the
-    same layout's template without expert parallelism (``plain``, dp 1:
-    whole parameters, as every profile measures them). An expert's
-    weights keep theirs: their team in the template is one rank, so they
-    were updated whole there too, at their expert-parallel shape."""
-    fields = ("opt_pre", "opt_update", "opt_post", "opt_with", "opt_after", "opt_flat")
+    with one expert-parallel group, dp = ep) with its optimizer figures
+    as a template without data parallelism measures them: from the same
+    layout's template without expert parallelism (``plain``, dp 1, its
+    experts whole). In ``profile`` the data-parallel sync (deferred after
+    the backward) leaves the others' gradients unpacked while the updates
+    run, and its ZeRO 1 shards their update over the ep ranks. An
+    expert's weights keep their own times (their team in the template is
+    one rank: updated whole at their 1/ep shape); their update's memory
+    is ``plain``'s scaled to that shape, as a ZeRO shard scales it
+    (:func:`.memory._param_optimizer_excess`)."""
+    times = ("opt_pre", "opt_update", "opt_post")
+    memory = ("opt_with", "opt_after", "opt_flat")
     whole = {p.name: p for ps in plain.params.values() for p in ps}
-    params = {blk: [p if p.expert else replace(p, **{f: getattr(whole[p.name], f)
-                                                     for f in fields})
-                    for p in ps]
-              for blk, ps in profile.params.items()}
+
+    def measured(p: Param) -> Param:
+        q = whole[p.name]
+        if not p.expert:
+            return replace(p, **{f: getattr(q, f) for f in times + memory})
+        ratio = p.numel / q.numel
+        return replace(p, opt_with=q.opt_with * ratio, opt_after=q.opt_after * ratio,
+                       opt_flat=q.opt_flat * p.numel // q.numel)
+
+    params = {blk: [measured(p) for p in ps] for blk, ps in profile.params.items()}
     return replace(profile, params=params, wall_s=profile.wall_s + plain.wall_s)
 
 

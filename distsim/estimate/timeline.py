@@ -315,7 +315,7 @@ class Builder:
         # own, which does not wait for the task's input (the gradient from
         # the next stage), as in the simulator
         split = kind == "B" and head.b_lead > 0.0
-        lead = [(head.b_lead, head.b_lead_busy, ctx.tp > 1 and head.b_lead_comm)] \
+        lead = [(head.b_lead, head.b_lead_busy, ctx.block_comm and head.b_lead_comm)] \
             if split else []
         if ctx.zero3:
             plan = []
@@ -359,7 +359,7 @@ class Builder:
             total, busy = total - head.b_lead, busy - head.b_lead_busy
         wait, early = ctx.lead_in(c, mb) if kind == "B" else (0.0, 0.0)
         total -= wait
-        pieces = self._pieces(kind, order, total, busy, rest=split)
+        pieces = self._pieces(kind, order, total, busy, rest=split, mb=mb)
         spans = None if split or early else self._tp_spans(kind, order, mb)
         return fl, lead, pieces, spans
 
@@ -387,7 +387,8 @@ class Builder:
         return np.array(out) if out else None
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
-                pre_shift: float = 0.0, post_shift: float = 0.0) -> List[tuple]:
+                pre_shift: float = 0.0, post_shift: float = 0.0,
+                mb: Optional[int] = None) -> List[tuple]:
         """The compute items of a task over the blocks ``order``: one, or with
         tensor-parallel collectives, which hold the communication stream from
         the first to the last of them, the compute before and after alone
@@ -398,21 +399,53 @@ class Builder:
         gathers), as in the simulator. ``pre_shift`` / ``post_shift``: a
         change of the compute before the first collective / after the last
         (ZeRO-3 by layer: the unit's copy-out in place of the template's
-        reshapes)."""
+        reshapes). ``mb`` (the task's micro-batch): where blocks with no
+        collectives of their own lead or end the task (expert parallelism
+        without tensor parallelism: the embedding, the head, dense layers
+        beside MoE layers with all-to-alls), their compute runs alone too."""
         ctx = self.ctx
         blocks = ctx.part(kind)
         first, last = blocks[order[0][0]], blocks[order[-1][0]]
         pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
+        post = last.f_post if kind == "F" else last.b_post
+        holds = ctx.block_comm
+        if holds and mb is not None and (pre is None or post is None):
+            pre, post = self._bare_edges(kind, order, mb, rest, pre, post)
+            holds = pre is not None          # else no block of the task has any
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
-        post = last.f_post if kind == "F" else last.b_post
         if post is not None and post_shift:
             post = max(0.0, post + post_shift)
-        holds = ctx.tp > 1
         if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
             return [(total, busy, holds)]
         return [(pre, None, False), (total - pre - post, max(0.0, busy - pre - post), True),
                 (post, None, False)]
+
+    def _bare_edges(self, kind: str, order, mb: int, rest: bool, pre: Optional[float],
+                    post: Optional[float]) -> Tuple[Optional[float], Optional[float]]:
+        """:meth:`_pieces`' compute before a task's first collective and after
+        its last where its first or last blocks have none: their whole
+        times (the first less a leading recomputation, ``rest``) and the
+        edge of the nearest block with collectives; (None, None) where no
+        block has any."""
+        ctx = self.ctx
+        blocks = ctx.part(kind)
+        edges = [(blk.f_pre, blk.f_post) if kind == "F" else
+                 (blk.b_rest_pre if rest and k == 0 else blk.b_pre, blk.b_post)
+                 for k, blk in enumerate(blocks[name] for name, _ in order)]
+        own = [k for k, (a, b) in enumerate(edges) if a is not None and b is not None]
+        if not own:
+            return None, None
+
+        def bare(k: int) -> float:
+            t = ctx.block_time(blocks[order[k][0]], kind, mb)[0]
+            return t - blocks[order[k][0]].b_lead if rest and k == 0 else t
+
+        if pre is None:
+            pre = sum(bare(k) for k in range(own[0])) + edges[own[0]][0]
+        if post is None:
+            post = sum(bare(k) for k in range(own[-1] + 1, len(order))) + edges[own[-1]][1]
+        return pre, post
 
     # -- the whole step ----------------------------------------------------------
     def sends(self, kind: str, c: int) -> Optional[Tuple[int, Tuple[int, int], List[float]]]:
