@@ -477,7 +477,9 @@ def _after_backward(b: StepContext, stage: int, per: Dict[Tuple[str, int], float
     its all-reduce ends; a bucket's ``concat`` holds the bucket and the
     reshaped gradients it copies, and its unpacking ``split``, after the
     all-reduce, the reduced bucket and its pieces, with the other buckets
-    still held or unpacked: all the buckets' bytes and one bucket more.
+    still held or unpacked: the buckets' bytes so far and one bucket more
+    (:attr:`Memo.bucket_peak`: all of them but under expert parallelism,
+    whose experts' buckets are unpacked before the others' last).
     Each unpacked gradient is a copy that lives until its parameter's
     update; the optimizer runs after the stage's buckets are unpacked (its
     first parameter's gradient is the backward's last), one parameter after
@@ -496,7 +498,7 @@ def _after_backward(b: StepContext, stage: int, per: Dict[Tuple[str, int], float
         return opt_excess
     bucketed = b.memo.bucketed.get(stage, {})
     held = float(sum(buckets))
-    best = held + float(max(buckets))
+    best = float(b.memo.bucket_peak.get(stage, 0))
     flat_first = b.strategy.zero >= 1 and b.strategy.dp > 1
     for key, s in b.all_params():
         if s != stage:

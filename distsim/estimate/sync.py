@@ -78,6 +78,9 @@ class StepSync:
         #: sync holds (:func:`queued_peak`)
         self._deferred = ctx.route == "deferred"
         self._queued: Dict[int, List[Tuple[float, float, float, int, int]]] = {}
+        #: whether this step has unpacked buckets yet (twice under expert
+        #: parallelism: :class:`.experts.ExpertSyncPolicy`)
+        self._unpacked = False
 
     def cost(self, block: str, index: int) -> ParamCost:
         hit = self._costs.get((block, index))
@@ -129,8 +132,9 @@ class StepSync:
         total = sum(pc.numel for pc in costs)
         cat = ctx.small(stage, "concat", [(pc.numel, dtype) for pc in costs],
                         [(total, dtype)], max(flats))
-        ar = self.tl.comm_on(stage, ctx.dp_time(CollectiveType.ALL_REDUCE,
-                                                total * dtype.itemsize), cat)
+        # (a bucket holds an expert's weights or none: each policy its own)
+        ar = self.tl.comm_on(stage, ctx.dp_time(CollectiveType.ALL_REDUCE, total * dtype.itemsize,
+                                                ctx.param(bucket[0]).expert), cat)
         self.buckets.setdefault(stage, []).append(total * dtype.itemsize)
         self.unpack.append((bucket, stage, ar, total, dtype))
 
@@ -187,7 +191,14 @@ class StepSync:
             if held > memo.flat_queued.get(stage, 0):
                 memo.flat_queued[stage] = held
         memo.buckets = {s: tuple(v) for s, v in self.buckets.items()}
-        memo.bucketed = bucketed = {}
+        if not self._unpacked:      # (the experts' policy unpacks first: both count)
+            memo.bucketed, memo.bucket_peak = {}, {}
+        self._unpacked = True
+        bucketed = memo.bucketed
+        for bucket, stage, ar, total, dtype in self.unpack:
+            peak = sum(self.buckets.get(stage, ())) + total * dtype.itemsize
+            if peak > memo.bucket_peak.get(stage, 0):
+                memo.bucket_peak[stage] = peak
         for bucket, stage, ar, total, dtype in self.unpack:
             held = bucketed.setdefault(stage, {})
             for k in bucket:
