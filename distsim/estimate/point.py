@@ -12,9 +12,11 @@ columns of a sweep row (:data:`distsim.sweep.point.METRICS` and the
 resolved batch sizes). It never builds the whole program:
 
 1. **Per-layer times** (:mod:`.profile`): a two-layer copy of the
-   model on one tensor-parallel group, lowered and simulated for real
+   model on one tensor-parallel group (under expert parallelism, one
+   expert-parallel group of them: dp = ep, each MoE block's all-to-alls in
+   it), lowered and simulated for real
    (cost model, tensor-parallel collectives on the topology, analytical
-   network), cached per model shape / tp / sp / recompute / micro-batch.
+   network), cached per model shape / tp / sp / recompute / micro-batch / ep.
 2. **The pipeline** (:mod:`.timeline` on :mod:`.engine`): one rank per stage,
    its compute and communication streams, and the items :class:`LowerSPMD`
    would emit, in the same program order (the same
@@ -68,8 +70,12 @@ task with tensor-parallel collectives is emitted entry by entry
 reads the parameter, its collectives only for their inputs).
 Only the ``gpt`` family is supported (other models are a ConfigError),
 mixtures of experts included: each layer is timed and counted by the block
-of its kind (:mod:`.layer_kinds`); expert parallelism (``ep`` > 1) is
-refused with a NotModelledError.
+of its kind (:mod:`.layer_kinds`). Under expert parallelism (``ep`` > 1)
+each parameter is synchronised, ZeRO-sharded and updated over its team
+(dp, or dp / ep for an expert's weights), by a sync policy per team as
+the lowering's (:mod:`.experts`); ZeRO 2 with ``ep`` = dp (the experts'
+gradients whole beside the others reduce-scattered) is refused with a
+NotModelledError.
 """
 from __future__ import annotations
 
@@ -226,12 +232,13 @@ def check_expert_parallel(S: Strategy) -> None:
     """Refuse the expert-parallel points whose experts' gradient sync
     differs in kind from the others' in a way the estimator does not
     walk: ZeRO 2 with the experts' team one rank (dp = ep: their gradients
-    kept whole) beside the others reduce-scattered each micro-batch
+    kept whole and updated as they are made, beside the others
+    reduce-scattered each micro-batch, or after the backward with
+    ``bucket_mb`` 0: their flat copies then outlive the experts' updates)
     (:class:`.experts.ExpertSyncPolicy`)."""
-    if S.ep > 1 and S.zero == 2 and S.dp == S.ep and S.bucket_mb != 0:
+    if S.ep > 1 and S.zero == 2 and S.dp == S.ep:
         raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 2 (the "
-                            "experts' gradients kept whole, the others reduce-scattered "
-                            "each micro-batch)")
+                            "experts' gradients kept whole, the others reduce-scattered)")
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:

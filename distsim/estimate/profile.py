@@ -29,9 +29,14 @@ dense one (the routing balance and capacity factor set the experts' slots,
 so they are part of the model shape); one that mixes dense and MoE layers
 gets a template per kind, merged (:mod:`.layer_kinds`).
 
+Under expert parallelism the MoE template is one expert-parallel group
+(dp = ep): its all-to-alls are among each MoE block's own collectives
+(:func:`~.profile_memory.block_collective`), its experts' weights at their
+1/ep shape, its sync after the backward (:mod:`.experts`).
+
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
 micro-batch, untied head, topology, collective algorithm, the tensor-parallel
-group's devices).
+group's devices, ep).
 """
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
+from .experts import with_expert_parallel
 from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, probe_layers
 from .profile_memory import block_collective, fill_optimizer_ops, memory_excess
 from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
@@ -263,34 +269,6 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                               None if tp_ranks is None else tp_ranks[:tp], fusion, split)
         profile = with_expert_parallel(profile, plain)
     return profile
-
-
-def with_expert_parallel(profile: LayerProfile, plain: LayerProfile) -> LayerProfile:
-    """The profile of an expert-parallel template (``profile``: lowered
-    with one expert-parallel group, dp = ep) with its optimizer figures
-    as a template without data parallelism measures them: from the same
-    layout's template without expert parallelism (``plain``, dp 1, its
-    experts whole). In ``profile`` the data-parallel sync (deferred after
-    the backward) leaves the others' gradients unpacked while the updates
-    run, and its ZeRO 1 shards their update over the ep ranks. An
-    expert's weights keep their own times (their team in the template is
-    one rank: updated whole at their 1/ep shape); their update's memory
-    is ``plain``'s scaled to that shape, as a ZeRO shard scales it
-    (:func:`.memory._param_optimizer_excess`)."""
-    times = ("opt_pre", "opt_update", "opt_post")
-    memory = ("opt_with", "opt_after", "opt_flat")
-    whole = {p.name: p for ps in plain.params.values() for p in ps}
-
-    def measured(p: Param) -> Param:
-        q = whole[p.name]
-        if not p.expert:
-            return replace(p, **{f: getattr(q, f) for f in times + memory})
-        ratio = p.numel / q.numel
-        return replace(p, opt_with=q.opt_with * ratio, opt_after=q.opt_after * ratio,
-                       opt_flat=q.opt_flat * p.numel // q.numel)
-
-    params = {blk: [measured(p) for p in ps] for blk, ps in profile.params.items()}
-    return replace(profile, params=params, wall_s=profile.wall_s + plain.wall_s)
 
 
 def without_zero(profile: LayerProfile) -> LayerProfile:

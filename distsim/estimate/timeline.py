@@ -32,7 +32,7 @@ from .notes import MemoryNotes
 from .replay import ReplayedBackward
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
 from .sync import StepSync
-from .experts import sync_policy
+from .experts import bare_edges, sync_policy
 
 __all__ = ["Builder", "Case", "Memo", "ScatterTerms", "Walk", "program_order",
            "shared_prefix"]
@@ -410,7 +410,7 @@ class Builder:
         post = last.f_post if kind == "F" else last.b_post
         holds = ctx.block_comm
         if holds and mb is not None and (pre is None or post is None):
-            pre, post = self._bare_edges(kind, order, mb, rest, pre, post)
+            pre, post = bare_edges(ctx, kind, order, mb, rest, pre, post)
             holds = pre is not None          # else no block of the task has any
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
@@ -420,32 +420,6 @@ class Builder:
             return [(total, busy, holds)]
         return [(pre, None, False), (total - pre - post, max(0.0, busy - pre - post), True),
                 (post, None, False)]
-
-    def _bare_edges(self, kind: str, order, mb: int, rest: bool, pre: Optional[float],
-                    post: Optional[float]) -> Tuple[Optional[float], Optional[float]]:
-        """:meth:`_pieces`' compute before a task's first collective and after
-        its last where its first or last blocks have none: their whole
-        times (the first less a leading recomputation, ``rest``) and the
-        edge of the nearest block with collectives; (None, None) where no
-        block has any."""
-        ctx = self.ctx
-        blocks = ctx.part(kind)
-        edges = [(blk.f_pre, blk.f_post) if kind == "F" else
-                 (blk.b_rest_pre if rest and k == 0 else blk.b_pre, blk.b_post)
-                 for k, blk in enumerate(blocks[name] for name, _ in order)]
-        own = [k for k, (a, b) in enumerate(edges) if a is not None and b is not None]
-        if not own:
-            return None, None
-
-        def bare(k: int) -> float:
-            t = ctx.block_time(blocks[order[k][0]], kind, mb)[0]
-            return t - blocks[order[k][0]].b_lead if rest and k == 0 else t
-
-        if pre is None:
-            pre = sum(bare(k) for k in range(own[0])) + edges[own[0]][0]
-        if post is None:
-            post = sum(bare(k) for k in range(own[-1] + 1, len(order))) + edges[own[-1]][1]
-        return pre, post
 
     # -- the whole step ----------------------------------------------------------
     def sends(self, kind: str, c: int) -> Optional[Tuple[int, Tuple[int, int], List[float]]]:

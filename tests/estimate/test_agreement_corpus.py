@@ -176,8 +176,8 @@ def expert_parallel_configurations(draw) -> Dict[str, Any]:
     """A :func:`moe_configurations` draw with expert parallelism: ``ep`` 2
     or 4 where it divides dp and the experts (dp 1: the draw is rejected),
     no sequence parallelism and ZeRO 0-2 (the simulator refuses ep with
-    either), and not ZeRO 2 with ep = dp unless ``bucket_mb`` is 0 (the
-    estimator refuses it: :func:`distsim.estimate.point.check_expert_parallel`)."""
+    either), and not ZeRO 2 with ep = dp (the estimator refuses it:
+    :func:`distsim.estimate.point.check_expert_parallel`)."""
     o = draw(moe_configurations())
     model = o["model"]
     experts = (model if isinstance(model, dict) else load_model_config(model))["experts"]
@@ -189,7 +189,7 @@ def expert_parallel_configurations(draw) -> Dict[str, Any]:
         o["zero"] = draw(st.integers(0, 2))
         o.pop("prefetch", None)
         o.pop("zero3_unit", None)
-    if o["zero"] == 2 and o["dp"] == o["ep"] and o.get("bucket_mb") != 0:
+    if o["zero"] == 2 and o["dp"] == o["ep"]:
         o["zero"] = 1
     return o
 
