@@ -6,6 +6,7 @@ The costs are checked by hand on a unit device; the lowering against the
 same step without the option, in the reference executor (which computes
 bf16 in float32, so the casts round nothing and the two must agree bit
 for bit)."""
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -125,3 +126,13 @@ def test_fp32_grads_never_narrows(reference):
 def test_bad_value_is_one_clear_error():
     with pytest.raises(ConfigError, match="--fp32-grads: must be true or false"):
         distsim.build_program(model=MODEL, topology="dgx-a100", fp32_grads="yes")
+
+
+def test_cli_flag_reaches_the_summary(tmp_path):
+    from distsim.cli import main
+
+    out = tmp_path / "out"
+    assert main(["simulate", "--model", "tiny", "--dp", "8", "--fp32-grads", "--no-plots",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["fp32_grads"] is True
