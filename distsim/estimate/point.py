@@ -60,7 +60,9 @@ So is stream order (``comm_order: stream``): the pipeline's and the
 data-parallel timelines start a transfer once its data is ready, not
 behind the compute issued before it; and ``tp_overlap`` with ``tp > 1``
 (:mod:`distsim.transforms.tp_order`): the block templates keep autodiff's
-order of the backward's tensor-parallel collectives.
+order of the backward's tensor-parallel collectives; and ``fp32_grads``
+(gradients accumulated in fp32 buffers): the templates accumulate them in
+their own dtype.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -221,6 +223,8 @@ def resolve(options: Mapping[str, Any]) -> Case:
     if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
         raise _not_modelled("tp_overlap (the backward's tensor-parallel all-reduce issued "
                             "before the weight-gradient GEMM)")
+    if strategy.fp32_grads:   # its templates accumulate gradients in their own dtype
+        raise _not_modelled("fp32_grads (gradients cast to and accumulated in fp32 buffers)")
     if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and strategy.zero == 3:
         # its split tasks' ZeRO-3 gathers are not walked
         raise _not_modelled(f"schedule '{strategy.schedule}' with ZeRO 3 over dp "

@@ -136,3 +136,14 @@ def test_cli_flag_reaches_the_summary(tmp_path):
                  "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["fp32_grads"] is True
+
+
+def test_the_estimator_refuses_fp32_buffers_in_one_line():
+    """The fast tier's templates accumulate in the gradients' own dtype:
+    it refuses the option rather than estimate it as if it were off."""
+    from distsim.errors import NotModelledError
+    from distsim.estimate import estimate
+    options = {"model": "tiny", "topology": "workstation-4gpu-pcie", "dp": 4}
+    assert estimate(options)["step_time_s"] > 0
+    with pytest.raises(NotModelledError, match=r"fp32_grads .* is not modelled"):
+        estimate({**options, "fp32_grads": True})
