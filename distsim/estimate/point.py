@@ -297,7 +297,7 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S), S.schedule in SPLIT_BACKWARD, S.ep, case.comm_order)
+            fusion_for(S, "gpt"), S.schedule in SPLIT_BACKWARD, S.ep, case.comm_order)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

@@ -58,10 +58,10 @@ every compute kernel issued before it on the device has finished, not
 merely its inputs' producers. The ``comm_order`` setting says whether
 the simulator holds collectives to that:
 
-* ``inputs`` (the default): a communication op starts when its queue is
+* ``inputs``: a communication op starts when its queue is
   free, its inputs are ready and every member has reached it; it may
   overlap compute ops issued before it in program order.
-* ``stream``: besides, no earlier than the end of the compute op issued
+* ``stream`` (the default): besides, no earlier than the end of the compute op issued
   last before it on its device (each rank's own). Compute ops after it
   still wait only for what they read, as PyTorch's do (the collective's
   ``work.wait()`` joins the streams where its result is used). Where a
@@ -99,7 +99,7 @@ LAUNCH_MODES: Tuple[str, ...] = ("async", "blocking")
 DEFAULT_LAUNCH = "async"
 #: the ``comm_order`` settings (module docstring, *Stream order*)
 COMM_ORDERS: Tuple[str, ...] = ("inputs", "stream")
-DEFAULT_COMM_ORDER = "inputs"
+DEFAULT_COMM_ORDER = "stream"
 
 
 def check_launch(value: Any) -> str:
