@@ -7,9 +7,10 @@ LAYER_SHARE: the share of ZeRO-3 points drawn with ``zero3_unit: layer``
 (default 0: the sample of the README's tables); ``ZERO3_ONLY=1`` in the
 environment draws ZeRO 3 on every point; ``COMM_STREAMS=per-group`` (or
 ``shared``) sets ``comm_streams`` on every point (default: the simulator's);
-``FUSION=megatron`` (or another setting) sets ``fusion`` on every point
-(default: distsim's, ``none``); ``COMM_ORDER=stream`` (or ``inputs``) sets
-``comm_order`` on every point (default: the simulator's).
+``FUSION=none`` (or another setting) sets ``fusion`` on every point
+(default: distsim's, ``megatron`` for these GPT models); ``COMM_ORDER=inputs``
+(or ``stream``) sets ``comm_order`` on every point (default: the
+simulator's, ``stream``).
 """
 from __future__ import annotations
 
