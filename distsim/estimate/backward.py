@@ -209,7 +209,7 @@ class OpByOpBackward:
         #: one item (below; decided once, not per gradient), where the
         #: reduce-scatters share the one communication stream (not
         #: per group: theirs is the data-parallel stream)
-        fused = (scatter and shard_ops is not None and not ctx.zero3 and ctx.tp == 1
+        fused = (scatter and shard_ops is not None and not ctx.zero3 and not ctx.block_comm
                  and not ctx.tl.per_group)
         #: the parameters' costs, for the sync of each gradient here
         #: (reduce-scatters: ZeRO 2/3 only)
@@ -362,7 +362,8 @@ class OpByOpBackward:
                         # items, half the spans for the time split)
                         pc = ctx.param_cost(name, param)
                         if pc.sync is None:
-                            pc.sync = ctx.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)
+                            pc.sync = ctx.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes,
+                                                  pc.expert)
                         t, fl = pc.flat
                         ts, fls = shard_ops[(name, param)]
                         flops[stage] += fl
@@ -392,7 +393,18 @@ class OpByOpBackward:
                                 key = (name, layer, param)
                                 self.sync.final[key] = self.sync.synced[key] = end
                     else:
+                        scale = ctx.one_microbatch_scale(name, param)
+                        if scale is not None and not ctx.scatter_each:
+                            # one micro-batch: an expert's gradient averaged
+                            # over its ep ranks' tokens before its sync
+                            flops[stage] += scale[1]
+                            made = tl.compute(stage, scale[0], made or 0.0)
                         end = self.synced_at((name, layer, param), stage, made)
+                        if scale is not None and ctx.scatter_each:
+                            # ... on its shard, after its reduce-scatter
+                            flops[stage] += scale[1]
+                            end = last = tl.compute(stage, scale[0], end)
+                            self.sync.synced[(name, layer, param)] = end
                     if flats is not None:
                         pc = ctx.param_cost(name, param)
                         flats.append(pc.nbytes, end)

@@ -12,9 +12,11 @@ columns of a sweep row (:data:`distsim.sweep.point.METRICS` and the
 resolved batch sizes). It never builds the whole program:
 
 1. **Per-layer times** (:mod:`.profile`): a two-layer copy of the
-   model on one tensor-parallel group, lowered and simulated for real
+   model on one tensor-parallel group (under expert parallelism, one
+   expert-parallel group of them: dp = ep, each MoE block's all-to-alls in
+   it), lowered and simulated for real
    (cost model, tensor-parallel collectives on the topology, analytical
-   network), cached per model shape / tp / sp / recompute / micro-batch.
+   network), cached per model shape / tp / sp / recompute / micro-batch / ep.
 2. **The pipeline** (:mod:`.timeline` on :mod:`.engine`): one rank per stage,
    its compute and communication streams, and the items :class:`LowerSPMD`
    would emit, in the same program order (the same
@@ -58,7 +60,9 @@ So is stream order (``comm_order: stream``): the pipeline's and the
 data-parallel timelines start a transfer once its data is ready, not
 behind the compute issued before it; and ``tp_overlap`` with ``tp > 1``
 (:mod:`distsim.transforms.tp_order`): the block templates keep autodiff's
-order of the backward's tensor-parallel collectives.
+order of the backward's tensor-parallel collectives; and ``fp32_grads``
+(gradients accumulated in fp32 buffers): the templates accumulate them in
+their own dtype.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -68,8 +72,12 @@ task with tensor-parallel collectives is emitted entry by entry
 reads the parameter, its collectives only for their inputs).
 Only the ``gpt`` family is supported (other models are a ConfigError),
 mixtures of experts included: each layer is timed and counted by the block
-of its kind (:mod:`.layer_kinds`); expert parallelism (``ep`` > 1) is
-refused with a NotModelledError.
+of its kind (:mod:`.layer_kinds`). Under expert parallelism (``ep`` > 1)
+each parameter is synchronised, ZeRO-sharded and updated over its team
+(dp, or dp / ep for an expert's weights), by a sync policy per team as
+the lowering's (:mod:`.experts`); ZeRO 2 with ``ep`` = dp (the experts'
+gradients whole beside the others reduce-scattered) is refused with a
+NotModelledError.
 """
 from __future__ import annotations
 
@@ -210,17 +218,31 @@ def resolve(options: Mapping[str, Any]) -> Case:
     c = gpt_config(config)
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
-    if strategy.ep > 1:     # its all-to-alls run over data-parallel ranks, outside the template
-        raise _not_modelled(f"expert parallelism (ep {strategy.ep})")
+    check_expert_parallel(strategy)
     c, _ = resolve_batch(c, strategy)
     if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
         raise _not_modelled("tp_overlap (the backward's tensor-parallel all-reduce issued "
                             "before the weight-gradient GEMM)")
+    if strategy.fp32_grads:   # its templates accumulate gradients in their own dtype
+        raise _not_modelled("fp32_grads (gradients cast to and accumulated in fp32 buffers)")
     if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and strategy.zero == 3:
         # its split tasks' ZeRO-3 gathers are not walked
         raise _not_modelled(f"schedule '{strategy.schedule}' with ZeRO 3 over dp "
                             f"{strategy.dp} (ZeRO-3 gathers in the split backward)")
     return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
+
+
+def check_expert_parallel(S: Strategy) -> None:
+    """Refuse the expert-parallel points whose experts' gradient sync
+    differs in kind from the others' in a way the estimator does not
+    walk: ZeRO 2 with the experts' team one rank (dp = ep: their gradients
+    kept whole and updated as they are made, beside the others
+    reduce-scattered each micro-batch, or after the backward with
+    ``bucket_mb`` 0: their flat copies then outlive the experts' updates)
+    (:class:`.experts.ExpertSyncPolicy`)."""
+    if S.ep > 1 and S.zero == 2 and S.dp == S.ep:
+        raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 2 (the "
+                            "experts' gradients kept whole, the others reduce-scattered)")
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
@@ -263,15 +285,18 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     them, the kernel fusion, and whether the backward is split)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
-    # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
-    # order that spreads it (dp-tp-pp, ...), and its collectives cross
-    # what those devices' links cross
-    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(0, 0, t) for t in range(S.tp))
-    if tp_ranks == tuple(range(S.tp)):
+    # the first tensor-parallel group's devices (and under expert
+    # parallelism those of the first expert-parallel group's ranks, in the
+    # template's rank order): not 0..tp x ep - 1 under a mesh order that
+    # spreads them (dp-tp-pp, ...), and their collectives cross what those
+    # devices' links cross
+    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(d, 0, t) for d in range(S.ep)
+                                                for t in range(S.tp))
+    if tp_ranks == tuple(range(S.tp * S.ep)):
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S), S.schedule in SPLIT_BACKWARD)
+            fusion_for(S), S.schedule in SPLIT_BACKWARD, S.ep)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

@@ -29,9 +29,14 @@ dense one (the routing balance and capacity factor set the experts' slots,
 so they are part of the model shape); one that mixes dense and MoE layers
 gets a template per kind, merged (:mod:`.layer_kinds`).
 
+Under expert parallelism the MoE template is one expert-parallel group
+(dp = ep): its all-to-alls are among each MoE block's own collectives
+(:func:`~.profile_memory.block_collective`), its experts' weights at their
+1/ep shape, its sync after the backward (:mod:`.experts`).
+
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
 micro-batch, untied head, topology, collective algorithm, the tensor-parallel
-group's devices).
+group's devices, ep).
 """
 from __future__ import annotations
 
@@ -55,8 +60,9 @@ from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
+from .experts import with_expert_parallel
 from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, probe_layers
-from .profile_memory import fill_optimizer_ops, memory_excess
+from .profile_memory import block_collective, fill_optimizer_ops, memory_excess
 from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
 
 #: The template's layer whose numbers stand for every layer.
@@ -85,17 +91,21 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
-              fusion: str = "megatron", split: bool = False
+              fusion: str = "megatron", split: bool = False, ep: int = 1
               ) -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
     # depend on the chunk's blocks, not the template's
-    lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
+    # expert parallelism: one expert-parallel group (dp = ep), its
+    # all-to-alls in the program; the data-parallel sync after the backward
+    # (``bucket_mb`` 0), behind every block the profile measures
+    lower = LowerSPMD(Strategy(dp=ep, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
                                prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
-                               optimizer=optimizer, fusion=fusion,
+                               optimizer=optimizer, fusion=fusion, ep=ep,
+                               bucket_mb=0 if ep > 1 else None,
                                schedule=SPLIT_SCHEDULE if split else "1f1b"),
                       _TEMPLATE_MICROBATCHES,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
@@ -110,7 +120,7 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                untie: bool, fusion: str = "megatron"
+                untie: bool, fusion: str = "megatron", ep: int = 1
                 ) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
                            Tuple[List[int], List[int], int, Tuple[str, ...]], Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
@@ -119,7 +129,7 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
     counts them, its saved activation bytes, and its cost as the balanced
     partition estimates it (each summed in op order); the values crossing
     a stage boundary (:func:`_crossing`). Kept: do not modify."""
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep)
     names = (EMB, LAYER, HEAD)
     flops: Dict[str, List[float]] = {}
     partition: Dict[str, float] = {}
@@ -141,26 +151,26 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
 
 @lru_cache(maxsize=8)
 def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                   untie: bool, fusion: str = "megatron") -> Function:
+                   untie: bool, fusion: str = "megatron", ep: int = 1) -> Function:
     """The template's one-device step (forward, backward, no optimizer),
     the same for every ZeRO stage: the profiles of one layout and its ZeRO
     kinds, built one after another in a sweep, lower the same step (kept:
     lowering reads it, nothing changes it). Finished from the layout's
     :func:`_template_backward`."""
-    return build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
+    return build_gpt_step(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
                                       recompute=recompute, fusion=fusion), micro_batch,
-                          _template_backward(c, tp, sp, micro_batch, untie))
+                          _template_backward(c, tp, sp, micro_batch, untie, ep))
 
 
 @lru_cache(maxsize=4)
-def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool
-                       ) -> Function:
+def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool,
+                       ep: int = 1) -> Function:
     """The template's step before recomputation and fusion
     (:func:`~distsim.models.gpt_family.build_gpt_backward`), the same for
     the three recomputation settings a sweep's layout takes one after
     another: placed and differentiated once for them (kept: finishing it
     makes new functions, nothing changes it)."""
-    return build_gpt_backward(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp),
+    return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep),
                               micro_batch)
 
 
@@ -222,31 +232,43 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False) -> LayerProfile:
+                  fusion: str = "megatron", split: bool = False, ep: int = 1) -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
-    cached per process. ``tp_ranks``: the devices of the tensor-parallel
-    group the template runs on (None: ranks ``0..tp-1``). ZeRO 0's is ZeRO
+    cached per process. ``tp_ranks``: the devices the template's ranks run
+    on (None: ranks ``0..tp x ep - 1``; :func:`build_profile`). ZeRO 0's is ZeRO
     1's less its optimizer's ZeRO-1 parts (:func:`without_zero`): one
     template lowered and simulated for both. ``fusion``: the kernels the
     template's lowering fuses (:mod:`distsim.transforms.fusion`). ``split``:
     the backward split into input- and weight-gradient parts (ZB-H1:
-    :attr:`~.blocks.LayerProfile.weight`). A model that mixes dense and MoE
+    :attr:`~.blocks.LayerProfile.weight`). ``ep``: the expert-parallel
+    degree (:func:`with_expert_parallel`). A model that mixes dense and MoE
     layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
     config = GPTConfig(**dict(config_items))
     blocks = layer_blocks(config)
     if blocks is not None:
         args = (tp, sp, recompute, zero, micro_batch, untie, topology, collective_algo,
-                optimizer, tp_ranks, fusion, split)
-        return merge_kinds(layer_profile(model_key(dense_variant(config)), *args),
-                           layer_profile(model_key(moe_variant(config)), *args), blocks)
+                optimizer)
+        # the dense layers' template has no experts: one tensor-parallel group
+        dense_ranks = None if tp_ranks is None or tp_ranks[:tp] == tuple(range(tp)) \
+            else tp_ranks[:tp]
+        return merge_kinds(layer_profile(model_key(dense_variant(config)), *args, dense_ranks,
+                                         fusion, split),
+                           layer_profile(model_key(moe_variant(config)), *args, tp_ranks,
+                                         fusion, split, ep), blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion, split))
-    return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
-                         collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
-                         split=split)
+                                          fusion, split, ep))
+    profile = build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
+                            collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
+                            split=split, ep=ep)
+    if ep > 1 and zero != 3:
+        plain = layer_profile(config_items, tp, sp, recompute, zero, micro_batch, untie,
+                              topology, collective_algo, optimizer,
+                              None if tp_ranks is None else tp_ranks[:tp], fusion, split)
+        profile = with_expert_parallel(profile, plain)
+    return profile
 
 
 def without_zero(profile: LayerProfile) -> LayerProfile:
@@ -276,19 +298,22 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False) -> LayerProfile:
+                  fusion: str = "megatron", split: bool = False, ep: int = 1) -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
-    ``0..tp-1`` run on these devices (a mesh order that spreads the
-    tensor-parallel group, e.g. ``dp-tp-pp``: its collectives cross the
-    links they really cross)."""
+    ``0..tp x ep - 1`` run on these devices (a mesh order that spreads the
+    tensor-parallel group, e.g. ``dp-tp-pp``, or the expert-parallel
+    group: their collectives cross the links they really cross). ``ep``:
+    the template is one expert-parallel group of ``ep`` data-parallel
+    ranks (dp = ep), the all-to-alls of its MoE layers timed among the
+    block's own collectives, its experts' weights at their 1/ep shape."""
     import time
     started = time.perf_counter()
     config = GPTConfig(**dict(config_items))
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
-                                     untie, optimizer, representatives, fusion, split)
+                                     untie, optimizer, representatives, fusion, split, ep)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -313,13 +338,15 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             if v.name in step.meta["params"] and v.name not in param_block and blk:
                 param_block[v.name] = blk
     params: Dict[str, List[Param]] = {EMB: [], LAYER: [], HEAD: []}
+    experts = set(step.meta.get("expert_params", ()))
     order: List[Tuple[str, int]] = []
     for name in step.meta["params"]:
         blk = param_block[name]
         if blk not in params:          # the other template layer: same as LAYER
             continue
         p = by_name[name]
-        params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype))
+        params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype,
+                                 expert=name in experts))
         order.append((blk, len(params[blk]) - 1))
     fill_optimizer_ops(params, rank0, times)
     index = {p.name: (blk, i) for blk, ps in params.items() for i, p in enumerate(ps)}
@@ -396,8 +423,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         flops = sum(times[o.name][2] for o in comp)
         # the tensor-parallel collectives (no role: not ZeRO-3's gathers,
         # the data-parallel sync or a pipeline transfer)
-        tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm
-                    if o.meta.get("role") is None)
+        tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm if block_collective(o))
         return compute_end.get(key, 0.0), busy, flops, tcomm
 
     def tp_spans(key):
@@ -406,10 +432,10 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         at = group_start.get(key, 0.0)
         return tuple(sorted((times[o.name][0] - at, times[o.name][1] - at)
                             for o in groups.get(key, [])
-                            if is_communication(o) and o.meta.get("role") is None))
+                            if block_collective(o)))
 
     step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
-        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion)
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion, ep)
     # the values a layer's backward sends to the stage before (its input
     # gradient), per micro-batch of the template: where each is made
     sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1, LAST_MB)}
@@ -546,7 +572,7 @@ def _comm_tail(ops: List[Op], times) -> float:
     communication stream busy after its last compute op ends (its last
     tensor-parallel collectives, which the next task's queue behind); 0
     where the compute ends last."""
-    comm = [times[o.name][1] for o in ops if is_communication(o) and o.meta.get("role") is None]
+    comm = [times[o.name][1] for o in ops if block_collective(o)]
     compute = [times[o.name][1] for o in ops if not is_communication(o)]
     if not comm or not compute:
         return 0.0
@@ -559,7 +585,7 @@ def _first_wait(ops: List[Op], times, made_by: Dict[int, str], forward_made: set
     tensor-parallel collective reading a value of the backward, from
     when its inputs were made to its start."""
     for op in ops:
-        if not is_communication(op) or op.meta.get("role") is not None:
+        if not block_collective(op):
             continue
         if all(id(v) in forward_made for v in op.inputs):
             continue                   # an early one: reads only what the forward kept
