@@ -3,7 +3,7 @@
     python reports/perf/compare_trees.py TREE_A PYTHON_A TREE_B PYTHON_B [--rounds N]
         [--only grid|gpt3|bench] [--bench NAME ...]
 
-Each round runs, for A and then B (B first on odd rounds, so that neither
+Each round runs, for A and then B (B first every second round, so that neither
 side always goes first), each measurement in a fresh process of that
 tree's Python with the tree first on ``PYTHONPATH``:
 
