@@ -87,14 +87,16 @@ class GPTConfig:
     experts, shared experts, dense layers interleaved: :mod:`.moe`);
     ``published_active_params`` is its authors' count of the parameters
     one token uses.
-    ``loss_dtype``: ``fp32`` (default) casts the logits to float32 and
-    computes the cross entropy on them, as Megatron-LM
+    ``loss_dtype``: ``fp32`` casts the logits to float32 and computes the
+    cross entropy on them, as Megatron-LM
     (``vocab_parallel_cross_entropy(output.float(), labels)``) and Hugging
     Face's causal-LM heads (``logits.float()``) do: the cast, the loss's
     passes and its gradient move float32 logits, and the float32 copy lives
     until the backward reads it (a model already in f32 or f64 keeps its
-    own); ``model`` keeps the loss in ``dtype``
-    (Megatron's ``--fp16-lm-cross-entropy``)."""
+    own); ``model`` (default) keeps the loss in ``dtype`` (Megatron's
+    ``--fp16-lm-cross-entropy``). Not yet ``fp32`` by default: the fast
+    estimator's ZeRO-2 pipeline peak and its extrapolated interleaved
+    timeline depart from the simulation's with it."""
 
     layers: int = 2
     hidden: int = 64
@@ -112,7 +114,7 @@ class GPTConfig:
     position: str = "learned"
     positions: Optional[int] = None
     attention: str = "explicit"
-    loss_dtype: str = "fp32"
+    loss_dtype: str = "model"
     dropout: float = 0.0
     dtype: str = "bf16"
     master_dtype: str = "f32"

@@ -1,7 +1,7 @@
-"""The GPT family's loss in float32 (``loss_dtype: fp32``, the default), as
+"""The GPT family's loss in float32 (``loss_dtype: fp32``), as
 Megatron-LM (``vocab_parallel_cross_entropy(output.float(), labels)``) and
 Hugging Face's causal-LM heads (``logits.float()``) compute it; ``model``
-keeps it in the model's dtype (``--fp16-lm-cross-entropy``). Here: the
+(the default) keeps it in the model's dtype (``--fp16-lm-cross-entropy``). Here: the
 program, the bytes of each pass on a unit device written from the formula,
 the float32 copy kept for the backward pass, the reference executor (the
 vocabulary-parallel loss against the one-device one, and the float32 loss
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategies"))
 from gpt_reference import Reference  # noqa: E402
 
 B, S, V = 2, 8, 32          # micro-batch, sequence, vocabulary
-C = GPTConfig(layers=1, hidden=16, heads=2, vocab=V, seq=S, dtype="bf16")
+C = GPTConfig(layers=1, hidden=16, heads=2, vocab=V, seq=S, dtype="bf16", loss_dtype="fp32")
 N, T = B * S * V, B * S     # logits, tokens (labels: 8-byte integers)
 
 #: time = bytes: 1 B/s, no launch, compute never the bound
@@ -55,6 +55,7 @@ def test_the_logits_are_cast_to_float32_before_the_loss():
     assert "cast" not in [op.op_type for op in half.ops]
     wide = gpt_forward(replace(C, dtype="f64"), micro_batch=B)     # never narrowed
     assert "cast" not in [op.op_type for op in wide.ops]
+    assert GPTConfig().loss_dtype == "model"
 
 
 def test_the_bytes_of_each_pass_of_the_loss():
@@ -108,7 +109,7 @@ def test_the_vocabulary_parallel_float32_loss_is_the_one_device_loss(strategy):
     """bf16 runs in float32 in the reference executor: the lowered
     program's loss (each rank's float32 shard, its all-reduces) equals the
     one-device model's to float32 rounding."""
-    ref = Reference(dtype="bf16")
+    ref = Reference(dtype="bf16", loss_dtype="fp32")
     program = ref.lower(**strategy)
     outs, _ = ref.run(program)
     losses = [o for v, o in zip(program.outputs, outs)
@@ -122,7 +123,8 @@ def test_half_precision_logits_give_a_float32_loss():
     """f16 logits (float16 in the executor): the float32 loss is the
     float64 cross entropy of those logits to float32 rounding; the loss in
     f16 is off by float16 rounding."""
-    c = GPTConfig(layers=1, hidden=16, heads=2, vocab=2048, seq=8, dtype="f16", micro_batch=2)
+    c = GPTConfig(layers=1, hidden=16, heads=2, vocab=2048, seq=8, dtype="f16", micro_batch=2,
+                  loss_dtype="fp32")
     rng = np.random.default_rng(0)
 
     def run(config):
