@@ -167,7 +167,7 @@ class OpByOpBackward:
                 elif seg.kind == "t":
                     # -1: waits for the compute before it; -2: for none
                     d = seg.deps[0] if seg.deps else None
-                    plan.append(("t", seg.time_s, 0.0, (),
+                    plan.append(("p" if seg.p2p else "t", seg.time_s, 0.0, (),
                                  -2 if not seg.deps else -1 if d is None else d, None,
                                  seg.lead, gate))
                 elif seg.kind == "o":
@@ -311,11 +311,13 @@ class OpByOpBackward:
                             extra = local[d]
                     local[i] = last = tl.compute(stage, time_s, extra)
                     first = first and lead
-                elif kind == "t":
+                elif kind in ("t", "p"):
                     dep = local.get(src, 0.0) if src >= 0 else last if src == -1 else None
                     if dep is not None and dep > extra:
                         extra = dep
-                    local[i] = tl.comm_on(stage, time_s, extra, tp=True)
+                    # a ring attention step ("p") runs on its pair's own queue
+                    local[i] = (tl.comm_on(stage, time_s, extra, tp=True) if kind == "t"
+                                else extra + time_s)
                     first = first and lead
                 elif kind == "o":     # the block's input gradient: sent from here
                     ctx.out_at = local.get(src) if src >= 0 else last

@@ -48,6 +48,11 @@ class Case:
     collective_algo: str
     #: the simulator's ``comm_streams`` (:mod:`distsim.sim.comm_queues`)
     comm_streams: str = "shared"
+    #: context parallelism (``strategy`` is then its flat view,
+    #: :meth:`~distsim.transforms.strategy.Strategy.flat_cp`: the cp ranks
+    #: data-parallel ranks for the weights, as the lowering sees them)
+    cp: int = 1
+    cp_comm: str = "allgather"
 
 
 @lru_cache(maxsize=256)

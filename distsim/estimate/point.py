@@ -201,8 +201,6 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise ConfigError("estimate: topology must be a name or a .yaml path")
     topo = load_topology(topology)
     strategy = Strategy.from_mapping(opts).resolved(topo.num_devices)
-    if strategy.cp > 1:   # its gathered keys and values are in no profile or timeline here
-        raise _not_modelled(f"context parallelism (cp {strategy.cp})")
     if strategy.num_devices != topo.num_devices:
         raise ConfigError(f"dp x tp x pp = {strategy.dp} x {strategy.tp} x {strategy.pp} = "
                           f"{strategy.num_devices} does not match the {topo.num_devices} devices "
@@ -220,7 +218,13 @@ def resolve(options: Mapping[str, Any]) -> Case:
         # its split tasks' ZeRO-3 gathers are not walked
         raise _not_modelled(f"schedule '{strategy.schedule}' with ZeRO 3 over dp "
                             f"{strategy.dp} (ZeRO-3 gathers in the split backward)")
-    return Case(config, c, strategy, m, topo, topology, algo, comm_streams)
+    if strategy.cp > 1 and strategy.zero == 3:   # the template gathers over no dp x cp team
+        raise _not_modelled(f"context parallelism (cp {strategy.cp}) with ZeRO 3")
+    # the lowering's view of context parallelism: its ranks are data-parallel
+    # ranks for the weights (gradients synchronised, ZeRO-sharded over dp x
+    # cp); the per-layer profile holds its attention collectives
+    return Case(config, c, strategy.flat_cp(), m, topo, topology, algo, comm_streams,
+                strategy.cp, strategy.cp_comm)
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
@@ -260,18 +264,22 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     tp, sp, recomputation, ZeRO kind, micro-batch, whether a pipeline
     unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
-    them, the kernel fusion, and whether the backward is split)."""
+    them, the kernel fusion, whether the backward is split, and context
+    parallelism: ``cp`` and ``cp_comm``)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
-    # the first tensor-parallel group's devices: not 0..tp-1 under a mesh
-    # order that spreads it (dp-tp-pp, ...), and its collectives cross
-    # what those devices' links cross
-    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(0, 0, t) for t in range(S.tp))
-    if tp_ranks == tuple(range(S.tp)):
+    # the first tensor-parallel group's devices (with context parallelism its
+    # tp x cp group's, the context-parallel ranks the first ``cp`` of the
+    # flat data-parallel axis): not 0..n-1 under a mesh order that spreads
+    # it (dp-tp-pp, ...), and its collectives cross what those devices'
+    # links cross
+    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(d, 0, t) for d in range(case.cp)
+                                                for t in range(S.tp))
+    if tp_ranks == tuple(range(S.tp * case.cp)):
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S), S.schedule in SPLIT_BACKWARD)
+            fusion_for(S), S.schedule in SPLIT_BACKWARD, case.cp, case.cp_comm)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

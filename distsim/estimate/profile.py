@@ -57,7 +57,8 @@ from ..transforms.zero3 import used_param_name
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, probe_layers
 from .profile_memory import fill_optimizer_ops, memory_excess
-from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
+from .segments import (block_collective, compress_segments, edges, fill_lead, gathered_uses,
+                       read_gates)
 
 #: The template's layer whose numbers stand for every layer.
 _TEMPLATE_LAYERS = 2
@@ -85,20 +86,26 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
-              fusion: str = "megatron", split: bool = False
-              ) -> Tuple[Function, Function, LowerSPMD]:
+              fusion: str = "megatron", split: bool = False, cp: int = 1,
+              cp_comm: str = "allgather") -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, cp, cp_comm)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
-    # depend on the chunk's blocks, not the template's
+    # depend on the chunk's blocks, not the template's. Context parallelism:
+    # the template runs on a tp x cp group (its ring steps or all-to-alls
+    # simulated with the attention they overlap), one data-parallel
+    # replica's: the gradients stay local (``local_gradients``), the
+    # estimate synchronises them over the dp x cp ranks as the lowering does
     lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
                                prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
                                optimizer=optimizer, fusion=fusion,
-                               schedule=SPLIT_SCHEDULE if split else "1f1b"),
+                               schedule=SPLIT_SCHEDULE if split else "1f1b",
+                               cp=cp, cp_comm=cp_comm),
                       _TEMPLATE_MICROBATCHES,
-                      hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
+                      hyper_of(c, optimizer), c.master_dtype, representatives=representatives,
+                      local_gradients=cp > 1)
     return step, lower(step), lower
 
 
@@ -110,7 +117,7 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                untie: bool, fusion: str = "megatron"
+                untie: bool, fusion: str = "megatron", cp: int = 1, cp_comm: str = "allgather"
                 ) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
                            Tuple[List[int], List[int], int, Tuple[str, ...]], Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
@@ -119,7 +126,7 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
     counts them, its saved activation bytes, and its cost as the balanced
     partition estimates it (each summed in op order); the values crossing
     a stage boundary (:func:`_crossing`). Kept: do not modify."""
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, cp, cp_comm)
     names = (EMB, LAYER, HEAD)
     flops: Dict[str, List[float]] = {}
     partition: Dict[str, float] = {}
@@ -136,36 +143,39 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
         if blk in names:
             saved[blk] = saved.get(blk, 0) + nbytes
     return ({k: (f, b) for k, (f, b) in flops.items()}, saved,
-            _crossing(step, tp, sp, recompute), partition)
+            _crossing(step, tp, sp, recompute, cp, cp_comm), partition)
 
 
 @lru_cache(maxsize=8)
 def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                   untie: bool, fusion: str = "megatron") -> Function:
+                   untie: bool, fusion: str = "megatron", cp: int = 1,
+                   cp_comm: str = "allgather") -> Function:
     """The template's one-device step (forward, backward, no optimizer),
     the same for every ZeRO stage: the profiles of one layout and its ZeRO
     kinds, built one after another in a sweep, lower the same step (kept:
     lowering reads it, nothing changes it). Finished from the layout's
     :func:`_template_backward`."""
     return build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
-                                      recompute=recompute, fusion=fusion), micro_batch,
-                          _template_backward(c, tp, sp, micro_batch, untie))
+                                      recompute=recompute, fusion=fusion, cp=cp,
+                                      cp_comm=cp_comm), micro_batch,
+                          _template_backward(c, tp, sp, micro_batch, untie, cp, cp_comm))
 
 
 @lru_cache(maxsize=4)
-def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool
-                       ) -> Function:
+def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool,
+                       cp: int = 1, cp_comm: str = "allgather") -> Function:
     """The template's step before recomputation and fusion
     (:func:`~distsim.models.gpt_family.build_gpt_backward`), the same for
     the three recomputation settings a sweep's layout takes one after
     another: placed and differentiated once for them (kept: finishing it
     makes new functions, nothing changes it)."""
-    return build_gpt_backward(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp),
+    return build_gpt_backward(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp, cp=cp,
+                                          cp_comm=cp_comm),
                               micro_batch)
 
 
-def _crossing(step: Function, tp: int, sp: bool, recompute: str
-              ) -> Tuple[List[int], List[int], int, Tuple[str, ...]]:
+def _crossing(step: Function, tp: int, sp: bool, recompute: str, cp: int = 1,
+              cp_comm: str = "allgather") -> Tuple[List[int], List[int], int, Tuple[str, ...]]:
     """Bytes of the values LowerSPMD sends between two pipeline stages that
     split the template between its layers (forward, backward), the
     bytes of the forward ones that a backward op reads (the receiving
@@ -174,7 +184,8 @@ def _crossing(step: Function, tp: int, sp: bool, recompute: str
     in the saved activations of the layer that made it, is freed once
     sent), and the names of the backward ones (a layer's input gradient,
     which its backward makes before its last ops: sent from there)."""
-    probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute), 2)
+    probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute, cp=cp,
+                               cp_comm=cp_comm), 2)
     probe._analyse(step)
     fwd, bwd = [], []
     kept = 0
@@ -222,7 +233,8 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False) -> LayerProfile:
+                  fusion: str = "megatron", split: bool = False, cp: int = 1,
+                  cp_comm: str = "allgather") -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices of the tensor-parallel
@@ -231,22 +243,24 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     template lowered and simulated for both. ``fusion``: the kernels the
     template's lowering fuses (:mod:`distsim.transforms.fusion`). ``split``:
     the backward split into input- and weight-gradient parts (ZB-H1:
-    :attr:`~.blocks.LayerProfile.weight`). A model that mixes dense and MoE
+    :attr:`~.blocks.LayerProfile.weight`). ``cp``, ``cp_comm``: context
+    parallelism, the template on a tp x cp group (``tp_ranks`` then its
+    devices, cp-major). A model that mixes dense and MoE
     layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
     config = GPTConfig(**dict(config_items))
     blocks = layer_blocks(config)
     if blocks is not None:
         args = (tp, sp, recompute, zero, micro_batch, untie, topology, collective_algo,
-                optimizer, tp_ranks, fusion, split)
+                optimizer, tp_ranks, fusion, split, cp, cp_comm)
         return merge_kinds(layer_profile(model_key(dense_variant(config)), *args),
                            layer_profile(model_key(moe_variant(config)), *args), blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion, split))
+                                          fusion, split, cp, cp_comm))
     return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
                          collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
-                         split=split)
+                         split=split, cp=cp, cp_comm=cp_comm)
 
 
 def without_zero(profile: LayerProfile) -> LayerProfile:
@@ -276,7 +290,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False) -> LayerProfile:
+                  fusion: str = "megatron", split: bool = False, cp: int = 1,
+                  cp_comm: str = "allgather") -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
@@ -288,7 +303,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     config = GPTConfig(**dict(config_items))
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
-                                     untie, optimizer, representatives, fusion, split)
+                                     untie, optimizer, representatives, fusion, split, cp,
+                                     cp_comm)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -394,10 +410,9 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         comm = [o for o in ops if is_communication(o)]
         busy = sum(times[o.name][1] - times[o.name][0] for o in comp)
         flops = sum(times[o.name][2] for o in comp)
-        # the tensor-parallel collectives (no role: not ZeRO-3's gathers,
-        # the data-parallel sync or a pipeline transfer)
-        tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm
-                    if o.meta.get("role") is None)
+        # the tensor- and context-parallel collectives (not ZeRO-3's
+        # gathers, the data-parallel sync, a pipeline transfer or a ring step)
+        tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm if block_collective(o))
         return compute_end.get(key, 0.0), busy, flops, tcomm
 
     def tp_spans(key):
@@ -405,11 +420,11 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         # the block's start (the compute before it ends)
         at = group_start.get(key, 0.0)
         return tuple(sorted((times[o.name][0] - at, times[o.name][1] - at)
-                            for o in groups.get(key, [])
-                            if is_communication(o) and o.meta.get("role") is None))
+                            for o in groups.get(key, []) if block_collective(o)))
 
     step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
-        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion)
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion,
+        cp, cp_comm)
     # the values a layer's backward sends to the stage before (its input
     # gradient), per micro-batch of the template: where each is made
     sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1, LAST_MB)}
@@ -546,7 +561,7 @@ def _comm_tail(ops: List[Op], times) -> float:
     communication stream busy after its last compute op ends (its last
     tensor-parallel collectives, which the next task's queue behind); 0
     where the compute ends last."""
-    comm = [times[o.name][1] for o in ops if is_communication(o) and o.meta.get("role") is None]
+    comm = [times[o.name][1] for o in ops if block_collective(o)]
     compute = [times[o.name][1] for o in ops if not is_communication(o)]
     if not comm or not compute:
         return 0.0
@@ -559,7 +574,7 @@ def _first_wait(ops: List[Op], times, made_by: Dict[int, str], forward_made: set
     tensor-parallel collective reading a value of the backward, from
     when its inputs were made to its start."""
     for op in ops:
-        if not is_communication(op) or op.meta.get("role") is not None:
+        if not block_collective(op):
             continue
         if all(id(v) in forward_made for v in op.inputs):
             continue                   # an early one: reads only what the forward kept

@@ -15,6 +15,7 @@ from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
 from .gathered import gather_curve, timed_makers
+from .segments import block_collective
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 
 
@@ -326,7 +327,7 @@ def _early(ops: List[Op], forward_made: set) -> int:
     as it is free, the block's compute not yet started."""
     total = 0
     for op in ops:
-        if not is_communication(op) or op.meta.get("role") is not None:
+        if not block_collective(op):
             continue
         if any(id(v) not in forward_made for v in op.inputs):
             break

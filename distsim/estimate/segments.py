@@ -16,6 +16,27 @@ from ..transforms.zero3 import used_param_name
 from .blocks import Block, Param, Segment
 
 
+#: The roles of the template's communication ops that run on its devices'
+#: communication stream beside compute, as a block's collectives: the
+#: tensor-parallel ones (no role) and context parallelism's all-to-alls and
+#: all-gathers (``cp``); not ZeRO's gathers, the gradient sync, pipeline
+#: transfers, or a ring's steps (``cp_ring``: send/receives, each pair on
+#: its own queue, :mod:`distsim.sim.comm_queues`)
+BLOCK_COLLECTIVE_ROLES = (None, "cp")
+
+
+def block_collective(op: Op) -> bool:
+    """Whether ``op`` is one of a block's collectives
+    (:data:`BLOCK_COLLECTIVE_ROLES`)."""
+    return is_communication(op) and op.meta.get("role") in BLOCK_COLLECTIVE_ROLES
+
+
+def ring_step(op: Op) -> bool:
+    """Whether ``op`` is a step of ring attention (a send/receive of keys
+    and values between context-parallel neighbours)."""
+    return op.meta.get("role") == "cp_ring"
+
+
 def leading_recompute(ops: List[Op]) -> List[Op]:
     """The recompute ops a block's backward starts with (program order)."""
     out = []
@@ -133,7 +154,7 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             forward = (dep is None and kept is not None
                        and all(id(v) in kept for v in op.inputs))
             out.append(Segment("t", t1 - t0, () if forward else (dep,), lead=is_lead,
-                               gate=gate, at=t0))
+                               gate=gate, at=t0, p2p=ring_step(op)))
             open_run = None
             idx = len(out) - 1
         else:
