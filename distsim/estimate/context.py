@@ -88,6 +88,11 @@ class StepContext:
         self.profile = profile
         S = self.strategy = case.strategy
         self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
+        #: whether a block's tasks have collectives on the communication
+        #: stream: tensor parallelism's, and context parallelism's
+        #: all-gathers or all-to-alls (a ring's steps run on their pairs'
+        #: own queues)
+        self.block_comm = S.tp > 1 or (case.cp > 1 and case.cp_comm != "ring")
         self.microbatches = case.microbatches
         self.chunks = S.pp * S.chunks
         #: each layer's block (dense layers LAYER, mixture-of-experts ones
@@ -267,6 +272,29 @@ class StepContext:
             return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
+    def task_edge(self, kind: str, mb: Optional[int], blocks: Sequence[Block],
+                  rest: Optional[bool] = None) -> Optional[float]:
+        """The compute of a task over ``blocks`` before its first collective
+        (``rest``: True or False, a backward with or without its leading
+        recomputation) or, ``blocks`` reversed and ``rest`` None, after its
+        last; None without collectives. The first block's edge; with ``mb``
+        (the task's micro-batch) a block with no collectives at that end
+        (the embedding, the head, under context parallelism without
+        tensor parallelism) adds its compute to the next block's edge."""
+        before = rest is not None
+        quiet = 0.0         # the compute of the blocks without collectives so far
+        for i, blk in enumerate(blocks if mb is not None else blocks[:1]):
+            cut = i == 0 and bool(rest)
+            if kind == "F":
+                edge = blk.f_pre if before else blk.f_post
+            else:
+                edge = blk.b_rest_pre if cut else blk.b_pre if before else blk.b_post
+            if edge is not None:
+                return quiet + edge
+            if mb is not None:
+                quiet += self.block_time(blk, kind, mb)[1] - (blk.b_lead_busy if cut else 0.0)
+        return None
+
     def block_scatter(self, name: str, ops: Tuple[str, ...]) -> ScatterTerms:
         """ZeRO 2/3 with a reduce-scatter per micro-batch: one block's terms,
         in the order they are added, per parameter: flattening its
@@ -344,7 +372,7 @@ class StepContext:
             return 0.0, 0.0
         blk = self.profile.blocks[name]
         segs = blk.only if mb == 0 else blk.last
-        early = sum(s.time_s for s in segs if s.kind == "t" and not s.deps)
+        early = sum(s.time_s for s in segs if s.kind == "t" and not s.deps and not s.p2p)
         return (blk.b_wait_first if mb == 0 else blk.b_wait_mid), early
 
     # -- ZeRO-3 by layer: a block's gradients reduce-scattered as one --------

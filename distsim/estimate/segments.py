@@ -31,10 +31,14 @@ def block_collective(op: Op) -> bool:
     return is_communication(op) and op.meta.get("role") in BLOCK_COLLECTIVE_ROLES
 
 
-def ring_step(op: Op) -> bool:
-    """Whether ``op`` is a step of ring attention (a send/receive of keys
-    and values between context-parallel neighbours)."""
-    return op.meta.get("role") == "cp_ring"
+def ring_peer(op: Op, rank: int = 0) -> int:
+    """1 + the peer of ``rank`` in ``op`` where it is a step of ring
+    attention (a send or receive of keys and values between
+    context-parallel neighbours, on that pair's queue); 0 otherwise."""
+    if op.meta.get("role") != "cp_ring":
+        return 0
+    src, dst = op.attrs["ranks"]
+    return 1 + (dst if src == rank else src)
 
 
 def leading_recompute(ops: List[Op]) -> List[Op]:
@@ -67,8 +71,10 @@ def fill_lead(blk: Block, ops: List[Op], times: Dict[str, tuple], start: float) 
 def edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
     """Compute time before the first collective and after the last one
     (not counting a backward's early collectives, which read only what the
-    forward kept: no deps, they run in the task before)."""
-    kinds = ["e" if s.kind == "t" and not s.deps else s.kind for s in segments]
+    forward kept: no deps, they run in the task before, nor ring attention
+    steps, which are not on the communication stream)."""
+    kinds = ["p" if s.p2p else "e" if s.kind == "t" and not s.deps else s.kind
+             for s in segments]
     if "t" not in kinds:
         return None, None
     first, last = kinds.index("t"), len(kinds) - 1 - kinds[::-1].index("t")
@@ -133,7 +139,8 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
     those (sequence parallelism's all-gathers of saved activations in the
     backward) waits for no compute of the backward (no deps); one that
     reads a value from before the block otherwise waits for the compute
-    before it (``deps`` ``(None,)``)."""
+    before it (``deps`` ``(None,)``), but a ring attention step, which
+    waits for its pair's queue only (:attr:`Segment.p2p`)."""
     out: List[Segment] = []
     gate = None if gates is None else -1
     made: Dict[int, int] = {}          # id(value) -> entry producing it
@@ -151,10 +158,14 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             open_run = None            # the recomputation ends: a run of its own
         if is_communication(op):
             dep = next((s for s in srcs if s is not None), None)
-            forward = (dep is None and kept is not None
-                       and all(id(v) in kept for v in op.inputs))
+            peer = ring_peer(op)
+            # a ring step reading only what is there before the block waits
+            # for its queue alone (not on the communication stream)
+            forward = dep is None and ((kept is not None and all(id(v) in kept
+                                                                 for v in op.inputs))
+                                       or peer > 0)
             out.append(Segment("t", t1 - t0, () if forward else (dep,), lead=is_lead,
-                               gate=gate, at=t0, p2p=ring_step(op)))
+                               gate=gate, at=t0, p2p=peer))
             open_run = None
             idx = len(out) - 1
         else:

@@ -314,7 +314,7 @@ class Builder:
         # own, which does not wait for the task's input (the gradient from
         # the next stage), as in the simulator
         split = kind == "B" and head.b_lead > 0.0
-        lead = [(head.b_lead, head.b_lead_busy, ctx.tp > 1 and head.b_lead_comm)] \
+        lead = [(head.b_lead, head.b_lead_busy, ctx.block_comm and head.b_lead_comm)] \
             if split else []
         if ctx.zero3:
             plan = []
@@ -358,7 +358,7 @@ class Builder:
             total, busy = total - head.b_lead, busy - head.b_lead_busy
         wait, early = ctx.lead_in(c, mb) if kind == "B" else (0.0, 0.0)
         total -= wait
-        pieces = self._pieces(kind, order, total, busy, rest=split)
+        pieces = self._pieces(kind, order, total, busy, rest=split, mb=mb)
         spans = None if split or early else self._tp_spans(kind, order, mb)
         return fl, lead, pieces, spans
 
@@ -386,7 +386,8 @@ class Builder:
         return np.array(out) if out else None
 
     def _pieces(self, kind: str, order, total: float, busy: float, rest: bool = False,
-                pre_shift: float = 0.0, post_shift: float = 0.0) -> List[tuple]:
+                pre_shift: float = 0.0, post_shift: float = 0.0,
+                mb: Optional[int] = None) -> List[tuple]:
         """The compute items of a task over the blocks ``order``: one, or with
         tensor-parallel collectives, which hold the communication stream from
         the first to the last of them, the compute before and after alone
@@ -397,17 +398,17 @@ class Builder:
         gathers), as in the simulator. ``pre_shift`` / ``post_shift``: a
         change of the compute before the first collective / after the last
         (ZeRO-3 by layer: the unit's copy-out in place of the template's
-        reshapes)."""
+        reshapes). ``mb``: the task's micro-batch, where a block at its
+        ends may have no collectives (:meth:`.context.StepContext.task_edge`)."""
         ctx = self.ctx
-        blocks = ctx.part(kind)
-        first, last = blocks[order[0][0]], blocks[order[-1][0]]
-        pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
+        blocks = [ctx.part(kind)[name] for name, _ in order]
+        pre = ctx.task_edge(kind, mb, blocks, rest)
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
-        post = last.f_post if kind == "F" else last.b_post
+        post = ctx.task_edge(kind, mb, blocks[::-1])
         if post is not None and post_shift:
             post = max(0.0, post + post_shift)
-        holds = ctx.tp > 1
+        holds = ctx.block_comm
         if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
             return [(total, busy, holds)]
         return [(pre, None, False), (total - pre - post, max(0.0, busy - pre - post), True),
