@@ -206,10 +206,11 @@ class OpByOpBackward:
         scatter = first_microbatch and ctx.microbatches > 1
         shard_ops = ctx.shard_ops(accumulating) if accumulating else None
         #: ZeRO 2 past the first micro-batch without a block's collectives
-        #: (:attr:`~.context.StepContext.block_comm`): each gradient's reduce-scatter and accumulation as
-        #: one item (below; decided once, not per gradient), where the
-        #: reduce-scatters share the one communication stream (not
-        #: per group: theirs is the data-parallel stream)
+        #: (:attr:`~.context.StepContext.block_comm`): each gradient's
+        #: reduce-scatter and accumulation as one item (below; decided once,
+        #: not per gradient), where the reduce-scatters share the one
+        #: communication stream (not per group: theirs is the data-parallel
+        #: stream)
         fused = (scatter and shard_ops is not None and not ctx.zero3 and not ctx.block_comm
                  and not ctx.tl.per_group)
         #: the parameters' costs, for the sync of each gradient here
