@@ -15,7 +15,6 @@ from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
 from ..transforms.zero3 import used_param_name
 from .gathered import gather_curve, timed_makers
-from .segments import block_collective
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 
 
@@ -49,7 +48,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     samples, data_emb, data_head = _without_data(
         sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0),
         program, roles, rank0, times)
-    samples = _regathered_at_use(samples, groups, times, program, rank0)
+    samples, regathers = _regathered_at_use(samples, groups, times, program, rank0)
     stamps = [t for t, _ in samples]
 
     def peak(t0: float, t1: float) -> float:
@@ -66,7 +65,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         return float(max(values)) if values else 0.0
 
     def window(key) -> Tuple[float, float]:
-        ops = groups.get(key, [])
+        # (a backward's re-gathers of keys and values counted where its
+        # compute starts: :func:`_regathered_at_use`)
+        ops = [o for o in groups.get(key, []) if id(o) not in regathers]
         return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
 
     allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
@@ -191,7 +192,7 @@ def _without_data(samples: List[Tuple[float, int]], program: Function, roles, ra
 
 
 def _regathered_at_use(samples: List[Tuple[float, int]], groups, times, program: Function,
-                       rank0: List[Op]) -> List[Tuple[float, int]]:
+                       rank0: List[Op]) -> Tuple[List[Tuple[float, int]], set]:
     """Rank 0's memory samples with the keys and values a backward block
     gathers again over the context-parallel group (its leading ``cp``
     all-gathers, reading only what the forward made) gathered where the
@@ -199,7 +200,8 @@ def _regathered_at_use(samples: List[Tuple[float, int]], groups, times, program:
     as soon as the forward made their inputs, where a step's stream holds
     the gradient sync of the blocks before first (the lowering issues it
     before them). Their results are allocated there, and the local keys
-    and values they last read are freed there."""
+    and values they last read are freed there. Returns the samples and the
+    ids of those all-gathers."""
     made = {id(v) for v in program.inputs}
     made.update(id(v) for op in program.ops if "phase" not in op.meta for v in op.outputs)
     last_read: Dict[int, float] = {}
@@ -210,6 +212,7 @@ def _regathered_at_use(samples: List[Tuple[float, int]], groups, times, program:
     #: (from, to, bytes): bytes taken off the samples from ``from`` to ``to``
     #: (negative: put back)
     moves: List[Tuple[float, float, int]] = []
+    moved = set()
     for (kind, _, _), ops in groups.items():
         starts = [times[o.name][0] for o in ops if not is_communication(o)]
         if kind != "B" or not starts:
@@ -220,18 +223,19 @@ def _regathered_at_use(samples: List[Tuple[float, int]], groups, times, program:
             t0, t1, _ = times[op.name]
             if (op.meta.get("role") == "cp" and t0 < min(starts)
                     and all(id(v) in made for v in op.inputs)):
+                moved.add(id(op))
                 moves.append((t0, min(starts), sum(v.type.size_bytes for v in op.outputs
                                                    if v.type.device == 0)))
                 moves.append((t1, min(starts), -sum(v.type.size_bytes for v in op.inputs
                                                     if last_read.get(id(v)) == t1)))
     if not moves:
-        return samples
+        return samples, moved
     stamps = [t for t, _ in samples]
     out = []
     for t in sorted(set(stamps) | {t for move in moves for t in move[:2]}):
         live = samples[max(0, bisect_right(stamps, t) - 1)][1]
         out.append((t, live - sum(n for t0, t1, n in moves if t0 <= t < t1)))
-    return out
+    return out, moved
 
 
 def _read_excess(ops: List[Op], times, peak, base: float) -> Dict[str, float]:
@@ -372,7 +376,7 @@ def _early(ops: List[Op], forward_made: set) -> int:
     as it is free, the block's compute not yet started."""
     total = 0
     for op in ops:
-        if not block_collective(op):
+        if not is_communication(op) or op.meta.get("role") is not None:
             continue
         if any(id(v) not in forward_made for v in op.inputs):
             break
