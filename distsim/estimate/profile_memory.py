@@ -48,7 +48,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     samples, data_emb, data_head = _without_data(
         sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0),
         program, roles, rank0, times)
-    samples, regathers = _regathered_at_use(samples, groups, times, program, rank0)
+    samples, early = _regathered_at_use(samples, groups, times, program, rank0)
     stamps = [t for t, _ in samples]
 
     def peak(t0: float, t1: float) -> float:
@@ -65,9 +65,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         return float(max(values)) if values else 0.0
 
     def window(key) -> Tuple[float, float]:
-        # (a backward's re-gathers of keys and values counted where its
-        # compute starts: :func:`_regathered_at_use`)
-        ops = [o for o in groups.get(key, []) if id(o) not in regathers]
+        # (not a backward's context-parallel transfers before its compute:
+        # :func:`_regathered_at_use`)
+        ops = [o for o in groups.get(key, []) if id(o) not in early]
         return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
 
     allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
@@ -201,7 +201,10 @@ def _regathered_at_use(samples: List[Tuple[float, int]], groups, times, program:
     the gradient sync of the blocks before first (the lowering issues it
     before them). Their results are allocated there, and the local keys
     and values they last read are freed there. Returns the samples and the
-    ids of those all-gathers."""
+    ids of a backward block's leading context-parallel transfers that run
+    before its compute (those all-gathers, and a ring's first steps, which
+    run that early in a step too, on their pairs' queues): not the
+    block's, for its time window."""
     made = {id(v) for v in program.inputs}
     made.update(id(v) for op in program.ops if "phase" not in op.meta for v in op.outputs)
     last_read: Dict[int, float] = {}
@@ -212,7 +215,7 @@ def _regathered_at_use(samples: List[Tuple[float, int]], groups, times, program:
     #: (from, to, bytes): bytes taken off the samples from ``from`` to ``to``
     #: (negative: put back)
     moves: List[Tuple[float, float, int]] = []
-    moved = set()
+    early = set()
     for (kind, _, _), ops in groups.items():
         starts = [times[o.name][0] for o in ops if not is_communication(o)]
         if kind != "B" or not starts:
@@ -221,21 +224,22 @@ def _regathered_at_use(samples: List[Tuple[float, int]], groups, times, program:
             if not is_communication(op):
                 break
             t0, t1, _ = times[op.name]
-            if (op.meta.get("role") == "cp" and t0 < min(starts)
-                    and all(id(v) in made for v in op.inputs)):
-                moved.add(id(op))
+            role = op.meta.get("role")
+            if role in ("cp", "cp_ring") and t0 < min(starts):
+                early.add(id(op))
+            if role == "cp" and t0 < min(starts) and all(id(v) in made for v in op.inputs):
                 moves.append((t0, min(starts), sum(v.type.size_bytes for v in op.outputs
                                                    if v.type.device == 0)))
                 moves.append((t1, min(starts), -sum(v.type.size_bytes for v in op.inputs
                                                     if last_read.get(id(v)) == t1)))
     if not moves:
-        return samples, moved
+        return samples, early
     stamps = [t for t, _ in samples]
     out = []
     for t in sorted(set(stamps) | {t for move in moves for t in move[:2]}):
         live = samples[max(0, bisect_right(stamps, t) - 1)][1]
         out.append((t, live - sum(n for t0, t1, n in moves if t0 <= t < t1)))
-    return out, moved
+    return out, early
 
 
 def _read_excess(ops: List[Op], times, peak, base: float) -> Dict[str, float]:
