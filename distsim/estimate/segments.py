@@ -8,12 +8,16 @@ collective.
 """
 from __future__ import annotations
 
+import re
 from typing import Dict, List, Optional, Tuple
 
 from ..ir.comm import is_communication
 from ..ir.core import Op
 from ..transforms.zero3 import used_param_name
 from .blocks import Block, Param, Segment
+
+#: a rank-local value's rank suffix (:meth:`LowerSPMD.local_name`)
+_RANK = re.compile(r"_r\d+$")
 
 
 #: The roles of the template's communication ops that run on its devices'
@@ -139,13 +143,16 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
     those (sequence parallelism's all-gathers of saved activations in the
     backward) waits for no compute of the backward (no deps); one that
     reads a value from before the block otherwise waits for the compute
-    before it (``deps`` ``(None,)``), but a ring attention step, which
-    waits for its pair's queue only (:attr:`Segment.p2p`)."""
+    before it (``deps`` ``(None,)``), but a ring attention step
+    (:attr:`Segment.p2p`), which waits for its pair's queue only; a ring
+    step's receive, which reads the peer's value, waits for the entry
+    making rank 0's value of that name (ranks run alike)."""
     out: List[Segment] = []
     gate = None if gates is None else -1
     made: Dict[int, int] = {}          # id(value) -> entry producing it
     to_comm = {id(v) for op in ops if is_communication(op) for v in op.inputs}
     lead = {id(op) for op in leading_recompute(ops)}
+    by_name: Dict[str, int] = {}       # made's, by the value's name
     open_run: Optional[int] = None
     for op in ops:
         t0, t1, _ = times[op.name]
@@ -159,6 +166,11 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
         if is_communication(op):
             dep = next((s for s in srcs if s is not None), None)
             peer = ring_peer(op)
+            if peer and dep is None:
+                # a ring step's receive reads the peer's value: it waits as
+                # the peer's send, for what rank 0's counterpart waits for
+                dep = next((by_name[n] for v in op.inputs
+                            if (n := _RANK.sub("_r0", v.name)) in by_name), None)
             # a ring step reading only what is there before the block waits
             # for its queue alone (not on the communication stream)
             forward = dep is None and ((kept is not None and all(id(v) in kept
@@ -177,6 +189,7 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             idx = open_run
         for v in op.outputs:
             made[id(v)] = idx
+            by_name[v.name] = idx
         for v in op.outputs:
             if id(v) in finals:
                 out.append(Segment("g", deps=(idx,), param=finals[id(v)], at=t1,
