@@ -63,16 +63,15 @@ from .comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams, comm_queues
 from .launch_queue import (DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, Leads, check_comm_order,
                            check_launch, leads_by_rank, op_times, serialise_launches)
 from .liveness import PREVIOUS_LAUNCH, blocked_report, run_events
-from .memory import MemoryAccounting, copy_to_followers, memory_accounting
+from .memory import MemoryAccounting
 from .network import Network
 from .program_index import (INPUT_CATEGORY, RESIDENT_ROLES, ComputeStream,
                             ProgramIndex, device_of, index_program, value_category)
 from .records import expand_to_followers, op_columns
-from .segment_bodies import segment_table
 from .solo import SoloLedger, solo_teams, team_key
+from .step_memory import memory_to_followers, run_memory
 from .symmetry import class_members, comm_positions, symmetry_classes
 from .trace import COMM_STREAM, COMPUTE_STREAM, DeviceInfo, OpColumns, Trace
-from .value_lifetimes import value_lifetimes
 
 __all__ = ["INPUT_CATEGORY", "RESIDENT_ROLES", "SimulationOptions", "Simulator",
            "collective_bytes", "simulate_function", "value_category"]
@@ -528,37 +527,17 @@ class Simulator:
         return op_columns(self.index, start_s, end_s, self._finished, self.options.comm_streams)
 
     def _memory(self, start_s: np.ndarray, end_s: np.ndarray) -> MemoryAccounting:
-        """Per-value allocation and free times (:mod:`.value_lifetimes`;
-        inside fused ops where the full program has them,
-        :mod:`.segment_bodies`), then the per-device curve and peaks
-        (:mod:`.memory`)."""
-        ix = self.index
+        """Each simulated device's memory curve and peaks (:mod:`.step_memory`)."""
         coll_start = np.array([c.start_s for c in self._collectives] or [0.0])
         coll_end = np.array([c.end_s for c in self._collectives] or [0.0])
-        life = value_lifetimes(ix, start_s, end_s, coll_start, coll_end,
-                               segment_table(ix, self.cost))
-        device = life.device
-        rep = self._rep
-        keep = ~np.isnan(life.alloc)
-        if rep:
-            keep &= np.isin(device, [r for r in ix.used_devices if rep.get(r, r) == r])
-        return memory_accounting(device[keep], life.size[keep], life.category[keep],
-                                 life.alloc[keep], life.free[keep], life.categories,
-                                 self.options.record_memory)
+        return run_memory(self.index, self.cost, start_s, end_s, coll_start, coll_end,
+                          self._rep, self.options.record_memory)
 
     def _expand_symmetry(self, records: OpColumns, memory: MemoryAccounting
                          ) -> Tuple[OpColumns, MemoryAccounting]:
         """Give every follower its representative's records and memory."""
         members = class_members(self._rep)
-        records = expand_to_followers(records, members)
-        for head, group in members.items():
-            for m in group[1:]:
-                if head in memory.peak:
-                    memory.peak[m] = memory.peak[head]
-                    memory.peak_by_category[m] = dict(memory.peak_by_category[head])
-        if len(memory.samples):
-            memory.samples = copy_to_followers(memory.samples, members)
-        return records, memory
+        return expand_to_followers(records, members), memory_to_followers(memory, members)
 
     def _run_events(self) -> None:
         """``env.run()`` under the liveness bounds of the options (:mod:`.liveness`)."""
