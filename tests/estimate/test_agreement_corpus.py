@@ -468,9 +468,7 @@ CP_BUCKET_AT_PEAK = (
           'micro_batch': 1, 'global_batch': 4, 'zero': 1, 'recompute': 'selective',
           'bucket_mb': 25, 'optimizer': 'adamw'}
          ).xfail(raises=AssertionError, reason=CP_BUCKET_AT_PEAK)
-@settings(derandomize=True, database=None, deadline=None, max_examples=40,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@MOE_DRAWS      # 40 derandomized draws, as the MoE ones
 @given(cp_configurations())
 def test_the_context_parallel_estimate_agrees_with_the_simulation(options):
     _agrees(options)
