@@ -272,18 +272,21 @@ class StepContext:
             return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
-    def task_edge(self, kind: str, mb: Optional[int], blocks: Sequence[Block],
+    def task_edge(self, kind: str, mb: Optional[int], order: Sequence[Tuple[str, Any]],
                   rest: Optional[bool] = None) -> Optional[float]:
-        """The compute of a task over ``blocks`` before its first collective
-        (``rest``: True or False, a backward with or without its leading
-        recomputation) or, ``blocks`` reversed and ``rest`` None, after its
+        """The compute of a task over the blocks ``order`` (:meth:`blocks_of`)
+        before its first collective (``rest``: True or False, a backward with
+        or without its leading recomputation) or, ``order`` reversed and
+        ``rest`` None, after its
         last; None without collectives. The first block's edge; with ``mb``
         (the task's micro-batch) a block with no collectives at that end
         (the embedding, the head, under context parallelism without
         tensor parallelism) adds its compute to the next block's edge."""
         before = rest is not None
+        blocks = self.part(kind)
         quiet = 0.0         # the compute of the blocks without collectives so far
-        for i, blk in enumerate(blocks if mb is not None else blocks[:1]):
+        for i, (name, _) in enumerate(order if mb is not None else order[:1]):
+            blk = blocks[name]
             cut = i == 0 and bool(rest)
             if kind == "F":
                 edge = blk.f_pre if before else blk.f_post

@@ -401,11 +401,10 @@ class Builder:
         reshapes). ``mb``: the task's micro-batch, where a block at its
         ends may have no collectives (:meth:`.context.StepContext.task_edge`)."""
         ctx = self.ctx
-        blocks = [ctx.part(kind)[name] for name, _ in order]
-        pre = ctx.task_edge(kind, mb, blocks, rest)
+        pre = ctx.task_edge(kind, mb, order, rest)
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
-        post = ctx.task_edge(kind, mb, blocks[::-1])
+        post = ctx.task_edge(kind, mb, order[::-1])
         if post is not None and post_shift:
             post = max(0.0, post + post_shift)
         holds = ctx.block_comm
