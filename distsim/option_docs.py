@@ -58,6 +58,9 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
                    "it, as Megatron-LM's async all-reduce; false (default): after it, as "
                    "Megatron-LM v2 (2021). Shows in time under comm_order 'stream' (the "
                    "estimator refuses true with tp > 1)"),
+    ("fp32_grads", "the gradient buffers in fp32: each micro-batch's gradient cast to fp32 and "
+                   "added, the data-parallel reduction and the optimizer on the fp32 buffer, as "
+                   "DeepSpeed's BF16_Optimizer; false (default): in the parameters' dtype"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),
     ("recompute", "activation recomputation: 'none' (default), 'selective', 'full'"),

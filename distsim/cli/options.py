@@ -70,6 +70,12 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                         "overlap it, as Megatron-LM's async all-reduce; --no-tp-overlap "
                         "(default): after it, as Megatron-LM v2 (2021). It shows in time under "
                         "--comm-order stream (the estimator refuses --tp-overlap with --tp > 1)")
+    g.add_argument("--fp32-grads", action=argparse.BooleanOptionalAction, default=None,
+                   dest="fp32_grads",
+                   help="accumulate the micro-batches' gradients in fp32 buffers (each cast "
+                        "to fp32, then added) and reduce them over data parallelism in fp32, "
+                        "as DeepSpeed's BF16_Optimizer; --no-fp32-grads (default): in the "
+                        "parameters' dtype, as PyTorch's .grad")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP) "
                         "sharded over data-parallel ranks (default: 0)")
@@ -186,7 +192,8 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "capacity_factor", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
-                "prefetch", "zero3_unit", "order", "plan", "fusion", "ep", "tp_overlap"):
+                "prefetch", "zero3_unit", "order", "plan", "fusion", "ep", "tp_overlap",
+                "fp32_grads"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

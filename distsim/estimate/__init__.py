@@ -13,7 +13,9 @@ without building or simulating the whole program. A peer of
   mixtures of experts, every layer MoE or dense and MoE layers mixed,
   with any routing balance and capacity factor: :mod:`.layer_kinds`)
   under every strategy :class:`~distsim.transforms.strategy.Strategy`
-  describes but expert parallelism: dp x tp x pp in any mesh order,
+  describes: dp x tp x pp in any mesh order,
+  expert parallelism (``ep``: the all-to-alls in each MoE block's
+  template, the experts' weights synchronised and sharded over dp / ep),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
   all-gathered keys and values, ring attention, all-to-alls), the GPipe /
   1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's backward
@@ -27,9 +29,9 @@ without building or simulating the whole program. A peer of
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model (``zb-h1`` with
   ZeRO 3 over dp > 1,
-  ``launch: blocking``, expert parallelism ``ep`` > 1, whose all-to-alls
-  run over data-parallel ranks the one-group template does not hold,
-  context parallelism with ZeRO 3) with
+  ``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
+  whole beside the others reduce-scattered, context parallelism with
+  ZeRO 3) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
@@ -46,7 +48,8 @@ without building or simulating the whole program. A peer of
   lists the points a random sample still finds past it (ZeRO 3 with
   ``prefetch: 2`` above all: under the default ``comm_streams: shared``
   up to 2.4 % on step time and 4.1 % on memory; per group up to 5.6 % on
-  memory). Mixtures of experts have their own draws there; their known
+  memory). Mixtures of experts have their own draws there (with expert
+parallelism too); their known
   gaps are on memory: ZeRO 3 prefetching the experts' weights (up to
   3.3 %), and ``routing_skew`` 1 with tp and two micro-batches (1.5 %).
   Context parallelism has its draws too; its known gap is gradient
@@ -59,8 +62,9 @@ without building or simulating the whole program. A peer of
 How it works: :mod:`.point` resolves the options and combines the parts;
 :mod:`.profile` lowers and simulates a two-layer template once per model
 shape and tensor-parallel layout (per-block times and memory; one per
-layer kind where a model mixes dense and MoE layers; with context
-parallelism on a tp x cp group, the attention's gathers, ring steps or
+layer kind where a model mixes dense and MoE layers; under expert
+parallelism one expert-parallel group, :mod:`.experts`; with context
+parallelism a tp x cp group, the attention's gathers, ring steps or
 all-to-alls simulated with it, its gradients kept local);
 :mod:`.timeline` walks the pipeline's program order on an
 :class:`~.engine.Timeline` (one rank per stage, compute and communication

@@ -370,7 +370,8 @@ class OpByOpBackward:
                         # items, half the spans for the time split)
                         pc = ctx.param_cost(name, param)
                         if pc.sync is None:
-                            pc.sync = ctx.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes)
+                            pc.sync = ctx.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes,
+                                                  pc.expert)
                         t, fl = pc.flat
                         ts, fls = shard_ops[(name, param)]
                         flops[stage] += fl
@@ -400,7 +401,18 @@ class OpByOpBackward:
                                 key = (name, layer, param)
                                 self.sync.final[key] = self.sync.synced[key] = end
                     else:
+                        scale = ctx.one_microbatch_scale(name, param)
+                        if scale is not None and not ctx.scatter_each:
+                            # one micro-batch: an expert's gradient averaged
+                            # over its ep ranks' tokens before its sync
+                            flops[stage] += scale[1]
+                            made = tl.compute(stage, scale[0], made or 0.0)
                         end = self.synced_at((name, layer, param), stage, made)
+                        if scale is not None and ctx.scatter_each:
+                            # ... on its shard, after its reduce-scatter
+                            flops[stage] += scale[1]
+                            end = last = tl.compute(stage, scale[0], end)
+                            self.sync.synced[(name, layer, param)] = end
                     if flats is not None:
                         pc = ctx.param_cost(name, param)
                         flats.append(pc.nbytes, end)

@@ -217,6 +217,9 @@ class Param:
     opt_with: float = 0.0
     opt_after: float = 0.0
     opt_flat: int = 0
+    #: an expert's weights (expert parallelism): synchronised and
+    #: ZeRO-sharded over the expert-data-parallel team of dp / ep ranks
+    expert: bool = False
 
 
 @dataclass

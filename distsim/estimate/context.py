@@ -24,7 +24,7 @@ from ..models.gpt import GPTConfig
 from ..topology import Topology
 from ..transforms.pipeline import partition_balanced, partition_layers
 from ..transforms.strategy import Strategy
-from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of,
+from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of, gradient_share,
                                       scatters_each_microbatch, sync_route, unit_indices)
 from .costs import ParamCost, collectives, op_costs
 from .engine import Timeline
@@ -88,11 +88,12 @@ class StepContext:
         self.profile = profile
         S = self.strategy = case.strategy
         self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
-        #: whether a block's tasks have collectives on the communication
-        #: stream: tensor parallelism's, and context parallelism's
-        #: all-gathers or all-to-alls (a ring's steps run on their pairs'
-        #: own queues)
-        self.block_comm = S.tp > 1 or (case.cp > 1 and case.cp_comm != "ring")
+        #: whether the blocks have collectives of their own on the
+        #: communication stream (tensor-parallel; expert parallelism's
+        #: all-to-alls; context parallelism's all-gathers or all-to-alls, not
+        #: a ring's steps, which run on their pairs' own queues): their tasks
+        #: hold the communication stream
+        self.block_comm = S.tp > 1 or S.ep > 1 or (case.cp > 1 and case.cp_comm != "ring")
         self.microbatches = case.microbatches
         self.chunks = S.pp * S.chunks
         #: each layer's block (dense layers LAYER, mixture-of-experts ones
@@ -117,6 +118,11 @@ class StepContext:
         self.costs = op_costs(case.topology_name)
         # every stage's data-parallel team sits on the hardware as stage 0's does
         self.dp_team = tuple(S.rank(d, 0, 0) for d in range(self.dp))
+        #: expert parallelism: an expert's weights synchronise (and ZeRO
+        #: shard) over their expert-data-parallel team of dp / ep ranks
+        #: (:meth:`~distsim.transforms.strategy.Strategy.edp_team`)
+        self.edp = self.dp // S.ep
+        self.edp_team = tuple(S.rank(d, 0, 0) for d in S.edp_team(0))
         self.zero = S.zero
         self.zero3 = self.zero == 3 and self.dp > 1
         #: ZeRO-3 by layer (``zero3_unit: layer``): a block's gathers, and
@@ -128,6 +134,10 @@ class StepContext:
         self.bucket_bytes = bucket_bytes_of(S.bucket_mb)
         self.route = sync_route(self.zero, self.dp, self.bucket_bytes)
         self.scatter_each = scatters_each_microbatch(self.zero, self.dp, self.bucket_bytes)
+        #: whether the experts' own sync policy holds gradients between
+        #: calls (buckets, deferred syncs over dp / ep > 1 ranks), which a
+        #: replayed task does not record (:mod:`.experts`)
+        self.experts_held = S.ep > 1 and self.edp > 1 and self.route in ("bucket", "deferred")
         self.master = DType.parse(str(case.config.master_dtype))
         # memos: what is the same for every task / layer of the step
         self.memo = Memo() if memo is None else memo
@@ -220,14 +230,21 @@ class StepContext:
                 tuple(i for block, i in order if block == HEAD), self.stage_of(self.chunks - 1))
 
     # -- costs -------------------------------------------------------------------
-    def dp_time(self, kind: CollectiveType, nbytes: float) -> float:
-        """A collective of every stage's data-parallel team (:attr:`dp_team`),
-        memoised here: the shared cache's key would hash the whole team."""
-        key = (kind, nbytes)
+    def dp_time(self, kind: CollectiveType, nbytes: float, expert: bool = False) -> float:
+        """A collective of every stage's data-parallel team (:attr:`dp_team`;
+        ``expert``: an expert's weights' team, :attr:`edp_team`), memoised
+        here: the shared cache's key would hash the whole team."""
+        key = (kind, nbytes, expert)
         hit = self.memo.dp_times.get(key)
         if hit is None:
-            hit = self.memo.dp_times[key] = self.colls.time(kind, self.dp_team, nbytes)
+            hit = self.memo.dp_times[key] = self.colls.time(
+                kind, self.edp_team if expert else self.dp_team, nbytes)
         return hit
+
+    def team(self, p: Param) -> int:
+        """The ranks ``p``'s gradient is synchronised and ZeRO-sharded over:
+        dp, or for an expert's weights dp / ep."""
+        return self.edp if p.expert else self.dp
 
     def param_cost(self, block: str, index: int) -> ParamCost:
         """What the step charges parameter ``index`` of ``block`` (the same
@@ -235,10 +252,26 @@ class StepContext:
         costs = self.memo.param_costs
         hit = costs.get((block, index))
         if hit is None:
+            p = self.profile.params[block][index]
             hit = costs[(block, index)] = ParamCost(
-                self.profile.params[block][index], self.dp, self.zero, self.costs,
+                p, self.team(p), self.zero, self.costs,
                 self.case.topology.device_spec.launch_overhead_s)
         return hit
+
+    def one_microbatch_scale(self, block: str, index: int) -> Optional[Tuple[float, float]]:
+        """With one micro-batch, the (time, FLOPs) of the ``scale`` that
+        averages an expert's gradient over the tokens of its ep ranks
+        (:func:`~distsim.transforms.sync_policy.accumulation_ops` with the
+        expert's :func:`~distsim.transforms.sync_policy.gradient_share`;
+        the template's first micro-batch has none): on the whole gradient,
+        or on its shard where ZeRO 2 reduce-scatters first. None otherwise."""
+        p = self.profile.params[block][index]
+        if self.microbatches > 1 or "scale" not in accumulation_ops(
+                0, 1, gradient_share(self.strategy, p.expert)):
+            return None
+        pc = self.param_cost(block, index)
+        n = pc.shard if self.scatter_each else pc.numel
+        return self.costs.cost("scale", [(n, pc.dtype)], [(n, pc.dtype)])
 
     def small(self, stage: int, op_type: str, ins, outs, ready: float) -> float:
         """One small op the lowering adds (a reshape, a concat) on ``stage``'s
@@ -272,32 +305,6 @@ class StepContext:
             return blk.b_last, blk.b_last_busy, blk.b_flops
         return blk.b_mid, blk.b_mid_busy, blk.b_flops
 
-    def task_edge(self, kind: str, mb: Optional[int], order: Sequence[Tuple[str, Any]],
-                  rest: Optional[bool] = None) -> Optional[float]:
-        """The compute of a task over the blocks ``order`` (:meth:`blocks_of`)
-        before its first collective (``rest``: True or False, a backward with
-        or without its leading recomputation) or, ``order`` reversed and
-        ``rest`` None, after its
-        last; None without collectives. The first block's edge; with ``mb``
-        (the task's micro-batch) a block with no collectives at that end
-        (the embedding, the head, under context parallelism without
-        tensor parallelism) adds its compute to the next block's edge."""
-        before = rest is not None
-        blocks = self.part(kind)
-        quiet = 0.0         # the compute of the blocks without collectives so far
-        for i, (name, _) in enumerate(order if mb is not None else order[:1]):
-            blk = blocks[name]
-            cut = i == 0 and bool(rest)
-            if kind == "F":
-                edge = blk.f_pre if before else blk.f_post
-            else:
-                edge = blk.b_rest_pre if cut else blk.b_pre if before else blk.b_post
-            if edge is not None:
-                return quiet + edge
-            if mb is not None:
-                quiet += self.block_time(blk, kind, mb)[1] - (blk.b_lead_busy if cut else 0.0)
-        return None
-
     def block_scatter(self, name: str, ops: Tuple[str, ...]) -> ScatterTerms:
         """ZeRO 2/3 with a reduce-scatter per micro-batch: one block's terms,
         in the order they are added, per parameter: flattening its
@@ -316,7 +323,7 @@ class StepContext:
             n, d, shard = pc.numel, pc.dtype, pc.shard
             terms.flat.append(pc.flat[0])
             terms.flops.append(pc.flat[1])
-            terms.rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes))
+            terms.rs.append(self.dp_time(CollectiveType.REDUCE_SCATTER, pc.nbytes, pc.expert))
             for op in ops:
                 ins = [(n, d), (n, d)] if op == "add" else [(n, d)]
                 full = self.costs.cost(op, ins, [(n, d)])

@@ -88,7 +88,8 @@ def shard_size(n: int, parts: int) -> int:
 
 class ParamCost:
     """What the step charges one parameter ``p`` of a block (its
-    :class:`~.blocks.Param`; per rank, under data-parallel degree ``dp`` and
+    :class:`~.blocks.Param`; per rank, under data-parallel degree ``dp`` (the
+    ranks its gradient is synchronised over) and
     ZeRO stage ``zero``): its size, the ZeRO shard, flattening its gradient
     (``flat``: time, FLOPs), the update ops on the shard (``update``),
     slicing the shard out of the gradient (``slice``, ZeRO 1), its
@@ -97,11 +98,13 @@ class ParamCost:
     collective not needed is not timed."""
 
     __slots__ = ("numel", "dtype", "nbytes", "shard", "flat", "update", "slice", "sync",
-                 "plan")
+                 "plan", "expert")
 
     def __init__(self, p: Any, dp: int, zero: int, costs: "OpCosts", launch: float) -> None:
         n, d = p.numel, p.dtype
         self.numel, self.dtype = n, d
+        #: an expert's weights: ``dp`` is their expert-data-parallel team's
+        self.expert = p.expert
         self.nbytes = n * d.itemsize
         plan = update_plan(zero, dp)
         self.shard = shard_size(n, dp) if plan.on_shard else n

@@ -259,7 +259,7 @@ def entrywise(b: StepContext) -> bool:
     the block's tensor-parallel collectives on theirs, so that a block's
     compute waits for each gather only where it reads the parameter, and
     its collectives for the compute making their inputs."""
-    return b.tl.per_group and b.tp > 1
+    return b.tl.per_group and b.block_comm
 
 
 #: An entry of :func:`entry_plan`: kind ("c" a compute run, "t" a

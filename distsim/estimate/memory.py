@@ -31,19 +31,20 @@ def estimate_memory(b: StepContext) -> List[int]:
     transient excess measured on the template. The largest candidate over
     the forward and backward blocks and the optimizer is the peak."""
     prof, S = b.profile, b.strategy
-    dp, zero = S.dp, S.zero
+    zero = S.zero
     master = b.master.itemsize
     # fp32 master weights and the optimizer's moments: AdamW m, v; SGD momentum
     hyper = hyper_of(b.case.config, S.optimizer)
     states = 1 + len(hyper.states)
     # bytes per parameter of each block (whole numbers, summed exactly)
     # as the lowering makes them (:func:`~distsim.transforms.sync_policy.resident_layout`)
-    layout = resident_layout(zero, dp, b.bucket_bytes)
+    # (an expert's weights over their team of dp / ep ranks: :meth:`~.context.StepContext.team`)
     per: Dict[Tuple[str, int], Tuple[int, int]] = {}
     for block, params in prof.params.items():
         for i, p in enumerate(params):
             n, size = p.numel, p.dtype.itemsize
-            shard = shard_size(n, dp)
+            layout = resident_layout(zero, b.team(p), b.bucket_bytes)
+            shard = shard_size(n, b.team(p))
             per[(block, i)] = ((shard if layout.param else n) * size
                                + states * (shard if layout.state else n) * master,
                                (shard if layout.grad else n) * size)
@@ -189,7 +190,7 @@ def estimate_memory(b: StepContext) -> List[int]:
                     # its gradient, its flat copy and the reduce-scatter's result
                     p = prof.params[name][i]
                     peak = max(peak, now + grads_at[i]
-                               + shard_size(p.numel, dp) * p.dtype.itemsize)
+                               + shard_size(p.numel, b.team(p)) * p.dtype.itemsize)
                 if inside and at is None:
                     # at each gradient's flat copy, and as its op starts
                     ops = blk.bs_ops if grads_at is blk.bs_grads else {}
@@ -440,12 +441,13 @@ def _param_optimizer_excess(b: StepContext) -> Dict[Tuple[str, int], float]:
     * ZeRO 1/2: the new shard (the update's cast) and the whole parameter
       all-gathered from it, both live during the all-gather.
 
-    Without ZeRO or data parallelism the template's own measure stands."""
-    prof, S = b.profile, b.strategy
-    dp, zero = S.dp, S.zero
+    Without ZeRO or data parallelism the template's own measure stands
+    (``dp``: the parameter's team, :meth:`~.context.StepContext.team`)."""
+    prof, zero = b.profile, b.strategy.zero
     per: Dict[Tuple[str, int], float] = {}
     for block, params in prof.params.items():
         for i, p in enumerate(params):
+            dp = b.team(p)
             if zero == 0 or dp == 1:
                 per[(block, i)] = max(p.opt_flat + p.opt_with, p.opt_after)
                 continue
@@ -475,7 +477,9 @@ def _after_backward(b: StepContext, stage: int, per: Dict[Tuple[str, int], float
     its all-reduce ends; a bucket's ``concat`` holds the bucket and the
     reshaped gradients it copies, and its unpacking ``split``, after the
     all-reduce, the reduced bucket and its pieces, with the other buckets
-    still held or unpacked: all the buckets' bytes and one bucket more.
+    still held or unpacked: the buckets' bytes so far and one bucket more
+    (:attr:`Memo.bucket_peak`: all of them but under expert parallelism,
+    whose experts' buckets are unpacked before the others' last).
     Each unpacked gradient is a copy that lives until its parameter's
     update; the optimizer runs after the stage's buckets are unpacked (its
     first parameter's gradient is the backward's last), one parameter after
@@ -494,7 +498,7 @@ def _after_backward(b: StepContext, stage: int, per: Dict[Tuple[str, int], float
         return opt_excess
     bucketed = b.memo.bucketed.get(stage, {})
     held = float(sum(buckets))
-    best = held + float(max(buckets))
+    best = float(b.memo.bucket_peak.get(stage, 0))
     flat_first = b.strategy.zero >= 1 and b.strategy.dp > 1
     for key, s in b.all_params():
         if s != stage:

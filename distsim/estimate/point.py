@@ -12,9 +12,11 @@ columns of a sweep row (:data:`distsim.sweep.point.METRICS` and the
 resolved batch sizes). It never builds the whole program:
 
 1. **Per-layer times** (:mod:`.profile`): a two-layer copy of the
-   model on one tensor-parallel group, lowered and simulated for real
+   model on one tensor-parallel group (under expert parallelism, one
+   expert-parallel group of them: dp = ep, each MoE block's all-to-alls in
+   it), lowered and simulated for real
    (cost model, tensor-parallel collectives on the topology, analytical
-   network), cached per model shape / tp / sp / recompute / micro-batch.
+   network), cached per model shape / tp / sp / recompute / micro-batch / ep.
    With context parallelism (``cp`` > 1) the group is tp x cp: the
    attention's all-gathers, ring steps (send/receives on their pairs'
    queues) or all-to-alls and their overlap with attention are the real
@@ -66,7 +68,9 @@ So is stream order (``comm_order: stream``): the pipeline's and the
 data-parallel timelines start a transfer once its data is ready, not
 behind the compute issued before it; and ``tp_overlap`` with ``tp > 1``
 (:mod:`distsim.transforms.tp_order`): the block templates keep autodiff's
-order of the backward's tensor-parallel collectives.
+order of the backward's tensor-parallel collectives; and ``fp32_grads``
+(gradients accumulated in fp32 buffers): the templates accumulate them in
+their own dtype.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -76,16 +80,20 @@ task with tensor-parallel collectives is emitted entry by entry
 reads the parameter, its collectives only for their inputs).
 Only the ``gpt`` family is supported (other models are a ConfigError),
 mixtures of experts included: each layer is timed and counted by the block
-of its kind (:mod:`.layer_kinds`); expert parallelism (``ep`` > 1) is
-refused with a NotModelledError, and so is context parallelism with ZeRO
-3 (its gathers would run over the template's cp ranks, not dp x cp).
-Context parallelism is measured by the corpus's cp draws (cp 2 and 4,
-every ``cp_comm``) and a random sample of 127 such points drawn as they
-are, gradient buckets included (step time within 0.49 %, mean 0.03 %;
-memory within 0.49 %, mean 0.02 %); with gradient
-buckets a bucket's flat copy waiting behind the cp collectives through a
-block's peak is counted at the block's gradients only (memory up to
-2.2 % under).
+of its kind (:mod:`.layer_kinds`). Under expert parallelism (``ep`` > 1)
+each parameter is synchronised, ZeRO-sharded and updated over its team
+(dp, or dp / ep for an expert's weights), by a sync policy per team as
+the lowering's (:mod:`.experts`); ZeRO 2 with ``ep`` = dp (the experts'
+gradients whole beside the others reduce-scattered) is refused with a
+NotModelledError.
+Context parallelism with ZeRO 3 is refused with a NotModelledError (its
+gathers would run over the template's cp ranks, not dp x cp). Context
+parallelism is measured by the corpus's cp draws (cp 2 and 4, every
+``cp_comm``) and a random sample of 127 such points drawn as they are,
+gradient buckets included (step time within 0.49 %, mean 0.03 %; memory
+within 0.49 %, mean 0.02 %); with gradient buckets a bucket's flat copy
+waiting behind the cp collectives through a block's peak is counted at
+the block's gradients only (memory up to 2.2 % under).
 """
 from __future__ import annotations
 
@@ -224,12 +232,13 @@ def resolve(options: Mapping[str, Any]) -> Case:
     c = gpt_config(config)
     check_compute_dtype(topo.device_spec, c.dtype, config.get("name"), topo.source)
     m = validate(c, strategy)
-    if strategy.ep > 1:     # its all-to-alls run over data-parallel ranks, outside the template
-        raise _not_modelled(f"expert parallelism (ep {strategy.ep})")
+    check_expert_parallel(strategy)
     c, _ = resolve_batch(c, strategy)
     if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
         raise _not_modelled("tp_overlap (the backward's tensor-parallel all-reduce issued "
                             "before the weight-gradient GEMM)")
+    if strategy.fp32_grads:   # its templates accumulate gradients in their own dtype
+        raise _not_modelled("fp32_grads (gradients cast to and accumulated in fp32 buffers)")
     if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and strategy.zero == 3:
         # its split tasks' ZeRO-3 gathers are not walked
         raise _not_modelled(f"schedule '{strategy.schedule}' with ZeRO 3 over dp "
@@ -241,6 +250,19 @@ def resolve(options: Mapping[str, Any]) -> Case:
     # cp); the per-layer profile holds its attention collectives
     return Case(config, c, strategy.flat_cp(), m, topo, topology, algo, comm_streams,
                 strategy.cp, strategy.cp_comm)
+
+
+def check_expert_parallel(S: Strategy) -> None:
+    """Refuse the expert-parallel points whose experts' gradient sync
+    differs in kind from the others' in a way the estimator does not
+    walk: ZeRO 2 with the experts' team one rank (dp = ep: their gradients
+    kept whole and updated as they are made, beside the others
+    reduce-scattered each micro-batch, or after the backward with
+    ``bucket_mb`` 0: their flat copies then outlive the experts' updates)
+    (:class:`.experts.ExpertSyncPolicy`)."""
+    if S.ep > 1 and S.zero == 2 and S.dp == S.ep:
+        raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 2 (the "
+                            "experts' gradients kept whole, the others reduce-scattered)")
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
@@ -280,22 +302,25 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     tp, sp, recomputation, ZeRO kind, micro-batch, whether a pipeline
     unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
-    them, the kernel fusion, whether the backward is split, and context
-    parallelism: ``cp`` and ``cp_comm``)."""
+    them, the kernel fusion, whether the backward is split, the
+    expert-parallel degree, and context parallelism: ``cp`` and
+    ``cp_comm``)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
-    # the first tensor-parallel group's devices (with context parallelism its
-    # tp x cp group's, the context-parallel ranks the first ``cp`` of the
-    # flat data-parallel axis): not 0..n-1 under a mesh order that spreads
-    # it (dp-tp-pp, ...), and its collectives cross what those devices'
+    # the first tensor-parallel group's devices (and those of the first
+    # expert-parallel group's ranks, or of the first context-parallel
+    # group's, the first ``cp`` of the flat data-parallel axis, in the
+    # template's rank order): not 0..n - 1 under a mesh order that spreads
+    # them (dp-tp-pp, ...), and their collectives cross what those devices'
     # links cross
-    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(d, 0, t) for d in range(case.cp)
+    team = S.ep * case.cp
+    tp_ranks: Optional[Tuple[int, ...]] = tuple(S.rank(d, 0, t) for d in range(team)
                                                 for t in range(S.tp))
-    if tp_ranks == tuple(range(S.tp * case.cp)):
+    if tp_ranks == tuple(range(S.tp * team)):
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S), S.schedule in SPLIT_BACKWARD, case.cp, case.cp_comm)
+            fusion_for(S), S.schedule in SPLIT_BACKWARD, S.ep, case.cp, case.cp_comm)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

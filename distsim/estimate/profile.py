@@ -29,9 +29,14 @@ dense one (the routing balance and capacity factor set the experts' slots,
 so they are part of the model shape); one that mixes dense and MoE layers
 gets a template per kind, merged (:mod:`.layer_kinds`).
 
+Under expert parallelism the MoE template is one expert-parallel group
+(dp = ep): its all-to-alls are among each MoE block's own collectives
+(:func:`~.profile_memory.block_collective`), its experts' weights at their
+1/ep shape, its sync after the backward (:mod:`.experts`).
+
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
 micro-batch, untied head, topology, collective algorithm, the tensor-parallel
-group's devices).
+group's devices, ep).
 """
 from __future__ import annotations
 
@@ -50,15 +55,15 @@ from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
 from ..transforms.pipeline import SPLIT_BACKWARD
-from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
+from .experts import with_expert_parallel
 from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, probe_layers
-from .profile_memory import fill_optimizer_ops, memory_excess
-from .segments import (block_collective, compress_segments, edges, fill_lead, gathered_uses,
-                       read_gates)
+from .profile_memory import block_collective, fill_optimizer_ops, memory_excess
+from .crossing import stage_crossing
+from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
 
 #: The template's layer whose numbers stand for every layer.
 _TEMPLATE_LAYERS = 2
@@ -86,21 +91,26 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
-              fusion: str = "megatron", split: bool = False, cp: int = 1,
+              fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
               cp_comm: str = "allgather") -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, cp, cp_comm)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
-    # depend on the chunk's blocks, not the template's. Context parallelism:
-    # the template runs on a tp x cp group (its ring steps or all-to-alls
-    # simulated with the attention they overlap), one data-parallel
-    # replica's: the gradients stay local (``local_gradients``), the
-    # estimate synchronises them over the dp x cp ranks as the lowering does
-    lower = LowerSPMD(Strategy(dp=1, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
+    # depend on the chunk's blocks, not the template's
+    # expert parallelism: one expert-parallel group (dp = ep), its
+    # all-to-alls in the program; the data-parallel sync after the backward
+    # (``bucket_mb`` 0), behind every block the profile measures. Context
+    # parallelism: the template runs on a tp x cp group (its ring steps or
+    # all-to-alls simulated with the attention they overlap), one
+    # data-parallel replica's: its gradients stay local
+    # (``local_gradients``), the estimate synchronises them over the dp x
+    # cp ranks as the lowering does
+    lower = LowerSPMD(Strategy(dp=ep, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
                                prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
-                               optimizer=optimizer, fusion=fusion,
+                               optimizer=optimizer, fusion=fusion, ep=ep,
+                               bucket_mb=0 if ep > 1 else None,
                                schedule=SPLIT_SCHEDULE if split else "1f1b",
                                cp=cp, cp_comm=cp_comm),
                       _TEMPLATE_MICROBATCHES,
@@ -117,7 +127,8 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                untie: bool, fusion: str = "megatron", cp: int = 1, cp_comm: str = "allgather"
+                untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
+                cp_comm: str = "allgather"
                 ) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
                            Tuple[List[int], List[int], int, Tuple[str, ...]], Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
@@ -125,8 +136,8 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
     per block its forward and backward FLOPs as LowerSPMD's task ordering
     counts them, its saved activation bytes, and its cost as the balanced
     partition estimates it (each summed in op order); the values crossing
-    a stage boundary (:func:`_crossing`). Kept: do not modify."""
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, cp, cp_comm)
+    a stage boundary (:func:`.crossing.stage_crossing`). Kept: do not modify."""
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm)
     names = (EMB, LAYER, HEAD)
     flops: Dict[str, List[float]] = {}
     partition: Dict[str, float] = {}
@@ -143,64 +154,34 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
         if blk in names:
             saved[blk] = saved.get(blk, 0) + nbytes
     return ({k: (f, b) for k, (f, b) in flops.items()}, saved,
-            _crossing(step, tp, sp, recompute, cp, cp_comm), partition)
+            stage_crossing(step, tp, sp, recompute, cp, cp_comm), partition)
 
 
 @lru_cache(maxsize=8)
 def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                   untie: bool, fusion: str = "megatron", cp: int = 1,
+                   untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
                    cp_comm: str = "allgather") -> Function:
     """The template's one-device step (forward, backward, no optimizer),
     the same for every ZeRO stage: the profiles of one layout and its ZeRO
     kinds, built one after another in a sweep, lower the same step (kept:
     lowering reads it, nothing changes it). Finished from the layout's
     :func:`_template_backward`."""
-    return build_gpt_step(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp,
+    return build_gpt_step(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
                                       recompute=recompute, fusion=fusion, cp=cp,
                                       cp_comm=cp_comm), micro_batch,
-                          _template_backward(c, tp, sp, micro_batch, untie, cp, cp_comm))
+                          _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm))
 
 
 @lru_cache(maxsize=4)
 def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool,
-                       cp: int = 1, cp_comm: str = "allgather") -> Function:
+                       ep: int = 1, cp: int = 1, cp_comm: str = "allgather") -> Function:
     """The template's step before recomputation and fusion
     (:func:`~distsim.models.gpt_family.build_gpt_backward`), the same for
     the three recomputation settings a sweep's layout takes one after
     another: placed and differentiated once for them (kept: finishing it
     makes new functions, nothing changes it)."""
-    return build_gpt_backward(c, Strategy(dp=1, tp=tp, pp=2 if untie else 1, sp=sp, cp=cp,
-                                          cp_comm=cp_comm),
-                              micro_batch)
-
-
-def _crossing(step: Function, tp: int, sp: bool, recompute: str, cp: int = 1,
-              cp_comm: str = "allgather") -> Tuple[List[int], List[int], int, Tuple[str, ...]]:
-    """Bytes of the values LowerSPMD sends between two pipeline stages that
-    split the template between its layers (forward, backward), the
-    bytes of the forward ones that a backward op reads (the receiving
-    stage holds its copy of those until its backward: the residual stream
-    a layer's first layernorm backward reads, while the sender's, counted
-    in the saved activations of the layer that made it, is freed once
-    sent), and the names of the backward ones (a layer's input gradient,
-    which its backward makes before its last ops: sent from there)."""
-    probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute, cp=cp,
-                               cp_comm=cp_comm), 2)
-    probe._analyse(step)
-    fwd, bwd = [], []
-    kept = 0
-    names = []
-    for v, chunks in probe.crossing.items():
-        src = probe.value_chunk[v]
-        for c in chunks:
-            if src == 0 and c == 1:
-                fwd.append(v.type.size_bytes)
-                if any(not is_forward(op) for op in probe.consumers.get(v, ())):
-                    kept += v.type.size_bytes
-            elif src == 1 and c == 0:
-                bwd.append(v.type.size_bytes)
-                names.append(v.name)
-    return sorted(fwd), sorted(bwd), kept, tuple(sorted(names))
+    return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
+                                          cp=cp, cp_comm=cp_comm), micro_batch)
 
 
 def model_key(c: GPTConfig) -> Tuple[Tuple[str, Any], ...]:
@@ -233,17 +214,18 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False, cp: int = 1,
+                  fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
                   cp_comm: str = "allgather") -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
-    cached per process. ``tp_ranks``: the devices of the tensor-parallel
-    group the template runs on (None: ranks ``0..tp-1``). ZeRO 0's is ZeRO
+    cached per process. ``tp_ranks``: the devices the template's ranks run
+    on (None: ranks ``0..tp x ep - 1``; :func:`build_profile`). ZeRO 0's is ZeRO
     1's less its optimizer's ZeRO-1 parts (:func:`without_zero`): one
     template lowered and simulated for both. ``fusion``: the kernels the
     template's lowering fuses (:mod:`distsim.transforms.fusion`). ``split``:
     the backward split into input- and weight-gradient parts (ZB-H1:
-    :attr:`~.blocks.LayerProfile.weight`). ``cp``, ``cp_comm``: context
+    :attr:`~.blocks.LayerProfile.weight`). ``ep``: the expert-parallel
+    degree (:func:`with_expert_parallel`). ``cp``, ``cp_comm``: context
     parallelism, the template on a tp x cp group (``tp_ranks`` then its
     devices, cp-major). A model that mixes dense and MoE
     layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
@@ -251,16 +233,27 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     blocks = layer_blocks(config)
     if blocks is not None:
         args = (tp, sp, recompute, zero, micro_batch, untie, topology, collective_algo,
-                optimizer, tp_ranks, fusion, split, cp, cp_comm)
-        return merge_kinds(layer_profile(model_key(dense_variant(config)), *args),
-                           layer_profile(model_key(moe_variant(config)), *args), blocks)
+                optimizer)
+        # the dense layers' template has no experts: one tensor-parallel group
+        dense_ranks = None if tp_ranks is None or tp_ranks[:tp] == tuple(range(tp)) \
+            else tp_ranks[:tp]
+        return merge_kinds(layer_profile(model_key(dense_variant(config)), *args, dense_ranks,
+                                         fusion, split),
+                           layer_profile(model_key(moe_variant(config)), *args, tp_ranks,
+                                         fusion, split, ep), blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion, split, cp, cp_comm))
-    return build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
-                         collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
-                         split=split, cp=cp, cp_comm=cp_comm)
+                                          fusion, split, ep, cp, cp_comm))
+    profile = build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
+                            collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
+                            split=split, ep=ep, cp=cp, cp_comm=cp_comm)
+    if ep > 1 and zero != 3:
+        plain = layer_profile(config_items, tp, sp, recompute, zero, micro_batch, untie,
+                              topology, collective_algo, optimizer,
+                              None if tp_ranks is None else tp_ranks[:tp], fusion, split)
+        profile = with_expert_parallel(profile, plain)
+    return profile
 
 
 def without_zero(profile: LayerProfile) -> LayerProfile:
@@ -290,21 +283,24 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False, cp: int = 1,
+                  fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
                   cp_comm: str = "allgather") -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
-    ``0..tp-1`` run on these devices (a mesh order that spreads the
-    tensor-parallel group, e.g. ``dp-tp-pp``: its collectives cross the
-    links they really cross)."""
+    ``0..tp x ep - 1`` run on these devices (a mesh order that spreads the
+    tensor-parallel group, e.g. ``dp-tp-pp``, or the expert-parallel
+    group: their collectives cross the links they really cross). ``ep``:
+    the template is one expert-parallel group of ``ep`` data-parallel
+    ranks (dp = ep), the all-to-alls of its MoE layers timed among the
+    block's own collectives, its experts' weights at their 1/ep shape."""
     import time
     started = time.perf_counter()
     config = GPTConfig(**dict(config_items))
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
-                                     untie, optimizer, representatives, fusion, split, cp,
-                                     cp_comm)
+                                     untie, optimizer, representatives, fusion, split, ep,
+                                     cp, cp_comm)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -329,13 +325,15 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             if v.name in step.meta["params"] and v.name not in param_block and blk:
                 param_block[v.name] = blk
     params: Dict[str, List[Param]] = {EMB: [], LAYER: [], HEAD: []}
+    experts = set(step.meta.get("expert_params", ()))
     order: List[Tuple[str, int]] = []
     for name in step.meta["params"]:
         blk = param_block[name]
         if blk not in params:          # the other template layer: same as LAYER
             continue
         p = by_name[name]
-        params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype))
+        params[blk].append(Param(name, blk, p.type.numel, tuple(p.type.shape), p.type.dtype,
+                                 expert=name in experts))
         order.append((blk, len(params[blk]) - 1))
     fill_optimizer_ops(params, rank0, times)
     index = {p.name: (blk, i) for blk, ps in params.items() for i, p in enumerate(ps)}
@@ -410,8 +408,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         comm = [o for o in ops if is_communication(o)]
         busy = sum(times[o.name][1] - times[o.name][0] for o in comp)
         flops = sum(times[o.name][2] for o in comp)
-        # the tensor- and context-parallel collectives (not ZeRO-3's
-        # gathers, the data-parallel sync, a pipeline transfer or a ring step)
+        # the tensor-parallel collectives (no role: not ZeRO-3's gathers,
+        # the data-parallel sync or a pipeline transfer)
         tcomm = sum(times[o.name][1] - times[o.name][0] for o in comm if block_collective(o))
         return compute_end.get(key, 0.0), busy, flops, tcomm
 
@@ -420,10 +418,11 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         # the block's start (the compute before it ends)
         at = group_start.get(key, 0.0)
         return tuple(sorted((times[o.name][0] - at, times[o.name][1] - at)
-                            for o in groups.get(key, []) if block_collective(o)))
+                            for o in groups.get(key, [])
+                            if block_collective(o)))
 
     step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
-        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion,
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion, ep,
         cp, cp_comm)
     # the values a layer's backward sends to the stage before (its input
     # gradient), per micro-batch of the template: where each is made

@@ -373,6 +373,16 @@ def _tail(ops: List[Op], times, peak, base: float) -> Optional[float]:
     return max(0.0, peak(free, end) - base) if free < end else None
 
 
+def block_collective(op: Op) -> bool:
+    """Whether ``op`` is a collective of a block's own, which the block's
+    times hold: tensor-parallel (no role), expert parallelism's all-to-all
+    (role ``expert_parallel``), context parallelism's all-gathers and
+    all-to-alls (role ``cp``); not a ZeRO-3 gather, the data-parallel
+    sync, a pipeline transfer or a ring attention step (``cp_ring``: a
+    send/receive on its pair's own queue)."""
+    return is_communication(op) and op.meta.get("role") in (None, "expert_parallel", "cp")
+
+
 def _early(ops: List[Op], forward_made: set) -> int:
     """The bytes rank 0 gets from a block's leading tensor-parallel
     collectives (``ops``: its backward, in program order) that read only
@@ -380,7 +390,9 @@ def _early(ops: List[Op], forward_made: set) -> int:
     as it is free, the block's compute not yet started."""
     total = 0
     for op in ops:
-        if not is_communication(op) or op.meta.get("role") is not None:
+        # (a backward's re-gathers of keys and values are counted where its
+        # compute starts: :func:`_regathered_at_use`)
+        if not block_collective(op) or op.meta.get("role") == "cp":
             continue
         if any(id(v) not in forward_made for v in op.inputs):
             break

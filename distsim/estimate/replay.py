@@ -219,7 +219,7 @@ class ReplayedBackward(OpByOpBackward):
         ctx = self.ctx
         order = ctx.blocks_of("B", c)
         sync = self.sync
-        if ctx.zero3 or self.policy.pending.get(stage) or not order:
+        if ctx.zero3 or self.policy.pending.get(stage) or not order or ctx.experts_held:
             return self.emit_last_backward(stage, c, order, ready)
         only = ctx.microbatches == 1
         origin, input_there, idle, compute_first = self._start(stage, order[0][0], only, ready)

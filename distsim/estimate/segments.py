@@ -20,21 +20,6 @@ from .blocks import Block, Param, Segment
 _RANK = re.compile(r"_r\d+$")
 
 
-#: The roles of the template's communication ops that run on its devices'
-#: communication stream beside compute, as a block's collectives: the
-#: tensor-parallel ones (no role) and context parallelism's all-to-alls and
-#: all-gathers (``cp``); not ZeRO's gathers, the gradient sync, pipeline
-#: transfers, or a ring's steps (``cp_ring``: send/receives, each pair on
-#: its own queue, :mod:`distsim.sim.comm_queues`)
-BLOCK_COLLECTIVE_ROLES = (None, "cp")
-
-
-def block_collective(op: Op) -> bool:
-    """Whether ``op`` is one of a block's collectives
-    (:data:`BLOCK_COLLECTIVE_ROLES`)."""
-    return is_communication(op) and op.meta.get("role") in BLOCK_COLLECTIVE_ROLES
-
-
 def ring_peer(op: Op, rank: int = 0) -> int:
     """1 + the peer of ``rank`` in ``op`` where it is a step of ring
     attention (a send or receive of keys and values between

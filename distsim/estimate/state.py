@@ -84,6 +84,11 @@ class Memo:
         #: buckets, by its parameter key: unpacked after the backward pass
         #: into a copy that lives until the parameter's update
         self.bucketed: Dict[int, Dict[tuple, int]] = {}
+        #: per stage, the most its buckets hold as one is unpacked: those
+        #: flushed so far and one more (the bucket split into its pieces);
+        #: the largest of all with one unpacking, the experts' and those
+        #: flushed before it first under expert parallelism
+        self.bucket_peak: Dict[int, int] = {}
         #: ZeRO 2/3 with a reduce-scatter per micro-batch: the bytes of
         #: flat gradient copies of a chunk's first backward (emitted op by
         #: op) still waiting for their reduce-scatters, each live until its

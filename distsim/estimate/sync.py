@@ -78,6 +78,9 @@ class StepSync:
         #: sync holds (:func:`queued_peak`)
         self._deferred = ctx.route == "deferred"
         self._queued: Dict[int, List[Tuple[float, float, float, int, int]]] = {}
+        #: whether this step has unpacked buckets yet (twice under expert
+        #: parallelism: :class:`.experts.ExpertSyncPolicy`)
+        self._unpacked = False
 
     def cost(self, block: str, index: int) -> ParamCost:
         hit = self._costs.get((block, index))
@@ -113,7 +116,7 @@ class StepSync:
         pc = self.cost(*param)
         final = end or 0.0
         if pc.sync is None:
-            pc.sync = self.ctx.dp_time(kind, pc.nbytes)
+            pc.sync = self.ctx.dp_time(kind, pc.nbytes, pc.expert)
         if kind is CollectiveType.REDUCE_SCATTER:
             t, f = pc.flat
             self.ctx.flops[stage] += f
@@ -129,8 +132,9 @@ class StepSync:
         total = sum(pc.numel for pc in costs)
         cat = ctx.small(stage, "concat", [(pc.numel, dtype) for pc in costs],
                         [(total, dtype)], max(flats))
-        ar = self.tl.comm_on(stage, ctx.dp_time(CollectiveType.ALL_REDUCE,
-                                                total * dtype.itemsize), cat)
+        # (a bucket holds an expert's weights or none: each policy its own)
+        ar = self.tl.comm_on(stage, ctx.dp_time(CollectiveType.ALL_REDUCE, total * dtype.itemsize,
+                                                ctx.param(bucket[0]).expert), cat)
         self.buckets.setdefault(stage, []).append(total * dtype.itemsize)
         self.unpack.append((bucket, stage, ar, total, dtype))
 
@@ -187,7 +191,14 @@ class StepSync:
             if held > memo.flat_queued.get(stage, 0):
                 memo.flat_queued[stage] = held
         memo.buckets = {s: tuple(v) for s, v in self.buckets.items()}
-        memo.bucketed = bucketed = {}
+        if not self._unpacked:      # (the experts' policy unpacks first: both count)
+            memo.bucketed, memo.bucket_peak = {}, {}
+        self._unpacked = True
+        bucketed = memo.bucketed
+        for bucket, stage, ar, total, dtype in self.unpack:
+            peak = sum(self.buckets.get(stage, ())) + total * dtype.itemsize
+            if peak > memo.bucket_peak.get(stage, 0):
+                memo.bucket_peak[stage] = peak
         for bucket, stage, ar, total, dtype in self.unpack:
             held = bucketed.setdefault(stage, {})
             for k in bucket:
@@ -204,7 +215,8 @@ class StepSync:
         ctx = self.ctx
         s0, s1 = ctx.stage_of(0), ctx.stage_of(ctx.chunks - 1)
         p = ctx.param(emb)
-        n = shard_size(p.numel, self.dp) if self.zero >= 2 and self.dp > 1 else p.numel
+        team = ctx.team(p)
+        n = shard_size(p.numel, team) if self.zero >= 2 and team > 1 else p.numel
         t = ctx.colls.time(CollectiveType.ALL_REDUCE, (ctx.rank0(s0), ctx.rank0(s1)),
                            n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
         end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
@@ -213,7 +225,10 @@ class StepSync:
     def update(self, params) -> None:
         """The optimizer step of every parameter (``params``: the context's
         :meth:`~.context.StepContext.all_params`, in order), as runs of one
-        stage's parameters (:meth:`optimizer_steps`)."""
+        stage's parameters (:meth:`optimizer_steps`); none where ``params``
+        is empty (the experts' policy updates none of its own)."""
+        if not params:
+            return
         flops, synced = self.ctx.flops, self.synced
         compute_each, chain = self.tl.compute_each, self.tl.chain
         for update_alone, stage, keys, items, fls in self.optimizer_steps():
@@ -308,10 +323,11 @@ class StepSync:
         in every layer: kept in its :class:`ParamCost` (``pc``)."""
         ctx = self.ctx
         p = ctx.param(key)
-        plan = update_plan(self.zero, self.dp)
+        plan = update_plan(self.zero, ctx.team(p))
         pre = p.opt_pre if plan.flatten else None
         cut = pc.slice if plan.slice else None
-        gather = ctx.dp_time(CollectiveType.ALL_GATHER, pc.nbytes) if plan.gather else None
+        gather = ctx.dp_time(CollectiveType.ALL_GATHER, pc.nbytes, pc.expert) \
+            if plan.gather else None
         post = p.opt_post if plan.reshape else None
         pc.plan = (pre, cut, pc.update, gather, post)
         return pc.plan

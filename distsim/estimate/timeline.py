@@ -32,6 +32,7 @@ from .notes import MemoryNotes
 from .replay import ReplayedBackward
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
 from .sync import StepSync
+from .experts import bare_edges, sync_policy
 
 __all__ = ["Builder", "Case", "Memo", "ScatterTerms", "Walk", "program_order",
            "shared_prefix"]
@@ -80,7 +81,7 @@ class Builder:
         the context's timeline."""
         ctx = self.ctx
         self.sync = StepSync(ctx)
-        self.policy: SyncPolicy = SyncPolicy(ctx.strategy, self.sync, self.sync.nbytes)
+        self.policy: SyncPolicy = sync_policy(ctx, self.sync)  # type: ignore[assignment]
         self.backward = ReplayedBackward(ctx, self.sync, self.policy, self.notes)
         #: a split backward's (ZB-H1) weight-gradient tasks, op by op where
         #: they make final gradients (the last micro-batch's; with ZeRO 2/3
@@ -398,16 +399,23 @@ class Builder:
         gathers), as in the simulator. ``pre_shift`` / ``post_shift``: a
         change of the compute before the first collective / after the last
         (ZeRO-3 by layer: the unit's copy-out in place of the template's
-        reshapes). ``mb``: the task's micro-batch, where a block at its
-        ends may have no collectives (:meth:`.context.StepContext.task_edge`)."""
+        reshapes). ``mb`` (the task's micro-batch): where blocks with no
+        collectives of their own lead or end the task (expert parallelism
+        without tensor parallelism: the embedding, the head, dense layers
+        beside MoE layers with all-to-alls), their compute runs alone too."""
         ctx = self.ctx
-        pre = ctx.task_edge(kind, mb, order, rest)
+        blocks = ctx.part(kind)
+        first, last = blocks[order[0][0]], blocks[order[-1][0]]
+        pre = first.f_pre if kind == "F" else (first.b_rest_pre if rest else first.b_pre)
+        post = last.f_post if kind == "F" else last.b_post
+        holds = ctx.block_comm
+        if holds and mb is not None and (pre is None or post is None):
+            pre, post = bare_edges(ctx, kind, order, mb, rest, pre, post)
+            holds = pre is not None          # else no block of the task has any
         if pre is not None and pre_shift:
             pre = max(0.0, pre + pre_shift)
-        post = ctx.task_edge(kind, mb, order[::-1])
         if post is not None and post_shift:
             post = max(0.0, post + post_shift)
-        holds = ctx.block_comm
         if not holds or pre is None or post is None or pre + post > busy * (1.0 + 1e-9):
             return [(total, busy, holds)]
         return [(pre, None, False), (total - pre - post, max(0.0, busy - pre - post), True),

@@ -109,8 +109,11 @@ class Segment:
         #: the parameters whose buffers the run adds into (in the bundle's order)
         self.acc_params: List[Value] = [lower.grad_of[g] for g in self.grads
                                         ] if self.accumulate else []
-        buffers: List[TensorType] = [TensorType(g.type.shape, g.type.dtype, None)
-                                     for g in self.grads] if self.accumulate else []
+        # each buffer in its own dtype (fp32 under ``fp32_grads``: the
+        # gradient is cast to it before the add, as GradientSync does)
+        buffers: List[TensorType] = [
+            TensorType(g.type.shape, lower.sync.buffer_dtype(lower.grad_of[g]), None)
+            for g in self.grads] if self.accumulate else []
         # the buffers as inputs and outputs: one bundle each, or one value
         # per gradient (``bundle_buffers`` off)
         self.acc_in: Optional[Value] = None
@@ -129,8 +132,8 @@ class Segment:
             self.inputs.append(self.acc_in)
             self.outputs.append(self.acc_out)
         elif self.accumulate:
-            self.acc_each = {g: (Value(f"{g.name}.acc", g.type), Value(f"{g.name}.acc_new", g.type))
-                             for g in self.grads}
+            self.acc_each = {g: (Value(f"{g.name}.acc", t), Value(f"{g.name}.acc_new", t))
+                             for g, t in zip(self.grads, buffers)}
             self.inputs += [a for a, _ in self.acc_each.values()]
             self.outputs += [b for _, b in self.acc_each.values()]
         self.layer = ops[-1].meta.get("layer")
@@ -163,8 +166,14 @@ class Segment:
                              meta=meta))
             for g in op.outputs:
                 if g in old_buf:
-                    fn_ops.append(Op("add", [old_buf[g], local(g)], [new_buf[g]],
-                                     meta=dict(acc_meta, layer=op.meta.get("layer"))))
+                    add_meta = dict(acc_meta, layer=op.meta.get("layer"))
+                    fresh = local(g)
+                    if fresh.type.dtype != old_buf[g].type.dtype:
+                        cast = Value(f"{g.name}.gcast", old_buf[g].type)
+                        fn_ops.append(Op("cast", [fresh], [cast],
+                                         {"dtype": cast.type.dtype.value}, meta=add_meta))
+                        fresh = cast
+                    fn_ops.append(Op("add", [old_buf[g], fresh], [new_buf[g]], meta=add_meta))
         if self.bundled:
             fn_ops.append(Op(PACK, list(new_buf.values()), [local(self.acc_out)]))
         #: a buffer input -> its parameter (``bundle_buffers`` off)

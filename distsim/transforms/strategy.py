@@ -91,7 +91,13 @@ class Strategy:
     models that order only; :mod:`~distsim.transforms.tp_order`). The
     order shows in time under ``comm_order: stream``, where a collective
     waits for the compute issued before it, and otherwise in which
-    collective queues first on a shared communication stream."""
+    collective queues first on a shared communication stream.
+    ``fp32_grads``: the gradient buffers in fp32 (False: in the parameters'
+    dtype): each micro-batch's gradient cast to fp32 and added into its
+    buffer, the data-parallel reduction and the optimizer on the fp32
+    buffer, as DeepSpeed's BF16_Optimizer does (``update_hp_grads`` after
+    every micro-batch's backward; Megatron-LM's
+    ``--accumulate-allreduce-grads-in-fp32`` keeps the same buffers)."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -118,6 +124,7 @@ class Strategy:
     cp_comm: Literal["allgather", "ring", "alltoall"] = "allgather"
     ep: int = 1
     tp_overlap: bool = False
+    fp32_grads: bool = False
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:
@@ -231,10 +238,10 @@ def _flag(name: str) -> str:
 _CHECK_ORDER = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
                 "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order", "plan",
-                "fusion", "cp", "cp_comm", "tp_overlap")
+                "fusion", "cp", "cp_comm", "tp_overlap", "fp32_grads")
 _POSITIVE = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
              "micro_batch", "cp")
-_BOOLS = ("symmetry", "coarsen", "sp", "tp_overlap")
+_BOOLS = ("symmetry", "coarsen", "sp", "tp_overlap", "fp32_grads")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
             "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS,
             "cp_comm": CP_COMMS}

@@ -37,6 +37,7 @@ from typing import (Callable, Dict, Generic, Hashable, Iterable, List, Optional,
                     Sequence, Set, Tuple, TypeVar)
 
 from ..ir.comm import CollectiveType
+from ..ir.types import DType
 from .strategy import Strategy
 
 MB = 1 << 20
@@ -77,17 +78,32 @@ def sync_kind(zero: int) -> CollectiveType:
     return CollectiveType.REDUCE_SCATTER if zero >= 2 else CollectiveType.ALL_REDUCE
 
 
-def accumulation_ops(microbatch: int, microbatches: int, share: int = 1) -> Tuple[str, ...]:
+def accumulation_ops(microbatch: int, microbatches: int, share: int = 1,
+                     cast: bool = False) -> Tuple[str, ...]:
     """The ops that put micro-batch ``microbatch``'s gradient into its
     buffer: the first is written into the buffer itself (no op), the later
     ones are added to it (``add``), and the last is divided by the number
     of micro-batches (``scale``, when there are several) times ``share``
     (an expert's weights under expert parallelism: each rank's gradient
-    sums the tokens of ``ep`` data-parallel ranks, :func:`gradient_share`)."""
+    sums the tokens of ``ep`` data-parallel ranks, :func:`gradient_share`).
+    With ``cast`` (a buffer of another dtype: :func:`grad_buffer_dtype`)
+    every gradient is first cast to the buffer's dtype (``cast``), as
+    DeepSpeed's BF16_Optimizer casts each gradient to fp32 before adding
+    it (``update_hp_grads``: ``hp_grad.add_(lp.grad.to(hp_grad.dtype))``)."""
+    casts = ("cast",) if cast else ()
     adds = ("add",) if microbatch > 0 else ()
     if microbatches * share > 1 and microbatch == microbatches - 1:
-        return adds + ("scale",)
-    return adds
+        return casts + adds + ("scale",)
+    return casts + adds
+
+
+def grad_buffer_dtype(strategy: Strategy, dtype: DType) -> DType:
+    """The dtype of a gradient buffer of a parameter in ``dtype``: under
+    ``Strategy.fp32_grads`` fp32 for a parameter in a narrower float (bf16,
+    fp16), else the parameter's own (fp32_grads never narrows a buffer)."""
+    if strategy.fp32_grads and dtype.itemsize < DType.F32.itemsize:
+        return DType.F32
+    return dtype
 
 
 def gradient_share(strategy: Strategy, expert: bool) -> int:

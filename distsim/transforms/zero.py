@@ -11,7 +11,9 @@ every rank that holds it:
   parameter for ZeRO 0/1 and this rank's ``1/dp`` flat shard for ZeRO 2/3,
   so a device's gradient memory is 2 bytes per parameter (bf16), divided
   by ``dp`` from ZeRO 2 on, at every moment of the step, plus the fresh
-  gradient of the op that just produced one;
+  gradient of the op that just produced one. With ``Strategy.fp32_grads``
+  the buffer is fp32 (4 bytes per parameter) and each gradient is cast to
+  it before it is added, as DeepSpeed's BF16_Optimizer does;
 - *accumulation*: the micro-batches' gradients are summed in the backward
   tasks and divided by their number after the last one;
 - *data-parallel synchronisation*, as soon as a gradient is final (so that
@@ -83,8 +85,8 @@ from .coarsen import Segment
 from .emitter import em_builder
 from .lowering_context import LoweringContext
 from .optimizer import SGDHyper, sgd_update
-from .sync_policy import (SyncPolicy, accumulation_ops, gradient_share, resident_layout,
-                          unit_indices, update_plan)
+from .sync_policy import (SyncPolicy, accumulation_ops, grad_buffer_dtype, gradient_share,
+                          resident_layout, unit_indices, update_plan)
 from .zero3 import ParamGathers
 
 
@@ -146,14 +148,13 @@ class GradientSync:
         self.acc: Dict[Tuple[Value, int], Value] = {}
         #: buffers that fused segments carry as one bundle (out of ``acc`` meanwhile)
         self.bundles = BufferBundles(ctx, self.acc)
-        self.policy: SyncPolicy[Value] = SyncPolicy(self.strategy, self,
-                                                    lambda p: p.type.size_bytes)
+        self.policy: SyncPolicy[Value] = SyncPolicy(self.strategy, self, self._buffer_bytes)
         self.scatter_each = self.policy.scatter_each
         #: an expert's weights (expert parallelism) synchronise over the
         #: expert-data-parallel team of dp / ep ranks: a policy of that size
         self.expert_policy: Optional[SyncPolicy[Value]] = SyncPolicy(
             replace(self.strategy, dp=self.strategy.dp // self.strategy.ep, ep=1), self,
-            lambda p: p.type.size_bytes) if ctx.expert else None
+            self._buffer_bytes) if ctx.expert else None
         #: ZeRO-3's gathers of the parameters before their use
         self.gathers = ParamGathers(ctx, self.param_in)
         self.count: Dict[Value, int] = {}
@@ -170,6 +171,14 @@ class GradientSync:
         self._unsettled: Dict[int, List[Tuple[Tuple[Value, ...], int, Dict[int, Value]]]] = {}
 
     # -- inputs ------------------------------------------------------------
+    def buffer_dtype(self, p: Value) -> DType:
+        """The dtype of ``p``'s gradient buffer (:func:`~.sync_policy.grad_buffer_dtype`)."""
+        return grad_buffer_dtype(self.strategy, p.type.dtype)
+
+    def _buffer_bytes(self, p: Value) -> int:
+        """The bytes of ``p``'s gradient buffer (what a DDP bucket counts)."""
+        return p.type.with_dtype(self.buffer_dtype(p)).size_bytes
+
     def stage(self, p: Value) -> int:
         return self.ctx.param_stage[p]
 
@@ -217,8 +226,9 @@ class GradientSync:
                                                      **info)
                 else:
                     self.param_in[(p, r)] = em.input(f"{p.name}_r{r}", whole, "param", **info)
+                buf = (flat if layout.grad else whole).with_dtype(self.buffer_dtype(p))
                 self.grad_in[(p, r)] = em.input(
-                    f"{p.name}.grad_r{r}", flat if layout.grad else whole, "grad_buffer",
+                    f"{p.name}.grad_r{r}", buf, "grad_buffer",
                     state="grad", **({"flat": [lo, hi]} if layout.grad else {}), **info)
                 st = (flat if layout.state else whole).with_dtype(master)
                 bounds = {"flat": [lo, hi]} if layout.state else {}
@@ -293,7 +303,10 @@ class GradientSync:
         meta = accumulation_meta(stage, mb, ctx.kind)
         self.bundles.release(p, r, stage, mb)
         share = gradient_share(self.strategy, p in ctx.expert)
-        ops = accumulation_ops(mb, ctx.microbatches, share)
+        dtype = self.buffer_dtype(p)
+        ops = accumulation_ops(mb, ctx.microbatches, share, cast=local.type.dtype != dtype)
+        if "cast" in ops:
+            local = em.one("cast", [local], {"dtype": dtype.value}, f"{p.name}_gcast_r{r}", meta)
         if "add" in ops:
             old = self.acc[(p, r)]
             local = em.one("add", [old, local], None, f"{p.name}_gacc_r{r}", meta)

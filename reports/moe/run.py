@@ -11,8 +11,8 @@ coarsen=True``, exact in step time and memory: the ep 8 row is also
 simulated without either and both figures are kept) on the repository's DGX H100 cluster
 (``dgx-h100-x8``, bf16); nothing is fitted. Each row is also estimated
 (``fidelity: estimate``, :func:`estimated`) beside its simulation in the
-analytical network mode (reduced by symmetry), the estimator's bound; rows it
-refuses (ep > 1) keep the refusal. The per-kind split is rank 0's
+analytical network mode (reduced by symmetry), the estimator's bound; a row
+it refused would keep the refusal. The per-kind split is rank 0's
 (:func:`distsim.report.comm_kinds.communication_by_kind`): ``busy`` is the
 union of a kind's transfers, ``exposed`` what of it no compute op covers.
 """

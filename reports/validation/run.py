@@ -288,7 +288,8 @@ def bloom() -> List[Dict[str, Any]]:
     bias add is not modelled), tied embeddings, vocabulary padded to 250,880,
     bf16, DeepSpeed ZeRO-1 (BF16_Optimizer), activation checkpointing of
     every layer, the embedding counted as a pipeline layer
-    ('type:transformer|embedding': partition balanced), and blocking kernel
+    ('type:transformer|embedding': partition balanced), gradients
+    accumulated and all-reduced in fp32 (the BF16_Optimizer), and blocking kernel
     launches: the job script sets ``export CUDA_LAUNCH_BLOCKING=1`` ("do
     not remove or the training will hang"), so ``launch: blocking``."""
     return [{
@@ -300,12 +301,18 @@ def bloom() -> List[Dict[str, Any]]:
         "topology": str((HERE / "jean-zay-a100-x48.yaml").relative_to(ROOT)),
         "options": {"tp": 4, "pp": 12, "micro_batch": 2, "recompute": "full", "zero": 1,
                     "partition": "balanced", "bucket_mb": 0, "launch": "blocking",
+                    # DeepSpeed's BF16_Optimizer (bf16_optimizer.py, the olruwase/bf16-updates
+                    # branch the run used, merged as microsoft/DeepSpeed#1801): after every
+                    # micro-batch's backward update_hp_grads casts each bf16 gradient to fp32
+                    # and adds it into fp32 buffers, which _bf16_reduce_grads all-reduces
+                    # in fp32 (tr11-176B-ml/README.md: "accumulates grads in fp32")
+                    "fp32_grads": True,
                     # Megatron-DeepSpeed's ColumnParallelLinear (mpu/layers.py) reaches the
                     # all-reduce by copy_to_tensor_model_parallel_region, as Megatron-LM v2
                     "tp_overlap": False},
         "config": "t 4, p 12, d 8, B 2048, b 2, 1F1B (DeepSpeed), full recompute, ZeRO-1, "
-                  "balanced stages, blocking launches (CUDA_LAUNCH_BLOCKING=1 in the job "
-                  "script)",
+                  "fp32 gradients, balanced stages, blocking launches (CUDA_LAUNCH_BLOCKING=1 "
+                  "in the job script)",
         "published": {"step_time_s": 105.22},
     }]
 

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import distsim
 from distsim.errors import DistsimError
 from distsim.estimate import AGREEMENT_TOLERANCE, estimate
+from distsim.models import load_model_config
 
 #: model -> (layer counts, sequence lengths: None keeps the model's)
 MODELS = {
@@ -168,6 +169,29 @@ def moe_configurations(draw) -> Dict[str, Any]:
     capacity = draw(st.sampled_from([None, None, 1.0, 1.25]))
     if capacity is not None:
         o["capacity_factor"] = capacity
+    return o
+
+
+@st.composite
+def expert_parallel_configurations(draw) -> Dict[str, Any]:
+    """A :func:`moe_configurations` draw with expert parallelism: ``ep`` 2
+    or 4 where it divides dp and the experts (dp 1: the draw is rejected),
+    no sequence parallelism and ZeRO 0-2 (the simulator refuses ep with
+    either), and not ZeRO 2 with ep = dp (the estimator refuses it:
+    :func:`distsim.estimate.point.check_expert_parallel`)."""
+    o = draw(moe_configurations())
+    model = o["model"]
+    experts = (model if isinstance(model, dict) else load_model_config(model))["experts"]
+    eps = [e for e in (2, 4) if o["dp"] % e == 0 and experts % e == 0]
+    assume(eps)
+    o["ep"] = draw(st.sampled_from(eps))
+    o.pop("sp", None)
+    if o["zero"] == 3:
+        o["zero"] = draw(st.integers(0, 2))
+        o.pop("prefetch", None)
+        o.pop("zero3_unit", None)
+    if o["zero"] == 2 and o["dp"] == o["ep"]:
+        o["zero"] = 1
     return o
 
 
@@ -471,6 +495,12 @@ CP_BUCKET_AT_PEAK = (
 @MOE_DRAWS      # 40 derandomized draws, as the MoE ones
 @given(cp_configurations())
 def test_the_context_parallel_estimate_agrees_with_the_simulation(options):
+    _agrees(options)
+
+
+@MOE_DRAWS
+@given(expert_parallel_configurations())
+def test_the_estimate_agrees_with_the_simulation_under_expert_parallelism(options):
     _agrees(options)
 
 

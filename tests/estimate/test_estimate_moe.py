@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import distsim
-from distsim.errors import ConfigError, NotModelledError
+from distsim.errors import ConfigError
 from distsim.estimate import AGREEMENT_TOLERANCE, cache_key, estimate, resolve
 from distsim.estimate.blocks import LAYER, MOE
 from distsim.estimate.context import StepContext
@@ -106,10 +106,8 @@ def test_the_estimate_agrees_with_the_simulation(model, strategy):
         assert error <= AGREEMENT_TOLERANCE, (key, row[key], summary[key], options)
 
 
-def test_expert_parallelism_is_not_estimated():
-    with pytest.raises(NotModelledError, match="expert parallelism"):
-        estimate(_options(ALL_MOE, dp=8, ep=2))
-    # invalid points are refused as the simulator refuses them
+def test_invalid_expert_parallelism_is_refused_as_the_simulator_refuses_it():
+    # (valid points: tests/estimate/test_estimate_expert_parallel.py)
     with pytest.raises(ConfigError, match="--ep 8 does not divide"):
         estimate(_options(ALL_MOE, dp=8, ep=8))
     with pytest.raises(ConfigError, match="no experts"):

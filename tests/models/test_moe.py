@@ -239,17 +239,20 @@ def test_moe_layer_matches_a_per_token_moe(fields):
     np.testing.assert_allclose(out, _per_token_moe(c, p, h, capacity), rtol=1e-12, atol=1e-12)
 
 
-def test_the_estimator_refuses_expert_parallelism_and_the_sweep_says_why():
+def test_the_estimator_covers_expert_parallelism_and_the_sweep_says_what_it_refuses():
     from distsim.estimate import estimate
     from distsim.sweep.point import run_point
     options = {"model": "mixtral-8x7b", "topology": "dgx-h100", "layers": 2}
-    # without expert parallelism the estimator covers the MoE model
-    row = run_point({**options, "fidelity": "estimate"})
-    assert row["status"] == "ok" and row["step_time_s"] > 0
-    with pytest.raises(NotModelledError, match="expert parallelism .* use fidelity: simulate"):
-        estimate({**options, "ep": 2})
-    row = run_point({**options, "ep": 2, "fidelity": "estimate"})
-    assert row["status"] == "skipped" and "expert parallelism (ep 2)" in row["reason"]
+    # with and without expert parallelism the estimator covers the MoE model
+    for ep in (1, 2):
+        row = run_point({**options, "ep": ep, "fidelity": "estimate"})
+        assert row["status"] == "ok" and row["step_time_s"] > 0
+    # ZeRO 2 with ep = dp it refuses, and a sweep skips the point saying why
+    with pytest.raises(NotModelledError, match="ep = dp = 8 under ZeRO 2.* use fidelity: "
+                                               "simulate"):
+        estimate({**options, "ep": 8, "zero": 2})
+    row = run_point({**options, "ep": 8, "zero": 2, "fidelity": "estimate"})
+    assert row["status"] == "skipped" and "ep = dp = 8 under ZeRO 2" in row["reason"]
     assert row["step_time_s"] is None
 
 

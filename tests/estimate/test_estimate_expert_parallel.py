@@ -1,0 +1,107 @@
+"""The estimator under expert parallelism (``ep`` > 1): the template is one
+expert-parallel group (dp = ep), so each MoE block holds its dispatch and
+combine all-to-alls and the experts' weights at their 1/ep shape; each
+parameter is synchronised and ZeRO-sharded over its own team (dp, or dp / ep
+for an expert's weights) by its own sync policy, as the lowering does."""
+from __future__ import annotations
+
+import pytest
+from estimate_pairs import assert_within_bounds
+
+from distsim.errors import ConfigError, NotModelledError
+from distsim.estimate import cache_key, estimate, resolve
+from distsim.estimate.blocks import MOE
+from distsim.estimate.context import StepContext
+from distsim.estimate.point import _profile_for
+from distsim.ir.comm import CollectiveType
+from distsim.models.gpt import GPTConfig
+from distsim.models.moe import expert_slots
+from distsim.sim.solo_time import collective_time
+from distsim.topology import load_topology
+
+#: a small GPT whose MLPs route to top-2 of 4 SwiGLU experts of 64, with
+#: a shared expert; and the same with its first layer dense (its experts' weights:
+#: EXPERTS, the router and the shared expert not among them)
+ALL_MOE = {"family": "gpt", "name": "small-moe", "layers": 4, "hidden": 64, "heads": 4,
+           "vocab": 128, "seq": 32, "global_batch": 8, "experts": 4, "top_k": 2,
+           "expert_ffn": 64, "shared_experts": 1, "activation": "swiglu"}
+FIRST_DENSE = {**ALL_MOE, "name": "first-dense", "dense_layers": 1}
+EXPERTS = ("experts_b1", "experts_b2", "experts_w1", "experts_w2")
+
+
+def _options(model, **strategy):
+    return {"model": model, "topology": "dgx-a100", "network_mode": "analytical", **strategy}
+
+
+def test_the_moe_block_holds_its_all_to_alls_timed_on_the_expert_parallel_team():
+    # tp 1: the block's only collectives are the dispatch's and the combine's
+    # all-to-all of this rank's slots (experts x slots x hidden, bf16) over
+    # its ep team, data-parallel ranks 0 and 1; the backward has their two
+    # gradients, the same all-to-alls
+    case = resolve(_options(ALL_MOE, dp=8, ep=2))
+    block = _profile_for(case).blocks["layer"]
+    c = GPTConfig.from_dict({k: v for k, v in ALL_MOE.items() if k not in ("family", "name")})
+    slots = expert_slots(c, ALL_MOE["seq"])           # micro-batch 1: seq tokens
+    assert slots == 16                                 # 32 tokens x top-2 / 4 experts
+    nbytes = ALL_MOE["experts"] * slots * ALL_MOE["hidden"] * 2
+    a2a = collective_time(load_topology("dgx-a100"), "analytical", CollectiveType.ALL_TO_ALL,
+                          (0, 1), nbytes)[0]
+    assert block.tp_comm_f == pytest.approx(2 * a2a, rel=1e-12)
+    assert block.tp_comm_b == pytest.approx(2 * a2a, rel=1e-12)
+    # without expert parallelism the block has no collective
+    assert _profile_for(resolve(_options(ALL_MOE, dp=8))).blocks["layer"].tp_comm_f == 0.0
+
+
+def test_the_experts_weights_are_a_1_over_ep_share_on_their_own_team():
+    plain = resolve(_options(FIRST_DENSE, dp=8))
+    case = resolve(_options(FIRST_DENSE, dp=8, ep=4))
+    whole = {p.name: p for p in _profile_for(plain).params[MOE]}
+    ctx = StepContext(case, _profile_for(case))
+    experts = [p for p in ctx.profile.params[MOE] if p.expert]
+    assert sorted(p.name.split("_", 1)[1] for p in experts) == sorted(EXPERTS)
+    for p in ctx.profile.params[MOE]:
+        assert p.numel * (4 if p.expert else 1) == whole[p.name].numel
+        assert ctx.team(p) == (2 if p.expert else 8)       # dp / ep, or dp
+    # the dense layer, the embedding and the head hold no expert
+    assert not any(p.expert for blk in ("emb", "layer", "head")
+                   for p in ctx.profile.params[blk])
+    # an expert's gradient is all-reduced over its expert-data-parallel team:
+    # data-parallel ranks 0 and 4 (e, e + ep)
+    assert ctx.edp_team == (0, 4)
+    # ep is part of the profile's key
+    assert cache_key(_options(FIRST_DENSE, dp=8, ep=4)) != cache_key(_options(FIRST_DENSE, dp=8))
+
+
+@pytest.mark.parametrize("model,strategy", [
+    (ALL_MOE, dict(dp=8, ep=2)),
+    (ALL_MOE, dict(dp=8, ep=4, zero=1, global_batch=32)),
+    (ALL_MOE, dict(dp=8, ep=2, zero=2, global_batch=32)),
+    (ALL_MOE, dict(dp=4, pp=2, ep=4, zero=1, global_batch=4)),    # one micro-batch
+    (ALL_MOE, dict(dp=4, pp=2, ep=2, zero=2, global_batch=4)),    # ... reduce-scattered
+    (FIRST_DENSE, dict(dp=4, tp=2, ep=2, recompute="full")),
+    (FIRST_DENSE, dict(dp=4, pp=2, ep=4, zero=1, global_batch=16)),
+    (FIRST_DENSE, dict(dp=4, pp=2, ep=2, zero=2, bucket_mb=0, global_batch=16)),
+    (FIRST_DENSE, dict(dp=8, ep=2, bucket_mb=0.01, global_batch=32)),
+    (FIRST_DENSE, dict(dp=2, tp=2, pp=2, ep=2, schedule="interleaved", virtual_stages=2,
+                       global_batch=8, recompute="selective")),
+    (ALL_MOE, dict(dp=4, pp=2, ep=2, schedule="zb-h1", global_batch=16)),
+    (ALL_MOE, dict(dp=8, ep=2, zero=2, global_batch=16, comm_streams="per-group")),
+], ids=lambda x: x.get("name") if "family" in x else ",".join(f"{k}={v}" for k, v in x.items()))
+def test_the_estimate_agrees_with_the_simulation(model, strategy):
+    assert_within_bounds(_options(model, **strategy))
+
+
+def test_what_it_does_not_model_is_refused_in_one_line():
+    # ZeRO 2 with ep = dp: the experts' team is one rank, their gradients
+    # kept whole while the others are reduce-scattered
+    for bucket_mb in (None, 0):
+        with pytest.raises(NotModelledError, match=r"ep = dp = 4 under ZeRO 2") as refused:
+            estimate(_options(ALL_MOE, dp=4, pp=2, ep=4, zero=2, bucket_mb=bucket_mb))
+        assert "\n" not in str(refused.value)
+    # invalid points are refused as the simulator refuses them
+    with pytest.raises(ConfigError, match="--ep 8 does not divide"):
+        estimate(_options(ALL_MOE, dp=8, ep=8))
+    with pytest.raises(ConfigError, match="no experts"):
+        estimate(_options("tiny", dp=8, ep=2))
+    with pytest.raises(ConfigError, match="--ep: expert parallelism with --zero 3"):
+        estimate(_options(ALL_MOE, dp=8, ep=2, zero=3))
