@@ -94,7 +94,7 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
                "simulated framework fuses them: 'megatron' (Megatron-LM's fused "
                "scale-mask-softmax, bias-GeLU, bias-dropout-add, the linear bias in the GEMM), "
                "'pytorch-eager' (the linear bias in the GEMM only) or 'none' (every op its own "
-               "kernel; the default)"),
+               "kernel); default: 'megatron' for GPT models, 'none' for the others"),
     ("symmetry", "simulate one device per class of identical devices: the same results, "
                  "much faster on large clusters"),
     ("coarsen", "simulate each run of compute ops between communications as one op: the "
@@ -118,12 +118,11 @@ RUN: Group = ("Simulation", (
                "point-to-point transfers at a time per device, in program order, no "
                "compute/communication overlap, the host's launch time before each; the "
                "estimator refuses it)"),
-    ("comm_order", "when a collective may start: 'inputs' (default: once its inputs are "
+    ("comm_order", "when a collective may start: 'inputs' (once its inputs are "
                    "ready and every member has reached it, overlapping compute issued before "
-                   "it) or 'stream' (also no earlier than the end of the compute op issued "
-                   "before it on its device, as PyTorch's ProcessGroupNCCL orders the "
-                   "communication stream behind the compute stream; the estimator refuses "
-                   "it)"),
+                   "it) or 'stream' (default: also no earlier than the end of the compute op "
+                   "issued before it on its device, as PyTorch's ProcessGroupNCCL orders the "
+                   "communication stream behind the compute stream)"),
     ("max_ops", "refuse, before building it, a program estimated at more than this many "
                 "ops (None: 50,000,000; 0: no limit)"),
     ("max_wall_s", "stop a run still going after this many seconds of wall-clock time, "

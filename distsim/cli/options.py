@@ -117,7 +117,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help="which adjacent ops run as one kernel, as the simulated framework "
                         "fuses them: megatron (Megatron-LM's scale-mask-softmax, "
                         "bias-GeLU, bias-dropout-add), pytorch-eager (the linear bias in the "
-                        "GEMM only) or none (every op its own kernel; the default)")
+                        "GEMM only) or none (every op its own kernel); default: megatron "
+                        "for GPT models, none for the others")
     g.add_argument("--symmetry", action="store_true", default=None,
                    help="simulate one representative device per class of identical devices "
                         "(data- and tensor-parallel peers mirror it): same results, much faster "

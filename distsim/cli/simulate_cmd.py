@@ -63,8 +63,8 @@ def add_parser(sub) -> None:
                    help="inputs: a collective starts once its inputs are ready and every "
                         "member has reached it, overlapping compute issued before it; stream: "
                         "also no earlier than the end of the compute op issued before it on "
-                        "its device, as PyTorch's ProcessGroupNCCL orders its streams (the "
-                        "estimator refuses it; default: %(default)s)")
+                        "its device, as PyTorch's ProcessGroupNCCL orders its streams "
+                        "(default: %(default)s)")
     g.add_argument("--max-wall-s", type=float, dest="max_wall_s", default=0.0, metavar="S",
                    help="stop a simulation still running after S seconds of wall-clock time "
                         "with an error listing the blocked ops per device (exit status 2); "

@@ -22,7 +22,9 @@ without building or simulating the whole program. A peer of
   split into B and W as the lowering splits it), even or balanced
   partitions,
   micro-batches, ZeRO 0-3 (prefetch, by parameter or by layer),
-  gradient buckets, recomputation, AdamW / SGD; on any topology.
+  gradient buckets, recomputation, AdamW / SGD; on any topology;
+  collectives ordered by their inputs or behind the compute issued
+  before them (``comm_order: inputs`` / ``stream``).
 - *Refuses*, with the :class:`~distsim.errors.ConfigError` (or
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..ir.comm import CollectiveType
 from ..ir.types import DType
 from ..models.gpt import GPTConfig
+from ..sim.launch_queue import DEFAULT_COMM_ORDER
 from ..topology import Topology
 from ..transforms.pipeline import partition_balanced, partition_layers
 from ..transforms.strategy import Strategy
@@ -48,6 +49,8 @@ class Case:
     collective_algo: str
     #: the simulator's ``comm_streams`` (:mod:`distsim.sim.comm_queues`)
     comm_streams: str = "shared"
+    #: the simulator's ``comm_order`` (:mod:`distsim.sim.launch_queue`)
+    comm_order: str = DEFAULT_COMM_ORDER
     #: context parallelism (``strategy`` is then its flat view,
     #: :meth:`~distsim.transforms.strategy.Strategy.flat_cp`: the cp ranks
     #: data-parallel ranks for the weights, as the lowering sees them)
@@ -142,7 +145,8 @@ class StepContext:
         # memos: what is the same for every task / layer of the step
         self.memo = Memo() if memo is None else memo
         # -- the walk's state --------------------------------------------------
-        self.tl = Timeline(S.pp, per_group=case.comm_streams == "per-group")
+        self.tl = Timeline(S.pp, per_group=case.comm_streams == "per-group",
+                           stream_order=case.comm_order == "stream")
         self.flops = [0.0] * S.pp
         #: per stage, the flat gradient copies (bytes, end of their
         #: reduce-scatter) that may outlive the backward that made them

@@ -26,6 +26,13 @@ them. Their spans are counted with the communication in
 holds the stage's data-parallel stream too; a task that put an item on a
 tied embedding's stream records nothing.
 
+With ``stream_order`` (the simulator's ``comm_order: stream``,
+:mod:`distsim.sim.launch_queue`) a collective or transfer starts no
+earlier than the end of the compute its devices issued before it: items
+are added in each stage's program order, so that is the stage's compute
+stream's end when the item is added (:meth:`Timeline.issued`, which every
+communication item goes through).
+
 Items are added in program order, and an item can only depend on items
 added before it, so the order of addition is an order in which every item
 can be settled: :class:`Timeline` gives each item its start and end as it
@@ -50,9 +57,11 @@ class Timeline:
     settled as items are added, with what :meth:`stage_breakdown` needs
     kept per stage."""
 
-    def __init__(self, stages: int, per_group: bool = False) -> None:
+    def __init__(self, stages: int, per_group: bool = False, stream_order: bool = False
+                 ) -> None:
         self.stages = stages
         self.per_group = per_group
+        self.stream_order = stream_order
         # per_group: the data-parallel group's stream of each stage, the
         # tied embedding's of each pair of stages, and per stage the spans
         # of both (in no order: unioned with the others when counted)
@@ -120,6 +129,7 @@ class Timeline:
         t.stages, t.free, t.end = self.stages, list(self.free), self.end
         t.per_group, t.dp_free, t.emb_free = self.per_group, list(self.dp_free), \
             dict(self.emb_free)
+        t.stream_order = self.stream_order
         t.emb_items = self.emb_items
         t.group_starts = [list(x) for x in self.group_starts]
         t.group_ends = [list(x) for x in self.group_ends]
@@ -139,6 +149,19 @@ class Timeline:
         t.comm_runs = [list(x) for x in self.comm_runs]
         t.sealed = list(self.sealed)
         return t
+
+    def issued(self, stages: Sequence[int], ready: float) -> float:
+        """When a communication item on ``stages`` that may start at
+        ``ready`` is issued: with ``stream_order``, no earlier than each
+        stage's compute stream's end (the compute issued before it; the
+        collective's stream waits on it, as ProcessGroupNCCL's
+        ``syncStreams`` makes it), else ``ready``."""
+        if self.stream_order:
+            free = self.free
+            for stage in stages:
+                if free[2 * stage] > ready:
+                    ready = free[2 * stage]
+        return ready
 
     def compute(self, stage: int, time_s: float, ready: float = 0.0,
                 busy_s: Optional[float] = None, holds_comm: bool = False) -> float:
@@ -255,12 +278,14 @@ class Timeline:
         m_starts, m_ends = self.comm_starts[stage], self.comm_ends[stage]
         c_sealed, m_sealed = self.sealed[s], self.sealed[m]
         busy, comm_s, latest = self.busy[stage], self.comm_s[stage], self.end
-        per_group = self.per_group
+        per_group, stream_order = self.per_group, self.stream_order
         for chain, end in zip(items, readies):
             for on_comm, time_s in chain:
                 if on_comm and per_group:      # the all-gather, on the data-parallel stream
                     end = self.comm_on(stage, time_s, end)
                 elif on_comm:
+                    if stream_order:
+                        end = self.issued((stage,), end)
                     start = free[m] if free[m] > 0.0 else 0.0
                     if end > start:
                         start = end
@@ -294,6 +319,7 @@ class Timeline:
         start at ``ready``; returns its end."""
         if len(stages) == 1:
             return self.comm_on(stages[0], time_s, ready)
+        ready = self.issued(stages, ready)
         if self.per_group:
             return self._on_embedding(tuple(sorted(set(stages))), time_s, ready)
         free = self.free
@@ -321,6 +347,8 @@ class Timeline:
         """:meth:`comm` on one stage's communication stream (most of them:
         gradient syncs, ZeRO gathers, tensor-parallel collectives: ``tp``;
         with ``per_group`` the others on the data-parallel stream)."""
+        if self.stream_order:
+            ready = self.issued((stage,), ready)
         if not tp and self.per_group:
             # the data-parallel stream (per stage: every reduce-scatter
             # and gradient sync of a backward, ZeRO-3's gathers)
@@ -381,6 +409,8 @@ class Timeline:
         simulator), the first from ``ready``; returns the latest of
         ``arrived`` and their ends."""
         pair = (a, b) if a < b else (b, a)
+        if self.stream_order:
+            ready = self.issued(pair, ready)
         p2p_free = self.p2p_free
         start = p2p_free.get(pair, 0.0)
         starts_a, ends_a = self.p2p_starts[a], self.p2p_ends[a]

@@ -64,13 +64,16 @@ slower in the simulation.
 Blocking launches (``launch: blocking``, :mod:`distsim.sim.launch_queue`)
 are refused with a NotModelledError: the timeline overlaps a device's
 compute and communication streams, which blocking launches serialise.
-So is stream order (``comm_order: stream``): the pipeline's and the
-data-parallel timelines start a transfer once its data is ready, not
-behind the compute issued before it; and ``tp_overlap`` with ``tp > 1``
-(:mod:`distsim.transforms.tp_order`): the block templates keep autodiff's
-order of the backward's tensor-parallel collectives; and ``fp32_grads``
-(gradients accumulated in fp32 buffers): the templates accumulate them in
-their own dtype.
+Stream order (``comm_order: stream``) is modelled: the template is
+simulated under it (its tensor-parallel collectives), and every
+communication item of the timeline (pipeline transfers, gradient syncs,
+ZeRO's gathers and reduce-scatters, the optimizer's all-gathers) starts
+no earlier than the end of the compute its stages issued before it
+(:meth:`.engine.Timeline.issued`). Refused too: ``tp_overlap`` with
+``tp > 1`` (:mod:`distsim.transforms.tp_order`): the block templates keep
+autodiff's order of the backward's tensor-parallel collectives; and
+``fp32_grads`` (gradients accumulated in fp32 buffers): the templates
+accumulate them in their own dtype.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -198,10 +201,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
         # its timeline overlaps each device's compute and communication
         raise _not_modelled("launch 'blocking' (every kernel launch waiting for its kernel, "
                             "no compute/communication overlap)")
-    if check_comm_order(opts.pop("comm_order", DEFAULT_COMM_ORDER)) == "stream":
-        # its pipeline and data-parallel timelines let a transfer start once its data is ready
-        raise _not_modelled("comm_order 'stream' (each collective waiting for the compute "
-                            "issued before it)")
+    comm_order = check_comm_order(opts.pop("comm_order", DEFAULT_COMM_ORDER))
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -249,7 +249,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     # ranks for the weights (gradients synchronised, ZeRO-sharded over dp x
     # cp); the per-layer profile holds its attention collectives
     return Case(config, c, strategy.flat_cp(), m, topo, topology, algo, comm_streams,
-                strategy.cp, strategy.cp_comm)
+                comm_order, strategy.cp, strategy.cp_comm)
 
 
 def check_expert_parallel(S: Strategy) -> None:
@@ -303,8 +303,8 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
     them, the kernel fusion, whether the backward is split, the
-    expert-parallel degree, and context parallelism: ``cp`` and
-    ``cp_comm``)."""
+    expert-parallel degree, the collectives' ``comm_order``, and context
+    parallelism: ``cp`` and ``cp_comm``)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     # the first tensor-parallel group's devices (and those of the first
@@ -320,7 +320,8 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
         tp_ranks = None
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
-            fusion_for(S), S.schedule in SPLIT_BACKWARD, S.ep, case.cp, case.cp_comm)
+            fusion_for(S, "gpt"), S.schedule in SPLIT_BACKWARD, S.ep, case.comm_order, case.cp,
+            case.cp_comm)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

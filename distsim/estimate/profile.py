@@ -51,6 +51,7 @@ from ..ir.core import Function, Op
 from ..models.gpt import GPTConfig
 from ..models.moe import loads_tuple
 from ..models.gpt_family import build_gpt_backward, build_gpt_step, hyper_of, rank_forward
+from ..sim.launch_queue import DEFAULT_COMM_ORDER
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
@@ -61,6 +62,7 @@ from ..transforms.zero3 import used_param_name
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 from .experts import with_expert_parallel
 from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, probe_layers
+from .block_edges import comm_tail, first_wait, issued_after, out_tail
 from .profile_memory import block_collective, fill_optimizer_ops, memory_excess
 from .crossing import stage_crossing
 from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
@@ -214,7 +216,8 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
+                  fusion: str = "megatron", split: bool = False, ep: int = 1,
+                  comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
                   cp_comm: str = "allgather") -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
@@ -225,7 +228,9 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     template's lowering fuses (:mod:`distsim.transforms.fusion`). ``split``:
     the backward split into input- and weight-gradient parts (ZB-H1:
     :attr:`~.blocks.LayerProfile.weight`). ``ep``: the expert-parallel
-    degree (:func:`with_expert_parallel`). ``cp``, ``cp_comm``: context
+    degree (:func:`with_expert_parallel`). ``comm_order``: the simulator's
+    (:mod:`distsim.sim.launch_queue`), so the template's tensor-parallel
+    collectives wait as the step's do. ``cp``, ``cp_comm``: context
     parallelism, the template on a tp x cp group (``tp_ranks`` then its
     devices, cp-major). A model that mixes dense and MoE
     layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
@@ -238,20 +243,22 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         dense_ranks = None if tp_ranks is None or tp_ranks[:tp] == tuple(range(tp)) \
             else tp_ranks[:tp]
         return merge_kinds(layer_profile(model_key(dense_variant(config)), *args, dense_ranks,
-                                         fusion, split),
+                                         fusion, split, 1, comm_order),
                            layer_profile(model_key(moe_variant(config)), *args, tp_ranks,
-                                         fusion, split, ep), blocks)
+                                         fusion, split, ep, comm_order), blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion, split, ep, cp, cp_comm))
+                                          fusion, split, ep, comm_order, cp, cp_comm))
     profile = build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
                             collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
-                            split=split, ep=ep, cp=cp, cp_comm=cp_comm)
+                            split=split, ep=ep, comm_order=comm_order, cp=cp,
+                            cp_comm=cp_comm)
     if ep > 1 and zero != 3:
         plain = layer_profile(config_items, tp, sp, recompute, zero, micro_batch, untie,
                               topology, collective_algo, optimizer,
-                              None if tp_ranks is None else tp_ranks[:tp], fusion, split)
+                              None if tp_ranks is None else tp_ranks[:tp], fusion, split, 1,
+                              comm_order)
         profile = with_expert_parallel(profile, plain)
     return profile
 
@@ -283,7 +290,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   zero: int, micro_batch: int, untie: bool, topology: str,
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
-                  fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
+                  fusion: str = "megatron", split: bool = False, ep: int = 1,
+                  comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
                   cp_comm: str = "allgather") -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
@@ -306,7 +314,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         topo = topo.with_ranks_first(tp_ranks)
     trace = simulate_function(program, topo, CostModel(topo.device_spec),
                               SimulationOptions(network_mode="analytical",
-                                                collective_algorithm=collective_algo))
+                                                collective_algorithm=collective_algo,
+                                                comm_order=comm_order))
     layers = _TEMPLATE_LAYERS
     times = {}
     for rec in trace.ops:
@@ -473,15 +482,16 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             blk.b_gates = read_gates(groups.get(("B", 0, name), []), times, params, blk.b_gather)
     layer = blocks[LAYER]
     made_by = {id(v): op.name for op in rank0 for v in op.outputs}
-    layer.out_tail_first = _out_tail(groups.get(("B", 0, LAYER), []), times, outs[0])
-    layer.out_tail_mid = _out_tail(groups.get(("B", 1, LAYER), []), times, outs[1])
+    issued = issued_after(rank0, times) if comm_order == "stream" else {}
+    layer.out_tail_first = out_tail(groups.get(("B", 0, LAYER), []), times, outs[0])
+    layer.out_tail_mid = out_tail(groups.get(("B", 1, LAYER), []), times, outs[1])
     for name, blk in blocks.items():
-        blk.comm_tail_first = _comm_tail(groups.get(("B", 0, name), []), times)
-        blk.comm_tail_mid = _comm_tail(groups.get(("B", 1, name), []), times)
-        blk.b_wait_first = _first_wait(groups.get(("B", 0, name), []), times, made_by,
-                                       forward_made)
-        blk.b_wait_mid = _first_wait(groups.get(("B", 1, name), []), times, made_by,
-                                     forward_made)
+        blk.comm_tail_first = comm_tail(groups.get(("B", 0, name), []), times)
+        blk.comm_tail_mid = comm_tail(groups.get(("B", 1, name), []), times)
+        blk.b_wait_first = first_wait(groups.get(("B", 0, name), []), times, made_by,
+                                       forward_made, issued)
+        blk.b_wait_mid = first_wait(groups.get(("B", 1, name), []), times, made_by,
+                                     forward_made, issued)
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, final_only,
@@ -535,51 +545,13 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
                                    None, before)
         w.mid = compress_segments(groups.get(("W", 1, name), []), times, {}, None, None, before)
         w.b_pre, w.b_post = edges(w.only)
-        w.comm_tail_first = _comm_tail(groups.get(("W", 0, name), []), times)
-        w.comm_tail_mid = _comm_tail(groups.get(("W", 1, name), []), times)
+        w.comm_tail_first = comm_tail(groups.get(("W", 0, name), []), times)
+        w.comm_tail_mid = comm_tail(groups.get(("W", 1, name), []), times)
         ops = groups.get(("W", 0, name), [])
         read = {id(v): v for op in ops for v in op.inputs if id(v) in made}
         w.saved_bytes = sum(v.type.size_bytes for v in read.values())
         w.reads_data = any(id(v) in data for op in ops for v in op.inputs)
     return weight
-
-
-def _out_tail(ops: List[Op], times, outs: set) -> float:
-    """The compute of a template block's backward (``ops``) after the op
-    that makes its input gradient (``outs``: its id), which a pipeline
-    stage sends as soon as it is made. 0 where the block makes none."""
-    compute = [o for o in ops if not is_communication(o)]
-    made = [times[o.name][1] for o in compute if any(id(v) in outs for v in o.outputs)]
-    if not made:
-        return 0.0
-    return max(0.0, max(times[o.name][1] for o in compute) - max(made))
-
-
-def _comm_tail(ops: List[Op], times) -> float:
-    """How long a template block's backward (``ops``) keeps the
-    communication stream busy after its last compute op ends (its last
-    tensor-parallel collectives, which the next task's queue behind); 0
-    where the compute ends last."""
-    comm = [times[o.name][1] for o in ops if block_collective(o)]
-    compute = [times[o.name][1] for o in ops if not is_communication(o)]
-    if not comm or not compute:
-        return 0.0
-    return max(0.0, max(comm) - max(compute))
-
-
-def _first_wait(ops: List[Op], times, made_by: Dict[int, str], forward_made: set) -> float:
-    """:attr:`~.blocks.Block.b_wait_first` of a template block's backward
-    (``ops``; ``made_by``: rank 0's op making each value): its first
-    tensor-parallel collective reading a value of the backward, from
-    when its inputs were made to its start."""
-    for op in ops:
-        if not block_collective(op):
-            continue
-        if all(id(v) in forward_made for v in op.inputs):
-            continue                   # an early one: reads only what the forward kept
-        made = [times[made_by[id(v)]][1] for v in op.inputs if id(v) in made_by]
-        return max(0.0, times[op.name][0] - max(made)) if made else 0.0
-    return 0.0
 
 
 #: The optimizer ops of a parameter ``p`` on rank 0 of the template, by the

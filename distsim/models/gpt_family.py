@@ -23,7 +23,7 @@ from ..transforms.context_parallel import check_context_parallel
 from ..transforms.optimizer import SGD, SGDHyper
 from ..transforms.pipeline import check_schedule
 from ..transforms.spmd import LowerSPMD
-from ..transforms.strategy import Strategy
+from ..transforms.strategy import Strategy, fusion_for
 from .gpt import GPTConfig, check_tensor_parallel, gpt_forward
 from .moe import moe_layers
 from .registry import ModelFamily, register_family
@@ -150,6 +150,8 @@ def hyper_of(c: GPTConfig, optimizer: str = "adamw") -> Union[AdamHyper, SGDHype
 def build_gpt(config: Mapping[str, Any], strategy: Strategy) -> Function:
     c = gpt_config(config)
     strategy = strategy if strategy.dp is not None else replace(strategy, dp=1)
+    # the family's fusion where the strategy leaves it unset, once for every pass
+    strategy = replace(strategy, fusion=fusion_for(strategy, "gpt"))
     m = validate(c, strategy)
     c, _ = resolve_batch(c, strategy)
     step = build_gpt_step(c, strategy, c.micro_batch)

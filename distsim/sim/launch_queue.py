@@ -58,11 +58,10 @@ every compute kernel issued before it on the device has finished, not
 merely its inputs' producers. The ``comm_order`` setting says whether
 the simulator holds collectives to that:
 
-* ``inputs`` (the default): a communication op starts when its queue is
+* ``inputs``: a communication op starts when its queue is
   free, its inputs are ready and every member has reached it; it may
-  overlap compute ops issued before it in program order. The fast
-  estimator (:mod:`distsim.estimate`) models this one.
-* ``stream``: besides, no earlier than the end of the compute op issued
+  overlap compute ops issued before it in program order.
+* ``stream`` (the default): besides, no earlier than the end of the compute op issued
   last before it on its device (each rank's own). Compute ops after it
   still wait only for what they read, as PyTorch's do (the collective's
   ``work.wait()`` joins the streams where its result is used). Where a
@@ -70,6 +69,8 @@ the simulator holds collectives to that:
   *after* it: so Megatron-LM issues its tensor-parallel all-reduce before
   the weight-gradient GEMM (``tp_overlap``,
   :mod:`distsim.transforms.tp_order`). Blocking launches imply it.
+
+The fast estimator (:mod:`distsim.estimate`) models both orders.
 
 The simulator keeps its streams and queues; this module adds the order as
 dependencies on *launch tokens*, numbers past the program's values whose
@@ -98,7 +99,7 @@ LAUNCH_MODES: Tuple[str, ...] = ("async", "blocking")
 DEFAULT_LAUNCH = "async"
 #: the ``comm_order`` settings (module docstring, *Stream order*)
 COMM_ORDERS: Tuple[str, ...] = ("inputs", "stream")
-DEFAULT_COMM_ORDER = "inputs"
+DEFAULT_COMM_ORDER = "stream"
 
 
 def check_launch(value: Any) -> str:

@@ -72,8 +72,9 @@ class Strategy:
     path of a plan file; ``fusion``: which adjacent ops the simulated
     framework runs as one kernel (:mod:`~distsim.transforms.fusion`):
     ``megatron``, ``pytorch-eager`` or ``none`` (None: the model family's
-    default, :func:`fusion_for`); ``cp``: context-parallel degree, every
-    sequence split over ``cp`` ranks (:mod:`~distsim.transforms.context_parallel`);
+    default, :func:`fusion_for`: ``megatron`` for GPT models); ``cp``:
+    context-parallel degree, every sequence split over ``cp`` ranks
+    (:mod:`~distsim.transforms.context_parallel`);
     ``cp_comm``: how attention reaches the other ranks' keys and values,
     ``allgather`` (gathered over the group before attention, Llama 3's
     way), ``ring`` (blocks passed around the ring point to point, each
@@ -217,17 +218,22 @@ class Strategy:
         return cls(**{k: v for k, v in data.items() if k in names and v is not None})
 
 
-def fusion_for(strategy: "Strategy") -> str:
-    """The fusion setting a step runs under, whatever its model family:
-    the strategy's, or ``none`` (every op its own kernel). ``megatron`` is
-    what Megatron-LM runs, and the fast estimator agrees with the
-    simulation under it (reports/estimator/), but it is not yet the GPT
-    family's default: on the published runs (reports/validation/) it is
-    right together with stream-ordered collectives (``comm_order:
-    stream``, 4.1 % mean error), while fused kernels with the default
-    ``comm_order: inputs`` come out too fast; the estimator does not yet
-    model stream order, so the two defaults wait for each other."""
-    return strategy.fusion if strategy.fusion is not None else "none"
+#: each model family's fusion where the strategy leaves it unset (others: ``none``)
+FAMILY_FUSION = {"gpt": "megatron"}
+
+
+def fusion_for(strategy: "Strategy", family: Optional[str] = None) -> str:
+    """The fusion setting a step runs under: the strategy's, or else the
+    model ``family``'s default (:data:`FAMILY_FUSION`): ``megatron`` for
+    the ``gpt`` family, what Megatron-LM runs, ``none`` (every op its own
+    kernel) for the others. On the published runs (reports/validation/)
+    Megatron's fused kernels are right together with stream-ordered
+    collectives (``comm_order: stream``, the simulator's default too:
+    4.0 % mean error), while fused kernels with collectives ordered by
+    their inputs come out too fast."""
+    if strategy.fusion is not None:
+        return strategy.fusion
+    return FAMILY_FUSION.get(family or "", "none")
 
 
 def _flag(name: str) -> str:

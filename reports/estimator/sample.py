@@ -7,8 +7,10 @@ LAYER_SHARE: the share of ZeRO-3 points drawn with ``zero3_unit: layer``
 (default 0: the sample of the README's tables); ``ZERO3_ONLY=1`` in the
 environment draws ZeRO 3 on every point; ``COMM_STREAMS=per-group`` (or
 ``shared``) sets ``comm_streams`` on every point (default: the simulator's);
-``FUSION=megatron`` (or another setting) sets ``fusion`` on every point
-(default: distsim's, ``none``); ``CP_ONLY=1`` draws context-parallel points
+``FUSION=none`` (or another setting) sets ``fusion`` on every point
+(default: distsim's, ``megatron`` for these GPT models); ``COMM_ORDER=inputs``
+(or ``stream``) sets ``comm_order`` on every point (default: the
+simulator's, ``stream``); ``CP_ONLY=1`` draws context-parallel points
 instead (:func:`sample_cp`: cp 2 or 4, every ``cp_comm``, ZeRO 0-2).
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ LAYER_SHARE = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 ZERO3_ONLY = os.environ.get("ZERO3_ONLY") == "1"
 COMM_STREAMS = os.environ.get("COMM_STREAMS")
 FUSION = os.environ.get("FUSION")
+COMM_ORDER = os.environ.get("COMM_ORDER")
 CP_ONLY = os.environ.get("CP_ONLY") == "1"
 #: the layer draws on a stream of their own: a sample with and one without
 #: them hold the same points otherwise
@@ -103,6 +106,8 @@ def sample(rng: random.Random) -> dict:
         o["comm_streams"] = COMM_STREAMS
     if FUSION:
         o["fusion"] = FUSION
+    if COMM_ORDER:
+        o["comm_order"] = COMM_ORDER
     return o
 
 

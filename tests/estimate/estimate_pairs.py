@@ -13,6 +13,12 @@ from distsim.estimate import AGREEMENT_TOLERANCE
 from distsim.estimate import point as est
 
 
+#: the options a test written for collectives ordered by their inputs and
+#: unfused kernels pins (the defaults are stream order and, for GPT models,
+#: Megatron's fusion)
+INPUTS_UNFUSED = {"comm_order": "inputs", "fusion": "none"}
+
+
 def estimated_and_simulated(options: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(estimate row, simulation summary) of ``options``."""
     sim = distsim.simulate(**options).summary()

@@ -32,6 +32,8 @@ from distsim.errors import DistsimError
 from distsim.estimate import AGREEMENT_TOLERANCE, estimate
 from distsim.models import load_model_config
 
+from estimate_pairs import INPUTS_UNFUSED
+
 #: model -> (layer counts, sequence lengths: None keeps the model's)
 MODELS = {
     "tiny": ((2, 4, 8), (None,)),
@@ -105,7 +107,7 @@ def configurations(draw, zero_bubble: bool = False,
         o.update(zero=2)
         o.pop("prefetch", None)
         o.pop("zero3_unit", None)
-    # the default fusion (none); fused points are the examples below
+    # unfused, by inputs (_agrees pins both); fused points are the examples below
     return o
 
 
@@ -219,6 +221,12 @@ def _outcome(run) -> Tuple[Optional[Mapping[str, Any]], Optional[type]]:
 
 def _relative(estimated: float, simulated: float) -> float:
     return abs(estimated - simulated) / simulated
+
+
+#: the draws of each test below: 100, derandomized (the same on every run)
+DRAWS = settings(derandomize=True, database=None, deadline=None, max_examples=100,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                        HealthCheck.data_too_large])
 
 
 # the points of reports/estimator/sample.py (seed 1234, 300 draws) past
@@ -373,19 +381,63 @@ def _relative(estimated: float, simulated: float) -> float:
           'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 16,
           'zero': 2, 'recompute': 'full', 'bucket_mb': 5, 'order': 'tp-pp-dp',
           'optimizer': 'sgd'})
-@settings(derandomize=True, database=None, deadline=None, max_examples=100,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@DRAWS
 @given(configurations())
 def test_the_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=100,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@DRAWS
 @given(configurations(zero_bubble=True))
 def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
+    _agrees(options)
+
+
+#: known gaps under stream order (reports/estimator/README.md)
+STREAM_INTERLEAVED_MEMORY = (
+    "interleaved, tp 8 with sp, fused: peak memory 1.5 % over the simulation's (0.8 % with "
+    "collectives ordered by their inputs: stream order takes 2.1 MB off the simulation's "
+    "peak, where the next task's sequence-parallel all-gather no longer runs under the "
+    "embedding's backward, and 0.3 MB off the estimate's)")
+STREAM_ZB_PER_GROUP_MEMORY = (
+    "ZB-H1, ZeRO 2, sp, comm_streams per-group: peak memory 1.4 % under the simulation's "
+    "(the last stage's second W task starts while the first's head reduce-scatter runs)")
+
+
+@st.composite
+def stream_ordered_configurations(draw) -> Dict[str, Any]:
+    """A configuration (any schedule, ZB-H1 among them) under stream order
+    (``comm_order: stream``), with or without Megatron's fused kernels."""
+    o = draw(configurations(zero_bubble=draw(st.booleans())))
+    o["comm_order"] = "stream"
+    fusion = draw(st.sampled_from([None, "megatron"]))
+    if fusion is not None:
+        o["fusion"] = fusion
+    return o
+
+
+# where reports/estimator/sample.py (COMM_ORDER=stream, with FUSION=megatron
+# and without) and a wider draw of this test found the two furthest apart:
+# the ZeRO-3 gap of collectives ordered by their inputs, and two on memory
+# (reports/estimator/README.md)
+@example({'model': 'gpt', 'topology': 'dgx-a100', 'dp': 2, 'tp': 4, 'pp': 1, 'layers': 4,
+          'network_mode': 'analytical', 'micro_batch': 2, 'global_batch': 8, 'sp': True,
+          'zero': 3, 'recompute': 'selective', 'bucket_mb': 0, 'fusion': 'megatron',
+          'comm_order': 'stream'}).xfail(raises=AssertionError, reason=ZERO3_TRAILING_ALL_REDUCE)
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 8, 'pp': 2,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
+          'global_batch': 4, 'schedule': 'interleaved', 'virtual_stages': 2,
+          'partition': 'balanced', 'sp': True, 'zero': 0, 'recompute': 'none', 'bucket_mb': 25,
+          'optimizer': 'sgd', 'fusion': 'megatron', 'comm_order': 'stream'}
+         ).xfail(raises=AssertionError, reason=STREAM_INTERLEAVED_MEMORY)
+@example({'model': 'gpt', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 2, 'pp': 2, 'layers': 2,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 8,
+          'schedule': 'zb-h1', 'sp': True, 'zero': 2, 'recompute': 'none', 'optimizer': 'adamw',
+          'comm_order': 'stream', 'comm_streams': 'per-group'}
+         ).xfail(raises=AssertionError, reason=STREAM_ZB_PER_GROUP_MEMORY)
+@DRAWS
+@given(stream_ordered_configurations())
+def test_the_stream_ordered_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
@@ -506,7 +558,10 @@ def test_the_estimate_agrees_with_the_simulation_under_expert_parallelism(option
 
 def _agrees(options: Mapping[str, Any]) -> None:
     """Both refuse ``options`` with the same error class, or agree within
-    the bound on step time and peak memory."""
+    the bound on step time and peak memory. The corpus was drawn and seeded
+    with collectives ordered by their inputs and unfused kernels: a point
+    that leaves ``comm_order`` or ``fusion`` unset runs under those."""
+    options = {**INPUTS_UNFUSED, **options}
     row, refused = _outcome(lambda: estimate(options))
     summary, sim_refused = _outcome(lambda: distsim.simulate(**options).summary())
     assert refused == sim_refused, (f"estimate refused with {refused}, "

@@ -13,7 +13,7 @@ the end of the block before (:attr:`distsim.estimate.profile.Block.b_early`).
 """
 from __future__ import annotations
 
-from estimate_pairs import assert_within_bounds
+from estimate_pairs import INPUTS_UNFUSED, assert_within_bounds
 
 
 def test_next_ops_results_are_not_the_blocks_transient():
@@ -21,5 +21,5 @@ def test_next_ops_results_are_not_the_blocks_transient():
                "layers": 4, "seq": 512, "micro_batch": 1, "global_batch": 4,
                "schedule": "interleaved", "virtual_stages": 2, "partition": "balanced",
                "sp": True, "zero": 0, "recompute": "none", "bucket_mb": 25, "optimizer": "sgd",
-               "network_mode": "analytical"}
+               "network_mode": "analytical", **INPUTS_UNFUSED}
     assert_within_bounds(options, step=False)

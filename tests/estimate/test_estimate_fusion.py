@@ -26,4 +26,4 @@ def test_each_setting_is_the_simulators_step():
 def test_settings_have_profiles_of_their_own():
     keys = {f: cache_key(dict(CASE, fusion=f)) for f in ("none", "megatron")}
     assert keys["none"] != keys["megatron"]
-    assert cache_key(CASE) == keys["none"]      # the default
+    assert cache_key(CASE) == keys["megatron"]      # the GPT family's default

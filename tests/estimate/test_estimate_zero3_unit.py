@@ -12,9 +12,9 @@ from distsim.estimate.gates import gather_plan
 from distsim.estimate.context import StepContext
 from distsim.estimate.timeline import Builder
 
-from estimate_pairs import assert_within_bounds, estimated_and_simulated
+from estimate_pairs import INPUTS_UNFUSED, assert_within_bounds, estimated_and_simulated
 
-LAYER = dict(zero=3, zero3_unit="layer", network_mode="analytical")
+LAYER = dict(zero=3, zero3_unit="layer", network_mode="analytical", **INPUTS_UNFUSED)
 
 
 @pytest.mark.parametrize("options", [

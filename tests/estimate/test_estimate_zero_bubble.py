@@ -27,7 +27,7 @@ from distsim.estimate import point as est
 from distsim.estimate.profile import layer_profile
 from distsim.sweep.point import run_point
 
-from estimate_pairs import assert_within_bounds
+from estimate_pairs import INPUTS_UNFUSED, assert_within_bounds
 
 GPT2 = {"model": "gpt2", "topology": "dgx-a100", "layers": 4, "seq": 256,
         "schedule": "zb-h1", "network_mode": "analytical"}
@@ -101,7 +101,7 @@ def test_the_bubble_formula_case_is_the_simulators():
     # than 1F1B's on the same stages, as the simulation's is
     options = {"model": "tiny", "topology": "dgx-a100", "tp": 2, "pp": 4, "dp": 1,
                "layers": 8, "micro_batch": 1, "global_batch": 8, "schedule": "zb-h1",
-               "network_mode": "analytical"}
+               "network_mode": "analytical", **INPUTS_UNFUSED}
     row = estimate(options)
     sim = distsim.simulate(**options).summary()
     assert row["step_time_s"] == pytest.approx(sim["step_time_s"], rel=1e-6)

@@ -92,7 +92,7 @@ def test_a_collective_waits_for_the_compute_op_launched_before_it_on_its_rank():
     m = b.op("add", [w, w], name="m")
     s = b.op("comm.allreduce", x, {"ranks": (0, 1), "algorithm": "ring"}, name=["s0", "s1"])
     program = b.finish([m] + list(s))
-    got, trace = run(program, "async")
+    got, trace = run(program, "async", comm_order="inputs")
     assert got[(1, "s0")].start_s == 0.0
     assert trace.step_time_s == pytest.approx(ALLREDUCE, rel=1e-12)
     got, trace = run(program, "blocking")

@@ -25,7 +25,7 @@ def unrelated_op_before():
 
 
 def test_a_compute_op_issued_before_a_collective_delays_it_by_its_duration():
-    got, trace = run(unrelated_op_before(), "async")
+    got, trace = run(unrelated_op_before(), "async", comm_order="inputs")
     assert got[(1, "s0")].start_s == 0.0                  # inputs: it starts at once
     assert trace.step_time_s == pytest.approx(ALLREDUCE, rel=1e-12)
     got, trace = run(unrelated_op_before(), "async", comm_order="stream")
@@ -79,7 +79,7 @@ def test_the_all_reduce_issued_after_the_weight_gradient_waits_for_it():
     got, trace = run(weight_gradient_around(before=False), "async", comm_order="stream")
     assert got[(0, "s0")].start_s == pytest.approx(2 * MS, rel=1e-12)
     assert trace.step_time_s == pytest.approx(3 * MS + ALLREDUCE, rel=1e-12)
-    got, trace = run(weight_gradient_around(before=False), "async")
+    got, trace = run(weight_gradient_around(before=False), "async", comm_order="inputs")
     assert got[(0, "s0")].start_s == pytest.approx(1 * MS, rel=1e-12)
     assert trace.step_time_s == pytest.approx(2 * MS + ALLREDUCE, rel=1e-12)
 
@@ -111,8 +111,15 @@ def test_a_bad_comm_order_is_one_clear_line():
         run(unrelated_op_before(), "async", comm_order="fifo")
 
 
-def test_the_estimator_refuses_stream_order():
-    from distsim.errors import NotModelledError
+def test_the_estimator_takes_stream_order():
+    """(Its agreement: tests/estimate/test_engine_stream_order.py and the
+    agreement corpus.)"""
     from distsim.estimate import estimate
-    with pytest.raises(NotModelledError, match="comm_order 'stream'"):
-        estimate({"model": "tiny", "tp": 2, "comm_order": "stream"})
+    o = {"model": "tiny", "tp": 2, "dp": 4}
+    assert estimate({**o, "comm_order": "stream"})["step_time_s"] >= \
+        estimate({**o, "comm_order": "inputs"})["step_time_s"]
+
+
+def test_stream_order_is_the_default():
+    got, trace = run(unrelated_op_before(), "async")
+    assert got[(1, "s0")].start_s == pytest.approx(1 * MS, rel=1e-12)

@@ -115,9 +115,9 @@ def test_fusion_is_a_run_option_shown_in_the_trace_and_config(tmp_path):
     runs = {f: distsim.simulate("tiny", "dgx-a100", dp=4, tp=2, fusion=f)
             for f in ("none", "megatron")}
     assert runs["megatron"].summary()["config"]["fusion"] == "megatron"
-    # the default is none, for the GPT family too
+    # the GPT family's default is Megatron's
     default = distsim.simulate("tiny", "dgx-a100", dp=8)
-    assert default.summary()["config"]["fusion"] == "none"
+    assert default.summary()["config"]["fusion"] == "megatron"
     names = Counter(r.op_type for r in runs["megatron"].trace.ops if r.rank == 0)
     # 4 layers x 2 micro-batches on rank 0 (global batch 8 over dp 4, one sequence each)
     assert names["scale+mask+softmax"] == 4 * 2
@@ -130,6 +130,13 @@ def test_fusion_is_a_run_option_shown_in_the_trace_and_config(tmp_path):
     slices = Counter(e["name"] for e in json.loads(path.read_text())["traceEvents"]
                      if e.get("ph") == "X" and e.get("pid") == 0)
     assert slices["scale+mask+softmax"] == 4 * 2
+
+
+def test_an_unset_fusion_is_the_model_familys():
+    from distsim.transforms.strategy import Strategy, fusion_for
+    assert fusion_for(Strategy(), "gpt") == "megatron"
+    assert fusion_for(Strategy(), "mlp") == fusion_for(Strategy()) == "none"
+    assert fusion_for(Strategy(fusion="none"), "gpt") == "none"
 
 
 def test_coarsening_keeps_the_fused_step_time():
