@@ -323,7 +323,8 @@ class OpByOpBackward:
                     if kind == "t":
                         local[i] = tl.comm_on(stage, time_s, extra, tp=True)
                     else:       # a ring attention step: on its pair's own queue
-                        local[i] = ring[param] = max(extra, ring.get(param, 0.0)) + time_s
+                        start = tl.issued((stage,), extra)
+                        local[i] = ring[param] = max(start, ring.get(param, 0.0)) + time_s
                     first = first and lead
                 elif kind == "o":     # the block's input gradient: sent from here
                     ctx.out_at = local.get(src) if src >= 0 else last
