@@ -271,46 +271,54 @@ class Timeline:
         :meth:`comm_on` of each item in turn (the optimizer of ZeRO 1/2,
         a parameter's chain: its update, the all-gather of the new
         parameter, the reshape after it; thousands per step, so the two
-        methods' bodies inlined: the same operations in the same order)."""
+        methods' bodies inlined: the same operations in the same order).
+        The streams' free times are kept in locals while the chains run
+        (nothing else reads them meanwhile); a chain's ends only grow
+        (times are not negative), so the step's end is checked once per
+        chain, at its last; a stream's last span is open to extension once
+        this call has added one (the sealed ones come before)."""
         free = self.free
         s, m = 2 * stage, 2 * stage + 1
         c_starts, c_ends = self.compute_starts[stage], self.compute_ends[stage]
         m_starts, m_ends = self.comm_starts[stage], self.comm_ends[stage]
-        c_sealed, m_sealed = self.sealed[s], self.sealed[m]
+        c_open, m_open = len(c_ends) > self.sealed[s], len(m_ends) > self.sealed[m]
         busy, comm_s, latest = self.busy[stage], self.comm_s[stage], self.end
+        free_c, free_m = free[s], free[m]
         per_group, stream_order = self.per_group, self.stream_order
         for chain, end in zip(items, readies):
             for on_comm, time_s in chain:
-                if on_comm and per_group:      # the all-gather, on the data-parallel stream
-                    end = self.comm_on(stage, time_s, end)
-                elif on_comm:
-                    if stream_order:
-                        end = self.issued((stage,), end)
-                    start = free[m] if free[m] > 0.0 else 0.0
+                if not on_comm:
+                    start = free_c if free_c > 0.0 else 0.0
                     if end > start:
                         start = end
-                    end = start + time_s
-                    free[m] = end
-                    if len(m_ends) > m_sealed and m_ends[-1] == start:
-                        m_ends[-1] = end
-                    else:
-                        m_starts.append(start)
-                        m_ends.append(end)
-                    comm_s += end - start
-                else:
-                    start = free[s] if free[s] > 0.0 else 0.0
-                    if end > start:
-                        start = end
-                    end = start + time_s
-                    free[s] = end
-                    if len(c_ends) > c_sealed and c_ends[-1] == start:
+                    end = free_c = start + time_s
+                    if c_open and c_ends[-1] == start:
                         c_ends[-1] = end
                     else:
                         c_starts.append(start)
                         c_ends.append(end)
+                        c_open = True
                     busy += end - start
-                if end > latest:
-                    latest = end
+                elif per_group:      # the all-gather, on the data-parallel stream
+                    free[s] = free_c     # what it is issued behind (stream order)
+                    end = self.comm_on(stage, time_s, end)
+                else:
+                    if stream_order and free_c > end:   # as :meth:`issued`
+                        end = free_c
+                    start = free_m if free_m > 0.0 else 0.0
+                    if end > start:
+                        start = end
+                    end = free_m = start + time_s
+                    if m_open and m_ends[-1] == start:
+                        m_ends[-1] = end
+                    else:
+                        m_starts.append(start)
+                        m_ends.append(end)
+                        m_open = True
+                    comm_s += end - start
+            if chain and end > latest:
+                latest = end
+        free[s], free[m] = free_c, free_m
         self.end = latest
         self.busy[stage], self.comm_s[stage] = busy, comm_s
 

@@ -16,8 +16,11 @@ Ring attention (``cp_comm: ring``, :func:`ring_attention`) instead passes
 the key/value blocks around the ring, one ``spmd.shift{group: cp}`` per
 step, and attends the queries to each block as it arrives; the blocks'
 partial results are merged by their log-sum-exps. A step's transfer
-depends only on the block before it, so it overlaps the attention of the
-block at hand. With the balanced chunks every step computes half of its
+depends only on the block before it and is issued before that block's
+attention (as Megatron-LM's and TransformerEngine's ring attention post
+the next block's send/receive first), so it overlaps the attention of the
+block at hand also where a collective waits for the compute issued before
+it (``comm_order: stream``). With the balanced chunks every step computes half of its
 block's scores (a block of an earlier rank is seen by both query chunks
 but only in its first chunk; a later one only by the second query chunk),
 as Megatron-LM's ring attention does. Every op of the ring carries
@@ -94,9 +97,9 @@ def ring_attention(op: Callable[..., Value], q: Value, k: Value, v: Value, cp: i
     ring = {"group": "cp", "size": cp, "offset": 1}
     out = lse = None
     for step in range(cp):
-        if step:   # the block of the rank before, which it had at the last step
-            k = op("spmd.shift", [k], ring, name=f"{name}_k_ring{step}", ring=name)
-            v = op("spmd.shift", [v], ring, name=f"{name}_v_ring{step}", ring=name)
+        if step + 1 < cp:   # the next block (this one, to the next rank) issued first
+            k_next = op("spmd.shift", [k], ring, name=f"{name}_k_ring{step + 1}", ring=name)
+            v_next = op("spmd.shift", [v], ring, name=f"{name}_v_ring{step + 1}", ring=name)
         held = [own[(r - step) % cp] for r in range(cp)]
         o, lse_b = op("fused_attention", [q, k, v], {**attrs, "q_chunks": own[0],
                                                      "k_chunks": held[0]},
@@ -106,6 +109,8 @@ def ring_attention(op: Callable[..., Value], q: Value, k: Value, v: Value, cp: i
             out, lse = o, lse_b
         else:
             out, lse = merge_attention(op, out, lse, o, lse_b, f"{name}_merge{step}", ring=name)
+        if step + 1 < cp:
+            k, v = k_next, v_next
     return out
 
 

@@ -13,8 +13,9 @@ so the backward runs one ``fused_attention_grad`` per block in ring order,
 reading the blocks again (:mod:`.recompute` redoes the ring's shifts before
 the layer's backward) and the merged results. Each block's key/value
 gradients travel with it around the ring: the partial sum received from
-the rank before is added to this rank's share and passed on
-(``spmd.shift``), and one last step brings the total to the block's owner.
+the rank before (its ``spmd.shift`` issued before the block's gradient,
+so that the two overlap) is added to this rank's share and passed on,
+and one last step brings the total to the block's owner.
 """
 from __future__ import annotations
 
@@ -62,15 +63,17 @@ def ring_backward(b, ring: Ring, dout: Value) -> List[Tuple[Value, Value]]:
     for step, block in enumerate(ring.blocks):
         meta = {key: block.meta[key] for key in ("layer", "cp_rank_attrs") if key in block.meta}
         names = [f"d_{x.name}_ring" for x in block.inputs]
+        # the partial sums of the block before issued first: they travel
+        # while this block's gradient is computed
+        passed = [b.op("spmd.shift", [c], _shift(block), name=n, meta=_plain(meta))
+                  for c, n in zip(carried, names[1:])] if step else [None, None]
         dq_b, dk_b, dv_b = b.op("fused_attention_grad",
                                 [dout, *block.inputs, ring.out, ring.lse],
                                 dict(block.attrs), name=names, meta=meta)
         dq = dq_b if dq is None else b.op("add", [dq, dq_b], name=f"d_{q.name}", meta=meta)
         for i, d in enumerate((dk_b, dv_b)):
             if step:
-                passed = b.op("spmd.shift", [carried[i]], _shift(block), name=d.name,
-                              meta=_plain(meta))
-                d = b.op("add", [passed, d], name=d.name, meta=_plain(meta))
+                d = b.op("add", [passed[i], d], name=d.name, meta=_plain(meta))
             carried[i] = d
     last = ring.blocks[-1]
     home = [b.op("spmd.shift", [c], _shift(last), name=f"d_{x.name}", meta=_plain(

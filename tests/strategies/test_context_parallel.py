@@ -71,13 +71,12 @@ def test_ring_attention_matches_single_device(make_reference, strategy):
 def test_ring_steps_overlap_the_attention_of_the_block_at_hand():
     """In the simulated step the ring's transfers run while the rank
     computes: the next block is on its way during the attention of the
-    current one (and its merge); every forward transfer of a layer but
-    those the first attention waits for overlaps compute. With collectives
-    ordered by their inputs: under stream order (the default) 12 of the 40
-    overlap, each step's transfer issued after the attention before it."""
+    current one (and its merge): each step's transfer is issued before the
+    attention of the block at hand, so it overlaps it also where a transfer
+    waits for the compute issued before it (stream order, the default)."""
     from distsim.api import simulate
     result = simulate("gpt2", "dgx-a100", layers=1, seq=1024, attention="fused", cp=4,
-                      cp_comm="ring", global_batch=2, micro_batch=1, comm_order="inputs")
+                      cp_comm="ring", global_batch=2, micro_batch=1)
     records = [r for r in result.trace.op_columns.records() if r.rank == 0]
     ring = [r for r in records if r.op_type == "comm.sendrecv"]
     compute = [r for r in records if r.category == "compute"]
