@@ -13,12 +13,14 @@ without building or simulating the whole program. A peer of
   mixtures of experts, every layer MoE or dense and MoE layers mixed,
   with any routing balance and capacity factor: :mod:`.layer_kinds`)
   under every strategy :class:`~distsim.transforms.strategy.Strategy`
-  describes but context parallelism: dp x tp x pp in any mesh order,
+  describes: dp x tp x pp in any mesh order,
   expert parallelism (``ep``: the all-to-alls in each MoE block's
   template, the experts' weights synchronised and sharded over dp / ep),
-  sequence parallelism, the GPipe / 1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's
-  backward split into B and W as the lowering splits it), even or
-  balanced partitions,
+  sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
+  all-gathered keys and values, ring attention, all-to-alls), the GPipe /
+  1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's backward
+  split into B and W as the lowering splits it), even or balanced
+  partitions,
   micro-batches, ZeRO 0-3 (prefetch, by parameter or by layer),
   gradient buckets, recomputation, AdamW / SGD; on any topology;
   collectives ordered by their inputs or behind the compute issued
@@ -30,7 +32,8 @@ without building or simulating the whole program. A peer of
   naming the family; valid options it does not model (``zb-h1`` with
   ZeRO 3 over dp > 1,
   ``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
-  whole beside the others reduce-scattered) with
+  whole beside the others reduce-scattered, context parallelism with
+  ZeRO 3) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
@@ -51,6 +54,9 @@ without building or simulating the whole program. A peer of
 parallelism too); their known
   gaps are on memory: ZeRO 3 prefetching the experts' weights (up to
   3.3 %), and ``routing_skew`` 1 with tp and two micro-batches (1.5 %).
+  Context parallelism has its draws too; its known gap is gradient
+  buckets' flat copies waiting behind the cp collectives through a
+  block's transient peak (memory up to 2.2 % under).
 - *Cache key*: :func:`cache_key` (options -> the key of the per-layer
   profile an estimate builds once per process and reuses): sweeps group
   the points that share one.
@@ -59,7 +65,9 @@ How it works: :mod:`.point` resolves the options and combines the parts;
 :mod:`.profile` lowers and simulates a two-layer template once per model
 shape and tensor-parallel layout (per-block times and memory; one per
 layer kind where a model mixes dense and MoE layers; under expert
-parallelism one expert-parallel group, :mod:`.experts`);
+parallelism one expert-parallel group, :mod:`.experts`; with context
+parallelism a tp x cp group, the attention's gathers, ring steps or
+all-to-alls simulated with it, its gradients kept local);
 :mod:`.timeline` walks the pipeline's program order on an
 :class:`~.engine.Timeline` (one rank per stage, compute and communication
 streams); :mod:`.memory` walks the same schedule for the peak bytes.

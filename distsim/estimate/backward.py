@@ -167,9 +167,10 @@ class OpByOpBackward:
                 elif seg.kind == "t":
                     # -1: waits for the compute before it; -2: for none
                     d = seg.deps[0] if seg.deps else None
-                    plan.append(("t", seg.time_s, 0.0, (),
-                                 -2 if not seg.deps else -1 if d is None else d, None,
-                                 seg.lead, gate))
+                    # a ring step ("p"): its pair's queue in the parameter's place
+                    plan.append(("p" if seg.p2p else "t", seg.time_s, 0.0, (),
+                                 -2 if not seg.deps else -1 if d is None else d,
+                                 seg.p2p or None, seg.lead, gate))
                 elif seg.kind == "o":
                     plan.append(("o", 0.0, 0.0, (), seg.deps[0] if seg.deps else -1, None,
                                  False, None))
@@ -204,17 +205,21 @@ class OpByOpBackward:
         only = first_microbatch or ctx.microbatches == 1
         scatter = first_microbatch and ctx.microbatches > 1
         shard_ops = ctx.shard_ops(accumulating) if accumulating else None
-        #: ZeRO 2 past the first micro-batch without tensor-parallel
-        #: collectives: each gradient's reduce-scatter and accumulation as
-        #: one item (below; decided once, not per gradient), where the
-        #: reduce-scatters share the one communication stream (not
-        #: per group: theirs is the data-parallel stream)
+        #: ZeRO 2 past the first micro-batch without a block's collectives
+        #: (:attr:`~.context.StepContext.block_comm`): each gradient's
+        #: reduce-scatter and accumulation as one item (below; decided once,
+        #: not per gradient), where the reduce-scatters share the one
+        #: communication stream (not per group: theirs is the data-parallel
+        #: stream)
         fused = (scatter and shard_ops is not None and not ctx.zero3 and not ctx.block_comm
                  and not ctx.tl.per_group)
         #: the parameters' costs, for the sync of each gradient here
         #: (reduce-scatters: ZeRO 2/3 only)
         timed_costs = ctx.memo.param_costs if scatter and self.sync.zero >= 2 else {}
         last: Optional[float] = None
+        #: where the task's last ring attention step on each pair's queue
+        #: ends: they take it in program order
+        ring: Dict[int, float] = {}
         first = True
         #: ZeRO-3, per block position: where its gathers end, by the
         #: position of the last parameter gathered (None: all of them)
@@ -311,11 +316,15 @@ class OpByOpBackward:
                             extra = local[d]
                     local[i] = last = tl.compute(stage, time_s, extra)
                     first = first and lead
-                elif kind == "t":
+                elif kind in ("t", "p"):
                     dep = local.get(src, 0.0) if src >= 0 else last if src == -1 else None
                     if dep is not None and dep > extra:
                         extra = dep
-                    local[i] = tl.comm_on(stage, time_s, extra, tp=True)
+                    if kind == "t":
+                        local[i] = tl.comm_on(stage, time_s, extra, tp=True)
+                    else:       # a ring attention step: on its pair's own queue
+                        start = tl.issued((stage,), extra)
+                        local[i] = ring[param] = max(start, ring.get(param, 0.0)) + time_s
                     first = first and lead
                 elif kind == "o":     # the block's input gradient: sent from here
                     ctx.out_at = local.get(src) if src >= 0 else last

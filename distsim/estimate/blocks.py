@@ -45,6 +45,10 @@ class Segment:
     #: a mark "g": the time of the op making the gradient (the last of the
     #: run it marks; what is live from that op's start counts with it)
     op_s: float = 0.0
+    #: a "t" that is a ring attention step (a send or receive on its pair's
+    #: own queue, not the communication stream): 1 + the template rank of
+    #: the peer; 0 otherwise
+    p2p: int = 0
 
 
 @dataclass

@@ -51,6 +51,11 @@ class Case:
     comm_streams: str = "shared"
     #: the simulator's ``comm_order`` (:mod:`distsim.sim.launch_queue`)
     comm_order: str = DEFAULT_COMM_ORDER
+    #: context parallelism (``strategy`` is then its flat view,
+    #: :meth:`~distsim.transforms.strategy.Strategy.flat_cp`: the cp ranks
+    #: data-parallel ranks for the weights, as the lowering sees them)
+    cp: int = 1
+    cp_comm: str = "allgather"
 
 
 @lru_cache(maxsize=256)
@@ -86,10 +91,12 @@ class StepContext:
         self.profile = profile
         S = self.strategy = case.strategy
         self.dp, self.tp, self.pp = S.dp, S.tp, S.pp
-        #: whether the blocks have collectives of their own (tensor-parallel;
-        #: expert parallelism's all-to-alls): their tasks hold the
-        #: communication stream
-        self.block_comm = S.tp > 1 or S.ep > 1
+        #: whether the blocks have collectives of their own on the
+        #: communication stream (tensor-parallel; expert parallelism's
+        #: all-to-alls; context parallelism's all-gathers or all-to-alls, not
+        #: a ring's steps, which run on their pairs' own queues): their tasks
+        #: hold the communication stream
+        self.block_comm = S.tp > 1 or S.ep > 1 or (case.cp > 1 and case.cp_comm != "ring")
         self.microbatches = case.microbatches
         self.chunks = S.pp * S.chunks
         #: each layer's block (dense layers LAYER, mixture-of-experts ones
@@ -379,7 +386,7 @@ class StepContext:
             return 0.0, 0.0
         blk = self.profile.blocks[name]
         segs = blk.only if mb == 0 else blk.last
-        early = sum(s.time_s for s in segs if s.kind == "t" and not s.deps)
+        early = sum(s.time_s for s in segs if s.kind == "t" and not s.deps and not s.p2p)
         return (blk.b_wait_first if mb == 0 else blk.b_wait_mid), early
 
     # -- ZeRO-3 by layer: a block's gradients reduce-scattered as one --------

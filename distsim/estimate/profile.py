@@ -56,7 +56,6 @@ from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
 from ..transforms.pipeline import SPLIT_BACKWARD
-from ..transforms.recompute import is_forward
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
 from ..transforms.zero3 import used_param_name
@@ -65,6 +64,7 @@ from .experts import with_expert_parallel
 from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, probe_layers
 from .block_edges import comm_tail, first_wait, issued_after, out_tail
 from .profile_memory import block_collective, fill_optimizer_ops, memory_excess
+from .crossing import stage_crossing
 from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
 
 #: The template's layer whose numbers stand for every layer.
@@ -93,24 +93,31 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
-              fusion: str = "megatron", split: bool = False, ep: int = 1
-              ) -> Tuple[Function, Function, LowerSPMD]:
+              fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
+              cp_comm: str = "allgather") -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
     # depend on the chunk's blocks, not the template's
     # expert parallelism: one expert-parallel group (dp = ep), its
     # all-to-alls in the program; the data-parallel sync after the backward
-    # (``bucket_mb`` 0), behind every block the profile measures
+    # (``bucket_mb`` 0), behind every block the profile measures. Context
+    # parallelism: the template runs on a tp x cp group (its ring steps or
+    # all-to-alls simulated with the attention they overlap), one
+    # data-parallel replica's: its gradients stay local
+    # (``local_gradients``), the estimate synchronises them over the dp x
+    # cp ranks as the lowering does
     lower = LowerSPMD(Strategy(dp=ep, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
                                prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
                                optimizer=optimizer, fusion=fusion, ep=ep,
                                bucket_mb=0 if ep > 1 else None,
-                               schedule=SPLIT_SCHEDULE if split else "1f1b"),
+                               schedule=SPLIT_SCHEDULE if split else "1f1b",
+                               cp=cp, cp_comm=cp_comm),
                       _TEMPLATE_MICROBATCHES,
-                      hyper_of(c, optimizer), c.master_dtype, representatives=representatives)
+                      hyper_of(c, optimizer), c.master_dtype, representatives=representatives,
+                      local_gradients=cp > 1)
     return step, lower(step), lower
 
 
@@ -122,7 +129,8 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                untie: bool, fusion: str = "megatron", ep: int = 1
+                untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
+                cp_comm: str = "allgather"
                 ) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
                            Tuple[List[int], List[int], int, Tuple[str, ...]], Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
@@ -130,8 +138,8 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
     per block its forward and backward FLOPs as LowerSPMD's task ordering
     counts them, its saved activation bytes, and its cost as the balanced
     partition estimates it (each summed in op order); the values crossing
-    a stage boundary (:func:`_crossing`). Kept: do not modify."""
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep)
+    a stage boundary (:func:`.crossing.stage_crossing`). Kept: do not modify."""
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm)
     names = (EMB, LAYER, HEAD)
     flops: Dict[str, List[float]] = {}
     partition: Dict[str, float] = {}
@@ -148,60 +156,34 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
         if blk in names:
             saved[blk] = saved.get(blk, 0) + nbytes
     return ({k: (f, b) for k, (f, b) in flops.items()}, saved,
-            _crossing(step, tp, sp, recompute), partition)
+            stage_crossing(step, tp, sp, recompute, cp, cp_comm), partition)
 
 
 @lru_cache(maxsize=8)
 def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
-                   untie: bool, fusion: str = "megatron", ep: int = 1) -> Function:
+                   untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
+                   cp_comm: str = "allgather") -> Function:
     """The template's one-device step (forward, backward, no optimizer),
     the same for every ZeRO stage: the profiles of one layout and its ZeRO
     kinds, built one after another in a sweep, lower the same step (kept:
     lowering reads it, nothing changes it). Finished from the layout's
     :func:`_template_backward`."""
     return build_gpt_step(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
-                                      recompute=recompute, fusion=fusion), micro_batch,
-                          _template_backward(c, tp, sp, micro_batch, untie, ep))
+                                      recompute=recompute, fusion=fusion, cp=cp,
+                                      cp_comm=cp_comm), micro_batch,
+                          _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm))
 
 
 @lru_cache(maxsize=4)
 def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool,
-                       ep: int = 1) -> Function:
+                       ep: int = 1, cp: int = 1, cp_comm: str = "allgather") -> Function:
     """The template's step before recomputation and fusion
     (:func:`~distsim.models.gpt_family.build_gpt_backward`), the same for
     the three recomputation settings a sweep's layout takes one after
     another: placed and differentiated once for them (kept: finishing it
     makes new functions, nothing changes it)."""
-    return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep),
-                              micro_batch)
-
-
-def _crossing(step: Function, tp: int, sp: bool, recompute: str
-              ) -> Tuple[List[int], List[int], int, Tuple[str, ...]]:
-    """Bytes of the values LowerSPMD sends between two pipeline stages that
-    split the template between its layers (forward, backward), the
-    bytes of the forward ones that a backward op reads (the receiving
-    stage holds its copy of those until its backward: the residual stream
-    a layer's first layernorm backward reads, while the sender's, counted
-    in the saved activations of the layer that made it, is freed once
-    sent), and the names of the backward ones (a layer's input gradient,
-    which its backward makes before its last ops: sent from there)."""
-    probe = LowerSPMD(Strategy(dp=1, tp=tp, pp=2, sp=sp, recompute=recompute), 2)
-    probe._analyse(step)
-    fwd, bwd = [], []
-    kept = 0
-    names = []
-    for v, chunks in probe.crossing.items():
-        src = probe.value_chunk[v]
-        for c in chunks:
-            if src == 0 and c == 1:
-                fwd.append(v.type.size_bytes)
-                if any(not is_forward(op) for op in probe.consumers.get(v, ())):
-                    kept += v.type.size_bytes
-            elif src == 1 and c == 0:
-                bwd.append(v.type.size_bytes)
-                names.append(v.name)
-    return sorted(fwd), sorted(bwd), kept, tuple(sorted(names))
+    return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
+                                          cp=cp, cp_comm=cp_comm), micro_batch)
 
 
 def model_key(c: GPTConfig) -> Tuple[Tuple[str, Any], ...]:
@@ -235,7 +217,8 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   tp_ranks: Optional[Tuple[int, ...]] = None,
                   fusion: str = "megatron", split: bool = False, ep: int = 1,
-                  comm_order: str = DEFAULT_COMM_ORDER) -> LayerProfile:
+                  comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
+                  cp_comm: str = "allgather") -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices the template's ranks run
@@ -247,7 +230,9 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     :attr:`~.blocks.LayerProfile.weight`). ``ep``: the expert-parallel
     degree (:func:`with_expert_parallel`). ``comm_order``: the simulator's
     (:mod:`distsim.sim.launch_queue`), so the template's tensor-parallel
-    collectives wait as the step's do. A model that mixes dense and MoE
+    collectives wait as the step's do. ``cp``, ``cp_comm``: context
+    parallelism, the template on a tp x cp group (``tp_ranks`` then its
+    devices, cp-major). A model that mixes dense and MoE
     layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
     config = GPTConfig(**dict(config_items))
     blocks = layer_blocks(config)
@@ -264,10 +249,11 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion, split, ep, comm_order))
+                                          fusion, split, ep, comm_order, cp, cp_comm))
     profile = build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
                             collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
-                            split=split, ep=ep, comm_order=comm_order)
+                            split=split, ep=ep, comm_order=comm_order, cp=cp,
+                            cp_comm=cp_comm)
     if ep > 1 and zero != 3:
         plain = layer_profile(config_items, tp, sp, recompute, zero, micro_batch, untie,
                               topology, collective_algo, optimizer,
@@ -305,7 +291,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   collective_algo: str = "auto", optimizer: str = "adamw",
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
                   fusion: str = "megatron", split: bool = False, ep: int = 1,
-                  comm_order: str = DEFAULT_COMM_ORDER) -> LayerProfile:
+                  comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
+                  cp_comm: str = "allgather") -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
@@ -320,7 +307,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     config = GPTConfig(**dict(config_items))
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
-                                     untie, optimizer, representatives, fusion, split, ep)
+                                     untie, optimizer, representatives, fusion, split, ep,
+                                     cp, cp_comm)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -443,7 +431,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                             if block_collective(o)))
 
     step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
-        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion, ep)
+        _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion, ep,
+        cp, cp_comm)
     # the values a layer's backward sends to the stage before (its input
     # gradient), per micro-batch of the template: where each is made
     sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1, LAST_MB)}

@@ -8,7 +8,7 @@ gradient buffers, saved activations).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..ir.comm import is_communication
@@ -48,6 +48,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     samples, data_emb, data_head = _without_data(
         sorted((s.time_s, s.live_bytes) for s in trace.memory if s.rank == 0),
         program, roles, rank0, times)
+    samples, early = _regathered_at_use(samples, groups, times, program, rank0)
     stamps = [t for t, _ in samples]
 
     def peak(t0: float, t1: float) -> float:
@@ -64,7 +65,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         return float(max(values)) if values else 0.0
 
     def window(key) -> Tuple[float, float]:
-        ops = groups.get(key, [])
+        # (not a backward's context-parallel transfers before its compute:
+        # :func:`_regathered_at_use`)
+        ops = [o for o in groups.get(key, []) if id(o) not in early]
         return (min(times[o.name][0] for o in ops), max(times[o.name][1] for o in ops))
 
     allocated: Optional[Dict[float, int]] = None     # rank 0's allocations by time, once
@@ -186,6 +189,57 @@ def _without_data(samples: List[Tuple[float, int]], program: Function, roles, ra
         else:
             head += v.type.size_bytes
     return out, emb, head
+
+
+def _regathered_at_use(samples: List[Tuple[float, int]], groups, times, program: Function,
+                       rank0: List[Op]) -> Tuple[List[Tuple[float, int]], set]:
+    """Rank 0's memory samples with the keys and values a backward block
+    gathers again over the context-parallel group (its leading ``cp``
+    all-gathers, reading only what the forward made) gathered where the
+    block's compute starts: the template's communication stream runs them
+    as soon as the forward made their inputs, where a step's stream holds
+    the gradient sync of the blocks before first (the lowering issues it
+    before them). Their results are allocated there, and the local keys
+    and values they last read are freed there. Returns the samples and the
+    ids of a backward block's leading context-parallel transfers that run
+    before its compute (those all-gathers, and a ring's first steps, which
+    run that early in a step too, on their pairs' queues): not the
+    block's, for its time window."""
+    made = {id(v) for v in program.inputs}
+    made.update(id(v) for op in program.ops if "phase" not in op.meta for v in op.outputs)
+    last_read: Dict[int, float] = {}
+    for op in rank0:
+        if op.name in times:
+            for v in op.inputs:
+                last_read[id(v)] = max(last_read.get(id(v), 0.0), times[op.name][1])
+    #: (from, to, bytes): bytes taken off the samples from ``from`` to ``to``
+    #: (negative: put back)
+    moves: List[Tuple[float, float, int]] = []
+    early = set()
+    for (kind, _, _), ops in groups.items():
+        starts = [times[o.name][0] for o in ops if not is_communication(o)]
+        if kind != "B" or not starts:
+            continue
+        for op in ops:
+            if not is_communication(op):
+                break
+            t0, t1, _ = times[op.name]
+            role = op.meta.get("role")
+            if role in ("cp", "cp_ring") and t0 < min(starts):
+                early.add(id(op))
+            if role == "cp" and t0 < min(starts) and all(id(v) in made for v in op.inputs):
+                moves.append((t0, min(starts), sum(v.type.size_bytes for v in op.outputs
+                                                   if v.type.device == 0)))
+                moves.append((t1, min(starts), -sum(v.type.size_bytes for v in op.inputs
+                                                    if last_read.get(id(v)) == t1)))
+    if not moves:
+        return samples, early
+    stamps = [t for t, _ in samples]
+    out = []
+    for t in sorted(set(stamps) | {t for move in moves for t in move[:2]}):
+        live = samples[max(0, bisect_right(stamps, t) - 1)][1]
+        out.append((t, live - sum(n for t0, t1, n in moves if t0 <= t < t1)))
+    return out, early
 
 
 def _read_excess(ops: List[Op], times, peak, base: float) -> Dict[str, float]:
@@ -321,10 +375,12 @@ def _tail(ops: List[Op], times, peak, base: float) -> Optional[float]:
 
 def block_collective(op: Op) -> bool:
     """Whether ``op`` is a collective of a block's own, which the block's
-    times hold: tensor-parallel (no role), or expert parallelism's
-    all-to-all (role ``expert_parallel``); not a ZeRO-3 gather, the
-    data-parallel sync or a pipeline transfer."""
-    return is_communication(op) and op.meta.get("role") in (None, "expert_parallel")
+    times hold: tensor-parallel (no role), expert parallelism's all-to-all
+    (role ``expert_parallel``), context parallelism's all-gathers and
+    all-to-alls (role ``cp``); not a ZeRO-3 gather, the data-parallel
+    sync, a pipeline transfer or a ring attention step (``cp_ring``: a
+    send/receive on its pair's own queue)."""
+    return is_communication(op) and op.meta.get("role") in (None, "expert_parallel", "cp")
 
 
 def _early(ops: List[Op], forward_made: set) -> int:
@@ -334,7 +390,9 @@ def _early(ops: List[Op], forward_made: set) -> int:
     as it is free, the block's compute not yet started."""
     total = 0
     for op in ops:
-        if not block_collective(op):
+        # (a backward's re-gathers of keys and values are counted where its
+        # compute starts: :func:`_regathered_at_use`)
+        if not block_collective(op) or op.meta.get("role") == "cp":
             continue
         if any(id(v) not in forward_made for v in op.inputs):
             break

@@ -8,12 +8,26 @@ collective.
 """
 from __future__ import annotations
 
+import re
 from typing import Dict, List, Optional, Tuple
 
 from ..ir.comm import is_communication
 from ..ir.core import Op
 from ..transforms.zero3 import used_param_name
 from .blocks import Block, Param, Segment
+
+#: a rank-local value's rank suffix (:meth:`LowerSPMD.local_name`)
+_RANK = re.compile(r"_r\d+$")
+
+
+def ring_peer(op: Op, rank: int = 0) -> int:
+    """1 + the peer of ``rank`` in ``op`` where it is a step of ring
+    attention (a send or receive of keys and values between
+    context-parallel neighbours, on that pair's queue); 0 otherwise."""
+    if op.meta.get("role") != "cp_ring":
+        return 0
+    src, dst = op.attrs["ranks"]
+    return 1 + (dst if src == rank else src)
 
 
 def leading_recompute(ops: List[Op]) -> List[Op]:
@@ -46,8 +60,10 @@ def fill_lead(blk: Block, ops: List[Op], times: Dict[str, tuple], start: float) 
 def edges(segments: List[Segment]) -> Tuple[Optional[float], Optional[float]]:
     """Compute time before the first collective and after the last one
     (not counting a backward's early collectives, which read only what the
-    forward kept: no deps, they run in the task before)."""
-    kinds = ["e" if s.kind == "t" and not s.deps else s.kind for s in segments]
+    forward kept: no deps, they run in the task before, nor ring attention
+    steps, which are not on the communication stream)."""
+    kinds = ["p" if s.p2p else "e" if s.kind == "t" and not s.deps else s.kind
+             for s in segments]
     if "t" not in kinds:
         return None, None
     first, last = kinds.index("t"), len(kinds) - 1 - kinds[::-1].index("t")
@@ -112,12 +128,16 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
     those (sequence parallelism's all-gathers of saved activations in the
     backward) waits for no compute of the backward (no deps); one that
     reads a value from before the block otherwise waits for the compute
-    before it (``deps`` ``(None,)``)."""
+    before it (``deps`` ``(None,)``), but a ring attention step
+    (:attr:`Segment.p2p`), which waits for its pair's queue only; a ring
+    step's receive, which reads the peer's value, waits for the entry
+    making rank 0's value of that name (ranks run alike)."""
     out: List[Segment] = []
     gate = None if gates is None else -1
     made: Dict[int, int] = {}          # id(value) -> entry producing it
     to_comm = {id(v) for op in ops if is_communication(op) for v in op.inputs}
     lead = {id(op) for op in leading_recompute(ops)}
+    by_name: Dict[str, int] = {}       # made's, by the value's name
     open_run: Optional[int] = None
     for op in ops:
         t0, t1, _ = times[op.name]
@@ -130,10 +150,19 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             open_run = None            # the recomputation ends: a run of its own
         if is_communication(op):
             dep = next((s for s in srcs if s is not None), None)
-            forward = (dep is None and kept is not None
-                       and all(id(v) in kept for v in op.inputs))
+            peer = ring_peer(op)
+            if peer and dep is None:
+                # a ring step's receive reads the peer's value: it waits as
+                # the peer's send, for what rank 0's counterpart waits for
+                dep = next((by_name[n] for v in op.inputs
+                            if (n := _RANK.sub("_r0", v.name)) in by_name), None)
+            # a ring step reading only what is there before the block waits
+            # for its queue alone (not on the communication stream)
+            forward = dep is None and ((kept is not None and all(id(v) in kept
+                                                                 for v in op.inputs))
+                                       or peer > 0)
             out.append(Segment("t", t1 - t0, () if forward else (dep,), lead=is_lead,
-                               gate=gate, at=t0))
+                               gate=gate, at=t0, p2p=peer))
             open_run = None
             idx = len(out) - 1
         else:
@@ -145,6 +174,7 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
             idx = open_run
         for v in op.outputs:
             made[id(v)] = idx
+            by_name[v.name] = idx
         for v in op.outputs:
             if id(v) in finals:
                 out.append(Segment("g", deps=(idx,), param=finals[id(v)], at=t1,

@@ -98,13 +98,17 @@ class LowerSPMD(Coarsening):
     def __init__(self, strategy: Strategy, microbatches: int = 1,
                  hyper: Union[AdamHyper, SGDHyper] = AdamHyper(), master_dtype: str = "f32",
                  representatives: bool = False, coarsen: bool = False,
-                 partition_cost: Optional[Callable[[Op], float]] = None) -> None:
+                 partition_cost: Optional[Callable[[Op], float]] = None,
+                 local_gradients: bool = False) -> None:
         if strategy.dp is None:
             raise PassPreconditionError("LowerSPMD: the strategy's dp must be resolved")
         #: context parallelism: its ranks lowered as data-parallel ranks
         #: (``d * cp + c``, :meth:`Strategy.flat_cp`), its collectives over
         #: each group of ``cp`` of them (:meth:`_cp_collective`)
         self.given, self.cp = strategy, strategy.cp
+        #: no data-parallel team for the gradients (:class:`GradientSync`'s
+        #: ``local``): the estimator's template of one replica's layers
+        self.local_gradients = local_gradients
         strategy = strategy.flat_cp()
         self.strategy = strategy
         self.microbatches = microbatches
@@ -527,7 +531,8 @@ class LowerSPMD(Coarsening):
         #: the values of each (rank, micro-batch) so far: the context's
         self.menv: Dict[Tuple[int, int], Dict[Value, Value]] = self.ctx.values
         self.consts: Dict[Tuple[Value, int], Value] = {}
-        self.sync = GradientSync(self.ctx, step, self.hyper, self.master_dtype)
+        self.sync = GradientSync(self.ctx, step, self.hyper, self.master_dtype,
+                                 self.local_gradients)
         self.gathers = self.sync.gathers
         self.sync.create_inputs()
         per_rank = schedule_tasks(S.schedule, S.pp, self.microbatches, S.chunks)

@@ -127,9 +127,16 @@ class GradientSync:
     :class:`~.sync_policy.SyncPolicy`."""
 
     def __init__(self, ctx: LoweringContext, step: Function,
-                 hyper: Union[AdamHyper, SGDHyper], master_dtype: DType) -> None:
+                 hyper: Union[AdamHyper, SGDHyper], master_dtype: DType,
+                 local: bool = False) -> None:
         self.ctx = ctx
-        self.strategy = ctx.strategy
+        #: ``local``: every rank keeps its gradients and whole optimizer
+        #: state, as at dp 1 (no sync, no ZeRO shards over the dp x cp
+        #: ranks): the estimator's per-layer template on a tp x cp group
+        #: (:mod:`distsim.estimate.profile`), which times the gradient sync
+        #: on the real teams itself
+        self.local = local
+        self.strategy = replace(ctx.strategy, dp=1) if local else ctx.strategy
         self.step = step
         self.zero = self.strategy.zero
         self.hyper = hyper
@@ -185,6 +192,8 @@ class GradientSync:
 
     def team_index(self, p: Value, d: int) -> int:
         """Data-parallel rank ``d``'s place in ``p``'s team."""
+        if self.local:
+            return 0
         return d // self.strategy.ep if p in self.ctx.expert else d
 
     def _check_shardable(self) -> None:

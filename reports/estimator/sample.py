@@ -10,7 +10,8 @@ environment draws ZeRO 3 on every point; ``COMM_STREAMS=per-group`` (or
 ``FUSION=none`` (or another setting) sets ``fusion`` on every point
 (default: distsim's, ``megatron`` for these GPT models); ``COMM_ORDER=inputs``
 (or ``stream``) sets ``comm_order`` on every point (default: the
-simulator's, ``stream``).
+simulator's, ``stream``); ``CP_ONLY=1`` draws context-parallel points
+instead (:func:`sample_cp`: cp 2 or 4, every ``cp_comm``, ZeRO 0-2).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ ZERO3_ONLY = os.environ.get("ZERO3_ONLY") == "1"
 COMM_STREAMS = os.environ.get("COMM_STREAMS")
 FUSION = os.environ.get("FUSION")
 COMM_ORDER = os.environ.get("COMM_ORDER")
+CP_ONLY = os.environ.get("CP_ONLY") == "1"
 #: the layer draws on a stream of their own: a sample with and one without
 #: them hold the same points otherwise
 LAYER_RNG = random.Random(SEED + 1)
@@ -109,6 +111,55 @@ def sample(rng: random.Random) -> dict:
     return o
 
 
+#: context parallelism: model -> (layer counts, sequence lengths)
+CP_MODELS = {"gpt": ((2, 4), (512, 1024)), "gpt3-1.3b": ((2, 4), (1024, 2048)),
+             "llama3-8b": ((2, 4), (1024, 2048)), "llama2-7b": ((2,), (2048, 4096))}
+CP_TOPOS = {"dgx-a100": 8, "dgx-a100-x2": 16, "workstation-4gpu-pcie": 4}
+
+
+def sample_cp(rng: random.Random) -> dict:
+    """A context-parallel point: cp 2 or 4 with each ``cp_comm`` (the
+    ring under fused attention), tp, pp and its schedules, dp, sp, ZeRO
+    0-2 (the estimator refuses cp with ZeRO 3), recomputation, buckets,
+    the mesh order, the optimizer."""
+    def div(n, most):
+        return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
+    model = rng.choice(sorted(CP_MODELS))
+    layer_counts, seqs = CP_MODELS[model]
+    topo = rng.choice(sorted(CP_TOPOS))
+    n = CP_TOPOS[topo]
+    cp = rng.choice([2, 4])
+    tp = rng.choice(div(n // cp, 4))
+    pp = rng.choice(div(n // (cp * tp), 2))
+    dp = n // (cp * tp * pp)
+    comm = rng.choice(["allgather", "ring", "alltoall"])
+    o = {"model": model, "topology": topo, "dp": dp, "tp": tp, "pp": pp, "cp": cp,
+         "cp_comm": comm, "seq": rng.choice(seqs), "layers": rng.choice(layer_counts),
+         "network_mode": "analytical"}
+    if comm == "ring" or rng.random() < .5:
+        o["attention"] = "fused"
+    mb = rng.choice([1, 1, 2])
+    m = rng.randint(1, 6 if pp > 1 else 3)
+    o.update(micro_batch=mb, global_batch=dp * mb * m)
+    if pp > 1:
+        o["schedule"] = rng.choice(["1f1b", "gpipe", "interleaved", "zb-h1"])
+        if o["schedule"] == "interleaved":
+            o["virtual_stages"] = 2
+            o["layers"] = max(o["layers"], 4)
+    if tp > 1 and rng.random() < .5:
+        o["sp"] = True
+    o["zero"] = rng.randint(0, 2)
+    o["recompute"] = rng.choice(["none", "selective", "full"])
+    bucket = rng.choice([None, 0, 25])
+    if bucket is not None:
+        o["bucket_mb"] = bucket
+    order = rng.choice((None,) + ORDERS)
+    if order:
+        o["order"] = order
+    o["optimizer"] = rng.choice(["adamw", "sgd"])
+    return o
+
+
 KEYS = ["step_time_s", "max_peak_memory_bytes", "compute_s", "exposed_communication_s",
         "idle_s", "bubble_fraction", "communication_s"]
 
@@ -118,7 +169,7 @@ def main():
     t0 = time.time()
     with open(OUT, "w") as f:
         for i in range(N):
-            o = sample(rng)
+            o = sample_cp(rng) if CP_ONLY else sample(rng)
             rec = {"i": i, "options": o}
             try:
                 t = time.time()

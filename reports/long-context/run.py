@@ -11,6 +11,9 @@ step time and memory) on the repository's DGX H100 cluster (``dgx-h100-xN``, bf1
 nothing is fitted. The split is rank 0's
 (:func:`distsim.report.comm_kinds.communication_by_kind`): ``busy`` is the
 union of the kind's intervals, ``exposed`` what of it no compute op covers.
+Beside each simulation, the sweep's fast estimate of the same options
+(``fidelity: estimate``, :func:`distsim.estimate.estimate`): its step time
+and peak memory, and how long it took.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ if str(ROOT) not in sys.path:          # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from distsim.api import simulate  # noqa: E402
+from distsim.estimate import estimate  # noqa: E402
 from distsim.report.comm_kinds import communication_by_kind  # noqa: E402
 
 SEQ = 131072
@@ -65,9 +69,12 @@ RUNS: List[Dict[str, Any]] = [
 
 
 def run(spec: Dict[str, Any]) -> Dict[str, Any]:
+    options = dict(seq=SEQ, zero=1, sp=spec["options"]["tp"] > 1, **spec["options"])
     t0 = time.perf_counter()
-    result = simulate(spec["model"], spec["topology"], seq=SEQ, symmetry=True, coarsen=True,
-                      zero=1, sp=spec["options"]["tp"] > 1, **spec["options"])
+    fast = estimate({"model": spec["model"], "topology": spec["topology"], **options})
+    fast_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = simulate(spec["model"], spec["topology"], symmetry=True, coarsen=True, **options)
     s = result.summary()
     rank0 = s["memory_by_category"]["0"]
     return {"name": spec["name"], "model": spec["model"], "topology": spec["topology"],
@@ -81,7 +88,10 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
             "activations_bytes_at_peak": rank0.get("activations"),
             "memory_at_peak": rank0,
             "comm_by_kind": communication_by_kind(result.trace, result.program),
-            "wall_s": round(time.perf_counter() - t0, 1)}
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "estimate": {"step_time_s": fast["step_time_s"],
+                         "peak_memory_bytes": fast["max_peak_memory_bytes"],
+                         "wall_s": round(fast_s, 2)}}
 
 
 def main() -> None:
@@ -92,9 +102,12 @@ def main() -> None:
     for spec in RUNS:
         rows.append(run(spec))
         r = rows[-1]
+        e = r["estimate"]
         print(f"{r['name']:36s} step {r['step_time_s']:8.3f} s  peak "
               f"{r['peak_memory_bytes'] / 1e9:6.1f} GB  exposed "
-              f"{r['exposed_communication_s']:.3f} s  ({r['wall_s']} s)", flush=True)
+              f"{r['exposed_communication_s']:.3f} s  ({r['wall_s']} s); estimate "
+              f"{e['step_time_s']:8.3f} s  {e['peak_memory_bytes'] / 1e9:6.1f} GB  "
+              f"({e['wall_s']} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -11,7 +11,8 @@ interleaved schedules (virtual stages), balanced partitions, and apart
 the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-2, ZeRO 2
 reduce-scattering each micro-batch or after the backward pass with data
 parallelism); sequence
-parallelism; ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
+parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
+with the rest but ZeRO 3); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
 invalid point must be refused by both, with the same error class.
 
@@ -464,6 +465,88 @@ def test_the_stream_ordered_estimate_agrees_with_the_simulation(options):
 @MOE_DRAWS
 @given(moe_configurations())
 def test_the_estimate_agrees_with_the_simulation_on_mixtures_of_experts(options):
+    _agrees(options)
+
+
+#: context parallelism: model -> (layer counts, sequence lengths), long
+#: enough that the gathered keys and values, the ring steps and the
+#: all-to-alls weigh, short enough to simulate fast
+CP_MODELS = {
+    "gpt": ((2, 4), (512, 1024)),
+    "gpt3-1.3b": ((2, 4), (1024, 2048)),
+    "llama3-8b": ((2, 4), (1024, 2048)),
+    "llama2-7b": ((2,), (2048, 4096)),
+}
+
+
+@st.composite
+def cp_configurations(draw) -> Dict[str, Any]:
+    """A configuration with context parallelism: cp 2 or 4 with each
+    ``cp_comm`` (the ring under fused attention, which it needs), crossed
+    with tp, sp, pp (and its schedules), dp, ZeRO 0-2, recomputation,
+    the gradient sync per gradient or after the backward (``bucket_mb``
+    0), the mesh order and the optimizer. ZeRO 3 with cp is refused by the
+    estimator. Gradient buckets are drawn off: a bucket's flat copy that
+    waits for its all-reduce behind the cp collectives through a block's
+    transient peak is counted at the block's gradients only
+    (:data:`CP_BUCKET_AT_PEAK`, the expected failure below)."""
+    model = draw(st.sampled_from(sorted(CP_MODELS)))
+    layer_counts, seqs = CP_MODELS[model]
+    topology = draw(st.sampled_from(sorted(TOPOLOGIES)))
+    n = TOPOLOGIES[topology]
+    cp = draw(st.sampled_from([2, 4]))
+    tp = draw(st.sampled_from(_divisors(n // cp, 4)))
+    pp = draw(st.sampled_from(_divisors(n // (cp * tp), 2)))
+    dp = n // (cp * tp * pp)
+    cp_comm = draw(st.sampled_from(["allgather", "ring", "alltoall"]))
+    o: Dict[str, Any] = {"model": model, "topology": topology, "dp": dp, "tp": tp, "pp": pp,
+                         "cp": cp, "cp_comm": cp_comm, "seq": draw(st.sampled_from(seqs)),
+                         "layers": draw(st.sampled_from(layer_counts)),
+                         "network_mode": "analytical"}
+    if cp_comm == "ring" or draw(st.booleans()):
+        o["attention"] = "fused"
+    micro_batch = draw(st.sampled_from([1, 1, 2]))
+    microbatches = draw(st.integers(1, 6 if pp > 1 else 3))
+    o["micro_batch"] = micro_batch
+    o["global_batch"] = dp * micro_batch * microbatches
+    if pp > 1:
+        o["schedule"] = draw(st.sampled_from(["1f1b", "gpipe", "interleaved", "zb-h1"]))
+        if o["schedule"] == "interleaved":
+            o["virtual_stages"] = 2
+            o["layers"] = max(o["layers"], 4)
+    if tp > 1 and draw(st.booleans()):
+        o["sp"] = True
+    o["zero"] = draw(st.integers(0, 2))
+    o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
+    if draw(st.booleans()):
+        o["bucket_mb"] = 0
+    order = draw(st.sampled_from((None,) + ORDERS))
+    if order is not None:
+        o["order"] = order
+    o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
+    return o
+
+
+CP_BUCKET_AT_PEAK = (
+    "cp with gradient buckets: a bucket's flat copy waits for its all-reduce behind the "
+    "cp collectives through the next block's attention backward, the block's peak, where "
+    "the estimate counts waiting copies at the block's gradients only: peak memory 1.0 % "
+    "(bucket_mb 25) to 2.2 % (5) under the simulation's")
+
+
+# the ring's steps on their pairs' own queues: not behind the gradient sync
+# (was +7.6 % with the steps on the communication stream)
+@example({'model': 'llama3-8b', 'topology': 'dgx-a100', 'dp': 2, 'tp': 1, 'pp': 1, 'cp': 4,
+          'cp_comm': 'ring', 'seq': 2048, 'layers': 2, 'network_mode': 'analytical',
+          'attention': 'fused', 'micro_batch': 1, 'global_batch': 4, 'zero': 1})
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100', 'dp': 4, 'tp': 1, 'pp': 1, 'cp': 2,
+          'cp_comm': 'allgather', 'seq': 2048, 'layers': 2, 'network_mode': 'analytical',
+          'micro_batch': 1, 'global_batch': 4, 'zero': 1, 'recompute': 'selective',
+          'bucket_mb': 25, 'optimizer': 'adamw'}
+         ).xfail(raises=AssertionError, reason=CP_BUCKET_AT_PEAK)
+@MOE_DRAWS      # 40 derandomized draws, as the MoE ones
+@given(cp_configurations())
+def test_the_context_parallel_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 

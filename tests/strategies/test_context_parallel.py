@@ -184,16 +184,20 @@ def test_cp_on_another_family_is_refused():
         build_program("mlp", "dgx-a100", cp=2)
 
 
-def test_the_estimator_refuses_cp_and_the_sweep_says_why():
+def test_the_estimator_refuses_cp_with_zero3_and_the_sweep_says_why():
     from distsim.estimate import estimate
     from distsim.sweep.point import run_point
-    options = {"model": "gpt2", "topology": "dgx-a100", "layers": 1, "seq": 64, "cp": 2}
-    with pytest.raises(NotModelledError, match=r"estimate: context parallelism \(cp 2\) is not "
-                                          "modelled by the estimator; use fidelity: simulate"):
+    options = {"model": "gpt2", "topology": "dgx-a100", "layers": 1, "seq": 64, "cp": 2,
+               "zero": 3}
+    with pytest.raises(NotModelledError, match=r"^estimate: context parallelism \(cp 2\) with "
+                                               "ZeRO 3 is not modelled by the estimator; use "
+                                               "fidelity: simulate$"):
         estimate(options)
     row = run_point({**options, "fidelity": "estimate"})
     # valid, not modelled: skipped (a search simulates it instead)
-    assert row["status"] == "skipped" and "context parallelism (cp 2)" in row["reason"]
+    assert row["status"] == "skipped" and "context parallelism (cp 2) with ZeRO 3" in row["reason"]
+    # without ZeRO 3 it is estimated
+    assert run_point({**options, "zero": 1, "fidelity": "estimate"})["status"] == "ok"
 
 
 @pytest.mark.parametrize("cp", [2, 4, 8])
