@@ -58,6 +58,7 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu", "relu")
 POSITIONS = ("learned", "rope", "none")
 ATTENTIONS = ("explicit", "fused")
+LOSS_DTYPES = ("fp32", "model")
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,17 @@ class GPTConfig:
     ``experts`` > 0 makes a mixture-of-experts model (router, top-k routed
     experts, shared experts, dense layers interleaved: :mod:`.moe`);
     ``published_active_params`` is its authors' count of the parameters
-    one token uses."""
+    one token uses.
+    ``loss_dtype``: ``fp32`` casts the logits to float32 and computes the
+    cross entropy on them, as Megatron-LM
+    (``vocab_parallel_cross_entropy(output.float(), labels)``) and Hugging
+    Face's causal-LM heads (``logits.float()``) do: the cast, the loss's
+    passes and its gradient move float32 logits, and the float32 copy lives
+    until the backward reads it (a model already in f32 or f64 keeps its
+    own); ``model`` (default) keeps the loss in ``dtype`` (Megatron's
+    ``--fp16-lm-cross-entropy``). Not yet ``fp32`` by default: the fast
+    estimator's ZeRO-2 pipeline peak and its extrapolated interleaved
+    timeline depart from the simulation's with it."""
 
     layers: int = 2
     hidden: int = 64
@@ -103,6 +114,7 @@ class GPTConfig:
     position: str = "learned"
     positions: Optional[int] = None
     attention: str = "explicit"
+    loss_dtype: str = "model"
     dropout: float = 0.0
     dtype: str = "bf16"
     master_dtype: str = "f32"
@@ -138,7 +150,8 @@ class GPTConfig:
         if self.num_kv_heads > self.heads or self.heads % self.num_kv_heads:
             raise ConfigError(f"kv_heads: {self.num_kv_heads} must divide heads ({self.heads})")
         for name, allowed in (("norm", NORMS), ("activation", ACTIVATIONS),
-                              ("position", POSITIONS), ("attention", ATTENTIONS)):
+                              ("position", POSITIONS), ("attention", ATTENTIONS),
+                              ("loss_dtype", LOSS_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}: must be one of {', '.join(allowed)}, "
                                   f"got {getattr(self, name)!r}")
@@ -488,6 +501,9 @@ class _GPTBuilder:
             self.roles[mask.name] = "const"
             self.consts[mask.name] = {"kind": "vocab_pad", "valid": c.vocab, "shard": vocab}
             logits = self.op("add", [logits, mask], name="logits_masked")
+        if c.loss_dtype == "fp32" and logits.type.dtype.itemsize < DType.F32.itemsize:
+            # the half-precision logits upcast (a model in f32 or f64 keeps its own)
+            logits = self.op("cast", [logits], {"dtype": DType.F32.value}, name="logits_f32")
         return self.op("cross_entropy", [logits, labels], name="loss")
 
     def build(self) -> Function:

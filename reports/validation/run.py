@@ -115,10 +115,12 @@ def megatron_gpt(layers: int, hidden: int, heads: int, vocab: int = 51200, seq: 
                  dtype: str = "f16", **extra: Any) -> Dict[str, Any]:
     """Megatron-LM's GPT: learned positions, GELU, LayerNorm, biases, word
     embeddings tied to the output layer, dropout 0.1, attention op by op
-    (these runs predate FlashAttention); V = 51,200 as the papers state."""
+    (these runs predate FlashAttention); V = 51,200 as the papers state;
+    the loss in fp32 (``gpt_model.py``: ``vocab_parallel_cross_entropy(
+    output.float(), labels)``, ``--fp16-lm-cross-entropy`` off)."""
     model = {"family": "gpt", "layers": layers, "hidden": hidden, "heads": heads,
              "vocab": vocab, "seq": seq, "dropout": 0.1, "dtype": dtype,
-             "attention": "explicit"}
+             "attention": "explicit", "loss_dtype": "fp32"}
     model.update(extra)
     return model
 
@@ -297,7 +299,10 @@ def bloom() -> List[Dict[str, Any]]:
         "gpus": 384,
         "model": {"family": "gpt", "layers": 70, "hidden": 14336, "heads": 112,
                   "vocab": 250880, "seq": 2048, "dropout": 0.1, "dtype": "bf16",
-                  "position": "none", "attention": "explicit", "global_batch": 2048},
+                  "position": "none", "attention": "explicit", "global_batch": 2048,
+                  # Megatron-DeepSpeed's pipe loss: vocab_parallel_cross_entropy(
+                  # output.contiguous().float(), labels)
+                  "loss_dtype": "fp32"},
         "topology": str((HERE / "jean-zay-a100-x48.yaml").relative_to(ROOT)),
         "options": {"tp": 4, "pp": 12, "micro_batch": 2, "recompute": "full", "zero": 1,
                     "partition": "balanced", "bucket_mb": 0, "launch": "blocking",

@@ -64,6 +64,9 @@ class Reference:
                 inputs.append(np.zeros(v.type.shape))
             else:
                 inputs.append(self.data[n])
+        # each float input in the executor's dtype of its own (float32 for bf16)
+        inputs = [np.asarray(x, dtype=v.type.dtype.numpy_name) if v.type.dtype.is_float else x
+                  for v, x in zip(self.step.inputs, inputs)]
         outs = execute(self.step, inputs)
         self.loss = float(outs[0])
         self.updated = {v.name[:-len("_new")]: o for v, o in zip(self.step.outputs, outs)
