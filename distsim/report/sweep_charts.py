@@ -334,7 +334,7 @@ def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
     ax = fig.add_subplot()
     shown = f" (best {max_configs} of {len(simulated(df))})" \
         if len(simulated(df)) > max_configs else ""
-    ax.set_title("Where the step goes, per configuration" + shown, pad=22)
+    ax.set_title("Where the step goes, per configuration" + shown, pad=34)
     if table.empty:
         _empty(ax, "no configuration could be simulated")
         return fig
@@ -355,7 +355,8 @@ def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
         left += values
     ax.set_yticks(ypos, labels, fontsize=7)
     ax.set_xlabel("time per step (ms, mean over devices)")
-    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
+    # two columns: the bars' axes are narrow beside long configuration labels
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2,
               frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
