@@ -24,7 +24,9 @@ without building or simulating the whole program. A peer of
   micro-batches, ZeRO 0-3 (prefetch, by parameter or by layer),
   gradient buckets, recomputation, AdamW / SGD; on any topology;
   collectives ordered by their inputs or behind the compute issued
-  before them (``comm_order: inputs`` / ``stream``).
+  before them (``comm_order: inputs`` / ``stream``); the backward's
+  tensor-parallel collectives in autodiff's order or issued before the
+  weight-gradient GEMMs (``tp_overlap``, the template lowered so).
 - *Refuses*, with the :class:`~distsim.errors.ConfigError` (or
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,

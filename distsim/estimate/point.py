@@ -16,7 +16,8 @@ resolved batch sizes). It never builds the whole program:
    expert-parallel group of them: dp = ep, each MoE block's all-to-alls in
    it), lowered and simulated for real
    (cost model, tensor-parallel collectives on the topology, analytical
-   network), cached per model shape / tp / sp / recompute / micro-batch / ep.
+   network), cached per model shape / tp / sp / recompute / micro-batch / ep
+   / the backward's tensor-parallel order (``tp_overlap``).
    With context parallelism (``cp`` > 1) the group is tp x cp: the
    attention's all-gathers, ring steps (send/receives on their pairs'
    queues) or all-to-alls and their overlap with attention are the real
@@ -69,11 +70,14 @@ simulated under it (its tensor-parallel collectives), and every
 communication item of the timeline (pipeline transfers, gradient syncs,
 ZeRO's gathers and reduce-scatters, the optimizer's all-gathers) starts
 no earlier than the end of the compute its stages issued before it
-(:meth:`.engine.Timeline.issued`). Refused too: ``tp_overlap`` with
-``tp > 1`` (:mod:`distsim.transforms.tp_order`): the block templates keep
-autodiff's order of the backward's tensor-parallel collectives; and
-``fp32_grads`` (gradients accumulated in fp32 buffers): the templates
-accumulate them in their own dtype.
+(:meth:`.engine.Timeline.issued`). The backward's tensor-parallel
+collectives issued before the weight-gradient GEMMs (``tp_overlap``,
+:mod:`distsim.transforms.tp_order`) are modelled by lowering the template
+in that order: the block times, the last backward op by op and the
+transient memory are read from it, and nothing outside a block depends on
+where its collectives sit (measured by the corpus's tp_overlap draws).
+Refused: ``fp32_grads`` (gradients accumulated in fp32 buffers): the
+templates accumulate them in their own dtype.
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -234,9 +238,6 @@ def resolve(options: Mapping[str, Any]) -> Case:
     m = validate(c, strategy)
     check_expert_parallel(strategy)
     c, _ = resolve_batch(c, strategy)
-    if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
-        raise _not_modelled("tp_overlap (the backward's tensor-parallel all-reduce issued "
-                            "before the weight-gradient GEMM)")
     if strategy.fp32_grads:   # its templates accumulate gradients in their own dtype
         raise _not_modelled("fp32_grads (gradients cast to and accumulated in fp32 buffers)")
     if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and strategy.zero == 3:
@@ -303,8 +304,10 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
     them, the kernel fusion, whether the backward is split, the
-    expert-parallel degree, the collectives' ``comm_order``, and context
-    parallelism: ``cp`` and ``cp_comm``)."""
+    expert-parallel degree, the collectives' ``comm_order``, context
+    parallelism: ``cp`` and ``cp_comm``, and whether the backward's
+    tensor-parallel collectives come before the weight-gradient GEMMs:
+    ``tp_overlap`` with tp > 1)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     # the first tensor-parallel group's devices (and those of the first
@@ -321,7 +324,7 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
             fusion_for(S, "gpt"), S.schedule in SPLIT_BACKWARD, S.ep, case.comm_order, case.cp,
-            case.cp_comm)
+            case.cp_comm, S.tp_overlap and S.tp > 1)
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

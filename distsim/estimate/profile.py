@@ -36,7 +36,7 @@ Under expert parallelism the MoE template is one expert-parallel group
 
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
 micro-batch, untied head, topology, collective algorithm, the tensor-parallel
-group's devices, ep).
+group's devices, ep, the backward's tensor-parallel order: ``tp_overlap``).
 """
 from __future__ import annotations
 
@@ -94,9 +94,11 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
               fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
-              cp_comm: str = "allgather") -> Tuple[Function, Function, LowerSPMD]:
+              cp_comm: str = "allgather", tp_overlap: bool = False
+              ) -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm,
+                          tp_overlap)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
@@ -130,7 +132,7 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
                 untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
-                cp_comm: str = "allgather"
+                cp_comm: str = "allgather", tp_overlap: bool = False
                 ) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
                            Tuple[List[int], List[int], int, Tuple[str, ...]], Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
@@ -139,7 +141,8 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
     counts them, its saved activation bytes, and its cost as the balanced
     partition estimates it (each summed in op order); the values crossing
     a stage boundary (:func:`.crossing.stage_crossing`). Kept: do not modify."""
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm,
+                          tp_overlap)
     names = (EMB, LAYER, HEAD)
     flops: Dict[str, List[float]] = {}
     partition: Dict[str, float] = {}
@@ -162,15 +165,17 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
 @lru_cache(maxsize=8)
 def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
                    untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
-                   cp_comm: str = "allgather") -> Function:
+                   cp_comm: str = "allgather", tp_overlap: bool = False) -> Function:
     """The template's one-device step (forward, backward, no optimizer),
     the same for every ZeRO stage: the profiles of one layout and its ZeRO
     kinds, built one after another in a sweep, lower the same step (kept:
     lowering reads it, nothing changes it). Finished from the layout's
-    :func:`_template_backward`."""
+    :func:`_template_backward`, its backward's tensor-parallel collectives
+    in the order ``tp_overlap`` says (:mod:`distsim.transforms.tp_order`),
+    as the step's."""
     return build_gpt_step(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
                                       recompute=recompute, fusion=fusion, cp=cp,
-                                      cp_comm=cp_comm), micro_batch,
+                                      cp_comm=cp_comm, tp_overlap=tp_overlap), micro_batch,
                           _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm))
 
 
@@ -218,7 +223,7 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   tp_ranks: Optional[Tuple[int, ...]] = None,
                   fusion: str = "megatron", split: bool = False, ep: int = 1,
                   comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
-                  cp_comm: str = "allgather") -> LayerProfile:
+                  cp_comm: str = "allgather", tp_overlap: bool = False) -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices the template's ranks run
@@ -232,8 +237,11 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     (:mod:`distsim.sim.launch_queue`), so the template's tensor-parallel
     collectives wait as the step's do. ``cp``, ``cp_comm``: context
     parallelism, the template on a tp x cp group (``tp_ranks`` then its
-    devices, cp-major). A model that mixes dense and MoE
-    layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
+    devices, cp-major). ``tp_overlap``: the backward's tensor-parallel
+    collectives issued before the weight-gradient GEMMs
+    (:mod:`distsim.transforms.tp_order`), simulated in that order. A
+    model that mixes dense and MoE layers: the profiles of its two kinds
+    merged (:mod:`.layer_kinds`)."""
     config = GPTConfig(**dict(config_items))
     blocks = layer_blocks(config)
     if blocks is not None:
@@ -243,22 +251,25 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         dense_ranks = None if tp_ranks is None or tp_ranks[:tp] == tuple(range(tp)) \
             else tp_ranks[:tp]
         return merge_kinds(layer_profile(model_key(dense_variant(config)), *args, dense_ranks,
-                                         fusion, split, 1, comm_order),
+                                         fusion, split, 1, comm_order,
+                                         tp_overlap=tp_overlap),
                            layer_profile(model_key(moe_variant(config)), *args, tp_ranks,
-                                         fusion, split, ep, comm_order), blocks)
+                                         fusion, split, ep, comm_order,
+                                         tp_overlap=tp_overlap), blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion, split, ep, comm_order, cp, cp_comm))
+                                          fusion, split, ep, comm_order, cp, cp_comm,
+                                          tp_overlap))
     profile = build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
                             collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
                             split=split, ep=ep, comm_order=comm_order, cp=cp,
-                            cp_comm=cp_comm)
+                            cp_comm=cp_comm, tp_overlap=tp_overlap)
     if ep > 1 and zero != 3:
         plain = layer_profile(config_items, tp, sp, recompute, zero, micro_batch, untie,
                               topology, collective_algo, optimizer,
                               None if tp_ranks is None else tp_ranks[:tp], fusion, split, 1,
-                              comm_order)
+                              comm_order, tp_overlap=tp_overlap)
         profile = with_expert_parallel(profile, plain)
     return profile
 
@@ -292,7 +303,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
                   fusion: str = "megatron", split: bool = False, ep: int = 1,
                   comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
-                  cp_comm: str = "allgather") -> LayerProfile:
+                  cp_comm: str = "allgather", tp_overlap: bool = False) -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
@@ -308,7 +319,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
                                      untie, optimizer, representatives, fusion, split, ep,
-                                     cp, cp_comm)
+                                     cp, cp_comm, tp_overlap)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -432,7 +443,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
 
     step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
         _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion, ep,
-        cp, cp_comm)
+        cp, cp_comm, tp_overlap)
     # the values a layer's backward sends to the stage before (its input
     # gradient), per micro-batch of the template: where each is made
     sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1, LAST_MB)}

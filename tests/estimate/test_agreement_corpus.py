@@ -13,7 +13,9 @@ reduce-scattering each micro-batch or after the backward pass with data
 parallelism); sequence
 parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
 with the rest but ZeRO 3); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
-recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
+recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD; apart
+the backward's tensor-parallel collectives before the weight-gradient
+GEMMs (``tp_overlap``). An
 invalid point must be refused by both, with the same error class.
 
 The draws are derandomized (the same points on every run); the
@@ -438,6 +440,51 @@ def stream_ordered_configurations(draw) -> Dict[str, Any]:
 @DRAWS
 @given(stream_ordered_configurations())
 def test_the_stream_ordered_estimate_agrees_with_the_simulation(options):
+    _agrees(options)
+
+
+@st.composite
+def tp_overlap_configurations(draw) -> Dict[str, Any]:
+    """A configuration with tensor parallelism (tp > 1: the draw is
+    rejected otherwise) and the backward's tensor-parallel collectives
+    issued before the weight-gradient GEMMs (``tp_overlap``), any
+    schedule, ZB-H1 among them, collectives ordered by their inputs or
+    behind the compute (the order shows in time under ``stream``), with or
+    without Megatron's fused kernels. Interleaved at tp 8 without sequence
+    parallelism is drawn off: its memory is the known gap of interleaved
+    schedules there, the same in either order
+    (:data:`INTERLEAVED_TP8_MEMORY`, the expected failure below)."""
+    o = draw(configurations(zero_bubble=draw(st.booleans())))
+    assume(o["tp"] > 1)
+    assume(not (o.get("schedule") == "interleaved" and o["tp"] == 8 and not o.get("sp")))
+    o["tp_overlap"] = True
+    o["comm_order"] = draw(st.sampled_from(["stream", "stream", "inputs"]))
+    fusion = draw(st.sampled_from([None, "megatron"]))
+    if fusion is not None:
+        o["fusion"] = fusion
+    return o
+
+
+#: a gap of interleaved schedules, the same with tp_overlap off (not the
+#: order's): tp 8 without sequence parallelism (gpt3-1.3b, seq 1024)
+INTERLEAVED_TP8_MEMORY = (
+    "interleaved v 2 over pp 2, tp 8 without sp, recompute full or none: peak memory -0.8 % "
+    "to +1.5 % (up to 4.2 MB, one sequence x hidden activation, replicated over tp) off "
+    "the simulation's on the first stage, with the backward's tensor-parallel collectives "
+    "in either order")
+
+
+# where a draw of 100 found the two furthest apart (drawn off since)
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 8, 'pp': 2,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 1,
+          'global_batch': 2, 'schedule': 'interleaved', 'virtual_stages': 2,
+          'partition': 'balanced', 'zero': 0, 'recompute': 'full', 'bucket_mb': 5,
+          'order': 'dp-tp-pp', 'optimizer': 'sgd', 'fusion': 'megatron', 'comm_order': 'stream',
+          'tp_overlap': True}
+         ).xfail(raises=AssertionError, reason=INTERLEAVED_TP8_MEMORY)
+@DRAWS
+@given(tp_overlap_configurations())
+def test_the_tp_overlap_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
