@@ -26,7 +26,8 @@ without building or simulating the whole program. A peer of
   collectives ordered by their inputs or behind the compute issued
   before them (``comm_order: inputs`` / ``stream``); the backward's
   tensor-parallel collectives in autodiff's order or issued before the
-  weight-gradient GEMMs (``tp_overlap``, the template lowered so).
+  weight-gradient GEMMs (``tp_overlap``, the template lowered so);
+  gradient buffers in the parameters' dtype or in fp32 (``fp32_grads``).
 - *Refuses*, with the :class:`~distsim.errors.ConfigError` (or
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,
@@ -35,7 +36,7 @@ without building or simulating the whole program. A peer of
   ZeRO 3 over dp > 1,
   ``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
   whole beside the others reduce-scattered, context parallelism with
-  ZeRO 3) with
+  ZeRO 3, ``fp32_grads`` with ZeRO 2/3 over dp > 1) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.

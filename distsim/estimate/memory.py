@@ -47,7 +47,7 @@ def estimate_memory(b: StepContext) -> List[int]:
             shard = shard_size(n, b.team(p))
             per[(block, i)] = ((shard if layout.param else n) * size
                                + states * (shard if layout.state else n) * master,
-                               (shard if layout.grad else n) * size)
+                               (shard if layout.grad else n) * b.grad_dtype(p).itemsize)
     static_bytes = [0] * S.pp
     grad_bytes = [0] * S.pp
     for stage, counts in enumerate(b.param_counts()):
@@ -452,12 +452,13 @@ def _param_optimizer_excess(b: StepContext) -> Dict[Tuple[str, int], float]:
                 per[(block, i)] = max(p.opt_flat + p.opt_with, p.opt_after)
                 continue
             n, size = p.numel, p.dtype.itemsize
+            gsize = b.grad_dtype(p).itemsize        # the gradient buffer's
             shard = shard_size(n, dp)
             ratio = shard / n if n else 1.0
             if zero == 1:
-                grad, pre = shard * size, (n + shard) * size
+                grad, pre = shard * gsize, (n + shard) * gsize
             else:
-                grad, pre = (0 if b.scatter_each else shard * size), 0
+                grad, pre = (0 if b.scatter_each else shard * gsize), 0
             worst = max(pre, grad + p.opt_with * ratio, p.opt_after * ratio)
             if zero in (1, 2):
                 worst = max(worst, (n + shard) * size)

@@ -36,7 +36,8 @@ Under expert parallelism the MoE template is one expert-parallel group
 
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
 micro-batch, untied head, topology, collective algorithm, the tensor-parallel
-group's devices, ep, the backward's tensor-parallel order: ``tp_overlap``).
+group's devices, ep, the backward's tensor-parallel order: ``tp_overlap``,
+whether the gradient buffers are fp32: ``fp32_grads``).
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, 
 from .block_edges import comm_tail, first_wait, issued_after, out_tail
 from .profile_memory import block_collective, fill_optimizer_ops, memory_excess
 from .crossing import stage_crossing
-from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
+from .segments import (cast_into_buffers, compress_segments, edges, fill_lead, gathered_uses,
+                       read_gates)
 
 #: The template's layer whose numbers stand for every layer.
 _TEMPLATE_LAYERS = 2
@@ -94,7 +96,7 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
               fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
-              cp_comm: str = "allgather", tp_overlap: bool = False
+              cp_comm: str = "allgather", tp_overlap: bool = False, fp32_grads: bool = False
               ) -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
     step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm,
@@ -116,7 +118,7 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
                                optimizer=optimizer, fusion=fusion, ep=ep,
                                bucket_mb=0 if ep > 1 else None,
                                schedule=SPLIT_SCHEDULE if split else "1f1b",
-                               cp=cp, cp_comm=cp_comm),
+                               cp=cp, cp_comm=cp_comm, fp32_grads=fp32_grads),
                       _TEMPLATE_MICROBATCHES,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives,
                       local_gradients=cp > 1)
@@ -223,7 +225,8 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   tp_ranks: Optional[Tuple[int, ...]] = None,
                   fusion: str = "megatron", split: bool = False, ep: int = 1,
                   comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
-                  cp_comm: str = "allgather", tp_overlap: bool = False) -> LayerProfile:
+                  cp_comm: str = "allgather", tp_overlap: bool = False,
+                  fp32_grads: bool = False) -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices the template's ranks run
@@ -239,9 +242,11 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     parallelism, the template on a tp x cp group (``tp_ranks`` then its
     devices, cp-major). ``tp_overlap``: the backward's tensor-parallel
     collectives issued before the weight-gradient GEMMs
-    (:mod:`distsim.transforms.tp_order`), simulated in that order. A
-    model that mixes dense and MoE layers: the profiles of its two kinds
-    merged (:mod:`.layer_kinds`)."""
+    (:mod:`distsim.transforms.tp_order`), simulated in that order.
+    ``fp32_grads``: the gradient buffers in fp32 (each gradient cast and
+    added, the optimizer reading them: the template's accumulation and
+    update ops, and its memory, are theirs). A model that mixes dense and
+    MoE layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
     config = GPTConfig(**dict(config_items))
     blocks = layer_blocks(config)
     if blocks is not None:
@@ -252,24 +257,25 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
             else tp_ranks[:tp]
         return merge_kinds(layer_profile(model_key(dense_variant(config)), *args, dense_ranks,
                                          fusion, split, 1, comm_order,
-                                         tp_overlap=tp_overlap),
+                                         tp_overlap=tp_overlap, fp32_grads=fp32_grads),
                            layer_profile(model_key(moe_variant(config)), *args, tp_ranks,
                                          fusion, split, ep, comm_order,
-                                         tp_overlap=tp_overlap), blocks)
+                                         tp_overlap=tp_overlap, fp32_grads=fp32_grads),
+                           blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
                                           fusion, split, ep, comm_order, cp, cp_comm,
-                                          tp_overlap))
+                                          tp_overlap, fp32_grads))
     profile = build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
                             collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
                             split=split, ep=ep, comm_order=comm_order, cp=cp,
-                            cp_comm=cp_comm, tp_overlap=tp_overlap)
+                            cp_comm=cp_comm, tp_overlap=tp_overlap, fp32_grads=fp32_grads)
     if ep > 1 and zero != 3:
         plain = layer_profile(config_items, tp, sp, recompute, zero, micro_batch, untie,
                               topology, collective_algo, optimizer,
                               None if tp_ranks is None else tp_ranks[:tp], fusion, split, 1,
-                              comm_order, tp_overlap=tp_overlap)
+                              comm_order, tp_overlap=tp_overlap, fp32_grads=fp32_grads)
         profile = with_expert_parallel(profile, plain)
     return profile
 
@@ -303,7 +309,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
                   fusion: str = "megatron", split: bool = False, ep: int = 1,
                   comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
-                  cp_comm: str = "allgather", tp_overlap: bool = False) -> LayerProfile:
+                  cp_comm: str = "allgather", tp_overlap: bool = False,
+                  fp32_grads: bool = False) -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
@@ -319,7 +326,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
                                      untie, optimizer, representatives, fusion, split, ep,
-                                     cp, cp_comm, tp_overlap)
+                                     cp, cp_comm, tp_overlap, fp32_grads)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -368,6 +375,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                 first_reader.setdefault(f"{kind}{blk}", []).append(index[v.name])
     final_last = {id(lower.sync.acc[(p, 0)]): p.name for p in lower.params}
     final_only = {id(lower.menv[(0, 0)][g]): p.name for g, p in lower.grad_of.items()}
+    # where one micro-batch's sync starts: its gradient, or its fp32 buffer
+    synced_only = cast_into_buffers(rank0, final_only)
 
     # -- blocks from rank 0's program order and timeline ------------------------
     blocks = {name: Block() for name in (EMB, LAYER, HEAD)}
@@ -465,7 +474,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         gates = gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
         blk.last = compress_segments(groups.get(("B", LAST_MB, name), []), times, final_last,
                                      gates, outs[LAST_MB], forward_made)
-        blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates,
+        blk.only = compress_segments(groups.get(("B", 0, name), []), times, synced_only, gates,
                                      outs[0], forward_made)
         blk.mid = compress_segments(groups.get(("B", 1, name), []), times, {}, gates, outs[1],
                                     forward_made)
@@ -505,7 +514,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                                      forward_made, issued)
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
-    weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, final_only,
+    weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, synced_only,
                             forward_made, lower, program) if split else {}
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes

@@ -15,7 +15,8 @@ parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
 with the rest but ZeRO 3); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD; apart
 the backward's tensor-parallel collectives before the weight-gradient
-GEMMs (``tp_overlap``). An
+GEMMs (``tp_overlap``), and the gradient buffers in fp32 (``fp32_grads``,
+ZeRO 0/1 over dp). An
 invalid point must be refused by both, with the same error class.
 
 The draws are derandomized (the same points on every run); the
@@ -485,6 +486,56 @@ INTERLEAVED_TP8_MEMORY = (
 @DRAWS
 @given(tp_overlap_configurations())
 def test_the_tp_overlap_estimate_agrees_with_the_simulation(options):
+    _agrees(options)
+
+
+@st.composite
+def fp32_grads_configurations(draw) -> Dict[str, Any]:
+    """A configuration (any schedule, ZB-H1 among them; a mixture of
+    experts under expert parallelism one draw in four) with its gradient
+    buffers in fp32 (``fp32_grads``), collectives ordered by their inputs
+    or behind the compute, with or without Megatron's fused kernels. ZeRO
+    2/3 over dp > 1 is drawn as ZeRO 0/1: the estimator refuses it with
+    fp32 buffers (:func:`distsim.estimate.point.resolve`). Gradient
+    buckets of several gradients are drawn off (the sync per gradient or
+    after the backward kept): a bucket flushed inside a block is counted
+    from the next block on, where the block's own peak may come after it
+    (:data:`FP32_BUCKET_INSIDE_BLOCK`, the expected failure below)."""
+    if draw(st.integers(0, 3)) == 0:
+        o = draw(expert_parallel_configurations())
+    else:
+        o = draw(configurations(zero_bubble=draw(st.booleans())))
+    o["fp32_grads"] = True
+    if o.get("bucket_mb"):
+        del o["bucket_mb"]
+    if o["zero"] >= 2 and o["dp"] > 1:
+        o["zero"] = draw(st.integers(0, 1))
+        o.pop("prefetch", None)
+        o.pop("zero3_unit", None)
+    o["comm_order"] = draw(st.sampled_from(["stream", "inputs"]))
+    fusion = draw(st.sampled_from([None, "megatron"]))
+    if fusion is not None:
+        o["fusion"] = fusion
+    return o
+
+
+FP32_BUCKET_INSIDE_BLOCK = (
+    "fp32_grads with 5 MB buckets, tp 4 with sp, dp 4: the bucket the position embedding's "
+    "gradient fills (twice the bytes in fp32: it fills sooner) is flushed inside the "
+    "embedding's backward and held through its peak (the tied table's gradients summed), "
+    "where the estimate counts the buckets flushed before the block only: peak memory 2.6 % "
+    "under the simulation's")
+
+
+# where a draw of 100 with buckets found the two furthest apart
+@example({'model': 'gpt2', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 4, 'pp': 1, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1, 'global_batch': 4,
+          'sp': True, 'zero': 1, 'recompute': 'selective', 'bucket_mb': 5, 'order': 'dp-pp-tp',
+          'optimizer': 'sgd', 'fp32_grads': True, 'comm_order': 'stream'}
+         ).xfail(raises=AssertionError, reason=FP32_BUCKET_INSIDE_BLOCK)
+@DRAWS
+@given(fp32_grads_configurations())
+def test_the_fp32_grads_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
