@@ -459,7 +459,13 @@ def tp_overlap_configurations(draw) -> Dict[str, Any]:
     assume(o["tp"] > 1)
     assume(not (o.get("schedule") == "interleaved" and o["tp"] == 8 and not o.get("sp")))
     o["tp_overlap"] = True
-    o["comm_order"] = draw(st.sampled_from(["stream", "stream", "inputs"]))
+    return _ordered_and_fused(draw, o, ("stream", "stream", "inputs"))
+
+
+def _ordered_and_fused(draw, o: Dict[str, Any], orders: Tuple[str, ...]) -> Dict[str, Any]:
+    """``o`` with a ``comm_order`` drawn from ``orders``, with Megatron's
+    fused kernels or without."""
+    o["comm_order"] = draw(st.sampled_from(orders))
     fusion = draw(st.sampled_from([None, "megatron"]))
     if fusion is not None:
         o["fusion"] = fusion
@@ -512,11 +518,7 @@ def fp32_grads_configurations(draw) -> Dict[str, Any]:
         o["zero"] = draw(st.integers(0, 1))
         o.pop("prefetch", None)
         o.pop("zero3_unit", None)
-    o["comm_order"] = draw(st.sampled_from(["stream", "inputs"]))
-    fusion = draw(st.sampled_from([None, "megatron"]))
-    if fusion is not None:
-        o["fusion"] = fusion
-    return o
+    return _ordered_and_fused(draw, o, ("stream", "inputs"))
 
 
 FP32_BUCKET_INSIDE_BLOCK = (
