@@ -99,13 +99,17 @@ def estimate_memory(b: StepContext) -> List[int]:
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False,
-                  after: bool = True, hold: bool = False, early: float = 0.0) -> float:
+                  after: bool = True, hold: bool = False, early: float = 0.0,
+                  flushed: Optional[Dict[Tuple[int, int], int]] = None) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
         ``by_block``: to its blocks by position, a backward's
         :attr:`Memo.flat_pending` (with ZeRO 2/3 reduce-scattering each
         gradient, to the block's peak apart from its gradients);
+        ``flushed``: ZeRO 0/1's buckets held where a gradient's sync flushes
+        one inside its block (:attr:`Memo.bucket_inside`), with the block's
+        excess after that gradient (:attr:`.blocks.Block.b_after`);
         ``first``: the chunk's first backward, micro-batch 0, whose bare
         gradients become the buffers (``b0_excess``) where the later ones
         make a gradient beside the buffer and add it in (``b_excess``));
@@ -180,6 +184,11 @@ def estimate_memory(b: StepContext) -> List[int]:
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
+                if flushed and at is None:
+                    after_grad = blk.b0_after if bare else blk.b_after
+                    for (j, i), nbytes in flushed.items():
+                        if j == k and i in after_grad:
+                            peak = max(peak, now + nbytes + after_grad[i])
                 if early and k == last:
                     tail = blk.b0_tail if bare else blk.b_tail
                     if tail is not None:
@@ -374,7 +383,9 @@ def estimate_memory(b: StepContext) -> List[int]:
                                            b.memo.flat_later.get((stage, mb, c, "B")),
                                            by_block=pending, first=mb == 0,
                                            after=bool(after_b[at[mb]]),
-                                           hold=bool(holds[at[mb]])))
+                                           hold=bool(holds[at[mb]]),
+                                           flushed=b.memo.bucket_inside.get((stage, kind, 0, c))
+                                           if kind == "last" else None))
             else:
                 best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
                                                      after=bool(after_b[at[mb]])))

@@ -84,7 +84,11 @@ moves them at their width (all-reduces, buckets, the tied-embedding sum,
 ZeRO 1's slice; with one micro-batch a gradient's sync starts after its
 cast) and the memory walk counts them so. Refused with ZeRO 2/3 over dp >
 1 (there each micro-batch's gradient is reduce-scattered in its own dtype
-and cast on the shard, which the walk does not separate).
+and cast on the shard, which the walk does not separate). Measured by the
+corpus's fp32_grads draws. A gradient bucket flushed inside a block (fp32
+buckets fill sooner) is held through the rest of the block: on top of the
+block's excess after the gradient whose sync flushed it
+(:attr:`.blocks.Block.b_after`).
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);

@@ -519,7 +519,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
     data_emb, data_head = memory_excess(blocks, groups, times, trace, program, params, rank0,
-                                        final_only, weight)
+                                        final_only, weight, (final_last, synced_only))
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
                         lower.master_dtype, dict(partition), time.perf_counter() - started, kept,
                         data_emb, data_head, weight)
