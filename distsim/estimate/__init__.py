@@ -57,9 +57,7 @@ without building or simulating the whole program. A peer of
 parallelism too); their known
   gaps are on memory: ZeRO 3 prefetching the experts' weights (up to
   3.3 %), and ``routing_skew`` 1 with tp and two micro-batches (1.5 %).
-  Context parallelism has its draws too; its known gap is gradient
-  buckets' flat copies waiting behind the cp collectives through a
-  block's transient peak (memory up to 2.2 % under).
+  Context parallelism has its draws too.
 - *Cache key*: :func:`cache_key` (options -> the key of the per-layer
   profile an estimate builds once per process and reuses): sweeps group
   the points that share one.

@@ -109,9 +109,7 @@ gathers would run over the template's cp ranks, not dp x cp). Context
 parallelism is measured by the corpus's cp draws (cp 2 and 4, every
 ``cp_comm``) and a random sample of 127 such points drawn as they are,
 gradient buckets included (step time within 0.49 %, mean 0.03 %; memory
-within 0.49 %, mean 0.02 %); with gradient buckets a bucket's flat copy
-waiting behind the cp collectives through a block's peak is counted at
-the block's gradients only (memory up to 2.2 % under).
+within 0.49 %, mean 0.02 %).
 """
 from __future__ import annotations
 
