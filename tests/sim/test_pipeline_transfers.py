@@ -51,3 +51,50 @@ def test_the_transfer_waits_for_the_compute_its_receiver_issued_before_it():
     got, trace = run(receiver_busy_before_its_receive(), "async", comm_order="inputs")
     assert got[(0, "t")].start_s == pytest.approx(1 * MS, rel=1e-12)
     assert trace.step_time_s == pytest.approx(2 * MS + SEND, rel=1e-12)      # 3.002 ms
+
+
+def exchange_of_a_1f1b_step():
+    """One steady 1F1B exchange between two stages: stage 0 ends a forward
+    (an add, 1 ms), stage 1 a backward (two adds, 2 ms); then the
+    activation goes 0 -> 1 and the gradient 1 -> 0, issued one after the
+    other (one ``batch_isend_irecv`` each side), and each stage's next task
+    (an add) reads what it received."""
+    b = FunctionBuilder("exchange")
+    x = b.input("x", TensorType((N,), F16, 0))
+    g = b.input("g", TensorType((N,), F16, 1))
+    f0 = b.op("add", [x, x], name="f0")
+    p1 = b.op("add", [g, g], name="p1")
+    b1 = b.op("add", [p1, p1], name="b1")
+    act = b.op("comm.sendrecv", [f0], {"ranks": (0, 1)}, name="act")
+    grad = b.op("comm.sendrecv", [b1], {"ranks": (1, 0)}, name="grad")
+    c0 = b.op("add", [grad, grad], name="c0")
+    c1 = b.op("add", [act, act], name="c1")
+    return b.finish([c0, c1])
+
+
+def test_the_two_ways_of_an_exchange_move_at_once():
+    # both from 2 ms (stage 1's backward), side by side on the two
+    # directions' queues (NCCL's sendrecv): both end at 3.002 ms, each
+    # stage's next task 3.002 - 4.002 ms (one after the other: 5.004 ms)
+    got, trace = run(exchange_of_a_1f1b_step(), "async", comm_order="stream")
+    for name in ("act", "grad"):
+        assert got[(0, name)].start_s == pytest.approx(2 * MS, rel=1e-12)
+        assert got[(0, name)].end_s == pytest.approx(2 * MS + SEND, rel=1e-12)
+    assert trace.step_time_s == pytest.approx(3 * MS + SEND, rel=1e-12)      # 4.002 ms
+    # by inputs the activation moves from 1 ms, the gradient from 2 ms
+    got, trace = run(exchange_of_a_1f1b_step(), "async", comm_order="inputs")
+    assert got[(0, "act")].start_s == pytest.approx(1 * MS, rel=1e-12)
+    assert got[(0, "grad")].start_s == pytest.approx(2 * MS, rel=1e-12)
+    assert trace.step_time_s == pytest.approx(3 * MS + SEND, rel=1e-12)
+
+
+def test_transfers_the_same_way_still_queue_in_program_order():
+    # two 100 MB sends 0 -> 1, both ready at 0: NCCL runs calls to one
+    # peer in order, so the second starts when the first ends
+    b = FunctionBuilder("same_way")
+    x = [b.input(f"x{i}", TensorType((N,), F16, 0)) for i in (0, 1)]
+    t = [b.op("comm.sendrecv", [x[i]], {"ranks": (0, 1)}, name=f"t{i}") for i in (0, 1)]
+    got, trace = run(b.finish(t), "async", comm_order="stream")
+    assert got[(1, "t0")].start_s == 0.0
+    assert got[(1, "t1")].start_s == pytest.approx(SEND, rel=1e-12)
+    assert trace.step_time_s == pytest.approx(2 * SEND, rel=1e-12)
