@@ -481,12 +481,14 @@ INTERLEAVED_TP8_MEMORY = (
     "in either order")
 
 
-# where a draw of 100 found the two furthest apart (drawn off since)
+# where a draw of 100 found the two furthest apart (drawn off since; under
+# stream order, as drawn, the pipeline's two directions moving at once
+# have closed it, by inputs it stays)
 @example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 1, 'tp': 8, 'pp': 2,
           'layers': 4, 'network_mode': 'analytical', 'seq': 1024, 'micro_batch': 1,
           'global_batch': 2, 'schedule': 'interleaved', 'virtual_stages': 2,
           'partition': 'balanced', 'zero': 0, 'recompute': 'full', 'bucket_mb': 5,
-          'order': 'dp-tp-pp', 'optimizer': 'sgd', 'fusion': 'megatron', 'comm_order': 'stream',
+          'order': 'dp-tp-pp', 'optimizer': 'sgd', 'fusion': 'megatron', 'comm_order': 'inputs',
           'tp_overlap': True}
          ).xfail(raises=AssertionError, reason=INTERLEAVED_TP8_MEMORY)
 @DRAWS
