@@ -29,7 +29,6 @@ def test_groups_are_consecutive_dp_ranks_and_their_strides():
     (dict(dp=4, ep=3), "--ep 3 does not divide --dp 4"),
     (dict(dp=4, ep=2, zero=3), "--ep: expert parallelism with --zero 3 is not modelled"),
     (dict(dp=4, ep=0), "--ep: must be a positive integer"),
-    (dict(dp=4, tp=2, sp=True, ep=2), "--ep: expert parallelism with --sp is not modelled"),
 ])
 def test_strategy_refuses(fields, message):
     with pytest.raises(ConfigError) as info:

@@ -34,6 +34,12 @@ def moe_reference(make_reference):
     dict(dp=4, ep=2),
     dict(dp=4, ep=4),
     dict(dp=2, ep=2, tp=2),
+    # with sequence parallelism each tp rank routes its sequence shard (Megatron-LM's
+    # MoE layer): all-to-all over ep, then the slots all-gathered over tp for the
+    # experts' split FFNs, reduce-scattered back
+    dict(dp=2, ep=2, tp=2, sp=True),
+    dict(dp=4, ep=2, tp=2, sp=True),
+    dict(dp=4, ep=2, tp=2, sp=True, zero=1, pp=2, recompute="selective"),
     dict(dp=2, ep=2, zero=1),
     dict(dp=4, ep=2, zero=1),
     dict(dp=4, ep=2, zero=2),
