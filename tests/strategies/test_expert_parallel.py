@@ -1,5 +1,6 @@
 """Expert parallelism (``--ep``): the groups, the refusals (one line, exit
-2), the lowered program's all-to-alls and gradient teams, and a simulated
+2), the lowered program's all-to-alls and gradient teams, ZeRO 3's shards
+and gathers of the experts over their team, and a simulated
 two-layer Mixtral's expert weights, optimizer state and all-to-all sizes
 per rank written out by hand. That the ep step updates the weights as the
 one-device step does is in ``test_moe_strategies.py``."""
@@ -27,7 +28,6 @@ def test_groups_are_consecutive_dp_ranks_and_their_strides():
 
 @pytest.mark.parametrize("fields,message", [
     (dict(dp=4, ep=3), "--ep 3 does not divide --dp 4"),
-    (dict(dp=4, ep=2, zero=3), "--ep: expert parallelism with --zero 3 is not modelled"),
     (dict(dp=4, ep=0), "--ep: must be a positive integer"),
 ])
 def test_strategy_refuses(fields, message):
@@ -75,6 +75,33 @@ def test_lowered_program_teams(make_reference):
             teams.setdefault("expert" if "experts" in op.inputs[0].name else "dense",
                              set()).add(tuple(op.attrs["ranks"]))
     assert teams == {"expert": {(0, 2), (1, 3)}, "dense": {(0, 1, 2, 3)}}
+
+
+@pytest.mark.parametrize("unit", ["param", "layer"])
+def test_zero3_shards_the_experts_over_their_team(make_reference, unit):
+    # dp 4, ep 2, ZeRO 3: an expert's weights (this rank's 4 / 2 experts) are
+    # sharded over its expert-data-parallel team {0, 2}, gathered there before
+    # use and their gradients reduce-scattered there; the others over dp
+    program = make_reference(**MOE).lower(dp=4, ep=2, zero=3, zero3_unit=unit)
+    io = program.meta["io"]
+    for v in program.inputs:
+        info = io[v.name]
+        if info.get("role") == "param" and info["name"] == "l1_experts_w1":
+            # 2 experts x hidden 16 x 2 x 8 = 512 elements, half a rank
+            assert v.type.shape == (256,)
+            assert info["flat"] == [256 * (info["dp_rank"] // 2), 256 * (info["dp_rank"] // 2 + 1)]
+        if info.get("role") == "param" and info["name"] == "l1_router":
+            assert v.type.shape == (16,)                  # 16 x 4 over 4 ranks
+    teams = {}
+    for op in program.ops:
+        if op.meta.get("role") in ("zero_gather", "grad_sync") and op.op_type.startswith("comm."):
+            names = op.inputs[0].name
+            key = (op.op_type, "experts" in names and "shared" not in names)
+            teams.setdefault(key, set()).add(tuple(op.attrs["ranks"]))
+    assert teams == {("comm.allgather", True): {(0, 2), (1, 3)},
+                     ("comm.allgather", False): {(0, 1, 2, 3)},
+                     ("comm.reducescatter", True): {(0, 2), (1, 3)},
+                     ("comm.reducescatter", False): {(0, 1, 2, 3)}}
 
 
 @pytest.mark.parametrize("ep", [2, 8])
