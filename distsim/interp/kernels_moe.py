@@ -82,34 +82,31 @@ def _dispatch_rows(attrs, groups, x, probs):
 
 @kernel("moe_dispatch_grad")
 def _dispatch_grad(attrs, dy, probs):
-    g = _groups(attrs)
-    rows = [_dispatch_grad_rows(attrs, g, d, pr) for d, pr in
-            zip(np.split(dy, g, axis=1), _grouped(probs, g))]
-    return _ungrouped(rows, probs.shape[:-1] + (dy.shape[2],))
-
-
-def _dispatch_grad_rows(attrs, groups, dy, probs):
-    experts, slots, kept, _ = _route(attrs, probs, groups)
-    out = np.zeros((probs.shape[0], dy.shape[2]), dtype=dy.dtype)
-    t, j = np.nonzero(kept)
-    np.add.at(out, t, dy[experts[t, j], slots[t, j]])
-    return out
+    return _to_tokens(attrs, dy, probs, gated=False)
 
 
 @kernel("moe_combine")
 def _combine(attrs, y, probs):
+    return _to_tokens(attrs, y, probs, gated=True)
+
+
+def _to_tokens(attrs, y, probs, gated: bool):
+    """Each token's rows of the slots ``y`` summed, weighted by its gates
+    (``gated``: combine) or not (dispatch's gradient), group by group."""
     g = _groups(attrs)
-    rows = [_combine_rows(attrs, g, yy, pr) for yy, pr in
+    rows = [_token_rows(attrs, g, yy, pr, gated) for yy, pr in
             zip(np.split(y, g, axis=1), _grouped(probs, g))]
     return _ungrouped(rows, probs.shape[:-1] + (y.shape[2],))
 
 
-def _combine_rows(attrs, groups, y, probs):
+def _token_rows(attrs, groups, y, probs, gated: bool):
     experts, slots, kept, chosen = _route(attrs, probs, groups)
-    gates = _gates(chosen, bool(attrs.get("normalize", True)))
     out = np.zeros((probs.shape[0], y.shape[2]), dtype=y.dtype)
     t, j = np.nonzero(kept)
-    np.add.at(out, t, gates[t, j, None] * y[experts[t, j], slots[t, j]])
+    rows = y[experts[t, j], slots[t, j]]
+    if gated:
+        rows = _gates(chosen, bool(attrs.get("normalize", True)))[t, j, None] * rows
+    np.add.at(out, t, rows)
     return out
 
 
