@@ -132,11 +132,28 @@ def test_simulated_mixtral_by_hand(ep):
     assert summary["step_time_s"] > 0 and not summary["oom"]
 
 
-def test_reduced_program_equals_full_with_ep():
+def test_simulated_mixtral_zero3_shards_by_hand():
+    # two Mixtral layers on dgx-h100 (dp 8), ep 2, ZeRO 3: the dense parameters
+    # (per layer attention 41,943,040, norms 8192, router 32,768; embedding and
+    # output layer 2 x 32000 x 4096, final norm 4096) sharded over the 8 ranks,
+    # a rank's 8 / 2 experts of 3 x 4096 x 14336 a layer over its dp / ep = 4;
+    # AdamW's fp32 master, m and v of the shards: 12 bytes a parameter
+    dense = 2 * (41_943_040 + 8192 + 32_768) + 2 * 32000 * 4096 + 4096
+    experts = 2 * 4 * 3 * 4096 * 14336
+    result = distsim.simulate("mixtral-8x7b", "dgx-h100", layers=2, global_batch=16, ep=2,
+                              zero=3, symmetry=True)
+    summary = result.summary()
+    assert summary["memory_by_category"]["0"]["optimizer"] == 12 * (dense // 8 + experts // 4)
+    assert summary["step_time_s"] > 0 and not summary["oom"]
+
+
+@pytest.mark.parametrize("strategy", [dict(zero=1), dict(zero=3), dict(tp=2, sp=True)],
+                         ids=["zero1", "zero3", "tp2-sp"])
+def test_reduced_program_equals_full_with_ep(strategy):
     model = {"family": "gpt", "layers": 2, "hidden": 256, "heads": 4, "vocab": 1024,
              "seq": 128, "global_batch": 16, "micro_batch": 1, "experts": 8, "top_k": 2}
-    full = distsim.simulate(model, "dgx-a100", ep=4, zero=1)
-    reduced = distsim.simulate(model, "dgx-a100", ep=4, zero=1, symmetry=True)
+    full = distsim.simulate(model, "dgx-a100", ep=4, **strategy)
+    reduced = distsim.simulate(model, "dgx-a100", ep=4, symmetry=True, **strategy)
     assert reduced.step_time_s == pytest.approx(full.step_time_s, rel=1e-3)
     peaks = {d["rank"]: d["peak_memory_bytes"] for d in full.summary()["devices"]}
     for d in reduced.summary()["devices"]:
