@@ -467,17 +467,18 @@ class _GPTBuilder:
         choose each token's experts; ``moe_dispatch`` copies the tokens into
         their experts' slots, the experts run batched, ``moe_combine`` sums
         each token's expert outputs weighted by its gates; shared experts
-        are one dense MLP beside them. The tokens keep their ``mb x seq``
-        dims (routed in row-major order), so that a sequence shard of them
-        is a shard of the router's input and output too."""
+        are one dense MLP beside them."""
         c, mb = self.c, self.mb
-        route = {"top_k": c.top_k, "capacity": expert_slots(c, mb * c.seq)}
-        logits = self.op("matmul", [h, router], name=f"{p}_router_logits")
+        tokens = mb * c.seq
+        route = {"top_k": c.top_k, "capacity": expert_slots(c, tokens)}
+        flat = self.op("reshape", [h], {"shape": [tokens, c.hidden]}, name=f"{p}_tokens")
+        logits = self.op("matmul", [flat, router], name=f"{p}_router_logits")
         probs = self.op("softmax", [logits], {"axis": -1}, name=f"{p}_router_probs")
-        slots = self.op("moe_dispatch", [h, probs], route, name=f"{p}_dispatch")
+        slots = self.op("moe_dispatch", [flat, probs], route, name=f"{p}_dispatch")
         y = self.ffn(slots, experts)
         out = self.op("moe_combine", [y, probs], {**route, "normalize": c.norm_topk},
-                      name=f"{p}_moe_out")
+                      name=f"{p}_combine")
+        out = self.op("reshape", [out], {"shape": [mb, c.seq, c.hidden]}, name=f"{p}_moe_out")
         if shared is not None:
             out = self.op("add", [out, self.ffn(h, shared)], name=f"{p}_moe_sum")
         return out

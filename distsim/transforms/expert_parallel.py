@@ -83,13 +83,28 @@ def route_sequence_shards(forward: Function, tp: int, model: str = "the model") 
     its share of the slots: what ``tp`` ranks holding a sequence shard each
     route on their own. The capacity becomes ``tp`` times a group's, the
     capacity of ``1 / tp`` of the tokens (the slots' count is linear in the
-    tokens before it is rounded up: ``ceil(capacity / tp)``)."""
+    tokens before it is rounded up: ``ceil(capacity / tp)``). Tokens
+    flattened for the routing (a ``reshape`` of ``mb x seq x hidden`` to
+    ``tokens x hidden``) are routed in their own shape instead, the router
+    too, so that a sequence shard of them is a shard of the routing's
+    inputs (the combine's result has that shape then: its reshape back
+    goes)."""
+    producer = forward.producers()
     env: Dict[Value, Value] = {}
+    flat_tokens: List[Value] = []
+    for op in forward.ops:
+        if op.op_type == "moe_dispatch":
+            flat = op.inputs[0]
+            r = producer.get(flat)
+            if r is not None and r.op_type == "reshape" and r.inputs[0].type.rank > 2 \
+                    and r.inputs[0].type.shape[-1] == flat.type.shape[-1]:
+                env[flat] = r.inputs[0]
+                flat_tokens.append(flat)
     ops: List[Op] = []
     for op in forward.ops:
         attrs = op.attrs
         if op.op_type in ("moe_dispatch", "moe_combine"):
-            tokens = op.inputs[1].type.shape[-2]
+            tokens = env.get(op.inputs[1], op.inputs[1]).type.shape[-2]
             if tokens % tp:
                 raise ConfigError(f"--sp: --tp {tp} does not divide the {tokens} tokens routed "
                                   f"by %{op.outputs[0].name} of model '{model}'")
@@ -99,12 +114,18 @@ def route_sequence_shards(forward: Function, tp: int, model: str = "the model") 
         if attrs is op.attrs and ins == list(op.inputs):
             ops.append(op)
             continue
+        if op.op_type == "reshape" and ins[0].type.shape == op.outputs[0].type.shape:
+            env[op.outputs[0]] = ins[0]     # the combine's result back in shape: a no-op now
+            continue
         types = infer_types(op.op_type, [v.type for v in ins], attrs)
         outs = [v if t == v.type else Value(v.name, t) for v, t in zip(op.outputs, types)]
         env.update(zip(op.outputs, outs))
         ops.append(Op(op.op_type, ins, outs, attrs, op.subfunctions, op.meta))
-    out = Function(forward.name, list(forward.inputs), ops,
-                   [env.get(v, v) for v in forward.outputs])
+    outputs = [env.get(v, v) for v in forward.outputs]
+    read = {v for op in ops for v in op.inputs} | set(outputs)
+    unread = {id(producer[v]) for v in flat_tokens if v not in read}   # the flattening
+    out = Function(forward.name, list(forward.inputs),
+                   [op for op in ops if id(op) not in unread], outputs)
     out.meta = dict(forward.meta)
     return verify(out)
 
