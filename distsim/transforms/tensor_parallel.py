@@ -47,6 +47,7 @@ from ..ir.mesh import BlockShard, DeviceMesh, DTensorType, Partial, Placement, R
 from ..ir.registry import is_registered, lookup
 from ..ir.types import TensorType
 from ..ir.verifier import verify
+from .expert_parallel import route_sequence_shards
 from .plans import Plan, PlanEntry
 from .sharding import propagate, verify_sharded
 from .sharding.vocab_loss import vocab_parallel_cross_entropy, vocab_sharded_losses
@@ -76,6 +77,8 @@ class TensorParallel:
             template, _ = clone_function(forward)
             shards: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
         else:
+            if self.sp:      # each rank routes its sequence shard (Megatron-LM's MoE layer)
+                forward = route_sequence_shards(forward, self.tp, self.model)
             placed = place(forward, styles, self.tp, self.sp)
             main = placed.main
             template, _ = spmd_template(main, params, device=_device(forward))
@@ -261,7 +264,9 @@ def style_placements(f: Function, styles: Dict[str, PlanEntry], tp: int, sp: boo
                               f"(size {size}), which {entry.style} splits")
         fixed[v] = Shard(dim)
     for x in inputs_replicated:    # a column-wise layer's input: whole on every rank
-        if x.name not in styles:
+        # (but for tokens a MoE layer routes too, a shared expert's input:
+        # the routing keeps its placement, the layer's readers gather it)
+        if x.name not in styles and not any(u.op_type == "moe_dispatch" for u in users[x]):
             fixed[x] = Replicate()
     return fixed
 

@@ -68,14 +68,24 @@ class ParamGathers:
             self._received = self._task_inputs(stage, mb, kind, chunk)
         for j in prefetch_window(layers.index(layer), len(order), S.prefetch):
             ahead, params = order[j]
-            todo = [p for p in params if (p, kind, mb, stage) not in self.gathered]
-            for group in gather_groups([p.type.numel for p in todo], S.dp,
-                                       S.zero3_unit == "layer"):
-                if len(group) > 1:
-                    self._gather_unit([todo[i] for i in group], stage, mb, kind, ahead)
-                else:
-                    self._gather(todo[group[0]], stage, mb, kind, ahead)
+            # an expert's weights gather over their expert-data-parallel team:
+            # units of their own
+            for expert in (False, True):
+                todo = [p for p in params if (p, kind, mb, stage) not in self.gathered
+                        and (p in self.ctx.expert) == expert]
+                team = S.dp // S.ep if expert else S.dp
+                for group in gather_groups([p.type.numel for p in todo], team,
+                                           S.zero3_unit == "layer"):
+                    if len(group) > 1:
+                        self._gather_unit([todo[i] for i in group], stage, mb, kind, ahead)
+                    else:
+                        self._gather(todo[group[0]], stage, mb, kind, ahead)
         self._received = {}
+
+    def team_size(self, p: Value) -> int:
+        """The ranks ``p`` is sharded over: dp, or dp / ep for an expert's weights."""
+        S = self.strategy
+        return S.dp // S.ep if p in self.ctx.expert else S.dp
 
     def _gates(self, shard: Value, r: int, name: str, meta: Dict[str, Any]) -> Value:
         """``shard`` gated on the compute emitted so far on ``r`` and on the
@@ -112,7 +122,8 @@ class ParamGathers:
                          f"{unit}_in_m{mb}_r{r}", dict(meta, detail="zero3 copy-in"))
             return self._gates(buf, r, unit, meta)
         full = self.ctx.dp_collective(CollectiveType.ALL_GATHER, stage, f"{unit}_full_m{mb}",
-                                      packed, dict(meta, role="zero_gather"), dim=0)
+                                      packed, dict(meta, role="zero_gather"),
+                                      params[0] in self.ctx.expert, dim=0)
         for r, x in full.items():
             env = self.ctx.env(r, mb)
             for p in params:
@@ -151,13 +162,15 @@ class ParamGathers:
 
     def _gather(self, p: Value, stage: int, mb: int, kind: str, layer: Any) -> None:
         """All-gather the shards of ``p`` over the dp ranks of every tensor-
-        parallel rank of ``stage``, gated on the compute emitted so far."""
+        parallel rank of ``stage`` (an expert's weights: over their
+        expert-data-parallel team), gated on the compute emitted so far."""
         self.gathered.add((p, kind, mb, stage))
         meta = {"stage": stage, "microbatch": mb, "category": "weights", "layer": layer}
         full = self.ctx.dp_collective(
             CollectiveType.ALL_GATHER, stage, f"{p.name}_full_m{mb}",
             lambda r: self._gates(self.param_in[(p, r)], r, p.name, meta)
-            if self.ctx.placement.present(r) else None, dict(meta, role="zero_gather"), dim=0)
+            if self.ctx.placement.present(r) else None, dict(meta, role="zero_gather"),
+            p in self.ctx.expert, dim=0)
         for r, x in full.items():
             self.ctx.env(r, mb)[("zero3_flat", p, kind)] = x
 
@@ -186,14 +199,14 @@ class ParamGathers:
 
     def _copy_out(self, unit: Tuple[Value, Sequence[Value]], env: Dict[Any, Any],
                   kind: str, rank: int, stage: int, mb: int) -> None:
-        """Split a layer's gathered buffer (the dp ranks' concatenated
+        """Split a layer's gathered buffer (the team's concatenated
         shards) into its parameters, at the first use of any of them:
         FSDP2's copy-out, the op the layer's compute waits on."""
         buf, params = unit
         meta = {"stage": stage, "microbatch": mb, "category": "weights",
                 "detail": "zero3 copy-out"}
         pieces = self.ctx.emitter.op("chunk_split", [buf],
-                                     {"rows": self.strategy.dp,
+                                     {"rows": self.team_size(params[0]),
                                       "shapes": [list(p.type.shape) for p in params]},
                                      [f"{p.name}{USE_MARK}{mb}_r{rank}" for p in params],
                                      dict(meta))
