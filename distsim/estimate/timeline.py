@@ -491,6 +491,10 @@ class Builder:
         early = [(ctx.lead_in(c, 0)[1], ctx.lead_in(c, 1)[1]) for c in range(ctx.chunks)]
         free = ctx.tl.free
         tp_at = ctx.tp_at
+        # the plans' keys, per chunk: a forward's, a first and a middle
+        # backward's (made once here, not per task)
+        f_keys = [("F", shape, 0) for shape in shapes]
+        b_keys = [(("B", shape, 0), ("B", shape, 2)) for shape in shapes]
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             for sent in (pending.due(start) if waiting and waiting[0][0] <= start else ()):
@@ -511,10 +515,9 @@ class Builder:
                 f_end = ends[("F", mb, c)] or 0.0
                 if f_end > ready:
                     ready = f_end
-                plan = plans.get(("B", shapes[c], 0 if mb == 0 else 2)) \
-                    if plain and mb != last_mb else None
+                plan = plans.get(b_keys[c][mb != 0]) if plain and mb != last_mb else None
             else:
-                plan = plans.get(("F", shapes[c], 0)) if plain else None
+                plan = plans.get(f_keys[c]) if plain else None
             if plan is None:
                 ends[task] = emit(stage, kind, mb, c, ready)
                 if kind == "B":      # where it made its input gradient
