@@ -17,7 +17,8 @@ without building or simulating the whole program. A peer of
   expert parallelism (``ep``: the all-to-alls in each MoE block's
   template, the experts' weights synchronised and sharded over dp / ep),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
-  all-gathered keys and values, ring attention, all-to-alls), the GPipe /
+  all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
+  its parameters sharded and gathered over dp x cp), the GPipe /
   1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's backward
   split into B and W as the lowering splits it), even or balanced
   partitions,
@@ -32,8 +33,7 @@ without building or simulating the whole program. A peer of
   naming the family; valid options it does not model (``zb-h1`` with
   ZeRO 3 over dp > 1,
   ``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
-  whole beside the others reduce-scattered, context parallelism with
-  ZeRO 3) with
+  whole beside the others reduce-scattered) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
@@ -67,7 +67,8 @@ shape and tensor-parallel layout (per-block times and memory; one per
 layer kind where a model mixes dense and MoE layers; under expert
 parallelism one expert-parallel group, :mod:`.experts`; with context
 parallelism a tp x cp group, the attention's gathers, ring steps or
-all-to-alls simulated with it, its gradients kept local);
+all-to-alls simulated with it, its gradients kept local and, under ZeRO
+3, its parameters gathered over no team);
 :mod:`.timeline` walks the pipeline's program order on an
 :class:`~.engine.Timeline` (one rank per stage, compute and communication
 streams); :mod:`.memory` walks the same schedule for the peak bytes.

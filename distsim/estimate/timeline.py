@@ -339,7 +339,7 @@ class Builder:
                                       t + (unit.copy_out_time if unit else 0.0),
                                       busy + copy_out, rest=cut,
                                       pre_shift=unit.copy_out_pre(kind) if unit else 0.0,
-                                      post_shift=unit.copy_out_post if unit else 0.0)
+                                      post_shift=unit.copy_out_post if unit else 0.0, mb=mb)
                 reads = None if cut else chain(self.ctx, kind, name, pieces[0])
                 plan.append([gathers, fl, lead if cut else [],
                              pieces if reads is None else pieces[1:], reads, None])

@@ -483,10 +483,11 @@ CP_MODELS = {
 def cp_configurations(draw) -> Dict[str, Any]:
     """A configuration with context parallelism: cp 2 or 4 with each
     ``cp_comm`` (the ring under fused attention, which it needs), crossed
-    with tp, sp, pp (and its schedules), dp, ZeRO 0-2, recomputation,
+    with tp, sp, pp (and its schedules), dp, ZeRO 0-3, recomputation,
     the gradient sync per gradient or after the backward (``bucket_mb``
-    0), the mesh order and the optimizer. ZeRO 3 with cp is refused by the
-    estimator. Gradient buckets are drawn off: a bucket's flat copy that
+    0), the mesh order and the optimizer; ZeRO 3 too (prefetch 0-2, by
+    parameter or by layer), its parameters sharded and gathered over the
+    dp x cp ranks. Gradient buckets are drawn off: a bucket's flat copy that
     waits for its all-reduce behind the cp collectives through a block's
     transient peak is counted at the block's gradients only
     (:data:`CP_BUCKET_AT_PEAK`, the expected failure below)."""
@@ -516,7 +517,13 @@ def cp_configurations(draw) -> Dict[str, Any]:
             o["layers"] = max(o["layers"], 4)
     if tp > 1 and draw(st.booleans()):
         o["sp"] = True
-    o["zero"] = draw(st.integers(0, 2))
+    o["zero"] = draw(st.integers(0, 3))
+    if o["zero"] == 3:
+        prefetch = draw(st.sampled_from([None, 0, 2]))
+        if prefetch is not None:
+            o["prefetch"] = prefetch
+        if draw(st.booleans()):
+            o["zero3_unit"] = "layer"
     o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
     if draw(st.booleans()):
         o["bucket_mb"] = 0
