@@ -91,7 +91,7 @@ class Builder:
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
-        if ctx.by_layer:
+        if ctx.by_layer and kind in ctx.gathering:
             self._lead_copy_ins(stage, kind, mb, c, ready)
         flats = ctx.flats.get(stage)
         if flats:
@@ -188,7 +188,7 @@ class Builder:
         if plan is None:
             plan = ctx.memo.plans[(kind, ctx.shapes[c], cls)] = self._task_plan(kind, c, mb)
         tl, flops = ctx.tl, ctx.flops
-        if ctx.zero3:
+        if kind in ctx.gathering:
             # A task whose start finds the stage's communication streams idle
             # depends only on that start (the later of its input and the
             # compute stream's end): the first such task of its plan is
@@ -317,7 +317,7 @@ class Builder:
         split = kind == "B" and head.b_lead > 0.0
         lead = [(head.b_lead, head.b_lead_busy, ctx.block_comm and head.b_lead_comm)] \
             if split else []
-        if ctx.zero3:
+        if kind in ctx.gathering:
             plan = []
             issued = 0
             for i, (name, _) in enumerate(order):
@@ -571,6 +571,7 @@ class Builder:
         self.ctx.resume(other.ctx)
         self._last = dict(other._last)
         self._start_sync()
+        self.policy.units_made_from(other.policy)
         mine.pos = w.pos
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
         mine.outs = dict(w.outs)

@@ -8,11 +8,11 @@ shapes with 2-8 layers and shorter sequences, ``tiny`` and the generic
 ``gpt``; dgx-a100 (one and two nodes) and the PCIe workstation; tp x pp x
 dp and the mesh order; micro-batch sizes and counts; 1F1B, GPipe and
 interleaved schedules (virtual stages), balanced partitions, and apart
-the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-2, ZeRO 2
+the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-3, ZeRO 2/3
 reduce-scattering each micro-batch or after the backward pass with data
 parallelism); sequence
 parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
-with the rest but ZeRO 3); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
+ZeRO 3 included); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
 invalid point must be refused by both, with the same error class.
 
@@ -57,9 +57,10 @@ def configurations(draw, zero_bubble: bool = False,
                    models: Mapping[str, Tuple[Tuple[int, ...], Tuple[Any, ...]]] = MODELS
                    ) -> Dict[str, Any]:
     """One configuration as ``distsim simulate`` options (analytical network);
-    ``zero_bubble``: a pipeline under ZB-H1, with what the estimator walks
-    of it (ZeRO 2 over dp, no ZeRO 3 over dp); of one of ``models`` (name -> layer counts, sequence
-    lengths)."""
+    ``zero_bubble``: a pipeline under ZB-H1 (ZeRO 3 over dp too: its
+    gathers in the forward and the input-gradient B tasks, the gradients
+    reduce-scattered where the B or W task makes them final); of one of
+    ``models`` (name -> layer counts, sequence lengths)."""
     model = draw(st.sampled_from(sorted(models)))
     layer_counts, seqs = models[model]
     topology = draw(st.sampled_from(sorted(TOPOLOGIES)))
@@ -103,10 +104,6 @@ def configurations(draw, zero_bubble: bool = False,
     if order is not None:
         o["order"] = order
     o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
-    if zero_bubble and dp > 1 and o["zero"] >= 2:
-        o.update(zero=2)
-        o.pop("prefetch", None)
-        o.pop("zero3_unit", None)
     # unfused, by inputs (_agrees pins both); fused points are the examples below
     return o
 
