@@ -263,11 +263,20 @@ class Builder:
             # that ends the block before (the embedding's forward), which
             # the gather queues behind on the communication stream
             # (the task's first, the first block's own: :meth:`emit_task`)
-            starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
-                      for j, (copy_in, _) in enumerate(gathers)]
+            # Each gather right after its copy-in, as LowerSPMD emits them
+            # (under stream order a gather waits for the compute issued
+            # before it: its own copy-in, not the next one's), but behind
+            # the block before's trailing collective, whose wait comes
+            # after the copy-ins
+            starts: List[Optional[float]] = [None] * len(gathers)
             if wait is not None:
+                starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
+                          for j, (copy_in, _) in enumerate(gathers)]
                 tl.compute_pieces(stage, wait, prev)
-            for start, (_, t) in zip(starts, gathers):
+            for g, (copy_in, t) in enumerate(gathers):
+                start = starts[g]
+                if start is None:
+                    start = tl.compute(stage, copy_in, prev) if copy_in and (i or g) else prev
                 j = len(issued)
                 issued.append(tl.comm_on(stage, t, start))
                 entries.append((j, order[j][0], start,
