@@ -20,7 +20,9 @@ without building or simulating the whole program. A peer of
   all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
   its parameters sharded and gathered over dp x cp), the GPipe /
   1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's backward
-  split into B and W as the lowering splits it), even or balanced
+  split into B and W as the lowering splits it; under ZeRO 3 its
+  parameters gathered in the forward and B tasks, where the lowering
+  gathers them), even or balanced
   partitions,
   micro-batches, ZeRO 0-3 (prefetch, by parameter or by layer),
   gradient buckets, recomputation, AdamW / SGD; on any topology;
@@ -30,9 +32,8 @@ without building or simulating the whole program. A peer of
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,
   and models of other families (MLP, ONNX imports) with a ConfigError
-  naming the family; valid options it does not model (``zb-h1`` with
-  ZeRO 3 over dp > 1,
-  ``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
+  naming the family; valid options it does not model
+  (``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
   whole beside the others reduce-scattered) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation

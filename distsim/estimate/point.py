@@ -443,10 +443,17 @@ def extrapolation_lengths(strategy: Strategy) -> Tuple[int, int]:
     already frame the periodic part (checked on the GPT-3 space's 72
     points with pp 1, every figure as from 3 and 4 to 7e-13; with a
     pipeline, ``pp`` and ``pp + 1`` are not yet periodic: step times off by
-    up to 2e-3)."""
+    up to 2e-3). ZB-H1 under ZeRO 3 by layer over dp > 1, ``pp + 2`` and
+    ``pp + 3``: a unit's gradients come from a B and a W task and are
+    settled at the stage's next unit, which with full recomputation and no
+    prefetch is periodic a micro-batch later (pp 2 and 4: step times off
+    by 1.9 % and 1.0 % from ``pp + 1`` and ``pp + 2``)."""
     if strategy.schedule == "interleaved":
         return 2 * strategy.pp, 3 * strategy.pp
     m1 = strategy.pp + 1 if strategy.pp > 1 else 2
+    if strategy.schedule in SPLIT_BACKWARD and strategy.zero == 3 and strategy.dp > 1 \
+            and strategy.zero3_unit == "layer":
+        m1 += 1
     return m1, m1 + 1
 
 
