@@ -57,7 +57,10 @@ parallelism too); their known
   3.3 %), and ``routing_skew`` 1 with tp and two micro-batches (1.5 %).
   Context parallelism has its draws too; its known gap is gradient
   buckets' flat copies waiting behind the cp collectives through a
-  block's transient peak (memory up to 2.2 % under).
+  block's transient peak (memory up to 2.2 % under). ZeRO 3 under ZB-H1
+  and under context parallelism are drawn too; their known gaps are on
+  memory (ZB-H1 without prefetch: the next task's gated shards beside a
+  W task's last gradient, up to 6.3 % under).
 - *Cache key*: :func:`cache_key` (options -> the key of the per-layer
   profile an estimate builds once per process and reuses): sweeps group
   the points that share one.

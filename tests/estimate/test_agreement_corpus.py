@@ -384,6 +384,26 @@ def test_the_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
+#: known gap of ZB-H1 under ZeRO 3 (reports/estimator/README.md), found by
+#: a wider random draw of such points than the corpus's
+ZB_ZERO3_NEXT_GATES_MEMORY = (
+    "ZB-H1, ZeRO 3 without prefetch: a W task's last gradient (the embedding's), its flat "
+    "copy and its reduce-scatter's result are live while the next task's first gathers are "
+    "gated (their shards' gated copies, live until the gathers run after that "
+    "reduce-scatter), which the estimate counts at the next task only: peak memory 3.6 % "
+    "(llama3-8b) and 6.3 % (gpt3-1.3b by layer) under the simulation's")
+
+
+@example({'model': 'llama3-8b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 2, 'pp': 4,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 14, 'schedule': 'zb-h1', 'zero': 3, 'prefetch': 0,
+          'recompute': 'selective', 'order': 'dp-pp-tp', 'optimizer': 'sgd'}
+         ).xfail(raises=AssertionError, reason=ZB_ZERO3_NEXT_GATES_MEMORY)
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 4, 'pp': 2,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 14, 'schedule': 'zb-h1', 'sp': True, 'zero': 3, 'prefetch': 0,
+          'zero3_unit': 'layer', 'recompute': 'full', 'bucket_mb': 25, 'order': 'dp-tp-pp',
+          'optimizer': 'sgd'}).xfail(raises=AssertionError, reason=ZB_ZERO3_NEXT_GATES_MEMORY)
 @DRAWS
 @given(configurations(zero_bubble=True))
 def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
