@@ -52,6 +52,18 @@ def _divisors(n: int, most: int):
     return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
 
 
+def _draw_zero(draw, o: Dict[str, Any]) -> None:
+    """ZeRO 0-3 into ``o``; with ZeRO 3 its prefetch (default, 0 or 2) and
+    unit (by parameter or by layer)."""
+    o["zero"] = draw(st.integers(0, 3))
+    if o["zero"] == 3:
+        prefetch = draw(st.sampled_from([None, 0, 2]))
+        if prefetch is not None:
+            o["prefetch"] = prefetch
+        if draw(st.booleans()):
+            o["zero3_unit"] = "layer"
+
+
 @st.composite
 def configurations(draw, zero_bubble: bool = False,
                    models: Mapping[str, Tuple[Tuple[int, ...], Tuple[Any, ...]]] = MODELS
@@ -89,13 +101,7 @@ def configurations(draw, zero_bubble: bool = False,
     o["layers"] = max(o["layers"], pp * o.get("virtual_stages", 1))
     if tp > 1 and draw(st.booleans()):
         o["sp"] = True
-    o["zero"] = draw(st.integers(0, 3))
-    if o["zero"] == 3:
-        prefetch = draw(st.sampled_from([None, 0, 2]))
-        if prefetch is not None:
-            o["prefetch"] = prefetch
-        if draw(st.booleans()):
-            o["zero3_unit"] = "layer"
+    _draw_zero(draw, o)
     o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
     bucket = draw(st.sampled_from([None, 0, 1, 5, 25, 100]))
     if bucket is not None:
@@ -534,13 +540,7 @@ def cp_configurations(draw) -> Dict[str, Any]:
             o["layers"] = max(o["layers"], 4)
     if tp > 1 and draw(st.booleans()):
         o["sp"] = True
-    o["zero"] = draw(st.integers(0, 3))
-    if o["zero"] == 3:
-        prefetch = draw(st.sampled_from([None, 0, 2]))
-        if prefetch is not None:
-            o["prefetch"] = prefetch
-        if draw(st.booleans()):
-            o["zero3_unit"] = "layer"
+    _draw_zero(draw, o)
     o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
     if draw(st.booleans()):
         o["bucket_mb"] = 0
