@@ -91,7 +91,7 @@ class Builder:
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
-        if ctx.by_layer:
+        if ctx.by_layer and kind in ctx.gathering:
             self._lead_copy_ins(stage, kind, mb, c, ready)
         flats = ctx.flats.get(stage)
         if flats:
@@ -188,7 +188,7 @@ class Builder:
         if plan is None:
             plan = ctx.memo.plans[(kind, ctx.shapes[c], cls)] = self._task_plan(kind, c, mb)
         tl, flops = ctx.tl, ctx.flops
-        if ctx.zero3:
+        if kind in ctx.gathering:
             # A task whose start finds the stage's communication streams idle
             # depends only on that start (the later of its input and the
             # compute stream's end): the first such task of its plan is
@@ -263,11 +263,20 @@ class Builder:
             # that ends the block before (the embedding's forward), which
             # the gather queues behind on the communication stream
             # (the task's first, the first block's own: :meth:`emit_task`)
-            starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
-                      for j, (copy_in, _) in enumerate(gathers)]
+            # Each gather right after its copy-in, as LowerSPMD emits them
+            # (under stream order a gather waits for the compute issued
+            # before it: its own copy-in, not the next one's), but behind
+            # the block before's trailing collective, whose wait comes
+            # after the copy-ins
+            starts: List[Optional[float]] = [None] * len(gathers)
             if wait is not None:
+                starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
+                          for j, (copy_in, _) in enumerate(gathers)]
                 tl.compute_pieces(stage, wait, prev)
-            for start, (_, t) in zip(starts, gathers):
+            for g, (copy_in, t) in enumerate(gathers):
+                start = starts[g]
+                if start is None:
+                    start = tl.compute(stage, copy_in, prev) if copy_in and (i or g) else prev
                 j = len(issued)
                 issued.append(tl.comm_on(stage, t, start))
                 entries.append((j, order[j][0], start,
@@ -317,7 +326,7 @@ class Builder:
         split = kind == "B" and head.b_lead > 0.0
         lead = [(head.b_lead, head.b_lead_busy, ctx.block_comm and head.b_lead_comm)] \
             if split else []
-        if ctx.zero3:
+        if kind in ctx.gathering:
             plan = []
             issued = 0
             for i, (name, _) in enumerate(order):
@@ -339,7 +348,7 @@ class Builder:
                                       t + (unit.copy_out_time if unit else 0.0),
                                       busy + copy_out, rest=cut,
                                       pre_shift=unit.copy_out_pre(kind) if unit else 0.0,
-                                      post_shift=unit.copy_out_post if unit else 0.0)
+                                      post_shift=unit.copy_out_post if unit else 0.0, mb=mb)
                 reads = None if cut else chain(self.ctx, kind, name, pieces[0])
                 plan.append([gathers, fl, lead if cut else [],
                              pieces if reads is None else pieces[1:], reads, None])
@@ -574,6 +583,7 @@ class Builder:
         self.ctx.resume(other.ctx)
         self._last = dict(other._last)
         self._start_sync()
+        self.policy.units_made_from(other.policy)
         mine.pos = w.pos
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
         mine.outs = dict(w.outs)

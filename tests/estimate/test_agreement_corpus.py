@@ -8,11 +8,11 @@ shapes with 2-8 layers and shorter sequences, ``tiny`` and the generic
 ``gpt``; dgx-a100 (one and two nodes) and the PCIe workstation; tp x pp x
 dp and the mesh order; micro-batch sizes and counts; 1F1B, GPipe and
 interleaved schedules (virtual stages), balanced partitions, and apart
-the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-2, ZeRO 2
+the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-3, ZeRO 2/3
 reduce-scattering each micro-batch or after the backward pass with data
 parallelism); sequence
 parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
-with the rest but ZeRO 3); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
+ZeRO 3 included); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
 invalid point must be refused by both, with the same error class.
 
@@ -52,14 +52,27 @@ def _divisors(n: int, most: int):
     return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
 
 
+def _draw_zero(draw, o: Dict[str, Any]) -> None:
+    """ZeRO 0-3 into ``o``; with ZeRO 3 its prefetch (default, 0 or 2) and
+    unit (by parameter or by layer)."""
+    o["zero"] = draw(st.integers(0, 3))
+    if o["zero"] == 3:
+        prefetch = draw(st.sampled_from([None, 0, 2]))
+        if prefetch is not None:
+            o["prefetch"] = prefetch
+        if draw(st.booleans()):
+            o["zero3_unit"] = "layer"
+
+
 @st.composite
 def configurations(draw, zero_bubble: bool = False,
                    models: Mapping[str, Tuple[Tuple[int, ...], Tuple[Any, ...]]] = MODELS
                    ) -> Dict[str, Any]:
     """One configuration as ``distsim simulate`` options (analytical network);
-    ``zero_bubble``: a pipeline under ZB-H1, with what the estimator walks
-    of it (ZeRO 2 over dp, no ZeRO 3 over dp); of one of ``models`` (name -> layer counts, sequence
-    lengths)."""
+    ``zero_bubble``: a pipeline under ZB-H1 (ZeRO 3 over dp too: its
+    gathers in the forward and the input-gradient B tasks, the gradients
+    reduce-scattered where the B or W task makes them final); of one of
+    ``models`` (name -> layer counts, sequence lengths)."""
     model = draw(st.sampled_from(sorted(models)))
     layer_counts, seqs = models[model]
     topology = draw(st.sampled_from(sorted(TOPOLOGIES)))
@@ -88,13 +101,7 @@ def configurations(draw, zero_bubble: bool = False,
     o["layers"] = max(o["layers"], pp * o.get("virtual_stages", 1))
     if tp > 1 and draw(st.booleans()):
         o["sp"] = True
-    o["zero"] = draw(st.integers(0, 3))
-    if o["zero"] == 3:
-        prefetch = draw(st.sampled_from([None, 0, 2]))
-        if prefetch is not None:
-            o["prefetch"] = prefetch
-        if draw(st.booleans()):
-            o["zero3_unit"] = "layer"
+    _draw_zero(draw, o)
     o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
     bucket = draw(st.sampled_from([None, 0, 1, 5, 25, 100]))
     if bucket is not None:
@@ -103,10 +110,6 @@ def configurations(draw, zero_bubble: bool = False,
     if order is not None:
         o["order"] = order
     o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
-    if zero_bubble and dp > 1 and o["zero"] >= 2:
-        o.update(zero=2)
-        o.pop("prefetch", None)
-        o.pop("zero3_unit", None)
     # unfused, by inputs (_agrees pins both); fused points are the examples below
     return o
 
@@ -396,6 +399,26 @@ def test_the_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
+#: known gap of ZB-H1 under ZeRO 3 (reports/estimator/README.md), found by
+#: a wider random draw of such points than the corpus's
+ZB_ZERO3_NEXT_GATES_MEMORY = (
+    "ZB-H1, ZeRO 3 without prefetch: a W task's last gradient (the embedding's), its flat "
+    "copy and its reduce-scatter's result are live while the next task's first gathers are "
+    "gated (their shards' gated copies, live until the gathers run after that "
+    "reduce-scatter), which the estimate counts at the next task only: peak memory 3.6 % "
+    "(llama3-8b) and 6.3 % (gpt3-1.3b by layer) under the simulation's")
+
+
+@example({'model': 'llama3-8b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 2, 'pp': 4,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 14, 'schedule': 'zb-h1', 'zero': 3, 'prefetch': 0,
+          'recompute': 'selective', 'order': 'dp-pp-tp', 'optimizer': 'sgd'}
+         ).xfail(raises=AssertionError, reason=ZB_ZERO3_NEXT_GATES_MEMORY)
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 4, 'pp': 2,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 14, 'schedule': 'zb-h1', 'sp': True, 'zero': 3, 'prefetch': 0,
+          'zero3_unit': 'layer', 'recompute': 'full', 'bucket_mb': 25, 'order': 'dp-tp-pp',
+          'optimizer': 'sgd'}).xfail(raises=AssertionError, reason=ZB_ZERO3_NEXT_GATES_MEMORY)
 @DRAWS
 @given(configurations(zero_bubble=True))
 def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
@@ -497,10 +520,11 @@ CP_MODELS = {
 def cp_configurations(draw) -> Dict[str, Any]:
     """A configuration with context parallelism: cp 2 or 4 with each
     ``cp_comm`` (the ring under fused attention, which it needs), crossed
-    with tp, sp, pp (and its schedules), dp, ZeRO 0-2, recomputation,
+    with tp, sp, pp (and its schedules), dp, ZeRO 0-3, recomputation,
     the gradient sync per gradient or after the backward (``bucket_mb``
-    0), the mesh order and the optimizer. ZeRO 3 with cp is refused by the
-    estimator. Gradient buckets are drawn off: a bucket's flat copy that
+    0), the mesh order and the optimizer; ZeRO 3 too (prefetch 0-2, by
+    parameter or by layer), its parameters sharded and gathered over the
+    dp x cp ranks. Gradient buckets are drawn off: a bucket's flat copy that
     waits for its all-reduce behind the cp collectives through a block's
     transient peak is counted at the block's gradients only
     (:data:`CP_BUCKET_AT_PEAK`, the expected failure below)."""
@@ -530,7 +554,7 @@ def cp_configurations(draw) -> Dict[str, Any]:
             o["layers"] = max(o["layers"], 4)
     if tp > 1 and draw(st.booleans()):
         o["sp"] = True
-    o["zero"] = draw(st.integers(0, 2))
+    _draw_zero(draw, o)
     o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
     if draw(st.booleans()):
         o["bucket_mb"] = 0
