@@ -58,8 +58,6 @@ def with_expert_parallel(profile: LayerProfile, plain: LayerProfile) -> LayerPro
     return replace(profile, params=params, wall_s=profile.wall_s + plain.wall_s)
 
 
-
-
 class ExpertSyncPolicy:
     """Two :class:`~distsim.transforms.sync_policy.SyncPolicy` on one sink:
     ``main`` over dp, ``experts`` over dp / ep, each gradient to its

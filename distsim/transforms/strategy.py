@@ -228,9 +228,9 @@ def fusion_for(strategy: "Strategy", family: Optional[str] = None) -> str:
     the ``gpt`` family, what Megatron-LM runs, ``none`` (every op its own
     kernel) for the others. On the published runs (reports/validation/)
     Megatron's fused kernels are right together with stream-ordered
-    collectives (``comm_order: stream``, the simulator's default too:
-    4.0 % mean error), while fused kernels with collectives ordered by
-    their inputs come out too fast."""
+    collectives (``comm_order: stream``, the simulator's default too;
+    the table's headline is that pair's), while fused kernels with
+    collectives ordered by their inputs come out too fast."""
     if strategy.fusion is not None:
         return strategy.fusion
     return FAMILY_FUSION.get(family or "", "none")
