@@ -79,11 +79,13 @@ def test_collective_a_member_never_reaches(topo, mode):
 
 def test_sendrecv_whose_input_needs_its_own_output(topo):
     message, blocked = run_deadlock(deadlock_sendrecv_own_output(), topo)
-    # a SendRecv waits on its pair's point-to-point queue, named by the peer
-    assert blocked == {(0, "p2p-with-1"): "%b1", (0, "compute"): "%a0",
-                       (1, "p2p-with-0"): "%b1"}
-    assert "device 0 p2p-with-1: %b1 (comm.sendrecv) waiting for input %a0" in message
-    assert "device 1 p2p-with-0: %b1 (comm.sendrecv) waiting for ranks [0] to reach it" in message
+    # a SendRecv waits on its direction's point-to-point queue, named by the
+    # peer; the one coming back, on the other direction's, waits for b1
+    assert blocked == {(0, "p2p-to-1"): "%b1", (0, "compute"): "%a0",
+                       (1, "p2p-from-0"): "%b1",
+                       (0, "p2p-from-1"): "%c0", (1, "p2p-to-0"): "%c0"}
+    assert "device 0 p2p-to-1: %b1 (comm.sendrecv) waiting for input %a0" in message
+    assert "device 1 p2p-from-0: %b1 (comm.sendrecv) waiting for ranks [0] to reach it" in message
 
 
 def test_circular_wait_of_three_collectives(topo):

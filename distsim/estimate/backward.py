@@ -167,7 +167,7 @@ class OpByOpBackward:
                 elif seg.kind == "t":
                     # -1: waits for the compute before it; -2: for none
                     d = seg.deps[0] if seg.deps else None
-                    # a ring step ("p"): its pair's queue in the parameter's place
+                    # a ring step ("p"): its queue in the parameter's place
                     plan.append(("p" if seg.p2p else "t", seg.time_s, 0.0, (),
                                  -2 if not seg.deps else -1 if d is None else d,
                                  seg.p2p or None, seg.lead, gate))
@@ -217,7 +217,7 @@ class OpByOpBackward:
         #: (reduce-scatters: ZeRO 2/3 only)
         timed_costs = ctx.memo.param_costs if scatter and self.sync.zero >= 2 else {}
         last: Optional[float] = None
-        #: where the task's last ring attention step on each pair's queue
+        #: where the task's last ring attention step on each p2p queue
         #: ends: they take it in program order
         ring: Dict[int, float] = {}
         first = True
@@ -322,7 +322,7 @@ class OpByOpBackward:
                         extra = dep
                     if kind == "t":
                         local[i] = tl.comm_on(stage, time_s, extra, tp=True)
-                    else:       # a ring attention step: on its pair's own queue
+                    else:       # a ring attention step: on its own p2p queue
                         start = tl.issued((stage,), extra)
                         local[i] = ring[param] = max(start, ring.get(param, 0.0)) + time_s
                     first = first and lead

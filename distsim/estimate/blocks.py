@@ -45,9 +45,9 @@ class Segment:
     #: a mark "g": the time of the op making the gradient (the last of the
     #: run it marks; what is live from that op's start counts with it)
     op_s: float = 0.0
-    #: a "t" that is a ring attention step (a send or receive on its pair's
-    #: own queue, not the communication stream): 1 + the template rank of
-    #: the peer; 0 otherwise
+    #: a "t" that is a ring attention step (a send or receive on its own
+    #: point-to-point queue, not the communication stream): that queue
+    #: (:func:`.segments.ring_peer`); 0 otherwise
     p2p: int = 0
 
 

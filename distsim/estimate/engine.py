@@ -1,11 +1,11 @@
 """The estimator's timeline: work items on the streams of pipeline stages.
 
 Each pipeline stage is represented by one rank with the simulator's
-streams: compute, communication, and a point-to-point queue per pair of
-stages. An item is a piece of work in program order on one or more
+streams: compute, communication, and a point-to-point queue per direction
+of each pair of stages. An item is a piece of work in program order on one or more
 streams: a run of compute (one stream), a collective (the communication
 streams of every stage in its team), a pipeline send/receive (the queue of
-its pair of stages), or a forward/backward task with tensor-parallel
+its direction between its pair of stages), or a forward/backward task with tensor-parallel
 collectives inside (both streams of its stage: its collectives hold the
 communication stream while it runs). An item starts when every stream it
 is on has finished the items before it and the items it depends on have
@@ -100,9 +100,10 @@ class Timeline:
         # accumulation waits for), not of a task's tensor-parallel pieces
         self.tp_items: List[float] = [0.0] * stages
         self.sync_waits: List[float] = [0.0] * stages
-        # point-to-point queues: the end of each pair of stages' last
-        # transfer, and per stage the spans of its transfers (those with
-        # its two neighbours may overlap each other and the collectives)
+        # point-to-point queues: the end of the last transfer from one stage
+        # to another (each direction its own queue), and per stage the spans
+        # of its transfers (those with its two neighbours, and the two ways
+        # to one, may overlap each other and the collectives)
         self.p2p_free: Dict[Tuple[int, int], float] = {}
         self.p2p_starts: List[List[float]] = [[] for _ in range(stages)]
         self.p2p_ends: List[List[float]] = [[] for _ in range(stages)]
@@ -412,11 +413,11 @@ class Timeline:
     def p2p_chain(self, a: int, b: int, times: Sequence[float], ready: float,
                   arrived: float) -> float:
         """Pipeline sends/receives between stages ``a != b``, one of each of
-        ``times`` after another (a task's outputs), on the pair's
-        point-to-point queue (not behind the collectives, as in the
-        simulator), the first from ``ready``; returns the latest of
-        ``arrived`` and their ends."""
-        pair = (a, b) if a < b else (b, a)
+        ``times`` after another (a task's outputs), on the point-to-point
+        queue from ``a`` to ``b`` (not behind the collectives, nor behind
+        the transfers the other way, as in the simulator), the first from
+        ``ready``; returns the latest of ``arrived`` and their ends."""
+        pair = (a, b)
         if self.stream_order:
             ready = self.issued(pair, ready)
         p2p_free = self.p2p_free

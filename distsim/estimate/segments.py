@@ -21,13 +21,15 @@ _RANK = re.compile(r"_r\d+$")
 
 
 def ring_peer(op: Op, rank: int = 0) -> int:
-    """1 + the peer of ``rank`` in ``op`` where it is a step of ring
-    attention (a send or receive of keys and values between
-    context-parallel neighbours, on that pair's queue); 0 otherwise."""
+    """The point-to-point queue of ``rank`` that ``op`` is on where it is a
+    step of ring attention (a send or receive of keys and values between
+    context-parallel neighbours): ``1 + 2 peer`` for a send, ``2 + 2 peer``
+    for a receive (each direction of a pair has a queue,
+    :mod:`distsim.sim.comm_queues`); 0 otherwise."""
     if op.meta.get("role") != "cp_ring":
         return 0
     src, dst = op.attrs["ranks"]
-    return 1 + (dst if src == rank else src)
+    return 1 + 2 * dst if src == rank else 2 + 2 * src
 
 
 def leading_recompute(ops: List[Op]) -> List[Op]:
@@ -129,7 +131,7 @@ def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, 
     backward) waits for no compute of the backward (no deps); one that
     reads a value from before the block otherwise waits for the compute
     before it (``deps`` ``(None,)``), but a ring attention step
-    (:attr:`Segment.p2p`), which waits for its pair's queue only; a ring
+    (:attr:`Segment.p2p`), which waits for its queue only; a ring
     step's receive, which reads the peer's value, waits for the entry
     making rank 0's value of that name (ranks run alike)."""
     out: List[Segment] = []

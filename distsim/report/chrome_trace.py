@@ -9,8 +9,8 @@ Layout (the JSON Object Format of the Trace Event spec):
   per-group`` the process groups' streams, ``comm-8x1`` ..., see
   :mod:`distsim.sim.comm_queues`, and no ``comm`` thread); so tids are
   stable across runs;
-  a stream whose ops overlap (``p2p``, a queue per pair of ranks) is spread
-  over extra threads ``p2p (2)``, ... with the next tids (:func:`_lanes`),
+  a stream whose ops overlap (``p2p``, a queue per direction of each pair
+  of ranks) is spread over extra threads ``p2p (2)``, ... with the next tids (:func:`_lanes`),
   as the slices of one thread must nest;
 * one complete event (``ph: "X"``) per op, ``ts``/``dur`` in microseconds,
   ``cat`` the op's category, ``args`` its op type, flops, bytes and detail;
@@ -208,8 +208,8 @@ def _lanes(ops: List[OpRecord], tids: Dict[str, int]
     shown on, and each rank's extra threads ``(tid, name)``.
 
     The Trace Event format needs the slices of one thread to nest; a stream
-    whose ops overlap (``p2p``: a queue per pair of ranks, several pairs on
-    one device) would draw wrongly. Each op goes on the first *lane* of its
+    whose ops overlap (``p2p``: a queue per direction of each pair of
+    ranks, several on one device) would draw wrongly. Each op goes on the first *lane* of its
     stream that is free at its start (the ends compared as written, to the
     nanosecond): lane 0 is the stream's own thread, lane k > 0 a thread
     named ``<stream> (k+1)`` with the next tid after every stream's. An op

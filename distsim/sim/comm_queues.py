@@ -4,9 +4,16 @@ A queue takes its ops in program order: an op starts when the previous one
 of its queue has ended (and every member of its team has reached it), so
 the queues decide which communications may overlap on a device.
 
-* **Point-to-point** (SendRecv): one queue per pair of ranks,
-  ``p2p-with-<peer>``, as NCCL runs point-to-point operations on a
-  communicator (and stream) of their own per pair of ranks.
+* **Point-to-point** (SendRecv): one queue per direction of each pair of
+  ranks, ``p2p-to-<peer>`` for the sends and ``p2p-from-<peer>`` for the
+  receives, apart from the collectives'. Transfers one way between two
+  ranks run in program order (NCCL executes point-to-point calls to the
+  same peer in order); the two ways run side by side, as a pipeline's
+  exchange does: Megatron-LM's ``send_forward_recv_backward`` and PyTorch's
+  ``Schedule1F1B`` issue a stage's send to the next stage and its receive
+  from it in one ``batch_isend_irecv``, one NCCL group, whose calls
+  progress concurrently (NCCL's *sendrecv*: "both sending and receiving at
+  the same time").
 * **Collectives**, by the ``comm_streams`` setting:
 
   - ``per-group`` (NCCL's behaviour): one queue per process group. PyTorch's
@@ -98,7 +105,7 @@ def comm_queues(rank: int, kinds: np.ndarray, kind_ops: Sequence[Op], mode: str
         ranks = op.attrs["ranks"]
         if is_point_to_point(op):
             src, dst = ranks
-            name = f"{P2P_STREAM}-with-{dst if src == rank else src}"
+            name = f"{P2P_STREAM}-to-{dst}" if src == rank else f"{P2P_STREAM}-from-{src}"
         elif mode == "shared":
             name = COMM_STREAM
         else:

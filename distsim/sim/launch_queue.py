@@ -70,6 +70,13 @@ the simulator holds collectives to that:
   the weight-gradient GEMM (``tp_overlap``,
   :mod:`distsim.transforms.tp_order`). Blocking launches imply it.
 
+A pipeline transfer is a team of its sender and its receiver, so it waits
+for the compute both issued before it. That is what the pipeline engines
+do: Megatron-LM's 1F1B and PyTorch's ``Schedule1F1B`` post a stage's
+receive with its sends (one ``batch_isend_irecv``) right after the stage's
+previous task, so a receiver still running its previous task holds the
+transfer up (``tests/sim/test_pipeline_transfers.py``).
+
 The fast estimator (:mod:`distsim.estimate`) models both orders.
 
 The simulator keeps its streams and queues; this module adds the order as

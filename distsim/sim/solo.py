@@ -4,8 +4,8 @@ A team's collectives run one after another: each member's queue of the
 team's group (:mod:`.comm_queues`; or its one ``comm`` stream, under
 ``comm_streams: shared``) takes them in program order, and a collective
 starts only when every member has reached it, so the next one of the same
-team starts after the previous one ended. A pair's send/recvs run on a queue of their
-own (one per pair of ranks), beside the comm stream, so they form a team of
+team starts after the previous one ended. A pair's send/recvs one way run on a queue of
+their own (one per direction of a pair of ranks), beside the comm stream, so they form a team of
 their own (:func:`team_key`): a send/recv and an all-reduce of the same two
 ranks can run at once, and share links. When no other team's collective
 uses any link that a team's collectives use, each of them therefore runs on
@@ -24,7 +24,7 @@ when nothing else crosses the same links.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, Optional, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, Optional, Set, Tuple, Union
 
 from ..ir.comm import CollectiveType
 from .collectives import planned_schedule
@@ -48,16 +48,20 @@ class SoloRun:
     samples: Tuple[Tuple[str, str, float, float], ...] = ()
 
 
-#: a team as the queues see it: (on a point-to-point queue?, its ranks)
-TeamKey = Tuple[bool, FrozenSet[int]]
+#: a team as the queues see it: (on a point-to-point queue?, its ranks:
+#: source and destination in order for a send/recv)
+TeamKey = Tuple[bool, Union[Tuple[int, ...], FrozenSet[int]]]
 
 
 def team_key(plan: Plan) -> TeamKey:
     """The team whose collectives run one after another: the ranks, and
-    whether they are a send/recv (on the pair's own p2p queue) or another
-    collective (on the queue of the group of these ranks). Two collectives of one key never
-    overlap; of two keys they may, even over the same ranks."""
-    return plan[0] is CollectiveType.SEND_RECV, frozenset(plan[1])
+    whether they are a send/recv (on its direction's own p2p queue: its
+    ranks in order, source first) or another collective (on the queue of
+    the group of these ranks). Two collectives of one key never overlap; of
+    two keys they may, even over the same ranks."""
+    if plan[0] is CollectiveType.SEND_RECV:
+        return True, tuple(plan[1])
+    return False, frozenset(plan[1])
 
 
 def solo_teams(network: Network, plans: Iterable[Plan]) -> Set[TeamKey]:

@@ -24,8 +24,8 @@ from ..ir.core import gc_paused
 
 COMPUTE_STREAM = "compute"
 COMM_STREAM = "comm"
-#: point-to-point transfers (SendRecv): each pair of ranks has a queue of
-#: its own, apart from the collectives' (see distsim.sim.simulator)
+#: point-to-point transfers (SendRecv): each direction of a pair of ranks
+#: has a queue of its own, apart from the collectives' (see .comm_queues)
 P2P_STREAM = "p2p"
 
 

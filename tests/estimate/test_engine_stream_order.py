@@ -41,6 +41,19 @@ def test_a_transfer_waits_for_the_compute_of_both_its_stages():
     assert tl.p2p_chain(0, 1, [1.0, 1.0], 2.0, 0.0) == 4.0
 
 
+def test_the_two_ways_of_an_exchange_move_at_once():
+    # stage 0's forward 0-1, stage 1's backward 0-2; then the activation
+    # 0 -> 1 (1) and the gradient 1 -> 0 (1), each on its direction's queue:
+    # both 2-3 (one queue for the pair: the gradient 3-4)
+    tl = Timeline(2, stream_order=True)
+    tl.compute(0, 1.0)
+    tl.compute(1, 2.0)
+    assert tl.p2p_chain(0, 1, [1.0], 1.0, 0.0) == 3.0
+    assert tl.p2p_chain(1, 0, [1.0], 2.0, 0.0) == 3.0
+    # a second transfer the same way waits for the first: 3-4
+    assert tl.p2p_chain(0, 1, [1.0], 1.0, 0.0) == 4.0
+
+
 def test_the_optimizer_chain_all_gathers_after_the_updates_issued_before():
     for per_group in (False, True):
         tl = Timeline(1, per_group=per_group, stream_order=True)

@@ -34,15 +34,17 @@ def test_the_spread_group_is_timed_where_it_runs():
     """tp 8 on dgx-a100-x2 with two stages: inside a node (tp-dp-pp) the
     all-reduces run on NVLink and the stage-to-stage sends on one NIC;
     spread over both nodes (pp-dp-tp) the all-reduces cross four NICs and
-    the sends stay on NVLink: 23 % less communication in the simulation
-    (under NCCL's protocols a step's latency, not only its bytes, counts).
+    the sends stay on NVLink: 18 % less communication in the simulation
+    (under NCCL's protocols a step's latency, not only its bytes, counts;
+    inside a node the sends each way across the NIC move at once, counted
+    once).
     The estimate of the spread order has that drop too and the
     simulation's step time, so it timed the group where it runs (its
     communication within 2 %: see the next test)."""
     inside_est, inside = estimated_and_simulated({**SPREAD, "order": "tp-dp-pp"})
     spread, sim = estimated_and_simulated({**SPREAD, "order": "pp-dp-tp"})
-    assert sim["communication_s"] < 0.8 * inside["communication_s"]
-    assert spread["communication_s"] < 0.8 * inside_est["communication_s"]
+    assert sim["communication_s"] < 0.85 * inside["communication_s"]
+    assert spread["communication_s"] < 0.85 * inside_est["communication_s"]
     assert spread["communication_s"] == pytest.approx(sim["communication_s"], rel=0.02)
     assert spread["step_time_s"] == pytest.approx(sim["step_time_s"], rel=AGREEMENT_TOLERANCE)
 

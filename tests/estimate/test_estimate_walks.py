@@ -72,7 +72,7 @@ def test_zero_accumulation_items_never_run_backwards(zero):
 def test_extrapolation_lengths():
     from distsim.transforms.strategy import Strategy
     # past a full pipeline: pp + 1 and pp + 2 micro-batches; 2 and 3 without
-    # one; whole rounds of pp when interleaved, three and four
+    # one; three and four rounds of pp when interleaved
     assert est.extrapolation_lengths(Strategy(dp=2, pp=4)) == (5, 6)
     assert est.extrapolation_lengths(Strategy(dp=8)) == (2, 3)
     assert est.extrapolation_lengths(Strategy(dp=2, pp=4, schedule="interleaved",

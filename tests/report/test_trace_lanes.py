@@ -1,6 +1,7 @@
 """The slices of one trace thread must nest (Trace Event format); a stream
-whose ops overlap (``p2p``: one queue per pair of ranks, so a pipeline
-stage sends to the next stage while it receives from the one before) is
+whose ops overlap (``p2p``: one queue per direction of each pair of ranks, so a
+pipeline stage sends to the next stage while it receives from the one
+before) is
 spread over extra threads, one per lane. Expected tids worked out by hand."""
 from distsim.report import chrome_trace
 from distsim.sim.trace import DeviceInfo, OpRecord, Trace
