@@ -444,9 +444,12 @@ def _with_microbatches(case: Case, m: int) -> Case:
 def extrapolation_lengths(strategy: Strategy) -> Tuple[int, int]:
     """The micro-batch counts of the two timelines :func:`timeline_figures`
     extrapolates from: ``pp + 1`` and ``pp + 2``, three rounds and four of
-    ``pp`` when interleaved (from two rounds the exposed communication is
-    not yet periodic once a pipeline exchange's two ways move at once:
-    off by 1 % on a GPT-2 pp 2 case). Without a pipeline 2 and 3: one stage runs its
+    ``pp`` when interleaved (from two rounds the time split is not yet
+    periodic: the exposed communication once a pipeline exchange's two ways
+    move at once, off by 1 % on a GPT-2 pp 2 case; with the loss in float32
+    a pipeline transfer under a tensor-parallel collective first in the
+    third round, a once-only 2e-3 of the communication time that two and
+    three rounds count per micro-batch). Without a pipeline 2 and 3: one stage runs its
     tasks one after the other, so the first micro-batch and the last
     already frame the periodic part (checked on the GPT-3 space's 72
     points with pp 1, every figure as from 3 and 4 to 7e-13; with a

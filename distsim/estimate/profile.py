@@ -171,19 +171,25 @@ def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch:
     return build_gpt_step(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
                                       recompute=recompute, fusion=fusion, cp=cp,
                                       cp_comm=cp_comm), micro_batch,
-                          _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm))
+                          _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm,
+                                             fusion == "megatron"))
 
 
 @lru_cache(maxsize=4)
 def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool,
-                       ep: int = 1, cp: int = 1, cp_comm: str = "allgather") -> Function:
+                       ep: int = 1, cp: int = 1, cp_comm: str = "allgather",
+                       megatron: bool = False) -> Function:
     """The template's step before recomputation and fusion
     (:func:`~distsim.models.gpt_family.build_gpt_backward`), the same for
     the three recomputation settings a sweep's layout takes one after
     another: placed and differentiated once for them (kept: finishing it
-    makes new functions, nothing changes it)."""
+    makes new functions, nothing changes it). ``megatron``: under
+    Megatron's fusion (its float32 loss at tp 1 is its vocabulary-parallel
+    steps)."""
     return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
-                                          cp=cp, cp_comm=cp_comm), micro_batch)
+                                          cp=cp, cp_comm=cp_comm,
+                                          fusion="megatron" if megatron else "none"),
+                              micro_batch)
 
 
 def model_key(c: GPTConfig) -> Tuple[Tuple[str, Any], ...]:

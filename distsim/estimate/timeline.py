@@ -97,14 +97,14 @@ class Builder:
         if flats:
             # the flat copies still waiting for their reduce-scatters when
             # the task peaks: a backward's start (its saved activations go
-            # as it runs), a forward's end (they come)
+            # as it runs), each forward block's peak (they come)
             start = max(ready, ctx.tl.free[2 * stage])
             flats = ctx.flats[stage] = [x for x in flats if x[1] > start]
             if flats and kind != "F":
                 self.notes.blocks(stage, mb, c, start, flats, kind)
             elif flats:
                 end = self._emit_task(stage, kind, mb, c, ready)
-                self.notes.flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
+                self.notes.forward(stage, mb, c, end, flats)
                 return end
         return self._emit_task(stage, kind, mb, c, ready)
 

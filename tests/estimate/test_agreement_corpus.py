@@ -13,7 +13,8 @@ reduce-scattering each micro-batch or after the backward pass with data
 parallelism); sequence
 parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
 ZeRO 3 included); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
-recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
+recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD; and
+apart the loss in float32 (``loss_dtype: fp32``). An
 invalid point must be refused by both, with the same error class.
 
 The draws are derandomized (the same points on every run); the
@@ -473,6 +474,55 @@ def test_the_stream_ordered_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
+@st.composite
+def fp32_loss_configurations(draw) -> Dict[str, Any]:
+    """A configuration (any schedule, ZB-H1 among them; collectives in
+    either order; with or without Megatron's fused kernels, which at one
+    tensor-parallel rank write the loss as its vocabulary-parallel steps)
+    whose loss is computed in float32 (``loss_dtype: fp32``, a model field:
+    :func:`_with_loss_dtype`)."""
+    o = draw(configurations(zero_bubble=draw(st.booleans())))
+    # not ZeRO 3 synchronising after the backward (bucket_mb 0) with tp > 1:
+    # the step's known gap (ZERO3_TRAILING_ALL_REDUCE), whatever the loss's
+    # dtype (the expected failure below)
+    assume(not (o["zero"] == 3 and o.get("bucket_mb") == 0 and o["tp"] > 1))
+    if draw(st.booleans()):
+        o["comm_order"] = "stream"
+    fusion = draw(st.sampled_from([None, "megatron"]))
+    if fusion is not None:
+        o["fusion"] = fusion
+    o["loss_dtype"] = "fp32"
+    return o
+
+
+# where the estimator departed with the loss in float32: a forward's flat
+# copies counted at its end, not at the cast of the logits where the last
+# stage peaks (gpt2 -2.8 %, the zero-bubble pipeline -3.6 %); a backward's
+# at its start, not at the last pass of Megatron's loss (+1.3 %)
+@example({'model': 'gpt2', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'pp': 2, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 8,
+          'schedule': '1f1b', 'zero': 2, 'recompute': 'none', 'loss_dtype': 'fp32'})
+@example({'model': 'gpt2', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'pp': 2, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 8,
+          'schedule': '1f1b', 'zero': 2, 'recompute': 'none', 'fusion': 'megatron',
+          'comm_order': 'stream', 'loss_dtype': 'fp32'})
+@example({'model': 'gpt2', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 1, 'pp': 4, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 24,
+          'schedule': 'zb-h1', 'zero': 2, 'bucket_mb': 2, 'fusion': 'megatron',
+          'comm_order': 'stream', 'loss_dtype': 'fp32'})
+# ZeRO 3, bucket_mb 0, tp 2: the step 1.02 % under the simulation's, as
+# with the loss in bf16 (1.04 %, the same 76 us)
+@example({'model': 'gpt', 'topology': 'dgx-a100', 'dp': 4, 'tp': 2, 'pp': 1, 'layers': 2,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 8,
+          'sp': True, 'zero': 3, 'prefetch': 0, 'recompute': 'selective', 'bucket_mb': 0,
+          'optimizer': 'adamw', 'loss_dtype': 'fp32'}
+         ).xfail(raises=AssertionError, reason=ZERO3_TRAILING_ALL_REDUCE)
+@MOE_DRAWS      # 40 derandomized draws, as the MoE ones
+@given(fp32_loss_configurations())
+def test_the_estimate_agrees_with_the_simulation_with_the_loss_in_float32(options):
+    _agrees(options)
+
+
 @example({'model': 'deepseek-moe-16b', 'topology': 'dgx-a100', 'dp': 4, 'tp': 2, 'pp': 1,
           'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
           'global_batch': 8, 'zero': 1, 'recompute': 'none', 'optimizer': 'adamw',
@@ -594,12 +644,23 @@ def test_the_estimate_agrees_with_the_simulation_under_expert_parallelism(option
     _agrees(options)
 
 
+def _with_loss_dtype(options: Dict[str, Any]) -> Dict[str, Any]:
+    """``loss_dtype`` (a field of the model, not an option: ``fp32``, the
+    logits cast to float32 for the loss) put into the model's fields."""
+    loss = options.pop("loss_dtype", None)
+    if loss is not None:
+        model = options["model"]
+        options["model"] = {**(model if isinstance(model, dict) else load_model_config(model)),
+                            "loss_dtype": loss}
+    return options
+
+
 def _agrees(options: Mapping[str, Any]) -> None:
     """Both refuse ``options`` with the same error class, or agree within
     the bound on step time and peak memory. The corpus was drawn and seeded
     with collectives ordered by their inputs and unfused kernels: a point
     that leaves ``comm_order`` or ``fusion`` unset runs under those."""
-    options = {**INPUTS_UNFUSED, **options}
+    options = _with_loss_dtype({**INPUTS_UNFUSED, **options})
     row, refused = _outcome(lambda: estimate(options))
     summary, sim_refused = _outcome(lambda: distsim.simulate(**options).summary())
     assert refused == sim_refused, (f"estimate refused with {refused}, "
