@@ -10,6 +10,8 @@ the output gradient (1) and dots it with the expert output (2).
 """
 from __future__ import annotations
 
+import math
+
 from ..ir.core import Op
 from .flops import flop_rule
 
@@ -21,7 +23,7 @@ _PER_ELEMENT = {"moe_dispatch": 0, "moe_dispatch_grad": 1, "moe_combine": 2,
 def routed(op: Op) -> int:
     """Token-choices an op moves: tokens x top_k, capped by the slots."""
     probs = op.inputs[-1].type
-    tokens, experts = probs.shape
+    tokens, experts = math.prod(probs.shape[:-1]), probs.shape[-1]
     return min(tokens * int(op.attrs["top_k"]), experts * int(op.attrs["capacity"]))
 
 
@@ -29,5 +31,5 @@ def routed(op: Op) -> int:
 def _moe(op: Op) -> float:
     probs = op.inputs[-1].type
     hidden = op.inputs[0].type.shape[-1]
-    return float(probs.shape[0] * probs.shape[1]
+    return float(math.prod(probs.shape)
                  + _PER_ELEMENT[op.op_type] * routed(op) * hidden)

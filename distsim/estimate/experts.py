@@ -4,7 +4,10 @@
   expert-parallel group, its all-to-alls among each MoE block's
   collectives and its experts' weights at their 1/ep shape
   (:mod:`.profile`), its optimizer figures those of the template without
-  expert parallelism.
+  expert parallelism. Under sequence parallelism the block holds the
+  tensor-parallel all-gather and reduce-scatter of the experts' slots
+  too, as the lowered template does (each rank routes its sequence
+  shard): nothing of its own here.
 - The gradient sync (:class:`ExpertSyncPolicy`): an expert's weights
   synchronise over their expert-data-parallel team of dp / ep ranks by a
   policy of their own, as the lowering's
@@ -82,6 +85,9 @@ class ExpertSyncPolicy:
 
     def unit_gradient(self, unit: tuple, member: Any, stage: int, microbatch: int) -> None:
         self.main.unit_gradient(unit, member, stage, microbatch)
+
+    def units_made_from(self, other: "ExpertSyncPolicy") -> None:
+        self.main.units_made_from(other.main)
 
     def finish(self, stages: int, params: Sequence[Any],
                tied: Iterable[Tuple[Any, int, Any, int]] = ()) -> None:

@@ -104,9 +104,10 @@ def estimate_memory(b: StepContext) -> List[int]:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
-        ``by_block``: to its blocks by position, a backward's
-        :attr:`Memo.flat_pending` (with ZeRO 2/3 reduce-scattering each
-        gradient, to the block's peak apart from its gradients);
+        ``by_block``: to its blocks by position, the task's
+        :attr:`Memo.flat_pending` (in a backward with ZeRO 2/3
+        reduce-scattering each gradient, to the block's peak apart from its
+        gradients);
         ``flushed``: ZeRO 0/1's buckets held where a gradient's sync flushes
         one inside its block (:attr:`Memo.bucket_inside`), with the block's
         excess after that gradient (:attr:`.blocks.Block.b_after`);
@@ -134,7 +135,8 @@ def estimate_memory(b: StepContext) -> List[int]:
             placed = b.memo.gather_peaks.get(("F", b.shapes[c], False), {})
             for k, ((name, _), gathered, started) in enumerate(zip(
                     chunk_blocks[c], ahead[("F", c)], next_one[("F", c)])):
-                now = base + flight + before + pending
+                now = base + flight + before + pending + (by_block.get(k, 0) if by_block
+                                                          else 0)
                 at = placed.get(k)
                 peak = max(peak, now + (gathered + blocks[name].f_excess if at is None
                                         else at[0]))
@@ -387,8 +389,10 @@ def estimate_memory(b: StepContext) -> List[int]:
                                            flushed=b.memo.bucket_inside.get((stage, kind, 0, c))
                                            if kind == "last" else None))
             else:
-                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
-                                                     after=bool(after_b[at[mb]])))
+                # (with the values received for it, as the walk above)
+                held = float(flight[at[mb]]) + received.get((stage, kind, c, False), 0)
+                best = max(best, task_peak(base, kind, c, held, by_block=pending,
+                                           after=bool(after_b[at[mb]])))
         # ZeRO-3 by layer: a task's first copy-in, made where the stage's
         # compute so far ends, the task's input still to come: beside the
         # activations in flight, the unit of shards the last backward left

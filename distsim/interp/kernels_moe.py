@@ -4,11 +4,12 @@
 the router's probabilities: each token's ``top_k`` most probable experts
 (ties to the lower index), then every expert's slots filled in token
 order, all first choices before any second choice (GShard's priority),
-a choice past the expert's ``capacity`` dropped.
+a choice past the expert's ``capacity`` dropped. Under ``groups`` each
+group of tokens is routed on its own into its share of the slots.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import List, Tuple
 
 import numpy as np
 
@@ -38,14 +39,42 @@ def _gates(chosen: np.ndarray, normalize: bool) -> np.ndarray:
     return chosen / chosen.sum(axis=1, keepdims=True) if normalize else chosen
 
 
-def _route(attrs, probs):
-    return routing(probs, int(attrs["top_k"]), int(attrs["capacity"]))
+def _route(attrs, probs, groups: int):
+    return routing(probs, int(attrs["top_k"]), int(attrs["capacity"]) // groups)
+
+
+def _grouped(tokens: np.ndarray, groups: int) -> List[np.ndarray]:
+    """``tokens`` (``... x n x d``) as ``groups`` matrices of rows, group
+    ``g`` the ``g``-th of ``groups`` pieces of dim ``n`` (see
+    :mod:`distsim.ir.ops_moe`)."""
+    if tokens.ndim < 2:
+        return [tokens]
+    pieces = np.split(tokens, groups, axis=tokens.ndim - 2)
+    return [p.reshape(-1, tokens.shape[-1]) for p in pieces]
+
+
+def _ungrouped(rows: List[np.ndarray], like: Tuple[int, ...]) -> np.ndarray:
+    """The inverse of :func:`_grouped`: the groups' rows back in ``like``."""
+    n = len(like) - 2
+    piece = like[:n] + (like[n] // len(rows), like[-1])
+    return np.concatenate([r.reshape(piece) for r in rows], axis=n)
+
+
+def _groups(attrs) -> int:
+    return int(attrs.get("groups", 1))
 
 
 @kernel("moe_dispatch")
 def _dispatch(attrs, x, probs):
-    experts, slots, kept, _ = _route(attrs, probs)
-    out = np.zeros((probs.shape[1], int(attrs["capacity"]), x.shape[1]), dtype=x.dtype)
+    g = _groups(attrs)
+    return np.concatenate([_dispatch_rows(attrs, g, xr, pr) for xr, pr in
+                           zip(_grouped(x, g), _grouped(probs, g))], axis=1)
+
+
+def _dispatch_rows(attrs, groups, x, probs):
+    experts, slots, kept, _ = _route(attrs, probs, groups)
+    out = np.zeros((probs.shape[1], int(attrs["capacity"]) // groups, x.shape[1]),
+                   dtype=x.dtype)
     t, j = np.nonzero(kept)
     out[experts[t, j], slots[t, j]] = x[t]
     return out
@@ -53,26 +82,45 @@ def _dispatch(attrs, x, probs):
 
 @kernel("moe_dispatch_grad")
 def _dispatch_grad(attrs, dy, probs):
-    experts, slots, kept, _ = _route(attrs, probs)
-    out = np.zeros((probs.shape[0], dy.shape[2]), dtype=dy.dtype)
-    t, j = np.nonzero(kept)
-    np.add.at(out, t, dy[experts[t, j], slots[t, j]])
-    return out
+    return _to_tokens(attrs, dy, probs, gated=False)
 
 
 @kernel("moe_combine")
 def _combine(attrs, y, probs):
-    experts, slots, kept, chosen = _route(attrs, probs)
-    gates = _gates(chosen, bool(attrs.get("normalize", True)))
+    return _to_tokens(attrs, y, probs, gated=True)
+
+
+def _to_tokens(attrs, y, probs, gated: bool):
+    """Each token's rows of the slots ``y`` summed, weighted by its gates
+    (``gated``: combine) or not (dispatch's gradient), group by group."""
+    g = _groups(attrs)
+    rows = [_token_rows(attrs, g, yy, pr, gated) for yy, pr in
+            zip(np.split(y, g, axis=1), _grouped(probs, g))]
+    return _ungrouped(rows, probs.shape[:-1] + (y.shape[2],))
+
+
+def _token_rows(attrs, groups, y, probs, gated: bool):
+    experts, slots, kept, chosen = _route(attrs, probs, groups)
     out = np.zeros((probs.shape[0], y.shape[2]), dtype=y.dtype)
     t, j = np.nonzero(kept)
-    np.add.at(out, t, gates[t, j, None] * y[experts[t, j], slots[t, j]])
+    rows = y[experts[t, j], slots[t, j]]
+    if gated:
+        rows = _gates(chosen, bool(attrs.get("normalize", True)))[t, j, None] * rows
+    np.add.at(out, t, rows)
     return out
 
 
 @kernel("moe_combine_grad")
 def _combine_grad(attrs, dout, y, probs):
-    experts, slots, kept, chosen = _route(attrs, probs)
+    g = _groups(attrs)
+    parts = [_combine_grad_rows(attrs, g, d, yy, pr) for d, yy, pr in
+             zip(_grouped(dout, g), np.split(y, g, axis=1), _grouped(probs, g))]
+    dy = np.concatenate([p[0] for p in parts], axis=1)
+    return dy, _ungrouped([p[1] for p in parts], probs.shape)
+
+
+def _combine_grad_rows(attrs, groups, dout, y, probs):
+    experts, slots, kept, chosen = _route(attrs, probs, groups)
     normalize = bool(attrs.get("normalize", True))
     gates = _gates(chosen, normalize)
     t, j = np.nonzero(kept)

@@ -3,15 +3,24 @@
 Routing is recomputed from the router's probabilities by each op (top-k
 per token, then each expert's slots filled in order, first choices
 first; a token past an expert's ``capacity`` is dropped there), so that
-dispatch, combine and their gradients agree without passing indices:
+dispatch, combine and their gradients agree without passing indices.
+Tokens may have any leading dims (``mb x seq x h``: in row-major order).
 
-- ``moe_dispatch(x: tokens x h, probs: tokens x E) -> E x capacity x h``:
+- ``moe_dispatch(x: ... x h, probs: ... x E) -> E x capacity x h``:
   each routed token copied into its expert's slot (empty slots zero);
-- ``moe_combine(y: E x capacity x h, probs) -> tokens x h``: each token's
+- ``moe_combine(y: E x capacity x h, probs) -> ... x h``: each token's
   expert outputs summed weighted by its gates (the chosen probabilities,
   divided by their sum when ``normalize``);
-- ``moe_dispatch_grad(dy: E x capacity x h, probs) -> tokens x h``;
-- ``moe_combine_grad(dout: tokens x h, y, probs) -> (dy, dprobs)``.
+- ``moe_dispatch_grad(dy: E x capacity x h, probs) -> ... x h``;
+- ``moe_combine_grad(dout: ... x h, y, probs) -> (dy, dprobs)``.
+
+``groups`` (default 1) routes the tokens in that many groups of their
+last leading dim (the sequence) on their own: group ``g`` (positions
+``g x n / groups`` to ``(g + 1) x n / groups - 1`` of that dim, every
+other dim whole) fills slots ``g x capacity / groups`` to ``(g + 1) x
+capacity / groups - 1`` of every expert. A rank holding a group's
+sequence shard routes it as Megatron-LM does under sequence parallelism
+(each rank its own tokens, its own capacity): the group is a shard.
 """
 from __future__ import annotations
 
@@ -21,19 +30,23 @@ from .ops import _same_device
 from .registry import REQUIRED, OpSpec, ShapeError, register
 from .types import TensorType
 
-_ROUTE = {"top_k": REQUIRED, "capacity": REQUIRED}
+_ROUTE = {"top_k": REQUIRED, "capacity": REQUIRED, "groups": 1}
 
 
 def _probs(probs: TensorType, attrs) -> int:
-    """The number of experts of a ``tokens x experts`` probability matrix."""
-    if probs.rank != 2:
+    """The number of experts of a ``... x experts`` probability tensor."""
+    if probs.rank < 2:
         raise ShapeError(f"router probabilities must be tokens x experts, got {probs.shape}")
     k = int(attrs["top_k"])
-    if not 1 <= k <= probs.shape[1]:
-        raise ShapeError(f"top_k {k} must be in [1, {probs.shape[1]} experts]")
-    if int(attrs["capacity"]) < 1:
+    if not 1 <= k <= probs.shape[-1]:
+        raise ShapeError(f"top_k {k} must be in [1, {probs.shape[-1]} experts]")
+    capacity, groups = int(attrs["capacity"]), int(attrs.get("groups", 1))
+    if capacity < 1:
         raise ShapeError(f"capacity must be positive, got {attrs['capacity']}")
-    return probs.shape[1]
+    if groups < 1 or capacity % groups or probs.shape[-2] % groups:
+        raise ShapeError(f"groups {groups} must divide the capacity {capacity} and the "
+                         f"{probs.shape[-2]} tokens of the last leading dim")
+    return probs.shape[-1]
 
 
 def _slots(y: TensorType, probs: TensorType, attrs) -> None:
@@ -44,8 +57,9 @@ def _slots(y: TensorType, probs: TensorType, attrs) -> None:
 
 
 def _tokens(x: TensorType, probs: TensorType) -> None:
-    if x.rank != 2 or x.shape[0] != probs.shape[0]:
-        raise ShapeError(f"tokens must be {probs.shape[0]} x hidden, got {x.shape}")
+    if x.shape[:-1] != probs.shape[:-1]:
+        raise ShapeError(f"tokens must be {' x '.join(map(str, probs.shape[:-1]))} x hidden, "
+                         f"got {x.shape}")
 
 
 def _dispatch(types, attrs) -> List[TensorType]:
@@ -53,14 +67,14 @@ def _dispatch(types, attrs) -> List[TensorType]:
     device = _same_device(types)
     experts = _probs(probs, attrs)
     _tokens(x, probs)
-    return [TensorType((experts, int(attrs["capacity"]), x.shape[1]), x.dtype, device)]
+    return [TensorType((experts, int(attrs["capacity"]), x.shape[-1]), x.dtype, device)]
 
 
 def _combine(types, attrs) -> List[TensorType]:
     y, probs = types
     device = _same_device(types)
     _slots(y, probs, attrs)
-    return [TensorType((probs.shape[0], y.shape[2]), y.dtype, device)]
+    return [TensorType(tuple(probs.shape[:-1]) + (y.shape[2],), y.dtype, device)]
 
 
 def _combine_grad(types, attrs) -> List[TensorType]:

@@ -23,6 +23,19 @@ step computes what the one-device step does; autodiff makes the
 backward's all-to-alls (the gradient of one is the other). The template's
 ``meta["expert_params"]`` names the sharded parameters (their global
 shapes stay in ``param_global_shapes``), ``meta["ep"]`` the degree.
+
+Under sequence parallelism (:func:`route_sequence_shards`, before tensor
+parallelism places the forward) each tensor-parallel rank routes its own
+sequence shard, as Megatron-LM's MoE layer does (its ``alltoall``
+dispatcher, expert tensor parallel size = tensor parallel size, the
+default): router and dispatch on the shard, the all-to-all over the
+expert-parallel group, the slots of the ``tp`` ranks all-gathered for the
+experts' FFNs (split over tp as a dense MLP is, column- then row-wise),
+their partial outputs reduce-scattered back to each rank's slots, the
+inverse all-to-all, the combine on the shard. The tensor-parallel
+all-gather and reduce-scatter come from the sharding layer (the slots
+split along dim 1, :mod:`.sharding.rules_moe`); this pass puts the
+all-to-alls between them and the dispatch and combine.
 """
 from __future__ import annotations
 
@@ -64,6 +77,59 @@ def expert_region(f: Function, dispatch: Op) -> List[Op]:
     return region[::-1]
 
 
+def route_sequence_shards(forward: Function, tp: int, model: str = "the model") -> Function:
+    """``forward`` with every MoE layer's tokens routed in ``tp`` groups
+    along the sequence (``groups``, :mod:`distsim.ir.ops_moe`), each with
+    its share of the slots: what ``tp`` ranks holding a sequence shard each
+    route on their own. The capacity becomes ``tp`` times a group's, the
+    capacity of ``1 / tp`` of the tokens (the slots' count is linear in the
+    tokens before it is rounded up: ``ceil(capacity / tp)``). Tokens
+    flattened for the routing (a ``reshape`` of ``mb x seq x hidden`` to
+    ``tokens x hidden``) are routed in their own shape instead, the router
+    too, so that a sequence shard of them is a shard of the routing's
+    inputs (the combine's result has that shape then: its reshape back
+    goes)."""
+    producer = forward.producers()
+    env: Dict[Value, Value] = {}
+    flat_tokens: List[Value] = []
+    for op in forward.ops:
+        if op.op_type == "moe_dispatch":
+            flat = op.inputs[0]
+            r = producer.get(flat)
+            if r is not None and r.op_type == "reshape" and r.inputs[0].type.rank > 2 \
+                    and r.inputs[0].type.shape[-1] == flat.type.shape[-1]:
+                env[flat] = r.inputs[0]
+                flat_tokens.append(flat)
+    ops: List[Op] = []
+    for op in forward.ops:
+        attrs = op.attrs
+        if op.op_type in ("moe_dispatch", "moe_combine"):
+            tokens = env.get(op.inputs[1], op.inputs[1]).type.shape[-2]
+            if tokens % tp:
+                raise ConfigError(f"--sp: --tp {tp} does not divide the {tokens} tokens routed "
+                                  f"by %{op.outputs[0].name} of model '{model}'")
+            capacity = tp * -(-int(op.attrs["capacity"]) // tp)
+            attrs = dict(op.attrs, groups=tp, capacity=capacity)
+        ins = [env.get(v, v) for v in op.inputs]
+        if attrs is op.attrs and ins == list(op.inputs):
+            ops.append(op)
+            continue
+        if op.op_type == "reshape" and ins[0].type.shape == op.outputs[0].type.shape:
+            env[op.outputs[0]] = ins[0]     # the combine's result back in shape: a no-op now
+            continue
+        types = infer_types(op.op_type, [v.type for v in ins], attrs)
+        outs = [v if t == v.type else Value(v.name, t) for v, t in zip(op.outputs, types)]
+        env.update(zip(op.outputs, outs))
+        ops.append(Op(op.op_type, ins, outs, attrs, op.subfunctions, op.meta))
+    outputs = [env.get(v, v) for v in forward.outputs]
+    read = {v for op in ops for v in op.inputs} | set(outputs)
+    unread = {id(producer[v]) for v in flat_tokens if v not in read}   # the flattening
+    out = Function(forward.name, list(forward.inputs),
+                   [op for op in ops if id(op) not in unread], outputs)
+    out.meta = dict(forward.meta)
+    return verify(out)
+
+
 class ExpertParallel:
     """The pass (see the module docstring); ``model`` names the model in
     messages."""
@@ -81,6 +147,9 @@ class ExpertParallel:
             raise ConfigError(f"--ep {ep}: model '{self.model}' has no mixture-of-experts "
                               "layer (a dense model has no experts to share out)")
         params = set(forward.meta["params"])
+        # a parameter read on sequence shards through its tensor-parallel copy
+        copies = {op.outputs[0]: op for op in forward.ops
+                  if op.op_type == "spmd.copy" and op.inputs[0].name in params}
         in_region: Dict[int, Op] = {}
         expert_params: Dict[str, Value] = {}
         for d in dispatches:
@@ -92,6 +161,9 @@ class ExpertParallel:
             for op in region:
                 in_region[id(op)] = op
                 for v in op.inputs:
+                    if v in copies:
+                        in_region[id(copies[v])] = copies[v]
+                        v = copies[v].inputs[0]
                     if v.name in params:
                         if v.type.shape[0] != experts:
                             raise ConfigError(f"--ep: parameter %{v.name} read by the experts "

@@ -10,7 +10,10 @@ from .grad_rules import _name, grad_rule
 
 
 def _route(op):
-    return {"top_k": op.attrs["top_k"], "capacity": op.attrs["capacity"]}
+    route = {"top_k": op.attrs["top_k"], "capacity": op.attrs["capacity"]}
+    if op.attrs.get("groups", 1) != 1:
+        route["groups"] = op.attrs["groups"]
+    return route
 
 
 @grad_rule("moe_dispatch")

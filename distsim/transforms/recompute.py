@@ -13,7 +13,10 @@ since the forward pass:
 
 and, whatever the mode, with ``regather=True`` the sequence-parallel
 all-gathers (``spmd.allgather``) are redone in the backward pass instead of
-keeping their full-sequence outputs (as Megatron-LM does). Context
+keeping their full-sequence outputs (as Megatron-LM does), but for the
+gathers of a MoE layer's expert slots (from a dispatch or its all-to-all):
+the experts' GEMMs keep their gathered input, as Megatron-LM's token
+dispatcher gathers them outside its linear layers. Context
 parallelism's all-gathers of keys and values (``group: cp``) are always
 redone so: its attention keeps only the rank's own keys and values and
 gathers them again in the backward (TransformerEngine's all-gather
@@ -48,6 +51,14 @@ def _context_gather(op: Op) -> bool:
     return op.op_type in ("spmd.allgather", "spmd.shift") and op.attrs.get("group") == "cp"
 
 
+def _slots_gather(op: Op, producer: Dict[Value, Op]) -> bool:
+    """A tensor-parallel all-gather of a MoE layer's expert slots (of a
+    ``moe_dispatch``'s result or of its all-to-all over the ep group)."""
+    p = producer.get(op.inputs[0])
+    return p is not None and (p.op_type == "moe_dispatch" or
+                              (p.op_type == "spmd.alltoall" and p.attrs.get("group") == "ep"))
+
+
 class Recompute:
     def __init__(self, mode: str = "none", regather: bool = False) -> None:
         if mode not in MODES:
@@ -56,13 +67,14 @@ class Recompute:
         self.mode = mode
         self.regather = regather
 
-    def _selected(self, op: Op, layers: int) -> bool:
+    def _selected(self, op: Op, layers: int, producer: Dict[Value, Op]) -> bool:
         if not is_forward(op):
             return False
         layer = op.meta.get("layer")
         if not isinstance(layer, int) or not 0 <= layer < layers:
             return False
-        if _context_gather(op) or (self.regather and op.op_type == "spmd.allgather"):
+        if _context_gather(op) or (self.regather and op.op_type == "spmd.allgather"
+                                   and not _slots_gather(op, producer)):
             return True
         if self.mode == "full":
             return True
@@ -74,7 +86,8 @@ class Recompute:
             return step
         layers = int(step.meta.get("model", {}).get("layers", 0))
         producer: Dict[Value, Op] = step.producers()
-        selected: Set[int] = {id(op) for op in step.ops if self._selected(op, layers)}
+        selected: Set[int] = {id(op) for op in step.ops
+                             if self._selected(op, layers, producer)}
         if not selected:
             return step
         names = NameScope(v.name for v in step.values())

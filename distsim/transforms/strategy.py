@@ -138,12 +138,6 @@ class Strategy:
             raise ConfigError("--schedule interleaved: needs pipeline parallelism (--pp > 1)")
         if self.cp_comm != "allgather" and self.cp == 1:
             raise ConfigError(f"--cp-comm {self.cp_comm}: needs context parallelism (--cp > 1)")
-        if self.ep > 1 and self.sp:
-            raise ConfigError("--ep: expert parallelism with --sp is not modelled "
-                              "(sequence shards of the experts' slots)")
-        if self.ep > 1 and self.zero == 3:
-            raise ConfigError("--ep: expert parallelism with --zero 3 is not modelled "
-                              "(use --zero 0, 1 or 2)")
         if self.dp is not None and self.dp % self.ep:
             raise ConfigError(f"--ep {self.ep} does not divide --dp {self.dp} (expert-parallel "
                               "groups are made of data-parallel ranks)")

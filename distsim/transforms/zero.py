@@ -156,7 +156,7 @@ class GradientSync:
             replace(self.strategy, dp=self.strategy.dp // self.strategy.ep, ep=1), self,
             self._buffer_bytes) if ctx.expert else None
         #: ZeRO-3's gathers of the parameters before their use
-        self.gathers = ParamGathers(ctx, self.param_in)
+        self.gathers = ParamGathers(ctx, self.param_in, self.strategy)
         self.count: Dict[Value, int] = {}
         self.synced: Dict[Tuple[Value, int], Value] = {}
         self.outputs: List[Value] = []
@@ -495,10 +495,14 @@ class GradientSync:
                         if p not in made:
                             made.append(p)
         for made in by_layer.values():
-            unit = tuple(made[i] for i in unit_indices([p.type.numel for p in made],
-                                                       self.strategy.dp))
-            for p in unit:
-                self._units[p] = unit
+            for expert in (False, True):     # an expert's weights: units of their own team
+                own = [p for p in made if (p in ctx.expert) == expert]
+                if not own:
+                    continue
+                unit = tuple(own[i] for i in unit_indices([p.type.numel for p in own],
+                                                          self.team_size(own[0])))
+                for p in unit:
+                    self._units[p] = unit
         return self._units
 
     def reduce_scatter_unit(self, unit: Tuple[Value, ...], stage: int, mb: int) -> None:
@@ -513,9 +517,11 @@ class GradientSync:
         name = f"{unit[0].name}_gunit{len(unit)}"
         outs = self.ctx.dp_collective(
             CollectiveType.REDUCE_SCATTER, stage, f"{name}_shard",
-            lambda r: em.one("chunk_cat", [fresh[p][r] for p in unit], {"rows": self.strategy.dp},
+            lambda r: em.one("chunk_cat", [fresh[p][r] for p in unit],
+                             {"rows": self.team_size(unit[0])},
                              f"{name}_in_r{r}", dict(meta, detail="zero3 copy-in"))
-            if r in fresh[unit[0]] else None, dict(meta), dim=0, reduce_op="avg")
+            if r in fresh[unit[0]] else None, dict(meta), unit[0] in self.ctx.expert, dim=0,
+            reduce_op="avg")
         self._unsettled.setdefault(stage, []).append((unit, mb, outs))
 
     def settle_units(self, stage: int) -> None:
@@ -526,7 +532,7 @@ class GradientSync:
         stream would wait for it there, where FSDP2 waits for a unit's
         reduce-scatter at the next unit's post-backward."""
         for unit, mb, outs in self._unsettled.pop(stage, []):
-            widths = [p.type.numel // self.strategy.dp for p in unit]
+            widths = [p.type.numel // self.team_size(p) for p in unit]
             shards: Dict[Value, Dict[int, Value]] = {p: {} for p in unit}
             for r, o in outs.items():
                 pieces = self.ctx.emitter.op("split", [o], {"axis": 0, "sizes": widths},

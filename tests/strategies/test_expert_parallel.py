@@ -1,5 +1,6 @@
 """Expert parallelism (``--ep``): the groups, the refusals (one line, exit
-2), the lowered program's all-to-alls and gradient teams, and a simulated
+2), the lowered program's all-to-alls and gradient teams, ZeRO 3's shards
+and gathers of the experts over their team, and a simulated
 two-layer Mixtral's expert weights, optimizer state and all-to-all sizes
 per rank written out by hand. That the ep step updates the weights as the
 one-device step does is in ``test_moe_strategies.py``."""
@@ -27,9 +28,7 @@ def test_groups_are_consecutive_dp_ranks_and_their_strides():
 
 @pytest.mark.parametrize("fields,message", [
     (dict(dp=4, ep=3), "--ep 3 does not divide --dp 4"),
-    (dict(dp=4, ep=2, zero=3), "--ep: expert parallelism with --zero 3 is not modelled"),
     (dict(dp=4, ep=0), "--ep: must be a positive integer"),
-    (dict(dp=4, tp=2, sp=True, ep=2), "--ep: expert parallelism with --sp is not modelled"),
 ])
 def test_strategy_refuses(fields, message):
     with pytest.raises(ConfigError) as info:
@@ -78,6 +77,33 @@ def test_lowered_program_teams(make_reference):
     assert teams == {"expert": {(0, 2), (1, 3)}, "dense": {(0, 1, 2, 3)}}
 
 
+@pytest.mark.parametrize("unit", ["param", "layer"])
+def test_zero3_shards_the_experts_over_their_team(make_reference, unit):
+    # dp 4, ep 2, ZeRO 3: an expert's weights (this rank's 4 / 2 experts) are
+    # sharded over its expert-data-parallel team {0, 2}, gathered there before
+    # use and their gradients reduce-scattered there; the others over dp
+    program = make_reference(**MOE).lower(dp=4, ep=2, zero=3, zero3_unit=unit)
+    io = program.meta["io"]
+    for v in program.inputs:
+        info = io[v.name]
+        if info.get("role") == "param" and info["name"] == "l1_experts_w1":
+            # 2 experts x hidden 16 x 2 x 8 = 512 elements, half a rank
+            assert v.type.shape == (256,)
+            assert info["flat"] == [256 * (info["dp_rank"] // 2), 256 * (info["dp_rank"] // 2 + 1)]
+        if info.get("role") == "param" and info["name"] == "l1_router":
+            assert v.type.shape == (16,)                  # 16 x 4 over 4 ranks
+    teams = {}
+    for op in program.ops:
+        if op.meta.get("role") in ("zero_gather", "grad_sync") and op.op_type.startswith("comm."):
+            names = op.inputs[0].name
+            key = (op.op_type, "experts" in names and "shared" not in names)
+            teams.setdefault(key, set()).add(tuple(op.attrs["ranks"]))
+    assert teams == {("comm.allgather", True): {(0, 2), (1, 3)},
+                     ("comm.allgather", False): {(0, 1, 2, 3)},
+                     ("comm.reducescatter", True): {(0, 2), (1, 3)},
+                     ("comm.reducescatter", False): {(0, 1, 2, 3)}}
+
+
 @pytest.mark.parametrize("ep", [2, 8])
 def test_simulated_mixtral_by_hand(ep):
     # two Mixtral layers on dgx-h100 (dp 8), bf16 weights: per layer attention
@@ -106,11 +132,28 @@ def test_simulated_mixtral_by_hand(ep):
     assert summary["step_time_s"] > 0 and not summary["oom"]
 
 
-def test_reduced_program_equals_full_with_ep():
+def test_simulated_mixtral_zero3_shards_by_hand():
+    # two Mixtral layers on dgx-h100 (dp 8), ep 2, ZeRO 3: the dense parameters
+    # (per layer attention 41,943,040, norms 8192, router 32,768; embedding and
+    # output layer 2 x 32000 x 4096, final norm 4096) sharded over the 8 ranks,
+    # a rank's 8 / 2 experts of 3 x 4096 x 14336 a layer over its dp / ep = 4;
+    # AdamW's fp32 master, m and v of the shards: 12 bytes a parameter
+    dense = 2 * (41_943_040 + 8192 + 32_768) + 2 * 32000 * 4096 + 4096
+    experts = 2 * 4 * 3 * 4096 * 14336
+    result = distsim.simulate("mixtral-8x7b", "dgx-h100", layers=2, global_batch=16, ep=2,
+                              zero=3, symmetry=True)
+    summary = result.summary()
+    assert summary["memory_by_category"]["0"]["optimizer"] == 12 * (dense // 8 + experts // 4)
+    assert summary["step_time_s"] > 0 and not summary["oom"]
+
+
+@pytest.mark.parametrize("strategy", [dict(zero=1), dict(zero=3), dict(tp=2, sp=True)],
+                         ids=["zero1", "zero3", "tp2-sp"])
+def test_reduced_program_equals_full_with_ep(strategy):
     model = {"family": "gpt", "layers": 2, "hidden": 256, "heads": 4, "vocab": 1024,
              "seq": 128, "global_batch": 16, "micro_batch": 1, "experts": 8, "top_k": 2}
-    full = distsim.simulate(model, "dgx-a100", ep=4, zero=1)
-    reduced = distsim.simulate(model, "dgx-a100", ep=4, zero=1, symmetry=True)
+    full = distsim.simulate(model, "dgx-a100", ep=4, **strategy)
+    reduced = distsim.simulate(model, "dgx-a100", ep=4, symmetry=True, **strategy)
     assert reduced.step_time_s == pytest.approx(full.step_time_s, rel=1e-3)
     peaks = {d["rank"]: d["peak_memory_bytes"] for d in full.summary()["devices"]}
     for d in reduced.summary()["devices"]:

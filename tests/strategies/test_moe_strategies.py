@@ -34,6 +34,19 @@ def moe_reference(make_reference):
     dict(dp=4, ep=2),
     dict(dp=4, ep=4),
     dict(dp=2, ep=2, tp=2),
+    # with sequence parallelism each tp rank routes its sequence shard (Megatron-LM's
+    # MoE layer): all-to-all over ep, then the slots all-gathered over tp for the
+    # experts' split FFNs, reduce-scattered back
+    dict(dp=2, ep=2, tp=2, sp=True),
+    dict(dp=4, ep=2, tp=2, sp=True),
+    dict(dp=4, ep=2, tp=2, sp=True, zero=1, pp=2, recompute="selective"),
+    # ZeRO 3: the experts' weights sharded over their dp / ep ranks, gathered
+    # there before use, their gradients reduce-scattered there
+    dict(dp=2, ep=2, zero=3),
+    dict(dp=4, ep=2, zero=3),
+    dict(dp=4, ep=2, zero=3, zero3_unit="layer"),
+    dict(dp=4, ep=2, zero=3, zero3_unit="layer", prefetch=2, pp=2, tp=2, sp=True),
+    dict(dp=4, ep=2, zero=3, bucket_mb=0, recompute="full"),
     dict(dp=2, ep=2, zero=1),
     dict(dp=4, ep=2, zero=1),
     dict(dp=4, ep=2, zero=2),

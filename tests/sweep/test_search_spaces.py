@@ -50,13 +50,13 @@ def test_a_mixture_of_experts_searches_every_valid_ep():
     assert with_ep["step_time_s"] == pytest.approx(direct.step_time_s, rel=rel)
 
 
-def test_ep_with_zero_3_is_invalid_with_the_lowerings_reason():
+def test_ep_with_zero_3_is_simulated_where_the_estimator_refuses_it():
     result = search(MOE, WORKSTATION, 4, space={"zero": [1, 3]}, keep=1,
                     network_mode="analytical", workers=1)
     est = result.estimates
-    refused = est[(est["ep"] > 1) & (est["zero"] == 3)]
-    assert len(refused) and (refused["status"] == "invalid").all()
-    assert refused["reason"].str.contains("expert parallelism with --zero 3").all()
+    z3 = est[(est["ep"] > 1) & (est["zero"] == 3)]
+    assert len(z3) and (z3["status"] == "ok").all()
+    assert (z3["estimated_by"] == "simulate").all()
     assert (est[(est["ep"] > 1) & (est["zero"] == 1)]["status"] == "ok").any()
 
 

@@ -18,6 +18,7 @@ from .rewrites import simplify_comms
 from .rules import RULES, strategies_for
 from . import rules_cnn as _rules_cnn  # noqa: F401,E402  (registers the CNN and backward rules)
 from . import rules_context as _rules_context  # noqa: F401,E402  (context-parallel collectives)
+from . import rules_moe as _rules_moe  # noqa: F401,E402  (mixture-of-experts routing)
 from .verify import verify_sharded, verify_teams
 
 

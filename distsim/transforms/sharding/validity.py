@@ -21,13 +21,15 @@ from .blocks import local_split_sizes
 from .remembered import Remembered, frozen
 from .rules import reshape_groups
 
-# ops whose per-device attributes differ from the global ones (as lowered)
-LocalAttrs = Callable[[Mapping[str, object], Tuple[int, ...]], Dict[str, object]]
+# ops whose per-device attributes differ from the global ones (as lowered):
+# (global attributes, per-device input shapes, per-device output shapes) -> attributes
+LocalAttrs = Callable[[Mapping[str, object], Sequence[Tuple[int, ...]],
+                       Sequence[Tuple[int, ...]]], Dict[str, object]]
 LOCAL_ATTRS: Dict[str, LocalAttrs] = {
-    "reshape": lambda attrs, out_shape: dict(attrs, shape=list(out_shape)),
-    "broadcast_to": lambda attrs, out_shape: dict(attrs, shape=list(out_shape)),
+    "reshape": lambda attrs, ins, outs: dict(attrs, shape=list(outs[0])),
+    "broadcast_to": lambda attrs, ins, outs: dict(attrs, shape=list(outs[0])),
     # a device's rows of the table gradient (lower.py also moves the offset)
-    "embedding_grad": lambda attrs, out_shape: dict(attrs, num_embeddings=out_shape[0]),
+    "embedding_grad": lambda attrs, ins, outs: dict(attrs, num_embeddings=outs[0][0]),
 }
 
 
@@ -109,7 +111,7 @@ def checked_combination(op_type: str, attrs: Mapping[str, object], ins: Sequence
         seen.add(key)
         a = dict(attrs)
         if local_attrs is not None and out_shapes:
-            a = local_attrs(a, out_shapes[0])
+            a = local_attrs(a, in_shapes, out_shapes)
         if op_type == "split" and ins:
             a["sizes"] = local_split_sizes(attrs, ins[0]) or a["sizes"]
         try:
