@@ -92,15 +92,16 @@ def _options(tp: int, pp: int, cp: int, v: int = 0) -> Dict[str, Any]:
 
 
 def dgxc_llama31() -> List[Dict[str, Any]]:
-    """The BF16 rows: 8B on 8 and 16 GPUs, 70B on 64 GPUs (the smallest
-    scales of each table; the larger ones add data parallelism only)."""
+    """The BF16 rows: 8B on 8, 16 and 128 GPUs (one server, two, and the
+    table's largest), 70B on 64 GPUs (its smallest scale; the larger ones
+    add data parallelism only)."""
     # Llama 3.1 has Llama 3's shapes (the same config.json but for the rope
     # scaling, which changes no op): the named configs match exactly.
     # The loss: Megatron-core's fused vocab-parallel cross entropy
     # (cross_entropy_loss_fusion: true) on float32 logits
     loss = {"loss_dtype": "fp32"}
     runs = []
-    for gpus, seconds in ((8, 12.91), (16, 13.00)):
+    for gpus, seconds in ((8, 12.91), (16, 13.00), (128, 13.10)):
         batch = 128 * gpus // 8
         runs.append({
             "id": f"dgxc-llama31-8b-{gpus}", "source": "dgxc-llama31",
