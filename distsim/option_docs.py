@@ -56,8 +56,7 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
     ("tp_overlap", "the backward's tensor-parallel all-reduce (reduce-scatter with sp) of a "
                    "layer's input gradient issued before the weight-gradient GEMM, to overlap "
                    "it, as Megatron-LM's async all-reduce; false (default): after it, as "
-                   "Megatron-LM v2 (2021). Shows in time under comm_order 'stream' (the "
-                   "estimator refuses true with tp > 1)"),
+                   "Megatron-LM v2 (2021). Shows in time under comm_order 'stream'"),
     ("fp32_grads", "the gradient buffers in fp32: each micro-batch's gradient cast to fp32 and "
                    "added, the data-parallel reduction and the optimizer on the fp32 buffer, as "
                    "DeepSpeed's BF16_Optimizer; false (default): in the parameters' dtype"),

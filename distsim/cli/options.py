@@ -69,7 +69,7 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                         "--sp) of a layer's input gradient before the weight-gradient GEMM, to "
                         "overlap it, as Megatron-LM's async all-reduce; --no-tp-overlap "
                         "(default): after it, as Megatron-LM v2 (2021). It shows in time under "
-                        "--comm-order stream (the estimator refuses --tp-overlap with --tp > 1)")
+                        "--comm-order stream")
     g.add_argument("--fp32-grads", action=argparse.BooleanOptionalAction, default=None,
                    dest="fp32_grads",
                    help="accumulate the micro-batches' gradients in fp32 buffers (each cast "

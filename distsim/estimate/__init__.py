@@ -27,14 +27,18 @@ without building or simulating the whole program. A peer of
   micro-batches, ZeRO 0-3 (prefetch, by parameter or by layer),
   gradient buckets, recomputation, AdamW / SGD; on any topology;
   collectives ordered by their inputs or behind the compute issued
-  before them (``comm_order: inputs`` / ``stream``).
+  before them (``comm_order: inputs`` / ``stream``); the backward's
+  tensor-parallel collectives in autodiff's order or issued before the
+  weight-gradient GEMMs (``tp_overlap``, the template lowered so);
+  gradient buffers in the parameters' dtype or in fp32 (``fp32_grads``).
 - *Refuses*, with the :class:`~distsim.errors.ConfigError` (or
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model
   (``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
-  whole beside the others reduce-scattered) with
+  whole beside the others reduce-scattered, ``fp32_grads`` with ZeRO 2/3
+  over dp > 1) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
@@ -55,9 +59,7 @@ without building or simulating the whole program. A peer of
 parallelism too); their known
   gaps are on memory: ZeRO 3 prefetching the experts' weights (up to
   3.3 %), and ``routing_skew`` 1 with tp and two micro-batches (1.5 %).
-  Context parallelism has its draws too; its known gap is gradient
-  buckets' flat copies waiting behind the cp collectives through a
-  block's transient peak (memory up to 2.2 % under). ZeRO 3 under ZB-H1
+  Context parallelism has its draws too. ZeRO 3 under ZB-H1
   and under context parallelism are drawn too; their known gaps are on
   memory (ZB-H1 without prefetch: the next task's gated shards beside a
   W task's last gradient, up to 6.3 % under).

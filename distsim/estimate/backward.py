@@ -242,6 +242,9 @@ class OpByOpBackward:
         #: flushed before it starts (held until they are unpacked)
         in_buckets: Dict[int, int] = {}
         by_stage = self.sync.buckets if ctx.route == "bucket" else {}
+        #: and per gradient (block position, index) whose sync flushes a
+        #: bucket inside its block, the bytes of them all then
+        flushed: Dict[Tuple[int, int], int] = {}
         block_replays = block_replays and accumulating is not None \
             and not ctx.by_layer and not by_stage
         # ZeRO-3: each block's memory with its gathered parameters placed
@@ -255,6 +258,7 @@ class OpByOpBackward:
         for k, (name, layer) in enumerate(order):
             if by_stage.get(stage):       # flushed so far, this task's too
                 in_buckets[k] = sum(by_stage[stage])
+            count = len(by_stage.get(stage, ()))
             recording = None
             if block_replays and not first and last is not None:
                 origin_of_replay = last
@@ -414,6 +418,9 @@ class OpByOpBackward:
                             flops[stage] += scale[1]
                             end = last = tl.compute(stage, scale[0], end)
                             self.sync.synced[(name, layer, param)] = end
+                    if by_stage and len(by_stage.get(stage, ())) > count:
+                        count = len(by_stage[stage])
+                        flushed[(k, param)] = sum(by_stage[stage])
                     if flats is not None:
                         pc = ctx.param_cost(name, param)
                         flats.append(pc.nbytes, end)
@@ -429,8 +436,8 @@ class OpByOpBackward:
                                           own=own)
             if recording is not None:
                 self._block_record(recording, stage, order, k, last, gathered)
-        if in_buckets:
-            self.notes.buckets(stage, c, in_buckets, self.part)
+        if in_buckets or flushed:
+            self.notes.buckets(stage, c, in_buckets, self.part, flushed)
         if later:
             self.notes.later(stage, accumulating, c, later, self.part)
         left: Optional[List[Tuple[int, float]]] = None

@@ -193,6 +193,12 @@ class Block:
     #: last collective has ended (None: it has none)
     b_tail: Optional[float] = None
     b0_tail: Optional[float] = None
+    #: per parameter (its index) whose gradient the last backward
+    #: (``b_after``) / the first (``b0_after``) makes final: the excess
+    #: (as ``b_excess`` / ``b0_excess``) from there to the block's end,
+    #: where a bucket that gradient's sync flushes is live
+    b_after: Dict[int, float] = field(default_factory=dict)
+    b0_after: Dict[int, float] = field(default_factory=dict)
     #: a weight-gradient part (:attr:`LayerProfile.weight`): whether it
     #: reads the step's data inputs (the embedding's gradient, the token
     #: ids), which then live until it

@@ -25,7 +25,8 @@ from ..sim.launch_queue import DEFAULT_COMM_ORDER
 from ..topology import Topology
 from ..transforms.pipeline import partition_balanced, partition_layers
 from ..transforms.strategy import Strategy
-from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of, gradient_share,
+from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of, grad_buffer_dtype,
+                                      gradient_share,
                                       scatters_each_microbatch, sync_route, unit_indices)
 from .costs import ParamCost, collectives, op_costs
 from .engine import Timeline
@@ -258,6 +259,12 @@ class StepContext:
         dp, or for an expert's weights dp / ep."""
         return self.edp if p.expert else self.dp
 
+    def grad_dtype(self, p: Param) -> DType:
+        """The dtype of ``p``'s gradient buffer, as the lowering's
+        (:func:`~distsim.transforms.sync_policy.grad_buffer_dtype`: fp32
+        under ``fp32_grads``)."""
+        return grad_buffer_dtype(self.strategy, p.dtype)
+
     def param_cost(self, block: str, index: int) -> ParamCost:
         """What the step charges parameter ``index`` of ``block`` (the same
         for it in every layer: kept in the memo)."""
@@ -267,7 +274,7 @@ class StepContext:
             p = self.profile.params[block][index]
             hit = costs[(block, index)] = ParamCost(
                 p, self.team(p), self.zero, self.costs,
-                self.case.topology.device_spec.launch_overhead_s)
+                self.case.topology.device_spec.launch_overhead_s, self.grad_dtype(p))
         return hit
 
     def one_microbatch_scale(self, block: str, index: int) -> Optional[Tuple[float, float]]:
@@ -283,7 +290,7 @@ class StepContext:
             return None
         pc = self.param_cost(block, index)
         n = pc.shard if self.scatter_each else pc.numel
-        return self.costs.cost("scale", [(n, pc.dtype)], [(n, pc.dtype)])
+        return self.costs.cost("scale", [(n, pc.gdtype)], [(n, pc.gdtype)])
 
     def small(self, stage: int, op_type: str, ins, outs, ready: float) -> float:
         """One small op the lowering adds (a reshape, a concat) on ``stage``'s

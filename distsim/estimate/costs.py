@@ -90,22 +90,28 @@ class ParamCost:
     """What the step charges one parameter ``p`` of a block (its
     :class:`~.blocks.Param`; per rank, under data-parallel degree ``dp`` (the
     ranks its gradient is synchronised over) and
-    ZeRO stage ``zero``): its size, the ZeRO shard, flattening its gradient
+    ZeRO stage ``zero``; ``grad_dtype``: its gradient buffer's,
+    :func:`~distsim.transforms.sync_policy.grad_buffer_dtype`): its size,
+    its gradient buffer's (``gbytes``), the ZeRO shard, flattening its gradient
     (``flat``: time, FLOPs), the update ops on the shard (``update``),
     slicing the shard out of the gradient (``slice``, ZeRO 1), its
     data-parallel sync time and its optimizer's items
     (:meth:`.sync.StepSync.update_plan`), both filled when first needed: a
     collective not needed is not timed."""
 
-    __slots__ = ("numel", "dtype", "nbytes", "shard", "flat", "update", "slice", "sync",
-                 "plan", "expert")
+    __slots__ = ("numel", "dtype", "nbytes", "gdtype", "gbytes", "shard", "flat", "update",
+                 "slice", "sync", "plan", "expert")
 
-    def __init__(self, p: Any, dp: int, zero: int, costs: "OpCosts", launch: float) -> None:
+    def __init__(self, p: Any, dp: int, zero: int, costs: "OpCosts", launch: float,
+                 grad_dtype: Optional[DType] = None) -> None:
         n, d = p.numel, p.dtype
         self.numel, self.dtype = n, d
         #: an expert's weights: ``dp`` is their expert-data-parallel team's
         self.expert = p.expert
         self.nbytes = n * d.itemsize
+        #: the gradient buffer (fp32 under ``fp32_grads``): what its sync moves
+        self.gdtype = d if grad_dtype is None else grad_dtype
+        self.gbytes = n * self.gdtype.itemsize
         plan = update_plan(zero, dp)
         self.shard = shard_size(n, dp) if plan.on_shard else n
         self.flat = costs.cost("reshape", [(n, d)], [(n, d)])
@@ -117,7 +123,8 @@ class ParamCost:
             t += launch + max(0.0, time_s - launch) * ratio if time_s > 0 else 0.0
             fl += flops * ratio
         self.update = (t, fl)
-        self.slice = costs.cost("slice", [(n, d)], [(self.shard, d)]) \
+        g = self.gdtype         # ZeRO 1 slices the shard out of the gradient buffer
+        self.slice = costs.cost("slice", [(n, g)], [(self.shard, g)]) \
             if plan.slice else (0.0, 0.0)
         self.sync: Optional[float] = None
         self.plan: Optional[tuple] = None

@@ -47,7 +47,7 @@ def estimate_memory(b: StepContext) -> List[int]:
             shard = shard_size(n, b.team(p))
             per[(block, i)] = ((shard if layout.param else n) * size
                                + states * (shard if layout.state else n) * master,
-                               (shard if layout.grad else n) * size)
+                               (shard if layout.grad else n) * b.grad_dtype(p).itemsize)
     static_bytes = [0] * S.pp
     grad_bytes = [0] * S.pp
     for stage, counts in enumerate(b.param_counts()):
@@ -99,7 +99,8 @@ def estimate_memory(b: StepContext) -> List[int]:
     def task_peak(base: float, kind: str, c: int, flight: float,
                   inside: Optional[Dict[Tuple[int, int], int]] = None,
                   by_block: Optional[Dict[int, int]] = None, first: bool = False,
-                  after: bool = True, hold: bool = False, early: float = 0.0) -> float:
+                  after: bool = True, hold: bool = False, early: float = 0.0,
+                  flushed: Optional[Dict[Tuple[int, int], int]] = None) -> float:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
@@ -107,6 +108,9 @@ def estimate_memory(b: StepContext) -> List[int]:
         :attr:`Memo.flat_pending` (in a backward with ZeRO 2/3
         reduce-scattering each gradient, to the block's peak apart from its
         gradients);
+        ``flushed``: ZeRO 0/1's buckets held where a gradient's sync flushes
+        one inside its block (:attr:`Memo.bucket_inside`), with the block's
+        excess after that gradient (:attr:`.blocks.Block.b_after`);
         ``first``: the chunk's first backward, micro-batch 0, whose bare
         gradients become the buffers (``b0_excess``) where the later ones
         make a gradient beside the buffer and add it in (``b_excess``));
@@ -182,6 +186,11 @@ def estimate_memory(b: StepContext) -> List[int]:
                     if split is not None:
                         peak = max(peak, base + held + pending + next_one[("B", c)][k] + split)
                 peak = max(peak, now + excess)
+                if flushed and at is None:
+                    after_grad = blk.b0_after if bare else blk.b_after
+                    for (j, i), nbytes in flushed.items():
+                        if j == k and i in after_grad:
+                            peak = max(peak, now + nbytes + after_grad[i])
                 if early and k == last:
                     tail = blk.b0_tail if bare else blk.b_tail
                     if tail is not None:
@@ -376,7 +385,9 @@ def estimate_memory(b: StepContext) -> List[int]:
                                            b.memo.flat_later.get((stage, mb, c, "B")),
                                            by_block=pending, first=mb == 0,
                                            after=bool(after_b[at[mb]]),
-                                           hold=bool(holds[at[mb]])))
+                                           hold=bool(holds[at[mb]]),
+                                           flushed=b.memo.bucket_inside.get((stage, kind, 0, c))
+                                           if kind == "last" else None))
             else:
                 # (with the values received for it, as the walk above)
                 held = float(flight[at[mb]]) + received.get((stage, kind, c, False), 0)
@@ -456,12 +467,13 @@ def _param_optimizer_excess(b: StepContext) -> Dict[Tuple[str, int], float]:
                 per[(block, i)] = max(p.opt_flat + p.opt_with, p.opt_after)
                 continue
             n, size = p.numel, p.dtype.itemsize
+            gsize = b.grad_dtype(p).itemsize        # the gradient buffer's
             shard = shard_size(n, dp)
             ratio = shard / n if n else 1.0
             if zero == 1:
-                grad, pre = shard * size, (n + shard) * size
+                grad, pre = shard * gsize, (n + shard) * gsize
             else:
-                grad, pre = (0 if b.scatter_each else shard * size), 0
+                grad, pre = (0 if b.scatter_each else shard * gsize), 0
             worst = max(pre, grad + p.opt_with * ratio, p.opt_after * ratio)
             if zero in (1, 2):
                 worst = max(worst, (n + shard) * size)

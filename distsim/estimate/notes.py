@@ -163,7 +163,8 @@ class MemoryNotes:
         if held > self.memo.copy_ins.get(key, 0):
             self.memo.copy_ins[key] = held
 
-    def buckets(self, stage: int, c: int, held: Dict[int, int], part: str = "B") -> None:
+    def buckets(self, stage: int, c: int, held: Dict[int, int], part: str = "B",
+                flushed: Optional[Dict[Tuple[int, int], int]] = None) -> None:
         """ZeRO 0/1 with ``bucket_mb``: the bytes of the stage's flat buckets
         (:meth:`~distsim.transforms.sync_policy.SyncPolicy.flush`) held as
         each block of chunk ``c``'s last backward starts (by position; those
@@ -171,9 +172,15 @@ class MemoryNotes:
         until they are unpacked after the backward pass:
         :attr:`Memo.flat_pending` keyed
         ``(stage, "last", 0, c)``, the most over the walks (``part`` "W": a
-        split backward's last W task's, keyed ``"lastW"``)."""
+        split backward's last W task's, keyed ``"lastW"``); ``flushed``:
+        those held where a gradient's sync flushes one inside its block, by
+        (block position, the gradient's index): :attr:`Memo.bucket_inside`."""
         key = (stage, "last" if part == "B" else "last" + part, 0, c)
         pending = self.memo.flat_pending.setdefault(key, {})
         for k, nbytes in held.items():
             if nbytes > pending.get(k, 0):
                 pending[k] = nbytes
+        inside = self.memo.bucket_inside.setdefault(key, {})
+        for at, nbytes in (flushed or {}).items():
+            if nbytes > inside.get(at, 0):
+                inside[at] = nbytes

@@ -16,7 +16,8 @@ resolved batch sizes). It never builds the whole program:
    expert-parallel group of them: dp = ep, each MoE block's all-to-alls in
    it), lowered and simulated for real
    (cost model, tensor-parallel collectives on the topology, analytical
-   network), cached per model shape / tp / sp / recompute / micro-batch / ep.
+   network), cached per model shape / tp / sp / recompute / micro-batch / ep
+   / the backward's tensor-parallel order (``tp_overlap``).
    With context parallelism (``cp`` > 1) the group is tp x cp: the
    attention's all-gathers, ring steps (send/receives on their pairs'
    queues) or all-to-alls and their overlap with attention are the real
@@ -69,11 +70,25 @@ simulated under it (its tensor-parallel collectives), and every
 communication item of the timeline (pipeline transfers, gradient syncs,
 ZeRO's gathers and reduce-scatters, the optimizer's all-gathers) starts
 no earlier than the end of the compute its stages issued before it
-(:meth:`.engine.Timeline.issued`). Refused too: ``tp_overlap`` with
-``tp > 1`` (:mod:`distsim.transforms.tp_order`): the block templates keep
-autodiff's order of the backward's tensor-parallel collectives; and
-``fp32_grads`` (gradients accumulated in fp32 buffers): the templates
-accumulate them in their own dtype.
+(:meth:`.engine.Timeline.issued`). The backward's tensor-parallel
+collectives issued before the weight-gradient GEMMs (``tp_overlap``,
+:mod:`distsim.transforms.tp_order`) are modelled by lowering the template
+in that order: the block times, the last backward op by op and the
+transient memory are read from it, and nothing outside a block depends on
+where its collectives sit (measured by the corpus's tp_overlap draws).
+Gradient buffers in fp32 (``fp32_grads``,
+:func:`~distsim.transforms.sync_policy.grad_buffer_dtype`) are modelled
+likewise: the template is lowered with them (each gradient's cast and
+fp32 add, the update reading fp32 gradients, their memory), the timeline
+moves them at their width (all-reduces, buckets, the tied-embedding sum,
+ZeRO 1's slice; with one micro-batch a gradient's sync starts after its
+cast) and the memory walk counts them so. Refused with ZeRO 2/3 over dp >
+1 (there each micro-batch's gradient is reduce-scattered in its own dtype
+and cast on the shard, which the walk does not separate). Measured by the
+corpus's fp32_grads draws. A gradient bucket flushed inside a block (fp32
+buckets fill sooner) is held through the rest of the block: on top of the
+block's excess after the gradient whose sync flushed it
+(:attr:`.blocks.Block.b_after`).
 Under ``comm_streams: per-group`` (a communication stream per process
 group, :mod:`distsim.sim.comm_queues`) the timeline gives each stage a
 data-parallel stream beside the tensor-parallel one (:mod:`.engine`);
@@ -96,9 +111,7 @@ team, the same for every ``cp_comm``. Context parallelism is measured
 by the corpus's cp draws (cp 2 and 4, every ``cp_comm``) and a random
 sample of 127 such points drawn as they are, gradient buckets included
 (step time within 0.49 %, mean 0.03 %; memory within 0.49 %, mean
-0.02 %); with gradient buckets a bucket's flat copy
-waiting behind the cp collectives through a block's peak is counted at
-the block's gradients only (memory up to 2.2 % under).
+0.02 %).
 """
 from __future__ import annotations
 
@@ -123,6 +136,7 @@ from ..run_options import check_max_ops, check_max_trace_records, check_network_
 from ..topology import load_topology
 from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
+from ..transforms.sync_policy import grad_buffer_dtype
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, model_key, param_sizes
@@ -236,16 +250,23 @@ def resolve(options: Mapping[str, Any]) -> Case:
     m = validate(c, strategy)
     check_expert_parallel(strategy)
     c, _ = resolve_batch(c, strategy)
-    if strategy.tp_overlap and strategy.tp > 1:   # its templates keep autodiff's order
-        raise _not_modelled("tp_overlap (the backward's tensor-parallel all-reduce issued "
-                            "before the weight-gradient GEMM)")
-    if strategy.fp32_grads:   # its templates accumulate gradients in their own dtype
-        raise _not_modelled("fp32_grads (gradients cast to and accumulated in fp32 buffers)")
+    flat = strategy.flat_cp()
+    if _widens_grads(strategy, c) and flat.zero >= 2 and flat.dp > 1:
+        # its walk reduce-scatters each micro-batch's gradient in the buffer's dtype
+        raise _not_modelled(f"fp32_grads with ZeRO {flat.zero} over dp {flat.dp}")
     # the lowering's view of context parallelism: its ranks are data-parallel
     # ranks for the weights (gradients synchronised, ZeRO-sharded over dp x
     # cp); the per-layer profile holds its attention collectives
-    return Case(config, c, strategy.flat_cp(), m, topo, topology, algo, comm_streams,
+    return Case(config, c, flat, m, topo, topology, algo, comm_streams,
                 comm_order, strategy.cp, strategy.cp_comm)
+
+
+def _widens_grads(S: Strategy, c: Any) -> bool:
+    """Whether ``fp32_grads`` makes the gradient buffers of model ``c``
+    wider than its parameters (never for an fp32 model:
+    :func:`~distsim.transforms.sync_policy.grad_buffer_dtype`)."""
+    dtype = DType.parse(str(c.dtype))
+    return grad_buffer_dtype(S, dtype) != dtype
 
 
 def check_expert_parallel(S: Strategy) -> None:
@@ -317,8 +338,11 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     unties the head, topology, collective algorithm, optimizer, the
     first tensor-parallel group's devices where the mesh order spreads
     them, the kernel fusion, whether the backward is split, the
-    expert-parallel degree, the collectives' ``comm_order``, and context
-    parallelism: ``cp`` and ``cp_comm``)."""
+    expert-parallel degree, the collectives' ``comm_order``, context
+    parallelism: ``cp`` and ``cp_comm``, and whether the backward's
+    tensor-parallel collectives come before the weight-gradient GEMMs:
+    ``tp_overlap`` with tp > 1, and whether ``fp32_grads`` widens the
+    gradient buffers)."""
     c, S = case.config, case.strategy
     zero_kind = 3 if S.zero == 3 else (1 if S.zero else 0)
     # the first tensor-parallel group's devices (and those of the first
@@ -335,7 +359,7 @@ def profile_key(case: Case) -> Tuple[Any, ...]:
     return (_one_microbatch(c), S.tp, S.sp, S.recompute, zero_kind, c.micro_batch, S.pp > 1,
             case.topology_name, case.collective_algo, S.optimizer, tp_ranks,
             fusion_for(S, "gpt"), S.schedule in SPLIT_BACKWARD, S.ep, case.comm_order, case.cp,
-            case.cp_comm)
+            case.cp_comm, S.tp_overlap and S.tp > 1, _widens_grads(S, c))
 
 
 def cache_key(options: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:

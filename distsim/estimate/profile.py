@@ -36,7 +36,8 @@ Under expert parallelism the MoE template is one expert-parallel group
 
 Profiles are cached per (model shape, tp, sp, recompute, ZeRO kind,
 micro-batch, untied head, topology, collective algorithm, the tensor-parallel
-group's devices, ep).
+group's devices, ep, the backward's tensor-parallel order: ``tp_overlap``,
+whether the gradient buffers are fp32: ``fp32_grads``).
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, 
 from .block_edges import comm_tail, first_wait, issued_after, out_tail
 from .profile_memory import block_collective, fill_optimizer_ops, memory_excess
 from .crossing import stage_crossing
-from .segments import compress_segments, edges, fill_lead, gathered_uses, read_gates
+from .segments import (cast_into_buffers, compress_segments, edges, fill_lead, gathered_uses,
+                       read_gates)
 
 #: The template's layer whose numbers stand for every layer.
 _TEMPLATE_LAYERS = 2
@@ -94,9 +96,11 @@ def _block_of(layer: Any, layers: int) -> Optional[str]:
 def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
               micro_batch: int, untie: bool, optimizer: str, representatives: bool = True,
               fusion: str = "megatron", split: bool = False, ep: int = 1, cp: int = 1,
-              cp_comm: str = "allgather") -> Tuple[Function, Function, LowerSPMD]:
+              cp_comm: str = "allgather", tp_overlap: bool = False, fp32_grads: bool = False
+              ) -> Tuple[Function, Function, LowerSPMD]:
     c = _template_config(config, micro_batch)
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm,
+                          tp_overlap)
     # ZeRO-3 without prefetch: each block's memory holds its own gathered
     # parameters only; the estimate adds those of the blocks a real
     # ``prefetch`` gathers ahead of it (estimate.prefetched_bytes), which
@@ -114,7 +118,7 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
                                optimizer=optimizer, fusion=fusion, ep=ep,
                                bucket_mb=0 if ep > 1 else None,
                                schedule=SPLIT_SCHEDULE if split else "1f1b",
-                               cp=cp, cp_comm=cp_comm),
+                               cp=cp, cp_comm=cp_comm, fp32_grads=fp32_grads),
                       _TEMPLATE_MICROBATCHES,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives,
                       local_gradients=cp > 1)
@@ -130,7 +134,7 @@ def _template_config(config: GPTConfig, micro_batch: int) -> GPTConfig:
 @lru_cache(maxsize=8)
 def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
                 untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
-                cp_comm: str = "allgather"
+                cp_comm: str = "allgather", tp_overlap: bool = False
                 ) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
                            Tuple[List[int], List[int], int, Tuple[str, ...]], Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
@@ -139,7 +143,8 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
     counts them, its saved activation bytes, and its cost as the balanced
     partition estimates it (each summed in op order); the values crossing
     a stage boundary (:func:`.crossing.stage_crossing`). Kept: do not modify."""
-    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm)
+    step = _template_step(c, tp, sp, recompute, micro_batch, untie, fusion, ep, cp, cp_comm,
+                          tp_overlap)
     names = (EMB, LAYER, HEAD)
     flops: Dict[str, List[float]] = {}
     partition: Dict[str, float] = {}
@@ -162,15 +167,17 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
 @lru_cache(maxsize=8)
 def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: int,
                    untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
-                   cp_comm: str = "allgather") -> Function:
+                   cp_comm: str = "allgather", tp_overlap: bool = False) -> Function:
     """The template's one-device step (forward, backward, no optimizer),
     the same for every ZeRO stage: the profiles of one layout and its ZeRO
     kinds, built one after another in a sweep, lower the same step (kept:
     lowering reads it, nothing changes it). Finished from the layout's
-    :func:`_template_backward`."""
+    :func:`_template_backward`, its backward's tensor-parallel collectives
+    in the order ``tp_overlap`` says (:mod:`distsim.transforms.tp_order`),
+    as the step's."""
     return build_gpt_step(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
                                       recompute=recompute, fusion=fusion, cp=cp,
-                                      cp_comm=cp_comm), micro_batch,
+                                      cp_comm=cp_comm, tp_overlap=tp_overlap), micro_batch,
                           _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm,
                                              fusion == "megatron"))
 
@@ -224,7 +231,8 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   tp_ranks: Optional[Tuple[int, ...]] = None,
                   fusion: str = "megatron", split: bool = False, ep: int = 1,
                   comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
-                  cp_comm: str = "allgather") -> LayerProfile:
+                  cp_comm: str = "allgather", tp_overlap: bool = False,
+                  fp32_grads: bool = False) -> LayerProfile:
     """The profile of a model (``config_items``: a GPTConfig's fields as
     sorted pairs) under a tensor-parallel layout (see the module docstring),
     cached per process. ``tp_ranks``: the devices the template's ranks run
@@ -238,8 +246,13 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     (:mod:`distsim.sim.launch_queue`), so the template's tensor-parallel
     collectives wait as the step's do. ``cp``, ``cp_comm``: context
     parallelism, the template on a tp x cp group (``tp_ranks`` then its
-    devices, cp-major). A model that mixes dense and MoE
-    layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
+    devices, cp-major). ``tp_overlap``: the backward's tensor-parallel
+    collectives issued before the weight-gradient GEMMs
+    (:mod:`distsim.transforms.tp_order`), simulated in that order.
+    ``fp32_grads``: the gradient buffers in fp32 (each gradient cast and
+    added, the optimizer reading them: the template's accumulation and
+    update ops, and its memory, are theirs). A model that mixes dense and
+    MoE layers: the profiles of its two kinds merged (:mod:`.layer_kinds`)."""
     config = GPTConfig(**dict(config_items))
     blocks = layer_blocks(config)
     if blocks is not None:
@@ -249,22 +262,26 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         dense_ranks = None if tp_ranks is None or tp_ranks[:tp] == tuple(range(tp)) \
             else tp_ranks[:tp]
         return merge_kinds(layer_profile(model_key(dense_variant(config)), *args, dense_ranks,
-                                         fusion, split, 1, comm_order),
+                                         fusion, split, 1, comm_order,
+                                         tp_overlap=tp_overlap, fp32_grads=fp32_grads),
                            layer_profile(model_key(moe_variant(config)), *args, tp_ranks,
-                                         fusion, split, ep, comm_order), blocks)
+                                         fusion, split, ep, comm_order,
+                                         tp_overlap=tp_overlap, fp32_grads=fp32_grads),
+                           blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
                                           topology, collective_algo, optimizer, tp_ranks,
-                                          fusion, split, ep, comm_order, cp, cp_comm))
+                                          fusion, split, ep, comm_order, cp, cp_comm,
+                                          tp_overlap, fp32_grads))
     profile = build_profile(config_items, tp, sp, recompute, zero, micro_batch, untie, topology,
                             collective_algo, optimizer, tp_ranks=tp_ranks, fusion=fusion,
                             split=split, ep=ep, comm_order=comm_order, cp=cp,
-                            cp_comm=cp_comm)
+                            cp_comm=cp_comm, tp_overlap=tp_overlap, fp32_grads=fp32_grads)
     if ep > 1 and zero != 3:
         plain = layer_profile(config_items, tp, sp, recompute, zero, micro_batch, untie,
                               topology, collective_algo, optimizer,
                               None if tp_ranks is None else tp_ranks[:tp], fusion, split, 1,
-                              comm_order)
+                              comm_order, tp_overlap=tp_overlap, fp32_grads=fp32_grads)
         profile = with_expert_parallel(profile, plain)
     return profile
 
@@ -298,7 +315,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                   representatives: bool = True, tp_ranks: Optional[Tuple[int, ...]] = None,
                   fusion: str = "megatron", split: bool = False, ep: int = 1,
                   comm_order: str = DEFAULT_COMM_ORDER, cp: int = 1,
-                  cp_comm: str = "allgather") -> LayerProfile:
+                  cp_comm: str = "allgather", tp_overlap: bool = False,
+                  fp32_grads: bool = False) -> LayerProfile:
     """:func:`layer_profile`, uncached; ``representatives=False`` lowers
     every tensor-parallel rank of the template (the same profile, slower:
     a test checks they agree). ``tp_ranks``: the template's ranks
@@ -314,7 +332,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     template_zero = 3 if zero == 3 else (1 if zero else 0)
     step, program, lower = _template(config, tp, sp, recompute, template_zero, micro_batch,
                                      untie, optimizer, representatives, fusion, split, ep,
-                                     cp, cp_comm)
+                                     cp, cp_comm, tp_overlap, fp32_grads)
     topo = load_topology(topology)
     if tp_ranks is not None:
         topo = topo.with_ranks_first(tp_ranks)
@@ -363,6 +381,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                 first_reader.setdefault(f"{kind}{blk}", []).append(index[v.name])
     final_last = {id(lower.sync.acc[(p, 0)]): p.name for p in lower.params}
     final_only = {id(lower.menv[(0, 0)][g]): p.name for g, p in lower.grad_of.items()}
+    # where one micro-batch's sync starts: its gradient, or its fp32 buffer
+    synced_only = cast_into_buffers(rank0, final_only)
 
     # -- blocks from rank 0's program order and timeline ------------------------
     blocks = {name: Block() for name in (EMB, LAYER, HEAD)}
@@ -438,7 +458,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
 
     step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
         _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion, ep,
-        cp, cp_comm)
+        cp, cp_comm, tp_overlap)
     # the values a layer's backward sends to the stage before (its input
     # gradient), per micro-batch of the template: where each is made
     sent = {mb: {f"{n}_m{mb}_r0" for n in sent_back} for mb in (0, 1, LAST_MB)}
@@ -460,7 +480,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
         gates = gathered_uses(rank0, params, first_reader.get(f"B{name}", []), template_zero)
         blk.last = compress_segments(groups.get(("B", LAST_MB, name), []), times, final_last,
                                      gates, outs[LAST_MB], forward_made)
-        blk.only = compress_segments(groups.get(("B", 0, name), []), times, final_only, gates,
+        blk.only = compress_segments(groups.get(("B", 0, name), []), times, synced_only, gates,
                                      outs[0], forward_made)
         blk.mid = compress_segments(groups.get(("B", 1, name), []), times, {}, gates, outs[1],
                                     forward_made)
@@ -500,12 +520,12 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                                      forward_made, issued)
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
-    weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, final_only,
+    weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, synced_only,
                             forward_made, lower, program, index) if split else {}
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
     data_emb, data_head = memory_excess(blocks, groups, times, trace, program, params, rank0,
-                                        final_only, weight)
+                                        final_only, weight, (final_last, synced_only))
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
                         lower.master_dtype, dict(partition), time.perf_counter() - started, kept,
                         data_emb, data_head, weight)

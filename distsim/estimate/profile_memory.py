@@ -21,7 +21,8 @@ from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Function,
                    params: Dict[str, List[Param]], rank0: List[Op],
                    final_only: Dict[int, str],
-                   weight: Optional[Dict[str, Block]] = None) -> Tuple[int, int]:
+                   weight: Optional[Dict[str, Block]] = None,
+                   synced: Tuple[Dict[int, str], Dict[int, str]] = ({}, {})) -> Tuple[int, int]:
     """Fill each block's ``f_excess`` / ``b_excess`` from rank 0's memory
     curve: the peak inside the block's time window minus what is known to
     be live then (weights and optimizer state, gradient buffers after the
@@ -35,7 +36,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
     (:attr:`.blocks.LayerProfile.weight`): what each holds from its B task
     to its W task (its ``saved_bytes``) is known to be live too, and each
     part's excess is measured on its W task's window (its ``b_excess``,
-    ``b0_excess``)."""
+    ``b0_excess``). ``synced``: the gradients each block's last and first
+    backward hand to their sync (:attr:`.blocks.Block.b_after`,
+    ``b0_after``)."""
     roles = program.meta.get("roles", {})
     zero3 = program.meta.get("strategy", {}).get("zero") == 3
     static = sum(v.type.size_bytes for v in program.inputs if v.type.device == 0
@@ -131,6 +134,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             blocks[name].b_peak_s = peak_after(*window(("B", LAST_MB, name)))
             blocks[name].b_tail = _tail(groups[("B", LAST_MB, name)], times, peak,
                                         static + grads + before + saved[name])
+            blocks[name].b_after = _after_gradients(
+                groups[("B", LAST_MB, name)], times, samples, stamps,
+                static + grads + before + saved[name], synced[0], params.get(name, []))
             if zero3:
                 blocks[name].b_curve_later = gather_curve(
                     groups[("B", LAST_MB, name)], times, samples, stamps,
@@ -141,6 +147,9 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
             blocks[name].b0_peak_s = peak_after(*window(("B", 0, name)))
             blocks[name].b0_tail = _tail(groups[("B", 0, name)], times, peak, base)
+            blocks[name].b0_after = _after_gradients(groups[("B", 0, name)], times, samples,
+                                                     stamps, base, synced[1],
+                                                     params.get(name, []))
             if forward_made is None:
                 forward_made = {id(v) for v in program.inputs}
                 forward_made.update(id(v) for op in program.ops if "phase" not in op.meta
@@ -384,6 +393,26 @@ def _tail(ops: List[Op], times, peak, base: float) -> Optional[float]:
     end = max(times[o.name][1] for o in ops if o.name in times)
     free = max(comm)
     return max(0.0, peak(free, end) - base) if free < end else None
+
+
+def _after_gradients(ops: List[Op], times, samples: List[Tuple[float, int]],
+                     stamps: List[float], base: float, finals: Dict[int, str],
+                     params: List[Param]) -> Dict[int, float]:
+    """Per parameter of a block (its index in ``params``) whose gradient
+    one of the block's ``ops`` hands to its sync (``finals``): the most
+    bytes above ``base`` sampled from that op's end (its inputs freed) to
+    the block's end. A bucket the sync flushes there lives through it."""
+    index = {p.name: i for i, p in enumerate(params)}
+    end = max(times[o.name][1] for o in ops)
+    out: Dict[int, float] = {}
+    for op in ops:
+        t1 = times[op.name][1]
+        for v in op.outputs:
+            i = index.get(finals.get(id(v), ""))
+            if i is not None:
+                live = samples[bisect_left(stamps, t1):bisect_left(stamps, end)]
+                out[i] = max(0.0, max((b for _, b in live), default=base) - base)
+    return out
 
 
 def block_collective(op: Op) -> bool:

@@ -113,6 +113,21 @@ def read_gates(ops: List[Op], times: Dict[str, tuple], params: Dict[str, List[Pa
     return out
 
 
+def cast_into_buffers(ops: List[Op], finals: Dict[int, str]) -> Dict[int, str]:
+    """``finals`` (a micro-batch's gradients, by value id) followed
+    through the casts that write them into wider buffers (``fp32_grads``:
+    :func:`~distsim.transforms.sync_policy.accumulation_ops`' "cast"): with
+    one micro-batch, what the gradient sync reads. ``finals`` itself
+    where no gradient is cast."""
+    out = dict(finals)
+    for op in ops:
+        name = finals.get(id(op.inputs[0])) if op.op_type == "cast" and op.inputs else None
+        if name is not None and op.meta.get("category") == "gradients":
+            del out[id(op.inputs[0])]
+            out[id(op.outputs[0])] = name
+    return out
+
+
 def compress_segments(ops: List[Op], times: Dict[str, tuple], finals: Dict[int, str],
               gates: Optional[Dict[int, int]] = None, outs: Optional[set] = None,
               kept: Optional[set] = None) -> List[Segment]:

@@ -104,6 +104,10 @@ class Memo:
         #: ``(stage, "last", 0, chunk)``, per block: they live until they
         #: are unpacked after the backward pass)
         self.flat_pending: Dict[Tuple[int, str, int, int], Any] = {}
+        #: those buckets where a gradient's sync flushes one inside its
+        #: block, per (block position, the gradient's index), keyed as
+        #: flat_pending (the block's excess after that gradient is on top)
+        self.bucket_inside: Dict[Tuple[int, str, int, int], Dict[Tuple[int, int], int]] = {}
         #: the same copies inside that first backward: per (stage, chunk,
         #: "B", or a split backward's "W"),
         #: per gradient (its block's position in the backward's order, its

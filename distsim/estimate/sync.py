@@ -89,8 +89,8 @@ class StepSync:
         return hit
 
     def nbytes(self, key: ParamKey) -> int:
-        """The bytes of a parameter's gradient (what fills a bucket)."""
-        return self.cost(key[0], key[2]).nbytes
+        """The bytes of a parameter's gradient buffer (what fills a bucket)."""
+        return self.cost(key[0], key[2]).gbytes
 
     # -- the sink of the sync policy ---------------------------------------------
     def keep_local(self, key: ParamKey, stage: int) -> None:
@@ -116,7 +116,7 @@ class StepSync:
         pc = self.cost(*param)
         final = end or 0.0
         if pc.sync is None:
-            pc.sync = self.ctx.dp_time(kind, pc.nbytes, pc.expert)
+            pc.sync = self.ctx.dp_time(kind, pc.gbytes, pc.expert)
         if kind is CollectiveType.REDUCE_SCATTER:
             t, f = pc.flat
             self.ctx.flops[stage] += f
@@ -126,9 +126,9 @@ class StepSync:
     def sync_bucket(self, bucket: List[ParamKey], stage: int) -> None:
         ctx = self.ctx
         costs = [self.cost(k[0], k[2]) for k in bucket]
-        flats = [ctx.small(stage, "reshape", [(pc.numel, pc.dtype)], [(pc.numel, pc.dtype)],
+        flats = [ctx.small(stage, "reshape", [(pc.numel, pc.gdtype)], [(pc.numel, pc.gdtype)],
                            self.final[k] or 0.0) for k, pc in zip(bucket, costs)]
-        dtype = costs[0].dtype
+        dtype = costs[0].gdtype
         total = sum(pc.numel for pc in costs)
         cat = ctx.small(stage, "concat", [(pc.numel, dtype) for pc in costs],
                         [(total, dtype)], max(flats))
@@ -202,13 +202,13 @@ class StepSync:
         for bucket, stage, ar, total, dtype in self.unpack:
             held = bucketed.setdefault(stage, {})
             for k in bucket:
-                held[k] = self.cost(k[0], k[2]).nbytes
+                held[k] = self.cost(k[0], k[2]).gbytes
             split = ctx.small(stage, "split", [(total, dtype)],
                               [(ctx.param(k).numel, dtype) for k in bucket], ar)
             for k in bucket:
                 p = ctx.param(k)
-                self.synced[k] = ctx.small(stage, "reshape", [(p.numel, p.dtype)],
-                                           [(p.numel, p.dtype)], split)
+                self.synced[k] = ctx.small(stage, "reshape", [(p.numel, dtype)],
+                                           [(p.numel, dtype)], split)
         self.unpack = []
 
     def tie(self, emb: ParamKey, head: ParamKey) -> None:
@@ -217,8 +217,9 @@ class StepSync:
         p = ctx.param(emb)
         team = ctx.team(p)
         n = shard_size(p.numel, team) if self.zero >= 2 and team > 1 else p.numel
+        # the synced gradient (its buffer's dtype): a shard past ZeRO-1
         t = ctx.colls.time(CollectiveType.ALL_REDUCE, (ctx.rank0(s0), ctx.rank0(s1)),
-                           n * p.dtype.itemsize)     # the synced gradient: a shard past ZeRO-1
+                           n * ctx.grad_dtype(p).itemsize)
         end = self.tl.comm((s0, s1), t, max(self.synced[emb] or 0.0, self.synced[head] or 0.0))
         self.synced[emb] = self.synced[head] = end
 

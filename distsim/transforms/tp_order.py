@@ -28,9 +28,9 @@ The reordering is the only difference: the same ops, the same numbers.
 Without stream order it still decides which collective queues first on a
 shared communication stream (``comm_streams: shared``): the async order
 puts the all-reduce ahead of ZeRO-3 gathers issued during the dW GEMM.
-The default is the 2021 order because the fast estimator's block
-timeline and memory are worked out for autodiff's order; it refuses
-``tp_overlap`` with ``tp > 1``.
+The default is the 2021 order, autodiff's. The fast estimator lowers
+its per-layer template in the order the option says
+(:mod:`distsim.estimate.profile`).
 """
 from __future__ import annotations
 

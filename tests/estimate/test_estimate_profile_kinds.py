@@ -69,9 +69,9 @@ def test_the_cached_profile_of_zero0_is_derived_not_built(monkeypatch):
         # every argument given, as the estimator gives them (the cache's
         # key is the call's form)
         zero0 = ep.layer_profile(*_args(case, 0), None, "megatron", False, 1, "inputs", 1,
-                                   "allgather")
+                                   "allgather", False, False)
         zero1 = ep.layer_profile(*_args(case, 1), None, "megatron", False, 1, "inputs", 1,
-                                   "allgather")
+                                   "allgather", False, False)
     finally:
         ep.layer_profile.cache_clear()
     assert built == [1]                  # one template, ZeRO 1's

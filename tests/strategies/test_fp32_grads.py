@@ -138,12 +138,15 @@ def test_cli_flag_reaches_the_summary(tmp_path):
     assert summary["config"]["fp32_grads"] is True
 
 
-def test_the_estimator_refuses_fp32_buffers_in_one_line():
-    """The fast tier's templates accumulate in the gradients' own dtype:
-    it refuses the option rather than estimate it as if it were off."""
+def test_the_estimator_refuses_fp32_buffers_only_with_zero_2_over_dp():
+    """The fast tier models fp32 buffers (tests/estimate/
+    test_estimate_fp32_grads.py) but where ZeRO 2/3 reduce-scatter them
+    over dp > 1: that point is refused in one line."""
     from distsim.errors import NotModelledError
     from distsim.estimate import estimate
-    options = {"model": "tiny", "topology": "workstation-4gpu-pcie", "dp": 4}
-    assert estimate(options)["step_time_s"] > 0
-    with pytest.raises(NotModelledError, match=r"fp32_grads .* is not modelled"):
-        estimate({**options, "fp32_grads": True})
+    options = {"model": "tiny", "topology": "workstation-4gpu-pcie", "dp": 4,
+               "fp32_grads": True}
+    assert estimate({**options, "zero": 1})["step_time_s"] > 0
+    with pytest.raises(NotModelledError,
+                       match=r"^estimate: fp32_grads with ZeRO 2 over dp 4 is not modelled"):
+        estimate({**options, "zero": 2})

@@ -90,11 +90,13 @@ def test_the_order_shows_in_time_only_under_stream_order():
     assert on.step_time_s < off.step_time_s <= on.step_time_s + most * (1 + 1e-9)
 
 
-def test_the_estimator_refuses_the_async_order_with_tensor_parallelism():
-    from distsim.errors import NotModelledError
-    from distsim.estimate import estimate
-    with pytest.raises(NotModelledError, match="tp_overlap"):
-        estimate({"model": "tiny", "topology": "workstation-4gpu-pcie", "tp": 4,
-                  "tp_overlap": True})
-    assert estimate({"model": "tiny", "topology": "workstation-4gpu-pcie", "tp": 1,
-                     "tp_overlap": True})["step_time_s"] > 0
+def test_the_estimator_follows_the_order():
+    # its template is lowered in the same order (tests/estimate/
+    # test_estimate_tp_overlap.py for pipelines and sequence parallelism)
+    from distsim.estimate import AGREEMENT_TOLERANCE, estimate
+    for overlap in (True, False):
+        row = estimate({"model": "tiny", "topology": "workstation-4gpu-pcie", "tp": 4,
+                        "layers": 1, "network_mode": "analytical", "tp_overlap": overlap,
+                        "comm_order": "stream"})
+        assert row["step_time_s"] == pytest.approx(_step(overlap, "stream").step_time_s,
+                                                   rel=AGREEMENT_TOLERANCE)
