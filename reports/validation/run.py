@@ -25,9 +25,7 @@ each source's Megatron-LM issued it (``tp_overlap``, per source below).
 Every run ran Megatron-LM's fused kernels (``fusion: megatron``:
 scale-mask-softmax, bias-GeLU, bias-dropout-add; ``--fusion none``
 simulates them unfused). The estimator's column estimates the same run
-with the backward's tensor-parallel collective in autodiff's order
-(``tp_overlap: false``: the estimator does not model the async order);
-it refuses BLOOM's blocking launches and fp32 gradient buffers.
+with the same options; it refuses BLOOM's blocking launches.
 
 Nothing here is fitted: the topologies are the repository's (the DGX A100
 cluster ``dgx-a100-xN``; Jean Zay for BLOOM, described beside this file
@@ -420,9 +418,7 @@ def simulate_run(run: Dict[str, Any]) -> Dict[str, Any]:
     del result
     t0 = time.perf_counter()
     try:
-        # the backward's tensor-parallel collective in autodiff's order: what it models
-        est = estimate({"model": dict(run["model"]), "topology": run["topology"],
-                        **{**opts, "tp_overlap": False}})
+        est = estimate({"model": dict(run["model"]), "topology": run["topology"], **opts})
         out["estimate_step_time_s"] = est["step_time_s"]
         out["estimate_wall_s"] = round(time.perf_counter() - t0, 3)
     except Exception as exc:   # the estimator's contract: it refuses what it does not cover
