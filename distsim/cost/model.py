@@ -17,6 +17,12 @@ formula for the ops it lists. An op holding a function (a fused segment, a
 call) costs the sum of that function's ops; one marked as a fused kernel
 (``kernel``) costs one launch and one memory pass (:meth:`CostModel.kernel_cost`).
 
+An op marked with ``meta["occupancy"]`` f (a dropless mixture-of-experts
+dispatch's padded slots, :mod:`distsim.models.moe`) holds real rows in
+only that share of its shapes: its FLOPs, bytes and time past the launch
+are f of the padded op's (a grouped GEMM over the real rows at the
+batched GEMM's efficiency).
+
 With a host launch time (``host_launch_s``), :meth:`CostModel.host_lead`
 says how many kernels an op launches and how far its last kernel can be
 held back by the host's launch queue (the simulator's
@@ -70,11 +76,17 @@ class CostModel:
         nbytes = op_memory_bytes(op)
         if is_communication(op):
             return OpCost(0.0, 0.0, nbytes)
+        occupancy = op.meta.get("occupancy", 1.0)
         entry = self.profile.get(op.op_type)
         if entry is not None:
             t = entry(op) if callable(entry) else float(entry)
-            return OpCost(t, flops, nbytes)
-        return OpCost(self.roofline_time(op, flops, nbytes), flops, nbytes)
+            return OpCost(t * occupancy, flops * occupancy, nbytes * occupancy)
+        t = self.roofline_time(op, flops, nbytes)
+        if occupancy != 1.0:
+            launch = self.device.launch_overhead_s
+            return OpCost(launch + (t - launch) * occupancy, flops * occupancy,
+                          nbytes * occupancy)
+        return OpCost(t, flops, nbytes)
 
     def function_cost(self, function) -> OpCost:
         """The summed cost of every op of ``function`` (a fused segment or a

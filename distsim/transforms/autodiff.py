@@ -21,7 +21,7 @@ from .ring_backward import find_rings, ring_backward
 # Meta keys a forward op hands down to the backward ops emitted for it
 # (e.g. the transformer layer, so that pipeline stages and recomputation
 # can find a layer's backward).
-INHERITED_META = ("layer", "rank_attrs", "cp_rank_attrs")
+INHERITED_META = ("layer", "rank_attrs", "cp_rank_attrs", "occupancy")
 
 
 class Autodiff:
