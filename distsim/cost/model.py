@@ -68,25 +68,30 @@ class CostModel:
             # an ordering edge (an event wait) or a regrouping of values
             # (pack, unpack): not kernels
             return OpCost(0.0, 0.0, 0.0)
+        occupancy = op.meta.get("occupancy", 1.0)
         if op.subfunctions and not is_communication(op):
-            if op.attrs.get("kernel"):
-                return self.kernel_cost(op.subfunctions[0])
+            if op.attrs.get("kernel"):     # a fused kernel: its last part's share
+                return self._occupied(self.kernel_cost(op.subfunctions[0]), occupancy)
             return self.function_cost(op.subfunctions[0])
         flops = op_flops(op)
         nbytes = op_memory_bytes(op)
         if is_communication(op):
             return OpCost(0.0, 0.0, nbytes)
-        occupancy = op.meta.get("occupancy", 1.0)
         entry = self.profile.get(op.op_type)
         if entry is not None:
             t = entry(op) if callable(entry) else float(entry)
             return OpCost(t * occupancy, flops * occupancy, nbytes * occupancy)
-        t = self.roofline_time(op, flops, nbytes)
-        if occupancy != 1.0:
-            launch = self.device.launch_overhead_s
-            return OpCost(launch + (t - launch) * occupancy, flops * occupancy,
-                          nbytes * occupancy)
-        return OpCost(t, flops, nbytes)
+        return self._occupied(OpCost(self.roofline_time(op, flops, nbytes), flops, nbytes),
+                              occupancy)
+
+    def _occupied(self, c: OpCost, occupancy: float) -> OpCost:
+        """``c`` of an op whose rows hold data in only ``occupancy`` of its
+        shapes (module docstring): the launch whole, the rest that share."""
+        if occupancy == 1.0:
+            return c
+        launch = self.device.launch_overhead_s
+        return OpCost(launch + (c.time_s - launch) * occupancy, c.flops * occupancy,
+                      c.bytes * occupancy)
 
     def function_cost(self, function) -> OpCost:
         """The summed cost of every op of ``function`` (a fused segment or a
