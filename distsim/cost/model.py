@@ -21,7 +21,8 @@ An op marked with ``meta["occupancy"]`` f (a dropless mixture-of-experts
 dispatch's padded slots, :mod:`distsim.models.moe`) holds real rows in
 only that share of its shapes: its FLOPs, bytes and time past the launch
 are f of the padded op's (a grouped GEMM over the real rows at the
-batched GEMM's efficiency).
+batched GEMM's efficiency); the routing ops count their routed tokens'
+FLOPs already and move f of their slots (:func:`~.flops_moe.routing_bytes`).
 
 With a host launch time (``host_launch_s``), :meth:`CostModel.host_lead`
 says how many kernels an op launches and how far its last kernel can be
@@ -39,6 +40,7 @@ from ..ir.core import Op
 from ..ir.ops_bundle import BOOKKEEPING_OPS
 from .device import DeviceSpec
 from .flops import op_flops, op_memory_bytes
+from .flops_moe import ROUTING_OPS, routing_bytes
 from .gemm import gemm_shape
 
 MATMUL_OPS = frozenset({"matmul", "batch_matmul", "conv", "conv_grad_input", "conv_grad_weight",
@@ -77,6 +79,8 @@ class CostModel:
         nbytes = op_memory_bytes(op)
         if is_communication(op):
             return OpCost(0.0, 0.0, nbytes)
+        if occupancy != 1.0 and op.op_type in ROUTING_OPS:
+            nbytes, occupancy = routing_bytes(op, occupancy), 1.0
         entry = self.profile.get(op.op_type)
         if entry is not None:
             t = entry(op) if callable(entry) else float(entry)

@@ -95,3 +95,16 @@ def test_cli_refusal_is_one_line_exit_2(tmp_path, capsys):
     assert main([*base, "--capacity-factor", "1.5"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "capacity_factor: a dropless" in err, err
+
+
+def test_the_dispatch_moves_its_routed_rows(programs):
+    # the dispatch reads the 64 tokens and their probabilities and writes the
+    # 64 routed rows (top 1) of its 4 x 64 slots: 64 x 64 x 2 bytes of 32768;
+    # its FLOPs are the routing's comparisons (64 x 4), as padded
+    device = programs["dropless"][2].device_spec
+    op = _first(programs["dropless"][0], "moe_dispatch", "l0_dispatch")
+    tokens, probs = (v.type.size_bytes for v in op.inputs)
+    assert op.outputs[0].type.size_bytes == 32768 and op.meta["occupancy"] == 0.25
+    cost = CostModel(device).op_cost(op)
+    assert cost.bytes == tokens + probs + 64 * 64 * 2
+    assert cost.flops == 64 * 4
