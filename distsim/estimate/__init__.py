@@ -17,9 +17,12 @@ without building or simulating the whole program. A peer of
   expert parallelism (``ep``: the all-to-alls in each MoE block's
   template, the experts' weights synchronised and sharded over dp / ep),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
-  all-gathered keys and values, ring attention, all-to-alls), the GPipe /
+  all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
+  its parameters sharded and gathered over dp x cp), the GPipe /
   1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's backward
-  split into B and W as the lowering splits it), even or balanced
+  split into B and W as the lowering splits it; under ZeRO 3 its
+  parameters gathered in the forward and B tasks, where the lowering
+  gathers them), even or balanced
   partitions,
   micro-batches, ZeRO 0-3 (prefetch, by parameter or by layer),
   gradient buckets, recomputation, AdamW / SGD; on any topology;
@@ -29,11 +32,9 @@ without building or simulating the whole program. A peer of
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,
   and models of other families (MLP, ONNX imports) with a ConfigError
-  naming the family; valid options it does not model (``zb-h1`` with
-  ZeRO 3 over dp > 1,
-  ``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
-  whole beside the others reduce-scattered, context parallelism with
-  ZeRO 3) with
+  naming the family; valid options it does not model
+  (``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
+  whole beside the others reduce-scattered) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
@@ -56,7 +57,10 @@ parallelism too); their known
   3.3 %), and ``routing_skew`` 1 with tp and two micro-batches (1.5 %).
   Context parallelism has its draws too; its known gap is gradient
   buckets' flat copies waiting behind the cp collectives through a
-  block's transient peak (memory up to 2.2 % under).
+  block's transient peak (memory up to 2.2 % under). ZeRO 3 under ZB-H1
+  and under context parallelism are drawn too; their known gaps are on
+  memory (ZB-H1 without prefetch: the next task's gated shards beside a
+  W task's last gradient, up to 6.3 % under).
 - *Cache key*: :func:`cache_key` (options -> the key of the per-layer
   profile an estimate builds once per process and reuses): sweeps group
   the points that share one.
@@ -67,7 +71,8 @@ shape and tensor-parallel layout (per-block times and memory; one per
 layer kind where a model mixes dense and MoE layers; under expert
 parallelism one expert-parallel group, :mod:`.experts`; with context
 parallelism a tp x cp group, the attention's gathers, ring steps or
-all-to-alls simulated with it, its gradients kept local);
+all-to-alls simulated with it, its gradients kept local and, under ZeRO
+3, its parameters gathered over no team);
 :mod:`.timeline` walks the pipeline's program order on an
 :class:`~.engine.Timeline` (one rank per stage, compute and communication
 streams); :mod:`.memory` walks the same schedule for the peak bytes.

@@ -142,7 +142,7 @@ class OpByOpBackward:
             segs = blk.only if only else blk.last
             ctime = sum(s.time_s for s in segs if s.kind == "c") or 1.0
             index = {p.name: i for i, p in enumerate(ctx.profile.params[name])}
-            gp = gather_plan(self.ctx, "B", name) if ctx.zero3 else None
+            gp = gather_plan(self.ctx, "B", name) if self.part in ctx.gathering else None
             # by layer: the unit's copy-out in the run where the unit is
             # first read, each reshape it replaces off the run that read
             # its parameter first (the reads so far: positions up to the gate)
@@ -248,7 +248,7 @@ class OpByOpBackward:
         # in time, noted for the memory estimate
         entries: Optional[List[tuple]] = None
         own = None
-        if ctx.zero3:
+        if self.part in ctx.gathering:
             entries = []
             ctx.peak_key = ("B", ctx.shapes[c],
                              (first_microbatch and not accumulating) or ctx.microbatches == 1)
@@ -274,7 +274,7 @@ class OpByOpBackward:
                             del entries[0]
                     continue
             ends: Dict[Optional[int], float] = {}
-            if ctx.zero3:
+            if self.part in ctx.gathering:
                 gate = last if last is not None else max(ready, tl.free[2 * stage])
                 for j in prefetch_window(k, n, ctx.strategy.prefetch):
                     if j not in gathered:
@@ -350,7 +350,7 @@ class OpByOpBackward:
                         # by layer: reduce-scattered with the rest of the
                         # block's unit once all are made (the policy's rule)
                         key = (name, layer, param)
-                        ctx.unit_made_at[key] = made or 0.0
+                        ctx.unit_made_at[(key, accumulating or 0)] = made or 0.0
                         scattered = len(ctx.unit_ends)
                         self.policy.unit_gradient(tuple((name, layer, i) for i in unit),
                                                        key, stage, accumulating or 0)

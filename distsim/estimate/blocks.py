@@ -112,8 +112,17 @@ class Block:
     # the blocks before it; the backward (a later micro-batch) over those,
     # the gradient buffers and the saved activations up to this block
     f_excess: float = 0.0
+    #: the forward: how long after its start the block first reaches that
+    #: peak (the fp32 logits' cast before the loss, not the loss's end):
+    #: the flat copies still waiting then add to it
+    f_peak_s: float = 0.0
     b_excess: float = 0.0
     b0_excess: float = 0.0          # the backward of a single micro-batch (no buffers before)
+    #: how long after the backward's start it first reaches ``b_excess`` /
+    #: ``b0_excess`` (the float32 loss's last passes, not its start): the
+    #: flat copies still waiting then add to it
+    b_peak_s: float = 0.0
+    b0_peak_s: float = 0.0
     #: a backward of ZeRO 2/3 with a reduce-scatter per micro-batch: each
     #: gradient a value of its own (not added into a whole buffer), and
     #: flattened for its reduce-scatter right after the op that makes it

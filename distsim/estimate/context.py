@@ -131,6 +131,14 @@ class StepContext:
         #: ZeRO-3 by layer (``zero3_unit: layer``): a block's gathers, and
         #: with a reduce-scatter per micro-batch its gradients', as one
         self.by_layer = self.zero3 and S.zero3_unit == "layer"
+        #: ZeRO-3: the task kinds that gather parameters, as the
+        #: template's lowering gathers them (its tasks' first reads,
+        #: ``task_layer_params``): a forward and a backward, or a split
+        #: backward's input-gradient part (B); its weight-gradient part (W)
+        #: reads no parameter (:attr:`.blocks.Block.b_gather` of
+        #: :attr:`~.blocks.LayerProfile.weight` empty; one that reads some
+        #: is refused: :func:`.point.check_weight_gathers`)
+        self.gathering = frozenset(("F", "B")) if self.zero3 else frozenset()
         #: the lowering's decisions (:mod:`distsim.transforms.sync_policy`):
         #: how a final gradient is synchronised, and whether ZeRO 2/3
         #: reduce-scatter every micro-batch's gradients as they are made

@@ -356,8 +356,9 @@ class Timeline:
         """:meth:`comm` on one stage's communication stream (most of them:
         gradient syncs, ZeRO gathers, tensor-parallel collectives: ``tp``;
         with ``per_group`` the others on the data-parallel stream)."""
-        if self.stream_order:
-            ready = self.issued((stage,), ready)
+        free = self.free
+        if self.stream_order and free[2 * stage] > ready:     # :meth:`issued`, one stage
+            ready = free[2 * stage]
         if not tp and self.per_group:
             # the data-parallel stream (per stage: every reduce-scatter
             # and gradient sync of a backward, ZeRO-3's gathers)
@@ -365,7 +366,6 @@ class Timeline:
             end = self.dp_free[stage] = self._group_item((stage,), start if start > ready
                                                          else ready, time_s)
             return end
-        free = self.free
         s = 2 * stage + 1
         start = free[s] if free[s] > 0.0 else 0.0
         if ready > start:
@@ -418,8 +418,12 @@ class Timeline:
         the transfers the other way, as in the simulator), the first from
         ``ready``; returns the latest of ``arrived`` and their ends."""
         pair = (a, b)
-        if self.stream_order:
-            ready = self.issued(pair, ready)
+        if self.stream_order:           # :meth:`issued`, the two stages
+            free = self.free
+            if free[2 * a] > ready:
+                ready = free[2 * a]
+            if free[2 * b] > ready:
+                ready = free[2 * b]
         p2p_free = self.p2p_free
         start = p2p_free.get(pair, 0.0)
         starts_a, ends_a = self.p2p_starts[a], self.p2p_ends[a]

@@ -89,6 +89,9 @@ class ExpertSyncPolicy:
     def unit_gradient(self, unit: tuple, member: Any, stage: int, microbatch: int) -> None:
         self.main.unit_gradient(unit, member, stage, microbatch)
 
+    def units_made_from(self, other: "ExpertSyncPolicy") -> None:
+        self.main.units_made_from(other.main)
+
     def finish(self, stages: int, params: Sequence[Any],
                tied: Iterable[Tuple[Any, int, Any, int]] = ()) -> None:
         self.experts.finish(stages, [])

@@ -103,9 +103,10 @@ def estimate_memory(b: StepContext) -> List[int]:
         """The largest candidate of one task, with ``flight`` bytes of saved
         activations held when it starts (``inside``: bytes added at the
         backward's gradients, :attr:`Memo.flat_inside` or ``flat_later``;
-        ``by_block``: to its blocks by position, a backward's
-        :attr:`Memo.flat_pending` (with ZeRO 2/3 reduce-scattering each
-        gradient, to the block's peak apart from its gradients);
+        ``by_block``: to its blocks by position, the task's
+        :attr:`Memo.flat_pending` (in a backward with ZeRO 2/3
+        reduce-scattering each gradient, to the block's peak apart from its
+        gradients);
         ``first``: the chunk's first backward, micro-batch 0, whose bare
         gradients become the buffers (``b0_excess``) where the later ones
         make a gradient beside the buffer and add it in (``b_excess``));
@@ -130,7 +131,8 @@ def estimate_memory(b: StepContext) -> List[int]:
             placed = b.memo.gather_peaks.get(("F", b.shapes[c], False), {})
             for k, ((name, _), gathered, started) in enumerate(zip(
                     chunk_blocks[c], ahead[("F", c)], next_one[("F", c)])):
-                now = base + flight + before + pending
+                now = base + flight + before + pending + (by_block.get(k, 0) if by_block
+                                                          else 0)
                 at = placed.get(k)
                 peak = max(peak, now + (gathered + blocks[name].f_excess if at is None
                                         else at[0]))
@@ -376,8 +378,10 @@ def estimate_memory(b: StepContext) -> List[int]:
                                            after=bool(after_b[at[mb]]),
                                            hold=bool(holds[at[mb]])))
             else:
-                best = max(best, pending + task_peak(base, kind, c, float(flight[at[mb]]),
-                                                     after=bool(after_b[at[mb]])))
+                # (with the values received for it, as the walk above)
+                held = float(flight[at[mb]]) + received.get((stage, kind, c, False), 0)
+                best = max(best, task_peak(base, kind, c, held, by_block=pending,
+                                           after=bool(after_b[at[mb]])))
         # ZeRO-3 by layer: a task's first copy-in, made where the stage's
         # compute so far ends, the task's input still to come: beside the
         # activations in flight, the unit of shards the last backward left

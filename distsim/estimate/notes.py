@@ -28,21 +28,27 @@ class MemoryNotes:
                      flats: List[Tuple[int, float]], kind: str = "B") -> None:
         """The flat copies still waiting as each block of a backward task
         (``kind``: "B", or a split backward's "W") starting at ``start``
-        begins (the blocks' times summed up to it: a copy whose
-        reduce-scatter ends during the first block is not held through the
-        last), kept per block position as :attr:`Memo.flat_pending` keeps a
-        scalar."""
+        peaks (the blocks' times summed up to its start, and its
+        :attr:`~.blocks.Block.b_peak_s` or ``b0_peak_s`` after it, as the
+        memory estimate takes its ``b_excess`` or ``b0_excess``: a copy
+        whose reduce-scatter ends during the first block is not held through
+        the last, nor through the head's float32 loss before its peak), kept
+        per block position as :attr:`Memo.flat_pending` keeps a scalar."""
         key = (stage, kind, mb, c)
         held = self.memo.flat_pending.setdefault(key, {})
         blocks = self.ctx.part(kind)
+        bare = self.ctx.scatter_each or mb == 0 or self.ctx.microbatches == 1
         t = start
         for k, (name, _) in enumerate(self.ctx.blocks_of(kind, c)):
-            pending = sum(nbytes for nbytes, end in flats if end > t)
+            blk = blocks[name]
+            time = self.ctx.block_time(blk, "B", mb)[0]
+            at = t + min(blk.b0_peak_s if bare else blk.b_peak_s, time)
+            pending = sum(nbytes for nbytes, end in flats if end > at)
             if not pending:
                 break
             if pending > held.get(k, 0):
                 held[k] = pending
-            t += self.ctx.block_time(blocks[name], "B", mb)[0]
+            t += time
 
     def later(self, stage: int, mb: int, c: int, later: Dict[Tuple[int, int], int],
               part: str = "B") -> None:
@@ -125,6 +131,25 @@ class MemoryNotes:
         pending = sum(nbytes for nbytes, _ in flats)
         if pending and pending > self.memo.flat_pending.get(key, 0):
             self.memo.flat_pending[key] = pending
+
+    def forward(self, stage: int, mb: int, c: int, end: float,
+                flats: List[Tuple[int, float]]) -> None:
+        """The flat copies still waiting as each block of a forward task
+        ending at ``end`` peaks (:attr:`~.blocks.Block.f_peak_s` after the
+        block's start, the blocks' times counted back from ``end``), kept
+        per block position as :meth:`blocks` keeps a backward's: a copy
+        whose reduce-scatter ends during the head's loss, after the cast
+        of its logits to float32, is held at that cast."""
+        held = self.memo.flat_pending.setdefault((stage, "F", mb, c), {})
+        blocks = self.ctx.profile.blocks
+        t = end
+        for k, (name, _) in reversed(list(enumerate(self.ctx.blocks_of("F", c)))):
+            blk = blocks[name]
+            t -= blk.f
+            at = t + min(blk.f_peak_s, blk.f)
+            pending = sum(nbytes for nbytes, done in flats if done > at)
+            if pending > held.get(k, 0):
+                held[k] = pending
 
     def copy_in(self, stage: int, kind: str, mb: int, c: int, nbytes: int, at: float) -> None:
         """ZeRO-3 by layer: a task's first copy-in (``nbytes``, its

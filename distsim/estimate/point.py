@@ -89,12 +89,14 @@ each parameter is synchronised, ZeRO-sharded and updated over its team
 the lowering's (:mod:`.experts`); ZeRO 2 with ``ep`` = dp (the experts'
 gradients whole beside the others reduce-scattered) is refused with a
 NotModelledError.
-Context parallelism with ZeRO 3 is refused with a NotModelledError (its
-gathers would run over the template's cp ranks, not dp x cp). Context
-parallelism is measured by the corpus's cp draws (cp 2 and 4, every
-``cp_comm``) and a random sample of 127 such points drawn as they are,
-gradient buckets included (step time within 0.49 %, mean 0.03 %; memory
-within 0.49 %, mean 0.02 %); with gradient buckets a bucket's flat copy
+Under context parallelism with ZeRO 3 the template gathers over no team
+(its gradients local: each rank holds its parameters whole, as at dp 1)
+and the walk gathers and reduce-scatters each parameter over its dp x cp
+team, the same for every ``cp_comm``. Context parallelism is measured
+by the corpus's cp draws (cp 2 and 4, every ``cp_comm``) and a random
+sample of 127 such points drawn as they are, gradient buckets included
+(step time within 0.49 %, mean 0.03 %; memory within 0.49 %, mean
+0.02 %); with gradient buckets a bucket's flat copy
 waiting behind the cp collectives through a block's peak is counted at
 the block's gradients only (memory up to 2.2 % under).
 """
@@ -239,12 +241,6 @@ def resolve(options: Mapping[str, Any]) -> Case:
                             "before the weight-gradient GEMM)")
     if strategy.fp32_grads:   # its templates accumulate gradients in their own dtype
         raise _not_modelled("fp32_grads (gradients cast to and accumulated in fp32 buffers)")
-    if strategy.schedule in SPLIT_BACKWARD and strategy.dp > 1 and strategy.zero == 3:
-        # its split tasks' ZeRO-3 gathers are not walked
-        raise _not_modelled(f"schedule '{strategy.schedule}' with ZeRO 3 over dp "
-                            f"{strategy.dp} (ZeRO-3 gathers in the split backward)")
-    if strategy.cp > 1 and strategy.zero == 3:   # the template gathers over no dp x cp team
-        raise _not_modelled(f"context parallelism (cp {strategy.cp}) with ZeRO 3")
     # the lowering's view of context parallelism: its ranks are data-parallel
     # ranks for the weights (gradients synchronised, ZeRO-sharded over dp x
     # cp); the per-layer profile holds its attention collectives
@@ -269,6 +265,18 @@ def check_expert_parallel(S: Strategy) -> None:
     if S.ep > 1 and S.zero == 3:
         raise _not_modelled("expert parallelism under ZeRO 3 (the experts' weights gathered "
                             "over their dp / ep ranks)")
+
+
+def check_weight_gathers(case: Case, profile: LayerProfile) -> None:
+    """Refuse a split backward under ZeRO 3 whose weight-gradient (W)
+    tasks gather parameters (:attr:`.blocks.Block.b_gather` of the
+    profile's :attr:`~.blocks.LayerProfile.weight`): the walk gathers in
+    the forward and B tasks only (:attr:`.context.StepContext.gathering`).
+    A GPT's W tasks read no weight, so none is refused."""
+    S = case.strategy
+    if S.zero == 3 and S.dp > 1 and any(w.b_gather for w in profile.weight.values()):
+        raise _not_modelled(f"schedule '{S.schedule}' with ZeRO 3 over dp {S.dp} gathering "
+                            "parameters in its weight-gradient tasks")
 
 
 def check_zero_shards(case: Case, symmetric: Optional[bool] = None) -> None:
@@ -436,17 +444,27 @@ def _with_microbatches(case: Case, m: int) -> Case:
 def extrapolation_lengths(strategy: Strategy) -> Tuple[int, int]:
     """The micro-batch counts of the two timelines :func:`timeline_figures`
     extrapolates from: ``pp + 1`` and ``pp + 2``, three rounds and four of
-    ``pp`` when interleaved (from two rounds the exposed communication is
-    not yet periodic once a pipeline exchange's two ways move at once:
-    off by 1 % on a GPT-2 pp 2 case). Without a pipeline 2 and 3: one stage runs its
+    ``pp`` when interleaved (from two rounds the time split is not yet
+    periodic: the exposed communication once a pipeline exchange's two ways
+    move at once, off by 1 % on a GPT-2 pp 2 case; with the loss in float32
+    a pipeline transfer under a tensor-parallel collective first in the
+    third round, a once-only 2e-3 of the communication time that two and
+    three rounds count per micro-batch). Without a pipeline 2 and 3: one stage runs its
     tasks one after the other, so the first micro-batch and the last
     already frame the periodic part (checked on the GPT-3 space's 72
     points with pp 1, every figure as from 3 and 4 to 7e-13; with a
     pipeline, ``pp`` and ``pp + 1`` are not yet periodic: step times off by
-    up to 2e-3)."""
+    up to 2e-3). ZB-H1 under ZeRO 3 by layer over dp > 1, ``pp + 2`` and
+    ``pp + 3``: a unit's gradients come from a B and a W task and are
+    settled at the stage's next unit, which with full recomputation and no
+    prefetch is periodic a micro-batch later (pp 2 and 4: step times off
+    by 1.9 % and 1.0 % from ``pp + 1`` and ``pp + 2``)."""
     if strategy.schedule == "interleaved":
         return 3 * strategy.pp, 4 * strategy.pp
     m1 = strategy.pp + 1 if strategy.pp > 1 else 2
+    if strategy.schedule in SPLIT_BACKWARD and strategy.zero == 3 and strategy.dp > 1 \
+            and strategy.zero3_unit == "layer":
+        m1 += 1
     return m1, m1 + 1
 
 
@@ -508,6 +526,7 @@ def _estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
     case = resolve(config)
     check_zero_shards(case)
     profile = _profile_for(case)
+    check_weight_gathers(case, profile)
     memo = Memo()       # what the timelines and the memory walk share
     fig = timeline_figures(case, profile, memo)
     step = fig["step_time_s"]

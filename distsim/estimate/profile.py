@@ -171,19 +171,25 @@ def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch:
     return build_gpt_step(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
                                       recompute=recompute, fusion=fusion, cp=cp,
                                       cp_comm=cp_comm), micro_batch,
-                          _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm))
+                          _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm,
+                                             fusion == "megatron"))
 
 
 @lru_cache(maxsize=4)
 def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie: bool,
-                       ep: int = 1, cp: int = 1, cp_comm: str = "allgather") -> Function:
+                       ep: int = 1, cp: int = 1, cp_comm: str = "allgather",
+                       megatron: bool = False) -> Function:
     """The template's step before recomputation and fusion
     (:func:`~distsim.models.gpt_family.build_gpt_backward`), the same for
     the three recomputation settings a sweep's layout takes one after
     another: placed and differentiated once for them (kept: finishing it
-    makes new functions, nothing changes it)."""
+    makes new functions, nothing changes it). ``megatron``: under
+    Megatron's fusion (its float32 loss at tp 1 is its vocabulary-parallel
+    steps)."""
     return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
-                                          cp=cp, cp_comm=cp_comm), micro_batch)
+                                          cp=cp, cp_comm=cp_comm,
+                                          fusion="megatron" if megatron else "none"),
+                              micro_batch)
 
 
 def model_key(c: GPTConfig) -> Tuple[Tuple[str, Any], ...]:
@@ -495,7 +501,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     for blk, (f, b) in step_flops.items():
         blocks[blk].step_f_flops, blocks[blk].step_b_flops = f, b
     weight = _weight_blocks(blocks, groups, times, stats, tp_spans, final_last, final_only,
-                            forward_made, lower, program) if split else {}
+                            forward_made, lower, program, index) if split else {}
     for blk, nbytes in saved.items():
         blocks[blk].saved_bytes = nbytes
     data_emb, data_head = memory_excess(blocks, groups, times, trace, program, params, rank0,
@@ -507,7 +513,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
 
 def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
                    final_last: Dict[int, str], final_only: Dict[int, str], forward_made: set,
-                   lower: LowerSPMD, program: Function) -> Dict[str, Block]:
+                   lower: LowerSPMD, program: Function,
+                   index: Dict[str, Tuple[str, int]]) -> Dict[str, Block]:
     """A split backward's weight-gradient part of each block (the ops the
     template's lowering moved to its W tasks,
     :func:`~distsim.transforms.backward_split.weight_gradient_ops`), as a
@@ -518,7 +525,11 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
     ordering counts them (its tasks' ops). A W part's ``saved_bytes``: what
     it reads that the forward or the B part made (a micro-batch's, rank
     0's), which lives from the B task until the W task instead of being
-    freed by B; ``reads_data``: whether it reads a data input."""
+    freed by B; ``reads_data``: whether it reads a data input; ZeRO 3,
+    ``b_gather``: the parameters its W task gathers (``index``: parameter
+    name -> (block, position)), as the lowering decides
+    (``task_layer_params``: none in a GPT, whose weight gradients read no
+    weight)."""
     roles = program.meta.get("roles", {})
     data = {id(v) for v in program.inputs if roles.get(v.name) == "data"}
     made = {id(v) for op in program.ops if op.meta.get("task") != "W" for v in op.outputs}
@@ -551,6 +562,10 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
         read = {id(v): v for op in ops for v in op.inputs if id(v) in made}
         w.saved_bytes = sum(v.type.size_bytes for v in read.values())
         w.reads_data = any(id(v) in data for op in ops for v in op.inputs)
+    for layer, used in lower.task_layer_params.get(("W", 0), []):
+        name = _block_of(layer, _TEMPLATE_LAYERS)
+        if name in weight:
+            weight[name].b_gather.extend(index[p.name] for p in used if p.name in index)
     return weight
 
 

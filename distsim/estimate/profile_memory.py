@@ -64,6 +64,16 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             values.append(samples[lo - 1][1])
         return float(max(values)) if values else 0.0
 
+    def peak_after(t0: float, t1: float) -> float:
+        """How long after ``t0`` :func:`peak` is first reached."""
+        lo = bisect_left(stamps, t0)
+        hi = bisect_left(stamps, t1)
+        best, at = (samples[lo - 1][1], t0) if lo > 0 else (-math.inf, t0)
+        for t, live in samples[lo:hi]:
+            if live > best:
+                best, at = live, t
+        return at - t0
+
     def window(key) -> Tuple[float, float]:
         # (not a backward's context-parallel transfers before its compute:
         # :func:`_regathered_at_use`)
@@ -108,6 +118,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
             key = ("F", 1, name) if (name == EMB and zero3 and ("F", 1, name) in groups) \
                 else ("F", 0, name)
             blocks[name].f_excess = max(0.0, peak(*window(key)) - static - grads - f_before)
+            blocks[name].f_peak_s = peak_after(*window(key))
             blocks[name].f_reads = _read_excess(groups[key], times, peak,
                                                 static + grads + f_before)
             if zero3:
@@ -117,6 +128,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         if ("B", LAST_MB, name) in groups:
             blocks[name].b_excess = max(0.0, peak(*window(("B", LAST_MB, name))) - static
                                         - grads - before - saved[name])
+            blocks[name].b_peak_s = peak_after(*window(("B", LAST_MB, name)))
             blocks[name].b_tail = _tail(groups[("B", LAST_MB, name)], times, peak,
                                         static + grads + before + saved[name])
             if zero3:
@@ -127,6 +139,7 @@ def memory_excess(blocks: Dict[str, Block], groups, times, trace, program: Funct
         if ("B", 0, name) in groups:
             base = static + grads + before + saved[name]
             blocks[name].b0_excess = max(0.0, peak(*window(("B", 0, name))) - base)
+            blocks[name].b0_peak_s = peak_after(*window(("B", 0, name)))
             blocks[name].b0_tail = _tail(groups[("B", 0, name)], times, peak, base)
             if forward_made is None:
                 forward_made = {id(v) for v in program.inputs}

@@ -326,7 +326,10 @@ class ReplayedBackward(OpByOpBackward):
             # backward left (its reduce-scatter long done when the task is
             # clean): part of what the task's items depend on
             left = self._left_unit(stage, origin)
-            clean = clean and left is not False
+            # a split backward makes a unit's gradients in two tasks (its
+            # norms' in B, the rest in W): no task leaves its own unit
+            # alone, as a record stands for: emitted op by op
+            clean = clean and left is not False and not ctx.profile.weight
             key = key + (left,)
         record = ctx.replays.get(key) if clean else None
         if record is not None:
@@ -379,12 +382,12 @@ class ReplayedBackward(OpByOpBackward):
         free = ctx.tl.free
         if free[2 * stage] != origin or not ctx.tl.idle_by(stage, origin):
             return None, None
-        if ctx.zero3:
+        if self.part in ctx.gathering:
             window = prefetch_window(k, len(order), ctx.strategy.prefetch)
             issued = tuple([j - k for j in window if j not in gathered])
             key = (self.part, order[k][0], last_mb,
                    tuple([order[k + j][0] for j in issued]))
-        else:       # ZeRO 2: no gathers
+        else:       # ZeRO 2, or a task gathering nothing
             issued = ()
             key = (self.part, order[k][0], last_mb, ())
         record = ctx.memo.block_records.get(key)

@@ -93,13 +93,13 @@ class Memo:
         #: flat gradient copies of a chunk's first backward (emitted op by
         #: op) still waiting for their reduce-scatters, each live until its
         #: reduce-scatter ends (that backward accumulates nothing, so the
-        #: compute does not wait for them): at the start of each later
-        #: backward of the stage and the end of each later forward (where
-        #: they peak), keyed ``(stage, kind, micro-batch, chunk)``,
+        #: compute does not wait for them): in each later task of the
+        #: stage, keyed ``(stage, kind, micro-batch, chunk)``,
         #: and at that backward's end, keyed ``(stage, "end", 0, chunk)``
         #: (the most over the walks; the memory estimate adds them); a
-        #: backward's, per block (its position in the task's order), as
-        #: each block starts; and ZeRO 0/1's buckets of several gradients
+        #: task's per block (its position in the task's order), as
+        #: each block of a backward starts and where each of a forward's
+        #: peaks; and ZeRO 0/1's buckets of several gradients
         #: flushed before each block of a chunk's last backward (keyed
         #: ``(stage, "last", 0, chunk)``, per block: they live until they
         #: are unpacked after the backward pass)

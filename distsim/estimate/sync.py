@@ -147,7 +147,7 @@ class StepSync:
         ctx = self.ctx
         name, layer = unit[0][0], unit[0][1]
         indices = tuple(key[2] for key in unit)
-        made = max(ctx.unit_made_at.pop(key) for key in unit)
+        made = max(ctx.unit_made_at.pop((key, mb)) for key in unit)
         params = ctx.profile.params[name]
         d = params[indices[0]].dtype
         t_cat = ctx.costs.cost("chunk_cat", [(params[i].numel, d) for i in indices],

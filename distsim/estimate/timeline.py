@@ -91,20 +91,20 @@ class Builder:
 
     def emit_task(self, stage: int, kind: str, mb: int, c: int, ready: float) -> float:
         ctx = self.ctx
-        if ctx.by_layer:
+        if ctx.by_layer and kind in ctx.gathering:
             self._lead_copy_ins(stage, kind, mb, c, ready)
         flats = ctx.flats.get(stage)
         if flats:
             # the flat copies still waiting for their reduce-scatters when
             # the task peaks: a backward's start (its saved activations go
-            # as it runs), a forward's end (they come)
+            # as it runs), each forward block's peak (they come)
             start = max(ready, ctx.tl.free[2 * stage])
             flats = ctx.flats[stage] = [x for x in flats if x[1] > start]
             if flats and kind != "F":
                 self.notes.blocks(stage, mb, c, start, flats, kind)
             elif flats:
                 end = self._emit_task(stage, kind, mb, c, ready)
-                self.notes.flats(stage, kind, mb, c, [x for x in flats if x[1] > end])
+                self.notes.forward(stage, mb, c, end, flats)
                 return end
         return self._emit_task(stage, kind, mb, c, ready)
 
@@ -188,7 +188,7 @@ class Builder:
         if plan is None:
             plan = ctx.memo.plans[(kind, ctx.shapes[c], cls)] = self._task_plan(kind, c, mb)
         tl, flops = ctx.tl, ctx.flops
-        if ctx.zero3:
+        if kind in ctx.gathering:
             # A task whose start finds the stage's communication streams idle
             # depends only on that start (the later of its input and the
             # compute stream's end): the first such task of its plan is
@@ -263,11 +263,20 @@ class Builder:
             # that ends the block before (the embedding's forward), which
             # the gather queues behind on the communication stream
             # (the task's first, the first block's own: :meth:`emit_task`)
-            starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
-                      for j, (copy_in, _) in enumerate(gathers)]
+            # Each gather right after its copy-in, as LowerSPMD emits them
+            # (under stream order a gather waits for the compute issued
+            # before it: its own copy-in, not the next one's), but behind
+            # the block before's trailing collective, whose wait comes
+            # after the copy-ins
+            starts: List[Optional[float]] = [None] * len(gathers)
             if wait is not None:
+                starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
+                          for j, (copy_in, _) in enumerate(gathers)]
                 tl.compute_pieces(stage, wait, prev)
-            for start, (_, t) in zip(starts, gathers):
+            for g, (copy_in, t) in enumerate(gathers):
+                start = starts[g]
+                if start is None:
+                    start = tl.compute(stage, copy_in, prev) if copy_in and (i or g) else prev
                 j = len(issued)
                 issued.append(tl.comm_on(stage, t, start))
                 entries.append((j, order[j][0], start,
@@ -317,7 +326,7 @@ class Builder:
         split = kind == "B" and head.b_lead > 0.0
         lead = [(head.b_lead, head.b_lead_busy, ctx.block_comm and head.b_lead_comm)] \
             if split else []
-        if ctx.zero3:
+        if kind in ctx.gathering:
             plan = []
             issued = 0
             for i, (name, _) in enumerate(order):
@@ -339,7 +348,7 @@ class Builder:
                                       t + (unit.copy_out_time if unit else 0.0),
                                       busy + copy_out, rest=cut,
                                       pre_shift=unit.copy_out_pre(kind) if unit else 0.0,
-                                      post_shift=unit.copy_out_post if unit else 0.0)
+                                      post_shift=unit.copy_out_post if unit else 0.0, mb=mb)
                 reads = None if cut else chain(self.ctx, kind, name, pieces[0])
                 plan.append([gathers, fl, lead if cut else [],
                              pieces if reads is None else pieces[1:], reads, None])
@@ -491,6 +500,10 @@ class Builder:
         early = [(ctx.lead_in(c, 0)[1], ctx.lead_in(c, 1)[1]) for c in range(ctx.chunks)]
         free = ctx.tl.free
         tp_at = ctx.tp_at
+        # the plans' keys, per chunk: a forward's, a first and a middle
+        # backward's (made once here, not per task)
+        f_keys = [("F", shape, 0) for shape in shapes]
+        b_keys = [(("B", shape, 0), ("B", shape, 2)) for shape in shapes]
         for i in range(w.pos, stop):
             stage, task, start, end = order[i]
             for sent in (pending.due(start) if waiting and waiting[0][0] <= start else ()):
@@ -511,10 +524,9 @@ class Builder:
                 f_end = ends[("F", mb, c)] or 0.0
                 if f_end > ready:
                     ready = f_end
-                plan = plans.get(("B", shapes[c], 0 if mb == 0 else 2)) \
-                    if plain and mb != last_mb else None
+                plan = plans.get(b_keys[c][mb != 0]) if plain and mb != last_mb else None
             else:
-                plan = plans.get(("F", shapes[c], 0)) if plain else None
+                plan = plans.get(f_keys[c]) if plain else None
             if plan is None:
                 ends[task] = emit(stage, kind, mb, c, ready)
                 if kind == "B":      # where it made its input gradient
@@ -571,6 +583,7 @@ class Builder:
         self.ctx.resume(other.ctx)
         self._last = dict(other._last)
         self._start_sync()
+        self.policy.units_made_from(other.policy)
         mine.pos = w.pos
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
         mine.outs = dict(w.outs)

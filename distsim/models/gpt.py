@@ -94,7 +94,9 @@ class GPTConfig:
     Face's causal-LM heads (``logits.float()``) do: the cast, the loss's
     passes and its gradient move float32 logits, and the float32 copy lives
     until the backward reads it (a model already in f32 or f64 keeps its
-    own); ``model`` (default) keeps the loss in ``dtype`` (Megatron's
+    own; under ``fusion: megatron`` the lowering writes a float32 loss as
+    Megatron's vocabulary-parallel steps at every ``tp``, one rank
+    included); ``model`` (default) keeps the loss in ``dtype`` (Megatron's
     ``--fp16-lm-cross-entropy``). Not yet ``fp32`` by default: the fast
     estimator's ZeRO-2 pipeline peak and its extrapolated interleaved
     timeline depart from the simulation's with it."""

@@ -122,7 +122,8 @@ def build_gpt_step(c: GPTConfig, strategy: Strategy, micro_batch: int,
 def build_gpt_backward(c: GPTConfig, strategy: Strategy, micro_batch: int) -> Function:
     """:func:`build_gpt_step` before recomputation and fusion
     (:func:`~distsim.transforms.parallelize.differentiated_template`): the
-    same for every ``recompute`` and ``fusion`` of ``strategy``."""
+    same for every ``recompute`` of ``strategy``, and every ``fusion`` but
+    ``megatron`` (Megatron's float32 loss at tp 1)."""
     from ..transforms.megatron_plan import megatron_plan
     from ..transforms.parallelize import differentiated_template
     fwd = gpt_forward(c, micro_batch=micro_batch, untie=strategy.pp > 1, pad_for=strategy.tp,

@@ -118,8 +118,10 @@ class Fuse:
         grad_names = _grad_names(step)
         claimed: Dict[int, Tuple[str, int]] = {}   # op position -> (kernel, chain start)
         for name, types, check in self.rules:
-            n = len(types)
+            n, first = len(types), types[0]
             for i in range(len(ops) - n + 1):
+                if ops[i].op_type != first:     # :func:`_matches`' first test, unsliced
+                    continue
                 chain = ops[i:i + n]
                 if any(i + j in claimed for j in range(n)):
                     continue
@@ -141,8 +143,12 @@ class Fuse:
                 new_ops.append(ops[i])
                 i += 1
                 continue
-            name, start = hit
-            n = sum(1 for j in range(start, len(ops)) if claimed.get(j) == hit)
+            name = hit[0]
+            # the chain claimed from here (``i`` is its start): its positions
+            # run on, each claimed once
+            n = 1
+            while claimed.get(i + n) == hit:
+                n += 1
             chain = ops[i:i + n]
             seg = Segment(f"k{count}.{name.replace('+', '_')}", chain, lower)
             count += 1

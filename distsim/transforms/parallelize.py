@@ -85,15 +85,21 @@ def differentiated_template(forward: Function, strategy: Strategy, plan: Plan,
                             model: str = "the model") -> Function:
     """:func:`template_step` before recomputation and fusion: ``plan``
     placed over ``strategy.tp`` ranks (``strategy.sp``), the experts over
-    ``strategy.ep``, and differentiated. It reads nothing else of
-    ``strategy``, and :func:`finish_step` leaves it unchanged, so steps that
-    differ only in recomputation or fusion can finish one (the estimator's
-    templates do)."""
+    ``strategy.ep``, and differentiated; at ``tp`` 1 under Megatron's
+    fusion (``fusion_for(strategy) == "megatron"``: the framework
+    simulated is Megatron-LM) a float32 loss written as Megatron's
+    vocabulary-parallel steps on one rank, as it runs them
+    (:class:`~.tensor_parallel.TensorParallel`'s ``megatron_loss``). It
+    reads nothing else of ``strategy``, and :func:`finish_step` leaves it
+    unchanged, so steps that differ only in recomputation (or in a fusion
+    other than ``megatron``) can finish one (the estimator's templates
+    do)."""
     if strategy.tp > 1 and not plan.entries:
         raise ConfigError(f"--tp {strategy.tp}: plan '{plan.name}' places no parameter of "
                           f"model '{model}' (it finds no pair of linear layers and no "
                           "embedding); give --plan FILE")
-    template = TensorParallel(plan, strategy.tp, strategy.sp, model)(forward)
+    template = TensorParallel(plan, strategy.tp, strategy.sp, model,
+                              megatron_loss=fusion_for(strategy) == "megatron")(forward)
     template = ExpertParallel(strategy.ep, model)(template)
     return Autodiff(template.meta["loss"], template.meta["params"])(template)
 

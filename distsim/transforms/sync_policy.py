@@ -279,6 +279,12 @@ class SyncPolicy(Generic[P]):
         else:
             self.sink.sync_bucket(bucket, stage)
 
+    def units_made_from(self, other: "SyncPolicy[P]") -> None:
+        """Take ``other``'s units partly made (a split backward makes a
+        unit's gradients in two tasks, B and W): a walk that continues
+        another from mid-step completes them as that one would."""
+        self._unit_made = {key: set(made) for key, made in other._unit_made.items()}
+
     def unit_gradient(self, unit: Tuple[P, ...], member: P, stage: int, microbatch: int) -> None:
         """ZeRO-3 by layer: micro-batch ``microbatch``'s gradient of
         ``member`` of ``unit`` is made. Once all of the unit's are, the

@@ -23,7 +23,8 @@ step and a plan in, the SPMD template of one tensor-parallel rank out.
    ``embedding`` ops first, whose rule knows vocabulary shards; a
    ``cross_entropy`` of the product of an output layer split over the
    vocabulary is written as Megatron's vocabulary-parallel loss
-   (:mod:`.sharding.vocab_loss`);
+   (:mod:`.sharding.vocab_loss`); at ``tp`` 1 with ``megatron_loss`` a
+   float32 one is written so too, on one rank with no collectives;
 3. :mod:`.spmd_template` writes the program of one rank: local shapes,
    SPMD collectives, per-rank attributes, ``spmd.copy`` where gradients
    are shares.
@@ -50,7 +51,8 @@ from ..ir.verifier import verify
 from .expert_parallel import route_sequence_shards
 from .plans import Plan, PlanEntry
 from .sharding import propagate, verify_sharded
-from .sharding.vocab_loss import vocab_parallel_cross_entropy, vocab_sharded_losses
+from .sharding.vocab_loss import (float32_losses, vocab_parallel_cross_entropy,
+                                  vocab_sharded_losses)
 from .spmd_template import spmd_template
 
 AXIS = "tp"
@@ -60,11 +62,16 @@ class TensorParallel:
     """The pass (see the module docstring). ``model`` names the model in
     messages."""
 
-    def __init__(self, plan: Plan, tp: int, sp: bool = False, model: str = "the model") -> None:
+    def __init__(self, plan: Plan, tp: int, sp: bool = False, model: str = "the model",
+                 megatron_loss: bool = False) -> None:
         self.plan = plan
         self.tp = tp
         self.sp = sp
         self.model = model
+        #: at one rank, a float32 loss as Megatron's vocabulary-parallel
+        #: steps (:func:`.sharding.vocab_loss.float32_losses`), with no
+        #: collectives: where the framework simulated is Megatron-LM
+        self.megatron_loss = megatron_loss
 
     def __call__(self, forward: Function) -> Function:
         params = list(forward.meta["params"])
@@ -75,6 +82,9 @@ class TensorParallel:
         if self.tp == 1:      # nothing to split, but a style that does not fit is refused
             style_placements(forward, styles, 1, False)
             template, _ = clone_function(forward)
+            if self.megatron_loss:
+                for op in float32_losses(template):
+                    vocab_parallel_cross_entropy(template, op)
             shards: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
         else:
             if self.sp:      # each rank routes its sequence shard (Megatron-LM's MoE layer)

@@ -156,7 +156,7 @@ class GradientSync:
             replace(self.strategy, dp=self.strategy.dp // self.strategy.ep, ep=1), self,
             self._buffer_bytes) if ctx.expert else None
         #: ZeRO-3's gathers of the parameters before their use
-        self.gathers = ParamGathers(ctx, self.param_in)
+        self.gathers = ParamGathers(ctx, self.param_in, self.strategy)
         self.count: Dict[Value, int] = {}
         self.synced: Dict[Tuple[Value, int], Value] = {}
         self.outputs: List[Value] = []

@@ -5,11 +5,12 @@ gathers when, and in which groups, is :mod:`.sync_policy`'s
 :func:`~.sync_policy.prefetch_window` and :func:`~.sync_policy.gather_groups`)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..ir.comm import CollectiveType
 from ..ir.core import Op, Value
 from .lowering_context import LoweringContext
+from .strategy import Strategy
 from .sync_policy import gather_groups, prefetch_window
 
 #: ZeRO-3: a gathered parameter takes its shape where it is first used,
@@ -30,11 +31,14 @@ def used_param_name(op: Op) -> Optional[str]:
 class ParamGathers:
     """ZeRO-3's all-gathers of a lowered step's parameters (``param_in``:
     each parameter's shard input per rank), prefetched and gated (see the
-    module docstring); a part of :class:`~distsim.transforms.zero.GradientSync`."""
+    module docstring); a part of :class:`~distsim.transforms.zero.GradientSync`.
+    ``strategy``: the sync's (dp 1 where it keeps gradients ``local``: then
+    every rank gathers over no team, its parameters whole, as at dp 1)."""
 
-    def __init__(self, ctx: LoweringContext, param_in: Dict[Tuple[Value, int], Value]) -> None:
+    def __init__(self, ctx: LoweringContext, param_in: Dict[Tuple[Value, int], Value],
+                 strategy: Optional[Strategy] = None) -> None:
         self.ctx = ctx
-        self.strategy = ctx.strategy
+        self.strategy = ctx.strategy if strategy is None else strategy
         self.param_in = param_in
         #: (parameter, task kind, micro-batch, stage) whose gathers are issued
         self.gathered: set = set()
@@ -121,9 +125,8 @@ class ParamGathers:
             buf = em.one("concat", [self.param_in[(p, r)] for p in params], {"axis": 0},
                          f"{unit}_in_m{mb}_r{r}", dict(meta, detail="zero3 copy-in"))
             return self._gates(buf, r, unit, meta)
-        full = self.ctx.dp_collective(CollectiveType.ALL_GATHER, stage, f"{unit}_full_m{mb}",
-                                      packed, dict(meta, role="zero_gather"),
-                                      params[0] in self.ctx.expert, dim=0)
+        full = self._all_gather(stage, f"{unit}_full_m{mb}", packed, meta,
+                                params[0] in self.ctx.expert)
         for r, x in full.items():
             env = self.ctx.env(r, mb)
             for p in params:
@@ -166,13 +169,25 @@ class ParamGathers:
         expert-data-parallel team), gated on the compute emitted so far."""
         self.gathered.add((p, kind, mb, stage))
         meta = {"stage": stage, "microbatch": mb, "category": "weights", "layer": layer}
-        full = self.ctx.dp_collective(
-            CollectiveType.ALL_GATHER, stage, f"{p.name}_full_m{mb}",
+        full = self._all_gather(
+            stage, f"{p.name}_full_m{mb}",
             lambda r: self._gates(self.param_in[(p, r)], r, p.name, meta)
-            if self.ctx.placement.present(r) else None, dict(meta, role="zero_gather"),
-            p in self.ctx.expert, dim=0)
+            if self.ctx.placement.present(r) else None, meta, p in self.ctx.expert)
         for r, x in full.items():
             self.ctx.env(r, mb)[("zero3_flat", p, kind)] = x
+
+    def _all_gather(self, stage: int, name: str, local: Callable[[int], Optional[Value]],
+                    meta: Dict[str, Any], expert: bool) -> Dict[int, Value]:
+        """The all-gather of ``local(rank)`` over each data-parallel team of
+        ``stage`` (an expert's weights: over their expert-data-parallel
+        team; :meth:`LoweringContext.dp_collective`); with the sync's dp 1
+        (its gradients kept local over a wider mesh) over no team: each
+        rank's input unchanged, as a team of one."""
+        if self.strategy.dp == 1:
+            got = {r: local(r) for _, _, r in self.ctx.placement.group(stage)}
+            return {r: x for r, x in got.items() if x is not None}
+        return self.ctx.dp_collective(CollectiveType.ALL_GATHER, stage, name, local,
+                                      dict(meta, role="zero_gather"), expert, dim=0)
 
     def param_for_use(self, p: Value, rank: int, d: int, t: int, stage: int, mb: int,
                       layer: Any) -> Value:

@@ -120,7 +120,8 @@ CP_TOPOS = {"dgx-a100": 8, "dgx-a100-x2": 16, "workstation-4gpu-pcie": 4}
 def sample_cp(rng: random.Random) -> dict:
     """A context-parallel point: cp 2 or 4 with each ``cp_comm`` (the
     ring under fused attention), tp, pp and its schedules, dp, sp, ZeRO
-    0-2 (the estimator refuses cp with ZeRO 3), recomputation, buckets,
+    0-2 (as drawn while the estimator refused cp with ZeRO 3; the
+    agreement corpus's cp draws take ZeRO 3 too), recomputation, buckets,
     the mesh order, the optimizer."""
     def div(n, most):
         return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]

@@ -31,7 +31,8 @@ it refuses BLOOM's blocking launches and fp32 gradient buffers.
 
 Nothing here is fitted: the topologies are the repository's (the DGX A100
 cluster ``dgx-a100-xN``; Jean Zay for BLOOM, described beside this file
-from its published hardware with dgx-a100's device figures), and the
+from its published hardware with dgx-a100's device figures; the DGX H100
+cluster ``dgx-h100-xN`` for the H100 runs of ``sources_h100.py``), and the
 published figures are only compared against.
 """
 from __future__ import annotations
@@ -48,8 +49,11 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-if str(ROOT) not in sys.path:          # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, HERE):              # run as a script from anywhere
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from sources_h100 import SOURCES_H100, dgxc_llama31  # noqa: E402  (after the path)
 
 A100_PEAK = 312e12   # the dense 16-bit peak every source divides by
 
@@ -323,6 +327,10 @@ def bloom() -> List[Dict[str, Any]]:
     }]
 
 
+#: the H100 runs' sources (sources_h100.py) after the A100 ones
+SOURCES.update(SOURCES_H100)
+
+
 #: how every run's collectives start: PyTorch's stream order (module docstring)
 COMM_ORDER = "stream"
 #: the kernel fusion every run ran: Megatron-LM's fused scale-mask-softmax,
@@ -334,7 +342,8 @@ FUSION = "megatron"
 
 
 def all_runs() -> List[Dict[str, Any]]:
-    runs = table1() + table2() + table2_zero3() + korthikanti() + bloom()
+    runs = (table1() + table2() + table2_zero3() + korthikanti() + bloom()
+            + dgxc_llama31())
     for run in runs:
         run["published"]["step_time_s"] = published_time(run)
         run["options"] = {**run["options"], "comm_order": COMM_ORDER, "fusion": FUSION}

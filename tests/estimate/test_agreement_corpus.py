@@ -8,12 +8,13 @@ shapes with 2-8 layers and shorter sequences, ``tiny`` and the generic
 ``gpt``; dgx-a100 (one and two nodes) and the PCIe workstation; tp x pp x
 dp and the mesh order; micro-batch sizes and counts; 1F1B, GPipe and
 interleaved schedules (virtual stages), balanced partitions, and apart
-the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-2, ZeRO 2
+the zero-bubble ZB-H1 schedule (its split backward: ZeRO 0-3, ZeRO 2/3
 reduce-scattering each micro-batch or after the backward pass with data
 parallelism); sequence
 parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
-with the rest but ZeRO 3); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
-recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD. An
+ZeRO 3 included); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
+recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD; and
+apart the loss in float32 (``loss_dtype: fp32``). An
 invalid point must be refused by both, with the same error class.
 
 The draws are derandomized (the same points on every run); the
@@ -52,14 +53,27 @@ def _divisors(n: int, most: int):
     return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
 
 
+def _draw_zero(draw, o: Dict[str, Any]) -> None:
+    """ZeRO 0-3 into ``o``; with ZeRO 3 its prefetch (default, 0 or 2) and
+    unit (by parameter or by layer)."""
+    o["zero"] = draw(st.integers(0, 3))
+    if o["zero"] == 3:
+        prefetch = draw(st.sampled_from([None, 0, 2]))
+        if prefetch is not None:
+            o["prefetch"] = prefetch
+        if draw(st.booleans()):
+            o["zero3_unit"] = "layer"
+
+
 @st.composite
 def configurations(draw, zero_bubble: bool = False,
                    models: Mapping[str, Tuple[Tuple[int, ...], Tuple[Any, ...]]] = MODELS
                    ) -> Dict[str, Any]:
     """One configuration as ``distsim simulate`` options (analytical network);
-    ``zero_bubble``: a pipeline under ZB-H1, with what the estimator walks
-    of it (ZeRO 2 over dp, no ZeRO 3 over dp); of one of ``models`` (name -> layer counts, sequence
-    lengths)."""
+    ``zero_bubble``: a pipeline under ZB-H1 (ZeRO 3 over dp too: its
+    gathers in the forward and the input-gradient B tasks, the gradients
+    reduce-scattered where the B or W task makes them final); of one of
+    ``models`` (name -> layer counts, sequence lengths)."""
     model = draw(st.sampled_from(sorted(models)))
     layer_counts, seqs = models[model]
     topology = draw(st.sampled_from(sorted(TOPOLOGIES)))
@@ -88,13 +102,7 @@ def configurations(draw, zero_bubble: bool = False,
     o["layers"] = max(o["layers"], pp * o.get("virtual_stages", 1))
     if tp > 1 and draw(st.booleans()):
         o["sp"] = True
-    o["zero"] = draw(st.integers(0, 3))
-    if o["zero"] == 3:
-        prefetch = draw(st.sampled_from([None, 0, 2]))
-        if prefetch is not None:
-            o["prefetch"] = prefetch
-        if draw(st.booleans()):
-            o["zero3_unit"] = "layer"
+    _draw_zero(draw, o)
     o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
     bucket = draw(st.sampled_from([None, 0, 1, 5, 25, 100]))
     if bucket is not None:
@@ -103,10 +111,6 @@ def configurations(draw, zero_bubble: bool = False,
     if order is not None:
         o["order"] = order
     o["optimizer"] = draw(st.sampled_from(["adamw", "sgd"]))
-    if zero_bubble and dp > 1 and o["zero"] >= 2:
-        o.update(zero=2)
-        o.pop("prefetch", None)
-        o.pop("zero3_unit", None)
     # unfused, by inputs (_agrees pins both); fused points are the examples below
     return o
 
@@ -396,6 +400,26 @@ def test_the_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
+#: known gap of ZB-H1 under ZeRO 3 (reports/estimator/README.md), found by
+#: a wider random draw of such points than the corpus's
+ZB_ZERO3_NEXT_GATES_MEMORY = (
+    "ZB-H1, ZeRO 3 without prefetch: a W task's last gradient (the embedding's), its flat "
+    "copy and its reduce-scatter's result are live while the next task's first gathers are "
+    "gated (their shards' gated copies, live until the gathers run after that "
+    "reduce-scatter), which the estimate counts at the next task only: peak memory 3.6 % "
+    "(llama3-8b) and 6.3 % (gpt3-1.3b by layer) under the simulation's")
+
+
+@example({'model': 'llama3-8b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 2, 'pp': 4,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 14, 'schedule': 'zb-h1', 'zero': 3, 'prefetch': 0,
+          'recompute': 'selective', 'order': 'dp-pp-tp', 'optimizer': 'sgd'}
+         ).xfail(raises=AssertionError, reason=ZB_ZERO3_NEXT_GATES_MEMORY)
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100-x2', 'dp': 2, 'tp': 4, 'pp': 2,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 14, 'schedule': 'zb-h1', 'sp': True, 'zero': 3, 'prefetch': 0,
+          'zero3_unit': 'layer', 'recompute': 'full', 'bucket_mb': 25, 'order': 'dp-tp-pp',
+          'optimizer': 'sgd'}).xfail(raises=AssertionError, reason=ZB_ZERO3_NEXT_GATES_MEMORY)
 @DRAWS
 @given(configurations(zero_bubble=True))
 def test_the_zero_bubble_estimate_agrees_with_the_simulation(options):
@@ -450,6 +474,55 @@ def test_the_stream_ordered_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
+@st.composite
+def fp32_loss_configurations(draw) -> Dict[str, Any]:
+    """A configuration (any schedule, ZB-H1 among them; collectives in
+    either order; with or without Megatron's fused kernels, which at one
+    tensor-parallel rank write the loss as its vocabulary-parallel steps)
+    whose loss is computed in float32 (``loss_dtype: fp32``, a model field:
+    :func:`_with_loss_dtype`)."""
+    o = draw(configurations(zero_bubble=draw(st.booleans())))
+    # not ZeRO 3 synchronising after the backward (bucket_mb 0) with tp > 1:
+    # the step's known gap (ZERO3_TRAILING_ALL_REDUCE), whatever the loss's
+    # dtype (the expected failure below)
+    assume(not (o["zero"] == 3 and o.get("bucket_mb") == 0 and o["tp"] > 1))
+    if draw(st.booleans()):
+        o["comm_order"] = "stream"
+    fusion = draw(st.sampled_from([None, "megatron"]))
+    if fusion is not None:
+        o["fusion"] = fusion
+    o["loss_dtype"] = "fp32"
+    return o
+
+
+# where the estimator departed with the loss in float32: a forward's flat
+# copies counted at its end, not at the cast of the logits where the last
+# stage peaks (gpt2 -2.8 %, the zero-bubble pipeline -3.6 %); a backward's
+# at its start, not at the last pass of Megatron's loss (+1.3 %)
+@example({'model': 'gpt2', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'pp': 2, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 8,
+          'schedule': '1f1b', 'zero': 2, 'recompute': 'none', 'loss_dtype': 'fp32'})
+@example({'model': 'gpt2', 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'pp': 2, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 8,
+          'schedule': '1f1b', 'zero': 2, 'recompute': 'none', 'fusion': 'megatron',
+          'comm_order': 'stream', 'loss_dtype': 'fp32'})
+@example({'model': 'gpt2', 'topology': 'dgx-a100-x2', 'dp': 4, 'tp': 1, 'pp': 4, 'layers': 4,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 24,
+          'schedule': 'zb-h1', 'zero': 2, 'bucket_mb': 2, 'fusion': 'megatron',
+          'comm_order': 'stream', 'loss_dtype': 'fp32'})
+# ZeRO 3, bucket_mb 0, tp 2: the step 1.02 % under the simulation's, as
+# with the loss in bf16 (1.04 %, the same 76 us)
+@example({'model': 'gpt', 'topology': 'dgx-a100', 'dp': 4, 'tp': 2, 'pp': 1, 'layers': 2,
+          'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1, 'global_batch': 8,
+          'sp': True, 'zero': 3, 'prefetch': 0, 'recompute': 'selective', 'bucket_mb': 0,
+          'optimizer': 'adamw', 'loss_dtype': 'fp32'}
+         ).xfail(raises=AssertionError, reason=ZERO3_TRAILING_ALL_REDUCE)
+@MOE_DRAWS      # 40 derandomized draws, as the MoE ones
+@given(fp32_loss_configurations())
+def test_the_estimate_agrees_with_the_simulation_with_the_loss_in_float32(options):
+    _agrees(options)
+
+
 @example({'model': 'deepseek-moe-16b', 'topology': 'dgx-a100', 'dp': 4, 'tp': 2, 'pp': 1,
           'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
           'global_batch': 8, 'zero': 1, 'recompute': 'none', 'optimizer': 'adamw',
@@ -497,10 +570,11 @@ CP_MODELS = {
 def cp_configurations(draw) -> Dict[str, Any]:
     """A configuration with context parallelism: cp 2 or 4 with each
     ``cp_comm`` (the ring under fused attention, which it needs), crossed
-    with tp, sp, pp (and its schedules), dp, ZeRO 0-2, recomputation,
+    with tp, sp, pp (and its schedules), dp, ZeRO 0-3, recomputation,
     the gradient sync per gradient or after the backward (``bucket_mb``
-    0), the mesh order and the optimizer. ZeRO 3 with cp is refused by the
-    estimator. Gradient buckets are drawn off: a bucket's flat copy that
+    0), the mesh order and the optimizer; ZeRO 3 too (prefetch 0-2, by
+    parameter or by layer), its parameters sharded and gathered over the
+    dp x cp ranks. Gradient buckets are drawn off: a bucket's flat copy that
     waits for its all-reduce behind the cp collectives through a block's
     transient peak is counted at the block's gradients only
     (:data:`CP_BUCKET_AT_PEAK`, the expected failure below)."""
@@ -530,7 +604,7 @@ def cp_configurations(draw) -> Dict[str, Any]:
             o["layers"] = max(o["layers"], 4)
     if tp > 1 and draw(st.booleans()):
         o["sp"] = True
-    o["zero"] = draw(st.integers(0, 2))
+    _draw_zero(draw, o)
     o["recompute"] = draw(st.sampled_from(["none", "selective", "full"]))
     if draw(st.booleans()):
         o["bucket_mb"] = 0
@@ -570,12 +644,23 @@ def test_the_estimate_agrees_with_the_simulation_under_expert_parallelism(option
     _agrees(options)
 
 
+def _with_loss_dtype(options: Dict[str, Any]) -> Dict[str, Any]:
+    """``loss_dtype`` (a field of the model, not an option: ``fp32``, the
+    logits cast to float32 for the loss) put into the model's fields."""
+    loss = options.pop("loss_dtype", None)
+    if loss is not None:
+        model = options["model"]
+        options["model"] = {**(model if isinstance(model, dict) else load_model_config(model)),
+                            "loss_dtype": loss}
+    return options
+
+
 def _agrees(options: Mapping[str, Any]) -> None:
     """Both refuse ``options`` with the same error class, or agree within
     the bound on step time and peak memory. The corpus was drawn and seeded
     with collectives ordered by their inputs and unfused kernels: a point
     that leaves ``comm_order`` or ``fusion`` unset runs under those."""
-    options = {**INPUTS_UNFUSED, **options}
+    options = _with_loss_dtype({**INPUTS_UNFUSED, **options})
     row, refused = _outcome(lambda: estimate(options))
     summary, sim_refused = _outcome(lambda: distsim.simulate(**options).summary())
     assert refused == sim_refused, (f"estimate refused with {refused}, "

@@ -12,6 +12,7 @@ import distsim
 from distsim.errors import ConfigError
 from distsim.estimate import AGREEMENT_TOLERANCE
 from distsim.estimate import point as est
+from distsim.models import load_model_config
 
 GPT2 = {"model": "gpt2", "layers": 4, "global_batch": 32, "network_mode": "analytical"}
 ONE_NODE = [
@@ -69,6 +70,12 @@ def test_the_resolved_batch_is_reported():
 
 @pytest.mark.parametrize("strategy", [dict(dp=2, tp=2, pp=2), dict(dp=2, pp=4, zero=1),
                                       dict(dp=2, pp=2, tp=2, schedule="interleaved"),
+                                      # the loss in float32: a pipeline transfer under
+                                      # a tensor-parallel collective first in the third
+                                      # round (communication 1e-2 off from two rounds)
+                                      dict(dp=2, pp=2, tp=2, schedule="interleaved",
+                                           model={**load_model_config("gpt2"),
+                                                  "loss_dtype": "fp32"}),
                                       dict(dp=4, pp=2, zero=3),
                                       # no pipeline: from 2 and 3 micro-batches
                                       dict(dp=4, tp=2), dict(dp=4, tp=2, zero=2),

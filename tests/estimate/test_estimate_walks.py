@@ -77,3 +77,7 @@ def test_extrapolation_lengths():
     assert est.extrapolation_lengths(Strategy(dp=8)) == (2, 3)
     assert est.extrapolation_lengths(Strategy(dp=2, pp=4, schedule="interleaved",
                                               virtual_stages=2)) == (12, 16)
+    # ZB-H1, ZeRO 3 by layer over dp: a micro-batch later
+    assert est.extrapolation_lengths(Strategy(dp=2, pp=4, schedule="zb-h1", zero=3,
+                                              zero3_unit="layer")) == (6, 7)
+    assert est.extrapolation_lengths(Strategy(dp=2, pp=4, schedule="zb-h1", zero=3)) == (5, 6)

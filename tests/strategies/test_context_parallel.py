@@ -8,7 +8,7 @@ pipeline and data parallelism, ZeRO, recomputation and fusion, for both
 attention cores and learned positions (their rows are each rank's own)."""
 import pytest
 
-from distsim.errors import ConfigError, NotModelledError
+from distsim.errors import ConfigError
 
 STRATEGIES = [
     dict(cp=2),
@@ -184,20 +184,13 @@ def test_cp_on_another_family_is_refused():
         build_program("mlp", "dgx-a100", cp=2)
 
 
-def test_the_estimator_refuses_cp_with_zero3_and_the_sweep_says_why():
-    from distsim.estimate import estimate
+def test_the_estimator_estimates_cp_with_zero3_as_a_sweep_point():
+    """cp with ZeRO 3 (its parameters sharded over dp x cp ranks) is an
+    estimated sweep point, no longer skipped."""
     from distsim.sweep.point import run_point
     options = {"model": "gpt2", "topology": "dgx-a100", "layers": 1, "seq": 64, "cp": 2,
                "zero": 3}
-    with pytest.raises(NotModelledError, match=r"^estimate: context parallelism \(cp 2\) with "
-                                               "ZeRO 3 is not modelled by the estimator; use "
-                                               "fidelity: simulate$"):
-        estimate(options)
-    row = run_point({**options, "fidelity": "estimate"})
-    # valid, not modelled: skipped (a search simulates it instead)
-    assert row["status"] == "skipped" and "context parallelism (cp 2) with ZeRO 3" in row["reason"]
-    # without ZeRO 3 it is estimated
-    assert run_point({**options, "zero": 1, "fidelity": "estimate"})["status"] == "ok"
+    assert run_point({**options, "fidelity": "estimate"})["status"] == "ok"
 
 
 @pytest.mark.parametrize("cp", [2, 4, 8])

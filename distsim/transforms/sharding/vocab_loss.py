@@ -21,7 +21,10 @@ reductions and ``select_label`` (offset per device) run on the shards.
 The gradient is the steps' own (autodiff of the lowered program): the
 softmax of the shard minus the label's one-hot, no logits gathered.
 :func:`vocab_sharded_losses` finds the losses whose logits are the
-product of an output layer split over the vocabulary.
+product of an output layer split over the vocabulary;
+:func:`float32_losses` those that Megatron-LM computes with the same steps
+on one rank (``vocab_parallel_cross_entropy(output.float(), labels)`` at
+``--tensor-model-parallel-size 1``), written there without collectives.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from ...ir.core import Function, Op, Value
 from ...ir.mesh import Placement, Shard
 from ...ir.registry import is_registered, lookup
 from ...ir.source import ORIGIN
-from ...ir.types import TensorType
+from ...ir.types import DType, TensorType
 
 
 def vocab_sharded_losses(f: Function, fixed: Mapping[Value, Placement]) -> List[Op]:
@@ -61,6 +64,14 @@ def vocab_sharded_losses(f: Function, fixed: Mapping[Value, Placement]) -> List[
         if isinstance(pl, Shard) and pl.dim == features:
             found.append(op)
     return found
+
+
+def float32_losses(f: Function) -> List[Op]:
+    """The ``cross_entropy`` ops of ``f`` on float32 logits: the loss
+    computed in float32 (``loss_dtype: fp32``, or a model in f32), which
+    Megatron runs as these steps however many ranks hold the vocabulary."""
+    return [op for op in f.ops
+            if op.op_type == "cross_entropy" and op.inputs[0].type.dtype == DType.F32]
 
 
 def vocab_parallel_cross_entropy(f: Function, op: Op) -> List[Value]:
