@@ -47,8 +47,8 @@ carry ``meta["occupancy"] = R / (experts / ep x tokens)``
 (:mod:`distsim.transforms.expert_parallel`), the share of
 their rows that hold tokens: they cost that share of their padded
 arithmetic, traffic and message bytes (:mod:`distsim.cost.model`,
-:func:`distsim.sim.simulator.collective_bytes`); the dispatch and combine move ``sum n_e / (experts x
-tokens)`` of their slots. Every rank is costed as the busiest (the
+:func:`distsim.sim.simulator.collective_bytes`); the dispatch and combine
+move ``sum n_e / (experts x tokens)`` of their slots. Every rank is costed as the busiest (the
 all-to-all makes the others wait for it). The trace shows the padded
 shapes, and peak memory counts them (an upper bound: every expert's
 buffers sized for all the tokens).
