@@ -35,6 +35,9 @@ MODEL: Group = ("Model options (each overrides the model's file; None keeps the 
     ("capacity_factor", "mixture-of-experts GPT models: each expert's slots at most this "
                         "times its uniform share of the tokens (tokens past it dropped; "
                         "default: none dropped)"),
+    ("dispatch", "mixture-of-experts GPT models: 'padded' (default: every expert computes the "
+                 "busiest expert's slots) or 'dropless' (Megatron-core's: each expert its own "
+                 "tokens, the busiest expert-parallel rank sets the time; no capacity_factor)"),
 ))
 
 STRATEGY: Group = ("Parallel strategy (None: the default named)", (

@@ -37,6 +37,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="mixture-of-experts models: each expert's slots at most F times its "
                         "uniform share of the tokens, the rest dropped (overrides the model "
                         "file; default: none dropped)")
+    g.add_argument("--dispatch", choices=["padded", "dropless"],
+                   help="mixture-of-experts models: padded (every expert computes the busiest "
+                        "expert's slots) or dropless (Megatron-core's default: each expert its "
+                        "own tokens; the busiest expert-parallel rank sets the time; no "
+                        "--capacity-factor) (overrides the model file; default: padded)")
 
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
@@ -190,7 +195,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
         out["frozen"] = list(args.frozen)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "cp", "cp_comm", "train",
                 "seq", "heads", "kv_heads", "ffn", "vocab", "attention", "routing_skew",
-                "capacity_factor", "sp", "zero", "recompute",
+                "capacity_factor", "dispatch", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
                 "prefetch", "zero3_unit", "order", "plan", "fusion", "ep", "tp_overlap",

@@ -7,6 +7,11 @@ token-choice that fits its expert (at most ``tokens x top_k``, at most
 arithmetic, charged its bytes by the roofline), its gradient adds (1),
 combine multiplies by the gate and adds (2), combine's gradient scales
 the output gradient (1) and dots it with the expert output (2).
+
+Under a dropless dispatch (``meta["occupancy"]``, :mod:`distsim.models.moe`)
+the slots (``experts x capacity x hidden``) hold tokens in only that share
+of their rows: :func:`routing_bytes` charges that share of them, the
+tokens and probabilities whole.
 """
 from __future__ import annotations
 
@@ -25,6 +30,20 @@ def routed(op: Op) -> int:
     probs = op.inputs[-1].type
     tokens, experts = math.prod(probs.shape[:-1]), probs.shape[-1]
     return min(tokens * int(op.attrs["top_k"]), experts * int(op.attrs["capacity"]))
+
+
+#: the routing ops, their FLOPs counted on the routed tokens already
+ROUTING_OPS = frozenset(_PER_ELEMENT)
+
+
+def routing_bytes(op: Op, occupancy: float) -> float:
+    """Bytes a routing op moves when ``occupancy`` of its slots' rows hold
+    tokens: the slots that share, every other operand and result whole."""
+    probs = op.inputs[-1].type
+    slots = (probs.shape[-1], int(op.attrs["capacity"]))
+    return float(sum(v.type.size_bytes * (occupancy if v.type.shape[:2] == slots
+                                          and v.type.rank == 3 else 1.0)
+                     for v in (*op.inputs, *op.outputs)))
 
 
 @flop_rule(*_PER_ELEMENT)

@@ -17,6 +17,13 @@ formula for the ops it lists. An op holding a function (a fused segment, a
 call) costs the sum of that function's ops; one marked as a fused kernel
 (``kernel``) costs one launch and one memory pass (:meth:`CostModel.kernel_cost`).
 
+An op marked with ``meta["occupancy"]`` f (a dropless mixture-of-experts
+dispatch's padded slots, :mod:`distsim.models.moe`) holds real rows in
+only that share of its shapes: its FLOPs, bytes and time past the launch
+are f of the padded op's (a grouped GEMM over the real rows at the
+batched GEMM's efficiency); the routing ops count their routed tokens'
+FLOPs already and move f of their slots (:func:`~.flops_moe.routing_bytes`).
+
 With a host launch time (``host_launch_s``), :meth:`CostModel.host_lead`
 says how many kernels an op launches and how far its last kernel can be
 held back by the host's launch queue (the simulator's
@@ -33,6 +40,7 @@ from ..ir.core import Op
 from ..ir.ops_bundle import BOOKKEEPING_OPS
 from .device import DeviceSpec
 from .flops import op_flops, op_memory_bytes
+from .flops_moe import ROUTING_OPS, routing_bytes
 from .gemm import gemm_shape
 
 MATMUL_OPS = frozenset({"matmul", "batch_matmul", "conv", "conv_grad_input", "conv_grad_weight",
@@ -62,19 +70,32 @@ class CostModel:
             # an ordering edge (an event wait) or a regrouping of values
             # (pack, unpack): not kernels
             return OpCost(0.0, 0.0, 0.0)
+        occupancy = op.meta.get("occupancy", 1.0)
         if op.subfunctions and not is_communication(op):
-            if op.attrs.get("kernel"):
-                return self.kernel_cost(op.subfunctions[0])
+            if op.attrs.get("kernel"):     # a fused kernel: its last part's share
+                return self._occupied(self.kernel_cost(op.subfunctions[0]), occupancy)
             return self.function_cost(op.subfunctions[0])
         flops = op_flops(op)
         nbytes = op_memory_bytes(op)
         if is_communication(op):
             return OpCost(0.0, 0.0, nbytes)
+        if occupancy != 1.0 and op.op_type in ROUTING_OPS:
+            nbytes, occupancy = routing_bytes(op, occupancy), 1.0
         entry = self.profile.get(op.op_type)
         if entry is not None:
             t = entry(op) if callable(entry) else float(entry)
-            return OpCost(t, flops, nbytes)
-        return OpCost(self.roofline_time(op, flops, nbytes), flops, nbytes)
+            return OpCost(t * occupancy, flops * occupancy, nbytes * occupancy)
+        return self._occupied(OpCost(self.roofline_time(op, flops, nbytes), flops, nbytes),
+                              occupancy)
+
+    def _occupied(self, c: OpCost, occupancy: float) -> OpCost:
+        """``c`` of an op whose rows hold data in only ``occupancy`` of its
+        shapes (module docstring): the launch whole, the rest that share."""
+        if occupancy == 1.0:
+            return c
+        launch = self.device.launch_overhead_s
+        return OpCost(launch + (c.time_s - launch) * occupancy, c.flops * occupancy,
+                      c.bytes * occupancy)
 
     def function_cost(self, function) -> OpCost:
         """The summed cost of every op of ``function`` (a fused segment or a

@@ -7,7 +7,10 @@
   expert parallelism. Under sequence parallelism the block holds the
   tensor-parallel all-gather and reduce-scatter of the experts' slots
   too, as the lowered template does (each rank routes its sequence
-  shard): nothing of its own here.
+  shard): nothing of its own here. A dropless dispatch
+  (:mod:`distsim.models.moe`) needs nothing either: the template's
+  experts' ops and all-to-alls carry their ``occupancy`` and are timed
+  by it, as in the simulation.
 - The gradient sync (:class:`ExpertSyncPolicy`): an expert's weights
   synchronise over their expert-data-parallel team of dp / ep ranks by a
   policy of their own, as the lowering's

@@ -52,7 +52,8 @@ from ..ir.types import DType, TensorType, parse_float_dtype
 from ..transforms.context_parallel import check_context_parallel
 from .gpt_context import (chunk_attrs, gather_sequence, heads_for_sequence, position_rows,
                           ring_attention, sequence_for_heads, ulysses_chunk_attrs)
-from .moe import check_moe, expert_slots, is_moe_layer, loads_tuple, mlp_params, moe_mlp_params
+from .moe import (check_moe, expert_slots, expert_tokens, is_moe_layer, loads_tuple,
+                  mlp_params, moe_mlp_params)
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu", "relu")
@@ -136,6 +137,7 @@ class GPTConfig:
     routing_skew: float = 0.0
     expert_loads: Optional[Tuple[float, ...]] = None
     norm_topk: bool = True
+    dispatch: str = "padded"
     published_params: Optional[float] = None
     published_active_params: Optional[float] = None
     description: str = ""
@@ -476,7 +478,8 @@ class _GPTBuilder:
         flat = self.op("reshape", [h], {"shape": [tokens, c.hidden]}, name=f"{p}_tokens")
         logits = self.op("matmul", [flat, router], name=f"{p}_router_logits")
         probs = self.op("softmax", [logits], {"axis": -1}, name=f"{p}_router_probs")
-        slots = self.op("moe_dispatch", [flat, probs], route, name=f"{p}_dispatch")
+        counts = {"expert_tokens": expert_tokens(c, tokens)} if c.dispatch == "dropless" else {}
+        slots = self.op("moe_dispatch", [flat, probs], route, name=f"{p}_dispatch", **counts)
         y = self.ffn(slots, experts)
         out = self.op("moe_combine", [y, probs], {**route, "normalize": c.norm_topk},
                       name=f"{p}_combine")

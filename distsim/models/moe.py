@@ -25,6 +25,33 @@ when a capacity factor is given (GShard's capacity; tokens past it are
 dropped). The experts' FFNs run as one batched GEMM over ``experts x
 slots`` rows, so an imbalanced routing costs the time of the busiest
 expert for every expert, as a padded dispatch does.
+
+``dispatch`` says which: ``padded`` (the default, above) or ``dropless``
+(Megatron-core's default MoE: its ``alltoall`` token dispatcher with no
+capacity factor and a grouped GEMM; ``capacity_factor`` is refused with
+it). Dropless, each expert computes exactly its own tokens and the
+all-to-all moves each rank's real counts, so the step is set by the
+busiest expert-parallel rank. Per rank of ``tokens`` (:func:`expert_tokens`),
+expert ``e`` receives ``n_e = min(tokens, tokens x top_k x load_e / sum
+loads)`` tokens (uniform: ``tokens x top_k / experts`` each; with
+``routing_skew``, expert 0 the busiest one above and the others the rest
+evenly); rank ``r`` of ``ep`` holds experts ``r x experts / ep`` on, so the
+busiest rank's experts get ``R = max_r sum n_e`` tokens from each of the
+``ep`` ranks: a grouped GEMM of ``ep x R`` rows (``2 x ep x R x hidden x
+ffn`` FLOPs per linear layer), ``R x hidden`` elements received from each
+rank by the all-to-all. Shapes stay static: each expert has ``tokens``
+slots (room for every token, so none is dropped and the numbers are the
+one-device step's), and the ops between the dispatch and the combine --
+the experts' FFNs, the all-to-alls, the slots' tensor-parallel gathers --
+carry ``meta["occupancy"] = R / (experts / ep x tokens)``
+(:mod:`distsim.transforms.expert_parallel`), the share of
+their rows that hold tokens: they cost that share of their padded
+arithmetic, traffic and message bytes (:mod:`distsim.cost.model`,
+:func:`distsim.sim.simulator.collective_bytes`); the dispatch and combine
+move ``sum n_e / (experts x tokens)`` of their slots. Every rank is costed as the busiest (the
+all-to-all makes the others wait for it). The trace shows the padded
+shapes, and peak memory counts them (an upper bound: every expert's
+buffers sized for all the tokens).
 """
 from __future__ import annotations
 
@@ -36,7 +63,10 @@ from ..errors import ConfigError
 #: the MoE fields and their values in a dense model
 DENSE_DEFAULTS = {"top_k": 1, "expert_ffn": None, "shared_experts": 0, "dense_layers": 0,
                   "moe_every": 1, "capacity_factor": None, "routing_skew": 0.0,
-                  "expert_loads": None, "norm_topk": True}
+                  "expert_loads": None, "norm_topk": True, "dispatch": "padded"}
+
+#: the ways tokens reach their experts (module docstring)
+DISPATCHES = ("padded", "dropless")
 
 
 def check_moe(c: Any) -> None:
@@ -62,6 +92,12 @@ def check_moe(c: Any) -> None:
     if not any(is_moe_layer(c, i) for i in range(c.layers)):
         raise ConfigError(f"dense_layers: {c.dense_layers} (moe_every {c.moe_every}) leaves no "
                           f"MoE layer among the {c.layers} layers")
+    if c.dispatch not in DISPATCHES:
+        raise ConfigError(f"dispatch: must be one of {', '.join(DISPATCHES)}, "
+                          f"got {c.dispatch!r}")
+    if c.dispatch == "dropless" and c.capacity_factor is not None:
+        raise ConfigError("capacity_factor: a dropless dispatch drops no token (give "
+                          "capacity_factor only with dispatch padded)")
     if c.capacity_factor is not None:
         _real("capacity_factor", c.capacity_factor)
         if c.capacity_factor <= 0:
@@ -132,11 +168,27 @@ def busiest_tokens(c: Any, tokens: int) -> float:
 
 def expert_slots(c: Any, tokens: int) -> int:
     """Token slots of each expert in a micro-batch of ``tokens``: the
-    busiest expert's tokens, capped by the capacity factor."""
+    busiest expert's tokens, capped by the capacity factor; dropless,
+    every token (none is dropped)."""
+    if c.dispatch == "dropless":
+        return tokens
     slots = math.ceil(round(busiest_tokens(c, tokens), 6))
     if c.capacity_factor is not None:
         slots = min(slots, math.ceil(round(c.capacity_factor * tokens * c.top_k / c.experts, 6)))
     return max(1, slots)
+
+
+def expert_tokens(c: Any, tokens: int) -> tuple:
+    """Tokens each expert receives from a micro-batch of ``tokens`` under
+    the routing balance (a dropless dispatch's counts: module docstring)."""
+    total = tokens * c.top_k
+    if c.expert_loads is not None:
+        s = sum(c.expert_loads)
+        return tuple(min(float(tokens), total * x / s) for x in c.expert_loads)
+    if c.experts == 1:
+        return (float(total),)
+    busiest = busiest_tokens(c, tokens)
+    return (busiest,) + ((total - busiest) / (c.experts - 1),) * (c.experts - 1)
 
 
 def loads_tuple(loads: Optional[Sequence[float]]) -> Optional[tuple]:

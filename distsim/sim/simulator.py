@@ -129,11 +129,14 @@ _KINDS = {kind.op_type: kind for kind in CollectiveType}
 
 def collective_bytes(op: Op, kind: Optional[CollectiveType] = None) -> int:
     """The message size S a collective algorithm is given (see
-    :func:`distsim.sim.collectives.run_collective`)."""
+    :func:`distsim.sim.collectives.run_collective`): a share
+    ``meta["occupancy"]`` of it when only that share holds data (a dropless
+    mixture-of-experts dispatch's padded slots, :mod:`distsim.models.moe`)."""
     kind = kind or _KINDS.get(op.op_type) or collective_of(op)
-    if kind in (CollectiveType.ALL_GATHER, CollectiveType.GATHER):
-        return op.outputs[0].type.size_bytes
-    return op.inputs[0].type.size_bytes
+    v = op.outputs[0] if kind in (CollectiveType.ALL_GATHER, CollectiveType.GATHER) \
+        else op.inputs[0]
+    occupancy = op.meta.get("occupancy")
+    return v.type.size_bytes if occupancy is None else round(v.type.size_bytes * occupancy)
 
 
 #: a collective's bytes sent before it has run (one shared, read-only map)

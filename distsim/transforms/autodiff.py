@@ -20,8 +20,10 @@ from .ring_backward import find_rings, ring_backward
 
 # Meta keys a forward op hands down to the backward ops emitted for it
 # (e.g. the transformer layer, so that pipeline stages and recomputation
-# can find a layer's backward).
-INHERITED_META = ("layer", "rank_attrs", "cp_rank_attrs")
+# can find a layer's backward; a dropless dispatch's share of occupied
+# rows, ``occupancy``, which the sums of a routing op's input gradients --
+# tokens and probabilities, every row real -- do not take).
+INHERITED_META = ("layer", "rank_attrs", "cp_rank_attrs", "occupancy")
 
 
 class Autodiff:
@@ -91,6 +93,9 @@ class Autodiff:
             if inherited:
                 for new_op in f.ops[first_new:]:
                     for k, val in inherited.items():
+                        if k == "occupancy" and op.op_type.startswith("moe_") \
+                                and new_op.op_type == "add":
+                            continue
                         new_op.meta.setdefault(k, val)
         results: List[Value] = []
         for v in wrt:

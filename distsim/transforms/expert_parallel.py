@@ -36,10 +36,18 @@ inverse all-to-all, the combine on the shard. The tensor-parallel
 all-gather and reduce-scatter come from the sharding layer (the slots
 split along dim 1, :mod:`.sharding.rules_moe`); this pass puts the
 all-to-alls between them and the dispatch and combine.
+
+A dropless dispatch (``meta["expert_tokens"]`` on the ``moe_dispatch``,
+each expert's tokens under the routing balance: :mod:`distsim.models.moe`)
+keeps its padded shapes; this pass marks the ops of its experts (the
+all-to-alls and tensor-parallel gathers among them) and its dispatch and
+combine with ``meta["occupancy"]``, the share of their rows that hold the
+busiest rank's tokens (:func:`dropless_occupancy`),
+at every ``ep``, 1 included.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import Dict, List, Sequence, Set, Tuple
 
 from ..errors import ConfigError
 from ..ir.core import Function, Op, Value
@@ -139,6 +147,9 @@ class ExpertParallel:
         self.model = model
 
     def __call__(self, forward: Function) -> Function:
+        return mark_dropless(self._place(forward), self.ep)
+
+    def _place(self, forward: Function) -> Function:
         if self.ep == 1:
             return forward
         ep = self.ep
@@ -206,3 +217,41 @@ class ExpertParallel:
         out = Value(name, infer_types("spmd.alltoall", [x.type], attrs)[0])
         ops.append(Op("spmd.alltoall", [x], [out], attrs, meta=meta))
         return out
+
+
+def mark_dropless(f: Function, ep: int) -> Function:
+    """``f`` with each dropless dispatch's ops marked with their
+    ``meta["occupancy"]`` over an expert-parallel group of ``ep`` (module
+    docstring); ``f`` itself when it has none."""
+    marks: Dict[int, float] = {}
+    for d in f.ops:
+        counts = d.meta.get("expert_tokens") if d.op_type == "moe_dispatch" else None
+        if counts is None:
+            continue
+        experts, routed = dropless_occupancy(counts, int(d.attrs["capacity"]), ep)
+        marks[id(d)] = routed
+        for op in expert_region(f, d):
+            marks[id(op)] = experts
+        for op in f.ops:
+            if op.op_type == "moe_combine" and op.inputs[1] is d.inputs[1]:
+                marks[id(op)] = routed
+    if not marks:
+        return f
+    ops = [Op(op.op_type, op.inputs, op.outputs, op.attrs, op.subfunctions,
+              dict(op.meta, occupancy=marks[id(op)])) if id(op) in marks else op
+           for op in f.ops]
+    out = Function(f.name, list(f.inputs), ops, list(f.outputs))
+    out.meta = dict(f.meta)
+    return out
+
+
+def dropless_occupancy(counts: Sequence[float], capacity: int, ep: int) -> Tuple[float, float]:
+    """(occupancy of the experts' ops, of the dispatch and combine) for an
+    expert-parallel group of ``ep``, given each expert's ``counts`` of
+    tokens and ``capacity`` slots per expert: rank ``r`` holds experts ``r
+    x experts / ep`` on, and the busiest rank's experts fill ``max_r sum
+    counts`` of their ``experts / ep x capacity`` slots; the dispatch fills
+    ``sum counts`` of ``experts x capacity``."""
+    local = len(counts) // ep
+    busiest = max(sum(counts[r * local:(r + 1) * local]) for r in range(ep))
+    return busiest / (local * capacity), sum(counts) / (len(counts) * capacity)

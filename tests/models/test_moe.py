@@ -15,7 +15,8 @@ from distsim.models import load_model_config
 from distsim.models.gpt import GPTConfig, gpt_forward
 from distsim.models.gpt_family import gpt_config, model_flops_per_step
 from distsim.models.hf_config import hf_to_gpt
-from distsim.models.moe import expert_slots
+from distsim.models.moe import expert_slots, expert_tokens
+from distsim.transforms.expert_parallel import dropless_occupancy
 
 MIXTRAL_HF = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
               "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
@@ -110,6 +111,24 @@ def test_model_flops_count_the_experts_a_token_uses():
 def test_expert_slots_by_hand(fields, tokens, slots):
     c = GPTConfig(experts=8, top_k=2, **fields)
     assert expert_slots(c, tokens) == slots
+
+
+@pytest.mark.parametrize("fields, counts, ep, busiest", [
+    (dict(), (16,) * 8, 4, 32),                          # 64 x 2 / 8 each, 2 per rank
+    # skew 0.5: expert 0 gets 40, the other 7 share the rest of 128: 88 / 7 each
+    (dict(routing_skew=0.5), (40,) + (88 / 7,) * 7, 2, 40 + 3 * 88 / 7),
+    # 3 : 1 x 7 of 128 token-choices: 38.4 and 12.8; rank 0 of 4 holds 38.4 + 12.8
+    (dict(expert_loads=[3, 1, 1, 1, 1, 1, 1, 1]), (38.4,) + (12.8,) * 7, 4, 51.2),
+    # one expert takes every token's first choice but gets each token once
+    (dict(expert_loads=[1, 0, 0, 0, 0, 0, 0, 0]), (64,) + (0,) * 7, 8, 64),
+])
+def test_dropless_counts_and_the_busiest_rank_by_hand(fields, counts, ep, busiest):
+    c = GPTConfig(experts=8, top_k=2, dispatch="dropless", **fields)
+    assert expert_slots(c, 64) == 64                     # room for every token
+    assert expert_tokens(c, 64) == pytest.approx(counts, rel=1e-12)
+    experts, routed = dropless_occupancy(expert_tokens(c, 64), 64, ep)
+    assert experts == pytest.approx(busiest / (8 // ep * 64), rel=1e-12)
+    assert routed == pytest.approx(sum(counts) / (8 * 64), rel=1e-12)
 
 
 # -- bad input -------------------------------------------------------------------------

@@ -56,3 +56,23 @@ def moe_reference(make_reference):
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "single")
 def test_moe_strategy_matches_single_device(moe_reference, strategy):
     moe_reference.check(**strategy)
+
+
+@pytest.fixture(scope="module")
+def dropless_reference(make_reference):
+    # uniform routing: a padded dispatch would drop tokens past tokens x 2 / 4
+    # slots; a dropless one has room for every token in every expert
+    return make_reference(**dict(MOE, routing_skew=0.0, dispatch="dropless"))
+
+
+@pytest.mark.parametrize("strategy", [
+    dict(),
+    dict(dp=2),
+    dict(dp=2, ep=2),
+    dict(dp=4, ep=4),
+    dict(dp=2, ep=2, tp=2, sp=True),
+    dict(dp=4, ep=2, tp=2, sp=True, zero=1, pp=2, recompute="selective"),
+    dict(dp=4, ep=2, zero=3),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "single")
+def test_dropless_strategy_matches_single_device(dropless_reference, strategy):
+    dropless_reference.check(**strategy)

@@ -1,0 +1,110 @@
+"""A dropless mixture-of-experts dispatch (``dispatch: dropless``,
+Megatron-core's default) against the padded one, with numbers written by
+hand: a histogram where one expert gets 5 / 8 of the tokens, so that the
+padded experts each compute the busiest expert's slots while the dropless
+ones compute the busiest expert-parallel rank's real tokens. The refusal
+of ``capacity_factor`` with it is one line, exit 2. That the dropless step
+updates the weights as its one-device step does is in
+``test_moe_strategies.py``."""
+from __future__ import annotations
+
+import pytest
+
+import distsim
+from distsim.cli import main
+from distsim.cost.model import CostModel
+from distsim.errors import ConfigError
+from distsim.sim.simulator import collective_bytes
+
+# 64 tokens per micro-batch (seq 64, micro-batch 1), top 1 of 4 experts,
+# loads 5 : 1 : 1 : 1; 8 ranks of dgx-h100, ep 2 (experts 0, 1 on ep rank 0)
+MODEL = dict(family="gpt", layers=2, hidden=64, heads=4, vocab=128, seq=64, global_batch=16,
+             micro_batch=1, experts=4, top_k=1, expert_ffn=32, activation="gelu",
+             expert_loads=[5, 1, 1, 1])
+
+
+def _first(program, op_type, name):
+    return next(op for op in program.ops if op.op_type == op_type
+                and op.outputs[0].name.startswith(name))
+
+
+@pytest.fixture(scope="module")
+def programs():
+    return {d: distsim.build_program(dict(MODEL, dispatch=d), "dgx-h100", dp=8, ep=2)
+            for d in ("padded", "dropless")}
+
+
+def test_alltoall_bytes_by_hand(programs):
+    # padded: 4 experts x 40 slots (5 / 8 of 64 tokens) x 64 hidden x 2 bytes
+    # dropless: ep rank 0's experts get 40 + 8 = 48 tokens from each rank, so a
+    # rank's message is 48 x 2 ranks = 96 rows: 96 x 64 x 2 bytes (a factor 5 / 3)
+    padded = _first(programs["padded"][0], "comm.alltoall", "l0_dispatch_ep")
+    dropless = _first(programs["dropless"][0], "comm.alltoall", "l0_dispatch_ep")
+    assert collective_bytes(padded) == 4 * 40 * 64 * 2 == 20480
+    assert collective_bytes(dropless) == 96 * 64 * 2 == 12288
+    # the trace shows the padded shapes: every expert has room for all 64 tokens
+    assert dropless.inputs[0].type.shape == (4, 64, 64)
+    assert dropless.meta["occupancy"] == 48 / (2 * 64)
+
+
+def test_expert_gemm_flops_by_hand(programs):
+    # fc1 of the 2 local experts: padded 2 x (2 ranks x 40 slots) rows, dropless
+    # the busiest rank's 2 x 48 rows; 2 x rows x 64 x 32 FLOPs (5 / 3 apart)
+    device = programs["padded"][2].device_spec
+    cost = CostModel(device)
+    padded = _first(programs["padded"][0], "matmul", "l0_experts_fc1")
+    dropless = _first(programs["dropless"][0], "matmul", "l0_experts_fc1")
+    assert cost.op_cost(padded).flops == 2 * (2 * 80) * 64 * 32 == 655_360
+    assert cost.op_cost(dropless).flops == 2 * 96 * 64 * 32 == 393_216
+    # its time past the launch is 3 / 8 of the padded 2 x 128 rows' (grouped GEMM
+    # at the batched GEMM's rate); the backward's GEMMs inherit the share
+    launch = device.launch_overhead_s
+    full = cost.roofline_time(dropless, cost.op_cost(dropless).flops / 0.375,
+                              cost.op_cost(dropless).bytes / 0.375)
+    assert cost.op_cost(dropless).time_s == pytest.approx(launch + 0.375 * (full - launch),
+                                                          rel=1e-12)
+    grads = [op for op in programs["dropless"][0].ops
+             if op.outputs and op.outputs[0].name.startswith("d_l0_experts_w1")]
+    assert grads and all(op.meta["occupancy"] == 0.375 for op in grads)
+
+
+def test_one_device_dropless_uses_top_k_over_experts():
+    # ep 1: all 4 experts on the rank, their 64 tokens in 4 x 64 slots: 1 / 4 hold
+    # tokens (every ep rank's tokens are the micro-batch's 64 x top_k)
+    program = distsim.build_program(dict(MODEL, dispatch="dropless"), "dgx-h100", dp=8)[0]
+    fc1 = _first(program, "matmul", "l0_experts_fc1")
+    assert fc1.inputs[0].type.shape == (4, 64, 64) and fc1.meta["occupancy"] == 0.25
+
+
+def test_capacity_factor_refused():
+    with pytest.raises(ConfigError, match="capacity_factor: a dropless dispatch drops no"):
+        distsim.build_program(dict(MODEL, dispatch="dropless", capacity_factor=1.0),
+                              "dgx-h100", dp=8)
+    with pytest.raises(ConfigError, match="dispatch: must be one of padded, dropless"):
+        distsim.build_program(dict(MODEL, dispatch="grouped"), "dgx-h100", dp=8)
+
+
+def test_cli_refusal_is_one_line_exit_2(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text("family: gpt\nlayers: 2\nhidden: 64\nheads: 4\nvocab: 128\nseq: 16\n"
+                    "global_batch: 8\nmicro_batch: 1\nexperts: 4\ntop_k: 2\n")
+    base = ["simulate", "--model", str(path), "--topology", "dgx-h100", "--dispatch",
+            "dropless", "--out", str(tmp_path / "o")]
+    assert main([*base, "--ep", "2"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--capacity-factor", "1.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "capacity_factor: a dropless" in err, err
+
+
+def test_the_dispatch_moves_its_routed_rows(programs):
+    # the dispatch reads the 64 tokens and their probabilities and writes the
+    # 64 routed rows (top 1) of its 4 x 64 slots: 64 x 64 x 2 bytes of 32768;
+    # its FLOPs are the routing's comparisons (64 x 4), as padded
+    device = programs["dropless"][2].device_spec
+    op = _first(programs["dropless"][0], "moe_dispatch", "l0_dispatch")
+    tokens, probs = (v.type.size_bytes for v in op.inputs)
+    assert op.outputs[0].type.size_bytes == 32768 and op.meta["occupancy"] == 0.25
+    cost = CostModel(device).op_cost(op)
+    assert cost.bytes == tokens + probs + 64 * 64 * 2
+    assert cost.flops == 64 * 4
