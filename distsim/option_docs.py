@@ -99,7 +99,9 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
     ("fusion", "which adjacent ops run as one kernel (one launch, one memory pass), as the "
                "simulated framework fuses them: 'megatron' (Megatron-LM's fused "
                "scale-mask-softmax, bias-GeLU, bias-dropout-add, the linear bias in the GEMM), "
-               "'pytorch-eager' (the linear bias in the GEMM only) or 'none' (every op its own "
+               "'megatron-core' (those, SwiGLU's forward and the fused cross-entropy loss of "
+               "Megatron-core with Transformer Engine, as NeMo runs it), 'pytorch-eager' (the "
+               "linear bias in the GEMM only) or 'none' (every op its own "
                "kernel); default: 'megatron' for GPT models, 'none' for the others"),
     ("symmetry", "simulate one device per class of identical devices: the same results, "
                  "much faster on large clusters"),

@@ -126,7 +126,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fusion", metavar="FRAMEWORK",
                    help="which adjacent ops run as one kernel, as the simulated framework "
                         "fuses them: megatron (Megatron-LM's scale-mask-softmax, "
-                        "bias-GeLU, bias-dropout-add), pytorch-eager (the linear bias in the "
+                        "bias-GeLU, bias-dropout-add), megatron-core (those, SwiGLU's forward and "
+                        "the fused cross-entropy loss), pytorch-eager (the linear bias in the "
                         "GEMM only) or none (every op its own kernel); default: megatron "
                         "for GPT models, none for the others")
     g.add_argument("--symmetry", action="store_true", default=None,

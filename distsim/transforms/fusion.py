@@ -18,13 +18,20 @@ The settings (``--fusion``):
   (``softmax_grad+mask+scale``), bias-GeLU (``bias+gelu``), bias-dropout-add
   (``bias+dropout+add``, or ``dropout+add`` without a bias) and the bias of
   a linear layer that no other fused kernel takes added in the GEMM
-  (``matmul+bias``, ``F.linear``);
+  (``matmul+bias``, ``F.linear``); Megatron-LM's float32 loss at one
+  tensor-parallel rank is its vocabulary-parallel steps, unfused
+  (:func:`~distsim.transforms.parallelize.differentiated_template`);
+- ``megatron-core``: Megatron-core with Transformer Engine, as NeMo runs
+  it: ``megatron``'s kernels, SwiGLU's forward as one kernel
+  (``silu+mul``, ``bias_swiglu_fusion``), and the loss as one fused
+  cross-entropy kernel at one tensor-parallel rank
+  (``cross_entropy_loss_fusion``: no unfused steps);
 - ``pytorch-eager``: PyTorch run eagerly: only ``F.linear``'s bias in the
   GEMM; scale, mask, softmax, dropout, GeLU and residual adds each one
   kernel;
-- ``none``: every op its own kernel, the default of every family
-  (:func:`~distsim.transforms.strategy.fusion_for` says why ``megatron``
-  is not yet the GPT family's).
+- ``none``: every op its own kernel, the default of every family but
+  the GPT family's (``megatron``: :func:`~distsim.transforms.strategy.fusion_for`
+  says why).
 
 LayerNorm and RMSNorm are one op (one kernel) under every setting; so is
 FlashAttention (the model's ``attention: fused``), which leaves no
@@ -76,16 +83,18 @@ LINEAR_BIAS: Rule = ("matmul+bias", ("matmul", "add"), _then_bias)
 
 #: the rules of each setting, in priority order: a rule claims its chains
 #: before the next rule looks (bias-GeLU takes fc1's bias before F.linear)
+MEGATRON: Tuple[Rule, ...] = (
+    ("scale+mask+softmax", ("scale", "causal_mask", "softmax"), None),
+    ("softmax_grad+mask+scale", ("softmax_grad", "causal_mask", "scale"), None),
+    ("bias+gelu", ("add", "gelu"), _first_is_bias),
+    ("bias+dropout+add", ("add", "dropout", "add"),
+     lambda ops: _first_is_bias(ops) and _residual(ops)),
+    ("dropout+add", ("dropout", "add"), _residual),
+    LINEAR_BIAS,
+)
 RULES: Dict[str, Tuple[Rule, ...]] = {
-    "megatron": (
-        ("scale+mask+softmax", ("scale", "causal_mask", "softmax"), None),
-        ("softmax_grad+mask+scale", ("softmax_grad", "causal_mask", "scale"), None),
-        ("bias+gelu", ("add", "gelu"), _first_is_bias),
-        ("bias+dropout+add", ("add", "dropout", "add"),
-         lambda ops: _first_is_bias(ops) and _residual(ops)),
-        ("dropout+add", ("dropout", "add"), _residual),
-        LINEAR_BIAS,
-    ),
+    "megatron": MEGATRON,
+    "megatron-core": (("silu+mul", ("silu", "mul"), None),) + MEGATRON,
     "pytorch-eager": (LINEAR_BIAS,),
     "none": (),
 }

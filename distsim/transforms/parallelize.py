@@ -87,7 +87,8 @@ def differentiated_template(forward: Function, strategy: Strategy, plan: Plan,
     placed over ``strategy.tp`` ranks (``strategy.sp``), the experts over
     ``strategy.ep``, and differentiated; at ``tp`` 1 under Megatron's
     fusion (``fusion_for(strategy) == "megatron"``: the framework
-    simulated is Megatron-LM) a float32 loss written as Megatron's
+    simulated is Megatron-LM; Megatron-core's ``megatron-core`` fuses its
+    loss into one kernel) a float32 loss written as Megatron's
     vocabulary-parallel steps on one rank, as it runs them
     (:class:`~.tensor_parallel.TensorParallel`'s ``megatron_loss``). It
     reads nothing else of ``strategy``, and :func:`finish_step` leaves it

@@ -39,7 +39,7 @@ ZERO3_UNITS = ("param", "layer")
 #: mesh layouts: the axes from fastest to slowest varying in the rank number
 ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 #: which adjacent ops run as one kernel (:mod:`distsim.transforms.fusion`)
-FUSIONS = ("megatron", "pytorch-eager", "none")
+FUSIONS = ("megatron", "megatron-core", "pytorch-eager", "none")
 #: how context-parallel attention reaches the other ranks' keys and values
 CP_COMMS = ("allgather", "ring", "alltoall")
 

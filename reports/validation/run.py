@@ -335,7 +335,8 @@ COMM_ORDER = "stream"
 #: bias-GeLU and bias-dropout-add are on unless disabled
 #: (``--no-masked-softmax-fusion``, ``--no-bias-gelu-fusion``,
 #: ``--no-bias-dropout-fusion``), which no source's script does; BLOOM's
-#: even aborts without them (``--abort-on-unmet-fused-kernel-constraints``)
+#: even aborts without them (``--abort-on-unmet-fused-kernel-constraints``);
+#: a source whose runs used Megatron-core sets its own (``megatron-core``)
 FUSION = "megatron"
 
 
@@ -344,7 +345,7 @@ def all_runs() -> List[Dict[str, Any]]:
             + dgxc_llama31())
     for run in runs:
         run["published"]["step_time_s"] = published_time(run)
-        run["options"] = {**run["options"], "comm_order": COMM_ORDER, "fusion": FUSION}
+        run["options"] = {"fusion": FUSION, **run["options"], "comm_order": COMM_ORDER}
     return runs
 
 
@@ -587,7 +588,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="simulate every run with this comm_streams setting (default: "
                              "distsim's); the estimator refuses a setting it does not model, "
                              "and the row says so")
-    parser.add_argument("--fusion", choices=("none", "megatron"),
+    parser.add_argument("--fusion", choices=("none", "megatron", "megatron-core"),
                         help=f"simulate every run under this kernel fusion (default: "
                              f"{FUSION}, what every source ran)")
     args = parser.parse_args(argv)

@@ -79,9 +79,12 @@ def _options(tp: int, pp: int, cp: int, v: int = 0) -> Dict[str, Any]:
     weight-gradient GEMM (Megatron-core's async all-reduce), context
     parallelism as ring attention (Megatron-core / Transformer Engine's
     ``cp_comm_type: p2p``), sequence parallelism with tensor parallelism
-    (``sequence_parallel: true`` in the 70B config)."""
+    (``sequence_parallel: true`` in the 70B config), Megatron-core's fused
+    kernels (``fusion: megatron-core``: ``cross_entropy_loss_fusion``,
+    ``bias_swiglu_fusion``)."""
     options: Dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "micro_batch": 1, "zero": 1,
-                               "bucket_mb": 125, "recompute": "none", "tp_overlap": True}
+                               "bucket_mb": 125, "recompute": "none", "tp_overlap": True,
+                               "fusion": "megatron-core"}
     if cp > 1:
         options["cp_comm"] = "ring"
     if tp > 1:
@@ -100,7 +103,9 @@ def dgxc_llama31() -> List[Dict[str, Any]]:
     # The loss: Megatron-core's fused vocab-parallel cross entropy
     # (cross_entropy_loss_fusion: true) on float32 logits; the attention:
     # cuDNN's fused attention (configure.sh: NVTE_FUSED_ATTN=1,
-    # NVTE_FLASH_ATTN=0), timed by dgx-h100.yaml's attention.kernels.cudnn
+    # NVTE_FLASH_ATTN=0), timed by dgx-h100.yaml's attention.kernels.cudnn;
+    # the kernels: Megatron-core's (fusion: megatron-core: its fused loss,
+    # bias_swiglu_fusion, beside Megatron-LM's fused kernels)
     loss = {"loss_dtype": "fp32", "attention_kernel": "cudnn"}
     runs = []
     for gpus, seconds in ((8, 12.91), (16, 13.00), (128, 13.10)):

@@ -3,6 +3,7 @@
 so under ``fusion: megatron`` the step of one rank writes the loss as the
 vocabulary-parallel steps (:mod:`distsim.transforms.sharding.vocab_loss`)
 with no collectives; ``fusion: none`` keeps the one ``cross_entropy`` op,
+as does ``megatron-core`` (its ``cross_entropy_loss_fusion`` kernel),
 and so does a loss in bf16. Here: the program, the time of each pass on a
 unit device written from the formula, and the reference executor (the
 loss and every gradient as the one-op loss gives them)."""
@@ -44,8 +45,9 @@ def test_the_loss_is_megatrons_steps_at_one_rank_under_its_fusion():
     assert steps == ["cast", "reduce_max", "stop_gradient", "sub", "exp", "reduce_sum",
                      "select_label", "log", "sub", "reduce_mean"]
     assert not [op for op in _step("megatron").ops if op.op_type.startswith("spmd.")]
-    # one op: unfused, PyTorch eager, and a loss in bf16 under Megatron's fusion
-    for fusion, config in (("none", C), ("pytorch-eager", C),
+    # one op: unfused, PyTorch eager, Megatron-core's fused cross entropy,
+    # and a loss in bf16 under Megatron's fusion
+    for fusion, config in (("none", C), ("pytorch-eager", C), ("megatron-core", C),
                            ("megatron", replace(C, loss_dtype="model"))):
         ops = [op.op_type for op in _loss_ops(_step(fusion, config))]
         assert "cross_entropy" in ops and "reduce_max" not in ops, (fusion, config.loss_dtype)

@@ -146,8 +146,8 @@ def test_coarsening_keeps_the_fused_step_time():
 
 
 def test_a_bad_fusion_value_is_one_clear_error():
-    with pytest.raises(ConfigError, match="--fusion: must be one of megatron, pytorch-eager, "
-                                          "none, got 'xla'"):
+    with pytest.raises(ConfigError, match="--fusion: must be one of megatron, megatron-core, "
+                                          "pytorch-eager, none, got 'xla'"):
         distsim.simulate("tiny", "dgx-a100", dp=8, fusion="xla")
 
 
@@ -169,3 +169,29 @@ def test_the_mlp_fuses_only_when_asked():
     assert eager.summary()["config"]["fusion"] == "pytorch-eager"
     assert "matmul+bias" in {r.op_type for r in eager.trace.ops}
     assert "matmul+bias" not in {r.op_type for r in plain.trace.ops}
+
+
+def test_megatron_core_runs_swiglus_forward_as_one_kernel():
+    # silu(gate) * up on 256 x 1024 bf16: fused, gate and up read once and
+    # the product written once (three 512 KiB passes, one launch); unfused,
+    # silu reads and writes one, mul reads two and writes one (five, two launches)
+    b = FunctionBuilder("f")
+    t = TensorType((1, 256, 1024), DType.BF16, 0)
+    gate, up = b.input("gate", t), b.input("up", t)
+    y = b.op("mul", [b.op("silu", [gate]), up])
+    f = b.finish([y])
+    f.meta["grads"] = {}
+    cost = CostModel(DEVICE)
+    one = 256 * 1024 * 2
+    assert sum(cost.op_cost(op).time_s for op in f.ops) == pytest.approx(
+        2 * 5e-6 + 5 * one / 1e12, rel=1e-12)
+    assert Fuse("megatron")(f).ops[0].op_type == "silu"      # Megatron-LM: not fused
+    [op] = Fuse("megatron-core")(f).ops
+    assert op.attrs["kernel"] == "silu+mul"
+    assert cost.op_cost(op).bytes == 3 * one
+    assert cost.op_cost(op).time_s == pytest.approx(5e-6 + 3 * one / 1e12, rel=1e-12)
+
+
+def test_megatron_core_fuses_megatrons_kernels_too():
+    assert kernels_of_layer(Fuse("megatron-core")(gpt_step())) == \
+        kernels_of_layer(Fuse("megatron")(gpt_step()))
