@@ -10,10 +10,11 @@ gradients) counts its type's bytes.
 
 Which results of a marked op hold slot rows, op by op: a routing op's
 ``experts x capacity x ...`` results (:func:`holds_slots`); a
-communication op's (an all-to-all moves slot rows); a ``matmul``'s unless
+communication op's, lowered or not (an all-to-all moves slot rows); a ``matmul``'s unless
 ``trans_a`` (its rows are its first operand's; a weight gradient's are
-the hidden features); any other op's result shaped as one of its operands
-(elementwise on the slots; a reduction over the rows has fewer). A
+the hidden features); any other op's ``experts x slots x features``
+result whose first two dims are an operand's (elementwise, a split or
+concat of the features; a reduction over the rows has one row). A
 ``fused`` segment's results hold what its inner ops make.
 """
 from __future__ import annotations
@@ -61,13 +62,13 @@ def held_bytes(op: Op, k: int, _bodies: Optional[Dict[int, Dict[int, int]]] = No
 def _slot_rows(op: Op, v: Value) -> bool:
     if op.op_type.startswith("moe_"):
         return holds_slots(op, v.type)
-    if is_communication(op):
+    if is_communication(op) or op.op_type.startswith("spmd."):
         return True
     if op.op_type == "matmul":
         return not op.attrs.get("trans_a")
     shape = getattr(v.type, "shape", None)
-    return shape is not None and any(getattr(u.type, "shape", None) == shape
-                                     for u in op.inputs)
+    return shape is not None and len(shape) == 3 and any(
+        getattr(u.type, "rank", 0) == 3 and u.type.shape[:2] == shape[:2] for u in op.inputs)
 
 
 def _body_results(body: Function) -> Dict[int, int]:
