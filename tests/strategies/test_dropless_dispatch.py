@@ -165,3 +165,12 @@ def test_dropless_peak_is_padded_under_uniform_routing(ep):
                                  ep=ep).summary()["max_peak_memory_bytes"]
              for d in ("padded", "dropless")}
     assert peaks["dropless"] == peaks["padded"]
+
+
+def test_coarsened_segments_hold_the_same_rows():
+    # fused segments size their parts and temporaries as the ops they hold:
+    # the coarsened step's peak is the op-by-op step's
+    peaks = [distsim.simulate(model=dict(MODEL, dispatch="dropless"), topology="dgx-h100",
+                              dp=8, ep=2, coarsen=c).summary()["max_peak_memory_bytes"]
+             for c in (False, True)]
+    assert peaks[0] == peaks[1]
