@@ -29,6 +29,10 @@ MODEL: Group = ("Model options (each overrides the model's file; None keeps the 
     ("vocab", "vocabulary size (GPT models)"),
     ("attention", "'explicit' ops (scores, mask, softmax, dropout) or one 'fused' "
                   "FlashAttention kernel (GPT models)"),
+    ("attention_kernel", "fused attention's implementation, timed by its figures in the "
+                         "device file's attention.kernels: 'cudnn' (cuDNN's fused attention, "
+                         "Transformer Engine's NVTE_FUSED_ATTN=1); default: the device's "
+                         "default kernel, FlashAttention-2 (GPT models, attention fused)"),
     ("routing_skew", "mixture-of-experts GPT models: routing balance in [0, 1], 0 uniform, 1 "
                      "every token routed to one expert (the busiest expert's tokens set every "
                      "expert's slots)"),

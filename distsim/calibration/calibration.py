@@ -26,7 +26,7 @@ from ..ir.types import DType
 from ..keywords import strict_keywords
 from .attention_fit import AttentionFit, fit_attention
 from .gemm_fit import GemmFit, fit_gemm
-from .measurements import Measurements, read_measurements
+from .measurements import AttentionRow, Measurements, read_measurements
 from .stream_fits import MemoryFit, fit_memory, fit_vector
 
 
@@ -41,6 +41,7 @@ class Calibration:
     notes: Dict[str, str]
     gemm: GemmFit
     attention: Optional[AttentionFit] = None
+    attention_kernels: Dict[str, AttentionFit] = field(default_factory=dict)
     memory: Optional[MemoryFit] = None
     base: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
@@ -126,20 +127,41 @@ def calibrate(measurements, topology: Optional[str] = None,
         "wave_quantization": model.wave_quantization,
         "source": _gemm_source(gemm, m)}
     notes["gemm"] = _gemm_note(gemm, m, base_gemm, topology)
-    attention = None
-    if m.attention:
-        attention = fit_attention(m.attention, peak=peak, launch=launch, sms=sms,
-                                  wave_quantization=model.wave_quantization)
-        a = attention.model
-        series = sorted({r.series for r in m.attention})
-        device["attention"] = {
-            "fwd_efficiency": round(a.fwd_efficiency, 4),
-            "bwd_efficiency": round(a.bwd_efficiency, 4), "key_overhead": a.key_overhead,
-            "source": f"distsim calibrate: {len(m.attention)} attention timings of "
-                      f"{', '.join(series)} (rms {100 * attention.rms():.1f} %)"}
-        notes["attention"] = _series_note(series, m, "FlashAttention timings", m.attention)
-    return Calibration(m, device, notes, gemm, attention, memory, topology,
+    attention, kernels = _fit_attention(m, device, notes, peak=peak, launch=launch, sms=sms,
+                                        wave_quantization=model.wave_quantization)
+    return Calibration(m, device, notes, gemm, attention, kernels, memory, topology,
                        list(gemm.notes))
+
+
+def _fit_attention(m: Measurements, device: Dict[str, Any], notes: Dict[str, str], **fit):
+    """The default kernel's figures from the attention rows without a
+    ``kernel``, each named kernel's from its own rows (``kernels``)."""
+    if not m.attention:
+        return None, {}
+    groups: Dict[Optional[str], List[AttentionRow]] = {}
+    for r in m.attention:
+        groups.setdefault(r.kernel, []).append(r)
+    if None not in groups:
+        raise ConfigError(f"{m.attention[0].where}: every attention row names a kernel: the "
+                          "default kernel's rows (no kernel) are needed too")
+    fits = {k: fit_attention(rows, **fit) for k, rows in groups.items()}
+    block = _attention_figures(fits[None], groups[None])
+    kernels = {str(k): f for k, f in fits.items() if k is not None}
+    if kernels:
+        block["kernels"] = {k: _attention_figures(f, groups[k]) for k, f in sorted(kernels.items())}
+    device["attention"] = block
+    series = sorted({r.series for r in m.attention})
+    notes["attention"] = _series_note(series, m, "fused attention timings", m.attention)
+    return fits[None], kernels
+
+
+def _attention_figures(fit: AttentionFit, rows: List[AttentionRow]) -> Dict[str, Any]:
+    a = fit.model
+    series = sorted({r.series for r in rows})
+    return {"fwd_efficiency": round(a.fwd_efficiency, 4),
+            "bwd_efficiency": round(a.bwd_efficiency, 4), "key_overhead": a.key_overhead,
+            "source": f"distsim calibrate: {len(rows)} attention timings of "
+                      f"{', '.join(series)} (rms {100 * fit.rms():.1f} %)"}
 
 
 def _base(topology: Optional[str]) -> Optional[DeviceSpec]:

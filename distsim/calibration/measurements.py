@@ -17,7 +17,8 @@ Sections, each optional except ``gemm``:
 - ``vector``: rows ``{dtype, flops, median_s}`` (compute-bound element-wise);
 - ``launch``: ``{overhead_s}``, or ``fit_eager_device_bound.intercept_s``;
 - ``attention``: rows ``{direction (fwd, bwd or fwd+bwd), batch, heads,
-  seq_q, seq_k, head_dim, causal, dtype, median_s}``;
+  seq_q, seq_k, head_dim, causal, dtype, median_s, kernel}`` (``kernel``:
+  the implementation timed, e.g. ``cudnn``; none is the device's default);
 - ``environment`` (``sm_count``, ``gpu``), ``peaks_used``
   (``peak_flops``, ``memory_bandwidth_Bps``), ``reference_series`` and
   ``sources`` (series -> citation) describe the rest.
@@ -88,6 +89,7 @@ class AttentionRow:
     seconds: float
     series: str
     where: str
+    kernel: Optional[str] = None
 
 
 @dataclass
@@ -283,6 +285,10 @@ class _Reader:
             if not isinstance(causal, bool):
                 raise ConfigError(f"{self.name}: {where}.causal: expected true or false, "
                                   f"got {causal!r}")
+            kernel = row.get("kernel")
+            if kernel is not None and (not isinstance(kernel, str) or not kernel):
+                raise ConfigError(f"{self.name}: {where}.kernel: expected a kernel's name, "
+                                  f"got {kernel!r}")
             seq_q = self.dim(where, row, "seq_q")
             out.append(AttentionRow(direction, self.dim(where, row, "batch"),
                                     self.dim(where, row, "heads"), seq_q,
@@ -290,7 +296,7 @@ class _Reader:
                                     self.dim(where, row, "head_dim"), causal,
                                     self.dtype(where, row.get("dtype")), self.seconds(where, row),
                                     self.prefix + str(row.get("series", "attention")),
-                                    f"{self.name}: {where}"))
+                                    f"{self.name}: {where}", kernel))
         return out
 
     def launch(self) -> Optional[Tuple[float, str]]:

@@ -46,14 +46,16 @@ def format_report(cal) -> str:
     lines += _table(["series", "M x N x K", "dtype", "measured us", "model us", "error"],
                     [[r.series, _shape(r), r.dtype.value, f"{r.seconds * 1e6:.1f}",
                       f"{t * 1e6:.1f}", _err(t, r.seconds)] for r, t in g.rows])
-    if cal.attention is not None:
-        a = cal.attention.model
-        lines += ["", f"Attention: fwd_efficiency {a.fwd_efficiency:.3f}, bwd_efficiency "
+    fits = ([("Attention", cal.attention)] if cal.attention is not None else []) + \
+        [(f"Attention, kernel {k}", f) for k, f in cal.attention_kernels.items()]
+    for title, fit in fits:
+        a = fit.model
+        lines += ["", f"{title}: fwd_efficiency {a.fwd_efficiency:.3f}, bwd_efficiency "
                       f"{a.bwd_efficiency:.3f}, key_overhead {a.key_overhead:g}, rms error "
-                      f"{100 * cal.attention.rms():.1f} %", ""]
+                      f"{100 * fit.rms():.1f} %", ""]
         lines += _table(["series", "shape", "measured us", "model us", "error"],
                         [[r.series, _attention_shape(r), f"{r.seconds * 1e6:.1f}",
-                          f"{t * 1e6:.1f}", _err(t, r.seconds)] for r, t in cal.attention.rows])
+                          f"{t * 1e6:.1f}", _err(t, r.seconds)] for r, t in fit.rows])
     if cal.memory is not None:
         lines += ["", f"Memory: streaming efficiency {cal.memory.streaming:.3f}; by class "
                       + ", ".join(f"{c} {v:.3f}" for c, v in sorted(cal.memory.by_class.items())),
@@ -82,11 +84,17 @@ def report_dict(cal) -> Dict[str, Any]:
         "notes": cal.warnings,
     }
     if cal.attention is not None:
-        out["attention"] = {"rms": cal.attention.rms(),
-                            "rows": [{"series": r.series, "shape": _attention_shape(r),
-                                      "measured_s": r.seconds, "model_s": t}
-                                     for r, t in cal.attention.rows]}
+        out["attention"] = _attention_dict(cal.attention)
+        if cal.attention_kernels:
+            out["attention"]["kernels"] = {k: _attention_dict(f)
+                                           for k, f in cal.attention_kernels.items()}
     if cal.memory is not None:
         out["memory"] = [{"kernel": r.label, "class": r.kernel_class, "efficiency": e}
                          for r, e in cal.memory.rows]
     return out
+
+
+def _attention_dict(fit) -> Dict[str, Any]:
+    return {"rms": fit.rms(),
+            "rows": [{"series": r.series, "shape": _attention_shape(r), "measured_s": r.seconds,
+                      "model_s": t} for r, t in fit.rows]}

@@ -72,7 +72,12 @@ def device_lines(cal) -> List[str]:
         lines += _comment(cal.notes.get(key, ""), "  ") if cal.notes.get(key) else []
         if isinstance(value, dict) and key in ("gemm", "attention"):
             lines.append(f"  {key}:")
-            lines += [f"    {k}: {_flow(v)}" for k, v in value.items()]
+            for k, v in value.items():
+                if isinstance(v, dict) and key == "attention":     # kernels: one line each
+                    lines.append(f"    {k}:")
+                    lines += [f"      {name}: {_flow(figs)}" for name, figs in v.items()]
+                else:
+                    lines.append(f"    {k}: {_flow(v)}")
         else:
             lines.append(f"  {key}: {_flow(value)}")
     lines.append(f"  {END}")

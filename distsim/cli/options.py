@@ -29,6 +29,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="attention core (GPT models): explicit ops (scores, mask, softmax, "
                         "dropout) or one fused FlashAttention kernel that keeps no seq x seq "
                         "tensor (overrides the model file; default: explicit)")
+    g.add_argument("--attention-kernel", dest="attention_kernel", metavar="NAME",
+                   help="fused attention's implementation whose figures in the device file "
+                        "time it (GPT models, --attention fused): cudnn (cuDNN's fused "
+                        "attention, Transformer Engine's NVTE_FUSED_ATTN=1); default: the "
+                        "device's default kernel, FlashAttention-2")
     g.add_argument("--routing-skew", type=float, dest="routing_skew", metavar="S",
                    help="mixture-of-experts models: routing balance in [0, 1], 0 uniform, 1 "
                         "every token routed to one expert; the busiest expert's tokens set "
@@ -194,8 +199,8 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
     if getattr(args, "frozen", None):
         out["frozen"] = list(args.frozen)
     for key in ("layers", "hidden", "batch", "dtype", "dp", "tp", "pp", "cp", "cp_comm", "train",
-                "seq", "heads", "kv_heads", "ffn", "vocab", "attention", "routing_skew",
-                "capacity_factor", "dispatch", "sp", "zero", "recompute",
+                "seq", "heads", "kv_heads", "ffn", "vocab", "attention", "attention_kernel",
+                "routing_skew", "capacity_factor", "dispatch", "sp", "zero", "recompute",
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
                 "prefetch", "zero3_unit", "order", "plan", "fusion", "ep", "tp_overlap",

@@ -18,14 +18,23 @@ log-sum-exp), in keys, so that short sequences reach less of it; the
 waves use the device's GEMM ``sms`` and ``wave_quantization`` when it has
 a GEMM model (none otherwise). FLOPs are counted as FlashAttention's
 benchmarks do (:mod:`distsim.cost.flops_nn`).
+
+A device's figures are those of its default kernel (FlashAttention-2 on
+the calibrated devices); ``kernels`` holds other implementations' figures
+(cuDNN's fused attention, ...) by name, the same formula with their own
+efficiencies and overhead. An op names its kernel in its ``kernel``
+attribute (the model's ``attention_kernel``); none is the default. A
+device with an attention block but no figures for the op's kernel is an
+error naming ``attention_kernel``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from math import prod
-from typing import Optional
+from typing import Optional, Tuple
 
+from ..errors import ConfigError
 from ..ir.core import Op
 from .flops_nn import attention_pairs
 
@@ -43,6 +52,12 @@ class AttentionModel:
     key_overhead: float = 0.0
     block_q: int = DEFAULT_BLOCK_Q
     source: str = ""
+    kernels: Tuple[Tuple[str, "AttentionModel"], ...] = ()
+
+    def for_kernel(self, name: Optional[str]) -> Optional["AttentionModel"]:
+        """The figures of kernel ``name`` (None: the default); None when
+        the device has none for it."""
+        return self if name is None else dict(self.kernels).get(name)
 
     def efficiency_of(self, op_type: str) -> float:
         return self.bwd_efficiency if op_type == "fused_attention_grad" else self.fwd_efficiency
@@ -75,3 +90,20 @@ def attention_seconds(flop_time: float, heads: int, seq_q: int, keys: float,
         if w > 0:
             t *= (w + wave_quantization * (math.ceil(w) - w)) / w
     return t
+
+
+def kernel_figures(attention: Optional[AttentionModel], op: Op,
+                   device: str) -> Optional[AttentionModel]:
+    """The figures timing ``op`` on a device whose attention block is
+    ``attention``: its kernel's, the default's when it names none. A device
+    without the block has no figures of any kernel (it times every fused
+    kernel by its flat share of the matmul rate): None."""
+    kernel = op.attrs.get("kernel")
+    if kernel is None or attention is None:
+        return attention
+    found = attention.for_kernel(kernel)
+    if found is None:
+        raise ConfigError(f"attention_kernel: {kernel}: device {device} has no figures for it "
+                          f"(its attention.kernels block; `distsim calibrate` writes it from "
+                          f"attention rows with kernel: {kernel})")
+    return found

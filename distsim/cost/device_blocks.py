@@ -6,6 +6,7 @@ Every error is one line naming the file and the field."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Dict, Mapping, Tuple
 
 from ..errors import ConfigError
@@ -104,12 +105,25 @@ def _tiles(where: str, raw: Any) -> Tuple[Tuple[int, int], ...]:
     return tuple(out)
 
 
-ATTENTION_FIELDS = ("fwd_efficiency", "bwd_efficiency", "key_overhead", "block_q", "source")
+KERNEL_FIELDS = ("fwd_efficiency", "bwd_efficiency", "key_overhead", "block_q", "source")
+ATTENTION_FIELDS = KERNEL_FIELDS + ("kernels",)
 
 
 def attention_model_from_dict(raw: Any, where: str) -> AttentionModel:
-    """The ``attention`` block (``where`` names it)."""
+    """The ``attention`` block (``where`` names it): the default kernel's
+    figures and, under ``kernels``, other kernels' by name."""
     data = _mapping(where, raw, ATTENTION_FIELDS)
+    kernels = data.get("kernels", {})
+    if not isinstance(kernels, Mapping):
+        raise ConfigError(f"{where}.kernels: expected a mapping of kernel name -> figures, "
+                          f"got {kernels!r}")
+    return replace(_kernel_model(data, where), kernels=tuple(
+        (str(name), _kernel_model(_mapping(f"{where}.kernels.{name}", sub, KERNEL_FIELDS),
+                                  f"{where}.kernels.{name}"))
+        for name, sub in kernels.items()))
+
+
+def _kernel_model(data: Mapping[str, Any], where: str) -> AttentionModel:
     for key in ("fwd_efficiency", "bwd_efficiency"):
         if key not in data:
             raise ConfigError(f"{where}.{key}: missing required field")

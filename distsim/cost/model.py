@@ -39,6 +39,7 @@ from ..ir.comm import is_communication
 from ..ir.core import Op
 from ..ir.ops_bundle import BOOKKEEPING_OPS
 from .device import DeviceSpec
+from .attention_time import kernel_figures
 from .flops import op_flops, op_memory_bytes
 from .flops_moe import ROUTING_OPS, routing_bytes
 from .gemm import gemm_shape
@@ -207,9 +208,11 @@ class CostModel:
                 and d.gemm.efficiency_for(dtype) is not None:
             return d.gemm.time(gemm_shape(op), dtype, peak,
                               d.memory_bandwidth_Bps * d.memory_efficiency)
-        if d.attention is not None and op.op_type in ("fused_attention", "fused_attention_grad"):
+        attention = kernel_figures(d.attention, op, d.name) \
+            if op.op_type in ("fused_attention", "fused_attention_grad") else None
+        if attention is not None:
             gemm = d.gemm
-            return d.attention.time(op, flops, peak, gemm.sms if gemm else None,
-                                    gemm.wave_quantization if gemm else 1.0)
+            return attention.time(op, flops, peak, gemm.sms if gemm else None,
+                                  gemm.wave_quantization if gemm else 1.0)
         eff = d.compute_efficiency_of(op.op_type, op.op_type in MATMUL_OPS)
         return flops / (peak * eff)

@@ -161,7 +161,8 @@ AGREEMENT_TOLERANCE = 0.01
 #: simulator accepts (:func:`check_zero_shards`).
 IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
 _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads", "ffn", "vocab",
-                 "attention", "routing_skew", "capacity_factor", "dispatch")
+                 "attention", "attention_kernel", "routing_skew", "capacity_factor",
+                 "dispatch")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
           "collective_algo", "comm_streams", "launch", "comm_order", "train",

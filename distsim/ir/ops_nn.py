@@ -307,6 +307,9 @@ def _check_attention_attrs(attrs) -> None:
     p = attrs["dropout"]
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
         raise ShapeError(f"dropout probability must be in [0, 1), got {p!r}")
+    kernel = attrs.get("kernel")
+    if kernel is not None and (not isinstance(kernel, str) or not kernel):
+        raise ShapeError(f"kernel must be a kernel's name or None, got {kernel!r}")
 
 
 def attention_types(q: TensorType, k: TensorType, v: TensorType, attrs
@@ -427,12 +430,12 @@ register(OpSpec("causal_mask", 1, _causal_mask, {"fill": -1e4, "q_chunks": None,
 register(OpSpec("depend", 2, _depend, doc="x, scheduled after token"))
 register(OpSpec("fused_attention", 3, _fused_attention,
                 {"scale": None, "causal": True, "dropout": 0.0, "q_chunks": None,
-                 "k_chunks": None},
+                 "k_chunks": None, "kernel": None},
                 doc="(q, k, v) -> (out, lse): softmax(scale q k^T + causal mask) v without "
                     "the seq x seq scores (FlashAttention); scale defaults to 1/sqrt(head_dim)"))
 register(OpSpec("fused_attention_grad", None, _fused_attention_grad,
                 {"scale": None, "causal": True, "dropout": 0.0, "q_chunks": None,
-                 "k_chunks": None},
+                 "k_chunks": None, "kernel": None},
                 doc="(dout, q, k, v, out, lse[, dlse]) -> (dq, dk, dv), the probabilities "
                     "recomputed from q, k and lse"))
 register(OpSpec("adamw", 4, _adamw,

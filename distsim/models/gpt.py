@@ -59,6 +59,9 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu", "relu")
 POSITIONS = ("learned", "rope", "none")
 ATTENTIONS = ("explicit", "fused")
+#: the kernel names a model may give ``attention_kernel`` (the device file
+#: holds their figures: :mod:`distsim.cost.attention_time`)
+ATTENTION_KERNELS = ("cudnn",)
 LOSS_DTYPES = ("fp32", "model")
 
 
@@ -84,6 +87,10 @@ class GPTConfig:
     ``fused`` as one FlashAttention kernel (``fused_attention``), which saves
     only its output and the row log-sum-exps and recomputes the rest in the
     backward pass (see the module docstring).
+    ``attention_kernel`` names the fused kernel's implementation whose
+    figures time it (``cudnn``: cuDNN's fused attention, which Transformer
+    Engine runs under ``NVTE_FUSED_ATTN=1``); none (default) is the
+    device's default kernel (FlashAttention-2 on the calibrated devices).
     ``experts`` > 0 makes a mixture-of-experts model (router, top-k routed
     experts, shared experts, dense layers interleaved: :mod:`.moe`);
     ``published_active_params`` is its authors' count of the parameters
@@ -117,6 +124,7 @@ class GPTConfig:
     position: str = "learned"
     positions: Optional[int] = None
     attention: str = "explicit"
+    attention_kernel: Optional[str] = None
     loss_dtype: str = "model"
     dropout: float = 0.0
     dtype: str = "bf16"
@@ -159,6 +167,14 @@ class GPTConfig:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}: must be one of {', '.join(allowed)}, "
                                   f"got {getattr(self, name)!r}")
+        if self.attention_kernel is not None:
+            if self.attention_kernel not in ATTENTION_KERNELS:
+                raise ConfigError(f"attention_kernel: must be one of "
+                                  f"{', '.join(ATTENTION_KERNELS)} (or none, the device's "
+                                  f"default), got {self.attention_kernel!r}")
+            if self.attention != "fused":
+                raise ConfigError("attention_kernel: names a fused attention kernel; it needs "
+                                  "attention: fused")
         if self.positions is not None and self.position != "learned":
             raise ConfigError(f"positions: a table of learned positions needs position: learned "
                               f"(got position: {self.position})")
@@ -397,14 +413,13 @@ class _GPTBuilder:
             k = gather_sequence(self.op, k, self.cp, f"{p}_k")
             v = gather_sequence(self.op, v, self.cp, f"{p}_v")
             chunks = chunk_attrs(self.cp)
+        fused = {"scale": 1.0 / math.sqrt(d), "causal": True, "dropout": float(c.dropout)}
+        if c.attention_kernel is not None:
+            fused["kernel"] = c.attention_kernel
         if self.ring:
-            ctx = ring_attention(self.op, q, k, v, self.cp,
-                                 {"scale": 1.0 / math.sqrt(d), "causal": True,
-                                  "dropout": float(c.dropout)}, p)
+            ctx = ring_attention(self.op, q, k, v, self.cp, fused, p)
         elif c.attention == "fused":
-            ctx, _ = self.op("fused_attention", [q, k, v],
-                             {"scale": 1.0 / math.sqrt(d), "causal": True,
-                              "dropout": float(c.dropout), **chunks["attrs"]},
+            ctx, _ = self.op("fused_attention", [q, k, v], {**fused, **chunks["attrs"]},
                              name=[f"{p}_ctx", f"{p}_lse"], **chunks["meta"])
         else:
             core = {"attn_core": True}

@@ -98,8 +98,10 @@ def dgxc_llama31() -> List[Dict[str, Any]]:
     # Llama 3.1 has Llama 3's shapes (the same config.json but for the rope
     # scaling, which changes no op): the named configs match exactly.
     # The loss: Megatron-core's fused vocab-parallel cross entropy
-    # (cross_entropy_loss_fusion: true) on float32 logits
-    loss = {"loss_dtype": "fp32"}
+    # (cross_entropy_loss_fusion: true) on float32 logits; the attention:
+    # cuDNN's fused attention (configure.sh: NVTE_FUSED_ATTN=1,
+    # NVTE_FLASH_ATTN=0), timed by dgx-h100.yaml's attention.kernels.cudnn
+    loss = {"loss_dtype": "fp32", "attention_kernel": "cudnn"}
     runs = []
     for gpus, seconds in ((8, 12.91), (16, 13.00), (128, 13.10)):
         batch = 128 * gpus // 8

@@ -246,3 +246,58 @@ def test_the_api_is_strict_and_documents_every_parameter():
         distsim.calibrate("m.json", topolgy="dgx-h100")
     doc = inspect.getdoc(distsim.calibrate)
     assert all(f"``{name}``" in doc for name in inspect.signature(distsim.calibrate).parameters)
+
+
+#: a second kernel's figures (all on the fit's grid: key_overhead 16 apart)
+CUDNN = AttentionModel(fwd_efficiency=0.7, bwd_efficiency=0.55, key_overhead=32)
+
+
+def kernel_row(direction, seq, causal, figures=CUDNN, kernel="cudnn"):
+    """``attention_row`` of a kernel with its own figures."""
+    b, h, d = 2, 8, 64
+    frac = 0.5 if causal else 1.0
+    fwd = 4.0 * b * h * seq * seq * frac * d
+    eff = {"fwd": figures.fwd_efficiency, "bwd": figures.bwd_efficiency}
+    flops = {"fwd": fwd, "bwd": 2.5 * fwd}
+    t = LAUNCH + attention_seconds(flops[direction] / (PEAK * eff[direction]), b * h, seq,
+                                   seq * frac, figures.key_overhead, 128, TRUE.sms,
+                                   TRUE.wave_quantization)
+    return {"direction": direction, "batch": b, "heads": h, "seq_q": seq, "head_dim": d,
+            "causal": causal, "dtype": "bf16", "median_s": t, "kernel": kernel}
+
+
+def test_each_kernels_rows_give_back_their_own_figures_and_the_file_times_them(tmp_path):
+    rows = [kernel_row(dr, s, c) for dr in ("fwd", "bwd") for s in (512, 1024, 4096)
+            for c in (False, True)]
+    data = measurements()
+    data["attention"] += rows
+    cal = distsim.calibrate(write(tmp_path, data))
+    a = cal.attention.model                 # the rows without a kernel: the default
+    assert (a.fwd_efficiency, a.bwd_efficiency, a.key_overhead) == \
+        (pytest.approx(0.5, rel=1e-9), pytest.approx(0.4, rel=1e-9), 96)
+    k = cal.attention_kernels["cudnn"].model
+    assert (k.fwd_efficiency, k.bwd_efficiency, k.key_overhead) == \
+        (pytest.approx(0.7, rel=1e-9), pytest.approx(0.55, rel=1e-9), 32)
+    assert cal.device["attention"]["kernels"]["cudnn"]["fwd_efficiency"] == 0.7
+    out = tmp_path / "t.yaml"
+    assert main(["calibrate", str(write(tmp_path, data)), "--topology", "dgx-h100",
+                 "--out", str(out)]) == 0
+    spec = load_topology(str(out)).device_spec
+    written = spec.attention.for_kernel("cudnn")
+    assert (written.fwd_efficiency, written.bwd_efficiency, written.key_overhead) == \
+        (0.7, 0.55, 32)
+    assert spec.attention.for_kernel(None) is spec.attention
+
+
+def test_rows_that_all_name_a_kernel_are_refused_by_name(tmp_path, capsys):
+    rows = [kernel_row(dr, 1024, False) for dr in ("fwd", "bwd")]
+    path = write(tmp_path, measurements(attention=rows))
+    assert main(["calibrate", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"distsim: error: {path}: attention[0]: every attention row names a kernel: the "
+        "default kernel's rows (no kernel) are needed too\n")
+    bad = [dict(kernel_row("fwd", 1024, False), kernel=3)]
+    path = write(tmp_path, measurements(attention=measurements()["attention"] + bad))
+    assert main(["calibrate", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"distsim: error: {path}: attention[8].kernel: expected a kernel's name, got 3\n")

@@ -66,3 +66,51 @@ def test_kernel_classes_set_the_bandwidth_of_their_op_types():
     assert spec.memory_efficiency_of("softmax") == 0.25                # its own figure
     assert spec.memory_efficiency_of("softmax_grad") == 0.6
     assert spec.memory_efficiency_of("add") == 0.9                     # no class figure
+
+
+def kernel_attention(kernel, heads=8, s=1024, d=64):
+    fb = FunctionBuilder("f")
+    q, k, v = (fb.input(n, TensorType((2, heads // 2, s, d), DType.BF16, 0)) for n in "qkv")
+    out, _ = fb.op("fused_attention", [q, k, v], {"causal": False, "kernel": kernel})
+    f = Autodiff("loss", ["q", "k", "v"])(fb.finish([fb.op("reduce_sum", [out], name="loss")]))
+    return [next(o for o in f.ops if o.op_type == t)
+            for t in ("fused_attention", "fused_attention_grad")]
+
+
+def kernel_device(**attention):
+    from distsim.cost.device_blocks import attention_model_from_dict
+    block = {"fwd_efficiency": 0.5, "bwd_efficiency": 0.4, "key_overhead": 128, **attention}
+    return DeviceSpec("k", {"bf16": PEAK}, memory_bandwidth_Bps=1e15, memory_bytes=10 ** 10,
+                      attention=attention_model_from_dict(block, "device.attention"))
+
+
+def test_an_op_naming_a_kernel_takes_that_kernels_figures_both_ways():
+    spec = kernel_device(kernels={"cudnn": {"fwd_efficiency": 0.75, "bwd_efficiency": 0.6,
+                                            "key_overhead": 64}})
+    fwd, bwd = kernel_attention("cudnn")
+    assert bwd.attrs["kernel"] == "cudnn"           # the gradient keeps the forward's kernel
+    cost = CostModel(spec)
+    # 8 heads x 1024 x 1024 x 64 x 4 FLOPs forward, 2.5x backward, 64 keys of overhead
+    flops = 4 * 8 * 1024 * 1024 * 64
+    assert cost.op_cost(fwd).time_s == pytest.approx(
+        flops / (PEAK * 0.75) * (1024 + 64) / 1024, rel=1e-12)
+    assert cost.op_cost(bwd).time_s == pytest.approx(
+        2.5 * flops / (PEAK * 0.6) * (1024 + 64) / 1024, rel=1e-12)
+    # no kernel named: the block's own (default) figures
+    plain, _ = attention(causal=False)
+    assert cost.op_cost(plain).time_s == pytest.approx(
+        flops / (PEAK * 0.5) * (1024 + 128) / 1024, rel=1e-12)
+
+
+def test_a_kernel_the_device_has_no_figures_for_is_one_line_naming_the_field():
+    from distsim.errors import ConfigError
+    fwd, _ = kernel_attention("cudnn")
+    with pytest.raises(ConfigError, match=r"^attention_kernel: cudnn: device k has no figures "
+                                          r"for it \(its attention.kernels block"):
+        CostModel(kernel_device()).op_cost(fwd)
+    with pytest.raises(ConfigError, match=r"^device.attention.kernels.cudnn.bwd_efficiency: "
+                                          r"missing required field"):
+        kernel_device(kernels={"cudnn": {"fwd_efficiency": 0.7}})
+    with pytest.raises(ConfigError, match=r"^device.attention.kernels.cudnn.kernels: unknown"):
+        kernel_device(kernels={"cudnn": {"fwd_efficiency": 0.7, "bwd_efficiency": 0.6,
+                                         "kernels": {}}})
