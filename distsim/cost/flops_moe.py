@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from ..ir.core import Op
+from ..ir.occupancy import holds_slots
 from .flops import flop_rule
 
 #: FLOPs per routed token-choice and hidden element
@@ -39,10 +40,7 @@ ROUTING_OPS = frozenset(_PER_ELEMENT)
 def routing_bytes(op: Op, occupancy: float) -> float:
     """Bytes a routing op moves when ``occupancy`` of its slots' rows hold
     tokens: the slots that share, every other operand and result whole."""
-    probs = op.inputs[-1].type
-    slots = (probs.shape[-1], int(op.attrs["capacity"]))
-    return float(sum(v.type.size_bytes * (occupancy if v.type.shape[:2] == slots
-                                          and v.type.rank == 3 else 1.0)
+    return float(sum(v.type.size_bytes * (occupancy if holds_slots(op, v.type) else 1.0)
                      for v in (*op.inputs, *op.outputs)))
 
 

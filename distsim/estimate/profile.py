@@ -49,6 +49,7 @@ from ..cost.flops import op_flops
 from ..cost.model import CostModel
 from ..ir.comm import is_communication, members
 from ..ir.core import Function, Op
+from ..ir.occupancy import held_bytes
 from ..models.gpt import GPTConfig
 from ..models.moe import loads_tuple
 from ..models.gpt_family import build_gpt_backward, build_gpt_step, hyper_of, rank_forward
@@ -552,10 +553,11 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
     weight)."""
     roles = program.meta.get("roles", {})
     data = {id(v) for v in program.inputs if roles.get(v.name) == "data"}
-    made = {id(v) for op in program.ops if op.meta.get("task") != "W" for v in op.outputs}
+    made = {id(v): held_bytes(op, k) for op in program.ops if op.meta.get("task") != "W"
+            for k, v in enumerate(op.outputs)}
     # what a W task reads that its B task (or the forward) made: a collective
     # reading only those waits for none of W's compute
-    before = made | forward_made
+    before = made.keys() | forward_made
     task_flops: Dict[Tuple[str, str], float] = {}
     for (kind, _), ops in lower.task_ops.items():
         for op in ops:
@@ -579,8 +581,8 @@ def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,
         w.comm_tail_first = comm_tail(groups.get(("W", 0, name), []), times)
         w.comm_tail_mid = comm_tail(groups.get(("W", 1, name), []), times)
         ops = groups.get(("W", 0, name), [])
-        read = {id(v): v for op in ops for v in op.inputs if id(v) in made}
-        w.saved_bytes = sum(v.type.size_bytes for v in read.values())
+        read = {id(v) for op in ops for v in op.inputs if id(v) in made}
+        w.saved_bytes = sum(made[i] for i in read)
         w.reads_data = any(id(v) in data for op in ops for v in op.inputs)
     for layer, used in lower.task_layer_params.get(("W", 0), []):
         name = _block_of(layer, _TEMPLATE_LAYERS)

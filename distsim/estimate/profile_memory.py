@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..ir.comm import is_communication
 from ..ir.core import Function, Op, Value
+from ..ir.occupancy import held_bytes
 from ..transforms.zero3 import used_param_name
 from .gathered import gather_curve, timed_makers
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
@@ -286,9 +287,9 @@ def _allocations(rank0: List[Op], times, program: Function) -> Dict[float, int]:
         if op.name not in times:
             continue
         t0 = times[op.name][0]
-        for v in op.outputs:
+        for k, v in enumerate(op.outputs):
             if v.name not in in_place and v.type.device == 0:
-                starts[t0] = starts.get(t0, 0) + v.type.size_bytes
+                starts[t0] = starts.get(t0, 0) + held_bytes(op, k)
     return starts
 
 
@@ -303,7 +304,7 @@ def _gradient_ops(ops: List[Op], times, samples: List[Tuple[float, int]],
         names = [final_only[id(v)] for v in op.outputs if id(v) in final_only]
         if not names:
             continue
-        made = sum(v.type.size_bytes for v in op.outputs if id(v) in final_only)
+        made = sum(held_bytes(op, k) for k, v in enumerate(op.outputs) if id(v) in final_only)
         t0, t1, _ = times[op.name]
         lo, hi = bisect_left(stamps, t0), bisect_left(stamps, t1)
         during = max((b for _, b in samples[lo:hi]), default=samples[lo - 1][1] if lo else 0)
@@ -438,7 +439,8 @@ def _early(ops: List[Op], forward_made: set) -> int:
             continue
         if any(id(v) not in forward_made for v in op.inputs):
             break
-        total += sum(v.type.size_bytes for v in op.outputs if v.type.device == 0)
+        total += sum(held_bytes(op, k) for k, v in enumerate(op.outputs)
+                     if v.type.device == 0)
     return total
 
 

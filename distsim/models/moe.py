@@ -50,8 +50,9 @@ arithmetic, traffic and message bytes (:mod:`distsim.cost.model`,
 :func:`distsim.sim.simulator.collective_bytes`); the dispatch and combine
 move ``sum n_e / (experts x tokens)`` of their slots. Every rank is costed as the busiest (the
 all-to-all makes the others wait for it). The trace shows the padded
-shapes, and peak memory counts them (an upper bound: every expert's
-buffers sized for all the tokens).
+shapes; memory counts the share of the slots' rows that hold tokens
+(:func:`distsim.ir.occupancy.held_bytes`), as buffers sized to the real
+token counts hold.
 """
 from __future__ import annotations
 

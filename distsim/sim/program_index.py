@@ -29,6 +29,8 @@ import numpy as np
 from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
 from ..ir.core import Function, Op, Value
+from ..ir.occupancy import held_bytes
+from ..ir.ops_fused import FUSED
 from ..ir.types import Type
 from ..ir.value_table import ValueTable, identity_numbers
 from .op_costs import program_costs
@@ -287,6 +289,7 @@ def index_program(function: Function, topology, cost: CostModel,
                                                col.n_in[comms])
     ix.collective_result_bytes = _first_bytes(size, None, col.out_start[comms],
                                               col.n_out[comms])
+    _held(size, col)
     _finish_values(ix, f, col, size)
     ix.size, ix.device, ix.producer = size, device, producer
 
@@ -372,6 +375,23 @@ def _categorise(ix: ProgramIndex, f: Function, col: ProgramColumns) -> None:
         category[n_in:][is_grad & ~has_explicit[made]] = grad_cat
     ix.category = category
     ix.categories = list(cat_index)
+
+
+def _marked(op: Op) -> bool:
+    return "occupancy" in op.meta or op.op_type == FUSED
+
+
+def _held(size: np.ndarray, col: ProgramColumns) -> None:
+    """The results of the ops a dropless dispatch marks (and of fused
+    segments holding them) at the bytes they hold
+    (:func:`~distsim.ir.occupancy.held_bytes`), in place."""
+    bodies: Dict[int, Dict[int, int]] = {}
+    ops, out_start = col.ops, col.out_start
+    for i in compress(count(), map(_marked, ops)):
+        op = ops[i]
+        start = int(out_start[i])
+        for k in range(len(op.outputs)):
+            size[start + k] = held_bytes(op, k, bodies)
 
 
 def _finish_values(ix: ProgramIndex, f: Function, col: ProgramColumns, size: np.ndarray) -> None:

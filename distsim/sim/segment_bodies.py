@@ -36,6 +36,7 @@ import numpy as np
 
 from ..cost.model import CostModel
 from ..ir.core import Function, Op, Value
+from ..ir.occupancy import held_bytes
 from ..ir.ops_bundle import PACK, UNPACK
 from ..ir.ops_fused import FUSED
 from .program_index import ProgramIndex, category_of
@@ -128,6 +129,7 @@ def _add_body(rows: _Rows, fn: Function, cost: CostModel, cat_of) -> None:
     starts = [math.inf if x == t else x for x in starts]
     ends = [math.inf if x == t else x for x in ends]
     made: Dict[Value, int] = {}          # value -> the inner op making it
+    held: Dict[Value, int] = {}          # value -> its bytes (ir.occupancy.held_bytes)
     last: Dict[Value, int] = {}          # value -> its last inner reader
     unpacked: Dict[Value, List[Value]] = {}   # input -> its parts
     packed: Dict[Value, List[Value]] = {}     # output -> its parts
@@ -141,8 +143,9 @@ def _add_body(rows: _Rows, fn: Function, cost: CostModel, cat_of) -> None:
             continue
         for v in op.inputs:
             last[v] = i
-        for v in op.outputs:
+        for k, v in enumerate(op.outputs):
             made[v] = i
+            held[v] = held_bytes(op, k)
 
     def freed(v: Value) -> float:
         i = last.get(v)
@@ -172,13 +175,13 @@ def _add_body(rows: _Rows, fn: Function, cost: CostModel, cat_of) -> None:
         rows["out_part_count"].append(len(parts))
         for p in parts:
             a, r, c = produced(p)
-            rows["out_part"].append((a, r, p.type.size_bytes, c))
+            rows["out_part"].append((a, r, held.get(p, p.type.size_bytes), c))
         a, r, c = produced(v) if not parts else produced(parts[0])
         rows["out_alloc"].append(a)
         rows["out_ready"].append(r)
         rows["out_category"].append(c)
     temporaries = [(starts[i], ends[i if last.get(v) is None else last[v]],
-                    v.type.size_bytes, cat_of(*_category(fn.ops[i])))
+                    held[v], cat_of(*_category(fn.ops[i])))
                    for v, i in made.items() if v not in leaving]
     pieces = _stacked(temporaries)
     rows["tmp_start"].append(len(rows["tmp"]))

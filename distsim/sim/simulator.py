@@ -57,6 +57,7 @@ from ..cost.model import CostModel
 from ..errors import DistsimError, SimulationError
 from ..ir.comm import CollectiveType, collective_of
 from ..ir.core import Function, Op, Value, gc_paused
+from ..ir.occupancy import occupied_bytes
 from ..ir.value_table import ValueTable
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams, comm_queues
@@ -135,8 +136,7 @@ def collective_bytes(op: Op, kind: Optional[CollectiveType] = None) -> int:
     kind = kind or _KINDS.get(op.op_type) or collective_of(op)
     v = op.outputs[0] if kind in (CollectiveType.ALL_GATHER, CollectiveType.GATHER) \
         else op.inputs[0]
-    occupancy = op.meta.get("occupancy")
-    return v.type.size_bytes if occupancy is None else round(v.type.size_bytes * occupancy)
+    return occupied_bytes(v.type.size_bytes, op)
 
 
 #: a collective's bytes sent before it has run (one shared, read-only map)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Dict
 
 from ..ir.core import Function
+from ..ir.occupancy import held_bytes
 from .recompute import is_forward
 
 
@@ -38,9 +39,9 @@ def saved_activation_bytes(step: Function) -> Dict[int, int]:
         layer = op.meta.get("layer")
         if not is_forward(op) or not isinstance(layer, int):
             continue
-        for v in op.outputs:
+        for k, v in enumerate(op.outputs):
             if v in read_later:
-                out[layer] = out.get(layer, 0) + v.type.size_bytes
+                out[layer] = out.get(layer, 0) + held_bytes(op, k)
     return out
 
 

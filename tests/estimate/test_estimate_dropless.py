@@ -3,13 +3,14 @@ dropless``): its profile is the lowered template, whose experts' ops and
 all-to-alls carry the busiest expert-parallel rank's share of their padded
 rows, so it follows with nothing of its own; its estimate agrees with the
 simulation (1 %) with and without expert, tensor and sequence parallelism,
-under a skewed histogram where dropless and padded differ."""
+under a skewed histogram where dropless and padded differ; under uniform
+routing its memory is padded's, the real rows of the slots counted."""
 from __future__ import annotations
 
 import pytest
 from estimate_pairs import assert_within_bounds, estimated_and_simulated
 
-from distsim.estimate import cache_key
+from distsim.estimate import AGREEMENT_TOLERANCE, cache_key
 
 MODEL = {"family": "gpt", "name": "skewed-moe", "layers": 4, "hidden": 64, "heads": 4,
          "vocab": 128, "seq": 64, "global_batch": 8, "experts": 4, "top_k": 1,
@@ -45,3 +46,18 @@ def test_dropless_is_faster_than_padded_here():
                                       "model": {**MODEL, "dispatch": "padded"}})
     assert dropless[0]["step_time_s"] < padded[0]["step_time_s"]
     assert dropless[1]["step_time_s"] < padded[1]["step_time_s"]
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_uniform_routing_holds_the_padded_peak(ep):
+    # uniform routing: each expert's 64 / 4 = 16 tokens are the padded capacity,
+    # and dropless counts the real rows of its slots (top_k / experts of them):
+    # the same activations, so the same peak, simulated and estimated (1 %)
+    uniform = {**MODEL, "expert_loads": None}
+    dropless = estimated_and_simulated({**_options(dp=8, ep=ep), "model": uniform})
+    padded = estimated_and_simulated({**_options(dp=8, ep=ep),
+                                      "model": {**uniform, "dispatch": "padded"}})
+    assert dropless[1]["max_peak_memory_bytes"] == padded[1]["max_peak_memory_bytes"]
+    assert dropless[0]["max_peak_memory_bytes"] == padded[0]["max_peak_memory_bytes"]
+    assert dropless[0]["max_peak_memory_bytes"] == pytest.approx(
+        dropless[1]["max_peak_memory_bytes"], rel=AGREEMENT_TOLERANCE)

@@ -2,7 +2,8 @@
 Megatron-core's default) against the padded one, with numbers written by
 hand: a histogram where one expert gets 5 / 8 of the tokens, so that the
 padded experts each compute the busiest expert's slots while the dropless
-ones compute the busiest expert-parallel rank's real tokens. The refusal
+ones compute the busiest expert-parallel rank's real tokens, and their
+slot buffers count those rows in memory. The refusal
 of ``capacity_factor`` with it is one line, exit 2. That the dropless step
 updates the weights as its one-device step does is in
 ``test_moe_strategies.py``."""
@@ -14,6 +15,7 @@ import distsim
 from distsim.cli import main
 from distsim.cost.model import CostModel
 from distsim.errors import ConfigError
+from distsim.ir.occupancy import held_bytes
 from distsim.sim.simulator import collective_bytes
 
 # 64 tokens per micro-batch (seq 64, micro-batch 1), top 1 of 4 experts,
@@ -108,3 +110,67 @@ def test_the_dispatch_moves_its_routed_rows(programs):
     cost = CostModel(device).op_cost(op)
     assert cost.bytes == tokens + probs + 64 * 64 * 2
     assert cost.flops == 64 * 4
+
+
+def _held(program, name):
+    op = next(op for op in program.ops if any(v.name == name for v in op.outputs))
+    return held_bytes(op, [v.name for v in op.outputs].index(name))
+
+
+def test_slot_results_hold_their_real_rows_by_hand(programs):
+    # rank 0, micro-batch 0 of layer 0; bf16 (2 bytes). The dispatch's 4 x 64
+    # slots hold the 64 routed rows: 64 x 64 x 2 of 32768 bytes; ep rank 0's 2
+    # experts hold the busiest rank's 96 rows of their 2 x 128: fc1 96 x 32 x 2
+    dropless, padded = programs["dropless"][0], programs["padded"][0]
+    assert _held(dropless, "l0_dispatch_m0_r0") == 64 * 64 * 2 == 8192
+    assert _held(dropless, "l0_dispatch_ep_m0_r0") == 96 * 64 * 2 == 12288
+    assert _held(dropless, "l0_experts_fc1_m0_r0") == 96 * 32 * 2 == 6144
+    # not slot rows: the combined tokens, the router's gradient, the experts'
+    # weight and bias gradients count their whole types
+    assert _held(dropless, "l0_combine_m0_r0") == 64 * 64 * 2
+    assert _held(dropless, "d_l0_router_probs_m0_r0") == 64 * 4 * 2
+    assert _held(dropless, "d_l0_experts_w1_m0_r0") == 2 * 64 * 32 * 2
+    assert _held(dropless, "d_l0_experts_b1_m0_r0") == 2 * 1 * 32 * 2
+    # padded: every value its type's bytes (4 x 40 slots, 2 x 80 at ep 2)
+    assert _held(padded, "l0_dispatch_ep_m0_r0") == 2 * 80 * 64 * 2
+    assert _held(padded, "l0_experts_fc1_m0_r0") == 2 * 80 * 32 * 2
+
+
+def test_slot_activations_held_for_the_backward_by_hand(programs):
+    # what layer 0's experts keep on rank 0 for micro-batch 0's backward: the
+    # experts' input (fc1's weight gradient reads it), fc1's output (gelu's
+    # gradient) and gelu's (fc2's weight gradient), 96 rows x (64 + 32 + 32),
+    # and the combine's input, the all-to-all's result counted at its share
+    # 48 / 128 of 4 x 64 x 64 (the busiest rank's): 3 / 8 x 32768
+    def saved(program):
+        read = {id(v) for op in program.ops if "phase" in op.meta for v in op.inputs}
+        return sum(held_bytes(op, k) for op in program.ops
+                   if "phase" not in op.meta and op.meta.get("layer") == 0
+                   and op.meta.get("occupancy") is not None
+                   for k, v in enumerate(op.outputs)
+                   if id(v) in read and v.name.endswith("_m0_r0"))
+
+    assert saved(programs["dropless"][0]) == 96 * (64 + 32 + 32) * 2 + 12288 == 36864
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_dropless_peak_is_padded_under_uniform_routing(ep):
+    # uniform routing: each expert gets 64 / 4 = 16 tokens, the padded capacity
+    # (the busiest expert's); dropless holds top_k / experts = 1 / 4 of its 4 x
+    # 64 slots (at ep 2 the busiest rank's 2 x 32 of its 2 x 128): the same
+    # 16 rows per expert, so the same peak, where counting the padded buffers
+    # gave dropless 4 x 64 / (4 x 16) = 4 times the experts' activations
+    model = dict(MODEL, expert_loads=None)
+    peaks = {d: distsim.simulate(model=dict(model, dispatch=d), topology="dgx-h100", dp=8,
+                                 ep=ep).summary()["max_peak_memory_bytes"]
+             for d in ("padded", "dropless")}
+    assert peaks["dropless"] == peaks["padded"]
+
+
+def test_coarsened_segments_hold_the_same_rows():
+    # fused segments size their parts and temporaries as the ops they hold:
+    # the coarsened step's peak is the op-by-op step's
+    peaks = [distsim.simulate(model=dict(MODEL, dispatch="dropless"), topology="dgx-h100",
+                              dp=8, ep=2, coarsen=c).summary()["max_peak_memory_bytes"]
+             for c in (False, True)]
+    assert peaks[0] == peaks[1]
