@@ -43,6 +43,23 @@ def occupied_bytes(nbytes: int, op: Op) -> int:
     return nbytes if occupancy is None else round(nbytes * occupancy)
 
 
+def marked(op: Op, _bodies: Optional[Dict[int, bool]] = None) -> bool:
+    """Whether any result of ``op`` may hold less than its type's bytes:
+    ``op`` carries ``meta["occupancy"]``, or is a fused segment holding
+    such an op (``_bodies``: a cache of segments' answers, by segment).
+    :func:`held_bytes` of every other op's results is their types' bytes."""
+    if "occupancy" in op.meta:
+        return True
+    if op.op_type != FUSED or not op.subfunctions:
+        return False
+    body = op.subfunctions[0]
+    cache = {} if _bodies is None else _bodies
+    got = cache.get(id(body))
+    if got is None:
+        got = cache[id(body)] = any(marked(o, cache) for o in body.ops)
+    return got
+
+
 def held_bytes(op: Op, k: int, _bodies: Optional[Dict[int, Dict[int, int]]] = None) -> int:
     """Bytes result ``k`` of ``op`` holds (module docstring). ``_bodies``:
     a cache of fused segments' results, by segment."""

@@ -29,8 +29,7 @@ import numpy as np
 from ..cost.model import CostModel
 from ..errors import SimulationError, TopologyError
 from ..ir.core import Function, Op, Value
-from ..ir.occupancy import held_bytes
-from ..ir.ops_fused import FUSED
+from ..ir.occupancy import held_bytes, marked
 from ..ir.types import Type
 from ..ir.value_table import ValueTable, identity_numbers
 from .op_costs import program_costs
@@ -377,17 +376,15 @@ def _categorise(ix: ProgramIndex, f: Function, col: ProgramColumns) -> None:
     ix.categories = list(cat_index)
 
 
-def _marked(op: Op) -> bool:
-    return "occupancy" in op.meta or op.op_type == FUSED
-
-
 def _held(size: np.ndarray, col: ProgramColumns) -> None:
     """The results of the ops a dropless dispatch marks (and of fused
     segments holding them) at the bytes they hold
-    (:func:`~distsim.ir.occupancy.held_bytes`), in place."""
+    (:func:`~distsim.ir.occupancy.held_bytes`), in place; a program
+    without such marks is left as it is, each segment asked once."""
+    flags: Dict[int, bool] = {}
     bodies: Dict[int, Dict[int, int]] = {}
     ops, out_start = col.ops, col.out_start
-    for i in compress(count(), map(_marked, ops)):
+    for i in compress(count(), [marked(op, flags) for op in ops]):
         op = ops[i]
         start = int(out_start[i])
         for k in range(len(op.outputs)):

@@ -15,7 +15,8 @@ import distsim
 from distsim.cli import main
 from distsim.cost.model import CostModel
 from distsim.errors import ConfigError
-from distsim.ir.occupancy import held_bytes
+from distsim.ir.occupancy import held_bytes, marked
+from distsim.ir.ops_fused import FUSED
 from distsim.sim.simulator import collective_bytes
 
 # 64 tokens per micro-batch (seq 64, micro-batch 1), top 1 of 4 experts,
@@ -174,3 +175,17 @@ def test_coarsened_segments_hold_the_same_rows():
                               dp=8, ep=2, coarsen=c).summary()["max_peak_memory_bytes"]
              for c in (False, True)]
     assert peaks[0] == peaks[1]
+
+
+def test_only_marked_ops_hold_less_than_their_types():
+    # what the simulator's index asks held_bytes about: every other op's
+    # results hold their types' bytes; coarsened segments holding the
+    # experts' ops are marked
+    program = distsim.build_program(dict(MODEL, dispatch="dropless"), "dgx-h100", dp=8, ep=2,
+                                    coarsen=True)[0]
+    flags = {}
+    for op in program.ops:
+        if not marked(op, flags):
+            assert all(held_bytes(op, k) == v.type.size_bytes for k, v in enumerate(op.outputs))
+    segments = [op for op in program.ops if op.op_type == FUSED and marked(op, flags)]
+    assert segments
