@@ -57,6 +57,7 @@ from ..sim.launch_queue import DEFAULT_COMM_ORDER
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
+from ..transforms.parallelize import writes_megatron_loss
 from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy
@@ -180,7 +181,7 @@ def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch:
                                       recompute=recompute, fusion=fusion, cp=cp,
                                       cp_comm=cp_comm, tp_overlap=tp_overlap), micro_batch,
                           _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm,
-                                             fusion == "megatron"))
+                                             writes_megatron_loss(fusion)))
 
 
 @lru_cache(maxsize=4)
@@ -191,9 +192,9 @@ def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie:
     (:func:`~distsim.models.gpt_family.build_gpt_backward`), the same for
     the three recomputation settings a sweep's layout takes one after
     another: placed and differentiated once for them (kept: finishing it
-    makes new functions, nothing changes it). ``megatron``: under
-    Megatron's fusion (its float32 loss at tp 1 is its vocabulary-parallel
-    steps)."""
+    makes new functions, nothing changes it). ``megatron``: the loss as
+    Megatron-LM writes it (:func:`~distsim.transforms.parallelize.writes_megatron_loss`),
+    the one setting of the fusion that the differentiated step depends on."""
     return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
                                           cp=cp, cp_comm=cp_comm,
                                           fusion="megatron" if megatron else "none"),

@@ -81,14 +81,21 @@ def template_step(forward: Function, strategy: Strategy, plan: Plan,
     return finish_step(differentiated_template(forward, strategy, plan, model), strategy)
 
 
+def writes_megatron_loss(fusion: str) -> bool:
+    """Whether a step under ``fusion`` writes a float32 loss at ``tp`` 1 as
+    Megatron-LM's vocabulary-parallel steps (:func:`differentiated_template`):
+    under ``megatron``; Megatron-core (``megatron-core``) fuses its loss
+    into one kernel, and the other settings keep the one op."""
+    return fusion == "megatron"
+
+
 def differentiated_template(forward: Function, strategy: Strategy, plan: Plan,
                             model: str = "the model") -> Function:
     """:func:`template_step` before recomputation and fusion: ``plan``
     placed over ``strategy.tp`` ranks (``strategy.sp``), the experts over
     ``strategy.ep``, and differentiated; at ``tp`` 1 under Megatron's
-    fusion (``fusion_for(strategy) == "megatron"``: the framework
-    simulated is Megatron-LM; Megatron-core's ``megatron-core`` fuses its
-    loss into one kernel) a float32 loss written as Megatron's
+    fusion (:func:`writes_megatron_loss`: the framework simulated is
+    Megatron-LM) a float32 loss written as Megatron's
     vocabulary-parallel steps on one rank, as it runs them
     (:class:`~.tensor_parallel.TensorParallel`'s ``megatron_loss``). It
     reads nothing else of ``strategy``, and :func:`finish_step` leaves it
@@ -100,7 +107,7 @@ def differentiated_template(forward: Function, strategy: Strategy, plan: Plan,
                           f"model '{model}' (it finds no pair of linear layers and no "
                           "embedding); give --plan FILE")
     template = TensorParallel(plan, strategy.tp, strategy.sp, model,
-                              megatron_loss=fusion_for(strategy) == "megatron")(forward)
+                              megatron_loss=writes_megatron_loss(fusion_for(strategy)))(forward)
     template = ExpertParallel(strategy.ep, model)(template)
     return Autodiff(template.meta["loss"], template.meta["params"])(template)
 
