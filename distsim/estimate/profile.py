@@ -57,10 +57,9 @@ from ..sim.launch_queue import DEFAULT_COMM_ORDER
 from ..sim.simulator import SimulationOptions, simulate_function
 from ..topology import load_topology
 from ..transforms.memory_model import saved_activation_bytes
-from ..transforms.parallelize import writes_megatron_loss
 from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
-from ..transforms.strategy import Strategy
+from ..transforms.strategy import Strategy, writes_megatron_loss
 from ..transforms.zero3 import used_param_name
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
 from .experts import with_expert_parallel
@@ -193,7 +192,7 @@ def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie:
     the three recomputation settings a sweep's layout takes one after
     another: placed and differentiated once for them (kept: finishing it
     makes new functions, nothing changes it). ``megatron``: the loss as
-    Megatron-LM writes it (:func:`~distsim.transforms.parallelize.writes_megatron_loss`),
+    Megatron-LM writes it (:func:`~distsim.transforms.strategy.writes_megatron_loss`),
     the one setting of the fusion that the differentiated step depends on."""
     return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
                                           cp=cp, cp_comm=cp_comm,

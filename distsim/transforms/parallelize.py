@@ -40,7 +40,7 @@ from .pipeline_layers import check_stages, layers_from_cuts
 from .plans import BUILTIN, Plan, load_plan_file
 from .recompute import Recompute
 from .spmd import LowerSPMD
-from .strategy import Strategy, fusion_for
+from .strategy import Strategy, fusion_for, writes_megatron_loss
 from .tensor_parallel import TensorParallel
 from .tp_order import order_tp_backward
 
@@ -79,14 +79,6 @@ def template_step(forward: Function, strategy: Strategy, plan: Plan,
     what :class:`~distsim.transforms.spmd.LowerSPMD` lowers):
     :func:`finish_step` of :func:`differentiated_template`."""
     return finish_step(differentiated_template(forward, strategy, plan, model), strategy)
-
-
-def writes_megatron_loss(fusion: str) -> bool:
-    """Whether a step under ``fusion`` writes a float32 loss at ``tp`` 1 as
-    Megatron-LM's vocabulary-parallel steps (:func:`differentiated_template`):
-    under ``megatron``; Megatron-core (``megatron-core``) fuses its loss
-    into one kernel, and the other settings keep the one op."""
-    return fusion == "megatron"
 
 
 def differentiated_template(forward: Function, strategy: Strategy, plan: Plan,

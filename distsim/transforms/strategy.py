@@ -230,6 +230,15 @@ def fusion_for(strategy: "Strategy", family: Optional[str] = None) -> str:
     return FAMILY_FUSION.get(family or "", "none")
 
 
+def writes_megatron_loss(fusion: str) -> bool:
+    """Whether a step under ``fusion`` writes a float32 loss at ``tp`` 1 as
+    Megatron-LM's vocabulary-parallel steps
+    (:func:`~distsim.transforms.parallelize.differentiated_template`): under
+    ``megatron``; Megatron-core (``megatron-core``) fuses its loss into one
+    kernel, and the other settings keep the one op."""
+    return fusion == "megatron"
+
+
 def _flag(name: str) -> str:
     return name.replace("_", "-")
 
