@@ -154,3 +154,23 @@ def test_simulated_dispatch_bytes_by_hand():
     assert syncs == {(0, 4), (1, 5), (2, 6), (3, 7)}
     summary = result.summary()
     assert summary["step_time_s"] > 0 and not summary["oom"]
+
+
+def test_the_estimator_refuses_it_in_one_line():
+    # its per-layer profile lays out one tp x cp group and one ep group of dp
+    # ranks, not ep groups cut from dp x cp: a sweep skips the point, a search
+    # simulates it
+    from distsim.errors import NotModelledError
+    from distsim.estimate import estimate
+    from distsim.sweep.point import run_point
+    options = {"model": "mixtral-8x7b", "topology": "dgx-a100", "layers": 2, "seq": 512,
+               "cp": 2, "ep": 2}
+    with pytest.raises(NotModelledError) as refused:
+        estimate(options)
+    assert str(refused.value) == ("estimate: expert parallelism with context parallelism "
+                                  "(ep 2, cp 2) is not modelled by the estimator; use "
+                                  "fidelity: simulate")
+    assert run_point({**options, "fidelity": "estimate"})["status"] == "skipped"
+    # invalid points are refused as the simulator refuses them
+    with pytest.raises(ConfigError, match="--ep 16 does not divide dp x cp = 4 x 2 = 8"):
+        estimate({**options, "ep": 16})
