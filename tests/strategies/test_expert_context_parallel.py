@@ -7,8 +7,9 @@ tokens (its two chunks of every sequence, at the capacity of those
 tokens). Here: the groups, the refusals (one line, exit 2), the step
 against the one-device step (NumpyExecutor, float64; every expert has
 room for every token, so no token is dropped in either), the lowered
-program's teams, and a simulated MoE layer's dispatch bytes per rank
-written from the formula."""
+program's teams, a simulated MoE layer's dispatch bytes per rank
+written from the formula, the reduced program (symmetry) against the
+full one, and the estimator's one-line refusal."""
 from __future__ import annotations
 
 import pytest
@@ -154,6 +155,24 @@ def test_simulated_dispatch_bytes_by_hand():
     assert syncs == {(0, 4), (1, 5), (2, 6), (3, 7)}
     summary = result.summary()
     assert summary["step_time_s"] > 0 and not summary["oom"]
+
+
+@pytest.mark.parametrize("strategy", [
+    dict(cp=2, ep=4, zero=1),
+    dict(cp=2, ep=4, tp=2, sp=True, cp_comm="ring"),
+    dict(cp=4, ep=2, zero=3, order="dp-tp-pp"),
+], ids=_ids)
+def test_reduced_program_equals_full(strategy):
+    # the reduced program (symmetry) keeps whole cp and ep groups present
+    model = {"family": "gpt", "layers": 2, "hidden": 256, "heads": 4, "vocab": 1024,
+             "seq": 128, "global_batch": 16, "micro_batch": 1, "experts": 8, "top_k": 2,
+             "attention": "fused"}
+    full = distsim.simulate(model, "dgx-a100", **strategy)
+    reduced = distsim.simulate(model, "dgx-a100", symmetry=True, **strategy)
+    assert reduced.step_time_s == pytest.approx(full.step_time_s, rel=1e-3)
+    peaks = {d["rank"]: d["peak_memory_bytes"] for d in full.summary()["devices"]}
+    for d in reduced.summary()["devices"]:
+        assert d["peak_memory_bytes"] == peaks[d["rank"]]
 
 
 def test_the_estimator_refuses_it_in_one_line():
