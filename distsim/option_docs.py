@@ -58,7 +58,7 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
                 "(DeepSpeed-Ulysses: sequence exchanged for heads around attention)"),
     ("ep", "expert-parallel degree of a mixture-of-experts model: each group of ep "
            "data-parallel ranks shares out the experts, tokens dispatched and combined by "
-           "all-to-all (must divide dp and the experts; default 1)"),
+           "all-to-all (must divide dp x cp and the experts; default 1)"),
     ("sp", "sequence parallelism in the tensor-parallel regions (needs tp > 1)"),
     ("tp_overlap", "the backward's tensor-parallel all-reduce (reduce-scatter with sp) of a "
                    "layer's input gradient issued before the weight-gradient GEMM, to overlap "

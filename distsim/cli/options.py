@@ -70,7 +70,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ep", type=int,
                    help="expert-parallel degree of a mixture-of-experts model: each group of "
                         "ep data-parallel ranks shares out the experts, tokens dispatched and "
-                        "combined by all-to-all (must divide --dp and the experts; default: 1)")
+                        "combined by all-to-all (must divide --dp, dp x cp with --cp, and the "
+                        "experts; default: 1)")
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel regions (needs --tp > 1)")
     g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None,

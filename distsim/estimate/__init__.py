@@ -38,7 +38,8 @@ without building or simulating the whole program. A peer of
   naming the family; valid options it does not model
   (``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
   whole beside the others reduce-scattered, ``fp32_grads`` with ZeRO 2/3
-  over dp > 1) with
+  over dp > 1, ``ep`` with ``cp``: expert-parallel groups cut from the
+  dp x cp ranks, which its per-layer profile does not lay out) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.

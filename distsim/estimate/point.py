@@ -251,6 +251,10 @@ def resolve(options: Mapping[str, Any]) -> Case:
     m = validate(c, strategy)
     check_expert_parallel(strategy)
     c, _ = resolve_batch(c, strategy)
+    if strategy.ep > 1 and strategy.cp > 1:
+        # its profile holds one tp x cp group, its experts' one ep group of dp ranks
+        raise _not_modelled(f"expert parallelism with context parallelism (ep {strategy.ep}, "
+                            f"cp {strategy.cp})")
     flat = strategy.flat_cp()
     if _widens_grads(strategy, c) and flat.zero >= 2 and flat.dp > 1:
         # its walk reduce-scatters each micro-batch's gradient in the buffer's dtype

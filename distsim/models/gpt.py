@@ -486,9 +486,11 @@ class _GPTBuilder:
         choose each token's experts; ``moe_dispatch`` copies the tokens into
         their experts' slots, the experts run batched, ``moe_combine`` sums
         each token's expert outputs weighted by its gates; shared experts
-        are one dense MLP beside them."""
+        are one dense MLP beside them. The tokens are this rank's (its two
+        chunks of each sequence under context parallelism), routed at their
+        own capacity, as Megatron-core's dispatcher routes a cp rank's."""
         c, mb = self.c, self.mb
-        tokens = mb * c.seq
+        tokens = mb * self.seq
         route = {"top_k": c.top_k, "capacity": expert_slots(c, tokens)}
         flat = self.op("reshape", [h], {"shape": [tokens, c.hidden]}, name=f"{p}_tokens")
         logits = self.op("matmul", [flat, router], name=f"{p}_router_logits")
@@ -498,7 +500,7 @@ class _GPTBuilder:
         y = self.ffn(slots, experts)
         out = self.op("moe_combine", [y, probs], {**route, "normalize": c.norm_topk},
                       name=f"{p}_combine")
-        out = self.op("reshape", [out], {"shape": [mb, c.seq, c.hidden]}, name=f"{p}_moe_out")
+        out = self.op("reshape", [out], {"shape": [mb, self.seq, c.hidden]}, name=f"{p}_moe_out")
         if shared is not None:
             out = self.op("add", [out, self.ffn(h, shared)], name=f"{p}_moe_sum")
         return out

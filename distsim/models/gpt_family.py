@@ -77,10 +77,6 @@ def validate(c: GPTConfig, strategy: Strategy) -> int:
                           "layout is Megatron's)")
     c2, m = resolve_batch(c, strategy)
     check_context_parallel(c.seq, strategy.cp)
-    if strategy.cp > 1 and c.experts:
-        raise ConfigError(f"--cp {strategy.cp}: context parallelism of a mixture-of-experts "
-                          "model is not modelled (its experts' capacity would be per rank's "
-                          "tokens)")
     local = c.seq // strategy.cp
     if strategy.sp and strategy.cp > 1 and local % strategy.tp:
         raise ConfigError(f"--sp: --tp {strategy.tp} does not divide the {local} tokens of a "

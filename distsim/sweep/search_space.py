@@ -5,7 +5,8 @@ Every ``dp x tp x pp x cp == gpus`` (``cp`` from ``--space cp=...`` or a
 fixed ``cp``, else 1), crossed with the ``--space`` options; for GPT models
 by default the micro-batch sizes that divide each data-parallel rank's
 share of the global batch, and for a mixture of experts the expert-parallel
-degrees valid at each point (``ep`` dividing both ``dp`` and the number of
+degrees valid at each point (``ep`` dividing both ``dp x cp`` -- the
+experts see the cp ranks as data-parallel ones -- and the number of
 experts). The strategy's own checks (ep with ZeRO 3 or sequence
 parallelism, cp and the sequence, ...) refuse what is left invalid, with
 their reason, as for any other point.
@@ -152,7 +153,7 @@ def enumerate_points(gpus: int, space: Mapping[str, Sequence[Any]], base: Mappin
                 if cp == 1 and "cp_comm" in extra:
                     extra["cp_comm"] = [_NO_CP_COMM]     # nothing to choose without cp
                 if default_ep:
-                    extra["ep"] = divisors(math.gcd(dp, experts))
+                    extra["ep"] = divisors(math.gcd(dp * cp, experts))
                 if default_mb:
                     share = batch // dp if batch and batch % dp == 0 else 0
                     sizes = [m for m in DEFAULT_MICRO_BATCHES if share and share % m == 0]

@@ -37,6 +37,13 @@ all-gather and reduce-scatter come from the sharding layer (the slots
 split along dim 1, :mod:`.sharding.rules_moe`); this pass puts the
 all-to-alls between them and the dispatch and combine.
 
+Under context parallelism the forward is a cp rank's already (its two
+chunks of every sequence, :func:`distsim.models.gpt.gpt_forward`'s
+``cp``): each rank routes those tokens at their capacity, and with ``sp``
+this pass's tensor-parallel routing shards them again; the lowering cuts
+the expert-parallel groups from the ``dp x cp`` ranks
+(:class:`~.strategy.Strategy`).
+
 A dropless dispatch (``meta["expert_tokens"]`` on the ``moe_dispatch``,
 each expert's tokens under the routing balance: :mod:`distsim.models.moe`)
 keeps its padded shapes; this pass marks the ops of its experts (the

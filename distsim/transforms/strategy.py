@@ -20,7 +20,13 @@ splits each data-parallel team of ``dp`` ranks into ``dp / ep``
 share out a mixture of experts' experts (each holds ``experts / ep``);
 the ranks holding the same experts (data-parallel ranks ``e, e + ep, e +
 2 ep, ...``) form the *expert-data-parallel* team that synchronises those
-experts' gradients.
+experts' gradients. With context parallelism the experts see the cp ranks
+as data-parallel ones (Megatron-core's ``parallel_state``: its expert
+rank generator has no cp axis, ``tp-ep-dp-pp`` over the ranks the dense
+layers order ``tp-cp-dp-pp``): the groups are cut from the flat axis of
+``dp x cp`` ranks, so ``ep`` must divide ``dp x cp`` and an
+expert-parallel group takes a data-parallel rank's cp ranks first; each
+rank routes its own tokens (its two chunks of every sequence).
 """
 from __future__ import annotations
 
@@ -82,7 +88,8 @@ class Strategy:
     Megatron-LM's ring attention) or ``alltoall`` (DeepSpeed-Ulysses:
     sequence exchanged for heads before attention and back after it);
     ``ep``: expert-parallel degree, the
-    ranks of each data-parallel team a mixture of experts' experts are
+    ranks of each data-parallel team (of dp x cp ranks with context
+    parallelism) a mixture of experts' experts are
     shared out over (see the module docstring; 1: every rank holds every
     expert); ``tp_overlap``: the backward's tensor-parallel all-reduce (or
     reduce-scatter) of a layer's input gradient issued before the
@@ -138,9 +145,13 @@ class Strategy:
             raise ConfigError("--schedule interleaved: needs pipeline parallelism (--pp > 1)")
         if self.cp_comm != "allgather" and self.cp == 1:
             raise ConfigError(f"--cp-comm {self.cp_comm}: needs context parallelism (--cp > 1)")
-        if self.dp is not None and self.dp % self.ep:
-            raise ConfigError(f"--ep {self.ep} does not divide --dp {self.dp} (expert-parallel "
-                              "groups are made of data-parallel ranks)")
+        if self.dp is not None and self.dp * self.cp % self.ep:
+            if self.cp == 1:
+                raise ConfigError(f"--ep {self.ep} does not divide --dp {self.dp} "
+                                  "(expert-parallel groups are made of data-parallel ranks)")
+            raise ConfigError(f"--ep {self.ep} does not divide dp x cp = {self.dp} x {self.cp} "
+                              f"= {self.dp * self.cp} (expert-parallel groups are made of "
+                              "data- and context-parallel ranks)")
 
     def resolved(self, num_devices: int) -> "Strategy":
         """With ``dp`` filled in from the device count."""
@@ -189,7 +200,8 @@ class Strategy:
 
     def ep_team(self, dp_rank: int) -> Tuple[int, ...]:
         """The data-parallel ranks of ``dp_rank``'s expert-parallel group
-        (``ep`` consecutive ones, which share out the experts)."""
+        (``ep`` consecutive ones, which share out the experts; on the axis
+        of ``dp x cp`` ranks of :meth:`flat_cp` with context parallelism)."""
         first = dp_rank - dp_rank % self.ep
         return tuple(range(first, first + self.ep))
 

@@ -170,13 +170,6 @@ def test_cli_bad_cp_is_one_line_exit_2(capsys):
     assert "--cp 2: the sequence length 1002 is not a multiple of 2 x cp = 4" in err[0]
 
 
-def test_cp_of_a_mixture_of_experts_model_is_refused():
-    from distsim.api import build_program
-    with pytest.raises(ConfigError, match="--cp 2: context parallelism of a mixture-of-experts "
-                                          "model is not modelled"):
-        build_program("mixtral-8x7b", "dgx-h100", layers=2, cp=2)
-
-
 def test_cp_on_another_family_is_refused():
     from distsim.api import build_program
     with pytest.raises(ConfigError, match="--cp 2: context parallelism is modelled for GPT "

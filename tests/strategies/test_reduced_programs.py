@@ -189,6 +189,7 @@ def test_symmetry_with_expert_parallelism_across_stages():
 COARSEN_MEMORY_CASES = [
     ("tiny", dict(dp=2, tp=2, pp=2)),                     # no experts: not EP-specific
     (MOE_MODEL, dict(dp=4, pp=2, ep=4, zero=1)),
+    (MOE_MODEL, dict(cp=2, ep=4, tp=2, sp=True, recompute="selective")),   # ep over dp x cp
     ("tiny", dict(dp=2, tp=2, pp=2, recompute="full", microbatches=4)),
     ("tiny", dict(dp=2, tp=4, sp=True, recompute="selective")),     # spmd.copy fused through
     ("tiny", dict(dp=2, tp=2, pp=2, zero=1, microbatches=4)),      # accumulation in segments
