@@ -7,9 +7,9 @@ by default the micro-batch sizes that divide each data-parallel rank's
 share of the global batch, and for a mixture of experts the expert-parallel
 degrees valid at each point (``ep`` dividing both ``dp x cp`` -- the
 experts see the cp ranks as data-parallel ones -- and the number of
-experts). The strategy's own checks (ep with ZeRO 3 or sequence
-parallelism, cp and the sequence, ...) refuse what is left invalid, with
-their reason, as for any other point.
+experts). The strategy's own checks (cp and the sequence, the heads
+and tp, ...) refuse what is left invalid, with their reason, as for any
+other point.
 """
 from __future__ import annotations
 
