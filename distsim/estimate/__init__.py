@@ -68,10 +68,13 @@ parallelism too); their known
   it; its known gap there: a transfer's sharing is found when the
   transfer that shares with it is placed, in program order, and an
   arrival its receiving task has already read is not moved (the timeline
-  settles each item once), so where the shared transfers are large
-  beside the compute the step comes out under the simulation's (GPT
-  530B, tp 8, pp 35, interleaved, 280 micro-batches: 1.6 % under; it was
-  2.1 % timing each transfer alone). ZeRO 3 under ZB-H1
+  settles each item once): where the shared transfers are large beside
+  the compute (84 MB each beside one 530B layer per chunk) the delays
+  that reach tasks already started carry on through the schedule in the
+  simulation and the step comes out under the simulation's, more so the
+  more micro-batches (GPT 530B, tp 8, pp 35, interleaved: 1.4-2.3 %
+  under on the validation's six such rows, 2.1-3.7 % timing each
+  transfer alone; its GPT-3 175B rows, tp 8, pp 12, agree). ZeRO 3 under ZB-H1
   and under context parallelism are drawn too; their known gaps are on
   memory (ZB-H1 without prefetch: the next task's gated shards beside a
   W task's last gradient, up to 6.3 % under).
