@@ -38,6 +38,10 @@ def check_choice(flag: str, value: Any, choices: Tuple[str, ...]) -> str:
     return str(value)
 
 
+#: ``network_mode`` when none is given (:func:`distsim.simulate`'s)
+DEFAULT_NETWORK_MODE = "flow"
+
+
 def check_network_mode(value: Any) -> None:
     """``network_mode`` (``--network-mode``): ``flow`` or ``analytical``."""
     check_choice("--network-mode", value, ("flow", "analytical"))

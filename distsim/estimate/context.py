@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..ir.comm import CollectiveType
 from ..ir.types import DType
 from ..models.gpt import GPTConfig
+from ..run_options import DEFAULT_NETWORK_MODE
 from ..sim.launch_queue import DEFAULT_COMM_ORDER
 from ..topology import Topology
 from ..transforms.pipeline import partition_balanced, partition_layers
@@ -30,6 +31,7 @@ from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of, grad_bu
                                       scatters_each_microbatch, sync_route, unit_indices)
 from .costs import ParamCost, collectives, op_costs
 from .engine import Timeline
+from .shared_links import SharedLinks
 from .blocks import EMB, HEAD, LAYER, Block, LayerProfile, Param
 from .state import Memo, ScatterTerms
 
@@ -57,6 +59,9 @@ class Case:
     #: data-parallel ranks for the weights, as the lowering sees them)
     cp: int = 1
     cp_comm: str = "allgather"
+    #: the simulator's ``network_mode``: under ``flow`` pipeline transfers
+    #: that share links at once are timed together (:mod:`.shared_links`)
+    network_mode: str = DEFAULT_NETWORK_MODE
 
 
 @lru_cache(maxsize=256)
@@ -156,6 +161,9 @@ class StepContext:
         # -- the walk's state --------------------------------------------------
         self.tl = Timeline(S.pp, per_group=case.comm_streams == "per-group",
                            stream_order=case.comm_order == "stream")
+        if case.network_mode == "flow" and S.pp > 1:
+            self.tl.links = SharedLinks(case.topology, case.collective_algo,
+                                        [self.rank0(s) for s in range(S.pp)])
         self.flops = [0.0] * S.pp
         #: per stage, the flat gradient copies (bytes, end of their
         #: reduce-scatter) that may outlive the backward that made them

@@ -11,7 +11,9 @@ communication stream while it runs). An item starts when every stream it
 is on has finished the items before it and the items it depends on have
 ended -- the simulator's rule (a stream takes its ops in program order; a
 collective starts when every member has reached it) with no network
-contention, as in the analytical mode.
+contention, as in the analytical mode; but under the flow network
+(:attr:`Timeline.links`, :mod:`.shared_links`) pipeline transfers that
+share links at once are timed together.
 
 With ``per_group`` (the simulator's ``comm_streams: per-group``, one
 stream per process group as NCCL communicators run) the communication
@@ -42,7 +44,7 @@ is the latest end among their dependencies (``ready``, 0.0 for none).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -107,6 +109,10 @@ class Timeline:
         self.p2p_free: Dict[Tuple[int, int], float] = {}
         self.p2p_starts: List[List[float]] = [[] for _ in range(stages)]
         self.p2p_ends: List[List[float]] = [[] for _ in range(stages)]
+        #: under the flow network, the transfers placed so far, timed
+        #: together where they share links (:mod:`.shared_links`); None:
+        #: each alone, as the analytical network times them
+        self.links: Optional[Any] = None
         # runs of spans replayed whole (:meth:`replay`), per stage and
         # stream, in stream order: each run's place among the spans in the
         # lists above (how many were there before it), its record's starts
@@ -146,6 +152,7 @@ class Timeline:
         t.p2p_free = dict(self.p2p_free)
         t.p2p_starts = [list(x) for x in self.p2p_starts]
         t.p2p_ends = [list(x) for x in self.p2p_ends]
+        t.links = None if self.links is None else self.links.copy()
         t.compute_runs = [list(x) for x in self.compute_runs]     # records shared: never changed
         t.comm_runs = [list(x) for x in self.comm_runs]
         t.sealed = list(self.sealed)
@@ -411,12 +418,15 @@ class Timeline:
         return end
 
     def p2p_chain(self, a: int, b: int, times: Sequence[float], ready: float,
-                  arrived: float) -> float:
+                  arrived: float, sizes: Sequence[float] = (), key: Any = None) -> float:
         """Pipeline sends/receives between stages ``a != b``, one of each of
         ``times`` after another (a task's outputs), on the point-to-point
         queue from ``a`` to ``b`` (not behind the collectives, nor behind
         the transfers the other way, as in the simulator), the first from
-        ``ready``; returns the latest of ``arrived`` and their ends."""
+        ``ready``; returns the latest of ``arrived`` and their ends. With
+        :attr:`links` (the flow network) each is placed there with its
+        bytes (``sizes``) and receiving task (``key``), sharing links with
+        the transfers placed before it (:mod:`.shared_links`)."""
         pair = (a, b)
         if self.stream_order:           # :meth:`issued`, the two stages
             free = self.free
@@ -428,10 +438,12 @@ class Timeline:
         start = p2p_free.get(pair, 0.0)
         starts_a, ends_a = self.p2p_starts[a], self.p2p_ends[a]
         starts_b, ends_b = self.p2p_starts[b], self.p2p_ends[b]
-        for time_s in times:
+        links = self.links
+        for i, time_s in enumerate(times):
             if ready > start:
                 start = ready
-            end = start + time_s
+            end = start + time_s if links is None else \
+                links.place(self, a, b, start, time_s, sizes[i], key)
             p2p_free[pair] = end
             if end > self.end:
                 self.end = end

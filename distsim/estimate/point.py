@@ -59,9 +59,11 @@ on random configurations, and by the random sample of
 0.84 %, memory past 1 % on 4, up to 1.8 %: ZeRO 3 cases listed in its
 README; ZeRO 3 by layer's memory keeps the whole-from-the-start bound of
 :func:`.profile_memory.prefetched_bytes`). Collectives are the
-analytical network's, one team alone: under ``network_mode: flow``,
-teams that share links at once (a PCIe workstation's dp x tp) run
-slower in the simulation.
+analytical network's, one team alone, but for the pipeline transfers
+under ``network_mode: flow`` (the simulation's default): those that share
+links at once are timed together, as the flow network runs them
+(:mod:`.shared_links`). Other teams that share links at once (a PCIe
+workstation's dp x tp) run slower in the flow simulation.
 Blocking launches (``launch: blocking``, :mod:`distsim.sim.launch_queue`)
 are refused with a NotModelledError: the timeline overlaps a device's
 compute and communication streams, which blocking launches serialise.
@@ -132,7 +134,8 @@ from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
 from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
 from ..sim.launch_queue import DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, check_comm_order, check_launch
-from ..run_options import check_max_ops, check_max_trace_records, check_network_mode
+from ..run_options import (DEFAULT_NETWORK_MODE, check_max_ops, check_max_trace_records,
+                           check_network_mode)
 from ..topology import load_topology
 from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
@@ -156,7 +159,8 @@ __all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "est
 AGREEMENT_TOLERANCE = 0.01
 
 #: Options the estimate ignores (they change how a simulation is run, not
-#: what it computes).
+#: what it computes), but ``network_mode``, which :func:`resolve` reads
+#: apart (:attr:`.context.Case.network_mode`).
 #: ``symmetry`` is not among them: it changes which ZeRO points the
 #: simulator accepts (:func:`check_zero_shards`).
 IGNORED = ("network_mode", "max_trace_records", "max_ops", "coarsen", "fidelity")
@@ -263,7 +267,8 @@ def resolve(options: Mapping[str, Any]) -> Case:
     # ranks for the weights (gradients synchronised, ZeRO-sharded over dp x
     # cp); the per-layer profile holds its attention collectives
     return Case(config, c, flat, m, topo, topology, algo, comm_streams,
-                comm_order, strategy.cp, strategy.cp_comm)
+                comm_order, strategy.cp, strategy.cp_comm,
+                options.get("network_mode") or DEFAULT_NETWORK_MODE)
 
 
 def _widens_grads(S: Strategy, c: Any) -> bool:

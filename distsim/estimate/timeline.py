@@ -431,10 +431,12 @@ class Builder:
                 (post, None, False)]
 
     # -- the whole step ----------------------------------------------------------
-    def sends(self, kind: str, c: int) -> Optional[Tuple[int, Tuple[int, int], List[float]]]:
+    def sends(self, kind: str, c: int
+              ) -> Optional[Tuple[int, Tuple[int, int], List[float], Tuple[int, ...]]]:
         """Where a task of chunk ``c`` sends its outputs: ``(the chunk that
-        reads them, (this stage, its stage), the time of each send)``, or
-        None (the first / last chunk, or the reader on the same stage)."""
+        reads them, (this stage, its stage), the time of each send, its
+        bytes)``, or None (the first / last chunk, or the reader on the same
+        stage)."""
         ctx = self.ctx
         if kind == "F" and c < ctx.chunks - 1:
             dst_c, sizes = c + 1, ctx.profile.forward_crossing
@@ -447,7 +449,7 @@ class Builder:
             return None
         pair = (ctx.rank0(src), ctx.rank0(dst))
         return dst_c, (src, dst), [ctx.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
-                                   for nbytes in sizes]
+                                   for nbytes in sizes], tuple(sizes)
 
     def walk(self) -> "Walk":
         """The start of this configuration's walk through LowerSPMD's
@@ -458,7 +460,10 @@ class Builder:
         work = tuple((k, c, ctx.task_work(k, c)) for k in kinds for c in range(C))
         # (a weight-gradient task sends nothing: :meth:`sends`)
         self._routes = {k: [self.sends(k, c) for c in range(C)] for k in kinds}
-        return Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
+        w = Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
+        if ctx.tl.links is not None:        # its transfers' arrivals, moved when shared
+            ctx.tl.links.recv = w.recv
+        return w
 
     def _send(self, w: "Walk", task: Tuple[str, int, int]) -> None:
         """The sends of a task's outputs (``task``: kind, micro-batch, chunk)
@@ -468,11 +473,12 @@ class Builder:
         route = self._routes[kind][c]
         if route is None:
             return
-        dst_c, (src, dst), times = route
+        dst_c, (src, dst), times, sizes = route
         key = (kind, mb, dst_c)
         at = w.outs.get(task)
         made = w.ends[task] or 0.0 if at is None else at
-        w.recv[key] = self.ctx.tl.p2p_chain(src, dst, times, made, w.recv.get(key, 0.0))
+        w.recv[key] = self.ctx.tl.p2p_chain(src, dst, times, made, w.recv.get(key, 0.0),
+                                            sizes, key)
 
     def advance(self, w: "Walk", stop: int) -> None:
         """Emit the tasks of the program order up to position ``stop``
@@ -510,11 +516,11 @@ class Builder:
                 # :meth:`_send`, inlined (a 32-stage pipeline sends thousands)
                 route = routes[sent[0]][sent[2]]
                 if route is not None:
-                    dst_c, (src, dst), times = route
+                    dst_c, (src, dst), times, sizes = route
                     key = (sent[0], sent[1], dst_c)
                     at = outs.get(sent)
                     recv[key] = p2p(src, dst, times, ends[sent] or 0.0 if at is None else at,
-                                    recv.get(key, 0.0))
+                                    recv.get(key, 0.0), sizes, key)
             kind, mb, c = task
             ready = recv.get(task, 0.0)
             if kind == "W":          # after its own input-gradient task
@@ -587,6 +593,8 @@ class Builder:
         mine.pos = w.pos
         mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
         mine.outs = dict(w.outs)
+        if self.ctx.tl.links is not None:
+            self.ctx.tl.links.recv = mine.recv
         return mine
 
 

@@ -17,6 +17,7 @@ class RouteTable:
 
     __slots__ = ("edges", "edge_index", "capacity", "routes", "route_infos",
                  "analytical_shapes", "step_loads", "team_plans", "solo_times",
+                 "together_times",
                  "algorithm_choices", "flow_links", "step_shapes", "flow_loads",
                  "protocol_choices",
                  "__weakref__")
@@ -43,6 +44,9 @@ class RouteTable:
         #: (mode, kind, team, bytes, root, algorithm) -> (seconds, algorithm
         #: that ran) of a collective run alone (:mod:`.solo_time`)
         self.solo_times: Dict[tuple, Tuple[float, str]] = {}
+        #: (mode, items, algorithm) -> each item's end, of collectives run
+        #: together from their own starts (:func:`.solo_time.run_together`)
+        self.together_times: Dict[tuple, Tuple[float, ...]] = {}
         #: (kind, team, bytes, root) -> the algorithm ``auto`` runs
         self.algorithm_choices: Dict[tuple, str] = {}
         #: (src, dst) -> (transport, bandwidth) of the route's slowest link

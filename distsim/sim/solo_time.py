@@ -10,6 +10,8 @@ asks here:
   once by :func:`run_alone` (keeping its link totals) and replayed;
 - the sweep estimator's collective costs
   (:class:`distsim.estimate.costs.Collectives`);
+- the estimator's pipeline transfers that share links at once
+  (:func:`run_together`: several from their own starts on one network);
 - ``auto`` (:func:`choose_algorithm`): the applicable algorithm whose
   :func:`collective_time` in the flow model is smallest (ties: the kind's
   table order), as NCCL's tuner picks by size and topology.
@@ -96,6 +98,46 @@ def run_schedule(network: Network, schedule) -> float:
     env.process(steps())
     env.run()
     return float(env.now - start)
+
+
+def run_together(topology, mode: str, items: Sequence[tuple], algorithm: str = "auto"
+                 ) -> Tuple[float, ...]:
+    """The ends of collectives run on one network of their own, each from
+    its own start: ``items`` are ``(start, kind, ranks, nbytes, root)``
+    (seconds from the network's time 0; each item's ranks and bytes as
+    :func:`collective_time` takes them). Where their routes share links
+    they share them as the simulation's flows do (``mode: flow``): what
+    :func:`collective_time` says of one, said of several at once; kept
+    per topology."""
+    items = tuple((float(start), kind, tuple(ranks), nbytes, root)
+                  for start, kind, ranks, nbytes, root in items)
+    key = (mode, items, algorithm)
+    known = route_table(topology).together_times
+    hit = known.get(key)
+    if hit is None:
+        hit = known[key] = _run_together(topology, mode, items, algorithm)
+    return hit
+
+
+def _run_together(topology, mode: str, items: Tuple[tuple, ...], algorithm: str
+                  ) -> Tuple[float, ...]:
+    """:func:`run_together`, run."""
+    network = Network(simpy.Environment(), topology, mode=mode, link_stats=False)
+    env = network.env
+    ends = [0.0] * len(items)
+
+    def one(i: int, start: float, schedule):
+        if start > 0.0:
+            yield env.timeout(start)
+        for flows, count, latency in schedule:
+            yield from network.run_steps(flows, count, 0, latency)
+        ends[i] = float(env.now)
+
+    for i, (start, kind, ranks, nbytes, root) in enumerate(items):
+        schedule = plan_collective(network, kind, ranks, nbytes, root, algorithm)[1]
+        env.process(one(i, start, schedule))
+    env.run()
+    return tuple(ends)
 
 
 def plan_collective(network: Network, kind: CollectiveType, ranks: Tuple[int, ...],

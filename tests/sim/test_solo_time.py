@@ -14,7 +14,7 @@ from distsim.sim.collective_algos import ALGORITHMS
 from distsim.sim.collectives import ROOTED, run_collective
 from distsim.sim.network import Network
 from distsim.sim.solo import solo_run
-from distsim.sim.solo_time import collective_time
+from distsim.sim.solo_time import collective_time, run_together
 from distsim.topology import Topology, load_topology
 
 SIZES = (1e3, 3.3e6, 1e9)
@@ -185,3 +185,40 @@ def test_a_collective_that_moves_nothing_takes_no_time_and_bad_input_is_refused(
         collective_time(topo, "flow", C.ALL_REDUCE, ([1], 2), 1e6)
     with pytest.raises(ConfigError, match="unknown algorithm 'tree'"):
         collective_time(topo, "flow", C.ALL_GATHER, (0, 1), 1e6, algorithm="tree")
+
+
+def test_run_together_shares_a_gpus_nic_as_max_min_flows_do():
+    """Three DGX A100 servers: GPU 8 (server 1) sends 25 MB to GPU 0 and
+    to GPU 16 through its one NIC (GPU -> PCIe -> NIC -> leaf, 25 GB/s at
+    the NIC; 0.5 + 1 + 1 + 0.5 us of latency). Alone: 1 ms + 3 us. At
+    once: each half the NIC, 2 ms + 3 us. The second 0.4 ms later: the
+    first sends 10 MB alone, its other 15 MB at 12.5 GB/s (1.2 ms), done
+    at 1.6 ms + 3 us; the second sent 15 MB by then, its last 10 MB alone
+    (0.4 ms): 2 ms + 3 us. The two ways of one pair of GPUs do not share
+    (each direction of a link is its own). (:func:`_fresh` has no
+    ``collectives:`` block: links at their full rate, no protocol costs.)"""
+    topo, n, lat = _fresh("dgx-a100-x3"), 25e6, 3e-6
+    send = C.SEND_RECV
+    alone = collective_time(topo, "flow", send, (8, 16), n, 8)[0]
+    assert alone == pytest.approx(1e-3 + lat, rel=1e-12)
+    both = run_together(topo, "flow", [(0.0, send, (8, 0), n, 8), (0.0, send, (8, 16), n, 8)])
+    assert both == pytest.approx((2e-3 + lat, 2e-3 + lat), rel=1e-12)
+    later = run_together(topo, "flow", [(0.0, send, (8, 0), n, 8), (4e-4, send, (8, 16), n, 8)])
+    assert later == pytest.approx((1.6e-3 + lat, 2e-3 + lat), rel=1e-12)
+    ways = run_together(topo, "flow", [(0.0, send, (8, 16), n, 8), (0.0, send, (16, 8), n, 16)])
+    assert ways == pytest.approx((1e-3 + lat, 1e-3 + lat), rel=1e-12)
+    # the analytical network shares nothing: each as alone
+    assert run_together(topo, "analytical", [(0.0, send, (8, 0), n, 8),
+                                             (4e-4, send, (8, 16), n, 8)]) == \
+        pytest.approx((1e-3 + lat, 4e-4 + 1e-3 + lat), rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["flow", "analytical"])
+def test_run_together_of_one_collective_is_its_time_alone(mode):
+    """One item from time 0 takes :func:`collective_time`'s time, to the bit."""
+    topo = _fresh("dgx-a100-x4")
+    for kind, team, nbytes in ((C.SEND_RECV, (0, 9), 3.3e6), (C.ALL_REDUCE, tuple(range(0, 32, 4)),
+                                                               1e9)):
+        root = _root(kind, team)
+        alone = collective_time(topo, mode, kind, team, nbytes, root)[0]
+        assert run_together(topo, mode, [(0.0, kind, team, nbytes, root)]) == (alone,)
