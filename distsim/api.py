@@ -18,7 +18,7 @@ from .cost.device import check_compute_dtype
 from .cost.model import CostModel
 from .errors import ConfigError
 from .fileio import first_missing, refuse_file_as_folder, remove_outputs
-from .ir.core import Function
+from .ir.core import Function, gc_paused
 from .ir.verifier import verify
 from .ir.value_table import ValueTable
 from . import option_docs
@@ -378,7 +378,11 @@ def _build_program(model: Union[str, Mapping[str, Any]], topology: Union[str, To
             f"fewer layers or micro-batches"
             + (", or --symmetry" if config.get("family") == "gpt" and not strategy.symmetry
                else "") + " (--max-ops 0: no limit)")
-    program = family_of(config).build(config, strategy)
+    # the cyclic collector paused while the step is built, template
+    # included (see gc_paused: its passes walk the growing objects again
+    # and again; lowering pauses it too)
+    with gc_paused():
+        program = family_of(config).build(config, strategy)
     # after the family's own checks (their messages say more, e.g. "must be
     # positive"), before anything is simulated: a field no family checks
     refuse_non_finite(config, f"model '{model_name}'")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..ir.comm import collective_of, io_ranks, is_communication
+from ..ir.comm import COMM_PREFIX, collective_of, io_ranks, is_communication
 from ..ir.core import Function, Op, Value
 from ..ir.ops_bundle import BOOKKEEPING_OPS
 
@@ -173,15 +173,18 @@ def represented_ops(function: Function) -> int:
     for (the collectives left out mirror those kept); ``pack`` and
     ``unpack`` (bookkeeping of coarsening) not at all."""
     represents = function.meta.get("represents") or {}
+    weight = {r: int(n) for r, n in represents.items()}.get   # devices per rank
     total = 0
     for op in function.ops:
-        if is_communication(op):
+        t = op.op_type
+        if t.startswith(COMM_PREFIX):       # is_communication
             present = op.attrs.get("present")
-            members = op.attrs["ranks"] if present is None else present
-            total += sum(int(represents.get(r, 1)) for r in members)
-        else:
+            for r in (op.attrs["ranks"] if present is None else present):
+                total += weight(r, 1)
+        elif t not in BOOKKEEPING_OPS:
             dev = op.outputs[0].type.device if op.outputs else op.inputs[0].type.device
-            inner = (op.attrs.get("ops", 1) if op.op_type == "fused" and not op.attrs.get("kernel")
-                     else 0 if op.op_type in BOOKKEEPING_OPS else 1)
-            total += int(inner) * int(represents.get(dev, 1))
+            if t == "fused" and not op.attrs.get("kernel"):
+                total += int(op.attrs.get("ops", 1)) * weight(dev, 1)
+            else:
+                total += weight(dev, 1)
     return total

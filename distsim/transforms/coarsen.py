@@ -427,9 +427,12 @@ class Coarsening:
         # fixed parts and the result types are worked out once per segment
         # and rank; a name is checked against the taken ones inline.
         em = self.em
-        meta = dict(seg.meta, **base)
+        seg_meta = seg.meta
         attrs, subs = seg.attrs, seg.subfunctions
         sync = self.sync
+        # below ZeRO 3 a rank's parameter is its input (as get finds it)
+        params = None if self.strategy.zero == 3 else self.gathers.param_in
+        param_chunk = self.param_chunk
         names = em.names
         taken = names._taken
         fresh = names.fresh
@@ -449,6 +452,8 @@ class Coarsening:
                         x = sync.bundles.current(seg, r, stage, mb)
                     elif v in seg.param_of_input:
                         x = sync.acc[(seg.param_of_input[v], r)]
+                    elif params is not None and v in param_chunk:
+                        x = params[(v, r)]
                     else:
                         x = self.get(v, r, d, t, mb, stage, seg.layer)
                 ins.append(x)
@@ -465,7 +470,7 @@ class Coarsening:
                 else:
                     taken.add(name)
                 outs.append(Value(name, ty))
-            ops.append(trusted(FUSED, tuple(ins), tuple(outs), attrs, subs, dict(meta)))
+            ops.append(trusted(FUSED, tuple(ins), tuple(outs), attrs, subs, {**seg_meta, **base}))
             add_kind(ops[-1], seg)   # a segment's copies are one kind of op
             for v, o in zip(seg.outputs, outs):
                 env[v] = o

@@ -83,8 +83,16 @@ class Emitter:
         own)."""
         if len(names) != len(types):
             names = [f"{names[0]}.{i}" for i in range(len(types))]
-        fresh = self.names.fresh
-        outs = [Value(fresh(n), t) for n, t in zip(names, types)]
+        # NameScope.fresh, its common case (a name not yet taken) inline
+        scope = self.names
+        taken = scope._taken
+        outs = []
+        for n, t in zip(names, types):
+            if n in taken:
+                n = scope.fresh(n)
+            else:
+                taken.add(n)
+            outs.append(Value(n, t))
         op = Op.trusted(op_type, tuple(inputs), tuple(outs), attrs, subfunctions,
                         dict(meta) if meta else {})
         self.function.ops.append(op)
@@ -114,14 +122,17 @@ class Emitter:
             plan = self._team_plans[(kind, team, root)] = (
                 tuple(r for r in team if r in self.present),
                 [i for i, r in enumerate(in_ranks) if r in self.present],
-                [i for i, r in enumerate(out_ranks) if r in self.present], len(out_ranks))
-        here, in_at, out_at, n_out = plan
+                [i for i, r in enumerate(out_ranks) if r in self.present], len(out_ranks),
+                kind.op_type)
+        here, in_at, out_at, n_out, op_type = plan
         result: List[Optional[Value]] = [None] * n_out
         if not here:
             return result
+        # ``attrs`` is this call's own dict (keyword arguments): completed in place
         if len(here) < len(team):
-            attrs = dict(attrs, present=here)
-        made = self.op(kind.op_type, [inputs[i] for i in in_at], dict(attrs, ranks=team),
+            attrs["present"] = here
+        attrs["ranks"] = team
+        made = self.op(op_type, [inputs[i] for i in in_at], attrs,
                        [names[i] for i in out_at], meta)
         for i, v in zip(out_at, made):
             result[i] = v
