@@ -13,11 +13,7 @@ the queues decide which communications may overlap on a device.
   ``Schedule1F1B`` issue a stage's send to the next stage and its receive
   from it in one ``batch_isend_irecv``, one NCCL group, whose calls
   progress concurrently (NCCL's *sendrecv*: "both sending and receiving at
-  the same time"). Transfers issued one call each (``p2p: separate``,
-  :mod:`.launch_queue`, as DeepSpeed's pipeline engine issues them) share
-  one queue per pair, ``p2p-<peer>``: PyTorch's ProcessGroupNCCL runs a
-  pair's point-to-point calls on the pair's one communicator and stream,
-  in the order issued.
+  the same time").
 * **Collectives**, by the ``comm_streams`` setting:
 
   - ``per-group`` (NCCL's behaviour): one queue per process group. PyTorch's
@@ -94,13 +90,12 @@ def record_stream(op: Op, mode: str) -> str:
     return group_stream(op.attrs["ranks"]) if mode == "per-group" else COMM_STREAM
 
 
-def comm_queues(rank: int, kinds: np.ndarray, kind_ops: Sequence[Op], mode: str,
-                pairs: bool = False) -> List[Tuple[str, Optional[List[int]]]]:
+def comm_queues(rank: int, kinds: np.ndarray, kind_ops: Sequence[Op], mode: str
+                ) -> List[Tuple[str, Optional[List[int]]]]:
     """The queues of ``rank``'s communication ops, given the kind of each
     in program order (``kinds``; ``kind_ops[k]``, an op of kind ``k``: a
     kind has one team): ``(queue name, positions in kinds)``, positions None
-    when one queue takes them all; ``pairs``: one point-to-point queue per
-    peer, not per direction. Names are unique on the rank: a second
+    when one queue takes them all. Names are unique on the rank: a second
     group whose team has the shape of another's is named by its ranks."""
     by_team: Dict[frozenset, str] = {}  # a group's ranks -> its queue
     distinct = np.unique(kinds).tolist()
@@ -110,10 +105,7 @@ def comm_queues(rank: int, kinds: np.ndarray, kind_ops: Sequence[Op], mode: str,
         ranks = op.attrs["ranks"]
         if is_point_to_point(op):
             src, dst = ranks
-            if pairs:
-                name = f"{P2P_STREAM}-{dst if src == rank else src}"
-            else:
-                name = f"{P2P_STREAM}-to-{dst}" if src == rank else f"{P2P_STREAM}-from-{src}"
+            name = f"{P2P_STREAM}-to-{dst}" if src == rank else f"{P2P_STREAM}-from-{src}"
         elif mode == "shared":
             name = COMM_STREAM
         else:

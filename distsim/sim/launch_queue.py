@@ -93,10 +93,10 @@ issues its point-to-point transfers (SendRecv), as each engine's code does:
   keeps the requests to wait on where the received tensor is used, and
   does not synchronise).
 * ``synchronous``: grouped as ``async``, but after each group the host
-  waits for it: the compute op issued next on the device starts no earlier
-  than the end of every transfer issued since the compute op before it,
-  sends included. Megatron-LM's ``p2p_communication._communicate`` of
-  2021-2022 calls ``req.wait()`` on each request of its
+  waits for it: what the device issues next (its next compute op, and any
+  collective or transfer after the group) starts no earlier than the end
+  of every transfer of the group, sends included. Megatron-LM's
+  ``p2p_communication._communicate`` of 2021-2022 calls ``req.wait()`` on each request of its
   ``batch_isend_irecv`` and then ``torch.cuda.synchronize()`` ("To protect
   against race condition when using batch_isend_irecv()"), as does
   Megatron-core with ``batch_p2p_comm`` and ``batch_p2p_sync`` (its
@@ -104,14 +104,13 @@ issues its point-to-point transfers (SendRecv), as each engine's code does:
 * ``separate``: every transfer is its own call, as DeepSpeed's pipeline
   engine issues them (``runtime/pipe/p2p.py``: ``send`` and ``recv`` call
   ``dist.send`` / ``dist.recv`` one at a time, in the order of its
-  ``TrainSchedule``): under blocking launches each is a launch of its own,
-  one after another; the two ways between a pair of ranks share one queue
-  (PyTorch's ProcessGroupNCCL runs a pair's sends and receives on the
-  pair's one communicator and stream, in the order issued,
-  :mod:`.comm_queues`); and, since ``dist.send`` / ``dist.recv`` wait for
+  ``TrainSchedule``), each a group of its own: one launch each under
+  blocking launches, and, since ``dist.send`` / ``dist.recv`` wait for
   their work (``work.wait()`` makes the compute stream wait for the NCCL
-  stream), the compute op issued next waits for them, as under
-  ``synchronous``.
+  stream, and ProcessGroupNCCL makes the next call's stream wait for the
+  compute stream), what the device issues after one waits for it, as
+  under ``synchronous``: a device's transfers run one after another, the
+  two ways of a 1F1B exchange too.
 
 The wait is the device's: the host's launch queue (``host_launch_s``) is
 not restarted after it, so a synchronised group does not add the host's
@@ -125,7 +124,7 @@ token is ready when it ends, a compute op's when it ends; each
 communication op reads the token(s) of the launch before it on its rank,
 and a compute op after a communication launch starts a block that reads
 its token(s); under ``p2p: synchronous`` or ``separate`` the transfers
-have tokens too, and a compute op after transfers reads theirs. ``H`` is
+have tokens too, and every op issued after a group of them reads theirs. ``H`` is
 added to the compute ops' durations (:func:`blocking_durations`) and to
 the communication ops' arrivals.
 """
@@ -243,9 +242,9 @@ def serialise_launches(ix, cost: CostModel, blocking: bool = True, stream: bool 
     (:func:`blocking_durations`). Otherwise, with ``stream``, *stream order*
     (module docstring): each communication op reads the end of the compute
     op issued last before it on its rank. ``p2p`` (module docstring,
-    *Pipeline transfers*): ``separate`` makes each transfer a launch of its
-    own; ``synchronous`` and ``separate`` make a compute op issued after
-    transfers read their tokens. Returns the number of the first token
+    *Pipeline transfers*): ``separate`` makes each transfer a group of its
+    own; ``synchronous`` and ``separate`` make every op issued after a
+    group read the tokens of its transfers. Returns the number of the first token
     (collective ``c``'s is that plus ``c`` under ``blocking`` or a ``p2p``
     that waits; the compute ops' come after the collectives'), one past the
     last, and each compute stream's waits (None everywhere without
@@ -280,20 +279,22 @@ def serialise_launches(ix, cost: CostModel, blocking: bool = True, stream: bool 
         exports: List[Tuple[int, int]] = []
         k = -1                      # position in the rank's comm stream
         unit: List[int] = []        # blocking: the tokens of the last communication launch
-        sent: List[int] = []        # the transfers' tokens since the last compute op
         grouped = False             # the last launch is a group of point-to-point transfers
+        run: List[int] = []         # the tokens of the transfers of the group being issued
+        synced: Tuple[int, ...] = ()    # ... of the last group the host waited for
         before: Tuple[int, ...] = ()
         for i in near:
             x = item[i]
             if not comm[i]:         # a compute op after a communication launch
+                if run:             # after a group of transfers: it waits for them
+                    synced, run = tuple(run), []
                 if blocking:
                     reads[x] = tuple(unit)
-                elif sent:
-                    reads[x] = tuple(sent)
+                elif synced:
+                    reads[x] = synced
                 continue
             k += 1
             if i and not comm[i - 1]:   # after a compute op: its end
-                sent = []
                 if ordered:
                     exports.append((item[i - 1], next(tokens)))
                     before, unit, grouped = (exports[-1][1],), [], p2p_of[x]
@@ -302,8 +303,13 @@ def serialise_launches(ix, cost: CostModel, blocking: bool = True, stream: bool 
                 before, unit, grouped = tuple(unit), [], p2p_of[x]
             if blocking:
                 unit.append(first + x)
-            if joins and p2p_of[x]:
-                sent.append(first + x)
+            if joins:
+                if run and not (grouping and p2p_of[x]):    # the group before it ended
+                    synced, run = tuple(run), []
+                if p2p_of[x]:
+                    run.append(first + x)
+                if synced:
+                    inputs[k] = inputs[k] + synced
             if before:
                 inputs[k] = inputs[k] + before
         if compute is not None:

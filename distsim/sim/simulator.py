@@ -38,8 +38,8 @@ launch tokens (:mod:`.launch_queue`) make each launch wait for the one
 before it on its device. Under ``comm_order: stream`` the same tokens make
 each communication op wait for the compute op issued before it on its
 device, as PyTorch's ProcessGroupNCCL does, and under ``p2p: synchronous``
-or ``separate`` a compute op wait for the pipeline transfers issued before
-it, as Megatron-LM's and DeepSpeed's pipeline engines do.
+or ``separate`` what a device issues after a group of pipeline transfers
+wait for them, as Megatron-LM's and DeepSpeed's pipeline engines do.
 
 A program that cannot finish ends with a :class:`SimulationError` that lists
 every blocked op per device (:mod:`.liveness`).
@@ -96,9 +96,10 @@ class SimulationOptions:
     issued before it on its device, as PyTorch's ProcessGroupNCCL orders
     streams), see :mod:`.launch_queue`;
     ``p2p``: how the training engine issues pipeline transfers: "async"
-    (grouped, the host goes on), "synchronous" (grouped, the next compute
-    waits for the group, as Megatron-LM's ``torch.cuda.synchronize()``) or
-    "separate" (each its own call, as DeepSpeed's), see :mod:`.launch_queue`;
+    (grouped, the host goes on), "synchronous" (grouped, what comes next
+    waits for the group, as after Megatron-LM's ``torch.cuda.synchronize()``)
+    or "separate" (each its own group, as DeepSpeed's calls), see
+    :mod:`.launch_queue`;
     ``record_memory``: keep the memory curve (peaks are always kept);
     ``record_links``: keep each link's utilisation over time
     (``Trace.link_samples``, for links.png and trace.json's link counters;
@@ -499,8 +500,7 @@ class Simulator:
                 indices, inputs = ix.comm_streams[rank], ix.comm_inputs[rank]
                 kinds = ix.collective_kind[np.asarray(indices, dtype=np.int64)]
                 for stream, positions in comm_queues(rank, kinds, ix.collective_kinds,
-                                                     self.options.comm_streams,
-                                                     self._p2p == "separate"):
+                                                     self.options.comm_streams):
                     self.env.process(self._comm_stream(rank, indices, inputs, positions, stream))
         self._run_events()
         if self._blocked:

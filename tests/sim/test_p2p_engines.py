@@ -3,12 +3,13 @@
 
 * ``async``: a group of transfers, and compute issued after a send runs
   while it is in flight (Megatron-core with ``overlap_p2p_comm``);
-* ``synchronous``: the compute op issued after a group waits for every
-  transfer of it, sends included (Megatron-LM's ``_communicate``:
-  ``req.wait()`` then ``torch.cuda.synchronize()``);
+* ``synchronous``: what a device issues after a group (compute, a
+  collective) waits for every transfer of it, sends included
+  (Megatron-LM's ``_communicate``: ``req.wait()`` then
+  ``torch.cuda.synchronize()``);
 * ``separate``: each transfer its own call (DeepSpeed's ``p2p.send`` /
-  ``p2p.recv``): one launch each under blocking launches, the two ways of
-  a pair on one queue, and the compute after them waits for them.
+  ``p2p.recv``), a group of its own: one launch each under blocking
+  launches, and a device's transfers one after another.
 
 Times by hand on the toy star of ``test_blocking_launch`` (an add 1 ms, a
 100 MB point-to-point SEND = 2 us + 1 ms = 1.002 ms, analytical network),
@@ -102,11 +103,40 @@ def test_synchronous_compute_waits_for_the_whole_group_sends_included():
     assert trace.step_time_s == pytest.approx(4 * MS + SEND, rel=1e-12)     # 5.002 ms
 
 
+def test_synchronous_a_collective_after_a_group_waits_for_it_too():
+    # the host waits before it issues anything: an all-reduce of rank 1's
+    # own (tiny, 100 f16 values on ranks 1 and 2) issued after the group
+    # starts at the send's end, 3.002 ms, not at 2 ms with the transfers
+    b = FunctionBuilder("relay_then_collective")
+    x = b.input("x", TensorType((N // 100,), F16, 0))
+    y = b.input("y", TensorType((N,), F16, 1))
+    v = [b.input(f"v{r}", TensorType((100,), F16, r)) for r in (1, 2)]
+    f0 = b.op("add", [x, x], name="f0")
+    f1 = b.op("add", [y, y], name="f1")
+    g1 = b.op("add", [f1, f1], name="g1")
+    t01 = b.op("comm.sendrecv", [f0], {"ranks": (0, 1)}, name="t01")
+    t12 = b.op("comm.sendrecv", [g1], {"ranks": (1, 2)}, name="t12")
+    s = b.op("comm.allreduce", v, {"ranks": (1, 2), "algorithm": "ring"}, name=["s1", "s2"])
+    program = b.finish([t01, t12, *s])
+    got, _ = run(program, "async", devices=3, p2p="synchronous")
+    assert got[(1, "s1")].start_s == pytest.approx(2 * MS + SEND, rel=1e-12)
+    got, _ = run(program, "async", devices=3, p2p="async")
+    assert got[(1, "s1")].start_s == pytest.approx(2 * MS, rel=1e-12)
+
+
+def test_separate_transfers_of_a_device_run_one_after_the_other():
+    # the relay, async launches: the send 1 -> 2 waits for the receive
+    # before it (2.012 ms), though its peer and queue differ
+    got, trace = run(relay(), "async", devices=3, p2p="separate")
+    assert got[(1, "t12")].start_s == pytest.approx(2 * MS + SMALL, rel=1e-12)
+    assert trace.step_time_s == pytest.approx(4 * MS + SMALL + SEND, rel=1e-12)
+
+
 @pytest.mark.parametrize("launch", ["async", "blocking"])
 def test_separate_transfers_of_a_pair_run_one_after_the_other(launch):
     # the 1F1B exchange: the activation 0 -> 1 from 2 ms (stage 1's
-    # backward) to 3.002 ms, then the gradient 1 -> 0 to 4.004 ms (one
-    # queue for the pair; under blocking launches also one launch each);
+    # backward) to 3.002 ms, then the gradient 1 -> 0 to 4.004 ms (each
+    # its own group; under blocking launches also one launch each);
     # each stage's next task waits for both: 4.004 - 5.004 ms
     got, trace = run(exchange_of_a_1f1b_step(), launch, p2p="separate")
     assert got[(0, "act")].start_s == pytest.approx(2 * MS, rel=1e-12)
