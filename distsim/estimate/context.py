@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..ir.comm import CollectiveType
 from ..ir.types import DType
 from ..models.gpt import GPTConfig
-from ..sim.launch_queue import DEFAULT_COMM_ORDER
+from ..sim.launch_queue import DEFAULT_COMM_ORDER, DEFAULT_P2P
 from ..topology import Topology
 from ..transforms.pipeline import partition_balanced, partition_layers
 from ..transforms.strategy import Strategy
@@ -57,6 +57,8 @@ class Case:
     #: data-parallel ranks for the weights, as the lowering sees them)
     cp: int = 1
     cp_comm: str = "allgather"
+    #: the simulator's ``p2p`` (:mod:`distsim.sim.launch_queue`)
+    p2p: str = DEFAULT_P2P
 
 
 @lru_cache(maxsize=256)
@@ -155,7 +157,7 @@ class StepContext:
         self.memo = Memo() if memo is None else memo
         # -- the walk's state --------------------------------------------------
         self.tl = Timeline(S.pp, per_group=case.comm_streams == "per-group",
-                           stream_order=case.comm_order == "stream")
+                           stream_order=case.comm_order == "stream", p2p=case.p2p)
         self.flops = [0.0] * S.pp
         #: per stage, the flat gradient copies (bytes, end of their
         #: reduce-scatter) that may outlive the backward that made them
