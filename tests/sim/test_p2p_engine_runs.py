@@ -1,11 +1,11 @@
 """``p2p`` on whole training steps: the option through
 :func:`distsim.simulate` and ``distsim simulate``, symmetry and
-coarsening keeping the step, and a sweep's choices."""
+coarsening keeping the step, and a sweep's choices (a bad value: with
+``launch``'s, ``test_blocking_launch_runs``)."""
 import pytest
 
 import distsim
 from distsim.cli import main
-from distsim.errors import ConfigError
 
 #: a pipeline with tensor and data parallelism on 8 GPUs: every stream kind
 RUN = dict(model="tiny", topology="dgx-a100", dp=2, tp=2, pp=2, microbatches=4,
@@ -37,17 +37,6 @@ def test_each_engine_finishes_no_faster_and_symmetry_with_coarsening_keeps_it(st
 def test_the_setting_is_in_the_runs_configuration():
     assert distsim.simulate(**RUN, p2p="synchronous").config["p2p"] == "synchronous"
     assert distsim.simulate(**RUN).config["p2p"] == "async"
-
-
-def test_a_bad_p2p_setting_is_one_line_in_the_api_and_exit_2_in_the_cli(tmp_path, capsys):
-    with pytest.raises(ConfigError, match="^--p2p: must be one of 'async', 'synchronous', "
-                                          "'separate', got 'sync'$"):
-        distsim.simulate(**RUN, p2p="sync")
-    with pytest.raises(SystemExit) as info:   # argparse's choices, one line (cli.Parser)
-        main(["simulate", "--p2p", "sync", "--out", str(tmp_path / "o")])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert "--p2p: invalid choice: 'sync'" in err
 
 
 def test_the_cli_runs_a_synchronous_engine(tmp_path):

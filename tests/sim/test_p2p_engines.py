@@ -16,7 +16,7 @@ Times by hand on the toy star of ``test_blocking_launch`` (an add 1 ms, a
 in stream order (``comm_order: stream``, the default)."""
 import pytest
 from test_blocking_launch import MS, SEND, US, run
-from test_pipeline_transfers import exchange_of_a_1f1b_step
+from test_pipeline_transfers import exchange_of_a_1f1b_step, two_stage_tasks
 
 from distsim.errors import ConfigError, SimulationError
 from distsim.ir import DType, FunctionBuilder, TensorType
@@ -63,21 +63,22 @@ def test_compute_after_a_send_waits_for_it_when_the_engine_synchronises(p2p):
     assert trace.step_time_s == pytest.approx(3 * MS + SEND, rel=1e-12)     # 4.002 ms
 
 
-def relay():
+def relay(collective: bool = False):
     """Three stages. Rank 1 ends a task of two adds (2 ms), then receives
     1 MB from rank 0 (``t01``, its forward f0 of 1 ms) and sends 100 MB to
     rank 2 (``t12``), one group; then an add of its own (u1, reading
     nothing sent) and one reading the receive (c1); rank 2 reads the send
-    (c2)."""
+    (c2). ``collective``: after the group, in place of the adds, an
+    all-reduce of 100 f16 values of ranks 1 and 2 (s1, s2)."""
     b = FunctionBuilder("relay")
-    x = b.input("x", TensorType((N // 100,), F16, 0))
-    y = b.input("y", TensorType((N,), F16, 1))
+    f0, g1 = two_stage_tasks(b, sent0=N // 100)
     w = b.input("w", TensorType((100,), F16, 1))
-    f0 = b.op("add", [x, x], name="f0")
-    f1 = b.op("add", [y, y], name="f1")
-    g1 = b.op("add", [f1, f1], name="g1")
     t01 = b.op("comm.sendrecv", [f0], {"ranks": (0, 1)}, name="t01")
     t12 = b.op("comm.sendrecv", [g1], {"ranks": (1, 2)}, name="t12")
+    if collective:
+        v = [w, b.input("v2", TensorType((100,), F16, 2))]
+        s = b.op("comm.allreduce", v, {"ranks": (1, 2), "algorithm": "ring"}, name=["s1", "s2"])
+        return b.finish([t01, t12, *s])
     u1 = b.op("add", [w, w], name="u1")
     c1 = b.op("add", [t01, t01], name="c1")
     c2 = b.op("add", [t12, t12], name="c2")
@@ -105,19 +106,9 @@ def test_synchronous_compute_waits_for_the_whole_group_sends_included():
 
 def test_synchronous_a_collective_after_a_group_waits_for_it_too():
     # the host waits before it issues anything: an all-reduce of rank 1's
-    # own (tiny, 100 f16 values on ranks 1 and 2) issued after the group
-    # starts at the send's end, 3.002 ms, not at 2 ms with the transfers
-    b = FunctionBuilder("relay_then_collective")
-    x = b.input("x", TensorType((N // 100,), F16, 0))
-    y = b.input("y", TensorType((N,), F16, 1))
-    v = [b.input(f"v{r}", TensorType((100,), F16, r)) for r in (1, 2)]
-    f0 = b.op("add", [x, x], name="f0")
-    f1 = b.op("add", [y, y], name="f1")
-    g1 = b.op("add", [f1, f1], name="g1")
-    t01 = b.op("comm.sendrecv", [f0], {"ranks": (0, 1)}, name="t01")
-    t12 = b.op("comm.sendrecv", [g1], {"ranks": (1, 2)}, name="t12")
-    s = b.op("comm.allreduce", v, {"ranks": (1, 2), "algorithm": "ring"}, name=["s1", "s2"])
-    program = b.finish([t01, t12, *s])
+    # own (tiny) issued after the group starts at the send's end, 3.002 ms,
+    # not at 2 ms with the transfers
+    program = relay(collective=True)
     got, _ = run(program, "async", devices=3, p2p="synchronous")
     assert got[(1, "s1")].start_s == pytest.approx(2 * MS + SEND, rel=1e-12)
     got, _ = run(program, "async", devices=3, p2p="async")
