@@ -70,11 +70,11 @@ def add_parser(sub) -> None:
                    help="how the training engine issues pipeline transfers: async: a "
                         "stage's transfers as one group (batch_isend_irecv) and the host "
                         "goes on, so compute after a send overlaps it (Megatron-core with "
-                        "overlap_p2p_comm); synchronous: grouped, and the next compute waits "
-                        "for the whole group, sends included (Megatron-LM 2021-2022: "
-                        "torch.cuda.synchronize() after each); separate: each send and "
-                        "receive its own call, one after another between a pair of ranks "
-                        "and one launch each under --launch blocking, the next compute "
+                        "overlap_p2p_comm); synchronous: grouped, and whatever the device "
+                        "issues next waits for the whole group, sends included (Megatron-LM "
+                        "2021-2022: torch.cuda.synchronize() after each); separate: each "
+                        "send and receive its own call, a device's transfers one after "
+                        "another, one launch each under --launch blocking, what follows "
                         "waiting for them (DeepSpeed's pipeline engine) "
                         "(default: %(default)s)")
     g.add_argument("--max-wall-s", type=float, dest="max_wall_s", default=0.0, metavar="S",
