@@ -37,7 +37,8 @@ from .report.chrome_trace import (TracePlan,
 from .report.links import plot_links
 from .report.training_metrics import format_training_metrics, peak_flops_of, training_metrics
 from .sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
-from .sim.launch_queue import DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, check_comm_order, check_launch
+from .sim.launch_queue import (DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, DEFAULT_P2P, check_comm_order,
+                               check_launch, check_p2p)
 from .sim.collectives import check_algorithm_name
 from .sim.simulator import SimulationOptions, simulate_function
 from .sim.trace import Trace
@@ -448,7 +449,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
              symmetry: Optional[bool] = None, coarsen: Optional[bool] = None,
              network_mode: str = "flow", collective_algo: str = "auto",
              comm_streams: str = DEFAULT_COMM_STREAMS, launch: str = DEFAULT_LAUNCH,
-             comm_order: str = DEFAULT_COMM_ORDER,
+             comm_order: str = DEFAULT_COMM_ORDER, p2p: str = DEFAULT_P2P,
              max_ops: Optional[int] = None, max_wall_s: Optional[float] = None,
              max_trace_records: Optional[int] = None, record_links: bool = False,
              progress: Optional[Callable[[str], None]] = None) -> SimulationResult:
@@ -477,6 +478,7 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
     check_comm_streams(comm_streams)
     check_launch(launch)
     check_comm_order(comm_order)
+    check_p2p(p2p)
     if not isinstance(record_links, bool):
         raise ConfigError(f"distsim.simulate: record_links: must be True or False, "
                           f"got {record_links!r}")
@@ -495,14 +497,15 @@ def simulate(model: Union[str, Mapping[str, Any]] = DEFAULT_MODEL,
             verified = [_verified(program, topo)]
         say(f"simulating {len(program.ops):,} ops on {topo.num_devices:,} devices")
         config.update(network_mode=network_mode, collective_algo=collective_algo,
-                      comm_streams=comm_streams, launch=launch, comm_order=comm_order)
+                      comm_streams=comm_streams, launch=launch, comm_order=comm_order,
+                      p2p=p2p)
         # Symmetry: a family that built a reduced program (meta "represents")
         # has applied it already; otherwise the simulator finds the classes.
         symmetry = bool(config.get("symmetry")) and not program.meta.get("represents")
         options_ = SimulationOptions(network_mode=network_mode,
                                      collective_algorithm=collective_algo,
                                      comm_streams=comm_streams, launch=launch,
-                                     comm_order=comm_order,
+                                     comm_order=comm_order, p2p=p2p,
                                      symmetry=symmetry,
                                      max_wall_s=clock.remaining(), record_links=record_links)
         # the event loop stops itself at the deadline, naming the blocked

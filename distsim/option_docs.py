@@ -131,6 +131,16 @@ RUN: Group = ("Simulation", (
                    "it) or 'stream' (default: also no earlier than the end of the compute op "
                    "issued before it on its device, as PyTorch's ProcessGroupNCCL orders the "
                    "communication stream behind the compute stream)"),
+    ("p2p", "how the training engine issues its pipeline transfers: 'async' (default: a "
+            "stage's transfers as one group, batch_isend_irecv, and the host goes on: "
+            "compute after a send overlaps it; Megatron-core with overlap_p2p_comm), "
+            "'synchronous' (grouped, and what the device issues after a group waits for all "
+            "of it, sends included: Megatron-LM 2021-2022's torch.cuda.synchronize() after "
+            "each) or "
+            "'separate' (each send and receive its own call, as DeepSpeed's pipeline engine: "
+            "a device's transfers one after another, one launch each under blocking "
+            "launches, what follows waiting for them); the estimator refuses the last two "
+            "with comm_order 'inputs'"),
     ("max_ops", "refuse, before building it, a program estimated at more than this many "
                 "ops (None: 50,000,000; 0: no limit)"),
     ("max_wall_s", "stop a run still going after this many seconds of wall-clock time, "

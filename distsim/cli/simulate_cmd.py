@@ -12,7 +12,8 @@ from ..program_file import is_program_model
 from ..report.chrome_trace import DEFAULT_MAX_TRACE_RECORDS
 from ..report.summary import summary_json
 from ..sim.comm_queues import COMM_STREAM_MODES, DEFAULT_COMM_STREAMS
-from ..sim.launch_queue import COMM_ORDERS, DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, LAUNCH_MODES
+from ..sim.launch_queue import (COMM_ORDERS, DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, DEFAULT_P2P,
+                                LAUNCH_MODES, P2P_MODES)
 from .options import (add_model_options, add_onnx_options, add_strategy_options,
                       add_topology_option, program_options)
 from .status_line import StatusLine
@@ -64,6 +65,17 @@ def add_parser(sub) -> None:
                         "member has reached it, overlapping compute issued before it; stream: "
                         "also no earlier than the end of the compute op issued before it on "
                         "its device, as PyTorch's ProcessGroupNCCL orders its streams "
+                        "(default: %(default)s)")
+    g.add_argument("--p2p", choices=P2P_MODES, default=DEFAULT_P2P,
+                   help="how the training engine issues pipeline transfers: async: a "
+                        "stage's transfers as one group (batch_isend_irecv) and the host "
+                        "goes on, so compute after a send overlaps it (Megatron-core with "
+                        "overlap_p2p_comm); synchronous: grouped, and whatever the device "
+                        "issues next waits for the whole group, sends included (Megatron-LM "
+                        "2021-2022: torch.cuda.synchronize() after each); separate: each "
+                        "send and receive its own call, a device's transfers one after "
+                        "another, one launch each under --launch blocking, what follows "
+                        "waiting for them (DeepSpeed's pipeline engine) "
                         "(default: %(default)s)")
     g.add_argument("--max-wall-s", type=float, dest="max_wall_s", default=0.0, metavar="S",
                    help="stop a simulation still running after S seconds of wall-clock time "
@@ -118,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     with StatusLine() as status:
         result = simulate(network_mode=args.network_mode, collective_algo=args.collective_algo,
                           comm_streams=args.comm_streams, launch=args.launch,
-                          comm_order=args.comm_order,
+                          comm_order=args.comm_order, p2p=args.p2p,
                           record_links=not args.no_link_samples,
                           max_trace_records=args.max_trace_records, max_wall_s=args.max_wall_s,
                           progress=status, **program_options(args))

@@ -30,13 +30,17 @@ without building or simulating the whole program. A peer of
   before them (``comm_order: inputs`` / ``stream``); the backward's
   tensor-parallel collectives in autodiff's order or issued before the
   weight-gradient GEMMs (``tp_overlap``, the template lowered so);
-  gradient buffers in the parameters' dtype or in fp32 (``fp32_grads``).
+  gradient buffers in the parameters' dtype or in fp32 (``fp32_grads``);
+  every way of issuing the pipeline's transfers (``p2p``: grouped and
+  not waited for, or waited for by what follows a group, :mod:`.p2p_groups`,
+  or each its own group; the last two under stream order only).
 - *Refuses*, with the :class:`~distsim.errors.ConfigError` (or
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model
-  (``launch: blocking``, ZeRO 2 with ``ep`` = dp: the experts' gradients
+  (``launch: blocking``, ``p2p: synchronous`` or ``separate`` with
+  ``comm_order: inputs``, ZeRO 2 with ``ep`` = dp: the experts' gradients
   whole beside the others reduce-scattered, ``fp32_grads`` with ZeRO 2/3
   over dp > 1, ``ep`` with ``cp``: expert-parallel groups cut from the
   dp x cp ranks, which its per-layer profile does not lay out) with

@@ -22,7 +22,7 @@ from ..ir.comm import CollectiveType
 from ..ir.types import DType
 from ..models.gpt import GPTConfig
 from ..run_options import DEFAULT_NETWORK_MODE
-from ..sim.launch_queue import DEFAULT_COMM_ORDER
+from ..sim.launch_queue import DEFAULT_COMM_ORDER, DEFAULT_P2P
 from ..topology import Topology
 from ..transforms.pipeline import partition_balanced, partition_layers
 from ..transforms.strategy import Strategy
@@ -62,6 +62,8 @@ class Case:
     #: the simulator's ``network_mode``: under ``flow`` pipeline transfers
     #: that share links at once are timed together (:mod:`.shared_links`)
     network_mode: str = DEFAULT_NETWORK_MODE
+    #: the simulator's ``p2p`` (:mod:`distsim.sim.launch_queue`)
+    p2p: str = DEFAULT_P2P
 
 
 @lru_cache(maxsize=256)
@@ -160,7 +162,7 @@ class StepContext:
         self.memo = Memo() if memo is None else memo
         # -- the walk's state --------------------------------------------------
         self.tl = Timeline(S.pp, per_group=case.comm_streams == "per-group",
-                           stream_order=case.comm_order == "stream")
+                           stream_order=case.comm_order == "stream", p2p=case.p2p)
         if case.network_mode == "flow" and S.pp > 1:
             self.tl.links = SharedLinks(case.topology, case.collective_algo,
                                         [self.rank0(s) for s in range(S.pp)])

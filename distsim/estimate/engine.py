@@ -33,7 +33,9 @@ With ``stream_order`` (the simulator's ``comm_order: stream``,
 earlier than the end of the compute its devices issued before it: items
 are added in each stage's program order, so that is the stage's compute
 stream's end when the item is added (:meth:`Timeline.issued`, which every
-communication item goes through).
+communication item goes through). Under an engine that waits for its
+pipeline transfers (``p2p: synchronous`` / ``separate``) what a stage
+issues after a group of them waits for it (:mod:`.p2p_groups`).
 
 Items are added in program order, and an item can only depend on items
 added before it, so the order of addition is an order in which every item
@@ -49,6 +51,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .overlap import span_overlap
+from .p2p_groups import TransferGroups
 from .spans import Run, shifted, spans, union
 
 COMPUTE, COMM = 0, 1
@@ -59,11 +62,13 @@ class Timeline:
     settled as items are added, with what :meth:`stage_breakdown` needs
     kept per stage."""
 
-    def __init__(self, stages: int, per_group: bool = False, stream_order: bool = False
-                 ) -> None:
+    def __init__(self, stages: int, per_group: bool = False, stream_order: bool = False,
+                 p2p: str = "async") -> None:
         self.stages = stages
         self.per_group = per_group
         self.stream_order = stream_order
+        #: the simulator's ``p2p``: None for ``async``
+        self.groups = None if p2p == "async" else TransferGroups(p2p == "synchronous")
         # per_group: the data-parallel group's stream of each stage, the
         # tied embedding's of each pair of stages, and per stage the spans
         # of both (in no order: unioned with the others when counted)
@@ -137,6 +142,7 @@ class Timeline:
         t.per_group, t.dp_free, t.emb_free = self.per_group, list(self.dp_free), \
             dict(self.emb_free)
         t.stream_order = self.stream_order
+        t.groups = None if self.groups is None else self.groups.copy()
         t.emb_items = self.emb_items
         t.group_starts = [list(x) for x in self.group_starts]
         t.group_ends = [list(x) for x in self.group_ends]
@@ -428,7 +434,11 @@ class Timeline:
         bytes (``sizes``) and receiving task (``key``), sharing links with
         the transfers placed before it (:mod:`.shared_links`)."""
         pair = (a, b)
-        if self.stream_order:           # :meth:`issued`, the two stages
+        groups = self.groups
+        if groups is not None:          # behind the stages' compute or open groups
+            at_a, at_b = groups.issued(self, a), groups.issued(self, b)
+            ready = max(ready, at_a, at_b)
+        elif self.stream_order:         # :meth:`issued`, the two stages
             free = self.free
             if free[2 * a] > ready:
                 ready = free[2 * a]
@@ -454,6 +464,9 @@ class Timeline:
             if end > arrived:
                 arrived = end
             start = end
+        if groups is not None and times:
+            groups.waited(self, a, at_a, start)
+            groups.waited(self, b, at_b, start)
         return arrived
 
     def run(self) -> float:

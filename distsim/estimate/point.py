@@ -133,7 +133,8 @@ from ..keywords import plain, unknown_name
 from ..models import check_batch_options, load_model_config
 from ..models.gpt_family import gpt_config, model_flops_per_step, resolve_batch, validate
 from ..sim.comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams
-from ..sim.launch_queue import DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, check_comm_order, check_launch
+from ..sim.launch_queue import (DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, DEFAULT_P2P, check_comm_order,
+                                check_launch, check_p2p)
 from ..run_options import (DEFAULT_NETWORK_MODE, check_max_ops, check_max_trace_records,
                            check_network_mode)
 from ..topology import load_topology
@@ -169,7 +170,7 @@ _MODEL_FIELDS = ("layers", "hidden", "batch", "dtype", "seq", "heads", "kv_heads
                  "dispatch")
 #: Every option an estimate takes (the names an unknown one is compared with).
 _KNOWN = (*IGNORED, *_MODEL_FIELDS, *Strategy.__dataclass_fields__, "model", "topology",
-          "collective_algo", "comm_streams", "launch", "comm_order", "train",
+          "collective_algo", "comm_streams", "launch", "comm_order", "p2p", "train",
           "input_shapes")
 
 
@@ -223,6 +224,11 @@ def resolve(options: Mapping[str, Any]) -> Case:
         raise _not_modelled("launch 'blocking' (every kernel launch waiting for its kernel, "
                             "no compute/communication overlap)")
     comm_order = check_comm_order(opts.pop("comm_order", DEFAULT_COMM_ORDER))
+    p2p = check_p2p(opts.pop("p2p", DEFAULT_P2P))
+    if p2p != DEFAULT_P2P and comm_order != "stream":
+        # its timeline holds what comes after a group of transfers behind
+        # the stage's compute (:mod:`.p2p_groups`), which only stream order reads
+        raise _not_modelled(f"p2p '{p2p}' with comm_order '{comm_order}'")
     config = _model_config(model) if isinstance(model, str) else load_model_config(model)
     if config.get("family") != "gpt":
         raise ConfigError(f"estimate: model '{config.get('name')}' is of the "
@@ -268,7 +274,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     # cp); the per-layer profile holds its attention collectives
     return Case(config, c, flat, m, topo, topology, algo, comm_streams,
                 comm_order, strategy.cp, strategy.cp_comm,
-                options.get("network_mode") or DEFAULT_NETWORK_MODE)
+                network_mode=options.get("network_mode") or DEFAULT_NETWORK_MODE, p2p=p2p)
 
 
 def _widens_grads(S: Strategy, c: Any) -> bool:
@@ -517,10 +523,13 @@ def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = N
     that part is emitted once and the walk forked
     (:meth:`Builder.resume`), with the same figures as two walks. GPipe's
     all-forward then all-backward order is not periodic in that sense:
-    always direct. ``memo``: what the timelines share
-    (:class:`.timeline.Memo`)."""
+    always direct; nor is a pipeline whose engine waits for its transfers
+    (``p2p`` not ``async``) from those lengths on (its waits reach the
+    periodic regime later: ZB-H1 over two stages adds 3.62 ms from three
+    micro-batches to four, 3.42 ms each after), so it is direct too.
+    ``memo``: what the timelines share (:class:`.timeline.Memo`)."""
     S, m = case.strategy, case.microbatches
-    if S.schedule == "gpipe":
+    if S.schedule == "gpipe" or case.p2p != DEFAULT_P2P:
         return _run_timeline(case, profile, memo)
     m1, m2 = extrapolation_lengths(S)
     if m <= 2 * m2 - m1:

@@ -24,7 +24,7 @@ STRATEGY_KEYS = ("dp", "tp", "pp", "sp", "zero", "recompute", "microbatches", "s
                  "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
                  "fusion", "ep", "tp_overlap", "fp32_grads")
 SIMULATION_KEYS = ("topology", "network_mode", "collective_algo", "comm_streams", "launch",
-                   "comm_order")
+                   "comm_order", "p2p")
 
 CHART_TITLES = {"gantt": ("Timeline by device", "gantt.png"),
                 "pipeline": ("Timeline by pipeline stage", "pipeline.png"),

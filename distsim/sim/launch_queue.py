@@ -79,6 +79,43 @@ transfer up (``tests/sim/test_pipeline_transfers.py``).
 
 The fast estimator (:mod:`distsim.estimate`) models both orders.
 
+**Pipeline transfers.** The ``p2p`` setting says how the training engine
+issues its point-to-point transfers (SendRecv), as each engine's code does:
+
+* ``async`` (the default): consecutive transfers of a device are one group,
+  issued at once (one ``batch_isend_irecv``, one NCCL group: one launch
+  under blocking launches, the two ways of a pair side by side), and the
+  host goes on: compute issued after a send runs while the send is in
+  flight; a compute op waits only for the receives it reads. Megatron-core
+  with ``overlap_p2p_comm`` (``pipeline_parallel/p2p_communication.py``:
+  ``_communicate(wait_on_reqs=False)`` issues each transfer with
+  ``_p2p_ops``, a send to one neighbour beside a receive from the other,
+  keeps the requests to wait on where the received tensor is used, and
+  does not synchronise).
+* ``synchronous``: grouped as ``async``, but after each group the host
+  waits for it: what the device issues next (its next compute op, and any
+  collective or transfer after the group) starts no earlier than the end
+  of every transfer of the group, sends included. Megatron-LM's
+  ``p2p_communication._communicate`` of 2021-2022 calls ``req.wait()`` on each request of its
+  ``batch_isend_irecv`` and then ``torch.cuda.synchronize()`` ("To protect
+  against race condition when using batch_isend_irecv()"), as does
+  Megatron-core with ``batch_p2p_comm`` and ``batch_p2p_sync`` (its
+  defaults).
+* ``separate``: every transfer is its own call, as DeepSpeed's pipeline
+  engine issues them (``runtime/pipe/p2p.py``: ``send`` and ``recv`` call
+  ``dist.send`` / ``dist.recv`` one at a time, in the order of its
+  ``TrainSchedule``), each a group of its own: one launch each under
+  blocking launches, and, since ``dist.send`` / ``dist.recv`` wait for
+  their work (``work.wait()`` makes the compute stream wait for the NCCL
+  stream, and ProcessGroupNCCL makes the next call's stream wait for the
+  compute stream), what the device issues after one waits for it, as
+  under ``synchronous``: a device's transfers run one after another, the
+  two ways of a 1F1B exchange too.
+
+The wait is the device's: the host's launch queue (``host_launch_s``) is
+not restarted after it, so a synchronised group does not add the host's
+launch time of the next kernel (0 by default).
+
 The simulator keeps its streams and queues; this module adds the order as
 dependencies on *launch tokens*, numbers past the program's values whose
 ready time is a launch's end (:func:`serialise_launches`, which also
@@ -86,8 +123,10 @@ adds stream order alone, the compute ops' tokens only): a collective's
 token is ready when it ends, a compute op's when it ends; each
 communication op reads the token(s) of the launch before it on its rank,
 and a compute op after a communication launch starts a block that reads
-its token(s). ``H`` is added to the compute ops' durations
-(:func:`blocking_durations`) and to the communication ops' arrivals.
+its token(s); under ``p2p: synchronous`` or ``separate`` the transfers
+have tokens too, and every op issued after a group of them reads theirs. ``H`` is
+added to the compute ops' durations (:func:`blocking_durations`) and to
+the communication ops' arrivals.
 """
 from __future__ import annotations
 
@@ -107,6 +146,9 @@ DEFAULT_LAUNCH = "async"
 #: the ``comm_order`` settings (module docstring, *Stream order*)
 COMM_ORDERS: Tuple[str, ...] = ("inputs", "stream")
 DEFAULT_COMM_ORDER = "stream"
+#: the ``p2p`` settings (module docstring, *Pipeline transfers*)
+P2P_MODES: Tuple[str, ...] = ("async", "synchronous", "separate")
+DEFAULT_P2P = "async"
 
 
 def check_launch(value: Any) -> str:
@@ -117,6 +159,11 @@ def check_launch(value: Any) -> str:
 def check_comm_order(value: Any) -> str:
     """``comm_order`` (``--comm-order``): one of :data:`COMM_ORDERS`."""
     return check_choice("--comm-order", value, COMM_ORDERS)
+
+
+def check_p2p(value: Any) -> str:
+    """``p2p`` (``--p2p``): one of :data:`P2P_MODES`."""
+    return check_choice("--p2p", value, P2P_MODES)
 
 #: (lead per op, first-launch bound per op), both as lists of floats
 Leads = Tuple[List[float], List[float]]
@@ -183,7 +230,8 @@ def blocking_durations(ops: list, stream_ops: List[int], durations: List[float],
     return (np.asarray(durations) + kernels * h).tolist(), np.where(kernels > 0, h, 0.0)
 
 
-def serialise_launches(ix, cost: CostModel, blocking: bool = True
+def serialise_launches(ix, cost: CostModel, blocking: bool = True, stream: bool = True,
+                       p2p: str = DEFAULT_P2P
                        ) -> Tuple[int, int, Dict[int, Optional[np.ndarray]]]:
     """Order every simulated rank's launches of ``ix`` (a
     :class:`~.program_index.ProgramIndex`) with launch tokens added to its
@@ -191,28 +239,34 @@ def serialise_launches(ix, cost: CostModel, blocking: bool = True
 
     ``blocking``: one after another (module docstring, *Blocking launches*),
     the host's launches added to the compute streams' durations
-    (:func:`blocking_durations`). Otherwise *stream order* only (module
-    docstring, *Stream order*): each communication op reads the end of the
-    compute op issued last before it on its rank, and nothing else changes.
-    Returns the number of the first token (under ``blocking`` collective
-    ``c``'s is that plus ``c``; the compute ops' come after the
-    collectives'), one past the last, and each compute stream's waits
-    (None everywhere without ``blocking``)."""
+    (:func:`blocking_durations`). Otherwise, with ``stream``, *stream order*
+    (module docstring): each communication op reads the end of the compute
+    op issued last before it on its rank. ``p2p`` (module docstring,
+    *Pipeline transfers*): ``separate`` makes each transfer a group of its
+    own; ``synchronous`` and ``separate`` make every op issued after a
+    group read the tokens of its transfers. Returns the number of the first token
+    (collective ``c``'s is that plus ``c`` under ``blocking`` or a ``p2p``
+    that waits; the compute ops' come after the collectives'), one past the
+    last, and each compute stream's waits (None everywhere without
+    ``blocking``)."""
     waits: Dict[int, Optional[np.ndarray]] = {}
-    for rank, stream in ix.compute_streams.items():
+    for rank, compute in ix.compute_streams.items():
         if blocking:
-            stream.durations, waits[rank] = blocking_durations(ix.compute, stream.ops,
-                                                               stream.durations, cost)
+            compute.durations, waits[rank] = blocking_durations(ix.compute, compute.ops,
+                                                                compute.durations, cost)
         else:
             waits[rank] = None
     first = len(ix.values)
+    joins = p2p != "async"                  # compute waits for the transfers before it
+    grouping = p2p != "separate"            # consecutive transfers are one launch
     p2p_kind = np.fromiter(map(is_point_to_point, ix.collective_kinds), bool,
                            len(ix.collective_kinds))
-    p2p = p2p_kind[ix.collective_kind].tolist() if len(ix.collective_kind) else []
-    tokens = iter(range(first + (len(ix.collectives) if blocking else 0), 1 << 62))
+    p2p_of = p2p_kind[ix.collective_kind].tolist() if len(ix.collective_kind) else []
+    ordered = blocking or stream
+    tokens = iter(range(first + (len(ix.collectives) if blocking or joins else 0), 1 << 62))
     for rank, colls in ix.comm_streams.items():
-        stream = ix.compute_streams.get(rank)
-        ops = np.asarray(stream.ops if stream is not None else [], np.int64)
+        compute = ix.compute_streams.get(rank)
+        ops = np.asarray(compute.ops if compute is not None else [], np.int64)
         cs = np.asarray(colls, np.int64)
         pos = np.concatenate([ix.compute_position[ops], ix.collective_position[cs]])
         order = np.argsort(pos, kind="stable")
@@ -224,29 +278,44 @@ def serialise_launches(ix, cost: CostModel, blocking: bool = True
         reads: Dict[int, Tuple[int, ...]] = {}
         exports: List[Tuple[int, int]] = []
         k = -1                      # position in the rank's comm stream
-        unit: List[int] = []        # the tokens of the last communication launch
-        grouped = False             # it is a group of point-to-point transfers
+        unit: List[int] = []        # blocking: the tokens of the last communication launch
+        grouped = False             # the last launch is a group of point-to-point transfers
+        run: List[int] = []         # the tokens of the transfers of the group being issued
+        synced: Tuple[int, ...] = ()    # ... of the last group the host waited for
         before: Tuple[int, ...] = ()
         for i in near:
             x = item[i]
             if not comm[i]:         # a compute op after a communication launch
+                if run:             # after a group of transfers: it waits for them
+                    synced, run = tuple(run), []
                 if blocking:
                     reads[x] = tuple(unit)
+                elif synced:
+                    reads[x] = synced
                 continue
             k += 1
             if i and not comm[i - 1]:   # after a compute op: its end
-                exports.append((item[i - 1], next(tokens)))
-                before, unit, grouped = (exports[-1][1],), [], p2p[x]
-            elif blocking and not (grouped and p2p[x]):   # after a communication launch
-                before, unit, grouped = tuple(unit), [], p2p[x]
+                if ordered:
+                    exports.append((item[i - 1], next(tokens)))
+                    before, unit, grouped = (exports[-1][1],), [], p2p_of[x]
+            elif blocking and not (grouped and grouping and p2p_of[x]):
+                # after a communication launch
+                before, unit, grouped = tuple(unit), [], p2p_of[x]
             if blocking:
                 unit.append(first + x)
+            if joins:
+                if run and not (grouping and p2p_of[x]):    # the group before it ended
+                    synced, run = tuple(run), []
+                if p2p_of[x]:
+                    run.append(first + x)
+                if synced:
+                    inputs[k] = inputs[k] + synced
             if before:
                 inputs[k] = inputs[k] + before
-        if stream is not None:
-            starts = dict(stream.block_starts)
+        if compute is not None:
+            starts = dict(compute.block_starts)
             for q, toks in reads.items():
                 starts[q] = starts.get(q, ()) + toks
-            stream.block_starts = sorted(starts.items())
-            stream.exports = sorted(chain(stream.exports, exports), key=itemgetter(0))
+            compute.block_starts = sorted(starts.items())
+            compute.exports = sorted(chain(compute.exports, exports), key=itemgetter(0))
     return first, next(tokens), waits

@@ -15,7 +15,8 @@ import simpy
 from ..errors import SimulationError
 
 #: what a blocked op waits for when it is a launch token (blocking
-#: launches, :mod:`.launch_queue`), in place of an input value
+#: launches, stream order, a p2p that waits: :mod:`.launch_queue`), in
+#: place of an input value
 PREVIOUS_LAUNCH = "previous launch"
 
 
@@ -65,7 +66,7 @@ def blocked_report(blocked: Dict[Tuple[int, str], tuple], reached: float,
     for (rank, stream), (op, value, coll) in sorted(blocked.items(), key=lambda item: item[0]):
         if value is PREVIOUS_LAUNCH:
             why = ("waiting for the launch before it to finish (launch: blocking, "
-                   "comm_order: stream)")
+                   "comm_order: stream, or p2p: synchronous or separate)")
         elif value is not None:
             why = f"waiting for input %{value.name}"
         else:

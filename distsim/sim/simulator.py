@@ -37,7 +37,9 @@ waits for each launch to finish before the next: the streams stay, and
 launch tokens (:mod:`.launch_queue`) make each launch wait for the one
 before it on its device. Under ``comm_order: stream`` the same tokens make
 each communication op wait for the compute op issued before it on its
-device, as PyTorch's ProcessGroupNCCL does.
+device, as PyTorch's ProcessGroupNCCL does, and under ``p2p: synchronous``
+or ``separate`` what a device issues after a group of pipeline transfers
+wait for them, as Megatron-LM's and DeepSpeed's pipeline engines do.
 
 A program that cannot finish ends with a :class:`SimulationError` that lists
 every blocked op per device (:mod:`.liveness`).
@@ -61,8 +63,9 @@ from ..ir.occupancy import occupied_bytes
 from ..ir.value_table import ValueTable
 from .collectives import bytes_sent_by, resolve_algorithm, run_collective
 from .comm_queues import DEFAULT_COMM_STREAMS, check_comm_streams, comm_queues
-from .launch_queue import (DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, Leads, check_comm_order,
-                           check_launch, leads_by_rank, op_times, serialise_launches)
+from .launch_queue import (DEFAULT_COMM_ORDER, DEFAULT_LAUNCH, DEFAULT_P2P, Leads,
+                           check_comm_order, check_launch, check_p2p, leads_by_rank, op_times,
+                           serialise_launches)
 from .liveness import PREVIOUS_LAUNCH, blocked_report, run_events
 from .memory import MemoryAccounting
 from .network import Network
@@ -92,6 +95,11 @@ class SimulationOptions:
     are ready) or "stream" (and no earlier than the end of the compute op
     issued before it on its device, as PyTorch's ProcessGroupNCCL orders
     streams), see :mod:`.launch_queue`;
+    ``p2p``: how the training engine issues pipeline transfers: "async"
+    (grouped, the host goes on), "synchronous" (grouped, what comes next
+    waits for the group, as after Megatron-LM's ``torch.cuda.synchronize()``)
+    or "separate" (each its own group, as DeepSpeed's calls), see
+    :mod:`.launch_queue`;
     ``record_memory``: keep the memory curve (peaks are always kept);
     ``record_links``: keep each link's utilisation over time
     (``Trace.link_samples``, for links.png and trace.json's link counters;
@@ -116,6 +124,7 @@ class SimulationOptions:
     comm_streams: str = DEFAULT_COMM_STREAMS
     launch: str = DEFAULT_LAUNCH
     comm_order: str = DEFAULT_COMM_ORDER
+    p2p: str = DEFAULT_P2P
     record_memory: bool = True
     record_links: bool = False
     symmetry: bool = False
@@ -184,8 +193,9 @@ class Simulator:
         check_comm_streams(self.options.comm_streams)
         self._blocking = check_launch(self.options.launch) == "blocking"
         self._stream_order = check_comm_order(self.options.comm_order) == "stream"
-        #: under blocking launches, collective c's launch token is this + c
-        #: (:func:`.launch_queue.serialise_launches`); -1 otherwise
+        self._p2p = check_p2p(self.options.p2p)
+        #: under blocking launches or a p2p that waits, collective c's launch
+        #: token is this + c (:func:`.launch_queue.serialise_launches`); -1 otherwise
         self._coll_token = -1
         self._waits: Dict[int, Optional[np.ndarray]] = {}   # see launch_queue.op_times
         self.env = simpy.Environment()
@@ -233,9 +243,10 @@ class Simulator:
                                         self._values)
         self._values = None
         numbers = len(ix.values)
-        if self._blocking or self._stream_order:
-            first, numbers, self._waits = serialise_launches(ix, self.cost, self._blocking)
-            if self._blocking:
+        if self._blocking or self._stream_order or self._p2p != DEFAULT_P2P:
+            first, numbers, self._waits = serialise_launches(
+                ix, self.cost, self._blocking, self._stream_order, self._p2p)
+            if self._blocking or self._p2p != DEFAULT_P2P:
                 self._coll_token = first
         self._ready = [None] * numbers
         for n in range(len(f.inputs)):       # function inputs are numbered first
@@ -456,7 +467,7 @@ class Simulator:
         self._finished.append(coll)
         ready, waiters = self._ready, self._waiters
         outputs = self.index.collective_outputs[coll.index]
-        if self._coll_token >= 0:     # blocking launches: its launch token
+        if self._coll_token >= 0:     # its launch token
             outputs = (*outputs, self._coll_token + coll.index)
         for n in outputs:
             ready[n] = end

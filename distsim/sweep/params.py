@@ -171,6 +171,9 @@ def _run_choices(name: str) -> Optional[Tuple[Any, ...]]:
     if name == "comm_order":
         from ..sim.launch_queue import COMM_ORDERS
         return COMM_ORDERS
+    if name == "p2p":
+        from ..sim.launch_queue import P2P_MODES
+        return P2P_MODES
     if name == "collective_algo":
         try:
             from ..sim.collective_algos import ALGORITHMS

@@ -24,8 +24,10 @@ every source ran on. The backward's tensor-parallel all-reduce sits where
 each source's Megatron-LM issued it (``tp_overlap``, per source below).
 Every run ran Megatron-LM's fused kernels (``fusion: megatron``:
 scale-mask-softmax, bias-GeLU, bias-dropout-add; ``--fusion none``
-simulates them unfused). The estimator's column estimates the same run
-with the same options; it refuses BLOOM's blocking launches.
+simulates them unfused). Each source's pipeline transfers are issued as
+its training engine issued them (``p2p``, :data:`P2P`). The estimator's
+column estimates the same run with the same options; it refuses BLOOM's
+blocking launches.
 
 Nothing here is fitted: the topologies are the repository's (the DGX A100
 cluster ``dgx-a100-xN``; Jean Zay for BLOOM, described beside this file
@@ -340,12 +342,29 @@ COMM_ORDER = "stream"
 FUSION = "megatron"
 
 
+#: how each source's training engine issued its pipeline transfers (``p2p``,
+#: distsim.sim.launch_queue): Megatron-LM of 2021 (Narayanan et al.'s sc21
+#: scripts) and 2022 (Korthikanti et al.) groups a stage's transfers in one
+#: ``batch_isend_irecv`` and calls ``torch.cuda.synchronize()`` after each
+#: group (``p2p_communication._communicate``): synchronous; DeepSpeed's
+#: pipeline engine, BLOOM's, calls ``dist.send`` / ``dist.recv`` one
+#: transfer at a time (``runtime/pipe/p2p.py``): separate; Megatron-core
+#: under NeMo 24.09 runs with ``overlap_p2p_comm: true``, ``batch_p2p_comm:
+#: false`` (``llama3_1_70b.yaml``), no synchronisation: async. The ZeRO-3
+#: rows have no pipeline.
+P2P = {"narayanan-t1": "synchronous", "narayanan-t2": "synchronous",
+       "korthikanti-t5": "synchronous", "bloom": "separate",
+       "dgxc-llama31": "async", "dgxc-llama31-tpoverlap": "async"}
+
+
 def all_runs() -> List[Dict[str, Any]]:
     runs = (table1() + table2() + table2_zero3() + korthikanti() + bloom()
             + dgxc_llama31())
     for run in runs:
         run["published"]["step_time_s"] = published_time(run)
         run["options"] = {"fusion": FUSION, **run["options"], "comm_order": COMM_ORDER}
+        if run["source"] in P2P:
+            run["options"]["p2p"] = P2P[run["source"]]
     return runs
 
 

@@ -478,6 +478,49 @@ def test_the_stream_ordered_estimate_agrees_with_the_simulation(options):
     _agrees(options)
 
 
+#: gaps of the memory walk under ZB-H1 with ZeRO 2 and 3 (the same with
+#: ``p2p: async``: not the engine's), found by this test's draws
+ZB_ZERO2_LAST_STAGE_MEMORY = (
+    "ZB-H1, ZeRO 2 over dp 4, pp 2, no sp (gpt3-1.3b, seq 512, two micro-batches): peak "
+    "memory on the last stage 4.7 % under the simulation's, whatever the engine or order")
+ZB_ZERO3_STREAM_MEMORY = (
+    "ZB-H1, ZeRO 3 (prefetch 1) over dp 2 x tp 2 x pp 2, sp, one micro-batch, stream order "
+    "(llama2-7b, 4 layers, seq 256): peak memory 1.06 % over the simulation's, whatever the "
+    "engine")
+
+
+@st.composite
+def waiting_engine_configurations(draw) -> Dict[str, Any]:
+    """A pipeline (pp > 1: the draw is rejected otherwise; any schedule,
+    ZB-H1 among them) whose engine waits for its transfers (``p2p:
+    synchronous`` or ``separate``), under stream order (the estimator
+    refuses them by inputs), with or without Megatron's fused kernels.
+    ZB-H1 with ZeRO 2 or 3 is drawn off: its memory walk has gaps of its
+    own there, whatever the engine (:data:`ZB_ZERO2_LAST_STAGE_MEMORY`,
+    :data:`ZB_ZERO3_STREAM_MEMORY`, the expected failures below)."""
+    o = draw(configurations(zero_bubble=draw(st.booleans())))
+    assume(o["pp"] > 1)
+    assume(not (o.get("schedule") == "zb-h1" and o["zero"] >= 2))
+    o["p2p"] = draw(st.sampled_from(["synchronous", "separate"]))
+    return _ordered_and_fused(draw, o, ("stream",))
+
+
+@example({'model': 'gpt3-1.3b', 'topology': 'dgx-a100', 'dp': 4, 'tp': 1, 'pp': 2,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 512, 'micro_batch': 1,
+          'global_batch': 8, 'schedule': 'zb-h1', 'zero': 2, 'recompute': 'none',
+          'optimizer': 'adamw', 'p2p': 'synchronous', 'comm_order': 'stream'}
+         ).xfail(raises=AssertionError, reason=ZB_ZERO2_LAST_STAGE_MEMORY)
+@example({'model': 'llama2-7b', 'topology': 'dgx-a100', 'dp': 2, 'tp': 2, 'pp': 2,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 2, 'schedule': 'zb-h1', 'sp': True, 'zero': 3, 'recompute': 'none',
+          'optimizer': 'adamw', 'p2p': 'synchronous', 'comm_order': 'stream'}
+         ).xfail(raises=AssertionError, reason=ZB_ZERO3_STREAM_MEMORY)
+@DRAWS
+@given(waiting_engine_configurations())
+def test_the_estimate_of_an_engine_waiting_for_its_transfers_agrees(options):
+    _agrees(options)
+
+
 @st.composite
 def tp_overlap_configurations(draw) -> Dict[str, Any]:
     """A configuration with tensor parallelism (tp > 1: the draw is

@@ -60,14 +60,20 @@ def test_the_setting_is_in_the_runs_configuration(steps):
     assert steps[("async", False, False)].config["launch"] == "async"
 
 
-def test_a_bad_launch_setting_is_one_line_in_the_api_and_exit_2_in_the_cli(tmp_path, capsys):
-    with pytest.raises(ConfigError, match="--launch: must be 'async' or 'blocking', got 'sync'"):
-        distsim.simulate(**RUN, launch="sync")
+@pytest.mark.parametrize("option, message", [
+    ("launch", "must be 'async' or 'blocking', got 'sync'"),
+    ("p2p", "must be one of 'async', 'synchronous', 'separate', got 'sync'"),
+])
+def test_a_bad_launch_or_p2p_setting_is_one_line_in_the_api_and_exit_2_in_the_cli(
+        option, message, tmp_path, capsys):
+    flag = f"--{option}"
+    with pytest.raises(ConfigError, match=f"^{flag}: {message}$"):
+        distsim.simulate(**RUN, **{option: "sync"})
     with pytest.raises(SystemExit) as info:   # argparse's choices, one line (cli.Parser)
-        main(["simulate", "--launch", "sync", "--out", str(tmp_path / "o")])
+        main(["simulate", flag, "sync", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert info.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert "--launch: invalid choice: 'sync'" in err
+    assert f"{flag}: invalid choice: 'sync'" in err
 
 
 def test_the_cli_runs_blocking_launches(tmp_path):

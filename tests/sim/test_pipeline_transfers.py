@@ -23,16 +23,22 @@ F16 = DType.F16
 N = int(5e7)                     # 100 MB of f16: one transfer takes SEND
 
 
+def two_stage_tasks(b, sent0: int = N, in1: int = N):
+    """Stage 0's task (an add, 1 ms) of ``sent0`` f16 values and stage 1's
+    (two adds, 2 ms) of ``in1``: their outputs ``(f0, b1)``."""
+    x = b.input("x", TensorType((sent0,), F16, 0))
+    y = b.input("y", TensorType((in1,), F16, 1))
+    f0 = b.op("add", [x, x], name="f0")
+    p1 = b.op("add", [y, y], name="p1")
+    return f0, b.op("add", [p1, p1], name="b1")
+
+
 def receiver_busy_before_its_receive():
     """Stage 0: its forward f0 (an add, 1 ms), sent to stage 1. Stage 1:
     its previous task (two adds, 2 ms) issued before the receive, then the
     forward reading what it received (an add, 1 ms)."""
     b = FunctionBuilder("recv_late")
-    x = b.input("x", TensorType((N,), F16, 0))
-    w = b.input("w", TensorType((100,), F16, 1))
-    f0 = b.op("add", [x, x], name="f0")
-    p1 = b.op("add", [w, w], name="p1")
-    q1 = b.op("add", [p1, p1], name="q1")
+    f0, q1 = two_stage_tasks(b, in1=100)
     t = b.op("comm.sendrecv", [f0], {"ranks": (0, 1)}, name="t")
     c1 = b.op("add", [t, t], name="c1")
     return b.finish([c1, q1])
@@ -60,11 +66,7 @@ def exchange_of_a_1f1b_step():
     other (one ``batch_isend_irecv`` each side), and each stage's next task
     (an add) reads what it received."""
     b = FunctionBuilder("exchange")
-    x = b.input("x", TensorType((N,), F16, 0))
-    g = b.input("g", TensorType((N,), F16, 1))
-    f0 = b.op("add", [x, x], name="f0")
-    p1 = b.op("add", [g, g], name="p1")
-    b1 = b.op("add", [p1, p1], name="b1")
+    f0, b1 = two_stage_tasks(b)
     act = b.op("comm.sendrecv", [f0], {"ranks": (0, 1)}, name="act")
     grad = b.op("comm.sendrecv", [b1], {"ranks": (1, 0)}, name="grad")
     c0 = b.op("add", [grad, grad], name="c0")
