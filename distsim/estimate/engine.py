@@ -24,7 +24,7 @@ without ``tp``, :meth:`Timeline.chain`), and each pair of stages one for
 the tied embedding's all-reduce (:meth:`Timeline.comm` over several
 stages): they run beside the tensor-parallel collectives and do not delay
 them. Their spans are counted with the communication in
-:meth:`Timeline.stage_breakdown`. A record (:meth:`Timeline.since`) then
+:func:`.time_split.stage_breakdown`. A record (:meth:`Timeline.since`) then
 holds the stage's data-parallel stream too; a task that put an item on a
 tied embedding's stream records nothing.
 
@@ -50,16 +50,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .overlap import span_overlap
 from .p2p_groups import TransferGroups
-from .spans import Run, shifted, spans, union
+from .spans import Run, shifted, spans
 
 COMPUTE, COMM = 0, 1
 
 
 class Timeline:
     """Two streams per stage (``2 * stage + COMPUTE`` and ``+ COMM``),
-    settled as items are added, with what :meth:`stage_breakdown` needs
+    settled as items are added, with what :func:`.time_split.stage_breakdown` needs
     kept per stage."""
 
     def __init__(self, stages: int, per_group: bool = False, stream_order: bool = False,
@@ -127,7 +126,7 @@ class Timeline:
         self.comm_runs: List[List[Run]] = [[] for _ in range(stages)]
         # a span that starts where the stream's last one ends extends it
         # (most of a backward's compute runs back to back: a third of the
-        # spans to keep and to sweep in :meth:`stage_breakdown`), but not
+        # spans to keep and to sweep in :func:`.time_split.stage_breakdown`), but not
         # one listed before a :meth:`mark` (a record starts there) or a
         # replayed run (its spans come after the lists' last): per stream,
         # how many spans of its list are sealed so. (Each method that adds
@@ -582,44 +581,3 @@ class Timeline:
                     end = self.dp_free[stage]
         if end > self.end:
             self.end = end
-
-    # -- accounting ----------------------------------------------------------
-    def comm_spans(self, stage: int) -> Tuple[Sequence[float], Sequence[float]]:
-        """The spans of ``stage``'s communication stream in order (its
-        lists with its replayed runs in place: :func:`.spans.spans`)."""
-        return spans(self.comm_runs[stage], self.comm_starts[stage], self.comm_ends[stage])
-
-    def stage_breakdown(self, stage: int, step_s: float,
-                        comm: Optional[Tuple[Sequence[float], Sequence[float]]] = None
-                        ) -> Dict[str, float]:
-        """Per rank of ``stage``, as the simulator's summary counts it:
-        compute (the busy part of its compute items), communication (its
-        communication-only items and the tensor-parallel waits inside
-        compute items), exposed communication (communication while nothing
-        computes), idle (the rest of the step). Items on one stream are
-        disjoint and in time order, so this is a linear sweep. ``comm``: the
-        stream's :meth:`comm_spans`, where the caller has them already."""
-        waits = self.waits[stage]
-        busy = self.busy[stage]
-        comm_s = self.comm_s[stage]
-        starts, ends = comm if comm is not None else self.comm_spans(stage)
-        runs_g = self.group_runs[stage]
-        if self.p2p_starts[stage] or self.group_starts[stage] or runs_g:
-            # the union of the collectives' and the transfers' spans, as the
-            # simulator's summary counts communication (the data-parallel
-            # stream's in any order)
-            parts_s = [starts, self.p2p_starts[stage], self.group_starts[stage]]
-            parts_e = [ends, self.p2p_ends[stage], self.group_ends[stage]]
-            if runs_g:
-                parts_s.append(shifted(runs_g, 0))
-                parts_e.append(shifted(runs_g, 1))
-            starts, ends = union(np.concatenate(parts_s), np.concatenate(parts_e))
-            # in order, as a loop adds them (numpy's cumsum adds one after
-            # the other; its sum would add pairwise)
-            comm_s = float((ends - starts).cumsum()[-1]) if len(starts) else 0.0
-        hidden = span_overlap(*spans(self.compute_runs[stage], self.compute_starts[stage],
-                                      self.compute_ends[stage]), starts, ends, ordered=True)
-        exposed = waits + comm_s - hidden
-        return {"compute_s": busy, "communication_s": comm_s + waits,
-                "exposed_communication_s": exposed,
-                "idle_s": max(0.0, step_s - busy - exposed)}

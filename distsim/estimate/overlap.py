@@ -1,5 +1,5 @@
 """The overlap of a stage's compute and communication spans, for the
-estimator's time split (:meth:`.engine.Timeline.stage_breakdown`):
+estimator's time split (:func:`.time_split.stage_breakdown`):
 :func:`distsim.intervals.merged_overlap`'s walk with numpy.
 
 ``merged_overlap`` walks two sorted lists of spans pair by pair, adding

@@ -121,9 +121,8 @@ import math
 from dataclasses import replace
 
 from functools import lru_cache
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
-import numpy as np
 
 from ..cost.device import check_compute_dtype
 from ..errors import ConfigError, DistsimError, NotModelledError, PassPreconditionError
@@ -144,10 +143,9 @@ from ..transforms.sync_policy import grad_buffer_dtype
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .profile import layer_profile, model_key, param_sizes
-from .engine import Timeline
-from .spans import union
 from .memory import estimate_memory
 from .context import Case, StepContext
+from .time_split import PARTS, figures
 from .timeline import Builder, Memo, shared_prefix
 
 __all__ = ["AGREEMENT_TOLERANCE", "Case", "cache_key", "check_zero_shards", "estimate",
@@ -396,83 +394,12 @@ def _profile_for(case: Case) -> LayerProfile:
     return layer_profile(*profile_key(case))
 
 
-_PARTS = ("compute_s", "communication_s", "exposed_communication_s", "idle_s")
-
-
-def _figures(builder: Builder, tl: Timeline) -> Dict[str, float]:
-    """Step time, the per-device means of the time split, and FLOPs per
-    step of every device, from ``builder``'s timeline ``tl``."""
-    b = builder.ctx
-    step = tl.run()
-    S = b.strategy
-    # each stage's communication spans, made once for both uses below
-    comm = [tl.comm_spans(s) for s in range(S.pp)]
-    parts = [tl.stage_breakdown(s, step, comm[s]) for s in range(S.pp)]
-    # communication counts each tensor-parallel collective's whole time, as
-    # the simulator's summary does, not only the wait it causes inside its
-    # compute item (the part under compute, e.g. the input gradient's
-    # all-reduce under the weight gradient's GEMM, is hidden, not absent);
-    # those of the op-by-op backward are communication items already
-    kinds = ("F", "B", "W") if b.profile.weight else ("F", "B")
-    for stage, part in enumerate(parts):
-        tp_s = b.microbatches * sum(
-            b.part(kind)[name].tp_comm_f if kind == "F" else b.part(kind)[name].tp_comm_b
-            for c in range(stage, b.chunks, S.pp) for kind in kinds
-            for name, _ in b.blocks_of(kind, c))
-        part["communication_s"] += (max(0.0, tp_s - tl.tp_items[stage])
-                                    - (tl.waits[stage] - tl.sync_waits[stage])
-                                    - _tp_under_transfers(tl, stage, b.tp_at.get(stage),
-                                                          comm[stage]))
-    out = {k: sum(p[k] for p in parts) / len(parts) for k in _PARTS}
-    out["step_time_s"] = step
-    out["total_flops"] = float(sum(b.flops) * S.dp * S.tp)
-    return out
-
-
-def _tp_under_transfers(tl: Timeline, stage: int, placed: Optional[dict],
-                        comm: Tuple[Sequence[float], Sequence[float]]) -> float:
-    """How long the tensor-parallel collectives placed on ``stage``
-    (``placed``: :attr:`.context.StepContext.tp_at`) overlap its pipeline
-    transfers where no communication item does: counted in both, once in
-    the simulator's union of a rank's communication ops. The overlap
-    ``|T & (P - C)|`` of the collectives T, the transfers P and the items C
-    (``comm``: their spans, :meth:`.engine.Timeline.comm_spans`) is
-    ``|T | C| + |P | C| - |T | P | C| - |C|``."""
-    if not placed or not tl.p2p_starts[stage]:
-        return 0.0
-    # the tasks of one plan share its spans: one numpy call per plan
-    t = np.concatenate([(spans[None, :, :] + np.asarray(starts)[:, None, None]).reshape(-1, 2)
-                        for spans, starts in placed.values()])
-    c_s, c_e = comm
-    p_s, p_e = union(tl.p2p_starts[stage], tl.p2p_ends[stage])
-
-    def near(s: np.ndarray, e: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        # the spans that meet a transfer (the others add nothing to the overlap)
-        i = np.searchsorted(p_e, s, side="right")
-        hit = (i < len(p_s)) & (p_s[np.minimum(i, len(p_s) - 1)] < e)
-        return s[hit], e[hit]
-
-    t = near(t[:, 0], t[:, 1])
-    c_s, c_e = near(np.asarray(c_s, dtype=float), np.asarray(c_e, dtype=float))
-    if not len(t[0]):
-        return 0.0
-
-    def length(*parts: Tuple[np.ndarray, np.ndarray]) -> float:
-        starts, ends = union(np.concatenate([s for s, _ in parts]),
-                             np.concatenate([e for _, e in parts]))
-        return float((ends - starts).sum())
-
-    cs, ts, ps = (c_s, c_e), t, (p_s, p_e)
-    return max(0.0, length(ts, cs) + length(ps, cs) - length(ts, ps, cs)
-               - (length(cs) if len(c_s) else 0.0))
-
-
 def _run_timeline(case: Case, profile: LayerProfile, memo: Optional[Memo] = None
                   ) -> Dict[str, float]:
-    """:func:`_figures` of the timeline of ``case`` (``memo``: shared with
+    """:func:`.time_split.figures` of the timeline of ``case`` (``memo``: shared with
     the other timelines of the configuration)."""
     builder = Builder(case, profile, memo)
-    return _figures(builder, builder.build())
+    return figures(builder, builder.build())
 
 
 def _with_microbatches(case: Case, m: int) -> Case:
@@ -542,8 +469,8 @@ def timeline_figures(case: Case, profile: LayerProfile, memo: Optional[Memo] = N
     w1, w2 = short.walk(), long.walk()
     short.advance(w1, shared_prefix(w1, w2, m1 - 1))
     w2 = long.resume(short, w1, w2)
-    a = _figures(short, short.complete(w1))
-    b = _figures(long, long.complete(w2))
+    a = figures(short, short.complete(w1))
+    b = figures(long, long.complete(w2))
     return {k: a[k] + (m - m1) * (b[k] - a[k]) / (m2 - m1) for k in a}
 
 
@@ -593,7 +520,7 @@ def _estimate(config: Mapping[str, Any]) -> Dict[str, Any]:
         "oom": bool(peak > capacity),
         "bubble_fraction": bubble,
         "bubble_s": bubble * step,
-        **{k: fig[k] for k in _PARTS},
+        **{k: fig[k] for k in PARTS},
         "num_devices": float(n),
         "total_flops": fig["total_flops"],
         "dp": S.dp, "global_batch": gb, "micro_batch": case.config.micro_batch,

@@ -379,7 +379,7 @@ class Builder:
         and the last ending with the task (a backward's first block takes
         its template wait off its start, not off its collectives). Only
         with a pipeline, whose transfers they may overlap
-        (``communication_s``: :func:`.point._figures`); None: none."""
+        (``communication_s``: :func:`.time_split.figures`); None: none."""
         ctx = self.ctx
         if ctx.pp == 1:
             return None

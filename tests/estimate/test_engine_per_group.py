@@ -2,6 +2,7 @@
 per process group): the data-parallel stream and the tied embedding's run
 beside the tensor-parallel stream a task holds. Times by hand."""
 from distsim.estimate.engine import Timeline
+from distsim.estimate.time_split import stage_breakdown
 
 
 def test_a_data_parallel_sync_does_not_wait_for_a_task_holding_the_tp_stream():
@@ -25,10 +26,10 @@ def test_per_group_the_tied_embedding_all_reduce_has_a_stream_of_its_own():
     assert tl.comm((0, 1), 1.0, 1.0) == 2.0
     assert tl.comm((0, 1), 1.0, 0.0) == 3.0   # its own group's queue: after it
     # stage 0 communicates 0-4 (the all-reduce covers the embedding's spans)
-    part = tl.stage_breakdown(0, 4.0)
+    part = stage_breakdown(tl, 0, 4.0)
     assert part["communication_s"] == 4.0 and part["exposed_communication_s"] == 4.0
     # stage 1: 0-1 (TP), 1-3 (embedding)
-    assert tl.stage_breakdown(1, 4.0)["communication_s"] == 3.0
+    assert stage_breakdown(tl, 1, 4.0)["communication_s"] == 3.0
 
 
 def test_a_per_group_record_holds_the_data_parallel_stream_and_replays_it():
@@ -44,7 +45,7 @@ def test_a_per_group_record_holds_the_data_parallel_stream_and_replays_it():
     assert tl.dp_free == [3.0, 13.0] and tl.free[2:] == [11.0, 11.0] and tl.run() == 13.0
     # its data-parallel span, kept as the record's shifted
     assert [(list(s + at), list(e + at)) for s, e, at in tl.group_runs[1]] == [([11.0], [13.0])]
-    assert tl.stage_breakdown(1, 13.0) == tl.stage_breakdown(0, 3.0) | {"idle_s": 10.0}
+    assert stage_breakdown(tl, 1, 13.0) == stage_breakdown(tl, 0, 3.0) | {"idle_s": 10.0}
     # a task that put an item on a tied embedding's stream records nothing
     mark = tl.mark(0)
     tl.comm((0, 1), 1.0, 3.0)
@@ -93,4 +94,4 @@ def test_a_block_whose_gathers_end_early_enough_replays_the_first_such_block():
     for gathered, before in ((0.0, 0.0), (5.5, 4.0), (10.0, 8.0)):
         emit_entries(SimpleNamespace(tl=fresh), 0, emitted, gathered, 0.0, before)
     assert fresh.free == tl.free and fresh.run() == tl.run() == 12.0
-    assert fresh.stage_breakdown(0, 12.0) == tl.stage_breakdown(0, 12.0)
+    assert stage_breakdown(fresh, 0, 12.0) == stage_breakdown(tl, 0, 12.0)
