@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.sync_policy import gather_groups
+from ..transforms.sync_policy import layer_gathers
 from .context import StepContext
 
 
@@ -95,11 +95,13 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
     params = [b.profile.params[owner][i] for owner, i in
               (blk.f_gather if kind == "F" else blk.b_gather)]
     dp = b.dp
-    # the lowering's groups (the unit, then each other parameter alone)
-    groups = gather_groups([p.numel for p in params], dp, b.by_layer)
+    # the lowering's groups (the unit, then each other parameter alone;
+    # under expert parallelism the others', then the experts' over their team)
+    teams = layer_gathers([p.numel for p in params], [p.expert for p in params], b.strategy)
+    groups = [group for group, _ in teams]
     items = [b.dp_time(CollectiveType.ALL_GATHER,
-                       sum(params[j].numel * params[j].dtype.itemsize for j in group))
-             for group in groups]
+                       sum(params[j].numel * params[j].dtype.itemsize for j in group), expert)
+             for group, expert in teams]
     item_of = {j: g for g, group in enumerate(groups) for j in group}
     upto, most = [], 0
     for j in range(len(params)):
@@ -258,8 +260,13 @@ def entrywise(b: StepContext) -> bool:
     parallelism, where the gathers run on the data-parallel stream and
     the block's tensor-parallel collectives on theirs, so that a block's
     compute waits for each gather only where it reads the parameter, and
-    its collectives for the compute making their inputs."""
-    return b.tl.per_group and b.block_comm
+    its collectives for the compute making their inputs. Under expert
+    parallelism too, on one communication stream: a MoE block's first
+    collective (its dispatch's all-to-all) comes after its attention, and
+    its compute reads each gathered parameter where it needs it, the
+    experts' (their reshapes) while the all-to-all waits behind their
+    gathers on that stream; the block-level task would wait for them all."""
+    return b.block_comm and (b.tl.per_group or b.strategy.ep > 1)
 
 
 #: An entry of :func:`entry_plan`: kind ("c" a compute run, "t" a

@@ -28,7 +28,7 @@ def param_bytes(b: StepContext, kind: str, block: str) -> List[Tuple[int, int]]:
         for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
             p = b.profile.params[owner][i]
             size = p.dtype.itemsize
-            hit.append((shard_size(p.numel, b.dp) * size, p.numel * size))
+            hit.append((shard_size(p.numel, b.team(p)) * size, p.numel * size))
         b.memo.gathered_bytes[(kind, block)] = hit
     return hit
 

@@ -277,16 +277,19 @@ def check_expert_parallel(S: Strategy) -> None:
     kept whole and updated as they are made, beside the others
     reduce-scattered each micro-batch, or after the backward with
     ``bucket_mb`` 0: their flat copies then outlive the experts' updates)
-    (:class:`.experts.ExpertSyncPolicy`); and ZeRO 3, whose gathers the
-    estimator times over the data-parallel team only, where the lowering
-    gathers an expert's weights over their dp / ep ranks (measured 6-11 %
-    off in step time)."""
+    (:class:`.experts.ExpertSyncPolicy`); and ZeRO 3 by layer
+    (``zero3_unit: layer``), whose MoE blocks gather two units, the
+    experts' over their own team beside the others' (the walk's gathers
+    and copy-ins know one unit per block). ZeRO 3 by parameter is
+    modelled: each parameter gathered over its own team
+    (:func:`~distsim.transforms.sync_policy.layer_gathers`)."""
     if S.ep > 1 and S.zero == 2 and S.dp == S.ep:
         raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 2 (the "
                             "experts' gradients kept whole, the others reduce-scattered)")
-    if S.ep > 1 and S.zero == 3:
-        raise _not_modelled("expert parallelism under ZeRO 3 (the experts' weights gathered "
-                            "over their dp / ep ranks)")
+    if S.ep > 1 and S.zero == 3 and S.zero3_unit == "layer":
+        raise _not_modelled("expert parallelism under ZeRO 3 by layer (zero3_unit 'layer': "
+                            "the experts' unit gathered over their dp / ep ranks beside the "
+                            "others')")
 
 
 def check_weight_gathers(case: Case, profile: LayerProfile) -> None:

@@ -112,8 +112,8 @@ def test_what_it_does_not_model_is_refused_in_one_line():
         estimate(_options(ALL_MOE, dp=8, ep=8))
     with pytest.raises(ConfigError, match="no experts"):
         estimate(_options("tiny", dp=8, ep=2))
-    # ZeRO 3: the experts' weights gathered over their own team, which the
-    # estimator's gathers do not walk
-    with pytest.raises(NotModelledError, match="expert parallelism under ZeRO 3") as refused:
-        estimate(_options(ALL_MOE, dp=8, ep=2, zero=3))
+    # ZeRO 3 by layer: a MoE block's two units (the experts' over their own
+    # team), which the walk's one unit per block does not hold
+    with pytest.raises(NotModelledError, match="under ZeRO 3 by layer") as refused:
+        estimate(_options(ALL_MOE, dp=8, ep=2, zero=3, zero3_unit="layer"))
     assert "\n" not in str(refused.value)
