@@ -58,6 +58,10 @@ class GatherPlan(NamedTuple):
     pre_change: Optional[float] = None
     #: ... and after its last one
     post_change: Optional[float] = None
+    #: per item, the positions of the parameters it gathers (under expert
+    #: parallelism the others' items come before the experts', not in the
+    #: order of the positions)
+    members: Tuple[Tuple[int, ...], ...] = ()
 
     @property
     def copy_out(self) -> float:
@@ -109,7 +113,7 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
         upto.append(most)
     unit = groups[0] if groups and len(groups[0]) > 1 else ()
     if not unit:
-        hit = GatherPlan(items, upto)
+        hit = GatherPlan(items, upto, members=tuple(groups))
     else:
         ps = [params[j] for j in unit]
         d = ps[0].dtype
@@ -121,7 +125,8 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
                        [(p.numel, d) for p in ps])[0]
         reshape_s = tuple(cost("reshape", [(p.numel, d)], [(p.numel, d)])[0] if j in unit
                           else 0.0 for j, p in enumerate(params))
-        hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes)
+        hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes,
+                         members=tuple(groups))
         blk = b.profile.blocks[block]
         segs = blk.f_segs if kind == "F" else blk.only
         if segs:

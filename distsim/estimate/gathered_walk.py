@@ -54,9 +54,10 @@ def entries_of(b: StepContext, kind: str, k: int, block: str, gate: float,
                 read, shard, whole = sizes[j]
                 gated = gate - plan.copy_in if j == 0 and plan.first is not None else gate
                 out.append((k, read, shard, whole, gated, at, at + items[j]))
-            else:
-                shard, whole = sizes[j]
-                out.append((k, j, shard, whole, gate, at, at + items[j]))
+            else:         # the parameter item j gathers
+                read = plan.members[j][0]
+                shard, whole = sizes[read]
+                out.append((k, read, shard, whole, gate, at, at + items[j]))
             at += items[j]
         first = upto + 1
     return out

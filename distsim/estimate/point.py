@@ -273,8 +273,8 @@ def _widens_grads(S: Strategy, c: Any) -> bool:
 def check_expert_parallel(S: Strategy) -> None:
     """Refuse the expert-parallel points whose experts' gradient sync
     differs in kind from the others' in a way the estimator does not
-    walk: ZeRO 2 with the experts' team one rank (dp = ep: their gradients
-    kept whole and updated as they are made, beside the others
+    walk: ZeRO 2 or 3 with the experts' team one rank (dp = ep: their
+    gradients kept whole and updated as they are made, beside the others
     reduce-scattered each micro-batch, or after the backward with
     ``bucket_mb`` 0: their flat copies then outlive the experts' updates)
     (:class:`.experts.ExpertSyncPolicy`); and ZeRO 3 by layer
@@ -283,9 +283,9 @@ def check_expert_parallel(S: Strategy) -> None:
     and copy-ins know one unit per block). ZeRO 3 by parameter is
     modelled: each parameter gathered over its own team
     (:func:`~distsim.transforms.sync_policy.layer_gathers`)."""
-    if S.ep > 1 and S.zero == 2 and S.dp == S.ep:
-        raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 2 (the "
-                            "experts' gradients kept whole, the others reduce-scattered)")
+    if S.ep > 1 and S.zero >= 2 and S.dp == S.ep:
+        raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO {S.zero} "
+                            "(the experts' gradients kept whole, the others reduce-scattered)")
     if S.ep > 1 and S.zero == 3 and S.zero3_unit == "layer":
         raise _not_modelled("expert parallelism under ZeRO 3 by layer (zero3_unit 'layer': "
                             "the experts' unit gathered over their dp / ep ranks beside the "
