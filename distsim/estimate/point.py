@@ -100,9 +100,18 @@ Only the ``gpt`` family is supported (other models are a ConfigError),
 mixtures of experts included: each layer is timed and counted by the block
 of its kind (:mod:`.layer_kinds`). Under expert parallelism (``ep`` > 1)
 each parameter is synchronised, ZeRO-sharded and updated over its team
-(dp, or dp / ep for an expert's weights), by a sync policy per team as
-the lowering's (:mod:`.experts`); ZeRO 2 with ``ep`` = dp (the experts'
-gradients whole beside the others reduce-scattered) is refused with a
+(dp, or dp / ep for an expert's weights:
+:func:`~distsim.transforms.sync_policy.sync_team`), by a sync policy per
+team as the lowering's (:mod:`.experts`). Under ZeRO 3 (by parameter) the
+template keeps its gradients local and gathers over no team, and the walk
+gathers each parameter over its own team, in the lowering's order
+(the others' first, then the experts':
+:func:`~distsim.transforms.sync_policy.layer_gathers`); a MoE block is
+emitted entry by entry
+(:func:`.gates.entrywise`: the experts' reshapes run while the dispatch's
+all-to-all waits behind their gathers). ZeRO 2 or 3 with ``ep`` = dp (the
+experts' gradients whole beside the others reduce-scattered) and ZeRO 3
+by layer with ``ep`` > 1 (two units per MoE block) are refused with a
 NotModelledError.
 Under context parallelism with ZeRO 3 the template gathers over no team
 (its gradients local: each rank holds its parameters whole, as at dp 1)
