@@ -125,14 +125,17 @@ CP_MODELS = {"gpt": ((2, 4), (512, 1024)), "gpt3-1.3b": ((2, 4), (1024, 2048)),
 CP_TOPOS = {"dgx-a100": 8, "dgx-a100-x2": 16, "workstation-4gpu-pcie": 4}
 
 
+def div(n, most):
+    """The powers of two up to 16 and ``most`` that divide ``n``."""
+    return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
+
+
 def sample_cp(rng: random.Random) -> dict:
     """A context-parallel point: cp 2 or 4 with each ``cp_comm`` (the
     ring under fused attention), tp, pp and its schedules, dp, sp, ZeRO
     0-2 (as drawn while the estimator refused cp with ZeRO 3; the
     agreement corpus's cp draws take ZeRO 3 too), recomputation, buckets,
     the mesh order, the optimizer."""
-    def div(n, most):
-        return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
     model = rng.choice(sorted(CP_MODELS))
     layer_counts, seqs = CP_MODELS[model]
     topo = rng.choice(sorted(CP_TOPOS))
@@ -159,6 +162,13 @@ def sample_cp(rng: random.Random) -> dict:
         o["sp"] = True
     o["zero"] = rng.randint(0, 2)
     o["recompute"] = rng.choice(["none", "selective", "full"])
+    draw_buckets_order_optimizer(rng, o)
+    return o
+
+
+def draw_buckets_order_optimizer(rng: random.Random, o: dict) -> None:
+    """Gradient buckets (none, 0 or 25 MB), the mesh order and the
+    optimizer into ``o`` (the cp and MoE samples' draws)."""
     bucket = rng.choice([None, 0, 25])
     if bucket is not None:
         o["bucket_mb"] = bucket
@@ -166,7 +176,6 @@ def sample_cp(rng: random.Random) -> dict:
     if order:
         o["order"] = order
     o["optimizer"] = rng.choice(["adamw", "sgd"])
-    return o
 
 
 #: mixtures of experts: model -> (layer counts, sequence lengths); the
@@ -183,8 +192,6 @@ def sample_moe(rng: random.Random) -> dict:
     parameter, its prefetch drawn; every point with ``ZERO3_ONLY``),
     recomputation, buckets, the mesh order, the optimizer, the routing
     balance and capacity factor."""
-    def div(n, most):
-        return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
     name = rng.choice(sorted(MOE_MODELS))
     layer_counts, seqs = MOE_MODELS[name]
     topo = rng.choice(sorted(CP_TOPOS))
@@ -210,13 +217,7 @@ def sample_moe(rng: random.Random) -> dict:
     if o["zero"] == 3 and rng.random() < .5:
         o["prefetch"] = rng.choice([0, 2])
     o["recompute"] = rng.choice(["none", "selective"])
-    bucket = rng.choice([None, 0, 25])
-    if bucket is not None:
-        o["bucket_mb"] = bucket
-    order = rng.choice((None,) + ORDERS)
-    if order:
-        o["order"] = order
-    o["optimizer"] = rng.choice(["adamw", "sgd"])
+    draw_buckets_order_optimizer(rng, o)
     o["routing_skew"] = rng.choice([0.0, 0.1, 0.3])
     return o
 
