@@ -15,7 +15,9 @@ without building or simulating the whole program. A peer of
   under every strategy :class:`~distsim.transforms.strategy.Strategy`
   describes: dp x tp x pp in any mesh order,
   expert parallelism (``ep``: the all-to-alls in each MoE block's
-  template, the experts' weights synchronised and sharded over dp / ep),
+  template, the experts' weights synchronised and sharded over dp / ep;
+  under ZeRO 3 by parameter each parameter gathered over its own team,
+  :func:`~distsim.transforms.sync_policy.layer_gathers`),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
   all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
   its parameters sharded and gathered over dp x cp), the GPipe /
@@ -40,10 +42,12 @@ without building or simulating the whole program. A peer of
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model
   (``launch: blocking``, ``p2p: synchronous`` or ``separate`` with
-  ``comm_order: inputs``, ZeRO 2 with ``ep`` = dp: the experts' gradients
-  whole beside the others reduce-scattered, ``fp32_grads`` with ZeRO 2/3
-  over dp > 1, ``ep`` with ``cp``: expert-parallel groups cut from the
-  dp x cp ranks, which its per-layer profile does not lay out) with
+  ``comm_order: inputs``, ZeRO 2 or 3 with ``ep`` = dp: the experts'
+  gradients whole beside the others reduce-scattered, ZeRO 3 by layer
+  with ``ep`` > 1: the experts' unit beside the others', ``fp32_grads``
+  with ZeRO 2/3 over dp > 1, ``ep`` with ``cp``: expert-parallel groups
+  cut from the dp x cp ranks, which its per-layer profile does not lay
+  out) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
@@ -67,7 +71,9 @@ without building or simulating the whole program. A peer of
   memory). Mixtures of experts have their own draws there (with expert
 parallelism too); their known
   gaps are on memory: ZeRO 3 prefetching the experts' weights (up to
-  3.3 %), and ``routing_skew`` 1 with tp and two micro-batches (1.5 %).
+  3.3 %; under expert parallelism up to 7.4 %), ``routing_skew`` 1 with
+  tp and two micro-batches (1.5 %), and ZeRO 3 under expert parallelism
+  on a model as small as ``tiny-moe`` (about 2 KiB over, up to 2.2 %).
   Context parallelism has its draws too. Under ``network_mode: flow``
   the corpus's seeds of long interleaved pipelines at tp 8 agree within
   it; its known gap there: a transfer's sharing is found when the
@@ -91,7 +97,8 @@ How it works: :mod:`.point` resolves the options and combines the parts;
 :mod:`.profile` lowers and simulates a two-layer template once per model
 shape and tensor-parallel layout (per-block times and memory; one per
 layer kind where a model mixes dense and MoE layers; under expert
-parallelism one expert-parallel group, :mod:`.experts`; with context
+parallelism one expert-parallel group, :mod:`.experts`, under ZeRO 3 its
+gradients kept local and its parameters gathered over no team; with context
 parallelism a tp x cp group, the attention's gathers, ring steps or
 all-to-alls simulated with it, its gradients kept local and, under ZeRO
 3, its parameters gathered over no team);

@@ -28,7 +28,8 @@ from ..transforms.pipeline import partition_balanced, partition_layers
 from ..transforms.strategy import Strategy
 from ..transforms.sync_policy import (accumulation_ops, bucket_bytes_of, grad_buffer_dtype,
                                       gradient_share,
-                                      scatters_each_microbatch, sync_route, unit_indices)
+                                      scatters_each_microbatch, sync_route, sync_team,
+                                      unit_indices)
 from .costs import ParamCost, collectives, op_costs
 from .engine import Timeline
 from .shared_links import SharedLinks
@@ -132,7 +133,7 @@ class StepContext:
         #: expert parallelism: an expert's weights synchronise (and ZeRO
         #: shard) over their expert-data-parallel team of dp / ep ranks
         #: (:meth:`~distsim.transforms.strategy.Strategy.edp_team`)
-        self.edp = self.dp // S.ep
+        self.edp = sync_team(S, True)
         self.edp_team = tuple(S.rank(d, 0, 0) for d in S.edp_team(0))
         self.zero = S.zero
         self.zero3 = self.zero == 3 and self.dp > 1
@@ -265,9 +266,10 @@ class StepContext:
         return hit
 
     def team(self, p: Param) -> int:
-        """The ranks ``p``'s gradient is synchronised and ZeRO-sharded over:
-        dp, or for an expert's weights dp / ep."""
-        return self.edp if p.expert else self.dp
+        """The ranks ``p``'s gradient is synchronised, ZeRO-sharded and
+        (ZeRO 3) gathered over: dp, or for an expert's weights dp / ep
+        (:func:`~distsim.transforms.sync_policy.sync_team`, the lowering's)."""
+        return sync_team(self.strategy, p.expert)
 
     def grad_dtype(self, p: Param) -> DType:
         """The dtype of ``p``'s gradient buffer, as the lowering's

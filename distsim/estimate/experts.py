@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Tuple, Union
 
-from ..transforms.sync_policy import SyncPolicy, SyncSink
+from ..transforms.sync_policy import SyncPolicy, SyncSink, sync_team
 from .blocks import LayerProfile, Param
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class ExpertSyncPolicy:
         S = ctx.strategy
         self.ctx = ctx
         self.main: SyncPolicy = SyncPolicy(S, sink, sink.nbytes)
-        self.experts: SyncPolicy = SyncPolicy(replace(S, dp=S.dp // S.ep, ep=1), sink,
+        self.experts: SyncPolicy = SyncPolicy(replace(S, dp=sync_team(S, True), ep=1), sink,
                                               sink.nbytes)
         self.pending, self.pending_bytes = self.main.pending, self.main.pending_bytes
         self.deferred = self.main.deferred

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.sync_policy import gather_groups
+from ..transforms.sync_policy import layer_gathers
 from .context import StepContext
 
 
@@ -58,6 +58,10 @@ class GatherPlan(NamedTuple):
     pre_change: Optional[float] = None
     #: ... and after its last one
     post_change: Optional[float] = None
+    #: per item, the positions of the parameters it gathers (under expert
+    #: parallelism the others' items come before the experts', not in the
+    #: order of the positions)
+    members: Tuple[Tuple[int, ...], ...] = ()
 
     @property
     def copy_out(self) -> float:
@@ -95,11 +99,13 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
     params = [b.profile.params[owner][i] for owner, i in
               (blk.f_gather if kind == "F" else blk.b_gather)]
     dp = b.dp
-    # the lowering's groups (the unit, then each other parameter alone)
-    groups = gather_groups([p.numel for p in params], dp, b.by_layer)
+    # the lowering's groups (the unit, then each other parameter alone;
+    # under expert parallelism the others', then the experts' over their team)
+    teams = layer_gathers([p.numel for p in params], [p.expert for p in params], b.strategy)
+    groups = [group for group, _ in teams]
     items = [b.dp_time(CollectiveType.ALL_GATHER,
-                       sum(params[j].numel * params[j].dtype.itemsize for j in group))
-             for group in groups]
+                       sum(params[j].numel * params[j].dtype.itemsize for j in group), expert)
+             for group, expert in teams]
     item_of = {j: g for g, group in enumerate(groups) for j in group}
     upto, most = [], 0
     for j in range(len(params)):
@@ -107,7 +113,7 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
         upto.append(most)
     unit = groups[0] if groups and len(groups[0]) > 1 else ()
     if not unit:
-        hit = GatherPlan(items, upto)
+        hit = GatherPlan(items, upto, members=tuple(groups))
     else:
         ps = [params[j] for j in unit]
         d = ps[0].dtype
@@ -119,7 +125,8 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
                        [(p.numel, d) for p in ps])[0]
         reshape_s = tuple(cost("reshape", [(p.numel, d)], [(p.numel, d)])[0] if j in unit
                           else 0.0 for j, p in enumerate(params))
-        hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes)
+        hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes,
+                         members=tuple(groups))
         blk = b.profile.blocks[block]
         segs = blk.f_segs if kind == "F" else blk.only
         if segs:
@@ -258,8 +265,13 @@ def entrywise(b: StepContext) -> bool:
     parallelism, where the gathers run on the data-parallel stream and
     the block's tensor-parallel collectives on theirs, so that a block's
     compute waits for each gather only where it reads the parameter, and
-    its collectives for the compute making their inputs."""
-    return b.tl.per_group and b.block_comm
+    its collectives for the compute making their inputs. Under expert
+    parallelism too, on one communication stream: a MoE block's first
+    collective (its dispatch's all-to-all) comes after its attention, and
+    its compute reads each gathered parameter where it needs it, the
+    experts' (their reshapes) while the all-to-all waits behind their
+    gathers on that stream; the block-level task would wait for them all."""
+    return b.block_comm and (b.tl.per_group or b.strategy.ep > 1)
 
 
 #: An entry of :func:`entry_plan`: kind ("c" a compute run, "t" a

@@ -28,7 +28,7 @@ def param_bytes(b: StepContext, kind: str, block: str) -> List[Tuple[int, int]]:
         for owner, i in (blk.f_gather if kind == "F" else blk.b_gather):
             p = b.profile.params[owner][i]
             size = p.dtype.itemsize
-            hit.append((shard_size(p.numel, b.dp) * size, p.numel * size))
+            hit.append((shard_size(p.numel, b.team(p)) * size, p.numel * size))
         b.memo.gathered_bytes[(kind, block)] = hit
     return hit
 
@@ -54,9 +54,10 @@ def entries_of(b: StepContext, kind: str, k: int, block: str, gate: float,
                 read, shard, whole = sizes[j]
                 gated = gate - plan.copy_in if j == 0 and plan.first is not None else gate
                 out.append((k, read, shard, whole, gated, at, at + items[j]))
-            else:
-                shard, whole = sizes[j]
-                out.append((k, j, shard, whole, gate, at, at + items[j]))
+            else:         # the parameter item j gathers
+                read = plan.members[j][0]
+                shard, whole = sizes[read]
+                out.append((k, read, shard, whole, gate, at, at + items[j]))
             at += items[j]
         first = upto + 1
     return out

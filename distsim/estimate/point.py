@@ -102,9 +102,18 @@ Only the ``gpt`` family is supported (other models are a ConfigError),
 mixtures of experts included: each layer is timed and counted by the block
 of its kind (:mod:`.layer_kinds`). Under expert parallelism (``ep`` > 1)
 each parameter is synchronised, ZeRO-sharded and updated over its team
-(dp, or dp / ep for an expert's weights), by a sync policy per team as
-the lowering's (:mod:`.experts`); ZeRO 2 with ``ep`` = dp (the experts'
-gradients whole beside the others reduce-scattered) is refused with a
+(dp, or dp / ep for an expert's weights:
+:func:`~distsim.transforms.sync_policy.sync_team`), by a sync policy per
+team as the lowering's (:mod:`.experts`). Under ZeRO 3 (by parameter) the
+template keeps its gradients local and gathers over no team, and the walk
+gathers each parameter over its own team, in the lowering's order
+(the others' first, then the experts':
+:func:`~distsim.transforms.sync_policy.layer_gathers`); a MoE block is
+emitted entry by entry
+(:func:`.gates.entrywise`: the experts' reshapes run while the dispatch's
+all-to-all waits behind their gathers). ZeRO 2 or 3 with ``ep`` = dp (the
+experts' gradients whole beside the others reduce-scattered) and ZeRO 3
+by layer with ``ep`` > 1 (two units per MoE block) are refused with a
 NotModelledError.
 Under context parallelism with ZeRO 3 the template gathers over no team
 (its gradients local: each rank holds its parameters whole, as at dp 1)
@@ -286,20 +295,23 @@ def _widens_grads(S: Strategy, c: Any) -> bool:
 def check_expert_parallel(S: Strategy) -> None:
     """Refuse the expert-parallel points whose experts' gradient sync
     differs in kind from the others' in a way the estimator does not
-    walk: ZeRO 2 with the experts' team one rank (dp = ep: their gradients
-    kept whole and updated as they are made, beside the others
+    walk: ZeRO 2 or 3 with the experts' team one rank (dp = ep: their
+    gradients kept whole and updated as they are made, beside the others
     reduce-scattered each micro-batch, or after the backward with
     ``bucket_mb`` 0: their flat copies then outlive the experts' updates)
-    (:class:`.experts.ExpertSyncPolicy`); and ZeRO 3, whose gathers the
-    estimator times over the data-parallel team only, where the lowering
-    gathers an expert's weights over their dp / ep ranks (measured 6-11 %
-    off in step time)."""
-    if S.ep > 1 and S.zero == 2 and S.dp == S.ep:
-        raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 2 (the "
-                            "experts' gradients kept whole, the others reduce-scattered)")
-    if S.ep > 1 and S.zero == 3:
-        raise _not_modelled("expert parallelism under ZeRO 3 (the experts' weights gathered "
-                            "over their dp / ep ranks)")
+    (:class:`.experts.ExpertSyncPolicy`); and ZeRO 3 by layer
+    (``zero3_unit: layer``), whose MoE blocks gather two units, the
+    experts' over their own team beside the others' (the walk's gathers
+    and copy-ins know one unit per block). ZeRO 3 by parameter is
+    modelled: each parameter gathered over its own team
+    (:func:`~distsim.transforms.sync_policy.layer_gathers`)."""
+    if S.ep > 1 and S.zero >= 2 and S.dp == S.ep:
+        raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO {S.zero} "
+                            "(the experts' gradients kept whole, the others reduce-scattered)")
+    if S.ep > 1 and S.zero == 3 and S.zero3_unit == "layer":
+        raise _not_modelled("expert parallelism under ZeRO 3 by layer (zero3_unit 'layer': "
+                            "the experts' unit gathered over their dp / ep ranks beside the "
+                            "others')")
 
 
 def check_weight_gathers(case: Case, profile: LayerProfile) -> None:

@@ -113,7 +113,10 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
     # all-to-alls simulated with the attention they overlap), one
     # data-parallel replica's: its gradients stay local
     # (``local_gradients``), the estimate synchronises them over the dp x
-    # cp ranks as the lowering does
+    # cp ranks as the lowering does. Under ZeRO 3 an expert-parallel
+    # template keeps its gradients local too: its gathers over no team (each
+    # rank's parameters whole), the estimate gathering each over its own
+    # team (dp, or dp / ep for an expert's weights)
     lower = LowerSPMD(Strategy(dp=ep, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
                                prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
                                optimizer=optimizer, fusion=fusion, ep=ep,
@@ -122,7 +125,7 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
                                cp=cp, cp_comm=cp_comm, fp32_grads=fp32_grads),
                       _TEMPLATE_MICROBATCHES,
                       hyper_of(c, optimizer), c.master_dtype, representatives=representatives,
-                      local_gradients=cp > 1)
+                      local_gradients=cp > 1 or (ep > 1 and zero == 3))
     return step, lower(step), lower
 
 

@@ -24,8 +24,8 @@ The decisions (see :mod:`.zero` for the protocol they implement):
   parameter updated (:func:`update_plan`: what the update of one
   parameter consists of under a ZeRO stage);
 - ZeRO-3's gathers: which layers' parameters a task gathers as it enters
-  a layer (:func:`prefetch_window`), and in which groups
-  (:func:`gather_groups`).
+  a layer (:func:`prefetch_window`), and in which groups, each over
+  which team (:func:`layer_gathers`, :func:`sync_team`).
 
 Parameters are whatever the sink names them by (template values in the
 lowering, (block, layer, index) keys in the fast tier).
@@ -106,6 +106,15 @@ def grad_buffer_dtype(strategy: Strategy, dtype: DType) -> DType:
     return dtype
 
 
+def sync_team(strategy: Strategy, expert: bool) -> int:
+    """How many data-parallel ranks a parameter's gradient is synchronised
+    over, its ZeRO shards split over and, under ZeRO 3, its weights
+    gathered over: ``dp``, or for an expert's weights under expert
+    parallelism their expert-data-parallel team of ``dp / ep`` (the ranks
+    holding the same experts, :meth:`~.strategy.Strategy.edp_team`)."""
+    return strategy.dp // strategy.ep if expert else strategy.dp
+
+
 def gradient_share(strategy: Strategy, expert: bool) -> int:
     """By how many data-parallel ranks' tokens (besides the micro-batches)
     a rank's accumulated gradient is divided before its sync averages it
@@ -177,6 +186,23 @@ def gather_groups(numels: Sequence[int], dp: int, by_layer: bool) -> List[Tuple[
     unit = unit_indices(numels, dp) if by_layer else ()
     rest = [(i,) for i in range(len(numels)) if i not in unit]
     return ([unit] if unit else []) + rest
+
+
+def layer_gathers(numels: Sequence[int], experts: Sequence[bool], strategy: Strategy
+                  ) -> List[Tuple[Tuple[int, ...], bool]]:
+    """ZeRO-3: the all-gathers of a layer's parameters (``numels``: their
+    elements, in the order the layer first reads them; ``experts``: which
+    are an expert's weights), in the order issued, each (its parameters'
+    positions, whether over the experts' team): each parameter over its
+    own team (:func:`sync_team`), the others' gathers first, then the
+    experts' (:func:`gather_groups` per team: by layer, a unit of each)."""
+    out: List[Tuple[Tuple[int, ...], bool]] = []
+    for expert in (False, True):
+        own = [i for i, e in enumerate(experts) if e == expert]
+        for group in gather_groups([numels[i] for i in own], sync_team(strategy, expert),
+                                   strategy.zero3_unit == "layer"):
+            out.append((tuple(own[j] for j in group), expert))
+    return out
 
 
 def unit_indices(numels: Sequence[int], dp: int) -> Tuple[int, ...]:

@@ -86,7 +86,7 @@ from .emitter import em_builder
 from .lowering_context import LoweringContext
 from .optimizer import SGDHyper, sgd_update
 from .sync_policy import (SyncPolicy, accumulation_ops, grad_buffer_dtype, gradient_share,
-                          resident_layout, unit_indices, update_plan)
+                          resident_layout, sync_team, unit_indices, update_plan)
 from .zero3 import ParamGathers
 
 
@@ -132,11 +132,12 @@ class GradientSync:
         self.ctx = ctx
         #: ``local``: every rank keeps its gradients and whole optimizer
         #: state, as at dp 1 (no sync, no ZeRO shards over the dp x cp
-        #: ranks): the estimator's per-layer template on a tp x cp group
+        #: ranks): the estimator's per-layer template on a tp x cp group,
+        #: or on an expert-parallel group under ZeRO 3
         #: (:mod:`distsim.estimate.profile`), which times the gradient sync
-        #: on the real teams itself
+        #: and the gathers on the real teams itself
         self.local = local
-        self.strategy = replace(ctx.strategy, dp=1) if local else ctx.strategy
+        self.strategy = replace(ctx.strategy, dp=1, ep=1) if local else ctx.strategy
         self.step = step
         self.zero = self.strategy.zero
         self.hyper = hyper
@@ -153,7 +154,7 @@ class GradientSync:
         #: an expert's weights (expert parallelism) synchronise over the
         #: expert-data-parallel team of dp / ep ranks: a policy of that size
         self.expert_policy: Optional[SyncPolicy[Value]] = SyncPolicy(
-            replace(self.strategy, dp=self.strategy.dp // self.strategy.ep, ep=1), self,
+            replace(self.strategy, dp=sync_team(self.strategy, True), ep=1), self,
             self._buffer_bytes) if ctx.expert else None
         #: ZeRO-3's gathers of the parameters before their use
         self.gathers = ParamGathers(ctx, self.param_in, self.strategy)
@@ -302,7 +303,8 @@ class GradientSync:
         em = ctx.emitter
         meta = accumulation_meta(stage, mb, ctx.kind)
         self.bundles.release(p, r, stage, mb)
-        share = gradient_share(self.strategy, p in ctx.expert)
+        # an expert's share of tokens is the mesh's, kept local or not
+        share = gradient_share(ctx.strategy, p in ctx.expert)
         dtype = self.buffer_dtype(p)
         ops = accumulation_ops(mb, ctx.microbatches, share, cast=local.type.dtype != dtype)
         if "cast" in ops:

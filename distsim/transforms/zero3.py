@@ -2,7 +2,7 @@
 all-gathered before each use, prefetched, by parameter or by layer (see
 :mod:`.zero`'s docstring for the whole protocol; which layers a task
 gathers when, and in which groups, is :mod:`.sync_policy`'s
-:func:`~.sync_policy.prefetch_window` and :func:`~.sync_policy.gather_groups`)."""
+:func:`~.sync_policy.prefetch_window` and :func:`~.sync_policy.layer_gathers`)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -11,7 +11,7 @@ from ..ir.comm import CollectiveType
 from ..ir.core import Op, Value
 from .lowering_context import LoweringContext
 from .strategy import Strategy
-from .sync_policy import gather_groups, prefetch_window
+from .sync_policy import layer_gathers, prefetch_window, sync_team
 
 #: ZeRO-3: a gathered parameter takes its shape where it is first used,
 #: in a reshape named ``{param}{USE_MARK}{micro-batch}_r{rank}``
@@ -74,22 +74,18 @@ class ParamGathers:
             ahead, params = order[j]
             # an expert's weights gather over their expert-data-parallel team:
             # units of their own
-            for expert in (False, True):
-                todo = [p for p in params if (p, kind, mb, stage) not in self.gathered
-                        and (p in self.ctx.expert) == expert]
-                team = S.dp // S.ep if expert else S.dp
-                for group in gather_groups([p.type.numel for p in todo], team,
-                                           S.zero3_unit == "layer"):
-                    if len(group) > 1:
-                        self._gather_unit([todo[i] for i in group], stage, mb, kind, ahead)
-                    else:
-                        self._gather(todo[group[0]], stage, mb, kind, ahead)
+            todo = [p for p in params if (p, kind, mb, stage) not in self.gathered]
+            for group, _ in layer_gathers([p.type.numel for p in todo],
+                                          [p in self.ctx.expert for p in todo], S):
+                if len(group) > 1:
+                    self._gather_unit([todo[i] for i in group], stage, mb, kind, ahead)
+                else:
+                    self._gather(todo[group[0]], stage, mb, kind, ahead)
         self._received = {}
 
     def team_size(self, p: Value) -> int:
         """The ranks ``p`` is sharded over: dp, or dp / ep for an expert's weights."""
-        S = self.strategy
-        return S.dp // S.ep if p in self.ctx.expert else S.dp
+        return sync_team(self.strategy, p in self.ctx.expert)
 
     def _gates(self, shard: Value, r: int, name: str, meta: Dict[str, Any]) -> Value:
         """``shard`` gated on the compute emitted so far on ``r`` and on the

@@ -11,7 +11,11 @@ environment draws ZeRO 3 on every point; ``COMM_STREAMS=per-group`` (or
 (default: distsim's, ``megatron`` for these GPT models); ``COMM_ORDER=inputs``
 (or ``stream``) sets ``comm_order`` on every point (default: the
 simulator's, ``stream``); ``CP_ONLY=1`` draws context-parallel points
-instead (:func:`sample_cp`: cp 2 or 4, every ``cp_comm``, ZeRO 0-2).
+instead (:func:`sample_cp`: cp 2 or 4, every ``cp_comm``, ZeRO 0-2);
+``MOE_ONLY=1`` draws mixtures of experts instead (:func:`sample_moe`:
+Mixtral-8x7B, DeepSeekMoE-16B and a GShard-style mix, ``ep`` 1, 2 or 4,
+ZeRO 0-3; with ``ZERO3_ONLY=1`` ZeRO 3 by parameter on every point).
+``--help`` prints this.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ import distsim
 from distsim.errors import DistsimError
 from distsim.estimate import estimate
 
+if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+    print(__doc__)
+    sys.exit(0)
 SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 1234
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 150
 OUT = sys.argv[3] if len(sys.argv) > 3 else "sample.jsonl"
@@ -36,6 +43,7 @@ COMM_STREAMS = os.environ.get("COMM_STREAMS")
 FUSION = os.environ.get("FUSION")
 COMM_ORDER = os.environ.get("COMM_ORDER")
 CP_ONLY = os.environ.get("CP_ONLY") == "1"
+MOE_ONLY = os.environ.get("MOE_ONLY") == "1"
 #: the layer draws on a stream of their own: a sample with and one without
 #: them hold the same points otherwise
 LAYER_RNG = random.Random(SEED + 1)
@@ -117,14 +125,17 @@ CP_MODELS = {"gpt": ((2, 4), (512, 1024)), "gpt3-1.3b": ((2, 4), (1024, 2048)),
 CP_TOPOS = {"dgx-a100": 8, "dgx-a100-x2": 16, "workstation-4gpu-pcie": 4}
 
 
+def div(n, most):
+    """The powers of two up to 16 and ``most`` that divide ``n``."""
+    return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
+
+
 def sample_cp(rng: random.Random) -> dict:
     """A context-parallel point: cp 2 or 4 with each ``cp_comm`` (the
     ring under fused attention), tp, pp and its schedules, dp, sp, ZeRO
     0-2 (as drawn while the estimator refused cp with ZeRO 3; the
     agreement corpus's cp draws take ZeRO 3 too), recomputation, buckets,
     the mesh order, the optimizer."""
-    def div(n, most):
-        return [d for d in (1, 2, 4, 8, 16) if n % d == 0 and d <= most]
     model = rng.choice(sorted(CP_MODELS))
     layer_counts, seqs = CP_MODELS[model]
     topo = rng.choice(sorted(CP_TOPOS))
@@ -151,6 +162,13 @@ def sample_cp(rng: random.Random) -> dict:
         o["sp"] = True
     o["zero"] = rng.randint(0, 2)
     o["recompute"] = rng.choice(["none", "selective", "full"])
+    draw_buckets_order_optimizer(rng, o)
+    return o
+
+
+def draw_buckets_order_optimizer(rng: random.Random, o: dict) -> None:
+    """Gradient buckets (none, 0 or 25 MB), the mesh order and the
+    optimizer into ``o`` (the cp and MoE samples' draws)."""
     bucket = rng.choice([None, 0, 25])
     if bucket is not None:
         o["bucket_mb"] = bucket
@@ -158,6 +176,49 @@ def sample_cp(rng: random.Random) -> dict:
     if order:
         o["order"] = order
     o["optimizer"] = rng.choice(["adamw", "sgd"])
+
+
+#: mixtures of experts: model -> (layer counts, sequence lengths); the
+#: GShard-style mix (top-1 of 4 every other layer) by its fields
+MOE_MODELS = {"mixtral-8x7b": ((2, 4), (256,)), "deepseek-moe-16b": ((2, 4), (256,)),
+              "gpt2-moe-every-2": ((2, 4, 6), (256,))}
+GPT2_MOE_EVERY_2 = {"family": "gpt", "layers": 4, "hidden": 768, "heads": 12, "vocab": 50304,
+                    "seq": 256, "global_batch": 8, "experts": 4, "top_k": 1, "moe_every": 2}
+
+
+def sample_moe(rng: random.Random) -> dict:
+    """A mixture-of-experts point: tp, pp and its schedules, dp, ``ep`` 1,
+    2 or 4 where it divides dp (and the experts), sp, ZeRO 0-3 (ZeRO 3 by
+    parameter, its prefetch drawn; every point with ``ZERO3_ONLY``),
+    recomputation, buckets, the mesh order, the optimizer, the routing
+    balance and capacity factor."""
+    name = rng.choice(sorted(MOE_MODELS))
+    layer_counts, seqs = MOE_MODELS[name]
+    topo = rng.choice(sorted(CP_TOPOS))
+    n = CP_TOPOS[topo]
+    tp = rng.choice(div(n, 4))
+    pp = rng.choice(div(n // tp, 2))
+    dp = n // (tp * pp)
+    o = {"model": GPT2_MOE_EVERY_2 if name == "gpt2-moe-every-2" else name, "topology": topo,
+         "dp": dp, "tp": tp, "pp": pp, "seq": rng.choice(seqs),
+         "layers": rng.choice(layer_counts), "network_mode": "analytical"}
+    o["ep"] = rng.choice([e for e in (1, 2, 4) if dp % e == 0])
+    mb = rng.choice([1, 1, 2])
+    m = rng.randint(1, 4 if pp > 1 else 3)
+    o.update(micro_batch=mb, global_batch=dp * mb * m)
+    if pp > 1:
+        o["schedule"] = rng.choice(["1f1b", "gpipe", "interleaved"])
+        if o["schedule"] == "interleaved":
+            o["virtual_stages"] = 2
+        o["layers"] = max(o["layers"], pp * o.get("virtual_stages", 1))
+    if tp > 1 and rng.random() < .5:
+        o["sp"] = True
+    o["zero"] = 3 if ZERO3_ONLY else rng.randint(0, 3)
+    if o["zero"] == 3 and rng.random() < .5:
+        o["prefetch"] = rng.choice([0, 2])
+    o["recompute"] = rng.choice(["none", "selective"])
+    draw_buckets_order_optimizer(rng, o)
+    o["routing_skew"] = rng.choice([0.0, 0.1, 0.3])
     return o
 
 
@@ -170,7 +231,7 @@ def main():
     t0 = time.time()
     with open(OUT, "w") as f:
         for i in range(N):
-            o = sample_cp(rng) if CP_ONLY else sample(rng)
+            o = sample_cp(rng) if CP_ONLY else sample_moe(rng) if MOE_ONLY else sample(rng)
             rec = {"i": i, "options": o}
             try:
                 t = time.time()

@@ -190,8 +190,9 @@ def expert_parallel_configurations(draw) -> Dict[str, Any]:
     """A :func:`moe_configurations` draw with expert parallelism: ``ep`` 2
     or 4 where it divides dp and the experts (dp 1: the draw is rejected),
     sequence parallelism as drawn (each tp rank routing its shard), ZeRO
-    0-2, and not ZeRO 2 with ep = dp nor ZeRO 3 (the estimator refuses them:
-    :func:`distsim.estimate.point.check_expert_parallel`)."""
+    0-2, and not ZeRO 2 with ep = dp (the estimator refuses it:
+    :func:`distsim.estimate.point.check_expert_parallel`); ZeRO 3 has its
+    own draws (:func:`expert_parallel_zero3_configurations`)."""
     o = draw(moe_configurations())
     model = o["model"]
     experts = (model if isinstance(model, dict) else load_model_config(model))["experts"]
@@ -204,6 +205,30 @@ def expert_parallel_configurations(draw) -> Dict[str, Any]:
         o.pop("zero3_unit", None)
     if o["zero"] == 2 and o["dp"] == o["ep"]:
         o["zero"] = 1
+    return o
+
+
+#: known gap of ZeRO 3 under expert parallelism (reports/estimator/README.md)
+MOE_EP_ZERO3_TINY_MEMORY = (
+    "tiny-moe (hidden 32, 16 tokens), ZeRO 3 under expert parallelism: peak memory about "
+    "2 KiB (one dispatch buffer's bytes, experts x slots x hidden) over the simulation's at "
+    "the MoE block's backward, where the experts' gathers run behind the others': 0.7-2.2 % "
+    "of its 100 KiB; the larger MoE models (whose peaks are MiB) within the bound")
+
+
+@st.composite
+def expert_parallel_zero3_configurations(draw) -> Dict[str, Any]:
+    """An :func:`expert_parallel_configurations` draw under ZeRO 3 by
+    parameter, without prefetch (the known gap of prefetching the
+    experts' weights, :data:`MOE_ZERO3_PREFETCH_MEMORY`), ep < dp (ep = dp
+    is refused: the experts' gradients on a team of one rank), each
+    parameter gathered and reduce-scattered over its own team (dp, or
+    dp / ep for an expert's weights); not of tiny-moe
+    (:data:`MOE_EP_ZERO3_TINY_MEMORY`)."""
+    o = draw(expert_parallel_configurations())
+    assume(o["ep"] < o["dp"] and o["model"] != MOE_SHAPES["tiny-moe"])
+    o.update(zero=3, prefetch=0)
+    o.pop("zero3_unit", None)
     return o
 
 
@@ -767,6 +792,42 @@ def test_the_context_parallel_estimate_agrees_with_the_simulation(options):
 @MOE_DRAWS
 @given(expert_parallel_configurations())
 def test_the_estimate_agrees_with_the_simulation_under_expert_parallelism(options):
+    _agrees(options)
+
+
+#: known gap of ZeRO 3 under expert parallelism with prefetch
+#: (reports/estimator/README.md): the bound of MOE_ZERO3_PREFETCH_MEMORY
+MOE_EP_ZERO3_PREFETCH_MEMORY = (
+    "MoE, ZeRO 3 under expert parallelism prefetching the experts' weights: the gathered "
+    "parameters bounded as whole from the block's start, peak memory up to 7.4 % (Mixtral "
+    "dp 16 ep 2, prefetch 2) over the simulation's")
+
+
+# the shapes the estimator measured 6.6-13.6 % off in step time while it
+# gathered every parameter over dp (now each over its own team)
+@example({'model': 'mixtral-8x7b', 'topology': 'dgx-a100', 'dp': 8, 'tp': 1, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 16, 'zero': 3, 'prefetch': 0, 'recompute': 'none', 'ep': 2})
+@example({'model': 'mixtral-8x7b', 'topology': 'dgx-a100', 'dp': 4, 'tp': 2, 'pp': 1,
+          'layers': 4, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 2,
+          'global_batch': 24, 'zero': 3, 'prefetch': 0, 'recompute': 'none', 'ep': 2})
+@example({'model': 'deepseek-moe-16b', 'topology': 'dgx-a100-x2', 'dp': 16, 'tp': 1, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 16, 'zero': 3, 'prefetch': 0, 'recompute': 'none', 'ep': 2})
+@example({'model': MOE_SHAPES['tiny-moe'], 'topology': 'dgx-a100-x2', 'dp': 16, 'tp': 1,
+          'pp': 1, 'layers': 2, 'network_mode': 'analytical', 'micro_batch': 1,
+          'global_batch': 16, 'zero': 3, 'prefetch': 0, 'recompute': 'selective',
+          'bucket_mb': 1, 'order': 'pp-dp-tp', 'routing_skew': 0.1, 'ep': 2}
+         ).xfail(raises=AssertionError, reason=MOE_EP_ZERO3_TINY_MEMORY)
+@example({'model': 'mixtral-8x7b', 'topology': 'dgx-a100-x2', 'dp': 16, 'tp': 1, 'pp': 1,
+          'layers': 2, 'network_mode': 'analytical', 'seq': 256, 'micro_batch': 1,
+          'global_batch': 16, 'zero': 3, 'prefetch': 2, 'recompute': 'none', 'bucket_mb': 1,
+          'order': 'dp-tp-pp', 'optimizer': 'sgd', 'routing_skew': 0.3,
+          'capacity_factor': 1.25, 'ep': 2}
+         ).xfail(raises=AssertionError, reason=MOE_EP_ZERO3_PREFETCH_MEMORY)
+@MOE_DRAWS
+@given(expert_parallel_zero3_configurations())
+def test_the_estimate_agrees_with_the_simulation_under_expert_parallelism_and_zero3(options):
     _agrees(options)
 
 
