@@ -262,15 +262,18 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     if blocks is not None:
         args = (tp, sp, recompute, zero, micro_batch, untie, topology, collective_algo,
                 optimizer)
-        # the dense layers' template has no experts: one tensor-parallel group
-        dense_ranks = None if tp_ranks is None or tp_ranks[:tp] == tuple(range(tp)) \
-            else tp_ranks[:tp]
+        # the dense layers' template has no experts: one tp x cp group (the
+        # first of the MoE template's ranks); both kinds under the step's
+        # context parallelism
+        group = tp * cp
+        dense_ranks = None if tp_ranks is None or tp_ranks[:group] == tuple(range(group)) \
+            else tp_ranks[:group]
         return merge_kinds(layer_profile(model_key(dense_variant(config)), *args, dense_ranks,
-                                         fusion, split, 1, comm_order,
-                                         tp_overlap=tp_overlap, fp32_grads=fp32_grads),
+                                         fusion, split, 1, comm_order, cp, cp_comm,
+                                         tp_overlap, fp32_grads),
                            layer_profile(model_key(moe_variant(config)), *args, tp_ranks,
-                                         fusion, split, ep, comm_order,
-                                         tp_overlap=tp_overlap, fp32_grads=fp32_grads),
+                                         fusion, split, ep, comm_order, cp, cp_comm,
+                                         tp_overlap, fp32_grads),
                            blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,
