@@ -20,7 +20,10 @@ without building or simulating the whole program. A peer of
   :func:`~distsim.transforms.sync_policy.layer_gathers`),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
   all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
-  its parameters sharded and gathered over dp x cp), the GPipe /
+  its parameters sharded and gathered over dp x cp; with ``ep`` under
+  ZeRO 0/1, the expert-parallel groups ``ep`` consecutive ranks of the
+  dp x cp axis, within one replica's cp ranks or across replicas, the
+  experts' gradients synchronised over dp x cp / ep), the GPipe /
   1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's backward
   split into B and W as the lowering splits it; under ZeRO 3 its
   parameters gathered in the forward and B tasks, where the lowering
@@ -45,9 +48,9 @@ without building or simulating the whole program. A peer of
   ``comm_order: inputs``, ZeRO 2 or 3 with ``ep`` = dp: the experts'
   gradients whole beside the others reduce-scattered, ZeRO 3 by layer
   with ``ep`` > 1: the experts' unit beside the others', ``fp32_grads``
-  with ZeRO 2/3 over dp > 1, ``ep`` with ``cp``: expert-parallel groups
-  cut from the dp x cp ranks, which its per-layer profile does not lay
-  out) with
+  with ZeRO 2/3 over dp > 1, ``ep`` with ``cp`` under ZeRO 2/3: the
+  experts' shards over their dp x cp / ep ranks, measured past the
+  bound) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.
@@ -74,7 +77,8 @@ parallelism too); their known
   3.3 %; under expert parallelism up to 7.4 %), ``routing_skew`` 1 with
   tp and two micro-batches (1.5 %), and ZeRO 3 under expert parallelism
   on a model as small as ``tiny-moe`` (about 2 KiB over, up to 2.2 %).
-  Context parallelism has its draws too. Under ``network_mode: flow``
+  Context parallelism has its draws too, with mixtures of experts and
+  expert parallelism among them. Under ``network_mode: flow``
   the corpus's seeds of long interleaved pipelines at tp 8 agree within
   it; its known gap there: a transfer's sharing is found when the
   transfer that shares with it is placed, in program order, and an
@@ -101,7 +105,9 @@ parallelism one expert-parallel group, :mod:`.experts`, under ZeRO 3 its
 gradients kept local and its parameters gathered over no team; with context
 parallelism a tp x cp group, the attention's gathers, ring steps or
 all-to-alls simulated with it, its gradients kept local and, under ZeRO
-3, its parameters gathered over no team);
+3, its parameters gathered over no team; with ``ep`` too, lcm(ep, cp)
+ranks of the dp x cp axis, a whole expert-parallel group and a whole cp
+group: :func:`.experts.template_dp`);
 :mod:`.timeline` walks the pipeline's program order on an
 :class:`~.engine.Timeline` (one rank per stage, compute and communication
 streams); :mod:`.memory` walks the same schedule for the peak bytes.

@@ -1,7 +1,8 @@
 """Expert parallelism in the estimator.
 
 - The profile (:func:`with_expert_parallel`): the template is one
-  expert-parallel group, its all-to-alls among each MoE block's
+  expert-parallel group (with context parallelism, :func:`template_dp`
+  replicas of the cp group), its all-to-alls among each MoE block's
   collectives and its experts' weights at their 1/ep shape
   (:mod:`.profile`), its optimizer figures those of the template without
   expert parallelism. Under sequence parallelism the block holds the
@@ -24,6 +25,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Tuple, Union
 
@@ -33,7 +35,19 @@ from .blocks import LayerProfile, Param
 if TYPE_CHECKING:
     from .context import StepContext
 
-__all__ = ["ExpertSyncPolicy", "bare_edges", "sync_policy", "with_expert_parallel"]
+__all__ = ["ExpertSyncPolicy", "bare_edges", "sync_policy", "template_dp",
+           "with_expert_parallel"]
+
+
+def template_dp(ep: int, cp: int) -> int:
+    """The template's data-parallel degree: the fewest replicas whose
+    ``dp x cp`` ranks hold whole expert-parallel groups (``ep``
+    consecutive ranks of that axis) and whole context-parallel groups,
+    lcm(ep, cp) / cp; ``ep`` without context parallelism. Its rank 0's
+    all-to-alls and cp exchanges run over the teams they run over in the
+    step (the first ``ep`` and the first ``cp`` ranks of the axis, which a
+    step of ``dp x cp`` ranks holds, as ep and cp divide it)."""
+    return math.lcm(ep, cp) // cp
 
 
 def with_expert_parallel(profile: LayerProfile, plain: LayerProfile) -> LayerProfile:

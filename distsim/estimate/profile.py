@@ -30,7 +30,8 @@ so they are part of the model shape); one that mixes dense and MoE layers
 gets a template per kind, merged (:mod:`.layer_kinds`).
 
 Under expert parallelism the MoE template is one expert-parallel group
-(dp = ep): its all-to-alls are among each MoE block's own collectives
+(dp = ep; with cp, lcm(ep, cp) ranks: :func:`.experts.template_dp`): its
+all-to-alls among each MoE block's own collectives
 (:func:`~.profile_memory.block_collective`), its experts' weights at their
 1/ep shape, its sync after the backward (:mod:`.experts`).
 
@@ -62,7 +63,7 @@ from ..transforms.spmd import PARTITION_DEVICE, LowerSPMD
 from ..transforms.strategy import Strategy, writes_megatron_loss
 from ..transforms.zero3 import used_param_name
 from .blocks import EMB, HEAD, LAST_MB, LAYER, Block, LayerProfile, Param
-from .experts import with_expert_parallel
+from .experts import template_dp, with_expert_parallel
 from .layer_kinds import dense_variant, layer_blocks, merge_kinds, moe_variant, probe_layers
 from .block_edges import comm_tail, first_wait, issued_after, out_tail
 from .profile_memory import block_collective, fill_optimizer_ops, memory_excess
@@ -117,9 +118,10 @@ def _template(config: GPTConfig, tp: int, sp: bool, recompute: str, zero: int,
     # template keeps its gradients local too: its gathers over no team (each
     # rank's parameters whole), the estimate gathering each over its own
     # team (dp, or dp / ep for an expert's weights)
-    lower = LowerSPMD(Strategy(dp=ep, tp=tp, pp=1, sp=sp, recompute=recompute, zero=zero,
-                               prefetch=0, microbatches=_TEMPLATE_MICROBATCHES,
-                               optimizer=optimizer, fusion=fusion, ep=ep,
+    lower = LowerSPMD(Strategy(dp=template_dp(ep, cp), tp=tp, pp=1, sp=sp,
+                               recompute=recompute, zero=zero, prefetch=0,
+                               microbatches=_TEMPLATE_MICROBATCHES, optimizer=optimizer,
+                               fusion=fusion, ep=ep,
                                bucket_mb=0 if ep > 1 else None,
                                schedule=SPLIT_SCHEDULE if split else "1f1b",
                                cp=cp, cp_comm=cp_comm, fp32_grads=fp32_grads),
@@ -179,8 +181,8 @@ def _template_step(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch:
     :func:`_template_backward`, its backward's tensor-parallel collectives
     in the order ``tp_overlap`` says (:mod:`distsim.transforms.tp_order`),
     as the step's."""
-    return build_gpt_step(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
-                                      recompute=recompute, fusion=fusion, cp=cp,
+    return build_gpt_step(c, Strategy(dp=template_dp(ep, cp), tp=tp, pp=2 if untie else 1,
+                                      sp=sp, ep=ep, recompute=recompute, fusion=fusion, cp=cp,
                                       cp_comm=cp_comm, tp_overlap=tp_overlap), micro_batch,
                           _template_backward(c, tp, sp, micro_batch, untie, ep, cp, cp_comm,
                                              writes_megatron_loss(fusion)))
@@ -197,8 +199,9 @@ def _template_backward(c: GPTConfig, tp: int, sp: bool, micro_batch: int, untie:
     makes new functions, nothing changes it). ``megatron``: the loss as
     Megatron-LM writes it (:func:`~distsim.transforms.strategy.writes_megatron_loss`),
     the one setting of the fusion that the differentiated step depends on."""
-    return build_gpt_backward(c, Strategy(dp=ep, tp=tp, pp=2 if untie else 1, sp=sp, ep=ep,
-                                          cp=cp, cp_comm=cp_comm,
+    return build_gpt_backward(c, Strategy(dp=template_dp(ep, cp), tp=tp,
+                                          pp=2 if untie else 1, sp=sp, ep=ep, cp=cp,
+                                          cp_comm=cp_comm,
                                           fusion="megatron" if megatron else "none"),
                               micro_batch)
 
@@ -262,15 +265,18 @@ def layer_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
     if blocks is not None:
         args = (tp, sp, recompute, zero, micro_batch, untie, topology, collective_algo,
                 optimizer)
-        # the dense layers' template has no experts: one tensor-parallel group
-        dense_ranks = None if tp_ranks is None or tp_ranks[:tp] == tuple(range(tp)) \
-            else tp_ranks[:tp]
+        # the dense layers' template has no experts: one tp x cp group (the
+        # first of the MoE template's ranks); both kinds under the step's
+        # context parallelism
+        group = tp * cp
+        dense_ranks = None if tp_ranks is None or tp_ranks[:group] == tuple(range(group)) \
+            else tp_ranks[:group]
         return merge_kinds(layer_profile(model_key(dense_variant(config)), *args, dense_ranks,
-                                         fusion, split, 1, comm_order,
-                                         tp_overlap=tp_overlap, fp32_grads=fp32_grads),
+                                         fusion, split, 1, comm_order, cp, cp_comm,
+                                         tp_overlap, fp32_grads),
                            layer_profile(model_key(moe_variant(config)), *args, tp_ranks,
-                                         fusion, split, ep, comm_order,
-                                         tp_overlap=tp_overlap, fp32_grads=fp32_grads),
+                                         fusion, split, ep, comm_order, cp, cp_comm,
+                                         tp_overlap, fp32_grads),
                            blocks)
     if zero == 0:
         return without_zero(layer_profile(config_items, tp, sp, recompute, 1, micro_batch, untie,

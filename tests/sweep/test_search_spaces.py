@@ -66,19 +66,17 @@ def test_ep_with_zero_3_is_simulated_where_the_estimator_refuses_it():
     assert (est[(est["ep"] > 1) & (est["zero"] == 1)]["status"] == "ok").any()
 
 
-def test_with_cp_ep_divides_dp_times_cp_and_is_simulated():
+def test_with_cp_ep_divides_dp_times_cp_and_is_estimated():
     """cp 2 on 4 GPUs: the experts see the cp ranks as data-parallel ones,
     so ep runs over the divisors of dp x cp and the 4 experts (dp 2: 1, 2,
-    4; dp 1: 1, 2); the estimator refuses ep with cp, a search simulates
-    those points."""
+    4; dp 1: 1, 2); the estimator estimates ep with cp (ZeRO 0/1)."""
     result = search(MOE, WORKSTATION, 4, space={"cp": [2]}, keep=1, network_mode="analytical",
                     workers=1)
     est = result.estimates
     pairs = {(int(r["dp"]), int(r["ep"])) for _, r in est.iterrows()}
     assert pairs == {(2, 1), (2, 2), (2, 4), (1, 1), (1, 2)}
     assert (est["status"] == "ok").all()
-    assert set(est.loc[est["ep"] > 1, "estimated_by"]) == {"simulate"}
-    assert set(est.loc[est["ep"] == 1, "estimated_by"]) == {"estimate"}
+    assert set(est["estimated_by"]) == {"estimate"}
 
 
 def test_explain_names_the_options_the_runner_up_differs_in():
