@@ -364,6 +364,20 @@ class OpByOpBackward:
                             if own is not None:     # from the concatenation's end
                                 own[1].append((nbytes, tl.free[2 * stage], ctx.unit_ends[-1]))
                         continue
+                    if (scatter or shard_ops is not None) and not ctx.scatters(name, param):
+                        # an expert's gradient on a team of one rank: kept
+                        # whole, accumulated in place (past the first
+                        # micro-batch; the template's ops, on the whole),
+                        # final at the last micro-batch without a sync
+                        end = made or 0.0
+                        if shard_ops is not None:
+                            t, fl = shard_ops[(name, param)]
+                            flops[stage] += fl
+                            end = last = tl.compute(stage, t, end)
+                            if accumulating == ctx.microbatches - 1:
+                                key = (name, layer, param)
+                                self.sync.final[key] = self.sync.synced[key] = end
+                        continue
                     if fused:
                         # ZeRO 2 past the first micro-batch, without
                         # tensor-parallel collectives (nothing else on the
