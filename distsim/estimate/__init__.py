@@ -77,8 +77,11 @@ without building or simulating the whole program. A peer of
 parallelism too); their known
   gaps are on memory: ZeRO 3 prefetching the experts' weights (up to
   3.3 %; under expert parallelism up to 7.4 %), ``routing_skew`` 1 with
-  tp and two micro-batches (1.5 %), and ZeRO 3 under expert parallelism
-  on a model as small as ``tiny-moe`` (about 2 KiB over, up to 2.2 %).
+  tp and two micro-batches (1.5 %), ZeRO 3 under expert parallelism
+  on a model as small as ``tiny-moe`` (about 2 KiB over, up to 2.2 %),
+  and ZeRO 2 with ``ep`` = dp where an expert's whole update is the
+  stage's largest optimizer transient (Mixtral at ep 2 or 4, 1.2-3.7 %
+  over).
   Context parallelism has its draws too. Under ``network_mode: flow``
   the corpus's seeds of long interleaved pipelines at tp 8 agree within
   it; its known gap there: a transfer's sharing is found when the
