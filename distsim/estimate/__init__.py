@@ -16,7 +16,10 @@ without building or simulating the whole program. A peer of
   describes: dp x tp x pp in any mesh order,
   expert parallelism (``ep``: the all-to-alls in each MoE block's
   template, the experts' weights synchronised and sharded over dp / ep;
-  under ZeRO 3 by parameter each parameter gathered over its own team,
+  under ZeRO 2 with ``ep`` = dp their gradients, on a team of one rank,
+  kept whole and accumulated in place beside the others reduce-scattered,
+  :meth:`.context.StepContext.scatters`; under ZeRO 3 by parameter with
+  ``ep`` < dp each parameter gathered over its own team,
   :func:`~distsim.transforms.sync_policy.layer_gathers`),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
   all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
@@ -45,8 +48,10 @@ without building or simulating the whole program. A peer of
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model
   (``launch: blocking``, ``p2p: synchronous`` or ``separate`` with
-  ``comm_order: inputs``, ZeRO 2 or 3 with ``ep`` = dp: the experts'
-  gradients whole beside the others reduce-scattered, ZeRO 3 by layer
+  ``comm_order: inputs``, ZeRO 3 with ``ep`` = dp: the experts'
+  weights and gradients whole beside the others gathered and
+  reduce-scattered (measured up to 1.1 % over in step time and 1.5 %
+  under in memory when not refused), ZeRO 3 by layer
   with ``ep`` > 1: the experts' unit beside the others', ``fp32_grads``
   with ZeRO 2/3 over dp > 1, ``ep`` with ``cp`` under ZeRO 2/3: the
   experts' shards over their dp x cp / ep ranks, measured past the
@@ -75,8 +80,11 @@ without building or simulating the whole program. A peer of
 parallelism too); their known
   gaps are on memory: ZeRO 3 prefetching the experts' weights (up to
   3.3 %; under expert parallelism up to 7.4 %), ``routing_skew`` 1 with
-  tp and two micro-batches (1.5 %), and ZeRO 3 under expert parallelism
-  on a model as small as ``tiny-moe`` (about 2 KiB over, up to 2.2 %).
+  tp and two micro-batches (1.5 %), ZeRO 3 under expert parallelism
+  on a model as small as ``tiny-moe`` (about 2 KiB over, up to 2.2 %),
+  and ZeRO 2 with ``ep`` = dp where an expert's whole update is the
+  stage's largest optimizer transient (Mixtral at ep 2 or 4, 1.2-3.7 %
+  over).
   Context parallelism has its draws too, with mixtures of experts and
   expert parallelism among them. Under ``network_mode: flow``
   the corpus's seeds of long interleaved pipelines at tp 8 agree within

@@ -364,7 +364,12 @@ class OpByOpBackward:
                             if own is not None:     # from the concatenation's end
                                 own[1].append((nbytes, tl.free[2 * stage], ctx.unit_ends[-1]))
                         continue
-                    if fused:
+                    # an expert's gradient on a team of one rank (ep = dp):
+                    # kept whole, neither flattened nor reduce-scattered
+                    # (no flat copy); accumulated in place past the first
+                    # micro-batch
+                    whole = ctx.scatter_each and not ctx.scatters(name, param)
+                    if fused and not whole:
                         # ZeRO 2 past the first micro-batch, without
                         # tensor-parallel collectives (nothing else on the
                         # communication stream): flattened, then the
@@ -389,7 +394,9 @@ class OpByOpBackward:
                             self.sync.final[key] = self.sync.synced[key] = end
                     elif scatter:
                         pc = timed_costs.get((name, param))
-                        if pc is not None and pc.sync is not None:
+                        if whole:
+                            end = made or 0.0
+                        elif pc is not None and pc.sync is not None:
                             # StepSync.scatter's steps, its collective timed
                             # (ZeRO 2/3: thousands of gradients a step)
                             t, fl = pc.flat
@@ -421,7 +428,7 @@ class OpByOpBackward:
                     if by_stage and len(by_stage.get(stage, ())) > count:
                         count = len(by_stage[stage])
                         flushed[(k, param)] = sum(by_stage[stage])
-                    if flats is not None:
+                    if flats is not None and not whole:
                         pc = ctx.param_cost(name, param)
                         flats.append(pc.nbytes, end)
                         if own is not None:         # from the flattening's end

@@ -271,6 +271,15 @@ class StepContext:
         (:func:`~distsim.transforms.sync_policy.sync_team`, the lowering's)."""
         return sync_team(self.strategy, p.expert)
 
+    def scatters(self, block: str, index: int) -> bool:
+        """Whether parameter ``index`` of ``block`` has each micro-batch's
+        gradient reduce-scattered as it is made (ZeRO 2/3 over its team,
+        :func:`~distsim.transforms.sync_policy.scatters_each_microbatch`,
+        the lowering's rule): not an expert's weights whose team is one
+        rank (ep = dp), kept whole and accumulated in place."""
+        return self.scatter_each and scatters_each_microbatch(
+            self.zero, self.team(self.profile.params[block][index]), self.bucket_bytes)
+
     def grad_dtype(self, p: Param) -> DType:
         """The dtype of ``p``'s gradient buffer, as the lowering's
         (:func:`~distsim.transforms.sync_policy.grad_buffer_dtype`: fp32

@@ -191,9 +191,10 @@ def expert_parallel_configurations(draw) -> Dict[str, Any]:
     """A :func:`moe_configurations` draw with expert parallelism: ``ep`` 2
     or 4 where it divides dp and the experts (dp 1: the draw is rejected),
     sequence parallelism as drawn (each tp rank routing its shard), ZeRO
-    0-2, and not ZeRO 2 with ep = dp (the estimator refuses it:
-    :func:`distsim.estimate.point.check_expert_parallel`); ZeRO 3 has its
-    own draws (:func:`expert_parallel_zero3_configurations`)."""
+    0-2, ZeRO 2 with ep = dp drawn as ZeRO 1 (as these draws always were:
+    the other strategies drawing from this one keep their draws); ZeRO 2
+    with ep = dp (:func:`expert_parallel_whole_configurations`) and ZeRO 3
+    (:func:`expert_parallel_zero3_configurations`) have their own draws."""
     o = draw(moe_configurations())
     model = o["model"]
     experts = (model if isinstance(model, dict) else load_model_config(model))["experts"]
@@ -206,6 +207,33 @@ def expert_parallel_configurations(draw) -> Dict[str, Any]:
         o.pop("zero3_unit", None)
     if o["zero"] == 2 and o["dp"] == o["ep"]:
         o["zero"] = 1
+    return o
+
+
+#: known gap of ZeRO 2 with ep = dp (reports/estimator/README.md)
+MOE_EP_WHOLE_UPDATE_MEMORY = (
+    "Mixtral under ZeRO 2 with ep = dp 2 or 4 (an expert's weights of 117-235 M elements a "
+    "rank, updated whole on their team of one rank): the estimate's largest optimizer "
+    "transient is an expert's (its flat copy and update, twice its bytes, the template's "
+    "measure), which sets the peak once the others' gradients are shards: peak memory "
+    "1.2-3.7 % over the simulation's (not with a pipeline); at dp = ep = 8 (one expert a "
+    "rank) the embedding's update is larger and the peak agrees")
+
+
+@st.composite
+def expert_parallel_whole_configurations(draw) -> Dict[str, Any]:
+    """A :func:`moe_configurations` draw under ZeRO 2 with ``ep`` = dp (2
+    or 4, dividing the experts): the experts' gradients, on a team of one
+    rank, kept whole and accumulated in place beside the others
+    reduce-scattered each micro-batch (or after the backward with
+    ``bucket_mb`` 0); not of Mixtral (:data:`MOE_EP_WHOLE_UPDATE_MEMORY`)."""
+    o = draw(moe_configurations())
+    model = o["model"]
+    experts = (model if isinstance(model, dict) else load_model_config(model))["experts"]
+    assume(o["dp"] in (2, 4) and experts % o["dp"] == 0 and model != "mixtral-8x7b")
+    o.update(ep=o["dp"], zero=2)
+    o.pop("prefetch", None)
+    o.pop("zero3_unit", None)
     return o
 
 
@@ -222,7 +250,8 @@ def expert_parallel_zero3_configurations(draw) -> Dict[str, Any]:
     """An :func:`expert_parallel_configurations` draw under ZeRO 3 by
     parameter, without prefetch (the known gap of prefetching the
     experts' weights, :data:`MOE_ZERO3_PREFETCH_MEMORY`), ep < dp (ep = dp
-    is refused: the experts' gradients on a team of one rank), each
+    is refused under ZeRO 3: the experts' weights and gradients on a team
+    of one rank), each
     parameter gathered and reduce-scattered over its own team (dp, or
     dp / ep for an expert's weights); not of tiny-moe
     (:data:`MOE_EP_ZERO3_TINY_MEMORY`)."""
@@ -788,6 +817,38 @@ def cp_configurations(draw, models: Mapping[str, Tuple[Tuple[int, ...], Tuple[An
 @MOE_DRAWS      # 40 derandomized draws, as the MoE ones
 @given(cp_configurations())
 def test_the_context_parallel_estimate_agrees_with_the_simulation(options):
+    _agrees(options)
+
+
+#: the two-layer Mixtral of the seeds below, under ZeRO 2 with ep = dp
+MIXTRAL_EP_WHOLE = {'model': 'mixtral-8x7b', 'pp': 1, 'layers': 2, 'network_mode': 'analytical',
+                    'seq': 256, 'micro_batch': 1, 'zero': 2, 'recompute': 'none'}
+
+
+# ZeRO 2 with ep = dp, where the estimator flattened and reduce-scattered
+# the experts' gradients as the others' (measured 1.3-4.0 % over in step
+# time): now kept whole, as on their team of one rank
+@example({**MIXTRAL_EP_WHOLE, 'topology': 'dgx-a100', 'dp': 8, 'tp': 1, 'global_batch': 16,
+          'ep': 8})
+@example({'model': MOE_SHAPES['gpt2-moe-every-2'], 'topology': 'workstation-4gpu-pcie',
+          'dp': 2, 'tp': 2, 'pp': 1, 'layers': 4, 'network_mode': 'analytical', 'seq': 256,
+          'micro_batch': 1, 'global_batch': 8, 'zero': 2, 'recompute': 'none', 'ep': 2})
+@example({'model': MOE_SHAPES['tiny-moe'], 'topology': 'dgx-a100', 'dp': 4, 'tp': 2,
+          'pp': 1, 'layers': 2, 'network_mode': 'analytical', 'micro_batch': 1,
+          'global_batch': 8, 'zero': 2, 'recompute': 'none', 'ep': 4})
+@example({**MIXTRAL_EP_WHOLE, 'topology': 'dgx-a100', 'dp': 4, 'tp': 2, 'global_batch': 8,
+          'ep': 4, 'bucket_mb': 0})
+@example({**MIXTRAL_EP_WHOLE, 'topology': 'workstation-4gpu-pcie', 'dp': 4, 'tp': 1,
+          'global_batch': 4, 'optimizer': 'adamw', 'ep': 4}
+         ).xfail(raises=AssertionError, reason=MOE_EP_WHOLE_UPDATE_MEMORY)
+@example({**MIXTRAL_EP_WHOLE, 'topology': 'workstation-4gpu-pcie', 'dp': 2, 'tp': 2,
+          'micro_batch': 4, 'global_batch': 8, 'recompute': 'selective', 'bucket_mb': 5,
+          'order': 'dp-tp-pp', 'optimizer': 'adamw', 'routing_skew': 0.1,
+          'capacity_factor': 1.25, 'ep': 2}
+         ).xfail(raises=AssertionError, reason=MOE_EP_WHOLE_UPDATE_MEMORY)
+@MOE_DRAWS
+@given(expert_parallel_whole_configurations())
+def test_the_estimate_agrees_with_the_simulation_under_zero2_with_ep_equal_to_dp(options):
     _agrees(options)
 
 

@@ -266,12 +266,15 @@ def test_the_estimator_covers_expert_parallelism_and_the_sweep_says_what_it_refu
     for ep in (1, 2):
         row = run_point({**options, "ep": ep, "fidelity": "estimate"})
         assert row["status"] == "ok" and row["step_time_s"] > 0
-    # ZeRO 2 with ep = dp it refuses, and a sweep skips the point saying why
-    with pytest.raises(NotModelledError, match="ep = dp = 8 under ZeRO 2.* use fidelity: "
-                                               "simulate"):
-        estimate({**options, "ep": 8, "zero": 2})
+    # ZeRO 2 with ep = dp too (the experts' gradients kept whole)
     row = run_point({**options, "ep": 8, "zero": 2, "fidelity": "estimate"})
-    assert row["status"] == "skipped" and "ep = dp = 8 under ZeRO 2" in row["reason"]
+    assert row["status"] == "ok" and row["step_time_s"] > 0
+    # ZeRO 3 with ep = dp it refuses, and a sweep skips the point saying why
+    with pytest.raises(NotModelledError, match="ep = dp = 8 under ZeRO 3.* use fidelity: "
+                                               "simulate"):
+        estimate({**options, "ep": 8, "zero": 3})
+    row = run_point({**options, "ep": 8, "zero": 3, "fidelity": "estimate"})
+    assert row["status"] == "skipped" and "ep = dp = 8 under ZeRO 3" in row["reason"]
     assert row["step_time_s"] is None
 
 
