@@ -70,7 +70,7 @@ class MemoryNotes:
         template's backward holds it); and on its sender, a value sent
         only after the sender's next tasks (the interleaved schedule's
         forward output goes with the backward after it) lives through
-        them. Per stage and class of task (kind,
+        those that end before its transfer starts. Per stage and class of task (kind,
         chunk, first backward or not) the most such bytes while a task
         runs (:attr:`Memo.recv_ahead`, the most over the walks); ``sends``:
         per task kind and chunk, where it sends (:meth:`.timeline.Builder.sends`)."""
@@ -113,8 +113,14 @@ class MemoryNotes:
                     at[hi] -= nbytes
         for sent, stage, hi in sent_at:
             hit = routes.get((sent[0], sent[2]))
+            arrived = w.recv.get((sent[0], sent[1], sent[2] + (1 if sent[0] == "F" else -1)))
+            if hit is None or arrived is None:
+                continue
+            # through the sender's tasks that end before the transfer starts
+            # (stream order holds it behind them; by inputs it goes at once)
             lo = place[stage][sent] + 1
-            if hit is not None and lo < hi:
+            hi = min(hi, bisect_right(t1[stage], arrived - hit[1]))
+            if lo < hi:
                 change[stage][lo] += hit[2]
                 change[stage][hi] -= hit[2]
         held = self.memo.recv_ahead
