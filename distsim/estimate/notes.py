@@ -67,7 +67,10 @@ class MemoryNotes:
         earlier tasks (1F1B's next input arrives during a backward), until
         the task reading it starts (a forward's input: through that task,
         after which its chunk keeps it; a backward's gradient: the
-        template's backward holds it). Per stage and class of task (kind,
+        template's backward holds it); and on its sender, a value sent
+        only after the sender's next tasks (the interleaved schedule's
+        forward output goes with the backward after it) lives through
+        those that end before its transfer starts. Per stage and class of task (kind,
         chunk, first backward or not) the most such bytes while a task
         runs (:attr:`Memo.recv_ahead`, the most over the walks); ``sends``:
         per task kind and chunk, where it sends (:meth:`.timeline.Builder.sends`)."""
@@ -85,10 +88,15 @@ class MemoryNotes:
         # and place, and where the bytes live change (each value: from the
         # first task ending after its transfer starts, to the last starting
         # before its reader does; a forward's input: its reader too)
-        tasks: Dict[int, List[tuple]] = {stage: [] for stage, _, _ in routes.values()}
-        for s, task, _, _ in w.order:
-            if s in tasks:
-                tasks[s].append(task)
+        tasks: Dict[int, List[tuple]] = {stage: [] for stage in range(self.ctx.pp)}
+        # each sent task's sender and how many of the sender's tasks precede its send
+        sent_at: List[Tuple[tuple, int, int]] = []
+        for i, sends_before in enumerate(w.sends):
+            for sent in sends_before:
+                stage = self.ctx.stage_of(sent[2])
+                sent_at.append((sent, stage, len(tasks[stage])))
+            if i < len(w.order):
+                tasks[w.order[i][0]].append(w.order[i][1])
         ends = w.ends
         t1 = {stage: [ends[task] or 0.0 for task in order] for stage, order in tasks.items()}
         place = {stage: dict(zip(order, range(len(order)))) for stage, order in tasks.items()}
@@ -103,6 +111,18 @@ class MemoryNotes:
                     at = change[stage]
                     at[lo] += nbytes
                     at[hi] -= nbytes
+        for sent, stage, hi in sent_at:
+            hit = routes.get((sent[0], sent[2]))
+            arrived = w.recv.get((sent[0], sent[1], sent[2] + (1 if sent[0] == "F" else -1)))
+            if hit is None or arrived is None:
+                continue
+            # through the sender's tasks that end before the transfer starts
+            # (stream order holds it behind them; by inputs it goes at once)
+            lo = place[stage][sent] + 1
+            hi = min(hi, bisect_right(t1[stage], arrived - hit[1]))
+            if lo < hi:
+                change[stage][lo] += hit[2]
+                change[stage][hi] -= hit[2]
         held = self.memo.recv_ahead
         for stage, order in tasks.items():
             best: Dict[tuple, int] = {}

@@ -29,12 +29,11 @@ resolved batch sizes). It never builds the whole program:
    as Megatron-LM reduces over them.
 2. **The pipeline** (:mod:`.timeline` on :mod:`.engine`): one rank per stage,
    its compute and communication streams, and the items :class:`LowerSPMD`
-   would emit, in the same program order (the same
-   :func:`~distsim.transforms.pipeline.schedule_tasks`, the order of
-   :func:`~distsim.transforms.pipeline.merge_tasks`, sends flushed the same
-   way): each forward / backward task as one item (holding the communication
-   stream when it has tensor-parallel collectives; under ``zb-h1`` each
-   backward as its B and W tasks, from the template's own split:
+   would emit, in the same program order of tasks and sends (the same
+   :func:`~distsim.transforms.pipeline.program_order`): each forward / backward
+   task as one item (holding the communication stream when it has
+   tensor-parallel collectives; under ``zb-h1`` each backward as its B and
+   W tasks, from the template's own split:
    :attr:`.blocks.LayerProfile.weight`), the last backward of each chunk op by
    op (ZB-H1: its B and its W; ZeRO 2/3 reduce-scattering each micro-batch:
    every backward, B and W each) with the data-parallel gradient sync emitted

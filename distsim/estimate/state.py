@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.pipeline import PendingSends
 
 
 class ScatterTerms:
@@ -271,30 +270,31 @@ class Walk:
     """Where a :class:`Builder` is in its program order: the position, each
     task's end, where each backward task made what it sends to the stage
     before (its input gradient, before its last ops), the latest arrival
-    of each task's inputs, the sends waiting for the schedule's clock
-    (:class:`~distsim.transforms.pipeline.PendingSends`, as the lowering
-    keeps them)."""
+    of each task's inputs; the program order of tasks and the sends before
+    each (:func:`~distsim.transforms.pipeline.program_order`, as the
+    lowering emits them)."""
 
-    __slots__ = ("order", "pos", "ends", "outs", "recv", "pending")
+    __slots__ = ("order", "sends", "pos", "ends", "outs", "recv")
 
-    def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]]) -> None:
+    def __init__(self, order: List[Tuple[int, Tuple[str, int, int], float, float]],
+                 sends: List[Tuple[Tuple[str, int, int], ...]]) -> None:
         self.order = order
+        self.sends = sends
         self.pos = 0
         self.ends: Dict[tuple, Optional[float]] = {}
         self.outs: Dict[tuple, Optional[float]] = {}
         self.recv: Dict[tuple, float] = {}
-        self.pending = PendingSends()
 
 
 def shared_prefix(a: Walk, b: Walk, last_a: int) -> int:
     """How many tasks at the start of two walks of one configuration with
     different numbers of micro-batches (``a``'s last being ``last_a``) emit
-    the same items: the same task at the same scheduled times, and not a
-    backward of ``a``'s last micro-batch (emitted op by op, with the
-    gradient sync)."""
+    the same items: the same task at the same scheduled times after the
+    same sends, and not a backward of ``a``'s last micro-batch (emitted op
+    by op, with the gradient sync)."""
     n = 0
-    for x, y in zip(a.order, b.order):
-        if x != y or (x[1][0] == "B" and x[1][1] == last_a):
+    for x, y, sx, sy in zip(a.order, b.order, a.sends, b.sends):
+        if x != y or sx != sy or (x[1][0] == "B" and x[1][1] == last_a):
             break
         n += 1
     return n

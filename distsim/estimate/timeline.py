@@ -3,7 +3,7 @@ program order, on one rank per pipeline stage (see :mod:`.point`).
 
 :class:`Builder` walks the pipeline schedule as
 :meth:`~distsim.transforms.spmd.LowerSPMD._lower` does (the same schedules,
-:func:`program_order`: merge_tasks' order, sends flushed by estimated end)
+:func:`program_order`: the schedule's tasks and sends)
 and emits, per task, the per-layer times of a :class:`.profile.LayerProfile`
 as items of a :class:`.engine.Timeline`, then the gradient sync,
 tied-embedding all-reduce and optimizer as
@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..ir.comm import CollectiveType
-from ..transforms.pipeline import merge_tasks, schedule_tasks
+from ..transforms.pipeline import Program
+from ..transforms.pipeline import program_order as pipeline_program
 from ..transforms.sync_policy import SyncPolicy, prefetch_window
 from .blocks import LayerProfile
 from .context import Case, StepContext
@@ -41,16 +42,15 @@ __all__ = ["Builder", "Case", "Memo", "ScatterTerms", "Walk", "program_order",
 # -- the timeline -------------------------------------------------------------------
 @lru_cache(maxsize=256)
 def program_order(schedule: str, pp: int, microbatches: int, chunks: int,
-                  work: Tuple[Tuple[str, int, float], ...]
-                  ) -> List[Tuple[int, Tuple[str, int, int], float, float]]:
-    """:func:`~distsim.transforms.pipeline.merge_tasks` of the schedule's
-    tasks, LowerSPMD's program
-    order, with ``work`` (kind, chunk, cost) the cost of a task; the same
-    for configurations that differ only in what happens after the backward
-    (the ZeRO stage, buckets): kept (do not modify the list)."""
+                  work: Tuple[Tuple[str, int, float], ...]) -> Program:
+    """:func:`~distsim.transforms.pipeline.program_order` of the schedule,
+    LowerSPMD's program order of tasks and sends, with ``work`` (kind,
+    chunk, cost) the cost of a task; the same for configurations that
+    differ only in what happens after the backward (the ZeRO stage,
+    buckets): kept (do not modify the lists)."""
     cost = {(k, c): w for k, c, w in work}
-    return merge_tasks(schedule_tasks(schedule, pp, microbatches, chunks), pp * chunks,
-                       lambda task: cost.get((task[0], task[2]), 1.0))
+    return pipeline_program(schedule, pp, microbatches, chunks,
+                            lambda task: cost.get((task[0], task[2]), 1.0))
 
 
 class Builder:
@@ -460,7 +460,7 @@ class Builder:
         work = tuple((k, c, ctx.task_work(k, c)) for k in kinds for c in range(C))
         # (a weight-gradient task sends nothing: :meth:`sends`)
         self._routes = {k: [self.sends(k, c) for c in range(C)] for k in kinds}
-        w = Walk(program_order(S.schedule, S.pp, M, S.chunks, work))
+        w = Walk(*program_order(S.schedule, S.pp, M, S.chunks, work))
         if ctx.tl.links is not None:        # its transfers' arrivals, moved when shared
             ctx.tl.links.recv = w.recv
         return w
@@ -481,16 +481,12 @@ class Builder:
                                             sizes, key)
 
     def advance(self, w: "Walk", stop: int) -> None:
-        """Emit the tasks of the program order up to position ``stop``
-        (sends flushed when the schedule's clock passes their task's end,
-        as LowerSPMD flushes them)."""
+        """Emit the tasks of the program order up to position ``stop``,
+        each task's sends where the schedule places them (as LowerSPMD
+        emits them)."""
         ctx = self.ctx
-        ends, outs, recv, pending, emit = w.ends, w.outs, w.recv, w.pending, self.emit_task
-        order = w.order
-        # the sends waiting, by estimated end: most tasks find none due, so
-        # the heap's head is checked here before asking for them (a call
-        # less per task)
-        waiting, add = pending.heap, pending.add
+        ends, outs, recv, emit = w.ends, w.outs, w.recv, self.emit_task
+        order, sends = w.order, w.sends
         # most tasks (ZeRO 0/1 but each chunk's last backward) are their
         # plan's compute pieces: :meth:`_emit_task`'s last branch, inlined
         # (a 32-stage pipeline's timeline walks thousands)
@@ -511,8 +507,8 @@ class Builder:
         f_keys = [("F", shape, 0) for shape in shapes]
         b_keys = [(("B", shape, 0), ("B", shape, 2)) for shape in shapes]
         for i in range(w.pos, stop):
-            stage, task, start, end = order[i]
-            for sent in (pending.due(start) if waiting and waiting[0][0] <= start else ()):
+            stage, task, _, _ = order[i]
+            for sent in sends[i]:
                 # :meth:`_send`, inlined (a 32-stage pipeline sends thousands)
                 route = routes[sent[0]][sent[2]]
                 if route is not None:
@@ -558,14 +554,13 @@ class Builder:
                     held = end_at + comm_tails[c][mb != 0]
                     if held > free[2 * stage + 1]:
                         free[2 * stage + 1] = held
-            add(end, task)
         w.pos = stop
 
     def complete(self, w: "Walk") -> Timeline:
         """The rest of the walk, the last sends, the gradient sync and the
         optimizer: the whole step's timeline."""
         self.advance(w, len(w.order))
-        for sent in w.pending.rest():
+        for sent in w.sends[-1]:
             self._send(w, sent)
         ctx = self.ctx
         if ctx.pp > 1 and self.note_received:
@@ -591,7 +586,7 @@ class Builder:
         self._start_sync()
         self.policy.units_made_from(other.policy)
         mine.pos = w.pos
-        mine.ends, mine.recv, mine.pending = dict(w.ends), dict(w.recv), w.pending.copy()
+        mine.ends, mine.recv = dict(w.ends), dict(w.recv)
         mine.outs = dict(w.outs)
         if self.ctx.tl.links is not None:
             self.ctx.tl.links.recv = mine.recv

@@ -42,6 +42,7 @@ from itertools import accumulate
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from ..errors import ConfigError
+from .pipeline_exchanges import merge_exchanges, transfer_calls
 
 Task = Tuple[str, int, int]  # (kind "F"/"B"/"W", microbatch, global chunk id)
 
@@ -302,14 +303,44 @@ def merge_tasks(per_rank: List[List[Task]], chunks: int,
     return out
 
 
+#: a program order: ``(rank, task, estimated start, estimated end)`` per
+#: task, and per position (one more at the end) the tasks whose outputs are
+#: sent just before the task there
+Program = Tuple[List[Tuple[int, Task, float, float]], List[Tuple[Task, ...]]]
+
+
+def program_order(schedule: str, pp: int, m: int, v: int,
+                  cost: Callable[[Task], float]) -> Program:
+    """The program order of a schedule's tasks and of the sends of their
+    outputs, which the lowering emits and the fast tier walks.
+
+    The interleaved schedule places its transfers where Megatron-LM's
+    interleaved schedule issues them, grouped as it groups them
+    (:mod:`.pipeline_exchanges`). The others list-schedule the tasks
+    (:func:`merge_tasks`) and send a finished task's outputs once the
+    schedule's clock (the estimated start of the task being emitted)
+    passes the task's estimated end (:class:`PendingSends`)."""
+    per_rank = schedule_tasks(schedule, pp, m, v)
+    if schedule == "interleaved":
+        calls, received = transfer_calls(pp, v, per_rank)
+        return merge_exchanges(per_rank, calls, received, cost)
+    order = merge_tasks(per_rank, pp * v, cost)
+    pending = PendingSends()
+    sends: List[Tuple[Task, ...]] = []
+    for _, task, start, end in order:
+        sends.append(tuple(pending.due(start)))
+        pending.add(end, task)
+    sends.append(tuple(pending.rest()))
+    return order, sends
+
+
 class PendingSends:
     """The tasks whose outputs wait to be sent to the next pipeline stage,
     in the program order of :func:`merge_tasks`: a finished task's sends
     are emitted once the schedule's clock (the estimated start of the task
     being emitted) passes the task's estimated end, in the order of those
     ends, ties in the order the tasks were emitted (each communication
-    queue takes its ops in program order). The lowering emits sends this
-    way and the fast tier walks the same order."""
+    queue takes its ops in program order)."""
 
     __slots__ = ("heap", "count")
 

@@ -67,8 +67,8 @@ from .emitter import Emitter
 from .lowering_context import LoweringContext, RankPlacement, StepTasks
 from .optimizer import SGDHyper
 from .backward_split import WEIGHT_DETAIL, split_tasks, weight_gradient_ops
-from .pipeline import (SPLIT_BACKWARD, PendingSends, chunk_of_layer, merge_tasks,
-                       partition_balanced, partition_layers, schedule_tasks)
+from .pipeline import (SPLIT_BACKWARD, chunk_of_layer, partition_balanced, partition_layers,
+                       program_order)
 from .fusion import Fuse
 from .strategy import Strategy, fusion_for
 from .zero import GradientSync
@@ -269,7 +269,7 @@ class LowerSPMD(Coarsening):
                                     f"{rank} (micro-batch {mb})")
 
     # -- tasks -------------------------------------------------------------
-    def emit_task(self, stage: int, kind: str, mb: int, c: int, end: float = 0.0) -> None:
+    def emit_task(self, stage: int, kind: str, mb: int, c: int) -> None:
         em = self.em
         ops = self.task_ops.get((kind, c), [])
         self.ctx.kind = kind
@@ -371,7 +371,7 @@ class LowerSPMD(Coarsening):
                 self.gathers.note_layer_output(r, outs[0])
             if grads:
                 self.sync.after_backward(stage, mb, grads)
-        self.pending_sends.add(end, (stage, mb, c, ops))
+        self.sent_by[(kind, mb, c)] = (stage, mb, c, ops)
 
     def _cp_collective(self, op: Op, stage: int, mb: int, layer: Any,
                        meta: Dict[str, Any]) -> None:
@@ -535,20 +535,19 @@ class LowerSPMD(Coarsening):
                                  self.local_gradients)
         self.gathers = self.sync.gathers
         self.sync.create_inputs()
-        per_rank = schedule_tasks(S.schedule, S.pp, self.microbatches, S.chunks)
         recompute = step.meta.get("recompute", "none")
         # Estimated task times (FLOPs) order the program like the time line.
         work = {key: 1.0 + sum(op_flops(op) for op in ops) for key, ops in self.task_ops.items()}
-        order = merge_tasks(per_rank, self.chunks, lambda task: work.get((task[0], task[2]), 1.0))
-        # Sends are emitted in the order of their producers' estimated end
-        # (each comm stream takes its ops in program order).
-        self.pending_sends = PendingSends()
-        for stage, (kind, mb, c), start, end in order:
-            for sent in self.pending_sends.due(start):
-                self._send(*sent)
-            self.emit_task(stage, kind, mb, c, end)
-        for sent in self.pending_sends.rest():
-            self._send(*sent)
+        order, sends = program_order(S.schedule, S.pp, self.microbatches, S.chunks,
+                                     lambda task: work.get((task[0], task[2]), 1.0))
+        # each task's sends where the schedule places them
+        self.sent_by: Dict[Tuple[str, int, int], Tuple[int, int, int, Sequence[Op]]] = {}
+        for i, (stage, (kind, mb, c), _, _) in enumerate(order):
+            for sent in sends[i]:
+                self._send(*self.sent_by.pop(sent))
+            self.emit_task(stage, kind, mb, c)
+        for sent in sends[-1]:
+            self._send(*self.sent_by.pop(sent))
         self.sync.finish()
         f = self.em.function
         losses = self._loss_outputs(step)

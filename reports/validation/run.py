@@ -25,8 +25,7 @@ each source's Megatron-LM issued it (``tp_overlap``, per source below).
 Every run ran Megatron-LM's fused kernels (``fusion: megatron``:
 scale-mask-softmax, bias-GeLU, bias-dropout-add; ``--fusion none``
 simulates them unfused). Each source's pipeline transfers are issued as
-its training engine issued them (``p2p``, :data:`P2P`; Megatron-LM's
-interleaved rows excepted). The estimator's
+its training engine issued them (``p2p``, :data:`P2P`). The estimator's
 column estimates the same run with the same options; it refuses BLOOM's
 blocking launches.
 
@@ -352,17 +351,14 @@ FUSION = "megatron"
 #: transfer at a time (``runtime/pipe/p2p.py``): separate; Megatron-core
 #: under NeMo 24.09 runs with ``overlap_p2p_comm: true``, ``batch_p2p_comm:
 #: false`` (``llama3_1_70b.yaml``), no synchronisation: async. The ZeRO-3
-#: rows have no pipeline. Megatron-LM's interleaved schedule exchanges once
-#: after each forward-backward pair, where distsim's lowering sends each
-#: task's outputs at the task's end: synchronous over that placement makes
-#: every stage wait for its neighbour's task (31-74 % too slow), so those
-#: rows stay async (:data:`P2P_INTERLEAVED`) until the lowering places them
-#: as Megatron does.
+#: rows have no pipeline. Megatron-LM's interleaved schedule runs
+#: synchronous too: the lowering places its exchanges where that schedule
+#: issues them (``distsim/transforms/pipeline_exchanges.py``).
 P2P = {"narayanan-t1": "synchronous", "narayanan-t2": "synchronous",
        "korthikanti-t5": "synchronous", "bloom": "separate",
        "dgxc-llama31": "async", "dgxc-llama31-tpoverlap": "async"}
 #: ``p2p`` of a Megatron-LM row under the interleaved schedule (above)
-P2P_INTERLEAVED = "async"
+P2P_INTERLEAVED = "synchronous"
 
 
 def all_runs() -> List[Dict[str, Any]]:
