@@ -357,8 +357,6 @@ FUSION = "megatron"
 P2P = {"narayanan-t1": "synchronous", "narayanan-t2": "synchronous",
        "korthikanti-t5": "synchronous", "bloom": "separate",
        "dgxc-llama31": "async", "dgxc-llama31-tpoverlap": "async"}
-#: ``p2p`` of a Megatron-LM row under the interleaved schedule (above)
-P2P_INTERLEAVED = "synchronous"
 
 
 def all_runs() -> List[Dict[str, Any]]:
@@ -368,9 +366,7 @@ def all_runs() -> List[Dict[str, Any]]:
         run["published"]["step_time_s"] = published_time(run)
         run["options"] = {"fusion": FUSION, **run["options"], "comm_order": COMM_ORDER}
         if run["source"] in P2P:
-            interleaved = run["options"].get("schedule") == "interleaved"
-            run["options"]["p2p"] = (P2P_INTERLEAVED if interleaved and P2P[run["source"]]
-                                     == "synchronous" else P2P[run["source"]])
+            run["options"]["p2p"] = P2P[run["source"]]
     return runs
 
 
