@@ -95,9 +95,10 @@ parallelism too); their known
   the compute (84 MB each beside one 530B layer per chunk) the delays
   that reach tasks already started carry on through the schedule in the
   simulation and the step comes out under the simulation's, more so the
-  more micro-batches (GPT 530B, tp 8, pp 35, interleaved: 1.4-2.3 %
-  under on the validation's six such rows, 2.1-3.7 % timing each
-  transfer alone; its GPT-3 175B rows, tp 8, pp 12, agree). ZeRO 3 under ZB-H1
+  more micro-batches (GPT 530B, tp 8, pp 35, interleaved, with each
+  task's sends at its end: 1.4-2.3 % under on the validation's six such
+  rows; with the exchanges where Megatron-LM's interleaved schedule
+  issues them, as now, those rows agree within 0.6 %). ZeRO 3 under ZB-H1
   and under context parallelism are drawn too; their known gaps are on
   memory (ZB-H1 without prefetch: the next task's gated shards beside a
   W task's last gradient, up to 6.3 % under).
