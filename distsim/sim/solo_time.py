@@ -90,14 +90,16 @@ def run_schedule(network: Network, schedule) -> float:
     the seconds they took (the network's clock must be idle)."""
     env = network.env
     start = env.now
-
-    def steps():
-        for flows, count, latency in schedule:
-            yield from network.run_steps(flows, count, 0, latency)
-
-    env.process(steps())
+    env.process(_steps(network, schedule))
     env.run()
     return float(env.now - start)
+
+
+def _steps(network: Network, schedule):
+    """A collective's steps (``schedule``: :func:`plan_collective`'s), one
+    after another on ``network`` (a SimPy process body)."""
+    for flows, count, latency in schedule:
+        yield from network.run_steps(flows, count, 0, latency)
 
 
 def run_together(topology, mode: str, items: Sequence[tuple], algorithm: str = "auto"
@@ -129,8 +131,7 @@ def _run_together(topology, mode: str, items: Tuple[tuple, ...], algorithm: str
     def one(i: int, start: float, schedule):
         if start > 0.0:
             yield env.timeout(start)
-        for flows, count, latency in schedule:
-            yield from network.run_steps(flows, count, 0, latency)
+        yield from _steps(network, schedule)
         ends[i] = float(env.now)
 
     for i, (start, kind, ranks, nbytes, root) in enumerate(items):

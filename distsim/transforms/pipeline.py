@@ -367,11 +367,3 @@ class PendingSends:
     def rest(self) -> Sequence[Any]:
         """Every task still waiting, in order (at the end of the program)."""
         return self.due(float("inf"))
-
-    def __bool__(self) -> bool:
-        return bool(self.heap)
-
-    def copy(self) -> "PendingSends":
-        other = PendingSends()
-        other.heap, other.count = list(self.heap), self.count
-        return other
