@@ -67,6 +67,11 @@ STRATEGY: Group = ("Parallel strategy (None: the default named)", (
     ("fp32_grads", "the gradient buffers in fp32: each micro-batch's gradient cast to fp32 and "
                    "added, the data-parallel reduction and the optimizer on the fp32 buffer, as "
                    "DeepSpeed's BF16_Optimizer; false (default): in the parameters' dtype"),
+    ("p2p_scatter", "a pipeline transfer of a value every tensor-parallel rank holds whole sent "
+                    "as 1/tp from each rank and all-gathered over the receiving stage's "
+                    "tensor-parallel group, as Megatron-LM's --scatter-gather-tensors-in-"
+                    "pipeline and DeepSpeed's pipeline engine; false (default): every rank "
+                    "sends the whole value, as Megatron-core"),
     ("zero", "ZeRO stage: 0 (default), 1 optimizer state, 2 + gradients, 3 + parameters "
              "sharded over the data-parallel ranks"),
     ("recompute", "activation recomputation: 'none' (default), 'selective', 'full'"),

@@ -87,6 +87,13 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                         "to fp32, then added) and reduce them over data parallelism in fp32, "
                         "as DeepSpeed's BF16_Optimizer; --no-fp32-grads (default): in the "
                         "parameters' dtype, as PyTorch's .grad")
+    g.add_argument("--p2p-scatter", action=argparse.BooleanOptionalAction, default=None,
+                   dest="p2p_scatter",
+                   help="send a pipeline transfer of a value every tensor-parallel rank holds "
+                        "whole as 1/tp from each rank and all-gather it on the receiving "
+                        "stage, as Megatron-LM's --scatter-gather-tensors-in-pipeline and "
+                        "DeepSpeed's pipeline engine; --no-p2p-scatter (default): every rank "
+                        "sends the whole value, as Megatron-core")
     g.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP) "
                         "sharded over data-parallel ranks (default: 0)")
@@ -206,7 +213,7 @@ def program_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "microbatches", "schedule", "virtual_stages", "bucket_mb", "global_batch",
                 "micro_batch", "symmetry", "coarsen", "max_ops", "optimizer", "partition",
                 "prefetch", "zero3_unit", "order", "plan", "fusion", "ep", "tp_overlap",
-                "fp32_grads"):
+                "fp32_grads", "p2p_scatter"):
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value

@@ -22,7 +22,7 @@ from distsim.report.summary import GB, MS, device_groups
 STRATEGY_KEYS = ("dp", "tp", "pp", "sp", "zero", "recompute", "microbatches", "schedule",
                  "virtual_stages", "bucket_mb", "global_batch", "micro_batch", "optimizer",
                  "partition", "prefetch", "zero3_unit", "order", "symmetry", "coarsen",
-                 "fusion", "ep", "tp_overlap", "fp32_grads")
+                 "fusion", "ep", "tp_overlap", "fp32_grads", "p2p_scatter")
 SIMULATION_KEYS = ("topology", "network_mode", "collective_algo", "comm_streams", "launch",
                    "comm_order", "p2p")
 

@@ -70,6 +70,7 @@ from .backward_split import WEIGHT_DETAIL, split_tasks, weight_gradient_ops
 from .pipeline import (SPLIT_BACKWARD, chunk_of_layer, partition_balanced, partition_layers,
                        program_order)
 from .fusion import Fuse
+from .pipeline_split import splits
 from .strategy import Strategy, fusion_for
 from .zero import GradientSync
 
@@ -124,6 +125,12 @@ class LowerSPMD(Coarsening):
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
         self._crossing_cache: Dict[int, Any] = {}
         self._op_info: Dict[int, tuple] = {}  # id(op) -> (op, its gradients, its layer)
+        #: pieces of split values received, not yet gathered (per rank and
+        #: micro-batch), and the values each task gathers as it starts
+        #: (``p2p_scatter``: :meth:`_send_all`)
+        self.arriving: Dict[Tuple[int, int], Dict[Value, Value]] = {}
+        self.gather_at: Dict[Tuple[str, int, int], List[Value]] = {}
+        self.split_axes: Dict[Value, int] = {}
 
     # -- analysis of the step ----------------------------------------------
     def _analyse(self, step: Function) -> None:
@@ -227,6 +234,9 @@ class LowerSPMD(Coarsening):
         self.spmd_outputs = {v for op in step.ops if op.op_type.startswith("spmd.")
                              and op.op_type != "spmd.copy"
                              for v in op.outputs}
+        #: the crossing values sent 1/tp per rank, with their axes (``p2p_scatter``)
+        self.split_axes: Dict[Value, int] = splits(step, self.crossing, S.tp) \
+            if S.p2p_scatter else {}
 
     def stage_of_chunk(self, c: int) -> int:
         return c % self.strategy.pp
@@ -280,6 +290,8 @@ class LowerSPMD(Coarsening):
         if kind == "W":
             base["task"] = "W"
             said = dict(base, detail=WEIGHT_DETAIL)
+        if self.gather_at:
+            self._gather_arrived(stage, kind, mb, c)
         entered = None
         items = self._segments((kind, c), self._grad_mode((kind, c), mb)) if self.coarsen else ops
         for op in items:
@@ -457,9 +469,36 @@ class LowerSPMD(Coarsening):
             return found
         return found[1]
 
-    def _send(self, stage: int, mb: int, c: int, ops: Sequence[Op]) -> None:
+    def _send_all(self, items: Sequence[Tuple[int, int, int, Sequence[Op]]]) -> None:
+        """The sends of the tasks the schedule places here (``items``:
+        stage, micro-batch, chunk, ops of each): with ``p2p_scatter`` every
+        rank's piece of each split value sliced first, then every transfer,
+        so that a rank's transfers here stay one group (Megatron-LM slices
+        before its ``batch_isend_irecv``; :mod:`.pipeline_split`)."""
+        pieces: Dict[Tuple[int, int, Value], Value] = {}
+        if self.split_axes:
+            for stage, mb, c, ops in items:
+                for op, v, chunks in self._crossing_outputs(ops):
+                    axis = self.split_axes.get(v)
+                    if axis is None or all(self.stage_of_chunk(c2) == stage for c2 in chunks):
+                        continue
+                    n = v.type.shape[axis] // self.strategy.tp
+                    meta = {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline"}
+                    if "phase" in op.meta:
+                        meta["phase"] = op.meta["phase"]
+                    for d, t, r in self.placement.group(stage):
+                        pieces[(r, mb, v)] = self.em.one(
+                            "slice", [self.menv[(r, mb)][v]],
+                            {"axis": axis, "start": t * n, "stop": (t + 1) * n},
+                            f"{self.local_name(v, r, mb)}_part", meta)
+        for item in items:
+            self._send(*item, pieces)
+
+    def _send(self, stage: int, mb: int, c: int, ops: Sequence[Op],
+              pieces: Dict[Tuple[int, int, Value], Value]) -> None:
         S = self.strategy
         for op, v, chunks in self._crossing_outputs(ops):
+            reader = "F" if "phase" not in op.meta else "B"
             for c2 in chunks:
                 dst_stage = self.stage_of_chunk(c2)
                 if dst_stage == stage:
@@ -467,14 +506,42 @@ class LowerSPMD(Coarsening):
                 for d, t, r in self.placement.group(stage):
                     dst = S.rank(d, dst_stage, t)
                     env = self.env(dst, mb)
-                    if v in env:
+                    arriving = self.arriving.setdefault((dst, mb), {})
+                    if v in env or v in arriving:
                         continue
-                    (out,) = self.em.collective(
-                        CollectiveType.SEND_RECV, [self.menv[(r, mb)][v]], [r, dst],
-                        [self.local_name(v, dst, mb)],
-                        {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
-                         "detail": "forward" if "phase" not in op.meta else "backward"})
-                    env[v] = out
+                    piece = pieces.get((r, mb, v))
+                    meta = {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
+                            "detail": "forward" if reader == "F" else "backward"}
+                    if piece is None:
+                        (env[v],) = self.em.collective(
+                            CollectiveType.SEND_RECV, [self.menv[(r, mb)][v]], [r, dst],
+                            [self.local_name(v, dst, mb)], meta)
+                        continue
+                    (arriving[v],) = self.em.collective(
+                        CollectiveType.SEND_RECV, [piece], [r, dst],
+                        [f"{self.local_name(v, dst, mb)}_part"], meta)
+                    gathers = self.gather_at.setdefault((reader, mb, c2), [])
+                    if v not in gathers:
+                        gathers.append(v)
+
+    def _gather_arrived(self, stage: int, kind: str, mb: int, c: int) -> None:
+        """All-gather, over each tensor-parallel group of ``stage``, the
+        pieces of the split values that task (``kind``, ``mb``, ``c``) is
+        the first to read (:meth:`_send_all`), as it starts."""
+        for v in self.gather_at.pop((kind, mb, c), ()):
+            axis = self.split_axes[v]
+            meta = {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
+                    "detail": "forward" if kind == "F" else "backward"}
+            for d in self.placement.dp_indices():
+                ranks, here = self.placement.tp_team(d, stage)
+                ins = [self.arriving[(r, mb)].pop(v) if present else None
+                       for r, present in here]
+                outs = self.em.collective(CollectiveType.ALL_GATHER, ins, ranks,
+                                          [self.local_name(v, r, mb) if present else None
+                                           for r, present in here], meta, dim=axis)
+                for r, o in zip(ranks, outs):
+                    if o is not None:
+                        self.env(r, mb)[v] = o
 
     def _loss_outputs(self, step: Function) -> List[Value]:
         """The loss of every micro-batch on every rank of its stage, the
@@ -543,11 +610,9 @@ class LowerSPMD(Coarsening):
         # each task's sends where the schedule places them
         self.sent_by: Dict[Tuple[str, int, int], Tuple[int, int, int, Sequence[Op]]] = {}
         for i, (stage, (kind, mb, c), _, _) in enumerate(order):
-            for sent in sends[i]:
-                self._send(*self.sent_by.pop(sent))
+            self._send_all([self.sent_by.pop(sent) for sent in sends[i]])
             self.emit_task(stage, kind, mb, c)
-        for sent in sends[-1]:
-            self._send(*self.sent_by.pop(sent))
+        self._send_all([self.sent_by.pop(sent) for sent in sends[-1]])
         self.sync.finish()
         f = self.em.function
         losses = self._loss_outputs(step)

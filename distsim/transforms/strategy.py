@@ -105,7 +105,14 @@ class Strategy:
     buffer, the data-parallel reduction and the optimizer on the fp32
     buffer, as DeepSpeed's BF16_Optimizer does (``update_hp_grads`` after
     every micro-batch's backward; Megatron-LM's
-    ``--accumulate-allreduce-grads-in-fp32`` keeps the same buffers)."""
+    ``--accumulate-allreduce-grads-in-fp32`` keeps the same buffers).
+    ``p2p_scatter``: a pipeline transfer of a value every tensor-parallel
+    rank holds whole sent as ``1/tp`` from each rank and all-gathered over
+    the receiving stage's tensor-parallel group, as Megatron-LM's
+    ``--scatter-gather-tensors-in-pipeline`` (on by default there) and
+    DeepSpeed's pipeline engine do (False, the default: every rank sends
+    the whole value, as Megatron-core does; no effect with ``tp`` 1 or on
+    sequence parallelism's shards; :mod:`~distsim.transforms.pipeline_split`)."""
 
     dp: Optional[int] = None
     tp: int = 1
@@ -133,6 +140,7 @@ class Strategy:
     ep: int = 1
     tp_overlap: bool = False
     fp32_grads: bool = False
+    p2p_scatter: bool = False
 
     def __post_init__(self) -> None:
         for name in _CHECK_ORDER:
@@ -259,10 +267,10 @@ def _flag(name: str) -> str:
 _CHECK_ORDER = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
                 "micro_batch", "prefetch", "symmetry", "coarsen", "sp", "zero", "recompute",
                 "schedule", "bucket_mb", "optimizer", "partition", "zero3_unit", "order", "plan",
-                "fusion", "cp", "cp_comm", "tp_overlap", "fp32_grads")
+                "fusion", "cp", "cp_comm", "tp_overlap", "fp32_grads", "p2p_scatter")
 _POSITIVE = ("dp", "tp", "pp", "ep", "microbatches", "virtual_stages", "global_batch",
              "micro_batch", "cp")
-_BOOLS = ("symmetry", "coarsen", "sp", "tp_overlap", "fp32_grads")
+_BOOLS = ("symmetry", "coarsen", "sp", "tp_overlap", "fp32_grads", "p2p_scatter")
 _CHOICES = {"recompute": RECOMPUTE, "schedule": SCHEDULES, "optimizer": OPTIMIZERS,
             "partition": PARTITIONS, "zero3_unit": ZERO3_UNITS, "order": ORDERS,
             "cp_comm": CP_COMMS}
