@@ -41,7 +41,11 @@ without building or simulating the whole program. A peer of
   gradient buffers in the parameters' dtype or in fp32 (``fp32_grads``);
   every way of issuing the pipeline's transfers (``p2p``: grouped and
   not waited for, or waited for by what follows a group, :mod:`.p2p_groups`,
-  or each its own group; the last two under stream order only).
+  or each its own group; the last two under stream order only); values
+  every tensor-parallel rank holds whole sent as 1/tp per rank and
+  gathered as the reading task starts (``p2p_scatter``: the split values
+  :func:`~distsim.transforms.pipeline_split.splits` names, as the
+  lowering's).
 - *Refuses*, with the :class:`~distsim.errors.ConfigError` (or
   :class:`~distsim.errors.PassPreconditionError`) that
   :func:`distsim.simulate` raises for the same options: invalid options,

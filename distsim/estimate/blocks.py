@@ -101,11 +101,13 @@ class Block:
     # activation recomputation: the recompute ops the backward starts with
     # (they read what the forward kept, not the incoming gradient, so they
     # run before it arrives): their time as the compute stream sees them,
-    # busy part, whether they include tensor-parallel collectives, and the
-    # compute of the rest of the backward before its first collective
+    # busy part, whether they include tensor-parallel collectives (and the
+    # compute before the first of them, which no collective holds up), and
+    # the compute of the rest of the backward before its first collective
     b_lead: float = 0.0
     b_lead_busy: float = 0.0
     b_lead_comm: bool = False
+    b_lead_pre: float = 0.0
     b_rest_pre: Optional[float] = None
     # memory above the steady baseline while the block runs (bytes): the
     # forward over weights, optimizer state and the saved activations of
@@ -262,3 +264,8 @@ class LayerProfile:
     #: each model layer's block where the model mixes dense and MoE layers
     #: (:func:`.layer_kinds.merge_kinds`); empty: every layer is LAYER
     layer_blocks: Tuple[str, ...] = ()
+    #: beside each of ``forward_crossing`` / ``backward_crossing``: its
+    #: dtype's name where ``p2p_scatter`` splits it over the tensor-parallel
+    #: ranks, else None (:func:`.crossing.stage_crossing`)
+    forward_split: Tuple[Optional[str], ...] = ()
+    backward_split: Tuple[Optional[str], ...] = ()

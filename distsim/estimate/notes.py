@@ -76,12 +76,15 @@ class MemoryNotes:
         per task kind and chunk, where it sends (:meth:`.timeline.Builder.sends`)."""
         prof = self.ctx.profile
         sizes = {"F": sum(prof.forward_crossing), "B": sum(prof.backward_crossing)}
-        # per sending chunk and kind: the receiving stage, the transfer's time
+        # per sending chunk and kind: the receiving stage, the transfer's
+        # time, the bytes, the bytes on the wire (under ``p2p_scatter`` the
+        # pieces held until the reader gathers them as it starts)
         routes = {}
         for kind in ("F", "B"):
             for c, route in enumerate(sends[kind]):
                 if route is not None and sizes[kind]:
-                    routes[(kind, route[0])] = (route[1][1], sum(route[2]), sizes[kind])
+                    routes[(kind, route[0])] = (route[1][1], sum(route[2]), sizes[kind],
+                                                sum(route[3]))
         if not routes:
             return
         # per receiving stage: its tasks in program order, each one's end
@@ -104,13 +107,16 @@ class MemoryNotes:
         for task, arrived in w.recv.items():
             hit = routes.get((task[0], task[2]))
             if hit is not None:
-                stage, time_s, nbytes = hit
-                hi = place[stage][task] + (task[0] == "F")
+                stage, time_s, nbytes, wire = hit
+                reader = place[stage][task]
                 lo = bisect_right(t1[stage], arrived - time_s)
-                if lo < hi:
-                    at = change[stage]
-                    at[lo] += nbytes
-                    at[hi] -= nbytes
+                at = change[stage]
+                if lo < reader:         # waiting: what came over the wire
+                    at[lo] += wire
+                    at[reader] -= wire
+                if task[0] == "F" and lo <= reader:     # whole, through its reader
+                    at[reader] += nbytes
+                    at[reader + 1] -= nbytes
         for sent, stage, hi in sent_at:
             hit = routes.get((sent[0], sent[2]))
             arrived = w.recv.get((sent[0], sent[1], sent[2] + (1 if sent[0] == "F" else -1)))

@@ -142,7 +142,7 @@ def _step_facts(c: GPTConfig, tp: int, sp: bool, recompute: str, micro_batch: in
                 untie: bool, fusion: str = "megatron", ep: int = 1, cp: int = 1,
                 cp_comm: str = "allgather", tp_overlap: bool = False
                 ) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, int],
-                           Tuple[List[int], List[int], int, Tuple[str, ...]], Dict[str, float]]:
+                           tuple, Dict[str, float]]:
     """What a profile reads from the template's one-device step alone (the
     same for its ZeRO kinds, built one after another: worked out once):
     per block its forward and backward FLOPs as LowerSPMD's task ordering
@@ -466,7 +466,7 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                             for o in groups.get(key, [])
                             if block_collective(o)))
 
-    step_flops, saved, (fwd, bwd, kept, sent_back), partition = _step_facts(
+    step_flops, saved, (fwd, bwd, kept, sent_back, fwd_split, bwd_split), partition = _step_facts(
         _template_config(config, micro_batch), tp, sp, recompute, micro_batch, untie, fusion, ep,
         cp, cp_comm, tp_overlap)
     # the values a layer's backward sends to the stage before (its input
@@ -538,7 +538,8 @@ def build_profile(config_items: Tuple[Tuple[str, Any], ...], tp: int, sp: bool, 
                                         final_only, weight, (final_last, synced_only))
     return LayerProfile(blocks, params, order, list(fwd), list(bwd), bool(step.meta.get("tied")),
                         lower.master_dtype, dict(partition), time.perf_counter() - started, kept,
-                        data_emb, data_head, weight)
+                        data_emb, data_head, weight, forward_split=fwd_split,
+                        backward_split=bwd_split)
 
 
 def _weight_blocks(blocks: Dict[str, Block], groups, times, stats, tp_spans,

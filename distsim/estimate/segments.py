@@ -53,6 +53,9 @@ def fill_lead(blk: Block, ops: List[Op], times: Dict[str, tuple], start: float) 
     blk.b_lead = max(times[o.name][1] for o in compute) - start
     blk.b_lead_busy = sum(times[o.name][1] - times[o.name][0] for o in compute)
     blk.b_lead_comm = any(is_communication(o) for o in lead)
+    if blk.b_lead_comm:
+        first = next(i for i, o in enumerate(lead) if is_communication(o))
+        blk.b_lead_pre = sum(times[o.name][1] - times[o.name][0] for o in lead[:first])
     rest = ops[len(lead):]
     if any(is_communication(o) for o in rest):
         first = next(i for i, o in enumerate(rest) if is_communication(o))

