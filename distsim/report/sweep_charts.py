@@ -19,8 +19,8 @@ batch is not better. :func:`ranked` sorts points best first.
   drawn, the device capacity dashed;
 * :func:`breakdown_figure`: per configuration (best first), the step
   split into compute / exposed communication / pipeline bubble / other idle,
-  each bar named by the options that differ among those shown
-  (:mod:`distsim.report.sweep_labels`).
+  bars of points that run out of memory marked ``OOM``, each bar named by
+  the options that differ among those shown (:mod:`distsim.report.sweep_labels`).
 
 :func:`write_sweep_charts` writes all four PNGs. A chart with nothing to show
 still renders, saying so, so a sweep where every point failed still gets
@@ -357,8 +357,12 @@ def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
     ax.get_yticklabels()[0].set_fontweight("bold")
     ax.tick_params(axis="y", length=0)
     ax.set_ylim(-0.6, len(table) + 0.4)
-    # a zero-width segment at the longest bar's end would pin the axis there
-    ax.set_xlim(0, max(left.max(), 1e-12) * 1.03)
+    oom = ok["oom"].fillna(False).astype(bool).to_numpy()
+    for y, end in zip(ypos[oom], left[oom]):
+        ax.text(end, y, " OOM", va="center", fontsize=7, color=OOM_COLOUR)
+    # room for the OOM marks; a zero-width segment at the longest bar's end
+    # would otherwise pin the axis there
+    ax.set_xlim(0, max(left.max(), 1e-12) * (1.07 if oom.any() else 1.03))
     ax.set_xlabel("time per step (ms, mean over devices)")
     ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
               frameon=False)

@@ -77,5 +77,10 @@ def test_breakdown_chart_says_shared_options_once_and_gives_the_bars_the_width()
     assert ticks == [names.header, *names.labels]            # header above the best bar
     assert "topology=dgx-a100-x128" in ax.get_title() and "model=gpt3-175b" in ax.get_title()
     assert "(best 3 of 4)" in fig.get_suptitle()
+    assert [t.get_text() for t in ax.texts] == []            # every point fits
+    marked = breakdown_figure(FRAME.assign(oom=pd.array([False, True, True, False],
+                                                        dtype="boolean")), max_configs=3)
+    assert [(t.get_text(), t.get_position()[1]) for t in marked.axes[0].texts] == \
+        [(" OOM", 1), (" OOM", 0)]                           # the 2nd and 3rd bars from the top
     fig.canvas.draw()
     assert ax.get_position().width > 0.6                     # labels take the lesser part
