@@ -42,7 +42,7 @@ from distsim.errors import ConfigError
 from distsim.fileio import PathLike
 from distsim.report.figures import CATEGORY_COLOURS, OTHER_COLOUR, save_png
 from distsim.report.summary import GB, MS
-from distsim.report.sweep_labels import config_labels, value_text
+from distsim.report.sweep_labels import config_labels, split_options, value_text
 
 CHART_FILES = {"heatmap": "heatmap.png", "scaling": "scaling.png", "pareto": "pareto.png",
                "breakdown": "breakdown.png"}
@@ -60,7 +60,7 @@ def param_columns(df: pd.DataFrame) -> List[str]:
 
 def varying_params(df: pd.DataFrame) -> List[str]:
     """Option columns that take more than one value."""
-    return [c for c in param_columns(df) if df[c].astype(str).nunique() > 1]
+    return split_options(df, param_columns(df))[0]
 
 
 def simulated(df: pd.DataFrame) -> pd.DataFrame:
@@ -335,7 +335,7 @@ def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
         _empty(ax, "no configuration could be simulated")
         return fig
     names = config_labels(ok, param_columns(df))
-    fig.suptitle(title, fontsize=12)
+    fig.suptitle(title, fontsize=12)      # laid out here, centred over the bars below
     ax.set_title("every configuration shown: " + names.shared_text(100) if names.shared else "",
                  fontsize=8, color="#333333", pad=30)
     ypos = np.arange(len(table))[::-1]
