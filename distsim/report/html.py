@@ -25,6 +25,7 @@ from distsim.report.summary import GB, MS
 from distsim.report.sweep_charts import (CHART_FILES, breakdown_figure, heatmap_axes, ranked,
                                          heatmap_figure, objective, param_columns, pareto_figure,
                                          scaling_figure, throughput_column)
+from distsim.report.sweep_labels import split_options
 
 
 # -- a sweep -------------------------------------------------------------------------------
@@ -39,9 +40,9 @@ def sweep_report_html(df: pd.DataFrame, title: str = "distsim sweep",
         charts = {"heatmap": heatmap_figure(df, x, y), "scaling": scaling_figure(df, hue),
                   "pareto": pareto_figure(df), "breakdown": breakdown_figure(df)}
     every = [p for p in param_columns(df) if p != "fidelity"]
-    varying = [p for p in every if df[p].astype(str).nunique() > 1]
+    varying, fixed = split_options(df, every)
     params = varying or every     # the columns that tell the rows apart
-    fixed = [p for p in every if p not in params]
+    fixed = [p for p in fixed if p not in params]
     counts = df["status"].value_counts()
     body = []
     if description:

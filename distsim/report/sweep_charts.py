@@ -18,7 +18,9 @@ batch is not better. :func:`ranked` sorts points best first.
   points marked with a red cross, the Pareto front of the feasible ones
   drawn, the device capacity dashed;
 * :func:`breakdown_figure`: per configuration (best first), the step
-  split into compute / exposed communication / pipeline bubble / other idle.
+  split into compute / exposed communication / pipeline bubble / other idle,
+  bars of points that run out of memory marked ``OOM``, each bar named by
+  the options that differ among those shown (:mod:`distsim.report.sweep_labels`).
 
 :func:`write_sweep_charts` writes all four PNGs. A chart with nothing to show
 still renders, saying so, so a sweep where every point failed still gets
@@ -40,6 +42,7 @@ from distsim.errors import ConfigError
 from distsim.fileio import PathLike
 from distsim.report.figures import CATEGORY_COLOURS, OTHER_COLOUR, save_png
 from distsim.report.summary import GB, MS
+from distsim.report.sweep_labels import config_labels, split_options, value_text
 
 CHART_FILES = {"heatmap": "heatmap.png", "scaling": "scaling.png", "pareto": "pareto.png",
                "breakdown": "breakdown.png"}
@@ -57,7 +60,7 @@ def param_columns(df: pd.DataFrame) -> List[str]:
 
 def varying_params(df: pd.DataFrame) -> List[str]:
     """Option columns that take more than one value."""
-    return [c for c in param_columns(df) if df[c].astype(str).nunique() > 1]
+    return split_options(df, param_columns(df))[0]
 
 
 def simulated(df: pd.DataFrame) -> pd.DataFrame:
@@ -111,17 +114,6 @@ def ranked(df: pd.DataFrame) -> pd.DataFrame:
     key = -ok[obj.column] if obj.higher else ok[obj.column]
     return ok.assign(_key=key.fillna(math.inf)).sort_values(["_key", "index"]).drop(
         columns="_key")
-
-
-def config_label(row: pd.Series, params: Sequence[str]) -> str:
-    parts = [f"{p}={_fmt(row[p])}" for p in params]
-    return " ".join(parts) if parts else f"#{int(row['index'])}"
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float) and v.is_integer():
-        return str(int(v))
-    return str(v)
 
 
 def _empty(ax, text: str) -> None:
@@ -205,8 +197,8 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, value: Optional[str] = None
             dark = np.isfinite(value_ij) and (value_ij < mid if obj.higher else value_ij > mid)
             ax.text(j, i, text[i][j], ha="center", va="center", fontsize=8,
                     color="white" if dark else ("#b00000" if text[i][j] == "OOM" else "black"))
-    ax.set_xticks(range(len(xs)), [_fmt(v) for v in xs])
-    ax.set_yticks(range(len(ys)), [_fmt(v) for v in ys])
+    ax.set_xticks(range(len(xs)), [value_text(v) for v in xs])
+    ax.set_yticks(range(len(ys)), [value_text(v) for v in ys])
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     ax.set_title(title)
@@ -241,16 +233,16 @@ def scaling_figure(df: pd.DataFrame, hue: Optional[str] = None) -> Figure:
         [(v, good[good[hue] == v]) for v in _sort_key(good[hue].unique())]
     for name, part in groups:
         best = part.groupby("num_devices")[col].max().sort_index()
-        lbl = "best" if name is None else f"{hue}={_fmt(name)}"
+        lbl = "best" if name is None else f"{hue}={value_text(name)}"
         line = ax.plot(best.index, best.values, marker="o", label=lbl)[0]
         n0, t0 = best.index[0], best.values[0]
         ax.plot(best.index, t0 * best.index / n0, linestyle="--", linewidth=1,
                 color=line.get_color(), alpha=0.6,
-                label="ideal linear" if name is None else f"ideal ({_fmt(name)})")
+                label="ideal linear" if name is None else f"ideal ({value_text(name)})")
     counts = sorted(good["num_devices"].unique())
     if len(counts) > 1 and counts[0] > 0 and counts[-1] / counts[0] >= 4:
         ax.set_xscale("log", base=2)
-    ax.set_xticks(counts, [_fmt(c) for c in counts])
+    ax.set_xticks(counts, [value_text(c) for c in counts])
     ax.set_xlabel("GPUs")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
@@ -327,19 +319,25 @@ def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
-    """Stacked bars of where the step goes, best configurations first."""
+    """Stacked bars of where the step goes, best configurations first. Each
+    bar is named by the options that differ among the bars shown (aligned
+    columns under a header of option names); the options they all share are
+    said once, under the title."""
     ok = ranked(df).head(max_configs)
     table = breakdown_table(ok)
-    fig = Figure(figsize=(10, max(3.0, 0.32 * len(table) + 1.5)))
+    fig = Figure(figsize=(10, max(3.0, 0.32 * len(table) + 2.0)))
     ax = fig.add_subplot()
     shown = f" (best {max_configs} of {len(simulated(df))})" \
         if len(simulated(df)) > max_configs else ""
-    ax.set_title("Where the step goes, per configuration" + shown, pad=34)
+    title = "Where the step goes, per configuration" + shown
     if table.empty:
+        ax.set_title(title)
         _empty(ax, "no configuration could be simulated")
         return fig
-    params = varying_params(df) or param_columns(df)[:3]
-    labels = [config_label(row, params) for _, row in ok.iterrows()]
+    names = config_labels(ok, param_columns(df))
+    fig.suptitle(title, fontsize=12)      # laid out here, centred over the bars below
+    ax.set_title("every configuration shown: " + names.shared_text(100) if names.shared else "",
+                 fontsize=8, color="#333333", pad=30)
     ypos = np.arange(len(table))[::-1]
     left = np.zeros(len(table))
     parts = [("compute_s", "compute", CATEGORY_COLOURS["compute"]),
@@ -353,13 +351,25 @@ def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
             continue
         ax.barh(ypos, values, left=left, color=colour, label=name, height=0.7)
         left += values
-    ax.set_yticks(ypos, labels, fontsize=7)
+    # the header of option names sits on a tick of its own above the top bar
+    ax.set_yticks([len(table), *ypos], [names.header, *names.labels], fontsize=7.5,
+                  family="monospace")
+    ax.get_yticklabels()[0].set_fontweight("bold")
+    ax.tick_params(axis="y", length=0)
+    ax.set_ylim(-0.6, len(table) + 0.4)
+    oom = ok["oom"].fillna(False).astype(bool).to_numpy()
+    for y, end in zip(ypos[oom], left[oom]):
+        ax.text(end, y, " OOM", va="center", fontsize=7, color=OOM_COLOUR)
+    # room for the OOM marks; a zero-width segment at the longest bar's end
+    # would otherwise pin the axis there
+    ax.set_xlim(0, max(left.max(), 1e-12) * (1.07 if oom.any() else 1.03))
     ax.set_xlabel("time per step (ms, mean over devices)")
-    # two columns: the bars' axes are narrow beside long configuration labels
-    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2,
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
               frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
+    box = ax.get_position()
+    fig.suptitle(title, fontsize=12, x=(box.x0 + box.x1) / 2)    # centred over the bars
     return fig
 
 
