@@ -363,6 +363,13 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     best = float((vals + g_pts).max())
     if inside.any():
         best = max(best, float((vals[v_ev[inside]] + held[last[inside]]).max()))
+    # from the block's own gates until its compute starts: nothing of the
+    # block above its baseline yet, what is gated, gathered and waiting
+    # then (a parameter gathered over no team is whole from its gate)
+    entering = min((e[4] for e in own), default=math.inf)
+    before = (times >= entering) & (v_ev < 0)
+    if before.any():
+        best = max(best, float(held[last[before]].max()))
     extra = {}
     if curve.points:
         index, at, value, ends = curve.array_points()
