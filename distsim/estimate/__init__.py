@@ -16,10 +16,13 @@ without building or simulating the whole program. A peer of
   describes: dp x tp x pp in any mesh order,
   expert parallelism (``ep``: the all-to-alls in each MoE block's
   template, the experts' weights synchronised and sharded over dp / ep;
-  under ZeRO 2 with ``ep`` = dp their gradients, on a team of one rank,
+  under ZeRO 2/3 with ``ep`` = dp their gradients, on a team of one rank,
   kept whole and accumulated in place beside the others reduce-scattered,
-  :meth:`.context.StepContext.scatters`; under ZeRO 3 by parameter with
-  ``ep`` < dp each parameter gathered over its own team,
+  :meth:`.context.StepContext.scatters`, and under ZeRO 3 by parameter
+  their weights not gathered (no collective over a team of one: no item
+  of :func:`.gates.gather_plan`, their reads waiting for none) and whole
+  from their gates; under ZeRO 3 by parameter with ``ep`` < dp each
+  parameter gathered over its own team,
   :func:`~distsim.transforms.sync_policy.layer_gathers`),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
   all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
@@ -52,10 +55,7 @@ without building or simulating the whole program. A peer of
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model
   (``launch: blocking``, ``p2p: synchronous`` or ``separate`` with
-  ``comm_order: inputs``, ZeRO 3 with ``ep`` = dp: the experts'
-  weights and gradients whole beside the others gathered and
-  reduce-scattered (measured up to 1.1 % over in step time and 1.5 %
-  under in memory when not refused), ZeRO 3 by layer
+  ``comm_order: inputs``, ZeRO 3 by layer
   with ``ep`` > 1: the experts' unit beside the others', ``fp32_grads``
   with ZeRO 2/3 over dp > 1, ``ep`` with ``cp`` under ZeRO 2/3: the
   experts' shards over their dp x cp / ep ranks, measured past the

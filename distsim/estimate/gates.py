@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.comm import CollectiveType
-from ..transforms.sync_policy import layer_gathers
+from ..transforms.sync_policy import layer_gathers, sync_team
 from .context import StepContext
 
 
@@ -35,7 +35,8 @@ class GatherPlan(NamedTuple):
     divides first, as one, then the others); ``upto``, per position of the
     block's gathered parameters (:attr:`.profile.Block.f_gather`),
     the last item a read there waits for (the reads so far are a prefix of
-    those positions, which are in the order of first reads); by layer,
+    those positions, which are in the order of first reads; -1: none, the
+    reads so far of parameters gathered over no team); by layer,
     ``copy_in``, the concatenation of the unit's shards on the compute
     stream before its gather, ``first``, the position of the unit's first
     parameter (None: no unit)."""
@@ -62,6 +63,10 @@ class GatherPlan(NamedTuple):
     #: parallelism the others' items come before the experts', not in the
     #: order of the positions)
     members: Tuple[Tuple[int, ...], ...] = ()
+    #: the positions of the parameters gathered over no team (an expert's
+    #: with ep = dp: the lowering emits no collective, the read waits for
+    #: none), which no item gathers
+    alone: Tuple[int, ...] = ()
 
     @property
     def copy_out(self) -> float:
@@ -100,20 +105,25 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
               (blk.f_gather if kind == "F" else blk.b_gather)]
     dp = b.dp
     # the lowering's groups (the unit, then each other parameter alone;
-    # under expert parallelism the others', then the experts' over their team)
-    teams = layer_gathers([p.numel for p in params], [p.expert for p in params], b.strategy)
+    # under expert parallelism the others', then the experts' over their
+    # team); none over a team of one rank (the experts' with ep = dp): the
+    # lowering emits no collective there, their reads wait for no gather
+    teams = [(group, expert) for group, expert in
+             layer_gathers([p.numel for p in params], [p.expert for p in params], b.strategy)
+             if sync_team(b.strategy, expert) > 1]
     groups = [group for group, _ in teams]
     items = [b.dp_time(CollectiveType.ALL_GATHER,
                        sum(params[j].numel * params[j].dtype.itemsize for j in group), expert)
              for group, expert in teams]
     item_of = {j: g for g, group in enumerate(groups) for j in group}
-    upto, most = [], 0
+    upto, most = [], -1
     for j in range(len(params)):
-        most = max(most, item_of[j])
+        most = max(most, item_of.get(j, -1))
         upto.append(most)
     unit = groups[0] if groups and len(groups[0]) > 1 else ()
+    alone = tuple(j for j in range(len(params)) if j not in item_of)
     if not unit:
-        hit = GatherPlan(items, upto, members=tuple(groups))
+        hit = GatherPlan(items, upto, members=tuple(groups), alone=alone)
     else:
         ps = [params[j] for j in unit]
         d = ps[0].dtype
@@ -126,7 +136,7 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
         reshape_s = tuple(cost("reshape", [(p.numel, d)], [(p.numel, d)])[0] if j in unit
                           else 0.0 for j, p in enumerate(params))
         hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes,
-                         members=tuple(groups))
+                         members=tuple(groups), alone=alone)
         blk = b.profile.blocks[block]
         segs = blk.f_segs if kind == "F" else blk.only
         if segs:
@@ -237,7 +247,7 @@ def chain(b: StepContext, kind: str, block: str, piece: Tuple[float, Optional[fl
         if cut > at:
             out.append((cut - at, _part(busy_s, cut - at, time_s), wait))
             at = cut
-        wait = ends[upto[j]]
+        wait = ends[upto[j]] if upto[j] >= 0 else None
     out.append((time_s - at, _part(busy_s, time_s - at, time_s), wait))
     return out
 
@@ -322,7 +332,10 @@ def entry_plan(b: StepContext, kind: str, block: str, mb: int) -> EntryPlan:
     for seg, change in zip(segs, changed):
         if seg.kind == "c":
             gate = seg.gate
-            before = None if gate == -1 else after[-1 if gate is None else plan.upto[gate]]
+            # None: it waits for every gather; -1 (or a read of a parameter
+            # gathered over no team, as all before it): for none
+            upto = len(items) - 1 if gate is None else gate if gate == -1 else plan.upto[gate]
+            before = None if upto == -1 else after[upto]
             hit.append(("c", max(0.0, seg.time_s + change),
                         tuple(d for d in seg.deps if d is not None), -2, seg.lead, before))
         elif seg.kind == "t":

@@ -7,7 +7,12 @@ whole parameter lives from the gather's start until the reshape of its
 first use ends) and reshapes it where a block first reads it. Gathers run
 one after another, so at a block's peak some may not have started (only
 their gates are live), one may be running (its gate and its result) and
-the rest done; the reads wait for theirs.
+the rest done; the reads wait for theirs. A parameter gathered over no
+team (an expert's with ep = dp) has no all-gather: its gate, the whole
+parameter, lives until its reshape ends. From a block's gates to its
+compute's start the stage holds what is gated, gathered and still
+waiting then (a flat gradient copy of the block before), nothing of the
+block's own curve yet.
 
 The template (dp 1, no prefetch) holds each of a block's parameters whole
 from the block's start (its gate is the parameter) until its reshape
@@ -363,6 +368,13 @@ def block_peak(curve: GatherCurve, k: int, t0: float, entries: Sequence[Entry],
     best = float((vals + g_pts).max())
     if inside.any():
         best = max(best, float((vals[v_ev[inside]] + held[last[inside]]).max()))
+    # from the block's own gates until its compute starts: nothing of the
+    # block above its baseline yet, what is gated, gathered and waiting
+    # then (a parameter gathered over no team is whole from its gate)
+    entering = min((e[4] for e in own), default=math.inf)
+    before = (times >= entering) & (v_ev < 0)
+    if before.any():
+        best = max(best, float(held[last[before]].max()))
     extra = {}
     if curve.points:
         index, at, value, ends = curve.array_points()

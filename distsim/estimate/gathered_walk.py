@@ -41,11 +41,15 @@ def entries_of(b: StepContext, kind: str, k: int, block: str, gate: float,
     end) that run one after another (:attr:`.gates.GatherPlan.items`):
     by parameter one per gathered parameter; by layer
     (:func:`item_bytes`) the unit's first, its gate the concatenation of
-    its shards, which runs on the compute stream before ``gate``."""
+    its shards, which runs on the compute stream before ``gate``. A
+    parameter gathered over no team (an expert's with ep = dp: no
+    collective) is whole from its gate on, its gather's start and end
+    the gate."""
     plan = gather_plan(b, kind, block)
     items = plan.items
     sizes = item_bytes(b, kind, block) if b.by_layer else param_bytes(b, kind, block)
-    out: List[Entry] = []
+    out: List[Entry] = [(k, j, sizes[j][0], sizes[j][1], gate, gate, gate)
+                        for j in plan.alone]
     first = 0
     for time_s, upto, end in groups:
         at = end - time_s
@@ -171,8 +175,11 @@ def note_peak(b: StepContext, key: tuple, k: int, curve: Optional[GatherCurve], 
             ran_at = tuple([int((ends[i] - time_s - t0) * 1e13) for i, _, time_s in runs])
         if own is not None and own[0]:
             held = list(held or ()) + own[0]
+        # the copies still waiting when the block's own gathers are gated
+        # (its entering, at or before its compute's start)
+        lo = min([t0] + [gate for owner, _, gate, _ in issued if owner == k])
         waiting = tuple([(nbytes, int((end - t0) * 1e13)) for nbytes, end in held
-                         if end > t0]) if held else ()
+                         if end > lo]) if held else ()
         made_here = tuple([(nbytes, int((start - t0) * 1e13), int((end - t0) * 1e13))
                            for nbytes, start, end in own[1]]) if own is not None else ()
         met = tuple([(nbytes, int((start - t0) * 1e13), int((end - t0) * 1e13), before)
@@ -190,7 +197,7 @@ def note_peak(b: StepContext, key: tuple, k: int, curve: Optional[GatherCurve], 
                        for e in entries_of(b, kind, owner, block, gate, groups)]
             # a flat copy waiting: an entry of no block, whole until its end
             entries += [(-1, 0, 0, nbytes, 0.0, -math.inf, end) for nbytes, end in held or ()
-                        if end > t0]
+                        if end > lo]
             if own is not None:
                 entries += [(-1, 0, 0, nbytes, 0.0, start, end) for nbytes, start, end in own[1]]
             unit = None

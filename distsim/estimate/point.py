@@ -269,8 +269,7 @@ def resolve(options: Mapping[str, Any]) -> Case:
     m = validate(c, strategy)
     if strategy.ep > 1 and strategy.cp > 1 and strategy.zero >= 2:
         # measured past the bound (ZeRO 2 at ep = dp x cp, the experts' team
-        # one rank: +4 % on step time; ZeRO 2 at ep 2 of 4: +1.7 % on memory);
-        # before the ep = dp refusal, which counts dp without the cp ranks
+        # one rank: +4 % on step time; ZeRO 2 at ep 2 of 4: +1.7 % on memory)
         raise _not_modelled(f"expert parallelism with context parallelism under ZeRO "
                             f"{strategy.zero} (ep {strategy.ep}, cp {strategy.cp})")
     check_expert_parallel(strategy)
@@ -298,21 +297,18 @@ def _widens_grads(S: Strategy, c: Any) -> bool:
 def check_expert_parallel(S: Strategy) -> None:
     """Refuse the expert-parallel points whose experts' gradient sync
     differs in kind from the others' in a way the estimator does not
-    walk: ZeRO 3 with the experts' team one rank (dp = ep: their weights
-    and gradients kept whole beside the others gathered and
-    reduce-scattered; measured 1.5 % under the simulation's peak memory);
-    and ZeRO 3 by layer (``zero3_unit: layer``), whose MoE blocks gather
-    two units, the experts' over their own team beside the others' (the
-    walk's gathers and copy-ins know one unit per block). ZeRO 2 with
-    dp = ep is modelled (each gradient reduce-scattered per micro-batch
-    or kept whole as its team says:
-    :meth:`.context.StepContext.scatters`), and so is ZeRO 3 by
-    parameter with ep < dp: each parameter gathered over its own team
+    walk: ZeRO 3 by layer (``zero3_unit: layer``), whose MoE blocks
+    gather two units, the experts' over their own team beside the
+    others' (the walk's gathers and copy-ins know one unit per block).
+    ZeRO 2/3 with dp = ep is modelled: the experts' team is one rank,
+    their gradients kept whole and accumulated in place
+    (:meth:`.context.StepContext.scatters`) and, under ZeRO 3, their
+    weights not gathered (no collective: :func:`.gates.gather_plan` plans
+    none and their reads wait for none; whole from their gates:
+    :func:`.gathered_walk.entries_of`), beside the others' gathered and
+    reduce-scattered over dp; and so is ZeRO 3 by parameter with ep < dp:
+    each parameter gathered over its own team
     (:func:`~distsim.transforms.sync_policy.layer_gathers`)."""
-    if S.ep > 1 and S.zero == 3 and S.dp == S.ep:
-        raise _not_modelled(f"expert parallelism with ep = dp = {S.dp} under ZeRO 3 "
-                            "(the experts' weights and gradients kept whole, the others "
-                            "gathered and reduce-scattered)")
     if S.ep > 1 and S.zero == 3 and S.zero3_unit == "layer":
         raise _not_modelled("expert parallelism under ZeRO 3 by layer (zero3_unit 'layer': "
                             "the experts' unit gathered over their dp / ep ranks beside the "

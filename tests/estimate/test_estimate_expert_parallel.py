@@ -111,29 +111,35 @@ def test_the_experts_weights_are_a_1_over_ep_share_on_their_own_team():
     (ALL_MOE, dict(dp=8, ep=4, zero=3, global_batch=32)),
     (FIRST_DENSE, dict(dp=4, tp=2, ep=2, zero=3)),
     (FIRST_DENSE, dict(dp=4, pp=2, ep=2, zero=3, global_batch=16)),
+    # ZeRO 3 with ep = dp: the experts' weights (a team of one rank) not
+    # gathered and their gradients kept whole, beside the others gathered
+    # and reduce-scattered over dp; by parameter, prefetching or not, with a
+    # pipeline under each schedule
+    (ALL_MOE, dict(dp=4, pp=2, ep=4, zero=3, global_batch=16)),
+    (ALL_MOE, dict(dp=4, tp=2, ep=4, zero=3, global_batch=16)),
+    (FIRST_DENSE, dict(dp=4, tp=2, ep=4, zero=3, bucket_mb=0, global_batch=16)),
+    (FIRST_DENSE, dict(dp=4, pp=2, ep=4, zero=3, prefetch=0, global_batch=4)),
+    (FIRST_DENSE, dict(dp=2, tp=2, pp=2, ep=2, zero=3, schedule="interleaved",
+                       virtual_stages=2, global_batch=8)),
+    (ALL_MOE, dict(dp=4, pp=2, ep=4, zero=3, prefetch=0, schedule="gpipe", global_batch=16)),
 ], ids=lambda x: x.get("name") if "family" in x else ",".join(f"{k}={v}" for k, v in x.items()))
 def test_the_estimate_agrees_with_the_simulation(model, strategy):
     assert_within_bounds(_options(model, **strategy))
 
 
 def test_what_it_does_not_model_is_refused_in_one_line():
-    # ZeRO 3 with ep = dp: the experts' team is one rank, their weights
-    # and gradients kept whole while the others are gathered and
-    # reduce-scattered
-    for bucket_mb in (None, 0):
-        with pytest.raises(NotModelledError, match=r"ep = dp = 4 under ZeRO 3") as refused:
-            estimate(_options(ALL_MOE, dp=4, pp=2, ep=4, zero=3, bucket_mb=bucket_mb))
-        assert "\n" not in str(refused.value)
     # invalid points are refused as the simulator refuses them
     with pytest.raises(ConfigError, match="--ep 8 does not divide"):
         estimate(_options(ALL_MOE, dp=8, ep=8))
     with pytest.raises(ConfigError, match="no experts"):
         estimate(_options("tiny", dp=8, ep=2))
     # ZeRO 3 by layer: a MoE block's two units (the experts' over their own
-    # team), which the walk's one unit per block does not hold
-    with pytest.raises(NotModelledError, match="under ZeRO 3 by layer") as refused:
-        estimate(_options(ALL_MOE, dp=8, ep=2, zero=3, zero3_unit="layer"))
-    assert "\n" not in str(refused.value)
+    # team), which the walk's one unit per block does not hold; with ep = dp
+    # too (the experts' unit over a team of one rank)
+    for mesh in (dict(dp=8, ep=2), dict(dp=4, tp=2, ep=4)):
+        with pytest.raises(NotModelledError, match="under ZeRO 3 by layer") as refused:
+            estimate(_options(ALL_MOE, **mesh, zero=3, zero3_unit="layer"))
+        assert "\n" not in str(refused.value)
 
 
 def test_a_layers_gathers_go_over_each_parameters_team_the_others_first():
@@ -153,3 +159,31 @@ def test_a_layers_gathers_go_over_each_parameters_team_the_others_first():
     # 64 and 100: 8 divides 64 only (no unit of one); 4 divides both experts'
     assert layer_gathers(numels, experts, by_layer) == [((0,), False), ((2,), False),
                                                         ((1, 3), True)]
+
+
+def test_under_zero3_with_ep_equal_to_dp_the_experts_weights_are_not_gathered():
+    # dp 4 tp 2 ep 4: the experts' team is one rank, over which the lowering
+    # emits no collective. The MoE block's gather plan has one all-gather per
+    # other parameter, over the dp ranks of tp rank 0 (0, 2, 4, 6), timed
+    # as the simulator times it alone; none for the experts' weights, whose
+    # reads wait for no gather past the others' read before them
+    from distsim.estimate.gates import gather_plan
+    case = resolve(_options(FIRST_DENSE, dp=4, tp=2, ep=4, zero=3))
+    ctx = StepContext(case, _profile_for(case))
+    topo = load_topology("dgx-a100")
+    blk = ctx.profile.blocks[MOE]
+    for kind, gathered in (("F", blk.f_gather), ("B", blk.b_gather)):
+        params = [ctx.profile.params[owner][i] for owner, i in gathered]
+        plan = gather_plan(ctx, kind, MOE)
+        others = [j for j, p in enumerate(params) if not p.expert]
+        assert plan.alone == tuple(j for j, p in enumerate(params) if p.expert)
+        assert {params[j].name.split("_", 1)[1] for j in plan.alone} <= set(EXPERTS)
+        assert len(plan.alone) >= 2
+        assert plan.members == tuple((j,) for j in others)
+        assert plan.items == [collective_time(topo, "analytical", CollectiveType.ALL_GATHER,
+                                              (0, 2, 4, 6),
+                                              params[j].numel * params[j].dtype.itemsize)[0]
+                              for j in others]
+        for j in range(len(params)):
+            read = [g for g, o in enumerate(others) if o <= j]
+            assert plan.upto[j] == (read[-1] if read else -1)

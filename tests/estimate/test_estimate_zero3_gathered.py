@@ -15,6 +15,8 @@ simulation: -3.3 % to +10.6 %).
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from distsim.estimate import AGREEMENT_TOLERANCE
@@ -103,6 +105,23 @@ def test_a_gather_counts_from_its_start_and_its_gate_to_its_end():
     # 5 the next gather is done (its gate gone): 20 + 32 from 5.5
     late = _curve([0.0, 5.5], [10.0, 20.0], [(3.0, 3.5)], 6.0)
     assert block_peak(late, 0, 0.0, entries)[0] == 10.0 + 16 + 8 + 32
+
+
+def test_a_block_counts_from_its_gates_before_its_compute_starts():
+    # the block's compute starts at 5 (t0); its gates are made at 1, where
+    # a flat gradient copy (an entry of no block: 200 bytes) still waits for
+    # its reduce-scatter until 3. One parameter gathered over no team (an
+    # expert's with ep = dp: whole, 64, from its gate, read from 5 to 5.5);
+    # one gathered over its team (shard 4 from the gate, whole 16 from 4 to
+    # 5, read at 5.5 to 6). From 1 to 3: 200 + 64 + 4, nothing of the
+    # block's curve (its 10 from 5) yet; later no more than 10 + 64 + 16
+    curve = _curve([0.0, 1.0], [10.0, 0.0], [(0.0, 0.5), (0.5, 1.0)], 2.0)
+    entries = [(0, 0, 64, 64, 1.0, 1.0, 1.0), (0, 1, 4, 16, 1.0, 4.0, 5.0),
+               (-1, 0, 0, 200, 0.0, -math.inf, 3.0)]
+    assert block_peak(curve, 0, 5.0, entries)[0] == 200.0 + 64 + 4
+    # the copy gone before the gates: the block's own peak
+    entries[2] = (-1, 0, 0, 200, 0.0, -math.inf, 0.5)
+    assert block_peak(curve, 0, 5.0, entries)[0] == 10.0 + 64 + 16
 
 
 def test_a_read_waits_for_its_gather():

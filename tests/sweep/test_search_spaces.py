@@ -50,10 +50,10 @@ def test_a_mixture_of_experts_searches_every_valid_ep():
     assert with_ep["step_time_s"] == pytest.approx(direct.step_time_s, rel=rel)
 
 
-def test_ep_with_zero_3_is_simulated_where_the_estimator_refuses_it():
-    # ZeRO 3 with ep = dp (the experts' gradients on a team of one rank) the
-    # estimator refuses; with ep < dp it estimates (each parameter gathered
-    # over its own team)
+def test_ep_with_zero_3_is_estimated():
+    # ZeRO 3 with ep = dp (the experts' weights and gradients on a team of
+    # one rank: not gathered, kept whole) and with ep < dp (each parameter
+    # gathered over its own team): the estimator estimates both
     result = search(MOE, WORKSTATION, 4, space={"zero": [1, 3]}, keep=1,
                     network_mode="analytical", workers=1)
     est = result.estimates
@@ -61,8 +61,7 @@ def test_ep_with_zero_3_is_simulated_where_the_estimator_refuses_it():
     assert len(z3) and (z3["status"] == "ok").all()
     whole = z3["ep"] == z3["dp"]
     assert whole.any() and (~whole).any()
-    assert (z3[whole]["estimated_by"] == "simulate").all()
-    assert (z3[~whole]["estimated_by"] == "estimate").all()
+    assert (z3["estimated_by"] == "estimate").all()
     assert (est[(est["ep"] > 1) & (est["zero"] == 1)]["status"] == "ok").any()
 
 
