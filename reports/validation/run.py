@@ -358,6 +358,23 @@ P2P = {"narayanan-t1": "synchronous", "narayanan-t2": "synchronous",
        "korthikanti-t5": "synchronous", "bloom": "separate",
        "dgxc-llama31": "async", "dgxc-llama31-tpoverlap": "async"}
 
+#: Which sources' pipeline engines sent a value every tensor-parallel rank
+#: holds whole as 1/t from each rank, all-gathered over the receiving
+#: stage's tensor-parallel group (``p2p_scatter``). Megatron-LM's
+#: ``p2p_communication._communicate``, in the 2021 code (Narayanan et al.,
+#: section 4.1, "scatter/gather communication optimization";
+#: ``--scatter-gather-tensors-in-pipeline`` on by default) and the 2022 code
+#: (the same, skipped under sequence parallelism, whose tensors are shards
+#: already: distsim splits only what every rank holds whole):
+#: ``split_tensor_into_1d_equal_chunks`` before the ``batch_isend_irecv``,
+#: ``gather_split_1d_tensor`` after it. DeepSpeed's pipeline engine, BLOOM's:
+#: activations and gradients partitioned over the model-parallel group
+#: (``is_pipe_partitioned``, ``is_grad_partitioned``: ``PartitionedTensor``,
+#: gathered by ``.full()`` on arrival). Megatron-core under NeMo 24.09 sends
+#: whole tensors (its ``p2p_communication`` has no scatter/gather).
+P2P_SCATTER = {"narayanan-t1": True, "narayanan-t2": True, "korthikanti-t5": True,
+               "bloom": True}
+
 
 def all_runs() -> List[Dict[str, Any]]:
     runs = (table1() + table2() + table2_zero3() + korthikanti() + bloom()
@@ -367,6 +384,8 @@ def all_runs() -> List[Dict[str, Any]]:
         run["options"] = {"fusion": FUSION, **run["options"], "comm_order": COMM_ORDER}
         if run["source"] in P2P:
             run["options"]["p2p"] = P2P[run["source"]]
+        if P2P_SCATTER.get(run["source"]) and run["options"].get("pp", 1) > 1:
+            run["options"]["p2p_scatter"] = True
     return runs
 
 
