@@ -301,11 +301,21 @@ def pareto_figure(df: pd.DataFrame) -> Figure:
     return fig
 
 
+def fitting_first(ok: pd.DataFrame) -> pd.DataFrame:
+    """``ok`` (ranked) with the points that fit in memory first, each part
+    in its order: the best configurations a user can run lead."""
+    if "oom" not in ok.columns:
+        return ok
+    oom = ok["oom"].fillna(False).astype(bool)
+    return pd.concat([ok[~oom], ok[oom]])
+
+
 def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per simulated configuration, best first (:func:`ranked`): compute,
-    exposed communication, bubble, other idle (seconds; they add up to the
-    step time, means over devices)."""
-    ok = ranked(df)
+    """Per simulated configuration, best first (:func:`ranked`), those that
+    fit in memory before those that do not (:func:`fitting_first`):
+    compute, exposed communication, bubble, other idle (seconds; they add
+    up to the step time, means over devices)."""
+    ok = fitting_first(ranked(df))
     bubble = ok["bubble_s"].fillna(0.0)
     out = pd.DataFrame({
         "index": ok["index"],
@@ -319,11 +329,12 @@ def breakdown_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def breakdown_figure(df: pd.DataFrame, max_configs: int = 30) -> Figure:
-    """Stacked bars of where the step goes, best configurations first. Each
+    """Stacked bars of where the step goes, best configurations first, those
+    that fit in memory before those that do not (marked ``OOM``). Each
     bar is named by the options that differ among the bars shown (aligned
     columns under a header of option names); the options they all share are
     said once, under the title."""
-    ok = ranked(df).head(max_configs)
+    ok = fitting_first(ranked(df)).head(max_configs)
     table = breakdown_table(ok)
     fig = Figure(figsize=(10, max(3.0, 0.32 * len(table) + 2.0)))
     ax = fig.add_subplot()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from distsim.report.sweep_charts import breakdown_figure
+from distsim.report.sweep_charts import breakdown_figure, breakdown_table
 from distsim.report.sweep_labels import config_labels, split_options, value_text
 
 OPTIONS = ["model", "topology", "tp", "pp", "micro_batch", "recompute", "fidelity"]
@@ -80,7 +80,10 @@ def test_breakdown_chart_says_shared_options_once_and_gives_the_bars_the_width()
     assert [t.get_text() for t in ax.texts] == []            # every point fits
     marked = breakdown_figure(FRAME.assign(oom=pd.array([False, True, True, False],
                                                         dtype="boolean")), max_configs=3)
+    # the points that fit lead (indices 0 and 3), then the best that does not
     assert [(t.get_text(), t.get_position()[1]) for t in marked.axes[0].texts] == \
-        [(" OOM", 1), (" OOM", 0)]                           # the 2nd and 3rd bars from the top
+        [(" OOM", 0)]                                        # the 3rd bar from the top
+    assert list(breakdown_table(FRAME.assign(oom=[False, True, True, False]))["index"]) == \
+        [0, 3, 1, 2]
     fig.canvas.draw()
     assert ax.get_position().width > 0.6                     # labels take the lesser part
