@@ -73,7 +73,7 @@ class MemoryNotes:
         those that end before its transfer starts. Per stage and class of task (kind,
         chunk, first backward or not) the most such bytes while a task
         runs (:attr:`Memo.recv_ahead`, the most over the walks); ``sends``:
-        per task kind and chunk, where it sends (:meth:`.timeline.Builder.sends`)."""
+        per task kind and chunk, where it sends (:class:`.routes.Route`)."""
         prof = self.ctx.profile
         sizes = {"F": sum(prof.forward_crossing), "B": sum(prof.backward_crossing)}
         # per sending chunk and kind: the receiving stage, the transfer's
@@ -83,8 +83,8 @@ class MemoryNotes:
         for kind in ("F", "B"):
             for c, route in enumerate(sends[kind]):
                 if route is not None and sizes[kind]:
-                    routes[(kind, route[0])] = (route[1][1], sum(route[2]), sizes[kind],
-                                                sum(route[3]))
+                    routes[(kind, route.reader)] = (route.stages[1], sum(route.times),
+                                                    sizes[kind], sum(route.sizes))
         if not routes:
             return
         # per receiving stage: its tasks in program order, each one's end

@@ -20,8 +20,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..ir.comm import CollectiveType
-from ..ir.types import DType
 from ..transforms.pipeline import Program
 from ..transforms.pipeline import program_order as pipeline_program
 from ..transforms.sync_policy import SyncPolicy, prefetch_window
@@ -32,6 +30,7 @@ from .gates import chain, emit_chain, emit_entries, entry_plan, entrywise, gathe
 from .gathered_walk import item_bytes, note_peak
 from .notes import MemoryNotes
 from .replay import ReplayedBackward
+from .routes import gather_times, route as route_of
 from .state import Memo, ScatterTerms, TaskRecord, Walk, shared_prefix
 from .sync import StepSync
 from .experts import bare_edges, sync_policy
@@ -438,47 +437,6 @@ class Builder:
                 (post, None, False)]
 
     # -- the whole step ----------------------------------------------------------
-    def sends(self, kind: str, c: int) -> Optional[tuple]:
-        """Where a task of chunk ``c`` sends its outputs: ``(the chunk that
-        reads them, (this stage, its stage), the time of each transfer, its
-        bytes, the time of slicing the split ones' pieces on this stage,
-        the time of gathering them on the reader's)``, or None (the first /
-        last chunk, or the reader on the same stage). Under ``p2p_scatter``
-        a value every tensor-parallel rank holds whole travels as ``1/tp``
-        from each and is all-gathered over the reader's tensor-parallel
-        group as its task starts, as the lowering emits it
-        (:mod:`~distsim.transforms.pipeline_split`)."""
-        ctx = self.ctx
-        prof = ctx.profile
-        if kind == "F" and c < ctx.chunks - 1:
-            dst_c, sizes, split = c + 1, prof.forward_crossing, prof.forward_split
-        elif kind == "B" and c > 0:
-            dst_c, sizes, split = c - 1, prof.backward_crossing, prof.backward_split
-        else:
-            return None
-        src, dst = ctx.stage_of(c), ctx.stage_of(dst_c)
-        if dst == src:
-            return None
-        S = ctx.strategy
-        cut = 0.0
-        gather = 0.0
-        if S.p2p_scatter and S.tp > 1 and any(split):
-            wire = []
-            team = tuple(S.rank(0, dst, t) for t in range(S.tp))
-            for nbytes, dtype in zip(sizes, split):
-                if dtype is None:
-                    wire.append(nbytes)
-                    continue
-                d = DType.parse(dtype)
-                n = nbytes // d.itemsize
-                cut += ctx.costs.cost("slice", [(n, d)], [(n // S.tp, d)])[0]
-                gather += ctx.colls.time(CollectiveType.ALL_GATHER, team, nbytes)
-                wire.append(nbytes // S.tp)
-            sizes = wire
-        pair = (ctx.rank0(src), ctx.rank0(dst))
-        return dst_c, (src, dst), [ctx.colls.time(CollectiveType.SEND_RECV, pair, nbytes)
-                                   for nbytes in sizes], tuple(sizes), cut, gather
-
     def walk(self) -> "Walk":
         """The start of this configuration's walk through LowerSPMD's
         program order (:meth:`advance`, :meth:`complete`)."""
@@ -486,17 +444,9 @@ class Builder:
         S, C, M = ctx.strategy, ctx.chunks, ctx.microbatches
         kinds = ("F", "B", "W") if ctx.profile.weight else ("F", "B")
         work = tuple((k, c, ctx.task_work(k, c)) for k in kinds for c in range(C))
-        # (a weight-gradient task sends nothing: :meth:`sends`)
-        self._routes = {k: [self.sends(k, c) for c in range(C)] for k in kinds}
-        # per task kind and chunk: the time of gathering what it receives
-        # split (``p2p_scatter``), or None when nothing is
-        self._gathers: Optional[Dict[str, List[float]]] = None
-        if any(r is not None and r[5] for rs in self._routes.values() for r in rs):
-            self._gathers = {k: [0.0] * C for k in kinds}
-            for k, rs in self._routes.items():
-                for r in rs:
-                    if r is not None:
-                        self._gathers[k][r[0]] += r[5]
+        # where each kind of task of each chunk sends (:func:`.routes.route`)
+        self._routes = {k: [route_of(ctx, k, c) for c in range(C)] for k in kinds}
+        self._gathers = gather_times(self._routes, C)
         w = Walk(*program_order(S.schedule, S.pp, M, S.chunks, work))
         if ctx.tl.links is not None:        # its transfers' arrivals, moved when shared
             ctx.tl.links.recv = w.recv
@@ -516,8 +466,8 @@ class Builder:
                 continue
             at = w.outs.get(sent)
             t = w.ends[sent] or 0.0 if at is None else at
-            if route[4]:            # the pieces sliced on the sending stage
-                t = tl.compute(route[1][0], route[4], t)
+            if route.slice_s:       # the pieces sliced on the sending stage
+                t = tl.compute(route.stages[0], route.slice_s, t)
             made.append((sent, route, t))
         for sent, (dst_c, (src, dst), times, sizes, _, _), t in made:
             key = (sent[0], sent[1], dst_c)

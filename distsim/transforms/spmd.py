@@ -71,6 +71,7 @@ from .pipeline import (SPLIT_BACKWARD, chunk_of_layer, partition_balanced, parti
                        program_order)
 from .fusion import Fuse
 from .pipeline_split import splits
+from .stage_sends import StageSends
 from .strategy import Strategy, fusion_for
 from .zero import GradientSync
 
@@ -123,13 +124,7 @@ class LowerSPMD(Coarsening):
         self.partition_cost = partition_cost
         self._init_coarsening()
         self._op_cache: Dict[Tuple[int, int], tuple] = {}
-        self._crossing_cache: Dict[int, Any] = {}
         self._op_info: Dict[int, tuple] = {}  # id(op) -> (op, its gradients, its layer)
-        #: pieces of split values received, not yet gathered (per rank and
-        #: micro-batch), and the values each task gathers as it starts
-        #: (``p2p_scatter``: :meth:`_send_all`)
-        self.arriving: Dict[Tuple[int, int], Dict[Value, Value]] = {}
-        self.gather_at: Dict[Tuple[str, int, int], List[Value]] = {}
         self.split_axes: Dict[Value, int] = {}
 
     # -- analysis of the step ----------------------------------------------
@@ -290,8 +285,8 @@ class LowerSPMD(Coarsening):
         if kind == "W":
             base["task"] = "W"
             said = dict(base, detail=WEIGHT_DETAIL)
-        if self.gather_at:
-            self._gather_arrived(stage, kind, mb, c)
+        if self.sends.pending:
+            self.sends.gather_arrived(stage, kind, mb, c)
         entered = None
         items = self._segments((kind, c), self._grad_mode((kind, c), mb)) if self.coarsen else ops
         for op in items:
@@ -457,92 +452,6 @@ class LowerSPMD(Coarsening):
         if grads:
             self.sync.after_backward(stage, mb, grads)
 
-    def _crossing_outputs(self, ops: Sequence[Op]) -> List[Tuple[Op, Value, List[int]]]:
-        """(op, output, chunks reading it) for the outputs of a task's ops
-        that other chunks read, in order (once per task)."""
-        key = id(ops)
-        found = self._crossing_cache.get(key)
-        if found is None:
-            found = [(op, v, sorted(self.crossing[v])) for op in ops for v in op.outputs
-                     if v in self.crossing]
-            self._crossing_cache[key] = (ops, found)  # ops kept: the id stays theirs
-            return found
-        return found[1]
-
-    def _send_all(self, items: Sequence[Tuple[int, int, int, Sequence[Op]]]) -> None:
-        """The sends of the tasks the schedule places here (``items``:
-        stage, micro-batch, chunk, ops of each): with ``p2p_scatter`` every
-        rank's piece of each split value sliced first, then every transfer,
-        so that a rank's transfers here stay one group (Megatron-LM slices
-        before its ``batch_isend_irecv``; :mod:`.pipeline_split`)."""
-        pieces: Dict[Tuple[int, int, Value], Value] = {}
-        if self.split_axes:
-            for stage, mb, c, ops in items:
-                for op, v, chunks in self._crossing_outputs(ops):
-                    axis = self.split_axes.get(v)
-                    if axis is None or all(self.stage_of_chunk(c2) == stage for c2 in chunks):
-                        continue
-                    n = v.type.shape[axis] // self.strategy.tp
-                    meta = {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline"}
-                    if "phase" in op.meta:
-                        meta["phase"] = op.meta["phase"]
-                    for d, t, r in self.placement.group(stage):
-                        pieces[(r, mb, v)] = self.em.one(
-                            "slice", [self.menv[(r, mb)][v]],
-                            {"axis": axis, "start": t * n, "stop": (t + 1) * n},
-                            f"{self.local_name(v, r, mb)}_part", meta)
-        for item in items:
-            self._send(*item, pieces)
-
-    def _send(self, stage: int, mb: int, c: int, ops: Sequence[Op],
-              pieces: Dict[Tuple[int, int, Value], Value]) -> None:
-        S = self.strategy
-        for op, v, chunks in self._crossing_outputs(ops):
-            reader = "F" if "phase" not in op.meta else "B"
-            for c2 in chunks:
-                dst_stage = self.stage_of_chunk(c2)
-                if dst_stage == stage:
-                    continue
-                for d, t, r in self.placement.group(stage):
-                    dst = S.rank(d, dst_stage, t)
-                    env = self.env(dst, mb)
-                    arriving = self.arriving.setdefault((dst, mb), {})
-                    if v in env or v in arriving:
-                        continue
-                    piece = pieces.get((r, mb, v))
-                    meta = {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
-                            "detail": "forward" if reader == "F" else "backward"}
-                    if piece is None:
-                        (env[v],) = self.em.collective(
-                            CollectiveType.SEND_RECV, [self.menv[(r, mb)][v]], [r, dst],
-                            [self.local_name(v, dst, mb)], meta)
-                        continue
-                    (arriving[v],) = self.em.collective(
-                        CollectiveType.SEND_RECV, [piece], [r, dst],
-                        [f"{self.local_name(v, dst, mb)}_part"], meta)
-                    gathers = self.gather_at.setdefault((reader, mb, c2), [])
-                    if v not in gathers:
-                        gathers.append(v)
-
-    def _gather_arrived(self, stage: int, kind: str, mb: int, c: int) -> None:
-        """All-gather, over each tensor-parallel group of ``stage``, the
-        pieces of the split values that task (``kind``, ``mb``, ``c``) is
-        the first to read (:meth:`_send_all`), as it starts."""
-        for v in self.gather_at.pop((kind, mb, c), ()):
-            axis = self.split_axes[v]
-            meta = {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
-                    "detail": "forward" if kind == "F" else "backward"}
-            for d in self.placement.dp_indices():
-                ranks, here = self.placement.tp_team(d, stage)
-                ins = [self.arriving[(r, mb)].pop(v) if present else None
-                       for r, present in here]
-                outs = self.em.collective(CollectiveType.ALL_GATHER, ins, ranks,
-                                          [self.local_name(v, r, mb) if present else None
-                                           for r, present in here], meta, dim=axis)
-                for r, o in zip(ranks, outs):
-                    if o is not None:
-                        self.env(r, mb)[v] = o
-
     def _loss_outputs(self, step: Function) -> List[Value]:
         """The loss of every micro-batch on every rank of its stage, the
         program's first outputs.
@@ -600,6 +509,7 @@ class LowerSPMD(Coarsening):
         self.consts: Dict[Tuple[Value, int], Value] = {}
         self.sync = GradientSync(self.ctx, step, self.hyper, self.master_dtype,
                                  self.local_gradients)
+        self.sends = StageSends(self.ctx, self.split_axes, self.local_name)
         self.gathers = self.sync.gathers
         self.sync.create_inputs()
         recompute = step.meta.get("recompute", "none")
@@ -610,9 +520,9 @@ class LowerSPMD(Coarsening):
         # each task's sends where the schedule places them
         self.sent_by: Dict[Tuple[str, int, int], Tuple[int, int, int, Sequence[Op]]] = {}
         for i, (stage, (kind, mb, c), _, _) in enumerate(order):
-            self._send_all([self.sent_by.pop(sent) for sent in sends[i]])
+            self.sends.send_all([self.sent_by.pop(sent) for sent in sends[i]])
             self.emit_task(stage, kind, mb, c)
-        self._send_all([self.sent_by.pop(sent) for sent in sends[-1]])
+        self.sends.send_all([self.sent_by.pop(sent) for sent in sends[-1]])
         self.sync.finish()
         f = self.em.function
         losses = self._loss_outputs(step)
