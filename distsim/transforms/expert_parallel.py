@@ -44,6 +44,15 @@ this pass's tensor-parallel routing shards them again; the lowering cuts
 the expert-parallel groups from the ``dp x cp`` ranks
 (:class:`~.strategy.Strategy`).
 
+The all-gather dispatcher (``meta["dispatcher"] = "allgather"`` on the
+``moe_dispatch``: Megatron-core's ``allgather`` token dispatcher) moves
+tokens instead of slots: each rank ``spmd.allgather``\ s its group's
+tokens and probabilities (group ``ep``), routes them, each rank's at its
+own capacity (``groups``), into its own experts' slots only (the ops'
+``first_expert``, per ep rank in ``meta["ep_rank_attrs"]``, and
+``local_experts``), and after the combine's partial sums an
+``spmd.reducescatter`` hands each rank its tokens' outputs.
+
 A dropless dispatch (``meta["expert_tokens"]`` on the ``moe_dispatch``,
 each expert's tokens under the routing balance: :mod:`distsim.models.moe`)
 keeps its padded shapes; this pass marks the ops of its experts (the
