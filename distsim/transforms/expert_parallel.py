@@ -46,8 +46,8 @@ the expert-parallel groups from the ``dp x cp`` ranks
 
 The all-gather dispatcher (``meta["dispatcher"] = "allgather"`` on the
 ``moe_dispatch``: Megatron-core's ``allgather`` token dispatcher) moves
-tokens instead of slots: each rank ``spmd.allgather``\ s its group's
-tokens and probabilities (group ``ep``), routes them, each rank's at its
+tokens instead of slots: each rank all-gathers (``spmd.allgather``, group
+``ep``) its group's tokens and probabilities, routes them, each rank's at its
 own capacity (``groups``), into its own experts' slots only (the ops'
 ``first_expert``, per ep rank in ``meta["ep_rank_attrs"]``, and
 ``local_experts``), and after the combine's partial sums an
