@@ -42,11 +42,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="mixture-of-experts models: each expert's slots at most F times its "
                         "uniform share of the tokens, the rest dropped (overrides the model "
                         "file; default: none dropped)")
-    g.add_argument("--dispatch", choices=["padded", "dropless"],
+    g.add_argument("--dispatch", choices=["padded", "dropless", "allgather"],
                    help="mixture-of-experts models: padded (every expert computes the busiest "
-                        "expert's slots) or dropless (Megatron-core's default: each expert its "
+                        "expert's slots), dropless (Megatron-core's default: each expert its "
                         "own tokens; the busiest expert-parallel rank sets the time; no "
-                        "--capacity-factor) (overrides the model file; default: padded)")
+                        "--capacity-factor) or allgather (padded slots; under --ep the group's "
+                        "tokens all-gathered and the experts' outputs reduce-scattered instead "
+                        "of two all-to-alls) (overrides the model file; default: padded)")
 
 
 def add_strategy_options(p: argparse.ArgumentParser) -> None:

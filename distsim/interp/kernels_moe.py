@@ -6,6 +6,8 @@ the router's probabilities: each token's ``top_k`` most probable experts
 order, all first choices before any second choice (GShard's priority),
 a choice past the expert's ``capacity`` dropped. Under ``groups`` each
 group of tokens is routed on its own into its share of the slots.
+Under ``local_experts`` only the choices of experts ``first_expert`` on
+count, in their slots (the others' are another rank's).
 """
 from __future__ import annotations
 
@@ -40,7 +42,21 @@ def _gates(chosen: np.ndarray, normalize: bool) -> np.ndarray:
 
 
 def _route(attrs, probs, groups: int):
-    return routing(probs, int(attrs["top_k"]), int(attrs["capacity"]) // groups)
+    """:func:`routing` of ``probs``, ``kept`` only for the op's experts
+    (all, or ``local_experts`` from ``first_expert``), whose indices
+    ``experts`` counts from the first of them."""
+    experts, slots, kept, chosen = routing(probs, int(attrs["top_k"]),
+                                           int(attrs["capacity"]) // groups)
+    first, count = int(attrs.get("first_expert", 0)), int(attrs.get("local_experts", 0))
+    if count:
+        experts = experts - first
+        kept = kept & (experts >= 0) & (experts < count)
+    return experts, slots, kept, chosen
+
+
+def _held(attrs, probs) -> int:
+    """The number of experts whose slots the op holds."""
+    return int(attrs.get("local_experts", 0)) or probs.shape[-1]
 
 
 def _grouped(tokens: np.ndarray, groups: int) -> List[np.ndarray]:
@@ -73,7 +89,7 @@ def _dispatch(attrs, x, probs):
 
 def _dispatch_rows(attrs, groups, x, probs):
     experts, slots, kept, _ = _route(attrs, probs, groups)
-    out = np.zeros((probs.shape[1], int(attrs["capacity"]) // groups, x.shape[1]),
+    out = np.zeros((_held(attrs, probs), int(attrs["capacity"]) // groups, x.shape[1]),
                    dtype=x.dtype)
     t, j = np.nonzero(kept)
     out[experts[t, j], slots[t, j]] = x[t]
@@ -134,5 +150,6 @@ def _combine_grad_rows(attrs, groups, dout, y, probs):
     else:
         dchosen = dgates
     dprobs = np.zeros_like(probs)
-    np.put_along_axis(dprobs, experts, dchosen.astype(probs.dtype), axis=1)
+    first = int(attrs.get("first_expert", 0)) if int(attrs.get("local_experts", 0)) else 0
+    np.put_along_axis(dprobs, experts + first, dchosen.astype(probs.dtype), axis=1)
     return dy, dprobs

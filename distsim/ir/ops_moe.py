@@ -21,6 +21,13 @@ other dim whole) fills slots ``g x capacity / groups`` to ``(g + 1) x
 capacity / groups - 1`` of every expert. A rank holding a group's
 sequence shard routes it as Megatron-LM does under sequence parallelism
 (each rank its own tokens, its own capacity): the group is a shard.
+
+``first_expert`` and ``local_experts`` (default 0 and 0: every expert)
+keep only experts ``first_expert`` to ``first_expert + local_experts - 1``
+of the routing: the dispatch's slots are theirs (``local_experts x
+capacity x h``), the combine reads theirs and sums only the choices of
+them (a partial sum: the other experts' ranks hold the rest), as a rank
+of the all-gather dispatcher does (:mod:`distsim.transforms.expert_parallel`).
 """
 from __future__ import annotations
 
@@ -30,7 +37,8 @@ from .ops import _same_device
 from .registry import REQUIRED, OpSpec, ShapeError, register
 from .types import TensorType
 
-_ROUTE = {"top_k": REQUIRED, "capacity": REQUIRED, "groups": 1}
+_ROUTE = {"top_k": REQUIRED, "capacity": REQUIRED, "groups": 1, "first_expert": 0,
+          "local_experts": 0}
 
 
 def _probs(probs: TensorType, attrs) -> int:
@@ -49,8 +57,21 @@ def _probs(probs: TensorType, attrs) -> int:
     return probs.shape[-1]
 
 
-def _slots(y: TensorType, probs: TensorType, attrs) -> None:
+def _local(probs: TensorType, attrs) -> int:
+    """The number of experts whose slots the op holds (``local_experts``,
+    0: all of them), checked to lie among the router's experts."""
     experts = _probs(probs, attrs)
+    first, count = int(attrs.get("first_expert", 0)), int(attrs.get("local_experts", 0))
+    if count == 0 and first == 0:
+        return experts
+    if first < 0 or count < 1 or first + count > experts:
+        raise ShapeError(f"experts {first} to {first + count - 1} (first_expert, "
+                         f"local_experts) must lie among the {experts} experts")
+    return count
+
+
+def _slots(y: TensorType, probs: TensorType, attrs) -> None:
+    experts = _local(probs, attrs)
     if y.rank != 3 or y.shape[:2] != (experts, int(attrs["capacity"])):
         raise ShapeError(f"expert slots must be {experts} x {attrs['capacity']} x hidden, "
                          f"got {y.shape}")
@@ -65,7 +86,7 @@ def _tokens(x: TensorType, probs: TensorType) -> None:
 def _dispatch(types, attrs) -> List[TensorType]:
     x, probs = types
     device = _same_device(types)
-    experts = _probs(probs, attrs)
+    experts = _local(probs, attrs)
     _tokens(x, probs)
     return [TensorType((experts, int(attrs["capacity"]), x.shape[-1]), x.dtype, device)]
 

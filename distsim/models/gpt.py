@@ -496,6 +496,8 @@ class _GPTBuilder:
         logits = self.op("matmul", [flat, router], name=f"{p}_router_logits")
         probs = self.op("softmax", [logits], {"axis": -1}, name=f"{p}_router_probs")
         counts = {"expert_tokens": expert_tokens(c, tokens)} if c.dispatch == "dropless" else {}
+        if c.dispatch == "allgather":
+            counts = {"dispatcher": "allgather"}
         slots = self.op("moe_dispatch", [flat, probs], route, name=f"{p}_dispatch", **counts)
         y = self.ffn(slots, experts)
         out = self.op("moe_combine", [y, probs], {**route, "normalize": c.norm_topk},

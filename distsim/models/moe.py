@@ -53,6 +53,13 @@ all-to-all makes the others wait for it). The trace shows the padded
 shapes; memory counts the share of the slots' rows that hold tokens
 (:func:`distsim.ir.occupancy.held_bytes`), as buffers sized to the real
 token counts hold.
+
+``allgather`` is Megatron-core's all-gather token dispatcher: padded slots
+as ``padded`` has, but under expert parallelism each rank all-gathers its
+group's tokens and probabilities, routes every rank's tokens at its own
+capacity into its local experts' slots, and reduce-scatters their partial
+outputs back (:mod:`distsim.transforms.expert_parallel`); at ``ep`` 1 it is
+the padded dispatch.
 """
 from __future__ import annotations
 
@@ -67,7 +74,7 @@ DENSE_DEFAULTS = {"top_k": 1, "expert_ffn": None, "shared_experts": 0, "dense_la
                   "expert_loads": None, "norm_topk": True, "dispatch": "padded"}
 
 #: the ways tokens reach their experts (module docstring)
-DISPATCHES = ("padded", "dropless")
+DISPATCHES = ("padded", "dropless", "allgather")
 
 
 def check_moe(c: Any) -> None:

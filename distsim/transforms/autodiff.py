@@ -23,7 +23,7 @@ from .ring_backward import find_rings, ring_backward
 # can find a layer's backward; a dropless dispatch's share of occupied
 # rows, ``occupancy``, which the sums of a routing op's input gradients --
 # tokens and probabilities, every row real -- do not take).
-INHERITED_META = ("layer", "rank_attrs", "cp_rank_attrs", "occupancy")
+INHERITED_META = ("layer", "rank_attrs", "cp_rank_attrs", "ep_rank_attrs", "occupancy")
 
 
 class Autodiff:

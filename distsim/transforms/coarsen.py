@@ -254,7 +254,8 @@ class Coarsening:
 
     def _fusable(self, op: Op, fuse_grads: bool = False) -> bool:
         return ((not op.op_type.startswith("spmd.") or op.op_type == "spmd.copy")
-                and "rank_attrs" not in op.meta and "cp_rank_attrs" not in op.meta
+                and not any(k in op.meta for k in ("rank_attrs", "cp_rank_attrs",
+                                                   "ep_rank_attrs"))
                 and (not op.subfunctions or bool(op.attrs.get("kernel")))
                 and (fuse_grads or not any(o in self.grad_of for o in op.outputs)))
 

@@ -44,6 +44,15 @@ this pass's tensor-parallel routing shards them again; the lowering cuts
 the expert-parallel groups from the ``dp x cp`` ranks
 (:class:`~.strategy.Strategy`).
 
+The all-gather dispatcher (``meta["dispatcher"] = "allgather"`` on the
+``moe_dispatch``: Megatron-core's ``allgather`` token dispatcher) moves
+tokens instead of slots: each rank all-gathers (``spmd.allgather``, group
+``ep``) its group's tokens and probabilities, routes them, each rank's at its
+own capacity (``groups``), into its own experts' slots only (the ops'
+``first_expert``, per ep rank in ``meta["ep_rank_attrs"]``, and
+``local_experts``), and after the combine's partial sums an
+``spmd.reducescatter`` hands each rank its tokens' outputs.
+
 A dropless dispatch (``meta["expert_tokens"]`` on the ``moe_dispatch``,
 each expert's tokens under the routing balance: :mod:`distsim.models.moe`)
 keeps its padded shapes; this pass marks the ops of its experts (the
@@ -192,9 +201,15 @@ class ExpertParallel:
         for v in expert_params.values():
             env[v] = Value(v.name, v.type.with_shape((v.type.shape[0] // ep,)
                                                      + tuple(v.type.shape[1:])))
+        gathered = {id(d): d for d in dispatches if d.meta.get("dispatcher") == "allgather"}
+        shared: Dict[Value, Value] = {}     # tokens and probabilities, all-gathered
         ops: List[Op] = []
         for op in forward.ops:
             ins = [env.get(v, v) for v in op.inputs]
+            if op.op_type in ("moe_dispatch", "moe_combine") and \
+                    id(self._dispatch_of(op, dispatches)) in gathered:
+                self._gathered(ops, op, ins, env, shared)
+                continue
             if op.op_type == "moe_combine":
                 ins[0] = self._alltoall(ops, ins[0], 1, 0, f"{ins[0].name}_back",
                                         dict(op.meta, detail=COMBINE_DETAIL))
@@ -214,6 +229,59 @@ class ExpertParallel:
                        [env.get(v, v) for v in forward.outputs])
         out.meta = dict(forward.meta, ep=ep, expert_params=sorted(expert_params))
         return verify(out)
+
+    @staticmethod
+    def _dispatch_of(op: Op, dispatches: List[Op]) -> Op:
+        """The dispatch that routes for ``op`` (itself, or the dispatch
+        reading the combine's probabilities)."""
+        if op.op_type == "moe_dispatch":
+            return op
+        return next((d for d in dispatches if d.inputs[1] is op.inputs[1]), op)
+
+    def _gathered(self, ops: List[Op], op: Op, ins: List[Value], env: Dict[Value, Value],
+                  shared: Dict[Value, Value]) -> None:
+        """Append to ``ops`` ``op`` (a dispatch or combine) as the
+        all-gather dispatcher's: every rank's tokens and probabilities
+        gathered (once per routing) along the dim the routing groups
+        split, each rank's routed at its own capacity (``groups``: each
+        rank's groups in rank order, their slots side by side as the
+        all-to-all places them) into this rank's experts' slots
+        (``first_expert``, a rank attribute, and ``local_experts``); the
+        combine's partial sums reduce-scattered back to their tokens.
+        ``env`` maps the dispatch's slots to this rank's, ``shared`` each
+        gathered value to its gather."""
+        ep, probs = self.ep, op.inputs[1]
+        local = probs.type.shape[-1] // ep
+        attrs = dict(op.attrs, capacity=ep * int(op.attrs["capacity"]),
+                     groups=ep * int(op.attrs.get("groups", 1)), first_expert=0,
+                     local_experts=local)
+        meta = dict(op.meta, ep_rank_attrs={"first_expert": [r * local for r in range(ep)]})
+        reads = ins if op.op_type == "moe_dispatch" else ins[1:]
+        for v in reads:
+            if v not in shared:
+                shared[v] = self._allgather(ops, v, dict(op.meta, detail=DISPATCH_DETAIL))
+        gins = [shared.get(v, v) for v in ins[:len(ins) - len(reads)]] + \
+            [shared[v] for v in reads]
+        (t,) = infer_types(op.op_type, [v.type for v in gins], attrs)
+        out = op.outputs[0]
+        if op.op_type == "moe_dispatch":
+            env[out] = Value(out.name, t)
+            ops.append(Op(op.op_type, gins, [env[out]], attrs, op.subfunctions, meta))
+            return
+        partial = Value(f"{out.name}_partial", t)
+        ops.append(Op(op.op_type, gins, [partial], attrs, op.subfunctions, meta))
+        attrs = {"group": "ep", "size": ep, "dim": probs.type.rank - 2}
+        ops.append(Op("spmd.reducescatter", [partial], [out], attrs,
+                      meta=dict(op.meta, detail=COMBINE_DETAIL)))
+
+    def _allgather(self, ops: List[Op], x: Value, meta: Dict[str, object]) -> Value:
+        """Append to ``ops`` the all-gather of ``x`` over the expert-parallel
+        group along its last leading dim (the tokens', their routing groups'
+        :mod:`distsim.ir.ops_moe`); its result (``x``'s name, ``_ep``)."""
+        attrs = {"group": "ep", "size": self.ep, "dim": x.type.rank - 2}
+        out = Value(f"{x.name}_ep", infer_types("spmd.allgather", [x.type], attrs)[0])
+        ops.append(Op("spmd.allgather", [x], [out], attrs, meta=meta))
+        return out
 
     def _alltoall(self, ops: List[Op], x: Value, split: int, concat: int, name: str,
                   meta: Dict[str, object]) -> Value:

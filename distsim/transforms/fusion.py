@@ -188,7 +188,7 @@ def _matches(chain: Sequence[Op], types: Tuple[str, ...], check,
              grad_names: Set[str]) -> bool:
     for j, (op, t) in enumerate(zip(chain, types)):
         if op.op_type != t or op.subfunctions or "rank_attrs" in op.meta \
-                or "cp_rank_attrs" in op.meta:
+                or "cp_rank_attrs" in op.meta or "ep_rank_attrs" in op.meta:
             return False
         if any(o.name in grad_names for o in op.outputs):
             return False

@@ -11,8 +11,9 @@ from .grad_rules import _name, grad_rule
 
 def _route(op):
     route = {"top_k": op.attrs["top_k"], "capacity": op.attrs["capacity"]}
-    if op.attrs.get("groups", 1) != 1:
-        route["groups"] = op.attrs["groups"]
+    for key in ("groups", "first_expert", "local_experts"):
+        if key in op.attrs and op.attrs[key] != (1 if key == "groups" else 0):
+            route[key] = op.attrs[key]
     return route
 
 

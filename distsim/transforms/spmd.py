@@ -309,8 +309,8 @@ class LowerSPMD(Coarsening):
             if op.op_type.startswith("spmd.") and op.attrs.get("group") == "cp":
                 self._cp_collective(op, stage, mb, layer, meta)
                 continue
-            if op.op_type == "spmd.alltoall":      # expert parallelism
-                self._alltoall(op, stage, mb, layer, meta)
+            if op.op_type.startswith("spmd.") and op.attrs.get("group") == "ep":
+                self._ep_collective(op, stage, mb, layer, meta)
                 continue
             if op.op_type.startswith("spmd."):
                 for d in self.placement.dp_indices():
@@ -349,7 +349,8 @@ class LowerSPMD(Coarsening):
                 # tensor-parallel rank (and input types): the micro-batches and
                 # data-parallel replicas repeat them
                 c_rank = d % self.cp
-                entry = self._op_cache.get((id(op), t, c_rank))
+                e_rank = d % self.strategy.ep if "ep_rank_attrs" in op.meta else 0
+                entry = self._op_cache.get((id(op), t, c_rank, e_rank))
                 if entry is None:
                     attrs = dict(op.attrs)
                     spec_attrs = lookup(op.op_type).attrs
@@ -359,9 +360,12 @@ class LowerSPMD(Coarsening):
                     for key, per_rank in op.meta.get("cp_rank_attrs", {}).items():
                         if key in spec_attrs:
                             attrs[key] = per_rank[c_rank]
+                    for key, per_rank in op.meta.get("ep_rank_attrs", {}).items():
+                        if key in spec_attrs:
+                            attrs[key] = per_rank[e_rank]
                     attrs = {k: normalize_attr(v)
                              for k, v in with_defaults(op.op_type, attrs).items()}
-                    entry = self._op_cache[(id(op), t, c_rank)] = (attrs, {})
+                    entry = self._op_cache[(id(op), t, c_rank, e_rank)] = (attrs, {})
                 attrs, by_types = entry
                 type_ids = tuple([id(v.type) for v in ins])  # types live as long as the program
                 types = by_types.get(type_ids)
@@ -439,12 +443,15 @@ class LowerSPMD(Coarsening):
             if out is not None:
                 self.menv[(dst, mb)][op.outputs[0]] = out
 
-    def _alltoall(self, op: Op, stage: int, mb: int, layer: Any, meta: Dict[str, Any]) -> None:
-        """An ``spmd.alltoall`` as one ``comm.alltoall`` per expert-parallel
-        group of ``stage``."""
-        attrs = {"split_dim": op.attrs["split_dim"], "concat_dim": op.attrs["concat_dim"]}
+    def _ep_collective(self, op: Op, stage: int, mb: int, layer: Any,
+                       meta: Dict[str, Any]) -> None:
+        """An SPMD collective of the expert-parallel group (an all-to-all; an
+        all-gather or reduce-scatter of the all-gather dispatcher) as one
+        ``comm.*`` op per expert-parallel group of ``stage``."""
+        attrs = {k: op.attrs[k] for k in ("reduce_op", "dim", "split_dim", "concat_dim")
+                 if k in op.attrs}
         for team in self.placement.dp_blocks(stage, self.strategy.ep):
-            self._team_collective(op, CollectiveType.ALL_TO_ALL, team, mb, stage, layer,
+            self._team_collective(op, SPMD_TO_COMM[op.op_type], team, mb, stage, layer,
                                   dict(meta, role="expert_parallel"), attrs)
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:

@@ -84,6 +84,15 @@ def test_padded_dispatch_matches_single_device(moe_reference, strategy):
     moe_reference.check(**strategy)
 
 
+@pytest.mark.parametrize("strategy", [dict(cp=2, ep=2), dict(cp=2, dp=2, ep=4),
+                                      dict(cp=2, ep=2, tp=2, sp=True),
+                                      dict(cp=2, dp=2, ep=2, zero=3)], ids=_ids)
+def test_allgather_dispatch_matches_single_device(make_reference, strategy):
+    # the all-gather dispatcher over dp x cp ranks: each gathers its group's
+    # cp chunks' tokens, routes each rank's at its capacity
+    make_reference(**MOE, attention="fused", dispatch="allgather").check(**strategy)
+
+
 @pytest.mark.parametrize("strategy", [
     dict(cp=2, ep=2),
     dict(cp=2, dp=2, ep=4, tp=2, sp=True, zero=1),

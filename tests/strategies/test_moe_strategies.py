@@ -76,3 +76,27 @@ def dropless_reference(make_reference):
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "single")
 def test_dropless_strategy_matches_single_device(dropless_reference, strategy):
     dropless_reference.check(**strategy)
+
+
+@pytest.fixture(scope="module")
+def allgather_reference(make_reference):
+    return make_reference(**dict(MOE, dispatch="allgather"))
+
+
+@pytest.mark.parametrize("strategy", [
+    dict(),
+    dict(dp=2, ep=2),
+    dict(dp=4, ep=2),
+    dict(dp=4, ep=4),
+    dict(dp=2, ep=2, tp=2),
+    dict(dp=4, ep=2, zero=3),
+    dict(dp=2, ep=2, pp=2, recompute="full"),
+    dict(dp=4, ep=2, coarsen=True),
+    # sequence parallelism: each tp rank gathers its sequence shard's tokens over ep
+    dict(dp=2, ep=2, tp=2, sp=True),
+    dict(dp=4, ep=2, tp=2, sp=True, zero=1, pp=2, recompute="selective"),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "single")
+def test_allgather_strategy_matches_single_device(allgather_reference, strategy):
+    # the all-gather dispatcher: each rank gathers its group's tokens, its
+    # experts take theirs, their partial outputs are reduce-scattered back
+    allgather_reference.check(**strategy)

@@ -337,6 +337,25 @@ def test_gradient_rule_matches_finite_differences(op, monkeypatch):
     assert op in seen, f"the case for {op} never applied its rule"
 
 
+# a rank of the all-gather dispatcher: experts 1 and 2 of 3 only (a partial
+# combine), 6 tokens in 2 routing groups of 2 slots each: choices dropped
+_LOCAL = {"top_k": 2, "capacity": 4, "groups": 2, "first_expert": 1, "local_experts": 2}
+LOCAL_EXPERT_CASES = {
+    "moe_dispatch": Case(lambda b, x, p: b.op("moe_dispatch", [x, p], _LOCAL),
+                         {"x": t(6, 4), "p": t(6, 3)}, ["x"], positive=("p",)),
+    "moe_combine": Case(lambda b, y, p: b.op("moe_combine", [y, p], _LOCAL),
+                        {"y": t(2, 4, 4), "p": t(6, 3)}, ["y", "p"], positive=("p",)),
+    "moe_combine-unnormalized": Case(
+        lambda b, y, p: b.op("moe_combine", [y, p], dict(_LOCAL, normalize=False)),
+        {"y": t(2, 4, 4), "p": t(6, 3)}, ["y", "p"], positive=("p",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOCAL_EXPERT_CASES))
+def test_local_experts_gradient_rules_match_finite_differences(case):
+    LOCAL_EXPERT_CASES[case].check()
+
+
 @pytest.mark.parametrize("op", sorted(SPMD_CASES))
 def test_spmd_gradient_rule_matches_finite_differences_over_ranks(op, monkeypatch):
     seen = applied_rules(monkeypatch)
