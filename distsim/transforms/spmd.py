@@ -123,7 +123,8 @@ class LowerSPMD(Coarsening):
         self.coarsen = coarsen
         self.partition_cost = partition_cost
         self._init_coarsening()
-        self._op_cache: Dict[Tuple[int, int], tuple] = {}
+        #: (template op id, tp rank, cp rank, ep rank) -> (attributes, result types by input types)
+        self._op_cache: Dict[Tuple[int, int, int, int], tuple] = {}
         self._op_info: Dict[int, tuple] = {}  # id(op) -> (op, its gradients, its layer)
         self.split_axes: Dict[Value, int] = {}
 
