@@ -442,7 +442,11 @@ class StepContext:
         hit = self.memo.grad_units.get(name)
         if hit is None:
             params = self.profile.params[name]
-            members = unit_indices([p.numel for p in params], self.dp)
+            # the others' unit over dp (an expert's weights, under ep = dp
+            # on a team of one, in none)
+            others = [i for i, p in enumerate(params) if not p.expert]
+            members = tuple(others[j] for j in
+                            unit_indices([params[i].numel for i in others], self.dp))
             # in the order the backward makes them, as the lowering's unit
             # (settled in that order: the embedding's position gradient
             # before its table's)

@@ -122,6 +122,18 @@ def test_the_experts_weights_are_a_1_over_ep_share_on_their_own_team():
     (FIRST_DENSE, dict(dp=2, tp=2, pp=2, ep=2, zero=3, schedule="interleaved",
                        virtual_stages=2, global_batch=8)),
     (ALL_MOE, dict(dp=4, pp=2, ep=4, zero=3, prefetch=0, schedule="gpipe", global_batch=16)),
+    # ZeRO 3 by layer with ep = dp: each block's one unit the others'
+    # parameters, the experts' weights (a team of one rank) in none; these
+    # were refused (an IndexError once let through: the walk's unit taken
+    # as every parameter dp divides, the experts' among them)
+    (ALL_MOE, dict(dp=4, pp=2, ep=4, zero=3, zero3_unit="layer", global_batch=16)),
+    (ALL_MOE, dict(dp=4, tp=2, ep=4, zero=3, zero3_unit="layer", global_batch=16)),
+    (FIRST_DENSE, dict(dp=4, tp=2, ep=4, zero=3, zero3_unit="layer", bucket_mb=0,
+                       global_batch=16)),
+    (FIRST_DENSE, dict(dp=4, pp=2, ep=4, zero=3, zero3_unit="layer", prefetch=0,
+                       global_batch=4)),
+    (FIRST_DENSE, dict(dp=2, tp=2, pp=2, ep=2, zero=3, zero3_unit="layer",
+                       schedule="interleaved", virtual_stages=2, global_batch=8)),
 ], ids=lambda x: x.get("name") if "family" in x else ",".join(f"{k}={v}" for k, v in x.items()))
 def test_the_estimate_agrees_with_the_simulation(model, strategy):
     assert_within_bounds(_options(model, **strategy))
@@ -133,13 +145,15 @@ def test_what_it_does_not_model_is_refused_in_one_line():
         estimate(_options(ALL_MOE, dp=8, ep=8))
     with pytest.raises(ConfigError, match="no experts"):
         estimate(_options("tiny", dp=8, ep=2))
-    # ZeRO 3 by layer: a MoE block's two units (the experts' over their own
-    # team), which the walk's one unit per block does not hold; with ep = dp
-    # too (the experts' unit over a team of one rank)
-    for mesh in (dict(dp=8, ep=2), dict(dp=4, tp=2, ep=4)):
-        with pytest.raises(NotModelledError, match="under ZeRO 3 by layer") as refused:
+    # ZeRO 3 by layer with ep < dp: a MoE block's two units (the experts'
+    # over their own team), which the walk's one unit per block does not
+    # hold (with ep = dp the experts' weights are in no unit: estimated)
+    for mesh in (dict(dp=8, ep=2), dict(dp=4, tp=2, ep=2)):
+        with pytest.raises(NotModelledError, match="under ZeRO 3 by layer with ep 2 < dp") \
+                as refused:
             estimate(_options(ALL_MOE, **mesh, zero=3, zero3_unit="layer"))
         assert "\n" not in str(refused.value)
+    estimate(_options(ALL_MOE, dp=4, tp=2, ep=4, zero=3, zero3_unit="layer"))
 
 
 def test_a_layers_gathers_go_over_each_parameters_team_the_others_first():
@@ -187,3 +201,38 @@ def test_under_zero3_with_ep_equal_to_dp_the_experts_weights_are_not_gathered():
         for j in range(len(params)):
             read = [g for g, o in enumerate(others) if o <= j]
             assert plan.upto[j] == (read[-1] if read else -1)
+
+
+def test_by_layer_with_ep_equal_to_dp_the_unit_is_the_others_parameters():
+    # dp 4 tp 2 ep 4, zero3_unit layer: the MoE block's one unit is the
+    # parameters other than the experts' that dp 4 divides, gathered as one
+    # all-gather of their whole bytes over the dp ranks of tp rank 0
+    # (0, 2, 4, 6); the experts' weights (a team of one rank, numels 4
+    # divides too) in no unit and gathered over no team; its gradients'
+    # unit the same parameters, their bytes whole
+    from distsim.estimate.gates import gather_plan
+    from distsim.estimate.gathered_walk import item_bytes
+    case = resolve(_options(FIRST_DENSE, dp=4, tp=2, ep=4, zero=3, zero3_unit="layer"))
+    ctx = StepContext(case, _profile_for(case))
+    topo = load_topology("dgx-a100")
+    blk = ctx.profile.blocks[MOE]
+    for kind, gathered in (("F", blk.f_gather), ("B", blk.b_gather)):
+        params = [ctx.profile.params[owner][i] for owner, i in gathered]
+        plan = gather_plan(ctx, kind, MOE)
+        unit = tuple(j for j, p in enumerate(params) if not p.expert and p.numel % 4 == 0)
+        assert len(unit) > 1 and any(p.expert and p.numel % 4 == 0 for p in params)
+        assert plan.members[0] == unit and plan.first == unit[0]
+        assert plan.alone == tuple(j for j, p in enumerate(params) if p.expert)
+        whole = sum(params[j].numel * params[j].dtype.itemsize for j in unit)
+        assert plan.unit_bytes == whole
+        assert plan.items[0] == collective_time(topo, "analytical", CollectiveType.ALL_GATHER,
+                                                (0, 2, 4, 6), whole)[0]
+        # per item: its first parameter, the shards' bytes (1/4 each), the whole bytes
+        assert item_bytes(ctx, kind, MOE)[0] == (unit[0], whole // 4, whole)
+    params = ctx.profile.params[MOE]
+    grads = ctx.grad_unit(MOE)
+    assert grads is not None and not any(params[i].expert for i in grads)
+    assert sorted(grads) == [i for i, p in enumerate(params)
+                             if not p.expert and p.numel % 4 == 0]
+    assert ctx.unit_bytes(MOE) == sum(params[i].numel * params[i].dtype.itemsize
+                                      for i in grads)
