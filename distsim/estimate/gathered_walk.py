@@ -57,7 +57,7 @@ def entries_of(b: StepContext, kind: str, k: int, block: str, gate: float,
         for j in range(first, upto + 1):
             if b.by_layer:
                 read, shard, whole = sizes[j]
-                gated = gate - plan.copy_in if j == 0 and plan.first is not None else gate
+                gated = gate - plan.copy_in if len(plan.members[j]) > 1 else gate
                 out.append((k, read, shard, whole, gated, at, at + items[j]))
             else:         # the parameter item j gathers
                 read = plan.members[j][0]
@@ -85,13 +85,13 @@ def item_bytes(b: StepContext, kind: str, block: str) -> List[Tuple[int, int, in
 
 
 def unit_shape(b: StepContext, kind: str, block: str, curve: GatherCurve) -> Optional[UnitShape]:
-    """ZeRO-3 by layer: the :class:`UnitShape` of ``block``'s unit in a
-    ``kind`` task on its template ``curve``, as LowerSPMD splits it: at
-    the unit's first read, one ``chunk_split`` (:attr:`.gates.GatherPlan.split_s`)
+    """ZeRO-3 by layer: the :class:`UnitShape` of ``block``'s units in a
+    ``kind`` task on its template ``curve``, as LowerSPMD splits each: at
+    the unit's first read, one ``chunk_split`` (:attr:`.gates.GatherPlan.unit_splits`)
     in place of that read's reshape makes every parameter of the unit,
     and the unit's later reads have no reshape; a parameter split out and
-    never read is gone when the split ends. None: no unit, or it is not
-    read."""
+    never read is gone when the split ends. None: no unit, or the first
+    is not read."""
     key = (kind, block, id(curve))
     memo = b.memo.unit_shapes
     if key in memo:
@@ -99,18 +99,20 @@ def unit_shape(b: StepContext, kind: str, block: str, curve: GatherCurve) -> Opt
     plan = gather_plan(b, kind, block)
     out = None
     if plan.first is not None and curve.reads[plan.first][0] != math.inf:
-        unit = plan.members[0]
         sizes = param_bytes(b, kind, block)
-        r0, r1 = curve.reads[plan.first]
-        moves = [(r1, plan.split_s - plan.reshape_s[plan.first])]
-        pieces = []
-        for j in unit[1:]:
-            at, end = curve.reads[j]
-            if at == math.inf:
-                pieces.append((r0, r1, sizes[j][1]))
+        moves, pieces = [], []
+        for unit, split_s in zip(plan.units, plan.unit_splits):
+            r0, r1 = curve.reads[unit[0]]
+            if r0 == math.inf:
                 continue
-            moves.append((end, -plan.reshape_s[j]))
-            pieces.append((r0, at, sizes[j][1]))
+            moves.append((r1, split_s - plan.reshape_s[unit[0]]))
+            for j in unit[1:]:
+                at, end = curve.reads[j]
+                if at == math.inf:
+                    pieces.append((r0, r1, sizes[j][1]))
+                    continue
+                moves.append((end, -plan.reshape_s[j]))
+                pieces.append((r0, at, sizes[j][1]))
         moves.sort()
         move_at, move_by, total = [], [], 0.0
         for at, by in moves:
