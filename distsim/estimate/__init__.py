@@ -93,7 +93,9 @@ parallelism too); their known
   parallelism (without expert parallelism too: 3.2 % and 14.7 %),
   ZeRO 3 under expert parallelism with ``comm_streams: per-group``
   (the small test model, dp 8 ep 2 or 4: 1.8-3.1 % under by layer,
-  +2.3 % by parameter, whose step time is 13.6 % over there),
+  +2.3 % by parameter, whose step time is 13.6 % over there), ZeRO 3
+  by layer with ``ep`` < dp prefetching the experts' unit (Mixtral, up
+  to 5.3 %),
   and ZeRO 2 with ``ep`` = dp where an expert's whole update is the
   stage's largest optimizer transient (Mixtral at ep 2 or 4, 1.2-3.7 %
   over).

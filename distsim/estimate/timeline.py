@@ -279,15 +279,24 @@ class Builder:
                           for j, runs in enumerate(gathers)]
                 tl.compute_pieces(stage, wait, prev)
             for g, runs in enumerate(gathers):
-                at = starts[g]
-                if at is None:
-                    at = [tl.compute(stage, copy_in, prev) if copy_in and (i or g or k) else prev
-                          for k, (copy_in, _, _) in enumerate(runs)]
+                given = starts[g]
+                groups = []
+                begin = prev
+                for k, (copy_in, t, last) in enumerate(runs):
+                    # (under stream order a gather waits for the copy-ins
+                    # issued before it, not for those after it)
+                    if given is not None:
+                        start = given[k]
+                    elif copy_in and (i or g or k):
+                        start = tl.compute(stage, copy_in, prev)
+                    else:
+                        start = prev
+                    if k == 0:
+                        begin = start
+                    groups.append((t, last, tl.comm_on(stage, t, start)))
                 j = len(issued)
-                groups = tuple((t, last, tl.comm_on(stage, t, start))
-                               for (_, t, last), start in zip(runs, at))
                 issued.append(groups[-1][2])
-                entries.append((j, order[j][0], at[0], groups))
+                entries.append((j, order[j][0], begin, tuple(groups)))
             flops[stage] += fl
             # the block's compute starts after its copy-ins (by layer)
             t0 = max(prev, tl.free[2 * stage])
