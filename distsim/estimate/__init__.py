@@ -21,9 +21,13 @@ without building or simulating the whole program. A peer of
   :meth:`.context.StepContext.scatters`, and under ZeRO 3 by parameter
   their weights not gathered (no collective over a team of one: no item
   of :func:`.gates.gather_plan`, their reads waiting for none) and whole
-  from their gates; under ZeRO 3 by parameter with ``ep`` < dp each
-  parameter gathered over its own team,
-  :func:`~distsim.transforms.sync_policy.layer_gathers`),
+  from their gates; under ZeRO 3 with ``ep`` < dp each parameter
+  gathered over its own team,
+  :func:`~distsim.transforms.sync_policy.layer_gathers`, by layer a MoE
+  block's two units, the others' over dp and the experts' over dp / ep,
+  each with its copy-in, split and gradients' reduce-scatter:
+  :attr:`.gates.GatherPlan.units`, :meth:`.context.StepContext.grad_units`;
+  with ``ep`` = dp by layer the others' unit the block's one),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
   all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
   its parameters sharded and gathered over dp x cp; with ``ep`` under
@@ -55,8 +59,7 @@ without building or simulating the whole program. A peer of
   and models of other families (MLP, ONNX imports) with a ConfigError
   naming the family; valid options it does not model
   (``launch: blocking``, ``p2p: synchronous`` or ``separate`` with
-  ``comm_order: inputs``, ZeRO 3 by layer
-  with ``ep`` > 1: the experts' unit beside the others', ``fp32_grads``
+  ``comm_order: inputs``, ``fp32_grads``
   with ZeRO 2/3 over dp > 1, ``ep`` with ``cp`` under ZeRO 2/3: the
   experts' shards over their dp x cp / ep ranks, measured past the
   bound) with
@@ -86,6 +89,13 @@ parallelism too); their known
   3.3 %; under expert parallelism up to 7.4 %), ``routing_skew`` 1 with
   tp and two micro-batches (1.5 %), ZeRO 3 under expert parallelism
   on a model as small as ``tiny-moe`` (about 2 KiB over, up to 2.2 %),
+  ZeRO 3 by layer on tiny-moe and on DeepSeekMoE under sequence
+  parallelism (without expert parallelism too: 3.2 % and 14.7 %),
+  ZeRO 3 under expert parallelism with ``comm_streams: per-group``
+  (the small test model, dp 8 ep 2 or 4: 1.8-3.1 % under by layer,
+  +2.3 % by parameter, whose step time is 13.6 % over there), ZeRO 3
+  by layer with ``ep`` < dp prefetching the experts' unit (Mixtral, up
+  to 5.3 %),
   and ZeRO 2 with ``ep`` = dp where an expert's whole update is the
   stage's largest optimizer transient (Mixtral at ep 2 or 4, 1.2-3.7 %
   over).

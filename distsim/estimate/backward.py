@@ -147,7 +147,7 @@ class OpByOpBackward:
             # first read, each reshape it replaces off the run that read
             # its parameter first (the reads so far: positions up to the gate)
             by_layer = gp is not None and gp.first is not None
-            read, split = -1, False
+            read = -1
             plan = []
             for seg in segs:
                 gate = seg.gate
@@ -156,11 +156,8 @@ class OpByOpBackward:
                 if seg.kind == "c":
                     t = seg.time_s
                     if by_layer and seg.gate is not None and seg.gate > read:
-                        t -= sum(gp.reshape_s[read + 1:seg.gate + 1])
+                        t = max(0.0, t + gp.read_change(read, seg.gate))
                         read = seg.gate
-                        if not split and read >= gp.first:
-                            t, split = t + gp.split_s, True
-                        t = max(0.0, t)
                     plan.append(("c", t, blk.b_flops * seg.time_s / ctime,
                                  tuple(d for d in seg.deps if d is not None), None, None,
                                  seg.lead, gate))
@@ -283,15 +280,21 @@ class OpByOpBackward:
                 for j in prefetch_window(k, n, ctx.strategy.prefetch):
                     if j not in gathered:
                         gathered[j] = at_end = {}
-                        # (the first block's own: :meth:`.timeline.Builder.emit_task`)
-                        copy_in = gather_plan(self.ctx, "B", order[j][0]).copy_in if j else 0.0
-                        start = tl.compute(stage, copy_in, gate) if copy_in else gate
-                        groups = []
+                        # each unit's gathers after its copy-in (the first
+                        # block's first: :meth:`.timeline.Builder.emit_task`)
+                        copy_ins = gather_plan(self.ctx, "B", order[j][0]).item_copy_ins
+                        groups, begin, start = [], None, gate
                         for t, upto in self._gather_groups(order[j][0], only):
+                            copy_in = copy_ins[groups[-1][1] + 1 if groups else 0] \
+                                if copy_ins and (j or groups) else 0.0
+                            if copy_in:
+                                start = tl.compute(stage, copy_in, gate)
+                            begin = start if begin is None else begin
                             at_end[upto] = at_end[None] = tl.comm_on(stage, t, start)
                             groups.append((t, upto, at_end[upto]))
                         if entries is not None:
-                            entries.append((j, order[j][0], start, tuple(groups)))
+                            entries.append((j, order[j][0], gate if begin is None else begin,
+                                            tuple(groups)))
                 ends = gathered[k]
                 gate = max(gate, tl.free[2 * stage])     # after its copy-ins (by layer)
                 units_before = tuple(ctx.unit_pending.get(stage, ())) if ctx.by_layer else ()
@@ -299,7 +302,7 @@ class OpByOpBackward:
                 # and the block's own (bytes, start, end of the reduce-scatter)
                 own = (flats.waiting(), []) if flats is not None else None
             local: Dict[int, float] = {}
-            unit = ctx.grad_unit(name)
+            units = ctx.grad_units(name)
             for i, (kind, time_s, fl, waits, src, param, lead, at) in enumerate(
                     self._segment_plan(name, only)):
                 # ZeRO-3: an entry waits for the block's gathers up to the
@@ -350,16 +353,17 @@ class OpByOpBackward:
                             inside[(k, param, True)] = held_start
                         if held > inside.get((k, param), 0):
                             inside[(k, param)] = held
-                    if unit is not None and param in unit:
-                        # by layer: reduce-scattered with the rest of the
-                        # block's unit once all are made (the policy's rule)
+                    unit = ctx.grad_unit(name, param) if units else None
+                    if unit is not None:
+                        # by layer: reduce-scattered with the rest of its
+                        # unit once all are made (the policy's rule)
                         key = (name, layer, param)
                         ctx.unit_made_at[(key, accumulating or 0)] = made or 0.0
                         scattered = len(ctx.unit_ends)
                         self.policy.unit_gradient(tuple((name, layer, i) for i in unit),
                                                        key, stage, accumulating or 0)
                         if flats is not None and len(ctx.unit_ends) > scattered:
-                            nbytes = ctx.unit_bytes(name)
+                            nbytes = ctx.unit_bytes(name, unit)
                             flats.append(nbytes, ctx.unit_ends[-1])
                             if own is not None:     # from the concatenation's end
                                 own[1].append((nbytes, tl.free[2 * stage], ctx.unit_ends[-1]))
@@ -490,9 +494,14 @@ class OpByOpBackward:
         ctx = self.ctx
         hit = ctx.memo.gather_groups.get((name, only))
         if hit is None:
-            times = gather_plan(self.ctx, "B", name).items
+            plan = gather_plan(self.ctx, "B", name)
+            times = plan.items
+            # (and before each unit's gather past the first: its copy-in
+            # comes first, :func:`.gates.gather_pieces`)
             cuts = sorted({entry[7] for entry in self._segment_plan(name, only)
-                           if entry[7] is not None and entry[7] >= 0})
+                           if entry[7] is not None and entry[7] >= 0}
+                          | {g - 1 for g, copy_in in enumerate(plan.item_copy_ins)
+                             if copy_in and g})
             hit, start = [], 0
             for upto in cuts + [len(times) - 1]:
                 if upto >= start:

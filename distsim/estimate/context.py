@@ -426,29 +426,48 @@ class StepContext:
         return (blk.b_wait_first if mb == 0 else blk.b_wait_mid), early
 
     # -- ZeRO-3 by layer: a block's gradients reduce-scattered as one --------
-    def grad_unit(self, name: str) -> Optional[Tuple[int, ...]]:
-        """By layer with a reduce-scatter per micro-batch: the indices of
-        the block's parameters whose gradients travel as one (those dp
-        divides, when more than one), or None."""
+    def grad_units(self, name: str) -> Tuple[Tuple[int, ...], ...]:
+        """By layer with a reduce-scatter per micro-batch: the block's
+        units of gradients that travel as one, each the indices of its
+        parameters (of each team those its size divides, when more than
+        one: under expert parallelism with ep < dp a MoE block's others'
+        over dp and its experts' over dp / ep, the lowering's
+        ``GradientSync._grad_units``), each in the order the backward makes
+        its gradients, in the order the backward completes them; none
+        otherwise."""
         if not (self.by_layer and self.scatter_each):
-            return None
-        return self._grad_unit_of(name)[0]
-
-    def unit_bytes(self, name: str) -> int:
-        """The bytes of the block's unit of gradients (its parameters whole)."""
-        return self._grad_unit_of(name)[1]
-
-    def _grad_unit_of(self, name: str) -> Tuple[Optional[Tuple[int, ...]], int]:
+            return ()
         hit = self.memo.grad_units.get(name)
         if hit is None:
             params = self.profile.params[name]
-            members = unit_indices([p.numel for p in params], self.dp)
             # in the order the backward makes them, as the lowering's unit
             # (settled in that order: the embedding's position gradient
             # before its table's)
             made = {i: k for k, i in enumerate(dict.fromkeys(
                 i for indices, *_ in self.profile.blocks[name].bs_made for i in indices))}
-            members = tuple(sorted(members, key=lambda i: (made.get(i, len(made)), i)))
-            hit = self.memo.grad_units[name] = (
-                members or None, sum(params[i].numel * params[i].dtype.itemsize for i in members))
+            units = []
+            for expert in (False, True):
+                own = [i for i, p in enumerate(params) if p.expert == expert]
+                team = sync_team(self.strategy, expert)
+                members = tuple(own[j] for j in unit_indices([params[i].numel for i in own], team))
+                if members:
+                    units.append(tuple(sorted(members,
+                                              key=lambda i: (made.get(i, len(made)), i))))
+            # the unit completed last last (whose shards the next block meets)
+            units.sort(key=lambda u: made.get(u[-1], len(made)))
+            hit = self.memo.grad_units[name] = tuple(units)
         return hit
+
+    def grad_unit(self, name: str, index: int) -> Optional[Tuple[int, ...]]:
+        """The unit (:meth:`grad_units`) of parameter ``index`` of the
+        block, or None."""
+        return next((unit for unit in self.grad_units(name) if index in unit), None)
+
+    def unit_bytes(self, name: str, unit: Tuple[int, ...]) -> int:
+        """The bytes of a unit of the block's gradients (its parameters whole)."""
+        params = self.profile.params[name]
+        return sum(params[i].numel * params[i].dtype.itemsize for i in unit)
+
+    def unit_team(self, name: str, unit: Tuple[int, ...]) -> int:
+        """The ranks a unit of the block's gradients is reduce-scattered over."""
+        return self.team(self.profile.params[name][unit[0]])

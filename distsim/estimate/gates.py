@@ -67,6 +67,27 @@ class GatherPlan(NamedTuple):
     #: with ep = dp: the lowering emits no collective, the read waits for
     #: none), which no item gathers
     alone: Tuple[int, ...] = ()
+    #: by layer, each unit's positions, in the order issued (under expert
+    #: parallelism with ep < dp a MoE block's two: the others' over dp,
+    #: then the experts' over dp / ep), and each one's split
+    #: (``split_s`` and ``unit_bytes`` are theirs summed, ``first`` the
+    #: first unit's first position)
+    units: Tuple[Tuple[int, ...], ...] = ()
+    unit_splits: Tuple[float, ...] = ()
+    #: by layer, per item, the copy-in on the compute stream before it (a
+    #: unit's; 0: a parameter alone): ``copy_in`` is theirs summed
+    item_copy_ins: Tuple[float, ...] = ()
+
+    def read_change(self, before: int, upto: int) -> float:
+        """By layer, the change in a compute run whose reads of gathered
+        parameters go on from position ``before`` (exclusive) to ``upto``:
+        the reshapes of those in units gone, and the split of each unit
+        first read there in (each unit split at its first read)."""
+        change = -sum(self.reshape_s[before + 1:upto + 1])
+        for unit, split_s in zip(self.units, self.unit_splits):
+            if before < unit[0] <= upto:
+                change += split_s
+        return change
 
     @property
     def copy_out(self) -> float:
@@ -103,7 +124,6 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
     blk = b.profile.blocks[block]
     params = [b.profile.params[owner][i] for owner, i in
               (blk.f_gather if kind == "F" else blk.b_gather)]
-    dp = b.dp
     # the lowering's groups (the unit, then each other parameter alone;
     # under expert parallelism the others', then the experts' over their
     # team); none over a team of one rank (the experts' with ep = dp): the
@@ -120,23 +140,31 @@ def gather_plan(b: StepContext, kind: str, block: str) -> GatherPlan:
     for j in range(len(params)):
         most = max(most, item_of.get(j, -1))
         upto.append(most)
-    unit = groups[0] if groups and len(groups[0]) > 1 else ()
+    units = [(group, expert) for group, expert in teams if len(group) > 1]
     alone = tuple(j for j in range(len(params)) if j not in item_of)
-    if not unit:
+    if not units:
         hit = GatherPlan(items, upto, members=tuple(groups), alone=alone)
     else:
-        ps = [params[j] for j in unit]
-        d = ps[0].dtype
-        unit_bytes = sum(p.numel * p.dtype.itemsize for p in ps)
+        # each unit over its own team: its shards concatenated (the
+        # copy-ins back to back on the compute stream), split at its first read
         cost = b.costs.cost
-        copy_in = cost("concat", [(p.numel // dp, d) for p in ps],
-                       [(sum(p.numel for p in ps) // dp, d)])[0]
-        split_s = cost("chunk_split", [(sum(p.numel for p in ps), d)],
-                       [(p.numel, d) for p in ps])[0]
-        reshape_s = tuple(cost("reshape", [(p.numel, d)], [(p.numel, d)])[0] if j in unit
-                          else 0.0 for j, p in enumerate(params))
-        hit = GatherPlan(items, upto, copy_in, unit[0], split_s, reshape_s, unit_bytes,
-                         members=tuple(groups), alone=alone)
+        copy_ins, splits, reshape_s = [0.0] * len(items), [], [0.0] * len(params)
+        for unit, expert in units:
+            ps = [params[j] for j in unit]
+            d = ps[0].dtype
+            team = sync_team(b.strategy, expert)
+            copy_ins[groups.index(unit)] = cost("concat", [(p.numel // team, d) for p in ps],
+                                                [(sum(p.numel for p in ps) // team, d)])[0]
+            splits.append(cost("chunk_split", [(sum(p.numel for p in ps), d)],
+                               [(p.numel, d) for p in ps])[0])
+            for j in unit:
+                reshape_s[j] = cost("reshape", [(params[j].numel, d)], [(params[j].numel, d)])[0]
+        unit_bytes = sum(params[j].numel * params[j].dtype.itemsize
+                         for unit, _ in units for j in unit)
+        hit = GatherPlan(items, upto, sum(copy_ins), units[0][0][0], sum(splits),
+                         tuple(reshape_s), unit_bytes, members=tuple(groups), alone=alone,
+                         units=tuple(unit for unit, _ in units), unit_splits=tuple(splits),
+                         item_copy_ins=tuple(copy_ins))
         blk = b.profile.blocks[block]
         segs = blk.f_segs if kind == "F" else blk.only
         if segs:
@@ -168,25 +196,22 @@ def split_change(segments, plan: GatherPlan) -> Tuple[float, float, float]:
 
 def _segments_end(segments, plan: Optional[GatherPlan]) -> Tuple[float, List[float]]:
     """Where a block's compute ends, its entries run from 0 with its
-    gathers done (``plan``: by layer, each run's reshapes of the unit's
-    parameters out and the split in at the unit's first read, as
+    gathers done (``plan``: by layer, each run's reshapes of the units'
+    parameters out and each unit's split in at its first read, as
     :meth:`.backward.OpByOpBackward._segment_plan` does), and how much
     that changed each entry's time."""
     compute = comm = 0.0
     ends: List[float] = []
     changed: List[float] = []
-    read, split = -1, False
+    read = -1
     for seg in segments:
         end = compute
         change = 0.0
         if seg.kind == "c":
             t = seg.time_s
             if plan is not None and seg.gate is not None and seg.gate > read:
-                t -= sum(plan.reshape_s[read + 1:seg.gate + 1])
+                t = max(0.0, t + plan.read_change(read, seg.gate))
                 read = seg.gate
-                if not split and read >= plan.first:
-                    t, split = t + plan.split_s, True
-                t = max(0.0, t)
                 change = t - seg.time_s
             ready = max([compute] + [ends[d] for d in seg.deps if d is not None])
             end = compute = ready + t
@@ -202,14 +227,27 @@ def _segments_end(segments, plan: Optional[GatherPlan]) -> Tuple[float, List[flo
     return compute, changed
 
 
-def gather_time(b: StepContext, kind: str, block: str) -> float:
-    """ZeRO-3: the all-gathers of the parameters a block reads first in a
-    forward / backward task (one item: they run back to back)."""
-    t = b.memo.gathers.get((kind, block))
-    if t is None:
-        t = sum(gather_plan(b, kind, block).items)
-        b.memo.gathers[(kind, block)] = t
-    return t
+def gather_pieces(b: StepContext, kind: str, block: str) -> List[Tuple[float, float, int]]:
+    """ZeRO-3: a block's all-gathers in a forward / backward task as runs
+    that each start with a copy-in (by layer, a unit's concatenated
+    shards, on the compute stream; 0: none), (its time, the run's
+    gathers' time, the position of its last item): the gathers run back
+    to back on the communication stream, each unit's after its own
+    copy-in (under expert parallelism a MoE block's experts' unit after
+    the others' gathers), as LowerSPMD emits them. One run where the
+    block has one unit, or none."""
+    hit = b.memo.gathers.get((kind, block))
+    if hit is None:
+        plan = gather_plan(b, kind, block)
+        copy_ins = plan.item_copy_ins or (0.0,) * len(plan.items)
+        hit = []
+        for g, t in enumerate(plan.items):
+            if not hit or copy_ins[g]:
+                hit.append((copy_ins[g], t, g))
+            else:
+                hit[-1] = (hit[-1][0], hit[-1][1] + t, g)
+        b.memo.gathers[(kind, block)] = hit = hit or [(0.0, 0.0, -1)]
+    return hit
 
 
 def chain(b: StepContext, kind: str, block: str, piece: Tuple[float, Optional[float], bool]

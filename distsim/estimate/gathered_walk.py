@@ -47,8 +47,9 @@ def entries_of(b: StepContext, kind: str, k: int, block: str, gate: float,
     the gate."""
     plan = gather_plan(b, kind, block)
     items = plan.items
-    sizes = item_bytes(b, kind, block) if b.by_layer else param_bytes(b, kind, block)
-    out: List[Entry] = [(k, j, sizes[j][0], sizes[j][1], gate, gate, gate)
+    whole = param_bytes(b, kind, block)
+    sizes = item_bytes(b, kind, block) if b.by_layer else whole
+    out: List[Entry] = [(k, j, whole[j][0], whole[j][1], gate, gate, gate)
                         for j in plan.alone]
     first = 0
     for time_s, upto, end in groups:
@@ -56,7 +57,7 @@ def entries_of(b: StepContext, kind: str, k: int, block: str, gate: float,
         for j in range(first, upto + 1):
             if b.by_layer:
                 read, shard, whole = sizes[j]
-                gated = gate - plan.copy_in if j == 0 and plan.first is not None else gate
+                gated = gate - plan.copy_in if len(plan.members[j]) > 1 else gate
                 out.append((k, read, shard, whole, gated, at, at + items[j]))
             else:         # the parameter item j gathers
                 read = plan.members[j][0]
@@ -68,62 +69,50 @@ def entries_of(b: StepContext, kind: str, k: int, block: str, gate: float,
 
 
 def item_bytes(b: StepContext, kind: str, block: str) -> List[Tuple[int, int, int]]:
-    """ZeRO-3 by layer: per all-gather of ``block`` in a ``kind`` task,
-    the unit's first (:func:`~distsim.transforms.sync_policy.gather_groups`),
-    (the position of the gathered parameter read first, whose read waits
-    for it; its gate's bytes: the concatenated shards, or one shard; the
-    bytes gathered)."""
+    """ZeRO-3 by layer: per all-gather of ``block`` in a ``kind`` task
+    (:attr:`.gates.GatherPlan.members`: the unit's first, those over no
+    team left out), (the position of the gathered parameter read first,
+    whose read waits for it; its gate's bytes: the concatenated shards
+    over its team, or one shard; the bytes gathered)."""
     key = (kind, block, "items")
     hit = b.memo.gathered_bytes.get(key)
     if hit is None:
-        from ..transforms.sync_policy import gather_groups
-        blk = b.profile.blocks[block]
-        params = [b.profile.params[owner][i]
-                  for owner, i in (blk.f_gather if kind == "F" else blk.b_gather)]
         sizes = param_bytes(b, kind, block)
-        hit = []
-        for group in gather_groups([p.numel for p in params], b.dp, True):
-            if len(group) > 1:
-                hit.append((group[0],
-                            sum(p.numel // b.dp * p.dtype.itemsize
-                                for p in (params[j] for j in group)),
-                            sum(sizes[j][1] for j in group)))
-            else:
-                hit.append((group[0],) + sizes[group[0]])
+        hit = [(group[0], sum(sizes[j][0] for j in group), sum(sizes[j][1] for j in group))
+               for group in gather_plan(b, kind, block).members]
         b.memo.gathered_bytes[key] = hit
     return hit
 
 
 def unit_shape(b: StepContext, kind: str, block: str, curve: GatherCurve) -> Optional[UnitShape]:
-    """ZeRO-3 by layer: the :class:`UnitShape` of ``block``'s unit in a
-    ``kind`` task on its template ``curve``, as LowerSPMD splits it: at
-    the unit's first read, one ``chunk_split`` (:attr:`.gates.GatherPlan.split_s`)
+    """ZeRO-3 by layer: the :class:`UnitShape` of ``block``'s units in a
+    ``kind`` task on its template ``curve``, as LowerSPMD splits each: at
+    the unit's first read, one ``chunk_split`` (:attr:`.gates.GatherPlan.unit_splits`)
     in place of that read's reshape makes every parameter of the unit,
     and the unit's later reads have no reshape; a parameter split out and
-    never read is gone when the split ends. None: no unit, or it is not
-    read."""
+    never read is gone when the split ends. None: no unit, or the first
+    is not read."""
     key = (kind, block, id(curve))
     memo = b.memo.unit_shapes
     if key in memo:
         return memo[key]
-    from ..transforms.sync_policy import gather_groups
     plan = gather_plan(b, kind, block)
     out = None
     if plan.first is not None and curve.reads[plan.first][0] != math.inf:
-        blk = b.profile.blocks[block]
-        gathered = blk.f_gather if kind == "F" else blk.b_gather
-        unit = gather_groups([b.profile.params[o][i].numel for o, i in gathered], b.dp, True)[0]
         sizes = param_bytes(b, kind, block)
-        r0, r1 = curve.reads[plan.first]
-        moves = [(r1, plan.split_s - plan.reshape_s[plan.first])]
-        pieces = []
-        for j in unit[1:]:
-            at, end = curve.reads[j]
-            if at == math.inf:
-                pieces.append((r0, r1, sizes[j][1]))
+        moves, pieces = [], []
+        for unit, split_s in zip(plan.units, plan.unit_splits):
+            r0, r1 = curve.reads[unit[0]]
+            if r0 == math.inf:
                 continue
-            moves.append((end, -plan.reshape_s[j]))
-            pieces.append((r0, at, sizes[j][1]))
+            moves.append((r1, split_s - plan.reshape_s[unit[0]]))
+            for j in unit[1:]:
+                at, end = curve.reads[j]
+                if at == math.inf:
+                    pieces.append((r0, r1, sizes[j][1]))
+                    continue
+                moves.append((end, -plan.reshape_s[j]))
+                pieces.append((r0, at, sizes[j][1]))
         moves.sort()
         move_at, move_by, total = [], [], 0.0
         for at, by in moves:

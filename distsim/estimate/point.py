@@ -272,7 +272,6 @@ def resolve(options: Mapping[str, Any]) -> Case:
         # one rank: +4 % on step time; ZeRO 2 at ep 2 of 4: +1.7 % on memory)
         raise _not_modelled(f"expert parallelism with context parallelism under ZeRO "
                             f"{strategy.zero} (ep {strategy.ep}, cp {strategy.cp})")
-    check_expert_parallel(strategy)
     c, _ = resolve_batch(c, strategy)
     flat = strategy.flat_cp()
     if _widens_grads(strategy, c) and flat.zero >= 2 and flat.dp > 1:
@@ -292,27 +291,6 @@ def _widens_grads(S: Strategy, c: Any) -> bool:
     :func:`~distsim.transforms.sync_policy.grad_buffer_dtype`)."""
     dtype = DType.parse(str(c.dtype))
     return grad_buffer_dtype(S, dtype) != dtype
-
-
-def check_expert_parallel(S: Strategy) -> None:
-    """Refuse the expert-parallel points whose experts' gradient sync
-    differs in kind from the others' in a way the estimator does not
-    walk: ZeRO 3 by layer (``zero3_unit: layer``), whose MoE blocks
-    gather two units, the experts' over their own team beside the
-    others' (the walk's gathers and copy-ins know one unit per block).
-    ZeRO 2/3 with dp = ep is modelled: the experts' team is one rank,
-    their gradients kept whole and accumulated in place
-    (:meth:`.context.StepContext.scatters`) and, under ZeRO 3, their
-    weights not gathered (no collective: :func:`.gates.gather_plan` plans
-    none and their reads wait for none; whole from their gates:
-    :func:`.gathered_walk.entries_of`), beside the others' gathered and
-    reduce-scattered over dp; and so is ZeRO 3 by parameter with ep < dp:
-    each parameter gathered over its own team
-    (:func:`~distsim.transforms.sync_policy.layer_gathers`)."""
-    if S.ep > 1 and S.zero == 3 and S.zero3_unit == "layer":
-        raise _not_modelled("expert parallelism under ZeRO 3 by layer (zero3_unit 'layer': "
-                            "the experts' unit gathered over their dp / ep ranks beside the "
-                            "others')")
 
 
 def check_weight_gathers(case: Case, profile: LayerProfile) -> None:

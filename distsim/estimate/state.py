@@ -46,7 +46,7 @@ class Memo:
         self.block_records: Dict[tuple, tuple] = {}
         self.blocks: Dict[Tuple[str, int], List[Tuple[str, Optional[int]]]] = {}
         self.plans: Dict[tuple, Any] = {}
-        self.gathers: Dict[Tuple[str, str], float] = {}
+        self.gathers: Dict[Tuple[str, str], List[Tuple[float, float, int]]] = {}
         #: ZeRO-3: per (task kind, block), its gathers as issued
         #: (:class:`.gates.GatherPlan`)
         self.gather_plans: Dict[Tuple[str, str], Any] = {}
@@ -69,7 +69,7 @@ class Memo:
         self.opens: Dict[Tuple[str, str], Tuple[bool, bool]] = {}
         #: ZeRO-3 by layer: per block, the parameters whose gradients are
         #: reduce-scattered as one (None: none) and their bytes
-        self.grad_units: Dict[str, Tuple[Optional[Tuple[int, ...]], int]] = {}
+        self.grad_units: Dict[str, Tuple[Tuple[int, ...], ...]] = {}
         #: ZeRO-3 by layer: per block, its backward's memory with the
         #: unit's gradients held (:func:`.units.unit_backward_excess`)
         self.unit_excess: Dict[str, Tuple[float, Dict[int, float]]] = {}

@@ -153,8 +153,10 @@ class StepSync:
         t_cat = ctx.costs.cost("chunk_cat", [(params[i].numel, d) for i in indices],
                                [(sum(params[i].numel for i in indices), d)])[0]
         end = self.tl.compute(stage, t_cat, made)
+        # (over the unit's team: the experts' over dp / ep)
         end = self.tl.comm_on(stage, ctx.dp_time(CollectiveType.REDUCE_SCATTER,
-                                                 ctx.unit_bytes(name)), end)
+                                                 ctx.unit_bytes(name, indices),
+                                                 params[indices[0]].expert), end)
         ctx.unit_pending.setdefault(stage, []).append((name, layer, indices, mb, end))
         ctx.unit_ends.append(end)
 
@@ -162,19 +164,23 @@ class StepSync:
         """The units of ``stage`` reduce-scattered and not settled: each
         result split into the shards (compute, after its reduce-scatter),
         then, past the first micro-batch, each shard's accumulation (and at
-        the last, its average); a gradient is synchronised where its shard
+        the last, its average; with one micro-batch an expert's shard's
+        average over its ep ranks' tokens); a gradient is synchronised where its shard
         is settled at the last micro-batch (as GradientSync.settle_units)."""
         ctx, tl = self.ctx, self.tl
         for name, layer, unit, mb, rs_end in ctx.unit_pending.pop(stage, []):
             params = ctx.profile.params[name]
             d = params[unit[0]].dtype
-            shards = [params[i].numel // ctx.dp for i in unit]
+            shards = [params[i].numel // ctx.unit_team(name, unit) for i in unit]
             t_split = ctx.costs.cost("split", [(sum(shards), d)], [(n, d) for n in shards])[0]
             end = tl.compute(stage, t_split, rs_end)
             ops = ctx.shard_ops(mb) if mb else None
             for i in unit:
-                if ops is not None:
-                    t, fl = ops[(name, i)]
+                # one micro-batch: an expert's shard averaged over its ep
+                # ranks' tokens (the lowering's ``scale``), else none
+                got = ops[(name, i)] if ops is not None else ctx.one_microbatch_scale(name, i)
+                if got is not None:
+                    t, fl = got
                     ctx.flops[stage] += fl
                     end = tl.compute(stage, t, end)
                 if mb == ctx.microbatches - 1:

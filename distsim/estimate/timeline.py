@@ -26,7 +26,8 @@ from ..transforms.sync_policy import SyncPolicy, prefetch_window
 from .blocks import LayerProfile
 from .context import Case, StepContext
 from .engine import Timeline
-from .gates import chain, emit_chain, emit_entries, entry_plan, entrywise, gather_plan, gather_time
+from .gates import (chain, emit_chain, emit_entries, entry_plan, entrywise, gather_pieces,
+                    gather_plan)
 from .gathered_walk import item_bytes, note_peak
 from .notes import MemoryNotes
 from .replay import ReplayedBackward
@@ -121,7 +122,7 @@ class Builder:
         ctx = self.ctx
         order = ctx.blocks_of(kind, c)
         first = order[0][0]
-        copy_in = gather_plan(ctx, kind, first).copy_in
+        copy_in = gather_pieces(ctx, kind, first)[0][0]      # (the first unit's)
         token = self._gate_token(stage)
         held = 0
         if copy_in:
@@ -268,20 +269,33 @@ class Builder:
             # before it: its own copy-in, not the next one's), but behind
             # the block before's trailing collective, whose wait comes
             # after the copy-ins
-            starts: List[Optional[float]] = [None] * len(gathers)
+            # (a block's runs: :func:`.gates.gather_pieces`, each gather
+            # after its own copy-in)
+            starts: List[Optional[List[float]]] = [None] * len(gathers)
             if wait is not None:
-                starts = [tl.compute(stage, copy_in, prev) if copy_in and (i or j) else prev
-                          for j, (copy_in, _) in enumerate(gathers)]
+                starts = [[tl.compute(stage, copy_in, prev) if copy_in and (i or j or k) else prev
+                           for k, (copy_in, _, _) in enumerate(runs)]
+                          for j, runs in enumerate(gathers)]
                 tl.compute_pieces(stage, wait, prev)
-            for g, (copy_in, t) in enumerate(gathers):
-                start = starts[g]
-                if start is None:
-                    start = tl.compute(stage, copy_in, prev) if copy_in and (i or g) else prev
+            for g, runs in enumerate(gathers):
+                given = starts[g]
+                groups = []
+                begin = prev
+                for k, (copy_in, t, last) in enumerate(runs):
+                    # (under stream order a gather waits for the copy-ins
+                    # issued before it, not for those after it)
+                    if given is not None:
+                        start = given[k]
+                    elif copy_in and (i or g or k):
+                        start = tl.compute(stage, copy_in, prev)
+                    else:
+                        start = prev
+                    if k == 0:
+                        begin = start
+                    groups.append((t, last, tl.comm_on(stage, t, start)))
                 j = len(issued)
-                issued.append(tl.comm_on(stage, t, start))
-                entries.append((j, order[j][0], start,
-                                ((t, len(gather_plan(self.ctx, kind, order[j][0]).items) - 1,
-                                  issued[j]),)))
+                issued.append(groups[-1][2])
+                entries.append((j, order[j][0], begin, tuple(groups)))
             flops[stage] += fl
             # the block's compute starts after its copy-ins (by layer)
             t0 = max(prev, tl.free[2 * stage])
@@ -337,8 +351,8 @@ class Builder:
             issued = 0
             for i, (name, _) in enumerate(order):
                 upto = prefetch_window(i, len(order), ctx.strategy.prefetch).stop
-                gathers = [(gather_plan(self.ctx, kind, order[j][0]).copy_in,
-                            gather_time(self.ctx, kind, order[j][0])) for j in range(issued, upto)]
+                gathers = [gather_pieces(self.ctx, kind, order[j][0])
+                           for j in range(issued, upto)]
                 issued = max(issued, upto)
                 t, busy, fl = ctx.block_time(blocks[name], kind, mb)
                 # by layer the unit's copy-out instead of its reshapes, at
@@ -361,7 +375,7 @@ class Builder:
             # a block that ends waiting for a collective before a block with
             # copy-ins: that wait goes after those copy-ins (:meth:`_emit_gathered`)
             for block, after in zip(plan, plan[1:]):
-                if any(copy_in for copy_in, _ in after[0]):
+                if any(copy_in for runs in after[0] for copy_in, _, _ in runs):
                     block[3], block[5] = _trailing_wait(block[3])
             return [tuple(block) for block in plan]
         total = busy = fl = 0.0

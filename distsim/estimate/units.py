@@ -28,23 +28,27 @@ from .gates import gather_plan
 
 def copy_out_excess(b: StepContext, kind: str, block: str) -> Optional[float]:
     """Bytes above the block's baseline (as its ``f_excess`` /
-    ``b0_excess``) while its unit is split out of the gathered buffer:
-    what the template holds at its reshape of the unit's first parameter
-    (its ZeRO-3 gates hold each parameter gathered, as the gathered
-    buffer does), less that reshape, plus the split parameters (the whole
-    unit). None: no unit (or no such read in the template)."""
+    ``b0_excess``) while a unit is split out of its gathered buffer (the
+    most over the block's units): what the template holds at its reshape
+    of the unit's first parameter (its ZeRO-3 gates hold each parameter
+    gathered, as the gathered buffer does), less that reshape, plus the
+    split parameters (the whole unit). None: no unit (or no such read in
+    the template)."""
     if not b.by_layer:
         return None
     plan = gather_plan(b, kind, block)
-    if plan.first is None:
-        return None
     blk = b.profile.blocks[block]
-    owner, i = (blk.f_gather if kind == "F" else blk.b_gather)[plan.first]
-    p = b.profile.params[owner][i]
-    at = (blk.f_reads if kind == "F" else blk.b_reads).get(p.name)
-    if at is None:
-        return None
-    return at - p.numel * p.dtype.itemsize + float(plan.unit_bytes)
+    gathered = blk.f_gather if kind == "F" else blk.b_gather
+    reads = blk.f_reads if kind == "F" else blk.b_reads
+    most = None
+    for unit in plan.units:       # (each unit split at its own first read)
+        ps = [b.profile.params[owner][i] for owner, i in (gathered[j] for j in unit)]
+        at = reads.get(ps[0].name)
+        if at is not None:
+            got = at - ps[0].numel * ps[0].dtype.itemsize + float(
+                sum(p.numel * p.dtype.itemsize for p in ps))
+            most = got if most is None else max(most, got)
+    return most
 
 
 def held_units(b: StepContext, stage: int, before: Sequence[tuple], t0: float
@@ -62,12 +66,13 @@ def held_units(b: StepContext, stage: int, before: Sequence[tuple], t0: float
     out = []
     now = b.unit_pending.get(stage, ())
     for entry in list(before) + [e for e in now if e not in before]:
-        name = entry[0]
-        nbytes = b.unit_bytes(name)
+        name, unit = entry[0], entry[2]
+        nbytes = b.unit_bytes(name, unit)
         rs_end = entry[-1]
-        rs_start = rs_end - b.dp_time(CollectiveType.REDUCE_SCATTER, nbytes)
-        out.append((nbytes // b.dp, max(rs_start, t0 - 1.0), max(rs_end, t0 - 1.0),
-                    entry in before))
+        rs_start = rs_end - b.dp_time(CollectiveType.REDUCE_SCATTER, nbytes,
+                                      b.profile.params[name][unit[0]].expert)
+        out.append((nbytes // b.unit_team(name, unit), max(rs_start, t0 - 1.0),
+                    max(rs_end, t0 - 1.0), entry in before))
     return out
 
 
@@ -80,8 +85,9 @@ def pending_shard_bytes(b: StepContext, backward: Sequence[Tuple[str, Any]], k: 
     ran one) of the stage's previous backward (taken as one like this),
     held until the stage's next unit is settled (0: none)."""
     for name, _ in list(backward[:k])[::-1] + (list(backward)[::-1] if earlier else []):
-        if b.grad_unit(name) is not None:
-            return float(b.unit_bytes(name) // b.strategy.dp)
+        units = b.grad_units(name)
+        if units:       # the block's unit completed last
+            return float(b.unit_bytes(name, units[-1]) // b.unit_team(name, units[-1]))
     return 0.0
 
 
@@ -104,33 +110,30 @@ def unit_curve(b: StepContext, block: str, curve: Any) -> Tuple[Any, Optional[in
     hit = b.memo.unit_curves.get(block)
     if hit is not None and hit[0] is curve:
         return hit[1]
-    params = b.profile.params[block]
-    unit = set(b.grad_unit(block) or ())
-    total = b.unit_bytes(block) if unit else 0
+    held = UnitsHeld(b, block)
     points = []
     ends = []
     steps: Dict[float, float] = {}
-    made_so_far = 0
     settle = None
     for indices, t0, during, t1, after in curve.made:
-        made_u = sum(params[i].numel * params[i].dtype.itemsize for i in indices if i in unit)
-        made_n = sum(params[i].numel * params[i].dtype.itemsize for i in indices
-                     if i not in unit)
+        before = held.held
+        made_u, made_n, done = held.make(indices)
         for i in indices:
-            points.append((i, t0, during + made_so_far + made_u + made_n))
-            points.append((i, t1, after + made_so_far + made_u + 2 * made_n))
+            points.append((i, t0, during + before + made_u + made_n))
+            points.append((i, t1, after + before + made_u + 2 * made_n))
             ends += (False, True)
         if made_u:
             steps[t0] = steps.get(t0, 0.0) + made_u
-        made_so_far += made_u
-        if unit and made_so_far == total and settle is None:
-            # the stage's pending units settled, then the copy-in of the
-            # whole unit
+        for total in done:
+            # the stage's pending units settled (at the first unit done),
+            # then the copy-in of the whole unit, its gradients then gone
             for i in indices:
-                points.append((i, t1, after + made_so_far + total))
+                points.append((i, t1, after + held.held + total))
                 ends.append(True)
-            steps[t1] = steps.get(t1, 0.0) - made_so_far
-            settle = t1
+            steps[t1] = steps.get(t1, 0.0) - total
+            held.held -= total
+            if settle is None:
+                settle = t1
     taus, vals = list(curve.taus), list(curve.vals)
     if steps:
         # the curve plus the held gradients, a step function too
@@ -151,6 +154,39 @@ def unit_curve(b: StepContext, block: str, curve: Any) -> Tuple[Any, Optional[in
     return out
 
 
+class UnitsHeld:
+    """A block's unit gradients held as its backward makes them (its
+    units: :meth:`.context.StepContext.grad_units`): ``held``, the bytes
+    of those made whose unit is not complete yet."""
+
+    def __init__(self, b: StepContext, block: str) -> None:
+        self.params = b.profile.params[block]
+        self.unit_of = {i: unit for unit in b.grad_units(block) for i in unit}
+        self.left = {unit: b.unit_bytes(block, unit) for unit in b.grad_units(block)}
+        self.totals = dict(self.left)
+        self.held = 0
+
+    def make(self, indices: Sequence[int]) -> Tuple[int, int, List[int]]:
+        """An op makes the gradients of ``indices``: (the bytes of those in
+        units, of the others, and the whole bytes of each unit it
+        completes); ``held`` counts the unit ones (the caller takes off a
+        completed unit's once it is copied in)."""
+        made_u = made_n = 0
+        done = []
+        for i in indices:
+            nbytes = self.params[i].numel * self.params[i].dtype.itemsize
+            unit = self.unit_of.get(i)
+            if unit is None:
+                made_n += nbytes
+                continue
+            made_u += nbytes
+            self.left[unit] -= nbytes
+            if self.left[unit] == 0:
+                done.append(self.totals[unit])
+        self.held += made_u
+        return made_u, made_n, done
+
+
 def unit_backward_excess(b: StepContext, block: str) -> Tuple[float, Dict[int, float]]:
     """A block's backward with its unit's gradients held to the end: the
     most bytes above the baseline (and the template's ``b0_excess``), and
@@ -166,20 +202,17 @@ def unit_backward_excess(b: StepContext, block: str) -> Tuple[float, Dict[int, f
     if hit is not None:
         return hit
     blk = b.profile.blocks[block]
-    params = b.profile.params[block]
-    unit = set(b.grad_unit(block) or ())
-    total = b.unit_bytes(block) if unit else 0
+    held = UnitsHeld(b, block)
     best = blk.b0_excess
     per: Dict[int, float] = {}
-    held = 0
     for indices, during, after, _ in blk.bs_made:
-        made_u = sum(params[i].numel * params[i].dtype.itemsize for i in indices if i in unit)
-        made_n = sum(params[i].numel * params[i].dtype.itemsize for i in indices
-                     if i not in unit)
-        value = max(during + held + made_u + made_n, after + held + made_u + 2 * made_n)
-        held += made_u
-        if unit and held == total:
-            value = max(value, after + held + total)     # the copy-in of the whole unit
+        before = held.held
+        made_u, made_n, done = held.make(indices)
+        value = max(during + before + made_u + made_n, after + before + made_u + 2 * made_n)
+        for total in done:
+            # the copy-in of the whole unit, its gradients then gone
+            value = max(value, after + held.held + total)
+            held.held -= total
         for i in indices:
             per[i] = value
         best = max(best, value)

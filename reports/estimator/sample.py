@@ -14,7 +14,8 @@ simulator's, ``stream``); ``CP_ONLY=1`` draws context-parallel points
 instead (:func:`sample_cp`: cp 2 or 4, every ``cp_comm``, ZeRO 0-2);
 ``MOE_ONLY=1`` draws mixtures of experts instead (:func:`sample_moe`:
 Mixtral-8x7B, DeepSeekMoE-16B and a GShard-style mix, ``ep`` 1, 2 or 4,
-ZeRO 0-3; with ``ZERO3_ONLY=1`` ZeRO 3 by parameter on every point).
+ZeRO 0-3; with ``ZERO3_ONLY=1`` ZeRO 3 on every point, by layer on
+LAYER_SHARE of them, else by parameter).
 ``--help`` prints this.
 """
 from __future__ import annotations
@@ -188,8 +189,9 @@ GPT2_MOE_EVERY_2 = {"family": "gpt", "layers": 4, "hidden": 768, "heads": 12, "v
 
 def sample_moe(rng: random.Random) -> dict:
     """A mixture-of-experts point: tp, pp and its schedules, dp, ``ep`` 1,
-    2 or 4 where it divides dp (and the experts), sp, ZeRO 0-3 (ZeRO 3 by
-    parameter, its prefetch drawn; every point with ``ZERO3_ONLY``),
+    2 or 4 where it divides dp (and the experts), sp, ZeRO 0-3 (its
+    prefetch drawn, by layer on LAYER_SHARE of the ZeRO-3 points, else by
+    parameter; every point with ``ZERO3_ONLY``),
     recomputation, buckets, the mesh order, the optimizer, the routing
     balance and capacity factor."""
     name = rng.choice(sorted(MOE_MODELS))
@@ -216,6 +218,8 @@ def sample_moe(rng: random.Random) -> dict:
     o["zero"] = 3 if ZERO3_ONLY else rng.randint(0, 3)
     if o["zero"] == 3 and rng.random() < .5:
         o["prefetch"] = rng.choice([0, 2])
+    if o["zero"] == 3 and LAYER_SHARE > 0 and LAYER_RNG.random() < LAYER_SHARE:
+        o["zero3_unit"] = "layer"
     o["recompute"] = rng.choice(["none", "selective"])
     draw_buckets_order_optimizer(rng, o)
     o["routing_skew"] = rng.choice([0.0, 0.1, 0.3])

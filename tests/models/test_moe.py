@@ -272,12 +272,18 @@ def test_the_estimator_covers_expert_parallelism_and_the_sweep_says_what_it_refu
     # and ZeRO 3 with ep = dp (the experts' weights not gathered, kept whole)
     row = run_point({**options, "ep": 8, "zero": 3, "fidelity": "estimate"})
     assert row["status"] == "ok" and row["step_time_s"] > 0
-    # ZeRO 3 by layer with ep it refuses, and a sweep skips the point saying why
-    layer = {**options, "ep": 8, "zero": 3, "zero3_unit": "layer"}
-    with pytest.raises(NotModelledError, match="under ZeRO 3 by layer.* use fidelity: simulate"):
-        estimate(layer)
-    row = run_point({**layer, "fidelity": "estimate"})
-    assert row["status"] == "skipped" and "under ZeRO 3 by layer" in row["reason"]
+    # and ZeRO 3 by layer, with ep = dp and ep < dp
+    for ep in (8, 2):
+        row = run_point({**options, "ep": ep, "zero": 3, "zero3_unit": "layer",
+                         "fidelity": "estimate"})
+        assert row["status"] == "ok" and row["step_time_s"] > 0
+    # what it does not model (every kernel launch blocking) it refuses, and a
+    # sweep skips the point saying why
+    blocking = {**options, "ep": 2, "launch": "blocking"}
+    with pytest.raises(NotModelledError, match="launch 'blocking'.* use fidelity: simulate"):
+        estimate(blocking)
+    row = run_point({**blocking, "fidelity": "estimate"})
+    assert row["status"] == "skipped" and "launch 'blocking'" in row["reason"]
     assert row["step_time_s"] is None
 
 
