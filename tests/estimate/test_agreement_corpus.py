@@ -1075,6 +1075,59 @@ def test_the_estimate_agrees_with_the_simulation_under_expert_and_context_parall
     _agrees(options)
 
 
+#: known gap of ZeRO 3 under context parallelism on a mixed model, with or
+#: without expert parallelism (reports/estimator/README.md)
+MOE_CP_ZERO3_MIXED_MEMORY = (
+    "the GShard-style mix (every other layer MoE) under ZeRO 3 by parameter with cp 4, "
+    "three micro-batches: peak memory 3.7 % over the simulation's at ep 1, 2 and 4 alike "
+    "(exact with one micro-batch or bucket_mb 0); not the experts' teams")
+
+
+@st.composite
+def expert_context_parallel_zero_configurations(draw) -> Dict[str, Any]:
+    """An :func:`expert_context_parallel_configurations` draw with ``ep`` >
+    1 under ZeRO 2 or ZeRO 3 by parameter (without prefetch:
+    :data:`MOE_ZERO3_PREFETCH_MEMORY`; not under ring attention, nor ZeRO 2
+    under ZB-H1, which the estimator refuses: see
+    :func:`distsim.estimate.point.check_expert_parallel`): the experts'
+    gradients synchronised,
+    sharded and (ZeRO 3) gathered over their dp x cp / ep ranks, a team of
+    one where ep = dp x cp; not Mixtral under ZeRO 2 with a team of one
+    (:data:`MOE_EP_WHOLE_UPDATE_MEMORY`), nor the GShard-style mix under
+    ZeRO 3 (:data:`MOE_CP_ZERO3_MIXED_MEMORY`)."""
+    o = draw(expert_context_parallel_configurations())
+    assume(o["ep"] > 1)
+    o["zero"] = draw(st.integers(2, 3))
+    if o["zero"] == 3:
+        o["prefetch"] = 0
+        assume(o["cp_comm"] != "ring" and o["model"] != MOE_SHAPES["gpt2-moe-every-2"])
+    else:
+        assume(o.get("schedule") != "zb-h1")
+    assume(not (o["zero"] == 2 and o["ep"] == o["dp"] * o["cp"]
+                and o["model"] == "mixtral-8x7b"))
+    return o
+
+
+# ZeRO 2 with the experts' team one rank (ep = dp x cp) and ep 2 of dp x
+# cp 8; ZeRO 3 by parameter with tp (refused while ep with cp under ZeRO
+# 2/3 was: each within 0.08 % in step time and 0.23 % in memory)
+@example({'model': 'deepseek-moe-16b', 'topology': 'dgx-a100', 'dp': 4, 'tp': 1, 'pp': 1,
+          'cp': 2, 'ep': 8, 'cp_comm': 'alltoall', 'seq': 512, 'layers': 2,
+          'network_mode': 'analytical', 'micro_batch': 1, 'global_batch': 8, 'zero': 2})
+@example({'model': 'mixtral-8x7b', 'topology': 'dgx-a100', 'dp': 4, 'tp': 1, 'pp': 1,
+          'cp': 2, 'ep': 2, 'cp_comm': 'alltoall', 'seq': 512, 'layers': 2,
+          'network_mode': 'analytical', 'micro_batch': 1, 'global_batch': 8, 'zero': 2})
+@example({'model': 'mixtral-8x7b', 'topology': 'dgx-a100', 'dp': 2, 'tp': 2, 'pp': 1,
+          'cp': 2, 'ep': 2, 'cp_comm': 'alltoall', 'seq': 512, 'layers': 2,
+          'network_mode': 'analytical', 'micro_batch': 1, 'global_batch': 4, 'zero': 3,
+          'prefetch': 0})
+@MOE_DRAWS
+@given(expert_context_parallel_zero_configurations())
+def test_the_estimate_agrees_with_the_simulation_under_expert_and_context_parallelism_zero23(
+        options):
+    _agrees(options)
+
+
 def _with_loss_dtype(options: Dict[str, Any]) -> Dict[str, Any]:
     """``loss_dtype`` (a field of the model, not an option: ``fp32``, the
     logits cast to float32 for the loss) put into the model's fields."""
