@@ -13,7 +13,7 @@ reduce-scattering each micro-batch or after the backward pass with data
 parallelism); sequence
 parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
 ZeRO 3 included; and with mixtures of experts, expert parallelism
-included, under ZeRO 0/1); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
+included, under ZeRO 0-3, ZeRO 3 by parameter); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD; and
 apart the loss in float32 (``loss_dtype: fp32``), the backward's
 tensor-parallel collectives before the weight-gradient GEMMs
