@@ -29,8 +29,8 @@ without building or simulating the whole program. A peer of
   its parameters sharded and gathered over dp x cp; with ``ep``, the
   expert-parallel groups ``ep`` consecutive ranks of the dp x cp axis,
   within one replica's cp ranks or across replicas, the experts'
-  gradients synchronised, ZeRO-sharded and (ZeRO 3 by parameter)
-  gathered over dp x cp / ep ranks, a team of one at ep = dp x cp), the GPipe /
+  gradients synchronised and ZeRO-sharded over dp x cp / ep ranks, a
+  team of one at ep = dp x cp, the only team under ZeRO 3), the GPipe /
   1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's backward
   split into B and W as the lowering splits it; under ZeRO 3 its
   parameters gathered in the forward and B tasks, where the lowering
@@ -58,9 +58,9 @@ without building or simulating the whole program. A peer of
   (``launch: blocking``, ``p2p: synchronous`` or ``separate`` with
   ``comm_order: inputs``, ZeRO 3 by layer
   with ``ep`` > 1: the experts' unit beside the others', ``fp32_grads``
-  with ZeRO 2/3 over dp > 1, ``ep`` with ``cp`` under ZeRO 3 with ring
-  attention or under ZeRO 2 with the ZB-H1 schedule, both measured past
-  the bound) with
+  with ZeRO 2/3 over dp > 1, ``ep`` with ``cp`` under ZeRO 3 with ep <
+  dp x cp or ring attention, or under ZeRO 2 with the ZB-H1 schedule,
+  each measured past the bound) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.

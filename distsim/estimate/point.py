@@ -148,7 +148,7 @@ from ..run_options import (DEFAULT_NETWORK_MODE, check_max_ops, check_max_trace_
 from ..topology import load_topology
 from ..transforms.pipeline import SPLIT_BACKWARD
 from ..transforms.strategy import Strategy, check_field, fusion_for
-from ..transforms.sync_policy import grad_buffer_dtype
+from ..transforms.sync_policy import grad_buffer_dtype, sync_team
 from ..transforms.zero import check_shardable
 from .blocks import LayerProfile
 from .experts import template_dp
@@ -306,18 +306,25 @@ def check_expert_parallel(S: Strategy) -> None:
     (:func:`~distsim.transforms.sync_policy.layer_gathers`). With context
     parallelism the teams are cut from the dp x cp ranks (``S`` unflattened;
     :meth:`~distsim.transforms.strategy.Strategy.flat_cp` is the walk's
-    view), modelled alike but for two cases measured past the bound: ring
-    attention under ZeRO 3 (step time 1.5-1.7 % over, the MoE block's
-    gathers beside the ring's steps; DeepSeekMoE and Mixtral, cp 4, ep 2
-    and 4), and ZB-H1's split backward under ZeRO 2 (peak memory 1.1 % over
-    at ep 2 of 4, 3.2-4.9 % at ep = dp x cp: the GShard-style mix, tp 2,
-    pp 2, cp 4, ``bucket_mb`` 0; DeepSeekMoE pp 2, cp 2, ep 2, 4.3 %)."""
+    view), modelled alike but for the cases measured past the bound: under
+    ZeRO 3 an experts' team of more than one rank (ep < dp x cp: peak
+    memory 1.4 % over, DeepSeekMoE dp 4 cp 2 ep 2) and ring attention
+    (step time 1.5-1.7 % over, the MoE block's gathers beside the ring's
+    steps; DeepSeekMoE and Mixtral, cp 4, ep 2 and 4), and ZB-H1's split
+    backward under ZeRO 2 (peak memory 1.1 % over at ep 2 of 4, 3.2-4.9 %
+    at ep = dp x cp: the GShard-style mix, tp 2, pp 2, cp 4, ``bucket_mb``
+    0; DeepSeekMoE pp 2, cp 2, ep 2, 4.3 %)."""
     if S.ep > 1 and S.zero == 3 and S.zero3_unit == "layer":
         raise _not_modelled("expert parallelism under ZeRO 3 by layer (zero3_unit 'layer': "
                             "the experts' unit gathered over their dp / ep ranks beside the "
                             "others')")
     if S.ep == 1 or S.cp == 1:
         return
+    team = sync_team(S.flat_cp(), True)
+    if S.zero == 3 and team > 1:
+        raise _not_modelled(f"expert parallelism with context parallelism under ZeRO 3 with "
+                            f"ep < dp x cp (ep {S.ep}, cp {S.cp}: the experts' team of {team} "
+                            "ranks)")
     if S.zero == 3 and S.cp_comm == "ring":
         raise _not_modelled(f"expert parallelism under ZeRO 3 with ring attention (ep {S.ep}, "
                             f"cp {S.cp}, cp_comm 'ring')")
