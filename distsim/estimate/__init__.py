@@ -30,10 +30,11 @@ without building or simulating the whole program. A peer of
   with ``ep`` = dp by layer the others' unit the block's one),
   sequence parallelism, context parallelism (``cp``, every ``cp_comm``:
   all-gathered keys and values, ring attention, all-to-alls; with ZeRO 3
-  its parameters sharded and gathered over dp x cp; with ``ep`` under
-  ZeRO 0/1, the expert-parallel groups ``ep`` consecutive ranks of the
-  dp x cp axis, within one replica's cp ranks or across replicas, the
-  experts' gradients synchronised over dp x cp / ep), the GPipe /
+  its parameters sharded and gathered over dp x cp; with ``ep``, the
+  expert-parallel groups ``ep`` consecutive ranks of the dp x cp axis,
+  within one replica's cp ranks or across replicas, the experts'
+  gradients synchronised and ZeRO-sharded over dp x cp / ep ranks, a
+  team of one at ep = dp x cp, the only team under ZeRO 3), the GPipe /
   1F1B / interleaved / zero-bubble ``zb-h1`` schedules (ZB-H1's backward
   split into B and W as the lowering splits it; under ZeRO 3 its
   parameters gathered in the forward and B tasks, where the lowering
@@ -60,9 +61,9 @@ without building or simulating the whole program. A peer of
   naming the family; valid options it does not model
   (``launch: blocking``, ``p2p: synchronous`` or ``separate`` with
   ``comm_order: inputs``, ``fp32_grads``
-  with ZeRO 2/3 over dp > 1, ``ep`` with ``cp`` under ZeRO 2/3: the
-  experts' shards over their dp x cp / ep ranks, measured past the
-  bound) with
+  with ZeRO 2/3 over dp > 1, ``ep`` with ``cp`` under ZeRO 3 by layer,
+  with ep < dp x cp or ring attention, or under ZeRO 2 with the ZB-H1
+  schedule, each measured past the bound or not measured) with
   a :class:`~distsim.errors.NotModelledError`, which a
   sweep records as a skipped point. It never falls back to a simulation
   by itself.

@@ -13,7 +13,7 @@ reduce-scattering each micro-batch or after the backward pass with data
 parallelism); sequence
 parallelism; context parallelism apart (cp 2 / 4, each ``cp_comm``,
 ZeRO 3 included; and with mixtures of experts, expert parallelism
-included, under ZeRO 0/1); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
+included, under ZeRO 0-3, ZeRO 3 by parameter); ZeRO 0-3 (prefetch 0-2, by parameter or by layer);
 recomputation; gradient buckets (none, 0, 1-100 MB); AdamW and SGD; and
 apart the loss in float32 (``loss_dtype: fp32``), the backward's
 tensor-parallel collectives before the weight-gradient GEMMs
@@ -1128,6 +1128,62 @@ def expert_context_parallel_configurations(draw) -> Dict[str, Any]:
 @MOE_DRAWS
 @given(expert_context_parallel_configurations())
 def test_the_estimate_agrees_with_the_simulation_under_expert_and_context_parallelism(options):
+    _agrees(options)
+
+
+#: known gap of ZeRO 3 under context parallelism on a mixed model, with or
+#: without expert parallelism (reports/estimator/README.md)
+MOE_CP_ZERO3_MIXED_MEMORY = (
+    "the GShard-style mix (every other layer MoE) under ZeRO 3 by parameter with cp 4, "
+    "three micro-batches: peak memory 3.7 % over the simulation's at ep 1, 2 and 4 alike "
+    "(exact with one micro-batch or bucket_mb 0); not the experts' teams")
+
+
+@st.composite
+def expert_context_parallel_zero_configurations(draw) -> Dict[str, Any]:
+    """An :func:`expert_context_parallel_configurations` draw with ``ep`` >
+    1 under ZeRO 2 or ZeRO 3 by parameter (without prefetch:
+    :data:`MOE_ZERO3_PREFETCH_MEMORY`; ZeRO 3 with ep = dp x cp and not
+    under ring attention, ZeRO 2 not under ZB-H1: the estimator refuses the
+    rest, see
+    :func:`distsim.estimate.point.check_expert_parallel`): the experts'
+    gradients synchronised,
+    sharded and (ZeRO 3) gathered over their dp x cp / ep ranks, a team of
+    one where ep = dp x cp; not Mixtral under ZeRO 2 (with a team of one
+    :data:`MOE_EP_WHOLE_UPDATE_MEMORY`; at ep 2, tp 2, ``bucket_mb`` 0
+    1.16 % over in memory with or without cp, dp 4 ep 2 alike), nor the GShard-style mix under
+    ZeRO 3 (:data:`MOE_CP_ZERO3_MIXED_MEMORY`)."""
+    o = draw(expert_context_parallel_configurations())
+    assume(o["ep"] > 1)
+    o["zero"] = draw(st.integers(2, 3))
+    if o["zero"] == 3:
+        o["prefetch"] = 0
+        assume(o["cp_comm"] != "ring" and o["model"] != MOE_SHAPES["gpt2-moe-every-2"]
+               and o["ep"] == o["dp"] * o["cp"])
+    else:
+        assume(o.get("schedule") != "zb-h1")
+    assume(not (o["zero"] == 2 and o["model"] == "mixtral-8x7b"))
+    return o
+
+
+#: what the seeds of the ZeRO 2/3 ep x cp draws share
+EP_CP_SEED = {'topology': 'dgx-a100', 'pp': 1, 'cp': 2, 'cp_comm': 'alltoall', 'seq': 512,
+              'layers': 2, 'network_mode': 'analytical', 'micro_batch': 1}
+
+
+# ZeRO 2 and 3 with the experts' team one rank (ep = dp x cp), ZeRO 2 with
+# ep 2 of dp x cp 8 (refused while ep with cp under ZeRO 2/3 was: each
+# within 0.08 % in step time and 0.01 % in memory)
+@example({**EP_CP_SEED, 'model': 'deepseek-moe-16b', 'dp': 4, 'tp': 1, 'ep': 8,
+          'global_batch': 8, 'zero': 2})
+@example({**EP_CP_SEED, 'model': 'mixtral-8x7b', 'dp': 4, 'tp': 1, 'ep': 2, 'global_batch': 8,
+          'zero': 2})
+@example({**EP_CP_SEED, 'model': 'deepseek-moe-16b', 'dp': 4, 'tp': 1, 'ep': 8,
+          'global_batch': 8, 'zero': 3, 'prefetch': 0})
+@MOE_DRAWS
+@given(expert_context_parallel_zero_configurations())
+def test_the_estimate_agrees_with_the_simulation_under_expert_and_context_parallelism_zero23(
+        options):
     _agrees(options)
 
 

@@ -184,10 +184,12 @@ def test_reduced_program_equals_full(strategy):
         assert d["peak_memory_bytes"] == peaks[d["rank"]]
 
 
-def test_the_estimator_estimates_it_under_zero_0_1_and_refuses_zero_2_3_in_one_line():
+def test_the_estimator_estimates_it_under_zero_0_to_3_and_refuses_what_is_past_its_bound():
     # the template lays out lcm(ep, cp) ranks of the dp x cp axis, whole ep
-    # and cp groups (agreement: tests/estimate/test_agreement_corpus.py);
-    # under ZeRO 2 / 3 the experts' shards over dp x cp / ep are refused: a
+    # and cp groups, the experts' teams dp x cp / ep ranks (agreement:
+    # tests/estimate/test_agreement_corpus.py,
+    # tests/estimate/test_estimate_expert_context_parallel.py); ring
+    # attention and teams of more than one rank under ZeRO 3 are refused: a
     # sweep skips the point, a search simulates it
     from distsim.errors import NotModelledError
     from distsim.estimate import estimate
@@ -195,13 +197,16 @@ def test_the_estimator_estimates_it_under_zero_0_1_and_refuses_zero_2_3_in_one_l
     options = {"model": "mixtral-8x7b", "topology": "dgx-a100", "layers": 2, "seq": 512,
                "cp": 2, "ep": 2}
     assert estimate(options)["step_time_s"] > 0
+    assert estimate({**options, "ep": 4, "zero": 2})["step_time_s"] > 0
+    ring = {**options, "ep": 8, "zero": 3, "cp_comm": "ring", "attention": "fused"}
     with pytest.raises(NotModelledError) as refused:
-        estimate({**options, "ep": 4, "zero": 2})
-    assert str(refused.value) == ("estimate: expert parallelism with context parallelism "
-                                  "under ZeRO 2 (ep 4, cp 2) is not modelled by the estimator; "
-                                  "use fidelity: simulate")
-    assert run_point({**options, "ep": 4, "zero": 2, "fidelity": "estimate"})["status"] \
-        == "skipped"
+        estimate(ring)
+    assert str(refused.value) == ("estimate: expert parallelism under ZeRO 3 with ring "
+                                  "attention (ep 8, cp 2, cp_comm 'ring') is not modelled by "
+                                  "the estimator; use fidelity: simulate")
+    assert run_point({**ring, "fidelity": "estimate"})["status"] == "skipped"
+    with pytest.raises(NotModelledError, match="the experts' team of 2 ranks"):
+        estimate({**options, "ep": 4, "zero": 3})
     # invalid points are refused as the simulator refuses them
     with pytest.raises(ConfigError, match="--ep 16 does not divide dp x cp = 4 x 2 = 8"):
         estimate({**options, "ep": 16})
