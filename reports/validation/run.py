@@ -386,6 +386,8 @@ def all_runs() -> List[Dict[str, Any]]:
             run["options"]["p2p"] = P2P[run["source"]]
         if P2P_SCATTER.get(run["source"]) and run["options"].get("pp", 1) > 1:
             run["options"]["p2p_scatter"] = True
+            if not run["options"].get("sp"):      # sp's transfers are shards already
+                run["config"] += ", transfers scattered over t"
     return runs
 
 
