@@ -106,7 +106,7 @@ class LowerSPMD(Coarsening):
             raise PassPreconditionError("LowerSPMD: the strategy's dp must be resolved")
         #: context parallelism: its ranks lowered as data-parallel ranks
         #: (``d * cp + c``, :meth:`Strategy.flat_cp`), its collectives over
-        #: each group of ``cp`` of them (:meth:`_cp_collective`)
+        #: each group of ``cp`` of them (:meth:`_group_collective`)
         self.given, self.cp = strategy, strategy.cp
         #: no data-parallel team for the gradients (:class:`GradientSync`'s
         #: ``local``): the estimator's template of one replica's layers
@@ -307,11 +307,8 @@ class LowerSPMD(Coarsening):
                                     else said))
             if grads:
                 meta["category"] = "gradients"
-            if op.op_type.startswith("spmd.") and op.attrs.get("group") == "cp":
-                self._cp_collective(op, stage, mb, layer, meta)
-                continue
-            if op.op_type.startswith("spmd.") and op.attrs.get("group") == "ep":
-                self._ep_collective(op, stage, mb, layer, meta)
+            if op.op_type.startswith("spmd.") and op.attrs.get("group") in ("cp", "ep"):
+                self._group_collective(op, stage, mb, layer, meta)
                 continue
             if op.op_type.startswith("spmd."):
                 for d in self.placement.dp_indices():
@@ -385,26 +382,31 @@ class LowerSPMD(Coarsening):
                 self.sync.after_backward(stage, mb, grads)
         self.sent_by[(kind, mb, c)] = (stage, mb, c, ops)
 
-    def _cp_collective(self, op: Op, stage: int, mb: int, layer: Any,
-                       meta: Dict[str, Any]) -> None:
-        """An SPMD collective of the context-parallel group (``group: cp``)
-        as one ``comm.*`` op over each group of ``cp`` ranks, the
-        data-parallel rank's (tagged ``role: cp``); a ring step
-        (``spmd.shift``) as one send/recv per rank to its neighbour (tagged
-        ``role: cp_ring``)."""
+    def _group_collective(self, op: Op, stage: int, mb: int, layer: Any,
+                          meta: Dict[str, Any]) -> None:
+        """An SPMD collective of a group cut from the data-parallel ranks as
+        one ``comm.*`` op over each such group of ``stage``: the
+        context-parallel group's (``group: cp``, ``cp`` ranks, tagged ``role:
+        cp``; a ring step, ``spmd.shift``, as one send/recv per rank to its
+        neighbour, tagged ``role: cp_ring``) or the expert-parallel group's
+        (``group: ep``, ``ep`` ranks, tagged ``role: expert_parallel``: the
+        all-to-alls, and the all-gather dispatcher's all-gathers and
+        reduce-scatters)."""
         shift = op.op_type == "spmd.shift"
-        meta = dict(meta, role="cp_ring" if shift else "cp")
+        if op.attrs["group"] == "cp":
+            size, role = self.cp, "cp_ring" if shift else "cp"
+        else:
+            size, role = self.strategy.ep, "expert_parallel"
+        meta = dict(meta, role=role)
         attrs = {k: op.attrs[k] for k in ("reduce_op", "dim", "split_dim", "concat_dim")
                  if k in op.attrs}
-        for team in self.placement.dp_blocks(stage, self.cp):
+        for team in self.placement.dp_blocks(stage, size):
             if shift:
                 self._ring_step(op, team, mb, stage, layer, meta)
             else:
                 self._team_collective(op, SPMD_TO_COMM[op.op_type], team, mb, stage, layer,
                                       meta, attrs)
-        grads = [o for o in op.outputs if o in self.grad_of]
-        if grads:
-            self.sync.after_backward(stage, mb, grads)
+        self._accumulate(stage, mb, op)
 
     def _team_inputs(self, op: Op, team: Sequence[Tuple[int, int, int]], mb: int, stage: int,
                      layer: Any) -> Tuple[List[int], List[bool], List[Optional[Value]]]:
@@ -443,17 +445,6 @@ class LowerSPMD(Coarsening):
                                         meta)
             if out is not None:
                 self.menv[(dst, mb)][op.outputs[0]] = out
-
-    def _ep_collective(self, op: Op, stage: int, mb: int, layer: Any,
-                       meta: Dict[str, Any]) -> None:
-        """An SPMD collective of the expert-parallel group (an all-to-all; an
-        all-gather or reduce-scatter of the all-gather dispatcher) as one
-        ``comm.*`` op per expert-parallel group of ``stage``."""
-        attrs = {k: op.attrs[k] for k in ("reduce_op", "dim", "split_dim", "concat_dim")
-                 if k in op.attrs}
-        for team in self.placement.dp_blocks(stage, self.strategy.ep):
-            self._team_collective(op, SPMD_TO_COMM[op.op_type], team, mb, stage, layer,
-                                  dict(meta, role="expert_parallel"), attrs)
 
     def _accumulate(self, stage: int, mb: int, op: Op) -> None:
         grads = [o for o in op.outputs if o in self.grad_of]
