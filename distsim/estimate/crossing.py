@@ -39,13 +39,13 @@ def stage_crossing(step: Function, tp: int, sp: bool, recompute: str, cp: int = 
         how = v.type.dtype.value if v in split else None
         for c in chunks:
             if src == 0 and c == 1:
-                fwd.append((v.type.size_bytes, how or ""))
+                fwd.append((v.type.size_bytes, how))
                 if any(not is_forward(op) for op in probe.consumers.get(v, ())):
                     kept += v.type.size_bytes
             elif src == 1 and c == 0:
-                bwd.append((v.type.size_bytes, how or ""))
+                bwd.append((v.type.size_bytes, how))
                 names.append(v.name)
-    fwd.sort()
-    bwd.sort()
+    fwd.sort(key=lambda sent: sent[0])
+    bwd.sort(key=lambda sent: sent[0])
     return ([n for n, _ in fwd], [n for n, _ in bwd], kept, tuple(sorted(names)),
-            tuple(h or None for _, h in fwd), tuple(h or None for _, h in bwd))
+            tuple(h for _, h in fwd), tuple(h for _, h in bwd))

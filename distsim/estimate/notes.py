@@ -122,13 +122,14 @@ class MemoryNotes:
             arrived = w.recv.get((sent[0], sent[1], sent[2] + (1 if sent[0] == "F" else -1)))
             if hit is None or arrived is None:
                 continue
+            _, time_s, nbytes, _ = hit
             # through the sender's tasks that end before the transfer starts
             # (stream order holds it behind them; by inputs it goes at once)
             lo = place[stage][sent] + 1
-            hi = min(hi, bisect_right(t1[stage], arrived - hit[1]))
+            hi = min(hi, bisect_right(t1[stage], arrived - time_s))
             if lo < hi:
-                change[stage][lo] += hit[2]
-                change[stage][hi] -= hit[2]
+                change[stage][lo] += nbytes
+                change[stage][hi] -= nbytes
         held = self.memo.recv_ahead
         for stage, order in tasks.items():
             best: Dict[tuple, int] = {}

@@ -91,6 +91,8 @@ class StageSends:
         S, em = ctx.strategy, ctx.emitter
         for op, v, chunks in self._crossing_outputs(ops):
             reader = "F" if "phase" not in op.meta else "B"
+            meta = {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
+                    "detail": "forward" if reader == "F" else "backward"}
             for c2 in chunks:
                 dst_stage = ctx.stage_of_chunk(c2)
                 if dst_stage == stage:
@@ -102,8 +104,6 @@ class StageSends:
                     if v in env or v in arriving:
                         continue
                     piece = pieces.get((r, mb, v))
-                    meta = {"stage": stage, "microbatch": mb, "chunk": c, "role": "pipeline",
-                            "detail": "forward" if reader == "F" else "backward"}
                     if piece is None:
                         (env[v],) = em.collective(
                             CollectiveType.SEND_RECV, [ctx.values[(r, mb)][v]], [r, dst],
